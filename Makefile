@@ -1,0 +1,242 @@
+# dtrain: one GNU Makefile. Sources are found by wildcard, so a new file in src/<module>/,
+# tests/<group>/test_*.c, fuzz/fuzz_*.c or bench/ needs no edit here.
+#
+#   make                 library (static + shared) and programs into build/bin/
+#   make run             install what is missing, build, train the ConvNet on 2 processes
+#   make test            install what is missing, build, run every test
+#   make asan|ubsan      the tests under AddressSanitizer / UndefinedBehaviorSanitizer
+#   make tsan            the threaded tests under ThreadSanitizer
+#   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
+#   make bench           benchmarks against the PyTorch peer and Open MPI
+#   make install PREFIX=/usr/local
+#
+# Variables: BUILD=release|debug|asan|ubsan|tsan, NATIVE=1 (add -march=native),
+# MPI=auto|0|1, NODEPS=1 (skip the package check), V=1 (show commands).
+#
+# Portability: the baseline is plain x86-64 so the binaries run on any x86-64 CPU. The
+# few hot loops of our own carry DT_CLONES (src/core/simd.h): GCC builds an AVX-512, an
+# AVX2+FMA and a baseline version and picks one at load time. OpenBLAS dispatches its
+# own kernels at run time. NATIVE=1 compiles everything for the build machine instead.
+
+BUILD  ?= release
+CC     ?= gcc
+PREFIX ?= /usr/local
+MPI    ?= auto
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wpointer-arith -Wformat=2 -Wundef -Wvla -Wcast-qual -Wno-format-nonliteral
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g -fPIC -fvisibility=hidden -Iinclude -Isrc \
+               -MMD -MP $(WARN) -pthread
+OPT := -O2
+
+ifeq ($(BUILD),release)
+  OUT := build/release
+  BIN := build/bin
+else ifeq ($(BUILD),debug)
+  OUT := build/debug
+  BIN := build/debug/bin
+  OPT := -O0 -DDT_DEBUG
+else ifeq ($(BUILD),asan)
+  OUT := build/asan
+  BIN := build/asan/bin
+  OPT := -O1 -fsanitize=address -fno-omit-frame-pointer -DDT_SANITIZE=1
+  SAN_LDFLAGS := -fsanitize=address
+else ifeq ($(BUILD),ubsan)
+  OUT := build/ubsan
+  BIN := build/ubsan/bin
+  OPT := -O1 -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DDT_SANITIZE=1
+  SAN_LDFLAGS := -fsanitize=undefined
+else ifeq ($(BUILD),tsan)
+  OUT := build/tsan
+  BIN := build/tsan/bin
+  OPT := -O1 -fsanitize=thread -DDT_SANITIZE=1
+  SAN_LDFLAGS := -fsanitize=thread
+else
+  $(error BUILD must be release, debug, asan, ubsan or tsan; found "$(BUILD)")
+endif
+
+ifeq ($(NATIVE),1)
+  OPT += -march=native -DDT_NO_CLONES
+endif
+
+CFLAGS  ?=
+CFLAGS  := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
+LDLIBS  := -lopenblas -lz -lm -lpthread
+LDFLAGS := $(SAN_LDFLAGS) -pthread
+
+# ---------------------------------------------------------------- optional parts
+MPICC := $(shell command -v mpicc 2>/dev/null)
+ifeq ($(MPI),0)
+  HAVE_MPI := 0
+else ifneq ($(MPICC),)
+  HAVE_MPI := 1
+else ifeq ($(MPI),1)
+  $(error MPI=1 but no mpicc was found; install libopenmpi-dev)
+else
+  HAVE_MPI := 0
+endif
+ifeq ($(HAVE_MPI),1)
+  MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || mpicc -show 2>/dev/null | sed 's/^[^ ]* //') -DDT_HAVE_MPI=1
+  MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+endif
+
+# ---------------------------------------------------------------- sources
+LIB_SRC  := $(sort $(wildcard src/*/*.c))
+ifneq ($(HAVE_MPI),1)
+  LIB_SRC := $(filter-out src/comm/mpi%.c,$(LIB_SRC))
+endif
+LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/obj/%.o)
+LIB_A    := $(OUT)/lib/libdtrain.a
+LIB_SO   := $(OUT)/lib/libdtrain.so
+
+TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
+TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(OUT)/obj/%.o)
+TEST_SRC    := $(sort $(wildcard tests/*/test_*.c))
+ifneq ($(HAVE_MPI),1)
+  TEST_SRC := $(filter-out tests/mpi/%,$(TEST_SRC))
+endif
+TEST_BIN    := $(TEST_SRC:tests/%.c=$(OUT)/tests/%)
+# Tests with threads of their own, run again under ThreadSanitizer.
+TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data/% \
+                 $(OUT)/tests/unit/test_loader% $(OUT)/tests/unit/test_threads%,$(TEST_BIN))
+
+# Programs: one folder each, all its .c files linked with the library.
+PROG_DIRS := $(foreach d,examples/mnist tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
+PROG_NAME  = $(if $(filter examples/mnist,$1),dtrain-mnist,$(notdir $1))
+PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
+
+ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
+
+.PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench \
+        install clean format format-check help
+.DEFAULT_GOAL := all
+.SECONDARY:
+
+all: lib programs
+lib: $(LIB_A) $(LIB_SO)
+programs: $(PROGS)
+tests: $(TEST_BIN) programs
+
+$(OUT)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) $(if $(filter src/comm/mpi%,$<),$(MPI_CFLAGS)) -c $< -o $@
+
+$(LIB_A): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIB_SO): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared -Wl,-soname,libdtrain.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
+
+define PROG_RULE
+$(BIN)/$(call PROG_NAME,$1): $(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $1/*.c)) $(LIB_A)
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  LD      $$@")
+	$$(Q)$$(CC) $$(LDFLAGS) -o $$@ $$^ $$(LDLIBS) $$(MPI_LIBS)
+endef
+$(foreach d,$(PROG_DIRS),$(eval $(call PROG_RULE,$d)))
+
+$(OUT)/tests/%: $(OUT)/obj/tests/%.o $(TESTLIB_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
+
+# ---------------------------------------------------------------- running
+deps:
+ifneq ($(NODEPS),1)
+	$(Q).ci/deps
+endif
+
+# Every test binary, each under a deadline; the runner prints each binary's
+# "N passed, N failed" and a total, and fails if any binary failed, crashed or hung.
+test: deps
+	$(Q)$(MAKE) --no-print-directory tests
+	$(Q)tests/run.sh $(TEST_BIN)
+
+run: deps
+	$(Q)$(MAKE) --no-print-directory programs
+	$(BIN)/dtrain-mnist --num-processes 2 --batch-size 64
+
+asan:
+	$(Q)$(MAKE) --no-print-directory BUILD=asan NODEPS=1 test
+ubsan:
+	$(Q)$(MAKE) --no-print-directory BUILD=ubsan NODEPS=1 test
+tsan:
+	$(Q)$(MAKE) --no-print-directory BUILD=tsan NODEPS=1 tsan-run
+.PHONY: tsan-run
+tsan-run: tests
+	$(Q)TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" tests/run.sh $(TSAN_TESTS)
+
+# ---------------------------------------------------------------- fuzzing
+FUZZ_CC      ?= clang
+FUZZ_SRC     := $(sort $(wildcard fuzz/fuzz_*.c))
+FUZZ_BIN     := $(FUZZ_SRC:fuzz/%.c=build/fuzz/%)
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -pthread -DDT_NO_CLONES \
+                -DDT_FUZZ=1 -fsanitize=fuzzer-no-link,address,undefined $(filter-out -Wcast-qual,$(WARN))
+FUZZ_SECONDS ?= 20
+
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  FUZZCC  $<")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+build/fuzz/%: fuzz/%.c $(FUZZ_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  FUZZLD  $@")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)
+
+fuzz: $(FUZZ_BIN)
+
+# Each target for FUZZ_SECONDS from its seed corpus; a crash fails the run.
+fuzz-run: fuzz
+	$(Q)for f in $(FUZZ_BIN); do \
+	  name=$$(basename $$f); corpus=fuzz/corpus/$${name#fuzz_}; \
+	  mkdir -p build/fuzz/work/$$name; \
+	  echo "  FUZZ    $$name for $(FUZZ_SECONDS) s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=0 \
+	      build/fuzz/work/$$name $$( [ -d $$corpus ] && echo $$corpus ) 2>build/fuzz/$$name.log \
+	    || { tail -40 build/fuzz/$$name.log; exit 1; }; \
+	done
+
+# ---------------------------------------------------------------- benchmarks
+bench: deps
+	$(Q)$(MAKE) --no-print-directory programs
+	$(Q)bench/run.sh
+
+# ---------------------------------------------------------------- install
+install: lib programs
+	install -d $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	           $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/dtrain/*.h $(DESTDIR)$(PREFIX)/include/dtrain/
+	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libdtrain.so.0
+	ln -sf libdtrain.so.0 $(DESTDIR)$(PREFIX)/lib/libdtrain.so
+	install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DT_VERSION_STRING "\(.*\)"/\1/p' include/dtrain/core.h)|g' \
+	    -e 's|@MPI_LIBS@|$(MPI_LIBS)|g' dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc
+
+# ---------------------------------------------------------------- housekeeping
+FORMAT_FILES := $(shell find include src tests examples tools bench fuzz -name '*.[ch]' 2>/dev/null)
+format:
+	clang-format -i $(FORMAT_FILES)
+format-check:
+	$(Q)clang-format --dry-run --Werror $(FORMAT_FILES)
+
+clean:
+	rm -rf build
+
+help:
+	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
+
+-include $(ALL_OBJ:.o=.d) $(TEST_BIN:$(OUT)/tests/%=$(OUT)/obj/tests/%.d)

@@ -1,0 +1,9 @@
+// dtrain.h: the umbrella header. Includes every public module of the library.
+#ifndef DTRAIN_DTRAIN_H
+#define DTRAIN_DTRAIN_H
+
+#include "dtrain/core.h"
+#include "dtrain/rng.h"
+#include "dtrain/tensor.h"
+
+#endif // DTRAIN_DTRAIN_H

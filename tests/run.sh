@@ -1,0 +1,32 @@
+#!/bin/sh
+# Runs each test binary given under a deadline (DT_TEST_TIMEOUT seconds, default 600),
+# prints its last line ("N passed, N failed"), and a total. Fails if any binary exits
+# non-zero, dies on a signal or runs past its deadline.
+limit=${DT_TEST_TIMEOUT:-600}
+total_pass=0 total_fail=0 bad=""
+for t in "$@"; do
+    [ -x "$t" ] || continue
+    start=$(date +%s.%N)
+    out=$(timeout -k 5 "$limit" "$t" 2>"$t.stderr")
+    rc=$?
+    secs=$(echo "$(date +%s.%N) - $start" | bc)
+    line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -1)
+    p=$(echo "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p'); p=${p:-0}
+    f=$(echo "$line" | sed -n 's/.* \([0-9]*\) failed$/\1/p'); f=${f:-0}
+    total_pass=$((total_pass + p)); total_fail=$((total_fail + f))
+    name=${t#build/}
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        printf '%-48s TIMEOUT after %ss\n' "$name" "$limit"; bad="$bad $name"
+        tail -20 "$t.stderr"
+    elif [ $rc -ne 0 ] || [ -z "$line" ]; then
+        printf '%-48s FAILED (exit %s) %s\n' "$name" "$rc" "$line"; bad="$bad $name"
+        tail -40 "$t.stderr"
+    else
+        printf '%-48s %s  (%.1fs)\n' "$name" "$line" "$secs"
+    fi
+done
+echo "total: $total_pass passed, $total_fail failed"
+if [ -n "$bad" ]; then
+    echo "failing test binaries:$bad"
+    exit 1
+fi
