@@ -14,7 +14,7 @@
 #ifndef DTRAIN_TESTS_MP_H
 #define DTRAIN_TESTS_MP_H
 
-#include "check.h"
+#include "../check.h"
 #include "dtrain/comm.h"
 
 typedef struct mp_opts {
