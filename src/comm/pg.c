@@ -777,7 +777,7 @@ static void host_identity(char *buf, size_t n) {
         snprintf(buf, n, "%s", o);
         return;
     }
-    char host[256] = "unknown", boot[64] = "";
+    char host[160] = "unknown", boot[64] = "";
     gethostname(host, sizeof host - 1);
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
     if (f) {
