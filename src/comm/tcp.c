@@ -75,6 +75,7 @@ typedef struct tcp_ctx {
     struct pollfd *pfds;
     int           *pfd_peer;
     bool           aborted;
+    uint64_t       spin_ns;  // busy-wait before sleeping in poll (DT_TCP_SPIN_US)
 } tcp_ctx;
 
 // ------------------------------------------------------------------- reading
@@ -427,7 +428,8 @@ static void pending_desc(const tcp_ctx *c, char *buf, size_t n) {
 }
 
 static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
-    tcp_ctx *c = ctx;
+    tcp_ctx *c    = ctx;
+    bool     spun = false;
     for (;;) {
         if (c->aborted)
             return dt_op_fail(op, DT_ERR_STATE, "the group was aborted");
@@ -443,6 +445,24 @@ static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
         }
         if (x->done)
             return DT_OK;
+        // A reply to a small message usually comes within microseconds: retry for a
+        // short while before paying for a sleep and a wake-up in poll.
+        if (c->spin_ns && !spun) {
+            spun = true;
+            uint64_t until = dt_now_ns() + c->spin_ns;
+            while (!x->done && dt_now_ns() < until && !dt_pg_aborted(c->pg)) {
+                for (int r = 0; r < c->world; r++) {
+                    peer *p = &c->peers[r];
+                    if (r == c->rank)
+                        continue;
+                    if (p->sq_head)
+                        DT_TRY(pump_out(c, op, p));
+                    if (p->rq_head || p->in_payload)
+                        DT_TRY(pump_in(c, op, p));
+                }
+            }
+            continue;
+        }
         // Sleep in poll: data, room to write, hang-ups on every connection, abort.
         int n = 0;
         for (int r = 0; r < c->world; r++) {
@@ -815,10 +835,18 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     }
     close(lfd);
     lfd = -1;
+    // Socket buffers: 0 leaves Linux's autotuning, which measured as well as fixed
+    // sizes on loopback; DT_SOCKET_BUF_BYTES overrides for other networks.
+    long bufsz = 0, spin_us = 0;
+    if ((st = dt_env_int("DT_SOCKET_BUF_BYTES", 0, 1L << 30, 0, &bufsz)) != DT_OK)
+        goto fail;
+    if ((st = dt_env_int("DT_TCP_SPIN_US", 0, 1000000, 0, &spin_us)) != DT_OK)
+        goto fail;
+    c->spin_ns = (uint64_t)spin_us * 1000;
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank)
             continue;
-        dt_sock_tune(c->peers[r].fd, 0);
+        dt_sock_tune(c->peers[r].fd, (int)bufsz);
         dt_sock_set_nonblocking(c->peers[r].fd, true);
     }
     *out = c;
