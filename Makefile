@@ -104,7 +104,7 @@ endif
 TEST_BIN    := $(TEST_SRC:tests/%.c=$(OUT)/tests/%)
 # Tests with threads of their own, run again under ThreadSanitizer.
 TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data/% \
-                 $(OUT)/tests/unit/test_loader% $(OUT)/tests/unit/test_threads%,$(TEST_BIN))
+                 $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model%,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
 PROG_DIRS := $(foreach d,examples/mnist tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
