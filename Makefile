@@ -30,7 +30,7 @@ Q := @
 endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-        -Wpointer-arith -Wformat=2 -Wundef -Wvla -Wcast-qual -Wno-format-nonliteral
+        -Wpointer-arith -Wformat=2 -Wundef -Wvla -Wcast-qual -Wno-format-nonliteral -Wno-psabi
 BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g -fPIC -fvisibility=hidden -Iinclude -Isrc \
                -MMD -MP $(WARN) -pthread
 OPT := -O2

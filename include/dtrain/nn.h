@@ -130,6 +130,10 @@ DT_API void dt_model_set_profile(dt_model *m, bool on);
 // Seconds spent in layer `layer` since profiling was turned on.
 DT_API void dt_model_profile(const dt_model *m, int layer, double *fwd_s, double *bwd_s);
 
+// The GEMM library in use and the kernels it chose, e.g. "OpenBLAS 0.3.21 ...,
+// kernels Haswell" (OpenBLAS picks them from the CPU, or from OPENBLAS_CORETYPE).
+DT_API const char *dt_blas_info(void);
+
 // --------------------------------------------------------------------------- losses
 
 // Mean negative log-likelihood of logp (batch, classes) log-probabilities for integer

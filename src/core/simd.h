@@ -6,11 +6,35 @@
 #ifndef DTRAIN_SIMD_H
 #define DTRAIN_SIMD_H
 
+#include <stdint.h>
+
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(DT_NO_CLONES) && \
     !defined(DT_SANITIZE)
 #define DT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DT_CLONES
 #endif
+
+// Sixteen floats as one value, for loops the compiler would not vectorise well on its
+// own (short rows with a tail). On AVX-512 it is one register; the baseline build
+// splits it into SSE operations. Loads and stores go through memcpy: unaligned, and
+// free of strict-aliasing trouble.
+typedef float   dt_v16f __attribute__((vector_size(64)));
+typedef int32_t dt_v16i __attribute__((vector_size(64)));
+
+static inline dt_v16f dt_load16(const float *p) {
+    dt_v16f v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void dt_store16(float *p, dt_v16f v) { __builtin_memcpy(p, &v, sizeof v); }
+static inline dt_v16f dt_splat16(float x) {
+    return (dt_v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+// a > 0 ? v : 0, lane by lane
+static inline dt_v16f dt_keep_positive16(dt_v16f a, dt_v16f v) {
+    dt_v16i m = a > dt_splat16(0.0f);
+    return (dt_v16f)((dt_v16i)v & m);
+}
 
 #endif // DTRAIN_SIMD_H

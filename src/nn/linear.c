@@ -5,9 +5,9 @@
 // input columns: each thread computes its columns over all samples with one GEMM,
 // with no per-thread copy of the (large) weight gradient to sum afterwards.
 // Matches torch.nn.Linear (weight (out, in), bias (out)).
+#include "nn/blas.h"
 #include "nn/nn_impl.h"
 
-#include <cblas.h>
 #include <string.h>
 
 static dt_status linear_setup(nn_layer *l) {
@@ -39,7 +39,7 @@ static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
     for (int s = 0; s < n; s++)
         memcpy(y + (size_t)s * fout, l->b, sizeof(float) * (size_t)fout);
     // y (n, out) = x (n, in) x W^T (in, out) + y
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, fout, fin, 1.0f,
+    dt_sgemm(false, true, n, fout, fin, 1.0f,
                 in + (size_t)c->s0 * fin, fin, l->w, fin, 1.0f, y, fout);
 }
 
@@ -52,7 +52,7 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     // This thread's input columns [j0, j1) of dW (out, in) += dy^T (out, B) x x (B, in)
     int j0 = (int)((long)fin * c->ith / c->nth), j1 = (int)((long)fin * (c->ith + 1) / c->nth);
     if (j1 > j0)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, fout, j1 - j0, batch, 1.0f, dout,
+        dt_sgemm(true, false, fout, j1 - j0, batch, 1.0f, dout,
                     fout, in + j0, fin, 1.0f, dw + j0, fin);
     // This thread's share of the bias gradient: sums over the batch for outputs [o0, o1).
     int o0 = (int)((long)fout * c->ith / c->nth), o1 = (int)((long)fout * (c->ith + 1) / c->nth);
@@ -63,7 +63,7 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     }
     int n = c->s1 - c->s0;
     if (din && n > 0)  // dx (n, in) = dy (n, out) x W (out, in)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, fin, fout, 1.0f,
+        dt_sgemm(false, false, n, fin, fout, 1.0f,
                     dout + (size_t)c->s0 * fout, fout, l->w, fin, 0.0f,
                     din + (size_t)c->s0 * fin, fin);
 }

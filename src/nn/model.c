@@ -1,8 +1,8 @@
 // model.c: the Sequential model: building, flat parameter and gradient buffers,
 // PyTorch's default initialisation, and forward/backward over the threads of a pool.
+#include "nn/blas.h"
 #include "nn/nn_impl.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -159,6 +159,13 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         return dt_fail(DT_ERR_STATE, "model: dt_model_finalize called twice");
     if (m->nlayers == 0)
         return dt_fail(DT_ERR_ARG, "model: expected at least one layer, found none");
+    DT_TRY(dt_blas_init());
+    // A ReLU right after a convolution is applied by the convolution (conv2d.c).
+    for (int i = 0; i + 1 < m->nlayers; i++)
+        if (m->layers[i].ops == &dt_nn_conv2d_ops && m->layers[i + 1].ops == &dt_nn_relu_ops) {
+            m->layers[i].fuse_relu = true;
+            m->layers[i + 1].fused = true;
+        }
     size_t off = 0;
     for (int i = 0; i < m->nlayers; i++) {
         nn_layer *l = &m->layers[i];
@@ -195,8 +202,6 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         for (int64_t j = 0; j < l->bcount; j++)
             l->b[j] = dt_rng_uniform_range(&rb, -bound, bound);
     }
-    // Our threads split batches; OpenBLAS must not start threads of its own inside.
-    openblas_set_num_threads(1);
     DT_TRY(alloc_thread_buffers(m, m->nthreads));
     m->finalized = true;
     return DT_OK;

@@ -75,6 +75,8 @@ struct nn_layer {
     size_t   aux_per_sample;  // bytes
     uint8_t *aux;             // batch * aux_per_sample, owned by the model
     bool     last_training;   // the mode of the last forward (dropout backward uses it)
+    bool     fuse_relu;       // conv: applies the next layer's ReLU itself
+    bool     fused;           // relu: done by the layer before
     double   flops;           // forward, per sample
     uint64_t fwd_ns, bwd_ns;  // profile, thread 0
 };
