@@ -31,7 +31,7 @@ endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wpointer-arith -Wformat=2 -Wundef -Wvla -Wcast-qual -Wno-format-nonliteral -Wno-psabi
-BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g -fPIC -fvisibility=hidden -Iinclude -Isrc \
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -ffp-contract=fast -g -fPIC -fvisibility=hidden -Iinclude -Isrc \
                -MMD -MP $(WARN) -pthread
 OPT := -O2
 
@@ -123,7 +123,13 @@ lib: $(LIB_A) $(LIB_SO)
 programs: $(PROGS)
 tests: $(TEST_BIN) programs
 
-$(OUT)/obj/%.o: %.c
+# Objects depend on the flags they were built with: a flag change rebuilds them.
+$(OUT)/flags: FORCE
+	@mkdir -p $(OUT)
+	@echo '$(CC) $(CFLAGS) $(MPI_CFLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(MPI_CFLAGS)' > $@
+.PHONY: FORCE
+
+$(OUT)/obj/%.o: %.c $(OUT)/flags
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(if $(filter src/comm/mpi%,$<),$(MPI_CFLAGS)) -c $< -o $@

@@ -28,9 +28,9 @@ static inline dt_v16f dt_load16(const float *p) {
     return v;
 }
 static inline void dt_store16(float *p, dt_v16f v) { __builtin_memcpy(p, &v, sizeof v); }
-static inline dt_v16f dt_splat16(float x) {
-    return (dt_v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
-}
+// (vector + scalar broadcasts the scalar; a 16-element initialiser would be built
+// lane by lane in target_clones functions)
+static inline dt_v16f dt_splat16(float x) { return (dt_v16f){0} + x; }
 // a > 0 ? v : 0, lane by lane
 static inline dt_v16f dt_keep_positive16(dt_v16f a, dt_v16f v) {
     dt_v16i m = a > dt_splat16(0.0f);

@@ -15,6 +15,14 @@
 // Columns of the wide output whose window wraps past the row end are dropped on the
 // way out; their gradient is zero on the way back.
 //
+// On CPUs with AVX-512, stride-1 convolutions skip the column matrix altogether: in the
+// wide layout each of its rows is a shifted slice of the input, so forward, weight
+// gradient and input gradient are "shifted GEMMs" (shifted.c) that read the input in
+// place. The input gradient is the forward kernel again, over the output gradient with
+// transposed weights and negative shifts; the gradient rows get k-1 rows' worth of
+// zero margin on each side so that every shifted read stays inside them. DT_CONV=gemm
+// or DT_CONV=direct overrides the choice (tests run both).
+//
 // A ReLU right after the convolution is fused in: applied while the output is copied
 // out, and its mask applied while the incoming gradient is copied in.
 // Matches torch.nn.Conv2d (weight (Cout, Cin, k, k), bias (Cout)).
@@ -22,21 +30,40 @@
 #include "nn/blas.h"
 #include "nn/nn_impl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct wide {
     int    hp, wp;  // padded input height and width
     int    n;       // wide output positions: Ho * Wp - (k - 1)
     size_t plane;   // hp * wp
+    int    margin;  // direct path: zeros before and after each gradient row, (k-1)(Wp+1)
+    size_t ld;      // direct path: gradient row stride, margin + plane
 } wide;
 
 static wide wide_geom(const nn_layer *l) {
     wide g;
-    g.hp    = l->in.h + 2 * l->pad;
-    g.wp    = l->in.w + 2 * l->pad;
-    g.n     = l->out.h * g.wp - (l->k - 1);
-    g.plane = (size_t)g.hp * g.wp;
+    g.hp     = l->in.h + 2 * l->pad;
+    g.wp     = l->in.w + 2 * l->pad;
+    g.n      = l->out.h * g.wp - (l->k - 1);
+    g.plane  = (size_t)g.hp * g.wp;
+    g.margin = (l->k - 1) * (g.wp + 1);
+    g.ld     = (size_t)g.margin + g.plane;
     return g;
+}
+
+static bool want_direct(void) {
+    const char *e = getenv("DT_CONV");
+    if (e && strcmp(e, "direct") == 0)
+        return true;
+    if (e && strcmp(e, "gemm") == 0)
+        return false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
 }
 
 static dt_status conv_setup(nn_layer *l) {
@@ -64,7 +91,30 @@ static dt_status conv_setup(nn_layer *l) {
     l->wcount    = (size_t)l->out_c * l->fan_in;
     l->bcount    = l->out_c;
     size_t hw    = (size_t)l->out.h * l->out.w;
-    if (l->stride == 1) {
+    l->direct    = l->stride == 1 && want_direct();
+    if (l->direct) {
+        wide   g  = wide_geom(l);
+        size_t rf = l->fan_in, rb = (size_t)l->out_c * l->k * l->k;
+        // padded input (also its gradient), wide output/gradient with margins,
+        // transposed weights
+        l->scratch_floats = (l->pad ? (size_t)l->in.c * g.plane : 0) +
+                            (size_t)l->out_c * g.ld + (size_t)l->in.c * rb;
+        // forward offsets: input channel plane + kernel shift; backward: gradient row
+        // + margin - kernel shift
+        dt_free(l->offsets);
+        if (!(l->offsets = dt_alloc(sizeof(int) * (rf + rb))))
+            return DT_ERR_NOMEM;
+        for (int c = 0; c < l->in.c; c++)
+            for (int ki = 0; ki < l->k; ki++)
+                for (int kj = 0; kj < l->k; kj++)
+                    l->offsets[(c * l->k + ki) * l->k + kj] =
+                        (int)((size_t)c * g.plane) + ki * g.wp + kj;
+        for (int o = 0; o < l->out_c; o++)
+            for (int ki = 0; ki < l->k; ki++)
+                for (int kj = 0; kj < l->k; kj++)
+                    l->offsets[rf + (size_t)(o * l->k + ki) * l->k + kj] =
+                        (int)((size_t)o * g.ld) + g.margin - ki * g.wp - kj;
+    } else if (l->stride == 1) {
         wide g = wide_geom(l);
         // padded input (also its gradient), wide columns, wide output/gradient
         l->scratch_floats = (l->pad ? (size_t)l->in.c * g.plane : 0) + l->fan_in * (size_t)g.n +
@@ -145,12 +195,13 @@ DT_CLONES static void wide_col2im(const float *col, int c, int k, wide g, float 
 }
 
 // Wide (Cout, n) GEMM output -> compact (Cout, Ho, Wo) output, + bias, ReLU if fused.
-DT_CLONES static void wide_to_out(const float *restrict ext, const float *restrict b, int co,
-                                  int ho, int wo, wide g, bool relu, float *restrict y) {
+// Rows of ext are ext_ld apart.
+DT_CLONES static void wide_to_out(const float *restrict ext, size_t ext_ld, const float *restrict b,
+                                  int co, int ho, int wo, wide g, bool relu, float *restrict y) {
     for (int oc = 0; oc < co; oc++) {
         dt_v16f bv = dt_splat16(b[oc]);
         for (int oh = 0; oh < ho; oh++) {
-            const float *src = ext + (size_t)oc * g.n + (size_t)oh * g.wp;
+            const float *src = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
             float       *dst = y + ((size_t)oc * ho + oh) * wo;
             if (wo < 16) {
                 for (int ow = 0; ow < wo; ow++) {
@@ -170,12 +221,13 @@ DT_CLONES static void wide_to_out(const float *restrict ext, const float *restri
 // Compact output gradient -> wide (Cout, n), zero in the dropped columns; the fused
 // ReLU's mask (y > 0) applied on the way.
 DT_CLONES static void grad_to_wide(const float *restrict dy, const float *restrict y, int co,
-                                   int ho, int wo, wide g, bool relu, float *restrict ext) {
+                                   int ho, int wo, wide g, bool relu, float *restrict ext,
+                                   size_t ext_ld) {
     for (int oc = 0; oc < co; oc++)
         for (int oh = 0; oh < ho; oh++) {
             const float *src = dy + ((size_t)oc * ho + oh) * wo;
             const float *yy  = y + ((size_t)oc * ho + oh) * wo;
-            float       *dst = ext + (size_t)oc * g.n + (size_t)oh * g.wp;
+            float       *dst = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
             if (wo < 16) {
                 for (int ow = 0; ow < wo; ow++)
                     dst[ow] = relu && !(yy[ow] > 0.0f) ? 0.0f : src[ow];
@@ -204,7 +256,7 @@ static void wide_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
         wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
         dt_sgemm(false, false, l->out_c, g.n, kk, 1.0f, l->w, kk,
                     col, g.n, 0.0f, ext, g.n);
-        wide_to_out(ext, l->b, l->out_c, l->out.h, l->out.w, g, l->fuse_relu,
+        wide_to_out(ext, (size_t)g.n, l->b, l->out_c, l->out.h, l->out.w, g, l->fuse_relu,
                     out + (size_t)s * outsz);
     }
 }
@@ -223,7 +275,7 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
         wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
         grad_to_wide(dout + (size_t)s * outsz, out + (size_t)s * outsz, l->out_c, l->out.h,
-                     l->out.w, g, l->fuse_relu, ext);
+                     l->out.w, g, l->fuse_relu, ext, (size_t)g.n);
         // dW (Cout, Cin*k*k) += dy (Cout, n) x col^T (n, Cin*k*k)
         dt_sgemm(false, true, l->out_c, kk, g.n, 1.0f, ext, g.n,
                     col, g.n, 1.0f, dw, kk);
@@ -236,6 +288,68 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
         float *dx  = din + (size_t)s * insz;
         float *dxp = l->pad ? xp : dx;
         wide_col2im(col, l->in.c, l->k, g, dxp);
+        if (l->pad)
+            for (int ch = 0; ch < l->in.c; ch++)
+                for (int i = 0; i < l->in.h; i++)
+                    memcpy(dx + ((size_t)ch * l->in.h + i) * l->in.w,
+                           xp + ((size_t)ch * g.hp + i + l->pad) * g.wp + l->pad,
+                           sizeof(float) * (size_t)l->in.w);
+    }
+}
+
+// ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
+
+static void direct_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    wide   g    = wide_geom(l);
+    size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
+    float *xp = c->scratch, *ext = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
+    for (int s = c->s0; s < c->s1; s++) {
+        const float *x = in + (size_t)s * insz;
+        if (l->pad)
+            pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
+        dt_nn_shifted_gemm(l->pad ? xp : x, l->offsets, (int)l->fan_in, l->w, l->out_c, g.n,
+                           ext + g.margin, g.ld);
+        wide_to_out(ext + g.margin, g.ld, l->b, l->out_c, l->out.h, l->out.w, g, l->fuse_relu,
+                    out + (size_t)s * outsz);
+    }
+}
+
+static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                            float *dout, float *din, float *dparams) {
+    wide   g    = wide_geom(l);
+    size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
+    int    kk2  = l->k * l->k, rb = l->out_c * kk2;
+    float *xp = c->scratch, *ext = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
+    float *wt = ext + (size_t)l->out_c * g.ld;
+    float *dw = dparams, *db = dparams + l->wcount;
+    // Zero margins around each gradient row (never written below), and the weights
+    // transposed for the input gradient: wt[ic][(oc, ki, kj)] = w[oc][ic][ki][kj].
+    for (int oc = 0; oc < l->out_c; oc++) {
+        float *row = ext + (size_t)oc * g.ld;
+        memset(row, 0, sizeof(float) * (size_t)g.margin);
+        memset(row + g.margin + g.n, 0, sizeof(float) * (g.plane - (size_t)g.n));
+    }
+    if (din)
+        for (int oc = 0; oc < l->out_c; oc++)
+            for (int ic = 0; ic < l->in.c; ic++)
+                memcpy(wt + (size_t)ic * rb + (size_t)oc * kk2,
+                       l->w + ((size_t)oc * l->in.c + ic) * kk2, sizeof(float) * (size_t)kk2);
+    for (int s = c->s0; s < c->s1; s++) {
+        const float *x = in + (size_t)s * insz;
+        if (l->pad)
+            pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
+        grad_to_wide(dout + (size_t)s * outsz, out + (size_t)s * outsz, l->out_c, l->out.h,
+                     l->out.w, g, l->fuse_relu, ext + g.margin, g.ld);
+        for (int oc = 0; oc < l->out_c; oc++)  // dropped columns hold zeros
+            dt_nn_row_sums_add(ext + (size_t)oc * g.ld + g.margin, 1, g.n, db + oc);
+        dt_nn_shifted_gemm_nt(ext + g.margin, g.ld, l->out_c, l->pad ? xp : x, l->offsets,
+                              (int)l->fan_in, g.n, dw);
+        if (!din)
+            continue;
+        float *dx  = din + (size_t)s * insz;
+        float *dxp = l->pad ? xp : dx;  // the padded input is no longer needed
+        dt_nn_shifted_gemm(ext, l->offsets + l->fan_in, rb, wt, l->in.c, (int)g.plane, dxp,
+                           g.plane);
         if (l->pad)
             for (int ch = 0; ch < l->in.c; ch++)
                 for (int i = 0; i < l->in.h; i++)
@@ -293,7 +407,9 @@ static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
 }
 
 static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
-    if (l->stride == 1)
+    if (l->direct)
+        direct_forward(l, c, in, out);
+    else if (l->stride == 1)
         wide_forward(l, c, in, out);
     else
         strided_forward(l, c, in, out);
@@ -301,7 +417,9 @@ static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
 
 static void conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                           float *dout, float *din, float *dparams) {
-    if (l->stride == 1)
+    if (l->direct)
+        direct_backward(l, c, in, out, dout, din, dparams);
+    else if (l->stride == 1)
         wide_backward(l, c, in, out, dout, din, dparams);
     else
         strided_backward(l, c, in, out, dout, din, dparams);

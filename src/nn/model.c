@@ -231,6 +231,8 @@ void dt_model_free(dt_model *m) {
     dt_pool_free(m->pool);
     free_activations(m);
     free_thread_buffers(m);
+    for (int i = 0; i < m->nlayers; i++)
+        dt_free(m->layers[i].offsets);
     dt_free(m->params);
     dt_free(m->grads);
     dt_free(m);

@@ -76,6 +76,8 @@ struct nn_layer {
     uint8_t *aux;             // batch * aux_per_sample, owned by the model
     bool     last_training;   // the mode of the last forward (dropout backward uses it)
     bool     fuse_relu;       // conv: applies the next layer's ReLU itself
+    bool     direct;          // conv: shifted-GEMM kernels instead of im2col + OpenBLAS
+    int     *offsets;         // conv (direct): row offsets of the shifted operands, owned
     bool     fused;           // relu: done by the layer before
     double   flops;           // forward, per sample
     uint64_t fwd_ns, bwd_ns;  // profile, thread 0
@@ -97,6 +99,12 @@ void dt_nn_im2col(const float *img, int c, int h, int w, int k, int stride, int 
 // Adds columns back into a zeroed (C, H, W) image: the adjoint of im2col.
 void dt_nn_col2im(const float *col, int c, int h, int w, int k, int stride, int pad, int ho,
                   int wo, float *img);
+// out[o][j] = sum_r w[o][r] * src[off[r] + j]   (o < rows, j < n; shifted.c)
+void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w, int rows, int n,
+                        float *out, size_t out_ld);
+// dw[o][r] += sum_j a[o][j] * src[off[r] + j]   (o < rows, r < R, j < n; shifted.c)
+void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *src,
+                           const int *off, int R, int n, float *dw);
 // y[i] = max(y[i], 0)
 void dt_nn_relu_inplace(float *y, size_t n);
 // d[i] = y[i] > 0 ? d[i] : 0

@@ -485,11 +485,18 @@ static void test_losses(void) {
 }
 
 int main(void) {
-    RUN(test_conv2d);
+    // Convolutions have two implementations (conv2d.c): run their checks with each.
+    static const char *const algos[] = {"gemm", "direct"};
+    for (int a = 0; a < 2; a++) {
+        setenv("DT_CONV", algos[a], 1);
+        fprintf(stderr, "convolution: %s\n", algos[a]);
+        RUN(test_conv2d);
+        RUN(test_convnet);
+    }
+    unsetenv("DT_CONV");
     RUN(test_linear);
     RUN(test_maxpool);
     RUN(test_activations);
-    RUN(test_convnet);
     RUN(test_losses);
     return check_summary();
 }

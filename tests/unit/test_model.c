@@ -270,7 +270,11 @@ static void test_errors(void) {
 int main(void) {
     RUN(test_init);
     RUN(test_determinism);
+    setenv("DT_CONV", "gemm", 1);
     RUN(test_threads);
+    setenv("DT_CONV", "direct", 1);
+    RUN(test_threads);
+    unsetenv("DT_CONV");
     RUN(test_dropout_masks);
     RUN(test_hook_and_accumulation);
     RUN(test_errors);
