@@ -82,25 +82,6 @@ static int parse_args(int argc, char **argv, args *a) {
     return 0;
 }
 
-static dt_status build_convnet(dt_model **out, uint64_t seed, int threads) {
-    dt_model *m = dt_model_init(1, 28, 28);
-    if (!m)
-        return dt_last_status();
-    dt_status st;
-    if ((st = dt_model_add_conv2d(m, 16, 3, 1, 0)) || (st = dt_model_add_relu(m)) ||
-        (st = dt_model_add_conv2d(m, 32, 3, 1, 0)) || (st = dt_model_add_relu(m)) ||
-        (st = dt_model_add_maxpool2d(m, 2, 0)) || (st = dt_model_add_dropout2d(m, 0.10f)) ||
-        (st = dt_model_add_flatten(m)) || (st = dt_model_add_linear(m, 64)) ||
-        (st = dt_model_add_relu(m)) || (st = dt_model_add_dropout(m, 0.25f)) ||
-        (st = dt_model_add_linear(m, 10)) || (st = dt_model_add_log_softmax(m)) ||
-        (st = dt_model_finalize(m, seed)) || (st = dt_model_set_threads(m, threads))) {
-        dt_model_free(m);
-        return st;
-    }
-    *out = m;
-    return DT_OK;
-}
-
 // Test-set accuracy and mean loss, in evaluation mode, in batches of `batch`.
 static dt_status evaluate(dt_model *m, const dt_dataset *test, size_t batch, int *correct,
                           double *mean_loss) {
@@ -145,7 +126,8 @@ static int run(const args *a) {
     dopts.limit           = (size_t)a->limit;
     if (dt_dataset_load_mnist(&train, a->data_dir, true, &dopts) ||
         (!a->no_test && dt_dataset_load_mnist(&test, a->data_dir, false, NULL)) ||
-        build_convnet(&m, (uint64_t)a->seed, (int)a->threads))
+        dt_model_init_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
+        dt_model_set_threads(m, (int)a->threads))
         goto done;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = (float)a->lr;

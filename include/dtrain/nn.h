@@ -78,6 +78,13 @@ DT_API dt_status dt_model_add_log_softmax(dt_model *m);
 // split from `seed` per parameter tensor. After this no layer can be added.
 DT_API dt_status dt_model_finalize(dt_model *m, uint64_t seed);
 
+// The seed chapter's ConvNet for 28x28 single-channel images, finalized:
+//   conv(1->16, 3x3) ReLU conv(16->32, 3x3) ReLU maxpool(2) Dropout2d(drop2d) flatten
+//   linear(4608->64) ReLU dropout(drop) linear(64->10) log_softmax
+// The seed uses drop2d = 0.10 and drop = 0.25. Free with dt_model_free.
+DT_API dt_status dt_model_init_mnist_convnet(dt_model **out, uint64_t seed, float drop2d,
+                                             float drop);
+
 // ----------------------------------------------------------------------- inspecting
 
 DT_API size_t               dt_model_num_params(const dt_model *m);       // floats
