@@ -20,7 +20,7 @@ typedef struct args {
     long        epochs, batch_size, limit, seed, threads, log_every;
     double      lr;
     const char *data_dir;
-    bool        no_test;
+    bool        no_test, stats, profile;
 } args;
 
 static const char usage[] =
@@ -35,6 +35,8 @@ static const char usage[] =
     "  --threads T       threads splitting each batch (default: the cores, " "%ld here)\n"
     "  --log-every K     print the loss every K batches (default 10)\n"
     "  --no-test         skip the test-set evaluation\n"
+    "  --stats           print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)\n"
+    "  --profile         print forward and backward time per layer\n"
     "  --help            this text\n";
 
 static int parse_args(int argc, char **argv, args *a) {
@@ -42,13 +44,15 @@ static int parse_args(int argc, char **argv, args *a) {
                 .threads = sysconf(_SC_NPROCESSORS_ONLN)};
     if (a->threads < 1)
         a->threads = 1;
-    enum { EPOCHS = 1000, BATCH, LR, SEED, DATA, LIMIT, THREADS, LOG_EVERY, NO_TEST, HELP };
+    enum { EPOCHS = 1000, BATCH, LR, SEED, DATA, LIMIT, THREADS, LOG_EVERY, NO_TEST, STATS,
+           PROFILE, HELP };
     static const struct option opts[] = {
         {"epochs", required_argument, 0, EPOCHS},   {"batch-size", required_argument, 0, BATCH},
         {"lr", required_argument, 0, LR},           {"seed", required_argument, 0, SEED},
         {"data-dir", required_argument, 0, DATA},   {"limit", required_argument, 0, LIMIT},
         {"threads", required_argument, 0, THREADS}, {"log-every", required_argument, 0, LOG_EVERY},
-        {"no-test", no_argument, 0, NO_TEST},       {"help", no_argument, 0, HELP},
+        {"no-test", no_argument, 0, NO_TEST},       {"stats", no_argument, 0, STATS},
+        {"profile", no_argument, 0, PROFILE},       {"help", no_argument, 0, HELP},
         {0, 0, 0, 0}};
     int c;
     opterr = 0;
@@ -64,6 +68,8 @@ static int parse_args(int argc, char **argv, args *a) {
         case THREADS: st = dt_parse_long(optarg, 1, 256, "--threads", &a->threads); break;
         case LOG_EVERY: st = dt_parse_long(optarg, 1, 1L << 30, "--log-every", &a->log_every); break;
         case NO_TEST: a->no_test = true; break;
+        case STATS: a->stats = true; break;
+        case PROFILE: a->profile = true; break;
         case HELP: printf(usage, a->threads); exit(0);
         default:
             fprintf(stderr, "dtrain-mnist: unknown option \"%s\"\n", argv[optind - 1]);
@@ -112,6 +118,24 @@ static dt_status evaluate(dt_model *m, const dt_dataset *test, size_t batch, int
     return st;
 }
 
+static void print_profile(const dt_model *m, double train_secs) {
+    double total = 0;
+    printf("%-4s %-12s %10s %10s %7s\n", "layer", "kind", "forward_s", "backward_s", "share");
+    for (int i = 0; i < dt_model_num_layers(m); i++) {
+        double f, b;
+        dt_model_profile(m, i, &f, &b);
+        total += f + b;
+    }
+    for (int i = 0; i < dt_model_num_layers(m); i++) {
+        double f, b;
+        dt_model_profile(m, i, &f, &b);
+        printf("%-4d %-12s %10.3f %10.3f %6.1f%%\n", i, dt_model_layer_kind(m, i), f, b,
+               100.0 * (f + b) / train_secs);
+    }
+    printf("%-17s %21.3f %6.1f%%  (the rest: data, loss, optimizer, waits)\n", "all layers", total,
+           100.0 * total / train_secs);
+}
+
 static int run(const args *a) {
     double     start = dt_now();
     dt_dataset train = {0}, test = {0};
@@ -121,6 +145,7 @@ static int run(const args *a) {
     dt_loader *ld    = NULL;
     float     *dlogp = NULL;
     int        rc    = 1;
+    double     accuracy = -1;
 
     dt_dataset_opts dopts = dt_dataset_opts_default();
     dopts.limit           = (size_t)a->limit;
@@ -143,6 +168,8 @@ static int run(const args *a) {
         dt_model_reserve(m, (int)a->batch_size))
         goto done;
 
+    dt_model_set_profile(m, a->profile);
+    double train_start = dt_now();
     size_t nbatches = (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     // Dropout masks: a stream of their own under the seed, split by epoch and step.
     dt_rng base = dt_rng_init((uint64_t)a->seed);
@@ -169,8 +196,11 @@ static int run(const args *a) {
         if (dt_loader_status(ld))
             goto done;
     }
-    printf("Finished training in %.2f secs\n", dt_now() - start);
+    double finished = dt_now();
+    printf("Finished training in %.2f secs\n", finished - start);
     fflush(stdout);
+    if (a->profile)
+        print_profile(m, finished - train_start);
     if (!a->no_test) {
         int    correct   = 0;
         double mean_loss = 0;
@@ -178,6 +208,19 @@ static int run(const args *a) {
             goto done;
         printf("Test accuracy: %.2f%% (%d/%zu), average loss %.4f\n",
                100.0 * correct / (double)test.n, correct, test.n, mean_loss);
+        accuracy = 100.0 * correct / (double)test.n;
+    }
+    if (a->stats) {
+        double samples = (double)train.n * (double)a->epochs;
+        double flops   = samples * dt_model_train_flops_per_sample(m);
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        printf("STATS {\"secs\": %.3f, \"train_loop_secs\": %.3f, \"samples_per_sec\": %.1f, "
+               "\"gflops\": %.1f, \"peak_rss_mib\": %.1f, \"threads\": %ld, "
+               "\"accuracy\": %.2f, \"blas\": \"%s\"}\n",
+               finished - start, finished - train_start, samples / (finished - train_start),
+               flops / (finished - train_start) * 1e-9, (double)ru.ru_maxrss / 1024.0, a->threads,
+               accuracy, dt_blas_info());
     }
     rc = 0;
 done:

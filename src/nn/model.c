@@ -261,6 +261,13 @@ double dt_model_flops_per_sample(const dt_model *m) {
     return f;
 }
 
+double dt_model_train_flops_per_sample(const dt_model *m) {
+    double f = 0;
+    for (int i = 0; i < m->nlayers; i++)
+        f += (i == 0 && !m->want_input_grad ? 2.0 : 3.0) * m->layers[i].flops;
+    return f;
+}
+
 void dt_model_describe(const dt_model *m, char *buf, size_t n) {
     size_t off = 0;
     buf[0]     = '\0';
