@@ -206,7 +206,11 @@ typedef struct dt_loader_opts {
     bool   drop_last;   // drop a last batch shorter than B (default false); unrelated to
                         // the sampler's drop_last
     bool   prefetch;    // prepare batches on a background thread (default true)
-    int    timeout_ms;  // longest wait in dt_loader_next (default 60000)
+    bool   caller_helps;  // with prefetch: when the thread has not started the batch the
+                          // caller asks for, prepare it on the calling thread instead of
+                          // waiting for the thread to be scheduled (default true)
+    int    timeout_ms;  // longest wait in dt_loader_next for a batch the thread is
+                        // preparing (default 60000)
 } dt_loader_opts;
 
 DT_API dt_loader_opts dt_loader_opts_default(void);
@@ -242,8 +246,9 @@ DT_API void dt_loader_free(dt_loader *l);
 DT_API void dt_loader_begin_epoch(dt_loader *l, int64_t epoch);
 
 // The next batch into *b; false at the end of the epoch, or on failure (then
-// dt_loader_status is not DT_OK and dt_last_error says why; the only failure is a
-// batch not ready within timeout_ms). Each batch taken advances the sampler's position.
+// dt_loader_status is not DT_OK and dt_last_error says why: DT_ERR_STATE before any
+// dt_loader_begin_epoch, DT_ERR_TIMEOUT when a batch was not ready within timeout_ms).
+// Each batch taken advances the sampler's position.
 DT_API bool dt_loader_next(dt_loader *l, dt_batch *b);
 
 // DT_OK, or the failure that ended the current epoch early.

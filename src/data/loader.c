@@ -64,8 +64,9 @@ dt_loader_opts dt_loader_opts_default(void) {
     return (dt_loader_opts){
         .batch_size = 64,
         .drop_last  = false,
-        .prefetch   = true,
-        .timeout_ms = 60000,
+        .prefetch     = true,
+        .caller_helps = true,
+        .timeout_ms   = 60000,
     };
 }
 
@@ -289,7 +290,19 @@ bool dt_loader_next(dt_loader *l, dt_batch *b) {
     slot  *sl = &l->slots[k % 2];
     if (l->thread_started) {
         pthread_mutex_lock(&l->mu);
-        bool ok = wait_ready(l, sl, k);
+        bool ok = true;
+        if (l->o.caller_helps && l->next_fill == k && sl->state == SLOT_FREE) {
+            // The worker has not started this batch (not scheduled yet, or its CPU is
+            // busy): preparing it here costs no more than waiting for it would.
+            l->next_fill++;
+            sl->state = SLOT_FILLING;
+            pthread_mutex_unlock(&l->mu);
+            fill_slot(l, sl, k);
+            pthread_mutex_lock(&l->mu);
+            pthread_cond_broadcast(&l->cv_work);  // batch k + 1 may be the worker's now
+        } else {
+            ok = wait_ready(l, sl, k);
+        }
         if (ok)
             sl->state = SLOT_HELD;
         pthread_mutex_unlock(&l->mu);
