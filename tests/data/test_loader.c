@@ -59,8 +59,8 @@ static void test_order_and_content(void) {
     size_t     N  = 203;
     dt_dataset ds = make_dataset(N, 1);
     for (int variant = 0; variant < 12; variant++) {
-        bool   prefetch = variant & 1 || variant >= 8, drop_last = variant & 2;
-        size_t B        = variant & 4 ? 16 : 7;
+        bool           prefetch = variant & 1 || variant >= 8, drop_last = variant & 2;
+        size_t         B = variant & 4 ? 16 : 7;
         dt_sampler    *s = make_sampler(N, 3, 1, 9);  // 68 samples per rank
         dt_loader_opts o = dt_loader_opts_default();
         o.batch_size     = B;
@@ -212,7 +212,7 @@ static void test_restart_and_resume(void) {
         CHECK_OK(dt_sampler_resume(s, epoch, pos));
         l = dt_loader_init(&ds, s, &o);
         dt_loader_begin_epoch(l, DT_EPOCH_AUTO);
-        k = 60;
+        k         = 60;
         size_t nb = 0;
         while (dt_loader_next(l, &b)) {
             CHECK_EQ(b.index, 6 + nb);
@@ -260,7 +260,8 @@ static void test_sequential_and_errors(void) {
     dt_sampler *s = make_sampler(26, 1, 0, 0);
     CHECK(dt_loader_init(&ds, s, &o) == NULL);
     CHECK(dt_last_status() == DT_ERR_ARG);
-    CHECK(strstr(dt_last_error(), "expected a sampler over the dataset's 25 samples, found one over 26") != NULL);
+    CHECK(strstr(dt_last_error(),
+                 "expected a sampler over the dataset's 25 samples, found one over 26") != NULL);
     dt_sampler_free(s);
     o.batch_size = 0;
     CHECK(dt_loader_init(&ds, NULL, &o) == NULL);
@@ -281,8 +282,8 @@ static void test_sequential_and_errors(void) {
 // for the thread: a bounded wait, a clear DT_ERR_TIMEOUT, and a loader that still
 // starts the next epoch and shuts down cleanly.
 static void test_timeout(void) {
-    size_t   n = 2 * 2048, hw = 64 * 64;
-    uint8_t *img = calloc(n * hw, 1), *lab = calloc(n, 1);
+    size_t     n = 2 * 2048, hw = 64 * 64;
+    uint8_t   *img = calloc(n * hw, 1), *lab = calloc(n, 1);
     dt_dataset ds;
     CHECK_OK(dt_dataset_init(&ds, img, lab, n, 64, 64, NULL));
     free(img);

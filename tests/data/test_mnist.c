@@ -15,7 +15,7 @@ static uint8_t *gunzip_file(const char *path, size_t *n) {
     if (!g)
         return NULL;
     size_t   cap = 1 << 20, len = 0;
-    uint8_t *p   = malloc(cap);
+    uint8_t *p = malloc(cap);
     int      r;
     while ((r = gzread(g, p + len, (unsigned)(cap - len))) > 0) {
         len += (size_t)r;
@@ -33,8 +33,8 @@ static void check_set(const char *dir, bool train) {
     double     t0 = dt_now();
     CHECK_OK(dt_dataset_load_mnist(&ds, dir, train, NULL));
     double secs = dt_now() - t0;
-    fprintf(stderr, "     loaded %s set (%zu images) in %.3f s\n", train ? "training" : "test", ds.n,
-            secs);
+    fprintf(stderr, "     loaded %s set (%zu images) in %.3f s\n", train ? "training" : "test",
+            ds.n, secs);
     CHECK_EQ(ds.n, want_n);
     CHECK_EQ(ds.h, 28);
     CHECK_EQ(ds.w, 28);
