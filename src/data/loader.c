@@ -8,6 +8,11 @@
 //   caller:  next -> k (HELD)   next -> k+1 (HELD), k FREE    next -> ...
 //   worker:  fill k+1 (FILLING -> READY)       fill k+2 (FILLING -> READY)
 //
+// Whoever claims batch k first (next_fill, under mu) prepares it: normally the worker,
+// but when the caller asks for a batch the worker has not started (its wake-up is late,
+// or its CPU is busy) the caller prepares it itself rather than wait (caller_helps).
+// On a machine whose cores are all busy this degrades to preparing batches inline.
+//
 // Shared fields are guarded by mu. The epoch plan (order, first, count) is written by
 // the caller only while the worker is idle and the loader inactive, and read by the
 // worker only after it saw `active` under mu.
