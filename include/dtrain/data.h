@@ -51,8 +51,8 @@ DT_API dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, 
 // Writes an unsigned-byte IDX file: `ndim` (1..4) dims, data of their product bytes,
 // gzip-compressed when `gzip` is true. Written to "<path>.tmp.<pid>" and renamed, so
 // a failure never leaves a half-written file at `path`. DT_ERR_ARG, DT_ERR_IO.
-DT_API dt_status dt_idx_write(const char *path, const uint8_t *data, int ndim,
-                              const uint32_t *dims, bool gzip);
+DT_API dt_status dt_idx_write(const char *path, const uint8_t *data, int ndim, const uint32_t *dims,
+                              bool gzip);
 
 DT_API void dt_idx_free(dt_idx *idx);  // frees data and zeroes *idx; NULL is a no-op
 
@@ -78,13 +78,13 @@ DT_API dt_dataset_opts dt_dataset_opts_default(void);
 // Images as bytes (N, H, W) and labels (N). Fields are read-only for users; the
 // dataset is immutable after loading, so any number of threads may read it.
 typedef struct dt_dataset {
-    uint8_t *images;       // (N, H, W), owned
-    uint8_t *labels;       // (N), owned
-    size_t   n;            // N
-    int      h, w;         // image height and width
+    uint8_t *images;  // (N, H, W), owned
+    uint8_t *labels;  // (N), owned
+    size_t   n;       // N
+    int      h, w;    // image height and width
     int      num_classes;
     float    mean, std;
-    float    lut[256];     // lut[p] = (p / 255 - mean) / std, computed in float
+    float    lut[256];  // lut[p] = (p / 255 - mean) / std, computed in float
 } dt_dataset;
 
 // Loads an image file (N, H, W) and a label file (N) of IDX format. The counts must
@@ -111,8 +111,8 @@ DT_API void dt_dataset_free(dt_dataset *ds);  // NULL is a no-op; zeroes *ds
 // Gathers samples indices[0..count) into x (count, 1, H, W), normalised through
 // ds->lut, and their labels into y (count). Indices must be < ds->n (checked only in
 // debug builds: the sampler produces them). Allocates nothing.
-DT_API void dt_dataset_gather(const dt_dataset *ds, const uint32_t *indices, size_t count,
-                              float *x, int32_t *y);
+DT_API void dt_dataset_gather(const dt_dataset *ds, const uint32_t *indices, size_t count, float *x,
+                              int32_t *y);
 
 // -------------------------------------------------------------------------- sampler
 //
@@ -205,8 +205,12 @@ typedef struct dt_loader_opts {
     size_t batch_size;  // B >= 1 (default 64)
     bool   drop_last;   // drop a last batch shorter than B (default false); unrelated to
                         // the sampler's drop_last
-    bool   prefetch;    // prepare batches on a background thread (default true)
-    int    timeout_ms;  // longest wait in dt_loader_next (default 60000)
+    bool prefetch;      // prepare batches on a background thread (default true)
+    bool caller_helps;  // with prefetch: when the thread has not started the batch the
+                        // caller asks for, prepare it on the calling thread instead of
+                        // waiting for the thread to be scheduled (default true)
+    int timeout_ms;     // longest wait in dt_loader_next for a batch the thread is
+                        // preparing (default 60000)
 } dt_loader_opts;
 
 DT_API dt_loader_opts dt_loader_opts_default(void);
@@ -219,7 +223,7 @@ typedef struct dt_batch {
     const uint32_t *indices;  // (size) dataset indices of the samples
     size_t          size;     // B, or fewer for a last short batch
     int             h, w;
-    size_t          index;    // batch number within the epoch
+    size_t          index;  // batch number within the epoch
 } dt_batch;
 
 // A loader over `ds` in the order of `sampler`; both are borrowed (they must outlive
@@ -242,8 +246,9 @@ DT_API void dt_loader_free(dt_loader *l);
 DT_API void dt_loader_begin_epoch(dt_loader *l, int64_t epoch);
 
 // The next batch into *b; false at the end of the epoch, or on failure (then
-// dt_loader_status is not DT_OK and dt_last_error says why; the only failure is a
-// batch not ready within timeout_ms). Each batch taken advances the sampler's position.
+// dt_loader_status is not DT_OK and dt_last_error says why: DT_ERR_STATE before any
+// dt_loader_begin_epoch, DT_ERR_TIMEOUT when a batch was not ready within timeout_ms).
+// Each batch taken advances the sampler's position.
 DT_API bool dt_loader_next(dt_loader *l, dt_batch *b);
 
 // DT_OK, or the failure that ended the current epoch early.
@@ -255,4 +260,4 @@ DT_API size_t dt_loader_num_batches(const dt_loader *l);
 #ifdef __cplusplus
 }
 #endif
-#endif // DTRAIN_DATA_H
+#endif  // DTRAIN_DATA_H

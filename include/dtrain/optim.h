@@ -93,4 +93,4 @@ DT_API size_t      dt_optim_num_params(const dt_optim *o);
 #ifdef __cplusplus
 }
 #endif
-#endif // DTRAIN_OPTIM_H
+#endif  // DTRAIN_OPTIM_H

@@ -24,7 +24,8 @@ static dt_status check_opts(const dt_dataset_opts *o) {
         return dt_fail(DT_ERR_ARG, "dataset: expected num_classes in [1, 256], found %d",
                        o->num_classes);
     if (!(o->std > 0.0f) || !(o->mean == o->mean))
-        return dt_fail(DT_ERR_ARG, "dataset: expected std > 0 and a finite mean, found std %g, mean %g",
+        return dt_fail(DT_ERR_ARG,
+                       "dataset: expected std > 0 and a finite mean, found std %g, mean %g",
                        (double)o->std, (double)o->mean);
     return DT_OK;
 }
@@ -35,8 +36,7 @@ static void fill_lut(dt_dataset *ds) {
         ds->lut[p] = ((float)p / 255.0f - ds->mean) / ds->std;
 }
 
-static dt_status check_labels(const uint8_t *labels, size_t n, int num_classes,
-                              const char *where) {
+static dt_status check_labels(const uint8_t *labels, size_t n, int num_classes, const char *where) {
     for (size_t i = 0; i < n; i++)
         if (labels[i] >= num_classes)
             return dt_fail(DT_ERR_FORMAT, "%s: expected labels in [0, %d), found %d at index %zu",
@@ -44,8 +44,8 @@ static dt_status check_labels(const uint8_t *labels, size_t n, int num_classes,
     return DT_OK;
 }
 
-dt_status dt_dataset_init(dt_dataset *ds, const uint8_t *images, const uint8_t *labels,
-                          size_t n, int h, int w, const dt_dataset_opts *opts) {
+dt_status dt_dataset_init(dt_dataset *ds, const uint8_t *images, const uint8_t *labels, size_t n,
+                          int h, int w, const dt_dataset_opts *opts) {
     memset(ds, 0, sizeof *ds);
     dt_dataset_opts o = opts ? *opts : dt_dataset_opts_default();
     DT_TRY(check_opts(&o));
@@ -94,8 +94,8 @@ dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const cha
     if (st == DT_OK)
         st = dt_idx_read_first(labels_path, o.limit, &lab);
     if (st == DT_OK && lab.ndim != 1)
-        st = dt_fail(DT_ERR_FORMAT, "%s: expected labels of 1 dimension (N), found %d",
-                     labels_path, lab.ndim);
+        st = dt_fail(DT_ERR_FORMAT, "%s: expected labels of 1 dimension (N), found %d", labels_path,
+                     lab.ndim);
     // Compare the counts of the headers, so a mismatch is caught even under a limit.
     if (st == DT_OK && lab.dims[0] != img.dims[0])
         st = dt_fail(DT_ERR_FORMAT,
@@ -149,7 +149,7 @@ dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
     memset(ds, 0, sizeof *ds);
     if (!dir || !*dir) {
         const char *env = getenv("DT_DATA_DIR");
-        dir = env && *env ? env : DT_DATA_DIR_DEFAULT;
+        dir             = env && *env ? env : DT_DATA_DIR_DEFAULT;
     }
     const char *set = train ? "train" : "t10k";
     char        stem[64], images[4096], labels[4096];

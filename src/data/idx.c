@@ -20,7 +20,7 @@
 // Deflate cannot expand data by more than about 1032:1 (zlib's FAQ: 258-byte matches
 // coded in 2 bits), so a header claiming more than this many bytes per compressed byte
 // is lying, whatever the rest of the stream says.
-#define GZ_MAX_RATIO   1032u
+#define GZ_MAX_RATIO 1032u
 // First buffer for gzip data: a few times the compressed size covers real image data
 // (MNIST compresses about 2:1) in one allocation, yet stays proportional to the file.
 #define GZ_FIRST_RATIO 4u
@@ -37,20 +37,27 @@ typedef struct src {
     uint64_t       raw_size;  // size of the whole input (file or memory block)
     uint64_t       fetched;   // raw bytes brought into windows so far
     bool           gz;
-    bool           z_live;    // inflateInit2 succeeded
-    bool           z_end;     // the last gzip member ended with no input left
+    bool           z_live;  // inflateInit2 succeeded
+    bool           z_end;   // the last gzip member ended with no input left
     z_stream       z;
 } src;
 
 static const char *type_name(unsigned t) {
     switch (t) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "short (16-bit)";
-    case 0x0C: return "int (32-bit)";
-    case 0x0D: return "float (32-bit)";
-    case 0x0E: return "double (64-bit)";
-    default: return "not an IDX type";
+    case 0x08:
+        return "unsigned byte";
+    case 0x09:
+        return "signed byte";
+    case 0x0B:
+        return "short (16-bit)";
+    case 0x0C:
+        return "int (32-bit)";
+    case 0x0D:
+        return "float (32-bit)";
+    case 0x0E:
+        return "double (64-bit)";
+    default:
+        return "not an IDX type";
     }
 }
 
@@ -113,8 +120,8 @@ static dt_status gz_read(src *s, uint8_t *dst, size_t n, size_t *got) {
                                "(truncated gzip stream)",
                                s->name);
         }
-        uInt in_n  = avail(s) > UINT_MAX ? UINT_MAX : (uInt)avail(s);
-        uInt out_n = n - done > UINT_MAX ? UINT_MAX : (uInt)(n - done);
+        uInt in_n      = avail(s) > UINT_MAX ? UINT_MAX : (uInt)avail(s);
+        uInt out_n     = n - done > UINT_MAX ? UINT_MAX : (uInt)(n - done);
         s->z.next_in   = s->in + s->in_pos;
         s->z.avail_in  = in_n;
         s->z.next_out  = dst + done;
@@ -150,7 +157,8 @@ static dt_status gz_read(src *s, uint8_t *dst, size_t n, size_t *got) {
                            "dictionary",
                            s->name);
         if (ret != Z_OK && ret != Z_BUF_ERROR)
-            return dt_fail(DT_ERR_FORMAT, "%s: expected a valid gzip stream, found corrupt data (zlib: %s)",
+            return dt_fail(DT_ERR_FORMAT,
+                           "%s: expected a valid gzip stream, found corrupt data (zlib: %s)",
                            s->name, s->z.msg ? s->z.msg : "unknown error");
         if (ret == Z_BUF_ERROR && s->z.avail_in == in_n && s->z.avail_out == out_n)
             return dt_fail(DT_ERR_INTERNAL, "%s: zlib made no progress", s->name);
@@ -168,7 +176,7 @@ static dt_status src_start(src *s) {
     if (avail(s) < 2)
         DT_TRY(fill(s));
     if (avail(s) >= 2 && s->in[s->in_pos] == 0x1f && s->in[s->in_pos + 1] == 0x8b) {
-        s->gz      = true;
+        s->gz       = true;
         s->z.zalloc = z_alloc;
         s->z.zfree  = z_free;
         // 15 window bits + 16: gzip wrapper only (no zlib or raw deflate).
@@ -229,7 +237,7 @@ static dt_status parse(src *s, size_t max_records, dt_idx *out) {
     out->ndim = ndim;
     for (int i = 0; i < ndim; i++) {
         const uint8_t *p = hdr + 4 + 4 * i;
-        out->dims[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        out->dims[i]     = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
     }
     char dstr[80];
     dims_str(out, dstr, sizeof dstr);
@@ -297,8 +305,8 @@ static dt_status parse(src *s, size_t max_records, dt_idx *out) {
         if (filled == want)
             break;
         // The data keeps coming: double the buffer, never past what the header claims.
-        size_t next = cap > want / 2 ? want : cap * 2;
-        uint8_t *nb = dt_alloc(next);
+        size_t   next = cap > want / 2 ? want : cap * 2;
+        uint8_t *nb   = dt_alloc(next);
         if (!nb) {
             dt_free(buf);
             return dt_fail_context("%s: data buffer for dims %s", s->name, dstr);
@@ -310,7 +318,7 @@ static dt_status parse(src *s, size_t max_records, dt_idx *out) {
     }
     // Reading on to the end of a gzip stream also verifies its CRC and length.
     if (keep == out->dims[0] && s->gz) {
-        uint8_t extra;
+        uint8_t   extra;
         dt_status st = src_read(s, &extra, 1, &got);
         if (st == DT_OK && got)
             st = dt_fail(DT_ERR_FORMAT,
@@ -330,12 +338,12 @@ static dt_status parse(src *s, size_t max_records, dt_idx *out) {
 
 dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out) {
     memset(out, 0, sizeof *out);
-    src s      = {0};
-    s.name     = name ? name : "<memory>";
-    s.in       = buf;
-    s.in_len   = nbytes;
-    s.raw_size = nbytes;
-    s.fetched  = nbytes;
+    src s        = {0};
+    s.name       = name ? name : "<memory>";
+    s.in         = buf;
+    s.in_len     = nbytes;
+    s.raw_size   = nbytes;
+    s.fetched    = nbytes;
     dt_status st = src_start(&s);
     if (st == DT_OK)
         st = parse(&s, 0, out);
@@ -398,9 +406,9 @@ static dt_status deflate_to(z_stream *z, FILE *f, const uint8_t *p, size_t n, bo
                             const char *path) {
     uint8_t out[16384];
     do {
-        uInt chunk   = n > UINT_MAX ? UINT_MAX : (uInt)n;
-        z->next_in   = p;
-        z->avail_in  = chunk;
+        uInt chunk  = n > UINT_MAX ? UINT_MAX : (uInt)n;
+        z->next_in  = p;
+        z->avail_in = chunk;
         p += chunk;
         n -= chunk;
         int flush = finish && n == 0 ? Z_FINISH : Z_NO_FLUSH;
@@ -422,18 +430,18 @@ static dt_status deflate_to(z_stream *z, FILE *f, const uint8_t *p, size_t n, bo
 dt_status dt_idx_write(const char *path, const uint8_t *data, int ndim, const uint32_t *dims,
                        bool gzip) {
     if (ndim < 1 || ndim > DT_IDX_MAX_DIMS)
-        return dt_fail(DT_ERR_ARG, "dt_idx_write %s: expected 1 to %d dimensions, found %d",
-                       path, DT_IDX_MAX_DIMS, ndim);
+        return dt_fail(DT_ERR_ARG, "dt_idx_write %s: expected 1 to %d dimensions, found %d", path,
+                       DT_IDX_MAX_DIMS, ndim);
     uint8_t hdr[4 + 4 * DT_IDX_MAX_DIMS] = {0, 0, IDX_TYPE_UBYTE, (uint8_t)ndim};
-    size_t  total = 1;
+    size_t  total                        = 1;
     for (int i = 0; i < ndim; i++) {
         if (!dt_size_mul(&total, total, dims[i]))
             return dt_fail(DT_ERR_ARG, "dt_idx_write %s: dimensions overflow size_t", path);
         uint8_t *p = hdr + 4 + 4 * i;
-        p[0] = (uint8_t)(dims[i] >> 24);
-        p[1] = (uint8_t)(dims[i] >> 16);
-        p[2] = (uint8_t)(dims[i] >> 8);
-        p[3] = (uint8_t)dims[i];
+        p[0]       = (uint8_t)(dims[i] >> 24);
+        p[1]       = (uint8_t)(dims[i] >> 16);
+        p[2]       = (uint8_t)(dims[i] >> 8);
+        p[3]       = (uint8_t)dims[i];
     }
     size_t hdr_bytes = 4 + 4 * (size_t)ndim;
 
@@ -453,8 +461,8 @@ dt_status dt_idx_write(const char *path, const uint8_t *data, int ndim, const ui
         z.zalloc   = z_alloc;
         z.zfree    = z_free;
         // 15 window bits + 16: write a gzip wrapper; 8: zlib's default memory level.
-        if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8,
-                         Z_DEFAULT_STRATEGY) != Z_OK)
+        if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) !=
+            Z_OK)
             st = dt_fail(DT_ERR_NOMEM, "%s: cannot start gzip compression", tmp);
         else {
             st = deflate_to(&z, f, hdr, hdr_bytes, false, tmp);

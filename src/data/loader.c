@@ -8,6 +8,11 @@
 //   caller:  next -> k (HELD)   next -> k+1 (HELD), k FREE    next -> ...
 //   worker:  fill k+1 (FILLING -> READY)       fill k+2 (FILLING -> READY)
 //
+// Whoever claims batch k first (next_fill, under mu) prepares it: normally the worker,
+// but when the caller asks for a batch the worker has not started (its wake-up is late,
+// or its CPU is busy) the caller prepares it itself rather than wait (caller_helps).
+// On a machine whose cores are all busy this degrades to preparing batches inline.
+//
 // Shared fields are guarded by mu. The epoch plan (order, first, count) is written by
 // the caller only while the worker is idle and the loader inactive, and read by the
 // worker only after it saw `active` under mu.
@@ -48,13 +53,13 @@ struct dt_loader {
     dt_status status;     // caller only
 
     pthread_mutex_t mu;
-    pthread_cond_t  cv_work;   // worker waits for work or stop
-    pthread_cond_t  cv_ready;  // caller waits for a READY slot or an idle worker
-    bool            active;    // guarded by mu: the plan is valid
-    bool            stop;      // guarded by mu
-    bool            busy;      // guarded by mu: the worker is filling a slot
-    size_t          next_fill; // guarded by mu
-    uint64_t        gen;       // guarded by mu: bumped when a plan is abandoned
+    pthread_cond_t  cv_work;    // worker waits for work or stop
+    pthread_cond_t  cv_ready;   // caller waits for a READY slot or an idle worker
+    bool            active;     // guarded by mu: the plan is valid
+    bool            stop;       // guarded by mu
+    bool            busy;       // guarded by mu: the worker is filling a slot
+    size_t          next_fill;  // guarded by mu
+    uint64_t        gen;        // guarded by mu: bumped when a plan is abandoned
     pthread_t       thread;
     bool            thread_started;
     bool            sync_init;
@@ -62,10 +67,11 @@ struct dt_loader {
 
 dt_loader_opts dt_loader_opts_default(void) {
     return (dt_loader_opts){
-        .batch_size = 64,
-        .drop_last  = false,
-        .prefetch   = true,
-        .timeout_ms = 60000,
+        .batch_size   = 64,
+        .drop_last    = false,
+        .prefetch     = true,
+        .caller_helps = true,
+        .timeout_ms   = 60000,
     };
 }
 
@@ -114,8 +120,7 @@ static void *worker(void *arg) {
 static bool alloc_slots(dt_loader *l) {
     size_t B = l->o.batch_size, nx;
     if (!dt_size_mul(&nx, B, l->hw) || !dt_size_mul(&nx, nx, sizeof(float))) {
-        dt_fail(DT_ERR_ARG, "loader: batch of %zu images of %zu pixels overflows size_t", B,
-                l->hw);
+        dt_fail(DT_ERR_ARG, "loader: batch of %zu images of %zu pixels overflows size_t", B, l->hw);
         return false;
     }
     for (int i = 0; i < 2; i++) {
@@ -139,8 +144,9 @@ dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_lo
     if (o.timeout_ms <= 0)
         o.timeout_ms = dt_loader_opts_default().timeout_ms;
     if (sampler && dt_sampler_dataset_size(sampler) != ds->n) {
-        dt_fail(DT_ERR_ARG, "loader: expected a sampler over the dataset's %zu samples, found "
-                            "one over %zu",
+        dt_fail(DT_ERR_ARG,
+                "loader: expected a sampler over the dataset's %zu samples, found "
+                "one over %zu",
                 ds->n, dt_sampler_dataset_size(sampler));
         return NULL;
     }
@@ -233,9 +239,9 @@ void dt_loader_begin_epoch(dt_loader *l, int64_t epoch) {
     if (epoch >= 0)
         dt_sampler_set_epoch(l->sampler, (uint64_t)epoch);
     dt_sampler_begin(l->sampler);
-    l->order     = dt_sampler_indices(l->sampler, &l->order_len);
-    l->first     = dt_sampler_position(l->sampler);
-    size_t left  = l->order_len - l->first, B = l->o.batch_size;
+    l->order    = dt_sampler_indices(l->sampler, &l->order_len);
+    l->first    = dt_sampler_position(l->sampler);
+    size_t left = l->order_len - l->first, B = l->o.batch_size;
     l->nbatches  = l->o.drop_last ? left / B : (left + B - 1) / B;
     l->next_take = 0;
     l->holding   = false;
@@ -255,8 +261,8 @@ static bool wait_ready(dt_loader *l, slot *sl, size_t k) {
             return false;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec +
-                      (uint64_t)ms * 1000000ull;
+        uint64_t at =
+            (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
         ts.tv_sec  = (time_t)(at / 1000000000ull);
         ts.tv_nsec = (long)(at % 1000000000ull);
         pthread_cond_timedwait(&l->cv_ready, &l->mu, &ts);
@@ -289,7 +295,19 @@ bool dt_loader_next(dt_loader *l, dt_batch *b) {
     slot  *sl = &l->slots[k % 2];
     if (l->thread_started) {
         pthread_mutex_lock(&l->mu);
-        bool ok = wait_ready(l, sl, k);
+        bool ok = true;
+        if (l->o.caller_helps && l->next_fill == k && sl->state == SLOT_FREE) {
+            // The worker has not started this batch (not scheduled yet, or its CPU is
+            // busy): preparing it here costs no more than waiting for it would.
+            l->next_fill++;
+            sl->state = SLOT_FILLING;
+            pthread_mutex_unlock(&l->mu);
+            fill_slot(l, sl, k);
+            pthread_mutex_lock(&l->mu);
+            pthread_cond_broadcast(&l->cv_work);  // batch k + 1 may be the worker's now
+        } else {
+            ok = wait_ready(l, sl, k);
+        }
         if (ok)
             sl->state = SLOT_HELD;
         pthread_mutex_unlock(&l->mu);

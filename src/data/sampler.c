@@ -90,11 +90,11 @@ void dt_sampler_free(dt_sampler *s) {
     dt_free(s);
 }
 
-size_t dt_sampler_num_samples(const dt_sampler *s) { return s->num_samples; }
-size_t dt_sampler_total_size(const dt_sampler *s) { return s->total_size; }
-size_t dt_sampler_dataset_size(const dt_sampler *s) { return s->n; }
+size_t   dt_sampler_num_samples(const dt_sampler *s) { return s->num_samples; }
+size_t   dt_sampler_total_size(const dt_sampler *s) { return s->total_size; }
+size_t   dt_sampler_dataset_size(const dt_sampler *s) { return s->n; }
 uint64_t dt_sampler_epoch(const dt_sampler *s) { return s->epoch; }
-size_t dt_sampler_position(const dt_sampler *s) { return s->position; }
+size_t   dt_sampler_position(const dt_sampler *s) { return s->position; }
 
 void dt_sampler_set_epoch(dt_sampler *s, uint64_t epoch) {
     s->epoch     = epoch;

@@ -67,10 +67,10 @@ DT_CLONES static void adadelta_delta(float *restrict p, const float *restrict g,
 }
 
 void dt_optim_step_adadelta(dt_optim *o) {
-    const dt_adadelta_opts *a = &o->opts.adadelta;
-    adadelta_consts k = {o->lr, a->rho, 1.0f - a->rho, a->eps, a->weight_decay};
-    float *sq = o->state, *acc = o->state + o->n;
-    float  s[2 * DT_OPTIM_BLOCK];
+    const dt_adadelta_opts *a  = &o->opts.adadelta;
+    adadelta_consts         k  = {o->lr, a->rho, 1.0f - a->rho, a->eps, a->weight_decay};
+    float                  *sq = o->state, *acc = o->state + o->n;
+    float                   s[2 * DT_OPTIM_BLOCK];
     for (size_t at = 0; at < o->n; at += DT_OPTIM_BLOCK) {
         size_t len = o->n - at < DT_OPTIM_BLOCK ? o->n - at : DT_OPTIM_BLOCK;
         adadelta_square(o->params + at, o->grads + at, sq + at, acc + at, s, s + len, len, k);

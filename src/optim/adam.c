@@ -10,11 +10,11 @@
 
 typedef struct adam_consts {
     float b1, b2;
-    float c1, c2;       // 1 - beta1, 1 - beta2
-    float wd;           // Adam: g += wd·p; AdamW: 0
-    float decay;        // AdamW: p ·= 1 - lr·wd; Adam: 1 (exact no-op)
-    float step_size;    // lr / (1 - beta1^t)
-    float bc2_sqrt;     // sqrt(1 - beta2^t)
+    float c1, c2;     // 1 - beta1, 1 - beta2
+    float wd;         // Adam: g += wd·p; AdamW: 0
+    float decay;      // AdamW: p ·= 1 - lr·wd; Adam: 1 (exact no-op)
+    float step_size;  // lr / (1 - beta1^t)
+    float bc2_sqrt;   // sqrt(1 - beta2^t)
     float eps;
 } adam_consts;
 
@@ -37,10 +37,10 @@ moments_range(const float *restrict p, const float *restrict g, float *restrict 
     }
 }
 
-#define MOMENTS_CASE(l2, ams)                                                                  \
-    case (l2) | (ams) << 1:                                                                    \
-        moments_range(p, g, m, v, vmax, d, 0, n16, k, l2, ams);                                \
-        moments_range(p, g, m, v, vmax, d, n16, n, k, l2, ams);                                \
+#define MOMENTS_CASE(l2, ams)                                                                      \
+    case (l2) | (ams) << 1:                                                                        \
+        moments_range(p, g, m, v, vmax, d, 0, n16, k, l2, ams);                                    \
+        moments_range(p, g, m, v, vmax, d, n16, n, k, l2, ams);                                    \
         break;
 
 DT_CLONES static void adam_moments(const float *restrict p, const float *restrict g,
@@ -52,7 +52,8 @@ DT_CLONES static void adam_moments(const float *restrict p, const float *restric
         MOMENTS_CASE(1, 0)
         MOMENTS_CASE(0, 1)
         MOMENTS_CASE(1, 1)
-    default: DT_ASSERT(!"unreachable Adam flag set");
+    default:
+        DT_ASSERT(!"unreachable Adam flag set");
     }
 }
 
@@ -75,29 +76,29 @@ DT_CLONES static void adam_apply(float *restrict p, const float *restrict m,
 }
 
 void dt_optim_step_adam(dt_optim *o) {
-    const dt_adam_opts *a = &o->opts.adam;
-    double t   = (double)o->steps;
-    double bc1 = 1.0 - pow((double)a->beta1, t);
-    double bc2 = 1.0 - pow((double)a->beta2, t);
-    bool   w   = o->kind == DT_OPTIM_ADAMW;
-    adam_consts k = {
-        .b1        = a->beta1,
-        .b2        = a->beta2,
-        .c1        = 1.0f - a->beta1,
-        .c2        = 1.0f - a->beta2,
-        .wd        = w ? 0.0f : a->weight_decay,
-        .decay     = w ? (float)(1.0 - (double)o->lr * (double)a->weight_decay) : 1.0f,
-        .step_size = (float)((double)o->lr / bc1),
-        .bc2_sqrt  = (float)sqrt(bc2),
-        .eps       = a->eps,
+    const dt_adam_opts *a   = &o->opts.adam;
+    double              t   = (double)o->steps;
+    double              bc1 = 1.0 - pow((double)a->beta1, t);
+    double              bc2 = 1.0 - pow((double)a->beta2, t);
+    bool                w   = o->kind == DT_OPTIM_ADAMW;
+    adam_consts         k   = {
+                  .b1        = a->beta1,
+                  .b2        = a->beta2,
+                  .c1        = 1.0f - a->beta1,
+                  .c2        = 1.0f - a->beta2,
+                  .wd        = w ? 0.0f : a->weight_decay,
+                  .decay     = w ? (float)(1.0 - (double)o->lr * (double)a->weight_decay) : 1.0f,
+                  .step_size = (float)((double)o->lr / bc1),
+                  .bc2_sqrt  = (float)sqrt(bc2),
+                  .eps       = a->eps,
     };
     unsigned flags = (unsigned)(k.wd != 0.0f) | (unsigned)a->amsgrad << 1;
     float   *m = o->state, *v = o->state + o->n, *vmax = a->amsgrad ? o->state + 2 * o->n : NULL;
     float    d[DT_OPTIM_BLOCK];
     for (size_t at = 0; at < o->n; at += DT_OPTIM_BLOCK) {
         size_t len = o->n - at < DT_OPTIM_BLOCK ? o->n - at : DT_OPTIM_BLOCK;
-        adam_moments(o->params + at, o->grads + at, m + at, v + at, vmax ? vmax + at : NULL, d,
-                     len, k, flags);
+        adam_moments(o->params + at, o->grads + at, m + at, v + at, vmax ? vmax + at : NULL, d, len,
+                     k, flags);
         dt_optim_sqrt(d, len);
         adam_apply(o->params + at, m + at, d, len, k);
     }

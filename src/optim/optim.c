@@ -12,9 +12,7 @@ static const char *const kind_names[DT_OPTIM_KIND_COUNT_] = {
     [DT_OPTIM_ADADELTA] = "adadelta",
 };
 
-dt_sgd_opts dt_sgd_opts_default(void) {
-    return (dt_sgd_opts){.lr = 1e-3f};
-}
+dt_sgd_opts dt_sgd_opts_default(void) { return (dt_sgd_opts){.lr = 1e-3f}; }
 
 dt_adam_opts dt_adam_opts_default(void) {
     return (dt_adam_opts){.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
@@ -40,23 +38,22 @@ static dt_status check_range(const char *opt, const char *what, float v, double 
                    hi_open ? ")" : "]", (double)v);
 }
 
-static dt_status check_buffers(const char *opt, const float *params, const float *grads,
-                               size_t n) {
+static dt_status check_buffers(const char *opt, const float *params, const float *grads, size_t n) {
     if (n == 0)
         return DT_OK;
     if (!params || !grads)
         return dt_fail(DT_ERR_ARG, "%s: expected parameter and gradient buffers, found NULL", opt);
     if (params < grads + n && grads < params + n)
-        return dt_fail(DT_ERR_ARG, "%s: expected separate parameter and gradient buffers, found "
-                                   "overlapping ones",
+        return dt_fail(DT_ERR_ARG,
+                       "%s: expected separate parameter and gradient buffers, found "
+                       "overlapping ones",
                        opt);
     if (n > SIZE_MAX / sizeof(float) / 4)
         return dt_fail(DT_ERR_ARG, "%s: %zu parameters is too many", opt, n);
     return DT_OK;
 }
 
-dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t n,
-                         size_t nstate) {
+dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t n, size_t nstate) {
     dt_optim *o = dt_alloc_zero(sizeof *o);
     if (!o)
         return NULL;
@@ -73,10 +70,10 @@ dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t
     return o;
 }
 
-#define TRY_NULL(expr)                                                                         \
-    do {                                                                                       \
-        if ((expr) != DT_OK)                                                                   \
-            return NULL;                                                                       \
+#define TRY_NULL(expr)                                                                             \
+    do {                                                                                           \
+        if ((expr) != DT_OK)                                                                       \
+            return NULL;                                                                           \
     } while (0)
 
 dt_optim *dt_optim_init_sgd(float *params, float *grads, size_t n, const dt_sgd_opts *opts) {
@@ -87,8 +84,9 @@ dt_optim *dt_optim_init_sgd(float *params, float *grads, size_t n, const dt_sgd_
     TRY_NULL(check_range("sgd", "dampening", o.dampening, -INFINITY, INFINITY, false));
     TRY_NULL(check_range("sgd", "weight_decay", o.weight_decay, 0, INFINITY, false));
     if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
-        dt_fail(DT_ERR_ARG, "sgd: expected momentum > 0 and dampening 0 with nesterov, found "
-                            "momentum %g and dampening %g",
+        dt_fail(DT_ERR_ARG,
+                "sgd: expected momentum > 0 and dampening 0 with nesterov, found "
+                "momentum %g and dampening %g",
                 (double)o.momentum, (double)o.dampening);
         return NULL;
     }
@@ -104,8 +102,8 @@ dt_optim *dt_optim_init_sgd(float *params, float *grads, size_t n, const dt_sgd_
 static dt_optim *init_adam(dt_optim_kind kind, float *params, float *grads, size_t n,
                            const dt_adam_opts *opts) {
     const char  *name = kind_names[kind];
-    dt_adam_opts o    = opts ? *opts
-                             : (kind == DT_OPTIM_ADAMW ? dt_adamw_opts_default() : dt_adam_opts_default());
+    dt_adam_opts o =
+        opts ? *opts : (kind == DT_OPTIM_ADAMW ? dt_adamw_opts_default() : dt_adam_opts_default());
     TRY_NULL(check_buffers(name, params, grads, n));
     TRY_NULL(check_range(name, "lr", o.lr, 0, INFINITY, false));
     TRY_NULL(check_range(name, "eps", o.eps, 0, INFINITY, false));

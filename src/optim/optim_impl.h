@@ -19,9 +19,9 @@ struct dt_optim {
     float  *params;             // (n) borrowed
     float  *grads;              // (n) borrowed
     size_t  n;
-    float  *state;              // (nstate) owned
+    float  *state;  // (nstate) owned
     size_t  nstate;
-    int64_t steps;              // steps taken, including the one running
+    int64_t steps;  // steps taken, including the one running
     float   lr;
     union {
         dt_sgd_opts      sgd;
@@ -31,8 +31,7 @@ struct dt_optim {
 };
 
 // Allocates an optimizer with `nstate` zeroed state floats; NULL on failure.
-dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t n,
-                         size_t nstate);
+dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t n, size_t nstate);
 
 // Update loops work through the buffers in blocks of this many floats, keeping the
 // values whose square roots they need in a stack buffer (see vsqrt.c).
@@ -49,4 +48,4 @@ void dt_optim_step_sgd(dt_optim *o);
 void dt_optim_step_adam(dt_optim *o);  // Adam and AdamW
 void dt_optim_step_adadelta(dt_optim *o);
 
-#endif // DTRAIN_OPTIM_IMPL_H
+#endif  // DTRAIN_OPTIM_IMPL_H

@@ -28,10 +28,10 @@ sgd_range(float *restrict p, const float *restrict g, float *restrict b, size_t 
     }
 }
 
-#define SGD_CASE(d, m, ne, f)                                                                  \
-    case (d) | (m) << 1 | (ne) << 2 | (f) << 3:                                                \
-        sgd_range(p, g, b, 0, n16, k, d, m, ne, f);                                            \
-        sgd_range(p, g, b, n16, n, k, d, m, ne, f);                                            \
+#define SGD_CASE(d, m, ne, f)                                                                      \
+    case (d) | (m) << 1 | (ne) << 2 | (f) << 3:                                                    \
+        sgd_range(p, g, b, 0, n16, k, d, m, ne, f);                                                \
+        sgd_range(p, g, b, n16, n, k, d, m, ne, f);                                                \
         break;
 
 DT_CLONES static void sgd_update(float *restrict p, const float *restrict g, float *restrict b,
@@ -48,15 +48,16 @@ DT_CLONES static void sgd_update(float *restrict p, const float *restrict g, flo
         SGD_CASE(1, 1, 0, 1)
         SGD_CASE(0, 1, 1, 1)
         SGD_CASE(1, 1, 1, 1)
-    default: DT_ASSERT(!"unreachable SGD flag set");
+    default:
+        DT_ASSERT(!"unreachable SGD flag set");
     }
 }
 
 void dt_optim_step_sgd(dt_optim *o) {
-    const dt_sgd_opts *s   = &o->opts.sgd;
-    sgd_consts         k   = {o->lr, s->weight_decay, s->momentum, 1.0f - s->dampening};
-    bool               mom = s->momentum != 0.0f;
-    unsigned flags = (unsigned)(s->weight_decay != 0.0f) | (unsigned)mom << 1 |
+    const dt_sgd_opts *s     = &o->opts.sgd;
+    sgd_consts         k     = {o->lr, s->weight_decay, s->momentum, 1.0f - s->dampening};
+    bool               mom   = s->momentum != 0.0f;
+    unsigned           flags = (unsigned)(s->weight_decay != 0.0f) | (unsigned)mom << 1 |
                      (unsigned)(mom && s->nesterov) << 2 | (unsigned)(mom && o->steps == 1) << 3;
     sgd_update(o->params, o->grads, o->state, o->n, k, flags);
 }

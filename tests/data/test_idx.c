@@ -37,7 +37,7 @@ static void write_bytes(const char *path, const void *p, size_t n) {
 
 // Reads a whole file; the caller frees with free().
 static uint8_t *read_bytes(const char *path, size_t *n) {
-    *n = 0;
+    *n      = 0;
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
@@ -102,7 +102,7 @@ static void test_round_trip(void) {
         CHECK_OK(dt_idx_write(path, data, ndim, dims, gz));
 
         // The file as written: header by hand, then data (gunzipped when gz).
-        size_t   fn = 0;
+        size_t   fn   = 0;
         uint8_t *file = read_bytes(path, &fn);
         CHECK(file != NULL);
         CHECK_EQ(fn >= 2 && file[0] == 0x1f && file[1] == 0x8b, gz);
@@ -167,8 +167,8 @@ static void test_gzip_members(void) {
     for (int i = 0; i < 20; i++)
         file[hn + i] = (uint8_t)(3 * i + 1);
     size_t   n1, n2;
-    uint8_t *a = gzip_bytes(file, 9, &n1);
-    uint8_t *b = gzip_bytes(file + 9, hn + 20 - 9, &n2);
+    uint8_t *a    = gzip_bytes(file, 9, &n1);
+    uint8_t *b    = gzip_bytes(file + 9, hn + 20 - 9, &n2);
     uint8_t *both = malloc(n1 + n2);
     memcpy(both, a, n1);
     memcpy(both + n1, b, n2);
@@ -204,7 +204,8 @@ static void test_bad_files(void) {
     CHECK_OK(dt_idx_parse(buf, hn + 24, "good", &x));  // the reference is valid
     dt_idx_free(&x);
 
-    expect_bad(buf, hn + 23, "expected 24 bytes of data after the 16-byte header for dims (2, 3, 4), found 23");
+    expect_bad(buf, hn + 23,
+               "expected 24 bytes of data after the 16-byte header for dims (2, 3, 4), found 23");
     expect_bad(buf, hn + 23, "truncated");
     expect_bad(buf, hn + 25, "found 1 trailing bytes");
     expect_bad(buf, 0, "expected a 4-byte IDX header, found 0 bytes");
@@ -220,8 +221,8 @@ static void test_bad_files(void) {
     static const struct {
         int         type;
         const char *name;
-    } types[] = {{0x09, "0x09 (signed byte)"},  {0x0B, "0x0B (short (16-bit))"},
-                 {0x0C, "0x0C (int (32-bit))"}, {0x0D, "0x0D (float (32-bit))"},
+    } types[] = {{0x09, "0x09 (signed byte)"},     {0x0B, "0x0B (short (16-bit))"},
+                 {0x0C, "0x0C (int (32-bit))"},    {0x0D, "0x0D (float (32-bit))"},
                  {0x0E, "0x0E (double (64-bit))"}, {0x07, "0x07 (not an IDX type)"}};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         memcpy(m, buf, hn + 24);
@@ -239,7 +240,9 @@ static void test_bad_files(void) {
     // Dimensions whose product overflows size_t.
     uint32_t big[4] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
     size_t   bn     = make_header(m, 0x08, 4, big);
-    expect_bad(m, bn + 8, "expected dimensions whose product fits in memory, found (4294967295, 4294967295, 4294967295, 4294967295)");
+    expect_bad(m, bn + 8,
+               "expected dimensions whose product fits in memory, found (4294967295, 4294967295, "
+               "4294967295, 4294967295)");
     uint32_t big2[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 3};  // record fits, total does not
     bn               = make_header(m, 0x08, 3, big2);
     expect_bad(m, bn, "product fits in memory");
@@ -270,7 +273,8 @@ static void test_bad_gzip(void) {
     // The trailer's CRC32 (bytes gn-8..gn-5) no longer matches.
     memcpy(m, gz, gn);
     m[gn - 6] ^= 0x40;
-    expect_bad(m, gn, "expected a valid gzip stream, found corrupt data (zlib: incorrect data check)");
+    expect_bad(m, gn,
+               "expected a valid gzip stream, found corrupt data (zlib: incorrect data check)");
     // The trailer's length (ISIZE) no longer matches.
     memcpy(m, gz, gn);
     m[gn - 3] ^= 0x01;
@@ -308,7 +312,7 @@ static void test_bad_gzip(void) {
     uint8_t longer[4 + 12 + 601];
     memcpy(longer, plain, sizeof plain);
     longer[sizeof plain] = 9;
-    gz = gzip_bytes(longer, sizeof longer, &gn);
+    gz                   = gzip_bytes(longer, sizeof longer, &gn);
     expect_bad(gz, gn, "found more decompressed bytes (trailing data)");
     free(gz);
 
@@ -331,7 +335,9 @@ static void test_bad_gzip(void) {
     uint32_t more[3] = {2000u, 10, 10};
     hh               = make_header(plain, 0x08, 3, more);
     gz               = gzip_bytes(plain, hh + 600, &gn);
-    expect_bad(gz, gn, "expected 200000 bytes of data after the 16-byte header for dims (2000, 10, 10), found 600");
+    expect_bad(gz, gn,
+               "expected 200000 bytes of data after the 16-byte header for dims (2000, 10, 10), "
+               "found 600");
     free(gz);
 }
 
@@ -339,9 +345,11 @@ static void test_write_and_open_errors(void) {
     dt_idx   x;
     uint32_t d[1] = {3};
     uint8_t  v[3] = {1, 2, 3};
-    CHECK_ERR(dt_idx_read(tmp_path("missing.idx"), &x), DT_ERR_IO, "missing.idx: cannot open: No such file");
+    CHECK_ERR(dt_idx_read(tmp_path("missing.idx"), &x), DT_ERR_IO,
+              "missing.idx: cannot open: No such file");
     CHECK_ERR(dt_idx_read(tmpdir, &x), DT_ERR_IO, "expected a regular file, found a directory");
-    CHECK_ERR(dt_idx_write(tmp_path("x.idx"), v, 0, d, false), DT_ERR_ARG, "expected 1 to 4 dimensions, found 0");
+    CHECK_ERR(dt_idx_write(tmp_path("x.idx"), v, 0, d, false), DT_ERR_ARG,
+              "expected 1 to 4 dimensions, found 0");
     CHECK_ERR(dt_idx_write("/nonexistent-dir/x.idx", v, 1, d, false), DT_ERR_IO, "cannot create");
     CHECK(access("/nonexistent-dir/x.idx", F_OK) != 0);
 }
@@ -414,19 +422,22 @@ static void test_dataset(void) {
     while (labels[bad] < 3)
         bad++;
     char want[96];
-    snprintf(want, sizeof want, "expected labels in [0, 3), found %d at index %zu", labels[bad], bad);
+    snprintf(want, sizeof want, "expected labels in [0, 3), found %d at index %zu", labels[bad],
+             bad);
     CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, &o), DT_ERR_FORMAT, want);
     CHECK(ds.images == NULL);
 
     // A label >= 10 in the file.
     labels[7] = 12;
     write_set(img, lab, n, h, w, images, labels, n, false);
-    CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, NULL), DT_ERR_FORMAT, "expected labels in [0, 10), found 12 at index 7");
+    CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, NULL), DT_ERR_FORMAT,
+              "expected labels in [0, 10), found 12 at index 7");
     labels[7] = 1;
 
     // Label count differs from image count: both counts and both files named.
     write_set(img, lab, n, h, w, images, labels, n - 1, false);
-    CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, NULL), DT_ERR_FORMAT, "expected as many labels as images, found 57 images in");
+    CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, NULL), DT_ERR_FORMAT,
+              "expected as many labels as images, found 57 images in");
     CHECK(strstr(dt_last_error(), img) && strstr(dt_last_error(), lab));
     CHECK(strstr(dt_last_error(), "and 56 labels in"));
     o       = dt_dataset_opts_default();
@@ -436,11 +447,13 @@ static void test_dataset(void) {
     // Images that are not (N, H, W).
     uint32_t d2[2] = {(uint32_t)n, 35};
     CHECK_OK(dt_idx_write(img, images, 2, d2, false));
-    CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, NULL), DT_ERR_FORMAT, "expected images of 3 dimensions (N, H, W), found 2");
+    CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, NULL), DT_ERR_FORMAT,
+              "expected images of 3 dimensions (N, H, W), found 2");
     // Labels that are not (N).
     write_set(img, lab, n, h, w, images, labels, n, false);
     CHECK_OK(dt_idx_write(lab, images, 2, d2, false));
-    CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, NULL), DT_ERR_FORMAT, "expected labels of 1 dimension (N), found 2");
+    CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, NULL), DT_ERR_FORMAT,
+              "expected labels of 1 dimension (N), found 2");
 
     // Bad options.
     o     = dt_dataset_opts_default();
@@ -461,9 +474,12 @@ static void test_load_mnist_dir(void) {
     snprintf(dir, sizeof dir, "%s/mnist", tmpdir);
     CHECK(mkdir(dir, 0700) == 0);
     dt_dataset ds;
-    CHECK_ERR(dt_dataset_load_mnist(&ds, dir, true, NULL), DT_ERR_IO, "expected the MNIST-format file train-images-idx3-ubyte in");
+    CHECK_ERR(dt_dataset_load_mnist(&ds, dir, true, NULL), DT_ERR_IO,
+              "expected the MNIST-format file train-images-idx3-ubyte in");
     char want[512];
-    snprintf(want, sizeof want, "found neither %s/train-images-idx3-ubyte nor %s/train-images-idx3-ubyte.gz", dir, dir);
+    snprintf(want, sizeof want,
+             "found neither %s/train-images-idx3-ubyte nor %s/train-images-idx3-ubyte.gz", dir,
+             dir);
     CHECK(strstr(dt_last_error(), want) != NULL);
 
     uint8_t images[4 * 6], labels[4] = {3, 1, 4, 1};
@@ -490,7 +506,8 @@ static void test_load_mnist_dir(void) {
     CHECK_EQ(ds.n, 4);
     dt_dataset_free(&ds);
     setenv("DT_DATA_DIR", "/nonexistent-dtrain-data", 1);
-    CHECK_ERR(dt_dataset_load_mnist(&ds, NULL, false, NULL), DT_ERR_IO, "/nonexistent-dtrain-data/t10k-images-idx3-ubyte.gz");
+    CHECK_ERR(dt_dataset_load_mnist(&ds, NULL, false, NULL), DT_ERR_IO,
+              "/nonexistent-dtrain-data/t10k-images-idx3-ubyte.gz");
     unsetenv("DT_DATA_DIR");
 }
 

@@ -59,12 +59,13 @@ static void test_anchor_examples(void) {
 
 // PyTorch's DistributedSampler.__iter__, step by step, with the documented generator
 // (dt_rng_permutation seeded with seed + epoch). Returns rank r's list (caller frees).
-static size_t *reference(size_t N, size_t R, size_t r, bool shuffle, bool drop_last,
-                         uint64_t seed, uint64_t epoch, size_t *count) {
-    size_t num_samples = (drop_last && N % R != 0) ? (size_t)ceil(((double)N - (double)R) / (double)R)
-                                                   : (size_t)ceil((double)N / (double)R);
-    size_t total = num_samples * R;
-    size_t cap   = N + total + 1;
+static size_t *reference(size_t N, size_t R, size_t r, bool shuffle, bool drop_last, uint64_t seed,
+                         uint64_t epoch, size_t *count) {
+    size_t  num_samples = (drop_last && N % R != 0)
+                              ? (size_t)ceil(((double)N - (double)R) / (double)R)
+                              : (size_t)ceil((double)N / (double)R);
+    size_t  total       = num_samples * R;
+    size_t  cap         = N + total + 1;
     size_t *list = malloc(cap * sizeof *list), len = N;
     if (shuffle) {
         uint32_t *perm = malloc((N + 1) * sizeof *perm);
@@ -101,14 +102,14 @@ static size_t *reference(size_t N, size_t R, size_t r, bool shuffle, bool drop_l
 }
 
 static void test_against_reference(void) {
-    static const size_t Ns[] = {0, 1, 2, 3, 5, 7, 10, 12, 13, 16, 31, 64, 100, 257};
-    int mismatches = 0, cases = 0;
+    static const size_t Ns[]       = {0, 1, 2, 3, 5, 7, 10, 12, 13, 16, 31, 64, 100, 257};
+    int                 mismatches = 0, cases = 0;
     for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
         size_t N = Ns[ni];
         for (size_t R = 1; R <= 7; R++) {
             for (int flags = 0; flags < 4; flags++) {
                 bool     shuffle = flags & 1, drop_last = flags & 2;
-                uint64_t seed    = 1000 * ni + R;
+                uint64_t seed = 1000 * ni + R;
                 // Every rank's list, per epoch; checked against the reference and then
                 // as a union.
                 size_t *all = malloc((N + 2 * R + 1) * R * sizeof *all);
@@ -130,7 +131,9 @@ static void test_against_reference(void) {
                         for (size_t i = 0; same && i < cnt; i++)
                             same = ix[i] == ref[i];
                         if (!same && mismatches++ < 5)
-                            fprintf(stderr, "     mismatch N=%zu R=%zu r=%zu shuffle=%d drop_last=%d epoch=%llu\n",
+                            fprintf(stderr,
+                                    "     mismatch N=%zu R=%zu r=%zu shuffle=%d drop_last=%d "
+                                    "epoch=%llu\n",
                                     N, R, r, shuffle, drop_last, (unsigned long long)epoch);
                         for (size_t i = 0; i < cnt; i++)
                             all[nall++] = ix[i];
@@ -183,7 +186,7 @@ static void test_eval_mode(void) {
                 o.drop_last       = true;  // ignored in evaluation mode
                 dt_sampler *s     = dt_sampler_init(N, &o);
                 dt_sampler_begin(s);
-                size_t   cnt;
+                size_t          cnt;
                 const uint32_t *ix = dt_sampler_indices(s, &cnt);
                 // Rank r gets positions r, r+R, ... < N.
                 size_t want = 0;
@@ -213,9 +216,9 @@ static bool same_order(const uint32_t *a, const uint32_t *b, size_t n) {
 }
 
 static void test_auto_epoch(void) {
-    size_t      N = 100, n;
-    dt_sampler *s = make(N, 2, 1, true, false, 42);
-    uint32_t    e0[50], e1[50], tmp[50];
+    size_t          N = 100, n;
+    dt_sampler     *s = make(N, 2, 1, true, false, 42);
+    uint32_t        e0[50], e1[50], tmp[50];
     const uint32_t *ix;
     CHECK_EQ(dt_sampler_epoch(s), 0);
     dt_sampler_begin(s);
@@ -344,7 +347,8 @@ static void test_resume(void) {
     dt_sampler_set_epoch(b, 4);
     dt_sampler_begin(b);
     CHECK_EQ(dt_sampler_position(b), 10);
-    CHECK_ERR(dt_sampler_resume(b, 4, 34), DT_ERR_ARG, "expected a position in [0, 33] (samples per pass), found 34");
+    CHECK_ERR(dt_sampler_resume(b, 4, 34), DT_ERR_ARG,
+              "expected a position in [0, 33] (samples per pass), found 34");
     dt_sampler_free(b);
 }
 

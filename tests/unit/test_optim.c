@@ -15,10 +15,10 @@
 // ------------------------------------------------------------- reference (double)
 
 typedef struct ref {
-    int    kind;  // 0 sgd, 1 adam, 2 adamw, 3 adadelta
-    double lr, momentum, dampening, wd, beta1, beta2, eps, rho;
-    bool   nesterov, amsgrad;
-    size_t n;
+    int     kind;  // 0 sgd, 1 adam, 2 adamw, 3 adadelta
+    double  lr, momentum, dampening, wd, beta1, beta2, eps, rho;
+    bool    nesterov, amsgrad;
+    size_t  n;
     double *p, *s1, *s2, *s3;  // params and up to three state arrays
     long    t;
 } ref;
@@ -60,8 +60,8 @@ static void ref_step(ref *r, const float *grad) {
             else if (r->wd != 0)
                 g += r->wd * *p;
             double *m = &r->s1[i], *v = &r->s2[i], *vmax = &r->s3[i];
-            *m        = r->beta1 * *m + (1 - r->beta1) * g;
-            *v        = r->beta2 * *v + (1 - r->beta2) * g * g;
+            *m          = r->beta1 * *m + (1 - r->beta1) * g;
+            *v          = r->beta2 * *v + (1 - r->beta2) * g * g;
             double mhat = *m / (1 - pow(r->beta1, (double)r->t));
             double vv   = *v;
             if (r->amsgrad) {
@@ -74,9 +74,9 @@ static void ref_step(ref *r, const float *grad) {
             if (r->wd != 0)
                 g += r->wd * *p;
             double *v = &r->s1[i], *u = &r->s2[i];
-            *v        = r->rho * *v + (1 - r->rho) * g * g;
-            double d  = sqrt(*u + r->eps) / sqrt(*v + r->eps) * g;
-            *u        = r->rho * *u + (1 - r->rho) * d * d;
+            *v       = r->rho * *v + (1 - r->rho) * g * g;
+            double d = sqrt(*u + r->eps) / sqrt(*v + r->eps) * g;
+            *u       = r->rho * *u + (1 - r->rho) * d * d;
             *p -= r->lr * d;
         }
     }
@@ -152,17 +152,17 @@ static void round_to_float(ref *r) {
 // and compares params and state after each step.
 static void compare(ref cfg, size_t n, const char *label) {
     round_to_float(&cfg);
-    dt_rng    rng = dt_rng_init(n * 31 + (size_t)cfg.kind);
-    float    *p   = random_buf(&rng, n, 1.0f);
-    float    *g   = random_buf(&rng, n, 1.0f);
-    ref       r   = cfg;
+    dt_rng rng = dt_rng_init(n * 31 + (size_t)cfg.kind);
+    float *p   = random_buf(&rng, n, 1.0f);
+    float *g   = random_buf(&rng, n, 1.0f);
+    ref    r   = cfg;
     ref_init(&r, p, n);
     dt_optim *o = make(&cfg, p, g, n);
     CHECK(o != NULL);
     if (!o)
         return;
     double worst_p = 0, worst_s = 0;
-    size_t allocs  = dt_alloc_total_count();
+    size_t allocs = dt_alloc_total_count();
     for (int t = 0; t < STEPS; t++) {
         for (size_t i = 0; i < n; i++)
             g[i] = dt_rng_normal(&rng) * (t % 3 == 2 ? 0.01f : 1.0f);  // some small grads
@@ -174,10 +174,10 @@ static void compare(ref cfg, size_t n, const char *label) {
         ref_step(&r, g);
         double e = rel_err(p, r.p, n);
         worst_p  = e > worst_p || e != e ? e : worst_p;
-        size_t  ns;
-        float  *st = dt_optim_state(o, &ns);
+        size_t ns;
+        float *st = dt_optim_state(o, &ns);
         // State layout: SGD [b]; Adam [m, v, (vmax)]; Adadelta [v, u].
-        size_t want = cfg.kind == 0 ? (cfg.momentum != 0 ? n : 0)
+        size_t want = cfg.kind == 0   ? (cfg.momentum != 0 ? n : 0)
                       : cfg.kind == 3 ? 2 * n
                                       : (cfg.amsgrad ? 3 : 2) * n;
         CHECK_EQ(ns, want);
@@ -195,7 +195,8 @@ static void compare(ref cfg, size_t n, const char *label) {
     // float32 arithmetic against double: a few ulps per step, amplified a little by
     // divisions with small denominators.
     if (!check_report(worst_p < 2e-5 && worst_s < 2e-5, label, __FILE__, __LINE__))
-        fprintf(stderr, "     n=%zu: params rel err %.3g, state rel err %.3g\n", n, worst_p, worst_s);
+        fprintf(stderr, "     n=%zu: params rel err %.3g, state rel err %.3g\n", n, worst_p,
+                worst_s);
     dt_optim_free(o);
     ref_free(&r);
     dt_free(p);
@@ -233,8 +234,8 @@ static void test_adam(void) {
             r.eps   = 1e-3;
         }
         char label[96];
-        snprintf(label, sizeof label, "%s wd=%g amsgrad=%d beta1=%g", r.kind == 1 ? "adam" : "adamw",
-                 r.wd, r.amsgrad, r.beta1);
+        snprintf(label, sizeof label, "%s wd=%g amsgrad=%d beta1=%g",
+                 r.kind == 1 ? "adam" : "adamw", r.wd, r.amsgrad, r.beta1);
         for (size_t i = 0; i < NSIZES; i++)
             compare(r, sizes[i], label);
     }
@@ -285,40 +286,52 @@ static void run_torch_case(dt_optim *(*init)(float *, float *, size_t, const voi
     dt_optim_free(o);
 }
 
-static dt_optim *init_sgd(float *p, float *g, size_t n, const void *o) { return dt_optim_init_sgd(p, g, n, o); }
-static dt_optim *init_adam(float *p, float *g, size_t n, const void *o) { return dt_optim_init_adam(p, g, n, o); }
-static dt_optim *init_adamw(float *p, float *g, size_t n, const void *o) { return dt_optim_init_adamw(p, g, n, o); }
-static dt_optim *init_adadelta(float *p, float *g, size_t n, const void *o) { return dt_optim_init_adadelta(p, g, n, o); }
+static dt_optim *init_sgd(float *p, float *g, size_t n, const void *o) {
+    return dt_optim_init_sgd(p, g, n, o);
+}
+static dt_optim *init_adam(float *p, float *g, size_t n, const void *o) {
+    return dt_optim_init_adam(p, g, n, o);
+}
+static dt_optim *init_adamw(float *p, float *g, size_t n, const void *o) {
+    return dt_optim_init_adamw(p, g, n, o);
+}
+static dt_optim *init_adadelta(float *p, float *g, size_t n, const void *o) {
+    return dt_optim_init_adadelta(p, g, n, o);
+}
 
 static void test_against_pytorch(void) {
     // torch.optim.SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)
-    dt_sgd_opts s = {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
-    static const float sgd_nesterov[6] = {0.186532274f, -1.22052145f, 1.98497033f,
+    dt_sgd_opts        s = {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+    static const float sgd_nesterov[6] = {0.186532274f,  -1.22052145f,   1.98497033f,
                                           -0.310445428f, -0.0252637975f, 3.57694268f};
     run_torch_case(init_sgd, &s, sgd_nesterov, "sgd nesterov vs PyTorch");
     // torch.optim.SGD(lr=0.05, momentum=0.8, dampening=0.3)
     s = (dt_sgd_opts){.lr = 0.05f, .momentum = 0.8f, .dampening = 0.3f};
-    static const float sgd_damp[6] = {0.433790028f, -1.24953008f, 1.99065006f,
+    static const float sgd_damp[6] = {0.433790028f,   -1.24953008f, 1.99065006f,
                                       -0.0641599968f, -0.30753997f, 3.57718492f};
     run_torch_case(init_sgd, &s, sgd_damp, "sgd dampening vs PyTorch");
     // torch.optim.Adam(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.02, amsgrad=True)
-    dt_adam_opts a = {.lr = 0.01f, .beta1 = 0.8f, .beta2 = 0.95f, .eps = 1e-6f,
-                      .weight_decay = 0.02f, .amsgrad = true};
-    static const float adam_ams[6] = {0.481756151f, -1.24571478f, 1.98558986f,
+    dt_adam_opts       a           = {.lr           = 0.01f,
+                                      .beta1        = 0.8f,
+                                      .beta2        = 0.95f,
+                                      .eps          = 1e-6f,
+                                      .weight_decay = 0.02f,
+                                      .amsgrad      = true};
+    static const float adam_ams[6] = {0.481756151f,    -1.24571478f,  1.98558986f,
                                       -0.00274589704f, -0.374005198f, 3.5173974f};
     run_torch_case(init_adam, &a, adam_ams, "adam amsgrad vs PyTorch");
     // torch.optim.AdamW(lr=0.01, weight_decay=0.1)
-    a = dt_adamw_opts_default();
-    a.lr = 0.01f;
-    a.weight_decay = 0.1f;
-    static const float adamw[6] = {0.481171608f, -1.24223912f, 1.97861123f,
+    a                           = dt_adamw_opts_default();
+    a.lr                        = 0.01f;
+    a.weight_decay              = 0.1f;
+    static const float adamw[6] = {0.481171608f,    -1.24223912f,  1.97861123f,
                                    -0.00262091029f, -0.372671336f, 3.50683451f};
     run_torch_case(init_adamw, &a, adamw, "adamw vs PyTorch");
     // torch.optim.Adadelta(lr=0.5, weight_decay=0.01)
-    dt_adadelta_opts d = dt_adadelta_opts_default();
-    d.lr               = 0.5f;
-    d.weight_decay     = 0.01f;
-    static const float adadelta[6] = {0.494301707f, -1.24808168f, 1.99849093f,
+    dt_adadelta_opts d             = dt_adadelta_opts_default();
+    d.lr                           = 0.5f;
+    d.weight_decay                 = 0.01f;
+    static const float adadelta[6] = {0.494301707f,     -1.24808168f, 1.99849093f,
                                       -1.77649781e-07f, -0.37530297f, 3.50034738f};
     run_torch_case(init_adadelta, &d, adadelta, "adadelta vs PyTorch");
 }
@@ -333,9 +346,16 @@ static void test_checkpoint_restore(void) {
         float *grads[6];
         for (int t = 0; t < 6; t++)
             grads[t] = random_buf(&rng, n, 1);
-        float *g = dt_alloc(n * 4);
-        ref    cfg = {.kind = kind, .lr = 0.01, .momentum = 0.9, .beta1 = 0.9, .beta2 = 0.999,
-                      .eps = 1e-8, .rho = 0.9, .amsgrad = true, .nesterov = true};
+        float *g   = dt_alloc(n * 4);
+        ref    cfg = {.kind     = kind,
+                      .lr       = 0.01,
+                      .momentum = 0.9,
+                      .beta1    = 0.9,
+                      .beta2    = 0.999,
+                      .eps      = 1e-8,
+                      .rho      = 0.9,
+                      .amsgrad  = true,
+                      .nesterov = true};
         memcpy(pa, p0, n * 4);
         dt_optim *a = make(&cfg, pa, g, n);
         for (int t = 0; t < 6; t++) {
@@ -370,7 +390,8 @@ static void test_checkpoint_restore(void) {
         CHECK(memcmp(pa, pb, n * 4) == 0);
         CHECK(memcmp(dt_optim_state(a, NULL), dt_optim_state(b, NULL), ns * 4) == 0);
         CHECK_EQ(dt_optim_step_count(b), 6);
-        CHECK_ERR(dt_optim_set_step_count(b, -1), DT_ERR_ARG, "expected a step count >= 0, found -1");
+        CHECK_ERR(dt_optim_set_step_count(b, -1), DT_ERR_ARG,
+                  "expected a step count >= 0, found -1");
         dt_optim_free(a);
         dt_optim_free(b);
         for (int t = 0; t < 6; t++)
@@ -404,7 +425,8 @@ static void test_misc(void) {
     for (size_t i = 0; i < ns; i++)
         zero_state &= st[i] == 0.0f;
     CHECK(zero_state);
-    CHECK_ERR(dt_optim_set_lr(o, -0.1f), DT_ERR_ARG, "adadelta: expected lr in [0, inf], found -0.1");
+    CHECK_ERR(dt_optim_set_lr(o, -0.1f), DT_ERR_ARG,
+              "adadelta: expected lr in [0, inf], found -0.1");
     CHECK_ERR(dt_optim_set_lr(o, NAN), DT_ERR_ARG, "found nan");
     CHECK_NEAR(dt_optim_lr(o), 1.0, 0);
     dt_optim_free(o);
@@ -434,7 +456,9 @@ static void test_bad_options(void) {
     dt_sgd_opts s = dt_sgd_opts_default();
     s.nesterov    = true;
     CHECK(dt_optim_init_sgd(p, g, 8, &s) == NULL);
-    CHECK(strstr(dt_last_error(), "sgd: expected momentum > 0 and dampening 0 with nesterov, found momentum 0") != NULL);
+    CHECK(strstr(dt_last_error(),
+                 "sgd: expected momentum > 0 and dampening 0 with nesterov, found momentum 0") !=
+          NULL);
     s.momentum  = 0.9f;
     s.dampening = 0.1f;
     CHECK(dt_optim_init_sgd(p, g, 8, &s) == NULL);
@@ -448,8 +472,8 @@ static void test_bad_options(void) {
     a.beta1        = 1.0f;
     CHECK(dt_optim_init_adam(p, g, 8, &a) == NULL);
     CHECK(strstr(dt_last_error(), "adam: expected beta1 in [0, 1), found 1") != NULL);
-    a       = dt_adam_opts_default();
-    a.eps   = -1e-8f;
+    a     = dt_adam_opts_default();
+    a.eps = -1e-8f;
     CHECK(dt_optim_init_adamw(p, g, 8, &a) == NULL);
     CHECK(strstr(dt_last_error(), "adamw: expected eps") != NULL);
     dt_adadelta_opts d = dt_adadelta_opts_default();
@@ -472,6 +496,32 @@ static void test_bad_options(void) {
     dt_optim_free(o);
 }
 
+// Prints (does not assert) one step's time for 300k parameters, the ConvNet's size.
+static void report_speed(void) {
+    size_t      n   = 300000;
+    dt_rng      rng = dt_rng_init(1);
+    float      *p = random_buf(&rng, n, 1), *g = random_buf(&rng, n, 1);
+    dt_sgd_opts s     = dt_sgd_opts_default();
+    s.momentum        = 0.9f;
+    s.weight_decay    = 1e-4f;
+    dt_optim *opts[4] = {dt_optim_init_sgd(p, g, n, &s), dt_optim_init_adam(p, g, n, NULL),
+                         dt_optim_init_adamw(p, g, n, NULL), dt_optim_init_adadelta(p, g, n, NULL)};
+    for (int k = 0; k < 4; k++) {
+        double best = 1e9;
+        for (int r = 0; r < 5; r++) {
+            double t0 = dt_now();
+            for (int i = 0; i < 20; i++)
+                dt_optim_step(opts[k]);
+            best = fmin(best, (dt_now() - t0) / 20);
+        }
+        fprintf(stderr, "     %-8s step, 300k parameters: %.1f us\n", dt_optim_name(opts[k]),
+                best * 1e6);
+        dt_optim_free(opts[k]);
+    }
+    dt_free(p);
+    dt_free(g);
+}
+
 int main(void) {
     RUN(test_sgd);
     RUN(test_adam);
@@ -480,5 +530,6 @@ int main(void) {
     RUN(test_checkpoint_restore);
     RUN(test_misc);
     RUN(test_bad_options);
+    report_speed();
     return check_summary();
 }
