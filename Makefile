@@ -31,7 +31,7 @@ endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wpointer-arith -Wformat=2 -Wundef -Wvla -Wcast-qual -Wno-format-nonliteral -Wno-psabi
-BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -ffp-contract=fast -g -fPIC -fvisibility=hidden -Iinclude -Isrc \
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -ffp-contract=fast -fno-math-errno -g -fPIC -fvisibility=hidden -Iinclude -Isrc \
                -MMD -MP $(WARN) -pthread
 OPT := -O2
 
@@ -41,7 +41,7 @@ ifeq ($(BUILD),release)
 else ifeq ($(BUILD),debug)
   OUT := build/debug
   BIN := build/debug/bin
-  OPT := -O0 -DDT_DEBUG
+  OPT := -O0 -DDT_DEBUG_BUILD
 else ifeq ($(BUILD),asan)
   OUT := build/asan
   BIN := build/asan/bin

@@ -90,7 +90,7 @@ DT_CLONES void dt_nn_shifted_gemm(const float *src, const int *off, int R, const
 #define TB_R 4  // shifted rows per block (4x4: 16 accumulators + 8 operands fit the registers; 4x6 spilled)
 
 // The lanes of v summed in a fixed order (halving tree).
-static inline float hsum16(dt_v16f v) {
+DT_VINLINE float hsum16(dt_v16f v) {
     const dt_v16i h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
     const dt_v16i h4 = {4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15};
     const dt_v16i h2 = {2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
