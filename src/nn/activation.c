@@ -12,8 +12,6 @@ static dt_status same_shape_setup(nn_layer *l) {
 
 static void relu_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
     (void)in;  // in place: in == out
-    if (l->fused)
-        return;
     size_t n = nn_shape_size(l->in);
     dt_nn_relu_inplace(out + (size_t)c->s0 * n, (size_t)(c->s1 - c->s0) * n);
 }
@@ -23,8 +21,6 @@ static void relu_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
     (void)in;
     (void)din;  // in place: din == dout
     (void)dparams;
-    if (l->fused)
-        return;
     size_t n = nn_shape_size(l->in);
     dt_nn_relu_backward(out + (size_t)c->s0 * n, dout + (size_t)c->s0 * n,
                         (size_t)(c->s1 - c->s0) * n);

@@ -24,7 +24,12 @@
 // or DT_CONV=direct overrides the choice (tests run both).
 //
 // A ReLU right after the convolution is fused in: applied while the output is copied
-// out, and its mask applied while the incoming gradient is copied in.
+// out, and its mask applied while the incoming gradient is copied in. With stride 1, a
+// 2x2 stride-2 max pool after that ReLU is fused too (model.c decides): the pooled
+// output and the winners' indices are computed straight from the wide GEMM result in
+// cache, and backward scatters the pooled gradient straight into the wide layout, so
+// the full-size output (9.4 MB a batch for the seed's second convolution) is never
+// written to memory or read back.
 // Matches torch.nn.Conv2d (weight (Cout, Cin, k, k), bias (Cout)).
 #include "core/simd.h"
 #include "nn/blas.h"
@@ -243,9 +248,149 @@ DT_CLONES static void grad_to_wide(const float *restrict dy, const float *restri
         }
 }
 
+// Lane-wise a ? x : y for masks from vector comparisons.
+DT_VINLINE dt_v16i sel_i(dt_v16i m, dt_v16i x, dt_v16i y) { return (x & m) | (y & ~m); }
+DT_VINLINE dt_v16f sel_f(dt_v16i m, dt_v16f x, dt_v16f y) {
+    return (dt_v16f)sel_i(m, (dt_v16i)x, (dt_v16i)y);
+}
+
+static const dt_v16i PAIR_SWAP = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+static const dt_v16i EVENS     = {0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14};
+
+// Wide (Cout, n) GEMM output -> the fused ReLU + 2x2/2 max pool: y (Cout, Ho/2, Wo/2)
+// and the winner of each window (0..3, row-major; the first maximum on ties, as
+// pool2d.c and PyTorch). The bias is added before the comparison, as unfused.
+// Eight windows at a time, without branches: lane 2t of the two rows' vectors holds
+// window t's left column, the pair-swapped vectors its right column; the last block
+// of a row is moved back to end at the row's end (rewriting equal values).
+DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
+                                   const float *restrict b, int co, int ho, int wo, wide g,
+                                   float *restrict y, uint8_t *restrict arg) {
+    int ph = ho / 2, pw = wo / 2;
+    for (int oc = 0; oc < co; oc++) {
+        float   bv  = b[oc];
+        dt_v16f bvv = dt_splat16(bv);
+        for (int i = 0; i < ph; i++) {
+            const float *r0 = ext + (size_t)oc * ext_ld + (size_t)(2 * i) * g.wp;
+            const float *r1 = r0 + g.wp;
+            float       *yo = y + ((size_t)oc * ph + i) * pw;
+            uint8_t     *ao = arg + ((size_t)oc * ph + i) * pw;
+            if (pw < 8) {
+                for (int j = 0; j < pw; j++) {
+                    float v[4] = {r0[2 * j] + bv, r0[2 * j + 1] + bv, r1[2 * j] + bv,
+                                  r1[2 * j + 1] + bv};
+                    int   k    = 0;
+                    for (int q = 1; q < 4; q++)
+                        k = v[q] > v[k] ? q : k;
+                    yo[j] = v[k] > 0.0f ? v[k] : 0.0f;
+                    ao[j] = (uint8_t)k;
+                }
+                continue;
+            }
+            for (int j0 = 0; j0 < pw; j0 += 8) {
+                int     j  = j0 + 8 > pw ? pw - 8 : j0;
+                dt_v16f a  = dt_load16(r0 + 2 * j) + bvv, c = dt_load16(r1 + 2 * j) + bvv;
+                dt_v16f m  = a;
+                dt_v16i k  = {0};
+                dt_v16f v1 = __builtin_shuffle(a, PAIR_SWAP), v3 = __builtin_shuffle(c, PAIR_SWAP);
+                dt_v16i w  = v1 > m;
+                m          = sel_f(w, v1, m);
+                k          = sel_i(w, (dt_v16i){0} + 1, k);
+                w          = c > m;
+                m          = sel_f(w, c, m);
+                k          = sel_i(w, (dt_v16i){0} + 2, k);
+                w          = v3 > m;
+                m          = sel_f(w, v3, m);
+                k          = sel_i(w, (dt_v16i){0} + 3, k);
+                m          = dt_keep_positive16(m, m);
+                dt_v16f mo = __builtin_shuffle(m, EVENS);
+                dt_v16i ko = __builtin_shuffle(k, EVENS);
+                __builtin_memcpy(yo + j, &mo, 8 * sizeof(float));
+                for (int t = 0; t < 8; t++)
+                    ao[j + t] = (uint8_t)ko[t];
+            }
+        }
+    }
+}
+
+// The pooled gradient -> wide (Cout, n): each window's gradient goes to its winner,
+// masked by the ReLU (y > 0), zeros everywhere else. Eight windows at a time: every
+// output is duplicated into two lanes, so lane 2t+q of a row's vector is window t's
+// column q, and each window position takes the gradient where it is the winner.
+// The windows cover every position but the k-1 dropped columns, zeroed apart.
+typedef uint8_t dt_v16u8 __attribute__((vector_size(16)));
+static const dt_v16i DUP    = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
+static const dt_v16i PARITY = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
+
+DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *restrict y,
+                                        const uint8_t *restrict arg, int co, int ho, int wo,
+                                        wide g, float *restrict ext, size_t ext_ld) {
+    int ph = ho / 2, pw = wo / 2;
+    for (int oc = 0; oc < co; oc++) {
+        float *row = ext + (size_t)oc * ext_ld;
+        for (int r = 0; r + 1 < ho; r++)  // the dropped columns after each output row
+            for (int x = wo; x < g.wp; x++)
+                row[(size_t)r * g.wp + x] = 0.0f;
+        for (int i = 0; i < ph; i++) {
+            size_t o  = ((size_t)oc * ph + i) * pw;
+            float *w0 = row + (size_t)(2 * i) * g.wp, *w1 = w0 + g.wp;
+            if (pw < 8) {
+                for (int j = 0; j < pw; j++) {
+                    int   k = arg[o + j];
+                    float v = y[o + j] > 0.0f ? dy[o + j] : 0.0f;
+                    w0[2 * j]     = k == 0 ? v : 0.0f;
+                    w0[2 * j + 1] = k == 1 ? v : 0.0f;
+                    w1[2 * j]     = k == 2 ? v : 0.0f;
+                    w1[2 * j + 1] = k == 3 ? v : 0.0f;
+                }
+                continue;
+            }
+            for (int j0 = 0; j0 < pw; j0 += 8) {
+                int      j  = j0 + 8 > pw ? pw - 8 : j0;
+                dt_v16f  gv = {0}, yv = {0};
+                dt_v16u8 kb = {0};
+                __builtin_memcpy(&gv, dy + o + j, 8 * sizeof(float));
+                __builtin_memcpy(&yv, y + o + j, 8 * sizeof(float));
+                __builtin_memcpy(&kb, arg + o + j, 8);
+                dt_v16f v = __builtin_shuffle(dt_keep_positive16(yv, gv), DUP);
+                dt_v16i k = __builtin_shuffle(__builtin_convertvector(kb, dt_v16i), DUP);
+                dt_store16(w0 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY)));
+                dt_store16(w1 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY + 2)));
+            }
+        }
+    }
+}
+
+// Forward's last step for one sample: compact output, or the fused pool's.
+static void emit_output(nn_layer *l, const float *ext, size_t ld, wide g, float *out, int s) {
+    if (l->pool) {
+        size_t psz = nn_shape_size(l->pool->out);
+        wide_to_pool(ext, ld, l->b, l->out_c, l->out.h, l->out.w, g, out + (size_t)s * psz,
+                     l->pool->aux + (size_t)s * l->pool->aux_per_sample);
+    } else {
+        wide_to_out(ext, ld, l->b, l->out_c, l->out.h, l->out.w, g, l->fuse_relu,
+                    out + (size_t)s * nn_shape_size(l->out));
+    }
+}
+
+// Backward's first step for one sample: the incoming gradient in the wide layout.
+static void gather_grad(nn_layer *l, const float *dout, const float *out, wide g, float *ext,
+                        size_t ld, int s) {
+    if (l->pool) {
+        size_t psz = nn_shape_size(l->pool->out);
+        pool_grad_to_wide(dout + (size_t)s * psz, out + (size_t)s * psz,
+                          l->pool->aux + (size_t)s * l->pool->aux_per_sample, l->out_c,
+                          l->out.h, l->out.w, g, ext, ld);
+    } else {
+        size_t osz = nn_shape_size(l->out);
+        grad_to_wide(dout + (size_t)s * osz, out + (size_t)s * osz, l->out_c, l->out.h,
+                     l->out.w, g, l->fuse_relu, ext, ld);
+    }
+}
+
 static void wide_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
     wide   g    = wide_geom(l);
-    size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
+    size_t insz = nn_shape_size(l->in);
     int    kk   = (int)l->fan_in;
     float *xp = c->scratch, *col = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
     float *ext = col + l->fan_in * (size_t)g.n;
@@ -256,15 +401,14 @@ static void wide_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
         wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
         dt_sgemm(false, false, l->out_c, g.n, kk, 1.0f, l->w, kk,
                     col, g.n, 0.0f, ext, g.n);
-        wide_to_out(ext, (size_t)g.n, l->b, l->out_c, l->out.h, l->out.w, g, l->fuse_relu,
-                    out + (size_t)s * outsz);
+        emit_output(l, ext, (size_t)g.n, g, out, s);
     }
 }
 
 static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                           float *dout, float *din, float *dparams) {
     wide   g    = wide_geom(l);
-    size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
+    size_t insz = nn_shape_size(l->in);
     int    kk   = (int)l->fan_in;
     float *xp = c->scratch, *col = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
     float *ext = col + l->fan_in * (size_t)g.n;
@@ -274,8 +418,7 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
         wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
-        grad_to_wide(dout + (size_t)s * outsz, out + (size_t)s * outsz, l->out_c, l->out.h,
-                     l->out.w, g, l->fuse_relu, ext, (size_t)g.n);
+        gather_grad(l, dout, out, g, ext, (size_t)g.n, s);
         // dW (Cout, Cin*k*k) += dy (Cout, n) x col^T (n, Cin*k*k)
         dt_sgemm(false, true, l->out_c, kk, g.n, 1.0f, ext, g.n,
                     col, g.n, 1.0f, dw, kk);
@@ -301,7 +444,7 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
 
 static void direct_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
     wide   g    = wide_geom(l);
-    size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
+    size_t insz = nn_shape_size(l->in);
     float *xp = c->scratch, *ext = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
     for (int s = c->s0; s < c->s1; s++) {
         const float *x = in + (size_t)s * insz;
@@ -309,15 +452,14 @@ static void direct_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
         dt_nn_shifted_gemm(l->pad ? xp : x, l->offsets, (int)l->fan_in, l->w, l->out_c, g.n,
                            ext + g.margin, g.ld);
-        wide_to_out(ext + g.margin, g.ld, l->b, l->out_c, l->out.h, l->out.w, g, l->fuse_relu,
-                    out + (size_t)s * outsz);
+        emit_output(l, ext + g.margin, g.ld, g, out, s);
     }
 }
 
 static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                             float *dout, float *din, float *dparams) {
     wide   g    = wide_geom(l);
-    size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
+    size_t insz = nn_shape_size(l->in);
     int    kk2  = l->k * l->k, rb = l->out_c * kk2;
     float *xp = c->scratch, *ext = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
     float *wt = ext + (size_t)l->out_c * g.ld;
@@ -338,8 +480,7 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
         const float *x = in + (size_t)s * insz;
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
-        grad_to_wide(dout + (size_t)s * outsz, out + (size_t)s * outsz, l->out_c, l->out.h,
-                     l->out.w, g, l->fuse_relu, ext + g.margin, g.ld);
+        gather_grad(l, dout, out, g, ext + g.margin, g.ld, s);
         for (int oc = 0; oc < l->out_c; oc++)  // dropped columns hold zeros
             dt_nn_row_sums_add(ext + (size_t)oc * g.ld + g.margin, 1, g.n, db + oc);
         dt_nn_shifted_gemm_nt(ext + g.margin, g.ld, l->out_c, l->pad ? xp : x, l->offsets,

@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_LAYERS 64
@@ -160,12 +161,22 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
     if (m->nlayers == 0)
         return dt_fail(DT_ERR_ARG, "model: expected at least one layer, found none");
     DT_TRY(dt_blas_init());
-    // A ReLU right after a convolution is applied by the convolution (conv2d.c).
-    for (int i = 0; i + 1 < m->nlayers; i++)
-        if (m->layers[i].ops == &dt_nn_conv2d_ops && m->layers[i + 1].ops == &dt_nn_relu_ops) {
-            m->layers[i].fuse_relu = true;
-            m->layers[i + 1].fused = true;
+    // A ReLU right after a convolution is applied by the convolution, and so is a 2x2
+    // stride-2 max pool right after that ReLU when the convolution has stride 1 and an
+    // even output (conv2d.c): the full-size output then never goes to memory.
+    for (int i = 0; i + 1 < m->nlayers; i++) {
+        nn_layer *c = &m->layers[i], *r = &m->layers[i + 1];
+        if (c->ops != &dt_nn_conv2d_ops || r->ops != &dt_nn_relu_ops)
+            continue;
+        c->fuse_relu = true;
+        r->skip      = true;
+        nn_layer *p  = i + 2 < m->nlayers ? &m->layers[i + 2] : NULL;
+        if (p && p->ops == &dt_nn_maxpool2d_ops && p->k == 2 && p->stride == 2 && c->stride == 1 &&
+            c->out.h % 2 == 0 && c->out.w % 2 == 0 && !getenv("DT_NO_POOL_FUSION")) {
+            c->pool = p;
+            p->skip = true;
         }
+    }
     size_t off = 0;
     for (int i = 0; i < m->nlayers; i++) {
         nn_layer *l = &m->layers[i];
@@ -334,10 +345,16 @@ dt_status dt_model_reserve(dt_model *m, int batch) {
     free_activations(m);
     size_t b = (size_t)batch, maxsz = nn_shape_size(m->input);
     for (int i = 0; i < m->nlayers; i++) {
-        nn_layer *l  = &m->layers[i];
-        size_t    sz = nn_shape_size(l->out);
-        if (sz > maxsz)
+        nn_layer *l = &m->layers[i];
+        if (l->skip && l->ops->in_place)
+            continue;  // a fused ReLU: no buffer of its own
+        // A convolution with a fused pool writes the pool's output, and the gradient it
+        // receives is the pool's; its own full-size output is never stored.
+        size_t sz = nn_shape_size(l->pool ? l->pool->out : l->out);
+        if (sz > maxsz && !l->skip)
             maxsz = sz;
+        if (l->pool)
+            continue;
         // An in-place first layer must not write into the caller's input.
         if (!l->ops->in_place || i == 0) {
             if (!(m->act_own[i + 1] = dt_alloc(sizeof(float) * b * sz)))
@@ -377,14 +394,22 @@ static nn_ctx make_ctx(dt_model *m, int ith, int nth, const dt_rng *rng) {
     return c;
 }
 
+// Where layer i's output goes: the pool's output for a convolution with a fused pool.
+static float *layer_output(const dt_model *m, int i) {
+    const nn_layer *l = &m->layers[i];
+    return l->pool ? m->act[l->pool->index + 1] : m->act[i + 1];
+}
+
 static void forward_task(void *arg, int ith, int nth) {
     dt_model *m = ((run_args *)arg)->m;
     for (int i = 0; i < m->nlayers; i++) {
-        nn_layer *l  = &m->layers[i];
-        uint64_t  t0 = m->profile && ith == 0 ? dt_now_ns() : 0;
-        dt_rng    r  = dt_rng_split(&m->rng, (uint64_t)i);
-        nn_ctx    c  = make_ctx(m, ith, nth, &r);
-        l->ops->forward(l, &c, layer_input(m, i), m->act[i + 1]);
+        nn_layer *l = &m->layers[i];
+        if (l->skip)
+            continue;
+        uint64_t t0 = m->profile && ith == 0 ? dt_now_ns() : 0;
+        dt_rng   r  = dt_rng_split(&m->rng, (uint64_t)i);
+        nn_ctx   c  = make_ctx(m, ith, nth, &r);
+        l->ops->forward(l, &c, layer_input(m, i), layer_output(m, i));
         if (t0)
             l->fwd_ns += dt_now_ns() - t0;
     }
@@ -401,7 +426,7 @@ dt_status dt_model_forward(dt_model *m, const float *x, int batch) {
             if (l->ops->in_place)  // only the first layer: work on a copy of x
                 memcpy(m->act_own[i + 1], x, sizeof(float) * (size_t)batch * nn_shape_size(l->in));
         } else {
-            m->act[i + 1] = m->act[i];
+            m->act[i + 1] = m->act[i];  // in place, or not stored (fused into a convolution)
         }
         l->last_training = m->training;
     }
@@ -433,9 +458,11 @@ static void backward_task(void *arg, int ith, int nth) {
     memcpy(m->gbuf[0] + (size_t)c0.s0 * no, a->dout + (size_t)c0.s0 * no,
            sizeof(float) * (size_t)(c0.s1 - c0.s0) * no);
     for (int i = m->nlayers - 1; i >= 0; i--) {
-        nn_layer *l  = &m->layers[i];
-        uint64_t  t0 = m->profile && ith == 0 ? dt_now_ns() : 0;
-        nn_ctx    c  = make_ctx(m, ith, nth, NULL);
+        nn_layer *l = &m->layers[i];
+        if (l->skip)  // its gradient work is done by the layer it is fused into
+            continue;
+        uint64_t t0 = m->profile && ith == 0 ? dt_now_ns() : 0;
+        nn_ctx   c  = make_ctx(m, ith, nth, NULL);
         float    *dout = m->gbuf[g], *din = NULL;
         bool      need_din = i > 0 || m->want_input_grad;
         if (l->ops->in_place)
@@ -449,7 +476,7 @@ static void backward_task(void *arg, int ith, int nth) {
             if (own)
                 memset(dparams, 0, sizeof(float) * l->param_count);
         }
-        l->ops->backward(l, &c, layer_input(m, i), m->act[i + 1], dout, din, dparams);
+        l->ops->backward(l, &c, layer_input(m, i), layer_output(m, i), dout, din, dparams);
         if (l->ops->in_place && i == 0 && m->want_input_grad)
             memcpy(m->dx + (size_t)c.s0 * nn_shape_size(l->in), din + (size_t)c.s0 * nn_shape_size(l->in),
                    sizeof(float) * (size_t)(c.s1 - c.s0) * nn_shape_size(l->in));

@@ -76,9 +76,12 @@ struct nn_layer {
     uint8_t *aux;             // batch * aux_per_sample, owned by the model
     bool     last_training;   // the mode of the last forward (dropout backward uses it)
     bool     fuse_relu;       // conv: applies the next layer's ReLU itself
+    nn_layer *pool;           // conv: the 2x2/2 max pool after that ReLU, computed by the
+                              // convolution itself (NULL: none); its output and winner
+                              // indices are the pool layer's
     bool     direct;          // conv: shifted-GEMM kernels instead of im2col + OpenBLAS
     int     *offsets;         // conv (direct): row offsets of the shifted operands, owned
-    bool     fused;           // relu: done by the layer before
+    bool     skip;            // done by an earlier layer (fusion): the model never calls it
     double   flops;           // forward, per sample
     uint64_t fwd_ns, bwd_ns;  // profile, thread 0
 };

@@ -485,15 +485,22 @@ static void test_losses(void) {
 }
 
 int main(void) {
-    // Convolutions have two implementations (conv2d.c): run their checks with each.
+    // Convolutions have two implementations (conv2d.c), each with and without the
+    // ReLU + max-pool fusion (model.c): run their checks with all four.
     static const char *const algos[] = {"gemm", "direct"};
-    for (int a = 0; a < 2; a++) {
-        setenv("DT_CONV", algos[a], 1);
-        fprintf(stderr, "convolution: %s\n", algos[a]);
-        RUN(test_conv2d);
-        RUN(test_convnet);
-    }
+    for (int a = 0; a < 2; a++)
+        for (int fuse = 0; fuse < 2; fuse++) {
+            setenv("DT_CONV", algos[a], 1);
+            if (fuse)
+                unsetenv("DT_NO_POOL_FUSION");
+            else
+                setenv("DT_NO_POOL_FUSION", "1", 1);
+            fprintf(stderr, "convolution: %s, pool fusion %s\n", algos[a], fuse ? "on" : "off");
+            RUN(test_conv2d);
+            RUN(test_convnet);
+        }
     unsetenv("DT_CONV");
+    unsetenv("DT_NO_POOL_FUSION");
     RUN(test_linear);
     RUN(test_maxpool);
     RUN(test_activations);

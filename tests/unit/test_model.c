@@ -274,6 +274,9 @@ int main(void) {
     RUN(test_threads);
     setenv("DT_CONV", "direct", 1);
     RUN(test_threads);
+    setenv("DT_NO_POOL_FUSION", "1", 1);
+    RUN(test_threads);
+    unsetenv("DT_NO_POOL_FUSION");
     unsetenv("DT_CONV");
     RUN(test_dropout_masks);
     RUN(test_hook_and_accumulation);
