@@ -451,7 +451,7 @@ static void direct_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
         dt_nn_shifted_gemm(l->pad ? xp : x, l->offsets, (int)l->fan_in, l->w, l->out_c, g.n,
-                           ext + g.margin, g.ld);
+                           ext + g.margin, g.ld, false);
         emit_output(l, ext + g.margin, g.ld, g, out, s);
     }
 }
@@ -490,7 +490,7 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
         float *dx  = din + (size_t)s * insz;
         float *dxp = l->pad ? xp : dx;  // the padded input is no longer needed
         dt_nn_shifted_gemm(ext, l->offsets + l->fan_in, rb, wt, l->in.c, (int)g.plane, dxp,
-                           g.plane);
+                           g.plane, false);
         if (l->pad)
             for (int ch = 0; ch < l->in.c; ch++)
                 for (int i = 0; i < l->in.h; i++)

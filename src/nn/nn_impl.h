@@ -102,9 +102,9 @@ void dt_nn_im2col(const float *img, int c, int h, int w, int k, int stride, int 
 // Adds columns back into a zeroed (C, H, W) image: the adjoint of im2col.
 void dt_nn_col2im(const float *col, int c, int h, int w, int k, int stride, int pad, int ho,
                   int wo, float *img);
-// out[o][j] = sum_r w[o][r] * src[off[r] + j]   (o < rows, j < n; shifted.c)
+// out[o][j] (+)= sum_r w[o][r] * src[off[r] + j]   (o < rows, j < n; shifted.c)
 void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w, int rows, int n,
-                        float *out, size_t out_ld);
+                        float *out, size_t out_ld, bool add);
 // dw[o][r] += sum_j a[o][j] * src[off[r] + j]   (o < rows, r < R, j < n; shifted.c)
 void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *src,
                            const int *off, int R, int n, float *dw);

@@ -28,10 +28,11 @@
 #define DEFINE_BLOCK_NN(name, NO, NV)                                                        \
     static inline __attribute__((always_inline)) void name(                                 \
         const float *restrict src, const int *restrict off, int R, const float *restrict w, \
-        int o0, int j, float *restrict out, size_t out_ld) {                                \
+        int o0, int j, float *restrict out, size_t out_ld, bool add) {                      \
         dt_v16f acc[NO][NV];                                                                \
         UNROLL(8) for (int o = 0; o < NO; o++) UNROLL(3) for (int b = 0; b < NV; b++)       \
-            acc[o][b] = dt_splat16(0.0f);                                                   \
+            acc[o][b] = add ? dt_load16(out + (size_t)(o0 + o) * out_ld + j + 16 * b)       \
+                            : dt_splat16(0.0f);                                             \
         const float *wr = w + (size_t)o0 * R;                                               \
         for (int r = 0; r < R; r++) {                                                       \
             const float *xr = src + off[r] + j;                                             \
@@ -51,38 +52,49 @@ DEFINE_BLOCK_NN(block_1x3, 1, JB)
 DEFINE_BLOCK_NN(block_8x1, OB, 1)
 DEFINE_BLOCK_NN(block_1x1, 1, 1)
 
-// out[o][j] = sum_r w[o][r] * src[off[r] + j] for o < rows, j < n; w is (rows, R)
-// row-major, out rows are out_ld apart. Reads src[off[r] + j] only for j < n.
+// One row band [o0, o0 + nrows) of the product over columns [j, j + width), width < 16,
+// with plain loops (the columns no vector block covers).
+static void narrow_columns(const float *src, const int *off, int R, const float *w, int o0,
+                           int nrows, int j, int width, float *out, size_t out_ld, bool add) {
+    for (int o = o0; o < o0 + nrows; o++)
+        for (int c = j; c < j + width; c++) {
+            float acc = add ? out[(size_t)o * out_ld + c] : 0.0f;
+            for (int r = 0; r < R; r++)
+                acc += w[(size_t)o * R + r] * src[off[r] + c];
+            out[(size_t)o * out_ld + c] = acc;
+        }
+}
+
+// out[o][j] (+)= sum_r w[o][r] * src[off[r] + j] for o < rows, j < n; w is (rows, R)
+// row-major, out rows are out_ld apart; `add` adds to out instead of overwriting it.
+// Reads src[off[r] + j] only for j < n.
 DT_CLONES void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w,
-                                  int rows, int n, float *out, size_t out_ld) {
-    if (n < 16) {  // too narrow for a vector: plain loops
-        for (int o = 0; o < rows; o++)
-            for (int j = 0; j < n; j++) {
-                float acc = 0.0f;
-                for (int r = 0; r < R; r++)
-                    acc += w[(size_t)o * R + r] * src[off[r] + j];
-                out[(size_t)o * out_ld + j] = acc;
-            }
-        return;
-    }
-    bool wide_blocks = n >= 16 * JB;
-    int  step        = wide_blocks ? 16 * JB : 16;
+                                  int rows, int n, float *out, size_t out_ld, bool add) {
     for (int o0 = 0; o0 < rows;) {
         bool full = rows - o0 >= OB;
-        // The last block is moved back to end at n, overlapping the one before; the
-        // overlapped columns are computed twice and written twice with equal values.
-        for (int j = 0; j < n; j += step) {
-            int jj = j + step > n ? n - step : j;
-            if (full && wide_blocks)
-                block_8x3(src, off, R, w, o0, jj, out, out_ld);
-            else if (full)
-                block_8x1(src, off, R, w, o0, jj, out, out_ld);
-            else if (wide_blocks)
-                block_1x3(src, off, R, w, o0, jj, out, out_ld);
+        int  nr   = full ? OB : 1, j = 0;
+        for (; j + 16 * JB <= n; j += 16 * JB)
+            if (full)
+                block_8x3(src, off, R, w, o0, j, out, out_ld, add);
             else
-                block_1x1(src, off, R, w, o0, jj, out, out_ld);
+                block_1x3(src, off, R, w, o0, j, out, out_ld, add);
+        for (; j + 16 <= n; j += 16)
+            if (full)
+                block_8x1(src, off, R, w, o0, j, out, out_ld, add);
+            else
+                block_1x1(src, off, R, w, o0, j, out, out_ld, add);
+        if (j < n && n >= 16 && !add) {
+            // The last columns: one more vector block moved back to end at n. The
+            // columns it shares with the block before are written again with equal
+            // values (which is why it is only done when overwriting).
+            if (full)
+                block_8x1(src, off, R, w, o0, n - 16, out, out_ld, false);
+            else
+                block_1x1(src, off, R, w, o0, n - 16, out, out_ld, false);
+        } else if (j < n) {
+            narrow_columns(src, off, R, w, o0, nr, j, n - j, out, out_ld, add);
         }
-        o0 += full ? OB : 1;
+        o0 += nr;
     }
 }
 
