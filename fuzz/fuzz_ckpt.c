@@ -22,7 +22,9 @@ static dt_model *model(void) {
     return m;
 }
 
-static bool named_fuzz(void) { return strncmp(dt_last_error(), "fuzz: ", 6) == 0; }
+static bool named_fuzz(void) {
+    return strncmp(dt_last_error(), "fuzz: ", 6) == 0;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dt_status st = dt_ckpt_verify_bytes(data, size, "fuzz");
@@ -33,11 +35,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     ck_file f;
     if (dt_ckpt_parse(data, size, "fuzz", &f) != DT_OK)
-        abort();  // verified above: parsing again cannot fail
+        abort(); // verified above: parsing again cannot fail
     const ck_sec *s;
     ck_parm       parm;
     if ((s = dt_ckpt_find(&f, CK_TAG_PARM)) && dt_ckpt_decode_parm(&f, s, &parm) == DT_OK) {
-        volatile uint8_t sum = 0;  // touch every float byte
+        volatile uint8_t sum = 0; // touch every float byte
         for (uint64_t i = 0; i < parm.count * 4; i++)
             sum ^= parm.floats[i];
         (void)sum;

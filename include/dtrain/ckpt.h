@@ -42,40 +42,44 @@ extern "C" {
 #define DT_CKPT_VERSION 1
 
 // Limits a reader enforces, so a lying file cannot ask for absurd allocations.
-#define DT_CKPT_NAME_MAX  255        // bytes in a key, an RNG name or a parameter name
-#define DT_CKPT_VALUE_MAX (1 << 20)  // bytes in one user value
+#define DT_CKPT_NAME_MAX  255       // bytes in a key, an RNG name or a parameter name
+#define DT_CKPT_VALUE_MAX (1 << 20) // bytes in one user value
 
 // A named random generator of this rank. Saving reads *rng; loading overwrites it.
 typedef struct dt_ckpt_rng {
-    const char *name;  // 1..DT_CKPT_NAME_MAX bytes, unique in the list
+    const char *name; // 1..DT_CKPT_NAME_MAX bytes, unique in the list
     dt_rng     *rng;
 } dt_ckpt_rng;
 
 // A user key/value, both NUL-terminated text.
 typedef struct dt_ckpt_kv {
-    const char *key;    // 1..DT_CKPT_NAME_MAX bytes, unique in the list
-    const char *value;  // 0..DT_CKPT_VALUE_MAX bytes
+    const char *key;   // 1..DT_CKPT_NAME_MAX bytes, unique in the list
+    const char *value; // 0..DT_CKPT_VALUE_MAX bytes
 } dt_ckpt_kv;
 
 // What a checkpoint holds. All pointers are borrowed. Saving reads the objects; loading
 // writes into them (they must already exist, built the same way as when saving).
+// The sampler's state is read with dt_sampler_epoch/dt_sampler_position, so save during
+// or after a pass, not between a load and the next dt_sampler_begin (the resumed
+// position only takes effect at that begin). Its shuffle seed and options are
+// configuration, not state: the program must create the sampler with the same ones.
 typedef struct dt_ckpt_state {
-    dt_model          *model;    // required (finalized): the flat parameters
-    dt_optim          *optim;    // optional: its flat state and step count
-    dt_sampler        *sampler;  // optional: this rank's epoch and position
-    int64_t            step;     // saving: the step that names the checkpoint (>= 0)
-    const dt_ckpt_rng *rngs;     // this rank's generators (may be NULL when nrngs is 0)
+    dt_model          *model;   // required (finalized): the flat parameters
+    dt_optim          *optim;   // optional: its flat state and step count
+    dt_sampler        *sampler; // optional: this rank's epoch and position
+    int64_t            step;    // saving: the step that names the checkpoint (>= 0)
+    const dt_ckpt_rng *rngs;    // this rank's generators (may be NULL when nrngs is 0)
     int                nrngs;
-    const dt_ckpt_kv  *kvs;      // saving: user key/values, rank 0's are kept; loading:
-    int                nkvs;     // ignored (they come back in dt_ckpt_info)
+    const dt_ckpt_kv  *kvs;  // saving: user key/values, rank 0's are kept; loading:
+    int                nkvs; // ignored (they come back in dt_ckpt_info)
 } dt_ckpt_state;
 
 typedef struct dt_ckpt_opts {
-    int  keep;      // after a save, keep this many newest complete checkpoints (0 = 3;
-                    // < 0 = keep all). Only checkpoints older than the one just saved
-                    // are deleted, and leftovers of interrupted saves with them.
-    bool fallback;  // loading: when the newest complete checkpoint is refused, warn
-                    // and try the next older one instead of failing
+    int keep;      // after a save, keep this many newest complete checkpoints (0 = 3;
+                   // < 0 = keep all). Only checkpoints older than the one just saved
+                   // are deleted, and leftovers of interrupted saves with them.
+    bool fallback; // loading: when the newest complete checkpoint is refused, warn
+                   // and try the next older one instead of failing
 } dt_ckpt_opts;
 
 // Zeroed options: keep 3, no fallback.
@@ -83,20 +87,20 @@ DT_API dt_ckpt_opts dt_ckpt_opts_default(void);
 
 // What a load found. Free with dt_ckpt_info_free.
 typedef struct dt_ckpt_info {
-    bool        found;     // false: no complete checkpoint in the directory (nothing loaded)
-    int64_t     step;      // the step loaded (-1 when none)
-    int         world;     // the world size that wrote it
+    bool        found;       // false: no complete checkpoint in the directory (nothing loaded)
+    int64_t     step;        // the step loaded (-1 when none)
+    int         world;       // the world size that wrote it
     char        path[4096];  // the checkpoint's directory, "<dir>/step-000120"
-    int         refused;   // newer complete checkpoints refused first (with fallback)
-    bool        has_sampler;  // this rank's sampler state was saved and restored
-    uint64_t    epoch;        // ... its epoch and position
+    int         refused;     // newer complete checkpoints refused first (with fallback)
+    bool        has_sampler; // this rank's sampler state was saved and restored
+    uint64_t    epoch;       // ... its epoch and position
     size_t      position;
-    dt_ckpt_kv *kvs;       // owned: the user key/values saved with it
+    dt_ckpt_kv *kvs; // owned: the user key/values saved with it
     int         nkvs;
 } dt_ckpt_info;
 
 // Frees the key/values and zeroes *info. NULL is a no-op.
-DT_API void        dt_ckpt_info_free(dt_ckpt_info *info);
+DT_API void dt_ckpt_info_free(dt_ckpt_info *info);
 // The value saved under `key`, or NULL.
 DT_API const char *dt_ckpt_info_get(const dt_ckpt_info *info, const char *key);
 
@@ -154,4 +158,4 @@ DT_API dt_status dt_ckpt_load_model(const char *path, dt_model *m);
 #ifdef __cplusplus
 }
 #endif
-#endif  // DTRAIN_CKPT_H
+#endif // DTRAIN_CKPT_H

@@ -15,7 +15,9 @@
 
 #define PATH_CAP 4096
 
-dt_ckpt_opts dt_ckpt_opts_default(void) { return (dt_ckpt_opts){0}; }
+dt_ckpt_opts dt_ckpt_opts_default(void) {
+    return (dt_ckpt_opts){0};
+}
 
 void dt_ckpt_info_free(dt_ckpt_info *info) {
     if (!info)
@@ -34,8 +36,10 @@ const char *dt_ckpt_info_get(const dt_ckpt_info *info, const char *key) {
 
 dt_status dt_ckpt_path(const char *dir, int64_t step, char *buf, size_t n) {
     if (!dir || step < 0)
-        return dt_fail(DT_ERR_ARG, "checkpoint: expected a directory and a step >= 0, found %s "
-                                   "and %lld", dir ? dir : "NULL", (long long)step);
+        return dt_fail(DT_ERR_ARG,
+                       "checkpoint: expected a directory and a step >= 0, found %s "
+                       "and %lld",
+                       dir ? dir : "NULL", (long long)step);
     if ((size_t)snprintf(buf, n, "%s/step-%06lld", dir, (long long)step) >= n)
         return dt_fail(DT_ERR_ARG, "checkpoint: path of %s/step-%06lld is longer than %zu bytes",
                        dir, (long long)step, n);
@@ -48,7 +52,9 @@ static dt_status join(char *out, const char *dir, const char *name) {
     return DT_OK;
 }
 
-static void rank_file_name(int rank, char out[32]) { snprintf(out, 32, "rank-%05d.dtck", rank); }
+static void rank_file_name(int rank, char out[32]) {
+    snprintf(out, 32, "rank-%05d.dtck", rank);
+}
 
 // ------------------------------------------------------------------------ listing
 
@@ -172,7 +178,9 @@ static dt_status newest_below(const char *dir, int64_t below, int64_t *step) {
     return DT_OK;
 }
 
-dt_status dt_ckpt_latest(const char *dir, int64_t *step) { return newest_below(dir, INT64_MAX, step); }
+dt_status dt_ckpt_latest(const char *dir, int64_t *step) {
+    return newest_below(dir, INT64_MAX, step);
+}
 
 // ---------------------------------------------------------------------- removing
 
@@ -257,8 +265,10 @@ static dt_status mkdir_p(const char *dir) {
     }
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return dt_fail(DT_ERR_IO, "checkpoint: expected %s to be a directory, found another kind "
-                                  "of file", dir);
+        return dt_fail(DT_ERR_IO,
+                       "checkpoint: expected %s to be a directory, found another kind "
+                       "of file",
+                       dir);
     return DT_OK;
 }
 
@@ -309,8 +319,10 @@ static dt_status agree(dt_pg *pg, dt_status mine, int64_t a, int64_t b, int64_t 
 static dt_status check_name(const char *what, int i, const char *name) {
     size_t len = name ? strlen(name) : 0;
     if (len < 1 || len > DT_CKPT_NAME_MAX)
-        return dt_fail(DT_ERR_ARG, "checkpoint: %s %d: expected a name of 1..%d bytes, found %zu "
-                                   "bytes", what, i, DT_CKPT_NAME_MAX, len);
+        return dt_fail(DT_ERR_ARG,
+                       "checkpoint: %s %d: expected a name of 1..%d bytes, found %zu "
+                       "bytes",
+                       what, i, DT_CKPT_NAME_MAX, len);
     return DT_OK;
 }
 
@@ -320,8 +332,10 @@ static dt_status check_state(const dt_ckpt_state *st, bool saving) {
                        st ? "no model" : "NULL");
     if (st->nrngs < 0 || (st->nrngs && !st->rngs) || st->nkvs < 0 ||
         (saving && st->nkvs && !st->kvs))
-        return dt_fail(DT_ERR_ARG, "checkpoint: expected arrays holding nrngs %d generators and "
-                                   "nkvs %d key/values", st->nrngs, st->nkvs);
+        return dt_fail(DT_ERR_ARG,
+                       "checkpoint: expected arrays holding nrngs %d generators and "
+                       "nkvs %d key/values",
+                       st->nrngs, st->nkvs);
     if (saving && st->step < 0)
         return dt_fail(DT_ERR_ARG, "checkpoint: expected a step >= 0, found %lld",
                        (long long)st->step);
@@ -333,15 +347,19 @@ static dt_status check_state(const dt_ckpt_state *st, bool saving) {
                            nm);
         for (int j = 0; j < i; j++)
             if (!strcmp(nm, st->rngs[j].name))
-                return dt_fail(DT_ERR_ARG, "checkpoint: expected unique RNG names, found \"%s\" "
-                                           "twice", nm);
+                return dt_fail(DT_ERR_ARG,
+                               "checkpoint: expected unique RNG names, found \"%s\" "
+                               "twice",
+                               nm);
     }
     for (int i = 0; saving && i < st->nkvs; i++) {
         const char *k = st->kvs[i].key, *v = st->kvs[i].value;
         DT_TRY(check_name("key", i, k));
         if (!v || strlen(v) > DT_CKPT_VALUE_MAX)
-            return dt_fail(DT_ERR_ARG, "checkpoint: value of \"%s\": expected text of at most %d "
-                                       "bytes, found %s", k, DT_CKPT_VALUE_MAX, v ? "more" : "NULL");
+            return dt_fail(DT_ERR_ARG,
+                           "checkpoint: value of \"%s\": expected text of at most %d "
+                           "bytes, found %s",
+                           k, DT_CKPT_VALUE_MAX, v ? "more" : "NULL");
         for (int j = 0; j < i; j++)
             if (!strcmp(k, st->kvs[j].key))
                 return dt_fail(DT_ERR_ARG, "checkpoint: expected unique keys, found \"%s\" twice",
@@ -443,10 +461,8 @@ static dt_status write_rank_file(const char *cdir, const dt_ckpt_state *st, int 
         dt_ckpt_buf_u32(b, (uint32_t)g->left);
     }
     n++;
-    ck_header h = {.kind  = CK_KIND_RANK,
-                   .step  = st->step,
-                   .world = (uint32_t)world,
-                   .rank  = (uint32_t)rank};
+    ck_header h = {
+        .kind = CK_KIND_RANK, .step = st->step, .world = (uint32_t)world, .rank = (uint32_t)rank};
     dt_status s = dt_ckpt_write_file(path, &h, secs, n, size, crc);
     free_sections(secs, n);
     return s;
@@ -487,8 +503,10 @@ static dt_status prepare(const char *dir, const char *cdir) {
         return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot create directory %s", cdir);
     struct stat sb;
     if (stat(cdir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return dt_fail(DT_ERR_IO, "checkpoint: expected %s to be a directory, found another kind "
-                                  "of file", cdir);
+        return dt_fail(DT_ERR_IO,
+                       "checkpoint: expected %s to be a directory, found another kind "
+                       "of file",
+                       cdir);
     return empty_dir(cdir);
 }
 
@@ -498,7 +516,7 @@ dt_status dt_ckpt_save(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
     dt_ckpt_opts o    = opts ? *opts : dt_ckpt_opts_default();
     int          keep = o.keep == 0 ? 3 : o.keep;
     char         cdir[PATH_CAP];
-    int64_t     *tab  = dt_alloc(3 * sizeof(int64_t) * (size_t)world);
+    int64_t     *tab = dt_alloc(3 * sizeof(int64_t) * (size_t)world);
     if (!tab)
         return DT_ERR_NOMEM;
 
@@ -585,8 +603,10 @@ static dt_status read_member(const char *cdir, const char *name, uint32_t kind, 
     bool     found;
     DT_TRY(dt_ckpt_check_mani(mf, dt_ckpt_find(mf, CK_TAG_MANI), name, &size, &crc, &found));
     if (!found)
-        return dt_fail(DT_ERR_FORMAT, "%s: expected %s among the files of its marker %s, found "
-                                      "it missing", path, name, mf->name);
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: expected %s among the files of its marker %s, found "
+                       "it missing",
+                       path, name, mf->name);
     if (size != f->size || crc != f->header_crc)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: expected the file its marker lists (%llu bytes, header CRC32C %08x), "
@@ -618,14 +638,15 @@ static dt_status check_params(const ck_file *f, const dt_model *m, ck_parm *parm
     DT_TRY(dt_ckpt_need(f, CK_TAG_PTAB, &pt));
     DT_TRY(dt_ckpt_check_ptab(f, pt, parm->count, m));
     if (parm->count != dt_model_num_params(m))
-        return dt_fail(DT_ERR_MISMATCH, "%s: model mismatch: expected %zu parameters (the "
-                                        "model's), found %llu",
+        return dt_fail(DT_ERR_MISMATCH,
+                       "%s: model mismatch: expected %zu parameters (the "
+                       "model's), found %llu",
                        f->name, dt_model_num_params(m), (unsigned long long)parm->count);
     return DT_OK;
 }
 
-static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, int rank,
-                       int world, staged *g) {
+static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, int rank, int world,
+                       staged *g) {
     char path[PATH_CAP], rname[32];
     DT_TRY(read_marker(cdir, step, path, &g->mbuf, &g->mf));
     if (g->mf.world != (uint32_t)world)
@@ -643,13 +664,15 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
         dt_optim_state(st->optim, &nf);
         const char *want = dt_optim_name(st->optim);
         if (!s)
-            return dt_fail(DT_ERR_MISMATCH, "%s: optimizer mismatch: expected %s state (the "
-                                            "program's optimizer), found no optimizer state",
+            return dt_fail(DT_ERR_MISMATCH,
+                           "%s: optimizer mismatch: expected %s state (the "
+                           "program's optimizer), found no optimizer state",
                            path, want);
         DT_TRY(dt_ckpt_decode_optm(&g->sf, s, &g->optm));
         if (strcmp(g->optm.name, want) != 0)
-            return dt_fail(DT_ERR_MISMATCH, "%s: optimizer mismatch: expected %s state (the "
-                                            "program's optimizer), found %s state",
+            return dt_fail(DT_ERR_MISMATCH,
+                           "%s: optimizer mismatch: expected %s state (the "
+                           "program's optimizer), found %s state",
                            path, want, g->optm.name);
         if (g->optm.nfloats != nf || g->optm.num_params != dt_optim_num_params(st->optim))
             return dt_fail(DT_ERR_MISMATCH,
@@ -676,8 +699,10 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
     if (st->sampler) {
         dt_sampler *sm = st->sampler;
         if (!g->has_smpl)
-            return dt_fail(DT_ERR_MISMATCH, "%s: expected sampler state (the program has a "
-                                            "sampler), found none", path);
+            return dt_fail(DT_ERR_MISMATCH,
+                           "%s: expected sampler state (the program has a "
+                           "sampler), found none",
+                           path);
         if (g->smpl.num_samples != dt_sampler_num_samples(sm) ||
             g->smpl.total_size != dt_sampler_total_size(sm) ||
             g->smpl.dataset_size != dt_sampler_dataset_size(sm))
@@ -722,7 +747,7 @@ static void apply(const staged *g, const dt_ckpt_state *st) {
 dt_status dt_ckpt_load(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
                        const dt_ckpt_opts *opts, dt_ckpt_info *info) {
     int          rank = pg ? dt_pg_rank(pg) : 0, world = pg ? dt_pg_size(pg) : 1;
-    dt_ckpt_opts o    = opts ? *opts : dt_ckpt_opts_default();
+    dt_ckpt_opts o = opts ? *opts : dt_ckpt_opts_default();
     dt_ckpt_info local;
     if (!info)
         info = &local;
@@ -736,8 +761,8 @@ dt_status dt_ckpt_load(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
     if ((s = agree(pg, s, 0, 0, tab)))
         goto out;
 
-    int64_t   below = INT64_MAX;
-    dt_status first = DT_OK;
+    int64_t   below           = INT64_MAX;
+    dt_status first           = DT_OK;
     char      first_msg[1024] = "";
     for (;;) {
         // Rank 0 picks, so every rank loads the same step whatever it sees listed.
@@ -748,8 +773,9 @@ dt_status dt_ckpt_load(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
         cand = tab[1];
         if (cand < 0) {
             if (first)
-                s = dt_fail(first, "%s: no complete checkpoint could be loaded (%d refused); the "
-                                   "newest was refused: %s",
+                s = dt_fail(first,
+                            "%s: no complete checkpoint could be loaded (%d refused); the "
+                            "newest was refused: %s",
                             dir, info->refused, first_msg);
             break;
         }
@@ -800,10 +826,10 @@ out:
 // --------------------------------------------------------------------- verifying
 
 static dt_status verify_dir(const char *cdir) {
-    char     mpath[PATH_CAP], path[PATH_CAP], name[DT_CKPT_NAME_MAX + 1];
-    uint8_t *mbuf = NULL;
-    ck_file  mf;
-    dt_status s = read_marker(cdir, -1, mpath, &mbuf, &mf);
+    char          mpath[PATH_CAP], path[PATH_CAP], name[DT_CKPT_NAME_MAX + 1];
+    uint8_t      *mbuf = NULL;
+    ck_file       mf;
+    dt_status     s  = read_marker(cdir, -1, mpath, &mbuf, &mf);
     const ck_sec *ms = s ? NULL : dt_ckpt_find(&mf, CK_TAG_MANI);
     // Every rank's file and the state file must be listed.
     for (uint32_t r = 0; !s && r <= mf.world; r++) {
@@ -822,7 +848,7 @@ static dt_status verify_dir(const char *cdir) {
     uint64_t sz;
     uint32_t c;
     for (uint32_t i = 0; !s && dt_ckpt_mani_entry(ms, i, name, &sz, &c); i++) {
-        uint8_t *buf  = NULL;
+        uint8_t *buf = NULL;
         ck_file  f;
         bool     rank = strncmp(name, "rank-", 5) == 0;
         s = read_member(cdir, name, rank ? CK_KIND_RANK : CK_KIND_STATE, &mf, mf.step, path, &buf,
@@ -831,8 +857,10 @@ static dt_status verify_dir(const char *cdir) {
             char want[32];
             rank_file_name((int)f.rank, want);
             if (strcmp(want, name) != 0)
-                s = dt_fail(DT_ERR_FORMAT, "%s: expected the state of the rank its name says, "
-                                           "found rank %u's", path, f.rank);
+                s = dt_fail(DT_ERR_FORMAT,
+                            "%s: expected the state of the rank its name says, "
+                            "found rank %u's",
+                            path, f.rank);
         }
         dt_free(buf);
     }
@@ -848,8 +876,9 @@ dt_status dt_ckpt_verify(const char *path) {
         char marker[PATH_CAP];
         DT_TRY(join(marker, path, CK_MARKER_FILE));
         if (!is_file(marker))
-            return dt_fail(DT_ERR_FORMAT, "%s: expected a checkpoint directory holding %s, found "
-                                          "none (an interrupted save, or not a checkpoint)",
+            return dt_fail(DT_ERR_FORMAT,
+                           "%s: expected a checkpoint directory holding %s, found "
+                           "none (an interrupted save, or not a checkpoint)",
                            path, CK_MARKER_FILE);
         return verify_dir(path);
     }

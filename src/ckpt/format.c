@@ -32,7 +32,9 @@ static void put64(uint8_t *p, uint64_t v) {
 static uint32_t get32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+static uint64_t get64(const uint8_t *p) {
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
 
 static const char *tag_name(uint32_t tag, char out[8]) {
     for (int i = 0; i < 4; i++) {
@@ -45,11 +47,16 @@ static const char *tag_name(uint32_t tag, char out[8]) {
 
 const char *dt_ckpt_kind_name(uint32_t kind) {
     switch (kind) {
-    case CK_KIND_STATE: return "state";
-    case CK_KIND_RANK: return "rank";
-    case CK_KIND_MARKER: return "completion marker";
-    case CK_KIND_MODEL: return "model";
-    default: return "unknown";
+    case CK_KIND_STATE:
+        return "state";
+    case CK_KIND_RANK:
+        return "rank";
+    case CK_KIND_MARKER:
+        return "completion marker";
+    case CK_KIND_MODEL:
+        return "model";
+    default:
+        return "unknown";
     }
 }
 
@@ -249,8 +256,10 @@ dt_status dt_ckpt_read_all(const char *path, uint8_t **buf, size_t *n) {
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return dt_fail(DT_ERR_IO, "checkpoint: expected %s to be a regular file, found another "
-                                  "kind of file", path);
+        return dt_fail(DT_ERR_IO,
+                       "checkpoint: expected %s to be a regular file, found another "
+                       "kind of file",
+                       path);
     }
     // The allocation is the file's real size, never a size read from the file.
     size_t   cap = (size_t)sb.st_size;
@@ -271,7 +280,7 @@ dt_status dt_ckpt_read_all(const char *path, uint8_t **buf, size_t *n) {
             return s;
         }
         if (k == 0)
-            break;  // shrank meanwhile: the size checks will say so
+            break; // shrank meanwhile: the size checks will say so
         got += (size_t)k;
     }
     close(fd);
@@ -295,8 +304,10 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
     // Magic and version come before anything else: a file of another kind or of a
     // later format says so, rather than "corrupt".
     if (n < 8 && (n == 0 || memcmp(p, CK_MAGIC, n) == 0))
-        return dt_fail(DT_ERR_FORMAT, "%s: truncated: expected at least %d bytes (the header), "
-                                      "found %zu", name, CK_HEADER_SIZE, n);
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: truncated: expected at least %d bytes (the header), "
+                       "found %zu",
+                       name, CK_HEADER_SIZE, n);
     if (n < 8 || memcmp(p, CK_MAGIC, 8) != 0) {
         char found[32], want[32];
         hex8(p, n, found);
@@ -306,8 +317,10 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        want, found);
     }
     if (n < CK_HEADER_SIZE)
-        return dt_fail(DT_ERR_FORMAT, "%s: truncated: expected at least %d bytes (the header), "
-                                      "found %zu", name, CK_HEADER_SIZE, n);
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: truncated: expected at least %d bytes (the header), "
+                       "found %zu",
+                       name, CK_HEADER_SIZE, n);
     uint32_t version = get32(p + 8);
     if (version != DT_CKPT_VERSION)
         return dt_fail(DT_ERR_FORMAT, "%s: expected format version %d, found version %u", name,
@@ -329,10 +342,11 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
     f->size       = get64(p + 40);
     f->header_crc = hcrc;
     if (f->size != n)
-        return dt_fail(DT_ERR_FORMAT, "%s: %s: expected %llu bytes (the size in its header), "
-                                      "found %zu",
-                       name, n < f->size ? "truncated" : "bytes after the end", (unsigned long long)f->size,
-                       n);
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: %s: expected %llu bytes (the size in its header), "
+                       "found %zu",
+                       name, n < f->size ? "truncated" : "bytes after the end",
+                       (unsigned long long)f->size, n);
     if (f->kind < CK_KIND_STATE || f->kind > CK_KIND_MODEL)
         return dt_fail(DT_ERR_FORMAT, "%s: expected a file kind in 1..4, found %u", name, f->kind);
     if (f->nsec > CK_MAX_SECTIONS)
@@ -344,7 +358,7 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        "rank %u, world size %u",
                        name, (long long)f->step, f->rank, f->world);
     // The section table.
-    size_t   off = CK_HEADER_SIZE;
+    size_t   off  = CK_HEADER_SIZE;
     uint32_t tcrc = 0;
     for (uint32_t i = 0; i < f->nsec; i++) {
         char tn[8];
@@ -376,12 +390,14 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
         off += (size_t)len;
     }
     if (off != n)
-        return dt_fail(DT_ERR_FORMAT, "%s: expected the sections to end at byte %zu (the file's "
-                                      "end), found them ending at byte %zu", name, n, off);
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: expected the sections to end at byte %zu (the file's "
+                       "end), found them ending at byte %zu",
+                       name, n, off);
     if (tcrc != get32(p + 48) && CRC_ENFORCED)
         return dt_fail(DT_ERR_FORMAT,
-                       "%s: corrupt section table: expected CRC32C %08x (stored), found %08x",
-                       name, get32(p + 48), tcrc);
+                       "%s: corrupt section table: expected CRC32C %08x (stored), found %08x", name,
+                       get32(p + 48), tcrc);
     return DT_OK;
 }
 
@@ -420,7 +436,9 @@ typedef struct rd {
     bool           bad;
 } rd;
 
-static rd rd_of(const ck_sec *s) { return (rd){.p = s->p, .left = (size_t)s->len}; }
+static rd rd_of(const ck_sec *s) {
+    return (rd){.p = s->p, .left = (size_t)s->len};
+}
 
 static const uint8_t *rd_take(rd *r, size_t n) {
     if (r->bad || r->left < n) {
@@ -505,12 +523,12 @@ dt_status dt_ckpt_decode_optm(const ck_file *f, const ck_sec *s, ck_optm *out) {
 }
 
 dt_status dt_ckpt_decode_smpl(const ck_file *f, const ck_sec *s, ck_smpl *out) {
-    rd r               = rd_of(s);
-    out->epoch         = rd_u64(&r);
-    out->position      = rd_u64(&r);
-    out->num_samples   = rd_u64(&r);
-    out->total_size    = rd_u64(&r);
-    out->dataset_size  = rd_u64(&r);
+    rd r              = rd_of(s);
+    out->epoch        = rd_u64(&r);
+    out->position     = rd_u64(&r);
+    out->num_samples  = rd_u64(&r);
+    out->total_size   = rd_u64(&r);
+    out->dataset_size = rd_u64(&r);
     DT_TRY(expect_end(f, s, &r));
     if (out->position > out->num_samples)
         return dt_fail(DT_ERR_FORMAT,
@@ -539,7 +557,7 @@ dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nparams
         return dt_fail(DT_ERR_MISMATCH,
                        "%s: model mismatch: expected %d parameter tensors (the model's), found %u",
                        f->name, dt_model_num_param_tensors(m), count);
-    uint64_t next = 0;  // tensors are contiguous, in order, from offset 0
+    uint64_t next = 0; // tensors are contiguous, in order, from offset 0
     for (uint32_t i = 0; i < count; i++) {
         char        name[DT_CKPT_NAME_MAX + 1];
         const char *why = "";
@@ -556,12 +574,13 @@ dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nparams
         bool     ok   = true;
         for (uint32_t d = 0; d < ndim; d++) {
             shape[d] = (int64_t)rd_u64(&r);
-            ok       = ok && shape[d] > 0 && !__builtin_mul_overflow(prod, (uint64_t)shape[d], &prod);
+            ok = ok && shape[d] > 0 && !__builtin_mul_overflow(prod, (uint64_t)shape[d], &prod);
         }
         uint64_t offset = rd_u64(&r), cnt = rd_u64(&r);
-        int32_t  layer  = (int32_t)rd_u32(&r);
+        int32_t  layer = (int32_t)rd_u32(&r);
         if (r.bad)
-            return bad_section(f, s, "expected more bytes than the section holds (truncated entry)");
+            return bad_section(f, s,
+                               "expected more bytes than the section holds (truncated entry)");
         if (!ok || prod != cnt || offset != next || cnt > nparams - next || layer < 0) {
             char sh[128];
             shape_str(shape, ndim, sh, sizeof sh);
@@ -574,8 +593,8 @@ dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nparams
         }
         next += cnt;
         if (m) {
-            const dt_param_info *pi = dt_model_param_info(m, (int)i);
-            bool same = strcmp(pi->name, name) == 0 && (uint32_t)pi->ndim == ndim &&
+            const dt_param_info *pi   = dt_model_param_info(m, (int)i);
+            bool                 same = strcmp(pi->name, name) == 0 && (uint32_t)pi->ndim == ndim &&
                         pi->offset == offset && pi->count == cnt;
             for (uint32_t d = 0; same && d < ndim; d++)
                 same = pi->shape[d] == shape[d];
@@ -622,7 +641,8 @@ dt_status dt_ckpt_check_rngs(const ck_file *f, const ck_sec *s, const char *name
             g.buf[k] = rd_u32(&r);
         g.left = (int)rd_u32(&r);
         if (r.bad)
-            return bad_section(f, s, "expected more bytes than the section holds (truncated entry)");
+            return bad_section(f, s,
+                               "expected more bytes than the section holds (truncated entry)");
         if (g.left < 0 || g.left > 4)
             return dt_fail(DT_ERR_FORMAT,
                            "%s: section RNGS: generator \"%s\": expected 0..4 buffered words, "
@@ -651,12 +671,13 @@ dt_status dt_ckpt_decode_kval(const ck_file *f, const ck_sec *s, dt_ckpt_kv **ou
     rd     v     = r;
     size_t bytes = 0;
     for (uint32_t i = 0; i < count; i++) {
-        uint32_t klen = rd_u32(&v);
-        const uint8_t *k = rd_take(&v, klen);
-        uint32_t vlen = rd_u32(&v);
-        const uint8_t *val = v.bad ? NULL : rd_take(&v, vlen);
+        uint32_t       klen = rd_u32(&v);
+        const uint8_t *k    = rd_take(&v, klen);
+        uint32_t       vlen = rd_u32(&v);
+        const uint8_t *val  = v.bad ? NULL : rd_take(&v, vlen);
         if (v.bad)
-            return bad_section(f, s, "expected more bytes than the section holds (truncated entry)");
+            return bad_section(f, s,
+                               "expected more bytes than the section holds (truncated entry)");
         if (klen < 1 || klen > DT_CKPT_NAME_MAX || vlen > DT_CKPT_VALUE_MAX ||
             memchr(k, '\0', klen) || memchr(val, '\0', vlen))
             return dt_fail(DT_ERR_FORMAT,
@@ -676,14 +697,14 @@ dt_status dt_ckpt_decode_kval(const ck_file *f, const ck_sec *s, dt_ckpt_kv **ou
     for (uint32_t i = 0; i < count; i++) {
         uint32_t klen = rd_u32(&r);
         memcpy(text, rd_take(&r, klen), klen);
-        text[klen]  = '\0';
-        kv[i].key   = text;
+        text[klen] = '\0';
+        kv[i].key  = text;
         text += klen + 1;
         uint32_t vlen = rd_u32(&r);
         if (vlen)
             memcpy(text, rd_take(&r, vlen), vlen);
-        text[vlen]   = '\0';
-        kv[i].value  = text;
+        text[vlen]  = '\0';
+        kv[i].value = text;
         text += vlen + 1;
     }
     *out = kv;
@@ -712,8 +733,8 @@ bool dt_ckpt_mani_entry(const ck_sec *s, uint32_t i, char *name, uint64_t *size,
     return !r.bad;
 }
 
-dt_status dt_ckpt_check_mani(const ck_file *f, const ck_sec *s, const char *name,
-                             uint64_t *size, uint32_t *crc, bool *found) {
+dt_status dt_ckpt_check_mani(const ck_file *f, const ck_sec *s, const char *name, uint64_t *size,
+                             uint32_t *crc, bool *found) {
     rd       r     = rd_of(s);
     uint32_t count = rd_u32(&r);
     if (found)
@@ -729,10 +750,12 @@ dt_status dt_ckpt_check_mani(const ck_file *f, const ck_sec *s, const char *name
         uint64_t sz = rd_u64(&r);
         uint32_t c  = rd_u32(&r);
         if (r.bad)
-            return bad_section(f, s, "expected more bytes than the section holds (truncated entry)");
+            return bad_section(f, s,
+                               "expected more bytes than the section holds (truncated entry)");
         if (!plain_file_name(nm))
             return dt_fail(DT_ERR_FORMAT,
-                           "%s: section MANI: expected plain file names, found \"%s\"", f->name, nm);
+                           "%s: section MANI: expected plain file names, found \"%s\"", f->name,
+                           nm);
         if (name && !*found && strcmp(nm, name) == 0) {
             *size  = sz;
             *crc   = c;
@@ -759,8 +782,12 @@ dt_status dt_ckpt_check_file(const ck_file *f) {
             DT_TRY(dt_ckpt_need(f, CK_TAG_KVAL, &s));
         break;
     }
-    case CK_KIND_RANK: DT_TRY(dt_ckpt_need(f, CK_TAG_RNGS, &s)); break;
-    case CK_KIND_MARKER: DT_TRY(dt_ckpt_need(f, CK_TAG_MANI, &s)); break;
+    case CK_KIND_RANK:
+        DT_TRY(dt_ckpt_need(f, CK_TAG_RNGS, &s));
+        break;
+    case CK_KIND_MARKER:
+        DT_TRY(dt_ckpt_need(f, CK_TAG_MANI, &s));
+        break;
     }
     // Every known section, wherever it appears, must decode.
     for (uint32_t i = 0; i < f->nsec; i++) {

@@ -20,7 +20,9 @@ static int ct_rm_one(const char *p, const struct stat *sb, int flag, struct FTW 
     return remove(p);
 }
 
-static inline void ct_rm_tree(const char *dir) { nftw(dir, ct_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static inline void ct_rm_tree(const char *dir) {
+    nftw(dir, ct_rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 // A fresh directory under /tmp named after the test (caller frees with ct_rm_tree).
 static inline void ct_tmpdir(char *out, size_t n, const char *tag) {
@@ -111,4 +113,4 @@ static inline void ct_fill(float *x, size_t n, uint64_t seed) {
         x[i] = dt_rng_uniform_range(&r, -1.0f, 1.0f);
 }
 
-#endif  // DTRAIN_TESTS_CKPT_TEST_H
+#endif // DTRAIN_TESTS_CKPT_TEST_H

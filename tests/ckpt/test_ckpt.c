@@ -28,14 +28,14 @@ typedef struct fixture {
 static void fx_init(fixture *f, uint64_t seed, int hidden) {
     f->m = ct_model(seed, hidden);
     ct_fill(dt_model_params(f->m), dt_model_num_params(f->m), seed * 3 + 1);
-    f->o = dt_optim_init_adam(dt_model_params(f->m), dt_model_grads(f->m),
-                              dt_model_num_params(f->m), NULL);
+    f->o         = dt_optim_init_adam(dt_model_params(f->m), dt_model_grads(f->m),
+                                      dt_model_num_params(f->m), NULL);
     size_t nf    = 0;
     float *state = dt_optim_state(f->o, &nf);
     ct_fill(state, nf, seed * 5 + 2);
     dt_optim_set_step_count(f->o, (int64_t)(seed % 97) + 1);
     dt_sampler_opts so = dt_sampler_opts_default();
-    so.seed            = 1234;  // configuration, not state: the same in every fixture
+    so.seed            = 1234; // configuration, not state: the same in every fixture
     f->s               = dt_sampler_init(100, &so);
     dt_sampler_set_epoch(f->s, seed % 7);
     dt_sampler_begin(f->s);
@@ -85,7 +85,7 @@ static void test_round_trip(void) {
     fixture a, b;
     fx_init(&a, 42, 8);
     fx_init(&b, 7, 8);
-    dt_ckpt_kv kvs[] = {{"seed", "42"}, {"note", "hello world"}, {"empty", ""}};
+    dt_ckpt_kv    kvs[] = {{"seed", "42"}, {"note", "hello world"}, {"empty", ""}};
     dt_ckpt_state sa = fx_state(&a, 1234, kvs, 3), sb = fx_state(&b, 0, NULL, 0);
     CHECK_OK(dt_ckpt_save(dir, NULL, &sa, NULL));
     CHECK_OK(dt_ckpt_path(dir, 1234, cdir, sizeof cdir));
@@ -108,7 +108,7 @@ static void test_round_trip(void) {
     CHECK(info.has_sampler);
     CHECK_EQ(info.epoch, dt_sampler_epoch(a.s));
     CHECK_EQ(info.position, dt_sampler_position(a.s));
-    dt_sampler_begin(b.s);  // the resumed pass: same epoch, same position, same order
+    dt_sampler_begin(b.s); // the resumed pass: same epoch, same position, same order
     CHECK_EQ(dt_sampler_epoch(b.s), dt_sampler_epoch(a.s));
     CHECK_EQ(dt_sampler_position(b.s), dt_sampler_position(a.s));
     size_t ia, ib;
@@ -298,11 +298,11 @@ static void test_incomplete_ignored(void) {
 // ------------------------------------------------------------------ refusals
 
 typedef struct target {
-    const char   *dir;      // the checkpoint root
-    const char   *file;     // the file being damaged
-    unsigned char *orig;    // its bytes
-    size_t        n;
-    fixture      *f;        // loads go into f
+    const char    *dir;  // the checkpoint root
+    const char    *file; // the file being damaged
+    unsigned char *orig; // its bytes
+    size_t         n;
+    fixture       *f; // loads go into f
 } target;
 
 // Writes `bytes` over the file, expects a load to fail with status and `needle` (and the
@@ -328,7 +328,7 @@ static void damage_file(target *t) {
     char           what[512];
     unsigned char *b = malloc(t->n + 16);
     ct_section     secs[16];
-    int            ns = ct_sections(t->orig, t->n, secs, 16);
+    int            ns   = ct_sections(t->orig, t->n, secs, 16);
     const char    *file = strrchr(t->file, '/') + 1;
 
     // A byte in each section's payload, and in each section's tag.
@@ -388,7 +388,7 @@ static void test_refusals(void) {
     save_step(dir, &w, 7, 3);
     CHECK_OK(dt_ckpt_path(dir, 7, cdir, sizeof cdir));
     const char *files[] = {"state.dtck", "rank-00000.dtck", "complete.dtck"};
-    int         nsec[]  = {4, 2, 1};  // PTAB PARM OPTM KVAL; SMPL RNGS; MANI
+    int         nsec[]  = {4, 2, 1}; // PTAB PARM OPTM KVAL; SMPL RNGS; MANI
     for (int i = 0; i < 3; i++) {
         snprintf(path, sizeof path, "%s/%s", cdir, files[i]);
         target t = {.dir = dir, .file = path, .f = &r};
@@ -415,7 +415,7 @@ static void test_file_of_another_save(void) {
     fx_init(&w, 1, 8);
     fx_init(&r, 2, 8);
     save_step(d1, &w, 9, 3);
-    dt_rng_u32(&w.ra);  // another RNG state: another rank file
+    dt_rng_u32(&w.ra); // another RNG state: another rank file
     save_step(d2, &w, 9, 3);
     CHECK_OK(dt_ckpt_path(d1, 9, c1, sizeof c1));
     CHECK_OK(dt_ckpt_path(d2, 9, c2, sizeof c2));
@@ -475,10 +475,10 @@ static void test_mismatch(void) {
     fx_init(&r, 2, 8);
     dt_sgd_opts so = dt_sgd_opts_default();
     so.momentum    = 0.9f;
-    dt_optim *sgd  = dt_optim_init_sgd(dt_model_params(r.m), dt_model_grads(r.m),
-                                       dt_model_num_params(r.m), &so);
-    st             = fx_state(&r, 0, NULL, 0);
-    st.optim       = sgd;
+    dt_optim *sgd =
+        dt_optim_init_sgd(dt_model_params(r.m), dt_model_grads(r.m), dt_model_num_params(r.m), &so);
+    st       = fx_state(&r, 0, NULL, 0);
+    st.optim = sgd;
     CHECK_ERR(dt_ckpt_load(dir, NULL, &st, NULL, NULL), DT_ERR_MISMATCH,
               "optimizer mismatch: expected sgd state (the program's optimizer), found adam state");
     dt_optim_free(sgd);
@@ -536,7 +536,7 @@ static void test_fallback(void) {
     CHECK_EQ(info.refused, 1);
     dt_ckpt_info_free(&info);
     o.fallback = true;
-    dt_log_set_level(DT_LOG_ERROR);  // the refusal warning is expected here
+    dt_log_set_level(DT_LOG_ERROR); // the refusal warning is expected here
     CHECK_OK(dt_ckpt_load(dir, NULL, &st, &o, &info));
     CHECK(info.found);
     CHECK_EQ(info.step, 20);
@@ -572,14 +572,14 @@ static void test_model_file(void) {
     snprintf(sub, sizeof sub, "%s/ckpts", dir);
     save_step(sub, &w, 4, 3);
     save_step(sub, &w, 8, 3);
-    CHECK_OK(dt_ckpt_load_model(sub, r.m));  // the newest complete one
+    CHECK_OK(dt_ckpt_load_model(sub, r.m)); // the newest complete one
     CHECK(params_of_step(r.m, 8));
     CHECK_OK(dt_ckpt_path(sub, 4, cdir, sizeof cdir));
-    CHECK_OK(dt_ckpt_load_model(cdir, r.m));  // a given checkpoint
+    CHECK_OK(dt_ckpt_load_model(cdir, r.m)); // a given checkpoint
     CHECK(params_of_step(r.m, 4));
     snprintf(rank, sizeof rank, "%s/state.dtck", cdir);
     ct_fill(dt_model_params(r.m), dt_model_num_params(r.m), 77);
-    CHECK_OK(dt_ckpt_load_model(rank, r.m));  // its state file
+    CHECK_OK(dt_ckpt_load_model(rank, r.m)); // its state file
     CHECK(params_of_step(r.m, 4));
     snprintf(rank, sizeof rank, "%s/rank-00000.dtck", cdir);
     CHECK_ERR(dt_ckpt_load_model(rank, r.m), DT_ERR_FORMAT,
@@ -594,7 +594,7 @@ static void test_model_file(void) {
     free(b);
     dt_ckpt_state st = fx_state(&r, 0, NULL, 0);
     dt_ckpt_opts  o  = {.fallback = false};
-    CHECK_OK(dt_ckpt_load(sub, NULL, &st, &o, NULL));  // step 8 is untouched
+    CHECK_OK(dt_ckpt_load(sub, NULL, &st, &o, NULL)); // step 8 is untouched
     CHECK_ERR(dt_ckpt_verify(cdir), DT_ERR_FORMAT, "expected a state file, found a model file");
     fx_free(&w);
     fx_free(&r);
@@ -608,7 +608,7 @@ static void test_bad_arguments(void) {
     fx_init(&w, 1, 8);
     dt_ckpt_state st = fx_state(&w, -1, NULL, 0);
     CHECK_ERR(dt_ckpt_save(dir, NULL, &st, NULL), DT_ERR_ARG, "expected a step >= 0, found -1");
-    st = fx_state(&w, 1, NULL, 0);
+    st                  = fx_state(&w, 1, NULL, 0);
     dt_ckpt_rng twice[] = {{"a", &w.ra}, {"a", &w.rb}};
     st.rngs             = twice;
     CHECK_ERR(dt_ckpt_save(dir, NULL, &st, NULL), DT_ERR_ARG, "unique RNG names, found \"a\"");
@@ -620,7 +620,7 @@ static void test_bad_arguments(void) {
     CHECK_ERR(dt_ckpt_load(dir, NULL, NULL, NULL, NULL), DT_ERR_ARG, "found NULL");
     int64_t step;
     CHECK_OK(dt_ckpt_latest(dir, &step));
-    CHECK_EQ(step, -1);  // nothing was written by the refused saves
+    CHECK_EQ(step, -1); // nothing was written by the refused saves
     // A file where the directory should be: an I/O error naming it.
     snprintf(file, sizeof file, "%s/plain", dir);
     ct_write(file, "x", 1);
@@ -660,12 +660,12 @@ static void measure_convnet(void) {
     ct_tmpdir(dir, sizeof dir, "ckpt-bench");
     dt_model *m;
     CHECK_OK(dt_model_init_mnist_convnet(&m, 1, 0.1f, 0.25f));
-    dt_optim *o = dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m),
-                                         dt_model_num_params(m), NULL);
-    dt_sampler   *s = dt_sampler_init(60000, NULL);
-    dt_rng        g = dt_rng_init(0);
+    dt_optim *o =
+        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), NULL);
+    dt_sampler   *s    = dt_sampler_init(60000, NULL);
+    dt_rng        g    = dt_rng_init(0);
     dt_ckpt_rng   rg[] = {{"dropout", &g}};
-    dt_ckpt_state st = {.model = m, .optim = o, .sampler = s, .rngs = rg, .nrngs = 1};
+    dt_ckpt_state st   = {.model = m, .optim = o, .sampler = s, .rngs = rg, .nrngs = 1};
     enum { REPS = 9 };
     double save[REPS], load[REPS];
     for (int i = 0; i < REPS; i++) {

@@ -17,14 +17,14 @@
 // The state saved at `step`, derived from it alone, so a loaded checkpoint can be
 // checked against what must have been saved for its step.
 typedef struct saver {
-    dt_model    *m;
-    dt_optim    *o;
-    dt_rng       g;
-    dt_ckpt_rng  rngs[1];
+    dt_model   *m;
+    dt_optim   *o;
+    dt_rng      g;
+    dt_ckpt_rng rngs[1];
 } saver;
 
 static void saver_init(saver *s) {
-    s->m       = ct_model(1, 1024);  // ~55k parameters: saves of ~0.7 MB
+    s->m       = ct_model(1, 1024); // ~55k parameters: saves of ~0.7 MB
     s->o       = dt_optim_init_adam(dt_model_params(s->m), dt_model_grads(s->m),
                                     dt_model_num_params(s->m), NULL);
     s->rngs[0] = (dt_ckpt_rng){"g", &s->g};
@@ -55,8 +55,8 @@ static bool loaded_matches(saver *s, int64_t step, int rank) {
     saver_fill(&want, step, rank);
     size_t na, nb;
     float *a = dt_optim_state(s->o, &na), *b = dt_optim_state(want.o, &nb);
-    bool ok = memcmp(dt_model_params(s->m), dt_model_params(want.m),
-                     dt_model_num_params(s->m) * 4) == 0 &&
+    bool   ok = memcmp(dt_model_params(s->m), dt_model_params(want.m),
+                       dt_model_num_params(s->m) * 4) == 0 &&
               na == nb && memcmp(a, b, na * 4) == 0 && dt_optim_step_count(s->o) == step &&
               memcmp(&s->g, &want.g, sizeof s->g) == 0;
     saver_free(&want);
@@ -94,7 +94,7 @@ static int leftovers(const char *dir) {
         snprintf(sub, sizeof sub, "%s/%s", dir, de->d_name);
         snprintf(marker, sizeof marker, "%s/complete.dtck", sub);
         n += !ct_exists(marker);
-        DIR *s = opendir(sub);
+        DIR           *s = opendir(sub);
         struct dirent *fe;
         while (s && (fe = readdir(s)))
             n += strstr(fe->d_name, ".tmp.") != NULL;
@@ -158,7 +158,7 @@ static void test_kill_one_process(void) {
     }
     CHECK_EQ(bad_loads, 0);
     CHECK_EQ(went_back, 0);
-    CHECK(newest > first_newest);  // the savers made progress
+    CHECK(newest > first_newest); // the savers made progress
     // Evidence the kills landed inside saves, not between them (almost all do).
     CHECK(hits > 0);
     printf("kill -9 during saves, 1 process: %d kills, %d left an interrupted save behind, "
@@ -171,7 +171,7 @@ static void test_kill_one_process(void) {
 
 typedef struct shared {
     volatile pid_t   pids[2];
-    volatile int64_t loaded[2];  // the step each rank loaded (-1 none), -2 on failure
+    volatile int64_t loaded[2]; // the step each rank loaded (-1 none), -2 on failure
 } shared;
 
 static char g_dir[128];
@@ -197,7 +197,7 @@ static void kill_rank(int rank, int world, void *arg) {
     dt_ckpt_info_free(&info);
     saver_free(&s);
     sh->pids[rank] = getpid();
-    save_forever(g_dir, pg, from);  // returns when the other rank was killed
+    save_forever(g_dir, pg, from); // returns when the other rank was killed
     dt_pg_free(pg);
 }
 
@@ -206,14 +206,14 @@ static void test_kill_two_ranks(void) {
     ct_tmpdir(g_dir, sizeof g_dir, "ckpt-kill2");
     dt_rng  r      = dt_rng_init((uint64_t)dt_now_ns() + 1);
     int64_t newest = -1;
-    int     hits = 0;
+    int     hits   = 0;
     for (int k = 0; k < KILLS; k++) {
         shared *sh = mp_shared();
         // The killer: waits until both ranks have loaded and started saving, then kills
         // rank 0, rank 1 or both at a random moment.
-        int   victim = k % 3;  // 0, 1: that rank; 2: both
-        long  delay  = (long)dt_rng_below(&r, 40000);
-        mp_opts o    = {.world = 2, .may_die = 3, .timeout_ms = 60000};
+        int     victim = k % 3; // 0, 1: that rank; 2: both
+        long    delay  = (long)dt_rng_below(&r, 40000);
+        mp_opts o      = {.world = 2, .may_die = 3, .timeout_ms = 60000};
         // Zeroed before the killer starts, so it only ever sees this run's pids.
         memset(mp_shared(), 0, sizeof *sh);
         fflush(NULL);

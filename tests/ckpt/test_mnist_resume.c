@@ -29,7 +29,7 @@ static bool find_bin(void) {
     if (n <= 0)
         return false;
     exe[n] = '\0';
-    for (int up = 0; up < 3; up++)  // strip test_x, ckpt, tests
+    for (int up = 0; up < 3; up++) // strip test_x, ckpt, tests
         *strrchr(exe, '/') = '\0';
     const char *cand[] = {"/bin/dtrain-mnist", "/../bin/dtrain-mnist"};
     for (int i = 0; i < 2; i++) {
@@ -51,7 +51,7 @@ static int run(char **out, const char *fmt, ...) {
     snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
     FILE  *p   = popen(cmd, "r");
     size_t cap = 1 << 16, len = 0, k;
-    *out       = calloc(cap, 1);
+    *out = calloc(cap, 1);
     if (!p)
         return -1;
     while ((k = fread(*out + len, 1, cap - len - 1, p)) > 0)
@@ -78,8 +78,8 @@ static dt_model *load_params(const char *path) {
 
 static bool same_model(const char *a, const char *b) {
     dt_model *x = load_params(a), *y = load_params(b);
-    bool      same = x && y &&
-                memcmp(dt_model_params(x), dt_model_params(y), dt_model_num_params(x) * 4) == 0;
+    bool      same =
+        x && y && memcmp(dt_model_params(x), dt_model_params(y), dt_model_num_params(x) * 4) == 0;
     dt_model_free(x);
     dt_model_free(y);
     return same;
@@ -96,25 +96,32 @@ static void test_stop_and_resume(void) {
     free(out);
     CHECK_EQ(run(&out, "%s --no-test --num-processes 2 --save-model %s", common, straight2), 0);
     free(out);
-    CHECK(!same_model(straight1, straight2));  // another world size, another computation
+    CHECK(!same_model(straight1, straight2)); // another world size, another computation
 
     // 1 process: 256 / 16 = 16 steps an epoch; stop at 21 (epoch 1, batch 5).
     snprintf(dir, sizeof dir, "%s/one", tmp);
     snprintf(model, sizeof model, "%s/one.dtck", tmp);
-    CHECK_EQ(run(&out, "%s --no-test --checkpoint-dir %s --checkpoint-every 7 --max-steps 21 "
-                       "--resume --save-model %s", common, dir, model), 0);
+    CHECK_EQ(run(&out,
+                 "%s --no-test --checkpoint-dir %s --checkpoint-every 7 --max-steps 21 "
+                 "--resume --save-model %s",
+                 common, dir, model),
+             0);
     CHECK(strstr(out, "no checkpoint in ") != NULL);
     free(out);
     CHECK(!same_model(model, straight1));
-    CHECK_EQ(run(&out, "%s --no-test --checkpoint-dir %s --checkpoint-every 7 --resume "
-                       "--save-model %s", common, dir, model), 0);
+    CHECK_EQ(run(&out,
+                 "%s --no-test --checkpoint-dir %s --checkpoint-every 7 --resume "
+                 "--save-model %s",
+                 common, dir, model),
+             0);
     CHECK(strstr(out, "resumed from ") && strstr(out, "/one/step-000021 (epoch 1, batch 5)"));
-    CHECK(strstr(out, "epoch: 0 [") == NULL);  // nothing of epoch 0 was redone
+    CHECK(strstr(out, "epoch: 0 [") == NULL); // nothing of epoch 0 was redone
     free(out);
     CHECK(same_model(model, straight1));
     // A resume after the end: nothing left to train, same model.
-    CHECK_EQ(run(&out, "%s --no-test --checkpoint-dir %s --resume --save-model %s", common, dir,
-                 model), 0);
+    CHECK_EQ(
+        run(&out, "%s --no-test --checkpoint-dir %s --resume --save-model %s", common, dir, model),
+        0);
     CHECK(strstr(out, "/one/step-000032 (epoch 1, batch 16)") != NULL);
     CHECK(strstr(out, "training loss") == NULL);
     free(out);
@@ -124,15 +131,21 @@ static void test_stop_and_resume(void) {
     // last checkpoint before it at 9: steps 10 and 11 are done again.
     snprintf(dir, sizeof dir, "%s/two", tmp);
     snprintf(model, sizeof model, "%s/two.dtck", tmp);
-    CHECK_EQ(run(&out, "%s --no-test --num-processes 2 --checkpoint-dir %s --checkpoint-every 3 "
-                       "--max-steps 11 --save-model %s", common, dir, model), 0);
+    CHECK_EQ(run(&out,
+                 "%s --no-test --num-processes 2 --checkpoint-dir %s --checkpoint-every 3 "
+                 "--max-steps 11 --save-model %s",
+                 common, dir, model),
+             0);
     free(out);
     char last[320];
-    snprintf(last, sizeof last, "%s/step-000011", dir);  // the end-of-run checkpoint
+    snprintf(last, sizeof last, "%s/step-000011", dir); // the end-of-run checkpoint
     CHECK_OK(dt_ckpt_verify(last));
-    ct_rm_tree(last);  // as if the run had been killed after step 11
-    CHECK_EQ(run(&out, "%s --no-test --num-processes 2 --checkpoint-dir %s --checkpoint-every 3 "
-                       "--resume --save-model %s", common, dir, model), 0);
+    ct_rm_tree(last); // as if the run had been killed after step 11
+    CHECK_EQ(run(&out,
+                 "%s --no-test --num-processes 2 --checkpoint-dir %s --checkpoint-every 3 "
+                 "--resume --save-model %s",
+                 common, dir, model),
+             0);
     CHECK(strstr(out, "/two/step-000009 (epoch 1, batch 1)") != NULL);
     free(out);
     CHECK(same_model(model, straight2));
@@ -160,8 +173,8 @@ static void sleep_ms(long ms) {
 
 // Starts dtrain-mnist with `args` (split on spaces), output to `log`.
 static pid_t start(const char *args, const char *log) {
-    char  buf[2048], *argv[64];
-    int   argc = 0;
+    char buf[2048], *argv[64];
+    int  argc = 0;
     snprintf(buf, sizeof buf, "%s", args);
     argv[argc++] = bin;
     for (char *t = strtok(buf, " "); t && argc < 63; t = strtok(NULL, " "))
@@ -186,11 +199,12 @@ static void kill_until_done(bool two, const char *straight, uint64_t seed) {
     snprintf(dir, sizeof dir, "%s/kill%d", tmp, two ? 2 : 1);
     snprintf(model, sizeof model, "%s/kill%d.dtck", tmp, two ? 2 : 1);
     snprintf(log, sizeof log, "%s/kill%d.log", tmp, two ? 2 : 1);
-    snprintf(args, sizeof args, "%s --no-test %s --checkpoint-dir %s --checkpoint-every 1 "
-                                "--keep 2 --resume --save-model %s",
+    snprintf(args, sizeof args,
+             "%s --no-test %s --checkpoint-dir %s --checkpoint-every 1 "
+             "--keep 2 --resume --save-model %s",
              common, two ? "--num-processes 2" : "", dir, model);
-    dt_rng r      = dt_rng_init(seed ^ dt_now_ns());
-    int    kills  = 0, finished = 0, resumes = 0;
+    dt_rng r     = dt_rng_init(seed ^ dt_now_ns());
+    int    kills = 0, finished = 0, resumes = 0;
     for (int attempt = 0; attempt < 40 && !finished; attempt++) {
         pid_t pid = start(args, log);
         // A whole run takes a few hundred ms: the first attempts are killed within it,
@@ -211,7 +225,8 @@ static void kill_until_done(bool two, const char *straight, uint64_t seed) {
             while ((w = waitpid(pid, &st, WNOHANG)) == 0 && dt_now_ns() < deadline)
                 sleep_ms(5);
             if (!CHECK(w == pid)) {
-                fprintf(stderr, "     the job did not stop within 30 s after a worker was killed\n");
+                fprintf(stderr,
+                        "     the job did not stop within 30 s after a worker was killed\n");
                 kill(pid, SIGKILL);
                 waitpid(pid, &st, 0);
                 break;
@@ -255,7 +270,8 @@ static void test_corrupt_newest(void) {
     snprintf(dir, sizeof dir, "%s/corrupt", tmp);
     snprintf(model, sizeof model, "%s/corrupt.dtck", tmp);
     CHECK_EQ(run(&out, "%s --no-test --checkpoint-dir %s --checkpoint-every 5 --max-steps 20",
-                 common, dir), 0);
+                 common, dir),
+             0);
     free(out);
     snprintf(path, sizeof path, "%s/step-000020/state.dtck", dir);
     size_t         n;
@@ -269,8 +285,11 @@ static void test_corrupt_newest(void) {
     CHECK_EQ(run(&out, "%s --no-test --checkpoint-dir %s --resume", common, dir), 1);
     CHECK(strstr(out, "step-000020/state.dtck: corrupt section 1 (PARM)") != NULL);
     free(out);
-    CHECK_EQ(run(&out, "%s --no-test --checkpoint-dir %s --checkpoint-every 5 --resume "
-                       "--fallback --save-model %s", common, dir, model), 0);
+    CHECK_EQ(run(&out,
+                 "%s --no-test --checkpoint-dir %s --checkpoint-every 5 --resume "
+                 "--fallback --save-model %s",
+                 common, dir, model),
+             0);
     CHECK(strstr(out, "resumed from ") && strstr(out, "step-000015 (epoch 0, batch 15) after "
                                                       "refusing newer checkpoints"));
     free(out);
@@ -282,7 +301,7 @@ static void test_eval_and_flags(void) {
     snprintf(model, sizeof model, "%s/eval.dtck", tmp);
     // Evaluations cover the whole test set (10,000 images): two of them, with big batches.
     CHECK_EQ(run(&out, "--limit 256 --batch-size 500 --seed 5 --save-model %s", model), 0);
-    const char *acc = strstr(out, "Test accuracy: ");
+    const char *acc       = strstr(out, "Test accuracy: ");
     char        line[128] = "";
     if (CHECK(acc != NULL))
         sscanf(acc, "%127[^\n]", line);

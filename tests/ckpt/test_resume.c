@@ -20,11 +20,11 @@
 #define BATCH     16
 #define EPOCHS    3
 
-static dt_dataset g_data;  // inherited by the forked ranks
+static dt_dataset g_data; // inherited by the forked ranks
 
 static void make_data(void) {
     uint8_t *img = malloc(N_SAMPLES * 36), *lab = malloc(N_SAMPLES);
-    dt_rng   r   = dt_rng_init(5);
+    dt_rng   r = dt_rng_init(5);
     for (size_t i = 0; i < N_SAMPLES * 36; i++)
         img[i] = (uint8_t)dt_rng_below(&r, 256);
     for (size_t i = 0; i < N_SAMPLES; i++)
@@ -47,11 +47,11 @@ static dt_model *dropout_model(void) {
 }
 
 typedef struct run_opts {
-    const char *dir;    // checkpoint directory (NULL: none)
-    int         every;  // save every `every` steps
-    int         stop;   // stop after this step (0: run all epochs)
+    const char *dir;   // checkpoint directory (NULL: none)
+    int         every; // save every `every` steps
+    int         stop;  // stop after this step (0: run all epochs)
     bool        resume;
-    bool        forget_noise;  // after loading, restart the noise stream (must diverge)
+    bool        forget_noise; // after loading, restart the noise stream (must diverge)
 } run_opts;
 
 typedef struct result {
@@ -69,19 +69,19 @@ static dt_status train(dt_pg *pg, const run_opts *ro, result *res) {
     dt_status    st  = DT_OK;
     dt_adam_opts ao  = dt_adam_opts_default();
     ao.lr            = 0.01f;
-    dt_optim *opt    = dt_optim_init_adam(dt_model_params(m), dt_model_grads(m),
-                                          dt_model_num_params(m), &ao);
+    dt_optim *opt =
+        dt_optim_init_adam(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
-    dt_sampler    *s  = dt_sampler_init(g_data.n, &so);
-    dt_loader_opts lo = dt_loader_opts_default();
-    lo.batch_size     = BATCH;
-    dt_loader *l      = dt_loader_init(&g_data, s, &lo);
-    float     *dlogp  = malloc(sizeof(float) * 4 * BATCH);
-    float     *x      = malloc(sizeof(float) * 36 * BATCH);
-    dt_rng     base   = dt_rng_init(23);
-    dt_rng     drop   = dt_rng_split(&base, 1);
-    dt_rng     noise  = dt_rng_split(&base, 100 + (uint64_t)rank);  // stateful, per rank
+    dt_sampler    *s     = dt_sampler_init(g_data.n, &so);
+    dt_loader_opts lo    = dt_loader_opts_default();
+    lo.batch_size        = BATCH;
+    dt_loader    *l      = dt_loader_init(&g_data, s, &lo);
+    float        *dlogp  = malloc(sizeof(float) * 4 * BATCH);
+    float        *x      = malloc(sizeof(float) * 36 * BATCH);
+    dt_rng        base   = dt_rng_init(23);
+    dt_rng        drop   = dt_rng_split(&base, 1);
+    dt_rng        noise  = dt_rng_split(&base, 100 + (uint64_t)rank); // stateful, per rank
     dt_ckpt_rng   rngs[] = {{"dropout", &drop}, {"noise", &noise}};
     dt_ckpt_state cs     = {.model = m, .optim = opt, .sampler = s, .rngs = rngs, .nrngs = 2};
     int64_t       step   = 0;
@@ -135,7 +135,7 @@ out:
     res->steps   = step;
     res->nparams = dt_model_num_params(m);
     memcpy(res->params, dt_model_params(m), res->nparams * 4);
-    float *os   = dt_optim_state(opt, &res->nstate);
+    float *os = dt_optim_state(opt, &res->nstate);
     memcpy(res->state, os, res->nstate * 4);
     free(x);
     free(dlogp);
@@ -158,7 +158,7 @@ static bool same_result(const result *a, const result *b) {
 static result straight, part, resumed;
 
 static void test_one_process(void) {
-    char dir[128];
+    char     dir[128];
     run_opts none = {0};
     CHECK_OK(train(NULL, &none, &straight));
     CHECK(straight.nparams < 4096 && straight.nstate < 8192);
@@ -169,7 +169,7 @@ static void test_one_process(void) {
     // checkpoints (23, resumed from 20), at an epoch's end (26 = 2 * 13), before the
     // first checkpoint (3: resume finds none and starts fresh), one step before the end.
     struct {
-        int every, stop;
+        int     every, stop;
         int64_t from;
     } cases[] = {{5, 20, 20}, {5, 23, 20}, {13, 26, 26}, {5, 3, -1}, {1, 38, 38}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -212,7 +212,7 @@ static void train_rank(int rank, int world, void *arg) {
     if (!CHECK(pg != NULL))
         return;
     CHECK_OK(train(pg, &j->ro, r));
-    if (rank == 0)  // the shared page holds rank 0's result for the parent
+    if (rank == 0) // the shared page holds rank 0's result for the parent
         memcpy(mp_shared(), r, sizeof(int64_t) * 2 + sizeof(size_t) * 2 + r->nparams * 4);
     free(r);
     dt_pg_free(pg);
@@ -239,7 +239,7 @@ static void test_two_processes(void) {
     // 100 samples per rank / 16 = 7 batches an epoch (the last of 4), 21 steps.
     CHECK_EQ(straight2.steps, 21);
 
-    int cases[][3] = {{4, 12, 12}, {4, 10, 8}, {7, 14, 14}};  // every, stop, resumed from
+    int cases[][3] = {{4, 12, 12}, {4, 10, 8}, {7, 14, 14}}; // every, stop, resumed from
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ct_tmpdir(dir, sizeof dir, "ckpt-resume2");
         j = (job){.ro = {.dir = dir, .every = cases[c][0], .stop = cases[c][1]}};
@@ -294,11 +294,11 @@ static void refusal_rank(int rank, int world, void *arg) {
     CHECK_ERR(dt_ckpt_save(g_dir, pg, &cs, NULL), DT_ERR_MISMATCH,
               "expected the same step on every rank, found 30 on rank 0 and 31 on rank 1");
     // Rank 1 alone passes something invalid: every rank fails with its message.
-    dt_rng      g      = dt_rng_init(1);
+    dt_rng      g       = dt_rng_init(1);
     dt_ckpt_rng twice[] = {{"a", &g}, {"a", &g}};
-    cs.step            = 40;
-    cs.rngs            = twice;
-    cs.nrngs           = rank == 1 ? 2 : 1;
+    cs.step             = 40;
+    cs.rngs             = twice;
+    cs.nrngs            = rank == 1 ? 2 : 1;
     CHECK_ERR(dt_ckpt_save(g_dir, pg, &cs, NULL), DT_ERR_ARG,
               rank == 0 ? "rank 1: checkpoint: expected unique RNG names"
                         : "checkpoint: expected unique RNG names");
@@ -328,7 +328,7 @@ static void test_collective_errors(void) {
     MP_RUN(&o, refusal_rank, NULL);
     int64_t *steps;
     CHECK_OK(dt_ckpt_list(g_dir, &steps, &n));
-    CHECK(n == 2 && steps[0] == 3 && steps[1] == 40);  // none of 30, 31 or a failed 40
+    CHECK(n == 2 && steps[0] == 3 && steps[1] == 40); // none of 30, 31 or a failed 40
     dt_free(steps);
     ct_rm_tree(g_dir);
 }
