@@ -228,13 +228,12 @@ static void prune(const char *dir, int64_t step, int keep) {
         DT_WARN("ckpt", "not pruning old checkpoints: %s", dt_last_error());
         return;
     }
+    // From the newest down; `step` itself is complete and is the first one kept.
     int kept = 0;
     for (size_t i = n; i-- > 0;) {
         bool drop;
-        if (e[i].step == step)
-            drop = false, kept++;
-        else if (!e[i].complete)
-            drop = true;
+        if (!e[i].complete)
+            drop = e[i].step != step;
         else if (e[i].step > step)
             drop = false;
         else
