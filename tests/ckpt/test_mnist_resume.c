@@ -206,15 +206,31 @@ static void kill_until_done(bool two, const char *straight, uint64_t seed) {
     dt_rng r     = dt_rng_init(seed ^ dt_now_ns());
     int    kills = 0, finished = 0, resumes = 0;
     for (int attempt = 0; attempt < 40 && !finished; attempt++) {
+        int64_t before = -1;
+        dt_ckpt_latest(dir, &before);  // -1 stays when there is none yet
         pid_t pid = start(args, log);
-        // A whole run takes a few hundred ms: the first attempts are killed within it,
-        // later ones get more and more time to finish.
-        long     delay = 20 + (long)dt_rng_below(&r, attempt < 6 ? 150 : 150u << (attempt - 5));
-        uint64_t until = dt_now_ns() + (uint64_t)delay * 1000000u;
-        int      st;
-        pid_t    w = 0;
-        while (dt_now_ns() < until && (w = waitpid(pid, &st, WNOHANG)) == 0)
-            sleep_ms(2);
+        int   st;
+        pid_t w = 0;
+        if (attempt < 3) {
+            // The first three attempts are killed while they train, whatever the
+            // machine's speed: once this attempt has written a new checkpoint, at a
+            // random moment of the next few steps (saves happen every step).
+            int64_t latest = before;
+            while ((w = waitpid(pid, &st, WNOHANG)) == 0 && latest <= before) {
+                sleep_ms(1);
+                if (dt_ckpt_latest(dir, &latest) != DT_OK)
+                    latest = before;
+            }
+            uint64_t until = dt_now_ns() + dt_rng_below(&r, 30) * 1000000u;
+            while (w == 0 && dt_now_ns() < until && (w = waitpid(pid, &st, WNOHANG)) == 0)
+                sleep_ms(1);
+        } else {
+            // Later ones get more and more time, so the job finishes.
+            long     delay = 20 + (long)dt_rng_below(&r, attempt < 6 ? 150 : 150u << (attempt - 5));
+            uint64_t until = dt_now_ns() + (uint64_t)delay * 1000000u;
+            while (dt_now_ns() < until && (w = waitpid(pid, &st, WNOHANG)) == 0)
+                sleep_ms(2);
+        }
         if (w == 0) {
             pid_t kids[4];
             int   nk = two ? children(pid, kids, 4) : 0;
