@@ -16,32 +16,6 @@
 // - Usage errors name the flag (exit 2).
 #include "test_dtrun_lib.h"
 
-static char mark[64];
-
-static void new_mark(const char *what) {
-    static int seq;
-    snprintf(mark, sizeof mark, "dtrun-test-%d-%s-%d", (int)getpid(), what, ++seq);
-}
-
-// argv for: dtrun FLAGS... SELF worker MODE DIR MARK EXTRA...
-static char **dtrun_argv(const char *const *flags, const char *mode, const char *dir,
-                         const char *const *extra) {
-    static char *v[64];
-    int          k = 0;
-    v[k++]         = dtrun_path;
-    for (int i = 0; flags && flags[i]; i++)
-        v[k++] = (char *)(uintptr_t)flags[i];
-    v[k++] = self_path;
-    v[k++] = "worker";
-    v[k++] = (char *)(uintptr_t)mode;
-    v[k++] = (char *)(uintptr_t)dir;
-    v[k++] = mark;
-    for (int i = 0; extra && extra[i]; i++)
-        v[k++] = (char *)(uintptr_t)extra[i];
-    v[k] = NULL;
-    return v;
-}
-
 // ------------------------------------------------------------------ environment and output
 
 static void test_env_and_output(void) {

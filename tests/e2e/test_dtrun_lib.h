@@ -13,7 +13,13 @@
 
 #include "../check.h"
 
+// Not every test binary uses every helper.
+#define DTRUN_TEST_FN static __attribute__((unused))
+
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -29,23 +35,23 @@
 
 static char self_path[PATH_MAX];   // this test binary (the worker program)
 static char dtrun_path[PATH_MAX + 64];
-static char mnist_path[PATH_MAX + 64];
+static char mnist_path[PATH_MAX + 64] __attribute__((unused));
 static char tmp_root[1024];        // scratch directory of this test run
 
-static double mono_s(void) {
+DTRUN_TEST_FN double mono_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void sleep_s(double s) {
+DTRUN_TEST_FN void sleep_s(double s) {
     struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
 }
 
 // ------------------------------------------------------------------ files
 
-static void write_file(const char *path, const char *fmt, ...) {
+DTRUN_TEST_FN void write_file(const char *path, const char *fmt, ...) {
     char    tmp[PATH_MAX + 16];
     va_list ap;
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -60,7 +66,7 @@ static void write_file(const char *path, const char *fmt, ...) {
 }
 
 // The whole file as a malloc'd string ("" if missing).
-static char *read_file(const char *path) {
+DTRUN_TEST_FN char *read_file(const char *path) {
     FILE  *f   = fopen(path, "r");
     size_t cap = 4096, len = 0;
     char  *s   = calloc(cap, 1);
@@ -77,16 +83,16 @@ static char *read_file(const char *path) {
     return s;
 }
 
-static bool file_exists(const char *path) { return access(path, F_OK) == 0; }
+DTRUN_TEST_FN bool file_exists(const char *path) { return access(path, F_OK) == 0; }
 
-static long read_long(const char *path) {
+DTRUN_TEST_FN long read_long(const char *path) {
     char *s = read_file(path);
     long  v = *s ? strtol(s, NULL, 10) : -1;
     free(s);
     return v;
 }
 
-static int count_of(const char *hay, const char *needle) {
+DTRUN_TEST_FN int count_of(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p++)
         n++;
@@ -94,14 +100,14 @@ static int count_of(const char *hay, const char *needle) {
 }
 
 // A fresh directory under tmp_root.
-static void scenario_dir(char *out, size_t n, const char *name) {
+DTRUN_TEST_FN void scenario_dir(char *out, size_t n, const char *name) {
     static int seq;
     snprintf(out, n, "%s/%s-%d", tmp_root, name, ++seq);
     mkdir(out, 0755);
 }
 
 // The value of NAME in an env dump written by the "env" worker; "" if absent.
-static void env_value(const char *dump, const char *name, char *out, size_t n) {
+DTRUN_TEST_FN void env_value(const char *dump, const char *name, char *out, size_t n) {
     out[0] = '\0';
     char key[128];
     snprintf(key, sizeof key, "\n%s=", name);
@@ -131,12 +137,12 @@ static const char *const env_names[] = {
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "DT_RESTART_COUNT", "DT_JOB_TOKEN",
     "OMP_NUM_THREADS", "DTRUN_TEST_INHERITED", NULL};
 
-static int env_rank(void) {
+DTRUN_TEST_FN int env_rank(void) {
     const char *r = getenv("RANK");
     return r ? atoi(r) : -1;
 }
 
-static void record_pids(const char *dir, int rank) {
+DTRUN_TEST_FN void record_pids(const char *dir, int rank) {
     char  path[PATH_MAX + 64];
     pid_t child = fork();
     if (child == 0) {  // a child of the worker: dtrun must stop it too
@@ -150,7 +156,7 @@ static void record_pids(const char *dir, int rank) {
     write_file(path, "%d\n", (int)getpid());
 }
 
-static void wait_ranks(const char *dir, int n) {
+DTRUN_TEST_FN void wait_ranks(const char *dir, int n) {
     char path[PATH_MAX + 64];
     for (int tries = 0; tries < 3000; tries++) {
         int have = 0;
@@ -164,7 +170,7 @@ static void wait_ranks(const char *dir, int n) {
     }
 }
 
-static int worker_main(int argc, char **argv) {
+DTRUN_TEST_FN int worker_main(int argc, char **argv) {
     if (argc < 5)
         return 100;
     const char *mode = argv[2], *dir = argv[3];
@@ -242,7 +248,7 @@ static int worker_main(int argc, char **argv) {
 // ------------------------------------------------------------------ finding things
 
 // Binaries of the same build variant: <out>/bin or, for release, <out>/../bin.
-static bool find_bins(void) {
+DTRUN_TEST_FN bool find_bins(void) {
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
     if (n <= 0)
         return false;
@@ -261,13 +267,13 @@ static bool find_bins(void) {
     return false;
 }
 
-static void make_tmp_root(const char *name) {
+DTRUN_TEST_FN void make_tmp_root(const char *name) {
     const char *t = getenv("TMPDIR");
     snprintf(tmp_root, sizeof tmp_root, "%s/%s-%d", t && *t ? t : "/tmp", name, (int)getpid());
     mkdir(tmp_root, 0755);
 }
 
-static void remove_tree(const char *path) {
+DTRUN_TEST_FN void remove_tree(const char *path) {
     DIR *d = opendir(path);
     if (d) {
         struct dirent *e;
@@ -297,7 +303,7 @@ typedef struct run {
 
 // Starts argv (NULL-terminated) with stdout/stderr in files under dir (named tag).
 // extra_env: "NAME=value" strings set in the child only (NULL-terminated, or NULL).
-static void run_start(run *r, const char *dir, const char *tag, char *const *argv,
+DTRUN_TEST_FN void run_start(run *r, const char *dir, const char *tag, char *const *argv,
                       const char *const *extra_env) {
     memset(r, 0, sizeof *r);
     r->rc = -1;
@@ -319,7 +325,7 @@ static void run_start(run *r, const char *dir, const char *tag, char *const *arg
 }
 
 // Waits up to timeout_s; on timeout kills it (SIGKILL) and leaves rc -1.
-static int run_wait(run *r, double timeout_s) {
+DTRUN_TEST_FN int run_wait(run *r, double timeout_s) {
     double deadline = mono_s() + timeout_s;
     int    status;
     for (;;) {
@@ -344,23 +350,70 @@ static int run_wait(run *r, double timeout_s) {
     return r->rc;
 }
 
-static void run_free(run *r) {
+DTRUN_TEST_FN void run_free(run *r) {
     free(r->out);
     free(r->err);
     r->out = r->err = NULL;
 }
 
 // Shows a run's output after a failed check in a scenario.
-static void run_dump(const run *r, const char *what) {
+DTRUN_TEST_FN void run_dump(const run *r, const char *what) {
     fprintf(stderr, "---- %s: exit %d\n---- stdout:\n%s\n---- stderr:\n%s\n----\n", what, r->rc,
             r->out ? r->out : "", r->err ? r->err : "");
+}
+
+// A TCP port that was free a moment ago (20000..32767, below the ephemeral range).
+DTRUN_TEST_FN int free_port(void) {
+    static unsigned seed;
+    if (!seed)
+        seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (int tries = 0; tries < 500; tries++) {
+        int port = 20000 + (int)(rand_r(&seed) % 12768);
+        int fd   = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr    = htonl(INADDR_ANY);
+        int ok               = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        if (fd >= 0)
+            close(fd);
+        if (ok)
+            return port;
+    }
+    return 29400;
+}
+
+// ------------------------------------------------------------------ scenarios
+
+static char mark[64];
+
+DTRUN_TEST_FN void new_mark(const char *what) {
+    static int seq;
+    snprintf(mark, sizeof mark, "dtrun-test-%d-%s-%d", (int)getpid(), what, ++seq);
+}
+
+// argv for: dtrun FLAGS... SELF worker MODE DIR MARK EXTRA...
+DTRUN_TEST_FN char **dtrun_argv(const char *const *flags, const char *mode, const char *dir,
+                         const char *const *extra) {
+    static char *v[64];
+    int          k = 0;
+    v[k++]         = dtrun_path;
+    for (int i = 0; flags && flags[i]; i++)
+        v[k++] = (char *)(uintptr_t)flags[i];
+    v[k++] = self_path;
+    v[k++] = "worker";
+    v[k++] = (char *)(uintptr_t)mode;
+    v[k++] = (char *)(uintptr_t)dir;
+    v[k++] = mark;
+    for (int i = 0; extra && extra[i]; i++)
+        v[k++] = (char *)(uintptr_t)extra[i];
+    v[k] = NULL;
+    return v;
 }
 
 // ------------------------------------------------------------------ process table
 
 // Pids of processes (other than this one) whose command line contains marker; returns
 // how many (up to max in pids).
-static int marker_procs(const char *marker, int *pids, int max) {
+DTRUN_TEST_FN int marker_procs(const char *marker, int *pids, int max) {
     DIR *d = opendir("/proc");
     int  n = 0;
     if (!d)
@@ -390,7 +443,7 @@ static int marker_procs(const char *marker, int *pids, int max) {
 
 // True when no process holds the marker, waiting up to wait_s for stragglers to be
 // reaped; prints what is left otherwise (and kills it, so later scenarios start clean).
-static bool no_marker_procs(const char *marker, double wait_s) {
+DTRUN_TEST_FN bool no_marker_procs(const char *marker, double wait_s) {
     double deadline = mono_s() + wait_s;
     int    pids[64], n;
     while ((n = marker_procs(marker, pids, 64)) > 0 && mono_s() < deadline)
@@ -409,7 +462,7 @@ static bool no_marker_procs(const char *marker, double wait_s) {
     return n == 0;
 }
 
-static bool pid_alive(int pid) {
+DTRUN_TEST_FN bool pid_alive(int pid) {
     if (pid <= 0)
         return false;
     char path[64];
