@@ -190,8 +190,10 @@ static void test_missing_node(void) {
     new_mark("missing");
     int         port    = free_port();
     const char *flags[] = {"--rdzv-timeout", "1", NULL};
+    const char *f0[]    = {"--rdzv-timeout", "2", NULL};  // outlasts node 2's wait
     run         n0, n2;
-    start_node(&n0, dir, 3, 0, port, flags, "env", NULL);
+    start_node(&n0, dir, 3, 0, port, f0, "env", NULL);
+    sleep_s(0.3);
     start_node(&n2, dir, 3, 2, port, flags, "env", NULL);
     CHECK_EQ(run_wait(&n0, 20), 1);
     CHECK_EQ(run_wait(&n2, 20), 1);

@@ -206,6 +206,7 @@ typedef struct dtrun_rdzv {
     char            pub_stop[512]; // guarded by mu: the job stops for good, for this reason
     bool            quit;          // guarded by mu
     _Atomic int64_t last_ok_ns;    // last store call that succeeded (monitor thread)
+    atomic_bool     monitor_done;  // the monitor thread has returned
     bool            store_lost;    // main thread: never touch the store again
 } dtrun_rdzv;
 

@@ -277,6 +277,7 @@ static void *monitor_main(void *arg) {
     }
     dt_free(last_val);
     dt_free(last_seen);
+    atomic_store(&r->monitor_done, true);
     return NULL;
 }
 
@@ -730,8 +731,18 @@ void dtrun_rdzv_leave(dtrun_rdzv *r) {
         pthread_join(r->thread, NULL);
         r->thread_started = false;
     }
-    if (r->store_lost || r->thread_started)
-        return;  // a monitor stuck in a call keeps the store: the process ends anyway
+    if (r->thread_started) {
+        // The monitor gave up on the store (joinable), or is stuck in a call on a dead
+        // link: it keeps the store, and the process ends anyway.
+        if (atomic_load(&r->monitor_done))
+            pthread_join(r->thread, NULL);
+        else
+            pthread_detach(r->thread);
+        r->thread_started = false;
+        return;
+    }
+    if (r->store_lost)
+        return;
     char key[96];
     if (r->node != 0) {
         key_of(key, sizeof key, "dtrun/exit/%d", r->node, 0);
