@@ -71,6 +71,7 @@ typedef struct dtrun_report {
     int            nfail;
     dtrun_failure *fail;         // nfail records, dt_alloc'd
     bool           missing;      // the node never reported
+    char           where[160];   // "host H, address A" (not sent: each node knows it)
 } dtrun_report;
 
 // Text form of a report for the store; returns a dt_alloc'd NUL-terminated string.

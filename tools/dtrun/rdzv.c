@@ -640,8 +640,13 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
     all[me] = *mine;  // takes its failure records
     mine->fail  = NULL;
     mine->nfail = 0;
-    if (!r->multi)
+    if (!r->multi) {
+        snprintf(all[0].where, sizeof all[0].where, "host %s", r->host);
         return;
+    }
+    for (int j = 0; j < n; j++)
+        snprintf(all[j].where, sizeof all[j].where, "host %s, address %s", r->nodes[j].host,
+                 r->nodes[j].addr);
     if (r->store_lost) {
         *stop = true;
         for (int j = 0; j < n; j++)
@@ -685,10 +690,13 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
             void  *v = NULL;
             size_t nb;
             if (yes && dt_store_get(r->store, key, &v, &nb) == DT_OK) {
+                char where[sizeof all[j].where];
+                memcpy(where, all[j].where, sizeof where);
                 if (dtrun_report_decode(v, &all[j]) != DT_OK)
                     snprintf(all[j].reason, sizeof all[j].reason, "sent an unreadable report: %s",
                              dt_last_error());
                 all[j].node = j;
+                memcpy(all[j].where, where, sizeof where);
                 got[j]      = true;
                 ngot++;
             }
@@ -710,6 +718,14 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
         if (!got || !got[j]) {
             all[j].missing = true;
             *stop          = true;
+            pthread_mutex_lock(&r->mu);
+            bool lost = r->nodes[j].lost;
+            pthread_mutex_unlock(&r->mu);
+            if (lost)
+                snprintf(all[j].reason, sizeof all[j].reason,
+                         "lost: it sent no heartbeat for more than %.1f s (dead, or the link to "
+                         "it is cut)",
+                         (double)a->node_timeout_ms / 1000.0);
         }
     dt_free(got);
     for (int j = 0; j < n; j++)

@@ -165,11 +165,14 @@ void dtrun_print_summary(const dtrun_report *reports, int nreports, int attempt,
     dtrun_say("job %s in attempt %d (restart count %d); %s", root ? "failed" : "stopped",
               attempt + 1, attempt, next);
     for (int i = 0; i < nreports; i++) {
-        if (reports[i].reason[0])
-            dtrun_say("node %d: %s", reports[i].node, reports[i].reason);
-        if (reports[i].missing)
-            dtrun_say("node %d: sent no report (it is lost or cannot reach the store)",
-                      reports[i].node);
+        const dtrun_report *rp = &reports[i];
+        const char *what = rp->reason[0] ? rp->reason
+                           : rp->missing ? "sent no report (lost, or it cannot reach the store)"
+                                         : NULL;
+        if (what && rp->where[0])
+            dtrun_say("node %d (%s): %s", rp->node, rp->where, what);
+        else if (what)
+            dtrun_say("node %d: %s", rp->node, what);
     }
     if (root) {
         print_failure("root cause", root);
