@@ -1,0 +1,174 @@
+// test_dtrun_ckpt.c: a worker killed with SIGKILL at a random step of a dtrain-mnist
+// job under `dtrun --max-restarts 1`, with checkpoints: the job finishes, resumed from
+// the newest complete checkpoint, and its final weights are bitwise identical to an
+// uninterrupted run with the same seed and world size (the "Parameters identical ...
+// (CRC32C ...)" line, and the --save-model files compared byte for byte).
+//
+// Needs dtrain-mnist's checkpoint flags (--checkpoint-dir, --checkpoint-every, --resume,
+// --save-model); a build without them skips with a message.
+#include "test_dtrun_lib.h"
+
+#define NPROC 2
+#define LIMIT "2048"  // 2048 samples / 2 ranks / batch 32 = 32 steps
+
+static void crc_of(const char *out, char crc[16]) {
+    const char *p = NULL, *q = out;
+    while ((q = strstr(q, "(CRC32C ")))  // the last one: the attempt that finished
+        p = q++;
+    crc[0] = '\0';
+    if (p)
+        sscanf(p, "(CRC32C %8s", crc);
+}
+
+static bool mnist_has_checkpoints(void) {
+    char cmd[PATH_MAX + 128];
+    snprintf(cmd, sizeof cmd, "%s --help 2>&1", mnist_path);
+    FILE *p = popen(cmd, "r");
+    char  line[512];
+    bool  has = false;
+    while (p && fgets(line, sizeof line, p))
+        has |= strstr(line, "--checkpoint-dir") != NULL;
+    if (p)
+        pclose(p);
+    return has;
+}
+
+// Pid of dtrun's worker of the given rank (a child of dtrun with RANK=<rank>).
+static int worker_pid(int dtrun_pid, int rank) {
+    DIR *d = opendir("/proc");
+    int  found = -1;
+    char want[32];
+    int  wl = snprintf(want, sizeof want, "RANK=%d", rank) + 1;  // with its NUL
+    struct dirent *e;
+    while (d && found < 0 && (e = readdir(d))) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0)
+            continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        char       *st = read_file(path);
+        const char *rp = strrchr(st, ')');
+        int         ppid = 0;
+        if (rp)
+            sscanf(rp + 2, "%*c %d", &ppid);
+        free(st);
+        if (ppid != dtrun_pid)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", pid);
+        int  fd = open(path, O_RDONLY);
+        char buf[65536];
+        ssize_t k = fd >= 0 ? read(fd, buf, sizeof buf) : -1;
+        if (fd >= 0)
+            close(fd);
+        for (ssize_t i = 0; k > 0 && i + wl <= k; i++)
+            if ((i == 0 || buf[i - 1] == '\0') && memcmp(buf + i, want, (size_t)wl) == 0) {
+                found = pid;
+                break;
+            }
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool  same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same   = ca == cb;
+        if (ca == EOF || cb == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
+static void test_kill_and_resume(void) {
+    char dir[PATH_MAX], ref_model[PATH_MAX + 16], model[PATH_MAX + 16], ckpt[PATH_MAX + 16];
+    scenario_dir(dir, sizeof dir, "ckpt");
+    snprintf(ref_model, sizeof ref_model, "%s/ref.model", dir);
+    snprintf(model, sizeof model, "%s/killed.model", dir);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints", dir);
+
+    // The uninterrupted run.
+    char *ref_argv[] = {dtrun_path, "--nproc-per-node", "2", mnist_path, "--limit", LIMIT,
+                        "--batch-size", "32", "--threads", "1", "--no-test", "--save-model",
+                        ref_model, NULL};
+    run ref;
+    run_start(&ref, dir, "reference", ref_argv, NULL);
+    CHECK_EQ(run_wait(&ref, 120), 0);
+    char ref_crc[16];
+    crc_of(ref.out, ref_crc);
+    CHECK(ref_crc[0] != '\0');
+
+    // The same job, a worker killed at a random step, checkpoints every 4 steps.
+    unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+    int      step = 5 + (int)(rand_r(&seed) % 22);  // in [5, 26] of 32
+    int      victim = (int)(rand_r(&seed) % NPROC);
+    fprintf(stderr, "     killing rank %d after step %d\n", victim, step);
+    char *argv[] = {dtrun_path, "--nproc-per-node", "2", "--max-restarts", "1", mnist_path,
+                    "--limit", LIMIT, "--batch-size", "32", "--threads", "1", "--no-test",
+                    "--log-every", "1", "--checkpoint-dir", ckpt, "--checkpoint-every", "4",
+                    "--resume", "--save-model", model, NULL};
+    run   r;
+    run_start(&r, dir, "killed", argv, NULL);
+    char   want[64];
+    snprintf(want, sizeof want, "[rank 0] epoch: 0 [%d/", step);
+    double deadline = mono_s() + 60;
+    bool   reached  = false;
+    while (!reached && mono_s() < deadline) {
+        char *o = read_file(r.out_path);
+        reached = strstr(o, want) != NULL || strstr(o, "Finished training") != NULL;
+        free(o);
+        if (!reached)
+            sleep_s(0.001);
+    }
+    int pid = worker_pid(r.pid, victim);
+    CHECK(reached && pid > 0);
+    if (pid > 0)
+        kill(pid, SIGKILL);
+    CHECK_EQ(run_wait(&r, 120), 0);
+    snprintf(want, sizeof want, "root cause: rank %d (local rank %d on node 0", victim, victim);
+    CHECK(strstr(r.err, want) != NULL);
+    CHECK(strstr(r.err, "was killed by signal 9 (SIGKILL)") != NULL);
+    CHECK(strstr(r.err, "restarting the group (restart 1 of 1)") != NULL);
+    CHECK(strstr(r.out, "[rank 0] resumed from ") != NULL);
+    char crc[16];
+    crc_of(r.out, crc);
+    CHECK(crc[0] && strcmp(crc, ref_crc) == 0);
+    CHECK(same_file(model, ref_model));
+    if (crc[0] && strcmp(crc, ref_crc) == 0)
+        fprintf(stderr, "     killed and resumed: same weights as uninterrupted (CRC32C %s)\n",
+                crc);
+    CHECK(no_marker_procs(ckpt, 2));  // the scenario's directory is in every command line
+    if (check_failed) {
+        run_dump(&ref, "uninterrupted");
+        run_dump(&r, "killed");
+    }
+    run_free(&ref);
+    run_free(&r);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "worker") == 0)
+        return worker_main(argc, argv);
+    if (!CHECK(find_bins()) || !CHECK(access(mnist_path, X_OK) == 0)) {
+        fprintf(stderr, "dtrun or dtrain-mnist not found next to the tests (make programs)\n");
+        return check_summary();
+    }
+    if (!mnist_has_checkpoints()) {
+        printf("SKIP test_dtrun_ckpt: this dtrain-mnist has no --checkpoint-dir (the "
+               "checkpoint work is not merged into this build)\n");
+        return check_summary();
+    }
+    make_tmp_root("dtrun-ckpt-test");
+    for (int i = 0; i < 2; i++)  // two random kills
+        RUN(test_kill_and_resume);
+    if (!check_failed)
+        remove_tree(tmp_root);
+    return check_summary();
+}
