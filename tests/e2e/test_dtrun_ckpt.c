@@ -106,7 +106,9 @@ static void test_kill_and_resume(void) {
     CHECK(ref_crc[0] != '\0');
 
     // The same job, a worker killed at a random step, checkpoints every 4 steps.
-    unsigned seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+    static unsigned seed;
+    if (!seed)
+        seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
     int      step = 5 + (int)(rand_r(&seed) % 22);  // in [5, 26] of 32
     int      victim = (int)(rand_r(&seed) % NPROC);
     fprintf(stderr, "     killing rank %d after step %d\n", victim, step);
