@@ -115,8 +115,11 @@ static void print_help(FILE *f) {
             fprintf(f, "\n%24s", "");
         print_wrapped(f, flags[i].help, 24, 79);
     }
-    fprintf(f, "\nexit status: 0 when every worker succeeded, 1 when the job failed, 2 for a "
-               "usage error,\n128+N when stopped by signal N.\n");
+    fprintf(f, "\n");
+    print_wrapped(f,
+                  "Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for a "
+                  "usage error, 128+N when stopped by signal N.",
+                  0, 79);
 }
 
 // Finds PROGRAM the way execvp would, so that a typo is a clear error before anything
@@ -186,7 +189,6 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
 
     long        v;
     const char *nnodes_s = NULL;
-    bool        rank_given = false;
     opterr               = 0;
     optind               = 1;
     int c;
@@ -205,7 +207,7 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         case OPT_NNODES: nnodes_s = optarg; break;
         case OPT_NODE_RANK:
             if ((st = dt_parse_long(optarg, 0, 65535, "--node-rank", &v)) == DT_OK)
-                a->node_rank = (int)v, rank_given = true;
+                a->node_rank = (int)v;
             break;
         case OPT_MASTER_ADDR:
             if (!*optarg)
@@ -298,7 +300,6 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         return usage_error("--standalone is for a single node, but --nnodes is above 1");
     if ((long)a->nnodes * a->nproc > (1L << 20))
         return usage_error("--nnodes times --nproc-per-node expects at most 1048576 workers");
-    (void)rank_given;
 
     // Addresses: flag, then the environment, then the defaults.
     if (!a->master_addr) {

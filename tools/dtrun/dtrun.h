@@ -209,6 +209,7 @@ typedef struct dtrun_rdzv {
     _Atomic int64_t last_ok_ns;    // last store call that succeeded (monitor thread)
     atomic_bool     monitor_done;  // the monitor thread has returned
     bool            store_lost;    // main thread: never touch the store again
+    int             late_signal;   // a stop signal read outside an attempt (main thread)
 } dtrun_rdzv;
 
 // Single node: picks the token. Several: connects (node 0 serves the store), registers

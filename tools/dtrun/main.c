@@ -230,12 +230,16 @@ int main(int argc, char **argv) {
             dtrun_report_clear(&all[j]);
         dt_free(all);
         dtrun_report_clear(&mine);
-        if (!restart) {
+        if (!sig)
+            sig = r.late_signal;
+        if (!restart || sig) {
             rc = sig ? 128 + sig : 1;
             break;
         }
     }
     dtrun_rdzv_leave(&r);
+    if (rc == 0 && r.late_signal)
+        rc = 128 + r.late_signal;
     dtrun_reaper_stop(reaper_fd, reaper_pid);
     return rc;
 }

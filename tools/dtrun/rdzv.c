@@ -109,8 +109,12 @@ static void key_of(char *buf, size_t n, const char *fmt, int a, int b) {
 
 // ------------------------------------------------------------------ monitor thread
 
-static void post_event(dtrun_rdzv *r, unsigned ev, const char *text) {
+// Posts events; FAILED and ALL_DONE belong to attempt `n` and are dropped when the main
+// thread has moved on to another attempt meanwhile.
+static void post_event(dtrun_rdzv *r, unsigned ev, const char *text, int n) {
     pthread_mutex_lock(&r->mu);
+    if (n != r->attempt)
+        ev &= ~(unsigned)(DTRUN_EV_FAILED | DTRUN_EV_ALL_DONE);
     r->events |= ev;
     if (text)
         snprintf(r->ev_text, sizeof r->ev_text, "%s", text);
@@ -220,7 +224,7 @@ static void *monitor_main(void *arg) {
                 key_of(key, sizeof key, "dtrun/a%d/failed", n, 0);
                 if ((st = dt_store_set(r->store, key, "0", 1)))
                     break;
-                post_event(r, DTRUN_EV_NODE_LOST, stop_text);
+                post_event(r, DTRUN_EV_NODE_LOST, stop_text, n);
             }
             if (st)
                 break;
@@ -236,7 +240,7 @@ static void *monitor_main(void *arg) {
                 if ((st = dt_store_get(r->store, "dtrun/stop", &v, &nb)))
                     break;
                 reported |= DTRUN_EV_STOP;
-                post_event(r, DTRUN_EV_STOP, v);
+                post_event(r, DTRUN_EV_STOP, v, n);
                 dt_free(v);
             }
             mark_ok(r);
@@ -249,7 +253,7 @@ static void *monitor_main(void *arg) {
             mark_ok(r);
             if (v >= r->nnodes) {
                 reported |= DTRUN_EV_ALL_DONE;
-                post_event(r, DTRUN_EV_ALL_DONE, NULL);
+                post_event(r, DTRUN_EV_ALL_DONE, NULL, n);
             }
         }
         // The tick's pause is a wait on the failure key: news of a failure arrives at once.
@@ -259,7 +263,7 @@ static void *monitor_main(void *arg) {
             st                  = dt_store_wait(r->store, keys, 1, TICK_MS);
             if (st == DT_OK) {
                 reported |= DTRUN_EV_FAILED;
-                post_event(r, DTRUN_EV_FAILED, NULL);
+                post_event(r, DTRUN_EV_FAILED, NULL, n);
             } else if (st != DT_ERR_TIMEOUT) {
                 break;
             }
@@ -273,7 +277,7 @@ static void *monitor_main(void *arg) {
         char text[600];
         snprintf(text, sizeof text, "lost contact with the store of node 0 at %s:%d: %s",
                  r->a->master_addr, r->a->master_port, dt_last_error());
-        post_event(r, DTRUN_EV_STORE_LOST, text);
+        post_event(r, DTRUN_EV_STORE_LOST, text, -2);
     }
     dt_free(last_val);
     dt_free(last_seen);
@@ -565,6 +569,7 @@ int dtrun_rdzv_begin(dtrun_rdzv *r, int attempt, int *port) {
     }
     pthread_mutex_lock(&r->mu);
     r->attempt = attempt;
+    r->events &= ~(unsigned)(DTRUN_EV_FAILED | DTRUN_EV_ALL_DONE);  // the last attempt's
     pthread_mutex_unlock(&r->mu);
     char key[96];
     key_of(key, sizeof key, "dtrun/a%d/port", attempt, 0);
@@ -676,6 +681,11 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
     if (got)
         got[me] = true;
     while (got && ngot < n && dt_ms_left(deadline) > 0 && !dtrun_rdzv_silent(r, NULL)) {
+        int sig = dtrun_take_signal(r->sig_fd);
+        if (sig) {
+            r->late_signal = sig;  // the user is done waiting
+            break;
+        }
         for (int j = 0; j < n; j++) {
             pthread_mutex_lock(&r->mu);
             bool lost = r->nodes[j].lost;
@@ -718,6 +728,9 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
         if (!got || !got[j]) {
             all[j].missing = true;
             *stop          = true;
+            char why[200];
+            snprintf(why, sizeof why, "node %d sent no report of attempt %d", j, attempt + 1);
+            publish_stop(r, why);  // the others must not restart without it either
             pthread_mutex_lock(&r->mu);
             bool lost = r->nodes[j].lost;
             pthread_mutex_unlock(&r->mu);
@@ -771,8 +784,14 @@ void dtrun_rdzv_leave(dtrun_rdzv *r) {
                 continue;  // lost, or never joined
             key_of(key, sizeof key, "dtrun/exit/%d", j, 0);
             const char *keys[1] = {key};
-            int         left    = dt_ms_left(deadline);
-            if (left <= 0 || dt_store_wait(r->store, keys, 1, left) != DT_OK)
+            dt_status   st      = DT_ERR_TIMEOUT;
+            while (st == DT_ERR_TIMEOUT && dt_ms_left(deadline) > 0 && !r->late_signal) {
+                st = dt_store_wait(r->store, keys, 1, 50);
+                int sig = dtrun_take_signal(r->sig_fd);
+                if (sig)
+                    r->late_signal = sig;
+            }
+            if (st != DT_OK)
                 break;
         }
     }

@@ -52,8 +52,7 @@ static const char *const set_vars[] = {
     "MASTER_ADDR",   "MASTER_PORT",      "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
     "DT_RESTART_COUNT", "DT_JOB_TOKEN",  NULL};
-#define NSET 17
-#define NVAR (NSET + 1)  // and OMP_NUM_THREADS when unset
+#define NVAR (sizeof set_vars / sizeof set_vars[0])  // (the NULL's slot: OMP_NUM_THREADS)
 
 static bool is_set_var(const char *entry) {
     for (int i = 0; set_vars[i]; i++) {
