@@ -79,6 +79,13 @@ static void test_env_and_output(void) {
         CHECK_EQ(count_of(r.err, want), 1);
         CHECK_EQ(count_of(r.out, "note from"), 0);
     }
+    // Success does not leave the workers' children behind, nor wait for them.
+    CHECK(r.end - r.start < 10);
+    for (int rank = 0; rank < 3; rank++) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/cpid.%d", dir, rank);
+        CHECK(!pid_alive((int)read_long(path)));
+    }
     CHECK(no_marker_procs(mark, 2));
     if (check_failed)
         run_dump(&r, "env");

@@ -121,7 +121,8 @@ DTRUN_TEST_FN void env_value(const char *dump, const char *name, char *out, size
 
 // ------------------------------------------------------------------ the worker
 //
-//   worker env DIR MARK                 dump the environment, print on both streams
+//   worker env DIR MARK                 dump the environment, print on both streams,
+//                                       exit 0 leaving a child running
 //   worker fail DIR MARK N VICTIM HOW   every rank records its pid and a child's; the
 //                                       victim waits for all N ranks, then dies: HOW is
 //                                       "exit3" or "kill9"; the others sleep
@@ -186,6 +187,7 @@ DTRUN_TEST_FN int worker_main(int argc, char **argv) {
         }
         snprintf(path, sizeof path, "%s/env.%d", dir, rank);
         write_file(path, "%s", dump);
+        record_pids(dir, rank);  // a child left running, holding the output pipes
         printf("hello from rank %d\n", rank);
         fflush(stdout);
         fprintf(stderr, "note from rank %d\n", rank);
