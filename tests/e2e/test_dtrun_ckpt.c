@@ -219,7 +219,7 @@ static void measure_stop(bool two_nodes) {
         run   r[2];
         int   nodes = two_nodes ? 2 : 1, port = free_port();
         for (int node = 0; node < nodes; node++) {
-            char  nr[8], mp[8];
+            char  nr[16], mp[16];
             char *argv[32];
             int   a = 0;
             snprintf(nr, sizeof nr, "%d", node);
