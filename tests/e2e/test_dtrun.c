@@ -38,13 +38,20 @@ static void test_env_and_output(void) {
             const char *name;
             const char *value;
         } expect[] = {
-            {"RANK", NULL},          {"LOCAL_RANK", NULL},
-            {"ROLE_RANK", NULL},     {"WORLD_SIZE", "3"},
-            {"LOCAL_WORLD_SIZE", "3"}, {"ROLE_WORLD_SIZE", "3"},
-            {"GROUP_RANK", "0"},     {"GROUP_WORLD_SIZE", "1"},
-            {"MASTER_ADDR", "127.0.0.1"}, {"TORCHELASTIC_RESTART_COUNT", "0"},
-            {"DT_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"},
-            {"TORCHELASTIC_RUN_ID", "job42"}, {"OMP_NUM_THREADS", "1"},
+            {"RANK", NULL},
+            {"LOCAL_RANK", NULL},
+            {"ROLE_RANK", NULL},
+            {"WORLD_SIZE", "3"},
+            {"LOCAL_WORLD_SIZE", "3"},
+            {"ROLE_WORLD_SIZE", "3"},
+            {"GROUP_RANK", "0"},
+            {"GROUP_WORLD_SIZE", "1"},
+            {"MASTER_ADDR", "127.0.0.1"},
+            {"TORCHELASTIC_RESTART_COUNT", "0"},
+            {"DT_RESTART_COUNT", "0"},
+            {"TORCHELASTIC_MAX_RESTARTS", "0"},
+            {"TORCHELASTIC_RUN_ID", "job42"},
+            {"OMP_NUM_THREADS", "1"},
             {"DTRUN_TEST_INHERITED", "yes"},
         };
         for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
@@ -54,8 +61,8 @@ static void test_env_and_output(void) {
             else
                 snprintf(want, sizeof want, "%d", rank);
             if (!CHECK(strcmp(v, want) == 0))
-                fprintf(stderr, "     rank %d: %s=\"%s\", expected \"%s\"\n", rank,
-                        expect[i].name, v, want);
+                fprintf(stderr, "     rank %d: %s=\"%s\", expected \"%s\"\n", rank, expect[i].name,
+                        v, want);
         }
         // One port and one token for the whole job; a port a worker can bind.
         env_value(dump, "MASTER_PORT", v, sizeof v);
@@ -115,9 +122,9 @@ static void test_log_dir(void) {
         scenario_dir(dir, sizeof dir, tee ? "tee" : "logdir");
         snprintf(logs, sizeof logs, "%s/logs", dir);
         new_mark("log");
-        const char *flags[] = {"--nproc-per-node", "2", "--log-dir", logs, tee ? "--tee" : NULL,
-                               NULL};
-        run r;
+        const char *flags[] = {"--nproc-per-node",   "2", "--log-dir", logs,
+                               tee ? "--tee" : NULL, NULL};
+        run         r;
         run_start(&r, dir, "dtrun", dtrun_argv(flags, "env", dir, NULL), NULL);
         CHECK_EQ(run_wait(&r, 30), 0);
         for (int rank = 0; rank < 2; rank++) {
@@ -128,7 +135,7 @@ static void test_log_dir(void) {
             CHECK_EQ(count_of(log, want), 1);
             snprintf(want, sizeof want, "note from rank %d\n", rank);
             CHECK_EQ(count_of(log, want), 1);
-            CHECK_EQ(count_of(log, "[rank"), 0);  // files are per rank: no prefix
+            CHECK_EQ(count_of(log, "[rank"), 0); // files are per rank: no prefix
             free(log);
             snprintf(want, sizeof want, "[rank %d] hello from rank %d\n", rank, rank);
             CHECK_EQ(count_of(r.out, want), tee);
@@ -141,11 +148,11 @@ static void test_log_dir(void) {
 // ------------------------------------------------------------------ failures
 
 typedef struct fail_case {
-    const char *how;       // "exit3" or "kill9"
-    const char *mode;      // "fail" or "stubborn"
+    const char *how;  // "exit3" or "kill9"
+    const char *mode; // "fail" or "stubborn"
     int         nproc, victim;
-    const char *grace;     // --stop-grace
-    const char *expect;    // in the summary
+    const char *grace;  // --stop-grace
+    const char *expect; // in the summary
 } fail_case;
 
 static void run_fail_case(const fail_case *fc) {
@@ -164,10 +171,11 @@ static void run_fail_case(const fail_case *fc) {
     char  *d     = read_file(path);
     double death = atof(d);
     free(d);
-    double stopped = r.end - death;  // every worker reaped before dtrun exits
+    double stopped = r.end - death; // every worker reaped before dtrun exits
     CHECK(death > 0 && stopped >= 0 && stopped < 2.0);
-    fprintf(stderr, "     %s of rank %d (%s): dtrun had stopped every worker and exited "
-                    "%.0f ms after the death\n",
+    fprintf(stderr,
+            "     %s of rank %d (%s): dtrun had stopped every worker and exited "
+            "%.0f ms after the death\n",
             fc->how, fc->victim, fc->mode, stopped * 1000);
     char want[200];
     snprintf(want, sizeof want, "root cause: rank %d (local rank %d on node 0, host ", fc->victim,
@@ -179,7 +187,7 @@ static void run_fail_case(const fail_case *fc) {
     snprintf(want, sizeof want, "  | rank %d: about to fail\n", fc->victim);
     CHECK(strstr(r.err, want) != NULL);
     CHECK(strstr(r.err, "the job stops") != NULL);
-    CHECK(strstr(r.err, "also failed") == NULL);  // the others were stopped, not failures
+    CHECK(strstr(r.err, "also failed") == NULL); // the others were stopped, not failures
     // Nobody left: workers, their children, the reaper.
     for (int rank = 0; rank < fc->nproc; rank++) {
         snprintf(path, sizeof path, "%s/pid.%d", dir, rank);
@@ -216,14 +224,14 @@ static void test_restart_once(void) {
     scenario_dir(dir, sizeof dir, "restart");
     new_mark("restart");
     const char *flags[] = {"--nproc-per-node", "3", "--max-restarts", "2", NULL};
-    const char *extra[] = {"1", "1", NULL};  // rank 1 fails while the count is below 1
+    const char *extra[] = {"1", "1", NULL}; // rank 1 fails while the count is below 1
     run         r;
     run_start(&r, dir, "dtrun", dtrun_argv(flags, "restart", dir, extra), NULL);
     CHECK_EQ(run_wait(&r, 60), 0);
     char path[PATH_MAX + 32];
     for (int rank = 0; rank < 3; rank++) {
         snprintf(path, sizeof path, "%s/restart.%d", dir, rank);
-        CHECK_EQ(read_long(path), 1);  // the last attempt was restart 1
+        CHECK_EQ(read_long(path), 1); // the last attempt was restart 1
     }
     CHECK_EQ(count_of(r.out, "[rank 0] rank 0: restart count 0\n"), 1);
     CHECK_EQ(count_of(r.out, "[rank 0] rank 0: restart count 1\n"), 1);
@@ -243,13 +251,13 @@ static void test_restarts_exhausted(void) {
     scenario_dir(dir, sizeof dir, "restart-all");
     new_mark("restart-all");
     const char *flags[] = {"--nproc-per-node", "2", "--max-restarts", "2", NULL};
-    const char *extra[] = {"0", "99", NULL};  // rank 0 always fails
+    const char *extra[] = {"0", "99", NULL}; // rank 0 always fails
     run         r;
     run_start(&r, dir, "dtrun", dtrun_argv(flags, "restart", dir, extra), NULL);
     CHECK_EQ(run_wait(&r, 60), 1);
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/restart.1", dir);
-    CHECK_EQ(read_long(path), 2);  // attempts 0, 1, 2
+    CHECK_EQ(read_long(path), 2); // attempts 0, 1, 2
     CHECK_EQ(count_of(r.err, "job failed in attempt"), 3);
     CHECK(strstr(r.err, "restarting the group (restart 2 of 2)") != NULL);
     CHECK(strstr(r.err, "job failed in attempt 3 (restart count 2); no restarts left "
@@ -297,7 +305,7 @@ static void test_sigint(void) {
         char want[96];
         snprintf(want, sizeof want, "interrupted by SIG%s on node 0", sigabbrev_np(sig));
         CHECK(strstr(r.err, want) != NULL);
-        CHECK(strstr(r.err, "restarting") == NULL);  // a signal is not a failure to retry
+        CHECK(strstr(r.err, "restarting") == NULL); // a signal is not a failure to retry
         CHECK(no_marker_procs(mark, 2));
         if (check_failed)
             run_dump(&r, "sigint");
@@ -327,10 +335,12 @@ static void test_usage_errors(void) {
         const char *args[6];
         const char *expect;
     } cases[] = {
-        {{"--nproc-per-node", "two", "true"}, "--nproc-per-node expects an integer in [1, 4096], "
-                                              "found \"two\""},
-        {{"--nproc-per-node", "0", "true"}, "--nproc-per-node expects an integer in [1, 4096], "
-                                            "found \"0\""},
+        {{"--nproc-per-node", "two", "true"},
+         "--nproc-per-node expects an integer in [1, 4096], "
+         "found \"two\""},
+        {{"--nproc-per-node", "0", "true"},
+         "--nproc-per-node expects an integer in [1, 4096], "
+         "found \"0\""},
         {{"--max-restarts", "-1", "true"}, "--max-restarts expects an integer"},
         {{"--master-port", "70000", "true"}, "--master-port expects an integer in [1, 65535]"},
         {{"--nnodes", "1:4", "true"}, "elastic ranges are not supported"},
@@ -347,7 +357,7 @@ static void test_usage_errors(void) {
     scenario_dir(dir, sizeof dir, "usage");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *argv[8];
-        int   k = 0;
+        int   k   = 0;
         argv[k++] = dtrun_path;
         for (int j = 0; j < 6 && cases[i].args[j]; j++)
             argv[k++] = (char *)(uintptr_t)cases[i].args[j];
@@ -364,9 +374,9 @@ static void test_usage_errors(void) {
     run   r;
     run_start(&r, dir, "help", argv, NULL);
     CHECK_EQ(run_wait(&r, 10), 0);
-    const char *names[] = {"--nproc-per-node N", "--nnodes M", "--node-rank K",
-                           "--master-addr A", "--master-port P", "--standalone",
-                           "--max-restarts R", "--log-dir D", "--tee"};
+    const char *names[] = {"--nproc-per-node N", "--nnodes M",      "--node-rank K",
+                           "--master-addr A",    "--master-port P", "--standalone",
+                           "--max-restarts R",   "--log-dir D",     "--tee"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         CHECK(strstr(r.out, names[i]) != NULL);
     run_free(&r);

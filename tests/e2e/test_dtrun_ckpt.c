@@ -9,11 +9,11 @@
 #include "test_dtrun_lib.h"
 
 #define NPROC 2
-#define LIMIT "2048"  // 2048 samples / 2 ranks / batch 32 = 32 steps
+#define LIMIT "2048" // 2048 samples / 2 ranks / batch 32 = 32 steps
 
 static void crc_of(const char *out, char crc[16]) {
     const char *p = NULL, *q = out;
-    while ((q = strstr(q, "(CRC32C ")))  // the last one: the attempt that finished
+    while ((q = strstr(q, "(CRC32C "))) // the last one: the attempt that finished
         p = q++;
     crc[0] = '\0';
     if (p)
@@ -35,10 +35,10 @@ static bool mnist_has_checkpoints(void) {
 
 // Pid of dtrun's worker of the given rank (a child of dtrun with RANK=<rank>).
 static int worker_pid(int dtrun_pid, int rank) {
-    DIR *d = opendir("/proc");
-    int  found = -1;
-    char want[32];
-    int  wl = snprintf(want, sizeof want, "RANK=%d", rank) + 1;  // with its NUL
+    DIR           *d     = opendir("/proc");
+    int            found = -1;
+    char           want[32];
+    int            wl = snprintf(want, sizeof want, "RANK=%d", rank) + 1; // with its NUL
     struct dirent *e;
     while (d && found < 0 && (e = readdir(d))) {
         int pid = atoi(e->d_name);
@@ -46,8 +46,8 @@ static int worker_pid(int dtrun_pid, int rank) {
             continue;
         char path[64];
         snprintf(path, sizeof path, "/proc/%d/stat", pid);
-        char       *st = read_file(path);
-        const char *rp = strrchr(st, ')');
+        char       *st   = read_file(path);
+        const char *rp   = strrchr(st, ')');
         int         ppid = 0;
         if (rp)
             sscanf(rp + 2, "%*c %d", &ppid);
@@ -55,8 +55,8 @@ static int worker_pid(int dtrun_pid, int rank) {
         if (ppid != dtrun_pid)
             continue;
         snprintf(path, sizeof path, "/proc/%d/environ", pid);
-        int  fd = open(path, O_RDONLY);
-        char buf[65536];
+        int     fd = open(path, O_RDONLY);
+        char    buf[65536];
         ssize_t k = fd >= 0 ? read(fd, buf, sizeof buf) : -1;
         if (fd >= 0)
             close(fd);
@@ -76,7 +76,7 @@ static bool same_file(const char *a, const char *b) {
     bool  same = fa && fb;
     while (same) {
         int ca = fgetc(fa), cb = fgetc(fb);
-        same   = ca == cb;
+        same = ca == cb;
         if (ca == EOF || cb == EOF)
             break;
     }
@@ -95,10 +95,10 @@ static void test_kill_and_resume(void) {
     snprintf(ckpt, sizeof ckpt, "%s/checkpoints", dir);
 
     // The uninterrupted run.
-    char *ref_argv[] = {dtrun_path, "--nproc-per-node", "2", mnist_path, "--limit", LIMIT,
-                        "--batch-size", "32", "--threads", "1", "--no-test", "--save-model",
-                        ref_model, NULL};
-    run ref;
+    char *ref_argv[] = {dtrun_path,  "--nproc-per-node", "2",       mnist_path,  "--limit",
+                        LIMIT,       "--batch-size",     "32",      "--threads", "1",
+                        "--no-test", "--save-model",     ref_model, NULL};
+    run   ref;
     run_start(&ref, dir, "reference", ref_argv, NULL);
     CHECK_EQ(run_wait(&ref, 120), 0);
     char ref_crc[16];
@@ -109,16 +109,35 @@ static void test_kill_and_resume(void) {
     static unsigned seed;
     if (!seed)
         seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
-    int      step = 5 + (int)(rand_r(&seed) % 22);  // in [5, 26] of 32
-    int      victim = (int)(rand_r(&seed) % NPROC);
+    int step   = 5 + (int)(rand_r(&seed) % 22); // in [5, 26] of 32
+    int victim = (int)(rand_r(&seed) % NPROC);
     fprintf(stderr, "     killing rank %d after step %d\n", victim, step);
-    char *argv[] = {dtrun_path, "--nproc-per-node", "2", "--max-restarts", "1", mnist_path,
-                    "--limit", LIMIT, "--batch-size", "32", "--threads", "1", "--no-test",
-                    "--log-every", "1", "--checkpoint-dir", ckpt, "--checkpoint-every", "4",
-                    "--resume", "--save-model", model, NULL};
+    char *argv[] = {dtrun_path,
+                    "--nproc-per-node",
+                    "2",
+                    "--max-restarts",
+                    "1",
+                    mnist_path,
+                    "--limit",
+                    LIMIT,
+                    "--batch-size",
+                    "32",
+                    "--threads",
+                    "1",
+                    "--no-test",
+                    "--log-every",
+                    "1",
+                    "--checkpoint-dir",
+                    ckpt,
+                    "--checkpoint-every",
+                    "4",
+                    "--resume",
+                    "--save-model",
+                    model,
+                    NULL};
     run   r;
     run_start(&r, dir, "killed", argv, NULL);
-    char   want[64];
+    char want[64];
     snprintf(want, sizeof want, "[rank 0] epoch: 0 [%d/", step);
     double deadline = mono_s() + 60;
     bool   reached  = false;
@@ -146,7 +165,7 @@ static void test_kill_and_resume(void) {
     if (crc[0] && strcmp(crc, ref_crc) == 0)
         fprintf(stderr, "     killed and resumed: same weights as uninterrupted (CRC32C %s)\n",
                 crc);
-    CHECK(no_marker_procs(ckpt, 2));  // the scenario's directory is in every command line
+    CHECK(no_marker_procs(ckpt, 2)); // the scenario's directory is in every command line
     if (check_failed) {
         run_dump(&ref, "uninterrupted");
         run_dump(&r, "killed");
@@ -214,8 +233,9 @@ static void measure_stop(bool two_nodes) {
     for (int k = 0; k < KILLS; k++) {
         char dir[PATH_MAX];
         scenario_dir(dir, sizeof dir, "measure-stop");
-        char *common[] = {mnist_path, "--limit", "60000", "--batch-size", "32", "--threads", "1",
-                          "--no-test", "--log-every", "1", "--backend", "tcp", NULL};
+        char *common[] = {mnist_path,  "--limit", "60000",     "--batch-size", "32",
+                          "--threads", "1",       "--no-test", "--log-every",  "1",
+                          "--backend", "tcp",     NULL};
         run   r[2];
         int   nodes = two_nodes ? 2 : 1, port = free_port();
         for (int node = 0; node < nodes; node++) {
@@ -267,11 +287,28 @@ static void measure_resume(void) {
         char dir[PATH_MAX], ckpt[PATH_MAX + 16];
         scenario_dir(dir, sizeof dir, "measure-resume");
         snprintf(ckpt, sizeof ckpt, "%s/checkpoints", dir);
-        char *argv[] = {dtrun_path, "--nproc-per-node", "2", "--max-restarts", "1", mnist_path,
-                        "--limit", "8192", "--batch-size", "32", "--threads", "1", "--no-test",
-                        "--log-every", "1", "--checkpoint-dir", ckpt, "--checkpoint-every", "10",
-                        "--resume", NULL};
-        run r;
+        char *argv[] = {dtrun_path,
+                        "--nproc-per-node",
+                        "2",
+                        "--max-restarts",
+                        "1",
+                        mnist_path,
+                        "--limit",
+                        "8192",
+                        "--batch-size",
+                        "32",
+                        "--threads",
+                        "1",
+                        "--no-test",
+                        "--log-every",
+                        "1",
+                        "--checkpoint-dir",
+                        ckpt,
+                        "--checkpoint-every",
+                        "10",
+                        "--resume",
+                        NULL};
+        run   r;
         run_start(&r, dir, "job", argv, NULL);
         int  step = 20 + (int)(rand_r(&seed) % 80);
         bool ok   = wait_step(r.out_path, step, 60);
@@ -328,7 +365,7 @@ int main(int argc, char **argv) {
         return check_summary();
     }
     make_tmp_root("dtrun-ckpt-test");
-    for (int i = 0; i < 2; i++)  // two random kills
+    for (int i = 0; i < 2; i++) // two random kills
         RUN(test_kill_and_resume);
     if (!check_failed)
         remove_tree(tmp_root);

@@ -18,25 +18,25 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-static char self_path[PATH_MAX];   // this test binary (the worker program)
+static char self_path[PATH_MAX]; // this test binary (the worker program)
 static char dtrun_path[PATH_MAX + 64];
 static char mnist_path[PATH_MAX + 64] __attribute__((unused));
-static char tmp_root[1024];        // scratch directory of this test run
+static char tmp_root[1024]; // scratch directory of this test run
 
 DTRUN_TEST_FN double mono_s(void) {
     struct timespec ts;
@@ -62,14 +62,14 @@ DTRUN_TEST_FN void write_file(const char *path, const char *fmt, ...) {
     vfprintf(f, fmt, ap);
     va_end(ap);
     fclose(f);
-    rename(tmp, path);  // readers never see half a file
+    rename(tmp, path); // readers never see half a file
 }
 
 // The whole file as a malloc'd string ("" if missing).
 DTRUN_TEST_FN char *read_file(const char *path) {
     FILE  *f   = fopen(path, "r");
     size_t cap = 4096, len = 0;
-    char  *s   = calloc(cap, 1);
+    char  *s = calloc(cap, 1);
     if (!f)
         return s;
     size_t k;
@@ -83,7 +83,9 @@ DTRUN_TEST_FN char *read_file(const char *path) {
     return s;
 }
 
-DTRUN_TEST_FN bool file_exists(const char *path) { return access(path, F_OK) == 0; }
+DTRUN_TEST_FN bool file_exists(const char *path) {
+    return access(path, F_OK) == 0;
+}
 
 DTRUN_TEST_FN long read_long(const char *path) {
     char *s = read_file(path);
@@ -132,11 +134,24 @@ DTRUN_TEST_FN void env_value(const char *dump, const char *name, char *out, size
 //   worker restart DIR MARK RANK UNTIL  rank RANK exits 1 while the restart count is
 //                                       below UNTIL; everyone records the count
 
-static const char *const env_names[] = {
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "DT_RESTART_COUNT", "DT_JOB_TOKEN",
-    "OMP_NUM_THREADS", "DTRUN_TEST_INHERITED", NULL};
+static const char *const env_names[] = {"RANK",
+                                        "LOCAL_RANK",
+                                        "WORLD_SIZE",
+                                        "LOCAL_WORLD_SIZE",
+                                        "GROUP_RANK",
+                                        "GROUP_WORLD_SIZE",
+                                        "ROLE_RANK",
+                                        "ROLE_WORLD_SIZE",
+                                        "MASTER_ADDR",
+                                        "MASTER_PORT",
+                                        "TORCHELASTIC_RESTART_COUNT",
+                                        "TORCHELASTIC_MAX_RESTARTS",
+                                        "TORCHELASTIC_RUN_ID",
+                                        "DT_RESTART_COUNT",
+                                        "DT_JOB_TOKEN",
+                                        "OMP_NUM_THREADS",
+                                        "DTRUN_TEST_INHERITED",
+                                        NULL};
 
 DTRUN_TEST_FN int env_rank(void) {
     const char *r = getenv("RANK");
@@ -146,7 +161,7 @@ DTRUN_TEST_FN int env_rank(void) {
 DTRUN_TEST_FN void record_pids(const char *dir, int rank) {
     char  path[PATH_MAX + 64];
     pid_t child = fork();
-    if (child == 0) {  // a child of the worker: dtrun must stop it too
+    if (child == 0) { // a child of the worker: dtrun must stop it too
         for (int i = 0; i < 600; i++)
             sleep_s(0.1);
         _exit(0);
@@ -187,11 +202,11 @@ DTRUN_TEST_FN int worker_main(int argc, char **argv) {
         }
         snprintf(path, sizeof path, "%s/env.%d", dir, rank);
         write_file(path, "%s", dump);
-        record_pids(dir, rank);  // a child left running, holding the output pipes
+        record_pids(dir, rank); // a child left running, holding the output pipes
         printf("hello from rank %d\n", rank);
         fflush(stdout);
         fprintf(stderr, "note from rank %d\n", rank);
-        printf("unfinished line from rank %d", rank);  // no newline: dtrun must still show it
+        printf("unfinished line from rank %d", rank); // no newline: dtrun must still show it
         return 0;
     }
     if (strcmp(mode, "fail") == 0 || strcmp(mode, "stubborn") == 0) {
@@ -257,7 +272,7 @@ DTRUN_TEST_FN bool find_bins(void) {
     self_path[n] = '\0';
     char base[PATH_MAX];
     snprintf(base, sizeof base, "%s", self_path);
-    for (int up = 0; up < 3; up++)  // strip test_x, e2e, tests
+    for (int up = 0; up < 3; up++) // strip test_x, e2e, tests
         *strrchr(base, '/') = '\0';
     const char *cand[] = {"/bin", "/../bin"};
     for (int i = 0; i < 2; i++) {
@@ -298,15 +313,15 @@ DTRUN_TEST_FN void remove_tree(const char *path) {
 typedef struct run {
     pid_t  pid;
     char   out_path[PATH_MAX], err_path[PATH_MAX];
-    int    rc;         // exit code, 128+signal, or -1 while running / after a timeout
+    int    rc; // exit code, 128+signal, or -1 while running / after a timeout
     double start, end;
-    char  *out, *err;  // after run_wait
+    char  *out, *err; // after run_wait
 } run;
 
 // Starts argv (NULL-terminated) with stdout/stderr in files under dir (named tag).
 // extra_env: "NAME=value" strings set in the child only (NULL-terminated, or NULL).
 DTRUN_TEST_FN void run_start(run *r, const char *dir, const char *tag, char *const *argv,
-                      const char *const *extra_env) {
+                             const char *const *extra_env) {
     memset(r, 0, sizeof *r);
     r->rc = -1;
     snprintf(r->out_path, sizeof r->out_path, "%s/%s.out", dir, tag);
@@ -370,11 +385,11 @@ DTRUN_TEST_FN int free_port(void) {
     if (!seed)
         seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
     for (int tries = 0; tries < 500; tries++) {
-        int port = 20000 + (int)(rand_r(&seed) % 12768);
-        int fd   = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        a.sin_addr.s_addr    = htonl(INADDR_ANY);
-        int ok               = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        int                port = 20000 + (int)(rand_r(&seed) % 12768);
+        int                fd   = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a    = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr       = htonl(INADDR_ANY);
+        int ok                  = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
         if (fd >= 0)
             close(fd);
         if (ok)
@@ -394,7 +409,7 @@ DTRUN_TEST_FN void new_mark(const char *what) {
 
 // argv for: dtrun FLAGS... SELF worker MODE DIR MARK EXTRA...
 DTRUN_TEST_FN char **dtrun_argv(const char *const *flags, const char *mode, const char *dir,
-                         const char *const *extra) {
+                                const char *const *extra) {
     static char *v[64];
     int          k = 0;
     v[k++]         = dtrun_path;

@@ -21,8 +21,8 @@ static void start_node(run *r, const char *dir, int nnodes, int node, int port,
     snprintf(nn, sizeof nn, "%d", nnodes);
     snprintf(nr, sizeof nr, "%d", node);
     snprintf(mp, sizeof mp, "%d", port);
-    const char *all[32] = {"--nnodes", nn, "--node-rank", nr, "--master-addr", "127.0.0.1",
-                           "--master-port", mp};
+    const char *all[32] = {"--nnodes",      nn,          "--node-rank",   nr,
+                           "--master-addr", "127.0.0.1", "--master-port", mp};
     int         k       = 8;
     for (int i = 0; flags && flags[i] && k < 31; i++)
         all[k++] = flags[i];
@@ -55,7 +55,7 @@ static void test_two_nodes_env(void) {
     int         port    = free_port();
     const char *flags[] = {"--nproc-per-node", "2", NULL};
     run         n0, n1;
-    start_node(&n1, dir, 2, 1, port, flags, "env", NULL);  // before node 0's store exists
+    start_node(&n1, dir, 2, 1, port, flags, "env", NULL); // before node 0's store exists
     sleep_s(0.3);
     start_node(&n0, dir, 2, 0, port, flags, "env", NULL);
     CHECK_EQ(run_wait(&n0, 30), 0);
@@ -67,8 +67,8 @@ static void test_two_nodes_env(void) {
         struct {
             const char *name;
             int         value;
-        } expect[] = {{"RANK", rank},           {"LOCAL_RANK", rank % 2}, {"GROUP_RANK", rank / 2},
-                      {"WORLD_SIZE", 4},        {"LOCAL_WORLD_SIZE", 2},  {"GROUP_WORLD_SIZE", 2},
+        } expect[] = {{"RANK", rank},         {"LOCAL_RANK", rank % 2}, {"GROUP_RANK", rank / 2},
+                      {"WORLD_SIZE", 4},      {"LOCAL_WORLD_SIZE", 2},  {"GROUP_WORLD_SIZE", 2},
                       {"DT_RESTART_COUNT", 0}};
         for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
             env_value(dump, expect[i].name, v, sizeof v);
@@ -125,8 +125,9 @@ static void failure_case(int victim, const char *how, const char *expect) {
     free(d);
     double last = n0.end > n1.end ? n0.end : n1.end;
     CHECK(death > 0 && last - death < 2.0);
-    fprintf(stderr, "     rank %d %s on node %d: both nodes' dtruns had stopped everything "
-                    "%.0f ms after the death\n",
+    fprintf(stderr,
+            "     rank %d %s on node %d: both nodes' dtruns had stopped everything "
+            "%.0f ms after the death\n",
             victim, how, victim / 2, (last - death) * 1000);
     char want[200];
     snprintf(want, sizeof want, "root cause: rank %d (local rank %d on node %d, host ", victim,
@@ -162,7 +163,7 @@ static void test_restart_across_nodes(void) {
     new_mark("restart2");
     int         port    = free_port();
     const char *flags[] = {"--nproc-per-node", "2", "--max-restarts", "1", NULL};
-    const char *extra[] = {"2", "1", NULL};  // rank 2 (node 1) fails in attempt 0
+    const char *extra[] = {"2", "1", NULL}; // rank 2 (node 1) fails in attempt 0
     run         n0, n1;
     start_node(&n0, dir, 2, 0, port, flags, "restart", extra);
     start_node(&n1, dir, 2, 1, port, flags, "restart", extra);
@@ -190,7 +191,7 @@ static void test_missing_node(void) {
     new_mark("missing");
     int         port    = free_port();
     const char *flags[] = {"--rdzv-timeout", "1", NULL};
-    const char *f0[]    = {"--rdzv-timeout", "2", NULL};  // outlasts node 2's wait
+    const char *f0[]    = {"--rdzv-timeout", "2", NULL}; // outlasts node 2's wait
     run         n0, n2;
     start_node(&n0, dir, 3, 0, port, f0, "env", NULL);
     sleep_s(0.3);
@@ -293,7 +294,8 @@ static void node_killed_case(int victim_node, const char *expect, const char *ex
     CHECK_EQ(run_wait(&n[victim_node], 10), 128 + SIGKILL);
     const run *other = &n[1 - victim_node];
     CHECK_EQ(run_wait(&n[1 - victim_node], 20), 1);
-    fprintf(stderr, "     node %d's dtrun killed: node %d stopped after %.0f ms (node timeout 1 s)\n",
+    fprintf(stderr,
+            "     node %d's dtrun killed: node %d stopped after %.0f ms (node timeout 1 s)\n",
             victim_node, 1 - victim_node, (other->end - t0) * 1000);
     CHECK(other->end - t0 < 4.0);
     CHECK(strstr(other->err, expect) != NULL);

@@ -29,7 +29,7 @@ static int sh(const char *fmt, ...) {
 
 static void ns_teardown(void) {
     for (int i = 0; i < 2; i++)
-        sh("ip netns del %s 2>/dev/null", ns[i]);  // takes its end of the veth pair along
+        sh("ip netns del %s 2>/dev/null", ns[i]); // takes its end of the veth pair along
 }
 
 // Namespaces of earlier runs that died before cleaning up (their pid is gone).
@@ -62,7 +62,8 @@ static bool ns_setup(char *why, size_t n) {
         return false;
     }
     ns_made = true;
-    if (sh("ip netns add %s", ns[1]) || sh("ip link add %s type veth peer name %s", veth[0], veth[1]) ||
+    if (sh("ip netns add %s", ns[1]) ||
+        sh("ip link add %s type veth peer name %s", veth[0], veth[1]) ||
         sh("ip link set %s netns %s", veth[0], ns[0]) ||
         sh("ip link set %s netns %s", veth[1], ns[1]) ||
         sh("ip -n %s addr add 10.200.0.1/24 dev %s", ns[0], veth[0]) ||
@@ -79,7 +80,7 @@ static bool ns_setup(char *why, size_t n) {
 }
 
 static long veth_tx_bytes(int i) {
-    char  cmd[256];
+    char cmd[256];
     snprintf(cmd, sizeof cmd, "ip netns exec %s cat /sys/class/net/%s/statistics/tx_bytes", ns[i],
              veth[i]);
     FILE *p = popen(cmd, "r");
@@ -97,16 +98,17 @@ static void start_node(run *r, const char *dir, int i, const char *const *mnist_
                        const char *timeout_ms) {
     static char node[8];
     snprintf(node, sizeof node, "%d", i);
-    char *argv[48];
-    int   k = 0;
-    const char *head[] = {dtrun_path, "--nnodes", "2", "--node-rank", node, "--master-addr",
-                          "10.200.0.1", "--master-port", "29500", "--nproc-per-node", "1",
-                          "--node-timeout", "3", "--rdzv-timeout", "30", mnist_path};
+    char       *argv[48];
+    int         k      = 0;
+    const char *head[] = {dtrun_path, "--nnodes",         "2",          "--node-rank",
+                          node,       "--master-addr",    "10.200.0.1", "--master-port",
+                          "29500",    "--nproc-per-node", "1",          "--node-timeout",
+                          "3",        "--rdzv-timeout",   "30",         mnist_path};
     for (size_t j = 0; j < sizeof head / sizeof head[0]; j++)
         argv[k++] = (char *)(uintptr_t)head[j];
     for (int j = 0; mnist_args[j] && k < 46; j++)
         argv[k++] = (char *)(uintptr_t)mnist_args[j];
-    argv[k] = NULL;  // the scenario's marker rides in the environment
+    argv[k] = NULL; // the scenario's marker rides in the environment
     memset(r, 0, sizeof *r);
     r->rc = -1;
     char tag[16];
@@ -126,7 +128,7 @@ static void start_node(run *r, const char *dir, int i, const char *const *mnist_
         int e = open(r->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(o, 1);
         dup2(e, 2);
-        setenv("DT_HOST_ID", i ? "node-b" : "node-a", 1);  // the namespaces share a hostname
+        setenv("DT_HOST_ID", i ? "node-b" : "node-a", 1); // the namespaces share a hostname
         setenv("DT_TIMEOUT_MS", timeout_ms, 1);
         setenv("DTRUN_TEST_MARK", mark, 1);
         unsetenv("MASTER_ADDR");
@@ -184,10 +186,10 @@ static void test_train_two_namespaces(void) {
     new_mark("train");
     // One thread per worker on both sides: the split of a batch over threads changes
     // the order of float sums, so it must match for bitwise equal weights.
-    const char *args[] = {"--limit", "2048", "--batch-size", "32", "--no-test", "--backend", "tcp",
-                          "--threads", "1", NULL};
-    long tx0 = veth_tx_bytes(0);
-    run  n0, n1;
+    const char *args[] = {"--limit",   "2048", "--batch-size", "32", "--no-test",
+                          "--backend", "tcp",  "--threads",    "1",  NULL};
+    long        tx0    = veth_tx_bytes(0);
+    run         n0, n1;
     start_node(&n1, dir, 1, args, "30000");
     start_node(&n0, dir, 0, args, "30000");
     CHECK_EQ(run_wait(&n0, 120), 0);
@@ -201,10 +203,11 @@ static void test_train_two_namespaces(void) {
 
     // The same job on one machine must end with the same weights.
     char cmd[3 * PATH_MAX];
-    snprintf(cmd, sizeof cmd,
-             "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE %s --limit 2048 "
-             "--batch-size 32 --no-test --backend tcp --threads 1 --num-processes 2 > %s/local.out 2>&1",
-             mnist_path, dir);
+    snprintf(
+        cmd, sizeof cmd,
+        "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE %s --limit 2048 "
+        "--batch-size 32 --no-test --backend tcp --threads 1 --num-processes 2 > %s/local.out 2>&1",
+        mnist_path, dir);
     CHECK_EQ(sh("%s", cmd), 0);
     char path[PATH_MAX + 16], crc_ns[16], crc_local[16];
     snprintf(path, sizeof path, "%s/local.out", dir);
@@ -229,9 +232,10 @@ static void test_link_cut(void) {
     char dir[PATH_MAX];
     scenario_dir(dir, sizeof dir, "cut");
     new_mark("cut");
-    const char *args[] = {"--limit", "60000", "--batch-size", "32", "--no-test", "--backend", "tcp",
-                          "--log-every", "5", NULL, NULL};
-    run n0, n1;
+    const char *args[] = {"--limit",   "60000", "--batch-size", "32", "--no-test",
+                          "--backend", "tcp",   "--log-every",  "5",  NULL,
+                          NULL};
+    run         n0, n1;
     start_node(&n1, dir, 1, args, "3000");
     start_node(&n0, dir, 0, args, "3000");
     // Cut once training is under way (two loss lines from rank 0).
@@ -251,8 +255,9 @@ static void test_link_cut(void) {
     run_wait(&n1, 60);
     CHECK(n0.rc != 0 && n0.rc != -1);
     CHECK(n1.rc != 0 && n1.rc != -1);
-    fprintf(stderr, "     link cut: node 0's dtrun exited %d after %.1f s, node 1's %d after "
-                    "%.1f s (DT_TIMEOUT_MS 3000, --node-timeout 3)\n",
+    fprintf(stderr,
+            "     link cut: node 0's dtrun exited %d after %.1f s, node 1's %d after "
+            "%.1f s (DT_TIMEOUT_MS 3000, --node-timeout 3)\n",
             n0.rc, n0.end - t_cut, n1.rc, n1.end - t_cut);
     CHECK(n0.end - t_cut < 15);
     CHECK(n1.end - t_cut < 15);
@@ -279,7 +284,7 @@ int main(int argc, char **argv) {
     }
     char why[200];
     if (!ns_setup(why, sizeof why)) {
-        if (ns_made) {  // namespaces exist, but the network between them could not be built
+        if (ns_made) { // namespaces exist, but the network between them could not be built
             CHECK(!"veth pair set up");
             fprintf(stderr, "     %s\n", why);
             ns_teardown();

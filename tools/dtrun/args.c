@@ -33,7 +33,7 @@ enum {
 typedef struct flag {
     const char *name;
     int         id;
-    const char *metavar;  // NULL: the flag takes no value
+    const char *metavar; // NULL: the flag takes no value
     const char *help;
 } flag;
 
@@ -44,8 +44,9 @@ static const flag flags[] = {
     {"nnodes", OPT_NNODES, "M",
      "nodes in the job, one dtrun on each (default 1; \"M:M\" is accepted, elastic ranges are "
      "not)"},
-    {"node-rank", OPT_NODE_RANK, "K", "this node's index in [0, M) (default 0); node 0 hosts the "
-                                      "store"},
+    {"node-rank", OPT_NODE_RANK, "K",
+     "this node's index in [0, M) (default 0); node 0 hosts the "
+     "store"},
     {"master-addr", OPT_MASTER_ADDR, "A",
      "address of node 0 as every node reaches it (default $MASTER_ADDR, else 127.0.0.1)"},
     {"master-port", OPT_MASTER_PORT, "P",
@@ -58,10 +59,12 @@ static const flag flags[] = {
     {"log-dir", OPT_LOG_DIR, "D",
      "write each rank's output to D/attempt_<restart>/rank_<rank>.log instead of the console"},
     {"tee", OPT_TEE, NULL, "with --log-dir, also relay the output to the console"},
-    {"rdzv-id", OPT_RDZV_ID, "ID", "job id, given to the workers as TORCHELASTIC_RUN_ID "
-                                   "(default \"none\")"},
-    {"rdzv-timeout", OPT_RDZV_TIMEOUT, "S", "seconds to wait for every node to join (default "
-                                            "600)"},
+    {"rdzv-id", OPT_RDZV_ID, "ID",
+     "job id, given to the workers as TORCHELASTIC_RUN_ID "
+     "(default \"none\")"},
+    {"rdzv-timeout", OPT_RDZV_TIMEOUT, "S",
+     "seconds to wait for every node to join (default "
+     "600)"},
     {"node-timeout", OPT_NODE_TIMEOUT, "S",
      "seconds without news from a node before it counts as lost (default 15, or $DT_TIMEOUT_MS "
      "when that is shorter, but at least 1)"},
@@ -168,15 +171,15 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     a->run_id          = "none";
     a->rdzv_timeout_ms = 600 * 1000;
     a->stop_grace_ms   = 1000;
-    a->node_timeout_ms = -1;  // default below
+    a->node_timeout_ms = -1; // default below
 
     // Both spellings of every flag, from the table.
     struct option opts[2 * NFLAGS + 1];
     char          alt[NFLAGS][40];
     int           no = 0;
     for (int i = 0; i < NFLAGS; i++) {
-        int has      = flags[i].metavar ? required_argument : no_argument;
-        opts[no++]   = (struct option){flags[i].name, has, NULL, flags[i].id};
+        int has    = flags[i].metavar ? required_argument : no_argument;
+        opts[no++] = (struct option){flags[i].name, has, NULL, flags[i].id};
         snprintf(alt[i], sizeof alt[i], "%s", flags[i].name);
         bool dashed = false;
         for (char *p = alt[i]; *p; p++)
@@ -204,7 +207,9 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
                 a->nproc = (int)v;
             }
             break;
-        case OPT_NNODES: nnodes_s = optarg; break;
+        case OPT_NNODES:
+            nnodes_s = optarg;
+            break;
         case OPT_NODE_RANK:
             if ((st = dt_parse_long(optarg, 0, 65535, "--node-rank", &v)) == DT_OK)
                 a->node_rank = (int)v;
@@ -218,7 +223,9 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
             if ((st = dt_parse_long(optarg, 1, 65535, "--master-port", &v)) == DT_OK)
                 a->master_port = (int)v, a->port_given = true;
             break;
-        case OPT_STANDALONE: a->standalone = true; break;
+        case OPT_STANDALONE:
+            a->standalone = true;
+            break;
         case OPT_MAX_RESTARTS:
             if ((st = dt_parse_long(optarg, 0, 1000000, "--max-restarts", &v)) == DT_OK)
                 a->max_restarts = (int)v;
@@ -228,7 +235,9 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
                 return usage_error("--log-dir expects a directory, found \"\"");
             a->log_dir = optarg;
             break;
-        case OPT_TEE: a->tee = true; break;
+        case OPT_TEE:
+            a->tee = true;
+            break;
         case OPT_RDZV_ID:
             if (!*optarg || strlen(optarg) > 200 || strpbrk(optarg, " \t\n"))
                 return usage_error("--rdzv-id expects 1..200 characters without spaces");
@@ -247,8 +256,12 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
                 return 2;
             break;
         case 'h':
-        case OPT_HELP: print_help(stdout); return 1;
-        case OPT_VERSION: printf("dtrun (dtrain) %s\n", DT_VERSION_STRING); return 1;
+        case OPT_HELP:
+            print_help(stdout);
+            return 1;
+        case OPT_VERSION:
+            printf("dtrun (dtrain) %s\n", DT_VERSION_STRING);
+            return 1;
         case ':': {
             char msg[300];
             snprintf(msg, sizeof msg, "option \"%s\" expects a value", argv[optind - 1]);
@@ -323,7 +336,7 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         a->master_port = 0;
     }
     if (a->nnodes > 1 && !a->port_given)
-        a->master_port = 29500, a->port_given = true;  // torchrun's default
+        a->master_port = 29500, a->port_given = true; // torchrun's default
 
     if (a->node_timeout_ms < 0) {
         long t;
@@ -337,8 +350,7 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     if (!resolve_program(a->prog_argv[0], a->prog_path, sizeof a->prog_path)) {
         char msg[4200];
         snprintf(msg, sizeof msg, "cannot run \"%s\": %s", a->prog_argv[0],
-                 strchr(a->prog_argv[0], '/') ? "no such executable file"
-                                              : "not found in PATH");
+                 strchr(a->prog_argv[0], '/') ? "no such executable file" : "not found in PATH");
         return usage_error(msg);
     }
     return 0;

@@ -55,11 +55,11 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a);
 // One worker that failed (exited non-zero or was killed) before dtrun stopped it.
 typedef struct dtrun_failure {
     int     rank, local_rank, node, pid;
-    int     exit_code;  // -1 when killed by a signal
-    int     signal;     // 0 when it exited
-    int64_t wall_ms;    // when dtrun saw it end (CLOCK_REALTIME, ms)
+    int     exit_code; // -1 when killed by a signal
+    int     signal;    // 0 when it exited
+    int64_t wall_ms;   // when dtrun saw it end (CLOCK_REALTIME, ms)
     char    host[64];
-    int     nlines;     // its last lines, oldest first
+    int     nlines; // its last lines, oldest first
     char    lines[DTRUN_TAIL_LINES][DTRUN_LINE_MAX];
 } dtrun_failure;
 
@@ -67,11 +67,11 @@ typedef struct dtrun_failure {
 // the job stops for another reason (a signal, a lost node), that reason.
 typedef struct dtrun_report {
     int            node;
-    char           reason[640];  // "" when workers failed on their own
+    char           reason[640]; // "" when workers failed on their own
     int            nfail;
-    dtrun_failure *fail;         // nfail records, dt_alloc'd
-    bool           missing;      // the node never reported
-    char           where[160];   // "host H, address A" (not sent: each node knows it)
+    dtrun_failure *fail;       // nfail records, dt_alloc'd
+    bool           missing;    // the node never reported
+    char           where[160]; // "host H, address A" (not sent: each node knows it)
 } dtrun_report;
 
 // Text form of a report for the store; returns a dt_alloc'd NUL-terminated string.
@@ -85,8 +85,8 @@ void dtrun_describe_end(int exit_code, int sig, char *buf, size_t n);
 void dtrun_format_time(int64_t wall_ms, char *buf, size_t n);
 // The failure summary for the reports of every node, on stderr. Picks the root cause
 // (the earliest failure). attempt counts from 0; restarting says what happens next.
-void dtrun_print_summary(const dtrun_report *reports, int nreports, int attempt,
-                         int max_restarts, bool restarting, const char *log_dir);
+void dtrun_print_summary(const dtrun_report *reports, int nreports, int attempt, int max_restarts,
+                         bool restarting, const char *log_dir);
 // The root cause among all reports (earliest wall time; a signal death wins a tie),
 // or NULL when no worker failed.
 const dtrun_failure *dtrun_root_cause(const dtrun_report *reports, int nreports);
@@ -101,22 +101,22 @@ typedef struct dtrun_tail {
 
 // One output pipe of a worker and its unfinished last line.
 typedef struct dtrun_stream {
-    int    fd;      // read end, -1 once closed
-    bool   is_err;  // the worker's stderr (relayed to dtrun's stderr)
+    int    fd;     // read end, -1 once closed
+    bool   is_err; // the worker's stderr (relayed to dtrun's stderr)
     size_t len;
     char   buf[4096];
 } dtrun_stream;
 
 typedef struct dtrun_worker {
     int          local_rank, rank;
-    pid_t        pid;        // also its process group id
-    int          pidfd;      // readable once it exits; -1 when unavailable or closed
-    bool         alive;      // not reaped yet
-    bool         signalled;  // dtrun sent it a stop signal before it ended
-    int          exit_code;  // valid once !alive
+    pid_t        pid;       // also its process group id
+    int          pidfd;     // readable once it exits; -1 when unavailable or closed
+    bool         alive;     // not reaped yet
+    bool         signalled; // dtrun sent it a stop signal before it ended
+    int          exit_code; // valid once !alive
     int          term_signal;
     int64_t      end_wall_ms;
-    int          log_fd;     // -1 without --log-dir
+    int          log_fd; // -1 without --log-dir
     dtrun_stream out, err;
     dtrun_tail   tail;
 } dtrun_worker;
@@ -124,18 +124,18 @@ typedef struct dtrun_worker {
 // What every worker of one attempt gets.
 typedef struct dtrun_launch {
     const dtrun_args *a;
-    int               attempt;        // restart count
+    int               attempt; // restart count
     const char       *master_addr;
     int               master_port;
-    const char       *token;          // DT_JOB_TOKEN
+    const char       *token;           // DT_JOB_TOKEN
     const char       *attempt_log_dir; // NULL without --log-dir
-    int               reaper_fd;      // -1 without a reaper
+    int               reaper_fd;       // -1 without a reaper
 } dtrun_launch;
 
 typedef struct dtrun_group {
     int           n, nalive;
     dtrun_worker *w;
-    bool          console;  // relay output to dtrun's stdout/stderr
+    bool          console; // relay output to dtrun's stdout/stderr
     int           reaper_fd;
 } dtrun_group;
 
@@ -171,28 +171,28 @@ void dtrun_reaper_stop(int fd, pid_t pid);
 
 // Events the monitor thread reports to the main loop (bits).
 enum {
-    DTRUN_EV_FAILED     = 1 << 0,  // another node says the attempt failed
-    DTRUN_EV_STOP       = 1 << 1,  // the job stops for good (reason in ev_text)
-    DTRUN_EV_ALL_DONE   = 1 << 2,  // every node's workers succeeded
-    DTRUN_EV_NODE_LOST  = 1 << 3,  // (node 0) a node fell silent (ev_text)
-    DTRUN_EV_STORE_LOST = 1 << 4,  // the store of node 0 is unreachable (ev_text)
+    DTRUN_EV_FAILED     = 1 << 0, // another node says the attempt failed
+    DTRUN_EV_STOP       = 1 << 1, // the job stops for good (reason in ev_text)
+    DTRUN_EV_ALL_DONE   = 1 << 2, // every node's workers succeeded
+    DTRUN_EV_NODE_LOST  = 1 << 3, // (node 0) a node fell silent (ev_text)
+    DTRUN_EV_STORE_LOST = 1 << 4, // the store of node 0 is unreachable (ev_text)
 };
 
 typedef struct dtrun_node {
     char host[64], addr[64];
     int  pid, nproc, max_restarts;
-    bool lost;  // (node 0) declared lost: its reports are not awaited
+    bool lost; // (node 0) declared lost: its reports are not awaited
 } dtrun_node;
 
 typedef struct dtrun_rdzv {
     const dtrun_args *a;
-    bool              multi;  // nnodes > 1
+    bool              multi; // nnodes > 1
     int               node, nnodes;
     dt_store         *store;
-    dtrun_node       *nodes;  // nnodes entries once joined
+    dtrun_node       *nodes; // nnodes entries once joined
     char              token[80];
     char              host[64], addr[64];
-    int               sig_fd;  // signalfd of dtrun, watched while waiting
+    int               sig_fd; // signalfd of dtrun, watched while waiting
 
     // Monitor thread (multi-node only).
     pthread_t       thread;
@@ -235,8 +235,8 @@ bool dtrun_rdzv_silent(dtrun_rdzv *r, int64_t *silent_ms);
 // report and collects every node's (*out: nnodes reports, or 1 for a single node;
 // free with dtrun_report_clear each and dt_free). *stop tells whether the job must
 // stop rather than restart (a signal, a lost node, a missing report).
-void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report **out,
-                    int *nout, bool *stop);
+void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report **out, int *nout,
+                    bool *stop);
 // The exit barrier: node 0 keeps its store up until the others have read the outcome.
 void dtrun_rdzv_leave(dtrun_rdzv *r);
 

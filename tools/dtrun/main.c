@@ -23,16 +23,16 @@
 typedef struct attempt {
     dtrun_rdzv *r;
     dtrun_group g;
-    bool       *failed;        // per local worker: failed on its own (not stopped by us)
+    bool       *failed; // per local worker: failed on its own (not stopped by us)
     int         nfailed;
-    bool        stopping;      // the workers have been told to stop
-    uint64_t    kill_at;       // when stopping: SIGKILL then (UINT64_MAX once sent)
+    bool        stopping; // the workers have been told to stop
+    uint64_t    kill_at;  // when stopping: SIGKILL then (UINT64_MAX once sent)
     int64_t     grace_ms;
-    uint64_t    stop_ns;       // when the stop began
-    int         sig;           // a stop signal dtrun received (0 if none)
-    char        reason[640];   // why the job stops for good ("" for worker failures)
-    bool        local_done;    // every local worker exited 0
-    bool        all_done;      // (several nodes) every node's workers exited 0
+    uint64_t    stop_ns;     // when the stop began
+    int         sig;         // a stop signal dtrun received (0 if none)
+    char        reason[640]; // why the job stops for good ("" for worker failures)
+    bool        local_done;  // every local worker exited 0
+    bool        all_done;    // (several nodes) every node's workers exited 0
 } attempt;
 
 static void begin_stop(attempt *t, int sig) {
@@ -92,7 +92,7 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
     while (pf) {
         if (t.g.nalive == 0 && (t.stopping || !r->multi || t.all_done))
             break;
-        int np = 0;
+        int np   = 0;
         pf[np++] = (struct pollfd){.fd = sig_fd, .events = POLLIN};
         if (r->multi)
             pf[np++] = (struct pollfd){.fd = r->event_fd, .events = POLLIN};
@@ -130,7 +130,7 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
                 snprintf(why, sizeof why, "interrupted by SIG%s on node %d (host %s)",
                          sigabbrev_np(sig) ? sigabbrev_np(sig) : "?", a->node_rank, r->host);
                 snprintf(t.reason, sizeof t.reason, "%s", why);
-                begin_stop(&t, sig);  // the workers get the signal dtrun got, as from a tty
+                begin_stop(&t, sig); // the workers get the signal dtrun got, as from a tty
                 dtrun_rdzv_post_stop(r, why);
             }
         }
@@ -157,8 +157,7 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
             t.local_done = true;
             dtrun_rdzv_post_done(r);
         }
-        if (t.stopping && t.kill_at != UINT64_MAX && dt_now_ns() >= t.kill_at &&
-            t.g.nalive > 0) {
+        if (t.stopping && t.kill_at != UINT64_MAX && dt_now_ns() >= t.kill_at && t.g.nalive > 0) {
             dtrun_group_signal(&t.g, SIGKILL);
             t.kill_at = UINT64_MAX;
         }
@@ -188,7 +187,7 @@ int main(int argc, char **argv) {
     int        rc = dtrun_args_parse(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;
-    signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher
+    signal(SIGPIPE, SIG_IGN); // a closed console must not kill the launcher
 
     pid_t reaper_pid;
     int   reaper_fd = dtrun_reaper_start(&reaper_pid);
@@ -218,7 +217,7 @@ int main(int argc, char **argv) {
         int          sig = 0;
         if (run_attempt(&r, &a, n, port, reaper_fd, sig_fd, &mine, &sig)) {
             dtrun_report_clear(&mine);
-            break;  // rc 0
+            break; // rc 0
         }
         dtrun_report *all;
         int           nall;

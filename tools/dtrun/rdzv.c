@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TICK_MS 50  // how often the monitor looks at the store
+#define TICK_MS 50 // how often the monitor looks at the store
 
 static void sleep_ms(int ms) {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
@@ -72,12 +72,12 @@ int dtrun_free_port(void) {
 // The address of this host on the way to host:port (no packet is sent).
 static void local_addr_towards(const char *host, int port, char *buf, size_t n) {
     snprintf(buf, n, "?");
-    struct addrinfo  hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    char             ps[16];
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    char            ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     if (getaddrinfo(host, ps, &hints, &res) != 0 || !res)
         return;
-    int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int                     fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     struct sockaddr_storage ss;
     socklen_t               len = sizeof ss;
     if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
@@ -124,25 +124,26 @@ static void post_event(dtrun_rdzv *r, unsigned ev, const char *text, int n) {
     (void)w;
 }
 
-static void mark_ok(dtrun_rdzv *r) { atomic_store(&r->last_ok_ns, (int64_t)dt_now_ns()); }
+static void mark_ok(dtrun_rdzv *r) {
+    atomic_store(&r->last_ok_ns, (int64_t)dt_now_ns());
+}
 
 // Sets dtrun/stop unless a reason is already there (the first reason wins).
 static dt_status publish_stop(dtrun_rdzv *r, const char *reason) {
     bool swapped;
-    return dt_store_compare_set(r->store, "dtrun/stop", NULL, 0, reason, strlen(reason),
-                                &swapped);
+    return dt_store_compare_set(r->store, "dtrun/stop", NULL, 0, reason, strlen(reason), &swapped);
 }
 
 static void *monitor_main(void *arg) {
-    dtrun_rdzv *r        = arg;
-    int64_t     hb_ms    = r->a->node_timeout_ms / 4;
-    hb_ms                = hb_ms < TICK_MS ? TICK_MS : (hb_ms > 1000 ? 1000 : hb_ms);
-    uint64_t  next_hb    = 0;
-    int64_t  *last_val   = dt_alloc_zero((size_t)r->nnodes * sizeof *last_val);
-    uint64_t *last_seen  = dt_alloc_zero((size_t)r->nnodes * sizeof *last_seen);
-    unsigned  reported   = 0;
-    int       cur        = -1;
-    int       done_att   = -1;  // the attempt whose success this node published
+    dtrun_rdzv *r       = arg;
+    int64_t     hb_ms   = r->a->node_timeout_ms / 4;
+    hb_ms               = hb_ms < TICK_MS ? TICK_MS : (hb_ms > 1000 ? 1000 : hb_ms);
+    uint64_t  next_hb   = 0;
+    int64_t  *last_val  = dt_alloc_zero((size_t)r->nnodes * sizeof *last_val);
+    uint64_t *last_seen = dt_alloc_zero((size_t)r->nnodes * sizeof *last_seen);
+    unsigned  reported  = 0;
+    int       cur       = -1;
+    int       done_att  = -1; // the attempt whose success this node published
     char      key[96], stop_text[512];
     for (int j = 0; j < r->nnodes && last_seen; j++)
         last_seen[j] = dt_now_ns();
@@ -150,13 +151,13 @@ static void *monitor_main(void *arg) {
     while (st == DT_OK) {
         pthread_mutex_lock(&r->mu);
         bool quit = r->quit, pf = r->pub_failed, pd = r->pub_done;
-        int  n    = r->attempt;
+        int  n = r->attempt;
         snprintf(stop_text, sizeof stop_text, "%s", r->pub_stop);
         r->pub_stop[0] = '\0';
         r->pub_failed = r->pub_done = false;
         pthread_mutex_unlock(&r->mu);
         if (quit && !stop_text[0] && !pf && !pd)
-            break;  // what was posted before the quit is published first
+            break; // what was posted before the quit is published first
         if (stop_text[0]) {
             if ((st = publish_stop(r, stop_text)))
                 break;
@@ -205,7 +206,7 @@ static void *monitor_main(void *arg) {
                 double silent_s = (double)(now - last_seen[j]) * 1e-9;
                 if (lost || silent_s * 1000.0 <= (double)r->a->node_timeout_ms)
                     continue;
-                bool gone_ok = false;  // a node that said goodbye is not lost
+                bool gone_ok = false; // a node that said goodbye is not lost
                 key_of(key, sizeof key, "dtrun/exit/%d", j, 0);
                 const char *keys[1] = {key};
                 if ((st = dt_store_check(r->store, keys, 1, &gone_ok)))
@@ -328,8 +329,8 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
     // jobs' dtruns out of this store; it is not a secret).
     char derived[300];
     snprintf(derived, sizeof derived, "dtrun:%s:%d:%d", a->run_id, a->nnodes, a->master_port);
-    dt_store_opts so = dt_store_opts_default();
-    so.token         = have_env ? NULL : derived;
+    dt_store_opts so  = dt_store_opts_default();
+    so.token          = have_env ? NULL : derived;
     uint64_t deadline = dt_deadline_ns(a->rdzv_timeout_ms);
     if (r->node == 0) {
         so.timeout_ms = a->node_timeout_ms;
@@ -338,8 +339,8 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
             return join_fail("node 0 cannot serve the store: %s", dt_last_error());
         snprintf(r->addr, sizeof r->addr, "%s", a->master_addr);
     } else {
-        so.timeout_ms  = 1000;  // one connection try; the loop keeps signals answered
-        uint64_t said  = dt_now_ns();
+        so.timeout_ms      = 1000; // one connection try; the loop keeps signals answered
+        uint64_t said      = dt_now_ns();
         char     last[600] = "";
         while (!r->store) {
             int sig = dtrun_take_signal(sig_fd);
@@ -356,8 +357,7 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
                 char msg[1200];
                 snprintf(msg, sizeof msg,
                          "waited %.0f s for the store of node 0 at %s:%d; missing: node 0 (%s)",
-                         (double)a->rdzv_timeout_ms / 1000.0, a->master_addr, a->master_port,
-                         last);
+                         (double)a->rdzv_timeout_ms / 1000.0, a->master_addr, a->master_port, last);
                 dtrun_say("%s", msg);
                 return 1;
             }
@@ -390,7 +390,7 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
     if (!swapped) {
         void  *v = NULL;
         size_t nb;
-        int    pid = 0;
+        int    pid   = 0;
         char   h[64] = "?", ad[64] = "?";
         if (dt_store_get(r->store, key, &v, &nb) == DT_OK)
             sscanf(v, "%d %*d %*d %63s %63s", &pid, h, ad);
@@ -423,18 +423,18 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
         }
         if (nseen == r->nnodes)
             break;
-        int sig = dtrun_take_signal(sig_fd);
-        bool late = dt_ms_left(deadline) <= 0;
+        int  sig    = dtrun_take_signal(sig_fd);
+        bool late   = dt_ms_left(deadline) <= 0;
         bool remind = dt_now_ns() - said > 10ull * 1000000000ull;
         if (sig || late || remind) {
             char   missing[600];
-            size_t k = 0;
-            int    nm = 0;
+            size_t k   = 0;
+            int    nm  = 0;
             missing[0] = '\0';
             for (int j = 0; j < r->nnodes && k < sizeof missing - 16; j++)
                 if (!seen[j])
-                    k += (size_t)snprintf(missing + k, sizeof missing - k, "%s%d",
-                                          nm++ ? ", " : "", j);
+                    k += (size_t)snprintf(missing + k, sizeof missing - k, "%s%d", nm++ ? ", " : "",
+                                          j);
             if (sig) {
                 dt_free(seen);
                 return 128 + sig;
@@ -471,8 +471,7 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
         } else if (nd->nproc != a->nproc || nd->max_restarts != a->max_restarts) {
             dtrun_say("node %d (host %s) runs with --nproc-per-node %d --max-restarts %d, but "
                       "this node (%d) with %d and %d: every node must use the same",
-                      j, nd->host, nd->nproc, nd->max_restarts, r->node, a->nproc,
-                      a->max_restarts);
+                      j, nd->host, nd->nproc, nd->max_restarts, r->node, a->nproc, a->max_restarts);
             rc = 1;
         }
         dt_free(v);
@@ -493,10 +492,9 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
         char   list[1500];
         size_t k = 0;
         for (int j = 0; j < r->nnodes && k < sizeof list - 200; j++)
-            k += (size_t)snprintf(list + k, sizeof list - k, "%snode %d %s (%s)", j ? ", " : "",
-                                  j, r->nodes[j].host, r->nodes[j].addr);
-        dtrun_say("all %d nodes joined (world size %d): %s", r->nnodes, r->nnodes * a->nproc,
-                  list);
+            k += (size_t)snprintf(list + k, sizeof list - k, "%snode %d %s (%s)", j ? ", " : "", j,
+                                  r->nodes[j].host, r->nodes[j].addr);
+        dtrun_say("all %d nodes joined (world size %d): %s", r->nnodes, r->nnodes * a->nproc, list);
     }
     atomic_store(&r->last_ok_ns, (int64_t)dt_now_ns());
     if (pthread_create(&r->thread, NULL, monitor_main, r) != 0)
@@ -569,7 +567,7 @@ int dtrun_rdzv_begin(dtrun_rdzv *r, int attempt, int *port) {
     }
     pthread_mutex_lock(&r->mu);
     r->attempt = attempt;
-    r->events &= ~(unsigned)(DTRUN_EV_FAILED | DTRUN_EV_ALL_DONE);  // the last attempt's
+    r->events &= ~(unsigned)(DTRUN_EV_FAILED | DTRUN_EV_ALL_DONE); // the last attempt's
     pthread_mutex_unlock(&r->mu);
     char key[96];
     key_of(key, sizeof key, "dtrun/a%d/port", attempt, 0);
@@ -629,20 +627,20 @@ int dtrun_rdzv_begin(dtrun_rdzv *r, int attempt, int *port) {
     }
 }
 
-void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report **out,
-                    int *nout, bool *stop) {
-    const dtrun_args *a = r->a;
-    int               n = r->multi ? r->nnodes : 1;
+void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report **out, int *nout,
+                    bool *stop) {
+    const dtrun_args *a   = r->a;
+    int               n   = r->multi ? r->nnodes : 1;
     dtrun_report     *all = dt_alloc_zero((size_t)n * sizeof *all);
-    *out  = all;
-    *nout = all ? n : 0;
-    *stop = mine->reason[0] != '\0';
+    *out                  = all;
+    *nout                 = all ? n : 0;
+    *stop                 = mine->reason[0] != '\0';
     if (!all)
         return;
     for (int j = 0; j < n; j++)
         all[j].node = r->multi ? j : r->node;
-    int me = r->multi ? r->node : 0;
-    all[me] = *mine;  // takes its failure records
+    int me      = r->multi ? r->node : 0;
+    all[me]     = *mine; // takes its failure records
     mine->fail  = NULL;
     mine->nfail = 0;
     if (!r->multi) {
@@ -683,7 +681,7 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
     while (got && ngot < n && dt_ms_left(deadline) > 0 && !dtrun_rdzv_silent(r, NULL)) {
         int sig = dtrun_take_signal(r->sig_fd);
         if (sig) {
-            r->late_signal = sig;  // the user is done waiting
+            r->late_signal = sig; // the user is done waiting
             break;
         }
         for (int j = 0; j < n; j++) {
@@ -707,7 +705,7 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
                              dt_last_error());
                 all[j].node = j;
                 memcpy(all[j].where, where, sizeof where);
-                got[j]      = true;
+                got[j] = true;
                 ngot++;
             }
             dt_free(v);
@@ -730,7 +728,7 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
             *stop          = true;
             char why[200];
             snprintf(why, sizeof why, "node %d sent no report of attempt %d", j, attempt + 1);
-            publish_stop(r, why);  // the others must not restart without it either
+            publish_stop(r, why); // the others must not restart without it either
             pthread_mutex_lock(&r->mu);
             bool lost = r->nodes[j].lost;
             pthread_mutex_unlock(&r->mu);
@@ -781,12 +779,12 @@ void dtrun_rdzv_leave(dtrun_rdzv *r) {
         uint64_t deadline = dt_deadline_ns(r->a->node_timeout_ms);
         for (int j = 1; j < r->nnodes; j++) {
             if (!r->nodes || r->nodes[j].lost || r->nodes[j].pid == 0)
-                continue;  // lost, or never joined
+                continue; // lost, or never joined
             key_of(key, sizeof key, "dtrun/exit/%d", j, 0);
             const char *keys[1] = {key};
             dt_status   st      = DT_ERR_TIMEOUT;
             while (st == DT_ERR_TIMEOUT && dt_ms_left(deadline) > 0 && !r->late_signal) {
-                st = dt_store_wait(r->store, keys, 1, 50);
+                st      = dt_store_wait(r->store, keys, 1, 50);
                 int sig = dtrun_take_signal(r->sig_fd);
                 if (sig)
                     r->late_signal = sig;

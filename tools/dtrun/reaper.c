@@ -21,15 +21,14 @@
 
 // One message: 8 bytes, written in one write(2) (atomic on a pipe).
 typedef struct msg {
-    char    op;  // '+' register, '-' unregister, 'q' goodbye
+    char    op; // '+' register, '-' unregister, 'q' goodbye
     char    pad[3];
     int32_t pgid;
 } msg;
 
 static _Noreturn void reaper_main(int fd) {
     struct sigaction ign = {.sa_handler = SIG_IGN};
-    int              sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN,
-                               SIGTTOU};
+    int sigs[]           = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
         sigaction(sigs[i], &ign, NULL);
     sigset_t none;
@@ -54,7 +53,7 @@ static _Noreturn void reaper_main(int fd) {
         if (k < 0 && errno == EINTR)
             continue;
         if (k != (ssize_t)sizeof m)
-            break;  // end-of-file: dtrun is gone
+            break; // end-of-file: dtrun is gone
         if (m.op == 'q')
             _exit(0);
         if (m.op == '+' && groups) {
@@ -113,8 +112,12 @@ static void send_msg(int fd, char op, pid_t pgid) {
         ;
 }
 
-void dtrun_reaper_add(int fd, pid_t pgid) { send_msg(fd, '+', pgid); }
-void dtrun_reaper_remove(int fd, pid_t pgid) { send_msg(fd, '-', pgid); }
+void dtrun_reaper_add(int fd, pid_t pgid) {
+    send_msg(fd, '+', pgid);
+}
+void dtrun_reaper_remove(int fd, pid_t pgid) {
+    send_msg(fd, '-', pgid);
+}
 
 void dtrun_reaper_stop(int fd, pid_t pid) {
     if (fd < 0)

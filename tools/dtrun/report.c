@@ -22,7 +22,7 @@ void dtrun_say(const char *fmt, ...) {
     va_end(ap);
     if (n > (int)sizeof buf - 2)
         n = (int)sizeof buf - 2;
-    buf[n++] = '\n';
+    buf[n++]  = '\n';
     ssize_t w = write(2, buf, (size_t)n);
     (void)w;
 }
@@ -65,9 +65,9 @@ char *dtrun_report_encode(const dtrun_report *r) {
         k += (size_t)snprintf(s + k, cap - k, "reason %s\n", r->reason);
     for (int i = 0; i < r->nfail; i++) {
         const dtrun_failure *f = &r->fail[i];
-        k += (size_t)snprintf(s + k, cap - k, "fail %d %d %d %d %d %d %" PRId64 " %d %s\n",
-                              f->rank, f->local_rank, f->node, f->pid, f->exit_code, f->signal,
-                              f->wall_ms, f->nlines, f->host[0] ? f->host : "?");
+        k += (size_t)snprintf(s + k, cap - k, "fail %d %d %d %d %d %d %" PRId64 " %d %s\n", f->rank,
+                              f->local_rank, f->node, f->pid, f->exit_code, f->signal, f->wall_ms,
+                              f->nlines, f->host[0] ? f->host : "?");
         for (int j = 0; j < f->nlines; j++)
             k += (size_t)snprintf(s + k, cap - k, "%s\n", f->lines[j]);
     }
@@ -89,10 +89,9 @@ dt_status dtrun_report_decode(const char *text, dtrun_report *r) {
     memset(r, 0, sizeof *r);
     const char *p = text;
     char        line[1024];
-    if (!next_line(&p, line, sizeof line) ||
-        sscanf(line, "node %d %d", &r->node, &r->nfail) != 2 || r->nfail < 0 || r->nfail > 65536)
-        return dt_fail(DT_ERR_FORMAT, "node report: expected \"node K N\", found \"%.60s\"",
-                       text);
+    if (!next_line(&p, line, sizeof line) || sscanf(line, "node %d %d", &r->node, &r->nfail) != 2 ||
+        r->nfail < 0 || r->nfail > 65536)
+        return dt_fail(DT_ERR_FORMAT, "node report: expected \"node K N\", found \"%.60s\"", text);
     if (r->nfail && !(r->fail = dt_alloc_zero((size_t)r->nfail * sizeof *r->fail)))
         return dt_last_status();
     const char *save = p;
@@ -104,9 +103,8 @@ dt_status dtrun_report_decode(const char *text, dtrun_report *r) {
         dtrun_failure *f = &r->fail[i];
         long long      wall;
         if (!next_line(&p, line, sizeof line) ||
-            sscanf(line, "fail %d %d %d %d %d %d %lld %d %63s", &f->rank, &f->local_rank,
-                   &f->node, &f->pid, &f->exit_code, &f->signal, &wall, &f->nlines,
-                   f->host) != 9 ||
+            sscanf(line, "fail %d %d %d %d %d %d %lld %d %63s", &f->rank, &f->local_rank, &f->node,
+                   &f->pid, &f->exit_code, &f->signal, &wall, &f->nlines, f->host) != 9 ||
             f->nlines < 0 || f->nlines > DTRUN_TAIL_LINES) {
             dtrun_report_clear(r);
             return dt_fail(DT_ERR_FORMAT, "node report: record %d is malformed", i);
@@ -149,8 +147,8 @@ static void print_failure(const char *label, const dtrun_failure *f) {
               f->local_rank, f->node, f->host, f->pid, how, when);
 }
 
-void dtrun_print_summary(const dtrun_report *reports, int nreports, int attempt,
-                         int max_restarts, bool restarting, const char *log_dir) {
+void dtrun_print_summary(const dtrun_report *reports, int nreports, int attempt, int max_restarts,
+                         bool restarting, const char *log_dir) {
     const dtrun_failure *root = dtrun_root_cause(reports, nreports);
     const char          *bar  = "==========================================================";
     dtrun_say("%s", bar);
@@ -165,10 +163,10 @@ void dtrun_print_summary(const dtrun_report *reports, int nreports, int attempt,
     dtrun_say("job %s in attempt %d (restart count %d); %s", root ? "failed" : "stopped",
               attempt + 1, attempt, next);
     for (int i = 0; i < nreports; i++) {
-        const dtrun_report *rp = &reports[i];
-        const char *what = rp->reason[0] ? rp->reason
-                           : rp->missing ? "sent no report (lost, or it cannot reach the store)"
-                                         : NULL;
+        const dtrun_report *rp   = &reports[i];
+        const char         *what = rp->reason[0] ? rp->reason : NULL;
+        if (!what && rp->missing)
+            what = "sent no report (lost, or it cannot reach the store)";
         if (what && rp->where[0])
             dtrun_say("node %d (%s): %s", rp->node, rp->where, what);
         else if (what)
@@ -184,8 +182,8 @@ void dtrun_print_summary(const dtrun_report *reports, int nreports, int attempt,
             dtrun_say("rank %d wrote nothing", root->rank);
         }
         if (log_dir)
-            dtrun_say("its whole output: %s/attempt_%d/rank_%d.log (on node %d)", log_dir,
-                      attempt, root->rank, root->node);
+            dtrun_say("its whole output: %s/attempt_%d/rank_%d.log (on node %d)", log_dir, attempt,
+                      root->rank, root->node);
         for (int i = 0; i < nreports; i++)
             for (int j = 0; j < reports[i].nfail; j++) {
                 const dtrun_failure *f = &reports[i].fail[j];

@@ -45,14 +45,25 @@ int64_t dtrun_wall_ms(void) {
 // ------------------------------------------------------------------ environment
 
 // Variables dtrun sets for every worker (any inherited value is replaced).
-static const char *const set_vars[] = {
-    "RANK",          "LOCAL_RANK",       "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE", "GROUP_RANK",    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",     "ROLE_WORLD_SIZE",  "ROLE_NAME",
-    "MASTER_ADDR",   "MASTER_PORT",      "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-    "DT_RESTART_COUNT", "DT_JOB_TOKEN",  NULL};
-#define NVAR (sizeof set_vars / sizeof set_vars[0])  // (the NULL's slot: OMP_NUM_THREADS)
+static const char *const set_vars[] = {"RANK",
+                                       "LOCAL_RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK",
+                                       "GROUP_WORLD_SIZE",
+                                       "ROLE_RANK",
+                                       "ROLE_WORLD_SIZE",
+                                       "ROLE_NAME",
+                                       "MASTER_ADDR",
+                                       "MASTER_PORT",
+                                       "TORCHELASTIC_RESTART_COUNT",
+                                       "TORCHELASTIC_MAX_RESTARTS",
+                                       "TORCHELASTIC_RUN_ID",
+                                       "TORCHELASTIC_USE_AGENT_STORE",
+                                       "DT_RESTART_COUNT",
+                                       "DT_JOB_TOKEN",
+                                       NULL};
+#define NVAR (sizeof set_vars / sizeof set_vars[0]) // (the NULL's slot: OMP_NUM_THREADS)
 
 static bool is_set_var(const char *entry) {
     for (int i = 0; set_vars[i]; i++) {
@@ -66,8 +77,8 @@ static bool is_set_var(const char *entry) {
 // The environment of one worker: the inherited one without set_vars, then ours.
 // One allocation holding the pointer array and the strings.
 static char **worker_env(const dtrun_launch *l, int local_rank) {
-    const dtrun_args *a     = l->a;
-    size_t            nenv  = 0;
+    const dtrun_args *a    = l->a;
+    size_t            nenv = 0;
     while (environ[nenv])
         nenv++;
     size_t nptr   = nenv + NVAR + 1;
@@ -80,13 +91,13 @@ static char **worker_env(const dtrun_launch *l, int local_rank) {
     for (size_t i = 0; i < nenv; i++)
         if (!is_set_var(environ[i]))
             env[k++] = environ[i];
-    long rank = (long)a->node_rank * a->nproc + local_rank;
+    long rank  = (long)a->node_rank * a->nproc + local_rank;
     long world = (long)a->nnodes * a->nproc;
-#define ADD(...)                                                                          \
-    do {                                                                                  \
-        int w_ = snprintf(s, (size_t)(end - s), __VA_ARGS__);                             \
-        env[k++] = s;                                                                     \
-        s += (w_ < 0 ? 0 : w_) + 1;                                                       \
+#define ADD(...)                                                                                   \
+    do {                                                                                           \
+        int w_   = snprintf(s, (size_t)(end - s), __VA_ARGS__);                                    \
+        env[k++] = s;                                                                              \
+        s += (w_ < 0 ? 0 : w_) + 1;                                                                \
     } while (0)
     ADD("RANK=%ld", rank);
     ADD("LOCAL_RANK=%d", local_rank);
@@ -118,10 +129,10 @@ static char **worker_env(const dtrun_launch *l, int local_rank) {
 
 // Writes a decimal number into buf (async-signal-safe); returns the length.
 static size_t fmt_int(char *buf, long v) {
-    char   tmp[24];
-    size_t n  = 0;
-    bool   ng = v < 0;
-    unsigned long u = ng ? 0UL - (unsigned long)v : (unsigned long)v;
+    char          tmp[24];
+    size_t        n  = 0;
+    bool          ng = v < 0;
+    unsigned long u  = ng ? 0UL - (unsigned long)v : (unsigned long)v;
     do {
         tmp[n++] = (char)('0' + u % 10);
         u /= 10;
@@ -139,10 +150,10 @@ static _Noreturn void child_exec(const char *path, char *const *argv, char *cons
                                  pid_t parent, int in_fd, int out_fd, int err_fd) {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)  // dtrun died before prctl took effect
+    if (getppid() != parent) // dtrun died before prctl took effect
         _exit(128 + SIGKILL);
     // dtrun blocks its stop signals and ignores SIGPIPE; both would survive exec.
-    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    struct sigaction dfl    = {.sa_handler = SIG_DFL};
     int              sigs[] = {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
         sigaction(sigs[i], &dfl, NULL);
@@ -152,8 +163,8 @@ static _Noreturn void child_exec(const char *path, char *const *argv, char *cons
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
         _exit(127);
     execve(path, argv, env);
-    char   msg[600];
-    size_t k = 0;
+    char        msg[600];
+    size_t      k  = 0;
     const char *p1 = "dtrun: cannot execute ";
     for (const char *p = p1; *p && k < 400; p++)
         msg[k++] = *p;
@@ -163,8 +174,8 @@ static _Noreturn void child_exec(const char *path, char *const *argv, char *cons
     for (const char *p = p2; *p; p++)
         msg[k++] = *p;
     k += fmt_int(msg + k, errno);
-    msg[k++] = ')';
-    msg[k++] = '\n';
+    msg[k++]  = ')';
+    msg[k++]  = '\n';
     ssize_t w = write(2, msg, k);
     (void)w;
     _exit(127);
@@ -218,9 +229,9 @@ dt_status dtrun_group_start(dtrun_group *g, const dtrun_launch *l) {
     dt_status st     = DT_OK;
     pid_t     parent = getpid();
     for (int i = 0; i < g->n && st == DT_OK; i++) {
-        dtrun_worker *w = &g->w[i];
+        dtrun_worker *w     = &g->w[i];
         int           po[2] = {-1, -1}, pe[2] = {-1, -1};
-        char        **env   = worker_env(l, i);
+        char        **env = worker_env(l, i);
         if (!env) {
             st = dt_last_status();
             break;
@@ -235,14 +246,14 @@ dt_status dtrun_group_start(dtrun_group *g, const dtrun_launch *l) {
         if (st == DT_OK && (pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0))
             st = dt_fail_errno(DT_ERR_IO, "cannot create a pipe for rank %d", w->rank);
         if (st == DT_OK) {
-            fflush(NULL);  // or the child inherits and could re-print buffered output
+            fflush(NULL); // or the child inherits and could re-print buffered output
             pid_t pid = fork();
             if (pid == 0)
                 child_exec(a->prog_path, a->prog_argv, env, parent, null_fd, po[1], pe[1]);
             if (pid < 0) {
                 st = dt_fail_errno(DT_ERR_IO, "cannot fork rank %d", w->rank);
             } else {
-                setpgid(pid, pid);  // also here: no window where a signal misses the group
+                setpgid(pid, pid); // also here: no window where a signal misses the group
                 w->pid   = pid;
                 w->alive = true;
                 g->nalive++;
@@ -298,7 +309,7 @@ static void write_all(int fd, const struct iovec *iov, int n) {
         if (k < 0) {
             if (errno == EINTR)
                 continue;
-            return;  // a closed console (EPIPE) does not stop the job
+            return; // a closed console (EPIPE) does not stop the job
         }
         while (i < n && (size_t)k >= v[i].iov_len)
             k -= (ssize_t)v[i++].iov_len;
@@ -319,8 +330,8 @@ static void emit_line(dtrun_group *g, dtrun_worker *w, bool is_err, char *line, 
         write_all(w->log_fd, v, 2);
     }
     if (g->console) {
-        char   prefix[32];
-        int    pn   = snprintf(prefix, sizeof prefix, "[rank %d] ", w->rank);
+        char         prefix[32];
+        int          pn   = snprintf(prefix, sizeof prefix, "[rank %d] ", w->rank);
         struct iovec v[3] = {{prefix, (size_t)pn}, {line, len}, {&nl, 1}};
         write_all(is_err ? 2 : 1, v, 3);
     }
@@ -351,7 +362,7 @@ static bool read_stream(dtrun_group *g, dtrun_worker *w, dtrun_stream *s) {
         }
     memmove(s->buf, s->buf + start, s->len - start);
     s->len -= start;
-    if (s->len == sizeof s->buf)  // a line longer than the buffer: pass it on in pieces
+    if (s->len == sizeof s->buf) // a line longer than the buffer: pass it on in pieces
         flush_stream(g, w, s);
     return true;
 }
@@ -375,7 +386,7 @@ void dtrun_group_signal(dtrun_group *g, int sig) {
             continue;
         w->signalled = true;
         if (kill(-w->pid, sig) != 0)
-            kill(w->pid, sig);  // before its setpgid: the process alone
+            kill(w->pid, sig); // before its setpgid: the process alone
     }
 }
 
@@ -394,7 +405,7 @@ int dtrun_group_reap(dtrun_group *g, void (*on_end)(dtrun_worker *w, void *ctx),
         g->nalive--;
         ended++;
         if (r < 0) {
-            w->exit_code = -1;  // reaped elsewhere: unknown
+            w->exit_code = -1; // reaped elsewhere: unknown
         } else if (WIFEXITED(status)) {
             w->exit_code = WEXITSTATUS(status);
         } else {
@@ -468,6 +479,5 @@ void dtrun_worker_failure(const dtrun_worker *w, int node, const char *host, dtr
     snprintf(f->host, sizeof f->host, "%s", host);
     f->nlines = w->tail.count;
     for (int i = 0; i < w->tail.count; i++)
-        memcpy(f->lines[i], w->tail.lines[(w->tail.start + i) % DTRUN_TAIL_LINES],
-               DTRUN_LINE_MAX);
+        memcpy(f->lines[i], w->tail.lines[(w->tail.start + i) % DTRUN_TAIL_LINES], DTRUN_LINE_MAX);
 }
