@@ -8,7 +8,7 @@
 // - --max-restarts restarts every node's workers; the count is seen on both nodes.
 // - A node that never comes: the timeout message lists it. Two dtruns claiming one node
 //   rank, and nodes with different --nproc-per-node, are refused.
-// - SIGINT to one node's dtrun stops the other node's workers.
+// - SIGINT to one node's dtrun (node 0 or node 1) stops the other node's workers.
 // - A node's dtrun killed with SIGKILL: node 0 notices the missing heartbeats within the
 //   node timeout; node 0's dtrun killed: node 1 notices the lost store.
 // - After every scenario no process with the scenario's marker is left.
@@ -221,27 +221,26 @@ static void test_missing_node(void) {
 
 // Two dtruns claim node rank 1 (the second is refused); then SIGINT to node 0 stops
 // the job everywhere.
-static void test_duplicate_rank_and_sigint(void) {
+// Two dtruns claim node rank 1: the second is refused, and does not speak for the
+// node: when the real node 1's dtrun dies, node 0 still notices.
+static void test_duplicate_rank(void) {
     char dir[PATH_MAX];
     scenario_dir(dir, sizeof dir, "dup");
     new_mark("dup");
     int         port    = free_port();
-    const char *flags[] = {"--nproc-per-node", "2", "--rdzv-timeout", "10", NULL};
-    run         n0, n1, dup;
+    const char *flags[] = {
+        "--nproc-per-node", "2", "--rdzv-timeout", "10", "--node-timeout", "1", NULL};
+    run n0, n1, dup;
     start_node(&n0, dir, 2, 0, port, flags, "hang", NULL);
     start_node(&n1, dir, 2, 1, port, flags, "hang", NULL);
     CHECK(wait_files(dir, "cpid", 4, 20));
     start_node(&dup, dir, 2, 1, port, flags, "hang", NULL);
     CHECK_EQ(run_wait(&dup, 10), 1);
     CHECK(strstr(dup.err, "node rank 1 is already taken by host ") != NULL);
-    double t0 = mono_s();
-    kill(n0.pid, SIGINT);
-    CHECK_EQ(run_wait(&n0, 20), 128 + SIGINT);
-    CHECK_EQ(run_wait(&n1, 20), 1);
-    fprintf(stderr, "     SIGINT to node 0's dtrun: both nodes done after %.0f ms\n",
-            ((n0.end > n1.end ? n0.end : n1.end) - t0) * 1000);
-    CHECK(n1.end - t0 < 2.0);
-    CHECK(strstr(n1.err, "interrupted by SIGINT on node 0") != NULL);
+    kill(n1.pid, SIGKILL);
+    CHECK_EQ(run_wait(&n1, 10), 128 + SIGKILL);
+    CHECK_EQ(run_wait(&n0, 20), 1);
+    CHECK(strstr(n0.err, "sent no heartbeat for ") != NULL);
     CHECK(no_marker_procs(mark, 3));
     if (check_failed) {
         run_dump(&n0, "node 0");
@@ -251,6 +250,43 @@ static void test_duplicate_rank_and_sigint(void) {
     run_free(&n0);
     run_free(&n1);
     run_free(&dup);
+}
+
+// A stop signal to one node's dtrun stops the other node too, without a restart.
+static void sigint_case(int victim_node) {
+    char dir[PATH_MAX];
+    scenario_dir(dir, sizeof dir, "sigint2");
+    new_mark("sigint2");
+    int         port    = free_port();
+    const char *flags[] = {"--nproc-per-node", "2", "--max-restarts", "2", NULL};
+    run         n[2];
+    start_node(&n[0], dir, 2, 0, port, flags, "hang", NULL);
+    start_node(&n[1], dir, 2, 1, port, flags, "hang", NULL);
+    CHECK(wait_files(dir, "cpid", 4, 20));
+    double t0 = mono_s();
+    kill(n[victim_node].pid, SIGINT);
+    const run *other = &n[1 - victim_node];
+    CHECK_EQ(run_wait(&n[victim_node], 20), 128 + SIGINT);
+    CHECK_EQ(run_wait(&n[1 - victim_node], 20), 1);
+    fprintf(stderr, "     SIGINT to node %d's dtrun: node %d done after %.0f ms\n", victim_node,
+            1 - victim_node, (other->end - t0) * 1000);
+    CHECK(other->end - t0 < 2.0);
+    char want[64];
+    snprintf(want, sizeof want, "interrupted by SIGINT on node %d", victim_node);
+    CHECK(strstr(other->err, want) != NULL);
+    CHECK(strstr(other->err, "restarting") == NULL);
+    CHECK(no_marker_procs(mark, 3));
+    if (check_failed) {
+        run_dump(&n[0], "node 0");
+        run_dump(&n[1], "node 1");
+    }
+    run_free(&n[0]);
+    run_free(&n[1]);
+}
+
+static void test_sigint_crosses_nodes(void) {
+    sigint_case(0);
+    sigint_case(1);
 }
 
 static void test_config_mismatch(void) {
@@ -326,7 +362,8 @@ int main(int argc, char **argv) {
     RUN(test_failure_crosses_nodes);
     RUN(test_restart_across_nodes);
     RUN(test_missing_node);
-    RUN(test_duplicate_rank_and_sigint);
+    RUN(test_duplicate_rank);
+    RUN(test_sigint_crosses_nodes);
     RUN(test_config_mismatch);
     RUN(test_node_killed);
     if (!check_failed)

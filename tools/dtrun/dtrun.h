@@ -192,7 +192,8 @@ typedef struct dtrun_rdzv {
     dtrun_node       *nodes; // nnodes entries once joined
     char              token[80];
     char              host[64], addr[64];
-    int               sig_fd; // signalfd of dtrun, watched while waiting
+    int               sig_fd;     // signalfd of dtrun, watched while waiting
+    bool              registered; // this dtrun holds its node rank in the store
 
     // Monitor thread (multi-node only).
     pthread_t       thread;

@@ -387,6 +387,7 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
     bool swapped = false;
     if (dt_store_compare_set(r->store, key, NULL, 0, rec, strlen(rec), &swapped))
         return join_fail("cannot register with the store: %s", dt_last_error());
+    r->registered = swapped;
     if (!swapped) {
         void  *v = NULL;
         size_t nb;
@@ -772,8 +773,11 @@ void dtrun_rdzv_leave(dtrun_rdzv *r) {
         return;
     char key[96];
     if (r->node != 0) {
+        // Only the dtrun that holds this node rank speaks for it (not one refused as a
+        // duplicate).
         key_of(key, sizeof key, "dtrun/exit/%d", r->node, 0);
-        dt_store_set(r->store, key, "1", 1);
+        if (r->registered)
+            dt_store_set(r->store, key, "1", 1);
     } else {
         // Node 0 serves the store: keep it until the others have read the outcome.
         uint64_t deadline = dt_deadline_ns(r->a->node_timeout_ms);
