@@ -114,7 +114,7 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
         int ready = poll(pf, (nfds_t)np, timeout);
         if (ready < 0 && errno != EINTR)
             break;
-        for (int k = 2; ready > 0 && k < np; k++)
+        for (int k = r->multi ? 2 : 1; ready > 0 && k < np; k++)
             if (pf[k].revents && pf[k].fd >= 0)
                 dtrun_group_pump(&t.g, pf[k].fd);
 
