@@ -153,6 +153,7 @@ typedef struct fail_case {
     int         nproc, victim;
     const char *grace;  // --stop-grace
     const char *expect; // in the summary
+    const char *env;    // one more variable for dtrun, or NULL
 } fail_case;
 
 static void run_fail_case(const fail_case *fc) {
@@ -163,8 +164,9 @@ static void run_fail_case(const fail_case *fc) {
     snprintf(victim, sizeof victim, "%d", fc->victim);
     const char *flags[] = {"--nproc-per-node", n, "--stop-grace", fc->grace, NULL};
     const char *extra[] = {n, victim, fc->how, NULL};
+    const char *env[]   = {fc->env, NULL};
     run         r;
-    run_start(&r, dir, "dtrun", dtrun_argv(flags, fc->mode, dir, extra), NULL);
+    run_start(&r, dir, "dtrun", dtrun_argv(flags, fc->mode, dir, extra), env);
     CHECK_EQ(run_wait(&r, 60), 1);
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/death", dir);
@@ -202,18 +204,21 @@ static void run_fail_case(const fail_case *fc) {
 }
 
 static void test_worker_exits_3(void) {
-    fail_case fc = {"exit3", "fail", 3, 1, "1", "exited with code 3 at "};
+    fail_case fc = {"exit3", "fail", 3, 1, "1", "exited with code 3 at ", NULL};
     run_fail_case(&fc);
 }
 
 static void test_worker_killed(void) {
-    fail_case fc = {"kill9", "fail", 4, 2, "1", "was killed by signal 9 (SIGKILL) at "};
+    fail_case fc = {"kill9", "fail", 4, 2, "1", "was killed by signal 9 (SIGKILL) at ", NULL};
+    run_fail_case(&fc);
+    // The same where the kernel has no pidfd (dtrun then polls every 100 ms).
+    fc.env = "DTRUN_NO_PIDFD=1";
     run_fail_case(&fc);
 }
 
 // Workers that ignore SIGTERM: SIGKILL after --stop-grace, still within 2 s.
 static void test_stubborn_workers(void) {
-    fail_case fc = {"exit3", "stubborn", 3, 0, "0.3", "exited with code 3 at "};
+    fail_case fc = {"exit3", "stubborn", 3, 0, "0.3", "exited with code 3 at ", NULL};
     run_fail_case(&fc);
 }
 
