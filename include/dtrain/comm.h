@@ -1,0 +1,307 @@
+// comm.h: rendezvous stores, process groups and collectives over plain buffers, and
+// dt_spawn. Knows nothing about models: it moves and reduces bytes between processes.
+//
+// Rules that hold for the whole header:
+// - Every collective (dt_pg_all_reduce ... dt_pg_barrier and their _async forms) is
+//   COLLECTIVE: every rank of the group must call it, in the same order, with the same
+//   count, dtype, op and root. A rank that calls something else gets DT_ERR_MISMATCH
+//   printing both sides' fingerprints (sequence number, op, dtype, count, root).
+// - Every blocking call honours a timeout (the group's, or the store's): nothing waits
+//   forever. Timeouts are DT_ERR_TIMEOUT naming the operation and whom it waited for.
+// - When a peer dies or closes its connection, every pending and later operation of the
+//   group fails within seconds with DT_ERR_PEER naming the rank and the operation
+//   ("all_reduce #42: rank 3 closed the connection"). After any failure inside a
+//   collective the group is poisoned: every later call returns the same error at once.
+// - Buffers are borrowed, never kept: blocking calls use them until they return, async
+//   calls until dt_work_wait (or dt_work_free) returns.
+// - Errors return a dt_status; the message is in dt_last_error() on the calling thread.
+#ifndef DTRAIN_COMM_H
+#define DTRAIN_COMM_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ------------------------------------------------------------------------ data types
+
+typedef enum dt_dtype {
+    DT_FLOAT32,
+    DT_INT32,
+    DT_INT64,
+    DT_DTYPE_COUNT_
+} dt_dtype;
+
+// Bytes per element (4, 4, 8); 0 for an invalid dtype.
+DT_API size_t      dt_dtype_size(dt_dtype t);
+// "float32", "int32", "int64"; "invalid" otherwise. Never NULL.
+DT_API const char *dt_dtype_name(dt_dtype t);
+
+// Reduction operators. AVG is SUM divided by the world size afterwards (as Gloo does);
+// it needs a floating-point dtype (DT_ERR_ARG for integers). Integer SUM and PROD wrap
+// around in two's complement on overflow.
+typedef enum dt_reduce_op {
+    DT_REDUCE_SUM,
+    DT_REDUCE_AVG,
+    DT_REDUCE_MAX,
+    DT_REDUCE_MIN,
+    DT_REDUCE_PROD,
+    DT_REDUCE_COUNT_
+} dt_reduce_op;
+
+// "sum", "avg", "max", "min", "prod"; "invalid" otherwise. Never NULL.
+DT_API const char *dt_reduce_op_name(dt_reduce_op op);
+
+typedef struct dt_store dt_store;  // a key-value store shared by the ranks of a job
+typedef struct dt_pg    dt_pg;     // a process group: ranks joined through a store
+typedef struct dt_work  dt_work;   // one asynchronous operation in flight
+
+// ----------------------------------------------------------------------------- store
+//
+// A small key-value store for rendezvous (PyTorch's TCPStore/FileStore): keys are
+// NUL-terminated strings (1..4096 bytes), values are byte strings (up to 64 MiB).
+// A dt_store handle may be used from several threads at once (calls are serialised).
+
+typedef struct dt_store_opts {
+    int64_t     timeout_ms;  // connect retries, get and wait; 0 = default: DT_TIMEOUT_MS
+                             // env, else 30 min; < 0 = no limit
+    const char *token;       // job token; NULL = DT_JOB_TOKEN env; "" = none. A server with
+                             // a token refuses clients with another (or no) token.
+} dt_store_opts;
+
+// Zeroed options: every field means "default".
+DT_API dt_store_opts dt_store_opts_default(void);
+
+// A TCP store. With is_server, this process runs the server on a thread of its own,
+// listening on every interface at `port` (0 = a free port; see dt_store_port), and
+// the returned handle is also a client of it. Without, connects to host:port,
+// retrying until the timeout (so clients may start before the server).
+// Returns an owned handle (free with dt_store_free) or NULL with dt_last_error():
+// DT_ERR_IO "port 29500 is already in use", DT_ERR_TIMEOUT "could not reach
+// host:port ...", DT_ERR_MISMATCH "job token ...", DT_ERR_ARG bad host or port.
+DT_API dt_store *dt_store_init_tcp(const char *host, int port, bool is_server,
+                                   const dt_store_opts *opts);
+// The port the server listens on (the one chosen when 0 was asked), or the port a
+// client connected to; -1 for other stores.
+DT_API int dt_store_port(const dt_store *store);
+
+// A store kept in one file (for a shared file system): an append-only log of records,
+// read back under an advisory lock. The file is created if missing; use a fresh file
+// per job (with a token, a stale file of another job is refused with DT_ERR_MISMATCH).
+// Blocking gets poll the file. Returns an owned handle or NULL (DT_ERR_IO names the
+// path and the system error; DT_ERR_FORMAT a corrupt file).
+DT_API dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts);
+
+// A view of `base` that puts "<prefix>/" before every key (PyTorch's PrefixStore).
+// Borrows `base`, which must outlive the view; free the view with dt_store_free.
+DT_API dt_store *dt_store_init_prefix(dt_store *base, const char *prefix);
+
+// Sets key to the `nbytes` bytes at `value` (overwrites; wakes waiters).
+DT_API dt_status dt_store_set(dt_store *store, const char *key, const void *value,
+                              size_t nbytes);
+// Waits until key exists (up to the store's timeout), then returns a copy of its value
+// in *value (owned: free with dt_free; a NUL byte follows the value, so text values are
+// C strings) and its length in *nbytes (may be NULL). DT_ERR_TIMEOUT names the key.
+DT_API dt_status dt_store_get(dt_store *store, const char *key, void **value /* out */,
+                              size_t *nbytes /* out */);
+// Waits until every one of the `nkeys` keys exists. timeout_ms: 0 = the store's
+// timeout, < 0 = no limit. DT_ERR_TIMEOUT lists the keys still missing.
+DT_API dt_status dt_store_wait(dt_store *store, const char *const *keys, size_t nkeys,
+                               int64_t timeout_ms);
+// Without waiting: *all_exist tells whether every key exists.
+DT_API dt_status dt_store_check(dt_store *store, const char *const *keys, size_t nkeys,
+                                bool *all_exist /* out */);
+// Atomically adds `delta` to the integer counter `key` (a missing key counts as 0; the
+// value is stored as decimal text) and returns the new value in *value (may be NULL).
+// DT_ERR_FORMAT if the key holds something that is not a decimal integer.
+DT_API dt_status dt_store_add(dt_store *store, const char *key, int64_t delta,
+                              int64_t *value /* out */);
+// Atomically: if key's value equals `expected` (expected == NULL: if key does not exist),
+// sets it to `desired` and *swapped = true; otherwise leaves it and *swapped = false.
+DT_API dt_status dt_store_compare_set(dt_store *store, const char *key, const void *expected,
+                                      size_t expected_nbytes, const void *desired,
+                                      size_t desired_nbytes, bool *swapped /* out */);
+// Deletes key; *deleted (may be NULL) tells whether it existed.
+DT_API dt_status dt_store_delete(dt_store *store, const char *key, bool *deleted /* out */);
+// Changes the default timeout of blocking calls on this handle (0 = default, < 0 none).
+DT_API void      dt_store_set_timeout(dt_store *store, int64_t timeout_ms);
+// Closes the connection (and, in the server's process, stops the server: every client
+// then gets DT_ERR_PEER). NULL is a no-op. Free prefix views before their base.
+DT_API void      dt_store_free(dt_store *store);
+
+// ---------------------------------------------------------------------- process group
+
+typedef struct dt_pg_opts {
+    const char *backend;     // "auto" (NULL = auto): shm when every rank is on this host
+                             // and shm is built, tcp otherwise; or "shm", "tcp"
+    int64_t     timeout_ms;  // per operation; 0 = default: DT_TIMEOUT_MS env, else 30 min
+                             // (PyTorch's CPU backends); < 0 = no limit
+    const char *token;       // job token; NULL = DT_JOB_TOKEN env; "" = none = no check
+} dt_pg_opts;
+
+// Zeroed options: every field means "default".
+DT_API dt_pg_opts dt_pg_opts_default(void);
+
+// Joins the group described by the environment (torch.distributed env://):
+// MASTER_ADDR (required except on rank 0, which then uses 127.0.0.1), MASTER_PORT
+// (required), RANK, WORLD_SIZE (required; OMPI_COMM_WORLD_*, PMI_* and SLURM_* are
+// read when these are unset), LOCAL_RANK and LOCAL_WORLD_SIZE (optional: computed
+// from the hosts of the ranks when unset). Rank 0 runs the store; the others retry
+// connecting until the timeout. COLLECTIVE: returns once every rank has joined.
+// Returns an owned group (dt_pg_free) or NULL with dt_last_error(): DT_ERR_ARG naming a
+// missing or malformed variable or a rank out of range, DT_ERR_MISMATCH for a world
+// size that differs between ranks or a wrong token, DT_ERR_IO for a port in use,
+// DT_ERR_TIMEOUT for an unreachable master or ranks that never came.
+DT_API dt_pg *dt_pg_init_from_env(const dt_pg_opts *opts);
+// Same from an explicit method: "env://" (rank/world < 0 mean "from the environment"),
+// "tcp://host:port" (rank 0 serves the store on port) or "file:///path" (a file store
+// on a shared file system; the file must be fresh for each job).
+DT_API dt_pg *dt_pg_init(const char *init_method, int rank, int world, const dt_pg_opts *opts);
+// Leaves the group: waits for queued async operations (each bounded by its timeout),
+// joins the progress thread, closes connections, and in rank 0's process stops the
+// store. Not collective, but a rank that leaves early makes the others' next
+// collectives fail with DT_ERR_PEER. NULL is a no-op. Work handles stay valid.
+DT_API void dt_pg_free(dt_pg *pg);
+
+DT_API int dt_pg_rank(const dt_pg *pg);
+DT_API int dt_pg_size(const dt_pg *pg);
+DT_API int dt_pg_local_rank(const dt_pg *pg);   // rank among the ranks on this host
+DT_API int dt_pg_local_size(const dt_pg *pg);   // number of ranks on this host
+// Name of the backend in use ("shm", "tcp"); owned by the group.
+DT_API const char *dt_pg_backend(const dt_pg *pg);
+// The group's store (borrowed; lives until dt_pg_free; in ranks other than 0 it needs
+// rank 0 alive). Keys under "dt/" are the group's own: use another prefix.
+DT_API dt_store *dt_pg_store(dt_pg *pg);
+// Poisons the group from any thread: pending and later operations fail with
+// DT_ERR_STATE carrying `reason`, and the other ranks' with DT_ERR_PEER, within seconds.
+DT_API void dt_pg_abort(dt_pg *pg, const char *reason);
+
+// ----------------------------------------------------------------------- collectives
+//
+// All COLLECTIVE (see the top of this header). In place when src == dst (where src
+// and dst have the same size); otherwise src and dst must not overlap. Counts are in
+// elements of `dtype`; count 0 is valid and still synchronises fingerprints. Roots
+// and peers are ranks in [0, size). Errors: DT_ERR_ARG (bad argument, checked before
+// anything is sent: the group stays usable), DT_ERR_TIMEOUT, DT_ERR_PEER,
+// DT_ERR_MISMATCH, DT_ERR_STATE (group poisoned or aborted).
+// Results are bitwise identical on every rank and reproducible for a fixed world size:
+// the reduction order depends on ranks, never on arrival order.
+
+// dst[i] = src_0[i] op src_1[i] op ... for every rank; count elements each.
+DT_API dt_status dt_pg_all_reduce(dt_pg *pg, const void *src, void *dst, size_t count,
+                                  dt_dtype dtype, dt_reduce_op op);
+// Copies root's buf into every other rank's buf.
+DT_API dt_status dt_pg_broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root);
+// Like all_reduce, but only root's dst receives the result (dst is unused elsewhere and
+// may be NULL there).
+DT_API dt_status dt_pg_reduce(dt_pg *pg, const void *src, void *dst, size_t count,
+                              dt_dtype dtype, dt_reduce_op op, int root);
+// dst (size * count_per_rank elements) = every rank's src (count_per_rank) in rank
+// order. In place when src == dst + rank * count_per_rank.
+DT_API dt_status dt_pg_all_gather(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
+                                  dt_dtype dtype);
+// src has size * count_per_rank elements; rank r's dst (count_per_rank) gets the
+// reduction of every rank's block r. In place when dst == src + rank * count_per_rank.
+DT_API dt_status dt_pg_reduce_scatter(dt_pg *pg, const void *src, void *dst,
+                                      size_t count_per_rank, dt_dtype dtype, dt_reduce_op op);
+// root's dst (size * count_per_rank) = every rank's src in rank order; dst unused (may
+// be NULL) on other ranks.
+DT_API dt_status dt_pg_gather(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
+                              dt_dtype dtype, int root);
+// Rank r's dst (count_per_rank) = block r of root's src (size * count_per_rank); src
+// unused (may be NULL) on other ranks.
+DT_API dt_status dt_pg_scatter(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
+                               dt_dtype dtype, int root);
+// Block j of rank i's src goes to block i of rank j's dst (both size * count_per_rank).
+// Not in place: src and dst must not overlap.
+DT_API dt_status dt_pg_all_to_all(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
+                                  dt_dtype dtype);
+// Returns once every rank has entered it.
+DT_API dt_status dt_pg_barrier(dt_pg *pg);
+
+// Point to point (NOT collective: only the two ranks take part). Messages between a
+// pair of ranks are matched in issue order; the receiver's count, dtype and tag must
+// equal the sender's (DT_ERR_MISMATCH otherwise). dt_pg_send returns once the data is
+// handed to the transport (it may not have arrived yet).
+DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, int peer,
+                            int tag);
+DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer,
+                            int tag);
+
+// ------------------------------------------------------------------- async operations
+//
+// Each _async form checks its arguments, queues the operation and returns at once with
+// an owned handle in *out (free with dt_work_free). Operations run on the group's
+// progress thread one at a time in issue order (blocking calls keep their place in that
+// order too), so the caller can compute meanwhile. Buffers stay borrowed until
+// dt_work_wait returns. Argument errors are returned at once and queue nothing.
+
+DT_API dt_status dt_pg_all_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
+                                        dt_dtype dtype, dt_reduce_op op, dt_work **out);
+DT_API dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype,
+                                       int root, dt_work **out);
+DT_API dt_status dt_pg_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
+                                    dt_dtype dtype, dt_reduce_op op, int root, dt_work **out);
+DT_API dt_status dt_pg_all_gather_async(dt_pg *pg, const void *src, void *dst,
+                                        size_t count_per_rank, dt_dtype dtype, dt_work **out);
+DT_API dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *src, void *dst,
+                                            size_t count_per_rank, dt_dtype dtype,
+                                            dt_reduce_op op, dt_work **out);
+DT_API dt_status dt_pg_gather_async(dt_pg *pg, const void *src, void *dst,
+                                    size_t count_per_rank, dt_dtype dtype, int root,
+                                    dt_work **out);
+DT_API dt_status dt_pg_scatter_async(dt_pg *pg, const void *src, void *dst,
+                                     size_t count_per_rank, dt_dtype dtype, int root,
+                                     dt_work **out);
+DT_API dt_status dt_pg_all_to_all_async(dt_pg *pg, const void *src, void *dst,
+                                        size_t count_per_rank, dt_dtype dtype, dt_work **out);
+DT_API dt_status dt_pg_barrier_async(dt_pg *pg, dt_work **out);
+DT_API dt_status dt_pg_send_async(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype,
+                                  int peer, int tag, dt_work **out);
+DT_API dt_status dt_pg_recv_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer,
+                                  int tag, dt_work **out);
+
+// Waits until the operation has finished and returns its status (its message goes to
+// dt_last_error() of the calling thread). Bounded: an operation fails with
+// DT_ERR_TIMEOUT at its deadline (issue time + group timeout). May be called again:
+// returns the same status.
+DT_API dt_status dt_work_wait(dt_work *w);
+// True once the operation has finished (successfully or not). Does not wait.
+DT_API bool      dt_work_test(dt_work *w);
+// Releases the handle; if the operation is still running, waits for it first (the
+// buffers are borrowed until then). NULL is a no-op.
+DT_API void      dt_work_free(dt_work *w);
+
+// ----------------------------------------------------------------------------- spawn
+
+// The C form of torch.multiprocessing.spawn: runs fn(local_rank, arg) in `nprocs` forked
+// child processes and waits for all of them. The return value of fn is the child's
+// exit code.
+typedef int (*dt_spawn_fn)(int local_rank, void *arg);
+
+typedef struct dt_spawn_result {
+    int failed_rank;  // first child that failed (by local rank), -1 if none
+    int exit_code;    // its exit code, or -1 if it was killed by a signal
+    int term_signal;  // the signal that killed it, 0 if it exited
+} dt_spawn_result;
+
+// Each child gets LOCAL_RANK = i and LOCAL_WORLD_SIZE = nprocs; RANK = GROUP_RANK *
+// nprocs + i and WORLD_SIZE kept from the parent when the parent's environment has
+// GROUP_RANK (or NODE_RANK) and WORLD_SIZE, else RANK = i and WORLD_SIZE = nprocs.
+// MASTER_ADDR, MASTER_PORT and the rest of the environment are inherited; when
+// MASTER_PORT is unset, a free port is picked and MASTER_ADDR set to 127.0.0.1, and
+// when DT_JOB_TOKEN is unset a random token is set (so each job has its own).
+// A child dies with its parent (PR_SET_PDEATHSIG, SIGKILL; fork from the thread that
+// stays alive). When a child fails (non-zero exit or signal), the others get SIGTERM
+// and, DT_SPAWN_GRACE_MS (default 3000) later, SIGKILL. Waits for the children without
+// a time limit (they carry their own timeouts).
+// Returns DT_OK when every child exited with 0; DT_ERR_PEER naming the first failed
+// rank and its exit code or signal (also in *out, which may be NULL); DT_ERR_ARG for
+// nprocs < 1 or fn NULL; DT_ERR_IO if fork fails (children already started are stopped).
+DT_API dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DTRAIN_COMM_H
