@@ -32,7 +32,6 @@
 
 #define DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
 #define DEFAULT_SMALL_BYTES ((size_t)64 << 10)
-#define POLL_MS             100  // futex sleep slice: bounds how late a death is noticed
 #define PEER_CHECK_NS       50000000ull  // liveness checked at op start at most this often
 
 #ifndef SYS_pidfd_open
@@ -40,39 +39,6 @@
 #endif
 
 // ------------------------------------------------------------------- segment layout
-
-enum shm_kind {
-    K_NONE,
-    K_ALL_REDUCE,
-    K_REDUCE,
-    K_BROADCAST,
-    K_ALL_GATHER,
-    K_GATHER,
-    K_SCATTER,
-    K_REDUCE_SCATTER,
-    K_ALL_TO_ALL,
-    K_BARRIER,
-    K_SEND,
-    K_RECV,
-};
-
-static const char *const kind_names[] = {
-    [K_NONE] = "none",           [K_ALL_REDUCE] = "all_reduce", [K_REDUCE] = "reduce",
-    [K_BROADCAST] = "broadcast", [K_ALL_GATHER] = "all_gather", [K_GATHER] = "gather",
-    [K_SCATTER] = "scatter",     [K_REDUCE_SCATTER] = "reduce_scatter",
-    [K_ALL_TO_ALL] = "all_to_all", [K_BARRIER] = "barrier",     [K_SEND] = "send",
-    [K_RECV] = "recv",
-};
-
-// What a rank says it is doing; compared field by field across ranks.
-typedef struct shm_fp {
-    uint64_t seq;    // collectives issued so far by this rank, this one included
-    uint64_t count;  // elements (per rank for the gather/scatter family)
-    uint32_t kind;   // enum shm_kind
-    uint32_t dtype;
-    uint32_t op;     // dt_reduce_op, or 0 where none
-    int32_t  root;   // root rank, or -1 where none
-} shm_fp;
 
 typedef struct shm_word {
     _Atomic uint32_t value;    // written by one owner; a futex word
@@ -83,10 +49,13 @@ typedef struct shm_word {
 // line is apart from the fingerprints so readers of one do not bounce the other.
 typedef struct shm_slot {
     _Alignas(64) shm_word step;
-    _Alignas(64) shm_fp fp[2];  // by seq parity: a rank can be one collective ahead
+    // By the parity of the rank's collective count: a rank can be one collective ahead
+    // of another, never two (it cannot finish one without the others arriving).
+    _Alignas(64) dt_fingerprint fp[2];
     _Alignas(64) _Atomic int32_t pid;
     _Atomic uint32_t departed;  // set by dt_shm_free: gone on purpose
-    char pad[120];
+    _Atomic uint32_t ncoll;     // collectives started, for "last seen in" messages
+    char pad[116];
 } shm_slot;
 _Static_assert(sizeof(shm_slot) == 256, "slot is four cache lines");
 
@@ -99,12 +68,9 @@ _Static_assert(sizeof(shm_chan) == 128, "channel is two cache lines");
 
 // Precedes the data of every send/recv chunk.
 typedef struct shm_msg {
-    uint64_t msg;    // message number on this channel, from 1
-    uint64_t count;  // elements of the whole message
-    uint32_t dtype;
-    int32_t  tag;
-    uint32_t chunk;  // index within the message
-    uint32_t pad[9];
+    dt_fingerprint fp;     // the sender's (seq = message number on this channel, tag in root)
+    uint32_t       chunk;  // index within the message
+    uint32_t       pad[9];
 } shm_msg;
 _Static_assert(sizeof(shm_msg) == 64, "message header is one cache line");
 
@@ -124,7 +90,7 @@ typedef struct shm_header {
     _Alignas(64) _Atomic uint32_t abort_state;
     int32_t  abort_status;
     int32_t  abort_rank;  // the rank at fault, or -1
-    char     abort_msg[512];
+    char     abort_msg[768];
 } shm_header;
 _Static_assert(sizeof(shm_header) <= 4096, "header fits a page");
 
@@ -139,26 +105,25 @@ struct dt_shm {
     unsigned char *pbufs;  // world x world x 2 channel buffers of (64 + pchunk) bytes
     size_t         chunk, small, pchunk;
     uint32_t       step;          // mirror of slots[rank].step
-    uint64_t       seq;           // collectives issued
+    uint32_t       ncoll;         // collectives started (fingerprint slot parity)
     uint32_t       next_buf;      // which buffer the next chunk uses (same on all ranks)
     uint32_t       free_step[2];  // own buffer b is unread once all ranks pass this
     uint32_t      *sent;          // per peer: chunks posted to it
     uint32_t      *taken;         // per peer: chunks consumed from it
-    uint64_t      *send_msgs, *recv_msgs;
     int           *pidfds;        // per rank, -1 for self or unknown
     int64_t        spin_ns;
     size_t         nt_bytes;      // results at least this large use non-temporal stores
     uint64_t       last_check_ns;
+    bool         (*aborted)(void *arg);
+    void          *aborted_arg;
     dt_status      failed;
-    char           fail_msg[900];
+    char           fail_msg[1000];
 };
 
 typedef struct shm_op {
-    dt_shm  *s;
-    shm_fp   fp;
-    uint64_t deadline_ns;
-    uint64_t start_ns;
-    int      peer;  // send/recv
+    dt_shm      *s;
+    const dt_op *op;
+    uint64_t     start_ns;
 } shm_op;
 
 // ---------------------------------------------------------------------- primitives
@@ -195,45 +160,56 @@ static void set_step(dt_shm *s, uint32_t v) {
     word_set(&s->slots[s->rank].step, v);
 }
 
-static const char *kind_name(uint32_t k) {
-    return k < sizeof kind_names / sizeof kind_names[0] ? kind_names[k] : "?";
+static const char *coll_name(unsigned c) {
+    static const char *const names[DT_COLL_COUNT_] = {
+        [DT_COLL_ALL_REDUCE] = "all_reduce", [DT_COLL_BROADCAST] = "broadcast",
+        [DT_COLL_REDUCE] = "reduce",         [DT_COLL_ALL_GATHER] = "all_gather",
+        [DT_COLL_REDUCE_SCATTER] = "reduce_scatter", [DT_COLL_GATHER] = "gather",
+        [DT_COLL_SCATTER] = "scatter",       [DT_COLL_ALL_TO_ALL] = "all_to_all",
+        [DT_COLL_BARRIER] = "barrier",       [DT_COLL_SEND] = "send",
+        [DT_COLL_RECV] = "recv",             [DT_COLL_INIT] = "init",
+    };
+    return c < DT_COLL_COUNT_ ? names[c] : "unknown";
 }
 
-// "all_reduce #5 (count 100, float32, sum)"
-static void fp_describe(const shm_fp *f, char *buf, size_t n) {
-    switch (f->kind) {
-    case K_BARRIER:
-        snprintf(buf, n, "barrier #%llu", (unsigned long long)f->seq);
+// The fingerprint as comm's messages print it: "all_reduce #42 (float32 sum, count
+// 1000)", "broadcast #7 (int64, count 3, root 1)", "send #2 (float32, count 5, tag 9)".
+static const char *fp_format(const dt_fingerprint *f, char *buf, size_t n) {
+    const char *dt = dt_shm_dtype_name((dt_dtype)f->dtype);
+    const char *k  = coll_name(f->coll);
+    unsigned long long seq = (unsigned long long)f->seq, cnt = (unsigned long long)f->count;
+    switch (f->coll) {
+    case DT_COLL_ALL_REDUCE:
+    case DT_COLL_REDUCE_SCATTER:
+        snprintf(buf, n, "%s #%llu (%s %s, count %llu)", k, seq, dt,
+                 dt_shm_op_name((dt_reduce_op)f->op), cnt);
         break;
-    case K_ALL_REDUCE:
-    case K_REDUCE_SCATTER:
-        snprintf(buf, n, "%s #%llu (count %llu, %s, %s)", kind_name(f->kind),
-                 (unsigned long long)f->seq, (unsigned long long)f->count,
-                 dt_shm_dtype_name((dt_dtype)f->dtype), dt_shm_op_name((dt_reduce_op)f->op));
+    case DT_COLL_REDUCE:
+        snprintf(buf, n, "%s #%llu (%s %s, count %llu, root %d)", k, seq, dt,
+                 dt_shm_op_name((dt_reduce_op)f->op), cnt, (int)f->root);
         break;
-    case K_REDUCE:
-        snprintf(buf, n, "reduce #%llu (count %llu, %s, %s, root %d)", (unsigned long long)f->seq,
-                 (unsigned long long)f->count, dt_shm_dtype_name((dt_dtype)f->dtype),
-                 dt_shm_op_name((dt_reduce_op)f->op), f->root);
+    case DT_COLL_BROADCAST:
+    case DT_COLL_GATHER:
+    case DT_COLL_SCATTER:
+        snprintf(buf, n, "%s #%llu (%s, count %llu, root %d)", k, seq, dt, cnt, (int)f->root);
         break;
-    case K_BROADCAST:
-    case K_GATHER:
-    case K_SCATTER:
-        snprintf(buf, n, "%s #%llu (count %llu, %s, root %d)", kind_name(f->kind),
-                 (unsigned long long)f->seq, (unsigned long long)f->count,
-                 dt_shm_dtype_name((dt_dtype)f->dtype), f->root);
+    case DT_COLL_ALL_GATHER:
+    case DT_COLL_ALL_TO_ALL:
+        snprintf(buf, n, "%s #%llu (%s, count %llu)", k, seq, dt, cnt);
         break;
-    case K_SEND:
-    case K_RECV:
-        snprintf(buf, n, "%s #%llu %s rank %d (count %llu, %s, tag %d)", kind_name(f->kind),
-                 (unsigned long long)f->seq, f->kind == K_SEND ? "to" : "from", f->root,
-                 (unsigned long long)f->count, dt_shm_dtype_name((dt_dtype)f->dtype), (int)f->op);
+    case DT_COLL_SEND:
+    case DT_COLL_RECV:
+        snprintf(buf, n, "%s #%llu (%s, count %llu, tag %d)", k, seq, dt, cnt, (int)f->root);
         break;
     default:
-        snprintf(buf, n, "%s #%llu (count %llu, %s)", kind_name(f->kind),
-                 (unsigned long long)f->seq, (unsigned long long)f->count,
-                 dt_shm_dtype_name((dt_dtype)f->dtype));
+        snprintf(buf, n, "%s #%llu", k, seq);
     }
+    return buf;
+}
+
+static bool fp_same(const dt_fingerprint *a, const dt_fingerprint *b) {
+    return a->seq == b->seq && a->count == b->count && a->root == b->root &&
+           a->coll == b->coll && a->dtype == b->dtype && a->op == b->op;
 }
 
 // ------------------------------------------------------------------ abort and poison
@@ -249,7 +225,8 @@ static void wake_everyone(dt_shm *s) {
     futex_wake(&s->hdr->ready.value);
 }
 
-// Records the group's first failure in the segment for every rank to see.
+// Records the group's first failure in the segment for every rank to see, and wakes
+// every sleeper. `msg` is written for the other ranks ("rank 2 died (...)").
 static void publish_abort(dt_shm *s, dt_status st, int culprit, const char *msg) {
     shm_header *h        = s->hdr;
     uint32_t    expected = 0;
@@ -262,7 +239,7 @@ static void publish_abort(dt_shm *s, dt_status st, int culprit, const char *msg)
     wake_everyone(s);
 }
 
-// Records a failure of this rank's current call; every later call repeats it.
+// Records the failure of this rank's current operation; every later call repeats it.
 static dt_status poison(dt_shm *s, dt_status st, const char *fmt, ...) DT_PRINTF(3, 4);
 static dt_status poison(dt_shm *s, dt_status st, const char *fmt, ...) {
     va_list ap;
@@ -273,38 +250,40 @@ static dt_status poison(dt_shm *s, dt_status st, const char *fmt, ...) {
     return dt_fail(st, "%s", s->fail_msg);
 }
 
-static dt_status fail_from_abort(shm_op *op) {
-    dt_shm     *s = op->s;
-    shm_header *h = s->hdr;
-    char        what[160];
-    fp_describe(&op->fp, what, sizeof what);
-    // The writer is between its two stores; if it died there, say so.
-    uint64_t t0 = dt_now_ns();
+static dt_status fail_from_abort(shm_op *o) {
+    dt_shm     *s  = o->s;
+    shm_header *h  = s->hdr;
+    uint64_t    t0 = dt_now_ns();
+    // The writer is between its two stores; if it died right there, say so.
     while (atomic_load_explicit(&h->abort_state, memory_order_acquire) != 2) {
         if (dt_now_ns() - t0 > 100000000ull)
-            return poison(s, DT_ERR_PEER, "%s: a rank died while recording a failure", what);
+            return poison(s, DT_ERR_PEER, "%s: a rank died while recording a failure",
+                          o->op->name);
         cpu_relax();
     }
-    return poison(s, (dt_status)h->abort_status, "%s: %s", what, h->abort_msg);
+    return poison(s, (dt_status)h->abort_status, "%s: %s", o->op->name, h->abort_msg);
 }
 
-void dt_shm_abort(dt_shm *s, dt_status status, const char *reason) {
+void dt_shm_abort(dt_shm *s, dt_status st, const char *msg) {
     if (!s)
         return;
-    char msg[512];
-    snprintf(msg, sizeof msg, "rank %d aborted the group: %s", s->rank, reason ? reason : "");
-    publish_abort(s, status == DT_OK ? DT_ERR_STATE : status, s->rank, msg);
+    char text[700];
+    // A mismatch or a timeout means the same to everyone; any other failure here is
+    // "this rank is gone for you".
+    dt_status theirs = st == DT_ERR_MISMATCH || st == DT_ERR_TIMEOUT ? st : DT_ERR_PEER;
+    snprintf(text, sizeof text, "rank %d aborted the group: %s", s->rank, msg ? msg : "");
+    publish_abort(s, theirs, s->rank, text);
     if (!s->failed) {
-        s->failed = status == DT_OK ? DT_ERR_STATE : status;
-        snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg);
+        s->failed = st == DT_OK ? DT_ERR_STATE : st;
+        snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg ? msg : "aborted");
     }
 }
 
 // ------------------------------------------------------------------------- liveness
 
-// Returns the ranks whose process has ended, as a bitmask of the first 64 and the
-// first such rank in *first (-1 if none).
-static int exited_peer(dt_shm *s, int skip_departed) {
+// The first rank whose process has ended (skipping those that left through
+// dt_shm_free when skip_departed), or -1.
+static int exited_peer(dt_shm *s, bool skip_departed) {
     struct pollfd pfd[64];
     int           idx[64];
     for (int base = 0; base < s->world; base += 64) {
@@ -322,85 +301,91 @@ static int exited_peer(dt_shm *s, int skip_departed) {
         for (int i = 0; i < n; i++) {
             if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
                 continue;
-            int r = idx[i];
-            if (skip_departed && atomic_load(&s->slots[r].departed))
+            if (skip_departed && atomic_load(&s->slots[idx[i]].departed))
                 continue;
-            return r;
+            return idx[i];
         }
     }
     return -1;
 }
 
-// Called between sleeps of a wait on rank `peer` (or while idle with peer -1):
-// a published abort, a dead rank, a departed rank we need, or the deadline.
-static dt_status check_health(shm_op *op, int peer, uint32_t target, bool is_step) {
-    dt_shm *s = op->s;
+// "rank 2 (last seen in all_reduce #41 (...))"
+static size_t describe_rank(const dt_shm *s, int r, char *buf, size_t n) {
+    uint32_t              nc = atomic_load(&s->slots[r].ncoll);
+    const dt_fingerprint *f  = &s->slots[r].fp[nc & 1];
+    char                  fp[160];
+    if (nc == 0)
+        return (size_t)snprintf(buf, n, "rank %d (no collective yet)", r);
+    return (size_t)snprintf(buf, n, "rank %d (last seen in %s)", r, fp_format(f, fp, sizeof fp));
+}
+
+// Called between sleeps of a wait on rank `peer` (-1 at the start of an operation):
+// a failure published by anyone, an abort of the caller's group, a dead rank, a
+// departed rank we still need, the deadline.
+static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step) {
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
     if (atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire) != 0)
-        return fail_from_abort(op);
+        return fail_from_abort(o);
+    if (s->aborted && s->aborted(s->aborted_arg))
+        return poison(s, DT_ERR_STATE, "%s: interrupted: the group was aborted", op->name);
     s->last_check_ns = dt_now_ns();
-    int dead         = exited_peer(s, 1);
+    int dead         = exited_peer(s, true);
     if (dead >= 0) {
         char msg[256];
         snprintf(msg, sizeof msg, "rank %d died (process %d ended without leaving the group)",
                  dead, (int)atomic_load(&s->slots[dead].pid));
         publish_abort(s, DT_ERR_PEER, dead, msg);
-        return fail_from_abort(op);
+        return fail_from_abort(o);
     }
-    char what[160];
     if (peer >= 0 && atomic_load(&s->slots[peer].departed)) {
-        fp_describe(&op->fp, what, sizeof what);
-        return poison(s, DT_ERR_PEER,
-                      "%s: rank %d left the group (dt_pg_free) while rank %d still needs it",
-                      what, peer, s->rank);
+        char msg[256];
+        snprintf(msg, sizeof msg, "rank %d left the group (dt_pg_free) while rank %d still "
+                                  "needed it", peer, s->rank);
+        publish_abort(s, DT_ERR_PEER, peer, msg);
+        return fail_from_abort(o);
     }
     if (op->deadline_ns != UINT64_MAX && s->last_check_ns >= op->deadline_ns) {
-        fp_describe(&op->fp, what, sizeof what);
-        char who[400];
+        char   who[480];
         size_t at = 0;
         who[0]    = '\0';
-        if (is_step) {
-            for (int r = 0; r < s->world && at < sizeof who - 80; r++) {
-                uint32_t v = atomic_load(&s->slots[r].step.value);
-                if (r == s->rank || reached(v, target))
-                    continue;
-                const shm_fp *f0 = &s->slots[r].fp[0], *f1 = &s->slots[r].fp[1];
-                const shm_fp *f  = f0->seq > f1->seq ? f0 : f1;
-                char          theirs[160];
-                if (f->seq == 0)
-                    snprintf(theirs, sizeof theirs, "no collective yet");
-                else
-                    fp_describe(f, theirs, sizeof theirs);
-                at += (size_t)snprintf(who + at, sizeof who - at, "%srank %d (last seen in %s)",
-                                       at ? ", " : "", r, theirs);
-            }
-        } else {
-            snprintf(who, sizeof who, "rank %d", peer);
+        for (int r = 0; r < s->world && at < sizeof who - 200; r++) {
+            if (r == s->rank || (!is_step && r != peer))
+                continue;
+            if (is_step && reached(atomic_load(&s->slots[r].step.value), target))
+                continue;
+            if (at)
+                at += (size_t)snprintf(who + at, sizeof who - at, ", ");
+            at += describe_rank(s, r, who + at, sizeof who - at);
         }
-        double waited = (double)(s->last_check_ns - op->start_ns) / 1e6;
-        char   msg[700];
-        snprintf(msg, sizeof msg, "%s: timed out after %.0f ms waiting for %s", what, waited,
+        double ms = (double)(s->last_check_ns - o->start_ns) / 1e6;
+        char   msg[700], shared[700];
+        snprintf(msg, sizeof msg, "timed out after %.0f ms waiting for %s", ms,
                  who[0] ? who : "its peers");
-        char shared[512];
-        snprintf(shared, sizeof shared, "rank %d gave up: %.480s", s->rank, msg);
+        snprintf(shared, sizeof shared, "rank %d gave up in %.150s: %.500s", s->rank, op->name,
+                 msg);
         publish_abort(s, DT_ERR_TIMEOUT, s->rank, shared);
-        return poison(s, DT_ERR_TIMEOUT, "%s", msg);
+        return poison(s, DT_ERR_TIMEOUT, "%s: %s", op->name, msg);
     }
     return DT_OK;
 }
 
-// Waits until `w` reaches `target`: spin first (the peer is usually a few hundred
-// nanoseconds away), then sleep on the futex in POLL_MS slices, checking health
-// between slices.
-static dt_status wait_word(shm_op *op, shm_word *w, uint32_t target, int peer, bool is_step) {
+// The futex sleep slice: how late an abort of the caller's group (and a death) is seen.
+#define SLICE_NS 10000000ll
+
+// Waits until `w` reaches `target`: spin first (the peer is usually well under a
+// microsecond away), then sleep on the futex in SLICE_NS slices, checking health
+// between them.
+static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bool is_step) {
     if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
         return DT_OK;
-    dt_shm  *s  = op->s;
+    dt_shm  *s  = o->s;
     uint64_t t0 = dt_now_ns();
     for (unsigned i = 1;; i++) {
         cpu_relax();
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
-        if ((i & 255) == 0) {
+        if ((i & 127) == 0) {
             if ((int64_t)(dt_now_ns() - t0) >= s->spin_ns)
                 break;
             if (atomic_load_explicit(&s->hdr->abort_state, memory_order_relaxed))
@@ -411,10 +396,11 @@ static dt_status wait_word(shm_op *op, shm_word *w, uint32_t target, int peer, b
         atomic_fetch_add_explicit(&w->waiters, 1, memory_order_seq_cst);
         uint32_t v = atomic_load_explicit(&w->value, memory_order_seq_cst);
         if (!reached(v, target) && !atomic_load(&s->hdr->abort_state)) {
-            int64_t slice = (int64_t)POLL_MS * 1000000;
-            if (op->deadline_ns != UINT64_MAX) {
-                uint64_t now = dt_now_ns();
-                int64_t left = now >= op->deadline_ns ? 0 : (int64_t)(op->deadline_ns - now);
+            int64_t slice = SLICE_NS;
+            if (o->op->deadline_ns != UINT64_MAX) {
+                uint64_t now  = dt_now_ns();
+                int64_t  left = now >= o->op->deadline_ns ? 0
+                                                          : (int64_t)(o->op->deadline_ns - now);
                 if (left < slice)
                     slice = left;
             }
@@ -424,144 +410,137 @@ static dt_status wait_word(shm_op *op, shm_word *w, uint32_t target, int peer, b
         atomic_fetch_sub_explicit(&w->waiters, 1, memory_order_seq_cst);
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
-        DT_TRY(check_health(op, peer, target, is_step));
+        DT_TRY(check_health(o, peer, target, is_step));
     }
 }
 
-static dt_status wait_step(shm_op *op, int r, uint32_t target) {
-    return wait_word(op, &op->s->slots[r].step, target, r, true);
+static dt_status wait_step(shm_op *o, int r, uint32_t target) {
+    return wait_word(o, &o->s->slots[r].step, target, r, true);
 }
 
-static dt_status wait_all(shm_op *op, uint32_t target) {
-    dt_shm *s = op->s;
+static dt_status wait_all(shm_op *o, uint32_t target) {
+    dt_shm *s = o->s;
     for (int r = 0; r < s->world; r++)
         if (r != s->rank)
-            DT_TRY(wait_step(op, r, target));
+            DT_TRY(wait_step(o, r, target));
     return DT_OK;
 }
 
 // Before this rank writes its buffer b: everyone has finished reading what it held.
-static dt_status acquire_buf(shm_op *op, uint32_t b) {
-    return wait_all(op, op->s->free_step[b & 1]);
+static dt_status acquire_buf(shm_op *o, uint32_t b) {
+    return wait_all(o, o->s->free_step[b & 1]);
 }
 
 static inline unsigned char *buf_of(const dt_shm *s, int r, uint32_t b) {
     return s->bufs + ((size_t)r * 2 + (b & 1)) * s->chunk;
 }
 
+static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+static inline size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// Bytes of each of the world slots a buffer is cut into (scatter, reduce_scatter,
+// all_to_all): a multiple of 64 so that slots do not share cache lines.
+static inline size_t slot_bytes(const dt_shm *s) {
+    return (s->chunk / (size_t)s->world) & ~(size_t)63;
+}
+
 // --------------------------------------------------------------------- op framing
 
-static dt_status op_begin(dt_shm *s, shm_op *op, enum shm_kind kind, size_t count,
-                          dt_dtype dtype, int op_or_tag, int root, uint64_t deadline_ns) {
-    memset(op, 0, sizeof *op);
-    op->s           = s;
-    op->deadline_ns = deadline_ns;
-    op->fp.kind     = kind;
-    op->fp.count    = count;
-    op->fp.dtype    = (uint32_t)dtype;
-    op->fp.op       = (uint32_t)op_or_tag;
-    op->fp.root     = root;
-    op->fp.seq      = s->seq + 1;
-    if (s->failed) {
-        char what[160];
-        fp_describe(&op->fp, what, sizeof what);
-        return dt_fail(s->failed, "%s: the group failed earlier: %s", what, s->fail_msg);
-    }
-    if (dt_shm_dtype_size(dtype) == 0)
-        return dt_fail(DT_ERR_ARG, "shm %s: expected a dtype in [0, %d), found %d",
-                       kind_name(kind), (int)DT_DTYPE_COUNT_, (int)dtype);
-    if ((kind == K_ALL_REDUCE || kind == K_REDUCE || kind == K_REDUCE_SCATTER) &&
-        (unsigned)op_or_tag >= (unsigned)DT_REDUCE_COUNT_)
-        return dt_fail(DT_ERR_ARG, "shm %s: expected a reduce op in [0, %d), found %d",
-                       kind_name(kind), (int)DT_REDUCE_COUNT_, op_or_tag);
-    if (root != -1 && (root < 0 || root >= s->world))
-        return dt_fail(DT_ERR_ARG, "shm %s: expected %s in [0, %d), found %d", kind_name(kind),
-                       kind == K_SEND || kind == K_RECV ? "a peer rank" : "a root rank",
-                       s->world, root);
-    if (count > (SIZE_MAX >> 4) / (size_t)s->world)
-        return dt_fail(DT_ERR_ARG, "shm %s: count %zu is too large", kind_name(kind), count);
-    op->start_ns = dt_now_ns();
+static dt_status op_begin(dt_shm *s, shm_op *o, const dt_op *op) {
+    o->s  = s;
+    o->op = op;
+    if ((unsigned)op->kind >= (unsigned)DT_COLL_COUNT_)
+        return dt_fail(DT_ERR_ARG, "%s: unknown operation kind %d", op->name, (int)op->kind);
+    if (s->failed)
+        return dt_fail(s->failed, "%s: the group failed earlier: %s", op->name, s->fail_msg);
+    size_t es = dt_shm_dtype_size(op->dtype);
+    if (es == 0)
+        return dt_fail(DT_ERR_ARG, "%s: expected a dtype in [0, %d), found %d", op->name,
+                       (int)DT_DTYPE_COUNT_, (int)op->dtype);
+    if ((op->kind == DT_COLL_ALL_REDUCE || op->kind == DT_COLL_REDUCE ||
+         op->kind == DT_COLL_REDUCE_SCATTER) &&
+        (unsigned)op->op >= (unsigned)DT_REDUCE_COUNT_)
+        return dt_fail(DT_ERR_ARG, "%s: expected a reduce op in [0, %d), found %d", op->name,
+                       (int)DT_REDUCE_COUNT_, (int)op->op);
+    bool rooted = op->kind == DT_COLL_BROADCAST || op->kind == DT_COLL_REDUCE ||
+                  op->kind == DT_COLL_GATHER || op->kind == DT_COLL_SCATTER;
+    if (rooted && (op->root < 0 || op->root >= s->world))
+        return dt_fail(DT_ERR_ARG, "%s: expected a root rank in [0, %d), found %d", op->name,
+                       s->world, op->root);
+    bool p2p = op->kind == DT_COLL_SEND || op->kind == DT_COLL_RECV;
+    if (p2p && (op->peer < 0 || op->peer >= s->world || op->peer == s->rank))
+        return dt_fail(DT_ERR_ARG, "%s: expected a peer rank in [0, %d) other than %d, found %d",
+                       op->name, s->world, s->rank, op->peer);
+    if (op->count > (SIZE_MAX >> 4) / es / (size_t)s->world)
+        return dt_fail(DT_ERR_ARG, "%s: count %zu is too large", op->name, op->count);
+    o->start_ns = dt_now_ns();
     // A dead rank nobody waits on is still noticed by the next call, at a bounded cost.
-    if (op->start_ns - s->last_check_ns > PEER_CHECK_NS || atomic_load(&s->hdr->abort_state)) {
-        op->deadline_ns = UINT64_MAX;
-        dt_status st    = check_health(op, -1, 0, false);
-        op->deadline_ns = deadline_ns;
-        DT_TRY(st);
-    }
-    if (kind != K_SEND && kind != K_RECV) {
-        s->seq++;
-        s->slots[s->rank].fp[s->seq & 1] = op->fp;  // published by the next set_step
+    if (o->start_ns - s->last_check_ns > PEER_CHECK_NS || atomic_load(&s->hdr->abort_state))
+        DT_TRY(check_health(o, -1, 0, false));
+    if (!p2p) {
+        s->ncoll++;
+        s->slots[s->rank].fp[s->ncoll & 1] = op->fp;  // published by the next set_step
+        atomic_store_explicit(&s->slots[s->rank].ncoll, s->ncoll, memory_order_relaxed);
     }
     return DT_OK;
 }
 
 // After every rank published its fingerprint (all passed the arrival step): compare.
-static dt_status check_fps(shm_op *op) {
-    dt_shm *s = op->s;
+// Every rank compares every other, so every rank sees a mismatch on its own.
+static dt_status check_fps(shm_op *o) {
+    dt_shm *s = o->s;
     for (int r = 0; r < s->world; r++) {
         if (r == s->rank)
             continue;
-        const shm_fp *f = &s->slots[r].fp[op->fp.seq & 1];
-        if (f->seq == op->fp.seq && f->kind == op->fp.kind && f->count == op->fp.count &&
-            f->dtype == op->fp.dtype && f->op == op->fp.op && f->root == op->fp.root)
+        const dt_fingerprint *f = &s->slots[r].fp[s->ncoll & 1];
+        if (fp_same(f, &o->op->fp))
             continue;
-        char mine[160], theirs[160], msg[480];
-        fp_describe(&op->fp, mine, sizeof mine);
-        fp_describe(f, theirs, sizeof theirs);
-        snprintf(msg, sizeof msg, "collective mismatch: rank %d called %s, rank %d called %s",
-                 s->rank, mine, r, theirs);
+        char mine[160], theirs[160], msg[600];
+        fp_format(&o->op->fp, mine, sizeof mine);
+        fp_format(f, theirs, sizeof theirs);
+        snprintf(msg, sizeof msg, "rank %d called %s but rank %d called %s; every rank must "
+                                  "issue the same collectives in the same order",
+                 r, theirs, s->rank, mine);
         publish_abort(s, DT_ERR_MISMATCH, r, msg);
-        return poison(s, DT_ERR_MISMATCH, "%s: %s", mine, msg);
+        return poison(s, DT_ERR_MISMATCH, "%s: rank %d called %s but this rank (%d) called %s; "
+                                          "every rank must issue the same collectives in the "
+                                          "same order", o->op->name, r, theirs, s->rank, mine);
     }
     return DT_OK;
 }
 
 // The first synchronisation of every collective: publish step base+1 (after any data
 // this rank had to stage first), wait until every rank did, compare fingerprints.
-static dt_status arrive(shm_op *op, uint32_t base) {
-    set_step(op->s, base + 1);
-    DT_TRY(wait_all(op, base + 1));
-    return check_fps(op);
-}
-
-static void op_end(dt_shm *s, bool nt) {
-    if (nt)
-        dt_shm_store_fence();  // results visible to whichever thread the caller hands them
-    (void)s;
-}
-
-static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
-static inline size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
-
-// Bytes of each of the world slots a chunk is cut into (gather-scatter family):
-// a multiple of 64 so that slots do not share cache lines.
-static inline size_t slot_bytes(const dt_shm *s) {
-    return (s->chunk / (size_t)s->world) & ~(size_t)63;
+static dt_status arrive(shm_op *o, uint32_t base) {
+    set_step(o->s, base + 1);
+    DT_TRY(wait_all(o, base + 1));
+    return check_fps(o);
 }
 
 // ---------------------------------------------------------------------- all_reduce
 
 // Small buffers: one synchronisation. Every rank stages its whole input, waits for
-// all, and reduces the whole buffer from the world staged copies itself.
-static dt_status all_reduce_small(shm_op *op, const unsigned char *src, unsigned char *dst,
-                                  size_t count, size_t es, dt_dtype dtype, dt_reduce_op rop,
-                                  int root) {
-    dt_shm  *s    = op->s;
-    uint32_t base = s->step;
-    uint32_t b    = s->next_buf;
-    DT_TRY(acquire_buf(op, b));
+// all, and reduces the whole buffer from the world staged copies itself (its own
+// from src), in rank order, so every rank computes the same bits.
+static dt_status all_reduce_small(shm_op *o, const unsigned char *src, unsigned char *dst,
+                                  size_t count, size_t es, int root) {
+    dt_shm      *s    = o->s;
+    const dt_op *op   = o->op;
+    uint32_t     base = s->step;
+    uint32_t     b    = s->next_buf;
+    DT_TRY(acquire_buf(o, b));
     memcpy(buf_of(s, s->rank, b), src, count * es);
-    DT_TRY(arrive(op, base));
+    DT_TRY(arrive(o, base));
     if (root < 0 || root == s->rank) {
-        const void *in[256];
-        const void **inp = s->world <= 256 ? in : dt_alloc(sizeof(void *) * (size_t)s->world);
-        if (!inp)
-            return poison(s, DT_ERR_NOMEM, "all_reduce: no memory for %d pointers", s->world);
+        const void  *in_stack[64];
+        const void **in = s->world <= 64 ? in_stack : dt_alloc(sizeof(void *) * (size_t)s->world);
+        if (!in)
+            return poison(s, DT_ERR_NOMEM, "%s: no memory for %d pointers", op->name, s->world);
         for (int r = 0; r < s->world; r++)
-            inp[r] = r == s->rank ? (const void *)src : (const void *)buf_of(s, r, b);
-        dt_shm_reduce_kernel(dst, NULL, false, inp, s->world, count, dtype, rop);
-        if (inp != in)
-            dt_free(inp);
+            in[r] = r == s->rank ? (const void *)src : (const void *)buf_of(s, r, b);
+        dt_shm_reduce_kernel(dst, NULL, false, in, s->world, count, op->dtype, op->op);
+        if (in != in_stack)
+            dt_free(in);
     }
     set_step(s, base + 2);
     s->free_step[b & 1] = base + 2;
@@ -570,56 +549,53 @@ static dt_status all_reduce_small(shm_op *op, const unsigned char *src, unsigned
 }
 
 // Large buffers: chunks of `chunk` bytes stream through the two buffers of every rank.
-// Per chunk k (slice r of a chunk is rank r's share):
-//   copy-in  : rank r stages every slice but its own                -> step base+2k+1
-//   reduce   : rank r reduces slice r over all ranks (its own from src) into dst and
-//              into its buffer                                      -> step base+2k+2
-//   gather   : rank r copies the reduced slices of the others to dst, and stages the
-//              next chunk                                           -> step base+2k+3
-// so two synchronisations per chunk; the next chunk's staging overlaps this gather.
-static dt_status all_reduce_large(shm_op *op, const unsigned char *src, unsigned char *dst,
-                                  size_t count, size_t es, dt_dtype dtype, dt_reduce_op rop,
-                                  int root, bool *used_nt) {
-    dt_shm  *s       = op->s;
-    int      me      = s->rank, world = s->world;
-    size_t   ce      = s->chunk / es;  // elements per chunk
-    size_t   nchunks = div_up(count, ce);
-    size_t   align   = 64 / es;
-    uint32_t base    = s->step;
-    bool     want    = root < 0 || root == me;
-    bool     nt      = want && count * es >= s->nt_bytes;
-    *used_nt         = nt;
+// Chunk k is cut into world slices; slice r is rank r's share. Per chunk:
+//   stage   rank r copies every slice but its own into its buffer     -> step base+2k+1
+//   reduce  rank r reduces slice r over all ranks (its own from src) into dst and into
+//           its buffer                                                 -> step base+2k+2
+//   gather  rank r copies the others' reduced slices to dst, then stages chunk k+1 in
+//           its other buffer                                           -> step base+2k+3
+// so two synchronisations per chunk, and each byte of src and dst is touched once.
+static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned char *dst,
+                                  size_t count, size_t es, int root, bool *used_nt) {
+    dt_shm      *s       = o->s;
+    const dt_op *op      = o->op;
+    int          me      = s->rank, world = s->world;
+    size_t       ce      = s->chunk / es;  // elements per chunk
+    size_t       nchunks = div_up(count, ce);
+    size_t       align   = 64 / es;
+    uint32_t     base    = s->step;
+    bool         want    = root < 0 || root == me;
+    bool         nt      = want && count * es >= s->nt_bytes;
+    *used_nt             = nt;
     const void  *in_stack[64];
     const void **in = world <= 64 ? in_stack : dt_alloc(sizeof(void *) * (size_t)world);
     if (!in)
-        return poison(s, DT_ERR_NOMEM, "all_reduce: no memory for %d pointers", world);
+        return poison(s, DT_ERR_NOMEM, "%s: no memory for %d pointers", op->name, world);
     dt_status st = DT_OK;
 
 #define CHUNK_LEN(k) min_sz(ce, count - (size_t)(k) * ce)
-#define SLICE(n)     ((div_up(div_up((n), (size_t)world), align)) * align)
-
-    // Stage chunk k: every slice but our own, which we reduce straight from src.
+#define SLICE(n)     (div_up(div_up((n), (size_t)world), align) * align)
 #define STAGE(k)                                                                         \
     do {                                                                                 \
         size_t               n_  = CHUNK_LEN(k), sl_ = SLICE(n_);                        \
-        size_t               lo_ = min_sz(n_, (size_t)me * sl_), hi_ = min_sz(n_, lo_ + sl_); \
+        size_t               lo_ = min_sz(n_, (size_t)me * sl_);                         \
+        size_t               hi_ = min_sz(n_, lo_ + sl_);                                \
         uint32_t             b_  = s->next_buf + (uint32_t)(k);                          \
         const unsigned char *p_  = src + (size_t)(k) * ce * es;                          \
         unsigned char       *q_  = buf_of(s, me, b_);                                    \
-        st                       = acquire_buf(op, b_);                                  \
-        if (st)                                                                          \
+        if ((st = acquire_buf(o, b_)))                                                   \
             goto out;                                                                    \
         memcpy(q_, p_, lo_ * es);                                                        \
         memcpy(q_ + hi_ * es, p_ + hi_ * es, (n_ - hi_) * es);                           \
     } while (0)
 
     STAGE(0);
-    st = arrive(op, base);
-    if (st)
+    if ((st = arrive(o, base)))
         goto out;
     for (size_t k = 0; k < nchunks; k++) {
         uint32_t s1 = base + 2 * (uint32_t)k + 1;
-        if (k > 0 && (st = wait_all(op, s1)))
+        if (k > 0 && (st = wait_all(o, s1)))
             goto out;
         size_t   n   = CHUNK_LEN(k), sl = SLICE(n);
         size_t   lo  = min_sz(n, (size_t)me * sl), hi = min_sz(n, lo + sl);
@@ -630,10 +606,10 @@ static dt_status all_reduce_large(shm_op *op, const unsigned char *src, unsigned
                 in[r] = r == me ? (const void *)(src + off + lo * es)
                                 : (const void *)(buf_of(s, r, b) + lo * es);
             dt_shm_reduce_kernel(buf_of(s, me, b) + lo * es, want ? dst + off + lo * es : NULL,
-                                 nt, in, world, hi - lo, dtype, rop);
+                                 nt, in, world, hi - lo, op->dtype, op->op);
         }
         set_step(s, s1 + 1);
-        if ((st = wait_all(op, s1 + 1)))
+        if ((st = wait_all(o, s1 + 1)))
             goto out;
         if (want) {
             for (int r = 0; r < world; r++) {
@@ -658,115 +634,100 @@ out:
 #undef CHUNK_LEN
 }
 
-static dt_status reduce_common(dt_shm *s, enum shm_kind kind, const void *src, void *dst,
-                               size_t count, dt_dtype dtype, dt_reduce_op op, int root,
-                               uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, kind, count, dtype, (int)op, root, deadline_ns));
-    size_t es = dt_shm_dtype_size(dtype);
-    if (count && (!src || ((root < 0 || root == s->rank) && !dst)))
-        return dt_fail(DT_ERR_ARG, "shm %s: NULL buffer for %zu elements", kind_name(kind), count);
-    bool      nt = false;
-    dt_status st;
-    if (count * es <= s->small && count * es <= s->chunk)
-        st = all_reduce_small(&o, src, dst, count, es, dtype, op, root);
+static dt_status run_reduce(shm_op *o, int root) {
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
+    size_t       es = dt_shm_dtype_size(op->dtype);
+    bool         nt = false;
+    dt_status    st;
+    if (op->count * es <= s->small && op->count * es <= s->chunk)
+        st = all_reduce_small(o, op->src, op->dst, op->count, es, root);
     else
-        st = all_reduce_large(&o, src, dst, count, es, dtype, op, root, &nt);
-    op_end(s, nt);
+        st = all_reduce_large(o, op->src, op->dst, op->count, es, root, &nt);
+    if (nt)
+        dt_shm_store_fence();  // the results are read by whichever thread gets them
     return st;
-}
-
-dt_status dt_shm_all_reduce(dt_shm *s, const void *src, void *dst, size_t count, dt_dtype dtype,
-                            dt_reduce_op op, uint64_t deadline_ns) {
-    return reduce_common(s, K_ALL_REDUCE, src, dst, count, dtype, op, -1, deadline_ns);
-}
-
-dt_status dt_shm_reduce(dt_shm *s, const void *src, void *dst, size_t count, dt_dtype dtype,
-                        dt_reduce_op op, int root, uint64_t deadline_ns) {
-    if (root < 0 || root >= s->world)
-        return dt_fail(DT_ERR_ARG, "shm reduce: expected a root rank in [0, %d), found %d",
-                       s->world, root);
-    return reduce_common(s, K_REDUCE, src, dst, count, dtype, op, root, deadline_ns);
 }
 
 // -------------------------------------------------------------- one-to-all, all-to-one
 
-// broadcast (per = 0) and scatter (per = slot bytes): root stages piece k, the others
-// copy it out. Piece k is ready at root step base+1+k (base+1 is the arrival), and
-// read by rank r when r passes base+2+k.
-static dt_status fan_out(shm_op *op, const unsigned char *src, unsigned char *dst, size_t nbytes,
+// broadcast and scatter: root stages piece k, the others copy it out. Piece k is
+// ready at root's step base+1+k (base+1 is the arrival), and rank r has read it once
+// r passes base+2+k. Broadcast pieces are whole buffers; scatter cuts root's buffer
+// into world slots, slot r carrying piece k of block r.
+static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst, size_t nbytes,
                          int root, bool scatter) {
-    dt_shm  *s     = op->s;
+    dt_shm  *s     = o->s;
     int      me    = s->rank, world = s->world;
     size_t   piece = scatter ? slot_bytes(s) : s->chunk;
     size_t   n     = div_up(nbytes, piece);
     uint32_t base  = s->step;
     bool     nt    = nbytes >= s->nt_bytes;
+    int      nslot = scatter ? world : 1;
 #define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
+#define STAGE(k)                                                                         \
+    do {                                                                                 \
+        uint32_t b_ = s->next_buf + (uint32_t)(k);                                       \
+        DT_TRY(acquire_buf(o, b_));                                                      \
+        for (int r_ = 0; r_ < nslot; r_++)                                               \
+            if (!scatter || r_ != me)                                                    \
+                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                           \
+                       src + (size_t)r_ * nbytes + (size_t)(k) * piece, PIECE(k));       \
+    } while (0)
     if (me == root) {
-        if (n > 0) {
-            DT_TRY(acquire_buf(op, s->next_buf));
-            for (int r = 0; r < (scatter ? world : 1); r++)
-                if (!scatter || r != me)
-                    memcpy(buf_of(s, me, s->next_buf) + (size_t)r * piece,
-                           src + (size_t)r * nbytes, PIECE(0));
-        }
+        if (n > 0)
+            STAGE(0);
         if (scatter)
             dt_shm_copy(dst, src + (size_t)me * nbytes, nbytes, false);
     }
-    DT_TRY(arrive(op, base));
+    DT_TRY(arrive(o, base));
     for (size_t k = 0; k < n; k++) {
         uint32_t b = s->next_buf + (uint32_t)k;
         if (me == root) {
             s->free_step[b & 1] = base + 2 + (uint32_t)k;
-            if (k + 1 < n) {
-                uint32_t b2 = b + 1;
-                DT_TRY(acquire_buf(op, b2));
-                size_t off = (k + 1) * piece;
-                for (int r = 0; r < (scatter ? world : 1); r++)
-                    if (!scatter || r != me)
-                        memcpy(buf_of(s, me, b2) + (size_t)r * piece,
-                               src + (size_t)r * nbytes + off, PIECE(k + 1));
-            }
+            if (k + 1 < n)
+                STAGE(k + 1);
         } else {
             if (k > 0)
-                DT_TRY(wait_step(op, root, base + 1 + (uint32_t)k));
+                DT_TRY(wait_step(o, root, base + 1 + (uint32_t)k));
             dt_shm_copy(dst + k * piece, buf_of(s, root, b) + (scatter ? (size_t)me * piece : 0),
                         PIECE(k), nt);
         }
         set_step(s, base + 2 + (uint32_t)k);
     }
     s->next_buf += (uint32_t)n;
-    op_end(s, nt);
+    if (nt)
+        dt_shm_store_fence();
     return DT_OK;
+#undef STAGE
 #undef PIECE
 }
 
-// gather (root only) and all_gather (everyone): rank r stages piece k of its block,
-// which is ready at r's step base+1+k; readers pass base+2+k after copying it.
-static dt_status fan_in(shm_op *op, const unsigned char *src, unsigned char *dst, size_t nbytes,
+// gather (root reads) and all_gather (everyone reads): rank r stages piece k of its
+// block, ready at r's step base+1+k; readers pass base+2+k after copying it.
+static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst, size_t nbytes,
                         int root) {
-    dt_shm  *s     = op->s;
+    dt_shm  *s     = o->s;
     int      me    = s->rank, world = s->world;
     size_t   piece = s->chunk;
     size_t   n     = div_up(nbytes, piece);
     uint32_t base  = s->step;
     bool     reads = root < 0 || root == me;
-    bool     nt    = reads && nbytes * (size_t)world >= s->nt_bytes;
     bool     stage = root < 0 || root != me;
+    bool     nt    = reads && nbytes * (size_t)world >= s->nt_bytes;
 #define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
     if (stage && n > 0) {
-        DT_TRY(acquire_buf(op, s->next_buf));
+        DT_TRY(acquire_buf(o, s->next_buf));
         memcpy(buf_of(s, me, s->next_buf), src, PIECE(0));
     }
     if (reads && dst + (size_t)me * nbytes != src)
-        memmove(dst + (size_t)me * nbytes, src, nbytes);
-    DT_TRY(arrive(op, base));
+        memcpy(dst + (size_t)me * nbytes, src, nbytes);
+    DT_TRY(arrive(o, base));
     for (size_t k = 0; k < n; k++) {
         uint32_t b = s->next_buf + (uint32_t)k;
         if (reads) {
             if (k > 0)
-                DT_TRY(wait_all(op, base + 1 + (uint32_t)k));
+                DT_TRY(wait_all(o, base + 1 + (uint32_t)k));
             for (int r = 0; r < world; r++)
                 if (r != me)
                     dt_shm_copy(dst + (size_t)r * nbytes + k * piece, buf_of(s, r, b), PIECE(k),
@@ -775,42 +736,43 @@ static dt_status fan_in(shm_op *op, const unsigned char *src, unsigned char *dst
         if (stage) {
             s->free_step[b & 1] = base + 2 + (uint32_t)k;
             if (k + 1 < n) {
-                DT_TRY(acquire_buf(op, b + 1));
+                DT_TRY(acquire_buf(o, b + 1));
                 memcpy(buf_of(s, me, b + 1), src + (k + 1) * piece, PIECE(k + 1));
             }
         }
         set_step(s, base + 2 + (uint32_t)k);
     }
     s->next_buf += (uint32_t)n;
-    op_end(s, nt);
+    if (nt)
+        dt_shm_store_fence();
     return DT_OK;
 #undef PIECE
 }
 
 // reduce_scatter and all_to_all: every rank stages piece k of each block j != r in
-// slot j of its buffer; rank r then takes slot r of every buffer (reducing them, or
-// copying each to its own place). One synchronisation per piece: the next pieces are
-// staged right after this one is taken.
-static dt_status exchange(shm_op *op, const unsigned char *src, unsigned char *dst, size_t count,
-                          size_t es, dt_dtype dtype, int rop /* -1: all_to_all */) {
-    dt_shm  *s      = op->s;
-    int      me     = s->rank, world = s->world;
-    size_t   nbytes = count * es;
-    size_t   piece  = slot_bytes(s);
-    size_t   n      = div_up(nbytes, piece);
-    uint32_t base   = s->step;
-    bool     nt     = nbytes * (rop < 0 ? (size_t)world : 1) >= s->nt_bytes;
+// slot j of its buffer; rank r then takes slot r of every buffer (reducing them with
+// its own block from src, or copying each to its place in dst). One synchronisation
+// per piece: the next pieces are staged right after this one is taken.
+static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *dst, bool reduce) {
+    dt_shm      *s      = o->s;
+    const dt_op *op     = o->op;
+    int          me     = s->rank, world = s->world;
+    size_t       es     = dt_shm_dtype_size(op->dtype);
+    size_t       nbytes = op->count * es;
+    size_t       piece  = slot_bytes(s);
+    size_t       n      = div_up(nbytes, piece);
+    uint32_t     base   = s->step;
+    bool         nt     = nbytes * (reduce ? 1 : (size_t)world) >= s->nt_bytes;
     const void  *in_stack[64];
     const void **in = world <= 64 ? in_stack : dt_alloc(sizeof(void *) * (size_t)world);
     if (!in)
-        return poison(s, DT_ERR_NOMEM, "%s: no memory for %d pointers", kind_name(op->fp.kind),
-                      world);
+        return poison(s, DT_ERR_NOMEM, "%s: no memory for %d pointers", op->name, world);
     dt_status st = DT_OK;
 #define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
 #define STAGE(k)                                                                         \
     do {                                                                                 \
         uint32_t b_ = s->next_buf + (uint32_t)(k);                                       \
-        if ((st = acquire_buf(op, b_)))                                                  \
+        if ((st = acquire_buf(o, b_)))                                                   \
             goto out;                                                                    \
         for (int r_ = 0; r_ < world; r_++)                                               \
             if (r_ != me)                                                                \
@@ -820,22 +782,22 @@ static dt_status exchange(shm_op *op, const unsigned char *src, unsigned char *d
 
     if (n > 0)
         STAGE(0);
-    // all_to_all keeps its own block; in place that is already where it belongs.
-    if (rop < 0)
+    // all_to_all keeps its own block (in place, it is already where it belongs).
+    if (!reduce)
         dt_shm_copy(dst + (size_t)me * nbytes, src + (size_t)me * nbytes, nbytes, false);
-    if ((st = arrive(op, base)))
+    if ((st = arrive(o, base)))
         goto out;
     for (size_t k = 0; k < n; k++) {
         uint32_t b   = s->next_buf + (uint32_t)k;
         size_t   off = k * piece;
-        if (k > 0 && (st = wait_all(op, base + 1 + (uint32_t)k)))
+        if (k > 0 && (st = wait_all(o, base + 1 + (uint32_t)k)))
             goto out;
-        if (rop >= 0) {
+        if (reduce) {
             for (int r = 0; r < world; r++)
                 in[r] = r == me ? (const void *)(src + (size_t)me * nbytes + off)
                                 : (const void *)(buf_of(s, r, b) + (size_t)me * piece);
-            dt_shm_reduce_kernel(dst + off, NULL, false, in, world, PIECE(k) / es, dtype,
-                                 (dt_reduce_op)rop);
+            dt_shm_reduce_kernel(dst + off, NULL, false, in, world, PIECE(k) / es, op->dtype,
+                                 op->op);
         } else {
             for (int r = 0; r < world; r++)
                 if (r != me)
@@ -851,70 +813,11 @@ static dt_status exchange(shm_op *op, const unsigned char *src, unsigned char *d
 out:
     if (in != in_stack)
         dt_free(in);
-    op_end(s, nt);
+    if (nt)
+        dt_shm_store_fence();
     return st;
 #undef STAGE
 #undef PIECE
-}
-
-static dt_status need_bufs(const char *what, size_t count, const void *a, const void *b) {
-    if (count && (!a || !b))
-        return dt_fail(DT_ERR_ARG, "shm %s: NULL buffer for %zu elements", what, count);
-    return DT_OK;
-}
-
-dt_status dt_shm_broadcast(dt_shm *s, void *buf, size_t count, dt_dtype dtype, int root,
-                           uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_BROADCAST, count, dtype, 0, root, deadline_ns));
-    DT_TRY(need_bufs("broadcast", count, buf, buf));
-    return fan_out(&o, buf, buf, count * dt_shm_dtype_size(dtype), root, false);
-}
-
-dt_status dt_shm_scatter(dt_shm *s, const void *src, void *dst, size_t count, dt_dtype dtype,
-                         int root, uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_SCATTER, count, dtype, 0, root, deadline_ns));
-    DT_TRY(need_bufs("scatter", count, s->rank == root ? src : dst, dst));
-    return fan_out(&o, src, dst, count * dt_shm_dtype_size(dtype), root, true);
-}
-
-dt_status dt_shm_gather(dt_shm *s, const void *src, void *dst, size_t count, dt_dtype dtype,
-                        int root, uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_GATHER, count, dtype, 0, root, deadline_ns));
-    DT_TRY(need_bufs("gather", count, src, s->rank == root ? dst : src));
-    return fan_in(&o, src, dst, count * dt_shm_dtype_size(dtype), root);
-}
-
-dt_status dt_shm_all_gather(dt_shm *s, const void *src, void *dst, size_t count, dt_dtype dtype,
-                            uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_ALL_GATHER, count, dtype, 0, -1, deadline_ns));
-    DT_TRY(need_bufs("all_gather", count, src, dst));
-    return fan_in(&o, src, dst, count * dt_shm_dtype_size(dtype), -1);
-}
-
-dt_status dt_shm_reduce_scatter(dt_shm *s, const void *src, void *dst, size_t count,
-                                dt_dtype dtype, dt_reduce_op op, uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_REDUCE_SCATTER, count, dtype, (int)op, -1, deadline_ns));
-    DT_TRY(need_bufs("reduce_scatter", count, src, dst));
-    return exchange(&o, src, dst, count, dt_shm_dtype_size(dtype), dtype, (int)op);
-}
-
-dt_status dt_shm_all_to_all(dt_shm *s, const void *src, void *dst, size_t count, dt_dtype dtype,
-                            uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_ALL_TO_ALL, count, dtype, 0, -1, deadline_ns));
-    DT_TRY(need_bufs("all_to_all", count, src, dst));
-    return exchange(&o, src, dst, count, dt_shm_dtype_size(dtype), dtype, -1);
-}
-
-dt_status dt_shm_barrier(dt_shm *s, uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_BARRIER, 0, DT_FLOAT32, 0, -1, deadline_ns));
-    return arrive(&o, s->step);
 }
 
 // ------------------------------------------------------------------- send and recv
@@ -928,73 +831,88 @@ static inline unsigned char *chan_buf(const dt_shm *s, int from, int to, uint32_
     return s->pbufs + idx * (sizeof(shm_msg) + s->pchunk);
 }
 
-// A message is cut into chunks of pchunk bytes (at least one, carrying the header);
-// chunk c of the channel uses buffer c % 2, which is free once the receiver has
-// consumed chunk c - 2.
-dt_status dt_shm_send(dt_shm *s, const void *buf, size_t count, dt_dtype dtype, int peer, int tag,
-                      uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_SEND, count, dtype, tag, peer, deadline_ns));
-    DT_TRY(need_bufs("send", count, buf, buf));
-    if (peer == s->rank)
-        return dt_fail(DT_ERR_ARG, "shm send: rank %d cannot send to itself", peer);
-    shm_chan *c      = chan(s, s->rank, peer);
-    size_t    nbytes = count * dt_shm_dtype_size(dtype);
-    size_t    n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
-    uint64_t  msg    = ++s->send_msgs[peer];
-    o.fp.seq         = msg;
+// A message is cut into chunks of pchunk bytes (at least one, which carries the
+// fingerprint even for zero bytes); chunk c of a channel uses buffer c % 2, free once
+// the receiver has consumed chunk c - 2.
+static dt_status run_send(shm_op *o) {
+    dt_shm      *s      = o->s;
+    const dt_op *op     = o->op;
+    int          peer   = op->peer;
+    shm_chan    *c      = chan(s, s->rank, peer);
+    size_t       nbytes = op->count * dt_shm_dtype_size(op->dtype);
+    size_t       n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
     for (size_t k = 0; k < n; k++) {
         uint32_t at = s->sent[peer];
-        DT_TRY(wait_word(&o, &c->consumed, at - 1, peer, false));
+        DT_TRY(wait_word(o, &c->consumed, at - 1, peer, false));
         unsigned char *p = chan_buf(s, s->rank, peer, at);
-        shm_msg        h = {.msg = msg, .count = count, .dtype = (uint32_t)dtype, .tag = tag,
-                            .chunk = (uint32_t)k};
+        shm_msg        h = {.fp = op->fp, .chunk = (uint32_t)k};
         memcpy(p, &h, sizeof h);
         size_t len = min_sz(s->pchunk, nbytes - k * s->pchunk);
-        memcpy(p + sizeof h, (const unsigned char *)buf + k * s->pchunk, len);
+        memcpy(p + sizeof h, (const unsigned char *)op->src + k * s->pchunk, len);
         s->sent[peer] = at + 1;
         word_set(&c->posted, at + 1);
     }
     return DT_OK;
 }
 
-dt_status dt_shm_recv(dt_shm *s, void *buf, size_t count, dt_dtype dtype, int peer, int tag,
-                      uint64_t deadline_ns) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, K_RECV, count, dtype, tag, peer, deadline_ns));
-    DT_TRY(need_bufs("recv", count, buf, buf));
-    if (peer == s->rank)
-        return dt_fail(DT_ERR_ARG, "shm recv: rank %d cannot receive from itself", peer);
-    shm_chan *c      = chan(s, peer, s->rank);
-    size_t    nbytes = count * dt_shm_dtype_size(dtype);
-    size_t    n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
-    uint64_t  msg    = ++s->recv_msgs[peer];
-    o.fp.seq         = msg;
+static dt_status run_recv(shm_op *o) {
+    dt_shm      *s      = o->s;
+    const dt_op *op     = o->op;
+    int          peer   = op->peer;
+    shm_chan    *c      = chan(s, peer, s->rank);
+    size_t       nbytes = op->count * dt_shm_dtype_size(op->dtype);
+    size_t       n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
     for (size_t k = 0; k < n; k++) {
         uint32_t at = s->taken[peer];
-        DT_TRY(wait_word(&o, &c->posted, at + 1, peer, false));
+        DT_TRY(wait_word(o, &c->posted, at + 1, peer, false));
         const unsigned char *p = chan_buf(s, peer, s->rank, at);
         shm_msg              h;
         memcpy(&h, p, sizeof h);
-        if (h.msg != msg || h.count != count || h.dtype != (uint32_t)dtype || h.tag != tag ||
-            h.chunk != k) {
-            char mine[160], msgtxt[480];
-            fp_describe(&o.fp, mine, sizeof mine);
-            snprintf(msgtxt, sizeof msgtxt,
-                     "message mismatch: rank %d expects message #%llu (count %llu, %s, tag %d) "
-                     "from rank %d, which sent #%llu (count %llu, %s, tag %d)",
-                     s->rank, (unsigned long long)msg, (unsigned long long)count,
-                     dt_shm_dtype_name(dtype), tag, peer, (unsigned long long)h.msg,
-                     (unsigned long long)h.count, dt_shm_dtype_name((dt_dtype)h.dtype), h.tag);
-            publish_abort(s, DT_ERR_MISMATCH, peer, msgtxt);
-            return poison(s, DT_ERR_MISMATCH, "%s: %s", mine, msgtxt);
+        const dt_fingerprint *f = &h.fp;
+        if (f->coll != DT_COLL_SEND || f->seq != op->fp.seq || f->count != op->fp.count ||
+            f->dtype != op->fp.dtype || f->root != op->fp.root || h.chunk != k) {
+            char mine[160], theirs[160], msg[600];
+            fp_format(&op->fp, mine, sizeof mine);
+            fp_format(f, theirs, sizeof theirs);
+            snprintf(msg, sizeof msg, "rank %d called %s but rank %d called %s; the receiver "
+                                      "must name the sender's count, dtype and tag",
+                     peer, theirs, s->rank, mine);
+            publish_abort(s, DT_ERR_MISMATCH, peer, msg);
+            return poison(s, DT_ERR_MISMATCH, "%s: rank %d called %s but this rank (%d) called "
+                                              "%s; the receiver must name the sender's count, "
+                                              "dtype and tag", op->name, peer, theirs, s->rank,
+                          mine);
         }
         size_t len = min_sz(s->pchunk, nbytes - k * s->pchunk);
-        memcpy((unsigned char *)buf + k * s->pchunk, p + sizeof h, len);
+        memcpy((unsigned char *)op->dst + k * s->pchunk, p + sizeof h, len);
         s->taken[peer] = at + 1;
         word_set(&c->consumed, at + 1);
     }
     return DT_OK;
+}
+
+// ------------------------------------------------------------------------ dispatch
+
+dt_status dt_shm_run(dt_shm *s, const dt_op *op) {
+    shm_op o;
+    DT_TRY(op_begin(s, &o, op));
+    size_t es = dt_shm_dtype_size(op->dtype);
+    switch (op->kind) {
+    case DT_COLL_ALL_REDUCE:     return run_reduce(&o, -1);
+    case DT_COLL_REDUCE:         return run_reduce(&o, op->root);
+    case DT_COLL_BROADCAST:      return fan_out(&o, op->dst, op->dst, op->count * es, op->root, false);
+    case DT_COLL_SCATTER:        return fan_out(&o, op->src, op->dst, op->count * es, op->root, true);
+    case DT_COLL_GATHER:         return fan_in(&o, op->src, op->dst, op->count * es, op->root);
+    case DT_COLL_ALL_GATHER:     return fan_in(&o, op->src, op->dst, op->count * es, -1);
+    case DT_COLL_REDUCE_SCATTER: return exchange(&o, op->src, op->dst, true);
+    case DT_COLL_ALL_TO_ALL:     return exchange(&o, op->src, op->dst, false);
+    case DT_COLL_BARRIER:
+    case DT_COLL_INIT:           return arrive(&o, s->step);
+    case DT_COLL_SEND:           return run_send(&o);
+    case DT_COLL_RECV:           return run_recv(&o);
+    default:
+        return dt_fail(DT_ERR_ARG, "%s: unknown operation kind %d", op->name, (int)op->kind);
+    }
 }
 
 // ------------------------------------------------------------------ init and free
@@ -1056,6 +974,8 @@ static dt_status init_wait(dt_shm *s, shm_word *w, uint32_t target, uint64_t dea
             return DT_OK;
         if (atomic_load(&s->hdr->abort_state) == 2)
             return dt_fail((dt_status)s->hdr->abort_status, "shm init: %s", s->hdr->abort_msg);
+        if (s->aborted && s->aborted(s->aborted_arg))
+            return dt_fail(DT_ERR_STATE, "shm init: interrupted: the group was aborted");
         // Open pidfds for ranks that appeared since the last look.
         for (int r = 0; r < s->world; r++) {
             int pid = atomic_load(&s->slots[r].pid);
@@ -1101,7 +1021,7 @@ static dt_status env_size(const char *name, size_t def, size_t *out) {
 
 static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
     int      fd       = -1;
-    uint64_t deadline = dt_deadline_ns(o->timeout_ms);
+    uint64_t deadline = o->deadline_ns;
     size_t   want_chunk, want_small;
     DT_TRY(env_size("DT_SHM_CHUNK_BYTES", o->chunk_bytes ? o->chunk_bytes : DEFAULT_CHUNK_BYTES,
                     &want_chunk));
@@ -1208,6 +1128,11 @@ static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
             close(fd);
         } else if (errno != ENOENT) {
             return dt_fail_errno(DT_ERR_IO, "shm: cannot open segment /dev/shm%s", o->name);
+        } else if (o->must_exist) {
+            return dt_fail(DT_ERR_UNSUPPORTED, "shm init: segment /dev/shm%s, created by rank 0, "
+                                               "does not exist for rank %d: the ranks do not "
+                                               "share /dev/shm (separate containers?); use "
+                                               "backend \"tcp\"", o->name, o->rank);
         }
         if (dt_now_ns() >= deadline)
             return dt_fail(DT_ERR_TIMEOUT, "shm init: rank %d timed out waiting for rank 0 to "
@@ -1235,9 +1160,7 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     s->pidfds    = dt_alloc(sizeof(int) * w);
     s->sent      = dt_alloc_zero(sizeof(uint32_t) * w);
     s->taken     = dt_alloc_zero(sizeof(uint32_t) * w);
-    s->send_msgs = dt_alloc_zero(sizeof(uint64_t) * w);
-    s->recv_msgs = dt_alloc_zero(sizeof(uint64_t) * w);
-    if (!s->pidfds || !s->sent || !s->taken || !s->send_msgs || !s->recv_msgs) {
+    if (!s->pidfds || !s->sent || !s->taken) {
         dt_shm_free(s);
         return DT_ERR_NOMEM;
     }
@@ -1258,8 +1181,12 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     int fd      = -1;
     if (st == DT_OK)
         st = shm_init_impl(o, s, &fd);
+    s->aborted     = o->aborted;
+    s->aborted_arg = o->aborted_arg;
+    if (st == DT_OK && o->rank == 0 && o->created)
+        st = o->created(o->created_arg);
     if (st == DT_OK) {
-        uint64_t deadline = dt_deadline_ns(o->timeout_ms);
+        uint64_t deadline = o->deadline_ns;
         if (o->rank == 0) {
             st = init_wait(s, &s->hdr->attached, (uint32_t)o->world, deadline,
                            "every rank to map the segment");
@@ -1322,7 +1249,5 @@ void dt_shm_free(dt_shm *s) {
     dt_free(s->pidfds);
     dt_free(s->sent);
     dt_free(s->taken);
-    dt_free(s->send_msgs);
-    dt_free(s->recv_msgs);
     dt_free(s);
 }

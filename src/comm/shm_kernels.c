@@ -44,8 +44,8 @@ const char *dt_shm_op_name(dt_reduce_op op) {
 }
 
 // acc[i] = acc[i] op x[i]. Integer sums and products use unsigned arithmetic so that
-// overflow wraps (two's complement, as PyTorch's CPU kernels behave) instead of being
-// undefined.
+// overflow wraps (two's complement, as comm.h promises) instead of being undefined.
+// Float max/min let a NaN in either operand through, like torch.maximum.
 #define DEF_ACC(name, T, EXPR)                                                           \
     static DT_CLONES void name(T *restrict acc, const T *restrict x, size_t n) {         \
         for (size_t i = 0; i < n; i++) {                                                 \
@@ -55,8 +55,8 @@ const char *dt_shm_op_name(dt_reduce_op op) {
     }
 
 DEF_ACC(acc_f32_sum, float, a + b)
-DEF_ACC(acc_f32_max, float, b > a ? b : a)
-DEF_ACC(acc_f32_min, float, b < a ? b : a)
+DEF_ACC(acc_f32_max, float, a != a ? a : (b > a || b != b) ? b : a)
+DEF_ACC(acc_f32_min, float, a != a ? a : (b < a || b != b) ? b : a)
 DEF_ACC(acc_f32_prod, float, a * b)
 DEF_ACC(acc_u32_sum, uint32_t, a + b)
 DEF_ACC(acc_u32_prod, uint32_t, a * b)
