@@ -43,6 +43,8 @@
 typedef struct shm_word {
     _Atomic uint32_t value;    // written by one owner; a futex word
     _Atomic uint32_t waiters;  // ranks asleep on value; the owner wakes them when > 0
+    _Atomic int32_t  cpu;      // the CPU the owner ran on when it last wrote value
+    uint32_t         pad_;
 } shm_word;
 
 // One per rank, written only by its rank (but for `step.waiters`). 256 bytes: the step
@@ -111,7 +113,8 @@ struct dt_shm {
     uint32_t      *sent;          // per peer: chunks posted to it
     uint32_t      *taken;         // per peer: chunks consumed from it
     int           *pidfds;        // per rank, -1 for self or unknown
-    int64_t        spin_ns;
+    int64_t        spin_ns;       // spin + yield before sleeping
+    int64_t        yield_ns;      // spin before yielding
     size_t         nt_bytes;      // results at least this large use non-temporal stores
     uint64_t       last_check_ns;
     bool         (*aborted)(void *arg);
@@ -150,6 +153,7 @@ static void futex_wake(_Atomic uint32_t *w) {
 // waiter's increment and re-check (wait_word): either the waiter sees v, or the owner
 // sees the waiter and wakes it. No syscall when nobody sleeps.
 static void word_set(shm_word *w, uint32_t v) {
+    atomic_store_explicit(&w->cpu, sched_getcpu(), memory_order_relaxed);
     atomic_store_explicit(&w->value, v, memory_order_seq_cst);
     if (atomic_load_explicit(&w->waiters, memory_order_seq_cst) != 0)
         futex_wake(&w->value);
@@ -373,24 +377,36 @@ static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step
 // The futex sleep slice: how late an abort of the caller's group (and a death) is seen.
 #define SLICE_NS 10000000ll
 
-// Waits until `w` reaches `target`: spin first (the peer is usually well under a
-// microsecond away), then sleep on the futex in SLICE_NS slices, checking health
-// between them.
+// Waits until `w` reaches `target`, in three stages:
+//  1. spin yield_ns (DT_SHM_YIELD_AFTER_US, 50): a running peer answers in well under
+//     a microsecond, a chunk of work within this. Skipped when the peer last ran on
+//     this very CPU: it cannot answer until we let it run.
+//  2. up to spin_ns (DT_SHM_SPIN_US), call sched_yield between checks: returns at once
+//     when nobody else wants this CPU (so it answers like a spin), and runs the peer
+//     at once when the peer waits for this very CPU (2 ranks on 1 busy vCPU);
+//  3. sleep on the futex in SLICE_NS slices, checking health between them. A futex
+//     wake-up costs tens of microseconds on a VM, hence stage 2.
 static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bool is_step) {
     if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
         return DT_OK;
     dt_shm  *s  = o->s;
     uint64_t t0 = dt_now_ns();
+    // A peer that last ran on this CPU cannot answer before we let it run.
+    int64_t yield_ns = atomic_load_explicit(&w->cpu, memory_order_relaxed) == sched_getcpu()
+                           ? 0
+                           : s->yield_ns;
     for (unsigned i = 1;; i++) {
-        cpu_relax();
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
-        if ((i & 127) == 0) {
-            if ((int64_t)(dt_now_ns() - t0) >= s->spin_ns)
+        if ((i & 63) == 0) {
+            int64_t spent = (int64_t)(dt_now_ns() - t0);
+            if (spent >= s->spin_ns ||
+                atomic_load_explicit(&s->hdr->abort_state, memory_order_relaxed))
                 break;
-            if (atomic_load_explicit(&s->hdr->abort_state, memory_order_relaxed))
-                break;
+            if (spent >= yield_ns)
+                sched_yield();
         }
+        cpu_relax();
     }
     for (;;) {
         atomic_fetch_add_explicit(&w->waiters, 1, memory_order_seq_cst);
@@ -1169,11 +1185,17 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
         if (o->pids && r != o->rank && o->pids[r] > 0)
             s->pidfds[r] = pidfd_open_(o->pids[r]);
     }
+    // 1 ms of spinning and yielding before sleeping: longer than a futex wake-up on a
+    // VM (tens of microseconds, which would otherwise be paid at every step), short
+    // enough not to matter when a peer is really late.
     long spin_us;
-    long ncpu           = sysconf(_SC_NPROCESSORS_ONLN);
-    long def_spin       = o->world <= ncpu ? 50 : 2;  // oversubscribed: sleep, let peers run
+    long def_spin       = 1000;
     dt_status st        = dt_env_int("DT_SHM_SPIN_US", 0, 1000000, def_spin, &spin_us);
     s->spin_ns          = spin_us * 1000;
+    long yield_us       = 0;
+    if (st == DT_OK)
+        st = dt_env_int("DT_SHM_YIELD_AFTER_US", 0, 1000000, 50, &yield_us);
+    s->yield_ns = yield_us * 1000;
     long nt_kib         = 0;
     if (st == DT_OK)
         st = dt_env_int("DT_SHM_NT_KIB", 0, 1L << 30, 16 * 1024, &nt_kib);

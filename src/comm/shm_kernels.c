@@ -158,10 +158,61 @@ void dt_shm_store_fence(void) {
 // 4 KiB: the scratch block and one block of each input stay in L1 (48 KiB here).
 #define BLOCK_BYTES 4096
 
+// Two inputs, SUM (the hot case: gradients of two ranks): one pass that reads both
+// inputs and writes both outputs. Explicit 64-byte vectors, loaded before they are
+// stored, keep it vectorised when an output is an input (in place), where the
+// compiler's own vectorisation would fall back to scalar code after its alias check.
+#define DEF_SUM2(name, T, V)                                                             \
+    typedef T V __attribute__((vector_size(64)));                                        \
+    static DT_CLONES void name(void *o1v, void *o2v, const void *av, const void *bv,     \
+                               size_t n) {                                               \
+        unsigned char       *o1 = o1v, *o2 = o2v;                                        \
+        const unsigned char *a = av, *b = bv;                                            \
+        size_t               nb = n * sizeof(T), i = 0;                                  \
+        for (; i + 64 <= nb; i += 64) {                                                  \
+            V x, y;                                                                      \
+            memcpy(&x, a + i, 64);                                                       \
+            memcpy(&y, b + i, 64);                                                       \
+            x += y;                                                                      \
+            memcpy(o1 + i, &x, 64);                                                      \
+            if (o2)                                                                      \
+                memcpy(o2 + i, &x, 64);                                                  \
+        }                                                                                \
+        for (; i < nb; i += sizeof(T)) {                                                 \
+            T x, y;                                                                      \
+            memcpy(&x, a + i, sizeof(T));                                                \
+            memcpy(&y, b + i, sizeof(T));                                                \
+            x += y;                                                                      \
+            memcpy(o1 + i, &x, sizeof(T));                                               \
+            if (o2)                                                                      \
+                memcpy(o2 + i, &x, sizeof(T));                                           \
+        }                                                                                \
+    }
+DEF_SUM2(sum2_f32, float, v16f)
+DEF_SUM2(sum2_u32, uint32_t, v16u)
+DEF_SUM2(sum2_u64, uint64_t, v8u)
+
 void dt_shm_reduce_kernel(void *out1, void *out2, bool nt, const void *const *in, int nin,
                           size_t count, dt_dtype dtype, dt_reduce_op op) {
     size_t es = dt_shm_dtype_size(dtype);
     DT_ASSERT(es != 0 && nin >= 1);
+    if (nin == 2 && op == DT_REDUCE_SUM && out1) {
+        void (*sum2)(void *, void *, const void *, const void *, size_t) =
+            dtype == DT_FLOAT32 ? sum2_f32 : dtype == DT_INT32 ? sum2_u32 : sum2_u64;
+        if (!out2 || !nt) {
+            sum2(out1, out2, in[0], in[1], count);
+            return;
+        }
+        // Non-temporal results: reduce a block into out1, stream it on from L1.
+        size_t block = BLOCK_BYTES / es;
+        for (size_t at = 0; at < count; at += block) {
+            size_t n = count - at < block ? count - at : block, off = at * es;
+            sum2((unsigned char *)out1 + off, NULL, (const unsigned char *)in[0] + off,
+                 (const unsigned char *)in[1] + off, n);
+            dt_shm_copy((unsigned char *)out2 + off, (unsigned char *)out1 + off, n * es, true);
+        }
+        return;
+    }
     acc_fn acc        = pick_acc(dtype, op);
     size_t block      = BLOCK_BYTES / es;
     _Alignas(64) unsigned char tmp[BLOCK_BYTES];
