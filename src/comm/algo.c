@@ -1,0 +1,594 @@
+// algo.c: the collective algorithms, written once over a backend's point-to-point
+// slots (xfer_post / xfer_wait), as Gloo's collectives sit on its Pair transport and
+// Open MPI's coll/base on its PML. Which algorithm runs depends on the collective,
+// the message size and DT_ALLREDUCE_ALGO; every rank makes the same choice from the
+// same arguments. Reductions always combine operands in an order fixed by rank, so
+// results are identical on every rank and reproducible for a fixed world size.
+#include "comm/comm_impl.h"
+#include "comm/reduce.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// Default ring segment: small enough that a segment is on the wire while the previous
+// one is reduced (the pipeline needs >= 2 segments per chunk to overlap), large
+// enough that per-message costs (header, syscalls, wake-ups) stay small. Measured on
+// loopback with bench/dtrain-bench; override with DT_SEGMENT_BYTES.
+#define DEFAULT_SEGMENT_BYTES (256u << 10)
+// Below this, all_reduce uses recursive doubling and broadcast/reduce a binomial tree:
+// log2(P) latency-bound steps beat the ring's 2(P-1). DT_SMALL_BYTES overrides.
+#define DEFAULT_SMALL_BYTES (64u << 10)
+// Receive slots the ring keeps in flight.
+#define DEFAULT_SLOTS 4
+
+dt_status dt_algo_cfg_init(dt_algo_cfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *a = getenv("DT_ALLREDUCE_ALGO");
+    if (!a || !*a || strcmp(a, "auto") == 0)
+        cfg->allreduce_algo = 0;
+    else if (strcmp(a, "ring") == 0)
+        cfg->allreduce_algo = DT_ALGO_RING;
+    else if (strcmp(a, "rdouble") == 0)
+        cfg->allreduce_algo = DT_ALGO_RDOUBLE;
+    else
+        return dt_fail(DT_ERR_ARG,
+                       "environment variable DT_ALLREDUCE_ALGO: expected auto, ring or rdouble, "
+                       "found \"%s\"",
+                       a);
+    long v;
+    DT_TRY(dt_env_int("DT_SEGMENT_BYTES", 8, 1L << 30, DEFAULT_SEGMENT_BYTES, &v));
+    cfg->segment_bytes = (size_t)v;
+    DT_TRY(dt_env_int("DT_SMALL_BYTES", 0, 1L << 30, DEFAULT_SMALL_BYTES, &v));
+    cfg->small_bytes = (size_t)v;
+    cfg->slots       = DEFAULT_SLOTS;
+    return DT_OK;
+}
+
+void dt_algo_cfg_free(dt_algo_cfg *cfg) {
+    dt_free(cfg->slot_buf);
+    dt_free(cfg->part_buf);
+    dt_free(cfg->xfers);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+static dt_status grow(void **buf, size_t *cap, size_t need) {
+    if (need <= *cap)
+        return DT_OK;
+    void *p = dt_alloc(need);
+    if (!p)
+        return DT_ERR_NOMEM;
+    dt_free(*buf);
+    *buf = p;
+    *cap = need;
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------- transfer helpers
+
+typedef struct algo {
+    const dt_backend_ops *be;
+    void                 *ctx;
+    const dt_op          *op;
+    dt_algo_cfg          *cfg;
+    int                   rank, world;
+    size_t                esz;
+} algo;
+
+static dt_status post(algo *a, dt_xfer *x, int peer, bool send, const void *buf, size_t nbytes,
+                      int alg, uint32_t step) {
+    memset(x, 0, sizeof *x);
+    x->peer    = peer;
+    x->is_send = send;
+    x->buf     = (void *)(uintptr_t)buf;  // sends do not write through it
+    x->nbytes  = nbytes;
+    x->step    = ((uint32_t)alg << 24) | (step & 0xffffffu);
+    return a->be->xfer_post(a->ctx, a->op, x);
+}
+
+static dt_status wait(algo *a, dt_xfer *x) {
+    if (x->done)
+        return DT_OK;
+    return a->be->xfer_wait(a->ctx, a->op, x);
+}
+
+static dt_status xfers(algo *a, size_t n, dt_xfer **out) {
+    if (grow((void **)&a->cfg->xfers, &a->cfg->xfer_cap, n * sizeof(dt_xfer)) != DT_OK)
+        return dt_op_fail(a->op, DT_ERR_NOMEM, "out of memory for %zu transfers", n);
+    *out = a->cfg->xfers;
+    return DT_OK;
+}
+
+static dt_status part_buffer(algo *a, size_t nbytes, char **out) {
+    if (grow(&a->cfg->part_buf, &a->cfg->part_cap, nbytes ? nbytes : 1) != DT_OK)
+        return dt_op_fail(a->op, DT_ERR_NOMEM, "out of memory for a %zu-byte scratch buffer",
+                          nbytes);
+    *out = a->cfg->part_buf;
+    return DT_OK;
+}
+
+static int mod(int x, int n) { return ((x % n) + n) % n; }
+
+// Balanced split: element offset of piece i when n elements go into k pieces.
+static size_t split(size_t n, size_t k, size_t i) { return (n / k) * i + (i < n % k ? i : n % k); }
+
+// ----------------------------------------------------------------------------- ring
+//
+// Ring reduce-scatter and/or all-gather over P ranks, each chunk cut into S segments
+// that flow through the ring one after another, so sending segment j, receiving
+// segment j+1 and reducing segment j-1 overlap. Send to rank+1, receive from rank-1.
+//
+// Reduce-scatter, step s = 0..P-2: send chunk (r-1-s), receive chunk (r-2-s) and
+// reduce it with our own contribution; after P-1 steps rank r holds chunk r reduced
+// over all ranks. All-gather, step s = 0..P-2: send chunk (r-s), receive chunk
+// (r-1-s) into place. P = 3, all_reduce of chunks A|B|C, "a0" = rank 0's part of A:
+//
+//   after      rank 0              rank 1              rank 2
+//   RS s=0     B: b2+b0            C: c0+c1            A: a1+a2
+//   RS s=1     A: a1+a2+a0 (done)  B: b2+b0+b1 (done)  C: c0+c1+c2 (done)
+//   AG s=0     A, C                B, A                C, B
+//   AG s=1     A, B, C             A, B, C             A, B, C
+//
+// Chunk c is reduced in the order x_{c+1}, x_{c+2}, ..., x_c (fixed by rank). Cost
+// per rank: 2(P-1)/P of the buffer sent and received (bandwidth-optimal), 2(P-1)S
+// messages. Transfers are numbered t = s*S + j over both phases; send t needs the
+// result of t-S (or own data when t < S); receives go into `slots` rotating slots
+// (reduce-scatter) or straight into place (all-gather).
+
+typedef struct ring {
+    bool        rs, ag;        // phases to run
+    size_t      count;         // total elements (P chunks)
+    size_t      chunk_fixed;   // > 0: every chunk has this many elements (rs/ag kinds)
+    const char *mine;          // our contribution, chunk c at chunk_off(c)
+    char       *out;           // where reduce-scatter partials go (chunk_off layout)
+    char       *final_rs;      // where our fully reduced chunk goes (NULL = in out)
+    char       *ag_buf;        // all-gather buffer (chunk_off layout)
+} ring;
+
+static size_t chunk_off(const algo *a, const ring *g, int c) {
+    if (g->chunk_fixed || g->count == 0)
+        return (size_t)c * g->chunk_fixed;
+    return split(g->count, (size_t)a->world, (size_t)c);
+}
+
+static size_t chunk_len(const algo *a, const ring *g, int c) {
+    return chunk_off(a, g, c + 1) - chunk_off(a, g, c);
+}
+
+// The segment transfer t carries when `who` sends it: chunk, element offset, length.
+// Reduce-scatter step s sends chunk who-1-s, all-gather step s sends chunk who-s; the
+// receiver of t evaluates this with who = its left neighbour.
+static void ring_seg(const algo *a, const ring *g, size_t t, size_t R, size_t S, int who,
+                     int *chunk, size_t *off, size_t *len) {
+    size_t s  = t < R ? t / S : (t - R) / S, j = t % S;
+    int    c  = t < R ? mod(who - 1 - (int)s, a->world) : mod(who - (int)s, a->world);
+    size_t cl = chunk_len(a, g, c);
+    if (chunk)
+        *chunk = c;
+    *off      = chunk_off(a, g, c) + split(cl, S, j);
+    *len      = split(cl, S, j + 1) - split(cl, S, j);
+}
+
+static dt_status ring_run(algo *a, const ring *g) {
+    const int P = a->world, r = a->rank, right = mod(r + 1, P), left = mod(r - 1, P);
+    const size_t esz = a->esz;
+    size_t max_chunk = 0;
+    for (int c = 0; c < P; c++)
+        if (chunk_len(a, g, c) > max_chunk)
+            max_chunk = chunk_len(a, g, c);
+    size_t seg_elems = a->cfg->segment_bytes / esz;
+    if (seg_elems == 0)
+        seg_elems = 1;
+    const size_t S  = max_chunk ? (max_chunk + seg_elems - 1) / seg_elems : 1;
+    const size_t R  = g->rs ? (size_t)(P - 1) * S : 0;  // reduce-scatter transfers
+    const size_t T  = R + (g->ag ? (size_t)(P - 1) * S : 0);
+    const int    K  = a->cfg->slots;
+    size_t slot_bytes = ((max_chunk + S - 1) / S) * esz;
+    if (grow(&a->cfg->slot_buf, &a->cfg->slot_cap, (size_t)K * slot_bytes + 1) != DT_OK)
+        return dt_op_fail(a->op, DT_ERR_NOMEM, "out of memory for ring slots");
+    char    *slots = a->cfg->slot_buf;
+    dt_xfer *x;
+    DT_TRY(xfers(a, 2 * T, &x));
+    dt_xfer *sx = x, *rx = x + T;
+
+    size_t ns = 0, nr = 0, nd = 0;  // next send to post, recv to post, recv to complete
+    while (nd < T || ns < T) {
+        // Sends whose data is ready: t < S (own data) or t-S completed.
+        while (ns < T && (ns < S || ns - S < nd)) {
+            size_t off, len;
+            ring_seg(a, g, ns, R, S, r, NULL, &off, &len);
+            const char *src;
+            if (ns < R)
+                src = ns < S ? g->mine + off * esz : g->out + off * esz;
+            else if (ns - R < S)  // first all-gather step: our own finished chunk
+                src = (g->rs ? (g->final_rs ? g->final_rs + (off - chunk_off(a, g, r)) * esz
+                                            : g->out + off * esz)
+                             : g->ag_buf + off * esz);
+            else
+                src = g->ag_buf + off * esz;
+            DT_TRY(post(a, &sx[ns], right, true, src, len * esz, DT_ALGO_RING, (uint32_t)ns));
+            ns++;
+        }
+        // Receives, up to K ahead of completion.
+        while (nr < T && nr < nd + (size_t)K) {
+            size_t off, len;
+            ring_seg(a, g, nr, R, S, left, NULL, &off, &len);
+            char *dst = nr < R ? slots + (nr % (size_t)K) * slot_bytes : g->ag_buf + off * esz;
+            DT_TRY(post(a, &rx[nr], left, false, dst, len * esz, DT_ALGO_RING, (uint32_t)nr));
+            nr++;
+        }
+        if (nd < T) {
+            DT_TRY(wait(a, &rx[nd]));
+            if (nd < R) {
+                size_t off, len;
+                ring_seg(a, g, nd, R, S, left, NULL, &off, &len);
+                const char *in  = slots + (nd % (size_t)K) * slot_bytes;
+                bool        fin = nd / S == (size_t)(P - 2);  // last step: our own chunk
+                char *dst = fin && g->final_rs ? g->final_rs + (off - chunk_off(a, g, r)) * esz
+                                               : g->out + off * esz;
+                // Partial from the left first, then ours: the fold order of the table.
+                dt_reduce(a->op->dtype, a->op->op, dst, in, g->mine + off * esz, len);
+            }
+            nd++;
+        }
+    }
+    for (size_t t = 0; t < T; t++)
+        DT_TRY(wait(a, &sx[t]));
+    return DT_OK;
+}
+
+// ---------------------------------------------------------------- recursive doubling
+//
+// all_reduce for small buffers: lg(P') exchange steps between partners vr ^ 2^k over
+// P' = the largest power of two <= P. With P not a power of two, the first 2(P-P')
+// ranks pair up first (even sends to odd, which reduces), and get the result back at
+// the end. Every exchange combines op(lower ranks' block, higher ranks' block), so
+// both partners compute bitwise the same value. P = 4:
+//
+//   after   rank 0        rank 1        rank 2        rank 3
+//   k=0     x0+x1         x0+x1         x2+x3         x2+x3
+//   k=1     (x0+x1)+(x2+x3) on every rank
+static dt_status rdouble_run(algo *a, void *buf, size_t count) {
+    const int    P = a->world, r = a->rank;
+    const size_t nbytes = count * a->esz;
+    int          p2     = 1;
+    while (p2 * 2 <= P)
+        p2 *= 2;
+    const int rem = P - p2;
+    char     *tmp;
+    DT_TRY(part_buffer(a, nbytes, &tmp));
+    dt_xfer x[2];
+    uint32_t step = 0;
+    int      vr;
+    if (r < 2 * rem) {
+        if (r % 2 == 0) {
+            DT_TRY(post(a, &x[0], r + 1, true, buf, nbytes, DT_ALGO_RDOUBLE, step));
+            DT_TRY(wait(a, &x[0]));
+            DT_TRY(post(a, &x[1], r + 1, false, buf, nbytes, DT_ALGO_RDOUBLE, 1000));
+            return wait(a, &x[1]);
+        }
+        DT_TRY(post(a, &x[1], r - 1, false, tmp, nbytes, DT_ALGO_RDOUBLE, step));
+        DT_TRY(wait(a, &x[1]));
+        dt_reduce(a->op->dtype, a->op->op, buf, tmp, buf, count);
+        vr = r / 2;
+    } else {
+        vr = r - rem;
+    }
+    for (int mask = 1; mask < p2; mask <<= 1) {
+        step++;
+        int vp   = vr ^ mask;
+        int peer = vp < rem ? vp * 2 + 1 : vp + rem;
+        DT_TRY(post(a, &x[0], peer, true, buf, nbytes, DT_ALGO_RDOUBLE, step));
+        DT_TRY(post(a, &x[1], peer, false, tmp, nbytes, DT_ALGO_RDOUBLE, step));
+        DT_TRY(wait(a, &x[1]));
+        DT_TRY(wait(a, &x[0]));  // buf is read by the send: finish it before reducing
+        if (peer < r)
+            dt_reduce(a->op->dtype, a->op->op, buf, tmp, buf, count);
+        else
+            dt_reduce(a->op->dtype, a->op->op, buf, buf, tmp, count);
+    }
+    if (r < 2 * rem) {
+        DT_TRY(post(a, &x[0], r - 1, true, buf, nbytes, DT_ALGO_RDOUBLE, 1000));
+        DT_TRY(wait(a, &x[0]));
+    }
+    return DT_OK;
+}
+
+// ----------------------------------------------------------------------- all_reduce
+
+static dt_status all_reduce(algo *a) {
+    const dt_op *op     = a->op;
+    size_t       nbytes = op->count * a->esz;
+    int          algo_id = a->cfg->allreduce_algo;
+    if (algo_id == 0)
+        algo_id = nbytes < a->cfg->small_bytes ? DT_ALGO_RDOUBLE : DT_ALGO_RING;
+    if (algo_id == DT_ALGO_RDOUBLE) {
+        if (op->src != op->dst && nbytes)
+            memcpy(op->dst, op->src, nbytes);
+        return rdouble_run(a, op->dst, op->count);
+    }
+    ring g = {.rs = true, .ag = true, .count = op->count, .mine = op->src, .out = op->dst,
+              .ag_buf = op->dst};
+    return ring_run(a, &g);
+}
+
+static dt_status reduce_scatter(algo *a) {
+    const dt_op *op = a->op;
+    size_t       cpr = op->count, total = cpr * (size_t)a->world * a->esz;
+    char        *part;
+    DT_TRY(part_buffer(a, total, &part));
+    ring g = {.rs = true, .count = cpr * (size_t)a->world, .chunk_fixed = cpr, .mine = op->src,
+              .out = part, .final_rs = op->dst};
+    if (cpr == 0)
+        g.chunk_fixed = 0, g.count = 0;
+    // In place (dst = src + rank*cpr): our chunk of `mine` is read for the last time by
+    // the reduction that writes final_rs, element by element, so the aliasing is safe.
+    return ring_run(a, &g);
+}
+
+static dt_status all_gather(algo *a) {
+    const dt_op *op  = a->op;
+    size_t       one = op->count * a->esz;
+    char        *dst = op->dst;
+    if (one && op->src != dst + (size_t)a->rank * one)
+        memcpy(dst + (size_t)a->rank * one, op->src, one);
+    ring g = {.ag = true, .count = op->count * (size_t)a->world, .chunk_fixed = op->count,
+              .ag_buf = dst};
+    if (op->count == 0)
+        g.chunk_fixed = 0, g.count = 0;
+    return ring_run(a, &g);
+}
+
+// ------------------------------------------------------------------ broadcast, reduce
+//
+// Binomial tree rooted at `root` over virtual ranks vr = (r - root) mod P: a rank
+// receives from vr - 2^k (k = its lowest set bit), then sends to vr + 2^j for the
+// smaller j. lg(P) steps. P = 5: 0 -> 4; 0 -> 2, 4 idle; 0 -> 1, 2 -> 3.
+static dt_status bcast_tree(algo *a, void *buf, size_t nbytes) {
+    const int P = a->world, vr = mod(a->rank - a->op->root, P);
+    dt_xfer   x;
+    int       mask = 1;
+    while (mask < P) {
+        if (vr & mask) {
+            int parent = mod(vr - mask + a->op->root, P);
+            DT_TRY(post(a, &x, parent, false, buf, nbytes, DT_ALGO_TREE, 0));
+            DT_TRY(wait(a, &x));
+            break;
+        }
+        mask <<= 1;
+    }
+    dt_xfer kids[32];
+    int     nk = 0;
+    for (mask >>= 1; mask > 0; mask >>= 1)
+        if (vr + mask < P) {
+            int child = mod(vr + mask + a->op->root, P);
+            DT_TRY(post(a, &kids[nk++], child, true, buf, nbytes, DT_ALGO_TREE, 0));
+        }
+    for (int i = 0; i < nk; i++)
+        DT_TRY(wait(a, &kids[i]));
+    return DT_OK;
+}
+
+// Pipelined chain for large broadcasts: root -> root+1 -> ... -> root-1, segment by
+// segment, so every link carries data at once; (P-1) + S - 1 segment times.
+static dt_status bcast_chain(algo *a, char *buf, size_t count) {
+    const int P = a->world, vr = mod(a->rank - a->op->root, P);
+    const int next = mod(a->rank + 1, P), prev = mod(a->rank - 1, P);
+    size_t    seg = a->cfg->segment_bytes / a->esz;
+    if (seg == 0)
+        seg = 1;
+    size_t   S = count ? (count + seg - 1) / seg : 1;
+    dt_xfer *x;
+    DT_TRY(xfers(a, 2 * S, &x));
+    dt_xfer *sx = x, *rx = x + S;
+    bool     recv = vr != 0, send = vr != P - 1;
+    size_t   nr = 0;
+    for (size_t j = 0; j < S; j++) {
+        size_t off = split(count, S, j), len = split(count, S, j + 1) - off;
+        if (recv) {
+            // Keep a few receives posted ahead so the stream never waits on us.
+            while (nr < S && nr <= j + 4) {
+                size_t o2 = split(count, S, nr), l2 = split(count, S, nr + 1) - o2;
+                DT_TRY(post(a, &rx[nr], prev, false, buf + o2 * a->esz, l2 * a->esz,
+                            DT_ALGO_CHAIN, (uint32_t)nr));
+                nr++;
+            }
+            DT_TRY(wait(a, &rx[j]));
+        }
+        if (send)
+            DT_TRY(post(a, &sx[j], next, true, buf + off * a->esz, len * a->esz, DT_ALGO_CHAIN,
+                        (uint32_t)j));
+    }
+    if (send)
+        for (size_t j = 0; j < S; j++)
+            DT_TRY(wait(a, &sx[j]));
+    return DT_OK;
+}
+
+static dt_status broadcast(algo *a) {
+    size_t nbytes = a->op->count * a->esz;
+    if (nbytes < a->cfg->small_bytes || a->world == 2)
+        return bcast_tree(a, a->op->dst, nbytes);
+    return bcast_chain(a, a->op->dst, a->op->count);
+}
+
+// Binomial-tree reduce (the broadcast tree run backwards): a rank folds in its
+// children's partials from the nearest up, then sends to its parent. The partial of
+// lower virtual ranks always comes first in the operation.
+static dt_status reduce_tree(algo *a, char *acc, char *tmp) {
+    const int    P = a->world, vr = mod(a->rank - a->op->root, P);
+    const size_t count = a->op->count, nbytes = count * a->esz;
+    dt_xfer      x;
+    for (int mask = 1; mask < P; mask <<= 1) {
+        if (vr & mask) {
+            int parent = mod(vr - mask + a->op->root, P);
+            DT_TRY(post(a, &x, parent, true, acc, nbytes, DT_ALGO_TREE, (uint32_t)mask));
+            return wait(a, &x);
+        }
+        if (vr + mask < P) {
+            int child = mod(vr + mask + a->op->root, P);
+            DT_TRY(post(a, &x, child, false, tmp, nbytes, DT_ALGO_TREE, (uint32_t)mask));
+            DT_TRY(wait(a, &x));
+            dt_reduce(a->op->dtype, a->op->op, acc, acc, tmp, count);
+        }
+    }
+    return DT_OK;
+}
+
+static dt_status reduce(algo *a) {
+    const dt_op *op     = a->op;
+    const int    P      = a->world, r = a->rank, root = op->root;
+    const size_t nbytes = op->count * a->esz;
+    bool         is_root = r == root;
+    if (nbytes < a->cfg->small_bytes) {
+        // acc: root's dst, or scratch elsewhere; tmp: scratch after it.
+        char *scratch;
+        DT_TRY(part_buffer(a, 2 * nbytes, &scratch));
+        char *acc = is_root ? op->dst : scratch, *tmp = scratch + nbytes;
+        if (nbytes && acc != op->src)
+            memcpy(acc, op->src, nbytes);
+        return reduce_tree(a, acc, tmp);
+    }
+    // Large: ring reduce-scatter (root keeps its partials in dst), then every rank
+    // sends its reduced chunk to the root.
+    char *out = op->dst;
+    if (!is_root)
+        DT_TRY(part_buffer(a, nbytes, &out));
+    ring g = {.rs = true, .count = op->count, .mine = op->src, .out = out};
+    DT_TRY(ring_run(a, &g));
+    dt_xfer *x;
+    DT_TRY(xfers(a, (size_t)P, &x));
+    if (!is_root) {
+        size_t off = chunk_off(a, &g, r), len = chunk_len(a, &g, r);
+        DT_TRY(post(a, &x[0], root, true, out + off * a->esz, len * a->esz, DT_ALGO_DIRECT, 0));
+        return wait(a, &x[0]);
+    }
+    for (int q = 0; q < P; q++) {
+        if (q == root)
+            continue;
+        size_t off = chunk_off(a, &g, q), len = chunk_len(a, &g, q);
+        DT_TRY(post(a, &x[q], q, false, out + off * a->esz, len * a->esz, DT_ALGO_DIRECT, 0));
+    }
+    for (int q = 0; q < P; q++)
+        if (q != root)
+            DT_TRY(wait(a, &x[q]));
+    return DT_OK;
+}
+
+// ------------------------------------------------------- gather, scatter, all_to_all
+
+static dt_status gather(algo *a) {
+    const dt_op *op = a->op;
+    const int    P = a->world, r = a->rank, root = op->root;
+    const size_t one = op->count * a->esz;
+    dt_xfer     *x;
+    DT_TRY(xfers(a, (size_t)P, &x));
+    if (r != root) {
+        DT_TRY(post(a, &x[0], root, true, op->src, one, DT_ALGO_DIRECT, 0));
+        return wait(a, &x[0]);
+    }
+    char *dst = op->dst;
+    for (int q = 0; q < P; q++)
+        if (q != root)
+            DT_TRY(post(a, &x[q], q, false, dst + (size_t)q * one, one, DT_ALGO_DIRECT, 0));
+    if (one && op->src != dst + (size_t)r * one)
+        memcpy(dst + (size_t)r * one, op->src, one);
+    for (int q = 0; q < P; q++)
+        if (q != root)
+            DT_TRY(wait(a, &x[q]));
+    return DT_OK;
+}
+
+static dt_status scatter(algo *a) {
+    const dt_op *op = a->op;
+    const int    P = a->world, r = a->rank, root = op->root;
+    const size_t one = op->count * a->esz;
+    dt_xfer     *x;
+    DT_TRY(xfers(a, (size_t)P, &x));
+    if (r != root) {
+        DT_TRY(post(a, &x[0], root, false, op->dst, one, DT_ALGO_DIRECT, 0));
+        return wait(a, &x[0]);
+    }
+    const char *src = op->src;
+    for (int q = 0; q < P; q++)
+        if (q != root)
+            DT_TRY(post(a, &x[q], q, true, src + (size_t)q * one, one, DT_ALGO_DIRECT, 0));
+    if (one && op->dst != src + (size_t)r * one)
+        memcpy(op->dst, src + (size_t)r * one, one);
+    for (int q = 0; q < P; q++)
+        if (q != root)
+            DT_TRY(wait(a, &x[q]));
+    return DT_OK;
+}
+
+// Pairwise exchange: in step s a rank sends to r+s and receives from r-s; all steps
+// are posted at once and the transport interleaves them.
+static dt_status all_to_all(algo *a) {
+    const dt_op *op = a->op;
+    const int    P = a->world, r = a->rank;
+    const size_t one = op->count * a->esz;
+    const char  *src = op->src;
+    char        *dst = op->dst;
+    dt_xfer     *x;
+    DT_TRY(xfers(a, 2 * (size_t)P, &x));
+    for (int s = 1; s < P; s++) {
+        int to = mod(r + s, P), from = mod(r - s, P);
+        DT_TRY(post(a, &x[2 * s], from, false, dst + (size_t)from * one, one, DT_ALGO_PAIRWISE,
+                    (uint32_t)s));
+        DT_TRY(post(a, &x[2 * s + 1], to, true, src + (size_t)to * one, one, DT_ALGO_PAIRWISE,
+                    (uint32_t)s));
+    }
+    if (one)
+        memcpy(dst + (size_t)r * one, src + (size_t)r * one, one);
+    for (int s = 1; s < P; s++) {
+        DT_TRY(wait(a, &x[2 * s]));
+        DT_TRY(wait(a, &x[2 * s + 1]));
+    }
+    return DT_OK;
+}
+
+// Dissemination barrier: in round k a rank signals r + 2^k and waits for r - 2^k;
+// after ceil(lg P) rounds every rank has heard, indirectly, from every other.
+static dt_status barrier(algo *a) {
+    const int P = a->world, r = a->rank;
+    dt_xfer   x[2];
+    uint32_t  round = 0;
+    for (int k = 1; k < P; k <<= 1, round++) {
+        DT_TRY(post(a, &x[0], mod(r - k, P), false, NULL, 0, DT_ALGO_DISSEMINATION, round));
+        DT_TRY(post(a, &x[1], mod(r + k, P), true, NULL, 0, DT_ALGO_DISSEMINATION, round));
+        DT_TRY(wait(a, &x[0]));
+        DT_TRY(wait(a, &x[1]));
+    }
+    return DT_OK;
+}
+
+static dt_status p2p(algo *a) {
+    const dt_op *op = a->op;
+    dt_xfer      x;
+    size_t       nbytes = op->count * a->esz;
+    if (op->kind == DT_COLL_SEND)
+        DT_TRY(post(a, &x, op->peer, true, op->src, nbytes, DT_ALGO_DIRECT, 0));
+    else
+        DT_TRY(post(a, &x, op->peer, false, op->dst, nbytes, DT_ALGO_DIRECT, 0));
+    return wait(a, &x);
+}
+
+dt_status dt_algo_run(const dt_backend_ops *be, void *ctx, dt_algo_cfg *cfg, int rank, int world,
+                      const dt_op *op) {
+    algo a = {.be = be, .ctx = ctx, .op = op, .cfg = cfg, .rank = rank, .world = world,
+              .esz = dt_dtype_size(op->dtype)};
+    switch (op->kind) {
+    case DT_COLL_ALL_REDUCE: return all_reduce(&a);
+    case DT_COLL_BROADCAST: return broadcast(&a);
+    case DT_COLL_REDUCE: return reduce(&a);
+    case DT_COLL_ALL_GATHER: return all_gather(&a);
+    case DT_COLL_REDUCE_SCATTER: return reduce_scatter(&a);
+    case DT_COLL_GATHER: return gather(&a);
+    case DT_COLL_SCATTER: return scatter(&a);
+    case DT_COLL_ALL_TO_ALL: return all_to_all(&a);
+    case DT_COLL_BARRIER:
+    case DT_COLL_INIT: return barrier(&a);
+    case DT_COLL_SEND:
+    case DT_COLL_RECV: return p2p(&a);
+    default: return dt_op_fail(op, DT_ERR_INTERNAL, "unknown operation kind %d", (int)op->kind);
+    }
+}

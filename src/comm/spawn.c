@@ -1,0 +1,232 @@
+// spawn.c: dt_spawn, the C form of torch.multiprocessing.spawn: fork the workers with
+// their rank variables, watch them through pidfds, and when one fails stop the
+// others (SIGTERM, then SIGKILL after a grace period) and report the first failure.
+#include "comm/comm_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_GRACE_MS 3000
+
+static int pidfd_open_(pid_t pid) {
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+static void setenv_int(const char *name, long v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", v);
+    setenv(name, buf, 1);
+}
+
+// Runs in the child: never returns.
+static _Noreturn void child_main(int i, int nprocs, long rank_base, long world, pid_t parent,
+                                 const char *port, const char *token, dt_spawn_fn fn, void *arg) {
+    // Die with the parent; if it died before prctl took effect, go now.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+        _exit(128 + SIGKILL);
+    setenv_int("LOCAL_RANK", i);
+    setenv_int("LOCAL_WORLD_SIZE", nprocs);
+    setenv_int("RANK", rank_base + i);
+    setenv_int("WORLD_SIZE", world);
+    if (port) {
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", port, 1);
+    }
+    if (token)
+        setenv("DT_JOB_TOKEN", token, 1);
+    int rc = fn(i, arg);
+    fflush(NULL);
+    _exit(rc & 0xff);
+}
+
+static void describe(int status, int *code, int *sig) {
+    if (WIFEXITED(status)) {
+        *code = WEXITSTATUS(status);
+        *sig  = 0;
+    } else {
+        *code = -1;
+        *sig  = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    }
+}
+
+dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) {
+    dt_spawn_result res = {.failed_rank = -1, .exit_code = 0, .term_signal = 0};
+    if (out)
+        *out = res;
+    if (nprocs < 1 || nprocs > 4096)
+        return dt_fail(DT_ERR_ARG, "spawn: expected 1..4096 processes, found %d", nprocs);
+    if (!fn)
+        return dt_fail(DT_ERR_ARG, "spawn: the worker function is NULL");
+    long grace;
+    DT_TRY(dt_env_int("DT_SPAWN_GRACE_MS", 0, 3600L * 1000, DEFAULT_GRACE_MS, &grace));
+
+    // Ranks: a node of a multi-node job, or a job of its own.
+    long        base = 0, world = nprocs, v;
+    const char *gr   = getenv("GROUP_RANK");
+    if (!gr || !*gr)
+        gr = getenv("NODE_RANK");
+    const char *ws = getenv("WORLD_SIZE");
+    if (gr && *gr && ws && *ws) {
+        DT_TRY(dt_parse_long(gr, 0, 1 << 20, "spawn: GROUP_RANK/NODE_RANK", &v));
+        base = v * nprocs;
+        DT_TRY(dt_parse_long(ws, 1, 1 << 30, "spawn: WORLD_SIZE", &world));
+        if (base + nprocs > world)
+            return dt_fail(DT_ERR_ARG,
+                           "spawn: node %ld with %d processes needs WORLD_SIZE >= %ld, found %ld",
+                           v, nprocs, base + nprocs, world);
+    }
+    // A free port and a fresh token when the environment gives none.
+    char        port_buf[16], token_buf[40];
+    const char *port = NULL, *token = NULL;
+    const char *mp   = getenv("MASTER_PORT");
+    if (!mp || !*mp) {
+        int fd, p;
+        DT_TRY(dt_sock_listen(0, 1, "spawn: picking a free port", &fd, &p));
+        close(fd);
+        snprintf(port_buf, sizeof port_buf, "%d", p);
+        port = port_buf;
+    }
+    const char *tk = getenv("DT_JOB_TOKEN");
+    if (!tk || !*tk) {
+        unsigned char rnd[16];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+            uint64_t t = dt_now_ns() ^ ((uint64_t)getpid() << 32);
+            memcpy(rnd, &t, sizeof t);
+            memcpy(rnd + 8, &t, sizeof t);
+        }
+        for (int i = 0; i < 16; i++)
+            snprintf(token_buf + 2 * i, 3, "%02x", rnd[i]);
+        token = token_buf;
+    }
+
+    pid_t *pids   = dt_alloc_zero((size_t)nprocs * sizeof *pids);
+    int   *pidfds = dt_alloc((size_t)nprocs * sizeof *pidfds);
+    bool  *alive  = dt_alloc_zero((size_t)nprocs * sizeof *alive);
+    if (!pids || !pidfds || !alive) {
+        dt_free(pids);
+        dt_free(pidfds);
+        dt_free(alive);
+        return DT_ERR_NOMEM;
+    }
+    pid_t     parent = getpid();
+    dt_status st     = DT_OK;
+    int       nalive = 0;
+    fflush(NULL);  // or the children inherit and re-print buffered output
+    for (int i = 0; i < nprocs; i++) {
+        pidfds[i] = -1;
+        pid_t pid = fork();
+        if (pid == 0)
+            child_main(i, nprocs, base, world, parent, port, token, fn, arg);
+        if (pid < 0) {
+            st = dt_fail_errno(DT_ERR_IO, "spawn: fork of local rank %d of %d", i, nprocs);
+            res.failed_rank = i;
+            res.exit_code   = -1;
+            break;
+        }
+        pids[i]   = pid;
+        pidfds[i] = pidfd_open_(pid);
+        alive[i]  = true;
+        nalive++;
+    }
+
+    // Watch: a child that exits non-zero or dies stops the job.
+    uint64_t kill_at  = 0;  // when stopping: SIGKILL after the grace period
+    bool     stopping = st != DT_OK;
+    if (stopping) {
+        for (int i = 0; i < nprocs; i++)
+            if (alive[i])
+                kill(pids[i], SIGTERM);
+        kill_at = dt_now_ns() + (uint64_t)grace * 1000000ull;
+    }
+    struct pollfd *pf = dt_alloc((size_t)nprocs * sizeof *pf);
+    while (nalive > 0) {
+        int n = 0;
+        for (int i = 0; i < nprocs && pf; i++)
+            if (alive[i] && pidfds[i] >= 0)
+                pf[n++] = (struct pollfd){.fd = pidfds[i], .events = POLLIN};
+        int ms = -1;
+        if (stopping && kill_at != UINT64_MAX)
+            ms = dt_ms_left(kill_at) + 1;
+        if (n < nalive && (ms < 0 || ms > 50))
+            ms = 50;  // children without a pidfd are polled with WNOHANG
+        if (pf && n > 0)
+            poll(pf, (nfds_t)n, ms);
+        else {
+            struct timespec ts = {0, 20 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        for (int i = 0; i < nprocs; i++) {
+            if (!alive[i])
+                continue;
+            int   status;
+            pid_t r = waitpid(pids[i], &status, WNOHANG);
+            if (r == 0 || (r < 0 && errno == EINTR))
+                continue;
+            alive[i] = false;
+            nalive--;
+            int code = 0, sig = 0;
+            if (r > 0)
+                describe(status, &code, &sig);
+            else
+                code = -1;  // reaped elsewhere: unknown
+            if ((code != 0 || sig != 0) && res.failed_rank < 0 && !stopping) {
+                res.failed_rank = i;
+                res.exit_code   = code;
+                res.term_signal = sig;
+                stopping        = true;
+                kill_at         = dt_now_ns() + (uint64_t)grace * 1000000ull;
+                for (int j = 0; j < nprocs; j++)
+                    if (alive[j])
+                        kill(pids[j], SIGTERM);
+            }
+        }
+        if (stopping && nalive > 0 && dt_now_ns() >= kill_at) {
+            for (int j = 0; j < nprocs; j++)
+                if (alive[j])
+                    kill(pids[j], SIGKILL);
+            kill_at = UINT64_MAX;  // killed: now just reap
+        }
+    }
+    for (int i = 0; i < nprocs; i++)
+        if (pidfds[i] >= 0)
+            close(pidfds[i]);
+    dt_free(pf);
+    dt_free(pids);
+    dt_free(pidfds);
+    dt_free(alive);
+    if (out)
+        *out = res;
+    if (st != DT_OK)
+        return st;
+    if (res.failed_rank >= 0) {
+        if (res.term_signal)
+            return dt_fail(DT_ERR_PEER,
+                           "spawn: local rank %d (rank %ld) was killed by signal %d (%s); the "
+                           "other ranks were stopped",
+                           res.failed_rank, base + res.failed_rank, res.term_signal,
+                           strsignal(res.term_signal));
+        return dt_fail(DT_ERR_PEER,
+                       "spawn: local rank %d (rank %ld) exited with code %d; the other ranks were "
+                       "stopped",
+                       res.failed_rank, base + res.failed_rank, res.exit_code);
+    }
+    return DT_OK;
+}
