@@ -111,6 +111,8 @@ struct dt_shm {
     uint32_t       next_buf;      // which buffer the next chunk uses (same on all ranks)
     uint32_t       free_step[2];  // own buffer b is unread once all ranks pass this
     uint32_t      *sent;          // per peer: chunks posted to it
+    struct shm_pending **pending; // per peer: messages not yet wholly in the channel (FIFO)
+    int            npending;      // messages queued over all peers
     uint32_t      *taken;         // per peer: chunks consumed from it
     int           *pidfds;        // per rank, -1 for self or unknown
     int64_t        spin_ns;       // spin + yield before sleeping
@@ -122,6 +124,16 @@ struct dt_shm {
     dt_status      failed;
     char           fail_msg[1000];
 };
+
+// A sent message whose tail did not fit in the channel: the engine owns a copy and
+// pushes its chunks whenever the receiver has made room (from any later wait).
+typedef struct shm_pending {
+    struct shm_pending *next;
+    dt_fingerprint      fp;
+    unsigned char      *data;    // a copy of the whole message (chunk k at k * pchunk)
+    size_t              nbytes;  // of the whole message
+    size_t              chunk, nchunks;
+} shm_pending;
 
 typedef struct shm_op {
     dt_shm      *s;
@@ -386,6 +398,8 @@ static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step
 //     at once when the peer waits for this very CPU (2 ranks on 1 busy vCPU);
 //  3. sleep on the futex in SLICE_NS slices, checking health between them. A futex
 //     wake-up costs tens of microseconds on a VM, hence stage 2.
+static void push_pending(dt_shm *s);
+
 static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bool is_step) {
     if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
         return DT_OK;
@@ -399,6 +413,8 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
         if ((i & 63) == 0) {
+            if (s->npending)
+                push_pending(s);
             int64_t spent = (int64_t)(dt_now_ns() - t0);
             if (spent >= s->spin_ns ||
                 atomic_load_explicit(&s->hdr->abort_state, memory_order_relaxed))
@@ -420,10 +436,15 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
                 if (left < slice)
                     slice = left;
             }
+            // Sleeping with messages still to push: wake up often enough to push them.
+            if (s->npending && slice > 200000)
+                slice = 200000;
             if (slice > 0)
                 futex_wait(&w->value, v, slice);
         }
         atomic_fetch_sub_explicit(&w->waiters, 1, memory_order_seq_cst);
+        if (s->npending)
+            push_pending(s);
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
         DT_TRY(check_health(o, peer, target, is_step));
@@ -490,6 +511,8 @@ static dt_status op_begin(dt_shm *s, shm_op *o, const dt_op *op) {
     if (op->count > (SIZE_MAX >> 4) / es / (size_t)s->world)
         return dt_fail(DT_ERR_ARG, "%s: count %zu is too large", op->name, op->count);
     o->start_ns = dt_now_ns();
+    if (s->npending)
+        push_pending(s);
     // A dead rank nobody waits on is still noticed by the next call, at a bounded cost.
     if (o->start_ns - s->last_check_ns > PEER_CHECK_NS || atomic_load(&s->hdr->abort_state))
         DT_TRY(check_health(o, -1, 0, false));
@@ -850,24 +873,76 @@ static inline unsigned char *chan_buf(const dt_shm *s, int from, int to, uint32_
 // A message is cut into chunks of pchunk bytes (at least one, which carries the
 // fingerprint even for zero bytes); chunk c of a channel uses buffer c % 2, free once
 // the receiver has consumed chunk c - 2.
+static bool chan_has_room(const dt_shm *s, int peer) {
+    uint32_t at = s->sent[peer];
+    return reached(atomic_load_explicit(&chan(s, s->rank, peer)->consumed.value,
+                                        memory_order_acquire),
+                   at - 1);
+}
+
+static void post_chunk(dt_shm *s, int peer, const dt_fingerprint *fp, size_t k,
+                       const unsigned char *data, size_t len) {
+    uint32_t       at = s->sent[peer];
+    unsigned char *p  = chan_buf(s, s->rank, peer, at);
+    shm_msg        h  = {.fp = *fp, .chunk = (uint32_t)k};
+    memcpy(p, &h, sizeof h);
+    memcpy(p + sizeof h, data, len);
+    s->sent[peer] = at + 1;
+    word_set(&chan(s, s->rank, peer)->posted, at + 1);
+}
+
+// Pushes queued chunks into every channel with room, oldest message first. Never waits.
+static void push_pending(dt_shm *s) {
+    for (int peer = 0; peer < s->world; peer++) {
+        shm_pending *m;
+        while ((m = s->pending[peer]) && chan_has_room(s, peer)) {
+            size_t off = m->chunk * s->pchunk;
+            post_chunk(s, peer, &m->fp, m->chunk, m->data + off,
+                       min_sz(s->pchunk, m->nbytes - off));
+            if (++m->chunk == m->nchunks) {
+                s->pending[peer] = m->next;
+                s->npending--;
+                dt_free(m->data);
+                dt_free(m);
+            }
+        }
+    }
+}
+
+// Never waits for the receiver (comm.h: a send returns once its data is handed to the
+// transport, so that a ring of sends followed by receives cannot deadlock): the chunks
+// that fit go into the channel now, the rest is copied and pushed by later calls.
 static dt_status run_send(shm_op *o) {
     dt_shm      *s      = o->s;
     const dt_op *op     = o->op;
     int          peer   = op->peer;
-    shm_chan    *c      = chan(s, s->rank, peer);
     size_t       nbytes = op->count * dt_shm_dtype_size(op->dtype);
     size_t       n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
-    for (size_t k = 0; k < n; k++) {
-        uint32_t at = s->sent[peer];
-        DT_TRY(wait_word(o, &c->consumed, at - 1, peer, false));
-        unsigned char *p = chan_buf(s, s->rank, peer, at);
-        shm_msg        h = {.fp = op->fp, .chunk = (uint32_t)k};
-        memcpy(p, &h, sizeof h);
-        size_t len = min_sz(s->pchunk, nbytes - k * s->pchunk);
-        memcpy(p + sizeof h, (const unsigned char *)op->src + k * s->pchunk, len);
-        s->sent[peer] = at + 1;
-        word_set(&c->posted, at + 1);
+    size_t       k      = 0;
+    if (!s->pending[peer])
+        for (; k < n && chan_has_room(s, peer); k++)
+            post_chunk(s, peer, &op->fp, k, (const unsigned char *)op->src + k * s->pchunk,
+                       min_sz(s->pchunk, nbytes - k * s->pchunk));
+    if (k == n)
+        return DT_OK;
+    shm_pending *m = dt_alloc_zero(sizeof *m);
+    unsigned char *copy = m ? dt_alloc(nbytes) : NULL;
+    if (!copy) {
+        dt_free(m);
+        return poison(s, DT_ERR_NOMEM, "%s: no memory to queue %zu bytes for rank %d", op->name,
+                      nbytes, peer);
     }
+    memcpy(copy, op->src, nbytes);  // whole message: chunk offsets stay those of the message
+    m->fp      = op->fp;
+    m->data    = copy;
+    m->nbytes  = nbytes;
+    m->chunk   = k;
+    m->nchunks = n;
+    shm_pending **tail = &s->pending[peer];
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = m;
+    s->npending++;
     return DT_OK;
 }
 
@@ -1175,8 +1250,9 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     size_t w = (size_t)o->world;
     s->pidfds    = dt_alloc(sizeof(int) * w);
     s->sent      = dt_alloc_zero(sizeof(uint32_t) * w);
+    s->pending   = dt_alloc_zero(sizeof(shm_pending *) * w);
     s->taken     = dt_alloc_zero(sizeof(uint32_t) * w);
-    if (!s->pidfds || !s->sent || !s->taken) {
+    if (!s->pidfds || !s->sent || !s->taken || !s->pending) {
         dt_shm_free(s);
         return DT_ERR_NOMEM;
     }
@@ -1270,6 +1346,14 @@ void dt_shm_free(dt_shm *s) {
                 close(s->pidfds[r]);
     dt_free(s->pidfds);
     dt_free(s->sent);
+    for (int r = 0; s->pending && r < s->world; r++)
+        while (s->pending[r]) {
+            shm_pending *m = s->pending[r];
+            s->pending[r]  = m->next;
+            dt_free(m->data);
+            dt_free(m);
+        }
+    dt_free(s->pending);
     dt_free(s->taken);
     dt_free(s);
 }

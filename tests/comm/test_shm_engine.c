@@ -495,6 +495,41 @@ static void body_churn(tctx *t, int me, int world, void *arg) {
     CHECK_EQ(bad, 0);
 }
 
+// Everybody sends first, then receives: sends must not wait for the receiver (the
+// message is far larger than the channel), nor may later messages overtake it.
+static void body_send_ring(tctx *t, int me, int world, void *arg) {
+    (void)arg;
+    if (!CHECK(t->s != NULL))
+        return;
+    int    to = (me + 1) % world, from = (me + world - 1) % world;
+    size_t n  = 300007;
+    float *a = dt_alloc(n * 4), *b = dt_alloc(n * 4), *want = dt_alloc(n * 4);
+    for (int round = 0; round < 3; round++) {
+        gen(a, n, DT_FLOAT32, 70 + (uint64_t)round, me, 0);
+        CHECK_OK(t_send(t, a, n, DT_FLOAT32, to, round, deadline()));
+        memset(a, 0, n * 4);  // the send owns no reference to the caller's buffer
+        CHECK_OK(t_send(t, a, 5, DT_FLOAT32, to, 100 + round, deadline()));
+    }
+    for (int round = 0; round < 3; round++) {
+        CHECK_OK(t_recv(t, b, n, DT_FLOAT32, from, round, deadline()));
+        gen(want, n, DT_FLOAT32, 70 + (uint64_t)round, from, 0);
+        same(b, want, n * 4, "ring send/recv", me, n);
+        CHECK_OK(t_recv(t, b, 5, DT_FLOAT32, from, 100 + round, deadline()));
+        CHECK(b[0] == 0 && b[4] == 0);
+    }
+    CHECK_OK(t_barrier(t, deadline()));
+    dt_free(a);
+    dt_free(b);
+    dt_free(want);
+}
+
+static void test_send_ring(void) {
+    for (int w = 2; w <= 4; w++) {
+        world_cfg c = {.world = w, .kill_rank = -1, .skip_init = -1, .bad_world = -1};
+        run_world(&c, body_send_ring, NULL);
+    }
+}
+
 static void test_churn(void) {
     for (int w = 2; w <= 4; w++) {
         world_cfg c = {.world = w, .kill_rank = -1, .skip_init = -1, .bad_world = -1};
@@ -698,6 +733,7 @@ int main(void) {
     RUN(test_collectives_small_chunk);
     RUN(test_collectives_default_chunk);
     RUN(test_churn);
+    RUN(test_send_ring);
     RUN(test_mismatch);
     RUN(test_killed_rank);
     RUN(test_timeout_left_abort);
