@@ -287,7 +287,7 @@ void dt_shm_abort(dt_shm *s, dt_status st, const char *msg) {
     // A mismatch or a timeout means the same to everyone; any other failure here is
     // "this rank is gone for you".
     dt_status theirs = st == DT_ERR_MISMATCH || st == DT_ERR_TIMEOUT ? st : DT_ERR_PEER;
-    snprintf(text, sizeof text, "rank %d aborted the group: %s", s->rank, msg ? msg : "");
+    snprintf(text, sizeof text, "rank %d stopped: %s", s->rank, msg ? msg : "");
     publish_abort(s, theirs, s->rank, text);
     if (!s->failed) {
         s->failed = st == DT_OK ? DT_ERR_STATE : st;

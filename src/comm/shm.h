@@ -79,7 +79,7 @@ dt_status dt_shm_run(dt_shm *s, const dt_op *op);
 // are buffered, a longer message waits for the receiver to take the first ones.
 
 // Makes every rank's pending and later calls fail (the process group calls it after
-// a failure it saw, or dt_pg_abort): they get DT_ERR_PEER "rank r aborted the group:
+// a failure it saw, or dt_pg_abort): they get DT_ERR_PEER "rank r stopped:
 // <msg>" (or st itself for a mismatch or a timeout). Idempotent: the first failure
 // recorded in the segment wins.
 void dt_shm_abort(dt_shm *s, dt_status st, const char *msg);
