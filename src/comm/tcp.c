@@ -30,6 +30,8 @@
 #define ABORT_BUDGET_MS 200
 // Time dt_pg_free spends saying bye.
 #define BYE_BUDGET_MS 200
+// Bytes per send/recv system call (see tcp_init).
+#define DEFAULT_CHUNK_BYTES (128 << 10)
 
 typedef struct peer {
     int  rank;
@@ -57,6 +59,14 @@ typedef struct peer {
     dt_xfer *sq_head, *sq_tail;
     uint8_t  out_hdr[DT_WIRE_HEADER_BYTES];  // header of sq_head
     bool     out_hdr_ready;
+
+    // After a failure the transfers belong to nobody (the algorithm has returned), but
+    // a message half written must still be finished before an abort message can follow
+    // on this connection: what is left of it, copied out of its transfer.
+    bool        pend;
+    uint8_t     pend_hdr[DT_WIRE_HEADER_BYTES];
+    const char *pend_buf;  // the payload (the caller's buffer, alive until abort returns)
+    size_t      pend_total, pend_done;
 } peer;
 
 typedef struct tcp_ctx {
@@ -67,6 +77,8 @@ typedef struct tcp_ctx {
     struct pollfd *pfds;
     int           *pfd_peer;
     bool           aborted;
+    uint64_t       spin_ns;  // busy-wait before sleeping in poll (DT_TCP_SPIN_US)
+    size_t         chunk;    // bytes per send/recv call (DT_TCP_CHUNK_BYTES)
 } tcp_ctx;
 
 // ------------------------------------------------------------------- reading
@@ -292,7 +304,10 @@ static dt_status pump_in(tcp_ctx *c, const dt_op *op, peer *p) {
         }
         dt_xfer *x = p->rq_head;
         while (p->payload_left) {
-            ssize_t k = peer_read(p, (char *)x->buf + x->done_bytes_, (size_t)p->payload_left);
+            size_t  want = (size_t)p->payload_left;
+            if (want > c->chunk)
+                want = c->chunk;
+            ssize_t k = peer_read(p, (char *)x->buf + x->done_bytes_, want);
             if (k == 0)
                 return DT_OK;
             if (k < 0)
@@ -348,7 +363,8 @@ static dt_status pump_out(tcp_ctx *c, const dt_op *op, peer *p) {
             iov[niov++] = (struct iovec){p->out_hdr + sent, DT_WIRE_HEADER_BYTES - sent};
         size_t poff = sent > DT_WIRE_HEADER_BYTES ? sent - DT_WIRE_HEADER_BYTES : 0;
         if (x->nbytes > poff)
-            iov[niov++] = (struct iovec){(char *)x->buf + poff, x->nbytes - poff};
+            iov[niov++] = (struct iovec){(char *)x->buf + poff,
+                                         x->nbytes - poff < c->chunk ? x->nbytes - poff : c->chunk};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
         ssize_t       k  = sendmsg(p->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (k < 0) {
@@ -372,7 +388,7 @@ static dt_status pump_out(tcp_ctx *c, const dt_op *op, peer *p) {
 
 // ------------------------------------------------------------------- transfers
 
-static dt_status tcp_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
+static dt_status xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
     tcp_ctx *c = ctx;
     if (c->aborted)
         return dt_op_fail(op, DT_ERR_STATE, "the group was aborted");
@@ -418,8 +434,9 @@ static void pending_desc(const tcp_ctx *c, char *buf, size_t n) {
         snprintf(buf, n, "the other ranks");
 }
 
-static dt_status tcp_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
-    tcp_ctx *c = ctx;
+static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
+    tcp_ctx *c    = ctx;
+    bool     spun = false;
     for (;;) {
         if (c->aborted)
             return dt_op_fail(op, DT_ERR_STATE, "the group was aborted");
@@ -435,6 +452,24 @@ static dt_status tcp_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
         }
         if (x->done)
             return DT_OK;
+        // A reply to a small message usually comes within microseconds: retry for a
+        // short while before paying for a sleep and a wake-up in poll.
+        if (c->spin_ns && !spun) {
+            spun = true;
+            uint64_t until = dt_now_ns() + c->spin_ns;
+            while (!x->done && dt_now_ns() < until && !dt_pg_aborted(c->pg)) {
+                for (int r = 0; r < c->world; r++) {
+                    peer *p = &c->peers[r];
+                    if (r == c->rank)
+                        continue;
+                    if (p->sq_head)
+                        DT_TRY(pump_out(c, op, p));
+                    if (p->rq_head || p->in_payload)
+                        DT_TRY(pump_in(c, op, p));
+                }
+            }
+            continue;
+        }
         // Sleep in poll: data, room to write, hang-ups on every connection, abort.
         int n = 0;
         for (int r = 0; r < c->world; r++) {
@@ -478,31 +513,84 @@ static dt_status tcp_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
     }
 }
 
+// A transfer failed: the algorithm returns now and its transfers go away with it.
+// Keep only what an abort needs (the rest of a half-written message) and forget them.
+static void drop_transfers(tcp_ctx *c) {
+    for (int r = 0; r < c->world; r++) {
+        peer    *p = &c->peers[r];
+        dt_xfer *x = p->sq_head;
+        if (x && x->done_bytes_ > 0 && !p->pend) {
+            p->pend = true;
+            memcpy(p->pend_hdr, p->out_hdr, sizeof p->pend_hdr);
+            p->pend_buf   = x->buf;
+            p->pend_total = DT_WIRE_HEADER_BYTES + x->nbytes;
+            p->pend_done  = x->done_bytes_;
+        }
+        p->sq_head = p->sq_tail = NULL;
+        p->rq_head = p->rq_tail = NULL;
+        p->out_hdr_ready        = false;
+    }
+}
+
+static dt_status tcp_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
+    dt_status st = xfer_post(ctx, op, x);
+    if (st != DT_OK)
+        drop_transfers(ctx);
+    return st;
+}
+
+static dt_status tcp_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
+    dt_status st = xfer_wait(ctx, op, x);
+    if (st != DT_OK)
+        drop_transfers(ctx);
+    return st;
+}
+
 // ------------------------------------------------------------------- abort, free
 
-// Writes the rest of the frame in flight to p, then a control frame (abort/bye) with
-// `text`; gives up at deadline. Returns true when the control frame was sent whole.
-static bool send_control(tcp_ctx *c, const dt_op *op, peer *p, uint8_t kind, dt_status st,
-                         const char *text, uint64_t deadline) {
-    if (p->fd < 0 || p->wr_shut)
-        return false;
-    // Finish the current frame so the control frame starts on a boundary.
-    dt_xfer *x = p->sq_head;
-    if (x && x->done_bytes_ > 0) {
-        x->next_   = NULL;  // only this one
-        p->sq_tail = x;
-        while (p->sq_head) {
-            if (pump_out(c, op, p) != DT_OK)
-                return false;
-            if (!p->sq_head)
-                break;
+// Writes the rest of a half-written message; false if the peer does not take it by
+// the deadline.
+static bool finish_pending(peer *p, uint64_t deadline) {
+    while (p->pend_done < p->pend_total) {
+        struct iovec iov[2];
+        int          niov = 0;
+        size_t       d    = p->pend_done;
+        if (d < DT_WIRE_HEADER_BYTES)
+            iov[niov++] = (struct iovec){p->pend_hdr + d, DT_WIRE_HEADER_BYTES - d};
+        size_t poff  = d > DT_WIRE_HEADER_BYTES ? d - DT_WIRE_HEADER_BYTES : 0;
+        size_t nbody = p->pend_total - DT_WIRE_HEADER_BYTES;
+        if (nbody > poff)
+            iov[niov++] = (struct iovec){(char *)(uintptr_t)p->pend_buf + poff, nbody - poff};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t       k  = sendmsg(p->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k > 0) {
+            p->pend_done += (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             struct pollfd pf = {.fd = p->fd, .events = POLLOUT};
             int           ms = dt_ms_left(deadline);
             if (ms <= 0 || poll(&pf, 1, ms) <= 0)
                 return false;
+            continue;
         }
+        return false;
     }
-    p->sq_head = p->sq_tail = NULL;
+    p->pend = false;
+    return true;
+}
+
+// Writes the rest of the frame in flight to p, then a control frame (abort/bye) with
+// `text`; gives up at deadline. Returns true when the control frame was sent whole.
+static bool send_control(tcp_ctx *c, peer *p, uint8_t kind, dt_status st, const char *text,
+                         uint64_t deadline) {
+    if (p->fd < 0 || p->wr_shut)
+        return false;
+    // Finish the message in flight so the control message starts on a boundary.
+    if (p->pend && !finish_pending(p, deadline))
+        return false;
     size_t len = text ? strlen(text) : 0;
     if (len > DT_WIRE_MAX_REASON)
         len = DT_WIRE_MAX_REASON;
@@ -549,14 +637,12 @@ static void tcp_abort(void *ctx, dt_status st, const char *msg) {
         dt_store_set(c->store, key, rec, strlen(rec));
         dt_free(rec);
     }
-    dt_op op = {.kind = DT_COLL_BARRIER};
-    snprintf(op.name, sizeof op.name, "abort");
     uint64_t deadline = dt_deadline_ns(ABORT_BUDGET_MS);
     for (int r = 0; r < c->world; r++) {
         peer *p = &c->peers[r];
         if (r == c->rank || p->fd < 0)
             continue;
-        send_control(c, &op, p, DT_WIRE_ABORT, st, msg, deadline);
+        send_control(c, p, DT_WIRE_ABORT, st, msg, deadline);
         shutdown(p->fd, SHUT_WR);
         p->wr_shut = true;
         p->rq_head = p->rq_tail = NULL;
@@ -568,15 +654,13 @@ static void tcp_free(void *ctx) {
     tcp_ctx *c = ctx;
     if (!c)
         return;
-    dt_op op = {.kind = DT_COLL_BARRIER};
-    snprintf(op.name, sizeof op.name, "free");
     uint64_t deadline = dt_deadline_ns(BYE_BUDGET_MS);
     for (int r = 0; c->peers && r < c->world; r++) {
         peer *p = &c->peers[r];
         if (r == c->rank || p->fd < 0)
             continue;
         if (!c->aborted && !p->wr_shut) {
-            send_control(c, &op, p, DT_WIRE_BYE, DT_OK, "left the group", deadline);
+            send_control(c, p, DT_WIRE_BYE, DT_OK, "left the group", deadline);
             shutdown(p->fd, SHUT_WR);
         }
         // Read what is left so closing does not turn into a reset that could destroy
@@ -758,10 +842,27 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     }
     close(lfd);
     lfd = -1;
+    // Socket buffers: 0 leaves Linux's autotuning, which measured as well as fixed
+    // sizes on loopback; DT_SOCKET_BUF_BYTES overrides for other networks.
+    long bufsz = 0, spin_us = 0;
+    if ((st = dt_env_int("DT_SOCKET_BUF_BYTES", 0, 1L << 30, 0, &bufsz)) != DT_OK)
+        goto fail;
+    if ((st = dt_env_int("DT_TCP_SPIN_US", 0, 1000000, 0, &spin_us)) != DT_OK)
+        goto fail;
+    c->spin_ns = (uint64_t)spin_us * 1000;
+    // Bytes per send and receive call. Small enough that what the sender copies into
+    // the kernel is still in cache when the receiver copies it out (on loopback this
+    // doubled large-message bandwidth against whole-message calls), large enough to
+    // keep the syscall count low.
+    long chunk = 0;
+    if ((st = dt_env_int("DT_TCP_CHUNK_BYTES", 4096, 1L << 30, DEFAULT_CHUNK_BYTES, &chunk)) !=
+        DT_OK)
+        goto fail;
+    c->chunk = (size_t)chunk;
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank)
             continue;
-        dt_sock_tune(c->peers[r].fd, 0);
+        dt_sock_tune(c->peers[r].fd, (int)bufsz);
         dt_sock_set_nonblocking(c->peers[r].fd, true);
     }
     *out = c;

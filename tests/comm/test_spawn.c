@@ -1,0 +1,217 @@
+// test_spawn.c: dt_spawn starts workers with their rank variables (and they can form a
+// group from them), stops the others when one fails and names it, escalates to
+// SIGKILL for a worker that ignores SIGTERM, and its workers die with their parent.
+#include "../lib/mp.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct slot {
+    _Atomic int pid;
+    int         rank, local_rank, world, local_world;
+    int         has_port, has_token;
+    float       sum;  // result of an all_reduce among the workers
+} slot;
+
+static slot *slots(void) { return mp_shared(); }
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int env_int(const char *name) {
+    const char *v = getenv(name);
+    return v ? atoi(v) : -1;
+}
+
+// Gone: no such process, or a zombie nobody reaped.
+static bool gone(int pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    char buf[512] = "";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n]      = 0;
+    char *paren = strrchr(buf, ')');
+    return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+static int worker_ok(int local_rank, void *arg) {
+    (void)arg;
+    slot *s = &slots()[local_rank];
+    atomic_store(&s->pid, (int)getpid());
+    s->rank        = env_int("RANK");
+    s->local_rank  = env_int("LOCAL_RANK");
+    s->world       = env_int("WORLD_SIZE");
+    s->local_world = env_int("LOCAL_WORLD_SIZE");
+    s->has_port    = getenv("MASTER_PORT") != NULL;
+    s->has_token   = getenv("DT_JOB_TOKEN") != NULL;
+    dt_pg_opts o   = dt_pg_opts_default();
+    o.backend      = mp_backend();
+    o.timeout_ms   = 20000;
+    dt_pg *pg      = dt_pg_init_from_env(&o);
+    if (!pg)
+        return 10;
+    float x = (float)(local_rank + 1);
+    if (dt_pg_all_reduce(pg, &x, &s->sum, 1, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
+        return 11;
+    dt_pg_free(pg);
+    return 0;
+}
+
+static void test_success(void) {
+    memset(slots(), 0, 4096);
+    unsetenv("MASTER_PORT");
+    unsetenv("DT_JOB_TOKEN");
+    dt_spawn_result res;
+    CHECK_OK(dt_spawn(3, worker_ok, NULL, &res));
+    CHECK_EQ(res.failed_rank, -1);
+    for (int i = 0; i < 3; i++) {
+        slot *s = &slots()[i];
+        CHECK_EQ(s->rank, i);
+        CHECK_EQ(s->local_rank, i);
+        CHECK_EQ(s->world, 3);
+        CHECK_EQ(s->local_world, 3);
+        CHECK(s->has_port && s->has_token);
+        CHECK_NEAR(s->sum, 6.0, 0);
+        CHECK(gone(s->pid));
+    }
+    // The parent's own environment is left alone.
+    CHECK(getenv("MASTER_PORT") == NULL);
+}
+
+// Node 1 of a 2-node job of 2 processes each: RANK = 2 + local rank, WORLD_SIZE kept.
+static int worker_ranks_only(int local_rank, void *arg) {
+    (void)arg;
+    slot *s  = &slots()[local_rank];
+    s->rank  = env_int("RANK");
+    s->world = env_int("WORLD_SIZE");
+    return 0;
+}
+
+static void test_multi_node_ranks(void) {
+    memset(slots(), 0, 4096);
+    setenv("GROUP_RANK", "1", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    CHECK_OK(dt_spawn(2, worker_ranks_only, NULL, NULL));
+    CHECK_EQ(slots()[0].rank, 2);
+    CHECK_EQ(slots()[1].rank, 3);
+    CHECK_EQ(slots()[1].world, 4);
+    setenv("WORLD_SIZE", "3", 1);
+    CHECK_ERR(dt_spawn(2, worker_ranks_only, NULL, NULL), DT_ERR_ARG, "WORLD_SIZE >= 4");
+    unsetenv("GROUP_RANK");
+    unsetenv("WORLD_SIZE");
+}
+
+static int worker_fail(int local_rank, void *arg) {
+    int mode = *(int *)arg;
+    atomic_store(&slots()[local_rank].pid, (int)getpid());
+    if (local_rank == 1) {
+        sleep_ms(200);
+        if (mode == 1)
+            raise(SIGKILL);
+        return 3;
+    }
+    if (mode == 2)
+        signal(SIGTERM, SIG_IGN);  // stubborn: needs the SIGKILL
+    sleep_ms(30000);
+    return 0;
+}
+
+static void test_child_fails(void) {
+    for (int mode = 0; mode < 3; mode++) {
+        memset(slots(), 0, 4096);
+        setenv("DT_SPAWN_GRACE_MS", "500", 1);
+        dt_spawn_result res;
+        uint64_t        t0 = dt_now_ns();
+        dt_status       st = dt_spawn(4, worker_fail, &mode, &res);
+        double          s  = (double)(dt_now_ns() - t0) / 1e9;
+        CHECK_EQ(st, DT_ERR_PEER);
+        CHECK_EQ(res.failed_rank, 1);
+        if (mode == 1) {
+            CHECK_EQ(res.term_signal, SIGKILL);
+            CHECK_EQ(res.exit_code, -1);
+            CHECK(strstr(dt_last_error(), "local rank 1 (rank 1) was killed by signal 9") != NULL);
+        } else {
+            CHECK_EQ(res.exit_code, 3);
+            CHECK_EQ(res.term_signal, 0);
+            CHECK(strstr(dt_last_error(), "local rank 1 (rank 1) exited with code 3") != NULL);
+        }
+        // The others were stopped (mode 2 only after the grace period), not waited for.
+        CHECK(s < 5.0);
+        if (mode == 2)
+            CHECK(s >= 0.6);
+        for (int i = 0; i < 4; i++)
+            CHECK(atomic_load(&slots()[i].pid) > 0 && gone(atomic_load(&slots()[i].pid)));
+        unsetenv("DT_SPAWN_GRACE_MS");
+    }
+    CHECK_ERR(dt_spawn(0, worker_fail, NULL, NULL), DT_ERR_ARG, "1..4096");
+    CHECK_ERR(dt_spawn(2, NULL, NULL, NULL), DT_ERR_ARG, "NULL");
+}
+
+static int worker_sleep(int local_rank, void *arg) {
+    (void)arg;
+    atomic_store(&slots()[local_rank].pid, (int)getpid());
+    sleep_ms(60000);
+    return 0;
+}
+
+// The parent of the workers is killed: the workers must not outlive it.
+static void test_parent_killed(void) {
+    memset(slots(), 0, 4096);
+    // Orphans come to us, so we can reap them and see how they died.
+    CHECK(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+    pid_t mid = fork();
+    if (mid == 0) {
+        dt_spawn(3, worker_sleep, NULL, NULL);
+        _exit(0);
+    }
+    uint64_t dl = dt_deadline_ns(10000);
+    while (dt_now_ns() < dl && !(atomic_load(&slots()[0].pid) && atomic_load(&slots()[1].pid) &&
+                                 atomic_load(&slots()[2].pid)))
+        sleep_ms(5);
+    kill(mid, SIGKILL);
+    waitpid(mid, NULL, 0);
+    int reaped = 0;
+    dl         = dt_deadline_ns(5000);
+    for (int i = 0; i < 3; i++) {
+        int pid = atomic_load(&slots()[i].pid);
+        CHECK(pid > 0);
+        int st = 0;
+        while (pid > 0 && dt_now_ns() < dl) {
+            pid_t r = waitpid(pid, &st, WNOHANG);
+            if (r == pid) {
+                reaped++;
+                CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+                break;
+            }
+            if (r < 0 && errno == ECHILD && gone(pid)) {
+                reaped++;  // reaped by someone else: at least it is gone
+                break;
+            }
+            sleep_ms(5);
+        }
+        CHECK(gone(pid));
+    }
+    CHECK_EQ(reaped, 3);
+    prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+int main(void) {
+    RUN(test_success);
+    RUN(test_multi_node_ranks);
+    RUN(test_child_fails);
+    RUN(test_parent_killed);
+    return check_summary();
+}
