@@ -31,6 +31,9 @@
 #define SHM_VERSION 1u
 
 #define DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
+// Working buffers per rank: chunk k uses buffer k % NBUF. Three let the large
+// all_reduce stage chunk k+1 while the others still read chunks k and k-1.
+#define NBUF 3
 #define DEFAULT_SMALL_BYTES ((size_t)64 << 10)
 #define PEER_CHECK_NS       50000000ull  // liveness checked at op start at most this often
 
@@ -103,13 +106,13 @@ struct dt_shm {
     shm_header    *hdr;
     shm_slot      *slots;
     shm_chan      *chans;
-    unsigned char *bufs;   // world x 2 collective buffers of chunk bytes
+    unsigned char *bufs;   // world x NBUF collective buffers of chunk bytes
     unsigned char *pbufs;  // world x world x 2 channel buffers of (64 + pchunk) bytes
     size_t         chunk, small, pchunk;
     uint32_t       step;          // mirror of slots[rank].step
     uint32_t       ncoll;         // collectives started (fingerprint slot parity)
-    uint32_t       next_buf;      // which buffer the next chunk uses (same on all ranks)
-    uint32_t       free_step[2];  // own buffer b is unread once all ranks pass this
+    uint64_t       next_buf;      // chunks so far: the next uses buffer next_buf % NBUF
+    uint32_t       free_step[NBUF];  // own buffer b is unread once all ranks pass this
     uint32_t      *sent;          // per peer: chunks posted to it
     struct shm_pending **pending; // per peer: messages not yet wholly in the channel (FIFO)
     int            npending;      // messages queued over all peers
@@ -464,12 +467,12 @@ static dt_status wait_all(shm_op *o, uint32_t target) {
 }
 
 // Before this rank writes its buffer b: everyone has finished reading what it held.
-static dt_status acquire_buf(shm_op *o, uint32_t b) {
-    return wait_all(o, o->s->free_step[b & 1]);
+static dt_status acquire_buf(shm_op *o, uint64_t b) {
+    return wait_all(o, o->s->free_step[b % NBUF]);
 }
 
-static inline unsigned char *buf_of(const dt_shm *s, int r, uint32_t b) {
-    return s->bufs + ((size_t)r * 2 + (b & 1)) * s->chunk;
+static inline unsigned char *buf_of(const dt_shm *s, int r, uint64_t b) {
+    return s->bufs + ((size_t)r * NBUF + b % NBUF) * s->chunk;
 }
 
 static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
@@ -566,7 +569,7 @@ static dt_status all_reduce_small(shm_op *o, const unsigned char *src, unsigned 
     dt_shm      *s    = o->s;
     const dt_op *op   = o->op;
     uint32_t     base = s->step;
-    uint32_t     b    = s->next_buf;
+    uint64_t     b    = s->next_buf;
     DT_TRY(acquire_buf(o, b));
     memcpy(buf_of(s, s->rank, b), src, count * es);
     DT_TRY(arrive(o, base));
@@ -582,19 +585,26 @@ static dt_status all_reduce_small(shm_op *o, const unsigned char *src, unsigned 
             dt_free(in);
     }
     set_step(s, base + 2);
-    s->free_step[b & 1] = base + 2;
+    s->free_step[b % NBUF] = base + 2;
     s->next_buf++;
     return DT_OK;
 }
 
-// Large buffers: chunks of `chunk` bytes stream through the two buffers of every rank.
-// Chunk k is cut into world slices; slice r is rank r's share. Per chunk:
-//   stage   rank r copies every slice but its own into its buffer     -> step base+2k+1
-//   reduce  rank r reduces slice r over all ranks (its own from src) into dst and into
-//           its buffer                                                 -> step base+2k+2
-//   gather  rank r copies the others' reduced slices to dst, then stages chunk k+1 in
-//           its other buffer                                           -> step base+2k+3
-// so two synchronisations per chunk, and each byte of src and dst is touched once.
+// Large buffers: chunks of `chunk` bytes stream through the NBUF (3) buffers of every
+// rank. Chunk k is cut into world slices; slice r is rank r's share. Staging chunk k
+// means copying every slice but one's own into one's buffer k % 3. Then, with one
+// synchronisation per chunk (step base+1+k: "staged chunk k, reduced chunk k-1"):
+//
+//   step        every rank r does, between waiting for all at the step and raising it
+//   base+1      stage 0 (and publish the fingerprint)
+//   base+2      reduce slice r of chunk 0 (own part from src) -> dst and buffer; stage 1
+//   base+2+k    reduce slice r of chunk k; gather chunk k-1 (others' reduced slices
+//               from their buffers -> dst); stage chunk k+1
+//   base+2+n    gather chunk n-1
+//
+// Staging chunk k+1 reuses the buffer of chunk k-2, whose last readers (the gathers
+// of step base+1+k) are done once everyone passed base+1+k: the wait that opens the
+// step. Each byte of src is read once and each byte of dst written once.
 static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned char *dst,
                                   size_t count, size_t es, int root, bool *used_nt) {
     dt_shm      *s       = o->s;
@@ -620,7 +630,7 @@ static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned 
         size_t               n_  = CHUNK_LEN(k), sl_ = SLICE(n_);                        \
         size_t               lo_ = min_sz(n_, (size_t)me * sl_);                         \
         size_t               hi_ = min_sz(n_, lo_ + sl_);                                \
-        uint32_t             b_  = s->next_buf + (uint32_t)(k);                          \
+        uint64_t             b_  = s->next_buf + (uint64_t)(k);                          \
         const unsigned char *p_  = src + (size_t)(k) * ce * es;                          \
         unsigned char       *q_  = buf_of(s, me, b_);                                    \
         if ((st = acquire_buf(o, b_)))                                                   \
@@ -632,25 +642,28 @@ static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned 
     STAGE(0);
     if ((st = arrive(o, base)))
         goto out;
-    for (size_t k = 0; k < nchunks; k++) {
-        uint32_t s1 = base + 2 * (uint32_t)k + 1;
-        if (k > 0 && (st = wait_all(o, s1)))
+    for (size_t k = 0; k <= nchunks; k++) {
+        uint32_t at = base + 1 + (uint32_t)k;  // everyone staged k and reduced k-1
+        if (k > 0 && (st = wait_all(o, at)))
             goto out;
-        size_t   n   = CHUNK_LEN(k), sl = SLICE(n);
-        size_t   lo  = min_sz(n, (size_t)me * sl), hi = min_sz(n, lo + sl);
-        uint32_t b   = s->next_buf + (uint32_t)k;
-        size_t   off = k * ce * es;
-        if (hi > lo) {
-            for (int r = 0; r < world; r++)
-                in[r] = r == me ? (const void *)(src + off + lo * es)
-                                : (const void *)(buf_of(s, r, b) + lo * es);
-            dt_shm_reduce_kernel(buf_of(s, me, b) + lo * es, want ? dst + off + lo * es : NULL,
-                                 nt, in, world, hi - lo, op->dtype, op->op);
+        if (k < nchunks) {
+            size_t   n   = CHUNK_LEN(k), sl = SLICE(n);
+            size_t   lo  = min_sz(n, (size_t)me * sl), hi = min_sz(n, lo + sl);
+            uint64_t b   = s->next_buf + (uint64_t)k;
+            size_t   off = k * ce * es;
+            if (hi > lo) {
+                for (int r = 0; r < world; r++)
+                    in[r] = r == me ? (const void *)(src + off + lo * es)
+                                    : (const void *)(buf_of(s, r, b) + lo * es);
+                dt_shm_reduce_kernel(buf_of(s, me, b) + lo * es,
+                                     want ? dst + off + lo * es : NULL, nt, in, world, hi - lo,
+                                     op->dtype, op->op);
+            }
         }
-        set_step(s, s1 + 1);
-        if ((st = wait_all(o, s1 + 1)))
-            goto out;
-        if (want) {
+        if (k > 0 && want) {
+            size_t   n   = CHUNK_LEN(k - 1), sl = SLICE(n);
+            uint64_t b   = s->next_buf + (uint64_t)(k - 1);
+            size_t   off = (k - 1) * ce * es;
             for (int r = 0; r < world; r++) {
                 size_t rlo = min_sz(n, (size_t)r * sl), rhi = min_sz(n, rlo + sl);
                 if (r != me && rhi > rlo)
@@ -658,12 +671,13 @@ static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned 
                                 (rhi - rlo) * es, nt);
             }
         }
-        s->free_step[b & 1] = s1 + 2;
+        if (k > 0)  // chunk k-1 is read by all once they pass this step
+            s->free_step[(s->next_buf + k - 1) % NBUF] = at + 1;
         if (k + 1 < nchunks)
             STAGE(k + 1);
-        set_step(s, s1 + 2);
+        set_step(s, at + 1);
     }
-    s->next_buf += (uint32_t)nchunks;
+    s->next_buf += nchunks;
 out:
     if (in != in_stack)
         dt_free(in);
@@ -706,7 +720,7 @@ static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst
 #define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
 #define STAGE(k)                                                                         \
     do {                                                                                 \
-        uint32_t b_ = s->next_buf + (uint32_t)(k);                                       \
+        uint64_t b_ = s->next_buf + (uint64_t)(k);                                       \
         DT_TRY(acquire_buf(o, b_));                                                      \
         for (int r_ = 0; r_ < nslot; r_++)                                               \
             if (!scatter || r_ != me)                                                    \
@@ -721,9 +735,9 @@ static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst
     }
     DT_TRY(arrive(o, base));
     for (size_t k = 0; k < n; k++) {
-        uint32_t b = s->next_buf + (uint32_t)k;
+        uint64_t b = s->next_buf + (uint64_t)(k);
         if (me == root) {
-            s->free_step[b & 1] = base + 2 + (uint32_t)k;
+            s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
             if (k + 1 < n)
                 STAGE(k + 1);
         } else {
@@ -734,7 +748,7 @@ static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst
         }
         set_step(s, base + 2 + (uint32_t)k);
     }
-    s->next_buf += (uint32_t)n;
+    s->next_buf += n;
     if (nt)
         dt_shm_store_fence();
     return DT_OK;
@@ -763,7 +777,7 @@ static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst,
         memcpy(dst + (size_t)me * nbytes, src, nbytes);
     DT_TRY(arrive(o, base));
     for (size_t k = 0; k < n; k++) {
-        uint32_t b = s->next_buf + (uint32_t)k;
+        uint64_t b = s->next_buf + (uint64_t)(k);
         if (reads) {
             if (k > 0)
                 DT_TRY(wait_all(o, base + 1 + (uint32_t)k));
@@ -773,7 +787,7 @@ static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst,
                                 nt);
         }
         if (stage) {
-            s->free_step[b & 1] = base + 2 + (uint32_t)k;
+            s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
             if (k + 1 < n) {
                 DT_TRY(acquire_buf(o, b + 1));
                 memcpy(buf_of(s, me, b + 1), src + (k + 1) * piece, PIECE(k + 1));
@@ -781,7 +795,7 @@ static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst,
         }
         set_step(s, base + 2 + (uint32_t)k);
     }
-    s->next_buf += (uint32_t)n;
+    s->next_buf += n;
     if (nt)
         dt_shm_store_fence();
     return DT_OK;
@@ -810,7 +824,7 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
 #define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
 #define STAGE(k)                                                                         \
     do {                                                                                 \
-        uint32_t b_ = s->next_buf + (uint32_t)(k);                                       \
+        uint64_t b_ = s->next_buf + (uint64_t)(k);                                       \
         if ((st = acquire_buf(o, b_)))                                                   \
             goto out;                                                                    \
         for (int r_ = 0; r_ < world; r_++)                                               \
@@ -827,7 +841,7 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
     if ((st = arrive(o, base)))
         goto out;
     for (size_t k = 0; k < n; k++) {
-        uint32_t b   = s->next_buf + (uint32_t)k;
+        uint64_t b   = s->next_buf + (uint64_t)(k);
         size_t   off = k * piece;
         if (k > 0 && (st = wait_all(o, base + 1 + (uint32_t)k)))
             goto out;
@@ -843,12 +857,12 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
                     dt_shm_copy(dst + (size_t)r * nbytes + off,
                                 buf_of(s, r, b) + (size_t)me * piece, PIECE(k), nt);
         }
-        s->free_step[b & 1] = base + 2 + (uint32_t)k;
+        s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
         if (k + 1 < n)
             STAGE(k + 1);
         set_step(s, base + 2 + (uint32_t)k);
     }
-    s->next_buf += (uint32_t)n;
+    s->next_buf += n;
 out:
     if (in != in_stack)
         dt_free(in);
@@ -1033,7 +1047,7 @@ static dt_status plan_layout(int world, size_t chunk, size_t small, shm_plan *p)
     p->chans_off = round_up(p->slots_off + sizeof(shm_slot) * (size_t)world, 4096);
     p->bufs_off  = round_up(p->chans_off + sizeof(shm_chan) * w2, 4096);
     size_t bufs, pbufs;
-    if (!dt_size_mul(&bufs, (size_t)world * 2, p->chunk) ||
+    if (!dt_size_mul(&bufs, (size_t)world * NBUF, p->chunk) ||
         !dt_size_mul(&pbufs, w2 * 2, sizeof(shm_msg) + p->pchunk) ||
         !dt_size_add(&p->pbufs_off, p->bufs_off, bufs) ||
         !dt_size_add(&p->total, p->pbufs_off, pbufs))
