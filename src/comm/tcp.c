@@ -712,29 +712,42 @@ static void local_address(tcp_ctx *c, char *buf, size_t n) {
     snprintf(buf, n, "127.0.0.1");
 }
 
-static dt_status read_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t token_hash,
-                            int *from) {
+// Reads and checks a hello: the same job, the same world size, and a sender in
+// [lo, hi). A silent stranger costs at most 2 s.
+static dt_status read_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t token_hash, int lo,
+                            int hi, int *from) {
     uint8_t        b[DT_WIRE_HEADER_BYTES];
     dt_wire_header h;
-    DT_TRY(dt_sock_read_all(fd, b, sizeof b, deadline, "tcp init: a connecting rank"));
+    uint64_t       dl = dt_deadline_ns(2000);
+    DT_TRY(dt_sock_read_all(fd, b, sizeof b, dl < deadline ? dl : deadline,
+                            "tcp init: a connecting process"));
     DT_TRY(dt_wire_decode(b, sizeof b, &h));
     if (h.kind != DT_WIRE_HELLO)
         return dt_fail(DT_ERR_FORMAT, "tcp init: expected a hello message, found kind %u", h.kind);
     if (h.fp.seq != token_hash)
         return dt_fail(DT_ERR_MISMATCH,
                        "tcp init: a process with another job token (hash %016llx, expected "
-                       "%016llx) connected",
+                       "%016llx) answered",
                        (unsigned long long)h.fp.seq, (unsigned long long)token_hash);
     if (h.fp.count != (uint64_t)c->world)
-        return dt_fail(DT_ERR_MISMATCH, "tcp init: a rank with world size %llu connected, "
+        return dt_fail(DT_ERR_MISMATCH, "tcp init: a rank with world size %llu answered, "
                                         "expected %d",
                        (unsigned long long)h.fp.count, c->world);
-    if ((int)h.src_rank <= c->rank || (int)h.src_rank >= c->world)
-        return dt_fail(DT_ERR_MISMATCH, "tcp init: expected a rank in (%d, %d) to connect, "
-                                        "found rank %u",
-                       c->rank, c->world, h.src_rank);
+    if ((int)h.src_rank < lo || (int)h.src_rank >= hi)
+        return dt_fail(DT_ERR_MISMATCH, "tcp init: expected a rank in [%d, %d), found rank %u", lo,
+                       hi, h.src_rank);
     *from = (int)h.src_rank;
     return DT_OK;
+}
+
+static dt_status send_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t token_hash,
+                            const char *what) {
+    dt_wire_header h = {.kind = DT_WIRE_HELLO, .src_rank = (uint32_t)c->rank};
+    h.fp.seq         = token_hash;
+    h.fp.count       = (uint64_t)c->world;
+    uint8_t b[DT_WIRE_HEADER_BYTES];
+    dt_wire_encode(&h, b);
+    return dt_sock_write_all(fd, b, sizeof b, deadline, what);
 }
 
 static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **out) {
@@ -796,13 +809,8 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         dt_free(v);
         if (st != DT_OK)
             goto fail;
-        c->peers[r].fd   = fd;
-        dt_wire_header h = {.kind = DT_WIRE_HELLO, .src_rank = (uint32_t)c->rank};
-        h.fp.seq         = token_hash;
-        h.fp.count       = (uint64_t)c->world;
-        uint8_t b[DT_WIRE_HEADER_BYTES];
-        dt_wire_encode(&h, b);
-        if ((st = dt_sock_write_all(fd, b, sizeof b, deadline, what)) != DT_OK)
+        c->peers[r].fd = fd;
+        if ((st = send_hello(c, fd, deadline, token_hash, what)) != DT_OK)
             goto fail;
     }
     int expected = c->world - 1 - c->rank;
@@ -825,7 +833,8 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         if (fd < 0)
             continue;
         int from = -1;
-        if (read_hello(c, fd, deadline, token_hash, &from) != DT_OK) {
+        if (read_hello(c, fd, deadline, token_hash, c->rank + 1, c->world, &from) != DT_OK ||
+            send_hello(c, fd, deadline, token_hash, "tcp init: answering") != DT_OK) {
             // A stranger on our port: say so, and keep waiting for the real ranks.
             DT_WARN("comm", "%s; connection ignored", dt_last_error());
             close(fd);
@@ -842,6 +851,15 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     }
     close(lfd);
     lfd = -1;
+    // The lower ranks answered our hellos: we reached the ranks we meant to (not a
+    // stale address of another job).
+    for (int r = 0; r < c->rank; r++) {
+        int from = -1;
+        if ((st = read_hello(c, c->peers[r].fd, deadline, token_hash, r, r + 1, &from)) != DT_OK) {
+            st = dt_fail_context("tcp init: the process at rank %d's address", r);
+            goto fail;
+        }
+    }
     // Socket buffers: 0 leaves Linux's autotuning, which measured as well as fixed
     // sizes on loopback; DT_SOCKET_BUF_BYTES overrides for other networks.
     long bufsz = 0, spin_us = 0;
