@@ -95,6 +95,7 @@ typedef struct shm_header {
     _Alignas(64) _Atomic uint32_t abort_state;
     int32_t  abort_status;
     int32_t  abort_rank;  // the rank at fault, or -1
+    int32_t  abort_by;    // the rank that recorded it
     char     abort_msg[768];
 } shm_header;
 _Static_assert(sizeof(shm_header) <= 4096, "header fits a page");
@@ -245,13 +246,15 @@ static void wake_everyone(dt_shm *s) {
 }
 
 // Records the group's first failure in the segment for every rank to see, and wakes
-// every sleeper. `msg` is written for the other ranks ("rank 2 died (...)").
+// every sleeper. `msg` is the recording rank's own message; the others repeat it
+// followed by "(reported by rank r)", as the tcp backend does.
 static void publish_abort(dt_shm *s, dt_status st, int culprit, const char *msg) {
     shm_header *h        = s->hdr;
     uint32_t    expected = 0;
     if (atomic_compare_exchange_strong(&h->abort_state, &expected, 1)) {
         h->abort_status = (int32_t)st;
         h->abort_rank   = culprit;
+        h->abort_by     = s->rank;
         snprintf(h->abort_msg, sizeof h->abort_msg, "%s", msg);
         atomic_store_explicit(&h->abort_state, 2, memory_order_release);
     }
@@ -280,18 +283,19 @@ static dt_status fail_from_abort(shm_op *o) {
                           o->op->name);
         cpu_relax();
     }
-    return poison(s, (dt_status)h->abort_status, "%s: %s", o->op->name, h->abort_msg);
+    if (h->abort_by == s->rank)
+        return poison(s, (dt_status)h->abort_status, "%s", h->abort_msg);
+    return poison(s, (dt_status)h->abort_status, "%s (reported by rank %d)", h->abort_msg,
+                  (int)h->abort_by);
 }
 
 void dt_shm_abort(dt_shm *s, dt_status st, const char *msg) {
     if (!s)
         return;
-    char text[700];
-    // A mismatch or a timeout means the same to everyone; any other failure here is
-    // "this rank is gone for you".
+    // A mismatch or a timeout means the same to everyone; any other failure here (an
+    // abort of this rank's group included) is "this rank is gone" for the others.
     dt_status theirs = st == DT_ERR_MISMATCH || st == DT_ERR_TIMEOUT ? st : DT_ERR_PEER;
-    snprintf(text, sizeof text, "rank %d stopped: %s", s->rank, msg ? msg : "");
-    publish_abort(s, theirs, s->rank, text);
+    publish_abort(s, theirs, s->rank, msg && *msg ? msg : "aborted");
     if (!s->failed) {
         s->failed = st == DT_OK ? DT_ERR_STATE : st;
         snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg ? msg : "aborted");
@@ -352,15 +356,15 @@ static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step
     int dead         = exited_peer(s, true);
     if (dead >= 0) {
         char msg[256];
-        snprintf(msg, sizeof msg, "rank %d died (process %d ended without leaving the group)",
-                 dead, (int)atomic_load(&s->slots[dead].pid));
+        snprintf(msg, sizeof msg, "%s: rank %d died (process %d ended without leaving the group)",
+                 op->name, dead, (int)atomic_load(&s->slots[dead].pid));
         publish_abort(s, DT_ERR_PEER, dead, msg);
         return fail_from_abort(o);
     }
     if (peer >= 0 && atomic_load(&s->slots[peer].departed)) {
         char msg[256];
-        snprintf(msg, sizeof msg, "rank %d left the group (dt_pg_free) while rank %d still "
-                                  "needed it", peer, s->rank);
+        snprintf(msg, sizeof msg, "%s: rank %d left the group (dt_pg_free) while rank %d still "
+                                  "needed it", op->name, peer, s->rank);
         publish_abort(s, DT_ERR_PEER, peer, msg);
         return fail_from_abort(o);
     }
@@ -378,13 +382,11 @@ static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step
             at += describe_rank(s, r, who + at, sizeof who - at);
         }
         double ms = (double)(s->last_check_ns - o->start_ns) / 1e6;
-        char   msg[700], shared[700];
-        snprintf(msg, sizeof msg, "timed out after %.0f ms waiting for %s", ms,
+        char   msg[700];
+        snprintf(msg, sizeof msg, "%s: timed out after %.0f ms waiting for %s", op->name, ms,
                  who[0] ? who : "its peers");
-        snprintf(shared, sizeof shared, "rank %d gave up in %.150s: %.500s", s->rank, op->name,
-                 msg);
-        publish_abort(s, DT_ERR_TIMEOUT, s->rank, shared);
-        return poison(s, DT_ERR_TIMEOUT, "%s: %s", op->name, msg);
+        publish_abort(s, DT_ERR_TIMEOUT, s->rank, msg);
+        return poison(s, DT_ERR_TIMEOUT, "%s", msg);
     }
     return DT_OK;
 }
@@ -537,16 +539,14 @@ static dt_status check_fps(shm_op *o) {
         const dt_fingerprint *f = &s->slots[r].fp[s->ncoll & 1];
         if (fp_same(f, &o->op->fp))
             continue;
-        char mine[160], theirs[160], msg[600];
+        char mine[160], theirs[160], msg[700];
         fp_format(&o->op->fp, mine, sizeof mine);
         fp_format(f, theirs, sizeof theirs);
-        snprintf(msg, sizeof msg, "rank %d called %s but rank %d called %s; every rank must "
-                                  "issue the same collectives in the same order",
-                 r, theirs, s->rank, mine);
+        snprintf(msg, sizeof msg, "%s: rank %d called %s but this rank (%d) called %s; every "
+                                  "rank must issue the same collectives in the same order",
+                 o->op->name, r, theirs, s->rank, mine);
         publish_abort(s, DT_ERR_MISMATCH, r, msg);
-        return poison(s, DT_ERR_MISMATCH, "%s: rank %d called %s but this rank (%d) called %s; "
-                                          "every rank must issue the same collectives in the "
-                                          "same order", o->op->name, r, theirs, s->rank, mine);
+        return poison(s, DT_ERR_MISMATCH, "%s", msg);
     }
     return DT_OK;
 }
@@ -976,17 +976,14 @@ static dt_status run_recv(shm_op *o) {
         const dt_fingerprint *f = &h.fp;
         if (f->coll != DT_COLL_SEND || f->seq != op->fp.seq || f->count != op->fp.count ||
             f->dtype != op->fp.dtype || f->root != op->fp.root || h.chunk != k) {
-            char mine[160], theirs[160], msg[600];
+            char mine[160], theirs[160], msg[700];
             fp_format(&op->fp, mine, sizeof mine);
             fp_format(f, theirs, sizeof theirs);
-            snprintf(msg, sizeof msg, "rank %d called %s but rank %d called %s; the receiver "
-                                      "must name the sender's count, dtype and tag",
-                     peer, theirs, s->rank, mine);
+            snprintf(msg, sizeof msg, "%s: rank %d called %s but this rank (%d) called %s; the "
+                                      "receiver must name the sender's count, dtype and tag",
+                     op->name, peer, theirs, s->rank, mine);
             publish_abort(s, DT_ERR_MISMATCH, peer, msg);
-            return poison(s, DT_ERR_MISMATCH, "%s: rank %d called %s but this rank (%d) called "
-                                              "%s; the receiver must name the sender's count, "
-                                              "dtype and tag", op->name, peer, theirs, s->rank,
-                          mine);
+            return poison(s, DT_ERR_MISMATCH, "%s", msg);
         }
         size_t len = min_sz(s->pchunk, nbytes - k * s->pchunk);
         memcpy((unsigned char *)op->dst + k * s->pchunk, p + sizeof h, len);

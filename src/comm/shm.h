@@ -75,13 +75,13 @@ dt_status dt_shm_run(dt_shm *s, const dt_op *op);
 
 // Point to point: messages between two ranks arrive in the order they were sent; the
 // receiver's count, dtype and tag must equal the sender's, or both fail with
-// DT_ERR_MISMATCH. A send returns once its data is in the channel: up to two chunks
-// are buffered, a longer message waits for the receiver to take the first ones.
+// DT_ERR_MISMATCH. A send never waits for the receiver: what does not fit in the
+// channel is copied and pushed by this rank's later operations.
 
 // Makes every rank's pending and later calls fail (the process group calls it after
-// a failure it saw, or dt_pg_abort): they get DT_ERR_PEER "rank r stopped:
-// <msg>" (or st itself for a mismatch or a timeout). Idempotent: the first failure
-// recorded in the segment wins.
+// a failure it saw, or dt_pg_abort): they get DT_ERR_PEER (st itself for a mismatch or
+// a timeout) with "<msg> (reported by rank r)". Idempotent: the first failure recorded
+// in the segment wins; failures the engine sees itself are recorded the same way.
 void dt_shm_abort(dt_shm *s, dt_status st, const char *msg);
 
 // ---------------------------------------------------------------- kernels (shm_kernels.c)

@@ -638,7 +638,7 @@ static void body_timeout(tctx *t, int me, int world, void *arg) {
         usleep(1200 * 1000);
         // Rank 0 gave up and said so in the segment: no 30 s wait here.
         uint64_t t0 = dt_now_ns();
-        CHECK_ERR(t_barrier(t, deadline()), DT_ERR_TIMEOUT, "rank 0 gave up");
+        CHECK_ERR(t_barrier(t, deadline()), DT_ERR_TIMEOUT, "(reported by rank 0)");
         CHECK((double)(dt_now_ns() - t0) / 1e6 < 1000);
     }
 }

@@ -204,7 +204,7 @@ static void ranks_abort(int rank, int world, void *arg) {
         CHECK_ERR(dt_pg_barrier(pg), DT_ERR_STATE, "the data loader failed");
     } else {
         uint64_t t0 = dt_now_ns();
-        CHECK_ERR(dt_pg_barrier(pg), DT_ERR_PEER, "rank 2 stopped");
+        CHECK_ERR(dt_pg_barrier(pg), DT_ERR_PEER, "(reported by rank 2)");
         CHECK(strstr(dt_last_error(), "the data loader failed") != NULL);
         CHECK((double)(dt_now_ns() - t0) / 1e9 < 5.0);
     }
