@@ -50,18 +50,20 @@ typedef struct shm_word {
     uint32_t         pad_;
 } shm_word;
 
-// One per rank, written only by its rank (but for `step.waiters`). 256 bytes: the step
-// line is apart from the fingerprints so readers of one do not bounce the other.
+// One per rank, written only by its rank (but for `step.waiters`). 256 bytes. The
+// fingerprints share the step's cache line: a peer that sees the arrival step gets
+// them with the same line transfer.
 typedef struct shm_slot {
     _Alignas(64) shm_word step;
     // By the parity of the rank's collective count: a rank can be one collective ahead
     // of another, never two (it cannot finish one without the others arriving).
-    _Alignas(64) dt_fingerprint fp[2];
+    dt_fingerprint fp[2];
     _Alignas(64) _Atomic int32_t pid;
     _Atomic uint32_t departed;  // set by dt_shm_free: gone on purpose
     _Atomic uint32_t ncoll;     // collectives started, for "last seen in" messages
-    char pad[116];
+    char pad[180];
 } shm_slot;
+_Static_assert(sizeof(shm_word) + 2 * sizeof(dt_fingerprint) == 64, "step line is one line");
 _Static_assert(sizeof(shm_slot) == 256, "slot is four cache lines");
 
 // One per ordered pair (i -> j) for send/recv: chunks posted by i, consumed by j.
