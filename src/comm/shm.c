@@ -182,58 +182,6 @@ static void set_step(dt_shm *s, uint32_t v) {
     word_set(&s->slots[s->rank].step, v);
 }
 
-static const char *coll_name(unsigned c) {
-    static const char *const names[DT_COLL_COUNT_] = {
-        [DT_COLL_ALL_REDUCE] = "all_reduce", [DT_COLL_BROADCAST] = "broadcast",
-        [DT_COLL_REDUCE] = "reduce",         [DT_COLL_ALL_GATHER] = "all_gather",
-        [DT_COLL_REDUCE_SCATTER] = "reduce_scatter", [DT_COLL_GATHER] = "gather",
-        [DT_COLL_SCATTER] = "scatter",       [DT_COLL_ALL_TO_ALL] = "all_to_all",
-        [DT_COLL_BARRIER] = "barrier",       [DT_COLL_SEND] = "send",
-        [DT_COLL_RECV] = "recv",             [DT_COLL_INIT] = "init",
-    };
-    return c < DT_COLL_COUNT_ ? names[c] : "unknown";
-}
-
-// The fingerprint as comm's messages print it: "all_reduce #42 (float32 sum, count
-// 1000)", "broadcast #7 (int64, count 3, root 1)", "send #2 (float32, count 5, tag 9)".
-static const char *fp_format(const dt_fingerprint *f, char *buf, size_t n) {
-    const char *dt = dt_shm_dtype_name((dt_dtype)f->dtype);
-    const char *k  = coll_name(f->coll);
-    unsigned long long seq = (unsigned long long)f->seq, cnt = (unsigned long long)f->count;
-    switch (f->coll) {
-    case DT_COLL_ALL_REDUCE:
-    case DT_COLL_REDUCE_SCATTER:
-        snprintf(buf, n, "%s #%llu (%s %s, count %llu)", k, seq, dt,
-                 dt_shm_op_name((dt_reduce_op)f->op), cnt);
-        break;
-    case DT_COLL_REDUCE:
-        snprintf(buf, n, "%s #%llu (%s %s, count %llu, root %d)", k, seq, dt,
-                 dt_shm_op_name((dt_reduce_op)f->op), cnt, (int)f->root);
-        break;
-    case DT_COLL_BROADCAST:
-    case DT_COLL_GATHER:
-    case DT_COLL_SCATTER:
-        snprintf(buf, n, "%s #%llu (%s, count %llu, root %d)", k, seq, dt, cnt, (int)f->root);
-        break;
-    case DT_COLL_ALL_GATHER:
-    case DT_COLL_ALL_TO_ALL:
-        snprintf(buf, n, "%s #%llu (%s, count %llu)", k, seq, dt, cnt);
-        break;
-    case DT_COLL_SEND:
-    case DT_COLL_RECV:
-        snprintf(buf, n, "%s #%llu (%s, count %llu, tag %d)", k, seq, dt, cnt, (int)f->root);
-        break;
-    default:
-        snprintf(buf, n, "%s #%llu", k, seq);
-    }
-    return buf;
-}
-
-static bool fp_same(const dt_fingerprint *a, const dt_fingerprint *b) {
-    return a->seq == b->seq && a->count == b->count && a->root == b->root &&
-           a->coll == b->coll && a->dtype == b->dtype && a->op == b->op;
-}
-
 // ------------------------------------------------------------------ abort and poison
 
 static void wake_everyone(dt_shm *s) {
@@ -341,7 +289,7 @@ static size_t describe_rank(const dt_shm *s, int r, char *buf, size_t n) {
     char                  fp[160];
     if (nc == 0)
         return (size_t)snprintf(buf, n, "rank %d (no collective yet)", r);
-    return (size_t)snprintf(buf, n, "rank %d (last seen in %s)", r, fp_format(f, fp, sizeof fp));
+    return (size_t)snprintf(buf, n, "rank %d (last seen in %s)", r, dt_fp_format(f, fp, sizeof fp));
 }
 
 // Called between sleeps of a wait on rank `peer` (-1 at the start of an operation):
@@ -497,7 +445,7 @@ static dt_status op_begin(dt_shm *s, shm_op *o, const dt_op *op) {
         return dt_fail(DT_ERR_ARG, "%s: unknown operation kind %d", op->name, (int)op->kind);
     if (s->failed)
         return dt_fail(s->failed, "%s: the group failed earlier: %s", op->name, s->fail_msg);
-    size_t es = dt_shm_dtype_size(op->dtype);
+    size_t es = dt_dtype_size(op->dtype);
     if (es == 0)
         return dt_fail(DT_ERR_ARG, "%s: expected a dtype in [0, %d), found %d", op->name,
                        (int)DT_DTYPE_COUNT_, (int)op->dtype);
@@ -539,11 +487,11 @@ static dt_status check_fps(shm_op *o) {
         if (r == s->rank)
             continue;
         const dt_fingerprint *f = &s->slots[r].fp[s->ncoll & 1];
-        if (fp_same(f, &o->op->fp))
+        if (dt_fp_match(&o->op->fp, f))
             continue;
         char mine[160], theirs[160], msg[700];
-        fp_format(&o->op->fp, mine, sizeof mine);
-        fp_format(f, theirs, sizeof theirs);
+        dt_fp_format(&o->op->fp, mine, sizeof mine);
+        dt_fp_format(f, theirs, sizeof theirs);
         snprintf(msg, sizeof msg, "%s: rank %d called %s but this rank (%d) called %s; every "
                                   "rank must issue the same collectives in the same order",
                  o->op->name, r, theirs, s->rank, mine);
@@ -692,7 +640,7 @@ out:
 static dt_status run_reduce(shm_op *o, int root) {
     dt_shm      *s  = o->s;
     const dt_op *op = o->op;
-    size_t       es = dt_shm_dtype_size(op->dtype);
+    size_t       es = dt_dtype_size(op->dtype);
     bool         nt = false;
     dt_status    st;
     if (op->count * es <= s->small && op->count * es <= s->chunk)
@@ -812,7 +760,7 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
     dt_shm      *s      = o->s;
     const dt_op *op     = o->op;
     int          me     = s->rank, world = s->world;
-    size_t       es     = dt_shm_dtype_size(op->dtype);
+    size_t       es     = dt_dtype_size(op->dtype);
     size_t       nbytes = op->count * es;
     size_t       piece  = slot_bytes(s);
     size_t       n      = div_up(nbytes, piece);
@@ -932,7 +880,7 @@ static dt_status run_send(shm_op *o) {
     dt_shm      *s      = o->s;
     const dt_op *op     = o->op;
     int          peer   = op->peer;
-    size_t       nbytes = op->count * dt_shm_dtype_size(op->dtype);
+    size_t       nbytes = op->count * dt_dtype_size(op->dtype);
     size_t       n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
     size_t       k      = 0;
     if (!s->pending[peer])
@@ -967,7 +915,7 @@ static dt_status run_recv(shm_op *o) {
     const dt_op *op     = o->op;
     int          peer   = op->peer;
     shm_chan    *c      = chan(s, peer, s->rank);
-    size_t       nbytes = op->count * dt_shm_dtype_size(op->dtype);
+    size_t       nbytes = op->count * dt_dtype_size(op->dtype);
     size_t       n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
     for (size_t k = 0; k < n; k++) {
         uint32_t at = s->taken[peer];
@@ -976,11 +924,10 @@ static dt_status run_recv(shm_op *o) {
         shm_msg              h;
         memcpy(&h, p, sizeof h);
         const dt_fingerprint *f = &h.fp;
-        if (f->coll != DT_COLL_SEND || f->seq != op->fp.seq || f->count != op->fp.count ||
-            f->dtype != op->fp.dtype || f->root != op->fp.root || h.chunk != k) {
+        if (f->coll != DT_COLL_SEND || !dt_fp_match(&op->fp, f) || h.chunk != k) {
             char mine[160], theirs[160], msg[700];
-            fp_format(&op->fp, mine, sizeof mine);
-            fp_format(f, theirs, sizeof theirs);
+            dt_fp_format(&op->fp, mine, sizeof mine);
+            dt_fp_format(f, theirs, sizeof theirs);
             snprintf(msg, sizeof msg, "%s: rank %d called %s but this rank (%d) called %s; the "
                                       "receiver must name the sender's count, dtype and tag",
                      op->name, peer, theirs, s->rank, mine);
@@ -1000,7 +947,7 @@ static dt_status run_recv(shm_op *o) {
 dt_status dt_shm_run(dt_shm *s, const dt_op *op) {
     shm_op o;
     DT_TRY(op_begin(s, &o, op));
-    size_t es = dt_shm_dtype_size(op->dtype);
+    size_t es = dt_dtype_size(op->dtype);
     switch (op->kind) {
     case DT_COLL_ALL_REDUCE:     return run_reduce(&o, -1);
     case DT_COLL_REDUCE:         return run_reduce(&o, op->root);

@@ -86,10 +86,6 @@ void dt_shm_abort(dt_shm *s, dt_status st, const char *msg);
 
 // ---------------------------------------------------------------- kernels (shm_kernels.c)
 
-size_t      dt_shm_dtype_size(dt_dtype dtype);
-const char *dt_shm_dtype_name(dt_dtype dtype);
-const char *dt_shm_op_name(dt_reduce_op op);
-
 // out = in[0] op in[1] op ... op in[nin-1], element by element, combining in that
 // order (AVG: the SUM divided by nin). Written to out1 and to out2 when not NULL;
 // an output may alias an input at the same position (in place), never partially.

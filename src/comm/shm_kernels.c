@@ -14,35 +14,6 @@
 #define HAVE_SSE2_STREAM 0
 #endif
 
-size_t dt_shm_dtype_size(dt_dtype dtype) {
-    switch (dtype) {
-    case DT_FLOAT32: return 4;
-    case DT_INT32:   return 4;
-    case DT_INT64:   return 8;
-    default:         return 0;
-    }
-}
-
-const char *dt_shm_dtype_name(dt_dtype dtype) {
-    switch (dtype) {
-    case DT_FLOAT32: return "float32";
-    case DT_INT32:   return "int32";
-    case DT_INT64:   return "int64";
-    default:         return "?dtype";
-    }
-}
-
-const char *dt_shm_op_name(dt_reduce_op op) {
-    switch (op) {
-    case DT_REDUCE_SUM:  return "sum";
-    case DT_REDUCE_AVG:  return "avg";
-    case DT_REDUCE_MAX:  return "max";
-    case DT_REDUCE_MIN:  return "min";
-    case DT_REDUCE_PROD: return "prod";
-    default:             return "?op";
-    }
-}
-
 // acc[i] = acc[i] op x[i]. Integer sums and products use unsigned arithmetic so that
 // overflow wraps (two's complement, as comm.h promises) instead of being undefined.
 // Float max/min let a NaN in either operand through, like torch.maximum.
@@ -194,7 +165,7 @@ DEF_SUM2(sum2_u64, uint64_t, v8u)
 
 void dt_shm_reduce_kernel(void *out1, void *out2, bool nt, const void *const *in, int nin,
                           size_t count, dt_dtype dtype, dt_reduce_op op) {
-    size_t es = dt_shm_dtype_size(dtype);
+    size_t es = dt_dtype_size(dtype);
     DT_ASSERT(es != 0 && nin >= 1);
     if (nin == 2 && op == DT_REDUCE_SUM && out1) {
         void (*sum2)(void *, void *, const void *, const void *, size_t) =

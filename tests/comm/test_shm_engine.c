@@ -163,7 +163,7 @@ static void gen(void *buf, size_t count, dt_dtype dt, uint64_t seed, int r, size
 // The serial reduction, rank 0 first, written independently of the kernels.
 static void ref_reduce(void *out, size_t count, dt_dtype dt, dt_reduce_op op, uint64_t seed,
                        int world, size_t first) {
-    size_t es  = dt_shm_dtype_size(dt);
+    size_t es  = dt_dtype_size(dt);
     void  *tmp = dt_alloc(count * es + 8);
     gen(out, count, dt, seed, 0, first);
     for (int r = 1; r < world; r++) {
@@ -319,7 +319,7 @@ static void body_reductions(tctx *t, int me, int world, const coll_arg *a) {
         for (int op = 0; op < DT_REDUCE_COUNT_; op++) {
             if (!a->all_ops && (dt != DT_FLOAT32 || (op != DT_REDUCE_SUM && op != DT_REDUCE_MAX)))
                 continue;
-            size_t es = dt_shm_dtype_size((dt_dtype)dt);
+            size_t es = dt_dtype_size((dt_dtype)dt);
             for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
                 size_t   n    = counts[ci];
                 uint64_t seed = (uint64_t)(dt * 100 + op * 10) + ci;
@@ -369,7 +369,7 @@ static void body_reductions(tctx *t, int me, int world, const coll_arg *a) {
 
 static void body_moves(tctx *t, int me, int world) {
     for (int dt = 0; dt < DT_DTYPE_COUNT_; dt++) {
-        size_t es = dt_shm_dtype_size((dt_dtype)dt);
+        size_t es = dt_dtype_size((dt_dtype)dt);
         for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
             size_t         n     = counts[ci];
             size_t         total = n * (size_t)world;
