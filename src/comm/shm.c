@@ -345,9 +345,9 @@ static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step
 #define SLICE_NS 10000000ll
 
 // Waits until `w` reaches `target`, in three stages:
-//  1. spin yield_ns (DT_SHM_YIELD_AFTER_US, 50): a running peer answers in well under
-//     a microsecond, a chunk of work within this. Skipped when the peer last ran on
-//     this very CPU: it cannot answer until we let it run.
+//  1. spin yield_ns (DT_SHM_YIELD_AFTER_US, 50; 0 with more ranks than CPUs): a running
+//     peer answers in well under a microsecond, a chunk of work within this. Skipped
+//     when the peer last ran on this very CPU: it cannot answer until we let it run.
 //  2. up to spin_ns (DT_SHM_SPIN_US), call sched_yield between checks: returns at once
 //     when nobody else wants this CPU (so it answers like a spin), and runs the peer
 //     at once when the peer waits for this very CPU (2 ranks on 1 busy vCPU);
@@ -1228,9 +1228,11 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     long def_spin       = 1000;
     dt_status st        = dt_env_int("DT_SHM_SPIN_US", 0, 1000000, def_spin, &spin_us);
     s->spin_ns          = spin_us * 1000;
+    // More ranks than CPUs: some peer is always descheduled, so yield from the start.
     long yield_us       = 0;
+    long def_yield      = o->world > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : 50;
     if (st == DT_OK)
-        st = dt_env_int("DT_SHM_YIELD_AFTER_US", 0, 1000000, 50, &yield_us);
+        st = dt_env_int("DT_SHM_YIELD_AFTER_US", 0, 1000000, def_yield, &yield_us);
     s->yield_ns = yield_us * 1000;
     long nt_kib         = 0;
     if (st == DT_OK)
