@@ -643,7 +643,10 @@ static dt_status run_reduce(shm_op *o, int root) {
     size_t       es = dt_dtype_size(op->dtype);
     bool         nt = false;
     dt_status    st;
-    if (op->count * es <= s->small && op->count * es <= s->chunk)
+    // The small algorithm has every rank read all `world` staged copies: keep what it
+    // reads near 2 * small_bytes (the measured 2-rank crossover) whatever the world.
+    size_t nbytes = op->count * es;
+    if (nbytes * (size_t)s->world <= 2 * s->small && nbytes <= s->chunk)
         st = all_reduce_small(o, op->src, op->dst, op->count, es, root);
     else
         st = all_reduce_large(o, op->src, op->dst, op->count, es, root, &nt);
