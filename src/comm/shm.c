@@ -3,8 +3,8 @@
 //
 // Synchronisation in one sentence: every rank owns a 32-bit step counter in its own
 // cache line, raises it after each phase of its work, and waits for the counters of
-// the others with a short spin and then a futex sleep; a phase's data is published by
-// the release store of the counter and read after the acquire load that sees it.
+// the others (spin, then spin and yield, then futex sleep); a phase's data is published
+// by the release store of the counter and read after the acquire load that sees it.
 // Counters grow across collectives and wrap; all ranks raise them the same number of
 // times per collective (a function of its fingerprint), so "rank j has passed step t"
 // means the same thing on every rank.
@@ -121,6 +121,7 @@ struct dt_shm {
     int            npending;      // messages queued over all peers
     uint32_t      *taken;         // per peer: chunks consumed from it
     int           *pidfds;        // per rank, -1 for self or unknown
+    const void   **in;            // world input pointers for the reduction kernel
     int64_t        spin_ns;       // spin + yield before sleeping
     int64_t        yield_ns;      // spin before yielding
     size_t         nt_bytes;      // results at least this large use non-temporal stores
@@ -524,15 +525,9 @@ static dt_status all_reduce_small(shm_op *o, const unsigned char *src, unsigned 
     memcpy(buf_of(s, s->rank, b), src, count * es);
     DT_TRY(arrive(o, base));
     if (root < 0 || root == s->rank) {
-        const void  *in_stack[64];
-        const void **in = s->world <= 64 ? in_stack : dt_alloc(sizeof(void *) * (size_t)s->world);
-        if (!in)
-            return poison(s, DT_ERR_NOMEM, "%s: no memory for %d pointers", op->name, s->world);
         for (int r = 0; r < s->world; r++)
-            in[r] = r == s->rank ? (const void *)src : (const void *)buf_of(s, r, b);
-        dt_shm_reduce_kernel(dst, NULL, false, in, s->world, count, op->dtype, op->op);
-        if (in != in_stack)
-            dt_free(in);
+            s->in[r] = r == s->rank ? (const void *)src : (const void *)buf_of(s, r, b);
+        dt_shm_reduce_kernel(dst, NULL, false, s->in, s->world, count, op->dtype, op->op);
     }
     set_step(s, base + 2);
     s->free_step[b % NBUF] = base + 2;
@@ -567,11 +562,8 @@ static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned 
     bool         want    = root < 0 || root == me;
     bool         nt      = want && count * es >= s->nt_bytes;
     *used_nt             = nt;
-    const void  *in_stack[64];
-    const void **in = world <= 64 ? in_stack : dt_alloc(sizeof(void *) * (size_t)world);
-    if (!in)
-        return poison(s, DT_ERR_NOMEM, "%s: no memory for %d pointers", op->name, world);
-    dt_status st = DT_OK;
+    const void **in      = s->in;
+    dt_status    st      = DT_OK;
 
 #define CHUNK_LEN(k) min_sz(ce, count - (size_t)(k) * ce)
 #define SLICE(n)     (div_up(div_up((n), (size_t)world), align) * align)
@@ -629,8 +621,6 @@ static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned 
     }
     s->next_buf += nchunks;
 out:
-    if (in != in_stack)
-        dt_free(in);
     return st;
 #undef STAGE
 #undef SLICE
@@ -769,11 +759,8 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
     size_t       n      = div_up(nbytes, piece);
     uint32_t     base   = s->step;
     bool         nt     = nbytes * (reduce ? 1 : (size_t)world) >= s->nt_bytes;
-    const void  *in_stack[64];
-    const void **in = world <= 64 ? in_stack : dt_alloc(sizeof(void *) * (size_t)world);
-    if (!in)
-        return poison(s, DT_ERR_NOMEM, "%s: no memory for %d pointers", op->name, world);
-    dt_status st = DT_OK;
+    const void **in      = s->in;
+    dt_status    st      = DT_OK;
 #define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
 #define STAGE(k)                                                                         \
     do {                                                                                 \
@@ -817,8 +804,6 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
     }
     s->next_buf += n;
 out:
-    if (in != in_stack)
-        dt_free(in);
     if (nt)
         dt_shm_store_fence();
     return st;
@@ -896,8 +881,11 @@ static dt_status run_send(shm_op *o) {
     unsigned char *copy = m ? dt_alloc(nbytes) : NULL;
     if (!copy) {
         dt_free(m);
-        return poison(s, DT_ERR_NOMEM, "%s: no memory to queue %zu bytes for rank %d", op->name,
-                      nbytes, peer);
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s: no memory to queue %zu bytes for rank %d", op->name,
+                 nbytes, peer);
+        publish_abort(s, DT_ERR_NOMEM, s->rank, msg);  // the receiver must not wait for it
+        return poison(s, DT_ERR_NOMEM, "%s", msg);
     }
     memcpy(copy, op->src, nbytes);  // whole message: chunk offsets stay those of the message
     m->fp      = op->fp;
@@ -1214,8 +1202,9 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     s->pidfds    = dt_alloc(sizeof(int) * w);
     s->sent      = dt_alloc_zero(sizeof(uint32_t) * w);
     s->pending   = dt_alloc_zero(sizeof(shm_pending *) * w);
+    s->in        = dt_alloc(sizeof(void *) * w);
     s->taken     = dt_alloc_zero(sizeof(uint32_t) * w);
-    if (!s->pidfds || !s->sent || !s->taken || !s->pending) {
+    if (!s->pidfds || !s->sent || !s->taken || !s->pending || !s->in) {
         dt_shm_free(s);
         return DT_ERR_NOMEM;
     }
@@ -1319,6 +1308,7 @@ void dt_shm_free(dt_shm *s) {
             dt_free(m);
         }
     dt_free(s->pending);
+    dt_free(s->in);
     dt_free(s->taken);
     dt_free(s);
 }
