@@ -10,6 +10,8 @@
 # Prints each tool's table, then one table: time (us) and bus bandwidth (GB/s) per size
 # and tool, with the ratios dtrain tcp / Gloo and dtrain shm / Open MPI (bus bandwidth;
 # > 1 means dtrain is faster). Tools that are missing are skipped with a note.
+# "tcp --bind" pins rank i to CPU i, as mpirun does by default (Gloo runs unpinned: the
+# tcp/Gloo ratio uses the unpinned dtrain run).
 set -eu
 cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-1}
@@ -54,6 +56,7 @@ run() {  # name command...
 rep=1
 while [ "$rep" -le "$REPEATS" ]; do
     run dtrain_tcp build/bin/dtrain-bench allreduce --backend tcp -n "$NPROCS" --min "$MIN" --max "$MAX"
+    run dtrain_tcp_bound build/bin/dtrain-bench allreduce --backend tcp -n "$NPROCS" --min "$MIN" --max "$MAX" --bind
     run dtrain_shm build/bin/dtrain-bench allreduce --backend shm -n "$NPROCS" --min "$MIN" --max "$MAX"
     if [ $HAVE_MPI = 1 ]; then
         run mpi_sm $MPIRUN "$OUT/mpi_allreduce" "$MINB" "$MAXB"
@@ -83,7 +86,8 @@ done
 /usr/bin/python3 - "$OUT" "$NPROCS" <<'EOF'
 import glob, os, statistics, sys
 out, n = sys.argv[1], int(sys.argv[2])
-tools = [("dtrain_tcp", "dtrain tcp"), ("dtrain_shm", "dtrain shm"), ("mpi_sm", "Open MPI sm"),
+tools = [("dtrain_tcp", "dtrain tcp"), ("dtrain_tcp_bound", "tcp --bind"),
+         ("dtrain_shm", "dtrain shm"), ("mpi_sm", "Open MPI sm"),
          ("mpi_tcp", "Open MPI tcp"), ("gloo", "Gloo")]
 data = {}
 for key, _ in tools:
