@@ -30,7 +30,12 @@
 #define SHM_MAGIC   0x316d6873746e7264ull  // "drtnshm1"
 #define SHM_VERSION 1u
 
-#define DEFAULT_CHUNK_BYTES ((size_t)256 << 10)
+// 1 MiB chunks: of 64 KiB .. 2 MiB, the fastest from 1 MiB to 64 MiB buffers with 2
+// ranks here (fewer synchronisations beat finer overlap; measured, docs/shm.md). For
+// large worlds the default shrinks so that the working buffers stay within 32 MiB
+// (a container's /dev/shm is often 64 MiB).
+#define DEFAULT_CHUNK_BYTES ((size_t)1 << 20)
+#define MAX_DEFAULT_BUFS    ((size_t)32 << 20)
 // Working buffers per rank: chunk k uses buffer k % NBUF. Three let the large
 // all_reduce stage chunk k+1 while the others still read chunks k and k-1.
 #define NBUF 3
@@ -1065,7 +1070,10 @@ static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
     int      fd       = -1;
     uint64_t deadline = o->deadline_ns;
     size_t   want_chunk, want_small;
-    DT_TRY(env_size("DT_SHM_CHUNK_BYTES", o->chunk_bytes ? o->chunk_bytes : DEFAULT_CHUNK_BYTES,
+    size_t def_chunk = DEFAULT_CHUNK_BYTES;
+    if (def_chunk * NBUF * (size_t)o->world > MAX_DEFAULT_BUFS)
+        def_chunk = MAX_DEFAULT_BUFS / (NBUF * (size_t)o->world);
+    DT_TRY(env_size("DT_SHM_CHUNK_BYTES", o->chunk_bytes ? o->chunk_bytes : def_chunk,
                     &want_chunk));
     DT_TRY(env_size("DT_SHM_SMALL_BYTES", o->small_bytes ? o->small_bytes : DEFAULT_SMALL_BYTES,
                     &want_small));
