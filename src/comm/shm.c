@@ -1234,9 +1234,12 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     if (st == DT_OK)
         st = dt_env_int("DT_SHM_YIELD_AFTER_US", 0, 1000000, def_yield, &yield_us);
     s->yield_ns = yield_us * 1000;
+    // Non-temporal stores for results of at least DT_SHM_NT_KIB: off by default, since
+    // plain stores were as fast or faster at every size here, in place or not (A/B in
+    // docs/shm.md); kept as a knob for machines where writing around the cache pays.
     long nt_kib         = 0;
     if (st == DT_OK)
-        st = dt_env_int("DT_SHM_NT_KIB", 0, 1L << 30, 16 * 1024, &nt_kib);
+        st = dt_env_int("DT_SHM_NT_KIB", 0, 1L << 30, 0, &nt_kib);
     s->nt_bytes = nt_kib > 0 ? (size_t)nt_kib << 10 : SIZE_MAX;
     int fd      = -1;
     if (st == DT_OK)
