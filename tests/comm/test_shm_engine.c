@@ -474,6 +474,18 @@ static void test_collectives_default_chunk(void) {
     }
 }
 
+// Non-temporal stores (off by default) for every result of 1 KiB and more.
+static void test_nontemporal(void) {
+    coll_arg a = {.big = 0, .all_ops = 1};
+    setenv("DT_SHM_NT_KIB", "1", 1);
+    for (int w = 2; w <= 3; w++) {
+        world_cfg c = {.world = w, .chunk_bytes = 8192, .kill_rank = -1, .skip_init = -1,
+                       .bad_world = -1};
+        run_world(&c, body_all, &a);
+    }
+    unsetenv("DT_SHM_NT_KIB");
+}
+
 // Many small collectives back to back: buffer reuse across calls of different kinds.
 static void body_churn(tctx *t, int me, int world, void *arg) {
     (void)arg;
@@ -738,6 +750,7 @@ int main(void) {
     DT_ASSERT(shared_kill_ns != MAP_FAILED);
     RUN(test_collectives_small_chunk);
     RUN(test_collectives_default_chunk);
+    RUN(test_nontemporal);
     RUN(test_churn);
     RUN(test_send_ring);
     RUN(test_mismatch);
