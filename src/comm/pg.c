@@ -386,6 +386,16 @@ static void work_run(dt_pg *pg, dt_work *w) {
     pthread_mutex_unlock(&w->mu);
 }
 
+// After the caller's thread ran an operation itself: the progress thread waits only for
+// queued work or a stop, so it is woken only then. Waking it for nothing made every
+// small blocking call pay for a thread that then competed with the peer ranks for the
+// cores (a 4 KiB all_reduce on shm: 34 us with the wake-up, 0.5 us without).
+// Called with pg->mu held.
+static void wake_progress_if_needed(dt_pg *pg) {
+    if (pg->head || pg->stop)
+        pthread_cond_broadcast(&pg->cv);
+}
+
 static void *progress_main(void *arg) {
     dt_pg *pg = arg;
     pthread_mutex_lock(&pg->mu);
@@ -553,7 +563,7 @@ static dt_status submit(dt_pg *pg, dt_op *op, dt_work **out) {
         dt_status st = exec_op(pg, op, msg);
         pthread_mutex_lock(&pg->mu);
         pg->busy = false;
-        pthread_cond_broadcast(&pg->cv);
+        wake_progress_if_needed(pg);
         pthread_mutex_unlock(&pg->mu);
         if (st != DT_OK)
             dt_fail(st, "%s", msg);
@@ -794,7 +804,7 @@ void dt_pg_abort(dt_pg *pg, const char *reason) {
     tell_backend(pg);
     pthread_mutex_lock(&pg->mu);
     pg->busy = false;
-    pthread_cond_broadcast(&pg->cv);
+    wake_progress_if_needed(pg);
     pthread_mutex_unlock(&pg->mu);
 }
 
