@@ -30,8 +30,8 @@ Q := @
 endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-        -Wpointer-arith -Wformat=2 -Wundef -Wvla -Wcast-qual -Wno-format-nonliteral
-BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -g -fPIC -fvisibility=hidden -Iinclude -Isrc \
+        -Wpointer-arith -Wformat=2 -Wundef -Wvla -Wcast-qual -Wno-format-nonliteral -Wno-psabi
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -ffp-contract=fast -fno-math-errno -g -fPIC -fvisibility=hidden -Iinclude -Isrc \
                -MMD -MP $(WARN) -pthread
 OPT := -O2
 
@@ -41,7 +41,7 @@ ifeq ($(BUILD),release)
 else ifeq ($(BUILD),debug)
   OUT := build/debug
   BIN := build/debug/bin
-  OPT := -O0 -DDT_DEBUG
+  OPT := -O0 -DDT_DEBUG_BUILD
 else ifeq ($(BUILD),asan)
   OUT := build/asan
   BIN := build/asan/bin
@@ -104,7 +104,7 @@ endif
 TEST_BIN    := $(TEST_SRC:tests/%.c=$(OUT)/tests/%)
 # Tests with threads of their own, run again under ThreadSanitizer.
 TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data/% \
-                 $(OUT)/tests/unit/test_loader% $(OUT)/tests/unit/test_threads%,$(TEST_BIN))
+                 $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model%,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
 PROG_DIRS := $(foreach d,examples/mnist tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
@@ -123,7 +123,13 @@ lib: $(LIB_A) $(LIB_SO)
 programs: $(PROGS)
 tests: $(TEST_BIN) programs
 
-$(OUT)/obj/%.o: %.c
+# Objects depend on the flags they were built with: a flag change rebuilds them.
+$(OUT)/flags: FORCE
+	@mkdir -p $(OUT)
+	@echo '$(CC) $(CFLAGS) $(MPI_CFLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(MPI_CFLAGS)' > $@
+.PHONY: FORCE
+
+$(OUT)/obj/%.o: %.c $(OUT)/flags
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(if $(filter src/comm/mpi%,$<),$(MPI_CFLAGS)) -c $< -o $@

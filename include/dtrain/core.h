@@ -66,10 +66,12 @@ DT_API dt_status dt_fail_context(const char *fmt, ...) DT_PRINTF(1, 2);
     } while (0)
 
 // Bugs, not errors: abort with file:line and the expression. Never for user input,
-// files or peers. DT_DEBUG_ASSERT compiles away unless DT_DEBUG is defined.
-DT_API _Noreturn void dt_assert_fail(const char *file, int line, const char *expr);
+// files or peers. DT_DEBUG_ASSERT compiles away unless DT_DEBUG_BUILD is defined
+// (BUILD=debug).
+DT_API __attribute__((noreturn)) void dt_assert_fail(const char *file, int line,
+                                                   const char *expr);
 #define DT_ASSERT(cond) ((cond) ? (void)0 : dt_assert_fail(__FILE__, __LINE__, #cond))
-#ifdef DT_DEBUG
+#ifdef DT_DEBUG_BUILD
 #define DT_DEBUG_ASSERT(cond) DT_ASSERT(cond)
 #else
 #define DT_DEBUG_ASSERT(cond) ((void)0)

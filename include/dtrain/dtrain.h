@@ -3,6 +3,9 @@
 #define DTRAIN_DTRAIN_H
 
 #include "dtrain/core.h"
+#include "dtrain/data.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
 #include "dtrain/rng.h"
 #include "dtrain/tensor.h"
 

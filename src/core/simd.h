@@ -6,11 +6,39 @@
 #ifndef DTRAIN_SIMD_H
 #define DTRAIN_SIMD_H
 
+#include <stdint.h>
+
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(DT_NO_CLONES) && \
     !defined(DT_SANITIZE)
 #define DT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DT_CLONES
 #endif
+
+// Sixteen floats as one value, for loops the compiler would not vectorise well on its
+// own (short rows with a tail). On AVX-512 it is one register; the baseline build
+// splits it into SSE operations. Loads and stores go through memcpy: unaligned, and
+// free of strict-aliasing trouble. The helpers are always inlined: a 64-byte vector
+// passed to or returned from a real call is passed in registers by an AVX-512 clone
+// and in memory by baseline code, so an out-of-line helper shared by both (as at -O0)
+// would be called with the wrong convention.
+#define DT_VINLINE static inline __attribute__((always_inline))
+typedef float   dt_v16f __attribute__((vector_size(64)));
+typedef int32_t dt_v16i __attribute__((vector_size(64)));
+
+DT_VINLINE dt_v16f dt_load16(const float *p) {
+    dt_v16f v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+DT_VINLINE void dt_store16(float *p, dt_v16f v) { __builtin_memcpy(p, &v, sizeof v); }
+// (vector + scalar broadcasts the scalar; a 16-element initialiser would be built
+// lane by lane in target_clones functions)
+DT_VINLINE dt_v16f dt_splat16(float x) { return (dt_v16f){0} + x; }
+// a > 0 ? v : 0, lane by lane
+DT_VINLINE dt_v16f dt_keep_positive16(dt_v16f a, dt_v16f v) {
+    dt_v16i m = a > dt_splat16(0.0f);
+    return (dt_v16f)((dt_v16i)v & m);
+}
 
 #endif // DTRAIN_SIMD_H

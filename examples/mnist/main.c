@@ -1,0 +1,443 @@
+// dtrain-mnist: the seed chapter's ConvNet on (Fashion-)MNIST, in one process or
+// data-parallel over many.
+//
+//   conv(1->16, 3x3) -> ReLU -> conv(16->32, 3x3) -> ReLU -> maxpool 2 -> Dropout2d(0.10)
+//   -> flatten (4608) -> linear(64) -> ReLU -> dropout(0.25) -> linear(10) -> log_softmax
+//
+// NLL loss, Adadelta (lr 0.5), batch 128 per process; the loss every 10 batches, the
+// training time and the test accuracy, as the seed script prints them.
+//
+// Three ways to run:
+//   dtrain-mnist                          one process, no process group
+//   dtrain-mnist --num-processes P [--num-machines M --machine-id K]
+//                                         the seed's launch style: P workers forked here,
+//                                         rank = K*P + local rank, world = M*P
+//   RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. dtrain-mnist
+//                                         one worker of a job started by a launcher
+#include "dtrain/data.h"
+#include "dtrain/ddp.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+typedef struct args {
+    long        epochs, batch_size, limit, seed, threads, log_every;
+    long        num_machines, num_processes, machine_id, master_port;
+    double      lr;
+    const char *data_dir, *backend, *master_addr;
+    bool        no_test, stats, profile, no_overlap;
+} args;
+
+static const char usage[] =
+    "usage: dtrain-mnist [options]\n"
+    "training:\n"
+    "  --epochs N          passes over the training set (default 1)\n"
+    "  --batch-size B      samples per step and process (default 128)\n"
+    "  --lr X              Adadelta learning rate (default 0.5)\n"
+    "  --seed S            seed of initialisation, shuffling and dropout (default 0)\n"
+    "  --data-dir D        folder of MNIST-format files, plain or .gz\n"
+    "                      (default $DT_DATA_DIR, else " DT_DATA_DIR_DEFAULT ")\n"
+    "  --limit N           train on the first N samples only (default all)\n"
+    "  --threads T         threads splitting each batch (default: cores / local processes)\n"
+    "distributed (the seed's flags):\n"
+    "  --num-processes P   fork P worker processes on this machine (default: none, or\n"
+    "                      one worker of a launcher's job when RANK/WORLD_SIZE are set)\n"
+    "  --num-machines M    machines taking part, P processes each (default 1)\n"
+    "  --machine-id K      this machine's index in [0, M) (default 0)\n"
+    "  --master-addr A     host of rank 0 (default $MASTER_ADDR, else 127.0.0.1)\n"
+    "  --master-port N     port of rank 0's store (default $MASTER_PORT, else a free\n"
+    "                      port on one machine and 29500 on several)\n"
+    "  --backend NAME      auto (default: shm on one host, tcp across hosts), shm, tcp\n"
+    "  --no-overlap        reduce gradients after backward instead of during it\n"
+    "                      (for measuring how much communication overlap hides)\n"
+    "output:\n"
+    "  --log-every K       print the loss every K batches (default 10)\n"
+    "  --no-test           skip the test-set evaluation\n"
+    "  --stats             print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)\n"
+    "  --profile           print forward and backward time per layer (rank 0)\n"
+    "  --help              this text\n"
+    "The sampler advances its epoch by itself every pass (and is told the epoch each\n"
+    "epoch anyway), so no two epochs repeat an order.\n";
+
+static int parse_args(int argc, char **argv, args *a) {
+    *a = (args){.epochs = 1, .batch_size = 128, .lr = 0.5, .log_every = 10, .num_machines = 1};
+    enum { EPOCHS = 1000, BATCH, LR, SEED, DATA, LIMIT, THREADS, LOG_EVERY, NO_TEST, STATS,
+           PROFILE, NPROC, NMACH, MACHID, MADDR, MPORT, BACKEND, NO_OVERLAP, HELP };
+    static const struct option opts[] = {
+        {"epochs", required_argument, 0, EPOCHS},
+        {"batch-size", required_argument, 0, BATCH},
+        {"lr", required_argument, 0, LR},
+        {"seed", required_argument, 0, SEED},
+        {"data-dir", required_argument, 0, DATA},
+        {"limit", required_argument, 0, LIMIT},
+        {"threads", required_argument, 0, THREADS},
+        {"log-every", required_argument, 0, LOG_EVERY},
+        {"no-test", no_argument, 0, NO_TEST},
+        {"stats", no_argument, 0, STATS},
+        {"profile", no_argument, 0, PROFILE},
+        {"num-processes", required_argument, 0, NPROC},
+        {"num-machines", required_argument, 0, NMACH},
+        {"machine-id", required_argument, 0, MACHID},
+        {"master-addr", required_argument, 0, MADDR},
+        {"master-port", required_argument, 0, MPORT},
+        {"backend", required_argument, 0, BACKEND},
+        {"no-overlap", no_argument, 0, NO_OVERLAP},
+        {"help", no_argument, 0, HELP},
+        {0, 0, 0, 0}};
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        dt_status st = DT_OK;
+        switch (c) {
+        case EPOCHS: st = dt_parse_long(optarg, 1, 100000, "--epochs", &a->epochs); break;
+        case BATCH: st = dt_parse_long(optarg, 1, 65536, "--batch-size", &a->batch_size); break;
+        case LR: st = dt_parse_double(optarg, 0.0, 1e6, "--lr", &a->lr); break;
+        case SEED: st = dt_parse_long(optarg, 0, 0x7fffffffffffffffL, "--seed", &a->seed); break;
+        case DATA: a->data_dir = optarg; break;
+        case LIMIT: st = dt_parse_long(optarg, 1, 1L << 32, "--limit", &a->limit); break;
+        case THREADS: st = dt_parse_long(optarg, 1, 256, "--threads", &a->threads); break;
+        case LOG_EVERY: st = dt_parse_long(optarg, 1, 1L << 30, "--log-every", &a->log_every); break;
+        case NO_TEST: a->no_test = true; break;
+        case STATS: a->stats = true; break;
+        case PROFILE: a->profile = true; break;
+        case NPROC: st = dt_parse_long(optarg, 1, 1024, "--num-processes", &a->num_processes); break;
+        case NMACH: st = dt_parse_long(optarg, 1, 65536, "--num-machines", &a->num_machines); break;
+        case MACHID: st = dt_parse_long(optarg, 0, 65535, "--machine-id", &a->machine_id); break;
+        case MADDR: a->master_addr = optarg; break;
+        case MPORT: st = dt_parse_long(optarg, 1, 65535, "--master-port", &a->master_port); break;
+        case BACKEND:
+            a->backend = optarg;
+            if (strcmp(optarg, "auto") && strcmp(optarg, "shm") && strcmp(optarg, "tcp") &&
+                strcmp(optarg, "mpi"))
+                st = dt_fail(DT_ERR_ARG, "--backend expects auto, shm, tcp or mpi, found \"%s\"",
+                             optarg);
+            break;
+        case NO_OVERLAP: a->no_overlap = true; break;
+        case HELP: fputs(usage, stdout); exit(0);
+        default:
+            fprintf(stderr, "dtrain-mnist: unknown option \"%s\"\n%s", argv[optind - 1], usage);
+            return 2;
+        }
+        if (st != DT_OK) {
+            fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "dtrain-mnist: unexpected argument \"%s\"\n", argv[optind]);
+        return 2;
+    }
+    if (a->machine_id >= a->num_machines) {
+        fprintf(stderr, "dtrain-mnist: --machine-id expects a value below --num-machines (%ld), "
+                        "found %ld\n", a->num_machines, a->machine_id);
+        return 2;
+    }
+    if (a->num_machines > 1 && a->num_processes == 0) {
+        fprintf(stderr, "dtrain-mnist: --num-machines needs --num-processes\n");
+        return 2;
+    }
+    return 0;
+}
+
+// What every worker shares: arguments, the datasets (loaded once, before forking, so
+// forked workers share the pages) and the start time (CLOCK_MONOTONIC is system-wide,
+// so it means the same in the children).
+typedef struct job {
+    const args *a;
+    dt_dataset  train, test;
+    double      start;
+} job;
+
+static void print_profile(const dt_model *m, double train_secs) {
+    double total = 0;
+    printf("%-4s %-12s %10s %10s %7s\n", "layer", "kind", "forward_s", "backward_s", "share");
+    for (int i = 0; i < dt_model_num_layers(m); i++) {
+        double f, b;
+        dt_model_profile(m, i, &f, &b);
+        total += f + b;
+        printf("%-4d %-12s %10.3f %10.3f %6.1f%%\n", i, dt_model_layer_kind(m, i), f, b,
+               100.0 * (f + b) / train_secs);
+    }
+    printf("%-17s %21.3f %6.1f%%  (the rest: data, loss, optimizer, gradient sync)\n",
+           "all layers", total, 100.0 * total / train_secs);
+}
+
+// Test-set loss and accuracy, each rank evaluating its share (every sample once across
+// ranks), summed over ranks.
+static dt_status evaluate(dt_model *m, dt_pg *pg, const dt_dataset *test, size_t batch,
+                          int64_t *correct, double *mean_loss) {
+    int             world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
+    dt_sampler_opts so    = dt_sampler_opts_default();
+    so.num_replicas       = world;
+    so.rank               = rank;
+    so.shuffle            = false;
+    so.eval               = true;
+    dt_sampler    *s      = dt_sampler_init(test->n, &so);
+    dt_loader_opts lo     = dt_loader_opts_default();
+    lo.batch_size         = batch;
+    dt_loader *l          = s ? dt_loader_init(test, s, &lo) : NULL;
+    if (!l) {
+        dt_sampler_free(s);
+        return dt_last_status();
+    }
+    dt_model_train(m, false);
+    dt_loader_begin_epoch(l, 0);
+    dt_batch  b;
+    double    total = 0;
+    int64_t   hits  = 0;
+    dt_status st    = DT_OK;
+    while (st == DT_OK && dt_loader_next(l, &b)) {
+        float loss;
+        if ((st = dt_model_forward(m, b.x, (int)b.size)) ||
+            (st = dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, NULL)))
+            break;
+        total += (double)loss * (double)b.size;
+        hits += dt_count_correct(dt_model_output(m), b.y, (int)b.size, 10);
+    }
+    if (st == DT_OK)
+        st = dt_loader_status(l);
+    dt_model_train(m, true);
+    dt_loader_free(l);
+    dt_sampler_free(s);
+    if (st == DT_OK && pg) {
+        float lsum = (float)total;
+        if ((st = dt_pg_all_reduce(pg, &hits, &hits, 1, DT_INT64, DT_REDUCE_SUM)) ||
+            (st = dt_pg_all_reduce(pg, &lsum, &lsum, 1, DT_FLOAT32, DT_REDUCE_SUM)))
+            return st;
+        total = lsum;
+    }
+    *correct   = hits;
+    *mean_loss = total / (double)test->n;
+    return st;
+}
+
+// Every replica must end with the same weights; a difference is a bug, said loudly.
+static dt_status check_replicas(dt_model *m, dt_pg *pg, uint32_t *crc_out) {
+    uint32_t crc = dt_crc32c(0, dt_model_params(m), dt_model_num_params(m) * sizeof(float));
+    *crc_out     = crc;
+    if (!pg)
+        return DT_OK;
+    int      world = dt_pg_size(pg);
+    int32_t *all   = dt_alloc(sizeof(int32_t) * (size_t)world);
+    int32_t  mine  = (int32_t)crc;
+    if (!all)
+        return DT_ERR_NOMEM;
+    dt_status st = dt_pg_all_gather(pg, &mine, all, 1, DT_INT32);
+    for (int r = 1; st == DT_OK && r < world; r++)
+        if (all[r] != all[0])
+            st = dt_fail(DT_ERR_INTERNAL,
+                         "replicas diverged: rank 0's parameters have CRC32C %08x, rank %d's %08x",
+                         (uint32_t)all[0], r, (uint32_t)all[r]);
+    dt_free(all);
+    return st;
+}
+
+// One worker: rank `rank` of a group (pg), or the only process (pg NULL).
+static int train_worker(job *j, dt_pg *pg) {
+    const args *a     = j->a;
+    int         world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
+    bool        lead  = rank == 0;
+    dt_model   *m     = NULL;
+    dt_ddp     *ddp   = NULL;
+    dt_optim   *opt   = NULL;
+    dt_sampler *smp   = NULL;
+    dt_loader  *ld    = NULL;
+    float      *dlogp = NULL;
+    int         rc    = 1;
+    double      accuracy = -1;
+
+    long threads = a->threads;
+    if (!threads) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN), local = pg ? dt_pg_local_size(pg) : 1;
+        threads    = cores / (local > 0 ? local : 1);
+        if (threads < 1)
+            threads = 1;
+    }
+    if (dt_model_init_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
+        dt_model_set_threads(m, (int)threads))
+        goto done;
+    if (pg) {
+        dt_ddp_opts o = dt_ddp_opts_default();
+        o.overlap     = !a->no_overlap;
+        if (dt_ddp_init(&ddp, m, pg, &o))
+            goto done;
+    }
+    dt_adadelta_opts ao = dt_adadelta_opts_default();
+    ao.lr               = (float)a->lr;
+    if (!(opt = dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m),
+                                       dt_model_num_params(m), &ao)))
+        goto done;
+    dt_sampler_opts so = dt_sampler_opts_default();
+    so.num_replicas    = world;
+    so.rank            = rank;
+    so.seed            = (uint64_t)a->seed;
+    dt_loader_opts lo  = dt_loader_opts_default();
+    lo.batch_size      = (size_t)a->batch_size;
+    if (!(smp = dt_sampler_init(j->train.n, &so)) || !(ld = dt_loader_init(&j->train, smp, &lo)) ||
+        !(dlogp = dt_alloc(sizeof(float) * 10 * (size_t)a->batch_size)) ||
+        dt_model_reserve(m, (int)a->batch_size))
+        goto done;
+
+    size_t nbatches = (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
+    // Dropout masks: a stream of their own under the seed, split by epoch, step and
+    // rank, so no two ranks or steps share a mask and a run can be replayed exactly.
+    dt_rng base = dt_rng_init((uint64_t)a->seed);
+    dt_rng root = dt_rng_split(&base, 0x64726f70 /* "drop" */);
+    dt_model_set_profile(m, a->profile);
+    double train_start = dt_now();
+    for (long epoch = 0; epoch < a->epochs; epoch++) {
+        dt_loader_begin_epoch(ld, epoch);
+        dt_rng   er = dt_rng_split(&root, (uint64_t)epoch);
+        dt_batch b;
+        while (dt_loader_next(ld, &b)) {
+            dt_rng sr = dt_rng_split(&er, b.index), rr = dt_rng_split(&sr, (uint64_t)rank);
+            float  loss;
+            dt_model_set_rng(m, &rr);
+            if (dt_model_forward(m, b.x, (int)b.size) ||
+                dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, dlogp))
+                goto done;
+            dt_model_zero_grad(m);
+            if (dt_model_backward(m, dlogp) || (ddp && dt_ddp_sync(ddp)))
+                goto done;
+            dt_optim_step(opt);
+            if (lead && b.index % (size_t)a->log_every == 0) {
+                printf("epoch: %ld [%zu/%zu (%.0f%%)]\t training loss: %.6f\n", epoch, b.index,
+                       nbatches, 100.0 * (double)b.index / (double)nbatches, (double)loss);
+                fflush(stdout);
+            }
+        }
+        if (dt_loader_status(ld))
+            goto done;
+    }
+    if (pg && dt_pg_barrier(pg))
+        goto done;
+    double finished = dt_now();
+    if (lead) {
+        printf("Finished training in %.2f secs\n", finished - j->start);
+        fflush(stdout);
+        if (a->profile)
+            print_profile(m, finished - train_start);
+    }
+    uint32_t crc;
+    if (check_replicas(m, pg, &crc))
+        goto done;
+    if (lead && pg)
+        printf("Parameters identical on all %d ranks (CRC32C %08x)\n", world, crc);
+    if (!a->no_test) {
+        int64_t correct   = 0;
+        double  mean_loss = 0;
+        if (evaluate(m, pg, &j->test, (size_t)a->batch_size, &correct, &mean_loss))
+            goto done;
+        accuracy = 100.0 * (double)correct / (double)j->test.n;
+        if (lead)
+            printf("Test accuracy: %.2f%% (%lld/%zu), average loss %.4f\n", accuracy,
+                   (long long)correct, j->test.n, mean_loss);
+    }
+    if (a->stats) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        int64_t rss = ru.ru_maxrss;  // KiB; the largest over ranks is reported
+        if (pg && dt_pg_all_reduce(pg, &rss, &rss, 1, DT_INT64, DT_REDUCE_MAX))
+            goto done;
+        double wait_s = 0;
+        int64_t steps = 0;
+        if (ddp)
+            dt_ddp_stats(ddp, &wait_s, &steps);
+        double samples = (double)j->train.n * (double)a->epochs;
+        double flops   = samples * dt_model_train_flops_per_sample(m);
+        if (lead)
+            printf("STATS {\"secs\": %.3f, \"train_loop_secs\": %.3f, \"samples_per_sec\": %.1f, "
+                   "\"gflops\": %.1f, \"peak_rss_mib\": %.1f, \"world\": %d, \"threads\": %ld, "
+                   "\"backend\": \"%s\", \"ddp_wait_secs\": %.3f, \"accuracy\": %.2f, "
+                   "\"blas\": \"%s\"}\n",
+                   finished - j->start, finished - train_start, samples / (finished - train_start),
+                   flops / (finished - train_start) * 1e-9, (double)rss / 1024.0, world, threads,
+                   pg ? dt_pg_backend(pg) : "none", wait_s, accuracy, dt_blas_info());
+    }
+    rc = 0;
+done:
+    if (rc) {
+        if (pg)
+            fprintf(stderr, "dtrain-mnist: rank %d: %s\n", rank, dt_last_error());
+        else
+            fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+    }
+    fflush(stdout);
+    dt_free(dlogp);
+    dt_loader_free(ld);
+    dt_sampler_free(smp);
+    dt_optim_free(opt);
+    dt_ddp_free(ddp);
+    dt_model_free(m);
+    return rc;
+}
+
+static int run_worker_from_env(job *j) {
+    dt_pg_opts o = dt_pg_opts_default();
+    o.backend    = j->a->backend;
+    dt_pg *pg    = dt_pg_init_from_env(&o);
+    if (!pg) {
+        fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+        return 1;
+    }
+    int rc = train_worker(j, pg);
+    if (rc)
+        dt_pg_abort(pg, "a worker failed");
+    dt_pg_free(pg);
+    return rc;
+}
+
+static int spawned(int local_rank, void *arg) {
+    (void)local_rank;  // dt_spawn has set RANK, LOCAL_RANK and the rest
+    return run_worker_from_env(arg);
+}
+
+static void setenv_long(const char *name, long v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", v);
+    setenv(name, buf, 1);
+}
+
+int main(int argc, char **argv) {
+    args a;
+    int  rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc;
+    job j = {.a = &a, .start = dt_now()};
+    dt_dataset_opts dopts = dt_dataset_opts_default();
+    dopts.limit           = (size_t)a.limit;
+    if (dt_dataset_load_mnist(&j.train, a.data_dir, true, &dopts) ||
+        (!a.no_test && dt_dataset_load_mnist(&j.test, a.data_dir, false, NULL))) {
+        fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+        return 1;
+    }
+    if (a.num_processes > 0) {
+        // The seed's launch: this process forks the local workers of machine K.
+        if (a.master_addr)
+            setenv("MASTER_ADDR", a.master_addr, 1);
+        if (a.master_port)
+            setenv_long("MASTER_PORT", a.master_port);
+        else if (a.num_machines > 1 && !getenv("MASTER_PORT"))
+            setenv("MASTER_PORT", "29500", 1);  // torchrun's default, the same on every machine
+        setenv_long("GROUP_RANK", a.machine_id);
+        setenv_long("WORLD_SIZE", a.num_machines * a.num_processes);
+        dt_spawn_result res;
+        if (dt_spawn((int)a.num_processes, spawned, &j, &res) != DT_OK) {
+            fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+            rc = 1;
+        }
+    } else if (getenv("RANK") && getenv("WORLD_SIZE")) {
+        rc = run_worker_from_env(&j);
+    } else {
+        rc = train_worker(&j, NULL);
+    }
+    dt_dataset_free(&j.train);
+    dt_dataset_free(&j.test);
+    return rc;
+}

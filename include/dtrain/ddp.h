@@ -1,0 +1,84 @@
+// ddp.h: DistributedDataParallel. Where the model (nn.h) meets the process group
+// (comm.h): every rank holds a replica; gradients are averaged over ranks during
+// backward, so every replica takes the same optimizer step.
+//
+//     dt_ddp *ddp;
+//     dt_ddp_init(&ddp, model, pg, NULL);        // collective: checks shapes, broadcasts
+//     for each step:
+//         dt_model_forward(...); loss ...; dt_model_zero_grad(model);
+//         dt_model_backward(model, dloss);       // buckets start reducing during backward
+//         dt_ddp_sync(ddp);                      // waits; gradients are now averages
+//         dt_optim_step(opt);
+//
+// Buckets are slices of the model's flat gradient buffer (no copies), formed as
+// PyTorch forms them (torch/nn/parallel/distributed.py, reducer.cpp): parameters are
+// walked in definition order, a bucket closes when its size reaches the limit (the
+// first at 1 MiB, the others at the cap, 25 MiB by default), and the list is reversed,
+// so bucket 0 holds the last parameters, whose gradients backward produces first. A
+// bucket's all-reduce starts on the group's progress thread as soon as its last
+// gradient is final, in bucket order on every rank, while backward goes on.
+//
+// Every call here that talks to other ranks is collective: all ranks must make it, in
+// the same order. Errors name what went wrong on which rank; a rank that fails in
+// dt_ddp_sync aborts the group so the others fail at once instead of waiting.
+#ifndef DTRAIN_DDP_H
+#define DTRAIN_DDP_H
+
+#include "dtrain/comm.h"
+#include "dtrain/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_ddp dt_ddp;
+
+typedef struct dt_ddp_opts {
+    size_t bucket_cap_bytes;    // 0: 25 MiB (PyTorch's bucket_cap_mb=25)
+    size_t first_bucket_bytes;  // 0: 1 MiB when the cap is the default, else the cap
+                                // (PyTorch's _DEFAULT_FIRST_BUCKET_BYTES rule)
+    bool   broadcast_params;    // rank 0's parameters to every rank at init (default true)
+    bool   overlap;             // reduce buckets during backward (default true); false
+                                // reduces them all in dt_ddp_sync, for measuring overlap
+} dt_ddp_opts;
+
+DT_API dt_ddp_opts dt_ddp_opts_default(void);
+
+// Wraps `model` (finalized) for data-parallel training over `pg`; both are borrowed and
+// must outlive the wrapper. Collective. Checks that every rank has the same parameter
+// tensors (count, names, shapes) — a mismatch is DT_ERR_MISMATCH on every rank, naming
+// the first differing parameter with both shapes — then broadcasts rank 0's
+// parameters, and installs the model's gradient hook. *out is NULL on failure.
+DT_API dt_status dt_ddp_init(dt_ddp **out, dt_model *model, dt_pg *pg, const dt_ddp_opts *opts);
+// Waits for reductions still in flight; removes the hook. NULL is a no-op.
+DT_API void      dt_ddp_free(dt_ddp *ddp);
+
+// Gradient accumulation (PyTorch's no_sync): with sync off, backward only accumulates
+// locally; the first backward with sync on again reduces the accumulated gradients.
+DT_API void dt_ddp_set_sync(dt_ddp *ddp, bool sync);
+
+// Completes the step's gradient averaging: starts what is not started yet (all
+// buckets when overlap is off), waits for every bucket, and returns when the
+// gradient buffer holds the average over ranks. Collective. A parameter that received
+// no gradient in this backward is DT_ERR_STATE naming it (and the group is aborted so
+// other ranks fail at once); a failed or timed-out reduction is its comm error. A
+// no-op when sync is off.
+DT_API dt_status dt_ddp_sync(dt_ddp *ddp);
+
+// For models with a hand-written backward: marks floats [offset, offset + count) of
+// the gradient buffer final for this backward (what the model's hook does per layer).
+// The range must cover whole parameter tensors.
+DT_API dt_status dt_ddp_mark_ready(dt_ddp *ddp, size_t offset, size_t count);
+
+// Buckets as formed: bucket i covers floats [offset, offset + count) of the buffers.
+DT_API int  dt_ddp_num_buckets(const dt_ddp *ddp);
+DT_API void dt_ddp_bucket(const dt_ddp *ddp, int i, size_t *offset, size_t *count);
+
+// Seconds spent in dt_ddp_sync waiting for reductions (communication not hidden
+// behind backward), summed over calls, and the number of synced steps.
+DT_API void dt_ddp_stats(const dt_ddp *ddp, double *wait_s, int64_t *steps);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DTRAIN_DDP_H

@@ -1,0 +1,165 @@
+// nn.h: layers with explicit forward and backward, losses, and the Sequential model.
+//
+// A model is a chain of layers whose shapes are inferred from the per-sample input
+// shape given at creation. All parameters live in one contiguous float buffer and all
+// gradients in another, in registration order (layer by layer, weight then bias), so
+// an optimizer updates one buffer, a broadcast is one call, and gradient buckets are
+// slices of the gradient buffer (DESIGN.md, "Flat parameters").
+//
+// Tensors are row-major (B, C, H, W) per batch; a flat layer input is (B, F).
+// Semantics and initialisation follow PyTorch's torch.nn modules of the same name.
+//
+//     dt_model *m = dt_model_init(1, 28, 28);
+//     dt_model_add_conv2d(m, 16, 3, 1, 0);  dt_model_add_relu(m);  ...
+//     dt_model_finalize(m, seed);
+//     dt_model_forward(m, x, batch);                    // x: (B, 1, 28, 28)
+//     dt_loss_nll(dt_model_output(m), y, batch, 10, &loss, dlogp);
+//     dt_model_zero_grad(m);  dt_model_backward(m, dlogp);  optimizer step ...
+#ifndef DTRAIN_NN_H
+#define DTRAIN_NN_H
+
+#include "dtrain/core.h"
+#include "dtrain/rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_model dt_model;
+
+// One parameter tensor of a model: a named slice of the flat buffers. Names follow
+// PyTorch's nn.Sequential state_dict keys: "<layer index>.weight", "<layer index>.bias".
+typedef struct dt_param_info {
+    char    name[32];
+    size_t  offset;  // in floats, into dt_model_params / dt_model_grads
+    size_t  count;   // floats
+    int     ndim;
+    int64_t shape[4];
+    int     layer;   // index of the owning layer
+} dt_param_info;
+
+// Called during dt_model_backward, on the calling thread, each time the gradients of
+// one layer are final for this backward pass: floats [offset, offset + count) of the
+// gradient buffer will not be written again until the next backward. Ranges arrive in
+// decreasing offset order (last layer first). This is where DDP starts reducing.
+typedef void (*dt_grad_ready_fn)(void *user, size_t offset, size_t count);
+
+// ------------------------------------------------------------------ building a model
+
+// A new empty model taking per-sample inputs of shape (c, h, w); use (f, 1, 1) for
+// flat inputs. Returns an owned model (free with dt_model_free) or NULL on failure.
+DT_API dt_model *dt_model_init(int c, int h, int w);
+DT_API void      dt_model_free(dt_model *m);  // NULL-safe
+
+// Layers, appended in order. Each checks its input shape and fails with DT_ERR_ARG
+// naming the layer, the shape it expected and the shape it found.
+// Conv2d: square kernel, stride and zero padding; in_channels inferred. PyTorch
+// nn.Conv2d(in, out, kernel, stride, padding).
+DT_API dt_status dt_model_add_conv2d(dt_model *m, int out_channels, int kernel, int stride,
+                                     int padding);
+// Linear on a flat input (after flatten): y = x W^T + b, W (out, in). nn.Linear.
+DT_API dt_status dt_model_add_linear(dt_model *m, int out_features);
+// Max pooling, square window, no padding; stride 0 means stride = kernel. nn.MaxPool2d.
+DT_API dt_status dt_model_add_maxpool2d(dt_model *m, int kernel, int stride);
+DT_API dt_status dt_model_add_relu(dt_model *m);
+// Element-wise dropout with probability p in [0, 1): kept values are scaled by 1/(1-p)
+// in training, identity in evaluation. nn.Dropout.
+DT_API dt_status dt_model_add_dropout(dt_model *m, float p);
+// Channel dropout: zeroes whole (H, W) channels with probability p. nn.Dropout2d.
+DT_API dt_status dt_model_add_dropout2d(dt_model *m, float p);
+// (C, H, W) -> (C*H*W). nn.Flatten.
+DT_API dt_status dt_model_add_flatten(dt_model *m);
+// Log-softmax over the features of a flat input. nn.LogSoftmax(dim=1).
+DT_API dt_status dt_model_add_log_softmax(dt_model *m);
+
+// Allocates the flat parameter and gradient buffers and initialises parameters as
+// PyTorch does by default: weights kaiming-uniform with a = sqrt(5) (that is, uniform
+// in +-1/sqrt(fan_in)), biases uniform in +-1/sqrt(fan_in), drawn from a Philox stream
+// split from `seed` per parameter tensor. After this no layer can be added.
+DT_API dt_status dt_model_finalize(dt_model *m, uint64_t seed);
+
+// The seed chapter's ConvNet for 28x28 single-channel images, finalized:
+//   conv(1->16, 3x3) ReLU conv(16->32, 3x3) ReLU maxpool(2) Dropout2d(drop2d) flatten
+//   linear(4608->64) ReLU dropout(drop) linear(64->10) log_softmax
+// The seed uses drop2d = 0.10 and drop = 0.25. Free with dt_model_free.
+DT_API dt_status dt_model_init_mnist_convnet(dt_model **out, uint64_t seed, float drop2d,
+                                             float drop);
+
+// ----------------------------------------------------------------------- inspecting
+
+DT_API size_t               dt_model_num_params(const dt_model *m);       // floats
+DT_API int                  dt_model_num_param_tensors(const dt_model *m);
+DT_API const dt_param_info *dt_model_param_info(const dt_model *m, int i);
+DT_API float               *dt_model_params(dt_model *m);  // the flat parameter buffer
+DT_API float               *dt_model_grads(dt_model *m);   // the flat gradient buffer
+DT_API int                  dt_model_num_layers(const dt_model *m);
+// "conv2d", "linear", ...; NULL when out of range.
+DT_API const char          *dt_model_layer_kind(const dt_model *m, int layer);
+// Per-sample output size of the last layer (the number of classes for a classifier).
+DT_API size_t               dt_model_output_size(const dt_model *m);
+DT_API size_t               dt_model_input_size(const dt_model *m);
+// Forward FLOPs per sample (multiply-add = 2), for throughput reports.
+DT_API double               dt_model_flops_per_sample(const dt_model *m);
+// Forward + backward FLOPs per sample: three times the forward of each layer
+// (output, weight gradient, input gradient) except the first, whose input gradient
+// is not computed. About 18.1 MFLOP for the seed's ConvNet (1.085 TFLOP an epoch).
+DT_API double               dt_model_train_flops_per_sample(const dt_model *m);
+// Writes a one-line-per-layer description ("0 conv2d (1,28,28) -> (16,26,26) 160 params").
+DT_API void                 dt_model_describe(const dt_model *m, char *buf, size_t n);
+
+// -------------------------------------------------------------------------- running
+
+// Number of threads that split each batch between them (default 1). The calling
+// thread is one of them. Results do not depend on timing; they depend on the thread
+// count only through float rounding of summed weight gradients.
+DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
+// Training mode (dropout active; the default) or evaluation mode.
+DT_API void      dt_model_train(dt_model *m, bool training);
+// The random stream for this step's dropout masks. Sample i of the batch in layer l
+// draws from split(split(rng, l), i), so masks do not depend on the thread count.
+DT_API void      dt_model_set_rng(dt_model *m, const dt_rng *rng);
+// Makes room for batches up to `batch` samples now (forward does it on demand).
+DT_API dt_status dt_model_reserve(dt_model *m, int batch);
+
+// Runs the model on x (batch, input shape). x is borrowed: it must stay valid and
+// unchanged until the matching dt_model_backward returns.
+DT_API dt_status    dt_model_forward(dt_model *m, const float *x, int batch);
+// The last forward's output, (batch, dt_model_output_size); valid until the next forward.
+DT_API const float *dt_model_output(const dt_model *m);
+
+// Back-propagates dout (batch, output size) of the last forward and ADDS the parameter
+// gradients into the gradient buffer (call dt_model_zero_grad first unless accumulating).
+DT_API dt_status dt_model_backward(dt_model *m, const float *dout);
+DT_API void      dt_model_zero_grad(dt_model *m);
+DT_API void      dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user);
+// When on, backward also computes the gradient with respect to the input.
+DT_API void         dt_model_set_input_grad(dt_model *m, bool on);
+DT_API const float *dt_model_input_grad(const dt_model *m);  // (batch, input shape)
+
+// Per-layer timing of forward and backward on the calling thread, for profiles.
+DT_API void dt_model_set_profile(dt_model *m, bool on);
+// Seconds spent in layer `layer` since profiling was turned on.
+DT_API void dt_model_profile(const dt_model *m, int layer, double *fwd_s, double *bwd_s);
+
+// The GEMM library in use and the kernels it chose, e.g. "OpenBLAS 0.3.21 ...,
+// kernels Haswell" (OpenBLAS picks them from the CPU, or from OPENBLAS_CORETYPE).
+DT_API const char *dt_blas_info(void);
+
+// --------------------------------------------------------------------------- losses
+
+// Mean negative log-likelihood of logp (batch, classes) log-probabilities for integer
+// targets; nn.NLLLoss(reduction="mean"). Writes d loss / d logp into dlogp when not
+// NULL. A target outside [0, classes) is DT_ERR_ARG naming the sample and the value.
+DT_API dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch, int classes,
+                             float *loss, float *dlogp);
+// Mean cross-entropy of raw logits (log-softmax + NLL); nn.CrossEntropyLoss.
+DT_API dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int batch,
+                                       int classes, float *loss, float *dlogits);
+// Number of samples whose largest score is the target (ties: the first maximum).
+DT_API int       dt_count_correct(const float *scores, const int32_t *target, int batch,
+                                  int classes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DTRAIN_NN_H

@@ -1,0 +1,36 @@
+// blas.c: OpenBLAS's cblas_sgemm behind one function, and one OpenBLAS thread.
+// dtrain splits batches over threads of its own (nn/pool.c); OpenBLAS threads inside
+// each call would compete with them for the same cores. OpenBLAS chooses its kernels
+// when it is loaded, from the CPU or from OPENBLAS_CORETYPE; dt_blas_info reports the
+// choice.
+#include "nn/blas.h"
+#include "dtrain/nn.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <stdio.h>
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char           info[192];
+
+static void init_once(void) {
+    openblas_set_num_threads(1);
+    snprintf(info, sizeof info, "%s, kernels %s", openblas_get_config(), openblas_get_corename());
+    DT_INFO("nn", "GEMM: %s", info);
+}
+
+dt_status dt_blas_init(void) {
+    pthread_once(&once, init_once);
+    return DT_OK;
+}
+
+const char *dt_blas_info(void) {
+    pthread_once(&once, init_once);
+    return info;
+}
+
+void dt_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+              int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}

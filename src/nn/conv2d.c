@@ -1,0 +1,576 @@
+// conv2d.c: 2-D convolution as im2col + one OpenBLAS GEMM per sample.
+//
+// Per sample the column matrix stays in L2 (for the ConvNet's second convolution,
+// 144 x 576 floats = 324 KiB), where one whole-batch GEMM would stream a 42 MB column
+// matrix from memory; measured here, the per-sample GEMM runs at ~100 GFLOP/s on one
+// core against ~86 for the whole-batch one. Backward recomputes the columns instead
+// of keeping them from forward for the same reason.
+//
+// Stride 1 uses "wide rows": output positions are indexed over the padded input's
+// full width Wp instead of the output width Wo, so that row (c, ki, kj) of the column
+// matrix is the contiguous slice xp[c][ki*Wp + kj ...] of the (padded) input, copied
+// in one memcpy, and col2im is one contiguous add per row. The k-1 extra positions per
+// output row cost 8% more GEMM work for the seed's 26-wide input and save most of the
+// im2col/col2im time (12 + 27 us per sample measured here with the strided layout).
+// Columns of the wide output whose window wraps past the row end are dropped on the
+// way out; their gradient is zero on the way back.
+//
+// On CPUs with AVX-512, stride-1 convolutions skip the column matrix altogether: in the
+// wide layout each of its rows is a shifted slice of the input, so forward, weight
+// gradient and input gradient are "shifted GEMMs" (shifted.c) that read the input in
+// place. The input gradient is the forward kernel again, over the output gradient with
+// transposed weights and negative shifts; the gradient rows get k-1 rows' worth of
+// zero margin on each side so that every shifted read stays inside them. DT_CONV=gemm
+// or DT_CONV=direct overrides the choice (tests run both).
+//
+// A ReLU right after the convolution is fused in: applied while the output is copied
+// out, and its mask applied while the incoming gradient is copied in. With stride 1, a
+// 2x2 stride-2 max pool after that ReLU is fused too (model.c decides): the pooled
+// output and the winners' indices are computed straight from the wide GEMM result in
+// cache, and backward scatters the pooled gradient straight into the wide layout, so
+// the full-size output (9.4 MB a batch for the seed's second convolution) is never
+// written to memory or read back.
+// Matches torch.nn.Conv2d (weight (Cout, Cin, k, k), bias (Cout)).
+#include "core/simd.h"
+#include "nn/blas.h"
+#include "nn/nn_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct wide {
+    int    hp, wp;  // padded input height and width
+    int    n;       // wide output positions: Ho * Wp - (k - 1)
+    size_t plane;   // hp * wp
+    int    margin;  // direct path: zeros before and after each gradient row, (k-1)(Wp+1)
+    size_t ld;      // direct path: gradient row stride, margin + plane
+} wide;
+
+static wide wide_geom(const nn_layer *l) {
+    wide g;
+    g.hp     = l->in.h + 2 * l->pad;
+    g.wp     = l->in.w + 2 * l->pad;
+    g.n      = l->out.h * g.wp - (l->k - 1);
+    g.plane  = (size_t)g.hp * g.wp;
+    g.margin = (l->k - 1) * (g.wp + 1);
+    g.ld     = (size_t)g.margin + g.plane;
+    return g;
+}
+
+static bool want_direct(void) {
+    const char *e = getenv("DT_CONV");
+    if (e && strcmp(e, "direct") == 0)
+        return true;
+    if (e && strcmp(e, "gemm") == 0)
+        return false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
+}
+
+static dt_status conv_setup(nn_layer *l) {
+    if (l->k < 1 || l->k > 16 || l->stride < 1 || l->pad < 0 || l->out_c < 1)
+        return dt_fail(DT_ERR_ARG,
+                       "layer %d conv2d: expected out_channels >= 1, kernel in [1, 16], stride >= 1 "
+                       "and padding >= 0, found %d, %d, %d, %d",
+                       l->index, l->out_c, l->k, l->stride, l->pad);
+    int hp = l->in.h + 2 * l->pad, wp = l->in.w + 2 * l->pad;
+    if (hp < l->k || wp < l->k)
+        return dt_fail(DT_ERR_ARG,
+                       "layer %d conv2d: kernel %d does not fit the padded input (%d, %d, %d) "
+                       "with padding %d",
+                       l->index, l->k, l->in.c, l->in.h, l->in.w, l->pad);
+    l->out.c     = l->out_c;
+    l->out.h     = (hp - l->k) / l->stride + 1;
+    l->out.w     = (wp - l->k) / l->stride + 1;
+    l->nparams   = 2;
+    l->wndim     = 4;
+    l->wshape[0] = l->out_c;
+    l->wshape[1] = l->in.c;
+    l->wshape[2] = l->k;
+    l->wshape[3] = l->k;
+    l->fan_in    = (size_t)l->in.c * l->k * l->k;
+    l->wcount    = (size_t)l->out_c * l->fan_in;
+    l->bcount    = l->out_c;
+    size_t hw    = (size_t)l->out.h * l->out.w;
+    l->direct    = l->stride == 1 && want_direct();
+    if (l->direct) {
+        wide   g  = wide_geom(l);
+        size_t rf = l->fan_in, rb = (size_t)l->out_c * l->k * l->k;
+        // padded input (also its gradient), wide output/gradient with margins,
+        // transposed weights
+        l->scratch_floats = (l->pad ? (size_t)l->in.c * g.plane : 0) +
+                            (size_t)l->out_c * g.ld + (size_t)l->in.c * rb;
+        // forward offsets: input channel plane + kernel shift; backward: gradient row
+        // + margin - kernel shift
+        dt_free(l->offsets);
+        if (!(l->offsets = dt_alloc(sizeof(int) * (rf + rb))))
+            return DT_ERR_NOMEM;
+        for (int c = 0; c < l->in.c; c++)
+            for (int ki = 0; ki < l->k; ki++)
+                for (int kj = 0; kj < l->k; kj++)
+                    l->offsets[(c * l->k + ki) * l->k + kj] =
+                        (int)((size_t)c * g.plane) + ki * g.wp + kj;
+        for (int o = 0; o < l->out_c; o++)
+            for (int ki = 0; ki < l->k; ki++)
+                for (int kj = 0; kj < l->k; kj++)
+                    l->offsets[rf + (size_t)(o * l->k + ki) * l->k + kj] =
+                        (int)((size_t)o * g.ld) + g.margin - ki * g.wp - kj;
+    } else if (l->stride == 1) {
+        wide g = wide_geom(l);
+        // padded input (also its gradient), wide columns, wide output/gradient
+        l->scratch_floats = (l->pad ? (size_t)l->in.c * g.plane : 0) + l->fan_in * (size_t)g.n +
+                            (size_t)l->out_c * (size_t)g.n;
+    } else {
+        l->scratch_floats = l->fan_in * hw;  // one sample's columns (reused for dcol)
+    }
+    l->flops = 2.0 * (double)l->wcount * (double)hw;
+    return DT_OK;
+}
+
+// ------------------------------------------------------------ stride 1: wide rows
+
+// Copies x (C, H, W) into the middle of a zeroed (C, H+2p, W+2p) buffer.
+static void pad_input(const float *x, int c, int h, int w, int p, float *xp) {
+    int wp = w + 2 * p;
+    memset(xp, 0, sizeof(float) * (size_t)c * (h + 2 * p) * wp);
+    for (int ch = 0; ch < c; ch++)
+        for (int i = 0; i < h; i++)
+            memcpy(xp + ((size_t)ch * (h + 2 * p) + i + p) * wp + p, x + ((size_t)ch * h + i) * w,
+                   sizeof(float) * (size_t)w);
+}
+
+static void wide_im2col(const float *xp, int c, int k, wide g, float *col) {
+    for (int ch = 0; ch < c; ch++)
+        for (int ki = 0; ki < k; ki++)
+            for (int kj = 0; kj < k; kj++)
+                memcpy(col + ((size_t)(ch * k + ki) * k + kj) * g.n,
+                       xp + ch * g.plane + (size_t)ki * g.wp + kj, sizeof(float) * (size_t)g.n);
+}
+
+// Sixteen-wide steps over a row of n >= 16 floats; the last step is moved back to end
+// at n, overlapping the one before (fine for copies, which these are).
+#define FOR_ROW16(j, n) for (int j = 0, j##_end = (n); j < j##_end; j = (j + 32 > j##_end && j + 16 < j##_end) ? j##_end - 16 : j + 16)
+
+// The adjoint of wide_im2col: dxp[c][p] = sum over (ki, kj) of
+// col[(c, ki, kj)][p - ki*Wp - kj] where that index is inside the row. One pass over
+// dxp with k*k input streams, in the fixed (ki, kj) order, instead of k*k passes
+// that each read back what the previous one just stored at a one-float offset.
+DT_CLONES static void wide_col2im(const float *col, int c, int k, wide g, float *restrict dxp) {
+    int kk = k * k, plane = (int)g.plane;
+    int off[256];  // kernel <= 16 is checked at setup
+    for (int ki = 0; ki < k; ki++)
+        for (int kj = 0; kj < k; kj++)
+            off[ki * k + kj] = ki * g.wp + kj;
+    int lo = off[kk - 1], hi = g.n;  // p in [lo, hi): every row contributes
+    for (int ch = 0; ch < c; ch++) {
+        const float *rows = col + (size_t)ch * kk * g.n;
+        float       *d    = dxp + (size_t)ch * g.plane;
+        int          p    = 0;
+        for (; p < plane; p++) {
+            if (p >= lo && p + 16 <= hi)
+                break;
+            float acc = 0.0f;
+            for (int r = 0; r < kk; r++) {
+                int q = p - off[r];
+                if (q >= 0 && q < g.n)
+                    acc += rows[(size_t)r * g.n + q];
+            }
+            d[p] = acc;
+        }
+        for (; p + 16 <= hi; p += 16) {
+            dt_v16f acc = dt_splat16(0.0f);
+            for (int r = 0; r < kk; r++)
+                acc += dt_load16(rows + (size_t)r * g.n + p - off[r]);
+            dt_store16(d + p, acc);
+        }
+        for (; p < plane; p++) {
+            float acc = 0.0f;
+            for (int r = 0; r < kk; r++) {
+                int q = p - off[r];
+                if (q >= 0 && q < g.n)
+                    acc += rows[(size_t)r * g.n + q];
+            }
+            d[p] = acc;
+        }
+    }
+}
+
+// Wide (Cout, n) GEMM output -> compact (Cout, Ho, Wo) output, + bias, ReLU if fused.
+// Rows of ext are ext_ld apart.
+DT_CLONES static void wide_to_out(const float *restrict ext, size_t ext_ld, const float *restrict b,
+                                  int co, int ho, int wo, wide g, bool relu, float *restrict y) {
+    for (int oc = 0; oc < co; oc++) {
+        dt_v16f bv = dt_splat16(b[oc]);
+        for (int oh = 0; oh < ho; oh++) {
+            const float *src = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
+            float       *dst = y + ((size_t)oc * ho + oh) * wo;
+            if (wo < 16) {
+                for (int ow = 0; ow < wo; ow++) {
+                    float v = src[ow] + b[oc];
+                    dst[ow] = relu && !(v > 0.0f) ? 0.0f : v;
+                }
+                continue;
+            }
+            FOR_ROW16(j, wo) {
+                dt_v16f v = dt_load16(src + j) + bv;
+                dt_store16(dst + j, relu ? dt_keep_positive16(v, v) : v);
+            }
+        }
+    }
+}
+
+// Compact output gradient -> wide (Cout, n), zero in the dropped columns; the fused
+// ReLU's mask (y > 0) applied on the way.
+DT_CLONES static void grad_to_wide(const float *restrict dy, const float *restrict y, int co,
+                                   int ho, int wo, wide g, bool relu, float *restrict ext,
+                                   size_t ext_ld) {
+    for (int oc = 0; oc < co; oc++)
+        for (int oh = 0; oh < ho; oh++) {
+            const float *src = dy + ((size_t)oc * ho + oh) * wo;
+            const float *yy  = y + ((size_t)oc * ho + oh) * wo;
+            float       *dst = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
+            if (wo < 16) {
+                for (int ow = 0; ow < wo; ow++)
+                    dst[ow] = relu && !(yy[ow] > 0.0f) ? 0.0f : src[ow];
+            } else {
+                FOR_ROW16(j, wo) {
+                    dt_v16f v = dt_load16(src + j);
+                    dt_store16(dst + j, relu ? dt_keep_positive16(dt_load16(yy + j), v) : v);
+                }
+            }
+            if (oh + 1 < ho)
+                for (int ow = wo; ow < g.wp; ow++)
+                    dst[ow] = 0.0f;
+        }
+}
+
+// Lane-wise a ? x : y for masks from vector comparisons.
+DT_VINLINE dt_v16i sel_i(dt_v16i m, dt_v16i x, dt_v16i y) { return (x & m) | (y & ~m); }
+DT_VINLINE dt_v16f sel_f(dt_v16i m, dt_v16f x, dt_v16f y) {
+    return (dt_v16f)sel_i(m, (dt_v16i)x, (dt_v16i)y);
+}
+
+static const dt_v16i PAIR_SWAP = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+static const dt_v16i EVENS     = {0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14};
+
+// Wide (Cout, n) GEMM output -> the fused ReLU + 2x2/2 max pool: y (Cout, Ho/2, Wo/2)
+// and the winner of each window (0..3, row-major; the first maximum on ties, as
+// pool2d.c and PyTorch). The bias is added before the comparison, as unfused.
+// Eight windows at a time, without branches: lane 2t of the two rows' vectors holds
+// window t's left column, the pair-swapped vectors its right column; the last block
+// of a row is moved back to end at the row's end (rewriting equal values).
+DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
+                                   const float *restrict b, int co, int ho, int wo, wide g,
+                                   float *restrict y, uint8_t *restrict arg) {
+    int ph = ho / 2, pw = wo / 2;
+    for (int oc = 0; oc < co; oc++) {
+        float   bv  = b[oc];
+        dt_v16f bvv = dt_splat16(bv);
+        for (int i = 0; i < ph; i++) {
+            const float *r0 = ext + (size_t)oc * ext_ld + (size_t)(2 * i) * g.wp;
+            const float *r1 = r0 + g.wp;
+            float       *yo = y + ((size_t)oc * ph + i) * pw;
+            uint8_t     *ao = arg + ((size_t)oc * ph + i) * pw;
+            if (pw < 8) {
+                for (int j = 0; j < pw; j++) {
+                    float v[4] = {r0[2 * j] + bv, r0[2 * j + 1] + bv, r1[2 * j] + bv,
+                                  r1[2 * j + 1] + bv};
+                    int   k    = 0;
+                    for (int q = 1; q < 4; q++)
+                        k = v[q] > v[k] ? q : k;
+                    yo[j] = v[k] > 0.0f ? v[k] : 0.0f;
+                    ao[j] = (uint8_t)k;
+                }
+                continue;
+            }
+            for (int j0 = 0; j0 < pw; j0 += 8) {
+                int     j  = j0 + 8 > pw ? pw - 8 : j0;
+                dt_v16f a  = dt_load16(r0 + 2 * j) + bvv, c = dt_load16(r1 + 2 * j) + bvv;
+                dt_v16f m  = a;
+                dt_v16i k  = {0};
+                dt_v16f v1 = __builtin_shuffle(a, PAIR_SWAP), v3 = __builtin_shuffle(c, PAIR_SWAP);
+                dt_v16i w  = v1 > m;
+                m          = sel_f(w, v1, m);
+                k          = sel_i(w, (dt_v16i){0} + 1, k);
+                w          = c > m;
+                m          = sel_f(w, c, m);
+                k          = sel_i(w, (dt_v16i){0} + 2, k);
+                w          = v3 > m;
+                m          = sel_f(w, v3, m);
+                k          = sel_i(w, (dt_v16i){0} + 3, k);
+                m          = dt_keep_positive16(m, m);
+                dt_v16f mo = __builtin_shuffle(m, EVENS);
+                dt_v16i ko = __builtin_shuffle(k, EVENS);
+                __builtin_memcpy(yo + j, &mo, 8 * sizeof(float));
+                for (int t = 0; t < 8; t++)
+                    ao[j + t] = (uint8_t)ko[t];
+            }
+        }
+    }
+}
+
+// The pooled gradient -> wide (Cout, n): each window's gradient goes to its winner,
+// masked by the ReLU (y > 0), zeros everywhere else. Eight windows at a time: every
+// output is duplicated into two lanes, so lane 2t+q of a row's vector is window t's
+// column q, and each window position takes the gradient where it is the winner.
+// The windows cover every position but the k-1 dropped columns, zeroed apart.
+typedef uint8_t dt_v16u8 __attribute__((vector_size(16)));
+static const dt_v16i DUP    = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
+static const dt_v16i PARITY = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
+
+DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *restrict y,
+                                        const uint8_t *restrict arg, int co, int ho, int wo,
+                                        wide g, float *restrict ext, size_t ext_ld) {
+    int ph = ho / 2, pw = wo / 2;
+    for (int oc = 0; oc < co; oc++) {
+        float *row = ext + (size_t)oc * ext_ld;
+        for (int r = 0; r + 1 < ho; r++)  // the dropped columns after each output row
+            for (int x = wo; x < g.wp; x++)
+                row[(size_t)r * g.wp + x] = 0.0f;
+        for (int i = 0; i < ph; i++) {
+            size_t o  = ((size_t)oc * ph + i) * pw;
+            float *w0 = row + (size_t)(2 * i) * g.wp, *w1 = w0 + g.wp;
+            if (pw < 8) {
+                for (int j = 0; j < pw; j++) {
+                    int   k = arg[o + j];
+                    float v = y[o + j] > 0.0f ? dy[o + j] : 0.0f;
+                    w0[2 * j]     = k == 0 ? v : 0.0f;
+                    w0[2 * j + 1] = k == 1 ? v : 0.0f;
+                    w1[2 * j]     = k == 2 ? v : 0.0f;
+                    w1[2 * j + 1] = k == 3 ? v : 0.0f;
+                }
+                continue;
+            }
+            for (int j0 = 0; j0 < pw; j0 += 8) {
+                int      j  = j0 + 8 > pw ? pw - 8 : j0;
+                dt_v16f  gv = {0}, yv = {0};
+                dt_v16u8 kb = {0};
+                __builtin_memcpy(&gv, dy + o + j, 8 * sizeof(float));
+                __builtin_memcpy(&yv, y + o + j, 8 * sizeof(float));
+                __builtin_memcpy(&kb, arg + o + j, 8);
+                dt_v16f v = __builtin_shuffle(dt_keep_positive16(yv, gv), DUP);
+                dt_v16i k = __builtin_shuffle(__builtin_convertvector(kb, dt_v16i), DUP);
+                dt_store16(w0 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY)));
+                dt_store16(w1 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY + 2)));
+            }
+        }
+    }
+}
+
+// Forward's last step for one sample: compact output, or the fused pool's.
+static void emit_output(nn_layer *l, const float *ext, size_t ld, wide g, float *out, int s) {
+    if (l->pool) {
+        size_t psz = nn_shape_size(l->pool->out);
+        wide_to_pool(ext, ld, l->b, l->out_c, l->out.h, l->out.w, g, out + (size_t)s * psz,
+                     l->pool->aux + (size_t)s * l->pool->aux_per_sample);
+    } else {
+        wide_to_out(ext, ld, l->b, l->out_c, l->out.h, l->out.w, g, l->fuse_relu,
+                    out + (size_t)s * nn_shape_size(l->out));
+    }
+}
+
+// Backward's first step for one sample: the incoming gradient in the wide layout.
+static void gather_grad(nn_layer *l, const float *dout, const float *out, wide g, float *ext,
+                        size_t ld, int s) {
+    if (l->pool) {
+        size_t psz = nn_shape_size(l->pool->out);
+        pool_grad_to_wide(dout + (size_t)s * psz, out + (size_t)s * psz,
+                          l->pool->aux + (size_t)s * l->pool->aux_per_sample, l->out_c,
+                          l->out.h, l->out.w, g, ext, ld);
+    } else {
+        size_t osz = nn_shape_size(l->out);
+        grad_to_wide(dout + (size_t)s * osz, out + (size_t)s * osz, l->out_c, l->out.h,
+                     l->out.w, g, l->fuse_relu, ext, ld);
+    }
+}
+
+static void wide_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    wide   g    = wide_geom(l);
+    size_t insz = nn_shape_size(l->in);
+    int    kk   = (int)l->fan_in;
+    float *xp = c->scratch, *col = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
+    float *ext = col + l->fan_in * (size_t)g.n;
+    for (int s = c->s0; s < c->s1; s++) {
+        const float *x = in + (size_t)s * insz;
+        if (l->pad)
+            pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
+        wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
+        dt_sgemm(false, false, l->out_c, g.n, kk, 1.0f, l->w, kk,
+                    col, g.n, 0.0f, ext, g.n);
+        emit_output(l, ext, (size_t)g.n, g, out, s);
+    }
+}
+
+static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                          float *dout, float *din, float *dparams) {
+    wide   g    = wide_geom(l);
+    size_t insz = nn_shape_size(l->in);
+    int    kk   = (int)l->fan_in;
+    float *xp = c->scratch, *col = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
+    float *ext = col + l->fan_in * (size_t)g.n;
+    float *dw = dparams, *db = dparams + l->wcount;
+    for (int s = c->s0; s < c->s1; s++) {
+        const float *x = in + (size_t)s * insz;
+        if (l->pad)
+            pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
+        wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
+        gather_grad(l, dout, out, g, ext, (size_t)g.n, s);
+        // dW (Cout, Cin*k*k) += dy (Cout, n) x col^T (n, Cin*k*k)
+        dt_sgemm(false, true, l->out_c, kk, g.n, 1.0f, ext, g.n,
+                    col, g.n, 1.0f, dw, kk);
+        dt_nn_row_sums_add(ext, l->out_c, g.n, db);  // dropped columns hold zeros
+        if (!din)
+            continue;
+        // dcol (Cin*k*k, n) = W^T x dy, added back onto the (padded) input gradient
+        dt_sgemm(true, false, kk, g.n, l->out_c, 1.0f, l->w, kk,
+                    ext, g.n, 0.0f, col, g.n);
+        float *dx  = din + (size_t)s * insz;
+        float *dxp = l->pad ? xp : dx;
+        wide_col2im(col, l->in.c, l->k, g, dxp);
+        if (l->pad)
+            for (int ch = 0; ch < l->in.c; ch++)
+                for (int i = 0; i < l->in.h; i++)
+                    memcpy(dx + ((size_t)ch * l->in.h + i) * l->in.w,
+                           xp + ((size_t)ch * g.hp + i + l->pad) * g.wp + l->pad,
+                           sizeof(float) * (size_t)l->in.w);
+    }
+}
+
+// ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
+
+static void direct_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    wide   g    = wide_geom(l);
+    size_t insz = nn_shape_size(l->in);
+    float *xp = c->scratch, *ext = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
+    for (int s = c->s0; s < c->s1; s++) {
+        const float *x = in + (size_t)s * insz;
+        if (l->pad)
+            pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
+        dt_nn_shifted_gemm(l->pad ? xp : x, l->offsets, (int)l->fan_in, l->w, l->out_c, g.n,
+                           ext + g.margin, g.ld, false);
+        emit_output(l, ext + g.margin, g.ld, g, out, s);
+    }
+}
+
+static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                            float *dout, float *din, float *dparams) {
+    wide   g    = wide_geom(l);
+    size_t insz = nn_shape_size(l->in);
+    int    kk2  = l->k * l->k, rb = l->out_c * kk2;
+    float *xp = c->scratch, *ext = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
+    float *wt = ext + (size_t)l->out_c * g.ld;
+    float *dw = dparams, *db = dparams + l->wcount;
+    // Zero margins around each gradient row (never written below), and the weights
+    // transposed for the input gradient: wt[ic][(oc, ki, kj)] = w[oc][ic][ki][kj].
+    for (int oc = 0; oc < l->out_c; oc++) {
+        float *row = ext + (size_t)oc * g.ld;
+        memset(row, 0, sizeof(float) * (size_t)g.margin);
+        memset(row + g.margin + g.n, 0, sizeof(float) * (g.plane - (size_t)g.n));
+    }
+    if (din)
+        for (int oc = 0; oc < l->out_c; oc++)
+            for (int ic = 0; ic < l->in.c; ic++)
+                memcpy(wt + (size_t)ic * rb + (size_t)oc * kk2,
+                       l->w + ((size_t)oc * l->in.c + ic) * kk2, sizeof(float) * (size_t)kk2);
+    for (int s = c->s0; s < c->s1; s++) {
+        const float *x = in + (size_t)s * insz;
+        if (l->pad)
+            pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
+        gather_grad(l, dout, out, g, ext + g.margin, g.ld, s);
+        for (int oc = 0; oc < l->out_c; oc++)  // dropped columns hold zeros
+            dt_nn_row_sums_add(ext + (size_t)oc * g.ld + g.margin, 1, g.n, db + oc);
+        dt_nn_shifted_gemm_nt(ext + g.margin, g.ld, l->out_c, l->pad ? xp : x, l->offsets,
+                              (int)l->fan_in, g.n, dw);
+        if (!din)
+            continue;
+        float *dx  = din + (size_t)s * insz;
+        float *dxp = l->pad ? xp : dx;  // the padded input is no longer needed
+        dt_nn_shifted_gemm(ext, l->offsets + l->fan_in, rb, wt, l->in.c, (int)g.plane, dxp,
+                           g.plane, false);
+        if (l->pad)
+            for (int ch = 0; ch < l->in.c; ch++)
+                for (int i = 0; i < l->in.h; i++)
+                    memcpy(dx + ((size_t)ch * l->in.h + i) * l->in.w,
+                           xp + ((size_t)ch * g.hp + i + l->pad) * g.wp + l->pad,
+                           sizeof(float) * (size_t)l->in.w);
+    }
+}
+
+// ------------------------------------------------------------- any stride: im2col
+
+static void strided_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
+    int    hw = l->out.h * l->out.w, kk = (int)l->fan_in;
+    for (int s = c->s0; s < c->s1; s++) {
+        const float *x = in + (size_t)s * insz;
+        float       *y = out + (size_t)s * outsz;
+        dt_nn_im2col(x, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h, l->out.w,
+                     c->scratch);
+        // y (Cout, HW) = W (Cout, Cin*k*k) x col (Cin*k*k, HW), then + bias per channel
+        dt_sgemm(false, false, l->out_c, hw, kk, 1.0f, l->w, kk,
+                    c->scratch, hw, 0.0f, y, hw);
+        dt_nn_add_row_bias(y, l->b, l->out_c, hw);
+        if (l->fuse_relu)
+            dt_nn_relu_inplace(y, outsz);
+    }
+}
+
+static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                             float *dout, float *din, float *dparams) {
+    size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
+    int    hw = l->out.h * l->out.w, kk = (int)l->fan_in;
+    float *dw = dparams, *db = dparams + l->wcount;
+    for (int s = c->s0; s < c->s1; s++) {
+        const float *x  = in + (size_t)s * insz;
+        float       *dy = dout + (size_t)s * outsz;
+        if (l->fuse_relu)
+            dt_nn_relu_backward(out + (size_t)s * outsz, dy, outsz);
+        dt_nn_im2col(x, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h, l->out.w,
+                     c->scratch);
+        // dW (Cout, Cin*k*k) += dy (Cout, HW) x col^T (HW, Cin*k*k)
+        dt_sgemm(false, true, l->out_c, kk, hw, 1.0f, dy, hw,
+                    c->scratch, hw, 1.0f, dw, kk);
+        dt_nn_row_sums_add(dy, l->out_c, hw, db);
+        if (!din)
+            continue;
+        float *dx = din + (size_t)s * insz;
+        // dcol (Cin*k*k, HW) = W^T x dy, then scattered back onto the image
+        dt_sgemm(true, false, kk, hw, l->out_c, 1.0f, l->w, kk, dy,
+                    hw, 0.0f, c->scratch, hw);
+        memset(dx, 0, sizeof(float) * insz);
+        dt_nn_col2im(c->scratch, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h,
+                     l->out.w, dx);
+    }
+}
+
+static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    if (l->direct)
+        direct_forward(l, c, in, out);
+    else if (l->stride == 1)
+        wide_forward(l, c, in, out);
+    else
+        strided_forward(l, c, in, out);
+}
+
+static void conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                          float *dout, float *din, float *dparams) {
+    if (l->direct)
+        direct_backward(l, c, in, out, dout, din, dparams);
+    else if (l->stride == 1)
+        wide_backward(l, c, in, out, dout, din, dparams);
+    else
+        strided_backward(l, c, in, out, dout, din, dparams);
+}
+
+const nn_layer_ops dt_nn_conv2d_ops = {
+    .kind      = "conv2d",
+    .in_place  = false,
+    .grad_mode = NN_GRAD_PARTIAL,
+    .setup     = conv_setup,
+    .forward   = conv_forward,
+    .backward  = conv_backward,
+};

@@ -1,0 +1,125 @@
+// linear.c: y = x W^T + b on flat inputs, with OpenBLAS GEMMs.
+//
+// Forward splits the batch by samples. The weight gradient dW = dy^T x sums over the
+// whole batch, so backward first lets all threads finish writing dy, then splits dW by
+// input columns: each thread computes its columns over all samples with one GEMM,
+// with no per-thread copy of the (large) weight gradient to sum afterwards.
+// On AVX-512 CPUs the three products run on the shifted-GEMM kernels (shifted.c) with
+// plain row offsets, as the convolutions do: forward as y += x W^T with rows of x and W
+// both contiguous; dW = dy^T x over the batch; dx = dy W. Elsewhere, OpenBLAS.
+// Matches torch.nn.Linear (weight (out, in), bias (out)).
+#include "nn/blas.h"
+#include "nn/nn_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static bool want_direct(void) {
+    const char *e = getenv("DT_CONV");  // one switch for both layer kinds
+    if (e && strcmp(e, "direct") == 0)
+        return true;
+    if (e && strcmp(e, "gemm") == 0)
+        return false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
+}
+
+static dt_status linear_setup(nn_layer *l) {
+    if (l->in.h != 1 || l->in.w != 1)
+        return dt_fail(DT_ERR_ARG,
+                       "layer %d linear: expected a flat input (features, 1, 1), found (%d, %d, "
+                       "%d); add a flatten layer first",
+                       l->index, l->in.c, l->in.h, l->in.w);
+    if (l->out_c < 1)
+        return dt_fail(DT_ERR_ARG, "layer %d linear: expected out_features >= 1, found %d",
+                       l->index, l->out_c);
+    l->out       = (nn_shape){l->out_c, 1, 1};
+    l->nparams   = 2;
+    l->wndim     = 2;
+    l->wshape[0] = l->out_c;
+    l->wshape[1] = l->in.c;
+    l->fan_in    = (size_t)l->in.c;
+    l->wcount    = (size_t)l->out_c * l->in.c;
+    l->bcount    = l->out_c;
+    l->flops     = 2.0 * (double)l->wcount;
+    l->direct    = want_direct();
+    if (l->direct) {
+        // Row offsets of W (out rows of `in` floats), and per sample of a batch of x
+        // (filled per call); the transposed output gradient (out, batch) lives in aux.
+        dt_free(l->offsets);
+        if (!(l->offsets = dt_alloc(sizeof(int) * (size_t)l->out_c)))
+            return DT_ERR_NOMEM;
+        for (int o = 0; o < l->out_c; o++)
+            l->offsets[o] = o * l->in.c;
+        l->aux_per_sample = sizeof(float) * (size_t)l->out_c + sizeof(int);
+    }
+    return DT_OK;
+}
+
+static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    int n = c->s1 - c->s0, fin = l->in.c, fout = l->out_c;
+    if (n <= 0)
+        return;
+    float *y = out + (size_t)c->s0 * fout;
+    for (int s = 0; s < n; s++)
+        memcpy(y + (size_t)s * fout, l->b, sizeof(float) * (size_t)fout);
+    if (l->direct) {  // y[s][o] += sum_i x[s][i] W[o][i]
+        dt_nn_shifted_gemm_nt(in + (size_t)c->s0 * fin, (size_t)fin, n, l->w, l->offsets, fout,
+                              fin, y);
+        return;
+    }
+    // y (n, out) = x (n, in) x W^T (in, out) + y
+    dt_sgemm(false, true, n, fout, fin, 1.0f,
+                in + (size_t)c->s0 * fin, fin, l->w, fin, 1.0f, y, fout);
+}
+
+static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                            float *dout, float *din, float *dparams) {
+    (void)out;
+    int    fin = l->in.c, fout = l->out_c, batch = c->batch;
+    float *dw = dparams, *db = dparams + l->wcount;
+    float *dyt = (float *)(void *)l->aux;  // (out, batch), then `batch` sample offsets
+    int   *xoff = (int *)(void *)(dyt + (size_t)fout * (size_t)batch);
+    if (l->direct) {  // this thread's rows of dy, transposed, for dW = dy^T x
+        for (int s = c->s0; s < c->s1; s++) {
+            for (int o = 0; o < fout; o++)
+                dyt[(size_t)o * batch + s] = dout[(size_t)s * fout + o];
+            xoff[s] = s * fin;
+        }
+    }
+    dt_pool_barrier(c->pool);  // every thread's rows of dout are written
+    // This thread's input columns [j0, j1) of dW (out, in) += dy^T (out, B) x x (B, in)
+    int j0 = (int)((long)fin * c->ith / c->nth), j1 = (int)((long)fin * (c->ith + 1) / c->nth);
+    if (j1 > j0 && l->direct)  // dW[o][i] += sum_s dy^T[o][s] x[s][i]
+        dt_nn_shifted_gemm(in + j0, xoff, batch, dyt, fout, j1 - j0, dw + j0, (size_t)fin, true);
+    else if (j1 > j0)
+        dt_sgemm(true, false, fout, j1 - j0, batch, 1.0f, dout, fout, in + j0, fin, 1.0f,
+                 dw + j0, fin);
+    // This thread's share of the bias gradient: sums over the batch for outputs [o0, o1).
+    int o0 = (int)((long)fout * c->ith / c->nth), o1 = (int)((long)fout * (c->ith + 1) / c->nth);
+    for (int s = 0; s < batch; s++) {
+        const float *dy = dout + (size_t)s * fout;
+        for (int o = o0; o < o1; o++)
+            db[o] += dy[o];
+    }
+    int n = c->s1 - c->s0;
+    if (din && n > 0 && l->direct)  // dx[s][i] = sum_o dy[s][o] W[o][i]
+        dt_nn_shifted_gemm(l->w, l->offsets, fout, dout + (size_t)c->s0 * fout, n, fin,
+                           din + (size_t)c->s0 * fin, (size_t)fin, false);
+    else if (din && n > 0)  // dx (n, in) = dy (n, out) x W (out, in)
+        dt_sgemm(false, false, n, fin, fout, 1.0f, dout + (size_t)c->s0 * fout, fout, l->w, fin,
+                 0.0f, din + (size_t)c->s0 * fin, fin);
+}
+
+const nn_layer_ops dt_nn_linear_ops = {
+    .kind      = "linear",
+    .in_place  = false,
+    .grad_mode = NN_GRAD_SHARED,
+    .setup     = linear_setup,
+    .forward   = linear_forward,
+    .backward  = linear_backward,
+};

@@ -1,0 +1,69 @@
+// loss.c: NLL and cross-entropy with mean reduction, and an accuracy count.
+#include "dtrain/nn.h"
+
+#include <math.h>
+#include <string.h>
+
+static dt_status check_targets(const int32_t *target, int batch, int classes) {
+    if (batch < 1 || classes < 1)
+        return dt_fail(DT_ERR_ARG, "loss: expected batch >= 1 and classes >= 1, found %d and %d",
+                       batch, classes);
+    for (int s = 0; s < batch; s++)
+        if (target[s] < 0 || target[s] >= classes)
+            return dt_fail(DT_ERR_ARG, "loss: target of sample %d is %d, expected 0 to %d", s,
+                           (int)target[s], classes - 1);
+    return DT_OK;
+}
+
+dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch, int classes,
+                      float *loss, float *dlogp) {
+    DT_TRY(check_targets(target, batch, classes));
+    double sum = 0.0;
+    for (int s = 0; s < batch; s++)
+        sum -= logp[(size_t)s * classes + target[s]];
+    *loss = (float)(sum / batch);
+    if (dlogp) {
+        memset(dlogp, 0, sizeof(float) * (size_t)batch * classes);
+        for (int s = 0; s < batch; s++)
+            dlogp[(size_t)s * classes + target[s]] = -1.0f / (float)batch;
+    }
+    return DT_OK;
+}
+
+dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int batch,
+                                int classes, float *loss, float *dlogits) {
+    DT_TRY(check_targets(target, batch, classes));
+    double sum = 0.0;
+    for (int s = 0; s < batch; s++) {
+        const float *x = logits + (size_t)s * classes;
+        float        m = x[0];
+        for (int i = 1; i < classes; i++)
+            m = x[i] > m ? x[i] : m;
+        double z = 0.0;
+        for (int i = 0; i < classes; i++)
+            z += exp((double)(x[i] - m));
+        double lse = m + log(z);
+        sum += lse - x[target[s]];
+        if (dlogits) {  // (softmax - onehot) / batch
+            float *d = dlogits + (size_t)s * classes;
+            for (int i = 0; i < classes; i++)
+                d[i] = (float)(exp((double)x[i] - lse) / batch);
+            d[target[s]] -= 1.0f / (float)batch;
+        }
+    }
+    *loss = (float)(sum / batch);
+    return DT_OK;
+}
+
+int dt_count_correct(const float *scores, const int32_t *target, int batch, int classes) {
+    int correct = 0;
+    for (int s = 0; s < batch; s++) {
+        const float *x    = scores + (size_t)s * classes;
+        int          best = 0;
+        for (int i = 1; i < classes; i++)
+            if (x[i] > x[best])
+                best = i;
+        correct += best == target[s];
+    }
+    return correct;
+}

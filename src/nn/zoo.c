@@ -1,0 +1,23 @@
+// zoo.c: the reference model of the seed chapter, shared by the example, the tests
+// and the benchmarks so that all of them train the same network.
+#include "dtrain/nn.h"
+
+dt_status dt_model_init_mnist_convnet(dt_model **out, uint64_t seed, float drop2d, float drop) {
+    *out        = NULL;
+    dt_model *m = dt_model_init(1, 28, 28);
+    if (!m)
+        return dt_last_status();
+    dt_status st;
+    if ((st = dt_model_add_conv2d(m, 16, 3, 1, 0)) || (st = dt_model_add_relu(m)) ||
+        (st = dt_model_add_conv2d(m, 32, 3, 1, 0)) || (st = dt_model_add_relu(m)) ||
+        (st = dt_model_add_maxpool2d(m, 2, 0)) || (st = dt_model_add_dropout2d(m, drop2d)) ||
+        (st = dt_model_add_flatten(m)) || (st = dt_model_add_linear(m, 64)) ||
+        (st = dt_model_add_relu(m)) || (st = dt_model_add_dropout(m, drop)) ||
+        (st = dt_model_add_linear(m, 10)) || (st = dt_model_add_log_softmax(m)) ||
+        (st = dt_model_finalize(m, seed))) {
+        dt_model_free(m);
+        return st;
+    }
+    *out = m;
+    return DT_OK;
+}

@@ -1,0 +1,132 @@
+// test_mnist_cli.c: the dtrain-mnist program as a user runs it, in real processes.
+//
+// - --num-processes 2 on a few real samples: exits 0, rank 0 alone prints the loss
+//   lines, the replicas end identical, the test accuracy is printed once.
+// - The same job started as two workers with a launcher's environment (RANK,
+//   WORLD_SIZE, MASTER_ADDR, MASTER_PORT) ends with the same parameter checksum as
+//   the forked job: both launch styles are one computation.
+// - Bad flags are refused with exit code 2 and a message naming the flag.
+#include "../check.h"
+#include "../lib/mp.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char bin[PATH_MAX + 64];
+
+// The program of the same build variant: <out>/bin or, for release, <out>/../bin.
+static bool find_bin(void) {
+    char    exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return false;
+    exe[n] = '\0';
+    for (int up = 0; up < 3; up++)  // strip test_x, e2e, tests
+        *strrchr(exe, '/') = '\0';
+    const char *cand[] = {"/bin/dtrain-mnist", "/../bin/dtrain-mnist"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(bin, sizeof bin, "%s%s", exe, cand[i]);
+        if (access(bin, X_OK) == 0)
+            return true;
+    }
+    return false;
+}
+
+// Runs a shell command; returns its exit status and its output in *out (malloc'd).
+static int run(const char *cmd, char **out) {
+    FILE  *p   = popen(cmd, "r");
+    size_t cap = 1 << 16, len = 0;
+    *out       = calloc(cap, 1);
+    if (!p)
+        return -1;
+    size_t k;
+    while ((k = fread(*out + len, 1, cap - len - 1, p)) > 0) {
+        len += k;
+        if (len + 1 >= cap)
+            *out = realloc(*out, cap *= 2);
+    }
+    (*out)[len] = '\0';
+    int st      = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int count(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
+static void crc_of(const char *out, char crc[16]) {
+    const char *p = strstr(out, "(CRC32C ");
+    crc[0]        = '\0';
+    if (p)
+        sscanf(p, "(CRC32C %8s", crc);
+}
+
+static void test_spawned(void) {
+    char cmd[3 * PATH_MAX], *out;
+    snprintf(cmd, sizeof cmd, "%s --limit 1024 --batch-size 32 --num-processes 2 2>&1", bin);
+    int rc = run(cmd, &out);
+    CHECK_EQ(rc, 0);
+    // 1024 / 2 ranks / batch 32 = 16 batches: loss lines at 0 and 10, from rank 0 only
+    CHECK_EQ(count(out, "training loss"), 2);
+    CHECK_EQ(count(out, "Finished training in"), 1);
+    CHECK_EQ(count(out, "Parameters identical on all 2 ranks"), 1);
+    CHECK_EQ(count(out, "Test accuracy: "), 1);
+    char crc1[16];
+    crc_of(out, crc1);
+    CHECK(crc1[0] != '\0');
+    if (rc)
+        fprintf(stderr, "%s\n", out);
+    free(out);
+
+    // The same job, as two workers of a launcher.
+    int port = mp_free_port();
+    snprintf(cmd, sizeof cmd,
+             "export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 DT_JOB_TOKEN=cli-test; "
+             "RANK=1 LOCAL_RANK=1 %s --limit 1024 --batch-size 32 --no-test >/dev/null 2>&1 & "
+             "RANK=0 LOCAL_RANK=0 %s --limit 1024 --batch-size 32 --no-test 2>&1; r=$?; wait; exit $r",
+             port, bin, bin);
+    rc = run(cmd, &out);
+    CHECK_EQ(rc, 0);
+    char crc2[16];
+    crc_of(out, crc2);
+    CHECK(strcmp(crc1, crc2) == 0);
+    if (rc || strcmp(crc1, crc2))
+        fprintf(stderr, "%s\n(spawned run's CRC %s)\n", out, crc1);
+    free(out);
+}
+
+static void test_bad_flags(void) {
+    char cmd[2 * PATH_MAX], *out;
+    snprintf(cmd, sizeof cmd, "%s --batch-size zero 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--batch-size expects an integer in [1, 65536], found \"zero\"") != NULL);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --num-machines 2 --num-processes 1 --machine-id 2 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--machine-id expects a value below --num-machines (2), found 2") != NULL);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --backend carrier-pigeon 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--backend expects auto, shm, tcp or mpi") != NULL);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --data-dir /nonexistent 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 1);
+    CHECK(strstr(out, "/nonexistent/train-images-idx3-ubyte") != NULL);
+    free(out);
+}
+
+int main(void) {
+    if (!CHECK(find_bin())) {
+        fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
+        return check_summary();
+    }
+    RUN(test_spawned);
+    RUN(test_bad_flags);
+    return check_summary();
+}
