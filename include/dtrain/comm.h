@@ -280,8 +280,12 @@ DT_API dt_status dt_pg_barrier(dt_pg *pg);
 
 // Point to point (NOT collective: only the two ranks take part). Messages between a
 // pair of ranks are matched in issue order; the receiver's count, dtype and tag must
-// equal the sender's (DT_ERR_MISMATCH otherwise). dt_pg_send returns once the data is
-// handed to the transport (it may not have arrived yet).
+// equal the sender's (DT_ERR_MISMATCH otherwise). Like every operation, sends and
+// receives run one at a time in issue order (async ones too), and a send may wait until
+// the peer reaches the matching receive (always possible for large messages). So, as
+// with MPI_Send, two ranks that both send to each other first can block each other
+// until the timeout: order a ring exchange by rank parity (even ranks send first, odd
+// ranks receive first). dt_pg_send returns once the data is handed to the transport.
 DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, int peer,
                             int tag);
 DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer,

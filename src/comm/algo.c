@@ -14,7 +14,7 @@
 // one is reduced (the pipeline needs >= 2 segments per chunk to overlap), large
 // enough that per-message costs (header, syscalls, wake-ups) stay small. Measured on
 // loopback with bench/dtrain-bench; override with DT_SEGMENT_BYTES.
-#define DEFAULT_SEGMENT_BYTES (256u << 10)
+#define DEFAULT_SEGMENT_BYTES (1u << 20)
 // Below this, all_reduce uses recursive doubling and broadcast/reduce a binomial tree:
 // log2(P) latency-bound steps beat the ring's 2(P-1). DT_SMALL_BYTES overrides.
 #define DEFAULT_SMALL_BYTES (64u << 10)

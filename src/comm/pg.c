@@ -22,7 +22,6 @@
 // the timeout itself before it aborts the group.
 #define WAIT_GRACE_MS 5000
 
-
 // --------------------------------------------------------------------------- names
 
 size_t dt_dtype_size(dt_dtype t) {
@@ -91,6 +90,15 @@ const char *dt_fp_format(const dt_fingerprint *fp, char *buf, size_t n) {
 
 // ----------------------------------------------------------------------- the group
 
+// Freed work handles are kept for reuse, so that a training step that issues the same
+// async operations every step allocates nothing. The pool outlives the group while
+// handles are alive (they stay valid after dt_pg_free).
+typedef struct work_pool {
+    pthread_mutex_t  mu;
+    struct dt_work  *free;  // guarded by mu
+    atomic_int       refs;  // the group + every live handle
+} work_pool;
+
 struct dt_work {
     pthread_mutex_t mu;
     pthread_cond_t  cv;
@@ -101,7 +109,8 @@ struct dt_work {
     dt_op           op;
     atomic_int      refs;  // the caller's handle + the queue's
     dt_pg          *pg;    // valid while not done
-    struct dt_work *next;  // queue link, guarded by pg->mu
+    struct dt_work *next;  // queue link (pg->mu), or free-list link (pool->mu)
+    work_pool      *pool;
 };
 
 struct dt_pg {
@@ -131,6 +140,7 @@ struct dt_pg {
     // only while busy:
     bool be_told;  // backend abort() was called
 
+    work_pool  *pool;
     atomic_bool poisoned;
     int         abort_fd;  // eventfd, readable once poisoned
     pthread_t   thread;
@@ -314,12 +324,53 @@ static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
     return DT_OK;
 }
 
-static void work_release(dt_work *w) {
-    if (atomic_fetch_sub(&w->refs, 1) == 1) {
+static void pool_unref(work_pool *p) {
+    if (atomic_fetch_sub(&p->refs, 1) != 1)
+        return;
+    for (dt_work *w = p->free; w;) {
+        dt_work *next = w->next;
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
         dt_free(w);
+        w = next;
     }
+    pthread_mutex_destroy(&p->mu);
+    dt_free(p);
+}
+
+static dt_work *work_get(work_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    dt_work *w = p->free;
+    if (w)
+        p->free = w->next;
+    pthread_mutex_unlock(&p->mu);
+    if (!w) {
+        w = dt_alloc_zero(sizeof *w);
+        if (!w)
+            return NULL;
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_cond_init(&w->cv, NULL);
+    }
+    w->done   = false;
+    w->status = DT_OK;
+    w->msg[0] = '\0';
+    w->next   = NULL;
+    w->pool   = p;
+    atomic_init(&w->refs, 2);
+    atomic_init(&w->done_a, false);
+    atomic_fetch_add(&p->refs, 1);
+    return w;
+}
+
+static void work_release(dt_work *w) {
+    if (atomic_fetch_sub(&w->refs, 1) != 1)
+        return;
+    work_pool *p = w->pool;
+    pthread_mutex_lock(&p->mu);
+    w->next = p->free;
+    p->free = w;
+    pthread_mutex_unlock(&p->mu);
+    pool_unref(p);
 }
 
 static void work_run(dt_pg *pg, dt_work *w) {
@@ -508,17 +559,13 @@ static dt_status submit(dt_pg *pg, dt_op *op, dt_work **out) {
             dt_fail(st, "%s", msg);
         return st;
     }
-    dt_work *w = dt_alloc_zero(sizeof *w);
+    dt_work *w = work_get(pg->pool);
     if (!w) {
         pthread_mutex_unlock(&pg->mu);
         return dt_fail_context("%s", op->name);
     }
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
     w->op = *op;
     w->pg = pg;
-    atomic_init(&w->refs, 2);
-    atomic_init(&w->done_a, false);
     if (pg->tail)
         pg->tail->next = w;
     else
@@ -955,6 +1002,8 @@ void dt_pg_free(dt_pg *pg) {
     dt_free(pg->token);
     if (pg->abort_fd >= 0)
         close(pg->abort_fd);
+    if (pg->pool)
+        pool_unref(pg->pool);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);
     dt_free(pg);
@@ -1055,6 +1104,11 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     pg->store         = boot.store;
     pg->store_via_mpi = boot.store != NULL;
     pg->abort_fd      = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    pg->pool          = dt_alloc_zero(sizeof *pg->pool);
+    if (!pg->pool)
+        goto fail;
+    pthread_mutex_init(&pg->pool->mu, NULL);
+    atomic_init(&pg->pool->refs, 1);
     pg->host_ids      = dt_alloc_zero((size_t)world * sizeof *pg->host_ids);
     pg->send_seq      = dt_alloc_zero((size_t)world * sizeof *pg->send_seq);
     pg->recv_seq      = dt_alloc_zero((size_t)world * sizeof *pg->recv_seq);

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,8 @@
 #define ABORT_BUDGET_MS 200
 // Time dt_pg_free spends saying bye.
 #define BYE_BUDGET_MS 200
+// Bytes per send/recv system call (see tcp_init).
+#define DEFAULT_CHUNK_BYTES (128 << 10)
 
 typedef struct peer {
     int  rank;
@@ -75,6 +78,8 @@ typedef struct tcp_ctx {
     struct pollfd *pfds;
     int           *pfd_peer;
     bool           aborted;
+    uint64_t       spin_ns;  // busy-wait before sleeping in poll (DT_TCP_SPIN_US)
+    size_t         chunk;    // bytes per send/recv call (DT_TCP_CHUNK_BYTES)
 } tcp_ctx;
 
 // ------------------------------------------------------------------- reading
@@ -300,7 +305,10 @@ static dt_status pump_in(tcp_ctx *c, const dt_op *op, peer *p) {
         }
         dt_xfer *x = p->rq_head;
         while (p->payload_left) {
-            ssize_t k = peer_read(p, (char *)x->buf + x->done_bytes_, (size_t)p->payload_left);
+            size_t  want = (size_t)p->payload_left;
+            if (want > c->chunk)
+                want = c->chunk;
+            ssize_t k = peer_read(p, (char *)x->buf + x->done_bytes_, want);
             if (k == 0)
                 return DT_OK;
             if (k < 0)
@@ -356,7 +364,8 @@ static dt_status pump_out(tcp_ctx *c, const dt_op *op, peer *p) {
             iov[niov++] = (struct iovec){p->out_hdr + sent, DT_WIRE_HEADER_BYTES - sent};
         size_t poff = sent > DT_WIRE_HEADER_BYTES ? sent - DT_WIRE_HEADER_BYTES : 0;
         if (x->nbytes > poff)
-            iov[niov++] = (struct iovec){(char *)x->buf + poff, x->nbytes - poff};
+            iov[niov++] = (struct iovec){(char *)x->buf + poff,
+                                         x->nbytes - poff < c->chunk ? x->nbytes - poff : c->chunk};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
         ssize_t       k  = sendmsg(p->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (k < 0) {
@@ -427,7 +436,8 @@ static void pending_desc(const tcp_ctx *c, char *buf, size_t n) {
 }
 
 static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
-    tcp_ctx *c = ctx;
+    tcp_ctx *c    = ctx;
+    bool     spun = false;
     for (;;) {
         if (c->aborted)
             return dt_op_fail(op, DT_ERR_STATE, "the group was aborted");
@@ -443,6 +453,24 @@ static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
         }
         if (x->done)
             return DT_OK;
+        // A reply to a small message usually comes within microseconds: retry for a
+        // short while before paying for a sleep and a wake-up in poll.
+        if (c->spin_ns && !spun) {
+            spun = true;
+            uint64_t until = dt_now_ns() + c->spin_ns;
+            while (!x->done && dt_now_ns() < until && !dt_pg_aborted(c->pg)) {
+                for (int r = 0; r < c->world; r++) {
+                    peer *p = &c->peers[r];
+                    if (r == c->rank)
+                        continue;
+                    if (p->sq_head)
+                        DT_TRY(pump_out(c, op, p));
+                    if (p->rq_head || p->in_payload)
+                        DT_TRY(pump_in(c, op, p));
+                }
+            }
+            continue;
+        }
         // Sleep in poll: data, room to write, hang-ups on every connection, abort.
         int n = 0;
         for (int r = 0; r < c->world; r++) {
@@ -685,29 +713,42 @@ static void local_address(tcp_ctx *c, char *buf, size_t n) {
     snprintf(buf, n, "127.0.0.1");
 }
 
-static dt_status read_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t token_hash,
-                            int *from) {
+// Reads and checks a hello: the same job, the same world size, and a sender in
+// [lo, hi). A silent stranger costs at most 2 s.
+static dt_status read_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t token_hash, int lo,
+                            int hi, int *from) {
     uint8_t        b[DT_WIRE_HEADER_BYTES];
     dt_wire_header h;
-    DT_TRY(dt_sock_read_all(fd, b, sizeof b, deadline, "tcp init: a connecting rank"));
+    uint64_t       dl = dt_deadline_ns(2000);
+    DT_TRY(dt_sock_read_all(fd, b, sizeof b, dl < deadline ? dl : deadline,
+                            "tcp init: a connecting process"));
     DT_TRY(dt_wire_decode(b, sizeof b, &h));
     if (h.kind != DT_WIRE_HELLO)
         return dt_fail(DT_ERR_FORMAT, "tcp init: expected a hello message, found kind %u", h.kind);
     if (h.fp.seq != token_hash)
         return dt_fail(DT_ERR_MISMATCH,
                        "tcp init: a process with another job token (hash %016llx, expected "
-                       "%016llx) connected",
+                       "%016llx) answered",
                        (unsigned long long)h.fp.seq, (unsigned long long)token_hash);
     if (h.fp.count != (uint64_t)c->world)
-        return dt_fail(DT_ERR_MISMATCH, "tcp init: a rank with world size %llu connected, "
+        return dt_fail(DT_ERR_MISMATCH, "tcp init: a rank with world size %llu answered, "
                                         "expected %d",
                        (unsigned long long)h.fp.count, c->world);
-    if ((int)h.src_rank <= c->rank || (int)h.src_rank >= c->world)
-        return dt_fail(DT_ERR_MISMATCH, "tcp init: expected a rank in (%d, %d) to connect, "
-                                        "found rank %u",
-                       c->rank, c->world, h.src_rank);
+    if ((int)h.src_rank < lo || (int)h.src_rank >= hi)
+        return dt_fail(DT_ERR_MISMATCH, "tcp init: expected a rank in [%d, %d), found rank %u", lo,
+                       hi, h.src_rank);
     *from = (int)h.src_rank;
     return DT_OK;
+}
+
+static dt_status send_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t token_hash,
+                            const char *what) {
+    dt_wire_header h = {.kind = DT_WIRE_HELLO, .src_rank = (uint32_t)c->rank};
+    h.fp.seq         = token_hash;
+    h.fp.count       = (uint64_t)c->world;
+    uint8_t b[DT_WIRE_HEADER_BYTES];
+    dt_wire_encode(&h, b);
+    return dt_sock_write_all(fd, b, sizeof b, deadline, what);
 }
 
 static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **out) {
@@ -769,13 +810,8 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         dt_free(v);
         if (st != DT_OK)
             goto fail;
-        c->peers[r].fd   = fd;
-        dt_wire_header h = {.kind = DT_WIRE_HELLO, .src_rank = (uint32_t)c->rank};
-        h.fp.seq         = token_hash;
-        h.fp.count       = (uint64_t)c->world;
-        uint8_t b[DT_WIRE_HEADER_BYTES];
-        dt_wire_encode(&h, b);
-        if ((st = dt_sock_write_all(fd, b, sizeof b, deadline, what)) != DT_OK)
+        c->peers[r].fd = fd;
+        if ((st = send_hello(c, fd, deadline, token_hash, what)) != DT_OK)
             goto fail;
     }
     int expected = c->world - 1 - c->rank;
@@ -798,7 +834,8 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         if (fd < 0)
             continue;
         int from = -1;
-        if (read_hello(c, fd, deadline, token_hash, &from) != DT_OK) {
+        if (read_hello(c, fd, deadline, token_hash, c->rank + 1, c->world, &from) != DT_OK ||
+            send_hello(c, fd, deadline, token_hash, "tcp init: answering") != DT_OK) {
             // A stranger on our port: say so, and keep waiting for the real ranks.
             DT_WARN("comm", "%s; connection ignored", dt_last_error());
             close(fd);
@@ -815,10 +852,53 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     }
     close(lfd);
     lfd = -1;
+    // The lower ranks answered our hellos: we reached the ranks we meant to (not a
+    // stale address of another job).
+    for (int r = 0; r < c->rank; r++) {
+        int from = -1;
+        if ((st = read_hello(c, c->peers[r].fd, deadline, token_hash, r, r + 1, &from)) != DT_OK) {
+            st = dt_fail_context("tcp init: the process at rank %d's address", r);
+            goto fail;
+        }
+    }
+    // Socket buffers: 0 leaves Linux's autotuning, which measured as well as fixed
+    // sizes on loopback; DT_SOCKET_BUF_BYTES overrides for other networks.
+    long bufsz = 0, spin_us = 0;
+    if ((st = dt_env_int("DT_SOCKET_BUF_BYTES", 0, 1L << 30, 0, &bufsz)) != DT_OK)
+        goto fail;
+    if ((st = dt_env_int("DT_TCP_SPIN_US", 0, 1000000, 0, &spin_us)) != DT_OK)
+        goto fail;
+    c->spin_ns = (uint64_t)spin_us * 1000;
+    // Bytes per send and receive call. Small enough that what the sender copies into
+    // the kernel is still in cache when the receiver copies it out (on loopback this
+    // doubled large-message bandwidth against whole-message calls), large enough to
+    // keep the syscall count low.
+    long chunk = 0;
+    if ((st = dt_env_int("DT_TCP_CHUNK_BYTES", 4096, 1L << 30, DEFAULT_CHUNK_BYTES, &chunk)) !=
+        DT_OK)
+        goto fail;
+    c->chunk = (size_t)chunk;
+    // Congestion control: DT_TCP_CONGESTION for every connection when set. Otherwise a
+    // connection to a rank on this host leaves BBR (a common system default) for reno:
+    // BBR paces its sends, which on loopback only costs throughput (measured: ~25%).
+    const char *cc_env = getenv("DT_TCP_CONGESTION");
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank)
             continue;
-        dt_sock_tune(c->peers[r].fd, 0);
+        int         fd = c->peers[r].fd;
+        const char *cc = cc_env && *cc_env ? cc_env : NULL;
+        if (!cc && strcmp(dt_pg_host_id(pg, r), dt_pg_host_id(pg, c->rank)) == 0) {
+            char      cur[32] = "";
+            socklen_t len     = sizeof cur - 1;
+            if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cur, &len) == 0 &&
+                strncmp(cur, "bbr", 3) == 0)
+                cc = "reno";
+        }
+        if (cc && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0 &&
+            cc_env)
+            DT_WARN("comm", "DT_TCP_CONGESTION=%s: %s; keeping the system's choice", cc,
+                    strerror(errno));
+        dt_sock_tune(fd, (int)bufsz);
         dt_sock_set_nonblocking(c->peers[r].fd, true);
     }
     *out = c;

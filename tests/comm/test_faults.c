@@ -4,6 +4,7 @@
 // rank out of range, missing variables, a rank claimed twice): each gets its own
 // message, on every rank concerned, in seconds.
 #include "../lib/mp.h"
+#include "comm/backend.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -428,7 +429,40 @@ static void test_duplicate_rank(void) {
     MP_RUN(&o, dup_ranks, NULL);
 }
 
+// "auto" picks shm only when every rank is on this host (and shm is built); local
+// ranks come from the host identities when LOCAL_RANK is not set.
+static void auto_ranks(int rank, int world, void *arg) {
+    bool two_hosts = *(bool *)arg;
+    unsetenv("LOCAL_RANK");
+    unsetenv("LOCAL_WORLD_SIZE");
+    if (two_hosts)
+        setenv("DT_HOST_ID", rank < 2 ? "host-a" : "host-b", 1);
+    dt_pg_opts o = dt_pg_opts_default();
+    o.timeout_ms = 20000;
+    dt_pg *pg    = dt_pg_init_from_env(&o);
+    CHECK(pg != NULL);
+    if (!pg)
+        return;
+    const char *want = !two_hosts && dt_backend_shm.built ? "shm" : "tcp";
+    CHECK(strcmp(dt_pg_backend(pg), want) == 0);
+    CHECK_EQ(dt_pg_local_rank(pg), two_hosts ? rank % 2 : rank);
+    CHECK_EQ(dt_pg_local_size(pg), two_hosts ? 2 : world);
+    float x = 1;
+    CHECK_OK(dt_pg_all_reduce(pg, &x, &x, 1, DT_FLOAT32, DT_REDUCE_SUM));
+    CHECK_NEAR(x, world, 0);
+    dt_pg_free(pg);
+}
+
+static void test_auto_backend(void) {
+    for (int two = 0; two < 2; two++) {
+        bool    two_hosts = two;
+        mp_opts o         = {.world = 4, .timeout_ms = 30000};
+        MP_RUN(&o, auto_ranks, &two_hosts);
+    }
+}
+
 int main(void) {
+    RUN(test_auto_backend);
     RUN(test_killed_rank);
     RUN(test_mismatched_counts);
     RUN(test_mismatched_kinds);

@@ -324,7 +324,9 @@ static void test_barrier_send_recv(dt_pg *pg, uint64_t *tag) {
         CHECK_OK(dt_pg_barrier(pg));
     if (world == 1)
         return;
-    // A ring of messages: send to rank+1 (async), receive from rank-1.
+    // A ring of messages: send to rank+1, receive from rank-1. Operations run one at a
+    // time in issue order and a send may wait for its receiver (comm.h), so even ranks
+    // send first and odd ranks receive first, as with MPI_Send.
     int next = (rank + 1) % world, prev = (rank + world - 1) % world;
     for (size_t ci = 0; ci < 4; ci++) {
         size_t   n  = counts[ci];
@@ -332,8 +334,13 @@ static void test_barrier_send_recv(dt_pg *pg, uint64_t *tag) {
         float   *s = xalloc(n * 4), *r = xalloc(n * 4);
         fill(s, DT_FLOAT32, DT_REDUCE_SUM, tg, rank, 0, n);
         dt_work *w = NULL;
-        CHECK_OK(dt_pg_send_async(pg, s, n, DT_FLOAT32, next, (int)ci, &w));
-        CHECK_OK(dt_pg_recv(pg, r, n, DT_FLOAT32, prev, (int)ci));
+        if (rank % 2 == 0) {
+            CHECK_OK(dt_pg_send_async(pg, s, n, DT_FLOAT32, next, (int)ci, &w));
+            CHECK_OK(dt_pg_recv(pg, r, n, DT_FLOAT32, prev, (int)ci));
+        } else {
+            CHECK_OK(dt_pg_recv_async(pg, r, n, DT_FLOAT32, prev, (int)ci, &w));
+            CHECK_OK(dt_pg_send(pg, s, n, DT_FLOAT32, next, (int)ci));
+        }
         CHECK_OK(dt_work_wait(w));
         dt_work_free(w);
         check_input(r, DT_FLOAT32, tg, prev, 0, n, "send/recv");
@@ -383,6 +390,22 @@ static void test_async(dt_pg *pg, uint64_t *tag) {
         dt_work_free(w[k]);
         dt_free(bufs[k]);
     }
+    // The steady state allocates nothing: the same async operations again and again.
+    float   *g = xalloc(4096 * 4);
+    size_t   before = 0;
+    for (int step = 0; step < 6; step++) {
+        if (step == 2)
+            before = dt_alloc_total_count();
+        dt_work *a, *b;
+        CHECK_OK(dt_pg_all_reduce_async(pg, g, g, 4096, DT_FLOAT32, DT_REDUCE_AVG, &a));
+        CHECK_OK(dt_pg_all_reduce_async(pg, g, g, 7, DT_FLOAT32, DT_REDUCE_SUM, &b));
+        CHECK_OK(dt_work_wait(a));
+        CHECK_OK(dt_work_wait(b));
+        dt_work_free(a);
+        dt_work_free(b);
+    }
+    CHECK_EQ(dt_alloc_total_count(), before);
+    dt_free(g);
     // Freeing a handle that was never waited for waits for it.
     float y = 1;
     dt_work *u;

@@ -1,0 +1,219 @@
+// dtrain-bench: collective benchmarks in the manner of nccl-tests. It starts its own
+// ranks with dt_spawn (one host), so one command is a whole run:
+//
+//   dtrain-bench allreduce --backend tcp -n 2
+//
+// prints one comment line, one header line naming the columns and one row per size,
+// size in bytes first:
+//
+//   size  count  type  redop  time_us  algbw  busbw
+//
+// time_us: median over the timed iterations of the slowest rank's time for one call
+// (back-to-back blocking calls, each timed on every rank); algbw = size / time and
+// busbw = algbw * 2(n-1)/n, both in GB/s (1e9 bytes per second).
+#include "dtrain/comm.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct args {
+    const char *backend;
+    int         nprocs;
+    size_t      min_bytes, max_bytes;
+    int         iters;  // 0 = by size
+    int         warmup;
+    bool        check;
+    bool        async;
+} args;
+
+static size_t parse_size(const char *s, const char *flag) {
+    char  *end;
+    double v = strtod(s, &end);
+    size_t mult = 1;
+    if (*end == 'K' || *end == 'k')
+        mult = 1u << 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        mult = 1u << 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        mult = 1u << 30, end++;
+    if (*end == 'i')
+        end++;
+    if (*end == 'B')
+        end++;
+    if (*end || end == s || v * (double)mult < 4) {
+        fprintf(stderr, "dtrain-bench: %s expects a size in bytes (4K, 64M, ...), found \"%s\"\n",
+                flag, s);
+        exit(2);
+    }
+    return (size_t)(v * (double)mult);
+}
+
+static int iters_for(size_t bytes) {
+    // Roughly a second of work per size on a small machine, at least 10 samples.
+    if (bytes <= (64u << 10))
+        return 1000;
+    if (bytes <= (1u << 20))
+        return 200;
+    if (bytes <= (16u << 20))
+        return 30;
+    return 12;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int rank_main(int local_rank, void *arg) {
+    const args *a  = arg;
+    dt_pg_opts  o  = dt_pg_opts_default();
+    o.backend      = a->backend;
+    o.timeout_ms   = 120000;
+    dt_pg *pg      = dt_pg_init_from_env(&o);
+    if (!pg) {
+        fprintf(stderr, "dtrain-bench: rank %d: %s\n", local_rank, dt_last_error());
+        return 1;
+    }
+    int    rank = dt_pg_rank(pg), n = dt_pg_size(pg);
+    size_t maxc = a->max_bytes / 4;
+    float *buf  = dt_alloc(maxc * sizeof(float));
+    int    cap  = 1000;
+    double *t   = dt_alloc((size_t)cap * sizeof(double));
+    if (!buf || !t) {
+        fprintf(stderr, "dtrain-bench: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < maxc; i++)
+        buf[i] = (float)(rank + 1);
+    if (rank == 0) {
+        printf("# dtrain-bench allreduce: backend %s, %d ranks, float32 sum, in place; time_us = "
+               "median over iterations of the slowest rank; algbw and busbw in GB/s\n",
+               dt_pg_backend(pg), n);
+        printf("%12s %12s %8s %6s %12s %8s %8s\n", "size", "count", "type", "redop", "time_us",
+               "algbw", "busbw");
+        fflush(stdout);
+    }
+    int rc = 0;
+    for (size_t bytes = a->min_bytes; bytes <= a->max_bytes; bytes *= 2) {
+        size_t count = bytes / 4;
+        int    iters = a->iters ? a->iters : iters_for(bytes);
+        if (iters > cap)
+            iters = cap;
+        for (int w = 0; w < a->warmup; w++)
+            if (dt_pg_all_reduce(pg, buf, buf, count, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
+                goto fail;
+        if (a->check) {
+            // Fresh values: every element must be 1 + 2 + ... + n, exactly.
+            for (size_t i = 0; i < count; i++)
+                buf[i] = (float)(rank + 1);
+            if (dt_pg_all_reduce(pg, buf, buf, count, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
+                goto fail;
+            float want = (float)n * (float)(n + 1) / 2;
+            for (size_t i = 0; i < count; i++)
+                if (buf[i] != want) {
+                    fprintf(stderr, "dtrain-bench: rank %d: wrong result at %zu: %g, expected %g\n",
+                            rank, i, buf[i], want);
+                    rc = 1;
+                    break;
+                }
+        }
+        if (dt_pg_barrier(pg) != DT_OK)
+            goto fail;
+        for (int i = 0; i < iters; i++) {
+            uint64_t t0 = dt_now_ns();
+            if (dt_pg_all_reduce(pg, buf, buf, count, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
+                goto fail;
+            t[i] = (double)(dt_now_ns() - t0) * 1e-9;
+        }
+        // The collective is done when its slowest rank is.
+        // (Positive doubles order like their bit patterns read as int64.)
+        if (dt_pg_all_reduce(pg, t, t, (size_t)iters, DT_INT64, DT_REDUCE_MAX) != DT_OK)
+            goto fail;
+        if (rank == 0) {
+            qsort(t, (size_t)iters, sizeof *t, cmp_double);
+            double med   = t[iters / 2];
+            double algbw = (double)bytes / med / 1e9;
+            double busbw = algbw * 2.0 * (n - 1) / n;
+            printf("%12zu %12zu %8s %6s %12.1f %8.3f %8.3f\n", bytes, count, "float32", "sum",
+                   med * 1e6, algbw, busbw);
+            fflush(stdout);
+        }
+    }
+    dt_free(buf);
+    dt_free(t);
+    dt_pg_free(pg);
+    return rc;
+fail:
+    fprintf(stderr, "dtrain-bench: rank %d: %s\n", rank, dt_last_error());
+    dt_pg_free(pg);
+    return 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dtrain-bench allreduce [--backend auto|tcp|shm] [-n NPROCS] [--min SIZE]\n"
+            "                              [--max SIZE] [--iters N] [--warmup N] [--check]\n"
+            "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
+            "  --max 64M --warmup 5; iterations by size unless --iters\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "allreduce") != 0) {
+        usage(stderr);
+        return 2;
+    }
+    args a = {.backend = "auto", .nprocs = 2, .min_bytes = 4u << 10, .max_bytes = 64u << 20,
+              .warmup = 5};
+    static const struct option opts[] = {
+        {"backend", required_argument, NULL, 'b'}, {"nprocs", required_argument, NULL, 'n'},
+        {"min", required_argument, NULL, 'm'},     {"max", required_argument, NULL, 'M'},
+        {"iters", required_argument, NULL, 'i'},   {"warmup", required_argument, NULL, 'w'},
+        {"check", no_argument, NULL, 'c'},         {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    int c;
+    optind = 2;
+    while ((c = getopt_long(argc, argv, "b:n:m:M:i:w:ch", opts, NULL)) != -1) {
+        long v;
+        switch (c) {
+        case 'b': a.backend = optarg; break;
+        case 'n':
+            if (dt_parse_long(optarg, 1, 64, "-n", &v) != DT_OK) {
+                fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
+                return 2;
+            }
+            a.nprocs = (int)v;
+            break;
+        case 'm': a.min_bytes = parse_size(optarg, "--min"); break;
+        case 'M': a.max_bytes = parse_size(optarg, "--max"); break;
+        case 'i':
+            if (dt_parse_long(optarg, 1, 1000, "--iters", &v) != DT_OK) {
+                fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
+                return 2;
+            }
+            a.iters = (int)v;
+            break;
+        case 'w':
+            if (dt_parse_long(optarg, 0, 1000, "--warmup", &v) != DT_OK) {
+                fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
+                return 2;
+            }
+            a.warmup = (int)v;
+            break;
+        case 'c': a.check = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (a.min_bytes > a.max_bytes) {
+        fprintf(stderr, "dtrain-bench: --min %zu is above --max %zu\n", a.min_bytes, a.max_bytes);
+        return 2;
+    }
+    dt_spawn_result res;
+    if (dt_spawn(a.nprocs, rank_main, &a, &res) != DT_OK) {
+        fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
+        return 1;
+    }
+    return 0;
+}

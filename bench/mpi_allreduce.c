@@ -1,0 +1,70 @@
+// mpi_allreduce.c: Open MPI's MPI_Allreduce measured like dtrain-bench allreduce (same
+// sizes, same iteration counts, same columns), for bench/allreduce.sh:
+//
+//   mpicc -O2 -o build/bench/mpi_allreduce bench/mpi_allreduce.c
+//   mpirun --allow-run-as-root -np 2 build/bench/mpi_allreduce [min_bytes max_bytes]
+//
+// time_us: median over iterations of the slowest rank's time for one in-place float
+// sum (back-to-back blocking calls, each timed on every rank).
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int iters_for(size_t bytes) {
+    if (bytes <= (64u << 10))
+        return 1000;
+    if (bytes <= (1u << 20))
+        return 200;
+    if (bytes <= (16u << 20))
+        return 30;
+    return 12;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, n;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    size_t min_b = argc > 1 ? strtoull(argv[1], NULL, 10) : 4096;
+    size_t max_b = argc > 2 ? strtoull(argv[2], NULL, 10) : (64u << 20);
+    float *buf   = malloc(max_b);
+    double t[1000], tmax[1000];
+    for (size_t i = 0; i < max_b / 4; i++)
+        buf[i] = (float)(rank + 1);
+    if (rank == 0) {
+        printf("# mpi_allreduce: Open MPI MPI_Allreduce, %d ranks, float32 sum, in place; time_us "
+               "= median over iterations of the slowest rank; algbw and busbw in GB/s\n",
+               n);
+        printf("%12s %12s %8s %6s %12s %8s %8s\n", "size", "count", "type", "redop", "time_us",
+               "algbw", "busbw");
+        fflush(stdout);
+    }
+    for (size_t bytes = min_b; bytes <= max_b; bytes *= 2) {
+        int count = (int)(bytes / 4), iters = iters_for(bytes);
+        for (int w = 0; w < 5; w++)
+            MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int i = 0; i < iters; i++) {
+            double t0 = MPI_Wtime();
+            MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            t[i] = MPI_Wtime() - t0;
+        }
+        MPI_Reduce(t, tmax, iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+        if (rank == 0) {
+            qsort(tmax, (size_t)iters, sizeof *tmax, cmp_double);
+            double med = tmax[iters / 2], algbw = (double)bytes / med / 1e9;
+            printf("%12zu %12d %8s %6s %12.1f %8.3f %8.3f\n", bytes, count, "float32", "sum",
+                   med * 1e6, algbw, algbw * 2.0 * (n - 1) / n);
+            fflush(stdout);
+        }
+    }
+    free(buf);
+    MPI_Finalize();
+    return 0;
+}
