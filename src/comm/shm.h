@@ -1,0 +1,102 @@
+// shm.h: the shared-memory collective engine behind the "shm" backend, for ranks that
+// share one host. One segment in /dev/shm, created by rank 0 and mapped by every rank,
+// holds a control slot per rank (a step counter that doubles as a futex word, and the
+// fingerprints of its last collectives), two working buffers per rank, and a channel
+// per ordered pair of ranks for send/recv. Data never touches a socket.
+//
+// The operations take the dt_op of backend.h (buffers, count, dtype, op, root, peer,
+// tag, deadline, fingerprint, name), so shm_backend.c plugs them into the vtable
+// as they are, and the engine's own test drives them without a process group.
+//
+// Contract shared by every operation below:
+//   - One thread at a time per dt_shm.
+//   - Collectives are collective: every rank calls the same ones in the same order;
+//     a rank whose fingerprint (op->fp) differs makes every rank fail with
+//     DT_ERR_MISMATCH printing both fingerprints.
+//   - Past op->deadline_ns a wait fails with DT_ERR_TIMEOUT naming the ranks not there
+//     (and what they were last doing); the other ranks then fail fast as well.
+//   - A rank that dies (any signal, or exit without dt_shm_free) makes the pending and
+//     later operations of every other rank fail with DT_ERR_PEER naming it, within
+//     about 100 ms of the moment someone waits on it.
+//   - After any failure the engine is poisoned: later calls fail at once with the
+//     same status and message. Reductions combine ranks in rank order 0, 1, 2, ...
+//     whatever the arrival order: results are bitwise identical on every rank and
+//     from run to run.
+//   - src == dst means in place, with the in-place forms of comm.h. count 0 is valid
+//     and still synchronises (and compares fingerprints).
+// The algorithms and the memory layout are described in docs/shm.md.
+#ifndef DTRAIN_COMM_SHM_H
+#define DTRAIN_COMM_SHM_H
+
+#include "comm/backend.h"
+
+typedef struct dt_shm dt_shm;
+
+typedef struct dt_shm_opts {
+    int         rank;         // 0 <= rank < world
+    int         world;        // >= 1
+    const char *name;         // segment name "/dtrain-..." (shm_open rules); rank 0 creates it
+    uint64_t    nonce;        // written by rank 0 and checked by the others; 0 = no check
+    const int  *pids;         // world process ids (liveness during the attach), or NULL
+    size_t      chunk_bytes;  // per-rank working buffer; 0 = DT_SHM_CHUNK_BYTES env or default
+    size_t      small_bytes;  // all_reduce up to this size synchronises once; 0 = default
+    uint64_t    deadline_ns;  // for the attach; UINT64_MAX = none
+    bool        must_exist;   // ranks > 0: the name was published after creation, so a
+                              // missing segment means another /dev/shm: fail at once
+    // Rank 0 only, optional: called once the segment can be opened by the others
+    // (e.g. to publish its name through the store), before waiting for them.
+    dt_status (*created)(void *arg);
+    void       *created_arg;
+    // Optional: true once the caller's group was aborted from elsewhere; checked
+    // every ~10 ms while sleeping, then the wait returns DT_ERR_STATE.
+    bool (*aborted)(void *arg);
+    void       *aborted_arg;
+} dt_shm_opts;
+
+// Creates (rank 0) or opens (others) the segment, waits until all `world` ranks have
+// mapped it, then removes its name so nothing is left in /dev/shm whatever happens
+// later. Returns an owned engine in *out; free with dt_shm_free. Errors: DT_ERR_ARG,
+// DT_ERR_IO (/dev/shm full or missing: names the size), DT_ERR_MISMATCH (a segment
+// of another group or world size), DT_ERR_TIMEOUT (names the ranks that never came),
+// DT_ERR_PEER (a rank died meanwhile).
+dt_status dt_shm_init(const dt_shm_opts *opts, dt_shm **out);
+// Marks this rank as gone (peers that still wait on it fail with "left the group"),
+// and unmaps. NULL is a no-op. Not collective.
+void dt_shm_free(dt_shm *s);
+
+int    dt_shm_rank(const dt_shm *s);
+int    dt_shm_world(const dt_shm *s);
+size_t dt_shm_chunk_bytes(const dt_shm *s);
+
+// Runs op->kind (any dt_coll: the init barrier runs as a barrier). The buffers are
+// those listed in backend.h for each kind. AVG is supported (SUM, then divided by
+// the world size) although the process group passes SUM and divides itself.
+dt_status dt_shm_run(dt_shm *s, const dt_op *op);
+
+// Point to point: messages between two ranks arrive in the order they were sent; the
+// receiver's count, dtype and tag must equal the sender's, or both fail with
+// DT_ERR_MISMATCH. A send never waits for the receiver: what does not fit in the
+// channel is copied and pushed by this rank's later operations.
+
+// Makes every rank's pending and later calls fail (the process group calls it after
+// a failure it saw, or dt_pg_abort): they get DT_ERR_PEER (st itself for a mismatch or
+// a timeout) with "<msg> (reported by rank r)". Idempotent: the first failure recorded
+// in the segment wins; failures the engine sees itself are recorded the same way.
+void dt_shm_abort(dt_shm *s, dt_status st, const char *msg);
+
+// ---------------------------------------------------------------- kernels (shm_kernels.c)
+
+// out = in[0] op in[1] op ... op in[nin-1], element by element, combining in that
+// order (AVG: the SUM divided by nin). Written to out1 and to out2 when not NULL;
+// an output may alias an input at the same position (in place), never partially.
+// MAX/MIN on floats: NaN in any operand gives NaN (like torch.maximum).
+// nt: write out2 with non-temporal stores (large results nobody reads soon); the
+// caller fences with dt_shm_store_fence before handing them on.
+void dt_shm_reduce_kernel(void *out1, void *out2, bool nt, const void *const *in, int nin,
+                          size_t count, dt_dtype dtype, dt_reduce_op op);
+// memcpy, with non-temporal stores when nt.
+void dt_shm_copy(void *dst, const void *src, size_t nbytes, bool nt);
+// Orders earlier non-temporal stores before later stores.
+void dt_shm_store_fence(void);
+
+#endif // DTRAIN_COMM_SHM_H
