@@ -7,9 +7,9 @@
 //   unless backend mpi is asked for.
 // - Ranks whose job tokens differ are refused by the store, and the job ends at once.
 // - A lone process asking for backend mpi is a one-rank MPI job (MPI's singleton).
-// - dtrain-mnist, 2 ranks, same seed: --backend mpi under mpirun, --backend tcp under
-//   mpirun and --num-processes 2 (forked) print the same losses and end with the same
-//   parameter checksum. Bitwise, not "close": with 2 ranks every gradient element is
+// - dtrain-mnist, 2 ranks, same seed: --backend mpi, tcp and auto (shm when built)
+//   under mpirun and --num-processes 2 (forked, tcp) print the same losses and end with
+//   the same parameter checksum. Bitwise, not "close": with 2 ranks every gradient element is
 //   a + b, and IEEE addition commutes, so no reduction order can change a bit.
 #include "../lib/mp.h"
 #include "../lib/mpirun.h"
@@ -42,7 +42,13 @@ static bool shm_built(void) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "shm";
     o.timeout_ms = 10000;
-    dt_pg *pg    = dt_pg_init("tcp://127.0.0.1:0", 0, 1, &o);
+    char   method[64];
+    snprintf(method, sizeof method, "tcp://127.0.0.1:%d", mp_free_port());
+    dt_pg *pg = dt_pg_init(method, 0, 1, &o);
+    if (!pg && dt_last_status() != DT_ERR_UNSUPPORTED) {
+        fprintf(stderr, "     probing for shm: %s\n", dt_last_error());
+        CHECK(pg != NULL);
+    }
     dt_pg_free(pg);
     return pg != NULL;
 }
@@ -198,50 +204,56 @@ static void test_mnist(void) {
         return;
     }
     const char *common[] = {"--limit", "768", "--batch-size", "64", "--seed", "7",
-                            "--log-every", "1", "--threads", "1", "--no-test"};
+                            "--log-every", "1", "--threads", "1", "--no-test", "--stats"};
     enum { NC = sizeof common / sizeof common[0] };
-    const char *how[3] = {"mpi", "tcp", "forked"};
-    char       *keys[3];
-    for (int k = 0; k < 3; k++) {
+    // mpirun with mpi, tcp and auto (shm when built), and forked ranks with tcp.
+    const char *how[4] = {"mpi", "tcp", "auto", "tcp"};
+    const char *used[4] = {"mpi", "tcp", shm_built() ? "shm" : "tcp", "tcp"};
+    char       *keys[4];
+    for (int k = 0; k < 4; k++) {
         const char *argv[NC + 6];
-        int         n = 0;
-        argv[n++]     = bin;
+        int         n      = 0;
+        bool        forked = k == 3;
+        argv[n++]          = bin;
         for (int i = 0; i < NC; i++)
             argv[n++] = common[i];
         argv[n++] = "--backend";
-        argv[n++] = k == 0 ? "mpi" : "tcp";
-        if (k == 2) {
+        argv[n++] = how[k];
+        if (forked) {
             argv[n++] = "--num-processes";
             argv[n++] = "2";
         }
         argv[n]         = NULL;
-        mpirun_opts   o = {.np = k == 2 ? 0 : 2, .argv = argv, .timeout_ms = 120000,
+        mpirun_opts   o = {.np = forked ? 0 : 2, .argv = argv, .timeout_ms = 120000,
                            .expect_failure = true};
         mpirun_result r;
-        fprintf(stderr, "  dtrain-mnist --backend %s, 2 ranks (%s)\n", argv[n - (k == 2 ? 3 : 1)],
-                k == 2 ? "--num-processes 2" : "mpirun -np 2");
+        fprintf(stderr, "  dtrain-mnist --backend %s, 2 ranks (%s)\n", how[k],
+                forked ? "--num-processes 2" : "mpirun -np 2");
         MPIRUN(&o, &r);
         CHECK_EQ(r.exit_code, 0);
         CHECK(strstr(r.output, "Parameters identical on all 2 ranks") != NULL);
-        if (r.exit_code != 0)
-            fprintf(stderr, "%s\n", r.output);
+        char backend[48];
+        snprintf(backend, sizeof backend, "\"backend\": \"%s\"", used[k]);
+        CHECK(strstr(r.output, backend) != NULL);  // from --stats
+        if (r.exit_code != 0 || !strstr(r.output, backend))
+            fprintf(stderr, "     expected %s in:\n%s\n", backend, r.output);
         keys[k] = key_lines(r.output);
         mpirun_result_free(&r);
     }
     // 768 samples over 2 ranks in batches of 64: 6 steps, one loss line each.
     CHECK_EQ(strlen(keys[0]) > 0, 1);
-    for (int k = 1; k < 3; k++) {
+    for (int k = 1; k < 4; k++) {
         bool same = strcmp(keys[0], keys[k]) == 0;
         CHECK(same);
         if (!same)
-            fprintf(stderr, "     --backend mpi printed:\n%s     %s printed:\n%s", keys[0], how[k],
-                    keys[k]);
+            fprintf(stderr, "     --backend mpi printed:\n%s     --backend %s%s printed:\n%s",
+                    keys[0], how[k], k == 3 ? " (forked)" : "", keys[k]);
     }
     int steps = 0;
     for (const char *p = keys[0]; (p = strstr(p, "epoch: ")); p++)
         steps++;
     CHECK_EQ(steps, 6);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         free(keys[k]);
 }
 
