@@ -191,17 +191,21 @@ typedef struct boot_msg {
     char    error[512];
 } boot_msg;
 
-// An IPv4 address of this host the other hosts can reach: the interface named by
-// DT_SOCKET_IFNAME, else the first one that is up and not loopback; else the host name.
+// An address of this host the other hosts can reach: DT_SOCKET_IFADDR when set (as the
+// tcp backend uses it), else the first IPv4 address of an interface that is up and not
+// loopback, else the host name.
 static void pick_address(char *buf, size_t n) {
-    const char     *want = getenv("DT_SOCKET_IFNAME");
-    struct ifaddrs *ifs  = NULL;
-    buf[0]               = '\0';
+    const char *o = getenv("DT_SOCKET_IFADDR");
+    if (o && *o) {
+        snprintf(buf, n, "%s", o);
+        return;
+    }
+    struct ifaddrs *ifs = NULL;
+    buf[0]              = '\0';
     if (getifaddrs(&ifs) == 0) {
         for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
-            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP))
-                continue;
-            if (want && *want ? strcmp(i->ifa_name, want) != 0 : (i->ifa_flags & IFF_LOOPBACK))
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+                (i->ifa_flags & IFF_LOOPBACK))
                 continue;
             const struct sockaddr_in *a = (const struct sockaddr_in *)(const void *)i->ifa_addr;
             if (inet_ntop(AF_INET, &a->sin_addr, buf, (socklen_t)n))
