@@ -547,9 +547,8 @@ static void mpi_free(void *ctx) {
             sched_yield();
     }
     if (c->sends || c->broken) {
-        // MPI still holds requests on these communicators: leave them to MPI (and do not
-        // finalise it at exit), but nothing of ours is referenced by them any more...
-        // except the send copies, which stay allocated for that reason.
+        // MPI still holds requests on these communicators: leave the communicators, the
+        // send copies and the scratch buffer to MPI (and do not finalise it at exit).
         dt_mpi_mark_stuck();
     } else {
         dt_mpi_lock();
@@ -561,7 +560,8 @@ static void mpi_free(void *ctx) {
     }
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
-    dt_free(c->scratch);
+    if (!c->broken)  // else an unfinished reduce_scatter may still write it
+        dt_free(c->scratch);
     dt_free(c);
 }
 
