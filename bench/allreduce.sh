@@ -12,6 +12,8 @@
 # and tool, with the ratios dtrain tcp / Gloo, dtrain shm / Open MPI and dtrain mpi /
 # Open MPI (bus bandwidth; > 1 means dtrain is faster). Tools that are missing are
 # skipped with a note.
+# "tcp --bind" pins rank i to CPU i, as mpirun does by default (Gloo runs unpinned: the
+# tcp/Gloo ratio uses the unpinned dtrain run).
 set -eu
 cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-1}
@@ -56,6 +58,7 @@ run() {  # name command...
 rep=1
 while [ "$rep" -le "$REPEATS" ]; do
     run dtrain_tcp build/bin/dtrain-bench allreduce --backend tcp -n "$NPROCS" --min "$MIN" --max "$MAX"
+    run dtrain_tcp_bound build/bin/dtrain-bench allreduce --backend tcp -n "$NPROCS" --min "$MIN" --max "$MAX" --bind
     run dtrain_shm build/bin/dtrain-bench allreduce --backend shm -n "$NPROCS" --min "$MIN" --max "$MAX"
     if [ $HAVE_MPI = 1 ]; then
         run dtrain_mpi build/bin/dtrain-bench allreduce --backend mpi -n "$NPROCS" --min "$MIN" --max "$MAX"
@@ -87,7 +90,8 @@ done
 /usr/bin/python3 - "$OUT" "$NPROCS" <<'EOF'
 import glob, os, statistics, sys
 out, n = sys.argv[1], int(sys.argv[2])
-tools = [("dtrain_tcp", "dtrain tcp"), ("dtrain_shm", "dtrain shm"), ("dtrain_mpi", "dtrain mpi"),
+tools = [("dtrain_tcp", "dtrain tcp"), ("dtrain_tcp_bound", "tcp --bind"),
+         ("dtrain_shm", "dtrain shm"), ("dtrain_mpi", "dtrain mpi"),
          ("dtrain_mpi_nofp", "mpi no-fp"), ("mpi_sm", "Open MPI sm"),
          ("mpi_tcp", "Open MPI tcp"), ("gloo", "Gloo")]
 data = {}

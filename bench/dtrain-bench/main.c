@@ -16,6 +16,8 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <sched.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +30,7 @@ typedef struct args {
     int         iters;  // 0 = by size
     int         warmup;
     bool        check;
-    bool        async;
+    bool        bind;  // pin rank i to CPU i % online CPUs (as mpirun does by default)
 } args;
 
 static size_t parse_size(const char *s, const char *flag) {
@@ -71,6 +73,14 @@ static int cmp_double(const void *a, const void *b) {
 
 static int rank_main(int local_rank, void *arg) {
     const args *a  = arg;
+    if (a->bind) {
+        long      ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET((int)(local_rank % (ncpu > 0 ? ncpu : 1)), &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0)
+            fprintf(stderr, "dtrain-bench: rank %d: could not bind to a CPU\n", local_rank);
+    }
     dt_pg_opts  o  = dt_pg_opts_default();
     o.backend      = a->backend;
     o.timeout_ms   = 120000;
@@ -91,9 +101,9 @@ static int rank_main(int local_rank, void *arg) {
     for (size_t i = 0; i < maxc; i++)
         buf[i] = (float)(rank + 1);
     if (rank == 0) {
-        printf("# dtrain-bench allreduce: backend %s, %d ranks, float32 sum, in place; time_us = "
-               "median over iterations of the slowest rank; algbw and busbw in GB/s\n",
-               dt_pg_backend(pg), n);
+        printf("# dtrain-bench allreduce: backend %s, %d ranks%s, float32 sum, in place; time_us "
+               "= median over iterations of the slowest rank; algbw and busbw in GB/s\n",
+               dt_pg_backend(pg), n, a->bind ? " bound to CPUs" : "");
         printf("%12s %12s %8s %6s %12s %8s %8s\n", "size", "count", "type", "redop", "time_us",
                "algbw", "busbw");
         fflush(stdout);
@@ -187,9 +197,10 @@ static int run_under_mpirun(int argc, char **argv, int nprocs) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
-            "                              [--max SIZE] [--iters N] [--warmup N] [--check]\n"
+            "                              [--max SIZE] [--iters N] [--warmup N] [--check] [--bind]\n"
             "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
-            "  --max 64M --warmup 5; iterations by size unless --iters\n"
+            "  --max 64M --warmup 5; iterations by size unless --iters; --bind pins rank i\n"
+            "  to CPU i (as mpirun does by default)\n"
             "  --backend mpi runs the ranks under mpirun (this program re-executed); started\n"
             "  by a launcher (mpirun, srun, dtrun), each process is one rank and -n is unused\n");
 }
@@ -206,6 +217,7 @@ int main(int argc, char **argv) {
         {"min", required_argument, NULL, 'm'},     {"max", required_argument, NULL, 'M'},
         {"iters", required_argument, NULL, 'i'},   {"warmup", required_argument, NULL, 'w'},
         {"check", no_argument, NULL, 'c'},         {"help", no_argument, NULL, 'h'},
+        {"bind", no_argument, NULL, 'B'},
         {NULL, 0, NULL, 0}};
     int c;
     optind = 2;
@@ -237,6 +249,7 @@ int main(int argc, char **argv) {
             a.warmup = (int)v;
             break;
         case 'c': a.check = true; break;
+        case 'B': a.bind = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

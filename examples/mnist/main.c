@@ -16,6 +16,15 @@
 //                                         one worker of a job started by a launcher
 //   mpirun -np N dtrain-mnist [--backend mpi]   (or srun): the same, rank and size from
 //                                         MPI's variables, the store's address over MPI
+//
+// Checkpoints: --checkpoint-dir D --checkpoint-every N saves every N steps (and at the
+// end); --resume continues from the newest complete checkpoint in D, or starts fresh
+// when there is none, so one command line serves the first launch and every restart.
+// A resumed run ends bitwise equal to an uninterrupted one (same seed, world size,
+// batch size and threads): the state is parameters, Adadelta's state, each rank's
+// sampler position, and the dropout stream, whose masks depend only on (seed, epoch,
+// batch, rank).
+#include "dtrain/ckpt.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
 #include "dtrain/nn.h"
@@ -31,9 +40,11 @@
 typedef struct args {
     long        epochs, batch_size, limit, seed, threads, log_every;
     long        num_machines, num_processes, machine_id, master_port;
+    long        checkpoint_every, keep, max_steps;
     double      lr;
     const char *data_dir, *backend, *master_addr;
-    bool        no_test, stats, profile, no_overlap;
+    const char *checkpoint_dir, *save_model, *load;
+    bool        no_test, stats, profile, no_overlap, resume, fallback, eval_only;
 } args;
 
 static const char usage[] =
@@ -60,6 +71,20 @@ static const char usage[] =
     "                      mpi (MPI's collectives; under mpirun or srun)\n"
     "  --no-overlap        reduce gradients after backward instead of during it\n"
     "                      (for measuring how much communication overlap hides)\n"
+    "checkpoints:\n"
+    "  --checkpoint-dir D  save checkpoints under D (at the end, and see below)\n"
+    "  --checkpoint-every N\n"
+    "                      also save every N steps (optimizer updates)\n"
+    "  --keep K            keep the K newest checkpoints (default 3)\n"
+    "  --resume            continue from the newest complete checkpoint in D, or start\n"
+    "                      fresh when D holds none (one command line for every restart)\n"
+    "  --fallback          with --resume: when the newest checkpoint is refused (corrupt,\n"
+    "                      truncated...), warn and resume from the previous complete one\n"
+    "  --max-steps N       stop after N steps in all (steps before a resume count)\n"
+    "  --save-model PATH   write the final parameters to PATH (rank 0)\n"
+    "  --load PATH         start from the parameters in PATH (a --save-model file, a\n"
+    "                      checkpoint, or a checkpoint directory: its newest)\n"
+    "  --eval-only         with --load: evaluate on the test set, no training\n"
     "output:\n"
     "  --log-every K       print the loss every K batches (default 10)\n"
     "  --no-test           skip the test-set evaluation\n"
@@ -71,8 +96,10 @@ static const char usage[] =
 
 static int parse_args(int argc, char **argv, args *a) {
     *a = (args){.epochs = 1, .batch_size = 128, .lr = 0.5, .log_every = 10, .num_machines = 1};
+    a->keep = 3;
     enum { EPOCHS = 1000, BATCH, LR, SEED, DATA, LIMIT, THREADS, LOG_EVERY, NO_TEST, STATS,
-           PROFILE, NPROC, NMACH, MACHID, MADDR, MPORT, BACKEND, NO_OVERLAP, HELP };
+           PROFILE, NPROC, NMACH, MACHID, MADDR, MPORT, BACKEND, NO_OVERLAP, HELP, CKPT_DIR,
+           CKPT_EVERY, KEEP, RESUME, FALLBACK, MAX_STEPS, SAVE_MODEL, LOAD, EVAL_ONLY };
     static const struct option opts[] = {
         {"epochs", required_argument, 0, EPOCHS},
         {"batch-size", required_argument, 0, BATCH},
@@ -92,6 +119,15 @@ static int parse_args(int argc, char **argv, args *a) {
         {"master-port", required_argument, 0, MPORT},
         {"backend", required_argument, 0, BACKEND},
         {"no-overlap", no_argument, 0, NO_OVERLAP},
+        {"checkpoint-dir", required_argument, 0, CKPT_DIR},
+        {"checkpoint-every", required_argument, 0, CKPT_EVERY},
+        {"keep", required_argument, 0, KEEP},
+        {"resume", no_argument, 0, RESUME},
+        {"fallback", no_argument, 0, FALLBACK},
+        {"max-steps", required_argument, 0, MAX_STEPS},
+        {"save-model", required_argument, 0, SAVE_MODEL},
+        {"load", required_argument, 0, LOAD},
+        {"eval-only", no_argument, 0, EVAL_ONLY},
         {"help", no_argument, 0, HELP},
         {0, 0, 0, 0}};
     int c;
@@ -123,6 +159,17 @@ static int parse_args(int argc, char **argv, args *a) {
                              optarg);
             break;
         case NO_OVERLAP: a->no_overlap = true; break;
+        case CKPT_DIR: a->checkpoint_dir = optarg; break;
+        case CKPT_EVERY:
+            st = dt_parse_long(optarg, 1, 1L << 40, "--checkpoint-every", &a->checkpoint_every);
+            break;
+        case KEEP: st = dt_parse_long(optarg, 1, 1000000, "--keep", &a->keep); break;
+        case RESUME: a->resume = true; break;
+        case FALLBACK: a->fallback = true; break;
+        case MAX_STEPS: st = dt_parse_long(optarg, 1, 1L << 40, "--max-steps", &a->max_steps); break;
+        case SAVE_MODEL: a->save_model = optarg; break;
+        case LOAD: a->load = optarg; break;
+        case EVAL_ONLY: a->eval_only = true; break;
         case HELP: fputs(usage, stdout); exit(0);
         default:
             fprintf(stderr, "dtrain-mnist: unknown option \"%s\"\n%s", argv[optind - 1], usage);
@@ -144,6 +191,21 @@ static int parse_args(int argc, char **argv, args *a) {
     }
     if (a->num_machines > 1 && a->num_processes == 0) {
         fprintf(stderr, "dtrain-mnist: --num-machines needs --num-processes\n");
+        return 2;
+    }
+    const char *needs = NULL;
+    if (a->checkpoint_every && !a->checkpoint_dir)
+        needs = "--checkpoint-every needs --checkpoint-dir";
+    else if (a->resume && !a->checkpoint_dir)
+        needs = "--resume needs --checkpoint-dir";
+    else if (a->fallback && !a->resume)
+        needs = "--fallback needs --resume";
+    else if (a->eval_only && !a->load)
+        needs = "--eval-only needs --load PATH";
+    else if (a->eval_only && a->no_test)
+        needs = "--eval-only evaluates on the test set; it cannot go with --no-test";
+    if (needs) {
+        fprintf(stderr, "dtrain-mnist: %s\n", needs);
         return 2;
     }
     return 0;
@@ -242,6 +304,51 @@ static dt_status check_replicas(dt_model *m, dt_pg *pg, uint32_t *crc_out) {
     return st;
 }
 
+// The configuration a resumed run must share with the checkpoint to continue the same
+// computation, saved as key/values. Seed and batch size change what a step computes
+// (sampler order, dropout masks, which samples a step sees): a mismatch is refused.
+// Learning rate and threads may change deliberately: a warning says the run will not
+// be bitwise equal to an uninterrupted one. The world size and the data set size are
+// checked by the library (the checkpoint's header and the sampler's state).
+typedef struct run_config {
+    char seed[24], batch_size[24], lr[32], threads[24], epochs[24];
+} run_config;
+
+static void config_of(const args *a, long threads, run_config *c) {
+    snprintf(c->seed, sizeof c->seed, "%ld", a->seed);
+    snprintf(c->batch_size, sizeof c->batch_size, "%ld", a->batch_size);
+    snprintf(c->lr, sizeof c->lr, "%.9g", a->lr);
+    snprintf(c->threads, sizeof c->threads, "%ld", threads);
+    snprintf(c->epochs, sizeof c->epochs, "%ld", a->epochs);
+}
+
+static dt_status check_config(const dt_ckpt_info *info, const run_config *c, bool lead) {
+    struct {
+        const char *key, *flag, *mine;
+        bool        refuse;
+    } items[] = {{"seed", "--seed", c->seed, true},
+                 {"batch_size", "--batch-size", c->batch_size, true},
+                 {"lr", "--lr", c->lr, false},
+                 {"threads", "--threads", c->threads, false}};
+    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
+        const char *saved = dt_ckpt_info_get(info, items[i].key);
+        if (!saved || strcmp(saved, items[i].mine) == 0)
+            continue;
+        if (items[i].refuse)
+            return dt_fail(DT_ERR_MISMATCH,
+                           "--resume: %s was written with %s %s, expected the same, found %s %s "
+                           "in this run (hint: resume with the first run's flags, or use "
+                           "another --checkpoint-dir)",
+                           info->path, items[i].flag, saved, items[i].flag, items[i].mine);
+        if (lead)
+            fprintf(stderr,
+                    "dtrain-mnist: warning: %s was written with %s %s, this run has %s %s; the "
+                    "result will differ from an uninterrupted run\n",
+                    info->path, items[i].flag, saved, items[i].flag, items[i].mine);
+    }
+    return DT_OK;
+}
+
 // One worker: rank `rank` of a group (pg), or the only process (pg NULL).
 static int train_worker(job *j, dt_pg *pg) {
     const args *a     = j->a;
@@ -254,7 +361,9 @@ static int train_worker(job *j, dt_pg *pg) {
     dt_loader  *ld    = NULL;
     float      *dlogp = NULL;
     int         rc    = 1;
-    double      accuracy = -1;
+    double      accuracy = -1, ckpt_secs = 0;
+    int64_t     step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
+    long        first_epoch = 0;
 
     long threads = a->threads;
     if (!threads) {
@@ -266,12 +375,6 @@ static int train_worker(job *j, dt_pg *pg) {
     if (dt_model_init_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
         dt_model_set_threads(m, (int)threads))
         goto done;
-    if (pg) {
-        dt_ddp_opts o = dt_ddp_opts_default();
-        o.overlap     = !a->no_overlap;
-        if (dt_ddp_init(&ddp, m, pg, &o))
-            goto done;
-    }
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = (float)a->lr;
     if (!(opt = dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m),
@@ -287,19 +390,71 @@ static int train_worker(job *j, dt_pg *pg) {
         !(dlogp = dt_alloc(sizeof(float) * 10 * (size_t)a->batch_size)) ||
         dt_model_reserve(m, (int)a->batch_size))
         goto done;
+    if (a->load) {
+        if (dt_ckpt_load_model(a->load, m))
+            goto done;
+        if (lead)
+            printf("Loaded parameters from %s\n", a->load);
+    }
 
-    size_t nbatches = (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     // Dropout masks: a stream of their own under the seed, split by epoch, step and
     // rank, so no two ranks or steps share a mask and a run can be replayed exactly.
+    // Checkpoints carry the stream's root state (the masks need nothing else).
     dt_rng base = dt_rng_init((uint64_t)a->seed);
     dt_rng root = dt_rng_split(&base, 0x64726f70 /* "drop" */);
+    run_config cfg;
+    config_of(a, threads, &cfg);
+    dt_ckpt_rng   rngs[] = {{"dropout", &root}};
+    dt_ckpt_kv    kvs[]  = {{"program", "dtrain-mnist"}, {"seed", cfg.seed},
+                            {"batch_size", cfg.batch_size}, {"lr", cfg.lr},
+                            {"threads", cfg.threads}, {"epochs", cfg.epochs}};
+    dt_ckpt_state cs     = {.model   = m,
+                            .optim   = opt,
+                            .sampler = smp,
+                            .rngs    = rngs,
+                            .nrngs   = 1,
+                            .kvs     = kvs,
+                            .nkvs    = (int)(sizeof kvs / sizeof kvs[0])};
+    dt_ckpt_opts  copts  = dt_ckpt_opts_default();
+    copts.keep           = (int)a->keep;
+    copts.fallback       = a->fallback;
+    if (a->resume && !a->eval_only) {
+        dt_ckpt_info info;
+        dt_status    st = dt_ckpt_load(a->checkpoint_dir, pg, &cs, &copts, &info);
+        if (!st && info.found)
+            st = check_config(&info, &cfg, lead);
+        if (!st && info.found) {
+            step        = info.step;
+            last_saved  = info.step;
+            first_epoch = (long)info.epoch;
+            if (lead)
+                printf("resumed from %s (epoch %llu, batch %zu)%s\n", info.path,
+                       (unsigned long long)info.epoch, info.position / (size_t)a->batch_size,
+                       info.refused ? " after refusing newer checkpoints" : "");
+        } else if (!st && lead) {
+            printf("no checkpoint in %s: starting fresh\n", a->checkpoint_dir);
+        }
+        dt_ckpt_info_free(&info);
+        if (st)
+            goto done;
+        fflush(stdout);
+    }
+    if (pg) {
+        dt_ddp_opts o = dt_ddp_opts_default();
+        o.overlap     = !a->no_overlap;
+        if (dt_ddp_init(&ddp, m, pg, &o))
+            goto done;
+    }
+
+    size_t nbatches = (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     dt_model_set_profile(m, a->profile);
     double train_start = dt_now();
-    for (long epoch = 0; epoch < a->epochs; epoch++) {
+    bool   stop        = a->eval_only || (a->max_steps && step >= a->max_steps);
+    for (long epoch = first_epoch; !stop && epoch < a->epochs; epoch++) {
         dt_loader_begin_epoch(ld, epoch);
         dt_rng   er = dt_rng_split(&root, (uint64_t)epoch);
         dt_batch b;
-        while (dt_loader_next(ld, &b)) {
+        while (!stop && dt_loader_next(ld, &b)) {
             dt_rng sr = dt_rng_split(&er, b.index), rr = dt_rng_split(&sr, (uint64_t)rank);
             float  loss;
             dt_model_set_rng(m, &rr);
@@ -310,19 +465,41 @@ static int train_worker(job *j, dt_pg *pg) {
             if (dt_model_backward(m, dlogp) || (ddp && dt_ddp_sync(ddp)))
                 goto done;
             dt_optim_step(opt);
+            step++;
+            samples_seen += (int64_t)b.size;
             if (lead && b.index % (size_t)a->log_every == 0) {
                 printf("epoch: %ld [%zu/%zu (%.0f%%)]\t training loss: %.6f\n", epoch, b.index,
                        nbatches, 100.0 * (double)b.index / (double)nbatches, (double)loss);
                 fflush(stdout);
             }
+            if (a->checkpoint_every && step % a->checkpoint_every == 0) {
+                double t0 = dt_now();
+                cs.step   = step;
+                if (dt_ckpt_save(a->checkpoint_dir, pg, &cs, &copts))
+                    goto done;
+                ckpt_secs += dt_now() - t0;
+                ckpt_saves++;
+                last_saved = step;
+            }
+            stop = a->max_steps && step >= a->max_steps;
         }
         if (dt_loader_status(ld))
             goto done;
     }
+    // A last checkpoint where training stopped, so a resume after the end (or after a
+    // failure during evaluation) has nothing to redo.
+    if (a->checkpoint_dir && !a->eval_only && step != last_saved) {
+        double t0 = dt_now();
+        cs.step   = step;
+        if (dt_ckpt_save(a->checkpoint_dir, pg, &cs, &copts))
+            goto done;
+        ckpt_secs += dt_now() - t0;
+        ckpt_saves++;
+    }
     if (pg && dt_pg_barrier(pg))
         goto done;
     double finished = dt_now();
-    if (lead) {
+    if (lead && !a->eval_only) {
         printf("Finished training in %.2f secs\n", finished - j->start);
         fflush(stdout);
         if (a->profile)
@@ -333,6 +510,11 @@ static int train_worker(job *j, dt_pg *pg) {
         goto done;
     if (lead && pg)
         printf("Parameters identical on all %d ranks (CRC32C %08x)\n", world, crc);
+    if (lead && a->save_model) {
+        if (dt_ckpt_save_model(a->save_model, m))
+            goto done;
+        printf("Saved the model to %s\n", a->save_model);
+    }
     if (!a->no_test) {
         int64_t correct   = 0;
         double  mean_loss = 0;
@@ -353,16 +535,19 @@ static int train_worker(job *j, dt_pg *pg) {
         int64_t steps = 0;
         if (ddp)
             dt_ddp_stats(ddp, &wait_s, &steps);
-        double samples = (double)j->train.n * (double)a->epochs;
+        // Samples trained by this run (a resumed run trains fewer), padding included.
+        double samples = (double)samples_seen * world;
         double flops   = samples * dt_model_train_flops_per_sample(m);
+        double loop    = finished - train_start;
         if (lead)
             printf("STATS {\"secs\": %.3f, \"train_loop_secs\": %.3f, \"samples_per_sec\": %.1f, "
                    "\"gflops\": %.1f, \"peak_rss_mib\": %.1f, \"world\": %d, \"threads\": %ld, "
                    "\"backend\": \"%s\", \"ddp_wait_secs\": %.3f, \"accuracy\": %.2f, "
-                   "\"blas\": \"%s\"}\n",
-                   finished - j->start, finished - train_start, samples / (finished - train_start),
-                   flops / (finished - train_start) * 1e-9, (double)rss / 1024.0, world, threads,
-                   pg ? dt_pg_backend(pg) : "none", wait_s, accuracy, dt_blas_info());
+                   "\"checkpoints\": %lld, \"checkpoint_secs\": %.3f, \"blas\": \"%s\"}\n",
+                   finished - j->start, loop, loop > 0 ? samples / loop : 0.0,
+                   loop > 0 ? flops / loop * 1e-9 : 0.0, (double)rss / 1024.0, world, threads,
+                   pg ? dt_pg_backend(pg) : "none", wait_s, accuracy, (long long)ckpt_saves,
+                   ckpt_secs, dt_blas_info());
     }
     rc = 0;
 done:

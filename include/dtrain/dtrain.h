@@ -2,8 +2,11 @@
 #ifndef DTRAIN_DTRAIN_H
 #define DTRAIN_DTRAIN_H
 
+#include "dtrain/ckpt.h"
+#include "dtrain/comm.h"
 #include "dtrain/core.h"
 #include "dtrain/data.h"
+#include "dtrain/ddp.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/rng.h"

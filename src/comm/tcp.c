@@ -680,6 +680,21 @@ static void tcp_free(void *ctx) {
 
 // ------------------------------------------------------------------- init
 
+// The address of this host on the way to `host` (a UDP "connect" sends no packet: the
+// kernel picks the outgoing interface); false when unresolvable or a loopback address.
+static bool address_towards(const char *host, char *buf, size_t n) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (!host || !*host || getaddrinfo(host, "9", &hints, &res) != 0)
+        return false;
+    int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+              dt_sock_local_addr(fd, buf, n) && strncmp(buf, "127.", 4) != 0;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(res);
+    return ok;
+}
+
 // The address the other ranks can reach us at.
 static void local_address(tcp_ctx *c, char *buf, size_t n) {
     const char *o = getenv("DT_SOCKET_IFADDR");
@@ -696,6 +711,10 @@ static void local_address(tcp_ctx *c, char *buf, size_t n) {
         snprintf(buf, n, "127.0.0.1");
         return;
     }
+    // The others reached rank 0's store at MASTER_ADDR, so that is where rank 0 is (its
+    // host name may resolve to loopback, as Debian's 127.0.1.1 entry does).
+    if (c->rank == 0 && address_towards(getenv("MASTER_ADDR"), buf, n))
+        return;
     // Otherwise the address of our host name, found by "connecting" a UDP socket (no
     // packet is sent): the kernel picks the outgoing interface.
     char            host[256];

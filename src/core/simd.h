@@ -35,6 +35,26 @@ DT_VINLINE void dt_store16(float *p, dt_v16f v) { __builtin_memcpy(p, &v, sizeof
 // (vector + scalar broadcasts the scalar; a 16-element initialiser would be built
 // lane by lane in target_clones functions)
 DT_VINLINE dt_v16f dt_splat16(float x) { return (dt_v16f){0} + x; }
+// Lane l of the result is lane mask[l] of v. GCC's builtin takes any mask; clang (the
+// fuzzing build) has no variable-mask shuffle, so it gets the lane loop.
+#if defined(__clang__)
+DT_VINLINE dt_v16f dt_shuffle16f(dt_v16f v, dt_v16i mask) {
+    dt_v16f r;
+    for (int l = 0; l < 16; l++)
+        r[l] = v[mask[l] & 15];
+    return r;
+}
+DT_VINLINE dt_v16i dt_shuffle16i(dt_v16i v, dt_v16i mask) {
+    dt_v16i r;
+    for (int l = 0; l < 16; l++)
+        r[l] = v[mask[l] & 15];
+    return r;
+}
+#else
+#define dt_shuffle16f(v, mask) __builtin_shuffle((dt_v16f)(v), (dt_v16i)(mask))
+#define dt_shuffle16i(v, mask) __builtin_shuffle((dt_v16i)(v), (dt_v16i)(mask))
+#endif
+
 // a > 0 ? v : 0, lane by lane
 DT_VINLINE dt_v16f dt_keep_positive16(dt_v16f a, dt_v16f v) {
     dt_v16i m = a > dt_splat16(0.0f);

@@ -292,7 +292,7 @@ DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
                 dt_v16f a  = dt_load16(r0 + 2 * j) + bvv, c = dt_load16(r1 + 2 * j) + bvv;
                 dt_v16f m  = a;
                 dt_v16i k  = {0};
-                dt_v16f v1 = __builtin_shuffle(a, PAIR_SWAP), v3 = __builtin_shuffle(c, PAIR_SWAP);
+                dt_v16f v1 = dt_shuffle16f(a, PAIR_SWAP), v3 = dt_shuffle16f(c, PAIR_SWAP);
                 dt_v16i w  = v1 > m;
                 m          = sel_f(w, v1, m);
                 k          = sel_i(w, (dt_v16i){0} + 1, k);
@@ -303,8 +303,8 @@ DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
                 m          = sel_f(w, v3, m);
                 k          = sel_i(w, (dt_v16i){0} + 3, k);
                 m          = dt_keep_positive16(m, m);
-                dt_v16f mo = __builtin_shuffle(m, EVENS);
-                dt_v16i ko = __builtin_shuffle(k, EVENS);
+                dt_v16f mo = dt_shuffle16f(m, EVENS);
+                dt_v16i ko = dt_shuffle16i(k, EVENS);
                 __builtin_memcpy(yo + j, &mo, 8 * sizeof(float));
                 for (int t = 0; t < 8; t++)
                     ao[j + t] = (uint8_t)ko[t];
@@ -352,8 +352,8 @@ DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *r
                 __builtin_memcpy(&gv, dy + o + j, 8 * sizeof(float));
                 __builtin_memcpy(&yv, y + o + j, 8 * sizeof(float));
                 __builtin_memcpy(&kb, arg + o + j, 8);
-                dt_v16f v = __builtin_shuffle(dt_keep_positive16(yv, gv), DUP);
-                dt_v16i k = __builtin_shuffle(__builtin_convertvector(kb, dt_v16i), DUP);
+                dt_v16f v = dt_shuffle16f(dt_keep_positive16(yv, gv), DUP);
+                dt_v16i k = dt_shuffle16i(__builtin_convertvector(kb, dt_v16i), DUP);
                 dt_store16(w0 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY)));
                 dt_store16(w1 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY + 2)));
             }

@@ -107,10 +107,10 @@ DT_VINLINE float hsum16(dt_v16f v) {
     const dt_v16i h4 = {4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15};
     const dt_v16i h2 = {2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const dt_v16i h1 = {1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    v += __builtin_shuffle(v, h8);
-    v += __builtin_shuffle(v, h4);
-    v += __builtin_shuffle(v, h2);
-    v += __builtin_shuffle(v, h1);
+    v += dt_shuffle16f(v, h8);
+    v += dt_shuffle16f(v, h4);
+    v += dt_shuffle16f(v, h2);
+    v += dt_shuffle16f(v, h1);
     return v[0];
 }
 
@@ -147,9 +147,9 @@ typedef struct tail {
             int     back = n - 16;                                                          \
             dt_v16f av[NO], xv[NR];                                                         \
             UNROLL(4) for (int o = 0; o < NO; o++) av[o] = (dt_v16f)(                       \
-                (dt_v16i)__builtin_shuffle(dt_load16(ar[o] + back), t->idx) & t->mask);     \
+                (dt_v16i)dt_shuffle16f(dt_load16(ar[o] + back), t->idx) & t->mask);     \
             UNROLL(6) for (int q = 0; q < NR; q++)                                          \
-                xv[q] = __builtin_shuffle(dt_load16(xr[q] + back), t->idx);                 \
+                xv[q] = dt_shuffle16f(dt_load16(xr[q] + back), t->idx);                 \
             UNROLL(4) for (int o = 0; o < NO; o++) UNROLL(6) for (int q = 0; q < NR; q++)   \
                 acc[o][q] += av[o] * xv[q];                                                 \
         }                                                                                   \

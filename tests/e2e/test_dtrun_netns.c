@@ -1,0 +1,303 @@
+// test_dtrun_netns.c: multi-node for real: two network namespaces joined by a veth
+// pair (10.200.0.1/24 and 10.200.0.2/24), one `dtrun --nnodes 2` in each, training
+// dtrain-mnist over TCP between them.
+//
+// - The two-node run ends with the same weights (parameter CRC32C) as the same job on
+//   one machine (--num-processes 2, tcp), and its traffic went through the veth pair.
+// - The link cut mid-run (`ip link set ... down`): both sides fail within the timeouts
+//   (DT_TIMEOUT_MS and --node-timeout small) with an error naming the peer, instead of
+//   hanging; no worker is left behind.
+//
+// Needs root (ip netns). Without it, or when namespaces cannot be created, the test
+// prints why and skips (counting neither a pass nor a failure).
+#include "test_dtrun_lib.h"
+
+#include <sched.h>
+
+static char ns[2][64], veth[2][16];
+static bool ns_made;
+
+static int sh(const char *fmt, ...) {
+    char    cmd[4 * PATH_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void ns_teardown(void) {
+    for (int i = 0; i < 2; i++)
+        sh("ip netns del %s 2>/dev/null", ns[i]); // takes its end of the veth pair along
+}
+
+// Namespaces of earlier runs that died before cleaning up (their pid is gone).
+static void remove_stale_namespaces(void) {
+    DIR *d = opendir("/var/run/netns");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid;
+        if (sscanf(e->d_name, "dtrun-test-%d-", &pid) == 1 && pid != (int)getpid() &&
+            kill(pid, 0) != 0)
+            sh("ip netns del %s 2>/dev/null", e->d_name);
+    }
+    closedir(d);
+}
+
+static bool ns_setup(char *why, size_t n) {
+    if (geteuid() != 0) {
+        snprintf(why, n, "not root (network namespaces need CAP_SYS_ADMIN)");
+        return false;
+    }
+    remove_stale_namespaces();
+    for (int i = 0; i < 2; i++) {
+        snprintf(ns[i], sizeof ns[i], "dtrun-test-%d-%c", (int)getpid(), 'a' + i);
+        snprintf(veth[i], sizeof veth[i], "dtv%d%c", (int)getpid() % 100000, 'a' + i);
+    }
+    if (sh("ip netns add %s 2>/dev/null", ns[0]) != 0) {
+        snprintf(why, n, "\"ip netns add\" failed (no iproute2, or no namespace support)");
+        return false;
+    }
+    ns_made = true;
+    if (sh("ip netns add %s", ns[1]) ||
+        sh("ip link add %s type veth peer name %s", veth[0], veth[1]) ||
+        sh("ip link set %s netns %s", veth[0], ns[0]) ||
+        sh("ip link set %s netns %s", veth[1], ns[1]) ||
+        sh("ip -n %s addr add 10.200.0.1/24 dev %s", ns[0], veth[0]) ||
+        sh("ip -n %s addr add 10.200.0.2/24 dev %s", ns[1], veth[1])) {
+        snprintf(why, n, "could not create the veth pair between the namespaces");
+        return false;
+    }
+    for (int i = 0; i < 2; i++)
+        if (sh("ip -n %s link set lo up", ns[i]) || sh("ip -n %s link set %s up", ns[i], veth[i])) {
+            snprintf(why, n, "could not bring the links up");
+            return false;
+        }
+    return true;
+}
+
+static long veth_tx_bytes(int i) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ip netns exec %s cat /sys/class/net/%s/statistics/tx_bytes", ns[i],
+             veth[i]);
+    FILE *p = popen(cmd, "r");
+    long  v = -1;
+    if (p) {
+        if (fscanf(p, "%ld", &v) != 1)
+            v = -1;
+        pclose(p);
+    }
+    return v;
+}
+
+// Starts dtrun for node i inside its namespace (setns before exec; same pid).
+static void start_node(run *r, const char *dir, int i, const char *const *mnist_args,
+                       const char *timeout_ms) {
+    static char node[8];
+    snprintf(node, sizeof node, "%d", i);
+    char       *argv[48];
+    int         k      = 0;
+    const char *head[] = {dtrun_path, "--nnodes",         "2",          "--node-rank",
+                          node,       "--master-addr",    "10.200.0.1", "--master-port",
+                          "29500",    "--nproc-per-node", "1",          "--node-timeout",
+                          "3",        "--rdzv-timeout",   "30",         mnist_path};
+    for (size_t j = 0; j < sizeof head / sizeof head[0]; j++)
+        argv[k++] = (char *)(uintptr_t)head[j];
+    for (int j = 0; mnist_args[j] && k < 46; j++)
+        argv[k++] = (char *)(uintptr_t)mnist_args[j];
+    argv[k] = NULL; // the scenario's marker rides in the environment
+    memset(r, 0, sizeof *r);
+    r->rc = -1;
+    char tag[16];
+    snprintf(tag, sizeof tag, "node%d", i);
+    snprintf(r->out_path, sizeof r->out_path, "%s/%s.out", dir, tag);
+    snprintf(r->err_path, sizeof r->err_path, "%s/%s.err", dir, tag);
+    char nspath[128];
+    snprintf(nspath, sizeof nspath, "/var/run/netns/%s", ns[i]);
+    fflush(NULL);
+    r->start = mono_s();
+    r->pid   = fork();
+    if (r->pid == 0) {
+        int fd = open(nspath, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
+            _exit(126);
+        int o = open(r->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(r->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(o, 1);
+        dup2(e, 2);
+        setenv("DT_HOST_ID", i ? "node-b" : "node-a", 1); // the namespaces share a hostname
+        setenv("DT_TIMEOUT_MS", timeout_ms, 1);
+        setenv("DTRUN_TEST_MARK", mark, 1);
+        unsetenv("MASTER_ADDR");
+        unsetenv("MASTER_PORT");
+        execv(argv[0], argv);
+        _exit(127);
+    }
+}
+
+static void crc_of(const char *out, char crc[16]) {
+    const char *p = strstr(out, "(CRC32C ");
+    crc[0]        = '\0';
+    if (p)
+        sscanf(p, "(CRC32C %8s", crc);
+}
+
+// Processes whose environment holds the marker (the workers inherit dtrun's).
+static int env_marker_procs(void) {
+    DIR *d = opendir("/proc");
+    int  n = 0;
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0 || pid == (int)getpid())
+            continue;
+        char path[64], buf[65536];
+        snprintf(path, sizeof path, "/proc/%d/environ", pid);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            continue;
+        ssize_t k = read(fd, buf, sizeof buf);
+        close(fd);
+        if (k > 0 && memmem(buf, (size_t)k, mark, strlen(mark)))
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static bool none_left(double wait_s) {
+    double deadline = mono_s() + wait_s;
+    int    n;
+    while ((n = env_marker_procs()) > 0 && mono_s() < deadline)
+        sleep_s(0.02);
+    if (n)
+        fprintf(stderr, "     %d process(es) of the job left behind\n", n);
+    return n == 0;
+}
+
+static void test_train_two_namespaces(void) {
+    char dir[PATH_MAX];
+    scenario_dir(dir, sizeof dir, "train");
+    new_mark("train");
+    // One thread per worker on both sides: the split of a batch over threads changes
+    // the order of float sums, so it must match for bitwise equal weights.
+    const char *args[] = {"--limit",   "2048", "--batch-size", "32", "--no-test",
+                          "--backend", "tcp",  "--threads",    "1",  NULL};
+    long        tx0    = veth_tx_bytes(0);
+    run         n0, n1;
+    start_node(&n1, dir, 1, args, "30000");
+    start_node(&n0, dir, 0, args, "30000");
+    CHECK_EQ(run_wait(&n0, 120), 0);
+    CHECK_EQ(run_wait(&n1, 120), 0);
+    long sent = veth_tx_bytes(0) - tx0;
+    fprintf(stderr, "     two namespaces: trained in %.1f s; %.1f MB left node 0 over the veth\n",
+            n0.end - n0.start, (double)sent / 1e6);
+    // Gradients of ~300k parameters, 32 steps: far more than rendezvous traffic.
+    CHECK(sent > 10 * 1000 * 1000);
+    CHECK(strstr(n0.out, "[rank 0] Parameters identical on all 2 ranks (CRC32C ") != NULL);
+
+    // The same job on one machine must end with the same weights.
+    char cmd[3 * PATH_MAX];
+    snprintf(
+        cmd, sizeof cmd,
+        "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE %s --limit 2048 "
+        "--batch-size 32 --no-test --backend tcp --threads 1 --num-processes 2 > %s/local.out 2>&1",
+        mnist_path, dir);
+    CHECK_EQ(sh("%s", cmd), 0);
+    char path[PATH_MAX + 16], crc_ns[16], crc_local[16];
+    snprintf(path, sizeof path, "%s/local.out", dir);
+    char *local = read_file(path);
+    crc_of(n0.out, crc_ns);
+    crc_of(local, crc_local);
+    CHECK(crc_ns[0] && strcmp(crc_ns, crc_local) == 0);
+    if (crc_ns[0] && strcmp(crc_ns, crc_local) == 0)
+        fprintf(stderr, "     same weights as one machine (CRC32C %s)\n", crc_ns);
+    CHECK(none_left(3));
+    if (check_failed) {
+        run_dump(&n0, "node 0");
+        run_dump(&n1, "node 1");
+        fprintf(stderr, "---- one machine:\n%s\n", local);
+    }
+    free(local);
+    run_free(&n0);
+    run_free(&n1);
+}
+
+static void test_link_cut(void) {
+    char dir[PATH_MAX];
+    scenario_dir(dir, sizeof dir, "cut");
+    new_mark("cut");
+    const char *args[] = {"--limit",   "60000", "--batch-size", "32", "--no-test",
+                          "--backend", "tcp",   "--log-every",  "5",  NULL,
+                          NULL};
+    run         n0, n1;
+    start_node(&n1, dir, 1, args, "3000");
+    start_node(&n0, dir, 0, args, "3000");
+    // Cut once training is under way (two loss lines from rank 0).
+    double deadline = mono_s() + 60;
+    bool   going    = false;
+    while (!going && mono_s() < deadline) {
+        char *o = read_file(n0.out_path);
+        going   = count_of(o, "training loss") >= 2;
+        free(o);
+        if (!going)
+            sleep_s(0.02);
+    }
+    CHECK(going);
+    double t_cut = mono_s();
+    CHECK_EQ(sh("ip -n %s link set %s down", ns[0], veth[0]), 0);
+    run_wait(&n0, 60);
+    run_wait(&n1, 60);
+    CHECK(n0.rc != 0 && n0.rc != -1);
+    CHECK(n1.rc != 0 && n1.rc != -1);
+    fprintf(stderr,
+            "     link cut: node 0's dtrun exited %d after %.1f s, node 1's %d after "
+            "%.1f s (DT_TIMEOUT_MS 3000, --node-timeout 3)\n",
+            n0.rc, n0.end - t_cut, n1.rc, n1.end - t_cut);
+    CHECK(n0.end - t_cut < 15);
+    CHECK(n1.end - t_cut < 15);
+    // Each side names the other: node 0 the silent node 1 at 10.200.0.2, node 1 the
+    // unreachable store of node 0 at 10.200.0.1.
+    CHECK(strstr(n0.err, "node 1 (host ") != NULL);
+    CHECK(strstr(n0.err, "address 10.200.0.2") != NULL);
+    CHECK(strstr(n1.err, "lost contact with the store of node 0 at 10.200.0.1:29500") != NULL);
+    CHECK(none_left(3));
+    if (check_failed || getenv("DTRUN_TEST_VERBOSE")) {
+        run_dump(&n0, "node 0");
+        run_dump(&n1, "node 1");
+    }
+    run_free(&n0);
+    run_free(&n1);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "worker") == 0)
+        return worker_main(argc, argv);
+    if (!CHECK(find_bins()) || !CHECK(access(mnist_path, X_OK) == 0)) {
+        fprintf(stderr, "dtrun or dtrain-mnist not found next to the tests (make programs)\n");
+        return check_summary();
+    }
+    char why[200];
+    if (!ns_setup(why, sizeof why)) {
+        if (ns_made) { // namespaces exist, but the network between them could not be built
+            CHECK(!"veth pair set up");
+            fprintf(stderr, "     %s\n", why);
+            ns_teardown();
+        } else {
+            printf("SKIP test_dtrun_netns: %s\n", why);
+        }
+        return check_summary();
+    }
+    make_tmp_root("dtrun-netns-test");
+    RUN(test_train_two_namespaces);
+    RUN(test_link_cut);
+    ns_teardown();
+    if (!check_failed)
+        remove_tree(tmp_root);
+    return check_summary();
+}
