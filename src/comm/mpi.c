@@ -44,11 +44,19 @@ typedef struct pending_send {
     // the copy of the data follows
 } pending_send;
 
+// How an operation waits for MPI (DT_MPI_WAIT). The same on every rank (checked at
+// init): MPI never matches a blocking collective with a non-blocking one, so ranks that
+// mixed them would wait for each other forever.
+typedef enum wait_mode {
+    WAIT_BLOCK,  // blocking MPI calls, bounded by the watchdog
+    WAIT_POLL,   // non-blocking MPI calls, tested until the deadline
+} wait_mode;
+
 typedef struct mpi_ctx {
-    dt_pg   *pg;
-    MPI_Comm coll, p2p;     // collectives; send/recv
-    int      rank, world;
-    bool     poll;          // DT_MPI_WAIT=poll
+    dt_pg    *pg;
+    MPI_Comm  coll, p2p;    // collectives; send/recv
+    int       rank, world;
+    wait_mode wait;
     bool     fingerprint;   // DT_MPI_FINGERPRINT
     size_t   chunk;         // elements per MPI call for all_reduce, broadcast, reduce
     bool     broken;        // an MPI operation was left unfinished: no more MPI calls here
@@ -171,7 +179,7 @@ static dt_status fail_mpi(const dt_op *op, int rc, const char *call_name) {
 static dt_status run_call(mpi_ctx *c, const dt_op *op, const call *k, MPI_Status *status) {
     if (dt_pg_aborted(c->pg))
         return DT_ERR_STATE;  // the generic layer reports the abort's reason
-    if (!c->poll) {
+    if (c->wait == WAIT_BLOCK) {
         int rc = issue(k, NULL, status);  // the watchdog bounds it
         return rc == MPI_SUCCESS ? DT_OK : fail_mpi(op, rc, call_names[k->kind][0]);
     }
@@ -565,6 +573,44 @@ static void mpi_free(void *ctx) {
     dt_free(c);
 }
 
+// Every rank must run with the same DT_MPI_WAIT, DT_MPI_FINGERPRINT and
+// DT_MPI_CHUNK_COUNT: each changes which MPI calls an operation makes, and ranks that
+// differ would match the wrong calls. One non-blocking MPI_Iallreduce (MAX) of the
+// values and their negations, whatever the wait mode, tells every rank.
+static dt_status check_settings(mpi_ctx *c, uint64_t deadline_ns) {
+    int64_t mine[3] = {c->wait, c->fingerprint, (int64_t)c->chunk}, v[6];
+    for (int i = 0; i < 3; i++)
+        v[i] = mine[i], v[3 + i] = -mine[i];
+    MPI_Request req;
+    int         rc;
+    char        es[MPI_MAX_ERROR_STRING];
+    dt_mpi_lock();
+    rc = MPI_Iallreduce(MPI_IN_PLACE, v, 6, MPI_INT64_T, MPI_MAX, c->coll, &req);
+    dt_mpi_unlock();
+    if (rc == MPI_SUCCESS) {
+        dt_status st = dt_mpi_wait(&req, deadline_ns, c->pg, MPI_STATUS_IGNORE, &rc);
+        if (st != DT_OK)
+            return dt_fail(st, "mpi backend: %s while the ranks compared their settings",
+                           st == DT_ERR_TIMEOUT ? "timed out" : "aborted");
+    }
+    if (rc != MPI_SUCCESS)
+        return dt_fail(dt_mpi_status_of(rc), "mpi backend: MPI_Iallreduce failed: %s",
+                       dt_mpi_error_string(rc, es, sizeof es));
+    static const char *const names[3] = {"DT_MPI_WAIT", "DT_MPI_FINGERPRINT",
+                                         "DT_MPI_CHUNK_COUNT"};
+    char here[3][24];
+    snprintf(here[0], sizeof here[0], "%s", c->wait == WAIT_POLL ? "poll" : "block");
+    snprintf(here[1], sizeof here[1], "%s", c->fingerprint ? "on" : "off");
+    snprintf(here[2], sizeof here[2], "%zu", c->chunk);
+    for (int i = 0; i < 3; i++)
+        if (v[i] != -v[3 + i])
+            return dt_fail(DT_ERR_MISMATCH,
+                           "mpi backend: %s differs between ranks (this rank: %s); every rank "
+                           "must use the same value, or their MPI calls would not match",
+                           names[i], here[i]);
+    return DT_OK;
+}
+
 // A duplicate of the library's world, bounded by the deadline.
 static dt_status dup_world(MPI_Comm *out, uint64_t deadline_ns) {
     MPI_Request req;
@@ -586,18 +632,25 @@ static dt_status dup_world(MPI_Comm *out, uint64_t deadline_ns) {
     return DT_OK;
 }
 
-static dt_status read_choice(const char *name, const char *a, const char *b, bool *is_b) {
+// Reads a variable whose value is one of `names` (the first is the default); *out is
+// its index.
+static dt_status read_choice(const char *name, const char *const *names, int n, int *out) {
     const char *v = getenv(name);
-    *is_b         = false;
-    if (!v || !*v || strcmp(v, a) == 0)
+    *out          = 0;
+    if (!v || !*v)
         return DT_OK;
-    if (strcmp(v, b) == 0) {
-        *is_b = true;
-        return DT_OK;
-    }
-    return dt_fail(DT_ERR_ARG, "mpi backend: environment variable %s expects \"%s\" or \"%s\", "
-                               "found \"%s\"",
-                   name, a, b, v);
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = i;
+            return DT_OK;
+        }
+    char want[96];
+    size_t off = 0;
+    for (int i = 0; i < n; i++)
+        off += (size_t)snprintf(want + off, sizeof want - off, "%s\"%s\"",
+                                i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+    return dt_fail(DT_ERR_ARG, "mpi backend: environment variable %s expects %s, found \"%s\"",
+                   name, want, v);
 }
 
 static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **out) {
@@ -619,9 +672,10 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
                        "%d in MPI_COMM_WORLD; the mpi backend needs the group's ranks to be "
                        "MPI's",
                        dt_pg_rank(pg), dt_pg_size(pg), mrank, mworld);
-    bool poll, fp_off;
-    DT_TRY(read_choice("DT_MPI_WAIT", "block", "poll", &poll));
-    DT_TRY(read_choice("DT_MPI_FINGERPRINT", "on", "off", &fp_off));
+    static const char *const waits[] = {"block", "poll"}, *const onoff[] = {"on", "off"};
+    int wait, fp_off;
+    DT_TRY(read_choice("DT_MPI_WAIT", waits, 2, &wait));
+    DT_TRY(read_choice("DT_MPI_FINGERPRINT", onoff, 2, &fp_off));
     long chunk;
     DT_TRY(dt_env_int("DT_MPI_CHUNK_COUNT", 1, INT_MAX, 1L << 30, &chunk));
 
@@ -631,15 +685,15 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
     c->pg          = pg;
     c->rank        = mrank;
     c->world       = mworld;
-    c->poll        = poll;
+    c->wait        = (wait_mode)wait;
     c->fingerprint = !fp_off;
     c->chunk       = (size_t)chunk;
     c->coll = c->p2p = MPI_COMM_NULL;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    if (!c->poll && level < MPI_THREAD_MULTIPLE) {
+    if (c->wait != WAIT_POLL && level < MPI_THREAD_MULTIPLE) {
         // The watchdog would call MPI_Abort beside a blocking call: not allowed here.
-        c->poll = true;
+        c->wait = WAIT_POLL;
         if (mrank == 0)
             DT_INFO("comm", "mpi backend: MPI thread level %d is below MPI_THREAD_MULTIPLE, "
                             "waiting by polling (DT_MPI_WAIT=poll)",
@@ -648,7 +702,9 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
     dt_status st = dup_world(&c->coll, deadline_ns);
     if (st == DT_OK)
         st = dup_world(&c->p2p, deadline_ns);
-    if (st == DT_OK && !c->poll) {
+    if (st == DT_OK)
+        st = check_settings(c, deadline_ns);
+    if (st == DT_OK && c->wait != WAIT_POLL) {
         if (pthread_create(&c->wd, NULL, watchdog_main, c) == 0)
             c->wd_started = true;
         else
@@ -661,7 +717,7 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
     }
     if (mrank == 0)
         DT_INFO("comm", "mpi backend: %d ranks, wait %s, fingerprints %s, thread level %d",
-                mworld, c->poll ? "poll" : "block", c->fingerprint ? "on" : "off", level);
+                mworld, waits[c->wait], c->fingerprint ? "on" : "off", level);
     *out = c;
     return DT_OK;
 }

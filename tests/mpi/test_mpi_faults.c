@@ -9,8 +9,9 @@
 //   collective). An aborted group does the same after the grace period (block) or at
 //   once (poll).
 // - A rank killed by SIGKILL: mpirun stops the job; nobody waits for the timeout.
-// - Bad settings: DT_MPI_WAIT with an unknown value; RANK/WORLD_SIZE that MPI does
-//   not share (a lone process asking for backend mpi with WORLD_SIZE=2).
+// - Bad settings: DT_MPI_WAIT with an unknown value, or different on two ranks;
+//   RANK/WORLD_SIZE that MPI does not share (a lone process asking for backend mpi
+//   with WORLD_SIZE=2).
 #include "../lib/mpirun.h"
 
 #include <signal.h>
@@ -214,6 +215,20 @@ static void child_kill(void) {
     dt_pg_free(pg);
 }
 
+// Rank 1 polls, rank 0 blocks: refused at init on both (MPI would never match them).
+static void child_settings_differ(void) {
+    if (mpirun_child_rank() == 1)
+        setenv("DT_MPI_WAIT", "poll", 1);
+    dt_pg_opts o = dt_pg_opts_default();
+    o.backend    = "mpi";
+    o.timeout_ms = 20000;
+    CHECK(dt_pg_init_from_env(&o) == NULL);
+    CHECK_EQ(dt_last_status(), DT_ERR_MISMATCH);
+    CHECK(contains(dt_last_error(), mpirun_child_rank() == 1
+                                        ? "DT_MPI_WAIT differs between ranks (this rank: poll)"
+                                        : "DT_MPI_WAIT differs between ranks (this rank: block)"));
+}
+
 static void child_bad_wait(void) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "mpi";
@@ -263,7 +278,8 @@ static void test_timeouts(void) {
     CHECK(!r.timed_out);
     mpirun_result_free(&r);
 
-    r = run(2, "timeout_block", NULL, true);
+    const char *block[] = {"DT_MPI_WAIT=block", NULL};
+    r = run(2, "timeout_block", block, true);
     CHECK_EQ(r.reported, 2);
     CHECK(r.exit_code != 0 && !r.timed_out);
     CHECK(contains(r.output, "all_reduce #1: timed out in MPI"));
@@ -284,7 +300,8 @@ static void test_abort(void) {
 
     // Blocking: dt_work_wait cannot return before the call does; the watchdog ends the
     // job after the grace period, saying why.
-    r = run(2, "abort", NULL, true);
+    const char *block[] = {"DT_MPI_WAIT=block", NULL};
+    r = run(2, "abort", block, true);
     CHECK(r.exit_code != 0 && !r.timed_out);
     CHECK(contains(r.output, "the group was aborted while an MPI call was in flight"));
     CHECK(r.secs < 20);
@@ -303,6 +320,12 @@ static void test_bad_settings(void) {
     const char   *bad[] = {"DT_MPI_WAIT=sometimes", NULL};
     mpirun_result r     = run(1, "bad_wait", bad, false);
     mpirun_result_free(&r);
+    // Ranks that disagree on DT_MPI_WAIT fail at init; the failed processes leave
+    // without MPI_Finalize and mpirun ends the job (a rank may be stopped before it
+    // reports).
+    r = run(2, "settings_differ", NULL, true);
+    CHECK(r.reported >= 1 && !r.timed_out && r.secs < 20);
+    mpirun_result_free(&r);
     const char *two[] = {"RANK=0", "WORLD_SIZE=2", NULL};
     // The process exits 0 (it only checks); MPI is not finalised after the mismatch.
     r = run(0, "not_mpi_world", two, true);
@@ -320,7 +343,8 @@ int main(int argc, char **argv) {
         } cases[] = {{"mismatch", child_mismatch},         {"truncate", child_truncate},
                      {"timeout_poll", child_timeout_poll}, {"timeout_block", child_timeout_block},
                      {"abort", child_abort},               {"kill", child_kill},
-                     {"bad_wait", child_bad_wait},         {"not_mpi_world", child_not_mpi_world}};
+                     {"bad_wait", child_bad_wait},         {"not_mpi_world", child_not_mpi_world},
+                     {"settings_differ", child_settings_differ}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             if (strcmp(c, cases[i].name) == 0)
                 cases[i].fn();
