@@ -81,6 +81,13 @@ else ifeq ($(MPI),1)
 else
   HAVE_MPI := 0
 endif
+ifeq ($(MAKELEVEL)$(filter clean help format format-check,$(MAKECMDGOALS)),0)
+  ifeq ($(HAVE_MPI),1)
+    $(info dtrain: mpi backend built ($(MPICC)))
+  else
+    $(info dtrain: mpi backend left out ($(if $(filter 0,$(MPI)),MPI=0,no mpicc found: apt-get install libopenmpi-dev)))
+  endif
+endif
 ifeq ($(HAVE_MPI),1)
   MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || mpicc -show 2>/dev/null | sed 's/^[^ ]* //') -DDT_HAVE_MPI=1
   MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)

@@ -1,6 +1,7 @@
 #!/bin/sh
 # allreduce.sh: all_reduce (float32 sum, in place, 2 processes on this host) of dtrain's
-# tcp and shm backends, Open MPI's MPI_Allreduce (shared memory, and TCP over loopback)
+# tcp, shm and mpi backends (mpi also without fingerprint checks), Open MPI's
+# MPI_Allreduce (shared memory, and TCP over loopback)
 # and Gloo through PyTorch, side by side in one run, 4 KiB .. 64 MiB.
 #
 #   bench/allreduce.sh                 # one pass of each
@@ -8,8 +9,9 @@
 #   NPROCS=4 MAX=16M bench/allreduce.sh
 #
 # Prints each tool's table, then one table: time (us) and bus bandwidth (GB/s) per size
-# and tool, with the ratios dtrain tcp / Gloo and dtrain shm / Open MPI (bus bandwidth;
-# > 1 means dtrain is faster). Tools that are missing are skipped with a note.
+# and tool, with the ratios dtrain tcp / Gloo, dtrain shm / Open MPI and dtrain mpi /
+# Open MPI (bus bandwidth; > 1 means dtrain is faster). Tools that are missing are
+# skipped with a note.
 # "tcp --bind" pins rank i to CPU i, as mpirun does by default (Gloo runs unpinned: the
 # tcp/Gloo ratio uses the unpinned dtrain run).
 set -eu
@@ -59,6 +61,8 @@ while [ "$rep" -le "$REPEATS" ]; do
     run dtrain_tcp_bound build/bin/dtrain-bench allreduce --backend tcp -n "$NPROCS" --min "$MIN" --max "$MAX" --bind
     run dtrain_shm build/bin/dtrain-bench allreduce --backend shm -n "$NPROCS" --min "$MIN" --max "$MAX"
     if [ $HAVE_MPI = 1 ]; then
+        run dtrain_mpi build/bin/dtrain-bench allreduce --backend mpi -n "$NPROCS" --min "$MIN" --max "$MAX"
+        run dtrain_mpi_nofp env DT_MPI_FINGERPRINT=off build/bin/dtrain-bench allreduce --backend mpi -n "$NPROCS" --min "$MIN" --max "$MAX"
         run mpi_sm $MPIRUN "$OUT/mpi_allreduce" "$MINB" "$MAXB"
         run mpi_tcp $MPIRUN --mca btl tcp,self --mca btl_tcp_if_include lo "$OUT/mpi_allreduce" "$MINB" "$MAXB"
     fi
@@ -87,7 +91,8 @@ done
 import glob, os, statistics, sys
 out, n = sys.argv[1], int(sys.argv[2])
 tools = [("dtrain_tcp", "dtrain tcp"), ("dtrain_tcp_bound", "tcp --bind"),
-         ("dtrain_shm", "dtrain shm"), ("mpi_sm", "Open MPI sm"),
+         ("dtrain_shm", "dtrain shm"), ("dtrain_mpi", "dtrain mpi"),
+         ("dtrain_mpi_nofp", "mpi no-fp"), ("mpi_sm", "Open MPI sm"),
          ("mpi_tcp", "Open MPI tcp"), ("gloo", "Gloo")]
 data = {}
 for key, _ in tools:
@@ -118,6 +123,8 @@ if "dtrain_tcp" in data and "gloo" in data:
     hdr += " | tcp/Gloo"
 if "dtrain_shm" in data and "mpi_sm" in data:
     hdr += " | shm/MPI"
+if "dtrain_mpi" in data and "mpi_sm" in data:
+    hdr += " | mpi/MPI"
 print(hdr)
 for s in sizes:
     line = f"{s:>10}"
@@ -129,6 +136,9 @@ for s in sizes:
         line += f" | {b / a:>8.2f}" if a and b else f" | {'-':>8}"
     if "dtrain_shm" in data and "mpi_sm" in data:
         a, b = data["dtrain_shm"].get(s), data["mpi_sm"].get(s)
+        line += f" | {b / a:>7.2f}" if a and b else f" | {'-':>7}"
+    if "dtrain_mpi" in data and "mpi_sm" in data:
+        a, b = data["dtrain_mpi"].get(s), data["mpi_sm"].get(s)
         line += f" | {b / a:>7.2f}" if a and b else f" | {'-':>7}"
     print(line)
 EOF

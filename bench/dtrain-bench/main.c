@@ -2,6 +2,7 @@
 // ranks with dt_spawn (one host), so one command is a whole run:
 //
 //   dtrain-bench allreduce --backend tcp -n 2
+//   dtrain-bench allreduce --backend mpi -n 2     (re-executes itself under mpirun)
 //
 // prints one comment line, one header line naming the columns and one row per size,
 // size in bytes first:
@@ -13,12 +14,14 @@
 // busbw = algbw * 2(n-1)/n, both in GB/s (1e9 bytes per second).
 #include "dtrain/comm.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <sched.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct args {
     const char *backend;
@@ -161,13 +164,45 @@ fail:
     return 1;
 }
 
+// MPI ranks must be started by an MPI launcher: re-execute this command under mpirun.
+static int run_under_mpirun(int argc, char **argv, int nprocs) {
+    char    self[4096], np[16];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (k <= 0) {
+        perror("dtrain-bench: readlink /proc/self/exe");
+        return 1;
+    }
+    self[k] = '\0';
+    snprintf(np, sizeof np, "%d", nprocs);
+    char *cmd[128];
+    int   n   = 0;
+    cmd[n++] = "mpirun";
+    if (geteuid() == 0)
+        cmd[n++] = "--allow-run-as-root";
+    if (nprocs > sysconf(_SC_NPROCESSORS_ONLN))
+        cmd[n++] = "--oversubscribe";
+    cmd[n++] = "-np";
+    cmd[n++] = np;
+    cmd[n++] = self;
+    for (int i = 1; i < argc && n < 127; i++)
+        cmd[n++] = argv[i];
+    cmd[n] = NULL;
+    fflush(NULL);
+    execvp(cmd[0], cmd);
+    fprintf(stderr, "dtrain-bench: --backend mpi needs mpirun (apt-get install openmpi-bin): %s\n",
+            strerror(errno));
+    return 1;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dtrain-bench allreduce [--backend auto|tcp|shm] [-n NPROCS] [--min SIZE]\n"
+            "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
             "                              [--max SIZE] [--iters N] [--warmup N] [--check] [--bind]\n"
             "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
             "  --max 64M --warmup 5; iterations by size unless --iters; --bind pins rank i\n"
-            "  to CPU i (as mpirun does by default)\n");
+            "  to CPU i (as mpirun does by default)\n"
+            "  --backend mpi runs the ranks under mpirun (this program re-executed); started\n"
+            "  by a launcher (mpirun, srun, dtrun), each process is one rank and -n is unused\n");
 }
 
 int main(int argc, char **argv) {
@@ -223,6 +258,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dtrain-bench: --min %zu is above --max %zu\n", a.min_bytes, a.max_bytes);
         return 2;
     }
+    dt_launch_env le;
+    if (dt_launch_env_read(&le) == DT_OK && le.launcher != DT_LAUNCHER_NONE)
+        return rank_main(le.local_rank, &a);  // one rank of a launcher's job
+    if (strcmp(a.backend, "mpi") == 0)
+        return run_under_mpirun(argc, argv, a.nprocs);
     dt_spawn_result res;
     if (dt_spawn(a.nprocs, rank_main, &a, &res) != DT_OK) {
         fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());

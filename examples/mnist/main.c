@@ -14,6 +14,8 @@
 //                                         rank = K*P + local rank, world = M*P
 //   RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. dtrain-mnist
 //                                         one worker of a job started by a launcher
+//   mpirun -np N dtrain-mnist [--backend mpi]   (or srun): the same, rank and size from
+//                                         MPI's variables, the store's address over MPI
 //
 // Checkpoints: --checkpoint-dir D --checkpoint-every N saves every N steps (and at the
 // end); --resume continues from the newest complete checkpoint in D, or starts fresh
@@ -58,13 +60,15 @@ static const char usage[] =
     "  --threads T         threads splitting each batch (default: cores / local processes)\n"
     "distributed (the seed's flags):\n"
     "  --num-processes P   fork P worker processes on this machine (default: none, or\n"
-    "                      one worker of a launcher's job when RANK/WORLD_SIZE are set)\n"
+    "                      one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
+    "                      or when started by mpirun or srun)\n"
     "  --num-machines M    machines taking part, P processes each (default 1)\n"
     "  --machine-id K      this machine's index in [0, M) (default 0)\n"
     "  --master-addr A     host of rank 0 (default $MASTER_ADDR, else 127.0.0.1)\n"
     "  --master-port N     port of rank 0's store (default $MASTER_PORT, else a free\n"
     "                      port on one machine and 29500 on several)\n"
-    "  --backend NAME      auto (default: shm on one host, tcp across hosts), shm, tcp\n"
+    "  --backend NAME      auto (default: shm on one host, tcp across hosts), shm, tcp,\n"
+    "                      mpi (MPI's collectives; under mpirun or srun)\n"
     "  --no-overlap        reduce gradients after backward instead of during it\n"
     "                      (for measuring how much communication overlap hides)\n"
     "checkpoints:\n"
@@ -594,7 +598,8 @@ int main(int argc, char **argv) {
     int  rc = parse_args(argc, argv, &a);
     if (rc)
         return rc;
-    job j = {.a = &a, .start = dt_now()};
+    job           j = {.a = &a, .start = dt_now()};
+    dt_launch_env le;
     dt_dataset_opts dopts = dt_dataset_opts_default();
     dopts.limit           = (size_t)a.limit;
     if (dt_dataset_load_mnist(&j.train, a.data_dir, true, &dopts) ||
@@ -617,7 +622,9 @@ int main(int argc, char **argv) {
             fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
             rc = 1;
         }
-    } else if (getenv("RANK") && getenv("WORLD_SIZE")) {
+    } else if (dt_launch_env_read(&le) != DT_OK || le.launcher != DT_LAUNCHER_NONE) {
+        // RANK/WORLD_SIZE, or the variables of mpirun, mpiexec or srun (comm.h); bad
+        // values are reported by dt_pg_init.
         rc = run_worker_from_env(&j);
     } else {
         rc = train_worker(&j, NULL);

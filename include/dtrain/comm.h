@@ -130,11 +130,63 @@ DT_API void      dt_store_set_timeout(dt_store *store, int64_t timeout_ms);
 // then gets DT_ERR_PEER). NULL is a no-op. Free prefix views before their base.
 DT_API void      dt_store_free(dt_store *store);
 
+// -------------------------------------------------------------- launcher environment
+//
+// Which launcher started this process, read from the variables it sets. dt_pg_init
+// ("env://") uses the first launcher found in this order (docs/mpi.md says why):
+//   1. RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE    torchrun, dtrun, dt_spawn, by hand
+//   2. OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE            Open MPI's mpirun
+//   3. MV2_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE                       MVAPICH2
+//   4. PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS   MPICH/Intel MPI (Hydra), PMI-2
+//   5. SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID, and the
+//      local size from SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE) at
+//      SLURM_NODEID, else SLURM_NTASKS_PER_NODE                        srun (a job step)
+// Rank and world size always come from one launcher, never mixed. Slurm counts only
+// inside a job step (SLURM_STEP_ID set, as srun does): a batch script's own shell has
+// SLURM_PROCID=0 and the allocation's SLURM_NTASKS but is not rank 0 of a job.
+
+typedef enum dt_launcher {
+    DT_LAUNCHER_NONE,     // no launcher variables: a process on its own
+    DT_LAUNCHER_ENV,      // RANK / WORLD_SIZE
+    DT_LAUNCHER_OPENMPI,  // OMPI_COMM_WORLD_*
+    DT_LAUNCHER_MVAPICH,  // MV2_COMM_WORLD_*
+    DT_LAUNCHER_PMI,      // PMI_RANK / PMI_SIZE
+    DT_LAUNCHER_SLURM,    // SLURM_* in an srun step
+    DT_LAUNCHER_COUNT_
+} dt_launcher;
+
+// "none", "env", "openmpi", "mvapich", "pmi", "slurm"; "invalid" otherwise. Never NULL.
+DT_API const char *dt_launcher_name(dt_launcher l);
+
+typedef struct dt_launch_env {
+    dt_launcher launcher;
+    int         rank, world;              // -1 when launcher is DT_LAUNCHER_NONE
+    int         local_rank, local_world;  // -1 when the launcher does not say
+    bool        is_mpi;     // an MPI launcher or srun: MPI_Init can join this job
+    const char *rank_var;   // the variables read ("OMPI_COMM_WORLD_RANK"), for messages;
+    const char *world_var;  // static strings, NULL when launcher is DT_LAUNCHER_NONE
+} dt_launch_env;
+
+// Looks up one environment variable: its value, or NULL when unset. Empty values are
+// treated as unset.
+typedef const char *(*dt_env_lookup)(const char *name, void *user);
+
+// Detects the launcher from `lookup` (a pure function of what lookup returns: tests
+// pass a table). DT_ERR_ARG names the variable when a value is not an integer in range,
+// when a launcher's rank is set without its world size (or the reverse), or when a
+// rank is outside [0, world) or a local rank outside [0, local world).
+DT_API dt_status dt_launch_env_parse(dt_env_lookup lookup, void *user,
+                                     dt_launch_env *out /* out */);
+// The same from this process's environment (getenv).
+DT_API dt_status dt_launch_env_read(dt_launch_env *out /* out */);
+
 // ---------------------------------------------------------------------- process group
 
 typedef struct dt_pg_opts {
     const char *backend;     // "auto" (NULL = auto): shm when every rank is on this host
-                             // and shm is built, tcp otherwise; or "shm", "tcp"
+                             // and shm is built, tcp otherwise; or "shm", "tcp", "mpi"
+                             // (MPI's collectives; only when built with MPI and started
+                             // by an MPI launcher; see docs/mpi.md)
     int64_t     timeout_ms;  // per operation; 0 = default: DT_TIMEOUT_MS env, else 30 min
                              // (PyTorch's CPU backends); < 0 = no limit
     const char *token;       // job token; NULL = DT_JOB_TOKEN env; "" = none = no check
@@ -145,10 +197,16 @@ DT_API dt_pg_opts dt_pg_opts_default(void);
 
 // Joins the group described by the environment (torch.distributed env://):
 // MASTER_ADDR (required except on rank 0, which then uses 127.0.0.1), MASTER_PORT
-// (required), RANK, WORLD_SIZE (required; OMPI_COMM_WORLD_*, PMI_* and SLURM_* are
-// read when these are unset), LOCAL_RANK and LOCAL_WORLD_SIZE (optional: computed
-// from the hosts of the ranks when unset). Rank 0 runs the store; the others retry
-// connecting until the timeout. COLLECTIVE: returns once every rank has joined.
+// (required, except under an MPI launcher), the rank and world size from the launcher
+// (dt_launch_env_read: RANK and WORLD_SIZE, else mpirun's, PMI's or srun's variables),
+// the local rank and size (optional: computed from the hosts of the ranks when the
+// launcher does not say). Rank 0 runs the store; the others retry connecting until the
+// timeout. COLLECTIVE: returns once every rank has joined.
+// Under an MPI launcher (mpirun, mpiexec, srun) without MASTER_ADDR and MASTER_PORT,
+// the store's address goes through MPI: MPI is initialised, rank 0 starts the store on
+// a free port and broadcasts its address and a job token (MPI_Bcast); data then moves
+// through the chosen backend ("auto": shm or tcp). MPI is initialised only then or when
+// backend is "mpi"; it is finalised at exit.
 // Returns an owned group (dt_pg_free) or NULL with dt_last_error(): DT_ERR_ARG naming a
 // missing or malformed variable or a rank out of range, DT_ERR_MISMATCH for a world
 // size that differs between ranks or a wrong token, DT_ERR_IO for a port in use,
@@ -168,7 +226,7 @@ DT_API int dt_pg_rank(const dt_pg *pg);
 DT_API int dt_pg_size(const dt_pg *pg);
 DT_API int dt_pg_local_rank(const dt_pg *pg);   // rank among the ranks on this host
 DT_API int dt_pg_local_size(const dt_pg *pg);   // number of ranks on this host
-// Name of the backend in use ("shm", "tcp"); owned by the group.
+// Name of the backend in use ("shm", "tcp", "mpi"); owned by the group.
 DT_API const char *dt_pg_backend(const dt_pg *pg);
 // The group's store (borrowed; lives until dt_pg_free; in ranks other than 0 it needs
 // rank 0 alive). Keys under "dt/" are the group's own: use another prefix.

@@ -4,6 +4,7 @@
 // abort. Transport details live in the backends (tcp.c, shm*.c); algorithms over
 // point-to-point messages in algo.c.
 #include "comm/comm_impl.h"
+#include "comm/backends.h"
 #include "comm/reduce.h"
 
 #include <errno.h>
@@ -20,8 +21,6 @@
 // After an operation's deadline, dt_work_wait gives the backend this long to report
 // the timeout itself before it aborts the group.
 #define WAIT_GRACE_MS 5000
-
-static const dt_backend_ops *const backends[] = {&dt_backend_shm, &dt_backend_tcp};
 
 // --------------------------------------------------------------------------- names
 
@@ -118,6 +117,7 @@ struct dt_pg {
     int   rank, world, local_rank, local_world;
     char **host_ids;  // world entries
     bool  all_local;
+    bool  store_via_mpi;  // rank 0's store address came through MPI
     int64_t timeout_ms;
     char   *token;  // NULL = none
 
@@ -810,25 +810,6 @@ void dt_pg_abort(dt_pg *pg, const char *reason) {
 
 // ------------------------------------------------------------------ init and free
 
-// Reads the first set variable among `names` as an integer in [lo, hi]; *found tells
-// whether any was set. The message names the variable.
-static dt_status env_first_int(const char *const *names, long lo, long hi, long *out,
-                               bool *found, const char **which) {
-    *found = false;
-    for (int i = 0; names[i]; i++) {
-        const char *v = getenv(names[i]);
-        if (!v || !*v)
-            continue;
-        *found = true;
-        if (which)
-            *which = names[i];
-        char what[96];
-        snprintf(what, sizeof what, "environment variable %s", names[i]);
-        return dt_parse_long(v, lo, hi, what, out);
-    }
-    return DT_OK;
-}
-
 static void host_identity(char *buf, size_t n) {
     const char *o = getenv("DT_HOST_ID");  // tests: pretend ranks are on other hosts
     if (o && *o) {
@@ -844,13 +825,6 @@ static void host_identity(char *buf, size_t n) {
         fclose(f);
     }
     snprintf(buf, n, "%s/%s", host, boot);
-}
-
-static const dt_backend_ops *backend_by_name(const char *name) {
-    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
-        if (strcmp(backends[i]->name, name) == 0)
-            return backends[i];
-    return NULL;
 }
 
 // Waits for keys while watching "dt/abort" (set by a rank that found a problem, so the
@@ -974,20 +948,21 @@ static dt_status rendezvous(dt_pg *pg, uint64_t deadline) {
 
 static dt_status choose_backend(dt_pg *pg, const char *want) {
     if (!want || !*want || strcmp(want, "auto") == 0) {
-        const dt_backend_ops *shm = backend_by_name("shm");
+        const dt_backend_ops *shm = dt_backend_find("shm");
         if (pg->all_local && shm && shm->built && (!shm->usable || shm->usable(pg)))
             pg->be = shm;
         else
             pg->be = &dt_backend_tcp;
         if (pg->rank == 0)
-            DT_INFO("comm", "backend auto: chose %s (%d ranks, %s)", pg->be->name, pg->world,
-                    pg->all_local ? "all on one host"
-                                  : "on more than one host");
+            DT_INFO("comm", "backend auto: chose %s (%d ranks, %s%s)", pg->be->name, pg->world,
+                    pg->all_local ? "all on one host" : "on more than one host",
+                    pg->store_via_mpi ? "; store address through MPI" : "");
         return DT_OK;
     }
-    const dt_backend_ops *be = backend_by_name(want);
+    const dt_backend_ops *be = dt_backend_find(want);
     if (!be)
-        return dt_fail(DT_ERR_ARG, "init: expected backend \"auto\", \"shm\" or \"tcp\", found \"%s\"",
+        return dt_fail(DT_ERR_ARG,
+                       "init: expected backend \"auto\", \"shm\", \"tcp\" or \"mpi\", found \"%s\"",
                        want);
     if (!be->built)
         return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s is not built into this library",
@@ -1050,59 +1025,84 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     dt_pg_opts o = opts ? *opts : dt_pg_opts_default();
     if (!method || !*method)
         method = "env://";
-    static const char *const rank_vars[]  = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                                             "SLURM_PROCID", NULL};
-    static const char *const world_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                                             "SLURM_NTASKS", NULL};
-    static const char *const lrank_vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                                             "MPI_LOCALRANKID", "SLURM_LOCALID", NULL};
-    static const char *const lsize_vars[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                                             "MPI_LOCALNRANKS", NULL};
-    bool        env     = strncmp(method, "env://", 6) == 0;
-    bool        found;
-    long        v;
-    const char *which = NULL;
-    if (world < 0) {
-        if (env_first_int(world_vars, 1, 1 << 20, &v, &found, &which) != DT_OK)
-            return NULL;
-        if (!found) {
-            dt_fail(DT_ERR_ARG, "init: environment variable WORLD_SIZE is not set (expected the "
-                                "number of ranks, e.g. WORLD_SIZE=2)");
-            return NULL;
-        }
-        world = (int)v;
-    }
-    if (world < 1) {
-        dt_fail(DT_ERR_ARG, "init: expected a world size >= 1, found %d", world);
+    bool          env      = strncmp(method, "env://", 6) == 0;
+    bool          want_mpi = o.backend && strcmp(o.backend, "mpi") == 0;
+    dt_launch_env le;
+    if (dt_launch_env_read(&le) != DT_OK)
+        return NULL;
+    // The store's address goes through MPI when an MPI launcher started this process
+    // and MASTER_ADDR / MASTER_PORT do not give it (docs/mpi.md).
+    const char *maddr = getenv("MASTER_ADDR"), *mport = getenv("MASTER_PORT");
+    // (A lone process asking for mpi is a one-rank MPI job: MPI's singleton.)
+    bool mpi_store = env && (le.is_mpi || (want_mpi && le.launcher == DT_LAUNCHER_NONE)) &&
+                     !(maddr && *maddr && mport && *mport);
+    if (world < 0 && le.launcher == DT_LAUNCHER_NONE && !want_mpi) {
+        dt_fail(DT_ERR_ARG, "init: environment variable WORLD_SIZE is not set (expected the "
+                            "number of ranks, e.g. WORLD_SIZE=2, or a start by mpirun or srun)");
         return NULL;
     }
-    if (rank < 0) {
-        if (env_first_int(rank_vars, INT32_MIN, INT32_MAX, &v, &found, &which) != DT_OK)
-            return NULL;
-        if (!found) {
-            dt_fail(DT_ERR_ARG, "init: environment variable RANK is not set (expected this "
-                                "process's rank in [0, %d), e.g. RANK=0)",
-                    world);
-            return NULL;
-        }
-        if (v < 0 || v >= world) {
-            dt_fail(DT_ERR_ARG, "init: %s=%ld is out of range: expected 0 <= rank < WORLD_SIZE=%d",
-                    which, v, world);
-            return NULL;
-        }
-        rank = (int)v;
+    if (world < 0)
+        world = le.world;
+    if (rank < 0 && le.launcher == DT_LAUNCHER_NONE && !want_mpi) {
+        dt_fail(DT_ERR_ARG, "init: environment variable RANK is not set (expected this "
+                            "process's rank in [0, %d), e.g. RANK=0)",
+                world);
+        return NULL;
     }
-    if (rank >= world) {
-        dt_fail(DT_ERR_ARG, "init: rank %d is out of range: expected 0 <= rank < %d", rank, world);
+    if (rank < 0)
+        rank = le.rank;
+    if (le.launcher != DT_LAUNCHER_NONE && world > 0 && rank >= world) {
+        dt_fail(DT_ERR_ARG, "init: %s=%d is out of range: expected 0 <= rank < %d", le.rank_var,
+                rank, world);
         return NULL;
     }
     int64_t timeout = o.timeout_ms;
     if (timeout == 0 && dt_default_timeout_ms(&timeout) != DT_OK)
         return NULL;
+    uint64_t deadline = timeout < 0 ? UINT64_MAX : dt_deadline_ns(timeout);
+
+    // MPI: initialised only for the mpi backend or to hand out the store's address.
+    dt_mpi_boot_res boot = {.rank = -1};
+    if (want_mpi || mpi_store) {
+        char hid[256];
+        host_identity(hid, sizeof hid);
+        long port = 0;
+        if (mport && *mport &&
+            dt_parse_long(mport, 0, 65535, "environment variable MASTER_PORT", &port) != DT_OK)
+            return NULL;
+        dt_mpi_boot_req req = {.env         = &le,
+                               .need_store  = mpi_store,
+                               .addr        = maddr && *maddr ? maddr : NULL,
+                               .port        = (int)port,
+                               .host_id     = hid,
+                               .token       = dt_token_resolve(o.token),
+                               .no_token    = o.token && !*o.token,
+                               .timeout_ms  = timeout,
+                               .deadline_ns = deadline};
+        if (dt_backend_mpi_bootstrap(&req, &boot) != DT_OK) {
+            dt_fail_context("init (%s)", want_mpi ? "backend mpi" : "store address through MPI");
+            return NULL;
+        }
+        if (world < 0)
+            world = boot.world;
+        if (rank < 0)
+            rank = boot.rank;
+    }
+    if (world < 1 || rank < 0 || rank >= world) {
+        if (world < 1)
+            dt_fail(DT_ERR_ARG, "init: expected a world size >= 1, found %d", world);
+        else
+            dt_fail(DT_ERR_ARG, "init: rank %d is out of range: expected 0 <= rank < %d", rank,
+                    world);
+        dt_store_free(boot.store);
+        return NULL;
+    }
 
     dt_pg *pg = dt_alloc_zero(sizeof *pg);
-    if (!pg)
+    if (!pg) {
+        dt_store_free(boot.store);
         return NULL;
+    }
     pg->rank       = rank;
     pg->world      = world;
     pg->timeout_ms = timeout;
@@ -1111,7 +1111,8 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     pthread_cond_init(&pg->cv, NULL);
     atomic_init(&pg->poisoned, false);
     dt_log_set_rank(rank, world);
-    uint64_t deadline = timeout < 0 ? UINT64_MAX : dt_deadline_ns(timeout);
+    pg->store         = boot.store;
+    pg->store_via_mpi = boot.store != NULL;
     pg->abort_fd      = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     pg->pool          = dt_alloc_zero(sizeof *pg->pool);
     if (!pg->pool)
@@ -1127,12 +1128,14 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     }
     if (!pg->host_ids || !pg->send_seq || !pg->recv_seq)
         goto fail;
-    const char *tok = dt_token_resolve(o.token);
+    const char *tok = boot.store ? (boot.token[0] ? boot.token : NULL) : dt_token_resolve(o.token);
     if (tok && !(pg->token = dt_strdup(tok)))
         goto fail;
 
     dt_store_opts so = {.timeout_ms = timeout, .token = o.token};
-    if (env || strncmp(method, "tcp://", 6) == 0) {
+    if (pg->store) {
+        // reached through MPI above
+    } else if (env || strncmp(method, "tcp://", 6) == 0) {
         char host[256];
         int  port = 0;
         if (env) {
@@ -1189,14 +1192,10 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
             pg->local_world++;
         }
     }
-    if (env_first_int(lrank_vars, 0, world - 1, &v, &found, NULL) != DT_OK)
-        goto fail;
-    if (found)
-        pg->local_rank = (int)v;
-    if (env_first_int(lsize_vars, 1, world, &v, &found, NULL) != DT_OK)
-        goto fail;
-    if (found)
-        pg->local_world = (int)v;
+    if (le.local_rank >= 0)
+        pg->local_rank = le.local_rank;
+    if (le.local_world >= 0)
+        pg->local_world = le.local_world;
 
     if (choose_backend(pg, o.backend) != DT_OK || dt_algo_cfg_init(&pg->algo) != DT_OK)
         goto fail;

@@ -3,6 +3,7 @@
 // strong definition replaces the stand-in here (docs/comm-backend.md). A stand-in has
 // .built = false: "auto" skips it and asking for it by name is DT_ERR_UNSUPPORTED.
 #include "comm/backend.h"
+#include "comm/mpi_hook.h"
 
 static dt_status unbuilt_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **ctx) {
     (void)pg, (void)store, (void)deadline_ns, (void)ctx;
@@ -17,3 +18,17 @@ __attribute__((weak)) const dt_backend_ops dt_backend_shm = {
     .free  = unbuilt_free,
     .built = false,
 };
+
+__attribute__((weak)) const dt_backend_ops dt_backend_mpi = {
+    .name  = "mpi",
+    .init  = unbuilt_init,
+    .free  = unbuilt_free,
+    .built = false,
+};
+
+__attribute__((weak)) dt_status dt_mpi_bootstrap(const dt_mpi_boot_req *req, dt_mpi_boot_res *res) {
+    (void)req, (void)res;
+    return dt_fail(DT_ERR_UNSUPPORTED,
+                   "this library was built without MPI (no mpicc at build time): set "
+                   "MASTER_ADDR and MASTER_PORT, or install libopenmpi-dev and rebuild");
+}

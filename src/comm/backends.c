@@ -1,0 +1,25 @@
+// backends.c: the list of backends the process group can choose from, and the door to
+// MPI's bootstrap. Backends not built into the library are weak stand-ins
+// (unbuilt_backends.c) that the real definitions replace. With the static library
+// that replacement depends on which archive member the linker extracts first: this
+// file is the only one that names the backends, and it sorts before every backend's
+// file (mpi*.c, shm*.c, tcp.c) and after nothing that needs it, so by the time the
+// linker pulls it in (a pass after pg.o), the real definitions come before the
+// stand-ins in the archive and win. Keep backend names out of the other files.
+#include "comm/backends.h"
+
+#include <string.h>
+
+static const dt_backend_ops *const backends[] = {&dt_backend_shm, &dt_backend_tcp,
+                                                  &dt_backend_mpi};
+
+const dt_backend_ops *dt_backend_find(const char *name) {
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
+        if (strcmp(backends[i]->name, name) == 0)
+            return backends[i];
+    return NULL;
+}
+
+dt_status dt_backend_mpi_bootstrap(const dt_mpi_boot_req *req, dt_mpi_boot_res *res) {
+    return dt_mpi_bootstrap(req, res);
+}
