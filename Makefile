@@ -67,7 +67,7 @@ endif
 
 CFLAGS  ?=
 CFLAGS  := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
-LDLIBS  := -lopenblas -lz -lm -lpthread
+LDLIBS  := -lopenblas -ldeflate -lz -lm -lpthread
 LDFLAGS := $(SAN_LDFLAGS) -pthread
 
 # ---------------------------------------------------------------- optional parts

