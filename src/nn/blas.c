@@ -6,9 +6,13 @@
 #include "nn/blas.h"
 #include "dtrain/nn.h"
 
+#include "nn/nn_impl.h"
+
 #include <cblas.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char           info[192];
@@ -33,4 +37,18 @@ void dt_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
               int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+bool dt_nn_want_direct(void) {
+    const char *e = getenv("DT_CONV");
+    if (e && strcmp(e, "direct") == 0)
+        return true;
+    if (e && strcmp(e, "gemm") == 0)
+        return false;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
 }

@@ -57,20 +57,6 @@ static wide wide_geom(const nn_layer *l) {
     return g;
 }
 
-static bool want_direct(void) {
-    const char *e = getenv("DT_CONV");
-    if (e && strcmp(e, "direct") == 0)
-        return true;
-    if (e && strcmp(e, "gemm") == 0)
-        return false;
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
-#else
-    return false;
-#endif
-}
-
 static dt_status conv_setup(nn_layer *l) {
     if (l->k < 1 || l->k > 16 || l->stride < 1 || l->pad < 0 || l->out_c < 1)
         return dt_fail(DT_ERR_ARG,
@@ -96,7 +82,7 @@ static dt_status conv_setup(nn_layer *l) {
     l->wcount    = (size_t)l->out_c * l->fan_in;
     l->bcount    = l->out_c;
     size_t hw    = (size_t)l->out.h * l->out.w;
-    l->direct    = l->stride == 1 && want_direct();
+    l->direct    = l->stride == 1 && dt_nn_want_direct();
     if (l->direct) {
         wide   g  = wide_geom(l);
         size_t rf = l->fan_in, rb = (size_t)l->out_c * l->k * l->k;
@@ -140,6 +126,15 @@ static void pad_input(const float *x, int c, int h, int w, int p, float *xp) {
     for (int ch = 0; ch < c; ch++)
         for (int i = 0; i < h; i++)
             memcpy(xp + ((size_t)ch * (h + 2 * p) + i + p) * wp + p, x + ((size_t)ch * h + i) * w,
+                   sizeof(float) * (size_t)w);
+}
+
+// The inverse: the middle (C, H, W) of a (C, H+2p, W+2p) buffer, copied out.
+static void crop_padded(const float *xp, int c, int h, int w, int p, float *x) {
+    int wp = w + 2 * p;
+    for (int ch = 0; ch < c; ch++)
+        for (int i = 0; i < h; i++)
+            memcpy(x + ((size_t)ch * h + i) * w, xp + ((size_t)ch * (h + 2 * p) + i + p) * wp + p,
                    sizeof(float) * (size_t)w);
 }
 
@@ -432,11 +427,7 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
         float *dxp = l->pad ? xp : dx;
         wide_col2im(col, l->in.c, l->k, g, dxp);
         if (l->pad)
-            for (int ch = 0; ch < l->in.c; ch++)
-                for (int i = 0; i < l->in.h; i++)
-                    memcpy(dx + ((size_t)ch * l->in.h + i) * l->in.w,
-                           xp + ((size_t)ch * g.hp + i + l->pad) * g.wp + l->pad,
-                           sizeof(float) * (size_t)l->in.w);
+            crop_padded(xp, l->in.c, l->in.h, l->in.w, l->pad, dx);
     }
 }
 
@@ -492,11 +483,7 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
         dt_nn_shifted_gemm(ext, l->offsets + l->fan_in, rb, wt, l->in.c, (int)g.plane, dxp,
                            g.plane, false);
         if (l->pad)
-            for (int ch = 0; ch < l->in.c; ch++)
-                for (int i = 0; i < l->in.h; i++)
-                    memcpy(dx + ((size_t)ch * l->in.h + i) * l->in.w,
-                           xp + ((size_t)ch * g.hp + i + l->pad) * g.wp + l->pad,
-                           sizeof(float) * (size_t)l->in.w);
+            crop_padded(xp, l->in.c, l->in.h, l->in.w, l->pad, dx);
     }
 }
 

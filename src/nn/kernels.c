@@ -5,6 +5,17 @@
 
 #include <string.h>
 
+// Output columns [lo, hi) whose input column ow*stride - pad + kj lies inside [0, w).
+static void inside_cols(int wo, int w, int stride, int pad, int kj, int *lo, int *hi) {
+    int a = 0, b = wo;
+    while (a < wo && a * stride - pad + kj < 0)
+        a++;
+    while (b > a && (b - 1) * stride - pad + kj >= w)
+        b--;
+    *lo = a;
+    *hi = b;
+}
+
 // Rows of `col` are (channel, ki, kj), columns are output positions (oh, ow): row
 // r = (c*k + ki)*k + kj matches the (Cin, kh, kw) order of a flattened conv weight.
 DT_CLONES void dt_nn_im2col(const float *img, int c, int h, int w, int k, int stride, int pad,
@@ -14,12 +25,8 @@ DT_CLONES void dt_nn_im2col(const float *img, int c, int h, int w, int k, int st
         for (int ki = 0; ki < k; ki++) {
             for (int kj = 0; kj < k; kj++) {
                 float *row = col + ((size_t)(ch * k + ki) * k + kj) * (size_t)ho * wo;
-                // Output columns whose input column iw = ow*stride - pad + kj is inside.
-                int ow_lo = 0, ow_hi = wo;
-                while (ow_lo < wo && ow_lo * stride - pad + kj < 0)
-                    ow_lo++;
-                while (ow_hi > ow_lo && (ow_hi - 1) * stride - pad + kj >= w)
-                    ow_hi--;
+                int ow_lo, ow_hi;
+                inside_cols(wo, w, stride, pad, kj, &ow_lo, &ow_hi);
                 for (int oh = 0; oh < ho; oh++) {
                     int    ih  = oh * stride - pad + ki;
                     float *dst = row + (size_t)oh * wo;
@@ -51,11 +58,8 @@ DT_CLONES void dt_nn_col2im(const float *col, int c, int h, int w, int k, int st
         for (int ki = 0; ki < k; ki++) {
             for (int kj = 0; kj < k; kj++) {
                 const float *row = col + ((size_t)(ch * k + ki) * k + kj) * (size_t)ho * wo;
-                int ow_lo = 0, ow_hi = wo;
-                while (ow_lo < wo && ow_lo * stride - pad + kj < 0)
-                    ow_lo++;
-                while (ow_hi > ow_lo && (ow_hi - 1) * stride - pad + kj >= w)
-                    ow_hi--;
+                int ow_lo, ow_hi;
+                inside_cols(wo, w, stride, pad, kj, &ow_lo, &ow_hi);
                 for (int oh = 0; oh < ho; oh++) {
                     int ih = oh * stride - pad + ki;
                     if (ih < 0 || ih >= h)

@@ -14,20 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool want_direct(void) {
-    const char *e = getenv("DT_CONV");  // one switch for both layer kinds
-    if (e && strcmp(e, "direct") == 0)
-        return true;
-    if (e && strcmp(e, "gemm") == 0)
-        return false;
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
-#else
-    return false;
-#endif
-}
-
 static dt_status linear_setup(nn_layer *l) {
     if (l->in.h != 1 || l->in.w != 1)
         return dt_fail(DT_ERR_ARG,
@@ -46,7 +32,7 @@ static dt_status linear_setup(nn_layer *l) {
     l->wcount    = (size_t)l->out_c * l->in.c;
     l->bcount    = l->out_c;
     l->flops     = 2.0 * (double)l->wcount;
-    l->direct    = want_direct();
+    l->direct    = dt_nn_want_direct();
     if (l->direct) {
         // Row offsets of W (out rows of `in` floats), and per sample of a batch of x
         // (filled per call); the transposed output gradient (out, batch) lives in aux.

@@ -12,6 +12,7 @@
 // - --eval-only --load evaluates the saved model with the accuracy training printed;
 //   the flag combinations that make no sense are refused with exit code 2.
 #include "ckpt_test.h"
+#include "../lib/prog.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -22,23 +23,7 @@
 static char bin[PATH_MAX + 64];
 static char common[256] = "--limit 256 --batch-size 16 --epochs 2 --threads 1 --seed 3";
 
-// The program of the same build variant: <out>/bin or, for release, <out>/../bin.
-static bool find_bin(void) {
-    char    exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return false;
-    exe[n] = '\0';
-    for (int up = 0; up < 3; up++) // strip test_x, ckpt, tests
-        *strrchr(exe, '/') = '\0';
-    const char *cand[] = {"/bin/dtrain-mnist", "/../bin/dtrain-mnist"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(bin, sizeof bin, "%s%s", exe, cand[i]);
-        if (access(bin, X_OK) == 0)
-            return true;
-    }
-    return false;
-}
+static bool find_bin(void) { return test_program_path("dtrain-mnist", bin, sizeof bin); }
 
 // Runs `dtrain-mnist <args>` through the shell; exit status, output in *out (malloc'd).
 static int run(char **out, const char *fmt, ...) DT_PRINTF(2, 3);

@@ -12,6 +12,7 @@
 #define DTRAIN_TESTS_E2E_DTRUN_LIB_H
 
 #include "../check.h"
+#include "../lib/prog.h"
 
 // Not every test binary uses every helper.
 #define DTRUN_TEST_FN static __attribute__((unused))
@@ -264,24 +265,14 @@ DTRUN_TEST_FN int worker_main(int argc, char **argv) {
 
 // ------------------------------------------------------------------ finding things
 
-// Binaries of the same build variant: <out>/bin or, for release, <out>/../bin.
+// This test binary (a worker program of its own) and the programs of its build variant.
 DTRUN_TEST_FN bool find_bins(void) {
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
     if (n <= 0)
         return false;
     self_path[n] = '\0';
-    char base[PATH_MAX];
-    snprintf(base, sizeof base, "%s", self_path);
-    for (int up = 0; up < 3; up++) // strip test_x, e2e, tests
-        *strrchr(base, '/') = '\0';
-    const char *cand[] = {"/bin", "/../bin"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(dtrun_path, sizeof dtrun_path, "%s%s/dtrun", base, cand[i]);
-        snprintf(mnist_path, sizeof mnist_path, "%s%s/dtrain-mnist", base, cand[i]);
-        if (access(dtrun_path, X_OK) == 0)
-            return true;
-    }
-    return false;
+    return test_program_path("dtrun", dtrun_path, sizeof dtrun_path) &&
+           test_program_path("dtrain-mnist", mnist_path, sizeof mnist_path);
 }
 
 DTRUN_TEST_FN void make_tmp_root(const char *name) {

@@ -7,6 +7,7 @@
 //   the forked job: both launch styles are one computation.
 // - Bad flags are refused with exit code 2 and a message naming the flag.
 #include "../check.h"
+#include "../lib/prog.h"
 #include "../lib/mp.h"
 
 #include <limits.h>
@@ -17,23 +18,7 @@
 
 static char bin[PATH_MAX + 64];
 
-// The program of the same build variant: <out>/bin or, for release, <out>/../bin.
-static bool find_bin(void) {
-    char    exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return false;
-    exe[n] = '\0';
-    for (int up = 0; up < 3; up++)  // strip test_x, e2e, tests
-        *strrchr(exe, '/') = '\0';
-    const char *cand[] = {"/bin/dtrain-mnist", "/../bin/dtrain-mnist"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(bin, sizeof bin, "%s%s", exe, cand[i]);
-        if (access(bin, X_OK) == 0)
-            return true;
-    }
-    return false;
-}
+static bool find_bin(void) { return test_program_path("dtrain-mnist", bin, sizeof bin); }
 
 // Runs a shell command; returns its exit status and its output in *out (malloc'd).
 static int run(const char *cmd, char **out) {

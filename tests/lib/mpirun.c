@@ -1,5 +1,6 @@
 // mpirun.c: running a test's ranks under mpirun (see mpirun.h).
 #include "mpirun.h"
+#include "prog.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -85,24 +86,7 @@ int mpirun_child_done_impl(int passed, int failed) {
 
 const char *mpirun_program(const char *name) {
     static char bin[PATH_MAX + 64];
-    char        exe[PATH_MAX];
-    ssize_t     n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return NULL;
-    exe[n] = '\0';
-    for (int up = 0; up < 3; up++) {  // strip test_x, the group, tests
-        char *s = strrchr(exe, '/');
-        if (!s)
-            return NULL;
-        *s = '\0';
-    }
-    const char *cand[] = {"/bin/", "/../bin/"};  // <out>/bin, or build/bin for release
-    for (int i = 0; i < 2; i++) {
-        snprintf(bin, sizeof bin, "%s%s%s", exe, cand[i], name);
-        if (access(bin, X_OK) == 0)
-            return bin;
-    }
-    return NULL;
+    return test_program_path(name, bin, sizeof bin) ? bin : NULL;
 }
 
 static char *read_file(const char *path) {
