@@ -3,6 +3,7 @@
 // and decoding each section with bounds checks on every field. Knows nothing about
 // directories or ranks (ckpt.c). Layout: docs/checkpoint-format.md.
 #include "ckpt_impl.h"
+#include "core/le.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,23 +19,6 @@
 #else
 #define CRC_ENFORCED 1
 #endif
-
-// ------------------------------------------------------------------ little-endian
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) {
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 
 static const char *tag_name(uint32_t tag, char out[8]) {
     for (int i = 0; i < 4; i++) {
@@ -90,14 +74,14 @@ static bool buf_reserve(ck_buf *b, size_t more) {
 
 void dt_ckpt_buf_u32(ck_buf *b, uint32_t v) {
     if (buf_reserve(b, 4)) {
-        put32(b->p + b->len, v);
+        dt_put_le32(b->p + b->len, v);
         b->len += 4;
     }
 }
 
 void dt_ckpt_buf_u64(ck_buf *b, uint64_t v) {
     if (buf_reserve(b, 8)) {
-        put64(b->p + b->len, v);
+        dt_put_le64(b->p + b->len, v);
         b->len += 8;
     }
 }
@@ -174,30 +158,30 @@ dt_status dt_ckpt_write_file(const char *path, const ck_header *h, const ck_sect
         uint64_t len = (uint64_t)secs[i].head.len + (uint64_t)secs[i].data_len;
         uint8_t *sh  = sechdr[i];
         memset(sh, 0, CK_SECHDR_SIZE);
-        put32(sh, secs[i].tag);
-        put64(sh + 8, len);
+        dt_put_le32(sh, secs[i].tag);
+        dt_put_le64(sh + 8, len);
         uint32_t crc = dt_crc32c(0, sh, 16);
         crc          = dt_crc32c(crc, secs[i].head.p, secs[i].head.len);
         if (secs[i].data_len)
             crc = dt_crc32c(crc, secs[i].data, secs[i].data_len);
-        put32(sh + 16, crc);
+        dt_put_le32(sh + 16, crc);
         size += CK_SECHDR_SIZE + len;
     }
     uint8_t hdr[CK_HEADER_SIZE] = {0};
     memcpy(hdr, CK_MAGIC, 8);
-    put32(hdr + 8, DT_CKPT_VERSION);
-    put32(hdr + 12, CK_HEADER_SIZE);
-    put32(hdr + 16, h->kind);
-    put32(hdr + 20, (uint32_t)nsecs);
-    put64(hdr + 24, (uint64_t)h->step);
-    put32(hdr + 32, h->world);
-    put32(hdr + 36, h->rank);
-    put64(hdr + 40, size);
+    dt_put_le32(hdr + 8, DT_CKPT_VERSION);
+    dt_put_le32(hdr + 12, CK_HEADER_SIZE);
+    dt_put_le32(hdr + 16, h->kind);
+    dt_put_le32(hdr + 20, (uint32_t)nsecs);
+    dt_put_le64(hdr + 24, (uint64_t)h->step);
+    dt_put_le32(hdr + 32, h->world);
+    dt_put_le32(hdr + 36, h->rank);
+    dt_put_le64(hdr + 40, size);
     // The header's CRC covers the section table's CRC, so the header CRC alone
     // fingerprints the whole file (the manifest records it).
-    put32(hdr + 48, dt_crc32c(0, sechdr, (size_t)nsecs * CK_SECHDR_SIZE));
+    dt_put_le32(hdr + 48, dt_crc32c(0, sechdr, (size_t)nsecs * CK_SECHDR_SIZE));
     uint32_t hcrc = dt_crc32c(0, hdr, 60);
-    put32(hdr + 60, hcrc);
+    dt_put_le32(hdr + 60, hcrc);
 
     char tmp[4096 + 32], dir[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
@@ -321,25 +305,25 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        "%s: truncated: expected at least %d bytes (the header), "
                        "found %zu",
                        name, CK_HEADER_SIZE, n);
-    uint32_t version = get32(p + 8);
+    uint32_t version = dt_get_le32(p + 8);
     if (version != DT_CKPT_VERSION)
         return dt_fail(DT_ERR_FORMAT, "%s: expected format version %d, found version %u", name,
                        DT_CKPT_VERSION, version);
-    uint32_t hsize = get32(p + 12);
+    uint32_t hsize = dt_get_le32(p + 12);
     if (hsize != CK_HEADER_SIZE)
         return dt_fail(DT_ERR_FORMAT, "%s: expected a header of %d bytes, found %u", name,
                        CK_HEADER_SIZE, hsize);
-    uint32_t hcrc = dt_crc32c(0, p, 60), stored = get32(p + 60);
+    uint32_t hcrc = dt_crc32c(0, p, 60), stored = dt_get_le32(p + 60);
     if (hcrc != stored && CRC_ENFORCED)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: corrupt header: expected CRC32C %08x (stored), found %08x", name,
                        stored, hcrc);
-    f->kind       = get32(p + 16);
-    f->nsec       = get32(p + 20);
-    f->step       = (int64_t)get64(p + 24);
-    f->world      = get32(p + 32);
-    f->rank       = get32(p + 36);
-    f->size       = get64(p + 40);
+    f->kind       = dt_get_le32(p + 16);
+    f->nsec       = dt_get_le32(p + 20);
+    f->step       = (int64_t)dt_get_le64(p + 24);
+    f->world      = dt_get_le32(p + 32);
+    f->rank       = dt_get_le32(p + 36);
+    f->size       = dt_get_le64(p + 40);
     f->header_crc = hcrc;
     if (f->size != n)
         return dt_fail(DT_ERR_FORMAT,
@@ -368,20 +352,20 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                            "%zu bytes left",
                            name, i, CK_SECHDR_SIZE, off, n - off);
         const uint8_t *sh  = p + off;
-        uint64_t       len = get64(sh + 8);
+        uint64_t       len = dt_get_le64(sh + 8);
         tcrc               = dt_crc32c(tcrc, sh, CK_SECHDR_SIZE);
         off += CK_SECHDR_SIZE;
         if (len > n - off)
             return dt_fail(DT_ERR_FORMAT,
                            "%s: section %u (%s): expected a length within the %zu bytes left, "
                            "found %llu (corrupt length or truncated file)",
-                           name, i, tag_name(get32(sh), tn), n - off, (unsigned long long)len);
+                           name, i, tag_name(dt_get_le32(sh), tn), n - off, (unsigned long long)len);
         uint32_t crc = dt_crc32c(dt_crc32c(0, sh, 16), p + off, (size_t)len);
-        if (crc != get32(sh + 16) && CRC_ENFORCED)
+        if (crc != dt_get_le32(sh + 16) && CRC_ENFORCED)
             return dt_fail(DT_ERR_FORMAT,
                            "%s: corrupt section %u (%s): expected CRC32C %08x (stored), found %08x",
-                           name, i, tag_name(get32(sh), tn), get32(sh + 16), crc);
-        uint32_t tag = get32(sh);
+                           name, i, tag_name(dt_get_le32(sh), tn), dt_get_le32(sh + 16), crc);
+        uint32_t tag = dt_get_le32(sh);
         for (uint32_t j = 0; j < i; j++)
             if (f->sec[j].tag == tag)
                 return dt_fail(DT_ERR_FORMAT, "%s: expected one %s section, found two", name,
@@ -394,10 +378,10 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        "%s: expected the sections to end at byte %zu (the file's "
                        "end), found them ending at byte %zu",
                        name, n, off);
-    if (tcrc != get32(p + 48) && CRC_ENFORCED)
+    if (tcrc != dt_get_le32(p + 48) && CRC_ENFORCED)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: corrupt section table: expected CRC32C %08x (stored), found %08x", name,
-                       get32(p + 48), tcrc);
+                       dt_get_le32(p + 48), tcrc);
     return DT_OK;
 }
 
@@ -452,11 +436,11 @@ static const uint8_t *rd_take(rd *r, size_t n) {
 }
 static uint32_t rd_u32(rd *r) {
     const uint8_t *q = rd_take(r, 4);
-    return q ? get32(q) : 0;
+    return q ? dt_get_le32(q) : 0;
 }
 static uint64_t rd_u64(rd *r) {
     const uint8_t *q = rd_take(r, 8);
-    return q ? get64(q) : 0;
+    return q ? dt_get_le64(q) : 0;
 }
 // A length-prefixed name of 1..max bytes without NUL bytes, copied into out (max + 1).
 // Returns false (with *why set) when it is malformed; r->bad when it runs out.

@@ -3,6 +3,7 @@
 // for shared file systems, and prefix views. The wire protocol is in comm_impl.h.
 // What this file does not do: anything about ranks; pg.c builds rendezvous on top.
 #include "comm/comm_impl.h"
+#include "core/le.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,32 +26,6 @@
 #define CLIENT_SLACK_MS 10000
 
 // ------------------------------------------------------------------------ common bits
-
-static void put_u16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 uint64_t dt_token_hash(const char *token) {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -286,16 +261,16 @@ dt_status dt_store_msg_parse(const uint8_t *buf, size_t n, bool is_request, dt_s
     *consumed = 0;
     if (n < DT_STORE_HEADER_BYTES)
         return DT_OK;
-    uint32_t magic = get_u32(buf);
+    uint32_t magic = dt_get_le32(buf);
     if (magic != DT_STORE_MAGIC)
         return dt_fail(DT_ERR_FORMAT,
                        "store message: expected magic 0x%08x, found 0x%08x (not a dtrain store "
                        "client or server?)",
                        DT_STORE_MAGIC, magic);
     uint8_t  code    = buf[4];
-    uint16_t nparts  = get_u16(buf + 6);
-    uint32_t payload = get_u32(buf + 16);
-    if (buf[5] != 0 || get_u32(buf + 20) != 0)
+    uint16_t nparts  = dt_get_le16(buf + 6);
+    uint32_t payload = dt_get_le32(buf + 16);
+    if (buf[5] != 0 || dt_get_le32(buf + 20) != 0)
         return dt_fail(DT_ERR_FORMAT, "store message: expected zero reserved bytes");
     if (is_request && (code < DT_STORE_HELLO || code >= DT_STORE_CMD_COUNT_))
         return dt_fail(DT_ERR_FORMAT, "store message: expected a command in 1..%d, found %u",
@@ -318,7 +293,7 @@ dt_status dt_store_msg_parse(const uint8_t *buf, size_t n, bool is_request, dt_s
     for (uint32_t i = 0; i < nparts; i++) {
         if (payload - off < 4)
             return dt_fail(DT_ERR_FORMAT, "store message: part %u: length field past the end", i);
-        uint32_t len = get_u32(p + off);
+        uint32_t len = dt_get_le32(p + off);
         off += 4;
         if (len > payload - off)
             return dt_fail(DT_ERR_FORMAT,
@@ -332,7 +307,7 @@ dt_status dt_store_msg_parse(const uint8_t *buf, size_t n, bool is_request, dt_s
                        (unsigned long long)off, payload);
     msg->code          = code;
     msg->nparts        = nparts;
-    msg->arg           = (int64_t)get_u64(buf + 8);
+    msg->arg           = (int64_t)dt_get_le64(buf + 8);
     msg->payload       = p;
     msg->payload_bytes = payload;
     *consumed          = DT_STORE_HEADER_BYTES + (size_t)payload;
@@ -343,7 +318,7 @@ bool dt_store_msg_part(const dt_store_msg *msg, size_t *cursor, const uint8_t **
                        uint32_t *len) {
     if (*cursor + 4 > msg->payload_bytes)
         return false;
-    *len  = get_u32(msg->payload + *cursor);
+    *len  = dt_get_le32(msg->payload + *cursor);
     *part = msg->payload + *cursor + 4;
     *cursor += 4 + (size_t)*len;
     return true;
@@ -414,14 +389,14 @@ static dt_status buf_message(buf_t *b, uint8_t code, int64_t arg, int nparts,
     DT_TRY(buf_reserve(b, DT_STORE_HEADER_BYTES + payload));
     uint8_t *h = b->p + b->len;
     memset(h, 0, DT_STORE_HEADER_BYTES);
-    put_u32(h, DT_STORE_MAGIC);
+    dt_put_le32(h, DT_STORE_MAGIC);
     h[4] = code;
-    put_u16(h + 6, (uint16_t)nparts);
-    put_u64(h + 8, (uint64_t)arg);
-    put_u32(h + 16, (uint32_t)payload);
+    dt_put_le16(h + 6, (uint16_t)nparts);
+    dt_put_le64(h + 8, (uint64_t)arg);
+    dt_put_le32(h + 16, (uint32_t)payload);
     uint8_t *p = h + DT_STORE_HEADER_BYTES;
     for (int i = 0; i < nparts; i++) {
-        put_u32(p, (uint32_t)lens[i]);
+        dt_put_le32(p, (uint32_t)lens[i]);
         if (lens[i])
             memcpy(p + 4, parts[i], lens[i]);
         p += 4 + lens[i];
@@ -979,7 +954,7 @@ static dt_status tcp_exchange(dt_store *s, uint8_t cmd, int64_t arg, int nparts,
     if (st == DT_OK) {
         st = dt_store_msg_parse(hdr, sizeof hdr, false, &m, &used);
         if (st == DT_OK) {
-            uint32_t payload = get_u32(hdr + 16);
+            uint32_t payload = dt_get_le32(hdr + 16);
             uint8_t *b       = dt_alloc(DT_STORE_HEADER_BYTES + (size_t)payload + 1);
             if (!b) {
                 st = DT_ERR_NOMEM;
@@ -1107,8 +1082,8 @@ static dt_status file_catch_up(dt_store *s) {
             break;
         }
         const uint8_t *r    = buf + off;
-        uint32_t       klen = get_u32(r + 8), vlen = get_u32(r + 12);
-        if (get_u32(r) != FILE_MAGIC || (r[4] != FILE_REC_SET && r[4] != FILE_REC_DEL) ||
+        uint32_t       klen = dt_get_le32(r + 8), vlen = dt_get_le32(r + 12);
+        if (dt_get_le32(r) != FILE_MAGIC || (r[4] != FILE_REC_SET && r[4] != FILE_REC_DEL) ||
             klen == 0 || klen > DT_STORE_MAX_KEY || vlen > DT_STORE_MAX_VALUE) {
             st = dt_fail(DT_ERR_FORMAT,
                          "file store %s: expected a record at byte %llu, found garbage (not a "
@@ -1122,7 +1097,7 @@ static dt_status file_catch_up(dt_store *s) {
                          (unsigned long long)at);
             break;
         }
-        if (get_u32(r + total - 4) != dt_crc32c(0, r, total - 4)) {
+        if (dt_get_le32(r + total - 4) != dt_crc32c(0, r, total - 4)) {
             st = dt_fail(DT_ERR_FORMAT, "file store %s: checksum mismatch in the record at byte %llu",
                          s->path, (unsigned long long)at);
             break;
@@ -1154,14 +1129,14 @@ static dt_status file_append(dt_store *s, uint8_t type, const char *key, const v
     if (!r)
         return DT_ERR_NOMEM;
     memset(r, 0, 16);
-    put_u32(r, FILE_MAGIC);
+    dt_put_le32(r, FILE_MAGIC);
     r[4] = type;
-    put_u32(r + 8, (uint32_t)klen);
-    put_u32(r + 12, (uint32_t)vlen);
+    dt_put_le32(r + 8, (uint32_t)klen);
+    dt_put_le32(r + 12, (uint32_t)vlen);
     memcpy(r + 16, key, klen);
     if (vlen)
         memcpy(r + 16 + klen, val, vlen);
-    put_u32(r + total - 4, dt_crc32c(0, r, total - 4));
+    dt_put_le32(r + total - 4, dt_crc32c(0, r, total - 4));
     size_t    done = 0;
     dt_status st   = DT_OK;
     while (done < total) {

@@ -1,55 +1,36 @@
 // wire.c: encoding and validation of the tcp message header (layout in wire.h).
 #include "comm/wire.h"
+#include "core/le.h"
 
 #include <string.h>
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 void dt_wire_encode(const dt_wire_header *h, uint8_t out[DT_WIRE_HEADER_BYTES]) {
-    put_u32(out + 0, DT_WIRE_MAGIC);
+    dt_put_le32(out + 0, DT_WIRE_MAGIC);
     out[4] = h->kind;
     out[5] = h->fp.coll;
     out[6] = h->fp.dtype;
     out[7] = h->fp.op;
-    put_u64(out + 8, h->fp.seq);
-    put_u64(out + 16, h->fp.count);
-    put_u32(out + 24, (uint32_t)h->fp.root);
-    put_u32(out + 28, h->step);
-    put_u64(out + 32, h->nbytes);
-    put_u32(out + 40, h->src_rank);
-    put_u32(out + 44, dt_crc32c(0, out, 44));
+    dt_put_le64(out + 8, h->fp.seq);
+    dt_put_le64(out + 16, h->fp.count);
+    dt_put_le32(out + 24, (uint32_t)h->fp.root);
+    dt_put_le32(out + 28, h->step);
+    dt_put_le64(out + 32, h->nbytes);
+    dt_put_le32(out + 40, h->src_rank);
+    dt_put_le32(out + 44, dt_crc32c(0, out, 44));
 }
 
 dt_status dt_wire_decode(const uint8_t *buf, size_t n, dt_wire_header *h) {
     if (n < DT_WIRE_HEADER_BYTES)
         return dt_fail(DT_ERR_FORMAT, "message header: expected %d bytes, found %zu",
                        DT_WIRE_HEADER_BYTES, n);
-    uint32_t magic = get_u32(buf);
+    uint32_t magic = dt_get_le32(buf);
     if (magic != DT_WIRE_MAGIC)
         return dt_fail(DT_ERR_FORMAT,
                        "message header: expected magic 0x%08x, found 0x%08x (not a dtrain "
                        "peer, or the byte stream lost its place)",
                        DT_WIRE_MAGIC, magic);
-    uint32_t crc = get_u32(buf + 44), want = dt_crc32c(0, buf, 44);
+    uint32_t crc = dt_get_le32(buf + 44), want = dt_crc32c(0, buf, 44);
     if (crc != want)
         return dt_fail(DT_ERR_FORMAT, "message header: expected checksum 0x%08x, found 0x%08x",
                        want, crc);
@@ -58,12 +39,12 @@ dt_status dt_wire_decode(const uint8_t *buf, size_t n, dt_wire_header *h) {
     h->fp.coll  = buf[5];
     h->fp.dtype = buf[6];
     h->fp.op    = buf[7];
-    h->fp.seq   = get_u64(buf + 8);
-    h->fp.count = get_u64(buf + 16);
-    h->fp.root  = (int32_t)get_u32(buf + 24);
-    h->step     = get_u32(buf + 28);
-    h->nbytes   = get_u64(buf + 32);
-    h->src_rank = get_u32(buf + 40);
+    h->fp.seq   = dt_get_le64(buf + 8);
+    h->fp.count = dt_get_le64(buf + 16);
+    h->fp.root  = (int32_t)dt_get_le32(buf + 24);
+    h->step     = dt_get_le32(buf + 28);
+    h->nbytes   = dt_get_le64(buf + 32);
+    h->src_rank = dt_get_le32(buf + 40);
     if (h->kind < DT_WIRE_DATA || h->kind >= DT_WIRE_KIND_COUNT_)
         return dt_fail(DT_ERR_FORMAT, "message header: expected kind 1..%d, found %u",
                        DT_WIRE_KIND_COUNT_ - 1, h->kind);

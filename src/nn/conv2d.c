@@ -154,6 +154,17 @@ static void wide_im2col(const float *xp, int c, int k, wide g, float *col) {
 // col[(c, ki, kj)][p - ki*Wp - kj] where that index is inside the row. One pass over
 // dxp with k*k input streams, in the fixed (ki, kj) order, instead of k*k passes
 // that each read back what the previous one just stored at a one-float offset.
+// One position of wide_col2im, for the edges where some rows do not reach.
+static inline float col_sum_at(const float *rows, const int *off, int kk, int n, int p) {
+    float acc = 0.0f;
+    for (int r = 0; r < kk; r++) {
+        int q = p - off[r];
+        if (q >= 0 && q < n)
+            acc += rows[(size_t)r * n + q];
+    }
+    return acc;
+}
+
 DT_CLONES static void wide_col2im(const float *col, int c, int k, wide g, float *restrict dxp) {
     int kk = k * k, plane = (int)g.plane;
     int off[256];  // kernel <= 16 is checked at setup
@@ -165,32 +176,16 @@ DT_CLONES static void wide_col2im(const float *col, int c, int k, wide g, float 
         const float *rows = col + (size_t)ch * kk * g.n;
         float       *d    = dxp + (size_t)ch * g.plane;
         int          p    = 0;
-        for (; p < plane; p++) {
-            if (p >= lo && p + 16 <= hi)
-                break;
-            float acc = 0.0f;
-            for (int r = 0; r < kk; r++) {
-                int q = p - off[r];
-                if (q >= 0 && q < g.n)
-                    acc += rows[(size_t)r * g.n + q];
-            }
-            d[p] = acc;
-        }
+        for (; p < plane && !(p >= lo && p + 16 <= hi); p++)
+            d[p] = col_sum_at(rows, off, kk, g.n, p);
         for (; p + 16 <= hi; p += 16) {
             dt_v16f acc = dt_splat16(0.0f);
             for (int r = 0; r < kk; r++)
                 acc += dt_load16(rows + (size_t)r * g.n + p - off[r]);
             dt_store16(d + p, acc);
         }
-        for (; p < plane; p++) {
-            float acc = 0.0f;
-            for (int r = 0; r < kk; r++) {
-                int q = p - off[r];
-                if (q >= 0 && q < g.n)
-                    acc += rows[(size_t)r * g.n + q];
-            }
-            d[p] = acc;
-        }
+        for (; p < plane; p++)
+            d[p] = col_sum_at(rows, off, kk, g.n, p);
     }
 }
 
