@@ -275,22 +275,6 @@ static void test_restarts_exhausted(void) {
 
 // ------------------------------------------------------------------ signals to dtrun
 
-static bool wait_files(const char *dir, const char *prefix, int n, double timeout_s) {
-    double deadline = mono_s() + timeout_s;
-    char   path[PATH_MAX + 32];
-    while (mono_s() < deadline) {
-        int have = 0;
-        for (int i = 0; i < n; i++) {
-            snprintf(path, sizeof path, "%s/%s.%d", dir, prefix, i);
-            have += file_exists(path);
-        }
-        if (have == n)
-            return true;
-        sleep_s(0.01);
-    }
-    return false;
-}
-
 static void test_sigint(void) {
     for (int sig_i = 0; sig_i < 2; sig_i++) {
         int  sig = sig_i ? SIGTERM : SIGINT;

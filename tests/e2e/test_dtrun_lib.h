@@ -275,6 +275,23 @@ DTRUN_TEST_FN bool find_bins(void) {
            test_program_path("dtrain-mnist", mnist_path, sizeof mnist_path);
 }
 
+// Waits until files dir/prefix.0 .. dir/prefix.<n-1> all exist (workers drop them).
+DTRUN_TEST_FN bool wait_files(const char *dir, const char *prefix, int n, double timeout_s) {
+    double deadline = mono_s() + timeout_s;
+    char   path[PATH_MAX + 32];
+    while (mono_s() < deadline) {
+        int have = 0;
+        for (int i = 0; i < n; i++) {
+            snprintf(path, sizeof path, "%s/%s.%d", dir, prefix, i);
+            have += file_exists(path);
+        }
+        if (have == n)
+            return true;
+        sleep_s(0.01);
+    }
+    return false;
+}
+
 DTRUN_TEST_FN void make_tmp_root(const char *name) {
     const char *t = getenv("TMPDIR");
     snprintf(tmp_root, sizeof tmp_root, "%s/%s-%d", t && *t ? t : "/tmp", name, (int)getpid());

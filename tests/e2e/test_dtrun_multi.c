@@ -32,22 +32,6 @@ static void start_node(run *r, const char *dir, int nnodes, int node, int port,
     run_start(r, dir, tag, dtrun_argv(all, mode, dir, extra), NULL);
 }
 
-static bool wait_files(const char *dir, const char *prefix, int n, double timeout_s) {
-    double deadline = mono_s() + timeout_s;
-    char   path[PATH_MAX + 32];
-    while (mono_s() < deadline) {
-        int have = 0;
-        for (int i = 0; i < n; i++) {
-            snprintf(path, sizeof path, "%s/%s.%d", dir, prefix, i);
-            have += file_exists(path);
-        }
-        if (have == n)
-            return true;
-        sleep_s(0.01);
-    }
-    return false;
-}
-
 static void test_two_nodes_env(void) {
     char dir[PATH_MAX];
     scenario_dir(dir, sizeof dir, "env2");
