@@ -15,6 +15,17 @@
 #include "test_dtrun_lib.h"
 
 // Starts the dtrun of one node: dtrun --nnodes NN --node-rank K --master-port P FLAGS...
+
+// Every scenario's end: both nodes' output when anything has failed so far, then free.
+static void end_nodes(run *n0, run *n1) {
+    if (check_failed) {
+        run_dump(n0, "node 0");
+        run_dump(n1, "node 1");
+    }
+    run_free(n0);
+    run_free(n1);
+}
+
 static void start_node(run *r, const char *dir, int nnodes, int node, int port,
                        const char *const *flags, const char *mode, const char *const *extra) {
     static char nn[16], nr[16], mp[16];
@@ -80,12 +91,7 @@ static void test_two_nodes_env(void) {
     }
     CHECK(strstr(n0.err, "all 2 nodes joined (world size 4)") != NULL);
     CHECK(no_marker_procs(mark, 3));
-    if (check_failed) {
-        run_dump(&n0, "node 0");
-        run_dump(&n1, "node 1");
-    }
-    run_free(&n0);
-    run_free(&n1);
+    end_nodes(&n0, &n1);
 }
 
 // The victim (a global rank) fails; both nodes stop within 2 s and name it.
@@ -128,12 +134,7 @@ static void failure_case(int victim, const char *how, const char *expect) {
         CHECK(!pid_alive((int)read_long(path)));
     }
     CHECK(no_marker_procs(mark, 3));
-    if (check_failed) {
-        run_dump(&n0, "node 0");
-        run_dump(&n1, "node 1");
-    }
-    run_free(&n0);
-    run_free(&n1);
+    end_nodes(&n0, &n1);
 }
 
 static void test_failure_crosses_nodes(void) {
@@ -161,12 +162,7 @@ static void test_restart_across_nodes(void) {
     CHECK(strstr(n0.err, "restarting the group (restart 1 of 1)") != NULL);
     CHECK(strstr(n0.err, "root cause: rank 2 (local rank 0 on node 1") != NULL);
     CHECK(no_marker_procs(mark, 3));
-    if (check_failed) {
-        run_dump(&n0, "node 0");
-        run_dump(&n1, "node 1");
-    }
-    run_free(&n0);
-    run_free(&n1);
+    end_nodes(&n0, &n1);
 }
 
 static void test_missing_node(void) {
@@ -290,12 +286,7 @@ static void test_config_mismatch(void) {
                          "2 and 0: every node must use the same") != NULL);
     CHECK(strstr(n1.err, "every node must use the same") != NULL);
     CHECK(no_marker_procs(mark, 3));
-    if (check_failed) {
-        run_dump(&n0, "node 0");
-        run_dump(&n1, "node 1");
-    }
-    run_free(&n0);
-    run_free(&n1);
+    end_nodes(&n0, &n1);
 }
 
 // victim_node's dtrun is killed (SIGKILL); the other must notice within the node timeout.
