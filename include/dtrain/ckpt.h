@@ -108,7 +108,10 @@ DT_API const char *dt_ckpt_info_get(const dt_ckpt_info *info, const char *key);
 // (NULL = a single process): every rank calls it with the same step. Rank 0 writes the
 // shared state, every rank its own file, the ranks wait for each other, then rank 0
 // writes the marker and deletes checkpoints beyond opts->keep. A complete checkpoint of
-// the same step is replaced (its marker is removed first). Returns the same status on
+// the same step is replaced whole: the new one is written beside it (step-N.next) and
+// the two directories are exchanged atomically (renameat2), so a crash leaves the old
+// or the new one (on file systems without the exchange, such as NFS, the old one is
+// removed just before the rename: a crash there leaves only older ones). Returns the same status on
 // every rank: DT_ERR_IO naming the file and the step that failed (write, fsync,
 // rename...; the temporary file is removed), DT_ERR_ARG, DT_ERR_MISMATCH when ranks
 // pass different steps, or the group's error when a rank died. On failure the previous

@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,10 @@ dt_status dt_ckpt_latest(const char *dir, int64_t *step) {
 
 // ---------------------------------------------------------------------- removing
 
+// Where a save of step N writes when step-N/ is already a complete checkpoint: beside
+// it, swapped in whole at the commit, so the old one stays loadable until then.
+#define NEXT_SUFFIX ".next"
+
 // Empties a checkpoint directory, marker first (then fsync), so that an interruption
 // leaves an incomplete directory, never a marker naming missing files.
 static dt_status empty_dir(const char *cdir) {
@@ -217,6 +222,30 @@ static dt_status remove_ckpt(const char *cdir) {
     return DT_OK;
 }
 
+// Deletes every step-<digits>.next directory: a replacement of a complete checkpoint
+// that was interrupted before its commit (the one being committed is gone by now).
+static void remove_stale_next(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    size_t         sl = strlen(NEXT_SUFFIX);
+    while ((de = readdir(d))) {
+        size_t  len = strlen(de->d_name);
+        char    name[256], cdir[PATH_CAP];
+        int64_t step;
+        if (len <= sl || len >= sizeof name || strcmp(de->d_name + len - sl, NEXT_SUFFIX) != 0)
+            continue;
+        memcpy(name, de->d_name, len - sl);
+        name[len - sl] = '\0';
+        if (!parse_step_name(name, &step) || join(cdir, dir, de->d_name))
+            continue;
+        if (remove_ckpt(cdir))
+            DT_WARN("ckpt", "could not delete the interrupted save %s: %s", cdir, dt_last_error());
+    }
+    closedir(d);
+}
+
 // After step `step` is complete: keep the `keep` newest complete checkpoints at or
 // below it, delete older complete ones and every interrupted save. Newer complete
 // checkpoints (left by a run that was rewound to an older one) are not touched.
@@ -243,6 +272,7 @@ static void prune(const char *dir, int64_t step, int keep) {
             DT_WARN("ckpt", "could not delete the old checkpoint %s: %s", cdir, dt_last_error());
     }
     dt_free(e);
+    remove_stale_next(dir);
     if (dt_ckpt_fsync_dir(dir))
         DT_WARN("ckpt", "%s", dt_last_error());
 }
@@ -491,22 +521,63 @@ static dt_status write_marker(const char *cdir, int64_t step, int world, uint64_
     return s;
 }
 
-// Rank 0, before anyone writes: the directory exists and the step's directory is
-// empty (leftovers of an interrupted save of the same step, or a complete checkpoint
-// of it being replaced: marker first).
-static dt_status prepare(const char *dir, const char *cdir) {
-    DT_TRY(mkdir_p(dir));
-    if (mkdir(cdir, 0755) == 0)
-        return dt_ckpt_fsync_dir(dir);
+static dt_status next_path(char *out, const char *cdir) {
+    if ((size_t)snprintf(out, PATH_CAP, "%s%s", cdir, NEXT_SUFFIX) >= PATH_CAP)
+        return dt_fail(DT_ERR_ARG, "checkpoint: path %s%s is too long", cdir, NEXT_SUFFIX);
+    return DT_OK;
+}
+
+// Creates directory d, or empties it when it exists (leftovers of an interrupted save).
+static dt_status fresh_dir(const char *parent, const char *d) {
+    if (mkdir(d, 0755) == 0)
+        return dt_ckpt_fsync_dir(parent);
     if (errno != EEXIST)
-        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot create directory %s", cdir);
+        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot create directory %s", d);
     struct stat sb;
-    if (stat(cdir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    if (stat(d, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return dt_fail(DT_ERR_IO,
                        "checkpoint: expected %s to be a directory, found another kind "
                        "of file",
-                       cdir);
-    return empty_dir(cdir);
+                       d);
+    return empty_dir(d);
+}
+
+// Rank 0, before anyone writes: the directory exists, and so does an empty directory
+// for this save. That is step-N/ itself, unless step-N/ is a complete checkpoint (a
+// run rewound to an older step saves N again): then step-N.next/, and *replace is set.
+static dt_status prepare(const char *dir, const char *cdir, bool *replace) {
+    char marker[PATH_CAP], next[PATH_CAP];
+    *replace = false;
+    DT_TRY(mkdir_p(dir));
+    DT_TRY(join(marker, cdir, CK_MARKER_FILE));
+    if (!is_file(marker))
+        return fresh_dir(dir, cdir);
+    *replace = true;
+    DT_TRY(next_path(next, cdir));
+    return fresh_dir(dir, next);
+}
+
+// Rank 0, after the marker of step-N.next/ is written: the new checkpoint takes the
+// place of the old one in one atomic exchange of the two directories, and the old one
+// (now under the .next name) is deleted. Where the file system cannot exchange (NFS),
+// the old one is deleted first (marker first), then the new one renamed: a crash in
+// between leaves step N missing, the older checkpoints whole.
+static dt_status commit_replace(const char *dir, const char *cdir, const char *next) {
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, next, AT_FDCWD, cdir, RENAME_EXCHANGE) == 0) {
+        DT_TRY(dt_ckpt_fsync_dir(dir));
+        if (remove_ckpt(next))
+            DT_WARN("ckpt", "could not delete the replaced checkpoint %s: %s", next,
+                    dt_last_error());
+        return DT_OK;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot exchange %s with %s", next, cdir);
+#endif
+    DT_TRY(remove_ckpt(cdir));
+    if (rename(next, cdir) != 0)
+        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot rename %s to %s", next, cdir);
+    return dt_ckpt_fsync_dir(dir);
 }
 
 dt_status dt_ckpt_save(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
@@ -524,9 +595,10 @@ dt_status dt_ckpt_save(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
                       : dt_fail(DT_ERR_ARG, "checkpoint: expected a directory, found NULL");
     if (!s)
         s = dt_ckpt_path(dir, st->step, cdir, sizeof cdir);
+    bool replace = false;
     if (!s && rank == 0)
-        s = prepare(dir, cdir);
-    if ((s = agree(pg, s, st && !s ? st->step : -1, 0, tab)))
+        s = prepare(dir, cdir, &replace);
+    if ((s = agree(pg, s, st && !s ? st->step : -1, replace, tab)))
         goto out;
     for (int r = 1; r < world; r++)
         if (tab[3 * r + 1] != tab[1]) {
@@ -537,18 +609,29 @@ dt_status dt_ckpt_save(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
             goto out;
         }
 
-    // 2. Every rank writes its own file, rank 0 the shared state too; then all wait.
+    // 2. Every rank writes its own file, rank 0 the shared state too, into the
+    // directory rank 0 chose (its choice came with the agreement); then all wait.
+    replace = tab[2] != 0;
+    char wdir[PATH_CAP];
+    if (replace)
+        s = next_path(wdir, cdir);
+    else
+        memcpy(wdir, cdir, sizeof wdir);
     uint64_t size = 0, ssize = 0;
     uint32_t crc = 0, scrc = 0;
-    s = write_rank_file(cdir, st, rank, world, &size, &crc);
+    if (!s)
+        s = write_rank_file(wdir, st, rank, world, &size, &crc);
     if (!s && rank == 0)
-        s = write_state_file(cdir, st, world, &ssize, &scrc);
+        s = write_state_file(wdir, st, world, &ssize, &scrc);
     if ((s = agree(pg, s, (int64_t)size, (int64_t)crc, tab)))
         goto out;
 
-    // 3. Rank 0 commits with the marker, then prunes; everyone learns the outcome.
+    // 3. Rank 0 commits with the marker (and, replacing, the exchange), then prunes;
+    // everyone learns the outcome.
     if (rank == 0) {
-        s = write_marker(cdir, st->step, world, ssize, scrc, tab);
+        s = write_marker(wdir, st->step, world, ssize, scrc, tab);
+        if (!s && replace)
+            s = commit_replace(dir, cdir, wdir);
         if (!s)
             prune(dir, st->step, keep);
     }

@@ -241,11 +241,30 @@ static void test_newest_and_keep(void) {
     save_step(dir, &w, 40, 2);
     check_list(dir, (int64_t[]){35, 40, 100}, 3);
 
-    // Saving a step again replaces it.
-    save_step(dir, &w, 40, 2);
+    // Saving a step again replaces it, contents and all, and leaves no staging
+    // directory behind; one left by an interrupted replacement is deleted by the next
+    // save.
+    ct_fill(dt_model_params(w.m), dt_model_num_params(w.m), 4040);
+    dt_ckpt_state again = fx_state(&w, 40, NULL, 0);
+    dt_ckpt_opts  o2    = {.keep = 2};
+    CHECK_OK(dt_ckpt_save(dir, NULL, &again, &o2));
     check_list(dir, (int64_t[]){35, 40, 100}, 3);
     CHECK_OK(dt_ckpt_path(dir, 40, path, sizeof path));
     CHECK_OK(dt_ckpt_verify(path));
+    char next[600], c100[512];
+    snprintf(next, sizeof next, "%s.next", path);
+    CHECK(!ct_exists(next));
+    // An interrupted replacement of step 40, played by the complete step 100.
+    CHECK_OK(dt_ckpt_path(dir, 100, c100, sizeof c100));
+    CHECK_EQ(rename(c100, next), 0);
+    check_list(dir, (int64_t[]){35, 40}, 2);
+    CHECK_OK(dt_ckpt_load(dir, NULL, &st, NULL, &info));
+    CHECK_EQ(info.step, 40);
+    CHECK(params_of_step(r.m, 4040));
+    dt_ckpt_info_free(&info);
+    save_step(dir, &w, 41, 2);
+    CHECK(!ct_exists(next));
+    check_list(dir, (int64_t[]){40, 41}, 2);
     fx_free(&w);
     fx_free(&r);
     ct_rm_tree(dir);

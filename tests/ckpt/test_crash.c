@@ -2,8 +2,10 @@
 // back (so any moment is inside some save: writing a rank file, the state, fsync,
 // rename, the marker, pruning); it is killed at a random moment, 50 times. After every
 // kill the newest complete checkpoint must load and verify, hold exactly the state
-// saved for its step, and never be older than the newest one before the kill. Then
-// the same with 2 ranks, killing rank 0, rank 1 or both while they save together.
+// saved for its step, and never be older than the newest one before the kill. Then a
+// process that saves the same step again and again (a rewound run, keep 1) is killed:
+// that step must stay complete. Then 2 ranks, killing rank 0, rank 1 or both while
+// they save together.
 #include "../lib/mp.h"
 #include "ckpt_test.h"
 
@@ -35,10 +37,12 @@ static void saver_free(saver *s) {
     dt_model_free(s->m);
 }
 
-static void saver_fill(saver *s, int64_t step, int rank) {
+// `version` tells apart saves of the same step (0 when each step is saved once).
+static void saver_fill(saver *s, int64_t step, int rank, int64_t version) {
     size_t nf = 0;
     float *st = dt_optim_state(s->o, &nf);
-    ct_fill(dt_model_params(s->m), dt_model_num_params(s->m), (uint64_t)step);
+    ct_fill(dt_model_params(s->m), dt_model_num_params(s->m),
+            (uint64_t)step + (uint64_t)version * 1000003u);
     ct_fill(st, nf, (uint64_t)step + 1000000);
     dt_optim_set_step_count(s->o, step);
     s->g = dt_rng_init((uint64_t)step * 31 + (uint64_t)rank);
@@ -49,10 +53,10 @@ static dt_ckpt_state saver_state(saver *s, int64_t step) {
 }
 
 // Loads the newest checkpoint into a fresh saver and compares with the state of its step.
-static bool loaded_matches(saver *s, int64_t step, int rank) {
+static bool loaded_matches(saver *s, int64_t step, int rank, int64_t version) {
     saver want;
     saver_init(&want);
-    saver_fill(&want, step, rank);
+    saver_fill(&want, step, rank, version);
     size_t na, nb;
     float *a = dt_optim_state(s->o, &na), *b = dt_optim_state(want.o, &nb);
     bool   ok = memcmp(dt_model_params(s->m), dt_model_params(want.m),
@@ -72,7 +76,7 @@ static void save_forever(const char *dir, dt_pg *pg, int64_t from) {
     int          rank  = pg ? dt_pg_rank(pg) : 0;
     uint64_t     until = dt_deadline_ns(20000);
     for (int64_t step = from + 1; dt_now_ns() < until; step++) {
-        saver_fill(&s, step, rank);
+        saver_fill(&s, step, rank, 0);
         dt_ckpt_state st = saver_state(&s, step);
         if (dt_ckpt_save(dir, pg, &st, &o))
             break;
@@ -143,7 +147,7 @@ static void test_kill_one_process(void) {
             dt_ckpt_state cs = saver_state(&s, 0);
             dt_ckpt_info  info;
             dt_status     ls = dt_ckpt_load(dir, NULL, &cs, NULL, &info);
-            if (ls || !info.found || info.step != latest || !loaded_matches(&s, latest, 0) ||
+            if (ls || !info.found || info.step != latest || !loaded_matches(&s, latest, 0, 0) ||
                 dt_ckpt_verify(cdir)) {
                 bad_loads++;
                 fprintf(stderr, "     kill %d: checkpoint %s did not load whole: %s\n", k, cdir,
@@ -164,6 +168,85 @@ static void test_kill_one_process(void) {
     printf("kill -9 during saves, 1 process: %d kills, %d left an interrupted save behind, "
            "newest step %lld; every newest complete checkpoint loaded and verified\n",
            KILLS, hits, (long long)newest);
+    ct_rm_tree(dir);
+}
+
+// A run rewound to step 7 saves step 7 again and again, with new contents each time and
+// keep 1 (no older checkpoint to fall back on), and is killed at a random moment: after
+// every kill step 7 is complete, loads whole, and holds exactly one save's contents.
+static dt_status save_version(const char *dir, saver *s, int64_t version) {
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)version);
+    saver_fill(s, 7, 0, version);
+    dt_ckpt_kv    kv = {"version", v};
+    dt_ckpt_state st = saver_state(s, 7);
+    st.kvs = &kv, st.nkvs = 1;
+    dt_ckpt_opts o = {.keep = 1};
+    return dt_ckpt_save(dir, NULL, &st, &o);
+}
+
+static void resave_forever(const char *dir, int64_t version) {
+    saver s;
+    saver_init(&s);
+    uint64_t until = dt_deadline_ns(20000);
+    while (dt_now_ns() < until && save_version(dir, &s, version++) == DT_OK) {
+    }
+    saver_free(&s);
+}
+
+static void test_kill_while_replacing(void) {
+    enum { KILLS = 30 };
+    char dir[128];
+    ct_tmpdir(dir, sizeof dir, "ckpt-resave");
+    dt_rng  r       = dt_rng_init((uint64_t)dt_now_ns() + 2);
+    int64_t version = 0, missing = 0, bad_loads = 0, changed = 0;
+    saver   first;
+    saver_init(&first);
+    CHECK_OK(save_version(dir, &first, 0)); // step 7 exists, complete, from here on
+    saver_free(&first);
+    for (int k = 0; k < KILLS; k++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            resave_forever(dir, version + 1);
+            _exit(3);
+        }
+        sleep_us((long)dt_rng_below(&r, 30000));
+        kill(pid, SIGKILL);
+        int st;
+        waitpid(pid, &st, 0);
+        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+        int64_t latest;
+        CHECK_OK(dt_ckpt_latest(dir, &latest));
+        if (latest != 7) {
+            missing++;
+            fprintf(stderr, "     kill %d: expected step 7 complete, found newest %lld\n", k,
+                    (long long)latest);
+            continue;
+        }
+        saver s;
+        saver_init(&s);
+        dt_ckpt_state cs = saver_state(&s, 0);
+        dt_ckpt_info  info;
+        dt_status     ls = dt_ckpt_load(dir, NULL, &cs, NULL, &info);
+        const char   *v  = ls ? NULL : dt_ckpt_info_get(&info, "version");
+        int64_t       now = v ? atoll(v) : -1;
+        if (!v || !loaded_matches(&s, 7, 0, now)) {
+            bad_loads++;
+            fprintf(stderr, "     kill %d: step 7 did not load whole: %s\n", k,
+                    ls ? dt_last_error() : "contents of no single save");
+        }
+        changed += now != version;
+        version = now > version ? now : version;
+        dt_ckpt_info_free(&info);
+        saver_free(&s);
+    }
+    CHECK_EQ(missing, 0);
+    CHECK_EQ(bad_loads, 0);
+    CHECK(changed > 0); // replacements did commit between kills
+    printf("kill -9 while re-saving the same step (keep 1), %d kills: step 7 complete and "
+           "whole after each, %lld of them with a newer save's contents\n",
+           KILLS, (long long)changed);
     ct_rm_tree(dir);
 }
 
@@ -189,7 +272,7 @@ static void kill_rank(int rank, int world, void *arg) {
     int64_t       from = 0;
     if (dt_ckpt_load(g_dir, pg, &cs, NULL, &info) == DT_OK) {
         from             = info.found ? info.step : 0;
-        sh->loaded[rank] = info.found && !loaded_matches(&s, info.step, rank) ? -2 : info.step;
+        sh->loaded[rank] = info.found && !loaded_matches(&s, info.step, rank, 0) ? -2 : info.step;
     } else {
         fprintf(stderr, "     rank %d: load failed: %s\n", rank, dt_last_error());
         sh->loaded[rank] = -2;
@@ -255,6 +338,7 @@ static void test_kill_two_ranks(void) {
 
 int main(void) {
     RUN(test_kill_one_process);
+    RUN(test_kill_while_replacing);
     RUN(test_kill_two_ranks);
     return check_summary();
 }
