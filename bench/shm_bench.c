@@ -21,7 +21,7 @@
 #define MAX_ITERS 1000
 #define MAX_RANKS 16
 
-static int iters_for(size_t bytes) {  // as dtrain-bench
+static int iters_for(size_t bytes) { // as dtrain-bench
     if (bytes <= (64u << 10))
         return 1000;
     if (bytes <= (1u << 20))
@@ -42,8 +42,15 @@ typedef struct ctx {
 } ctx;
 
 static dt_status run(ctx *c, dt_coll kind, float *buf, size_t count) {
-    dt_op op = {.kind = kind, .src = buf, .dst = buf, .count = count, .dtype = DT_FLOAT32,
-                .op = DT_REDUCE_SUM, .root = -1, .peer = -1, .deadline_ns = dt_deadline_ns(60000)};
+    dt_op op    = {.kind        = kind,
+                   .src         = buf,
+                   .dst         = buf,
+                   .count       = count,
+                   .dtype       = DT_FLOAT32,
+                   .op          = DT_REDUCE_SUM,
+                   .root        = -1,
+                   .peer        = -1,
+                   .deadline_ns = dt_deadline_ns(60000)};
     op.fp.seq   = ++c->seq;
     op.fp.coll  = (uint8_t)kind;
     op.fp.count = count;
@@ -78,8 +85,8 @@ int main(int argc, char **argv) {
         if (fork() != 0)
             continue;
         ctx         c = {0};
-        dt_shm_opts o = {.rank = r, .world = world, .name = name,
-                         .deadline_ns = dt_deadline_ns(20000)};
+        dt_shm_opts o = {
+            .rank = r, .world = world, .name = name, .deadline_ns = dt_deadline_ns(20000)};
         if (dt_shm_init(&o, &c.s) != DT_OK) {
             fprintf(stderr, "shm_bench: rank %d: %s\n", r, dt_last_error());
             _exit(1);
@@ -93,8 +100,8 @@ int main(int argc, char **argv) {
             printf("# shm_bench: shm engine, %d ranks, float32 sum, in place, chunk %zu KiB; "
                    "time_us = median over iterations of the slowest rank\n",
                    world, dt_shm_chunk_bytes(c.s) >> 10);
-            printf("%12s %12s %8s %6s %12s %8s %8s\n", "size", "count", "type", "redop",
-                   "time_us", "algbw", "busbw");
+            printf("%12s %12s %8s %6s %12s %8s %8s\n", "size", "count", "type", "redop", "time_us",
+                   "algbw", "busbw");
             fflush(stdout);
         }
         for (size_t bytes = minb; bytes <= maxb; bytes *= 2) {

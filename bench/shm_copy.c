@@ -28,7 +28,7 @@ static double copy_rate(unsigned char *dst, const unsigned char *src, size_t nby
                         volatile int *go, int nprocs) {
     enum { REPS = 15 };
     double t[REPS];
-    __atomic_add_fetch(go, 1, __ATOMIC_SEQ_CST);  // start together
+    __atomic_add_fetch(go, 1, __ATOMIC_SEQ_CST); // start together
     while (__atomic_load_n(go, __ATOMIC_SEQ_CST) < nprocs)
         ;
     for (int r = 0; r < REPS; r++) {
@@ -56,8 +56,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     // Shared results and start flags: [0..3] start counters, results from 64 on.
-    volatile double *res = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                                -1, 0);
+    volatile double *res =
+        mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (res == MAP_FAILED)
         return 1;
     memset((void *)res, 0, 65536);
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
                 if (!src || !dst)
                     _exit(1);
                 memset(src, 1, nbytes);
-                memset(dst, 2, nbytes);  // touch: page faults are not part of a copy
+                memset(dst, 2, nbytes); // touch: page faults are not part of a copy
                 res[64 + p] = copy_rate(dst, src, nbytes, nt, go + pass, np);
                 _exit(0);
             }

@@ -35,12 +35,12 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    size_t n      = argc > 1 ? strtoull(argv[1], NULL, 10) : (64u << 20);
-    int    oneway = argc > 2 && strcmp(argv[2], "oneway") == 0;
-    int    l      = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr    = htonl(INADDR_LOOPBACK);
-    socklen_t len        = sizeof a;
+    size_t             n      = argc > 1 ? strtoull(argv[1], NULL, 10) : (64u << 20);
+    int                oneway = argc > 2 && strcmp(argv[2], "oneway") == 0;
+    int                l      = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a      = {.sin_family = AF_INET};
+    a.sin_addr.s_addr         = htonl(INADDR_LOOPBACK);
+    socklen_t len             = sizeof a;
     if (bind(l, (struct sockaddr *)&a, sizeof a) || getsockname(l, (struct sockaddr *)&a, &len) ||
         listen(l, 1)) {
         perror("tcp_pair: listen");
@@ -51,13 +51,13 @@ int main(int argc, char **argv) {
         perror("tcp_pair: connect");
         return 1;
     }
-    int   s      = accept(l, NULL, NULL);
-    pid_t pid    = fork();
-    int   fd     = pid == 0 ? c : s, one = 1;
+    int   s   = accept(l, NULL, NULL);
+    pid_t pid = fork();
+    int   fd = pid == 0 ? c : s, one = 1;
     int   sender = pid == 0 || !oneway, receiver = pid != 0 || !oneway;
     close(pid == 0 ? s : c);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4);  // as dtrain on one host
+    setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4); // as dtrain on one host
     fcntl(fd, F_SETFL, O_NONBLOCK);
     char  *out = malloc(n), *in = malloc(n);
     double t[ITERS];
@@ -65,15 +65,15 @@ int main(int argc, char **argv) {
     memset(in, 2, n);
     for (int it = 0; it < ITERS; it++) {
         size_t sent = sender ? 0 : n, got = receiver ? 0 : n;
-        double t0   = now();
+        double t0 = now();
         while (sent < n || got < n) {
             int     progress = 0;
             ssize_t k;
-            if (sent < n && (k = send(fd, out + sent, n - sent < CHUNK ? n - sent : CHUNK,
-                                      MSG_DONTWAIT)) > 0)
+            if (sent < n &&
+                (k = send(fd, out + sent, n - sent < CHUNK ? n - sent : CHUNK, MSG_DONTWAIT)) > 0)
                 sent += (size_t)k, progress = 1;
-            if (got < n && (k = recv(fd, in + got, n - got < CHUNK ? n - got : CHUNK,
-                                     MSG_DONTWAIT)) > 0)
+            if (got < n &&
+                (k = recv(fd, in + got, n - got < CHUNK ? n - got : CHUNK, MSG_DONTWAIT)) > 0)
                 got += (size_t)k, progress = 1;
             if (!progress) {
                 struct pollfd p = {fd, (short)((sent < n ? POLLOUT : 0) | (got < n ? POLLIN : 0)),
@@ -82,7 +82,7 @@ int main(int argc, char **argv) {
             }
         }
         t[it] = now() - t0;
-        if (oneway) {  // a one-byte acknowledgement keeps the iterations apart
+        if (oneway) { // a one-byte acknowledgement keeps the iterations apart
             char b = 0;
             if (pid == 0)
                 while (recv(fd, &b, 1, 0) != 1) {

@@ -10,11 +10,10 @@ int  LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     // The server accepts a client only after a hello; prepend one half of the time so
     // the handlers behind it are reached too.
-    static const uint8_t hello[] = {
-        'D', 'T', 'S', '1', 1, 0, 2, 0,  1, 0, 0, 0, 0, 0, 0, 0,
-        14,  0,   0,   0,   0, 0, 0, 0,  0, 0, 0, 0, 6, 0, 0, 0,
-        'd', 't', 'r', 'a', 'i', 'n'};
-    uint8_t buf[4096 + sizeof hello];
+    static const uint8_t hello[] = {'D', 'T', 'S', '1', 1, 0, 2,   0,   1,   0,   0,   0,  0,
+                                    0,   0,   0,   14,  0, 0, 0,   0,   0,   0,   0,   0,  0,
+                                    0,   0,   6,   0,   0, 0, 'd', 't', 'r', 'a', 'i', 'n'};
+    uint8_t              buf[4096 + sizeof hello];
     if (size > 4096 || size == 0 || (data[0] & 1)) {
         dt_store_fuzz_serve(data, size);
         return 0;

@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint8_t again[DT_WIRE_HEADER_BYTES];
         dt_wire_encode(&h, again);
         if (memcmp(again, copy, DT_WIRE_HEADER_BYTES) != 0)
-            abort();  // decode and encode disagree
+            abort(); // decode and encode disagree
         char fp[200];
         dt_fp_format(&h.fp, fp, sizeof fp);
     }

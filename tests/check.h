@@ -26,50 +26,49 @@ static inline int check_report(int ok, const char *what, const char *file, int l
 
 #define CHECK(cond) check_report(!!(cond), #cond, __FILE__, __LINE__)
 
-#define CHECK_EQ(a, b)                                                                       \
-    do {                                                                                     \
-        long long check_a_ = (long long)(a), check_b_ = (long long)(b);                      \
-        if (!check_report(check_a_ == check_b_, #a " == " #b, __FILE__, __LINE__))           \
-            fprintf(stderr, "     found %lld, expected %lld\n", check_a_, check_b_);         \
+#define CHECK_EQ(a, b)                                                                             \
+    do {                                                                                           \
+        long long check_a_ = (long long)(a), check_b_ = (long long)(b);                            \
+        if (!check_report(check_a_ == check_b_, #a " == " #b, __FILE__, __LINE__))                 \
+            fprintf(stderr, "     found %lld, expected %lld\n", check_a_, check_b_);               \
     } while (0)
 
 // |a - b| <= tol
-#define CHECK_NEAR(a, b, tol)                                                                \
-    do {                                                                                     \
-        double check_a_ = (double)(a), check_b_ = (double)(b), check_t_ = (double)(tol);     \
-        if (!check_report(fabs(check_a_ - check_b_) <= check_t_ && !isnan(check_a_) &&      \
-                              !isnan(check_b_),                                              \
-                          #a " ~= " #b, __FILE__, __LINE__))                                 \
-            fprintf(stderr, "     found %.9g, expected %.9g (tolerance %.3g)\n", check_a_,  \
-                    check_b_, check_t_);                                                     \
+#define CHECK_NEAR(a, b, tol)                                                                      \
+    do {                                                                                           \
+        double check_a_ = (double)(a), check_b_ = (double)(b), check_t_ = (double)(tol);           \
+        if (!check_report(fabs(check_a_ - check_b_) <= check_t_ && !isnan(check_a_) &&             \
+                              !isnan(check_b_),                                                    \
+                          #a " ~= " #b, __FILE__, __LINE__))                                       \
+            fprintf(stderr, "     found %.9g, expected %.9g (tolerance %.3g)\n", check_a_,         \
+                    check_b_, check_t_);                                                           \
     } while (0)
 
-#define CHECK_OK(expr)                                                                       \
-    do {                                                                                     \
-        dt_status check_s_ = (expr);                                                         \
-        if (!check_report(check_s_ == DT_OK, #expr, __FILE__, __LINE__))                     \
-            fprintf(stderr, "     returned %s: %s\n", dt_status_str(check_s_),              \
-                    dt_last_error());                                                        \
+#define CHECK_OK(expr)                                                                             \
+    do {                                                                                           \
+        dt_status check_s_ = (expr);                                                               \
+        if (!check_report(check_s_ == DT_OK, #expr, __FILE__, __LINE__))                           \
+            fprintf(stderr, "     returned %s: %s\n", dt_status_str(check_s_), dt_last_error());   \
     } while (0)
 
 // expr must fail with `status` and a message containing `needle`.
-#define CHECK_ERR(expr, status, needle)                                                      \
-    do {                                                                                     \
-        dt_status check_s_ = (expr);                                                         \
-        const char *check_m_ = dt_last_error();                                              \
-        int check_ok_ = check_s_ == (status) && strstr(check_m_, (needle)) != NULL;          \
-        if (!check_report(check_ok_, #expr " fails with " #status, __FILE__, __LINE__))      \
-            fprintf(stderr, "     returned %s: \"%s\"; expected %s containing \"%s\"\n",     \
-                    dt_status_str(check_s_), check_m_, dt_status_str(status), (needle));     \
+#define CHECK_ERR(expr, status, needle)                                                            \
+    do {                                                                                           \
+        dt_status   check_s_  = (expr);                                                            \
+        const char *check_m_  = dt_last_error();                                                   \
+        int         check_ok_ = check_s_ == (status) && strstr(check_m_, (needle)) != NULL;        \
+        if (!check_report(check_ok_, #expr " fails with " #status, __FILE__, __LINE__))            \
+            fprintf(stderr, "     returned %s: \"%s\"; expected %s containing \"%s\"\n",           \
+                    dt_status_str(check_s_), check_m_, dt_status_str(status), (needle));           \
     } while (0)
 
 // Runs one test function under a name shown in failure lines.
-#define RUN(fn)                                                                              \
-    do {                                                                                     \
-        check_current = #fn;                                                                 \
-        int check_f0_ = check_failed;                                                        \
-        fn();                                                                                \
-        fprintf(stderr, "%s %s\n", check_failed == check_f0_ ? "ok  " : "FAIL", #fn);        \
+#define RUN(fn)                                                                                    \
+    do {                                                                                           \
+        check_current = #fn;                                                                       \
+        int check_f0_ = check_failed;                                                              \
+        fn();                                                                                      \
+        fprintf(stderr, "%s %s\n", check_failed == check_f0_ ? "ok  " : "FAIL", #fn);              \
     } while (0)
 
 static inline int check_summary(void) {

@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <sched.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,15 +26,15 @@ typedef struct args {
     const char *backend;
     int         nprocs;
     size_t      min_bytes, max_bytes;
-    int         iters;  // 0 = by size
+    int         iters; // 0 = by size
     int         warmup;
     bool        check;
-    bool        bind;  // pin rank i to CPU i % online CPUs (as mpirun does by default)
+    bool        bind; // pin rank i to CPU i % online CPUs (as mpirun does by default)
 } args;
 
 static size_t parse_size(const char *s, const char *flag) {
     char  *end;
-    double v = strtod(s, &end);
+    double v    = strtod(s, &end);
     size_t mult = 1;
     if (*end == 'K' || *end == 'k')
         mult = 1u << 10, end++;
@@ -72,7 +71,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static int rank_main(int local_rank, void *arg) {
-    const args *a  = arg;
+    const args *a = arg;
     if (a->bind) {
         long      ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         cpu_set_t set;
@@ -81,19 +80,19 @@ static int rank_main(int local_rank, void *arg) {
         if (sched_setaffinity(0, sizeof set, &set) != 0)
             fprintf(stderr, "dtrain-bench: rank %d: could not bind to a CPU\n", local_rank);
     }
-    dt_pg_opts  o  = dt_pg_opts_default();
-    o.backend      = a->backend;
-    o.timeout_ms   = 120000;
-    dt_pg *pg      = dt_pg_init_from_env(&o);
+    dt_pg_opts o = dt_pg_opts_default();
+    o.backend    = a->backend;
+    o.timeout_ms = 120000;
+    dt_pg *pg    = dt_pg_init_from_env(&o);
     if (!pg) {
         fprintf(stderr, "dtrain-bench: rank %d: %s\n", local_rank, dt_last_error());
         return 1;
     }
-    int    rank = dt_pg_rank(pg), n = dt_pg_size(pg);
-    size_t maxc = a->max_bytes / 4;
-    float *buf  = dt_alloc(maxc * sizeof(float));
-    int    cap  = 1000;
-    double *t   = dt_alloc((size_t)cap * sizeof(double));
+    int     rank = dt_pg_rank(pg), n = dt_pg_size(pg);
+    size_t  maxc = a->max_bytes / 4;
+    float  *buf  = dt_alloc(maxc * sizeof(float));
+    int     cap  = 1000;
+    double *t    = dt_alloc((size_t)cap * sizeof(double));
     if (!buf || !t) {
         fprintf(stderr, "dtrain-bench: out of memory\n");
         return 1;
@@ -175,7 +174,7 @@ static int run_under_mpirun(int argc, char **argv, int nprocs) {
     self[k] = '\0';
     snprintf(np, sizeof np, "%d", nprocs);
     char *cmd[128];
-    int   n   = 0;
+    int   n  = 0;
     cmd[n++] = "mpirun";
     if (geteuid() == 0)
         cmd[n++] = "--allow-run-as-root";
@@ -195,14 +194,15 @@ static int run_under_mpirun(int argc, char **argv, int nprocs) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
-            "                              [--max SIZE] [--iters N] [--warmup N] [--check] [--bind]\n"
-            "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
-            "  --max 64M --warmup 5; iterations by size unless --iters; --bind pins rank i\n"
-            "  to CPU i (as mpirun does by default)\n"
-            "  --backend mpi runs the ranks under mpirun (this program re-executed); started\n"
-            "  by a launcher (mpirun, srun, dtrun), each process is one rank and -n is unused\n");
+    fprintf(
+        f,
+        "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
+        "                              [--max SIZE] [--iters N] [--warmup N] [--check] [--bind]\n"
+        "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
+        "  --max 64M --warmup 5; iterations by size unless --iters; --bind pins rank i\n"
+        "  to CPU i (as mpirun does by default)\n"
+        "  --backend mpi runs the ranks under mpirun (this program re-executed); started\n"
+        "  by a launcher (mpirun, srun, dtrun), each process is one rank and -n is unused\n");
 }
 
 int main(int argc, char **argv) {
@@ -210,21 +210,22 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    args a = {.backend = "auto", .nprocs = 2, .min_bytes = 4u << 10, .max_bytes = 64u << 20,
-              .warmup = 5};
+    args a = {
+        .backend = "auto", .nprocs = 2, .min_bytes = 4u << 10, .max_bytes = 64u << 20, .warmup = 5};
     static const struct option opts[] = {
         {"backend", required_argument, NULL, 'b'}, {"nprocs", required_argument, NULL, 'n'},
         {"min", required_argument, NULL, 'm'},     {"max", required_argument, NULL, 'M'},
         {"iters", required_argument, NULL, 'i'},   {"warmup", required_argument, NULL, 'w'},
         {"check", no_argument, NULL, 'c'},         {"help", no_argument, NULL, 'h'},
-        {"bind", no_argument, NULL, 'B'},
-        {NULL, 0, NULL, 0}};
+        {"bind", no_argument, NULL, 'B'},          {NULL, 0, NULL, 0}};
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "b:n:m:M:i:w:ch", opts, NULL)) != -1) {
         long v;
         switch (c) {
-        case 'b': a.backend = optarg; break;
+        case 'b':
+            a.backend = optarg;
+            break;
         case 'n':
             if (dt_parse_long(optarg, 1, 64, "-n", &v) != DT_OK) {
                 fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
@@ -232,8 +233,12 @@ int main(int argc, char **argv) {
             }
             a.nprocs = (int)v;
             break;
-        case 'm': a.min_bytes = parse_size(optarg, "--min"); break;
-        case 'M': a.max_bytes = parse_size(optarg, "--max"); break;
+        case 'm':
+            a.min_bytes = parse_size(optarg, "--min");
+            break;
+        case 'M':
+            a.max_bytes = parse_size(optarg, "--max");
+            break;
         case 'i':
             if (dt_parse_long(optarg, 1, 1000, "--iters", &v) != DT_OK) {
                 fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
@@ -248,10 +253,18 @@ int main(int argc, char **argv) {
             }
             a.warmup = (int)v;
             break;
-        case 'c': a.check = true; break;
-        case 'B': a.bind = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'c':
+            a.check = true;
+            break;
+        case 'B':
+            a.bind = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (a.min_bytes > a.max_bytes) {
@@ -260,7 +273,7 @@ int main(int argc, char **argv) {
     }
     dt_launch_env le;
     if (dt_launch_env_read(&le) == DT_OK && le.launcher != DT_LAUNCHER_NONE)
-        return rank_main(le.local_rank, &a);  // one rank of a launcher's job
+        return rank_main(le.local_rank, &a); // one rank of a launcher's job
     if (strcmp(a.backend, "mpi") == 0)
         return run_under_mpirun(argc, argv, a.nprocs);
     dt_spawn_result res;

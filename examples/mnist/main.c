@@ -95,62 +95,120 @@ static const char usage[] =
     "epoch anyway), so no two epochs repeat an order.\n";
 
 static int parse_args(int argc, char **argv, args *a) {
-    *a = (args){.epochs = 1, .batch_size = 128, .lr = 0.5, .log_every = 10, .num_machines = 1};
+    *a      = (args){.epochs = 1, .batch_size = 128, .lr = 0.5, .log_every = 10, .num_machines = 1};
     a->keep = 3;
-    enum { EPOCHS = 1000, BATCH, LR, SEED, DATA, LIMIT, THREADS, LOG_EVERY, NO_TEST, STATS,
-           PROFILE, NPROC, NMACH, MACHID, MADDR, MPORT, BACKEND, NO_OVERLAP, HELP, CKPT_DIR,
-           CKPT_EVERY, KEEP, RESUME, FALLBACK, MAX_STEPS, SAVE_MODEL, LOAD, EVAL_ONLY };
-    static const struct option opts[] = {
-        {"epochs", required_argument, 0, EPOCHS},
-        {"batch-size", required_argument, 0, BATCH},
-        {"lr", required_argument, 0, LR},
-        {"seed", required_argument, 0, SEED},
-        {"data-dir", required_argument, 0, DATA},
-        {"limit", required_argument, 0, LIMIT},
-        {"threads", required_argument, 0, THREADS},
-        {"log-every", required_argument, 0, LOG_EVERY},
-        {"no-test", no_argument, 0, NO_TEST},
-        {"stats", no_argument, 0, STATS},
-        {"profile", no_argument, 0, PROFILE},
-        {"num-processes", required_argument, 0, NPROC},
-        {"num-machines", required_argument, 0, NMACH},
-        {"machine-id", required_argument, 0, MACHID},
-        {"master-addr", required_argument, 0, MADDR},
-        {"master-port", required_argument, 0, MPORT},
-        {"backend", required_argument, 0, BACKEND},
-        {"no-overlap", no_argument, 0, NO_OVERLAP},
-        {"checkpoint-dir", required_argument, 0, CKPT_DIR},
-        {"checkpoint-every", required_argument, 0, CKPT_EVERY},
-        {"keep", required_argument, 0, KEEP},
-        {"resume", no_argument, 0, RESUME},
-        {"fallback", no_argument, 0, FALLBACK},
-        {"max-steps", required_argument, 0, MAX_STEPS},
-        {"save-model", required_argument, 0, SAVE_MODEL},
-        {"load", required_argument, 0, LOAD},
-        {"eval-only", no_argument, 0, EVAL_ONLY},
-        {"help", no_argument, 0, HELP},
-        {0, 0, 0, 0}};
-    int c;
+    enum {
+        EPOCHS = 1000,
+        BATCH,
+        LR,
+        SEED,
+        DATA,
+        LIMIT,
+        THREADS,
+        LOG_EVERY,
+        NO_TEST,
+        STATS,
+        PROFILE,
+        NPROC,
+        NMACH,
+        MACHID,
+        MADDR,
+        MPORT,
+        BACKEND,
+        NO_OVERLAP,
+        HELP,
+        CKPT_DIR,
+        CKPT_EVERY,
+        KEEP,
+        RESUME,
+        FALLBACK,
+        MAX_STEPS,
+        SAVE_MODEL,
+        LOAD,
+        EVAL_ONLY
+    };
+    static const struct option opts[] = {{"epochs", required_argument, 0, EPOCHS},
+                                         {"batch-size", required_argument, 0, BATCH},
+                                         {"lr", required_argument, 0, LR},
+                                         {"seed", required_argument, 0, SEED},
+                                         {"data-dir", required_argument, 0, DATA},
+                                         {"limit", required_argument, 0, LIMIT},
+                                         {"threads", required_argument, 0, THREADS},
+                                         {"log-every", required_argument, 0, LOG_EVERY},
+                                         {"no-test", no_argument, 0, NO_TEST},
+                                         {"stats", no_argument, 0, STATS},
+                                         {"profile", no_argument, 0, PROFILE},
+                                         {"num-processes", required_argument, 0, NPROC},
+                                         {"num-machines", required_argument, 0, NMACH},
+                                         {"machine-id", required_argument, 0, MACHID},
+                                         {"master-addr", required_argument, 0, MADDR},
+                                         {"master-port", required_argument, 0, MPORT},
+                                         {"backend", required_argument, 0, BACKEND},
+                                         {"no-overlap", no_argument, 0, NO_OVERLAP},
+                                         {"checkpoint-dir", required_argument, 0, CKPT_DIR},
+                                         {"checkpoint-every", required_argument, 0, CKPT_EVERY},
+                                         {"keep", required_argument, 0, KEEP},
+                                         {"resume", no_argument, 0, RESUME},
+                                         {"fallback", no_argument, 0, FALLBACK},
+                                         {"max-steps", required_argument, 0, MAX_STEPS},
+                                         {"save-model", required_argument, 0, SAVE_MODEL},
+                                         {"load", required_argument, 0, LOAD},
+                                         {"eval-only", no_argument, 0, EVAL_ONLY},
+                                         {"help", no_argument, 0, HELP},
+                                         {0, 0, 0, 0}};
+    int                        c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         dt_status st = DT_OK;
         switch (c) {
-        case EPOCHS: st = dt_parse_long(optarg, 1, 100000, "--epochs", &a->epochs); break;
-        case BATCH: st = dt_parse_long(optarg, 1, 65536, "--batch-size", &a->batch_size); break;
-        case LR: st = dt_parse_double(optarg, 0.0, 1e6, "--lr", &a->lr); break;
-        case SEED: st = dt_parse_long(optarg, 0, 0x7fffffffffffffffL, "--seed", &a->seed); break;
-        case DATA: a->data_dir = optarg; break;
-        case LIMIT: st = dt_parse_long(optarg, 1, 1L << 32, "--limit", &a->limit); break;
-        case THREADS: st = dt_parse_long(optarg, 1, 256, "--threads", &a->threads); break;
-        case LOG_EVERY: st = dt_parse_long(optarg, 1, 1L << 30, "--log-every", &a->log_every); break;
-        case NO_TEST: a->no_test = true; break;
-        case STATS: a->stats = true; break;
-        case PROFILE: a->profile = true; break;
-        case NPROC: st = dt_parse_long(optarg, 1, 1024, "--num-processes", &a->num_processes); break;
-        case NMACH: st = dt_parse_long(optarg, 1, 65536, "--num-machines", &a->num_machines); break;
-        case MACHID: st = dt_parse_long(optarg, 0, 65535, "--machine-id", &a->machine_id); break;
-        case MADDR: a->master_addr = optarg; break;
-        case MPORT: st = dt_parse_long(optarg, 1, 65535, "--master-port", &a->master_port); break;
+        case EPOCHS:
+            st = dt_parse_long(optarg, 1, 100000, "--epochs", &a->epochs);
+            break;
+        case BATCH:
+            st = dt_parse_long(optarg, 1, 65536, "--batch-size", &a->batch_size);
+            break;
+        case LR:
+            st = dt_parse_double(optarg, 0.0, 1e6, "--lr", &a->lr);
+            break;
+        case SEED:
+            st = dt_parse_long(optarg, 0, 0x7fffffffffffffffL, "--seed", &a->seed);
+            break;
+        case DATA:
+            a->data_dir = optarg;
+            break;
+        case LIMIT:
+            st = dt_parse_long(optarg, 1, 1L << 32, "--limit", &a->limit);
+            break;
+        case THREADS:
+            st = dt_parse_long(optarg, 1, 256, "--threads", &a->threads);
+            break;
+        case LOG_EVERY:
+            st = dt_parse_long(optarg, 1, 1L << 30, "--log-every", &a->log_every);
+            break;
+        case NO_TEST:
+            a->no_test = true;
+            break;
+        case STATS:
+            a->stats = true;
+            break;
+        case PROFILE:
+            a->profile = true;
+            break;
+        case NPROC:
+            st = dt_parse_long(optarg, 1, 1024, "--num-processes", &a->num_processes);
+            break;
+        case NMACH:
+            st = dt_parse_long(optarg, 1, 65536, "--num-machines", &a->num_machines);
+            break;
+        case MACHID:
+            st = dt_parse_long(optarg, 0, 65535, "--machine-id", &a->machine_id);
+            break;
+        case MADDR:
+            a->master_addr = optarg;
+            break;
+        case MPORT:
+            st = dt_parse_long(optarg, 1, 65535, "--master-port", &a->master_port);
+            break;
         case BACKEND:
             a->backend = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "shm") && strcmp(optarg, "tcp") &&
@@ -158,19 +216,39 @@ static int parse_args(int argc, char **argv, args *a) {
                 st = dt_fail(DT_ERR_ARG, "--backend expects auto, shm, tcp or mpi, found \"%s\"",
                              optarg);
             break;
-        case NO_OVERLAP: a->no_overlap = true; break;
-        case CKPT_DIR: a->checkpoint_dir = optarg; break;
+        case NO_OVERLAP:
+            a->no_overlap = true;
+            break;
+        case CKPT_DIR:
+            a->checkpoint_dir = optarg;
+            break;
         case CKPT_EVERY:
             st = dt_parse_long(optarg, 1, 1L << 40, "--checkpoint-every", &a->checkpoint_every);
             break;
-        case KEEP: st = dt_parse_long(optarg, 1, 1000000, "--keep", &a->keep); break;
-        case RESUME: a->resume = true; break;
-        case FALLBACK: a->fallback = true; break;
-        case MAX_STEPS: st = dt_parse_long(optarg, 1, 1L << 40, "--max-steps", &a->max_steps); break;
-        case SAVE_MODEL: a->save_model = optarg; break;
-        case LOAD: a->load = optarg; break;
-        case EVAL_ONLY: a->eval_only = true; break;
-        case HELP: fputs(usage, stdout); exit(0);
+        case KEEP:
+            st = dt_parse_long(optarg, 1, 1000000, "--keep", &a->keep);
+            break;
+        case RESUME:
+            a->resume = true;
+            break;
+        case FALLBACK:
+            a->fallback = true;
+            break;
+        case MAX_STEPS:
+            st = dt_parse_long(optarg, 1, 1L << 40, "--max-steps", &a->max_steps);
+            break;
+        case SAVE_MODEL:
+            a->save_model = optarg;
+            break;
+        case LOAD:
+            a->load = optarg;
+            break;
+        case EVAL_ONLY:
+            a->eval_only = true;
+            break;
+        case HELP:
+            fputs(usage, stdout);
+            exit(0);
         default:
             fprintf(stderr, "dtrain-mnist: unknown option \"%s\"\n%s", argv[optind - 1], usage);
             return 2;
@@ -185,8 +263,10 @@ static int parse_args(int argc, char **argv, args *a) {
         return 2;
     }
     if (a->machine_id >= a->num_machines) {
-        fprintf(stderr, "dtrain-mnist: --machine-id expects a value below --num-machines (%ld), "
-                        "found %ld\n", a->num_machines, a->machine_id);
+        fprintf(stderr,
+                "dtrain-mnist: --machine-id expects a value below --num-machines (%ld), "
+                "found %ld\n",
+                a->num_machines, a->machine_id);
         return 2;
     }
     if (a->num_machines > 1 && a->num_processes == 0) {
@@ -230,8 +310,8 @@ static void print_profile(const dt_model *m, double train_secs) {
         printf("%-4d %-12s %10.3f %10.3f %6.1f%%\n", i, dt_model_layer_kind(m, i), f, b,
                100.0 * (f + b) / train_secs);
     }
-    printf("%-17s %21.3f %6.1f%%  (the rest: data, loss, optimizer, gradient sync)\n",
-           "all layers", total, 100.0 * total / train_secs);
+    printf("%-17s %21.3f %6.1f%%  (the rest: data, loss, optimizer, gradient sync)\n", "all layers",
+           total, 100.0 * total / train_secs);
 }
 
 // Test-set loss and accuracy, each rank evaluating its share (every sample once across
@@ -239,15 +319,15 @@ static void print_profile(const dt_model *m, double train_secs) {
 static dt_status evaluate(dt_model *m, dt_pg *pg, const dt_dataset *test, size_t batch,
                           int64_t *correct, double *mean_loss) {
     int             world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
-    dt_sampler_opts so    = dt_sampler_opts_default();
-    so.num_replicas       = world;
-    so.rank               = rank;
-    so.shuffle            = false;
-    so.eval               = true;
-    dt_sampler    *s      = dt_sampler_init(test->n, &so);
-    dt_loader_opts lo     = dt_loader_opts_default();
-    lo.batch_size         = batch;
-    dt_loader *l          = s ? dt_loader_init(test, s, &lo) : NULL;
+    dt_sampler_opts so = dt_sampler_opts_default();
+    so.num_replicas    = world;
+    so.rank            = rank;
+    so.shuffle         = false;
+    so.eval            = true;
+    dt_sampler    *s   = dt_sampler_init(test->n, &so);
+    dt_loader_opts lo  = dt_loader_opts_default();
+    lo.batch_size      = batch;
+    dt_loader *l       = s ? dt_loader_init(test, s, &lo) : NULL;
     if (!l) {
         dt_sampler_free(s);
         return dt_last_status();
@@ -353,14 +433,14 @@ static dt_status check_config(const dt_ckpt_info *info, const run_config *c, boo
 static int train_worker(job *j, dt_pg *pg) {
     const args *a     = j->a;
     int         world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
-    bool        lead  = rank == 0;
-    dt_model   *m     = NULL;
-    dt_ddp     *ddp   = NULL;
-    dt_optim   *opt   = NULL;
-    dt_sampler *smp   = NULL;
-    dt_loader  *ld    = NULL;
-    float      *dlogp = NULL;
-    int         rc    = 1;
+    bool        lead     = rank == 0;
+    dt_model   *m        = NULL;
+    dt_ddp     *ddp      = NULL;
+    dt_optim   *opt      = NULL;
+    dt_sampler *smp      = NULL;
+    dt_loader  *ld       = NULL;
+    float      *dlogp    = NULL;
+    int         rc       = 1;
     double      accuracy = -1, ckpt_secs = 0;
     int64_t     step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
     long        first_epoch = 0;
@@ -368,7 +448,7 @@ static int train_worker(job *j, dt_pg *pg) {
     long threads = a->threads;
     if (!threads) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN), local = pg ? dt_pg_local_size(pg) : 1;
-        threads    = cores / (local > 0 ? local : 1);
+        threads = cores / (local > 0 ? local : 1);
         if (threads < 1)
             threads = 1;
     }
@@ -400,14 +480,14 @@ static int train_worker(job *j, dt_pg *pg) {
     // Dropout masks: a stream of their own under the seed, split by epoch, step and
     // rank, so no two ranks or steps share a mask and a run can be replayed exactly.
     // Checkpoints carry the stream's root state (the masks need nothing else).
-    dt_rng base = dt_rng_init((uint64_t)a->seed);
-    dt_rng root = dt_rng_split(&base, 0x64726f70 /* "drop" */);
+    dt_rng     base = dt_rng_init((uint64_t)a->seed);
+    dt_rng     root = dt_rng_split(&base, 0x64726f70 /* "drop" */);
     run_config cfg;
     config_of(a, threads, &cfg);
     dt_ckpt_rng   rngs[] = {{"dropout", &root}};
-    dt_ckpt_kv    kvs[]  = {{"program", "dtrain-mnist"}, {"seed", cfg.seed},
+    dt_ckpt_kv    kvs[]  = {{"program", "dtrain-mnist"},    {"seed", cfg.seed},
                             {"batch_size", cfg.batch_size}, {"lr", cfg.lr},
-                            {"threads", cfg.threads}, {"epochs", cfg.epochs}};
+                            {"threads", cfg.threads},       {"epochs", cfg.epochs}};
     dt_ckpt_state cs     = {.model   = m,
                             .optim   = opt,
                             .sampler = smp,
@@ -446,7 +526,8 @@ static int train_worker(job *j, dt_pg *pg) {
             goto done;
     }
 
-    size_t nbatches = (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
+    size_t nbatches =
+        (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     dt_model_set_profile(m, a->profile);
     double train_start = dt_now();
     bool   stop        = a->eval_only || (a->max_steps && step >= a->max_steps);
@@ -528,11 +609,11 @@ static int train_worker(job *j, dt_pg *pg) {
     if (a->stats) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
-        int64_t rss = ru.ru_maxrss;  // KiB; the largest over ranks is reported
+        int64_t rss = ru.ru_maxrss; // KiB; the largest over ranks is reported
         if (pg && dt_pg_all_reduce(pg, &rss, &rss, 1, DT_INT64, DT_REDUCE_MAX))
             goto done;
-        double wait_s = 0;
-        int64_t steps = 0;
+        double  wait_s = 0;
+        int64_t steps  = 0;
         if (ddp)
             dt_ddp_stats(ddp, &wait_s, &steps);
         // Samples trained by this run (a resumed run trains fewer), padding included.
@@ -583,7 +664,7 @@ static int run_worker_from_env(job *j) {
 }
 
 static int spawned(int local_rank, void *arg) {
-    (void)local_rank;  // dt_spawn has set RANK, LOCAL_RANK and the rest
+    (void)local_rank; // dt_spawn has set RANK, LOCAL_RANK and the rest
     return run_worker_from_env(arg);
 }
 
@@ -598,8 +679,8 @@ int main(int argc, char **argv) {
     int  rc = parse_args(argc, argv, &a);
     if (rc)
         return rc;
-    job           j = {.a = &a, .start = dt_now()};
-    dt_launch_env le;
+    job             j = {.a = &a, .start = dt_now()};
+    dt_launch_env   le;
     dt_dataset_opts dopts = dt_dataset_opts_default();
     dopts.limit           = (size_t)a.limit;
     if (dt_dataset_load_mnist(&j.train, a.data_dir, true, &dopts) ||
@@ -614,7 +695,7 @@ int main(int argc, char **argv) {
         if (a.master_port)
             setenv_long("MASTER_PORT", a.master_port);
         else if (a.num_machines > 1 && !getenv("MASTER_PORT"))
-            setenv("MASTER_PORT", "29500", 1);  // torchrun's default, the same on every machine
+            setenv("MASTER_PORT", "29500", 1); // torchrun's default, the same on every machine
         setenv_long("GROUP_RANK", a.machine_id);
         setenv_long("WORLD_SIZE", a.num_machines * a.num_processes);
         dt_spawn_result res;

@@ -26,15 +26,10 @@ extern "C" {
 
 // ------------------------------------------------------------------------ data types
 
-typedef enum dt_dtype {
-    DT_FLOAT32,
-    DT_INT32,
-    DT_INT64,
-    DT_DTYPE_COUNT_
-} dt_dtype;
+typedef enum dt_dtype { DT_FLOAT32, DT_INT32, DT_INT64, DT_DTYPE_COUNT_ } dt_dtype;
 
 // Bytes per element (4, 4, 8); 0 for an invalid dtype.
-DT_API size_t      dt_dtype_size(dt_dtype t);
+DT_API size_t dt_dtype_size(dt_dtype t);
 // "float32", "int32", "int64"; "invalid" otherwise. Never NULL.
 DT_API const char *dt_dtype_name(dt_dtype t);
 
@@ -53,9 +48,9 @@ typedef enum dt_reduce_op {
 // "sum", "avg", "max", "min", "prod"; "invalid" otherwise. Never NULL.
 DT_API const char *dt_reduce_op_name(dt_reduce_op op);
 
-typedef struct dt_store dt_store;  // a key-value store shared by the ranks of a job
-typedef struct dt_pg    dt_pg;     // a process group: ranks joined through a store
-typedef struct dt_work  dt_work;   // one asynchronous operation in flight
+typedef struct dt_store dt_store; // a key-value store shared by the ranks of a job
+typedef struct dt_pg    dt_pg;    // a process group: ranks joined through a store
+typedef struct dt_work  dt_work;  // one asynchronous operation in flight
 
 // ----------------------------------------------------------------------------- store
 //
@@ -64,10 +59,10 @@ typedef struct dt_work  dt_work;   // one asynchronous operation in flight
 // A dt_store handle may be used from several threads at once (calls are serialised).
 
 typedef struct dt_store_opts {
-    int64_t     timeout_ms;  // connect retries, get and wait; 0 = default: DT_TIMEOUT_MS
-                             // env, else 30 min; < 0 = no limit
-    const char *token;       // job token; NULL = DT_JOB_TOKEN env; "" = none. A server with
-                             // a token refuses clients with another (or no) token.
+    int64_t timeout_ms; // connect retries, get and wait; 0 = default: DT_TIMEOUT_MS
+                        // env, else 30 min; < 0 = no limit
+    const char *token;  // job token; NULL = DT_JOB_TOKEN env; "" = none. A server with
+                        // a token refuses clients with another (or no) token.
 } dt_store_opts;
 
 // Zeroed options: every field means "default".
@@ -98,8 +93,7 @@ DT_API dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts)
 DT_API dt_store *dt_store_init_prefix(dt_store *base, const char *prefix);
 
 // Sets key to the `nbytes` bytes at `value` (overwrites; wakes waiters).
-DT_API dt_status dt_store_set(dt_store *store, const char *key, const void *value,
-                              size_t nbytes);
+DT_API dt_status dt_store_set(dt_store *store, const char *key, const void *value, size_t nbytes);
 // Waits until key exists (up to the store's timeout), then returns a copy of its value
 // in *value (owned: free with dt_free; a NUL byte follows the value, so text values are
 // C strings) and its length in *nbytes (may be NULL). DT_ERR_TIMEOUT names the key.
@@ -125,10 +119,10 @@ DT_API dt_status dt_store_compare_set(dt_store *store, const char *key, const vo
 // Deletes key; *deleted (may be NULL) tells whether it existed.
 DT_API dt_status dt_store_delete(dt_store *store, const char *key, bool *deleted /* out */);
 // Changes the default timeout of blocking calls on this handle (0 = default, < 0 none).
-DT_API void      dt_store_set_timeout(dt_store *store, int64_t timeout_ms);
+DT_API void dt_store_set_timeout(dt_store *store, int64_t timeout_ms);
 // Closes the connection (and, in the server's process, stops the server: every client
 // then gets DT_ERR_PEER). NULL is a no-op. Free prefix views before their base.
-DT_API void      dt_store_free(dt_store *store);
+DT_API void dt_store_free(dt_store *store);
 
 // -------------------------------------------------------------- launcher environment
 //
@@ -146,12 +140,12 @@ DT_API void      dt_store_free(dt_store *store);
 // SLURM_PROCID=0 and the allocation's SLURM_NTASKS but is not rank 0 of a job.
 
 typedef enum dt_launcher {
-    DT_LAUNCHER_NONE,     // no launcher variables: a process on its own
-    DT_LAUNCHER_ENV,      // RANK / WORLD_SIZE
-    DT_LAUNCHER_OPENMPI,  // OMPI_COMM_WORLD_*
-    DT_LAUNCHER_MVAPICH,  // MV2_COMM_WORLD_*
-    DT_LAUNCHER_PMI,      // PMI_RANK / PMI_SIZE
-    DT_LAUNCHER_SLURM,    // SLURM_* in an srun step
+    DT_LAUNCHER_NONE,    // no launcher variables: a process on its own
+    DT_LAUNCHER_ENV,     // RANK / WORLD_SIZE
+    DT_LAUNCHER_OPENMPI, // OMPI_COMM_WORLD_*
+    DT_LAUNCHER_MVAPICH, // MV2_COMM_WORLD_*
+    DT_LAUNCHER_PMI,     // PMI_RANK / PMI_SIZE
+    DT_LAUNCHER_SLURM,   // SLURM_* in an srun step
     DT_LAUNCHER_COUNT_
 } dt_launcher;
 
@@ -160,11 +154,11 @@ DT_API const char *dt_launcher_name(dt_launcher l);
 
 typedef struct dt_launch_env {
     dt_launcher launcher;
-    int         rank, world;              // -1 when launcher is DT_LAUNCHER_NONE
-    int         local_rank, local_world;  // -1 when the launcher does not say
-    bool        is_mpi;     // an MPI launcher or srun: MPI_Init can join this job
-    const char *rank_var;   // the variables read ("OMPI_COMM_WORLD_RANK"), for messages;
-    const char *world_var;  // static strings, NULL when launcher is DT_LAUNCHER_NONE
+    int         rank, world;             // -1 when launcher is DT_LAUNCHER_NONE
+    int         local_rank, local_world; // -1 when the launcher does not say
+    bool        is_mpi;                  // an MPI launcher or srun: MPI_Init can join this job
+    const char *rank_var;  // the variables read ("OMPI_COMM_WORLD_RANK"), for messages;
+    const char *world_var; // static strings, NULL when launcher is DT_LAUNCHER_NONE
 } dt_launch_env;
 
 // Looks up one environment variable: its value, or NULL when unset. Empty values are
@@ -183,13 +177,13 @@ DT_API dt_status dt_launch_env_read(dt_launch_env *out /* out */);
 // ---------------------------------------------------------------------- process group
 
 typedef struct dt_pg_opts {
-    const char *backend;     // "auto" (NULL = auto): shm when every rank is on this host
-                             // and shm is built, tcp otherwise; or "shm", "tcp", "mpi"
-                             // (MPI's collectives; only when built with MPI and started
-                             // by an MPI launcher; see docs/mpi.md)
-    int64_t     timeout_ms;  // per operation; 0 = default: DT_TIMEOUT_MS env, else 30 min
-                             // (PyTorch's CPU backends); < 0 = no limit
-    const char *token;       // job token; NULL = DT_JOB_TOKEN env; "" = none = no check
+    const char *backend; // "auto" (NULL = auto): shm when every rank is on this host
+                         // and shm is built, tcp otherwise; or "shm", "tcp", "mpi"
+                         // (MPI's collectives; only when built with MPI and started
+                         // by an MPI launcher; see docs/mpi.md)
+    int64_t timeout_ms;  // per operation; 0 = default: DT_TIMEOUT_MS env, else 30 min
+                         // (PyTorch's CPU backends); < 0 = no limit
+    const char *token;   // job token; NULL = DT_JOB_TOKEN env; "" = none = no check
 } dt_pg_opts;
 
 // Zeroed options: every field means "default".
@@ -224,8 +218,8 @@ DT_API void dt_pg_free(dt_pg *pg);
 
 DT_API int dt_pg_rank(const dt_pg *pg);
 DT_API int dt_pg_size(const dt_pg *pg);
-DT_API int dt_pg_local_rank(const dt_pg *pg);   // rank among the ranks on this host
-DT_API int dt_pg_local_size(const dt_pg *pg);   // number of ranks on this host
+DT_API int dt_pg_local_rank(const dt_pg *pg); // rank among the ranks on this host
+DT_API int dt_pg_local_size(const dt_pg *pg); // number of ranks on this host
 // Name of the backend in use ("shm", "tcp", "mpi"); owned by the group.
 DT_API const char *dt_pg_backend(const dt_pg *pg);
 // The group's store (borrowed; lives until dt_pg_free; in ranks other than 0 it needs
@@ -253,16 +247,16 @@ DT_API dt_status dt_pg_all_reduce(dt_pg *pg, const void *src, void *dst, size_t 
 DT_API dt_status dt_pg_broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root);
 // Like all_reduce, but only root's dst receives the result (dst is unused elsewhere and
 // may be NULL there).
-DT_API dt_status dt_pg_reduce(dt_pg *pg, const void *src, void *dst, size_t count,
-                              dt_dtype dtype, dt_reduce_op op, int root);
+DT_API dt_status dt_pg_reduce(dt_pg *pg, const void *src, void *dst, size_t count, dt_dtype dtype,
+                              dt_reduce_op op, int root);
 // dst (size * count_per_rank elements) = every rank's src (count_per_rank) in rank
 // order. In place when src == dst + rank * count_per_rank.
 DT_API dt_status dt_pg_all_gather(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
                                   dt_dtype dtype);
 // src has size * count_per_rank elements; rank r's dst (count_per_rank) gets the
 // reduction of every rank's block r. In place when dst == src + rank * count_per_rank.
-DT_API dt_status dt_pg_reduce_scatter(dt_pg *pg, const void *src, void *dst,
-                                      size_t count_per_rank, dt_dtype dtype, dt_reduce_op op);
+DT_API dt_status dt_pg_reduce_scatter(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
+                                      dt_dtype dtype, dt_reduce_op op);
 // root's dst (size * count_per_rank) = every rank's src in rank order; dst unused (may
 // be NULL) on other ranks.
 DT_API dt_status dt_pg_gather(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
@@ -288,8 +282,7 @@ DT_API dt_status dt_pg_barrier(dt_pg *pg);
 // ranks receive first). dt_pg_send returns once the data is handed to the transport.
 DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, int peer,
                             int tag);
-DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer,
-                            int tag);
+DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer, int tag);
 
 // ------------------------------------------------------------------- async operations
 //
@@ -301,21 +294,19 @@ DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, 
 
 DT_API dt_status dt_pg_all_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
                                         dt_dtype dtype, dt_reduce_op op, dt_work **out);
-DT_API dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype,
-                                       int root, dt_work **out);
+DT_API dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root,
+                                       dt_work **out);
 DT_API dt_status dt_pg_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
                                     dt_dtype dtype, dt_reduce_op op, int root, dt_work **out);
 DT_API dt_status dt_pg_all_gather_async(dt_pg *pg, const void *src, void *dst,
                                         size_t count_per_rank, dt_dtype dtype, dt_work **out);
 DT_API dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *src, void *dst,
-                                            size_t count_per_rank, dt_dtype dtype,
-                                            dt_reduce_op op, dt_work **out);
-DT_API dt_status dt_pg_gather_async(dt_pg *pg, const void *src, void *dst,
-                                    size_t count_per_rank, dt_dtype dtype, int root,
-                                    dt_work **out);
-DT_API dt_status dt_pg_scatter_async(dt_pg *pg, const void *src, void *dst,
-                                     size_t count_per_rank, dt_dtype dtype, int root,
-                                     dt_work **out);
+                                            size_t count_per_rank, dt_dtype dtype, dt_reduce_op op,
+                                            dt_work **out);
+DT_API dt_status dt_pg_gather_async(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
+                                    dt_dtype dtype, int root, dt_work **out);
+DT_API dt_status dt_pg_scatter_async(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
+                                     dt_dtype dtype, int root, dt_work **out);
 DT_API dt_status dt_pg_all_to_all_async(dt_pg *pg, const void *src, void *dst,
                                         size_t count_per_rank, dt_dtype dtype, dt_work **out);
 DT_API dt_status dt_pg_barrier_async(dt_pg *pg, dt_work **out);
@@ -330,10 +321,10 @@ DT_API dt_status dt_pg_recv_async(dt_pg *pg, void *buf, size_t count, dt_dtype d
 // returns the same status.
 DT_API dt_status dt_work_wait(dt_work *w);
 // True once the operation has finished (successfully or not). Does not wait.
-DT_API bool      dt_work_test(dt_work *w);
+DT_API bool dt_work_test(dt_work *w);
 // Releases the handle; if the operation is still running, waits for it first (the
 // buffers are borrowed until then). NULL is a no-op.
-DT_API void      dt_work_free(dt_work *w);
+DT_API void dt_work_free(dt_work *w);
 
 // ----------------------------------------------------------------------------- spawn
 
@@ -343,9 +334,9 @@ DT_API void      dt_work_free(dt_work *w);
 typedef int (*dt_spawn_fn)(int local_rank, void *arg);
 
 typedef struct dt_spawn_result {
-    int failed_rank;  // first child that failed (by local rank), -1 if none
-    int exit_code;    // its exit code, or -1 if it was killed by a signal
-    int term_signal;  // the signal that killed it, 0 if it exited
+    int failed_rank; // first child that failed (by local rank), -1 if none
+    int exit_code;   // its exit code, or -1 if it was killed by a signal
+    int term_signal; // the signal that killed it, 0 if it exited
 } dt_spawn_result;
 
 // Each child gets LOCAL_RANK = i and LOCAL_WORLD_SIZE = nprocs; RANK = GROUP_RANK *

@@ -12,12 +12,12 @@
 extern "C" {
 #endif
 
-#define DT_API __attribute__((visibility("default")))
+#define DT_API                      __attribute__((visibility("default")))
 #define DT_PRINTF(fmt_idx, arg_idx) __attribute__((format(printf, fmt_idx, arg_idx)))
 
-#define DT_VERSION_MAJOR 0
-#define DT_VERSION_MINOR 1
-#define DT_VERSION_PATCH 0
+#define DT_VERSION_MAJOR  0
+#define DT_VERSION_MINOR  1
+#define DT_VERSION_PATCH  0
 #define DT_VERSION_STRING "0.1.0"
 
 // ---------------------------------------------------------------------------- errors
@@ -58,18 +58,17 @@ DT_API dt_status dt_fail_errno(dt_status s, const char *fmt, ...) DT_PRINTF(2, 3
 DT_API dt_status dt_fail_context(const char *fmt, ...) DT_PRINTF(1, 2);
 
 // Returns the status of `expr` from the enclosing function when it failed.
-#define DT_TRY(expr)                                                                     \
-    do {                                                                                 \
-        dt_status dt_try_s_ = (expr);                                                    \
-        if (dt_try_s_ != DT_OK)                                                          \
-            return dt_try_s_;                                                            \
+#define DT_TRY(expr)                                                                               \
+    do {                                                                                           \
+        dt_status dt_try_s_ = (expr);                                                              \
+        if (dt_try_s_ != DT_OK)                                                                    \
+            return dt_try_s_;                                                                      \
     } while (0)
 
 // Bugs, not errors: abort with file:line and the expression. Never for user input,
 // files or peers. DT_DEBUG_ASSERT compiles away unless DT_DEBUG_BUILD is defined
 // (BUILD=debug).
-DT_API __attribute__((noreturn)) void dt_assert_fail(const char *file, int line,
-                                                   const char *expr);
+DT_API __attribute__((noreturn)) void dt_assert_fail(const char *file, int line, const char *expr);
 #define DT_ASSERT(cond) ((cond) ? (void)0 : dt_assert_fail(__FILE__, __LINE__, #cond))
 #ifdef DT_DEBUG_BUILD
 #define DT_DEBUG_ASSERT(cond) DT_ASSERT(cond)
@@ -95,7 +94,7 @@ typedef void (*dt_log_sink)(dt_log_level level, const char *line, void *user);
 DT_API void dt_log(dt_log_level level, const char *module, const char *fmt, ...) DT_PRINTF(3, 4);
 DT_API void dt_log_set_level(dt_log_level level);
 DT_API dt_log_level dt_log_get_level(void);
-DT_API bool dt_log_enabled(dt_log_level level);
+DT_API bool         dt_log_enabled(dt_log_level level);
 // Rank and world size shown in the prefix; (-1, -1) hides them (the default).
 DT_API void dt_log_set_rank(int rank, int world);
 // NULL restores stderr.
@@ -114,7 +113,7 @@ DT_API double   dt_now(void);
 // Monotonic deadline `timeout_ms` from now, in ns; timeout_ms < 0 means never.
 DT_API uint64_t dt_deadline_ns(int64_t timeout_ms);
 // Milliseconds left until `deadline_ns` (0 when past; INT32_MAX-ish when never).
-DT_API int      dt_ms_left(uint64_t deadline_ns);
+DT_API int dt_ms_left(uint64_t deadline_ns);
 
 // ------------------------------------------------------------------------- allocation
 
@@ -123,7 +122,7 @@ DT_API int      dt_ms_left(uint64_t deadline_ns);
 // allocation of the process fails). nbytes == 0 returns a valid unique pointer.
 DT_API void *dt_alloc(size_t nbytes);
 DT_API void *dt_alloc_zero(size_t nbytes);
-DT_API void  dt_free(void *p);  // NULL is a no-op
+DT_API void  dt_free(void *p); // NULL is a no-op
 // Live allocation count and bytes through dt_alloc (for tests that assert a steady
 // state allocates nothing).
 DT_API size_t dt_alloc_live_count(void);

@@ -24,11 +24,11 @@ extern "C" {
 #define DT_IDX_MAX_DIMS 4
 
 typedef struct dt_idx {
-    uint8_t *data;                   // owned; nrecords * record_bytes bytes
-    int      ndim;                   // 1..4
-    uint32_t dims[DT_IDX_MAX_DIMS];  // as in the header; unused dims are 0
-    size_t   nrecords;               // records held (dims[0], or fewer when limited)
-    size_t   record_bytes;           // product of dims[1..ndim-1] (1 for ndim 1)
+    uint8_t *data;                  // owned; nrecords * record_bytes bytes
+    int      ndim;                  // 1..4
+    uint32_t dims[DT_IDX_MAX_DIMS]; // as in the header; unused dims are 0
+    size_t   nrecords;              // records held (dims[0], or fewer when limited)
+    size_t   record_bytes;          // product of dims[1..ndim-1] (1 for ndim 1)
 } dt_idx;
 
 // Reads the IDX file at `path` into *out (free with dt_idx_free). Every defect is
@@ -54,7 +54,7 @@ DT_API dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, 
 DT_API dt_status dt_idx_write(const char *path, const uint8_t *data, int ndim, const uint32_t *dims,
                               bool gzip);
 
-DT_API void dt_idx_free(dt_idx *idx);  // frees data and zeroes *idx; NULL is a no-op
+DT_API void dt_idx_free(dt_idx *idx); // frees data and zeroes *idx; NULL is a no-op
 
 // -------------------------------------------------------------------------- dataset
 
@@ -67,10 +67,10 @@ DT_API void dt_idx_free(dt_idx *idx);  // frees data and zeroes *idx; NULL is a 
 #define DT_DATA_STD_DEFAULT  0.3069f
 
 typedef struct dt_dataset_opts {
-    size_t limit;        // keep the first `limit` samples; 0 keeps all
-    int    num_classes;  // labels must be < num_classes; default 10
-    float  mean;         // default DT_DATA_MEAN_DEFAULT
-    float  std;          // default DT_DATA_STD_DEFAULT; must be > 0
+    size_t limit;       // keep the first `limit` samples; 0 keeps all
+    int    num_classes; // labels must be < num_classes; default 10
+    float  mean;        // default DT_DATA_MEAN_DEFAULT
+    float  std;         // default DT_DATA_STD_DEFAULT; must be > 0
 } dt_dataset_opts;
 
 DT_API dt_dataset_opts dt_dataset_opts_default(void);
@@ -78,13 +78,13 @@ DT_API dt_dataset_opts dt_dataset_opts_default(void);
 // Images as bytes (N, H, W) and labels (N). Fields are read-only for users; the
 // dataset is immutable after loading, so any number of threads may read it.
 typedef struct dt_dataset {
-    uint8_t *images;  // (N, H, W), owned
-    uint8_t *labels;  // (N), owned
-    size_t   n;       // N
-    int      h, w;    // image height and width
+    uint8_t *images; // (N, H, W), owned
+    uint8_t *labels; // (N), owned
+    size_t   n;      // N
+    int      h, w;   // image height and width
     int      num_classes;
     float    mean, std;
-    float    lut[256];  // lut[p] = (p / 255 - mean) / std, computed in float
+    float    lut[256]; // lut[p] = (p / 255 - mean) / std, computed in float
 } dt_dataset;
 
 // Loads an image file (N, H, W) and a label file (N) of IDX format. The counts must
@@ -106,7 +106,7 @@ DT_API dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool tra
 DT_API dt_status dt_dataset_init(dt_dataset *ds, const uint8_t *images, const uint8_t *labels,
                                  size_t n, int h, int w, const dt_dataset_opts *opts);
 
-DT_API void dt_dataset_free(dt_dataset *ds);  // NULL is a no-op; zeroes *ds
+DT_API void dt_dataset_free(dt_dataset *ds); // NULL is a no-op; zeroes *ds
 
 // Gathers samples indices[0..count) into x (count, 1, H, W), normalised through
 // ds->lut, and their labels into y (count). Indices must be < ds->n (checked only in
@@ -141,13 +141,13 @@ DT_API void dt_dataset_gather(const dt_dataset *ds, const uint32_t *indices, siz
 typedef struct dt_sampler dt_sampler;
 
 typedef struct dt_sampler_opts {
-    int      num_replicas;  // R >= 1 (default 1)
-    int      rank;          // 0 <= rank < R (default 0)
-    bool     shuffle;       // default true
-    uint64_t seed;          // default 0; must be equal on every rank
-    bool     drop_last;     // drop the tail instead of padding (default false)
-    bool     auto_epoch;    // default true (see above)
-    bool     eval;          // evaluation mode (default false); drop_last is ignored
+    int      num_replicas; // R >= 1 (default 1)
+    int      rank;         // 0 <= rank < R (default 0)
+    bool     shuffle;      // default true
+    uint64_t seed;         // default 0; must be equal on every rank
+    bool     drop_last;    // drop the tail instead of padding (default false)
+    bool     auto_epoch;   // default true (see above)
+    bool     eval;         // evaluation mode (default false); drop_last is ignored
 } dt_sampler_opts;
 
 DT_API dt_sampler_opts dt_sampler_opts_default(void);
@@ -156,7 +156,7 @@ DT_API dt_sampler_opts dt_sampler_opts_default(void);
 // of range, R < 1, n too large) or DT_ERR_NOMEM. Allocates its lists here; passes
 // allocate nothing. Free with dt_sampler_free.
 DT_API dt_sampler *dt_sampler_init(size_t n, const dt_sampler_opts *opts);
-DT_API void        dt_sampler_free(dt_sampler *s);  // NULL is a no-op
+DT_API void        dt_sampler_free(dt_sampler *s); // NULL is a no-op
 
 // Per-rank count of one pass (len() of the PyTorch sampler) and R * that count.
 // In evaluation mode num_samples is this rank's count and total_size is N.
@@ -202,15 +202,15 @@ DT_API dt_status dt_sampler_resume(dt_sampler *s, uint64_t epoch, size_t positio
 typedef struct dt_loader dt_loader;
 
 typedef struct dt_loader_opts {
-    size_t batch_size;  // B >= 1 (default 64)
-    bool   drop_last;   // drop a last batch shorter than B (default false); unrelated to
-                        // the sampler's drop_last
-    bool prefetch;      // prepare batches on a background thread (default true)
-    bool caller_helps;  // with prefetch: when the thread has not started the batch the
-                        // caller asks for, prepare it on the calling thread instead of
-                        // waiting for the thread to be scheduled (default true)
-    int timeout_ms;     // longest wait in dt_loader_next for a batch the thread is
-                        // preparing (default 60000)
+    size_t batch_size; // B >= 1 (default 64)
+    bool   drop_last;  // drop a last batch shorter than B (default false); unrelated to
+                       // the sampler's drop_last
+    bool prefetch;     // prepare batches on a background thread (default true)
+    bool caller_helps; // with prefetch: when the thread has not started the batch the
+                       // caller asks for, prepare it on the calling thread instead of
+                       // waiting for the thread to be scheduled (default true)
+    int timeout_ms;    // longest wait in dt_loader_next for a batch the thread is
+                       // preparing (default 60000)
 } dt_loader_opts;
 
 DT_API dt_loader_opts dt_loader_opts_default(void);
@@ -218,12 +218,12 @@ DT_API dt_loader_opts dt_loader_opts_default(void);
 // One batch. Its buffers belong to the loader and stay valid until the next
 // dt_loader_next, dt_loader_begin_epoch or dt_loader_free.
 typedef struct dt_batch {
-    float          *x;        // (size, 1, h, w)
-    int32_t        *y;        // (size)
-    const uint32_t *indices;  // (size) dataset indices of the samples
-    size_t          size;     // B, or fewer for a last short batch
+    float          *x;       // (size, 1, h, w)
+    int32_t        *y;       // (size)
+    const uint32_t *indices; // (size) dataset indices of the samples
+    size_t          size;    // B, or fewer for a last short batch
     int             h, w;
-    size_t          index;  // batch number within the epoch
+    size_t          index; // batch number within the epoch
 } dt_batch;
 
 // A loader over `ds` in the order of `sampler`; both are borrowed (they must outlive
@@ -260,4 +260,4 @@ DT_API size_t dt_loader_num_batches(const dt_loader *l);
 #ifdef __cplusplus
 }
 #endif
-#endif  // DTRAIN_DATA_H
+#endif // DTRAIN_DATA_H

@@ -34,12 +34,12 @@ extern "C" {
 typedef struct dt_ddp dt_ddp;
 
 typedef struct dt_ddp_opts {
-    size_t bucket_cap_bytes;    // 0: 25 MiB (PyTorch's bucket_cap_mb=25)
-    size_t first_bucket_bytes;  // 0: 1 MiB when the cap is the default, else the cap
-                                // (PyTorch's _DEFAULT_FIRST_BUCKET_BYTES rule)
-    bool   broadcast_params;    // rank 0's parameters to every rank at init (default true)
-    bool   overlap;             // reduce buckets during backward (default true); false
-                                // reduces them all in dt_ddp_sync, for measuring overlap
+    size_t bucket_cap_bytes;   // 0: 25 MiB (PyTorch's bucket_cap_mb=25)
+    size_t first_bucket_bytes; // 0: 1 MiB when the cap is the default, else the cap
+                               // (PyTorch's _DEFAULT_FIRST_BUCKET_BYTES rule)
+    bool broadcast_params;     // rank 0's parameters to every rank at init (default true)
+    bool overlap;              // reduce buckets during backward (default true); false
+                               // reduces them all in dt_ddp_sync, for measuring overlap
 } dt_ddp_opts;
 
 DT_API dt_ddp_opts dt_ddp_opts_default(void);
@@ -51,7 +51,7 @@ DT_API dt_ddp_opts dt_ddp_opts_default(void);
 // parameters, and installs the model's gradient hook. *out is NULL on failure.
 DT_API dt_status dt_ddp_init(dt_ddp **out, dt_model *model, dt_pg *pg, const dt_ddp_opts *opts);
 // Waits for reductions still in flight; removes the hook. NULL is a no-op.
-DT_API void      dt_ddp_free(dt_ddp *ddp);
+DT_API void dt_ddp_free(dt_ddp *ddp);
 
 // Gradient accumulation (PyTorch's no_sync): with sync off, backward only accumulates
 // locally; the first backward with sync on again reduces the accumulated gradients.

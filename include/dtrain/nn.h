@@ -31,11 +31,11 @@ typedef struct dt_model dt_model;
 // PyTorch's nn.Sequential state_dict keys: "<layer index>.weight", "<layer index>.bias".
 typedef struct dt_param_info {
     char    name[32];
-    size_t  offset;  // in floats, into dt_model_params / dt_model_grads
-    size_t  count;   // floats
+    size_t  offset; // in floats, into dt_model_params / dt_model_grads
+    size_t  count;  // floats
     int     ndim;
     int64_t shape[4];
-    int     layer;   // index of the owning layer
+    int     layer; // index of the owning layer
 } dt_param_info;
 
 // Called during dt_model_backward, on the calling thread, each time the gradients of
@@ -49,7 +49,7 @@ typedef void (*dt_grad_ready_fn)(void *user, size_t offset, size_t count);
 // A new empty model taking per-sample inputs of shape (c, h, w); use (f, 1, 1) for
 // flat inputs. Returns an owned model (free with dt_model_free) or NULL on failure.
 DT_API dt_model *dt_model_init(int c, int h, int w);
-DT_API void      dt_model_free(dt_model *m);  // NULL-safe
+DT_API void      dt_model_free(dt_model *m); // NULL-safe
 
 // Layers, appended in order. Each checks its input shape and fails with DT_ERR_ARG
 // naming the layer, the shape it expected and the shape it found.
@@ -87,25 +87,25 @@ DT_API dt_status dt_model_init_mnist_convnet(dt_model **out, uint64_t seed, floa
 
 // ----------------------------------------------------------------------- inspecting
 
-DT_API size_t               dt_model_num_params(const dt_model *m);       // floats
+DT_API size_t               dt_model_num_params(const dt_model *m); // floats
 DT_API int                  dt_model_num_param_tensors(const dt_model *m);
 DT_API const dt_param_info *dt_model_param_info(const dt_model *m, int i);
-DT_API float               *dt_model_params(dt_model *m);  // the flat parameter buffer
-DT_API float               *dt_model_grads(dt_model *m);   // the flat gradient buffer
+DT_API float               *dt_model_params(dt_model *m); // the flat parameter buffer
+DT_API float               *dt_model_grads(dt_model *m);  // the flat gradient buffer
 DT_API int                  dt_model_num_layers(const dt_model *m);
 // "conv2d", "linear", ...; NULL when out of range.
-DT_API const char          *dt_model_layer_kind(const dt_model *m, int layer);
+DT_API const char *dt_model_layer_kind(const dt_model *m, int layer);
 // Per-sample output size of the last layer (the number of classes for a classifier).
-DT_API size_t               dt_model_output_size(const dt_model *m);
-DT_API size_t               dt_model_input_size(const dt_model *m);
+DT_API size_t dt_model_output_size(const dt_model *m);
+DT_API size_t dt_model_input_size(const dt_model *m);
 // Forward FLOPs per sample (multiply-add = 2), for throughput reports.
-DT_API double               dt_model_flops_per_sample(const dt_model *m);
+DT_API double dt_model_flops_per_sample(const dt_model *m);
 // Forward + backward FLOPs per sample: three times the forward of each layer
 // (output, weight gradient, input gradient) except the first, whose input gradient
 // is not computed. About 18.1 MFLOP for the seed's ConvNet (1.085 TFLOP an epoch).
-DT_API double               dt_model_train_flops_per_sample(const dt_model *m);
+DT_API double dt_model_train_flops_per_sample(const dt_model *m);
 // Writes a one-line-per-layer description ("0 conv2d (1,28,28) -> (16,26,26) 160 params").
-DT_API void                 dt_model_describe(const dt_model *m, char *buf, size_t n);
+DT_API void dt_model_describe(const dt_model *m, char *buf, size_t n);
 
 // -------------------------------------------------------------------------- running
 
@@ -114,16 +114,16 @@ DT_API void                 dt_model_describe(const dt_model *m, char *buf, size
 // count only through float rounding of summed weight gradients.
 DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
 // Training mode (dropout active; the default) or evaluation mode.
-DT_API void      dt_model_train(dt_model *m, bool training);
+DT_API void dt_model_train(dt_model *m, bool training);
 // The random stream for this step's dropout masks. Sample i of the batch in layer l
 // draws from split(split(rng, l), i), so masks do not depend on the thread count.
-DT_API void      dt_model_set_rng(dt_model *m, const dt_rng *rng);
+DT_API void dt_model_set_rng(dt_model *m, const dt_rng *rng);
 // Makes room for batches up to `batch` samples now (forward does it on demand).
 DT_API dt_status dt_model_reserve(dt_model *m, int batch);
 
 // Runs the model on x (batch, input shape). x is borrowed: it must stay valid and
 // unchanged until the matching dt_model_backward returns.
-DT_API dt_status    dt_model_forward(dt_model *m, const float *x, int batch);
+DT_API dt_status dt_model_forward(dt_model *m, const float *x, int batch);
 // The last forward's output, (batch, dt_model_output_size); valid until the next forward.
 DT_API const float *dt_model_output(const dt_model *m);
 
@@ -134,7 +134,7 @@ DT_API void      dt_model_zero_grad(dt_model *m);
 DT_API void      dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user);
 // When on, backward also computes the gradient with respect to the input.
 DT_API void         dt_model_set_input_grad(dt_model *m, bool on);
-DT_API const float *dt_model_input_grad(const dt_model *m);  // (batch, input shape)
+DT_API const float *dt_model_input_grad(const dt_model *m); // (batch, input shape)
 
 // Per-layer timing of forward and backward on the calling thread, for profiles.
 DT_API void dt_model_set_profile(dt_model *m, bool on);
@@ -156,8 +156,7 @@ DT_API dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch
 DT_API dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int batch,
                                        int classes, float *loss, float *dlogits);
 // Number of samples whose largest score is the target (ties: the first maximum).
-DT_API int       dt_count_correct(const float *scores, const int32_t *target, int batch,
-                                  int classes);
+DT_API int dt_count_correct(const float *scores, const int32_t *target, int batch, int classes);
 
 #ifdef __cplusplus
 }

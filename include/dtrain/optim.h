@@ -20,11 +20,11 @@ typedef struct dt_optim dt_optim;
 // b = μ·b + (1 − dampening)·g; g = nesterov ? g + μ·b : b; p −= lr·g.
 // State: the momentum buffer b (n floats), none when momentum is 0.
 typedef struct dt_sgd_opts {
-    float lr;            // default 1e-3 (PyTorch's)
-    float momentum;      // default 0
-    float dampening;     // default 0
-    float weight_decay;  // default 0 (L2 added to the gradient)
-    bool  nesterov;      // default false; needs momentum > 0 and dampening 0
+    float lr;           // default 1e-3 (PyTorch's)
+    float momentum;     // default 0
+    float dampening;    // default 0
+    float weight_decay; // default 0 (L2 added to the gradient)
+    bool  nesterov;     // default false; needs momentum > 0 and dampening 0
 } dt_sgd_opts;
 
 // torch.optim.Adam / AdamW at step t: g += wd·p (Adam) or p ·= 1 − lr·wd (AdamW);
@@ -32,22 +32,22 @@ typedef struct dt_sgd_opts {
 // p −= lr / (1 − β1^t) · m / (sqrt(v̂) / sqrt(1 − β2^t) + eps).
 // State: m, v (and the running maximum v̂ with amsgrad), n floats each, in that order.
 typedef struct dt_adam_opts {
-    float lr;            // default 1e-3
-    float beta1;         // default 0.9
-    float beta2;         // default 0.999
-    float eps;           // default 1e-8
-    float weight_decay;  // default 0 (Adam), 1e-2 (AdamW)
-    bool  amsgrad;       // default false
+    float lr;           // default 1e-3
+    float beta1;        // default 0.9
+    float beta2;        // default 0.999
+    float eps;          // default 1e-8
+    float weight_decay; // default 0 (Adam), 1e-2 (AdamW)
+    bool  amsgrad;      // default false
 } dt_adam_opts;
 
 // torch.optim.Adadelta: g += wd·p; v = ρ·v + (1 − ρ)·g²;
 // Δ = sqrt(u + eps) / sqrt(v + eps) · g; u = ρ·u + (1 − ρ)·Δ²; p −= lr·Δ.
 // State: v (square average) then u (accumulated update), n floats each.
 typedef struct dt_adadelta_opts {
-    float lr;            // default 1.0 (the seed script uses 0.5)
-    float rho;           // default 0.9
-    float eps;           // default 1e-6
-    float weight_decay;  // default 0
+    float lr;           // default 1.0 (the seed script uses 0.5)
+    float rho;          // default 0.9
+    float eps;          // default 1e-6
+    float weight_decay; // default 0
 } dt_adadelta_opts;
 
 DT_API dt_sgd_opts      dt_sgd_opts_default(void);
@@ -66,7 +66,7 @@ DT_API dt_optim *dt_optim_init_adamw(float *params, float *grads, size_t n,
                                      const dt_adam_opts *opts);
 DT_API dt_optim *dt_optim_init_adadelta(float *params, float *grads, size_t n,
                                         const dt_adadelta_opts *opts);
-DT_API void      dt_optim_free(dt_optim *o);  // NULL is a no-op
+DT_API void      dt_optim_free(dt_optim *o); // NULL is a no-op
 
 // One update of params from grads; increments the step count. Allocates nothing.
 DT_API void dt_optim_step(dt_optim *o);
@@ -93,4 +93,4 @@ DT_API size_t      dt_optim_num_params(const dt_optim *o);
 #ifdef __cplusplus
 }
 #endif
-#endif  // DTRAIN_OPTIM_H
+#endif // DTRAIN_OPTIM_H

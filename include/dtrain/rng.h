@@ -20,25 +20,25 @@ extern "C" {
 typedef struct dt_rng {
     uint32_t key[2];
     uint32_t ctr[4];
-    uint32_t buf[4];  // the last block of output
-    int      left;    // unread words in buf
+    uint32_t buf[4]; // the last block of output
+    int      left;   // unread words in buf
 } dt_rng;
 
-DT_API dt_rng   dt_rng_init(uint64_t seed);
+DT_API dt_rng dt_rng_init(uint64_t seed);
 // An independent stream named by `id` under `parent`; parent is not advanced.
 DT_API dt_rng   dt_rng_split(const dt_rng *parent, uint64_t id);
 DT_API uint32_t dt_rng_u32(dt_rng *r);
 DT_API uint64_t dt_rng_u64(dt_rng *r);
 // Uniform in [0, 1) with 24 random bits (every value exactly representable).
-DT_API float    dt_rng_uniform(dt_rng *r);
+DT_API float dt_rng_uniform(dt_rng *r);
 // Uniform in [lo, hi).
-DT_API float    dt_rng_uniform_range(dt_rng *r, float lo, float hi);
+DT_API float dt_rng_uniform_range(dt_rng *r, float lo, float hi);
 // Standard normal (Box-Muller on two uniforms, computed in double).
-DT_API float    dt_rng_normal(dt_rng *r);
+DT_API float dt_rng_normal(dt_rng *r);
 // Uniform integer in [0, n) without modulo bias; n > 0.
 DT_API uint64_t dt_rng_below(dt_rng *r, uint64_t n);
 // Fisher-Yates permutation of [0, n) into perm.
-DT_API void     dt_rng_permutation(dt_rng *r, uint32_t *perm, size_t n);
+DT_API void dt_rng_permutation(dt_rng *r, uint32_t *perm, size_t n);
 
 // The raw block function, exposed for known-answer tests.
 DT_API void dt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);

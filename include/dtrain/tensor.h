@@ -13,11 +13,11 @@ extern "C" {
 #define DT_TENSOR_MAX_DIMS 4
 
 typedef struct dt_tensor {
-    float  *data;                       // numel floats, row-major (last dim fastest)
-    int     ndim;                       // 0..4; 0 is a scalar with numel 1
-    int64_t shape[DT_TENSOR_MAX_DIMS];  // unused dims are 1
+    float  *data;                      // numel floats, row-major (last dim fastest)
+    int     ndim;                      // 0..4; 0 is a scalar with numel 1
+    int64_t shape[DT_TENSOR_MAX_DIMS]; // unused dims are 1
     size_t  numel;
-    bool    owns;                       // data was allocated by dt_tensor_init
+    bool    owns; // data was allocated by dt_tensor_init
 } dt_tensor;
 
 // Allocates a zeroed tensor of the given shape. Dims must be >= 0 and the element
@@ -25,7 +25,7 @@ typedef struct dt_tensor {
 DT_API dt_status dt_tensor_init(dt_tensor *t, int ndim, const int64_t *shape);
 // A non-owning view of `data` with the given shape (the caller keeps `data` alive).
 DT_API dt_status dt_tensor_view(dt_tensor *t, float *data, int ndim, const int64_t *shape);
-DT_API void      dt_tensor_free(dt_tensor *t);  // frees owned data; NULL-safe; resets *t
+DT_API void      dt_tensor_free(dt_tensor *t); // frees owned data; NULL-safe; resets *t
 
 // Changes the shape without moving data; the element count must stay the same.
 DT_API dt_status dt_tensor_reshape(dt_tensor *t, int ndim, const int64_t *shape);

@@ -359,7 +359,8 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
             return dt_fail(DT_ERR_FORMAT,
                            "%s: section %u (%s): expected a length within the %zu bytes left, "
                            "found %llu (corrupt length or truncated file)",
-                           name, i, tag_name(dt_get_le32(sh), tn), n - off, (unsigned long long)len);
+                           name, i, tag_name(dt_get_le32(sh), tn), n - off,
+                           (unsigned long long)len);
         uint32_t crc = dt_crc32c(dt_crc32c(0, sh, 16), p + off, (size_t)len);
         if (crc != dt_get_le32(sh + 16) && CRC_ENFORCED)
             return dt_fail(DT_ERR_FORMAT,

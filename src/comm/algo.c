@@ -79,7 +79,7 @@ static dt_status post(algo *a, dt_xfer *x, int peer, bool send, const void *buf,
     memset(x, 0, sizeof *x);
     x->peer    = peer;
     x->is_send = send;
-    x->buf     = (void *)(uintptr_t)buf;  // sends do not write through it
+    x->buf     = (void *)(uintptr_t)buf; // sends do not write through it
     x->nbytes  = nbytes;
     x->step    = ((uint32_t)alg << 24) | (step & 0xffffffu);
     return a->be->xfer_post(a->ctx, a->op, x);
@@ -106,10 +106,14 @@ static dt_status part_buffer(algo *a, size_t nbytes, char **out) {
     return DT_OK;
 }
 
-static int mod(int x, int n) { return ((x % n) + n) % n; }
+static int mod(int x, int n) {
+    return ((x % n) + n) % n;
+}
 
 // Balanced split: element offset of piece i when n elements go into k pieces.
-static size_t split(size_t n, size_t k, size_t i) { return (n / k) * i + (i < n % k ? i : n % k); }
+static size_t split(size_t n, size_t k, size_t i) {
+    return (n / k) * i + (i < n % k ? i : n % k);
+}
 
 // ----------------------------------------------------------------------------- ring
 //
@@ -135,13 +139,13 @@ static size_t split(size_t n, size_t k, size_t i) { return (n / k) * i + (i < n 
 // (reduce-scatter) or straight into place (all-gather).
 
 typedef struct ring {
-    bool        rs, ag;        // phases to run
-    size_t      count;         // total elements (P chunks)
-    size_t      chunk_fixed;   // > 0: every chunk has this many elements (rs/ag kinds)
-    const char *mine;          // our contribution, chunk c at chunk_off(c)
-    char       *out;           // where reduce-scatter partials go (chunk_off layout)
-    char       *final_rs;      // where our fully reduced chunk goes (NULL = in out)
-    char       *ag_buf;        // all-gather buffer (chunk_off layout)
+    bool        rs, ag;      // phases to run
+    size_t      count;       // total elements (P chunks)
+    size_t      chunk_fixed; // > 0: every chunk has this many elements (rs/ag kinds)
+    const char *mine;        // our contribution, chunk c at chunk_off(c)
+    char       *out;         // where reduce-scatter partials go (chunk_off layout)
+    char       *final_rs;    // where our fully reduced chunk goes (NULL = in out)
+    char       *ag_buf;      // all-gather buffer (chunk_off layout)
 } ring;
 
 static size_t chunk_off(const algo *a, const ring *g, int c) {
@@ -159,30 +163,30 @@ static size_t chunk_len(const algo *a, const ring *g, int c) {
 // receiver of t evaluates this with who = its left neighbour.
 static void ring_seg(const algo *a, const ring *g, size_t t, size_t R, size_t S, int who,
                      int *chunk, size_t *off, size_t *len) {
-    size_t s  = t < R ? t / S : (t - R) / S, j = t % S;
+    size_t s = t < R ? t / S : (t - R) / S, j = t % S;
     int    c  = t < R ? mod(who - 1 - (int)s, a->world) : mod(who - (int)s, a->world);
     size_t cl = chunk_len(a, g, c);
     if (chunk)
         *chunk = c;
-    *off      = chunk_off(a, g, c) + split(cl, S, j);
-    *len      = split(cl, S, j + 1) - split(cl, S, j);
+    *off = chunk_off(a, g, c) + split(cl, S, j);
+    *len = split(cl, S, j + 1) - split(cl, S, j);
 }
 
 static dt_status ring_run(algo *a, const ring *g) {
-    const int P = a->world, r = a->rank, right = mod(r + 1, P), left = mod(r - 1, P);
-    const size_t esz = a->esz;
-    size_t max_chunk = 0;
+    const int    P = a->world, r = a->rank, right = mod(r + 1, P), left = mod(r - 1, P);
+    const size_t esz       = a->esz;
+    size_t       max_chunk = 0;
     for (int c = 0; c < P; c++)
         if (chunk_len(a, g, c) > max_chunk)
             max_chunk = chunk_len(a, g, c);
     size_t seg_elems = a->cfg->segment_bytes / esz;
     if (seg_elems == 0)
         seg_elems = 1;
-    const size_t S  = max_chunk ? (max_chunk + seg_elems - 1) / seg_elems : 1;
-    const size_t R  = g->rs ? (size_t)(P - 1) * S : 0;  // reduce-scatter transfers
-    const size_t T  = R + (g->ag ? (size_t)(P - 1) * S : 0);
-    const int    K  = a->cfg->slots;
-    size_t slot_bytes = ((max_chunk + S - 1) / S) * esz;
+    const size_t S          = max_chunk ? (max_chunk + seg_elems - 1) / seg_elems : 1;
+    const size_t R          = g->rs ? (size_t)(P - 1) * S : 0; // reduce-scatter transfers
+    const size_t T          = R + (g->ag ? (size_t)(P - 1) * S : 0);
+    const int    K          = a->cfg->slots;
+    size_t       slot_bytes = ((max_chunk + S - 1) / S) * esz;
     if (grow(&a->cfg->slot_buf, &a->cfg->slot_cap, (size_t)K * slot_bytes + 1) != DT_OK)
         return dt_op_fail(a->op, DT_ERR_NOMEM, "out of memory for ring slots");
     char    *slots = a->cfg->slot_buf;
@@ -190,7 +194,7 @@ static dt_status ring_run(algo *a, const ring *g) {
     DT_TRY(xfers(a, 2 * T, &x));
     dt_xfer *sx = x, *rx = x + T;
 
-    size_t ns = 0, nr = 0, nd = 0;  // next send to post, recv to post, recv to complete
+    size_t ns = 0, nr = 0, nd = 0; // next send to post, recv to post, recv to complete
     while (nd < T || ns < T) {
         // Sends whose data is ready: t < S (own data) or t-S completed.
         while (ns < T && (ns < S || ns - S < nd)) {
@@ -199,7 +203,7 @@ static dt_status ring_run(algo *a, const ring *g) {
             const char *src;
             if (ns < R)
                 src = ns < S ? g->mine + off * esz : g->out + off * esz;
-            else if (ns - R < S)  // first all-gather step: our own finished chunk
+            else if (ns - R < S) // first all-gather step: our own finished chunk
                 src = (g->rs ? (g->final_rs ? g->final_rs + (off - chunk_off(a, g, r)) * esz
                                             : g->out + off * esz)
                              : g->ag_buf + off * esz);
@@ -222,7 +226,7 @@ static dt_status ring_run(algo *a, const ring *g) {
                 size_t off, len;
                 ring_seg(a, g, nd, R, S, left, NULL, &off, &len);
                 const char *in  = slots + (nd % (size_t)K) * slot_bytes;
-                bool        fin = nd / S == (size_t)(P - 2);  // last step: our own chunk
+                bool        fin = nd / S == (size_t)(P - 2); // last step: our own chunk
                 char *dst = fin && g->final_rs ? g->final_rs + (off - chunk_off(a, g, r)) * esz
                                                : g->out + off * esz;
                 // Partial from the left first, then ours: the fold order of the table.
@@ -256,7 +260,7 @@ static dt_status rdouble_run(algo *a, void *buf, size_t count) {
     const int rem = P - p2;
     char     *tmp;
     DT_TRY(part_buffer(a, nbytes, &tmp));
-    dt_xfer x[2];
+    dt_xfer  x[2];
     uint32_t step = 0;
     int      vr;
     if (r < 2 * rem) {
@@ -280,7 +284,7 @@ static dt_status rdouble_run(algo *a, void *buf, size_t count) {
         DT_TRY(post(a, &x[0], peer, true, buf, nbytes, DT_ALGO_RDOUBLE, step));
         DT_TRY(post(a, &x[1], peer, false, tmp, nbytes, DT_ALGO_RDOUBLE, step));
         DT_TRY(wait(a, &x[1]));
-        DT_TRY(wait(a, &x[0]));  // buf is read by the send: finish it before reducing
+        DT_TRY(wait(a, &x[0])); // buf is read by the send: finish it before reducing
         if (peer < r)
             dt_reduce(a->op->dtype, a->op->op, buf, tmp, buf, count);
         else
@@ -296,8 +300,8 @@ static dt_status rdouble_run(algo *a, void *buf, size_t count) {
 // ----------------------------------------------------------------------- all_reduce
 
 static dt_status all_reduce(algo *a) {
-    const dt_op *op     = a->op;
-    size_t       nbytes = op->count * a->esz;
+    const dt_op *op      = a->op;
+    size_t       nbytes  = op->count * a->esz;
     int          algo_id = a->cfg->allreduce_algo;
     if (algo_id == 0)
         algo_id = nbytes < a->cfg->small_bytes ? DT_ALGO_RDOUBLE : DT_ALGO_RING;
@@ -306,18 +310,26 @@ static dt_status all_reduce(algo *a) {
             memcpy(op->dst, op->src, nbytes);
         return rdouble_run(a, op->dst, op->count);
     }
-    ring g = {.rs = true, .ag = true, .count = op->count, .mine = op->src, .out = op->dst,
+    ring g = {.rs     = true,
+              .ag     = true,
+              .count  = op->count,
+              .mine   = op->src,
+              .out    = op->dst,
               .ag_buf = op->dst};
     return ring_run(a, &g);
 }
 
 static dt_status reduce_scatter(algo *a) {
-    const dt_op *op = a->op;
+    const dt_op *op  = a->op;
     size_t       cpr = op->count, total = cpr * (size_t)a->world * a->esz;
     char        *part;
     DT_TRY(part_buffer(a, total, &part));
-    ring g = {.rs = true, .count = cpr * (size_t)a->world, .chunk_fixed = cpr, .mine = op->src,
-              .out = part, .final_rs = op->dst};
+    ring g = {.rs          = true,
+              .count       = cpr * (size_t)a->world,
+              .chunk_fixed = cpr,
+              .mine        = op->src,
+              .out         = part,
+              .final_rs    = op->dst};
     if (cpr == 0)
         g.chunk_fixed = 0, g.count = 0;
     // In place (dst = src + rank*cpr): our chunk of `mine` is read for the last time by
@@ -331,8 +343,8 @@ static dt_status all_gather(algo *a) {
     char        *dst = op->dst;
     if (one && op->src != dst + (size_t)a->rank * one)
         memcpy(dst + (size_t)a->rank * one, op->src, one);
-    ring g = {.ag = true, .count = op->count * (size_t)a->world, .chunk_fixed = op->count,
-              .ag_buf = dst};
+    ring g = {
+        .ag = true, .count = op->count * (size_t)a->world, .chunk_fixed = op->count, .ag_buf = dst};
     if (op->count == 0)
         g.chunk_fixed = 0, g.count = 0;
     return ring_run(a, &g);
@@ -388,8 +400,8 @@ static dt_status bcast_chain(algo *a, char *buf, size_t count) {
             // Keep a few receives posted ahead so the stream never waits on us.
             while (nr < S && nr <= j + 4) {
                 size_t o2 = split(count, S, nr), l2 = split(count, S, nr + 1) - o2;
-                DT_TRY(post(a, &rx[nr], prev, false, buf + o2 * a->esz, l2 * a->esz,
-                            DT_ALGO_CHAIN, (uint32_t)nr));
+                DT_TRY(post(a, &rx[nr], prev, false, buf + o2 * a->esz, l2 * a->esz, DT_ALGO_CHAIN,
+                            (uint32_t)nr));
                 nr++;
             }
             DT_TRY(wait(a, &rx[j]));
@@ -435,9 +447,9 @@ static dt_status reduce_tree(algo *a, char *acc, char *tmp) {
 }
 
 static dt_status reduce(algo *a) {
-    const dt_op *op     = a->op;
-    const int    P      = a->world, r = a->rank, root = op->root;
-    const size_t nbytes = op->count * a->esz;
+    const dt_op *op = a->op;
+    const int    P = a->world, r = a->rank, root = op->root;
+    const size_t nbytes  = op->count * a->esz;
     bool         is_root = r == root;
     if (nbytes < a->cfg->small_bytes) {
         // acc: root's dst, or scratch elsewhere; tmp: scratch after it.
@@ -574,21 +586,37 @@ static dt_status p2p(algo *a) {
 
 dt_status dt_algo_run(const dt_backend_ops *be, void *ctx, dt_algo_cfg *cfg, int rank, int world,
                       const dt_op *op) {
-    algo a = {.be = be, .ctx = ctx, .op = op, .cfg = cfg, .rank = rank, .world = world,
-              .esz = dt_dtype_size(op->dtype)};
+    algo a = {.be    = be,
+              .ctx   = ctx,
+              .op    = op,
+              .cfg   = cfg,
+              .rank  = rank,
+              .world = world,
+              .esz   = dt_dtype_size(op->dtype)};
     switch (op->kind) {
-    case DT_COLL_ALL_REDUCE: return all_reduce(&a);
-    case DT_COLL_BROADCAST: return broadcast(&a);
-    case DT_COLL_REDUCE: return reduce(&a);
-    case DT_COLL_ALL_GATHER: return all_gather(&a);
-    case DT_COLL_REDUCE_SCATTER: return reduce_scatter(&a);
-    case DT_COLL_GATHER: return gather(&a);
-    case DT_COLL_SCATTER: return scatter(&a);
-    case DT_COLL_ALL_TO_ALL: return all_to_all(&a);
+    case DT_COLL_ALL_REDUCE:
+        return all_reduce(&a);
+    case DT_COLL_BROADCAST:
+        return broadcast(&a);
+    case DT_COLL_REDUCE:
+        return reduce(&a);
+    case DT_COLL_ALL_GATHER:
+        return all_gather(&a);
+    case DT_COLL_REDUCE_SCATTER:
+        return reduce_scatter(&a);
+    case DT_COLL_GATHER:
+        return gather(&a);
+    case DT_COLL_SCATTER:
+        return scatter(&a);
+    case DT_COLL_ALL_TO_ALL:
+        return all_to_all(&a);
     case DT_COLL_BARRIER:
-    case DT_COLL_INIT: return barrier(&a);
+    case DT_COLL_INIT:
+        return barrier(&a);
     case DT_COLL_SEND:
-    case DT_COLL_RECV: return p2p(&a);
-    default: return dt_op_fail(op, DT_ERR_INTERNAL, "unknown operation kind %d", (int)op->kind);
+    case DT_COLL_RECV:
+        return p2p(&a);
+    default:
+        return dt_op_fail(op, DT_ERR_INTERNAL, "unknown operation kind %d", (int)op->kind);
     }
 }

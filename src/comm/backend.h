@@ -24,7 +24,7 @@ typedef enum dt_coll {
     DT_COLL_BARRIER,
     DT_COLL_SEND,
     DT_COLL_RECV,
-    DT_COLL_INIT,  // the barrier that ends dt_pg_init (sequence number 0)
+    DT_COLL_INIT, // the barrier that ends dt_pg_init (sequence number 0)
     DT_COLL_COUNT_
 } dt_coll;
 
@@ -36,11 +36,11 @@ const char *dt_coll_name(dt_coll c);
 // between the two ranks in that direction, from 1, and `root` holds the tag.
 typedef struct dt_fingerprint {
     uint64_t seq;
-    uint64_t count;  // elements (per rank for the *_gather/scatter/to_all kinds)
-    int32_t  root;   // root rank, the tag for send/recv, -1 when meaningless
-    uint8_t  coll;   // dt_coll
-    uint8_t  dtype;  // dt_dtype
-    uint8_t  op;     // dt_reduce_op as the caller asked (AVG stays AVG here), 0 if none
+    uint64_t count; // elements (per rank for the *_gather/scatter/to_all kinds)
+    int32_t  root;  // root rank, the tag for send/recv, -1 when meaningless
+    uint8_t  coll;  // dt_coll
+    uint8_t  dtype; // dt_dtype
+    uint8_t  op;    // dt_reduce_op as the caller asked (AVG stays AVG here), 0 if none
     uint8_t  pad_;
 } dt_fingerprint;
 
@@ -54,19 +54,19 @@ const char *dt_fp_format(const dt_fingerprint *fp, char *buf, size_t n);
 // One operation as the generic layer hands it to a backend. Read-only for backends.
 typedef struct dt_op {
     dt_coll        kind;
-    dt_fingerprint fp;           // the fingerprint to carry / compare (op as asked)
-    const void    *src;          // see each slot below for what src/dst hold
+    dt_fingerprint fp;  // the fingerprint to carry / compare (op as asked)
+    const void    *src; // see each slot below for what src/dst hold
     void          *dst;
-    size_t         count;        // elements; per rank for the *_gather/scatter/to_all kinds
+    size_t         count; // elements; per rank for the *_gather/scatter/to_all kinds
     dt_dtype       dtype;
-    dt_reduce_op   op;           // never DT_REDUCE_AVG: the generic layer passes SUM
-                                 // and divides by the world size afterwards
-    int            root;         // broadcast/reduce/gather/scatter; -1 otherwise
-    int            peer;         // send/recv; -1 otherwise
-    int            tag;          // send/recv; 0 otherwise
-    uint64_t       deadline_ns;  // dt_now_ns() clock; UINT64_MAX = no limit. Past it the
-                                 // backend returns DT_ERR_TIMEOUT (dt_op_fail_timeout)
-    char           name[48];     // "all_reduce #42", "send #3 to rank 1": message prefix
+    dt_reduce_op   op;    // never DT_REDUCE_AVG: the generic layer passes SUM
+                          // and divides by the world size afterwards
+    int      root;        // broadcast/reduce/gather/scatter; -1 otherwise
+    int      peer;        // send/recv; -1 otherwise
+    int      tag;         // send/recv; 0 otherwise
+    uint64_t deadline_ns; // dt_now_ns() clock; UINT64_MAX = no limit. Past it the
+                          // backend returns DT_ERR_TIMEOUT (dt_op_fail_timeout)
+    char name[48];        // "all_reduce #42", "send #3 to rank 1": message prefix
 } dt_op;
 
 // -------------------------------------------------------------- point-to-point slots
@@ -75,14 +75,14 @@ typedef struct dt_op {
 // owns the struct (it lives until the transfer completes or the op fails); `priv_`
 // belongs to the backend.
 typedef struct dt_xfer {
-    int      peer;       // the other rank
+    int      peer; // the other rank
     bool     is_send;
-    uint32_t step;       // algorithm id << 24 | step index: carried on the wire and
-                         // compared by the receiver (catches ranks running different
-                         // algorithms, e.g. with different DT_ALLREDUCE_ALGO)
-    void    *buf;        // send: data to send (not modified); recv: where it lands
-    size_t   nbytes;     // sender's and receiver's nbytes must be equal (else MISMATCH)
-    bool     done;       // set by the backend when complete
+    uint32_t step; // algorithm id << 24 | step index: carried on the wire and
+                   // compared by the receiver (catches ranks running different
+                   // algorithms, e.g. with different DT_ALLREDUCE_ALGO)
+    void  *buf;    // send: data to send (not modified); recv: where it lands
+    size_t nbytes; // sender's and receiver's nbytes must be equal (else MISMATCH)
+    bool   done;   // set by the backend when complete
     // Backend scratch, untouched by the generic layer:
     struct dt_xfer *next_;       // queue link
     size_t          done_bytes_; // progress
@@ -92,7 +92,7 @@ typedef struct dt_xfer {
 // ---------------------------------------------------------------------- the backend
 
 typedef struct dt_backend_ops {
-    const char *name;  // "tcp", "shm": the name dt_pg_opts.backend selects
+    const char *name; // "tcp", "shm": the name dt_pg_opts.backend selects
 
     // Whether the backend can serve this group; consulted by "auto" after the ranks
     // exchanged their host identities (e.g. shm: dt_pg_all_local(pg)). Every rank must
@@ -158,20 +158,20 @@ extern const dt_backend_ops dt_backend_shm;
 // (plus the public dt_pg_rank, dt_pg_size, dt_pg_local_rank, dt_pg_local_size)
 
 // True when every rank of the group runs on this host (same host identity).
-bool        dt_pg_all_local(const dt_pg *pg);
+bool dt_pg_all_local(const dt_pg *pg);
 // The host identity of `rank` ("<hostname>/<boot id>"), exchanged at init; borrowed.
 const char *dt_pg_host_id(const dt_pg *pg, int rank);
 // The group's timeout in ms (< 0 = none).
-int64_t     dt_pg_timeout_ms(const dt_pg *pg);
+int64_t dt_pg_timeout_ms(const dt_pg *pg);
 // True once the group was aborted or poisoned. Cheap (one atomic load), any thread:
 // a backend waiting in a spin or futex loop checks it at least every ~10 ms.
-bool        dt_pg_aborted(const dt_pg *pg);
+bool dt_pg_aborted(const dt_pg *pg);
 // A file descriptor that becomes readable when the group is aborted or poisoned: a
 // backend waiting in poll() adds it to its set. Never read it; owned by the group.
-int         dt_pg_abort_fd(const dt_pg *pg);
+int dt_pg_abort_fd(const dt_pg *pg);
 // Reports a failure noticed outside an operation (e.g. by a watcher thread of the
 // backend): poisons the group from any thread, as dt_pg_abort does with `st`.
-void        dt_pg_fail(dt_pg *pg, dt_status st, const char *fmt, ...) DT_PRINTF(3, 4);
+void dt_pg_fail(dt_pg *pg, dt_status st, const char *fmt, ...) DT_PRINTF(3, 4);
 
 // Error helpers: record the message on the calling thread and return the status.
 // "<op name>: <formatted message>"
@@ -185,6 +185,6 @@ dt_status dt_op_fail_mismatch(const dt_op *op, int peer, const dt_fingerprint *t
 dt_status dt_op_fail_timeout(const dt_op *op, const char *waiting_for);
 // Milliseconds until the op's deadline for poll(): 0 when past, -1 when none, at most
 // `cap_ms` when cap_ms >= 0.
-int       dt_op_poll_ms(const dt_op *op, int cap_ms);
+int dt_op_poll_ms(const dt_op *op, int cap_ms);
 
 #endif // DTRAIN_COMM_BACKEND_H

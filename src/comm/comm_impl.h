@@ -27,31 +27,31 @@ dt_status dt_sock_write_all(int fd, const void *buf, size_t n, uint64_t deadline
                             const char *what);
 dt_status dt_sock_read_all(int fd, void *buf, size_t n, uint64_t deadline_ns, const char *what);
 // "pid 1234 (python3)" for the process listening on TCP `port`, or "" if unknown.
-void      dt_sock_port_holder(int port, char *buf, size_t n);
+void dt_sock_port_holder(int port, char *buf, size_t n);
 // The local IPv4 address of a connected socket ("10.1.2.3"); false if none.
-bool      dt_sock_local_addr(int fd, char *buf, size_t n);
+bool dt_sock_local_addr(int fd, char *buf, size_t n);
 
 // ------------------------------------------------------------------ store internals
 
 // A 64-bit hash of a job token (FNV-1a), shown in messages instead of the token.
-uint64_t    dt_token_hash(const char *token);
+uint64_t dt_token_hash(const char *token);
 // The token in effect for options `opt` (NULL: DT_JOB_TOKEN env; "": none). Returns
 // NULL for none.
 const char *dt_token_resolve(const char *opt);
 // Default timeout: DT_TIMEOUT_MS if set and valid, else 30 min. Invalid values are
 // DT_ERR_ARG naming the variable.
-dt_status   dt_default_timeout_ms(int64_t *out);
+dt_status dt_default_timeout_ms(int64_t *out);
 // The job token of a group (NULL = none), for backends that check their connections.
 const char *dt_pg_token(const dt_pg *pg);
 // For a TCP store: the local address of the connection to the server (the interface
 // that reaches rank 0), so backends can publish an address the others can reach.
-bool        dt_store_local_addr(dt_store *store, char *buf, size_t n);
+bool dt_store_local_addr(dt_store *store, char *buf, size_t n);
 
 // Store wire protocol (TCP store): a request or reply is a 24-byte header followed by
 // `nparts` byte strings, each a u32 little-endian length and its bytes.
 //   0 u32 magic "DTS1" | 4 u8 command or status | 5 u8 0 | 6 u16 nparts
 //   8 i64 argument (timeout ms, delta, flags) | 16 u32 payload bytes | 20 u32 0
-#define DT_STORE_MAGIC        0x31535444u  // "DTS1"
+#define DT_STORE_MAGIC        0x31535444u // "DTS1"
 #define DT_STORE_HEADER_BYTES 24
 #define DT_STORE_MAX_KEY      4096
 #define DT_STORE_MAX_VALUE    (64u << 20)
@@ -59,22 +59,22 @@ bool        dt_store_local_addr(dt_store *store, char *buf, size_t n);
 #define DT_STORE_MAX_PARTS    65535
 
 typedef enum dt_store_cmd {
-    DT_STORE_HELLO = 1,  // parts: token ("" = none), client description; arg: version
-    DT_STORE_SET,        // key, value
-    DT_STORE_GET,        // key; arg: timeout ms (< 0 none)
-    DT_STORE_WAIT,       // keys...; arg: timeout ms
-    DT_STORE_CHECK,      // keys...
-    DT_STORE_ADD,        // key; arg: delta
-    DT_STORE_CAS,        // key, expected, desired; arg bit 0: expected is present
-    DT_STORE_DELETE,     // key
+    DT_STORE_HELLO = 1, // parts: token ("" = none), client description; arg: version
+    DT_STORE_SET,       // key, value
+    DT_STORE_GET,       // key; arg: timeout ms (< 0 none)
+    DT_STORE_WAIT,      // keys...; arg: timeout ms
+    DT_STORE_CHECK,     // keys...
+    DT_STORE_ADD,       // key; arg: delta
+    DT_STORE_CAS,       // key, expected, desired; arg bit 0: expected is present
+    DT_STORE_DELETE,    // key
     DT_STORE_CMD_COUNT_
 } dt_store_cmd;
 
 typedef struct dt_store_msg {
-    uint8_t        code;     // command (request) or dt_status (reply)
+    uint8_t        code; // command (request) or dt_status (reply)
     uint16_t       nparts;
     int64_t        arg;
-    const uint8_t *payload;  // view into the parsed buffer
+    const uint8_t *payload; // view into the parsed buffer
     uint32_t       payload_bytes;
 } dt_store_msg;
 
@@ -85,8 +85,8 @@ typedef struct dt_store_msg {
 dt_status dt_store_msg_parse(const uint8_t *buf, size_t n, bool is_request, dt_store_msg *msg,
                              size_t *consumed);
 // Walks the parts of a parsed message: *cursor starts at 0. False when none is left.
-bool      dt_store_msg_part(const dt_store_msg *msg, size_t *cursor, const uint8_t **part,
-                            uint32_t *len);
+bool dt_store_msg_part(const dt_store_msg *msg, size_t *cursor, const uint8_t **part,
+                       uint32_t *len);
 // Validates a request's parts for its command (count, key sizes): DT_ERR_FORMAT.
 dt_status dt_store_msg_check_request(const dt_store_msg *msg);
 
@@ -105,14 +105,14 @@ enum {
 
 // Tunables read once per group from the environment (see docs/comm-backend.md).
 typedef struct dt_algo_cfg {
-    int    allreduce_algo;  // 0 = auto, else DT_ALGO_RING / DT_ALGO_RDOUBLE
-    size_t segment_bytes;   // ring/chain segment size (DT_SEGMENT_BYTES)
-    size_t small_bytes;     // auto: below this many bytes, latency algorithms
-    int    slots;           // receive slots in flight in the ring
+    int    allreduce_algo; // 0 = auto, else DT_ALGO_RING / DT_ALGO_RDOUBLE
+    size_t segment_bytes;  // ring/chain segment size (DT_SEGMENT_BYTES)
+    size_t small_bytes;    // auto: below this many bytes, latency algorithms
+    int    slots;          // receive slots in flight in the ring
     // Grow-only buffers reused across operations (the steady state allocates nothing):
-    void    *slot_buf;  // slots * segment_bytes: ring receive slots
+    void    *slot_buf; // slots * segment_bytes: ring receive slots
     size_t   slot_cap;
-    void    *part_buf;  // partial results (reduce_scatter, reduce, recursive doubling)
+    void    *part_buf; // partial results (reduce_scatter, reduce, recursive doubling)
     size_t   part_cap;
     dt_xfer *xfers;
     size_t   xfer_cap;
@@ -122,7 +122,7 @@ dt_status dt_algo_cfg_init(dt_algo_cfg *cfg);
 void      dt_algo_cfg_free(dt_algo_cfg *cfg);
 
 // Each runs one collective over be->xfer_post / xfer_wait. rank/world from the group.
-dt_status dt_algo_run(const dt_backend_ops *be, void *ctx, dt_algo_cfg *cfg, int rank,
-                      int world, const dt_op *op);
+dt_status dt_algo_run(const dt_backend_ops *be, void *ctx, dt_algo_cfg *cfg, int rank, int world,
+                      const dt_op *op);
 
 #endif // DTRAIN_COMM_IMPL_H

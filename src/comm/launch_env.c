@@ -11,7 +11,7 @@
 #define MAX_WORLD (1L << 20)
 
 const char *dt_launcher_name(dt_launcher l) {
-    static const char *const names[DT_LAUNCHER_COUNT_] = {"none", "env",  "openmpi",
+    static const char *const names[DT_LAUNCHER_COUNT_] = {"none",    "env", "openmpi",
                                                           "mvapich", "pmi", "slurm"};
     return (unsigned)l < DT_LAUNCHER_COUNT_ ? names[l] : "invalid";
 }
@@ -21,7 +21,7 @@ typedef struct launcher_vars {
     dt_launcher kind;
     bool        is_mpi;
     const char *rank, *world, *local_rank, *local_world;
-    const char *world_hint;  // how to phrase the missing world size
+    const char *world_hint; // how to phrase the missing world size
 } launcher_vars;
 
 static const launcher_vars launchers[] = {
@@ -87,8 +87,7 @@ static dt_status read_local(dt_env_lookup lookup, void *user, const char *lrank_
         out->local_rank = (int)v;
     }
     if (out->local_rank >= 0 && out->local_world >= 0 && out->local_rank >= out->local_world)
-        return dt_fail(DT_ERR_ARG,
-                       "init: %s=%d is out of range: expected 0 <= local rank < %s=%d",
+        return dt_fail(DT_ERR_ARG, "init: %s=%d is out of range: expected 0 <= local rank < %s=%d",
                        lrank_var, out->local_rank, lworld_var, out->local_world);
     return DT_OK;
 }
@@ -168,11 +167,8 @@ static dt_status read_slurm(dt_env_lookup lookup, void *user, dt_launch_env *out
 }
 
 dt_status dt_launch_env_parse(dt_env_lookup lookup, void *user, dt_launch_env *out) {
-    *out = (dt_launch_env){.launcher    = DT_LAUNCHER_NONE,
-                           .rank        = -1,
-                           .world       = -1,
-                           .local_rank  = -1,
-                           .local_world = -1};
+    *out = (dt_launch_env){
+        .launcher = DT_LAUNCHER_NONE, .rank = -1, .world = -1, .local_rank = -1, .local_world = -1};
     dt_launch_env e = *out;
     for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
         const launcher_vars *l = &launchers[i];

@@ -23,8 +23,8 @@
 #include "comm/mpi_impl.h"
 
 #include <limits.h>
-#include <sched.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +38,7 @@
 // One send handed to MPI: a copy of the data (the caller's buffer is free once
 // dt_pg_send returns) and its requests.
 typedef struct pending_send {
-    MPI_Request          req[2];  // header, data
+    MPI_Request          req[2]; // header, data
     dt_fingerprint       hdr;
     struct pending_send *next;
     // the copy of the data follows
@@ -48,28 +48,28 @@ typedef struct pending_send {
 // init): MPI never matches a blocking collective with a non-blocking one, so ranks that
 // mixed them would wait for each other forever.
 typedef enum wait_mode {
-    WAIT_BLOCK,  // blocking MPI calls, bounded by the watchdog
-    WAIT_POLL,   // non-blocking MPI calls, tested until the deadline
+    WAIT_BLOCK, // blocking MPI calls, bounded by the watchdog
+    WAIT_POLL,  // non-blocking MPI calls, tested until the deadline
 } wait_mode;
 
 typedef struct mpi_ctx {
-    dt_pg    *pg;
-    MPI_Comm  coll, p2p;    // collectives; send/recv
-    int       rank, world;
-    wait_mode wait;
-    bool     fingerprint;   // DT_MPI_FINGERPRINT
-    size_t   chunk;         // elements per MPI call for all_reduce, broadcast, reduce
-    bool     broken;        // an MPI operation was left unfinished: no more MPI calls here
-    void    *scratch;       // in-place reduce_scatter (grow-only)
-    size_t   scratch_cap;
-    pending_send *sends;    // oldest first
+    dt_pg        *pg;
+    MPI_Comm      coll, p2p; // collectives; send/recv
+    int           rank, world;
+    wait_mode     wait;
+    bool          fingerprint; // DT_MPI_FINGERPRINT
+    size_t        chunk;       // elements per MPI call for all_reduce, broadcast, reduce
+    bool          broken;      // an MPI operation was left unfinished: no more MPI calls here
+    void         *scratch;     // in-place reduce_scatter (grow-only)
+    size_t        scratch_cap;
+    pending_send *sends; // oldest first
 
     // The watchdog (block mode). Guarded by mu:
     pthread_t       wd;
     bool            wd_started, stop, inflight;
-    uint64_t        gen;          // counts operations, so a late check skips a new one
-    uint64_t        deadline_ns;  // of the operation in flight
-    char            what[64];     // its name
+    uint64_t        gen;         // counts operations, so a late check skips a new one
+    uint64_t        deadline_ns; // of the operation in flight
+    char            what[64];    // its name
     pthread_mutex_t mu;
     pthread_cond_t  cv;
 } mpi_ctx;
@@ -80,18 +80,25 @@ static MPI_Datatype mpi_type(dt_dtype t, bool wraps) {
     // Integer SUM and PROD wrap around in two's complement (comm.h): that is unsigned
     // arithmetic on the same bits, which MPI defines; signed overflow it does not.
     switch (t) {
-    case DT_FLOAT32: return MPI_FLOAT;
-    case DT_INT32: return wraps ? MPI_UINT32_T : MPI_INT32_T;
-    default: return wraps ? MPI_UINT64_T : MPI_INT64_T;
+    case DT_FLOAT32:
+        return MPI_FLOAT;
+    case DT_INT32:
+        return wraps ? MPI_UINT32_T : MPI_INT32_T;
+    default:
+        return wraps ? MPI_UINT64_T : MPI_INT64_T;
     }
 }
 
 static MPI_Op mpi_op(dt_reduce_op op) {
     switch (op) {
-    case DT_REDUCE_MAX: return MPI_MAX;
-    case DT_REDUCE_MIN: return MPI_MIN;
-    case DT_REDUCE_PROD: return MPI_PROD;
-    default: return MPI_SUM;
+    case DT_REDUCE_MAX:
+        return MPI_MAX;
+    case DT_REDUCE_MIN:
+        return MPI_MIN;
+    case DT_REDUCE_PROD:
+        return MPI_PROD;
+    default:
+        return MPI_SUM;
     }
 }
 
@@ -127,10 +134,10 @@ typedef struct call {
     call_kind    kind;
     const void  *s;
     void        *r;
-    int          n;      // elements (per rank for the gathers, scatters and all-to-all)
+    int          n; // elements (per rank for the gathers, scatters and all-to-all)
     MPI_Datatype t;
     MPI_Op       o;
-    int          root;   // or the peer for C_RECV
+    int          root; // or the peer for C_RECV
     MPI_Comm     comm;
 } call;
 
@@ -161,7 +168,8 @@ static int issue(const call *k, MPI_Request *req, MPI_Status *status) {
     case C_ALLTOALL:
         return req ? MPI_Ialltoall(k->s, k->n, k->t, k->r, k->n, k->t, k->comm, req)
                    : MPI_Alltoall(k->s, k->n, k->t, k->r, k->n, k->t, k->comm);
-    case C_BARRIER: return req ? MPI_Ibarrier(k->comm, req) : MPI_Barrier(k->comm);
+    case C_BARRIER:
+        return req ? MPI_Ibarrier(k->comm, req) : MPI_Barrier(k->comm);
     case C_RECV:
         return req ? MPI_Irecv(k->r, k->n, k->t, k->root, 0, k->comm, req)
                    : MPI_Recv(k->r, k->n, k->t, k->root, 0, k->comm, status);
@@ -178,9 +186,9 @@ static dt_status fail_mpi(const dt_op *op, int rc, const char *call_name) {
 // Runs one MPI call to completion in the group's wait mode.
 static dt_status run_call(mpi_ctx *c, const dt_op *op, const call *k, MPI_Status *status) {
     if (dt_pg_aborted(c->pg))
-        return DT_ERR_STATE;  // the generic layer reports the abort's reason
+        return DT_ERR_STATE; // the generic layer reports the abort's reason
     if (c->wait == WAIT_BLOCK) {
-        int rc = issue(k, NULL, status);  // the watchdog bounds it
+        int rc = issue(k, NULL, status); // the watchdog bounds it
         return rc == MPI_SUCCESS ? DT_OK : fail_mpi(op, rc, call_names[k->kind][0]);
     }
     MPI_Request req;
@@ -191,7 +199,7 @@ static dt_status run_call(mpi_ctx *c, const dt_op *op, const call *k, MPI_Status
         return fail_mpi(op, rc, call_names[k->kind][1]);
     dt_status st = dt_mpi_wait(&req, op->deadline_ns, c->pg, status, &rc);
     if (st != DT_OK) {
-        c->broken = true;  // the request stays with MPI, which may still write the buffer
+        c->broken = true; // the request stays with MPI, which may still write the buffer
         if (st == DT_ERR_TIMEOUT) {
             char w[96];
             snprintf(w, sizeof w, "the other ranks in %s (MPI cannot tell which rank is late)",
@@ -231,7 +239,7 @@ static void *watchdog_main(void *arg) {
             dt_mpi_mark_stuck();
             pthread_mutex_unlock(&c->mu);
             MPI_Abort(MPI_COMM_WORLD, 1);
-            pthread_mutex_lock(&c->mu);  // not reached
+            pthread_mutex_lock(&c->mu); // not reached
             break;
         }
         // Wake every 10 ms, busy or idle: operations never wake this thread (a wake-up
@@ -252,7 +260,7 @@ static void watch_begin(mpi_ctx *c, const dt_op *op) {
     if (!c->wd_started)
         return;
     pthread_mutex_lock(&c->mu);
-    c->inflight    = true;
+    c->inflight = true;
     c->gen++;
     c->deadline_ns = op->deadline_ns;
     snprintf(c->what, sizeof c->what, "%s", op->name);
@@ -298,8 +306,13 @@ static dt_status check_fingerprint(mpi_ctx *c, const dt_op *op) {
     fp_pack(&op->fp, v);
     for (int i = 0; i < FP_FIELDS; i++)
         v[FP_FIELDS + i] = -v[i];
-    call k = {.kind = C_ALLREDUCE, .s = MPI_IN_PLACE, .r = v, .n = 2 * FP_FIELDS,
-              .t = MPI_INT64_T, .o = MPI_MAX, .comm = c->coll};
+    call k = {.kind = C_ALLREDUCE,
+              .s    = MPI_IN_PLACE,
+              .r    = v,
+              .n    = 2 * FP_FIELDS,
+              .t    = MPI_INT64_T,
+              .o    = MPI_MAX,
+              .comm = c->coll};
     DT_TRY(run_call(c, op, &k, MPI_STATUS_IGNORE));
     bool same = true;
     for (int i = 0; i < FP_FIELDS; i++)
@@ -309,15 +322,20 @@ static dt_status check_fingerprint(mpi_ctx *c, const dt_op *op) {
     // Everyone saw the difference, so everyone takes part in naming a culprit.
     int64_t *all = dt_alloc(sizeof(int64_t) * FP_FIELDS * (size_t)c->world);
     if (!all)
-        return dt_op_fail(op, DT_ERR_NOMEM, "fingerprints differ between ranks, and there is "
-                                            "no memory to say which");
+        return dt_op_fail(op, DT_ERR_NOMEM,
+                          "fingerprints differ between ranks, and there is "
+                          "no memory to say which");
     int64_t mine[FP_FIELDS];
     fp_pack(&op->fp, mine);
-    call g = {.kind = C_ALLGATHER, .s = mine, .r = all, .n = FP_FIELDS, .t = MPI_INT64_T,
-              .comm = c->coll};
+    call      g  = {.kind = C_ALLGATHER,
+                    .s    = mine,
+                    .r    = all,
+                    .n    = FP_FIELDS,
+                    .t    = MPI_INT64_T,
+                    .comm = c->coll};
     dt_status st = run_call(c, op, &g, MPI_STATUS_IGNORE);
     if (st == DT_OK) {
-        int culprit = c->rank == 0 ? 1 : 0;  // someone else differs when nobody else does
+        int culprit = c->rank == 0 ? 1 : 0; // someone else differs when nobody else does
         for (int r = 0; r < c->world; r++)
             if (r != c->rank && memcmp(all + r * FP_FIELDS, mine, sizeof mine) != 0) {
                 culprit = r;
@@ -349,10 +367,14 @@ static dt_status run_chunked(mpi_ctx *c, const dt_op *op, call_kind kind) {
     bool         root  = kind == C_REDUCE && c->rank == op->root;
     size_t       off   = 0;
     do {
-        size_t n   = op->count - off < c->chunk ? op->count - off : c->chunk;
-        call   k   = {.kind = kind, .n = (int)n, .t = t, .o = mpi_op(op->op), .root = op->root,
-                      .comm = c->coll};
-        char  *dst = op->dst ? (char *)op->dst + off * esz : NULL;
+        size_t      n   = op->count - off < c->chunk ? op->count - off : c->chunk;
+        call        k   = {.kind = kind,
+                           .n    = (int)n,
+                           .t    = t,
+                           .o    = mpi_op(op->op),
+                           .root = op->root,
+                           .comm = c->coll};
+        char       *dst = op->dst ? (char *)op->dst + off * esz : NULL;
         const char *src = op->src ? (const char *)op->src + off * esz : NULL;
         if (kind == C_BCAST) {
             k.r = dst;
@@ -360,7 +382,7 @@ static dt_status run_chunked(mpi_ctx *c, const dt_op *op, call_kind kind) {
             k.s = op->src == op->dst ? MPI_IN_PLACE : src;
             k.r = dst;
         } else {
-            k.s = src;  // reduce, not the root: nothing is received
+            k.s = src; // reduce, not the root: nothing is received
         }
         DT_TRY(run_call(c, op, &k, MPI_STATUS_IGNORE));
         off += n;
@@ -379,12 +401,16 @@ static void *scratch(mpi_ctx *c, size_t nbytes) {
 
 static dt_status run_gathers(mpi_ctx *c, const dt_op *op) {
     DT_TRY(need_int_count(op, op->count));
-    size_t       one  = op->count * dt_dtype_size(op->dtype);
-    bool         root = c->rank == op->root;
-    const char  *src  = op->src;
-    char        *dst  = op->dst;
-    call         k    = {.n = (int)op->count, .t = mpi_type(op->dtype, false), .s = src, .r = dst,
-                         .root = op->root, .comm = c->coll};
+    size_t      one  = op->count * dt_dtype_size(op->dtype);
+    bool        root = c->rank == op->root;
+    const char *src  = op->src;
+    char       *dst  = op->dst;
+    call        k    = {.n    = (int)op->count,
+                        .t    = mpi_type(op->dtype, false),
+                        .s    = src,
+                        .r    = dst,
+                        .root = op->root,
+                        .comm = c->coll};
     switch (op->kind) {
     case DT_COLL_ALL_GATHER:
         k.kind = C_ALLGATHER;
@@ -401,7 +427,9 @@ static dt_status run_gathers(mpi_ctx *c, const dt_op *op) {
         if (root && dst == src + (size_t)c->rank * one)
             k.r = MPI_IN_PLACE;
         break;
-    case DT_COLL_ALL_TO_ALL: k.kind = C_ALLTOALL; break;
+    case DT_COLL_ALL_TO_ALL:
+        k.kind = C_ALLTOALL;
+        break;
     case DT_COLL_REDUCE_SCATTER: {
         bool wraps = op->op == DT_REDUCE_SUM || op->op == DT_REDUCE_PROD;
         k.kind     = C_REDUCE_SCATTER;
@@ -417,7 +445,8 @@ static dt_status run_gathers(mpi_ctx *c, const dt_op *op) {
             memcpy(dst, k.r, one);
         return DT_OK;
     }
-    default: return dt_op_fail(op, DT_ERR_INTERNAL, "not a gather or scatter");
+    default:
+        return dt_op_fail(op, DT_ERR_INTERNAL, "not a gather or scatter");
     }
     return run_call(c, op, &k, MPI_STATUS_IGNORE);
 }
@@ -465,7 +494,7 @@ static dt_status run_send(mpi_ctx *c, const dt_op *op) {
     pending_send **tail = &c->sends;
     while (*tail)
         tail = &(*tail)->next;
-    *tail = p;  // even after a failure: a posted header must outlive its request
+    *tail = p; // even after a failure: a posted header must outlive its request
     return rc == MPI_SUCCESS ? DT_OK : fail_mpi(op, rc, "MPI_Isend");
 }
 
@@ -474,15 +503,23 @@ static dt_status run_recv(mpi_ctx *c, const dt_op *op) {
     MPI_Status st;
     if (c->fingerprint) {
         dt_fingerprint theirs;
-        call h = {.kind = C_RECV, .r = &theirs, .n = (int)sizeof theirs, .t = MPI_BYTE,
-                  .root = op->peer, .comm = c->p2p};
+        call           h = {.kind = C_RECV,
+                            .r    = &theirs,
+                            .n    = (int)sizeof theirs,
+                            .t    = MPI_BYTE,
+                            .root = op->peer,
+                            .comm = c->p2p};
         DT_TRY(run_call(c, op, &h, &st));
         if (!dt_fp_match(&op->fp, &theirs))
             return dt_op_fail_mismatch(op, op->peer, &theirs);
     }
     MPI_Datatype t = mpi_type(op->dtype, false);
-    call d = {.kind = C_RECV, .r = op->dst, .n = (int)op->count, .t = t, .root = op->peer,
-              .comm = c->p2p};
+    call         d = {.kind = C_RECV,
+                      .r    = op->dst,
+                      .n    = (int)op->count,
+                      .t    = t,
+                      .root = op->peer,
+                      .comm = c->p2p};
     DT_TRY(run_call(c, op, &d, &st));
     int got = 0;
     MPI_Get_count(&st, t, &got);
@@ -499,27 +536,40 @@ static dt_status run_recv(mpi_ctx *c, const dt_op *op) {
 static dt_status mpi_run(void *ctx, const dt_op *op) {
     mpi_ctx *c = ctx;
     if (c->broken)
-        return dt_op_fail(op, DT_ERR_STATE, "an earlier MPI operation of this group did not "
-                                            "finish; the group cannot be used");
+        return dt_op_fail(op, DT_ERR_STATE,
+                          "an earlier MPI operation of this group did not "
+                          "finish; the group cannot be used");
     watch_begin(c, op);
-    dt_status st = DT_OK;
+    dt_status st  = DT_OK;
     bool      p2p = op->kind == DT_COLL_SEND || op->kind == DT_COLL_RECV;
     if (c->fingerprint && !p2p)
         st = check_fingerprint(c, op);
     if (st == DT_OK) {
         switch (op->kind) {
-        case DT_COLL_ALL_REDUCE: st = run_chunked(c, op, C_ALLREDUCE); break;
-        case DT_COLL_BROADCAST: st = run_chunked(c, op, C_BCAST); break;
-        case DT_COLL_REDUCE: st = run_chunked(c, op, C_REDUCE); break;
+        case DT_COLL_ALL_REDUCE:
+            st = run_chunked(c, op, C_ALLREDUCE);
+            break;
+        case DT_COLL_BROADCAST:
+            st = run_chunked(c, op, C_BCAST);
+            break;
+        case DT_COLL_REDUCE:
+            st = run_chunked(c, op, C_REDUCE);
+            break;
         case DT_COLL_BARRIER:
         case DT_COLL_INIT: {
             call k = {.kind = C_BARRIER, .comm = c->coll};
             st     = run_call(c, op, &k, MPI_STATUS_IGNORE);
             break;
         }
-        case DT_COLL_SEND: st = run_send(c, op); break;
-        case DT_COLL_RECV: st = run_recv(c, op); break;
-        default: st = run_gathers(c, op); break;
+        case DT_COLL_SEND:
+            st = run_send(c, op);
+            break;
+        case DT_COLL_RECV:
+            st = run_recv(c, op);
+            break;
+        default:
+            st = run_gathers(c, op);
+            break;
         }
     }
     watch_end(c);
@@ -568,7 +618,7 @@ static void mpi_free(void *ctx) {
     }
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
-    if (!c->broken)  // else an unfinished reduce_scatter may still write it
+    if (!c->broken) // else an unfinished reduce_scatter may still write it
         dt_free(c->scratch);
     dt_free(c);
 }
@@ -596,9 +646,8 @@ static dt_status check_settings(mpi_ctx *c, uint64_t deadline_ns) {
     if (rc != MPI_SUCCESS)
         return dt_fail(dt_mpi_status_of(rc), "mpi backend: MPI_Iallreduce failed: %s",
                        dt_mpi_error_string(rc, es, sizeof es));
-    static const char *const names[3] = {"DT_MPI_WAIT", "DT_MPI_FINGERPRINT",
-                                         "DT_MPI_CHUNK_COUNT"};
-    char here[3][24];
+    static const char *const names[3] = {"DT_MPI_WAIT", "DT_MPI_FINGERPRINT", "DT_MPI_CHUNK_COUNT"};
+    char                     here[3][24];
     snprintf(here[0], sizeof here[0], "%s", c->wait == WAIT_POLL ? "poll" : "block");
     snprintf(here[1], sizeof here[1], "%s", c->fingerprint ? "on" : "off");
     snprintf(here[2], sizeof here[2], "%zu", c->chunk);
@@ -644,11 +693,14 @@ static dt_status read_choice(const char *name, const char *const *names, int n, 
             *out = i;
             return DT_OK;
         }
-    char want[96];
+    char   want[96];
     size_t off = 0;
     for (int i = 0; i < n; i++)
         off += (size_t)snprintf(want + off, sizeof want - off, "%s\"%s\"",
-                                i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+                                i == 0       ? ""
+                                : i == n - 1 ? " or "
+                                             : ", ",
+                                names[i]);
     return dt_fail(DT_ERR_ARG, "mpi backend: environment variable %s expects %s, found \"%s\"",
                    name, want, v);
 }
@@ -695,8 +747,9 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
         // The watchdog would call MPI_Abort beside a blocking call: not allowed here.
         c->wait = WAIT_POLL;
         if (mrank == 0)
-            DT_INFO("comm", "mpi backend: MPI thread level %d is below MPI_THREAD_MULTIPLE, "
-                            "waiting by polling (DT_MPI_WAIT=poll)",
+            DT_INFO("comm",
+                    "mpi backend: MPI thread level %d is below MPI_THREAD_MULTIPLE, "
+                    "waiting by polling (DT_MPI_WAIT=poll)",
                     level);
     }
     dt_status st = dup_world(&c->coll, deadline_ns);
@@ -716,8 +769,8 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
         return st;
     }
     if (mrank == 0)
-        DT_INFO("comm", "mpi backend: %d ranks, wait %s, fingerprints %s, thread level %d",
-                mworld, waits[c->wait], c->fingerprint ? "on" : "off", level);
+        DT_INFO("comm", "mpi backend: %d ranks, wait %s, fingerprints %s, thread level %d", mworld,
+                waits[c->wait], c->fingerprint ? "on" : "off", level);
     *out = c;
     return DT_OK;
 }

@@ -7,11 +7,11 @@
 #include "comm/comm_impl.h"
 #include "comm/mpi_impl.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -26,7 +26,7 @@ static bool            initialised;       // guarded by init_mu
 static bool            init_by_us;        // we called MPI_Init_thread (we finalise)
 static pid_t           init_pid;          // finalise only in that process, not in forks
 static int             thread_level = -1; // as provided
-static MPI_Comm        lib_world = MPI_COMM_NULL;
+static MPI_Comm        lib_world    = MPI_COMM_NULL;
 static atomic_bool     stuck;
 static pthread_mutex_t call_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -40,10 +40,18 @@ void dt_mpi_unlock(void) {
         pthread_mutex_unlock(&call_mu);
 }
 
-void dt_mpi_mark_stuck(void) { atomic_store(&stuck, true); }
-bool dt_mpi_stuck(void) { return atomic_load(&stuck); }
-MPI_Comm dt_mpi_world(void) { return lib_world; }
-int dt_mpi_thread_level(void) { return thread_level; }
+void dt_mpi_mark_stuck(void) {
+    atomic_store(&stuck, true);
+}
+bool dt_mpi_stuck(void) {
+    return atomic_load(&stuck);
+}
+MPI_Comm dt_mpi_world(void) {
+    return lib_world;
+}
+int dt_mpi_thread_level(void) {
+    return thread_level;
+}
 
 const char *dt_mpi_error_string(int rc, char *buf, size_t n) {
     char s[MPI_MAX_ERROR_STRING];
@@ -126,9 +134,10 @@ static dt_status make_lib_world(uint64_t deadline_ns, const char *what) {
                        dt_mpi_error_string(rc, es, sizeof es));
     dt_status st = dt_mpi_wait(&req, deadline_ns, NULL, MPI_STATUS_IGNORE, &rc);
     if (st == DT_ERR_TIMEOUT)
-        return dt_fail(st, "%s: timed out waiting for every rank to initialise MPI "
-                           "(MPI_Comm_idup of MPI_COMM_WORLD); MPI cannot tell which rank is "
-                           "missing",
+        return dt_fail(st,
+                       "%s: timed out waiting for every rank to initialise MPI "
+                       "(MPI_Comm_idup of MPI_COMM_WORLD); MPI cannot tell which rank is "
+                       "missing",
                        what);
     if (rc != MPI_SUCCESS)
         return dt_fail(dt_mpi_status_of(rc), "%s: MPI_Comm_idup failed: %s", what,
@@ -145,8 +154,9 @@ dt_status dt_mpi_init(uint64_t deadline_ns, const char *what) {
     int flag = 0, fin = 0;
     MPI_Finalized(&fin);
     if (fin) {
-        st = dt_fail(DT_ERR_UNSUPPORTED, "%s: MPI was already finalised in this process and "
-                                         "cannot be initialised again",
+        st = dt_fail(DT_ERR_UNSUPPORTED,
+                     "%s: MPI was already finalised in this process and "
+                     "cannot be initialised again",
                      what);
         goto out;
     }
@@ -183,7 +193,7 @@ out:
 
 // What rank 0 broadcasts: fixed size, plain bytes.
 typedef struct boot_msg {
-    int32_t status;  // dt_status of rank 0's store start
+    int32_t status; // dt_status of rank 0's store start
     int32_t port;
     char    addr[256];
     char    host_id[256];
@@ -254,7 +264,7 @@ dt_status dt_mpi_bootstrap(const dt_mpi_boot_req *req, dt_mpi_boot_res *res) {
     MPI_Comm_rank(w, &res->rank);
     MPI_Comm_size(w, &res->world);
     if (check_world(req->env, res->rank, res->world) != DT_OK) {
-        dt_mpi_mark_stuck();  // the job is broken: do not wait in MPI_Finalize
+        dt_mpi_mark_stuck(); // the job is broken: do not wait in MPI_Finalize
         return DT_ERR_MISMATCH;
     }
     if (!req->need_store)
@@ -303,20 +313,19 @@ dt_status dt_mpi_bootstrap(const dt_mpi_boot_req *req, dt_mpi_boot_res *res) {
         st = dt_fail(dt_mpi_status_of(rc), "MPI_Ibcast of rank 0's store address failed: %s",
                      dt_mpi_error_string(rc, es, sizeof es));
     if (st == DT_OK && m->status != DT_OK)
-        st = dt_fail(res->rank == 0 ? (dt_status)m->status : DT_ERR_PEER,
-                     "%s%s", res->rank == 0 ? "" : "rank 0 could not start the store: ",
-                     m->error);
+        st = dt_fail(res->rank == 0 ? (dt_status)m->status : DT_ERR_PEER, "%s%s",
+                     res->rank == 0 ? "" : "rank 0 could not start the store: ", m->error);
     if (st == DT_OK && res->rank != 0) {
         // Ranks on rank 0's host use loopback (the advertised address may be one that
         // only other hosts route, or a host name that resolves to 127.0.1.1 anyway).
-        bool        same = strcmp(m->host_id, req->host_id) == 0;
-        const char *host = same ? "127.0.0.1" : m->addr;
-        const char *tok  = req->no_token ? "" : req->token ? req->token : m->token;
-        dt_store_opts so = {.timeout_ms = req->timeout_ms, .token = tok};
-        res->store       = dt_store_init_tcp(host, m->port, false, &so);
+        bool          same = strcmp(m->host_id, req->host_id) == 0;
+        const char   *host = same ? "127.0.0.1" : m->addr;
+        const char   *tok  = req->no_token ? "" : req->token ? req->token : m->token;
+        dt_store_opts so   = {.timeout_ms = req->timeout_ms, .token = tok};
+        res->store         = dt_store_init_tcp(host, m->port, false, &so);
         if (!res->store) {
-            st = dt_fail_context("rank 0's store at %s:%d (address from the MPI bootstrap%s)",
-                                 host, (int)m->port, same ? ", same host" : "");
+            st = dt_fail_context("rank 0's store at %s:%d (address from the MPI bootstrap%s)", host,
+                                 (int)m->port, same ? ", same host" : "");
         }
         snprintf(res->token, sizeof res->token, "%s", tok);
     } else if (st == DT_OK) {

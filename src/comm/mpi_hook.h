@@ -9,25 +9,25 @@
 // The backend (mpi.c), or its stand-in when built without MPI.
 extern const dt_backend_ops dt_backend_mpi;
 
-#define DT_MPI_TOKEN_MAX 256  // bytes of a job token carried by the bootstrap, NUL included
+#define DT_MPI_TOKEN_MAX 256 // bytes of a job token carried by the bootstrap, NUL included
 
 typedef struct dt_mpi_boot_req {
-    const dt_launch_env *env;     // the launcher's view; DT_LAUNCHER_NONE: MPI's is taken
-    bool                 need_store;  // rank 0 starts the store, its address goes by MPI
-    const char          *addr;    // MASTER_ADDR if set (rank 0 advertises it), else NULL
-    int                  port;    // MASTER_PORT if set, else 0 (a free port)
-    const char          *host_id; // this process's host identity ("<hostname>/<boot id>")
-    const char          *token;   // the token in effect here; NULL: take rank 0's (rank 0
-                                  // makes a random one when it has none either)
-    bool                 no_token;  // the caller asked for no token at all ("")
-    int64_t              timeout_ms;  // the store's timeout
-    uint64_t             deadline_ns;
+    const dt_launch_env *env;        // the launcher's view; DT_LAUNCHER_NONE: MPI's is taken
+    bool                 need_store; // rank 0 starts the store, its address goes by MPI
+    const char          *addr;       // MASTER_ADDR if set (rank 0 advertises it), else NULL
+    int                  port;       // MASTER_PORT if set, else 0 (a free port)
+    const char          *host_id;    // this process's host identity ("<hostname>/<boot id>")
+    const char          *token;      // the token in effect here; NULL: take rank 0's (rank 0
+                                     // makes a random one when it has none either)
+    bool     no_token;               // the caller asked for no token at all ("")
+    int64_t  timeout_ms;             // the store's timeout
+    uint64_t deadline_ns;
 } dt_mpi_boot_req;
 
 typedef struct dt_mpi_boot_res {
-    int       rank, world;  // MPI_COMM_WORLD's (equal to the launcher's, checked)
-    dt_store *store;        // owned; NULL unless need_store
-    char      token[DT_MPI_TOKEN_MAX];  // the job token to use; "" = none
+    int       rank, world;             // MPI_COMM_WORLD's (equal to the launcher's, checked)
+    dt_store *store;                   // owned; NULL unless need_store
+    char      token[DT_MPI_TOKEN_MAX]; // the job token to use; "" = none
 } dt_mpi_boot_res;
 
 // Initialises MPI if it is not yet (MPI_THREAD_MULTIPLE asked; MPI_Finalize registered

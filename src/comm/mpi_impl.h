@@ -14,9 +14,9 @@
 // time. `what` prefixes messages. Bounded by deadline_ns.
 dt_status dt_mpi_init(uint64_t deadline_ns, const char *what);
 // The library's duplicate of MPI_COMM_WORLD (errors return); valid after dt_mpi_init.
-MPI_Comm  dt_mpi_world(void);
+MPI_Comm dt_mpi_world(void);
 // The thread level MPI provides (MPI_THREAD_SINGLE ... MPI_THREAD_MULTIPLE).
-int       dt_mpi_thread_level(void);
+int dt_mpi_thread_level(void);
 
 // Below MPI_THREAD_MULTIPLE, every MPI call of the library is made under one process-wide
 // lock (MPI_THREAD_SERIALIZED then suffices for any number of groups and threads); with
@@ -41,7 +41,7 @@ dt_status dt_mpi_wait(MPI_Request *req, uint64_t deadline_ns, const dt_pg *pg, M
 // The status for an MPI return code (error class): MPI_ERR_TRUNCATE is DT_ERR_MISMATCH
 // (ranks disagree on a size), MPI_ERR_NO_MEM DT_ERR_NOMEM, a failed process (ULFM)
 // DT_ERR_PEER, anything else DT_ERR_IO.
-dt_status   dt_mpi_status_of(int rc);
+dt_status dt_mpi_status_of(int rc);
 // MPI's message for rc ("MPI_ERR_TRUNCATE: message truncated"), in buf.
 const char *dt_mpi_error_string(int rc, char *buf, size_t n);
 

@@ -3,8 +3,8 @@
 // sequence numbers and fingerprints, deadlines, AVG, world size 1, poisoning and
 // abort. Transport details live in the backends (tcp.c, shm*.c); algorithms over
 // point-to-point messages in algo.c.
-#include "comm/comm_impl.h"
 #include "comm/backends.h"
+#include "comm/comm_impl.h"
 #include "comm/reduce.h"
 
 #include <errno.h>
@@ -26,19 +26,27 @@
 
 size_t dt_dtype_size(dt_dtype t) {
     switch (t) {
-    case DT_FLOAT32: return 4;
-    case DT_INT32: return 4;
-    case DT_INT64: return 8;
-    default: return 0;
+    case DT_FLOAT32:
+        return 4;
+    case DT_INT32:
+        return 4;
+    case DT_INT64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
 const char *dt_dtype_name(dt_dtype t) {
     switch (t) {
-    case DT_FLOAT32: return "float32";
-    case DT_INT32: return "int32";
-    case DT_INT64: return "int64";
-    default: return "invalid";
+    case DT_FLOAT32:
+        return "float32";
+    case DT_INT32:
+        return "int32";
+    case DT_INT64:
+        return "int64";
+    default:
+        return "invalid";
     }
 }
 
@@ -49,12 +57,14 @@ const char *dt_reduce_op_name(dt_reduce_op op) {
 
 const char *dt_coll_name(dt_coll c) {
     static const char *const names[DT_COLL_COUNT_] = {
-        "all_reduce", "broadcast", "reduce",  "all_gather", "reduce_scatter", "gather",
+        "all_reduce", "broadcast",  "reduce",  "all_gather", "reduce_scatter", "gather",
         "scatter",    "all_to_all", "barrier", "send",       "recv",           "init"};
     return (unsigned)c < DT_COLL_COUNT_ ? names[c] : "invalid";
 }
 
-static bool is_p2p(dt_coll c) { return c == DT_COLL_SEND || c == DT_COLL_RECV; }
+static bool is_p2p(dt_coll c) {
+    return c == DT_COLL_SEND || c == DT_COLL_RECV;
+}
 static bool has_op(dt_coll c) {
     return c == DT_COLL_ALL_REDUCE || c == DT_COLL_REDUCE || c == DT_COLL_REDUCE_SCATTER;
 }
@@ -66,7 +76,7 @@ static bool has_root(dt_coll c) {
 bool dt_fp_match(const dt_fingerprint *a, const dt_fingerprint *b) {
     uint8_t ca = a->coll, cb = b->coll;
     if (is_p2p((dt_coll)ca) && is_p2p((dt_coll)cb))
-        ca = cb = DT_COLL_SEND;  // a send matches a recv
+        ca = cb = DT_COLL_SEND; // a send matches a recv
     return ca == cb && a->seq == b->seq && a->count == b->count && a->root == b->root &&
            a->dtype == b->dtype && a->op == b->op;
 }
@@ -94,35 +104,35 @@ const char *dt_fp_format(const dt_fingerprint *fp, char *buf, size_t n) {
 // async operations every step allocates nothing. The pool outlives the group while
 // handles are alive (they stay valid after dt_pg_free).
 typedef struct work_pool {
-    pthread_mutex_t  mu;
-    struct dt_work  *free;  // guarded by mu
-    atomic_int       refs;  // the group + every live handle
+    pthread_mutex_t mu;
+    struct dt_work *free; // guarded by mu
+    atomic_int      refs; // the group + every live handle
 } work_pool;
 
 struct dt_work {
     pthread_mutex_t mu;
     pthread_cond_t  cv;
-    bool            done;    // guarded by mu
-    atomic_bool     done_a;  // same, readable without the lock (dt_work_test)
-    dt_status       status;  // valid once done
+    bool            done;   // guarded by mu
+    atomic_bool     done_a; // same, readable without the lock (dt_work_test)
+    dt_status       status; // valid once done
     char            msg[MSG_LEN];
     dt_op           op;
-    atomic_int      refs;  // the caller's handle + the queue's
-    dt_pg          *pg;    // valid while not done
-    struct dt_work *next;  // queue link (pg->mu), or free-list link (pool->mu)
+    atomic_int      refs; // the caller's handle + the queue's
+    dt_pg          *pg;   // valid while not done
+    struct dt_work *next; // queue link (pg->mu), or free-list link (pool->mu)
     work_pool      *pool;
 };
 
 struct dt_pg {
-    int   rank, world, local_rank, local_world;
-    char **host_ids;  // world entries
-    bool  all_local;
-    bool  store_via_mpi;  // rank 0's store address came through MPI
+    int     rank, world, local_rank, local_world;
+    char  **host_ids; // world entries
+    bool    all_local;
+    bool    store_via_mpi; // rank 0's store address came through MPI
     int64_t timeout_ms;
-    char   *token;  // NULL = none
+    char   *token; // NULL = none
 
-    dt_store             *store;     // owned
-    dt_store             *be_store;  // prefix view for the backend
+    dt_store             *store;    // owned
+    dt_store             *be_store; // prefix view for the backend
     const dt_backend_ops *be;
     void                 *be_ctx;
     dt_algo_cfg           algo;
@@ -130,39 +140,63 @@ struct dt_pg {
     pthread_mutex_t mu;
     pthread_cond_t  cv;
     // guarded by mu:
-    uint64_t  seq;                   // last collective sequence number issued
-    uint64_t *send_seq, *recv_seq;   // per peer
-    dt_work  *head, *tail;           // queued operations
-    bool      busy;                  // an operation is executing (thread or inline)
-    bool      stop;                  // dt_pg_free: the progress thread drains and exits
+    uint64_t  seq;                 // last collective sequence number issued
+    uint64_t *send_seq, *recv_seq; // per peer
+    dt_work  *head, *tail;         // queued operations
+    bool      busy;                // an operation is executing (thread or inline)
+    bool      stop;                // dt_pg_free: the progress thread drains and exits
     dt_status poison_st;
     char      poison_msg[MSG_LEN];
     // only while busy:
-    bool be_told;  // backend abort() was called
+    bool be_told; // backend abort() was called
 
     work_pool  *pool;
     atomic_bool poisoned;
-    int         abort_fd;  // eventfd, readable once poisoned
+    int         abort_fd; // eventfd, readable once poisoned
     pthread_t   thread;
     bool        thread_started;
 };
 
-int dt_pg_rank(const dt_pg *pg) { return pg ? pg->rank : -1; }
-int dt_pg_size(const dt_pg *pg) { return pg ? pg->world : 0; }
-int dt_pg_local_rank(const dt_pg *pg) { return pg ? pg->local_rank : -1; }
-int dt_pg_local_size(const dt_pg *pg) { return pg ? pg->local_world : 0; }
-const char *dt_pg_backend(const dt_pg *pg) { return pg && pg->be ? pg->be->name : "none"; }
-dt_store *dt_pg_store(dt_pg *pg) { return pg ? pg->store : NULL; }
-bool dt_pg_all_local(const dt_pg *pg) { return pg->all_local; }
+int dt_pg_rank(const dt_pg *pg) {
+    return pg ? pg->rank : -1;
+}
+int dt_pg_size(const dt_pg *pg) {
+    return pg ? pg->world : 0;
+}
+int dt_pg_local_rank(const dt_pg *pg) {
+    return pg ? pg->local_rank : -1;
+}
+int dt_pg_local_size(const dt_pg *pg) {
+    return pg ? pg->local_world : 0;
+}
+const char *dt_pg_backend(const dt_pg *pg) {
+    return pg && pg->be ? pg->be->name : "none";
+}
+dt_store *dt_pg_store(dt_pg *pg) {
+    return pg ? pg->store : NULL;
+}
+bool dt_pg_all_local(const dt_pg *pg) {
+    return pg->all_local;
+}
 const char *dt_pg_host_id(const dt_pg *pg, int rank) {
     return rank >= 0 && rank < pg->world ? pg->host_ids[rank] : "";
 }
-int64_t dt_pg_timeout_ms(const dt_pg *pg) { return pg->timeout_ms; }
-const char *dt_pg_token(const dt_pg *pg) { return pg->token; }
-bool dt_pg_aborted(const dt_pg *pg) { return atomic_load(&pg->poisoned); }
-int dt_pg_abort_fd(const dt_pg *pg) { return pg->abort_fd; }
+int64_t dt_pg_timeout_ms(const dt_pg *pg) {
+    return pg->timeout_ms;
+}
+const char *dt_pg_token(const dt_pg *pg) {
+    return pg->token;
+}
+bool dt_pg_aborted(const dt_pg *pg) {
+    return atomic_load(&pg->poisoned);
+}
+int dt_pg_abort_fd(const dt_pg *pg) {
+    return pg->abort_fd;
+}
 
-dt_pg_opts dt_pg_opts_default(void) { return (dt_pg_opts){0}; }
+dt_pg_opts dt_pg_opts_default(void) {
+    return (dt_pg_opts){0};
+}
 
 // Records the group's first failure (later ones are consequences) and wakes waiters.
 static void poison(dt_pg *pg, dt_status st, const char *msg) {
@@ -212,8 +246,9 @@ dt_status dt_op_fail_mismatch(const dt_op *op, int peer, const dt_fingerprint *t
 }
 
 dt_status dt_op_fail_timeout(const dt_op *op, const char *waiting_for) {
-    return dt_fail(DT_ERR_TIMEOUT, "%s: timed out waiting for %s (deadline set by the group "
-                                   "timeout; DT_TIMEOUT_MS or dt_pg_opts.timeout_ms)",
+    return dt_fail(DT_ERR_TIMEOUT,
+                   "%s: timed out waiting for %s (deadline set by the group "
+                   "timeout; DT_TIMEOUT_MS or dt_pg_opts.timeout_ms)",
                    op->name, waiting_for);
 }
 
@@ -240,7 +275,8 @@ static void run_local(const dt_op *op) {
         if (nbytes && op->src != op->dst)
             memcpy(op->dst, op->src, nbytes);
         break;
-    default: break;
+    default:
+        break;
     }
 }
 
@@ -248,19 +284,31 @@ typedef dt_status (*slot_fn)(void *ctx, const dt_op *op);
 
 static slot_fn backend_slot(const dt_backend_ops *be, dt_coll kind) {
     switch (kind) {
-    case DT_COLL_ALL_REDUCE: return be->all_reduce;
-    case DT_COLL_BROADCAST: return be->broadcast;
-    case DT_COLL_REDUCE: return be->reduce;
-    case DT_COLL_ALL_GATHER: return be->all_gather;
-    case DT_COLL_REDUCE_SCATTER: return be->reduce_scatter;
-    case DT_COLL_GATHER: return be->gather;
-    case DT_COLL_SCATTER: return be->scatter;
-    case DT_COLL_ALL_TO_ALL: return be->all_to_all;
+    case DT_COLL_ALL_REDUCE:
+        return be->all_reduce;
+    case DT_COLL_BROADCAST:
+        return be->broadcast;
+    case DT_COLL_REDUCE:
+        return be->reduce;
+    case DT_COLL_ALL_GATHER:
+        return be->all_gather;
+    case DT_COLL_REDUCE_SCATTER:
+        return be->reduce_scatter;
+    case DT_COLL_GATHER:
+        return be->gather;
+    case DT_COLL_SCATTER:
+        return be->scatter;
+    case DT_COLL_ALL_TO_ALL:
+        return be->all_to_all;
     case DT_COLL_BARRIER:
-    case DT_COLL_INIT: return be->barrier;
-    case DT_COLL_SEND: return be->send;
-    case DT_COLL_RECV: return be->recv;
-    default: return NULL;
+    case DT_COLL_INIT:
+        return be->barrier;
+    case DT_COLL_SEND:
+        return be->send;
+    case DT_COLL_RECV:
+        return be->recv;
+    default:
+        return NULL;
     }
 }
 
@@ -403,7 +451,7 @@ static void *progress_main(void *arg) {
         while (!(pg->head && !pg->busy) && !(pg->stop && !pg->head))
             pthread_cond_wait(&pg->cv, &pg->mu);
         if (!pg->head)
-            break;  // stop requested and the queue is drained
+            break; // stop requested and the queue is drained
         dt_work *w = pg->head;
         pg->head   = w->next;
         if (!pg->head)
@@ -455,8 +503,8 @@ static dt_status validate(const dt_pg *pg, const dt_op *op) {
                        op->root);
     if (is_p2p(op->kind)) {
         if (op->peer < 0 || op->peer >= world)
-            return dt_fail(DT_ERR_ARG, "%s: expected a peer rank in [0, %d), found %d", name,
-                           world, op->peer);
+            return dt_fail(DT_ERR_ARG, "%s: expected a peer rank in [0, %d), found %d", name, world,
+                           op->peer);
         if (op->peer == rank)
             return dt_fail(DT_ERR_ARG, "%s: peer %d is this rank; a rank cannot %s itself", name,
                            op->peer, op->kind == DT_COLL_SEND ? "send to" : "receive from");
@@ -469,43 +517,66 @@ static dt_status validate(const dt_pg *pg, const dt_op *op) {
     size_t      src_n = 0, dst_n = 0;
     const char *shape = "";
     switch (op->kind) {
-    case DT_COLL_ALL_REDUCE: src_n = dst_n = one; break;
-    case DT_COLL_BROADCAST: dst_n = one; break;
-    case DT_COLL_REDUCE: src_n = one, dst_n = is_root ? one : 0; break;
-    case DT_COLL_ALL_GATHER: src_n = one, dst_n = all, shape = "dst + rank * count"; break;
-    case DT_COLL_REDUCE_SCATTER: src_n = all, dst_n = one, shape = "src + rank * count"; break;
+    case DT_COLL_ALL_REDUCE:
+        src_n = dst_n = one;
+        break;
+    case DT_COLL_BROADCAST:
+        dst_n = one;
+        break;
+    case DT_COLL_REDUCE:
+        src_n = one, dst_n = is_root ? one : 0;
+        break;
+    case DT_COLL_ALL_GATHER:
+        src_n = one, dst_n = all, shape = "dst + rank * count";
+        break;
+    case DT_COLL_REDUCE_SCATTER:
+        src_n = all, dst_n = one, shape = "src + rank * count";
+        break;
     case DT_COLL_GATHER:
         src_n = one, dst_n = is_root ? all : 0, shape = "dst + rank * count";
         break;
     case DT_COLL_SCATTER:
         src_n = is_root ? all : 0, dst_n = one, shape = "src + rank * count";
         break;
-    case DT_COLL_ALL_TO_ALL: src_n = dst_n = all; break;
-    case DT_COLL_SEND: src_n = one; break;
-    case DT_COLL_RECV: dst_n = one; break;
-    default: break;
+    case DT_COLL_ALL_TO_ALL:
+        src_n = dst_n = all;
+        break;
+    case DT_COLL_SEND:
+        src_n = one;
+        break;
+    case DT_COLL_RECV:
+        dst_n = one;
+        break;
+    default:
+        break;
     }
     if (src_n && !op->src)
         return dt_fail(DT_ERR_ARG, "%s: src is NULL but %zu bytes are to be read", name, src_n);
     if (dst_n && !op->dst)
-        return dt_fail(DT_ERR_ARG, "%s: dst is NULL but %zu bytes are to be written", name,
-                       dst_n);
+        return dt_fail(DT_ERR_ARG, "%s: dst is NULL but %zu bytes are to be written", name, dst_n);
     if (src_n && dst_n && overlaps(op->src, src_n, op->dst, dst_n)) {
-        bool ok = false;
+        bool        ok = false;
         const char *s = op->src, *d = op->dst;
         switch (op->kind) {
         case DT_COLL_ALL_REDUCE:
-        case DT_COLL_REDUCE: ok = s == d; break;
+        case DT_COLL_REDUCE:
+            ok = s == d;
+            break;
         case DT_COLL_ALL_GATHER:
-        case DT_COLL_GATHER: ok = s == d + (size_t)rank * one; break;
+        case DT_COLL_GATHER:
+            ok = s == d + (size_t)rank * one;
+            break;
         case DT_COLL_REDUCE_SCATTER:
-        case DT_COLL_SCATTER: ok = d == s + (size_t)rank * one; break;
-        default: break;
+        case DT_COLL_SCATTER:
+            ok = d == s + (size_t)rank * one;
+            break;
+        default:
+            break;
         }
         if (!ok)
-            return dt_fail(DT_ERR_ARG,
-                           "%s: src and dst overlap; expected them disjoint or %s", name,
-                           shape[0] ? shape : (op->kind == DT_COLL_ALL_TO_ALL ? "disjoint" : "equal"));
+            return dt_fail(
+                DT_ERR_ARG, "%s: src and dst overlap; expected them disjoint or %s", name,
+                shape[0] ? shape : (op->kind == DT_COLL_ALL_TO_ALL ? "disjoint" : "equal"));
     }
     return DT_OK;
 }
@@ -514,8 +585,7 @@ static void op_set_name(dt_op *op) {
     if (op->kind == DT_COLL_SEND)
         snprintf(op->name, sizeof op->name, "send #%" PRIu64 " to rank %d", op->fp.seq, op->peer);
     else if (op->kind == DT_COLL_RECV)
-        snprintf(op->name, sizeof op->name, "recv #%" PRIu64 " from rank %d", op->fp.seq,
-                 op->peer);
+        snprintf(op->name, sizeof op->name, "recv #%" PRIu64 " from rank %d", op->fp.seq, op->peer);
     else
         snprintf(op->name, sizeof op->name, "%s #%" PRIu64, dt_coll_name(op->kind), op->fp.seq);
 }
@@ -641,24 +711,29 @@ dt_status dt_work_wait(dt_work *w) {
     return st;
 }
 
-bool dt_work_test(dt_work *w) { return w && atomic_load(&w->done_a); }
+bool dt_work_test(dt_work *w) {
+    return w && atomic_load(&w->done_a);
+}
 
 void dt_work_free(dt_work *w) {
     if (!w)
         return;
     if (!atomic_load(&w->done_a)) {
-        dt_status   st  = dt_last_status();
-        char        msg[MSG_LEN];
+        dt_status st = dt_last_status();
+        char      msg[MSG_LEN];
         snprintf(msg, sizeof msg, "%s", dt_last_error());
         dt_work_wait(w);
-        dt_fail(st, "%s", msg);  // freeing does not change the caller's last error
+        dt_fail(st, "%s", msg); // freeing does not change the caller's last error
     }
     work_release(w);
 }
 
 // ------------------------------------------------------------------------ the API
 
-#define OP_INIT(k) (dt_op){.kind = (k), .root = -1, .peer = -1}
+#define OP_INIT(k)                                                                                 \
+    (dt_op) {                                                                                      \
+        .kind = (k), .root = -1, .peer = -1                                                        \
+    }
 
 dt_status dt_pg_all_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
                                  dt_dtype dtype, dt_reduce_op op, dt_work **out) {
@@ -682,7 +757,7 @@ dt_status dt_pg_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count
     o.src = src, o.dst = dst, o.count = count, o.dtype = dtype, o.root = root;
     o.fp.op = (unsigned)op < DT_REDUCE_COUNT_ ? (uint8_t)op : 0xff;
     if (pg && root != pg->rank)
-        o.dst = NULL;  // not written on other ranks
+        o.dst = NULL; // not written on other ranks
     return submit(pg, &o, out);
 }
 
@@ -693,9 +768,8 @@ dt_status dt_pg_all_gather_async(dt_pg *pg, const void *src, void *dst, size_t c
     return submit(pg, &o, out);
 }
 
-dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *src, void *dst,
-                                     size_t count_per_rank, dt_dtype dtype, dt_reduce_op op,
-                                     dt_work **out) {
+dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
+                                     dt_dtype dtype, dt_reduce_op op, dt_work **out) {
     dt_op o = OP_INIT(DT_COLL_REDUCE_SCATTER);
     o.src = src, o.dst = dst, o.count = count_per_rank, o.dtype = dtype;
     o.fp.op = (unsigned)op < DT_REDUCE_COUNT_ ? (uint8_t)op : 0xff;
@@ -765,8 +839,8 @@ dt_status dt_pg_reduce_scatter(dt_pg *pg, const void *src, void *dst, size_t cou
                                dt_dtype dtype, dt_reduce_op op) {
     return dt_pg_reduce_scatter_async(pg, src, dst, count_per_rank, dtype, op, NULL);
 }
-dt_status dt_pg_gather(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
-                       dt_dtype dtype, int root) {
+dt_status dt_pg_gather(dt_pg *pg, const void *src, void *dst, size_t count_per_rank, dt_dtype dtype,
+                       int root) {
     return dt_pg_gather_async(pg, src, dst, count_per_rank, dtype, root, NULL);
 }
 dt_status dt_pg_scatter(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
@@ -777,9 +851,10 @@ dt_status dt_pg_all_to_all(dt_pg *pg, const void *src, void *dst, size_t count_p
                            dt_dtype dtype) {
     return dt_pg_all_to_all_async(pg, src, dst, count_per_rank, dtype, NULL);
 }
-dt_status dt_pg_barrier(dt_pg *pg) { return dt_pg_barrier_async(pg, NULL); }
-dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, int peer,
-                     int tag) {
+dt_status dt_pg_barrier(dt_pg *pg) {
+    return dt_pg_barrier_async(pg, NULL);
+}
+dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, int peer, int tag) {
     return dt_pg_send_async(pg, buf, count, dtype, peer, tag, NULL);
 }
 dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer, int tag) {
@@ -811,7 +886,7 @@ void dt_pg_abort(dt_pg *pg, const char *reason) {
 // ------------------------------------------------------------------ init and free
 
 static void host_identity(char *buf, size_t n) {
-    const char *o = getenv("DT_HOST_ID");  // tests: pretend ranks are on other hosts
+    const char *o = getenv("DT_HOST_ID"); // tests: pretend ranks are on other hosts
     if (o && *o) {
         snprintf(buf, n, "%s", o);
         return;
@@ -855,7 +930,7 @@ static dt_status rendezvous_wait(dt_pg *pg, const char *const *keys, size_t nkey
         if (dt_now_ns() >= deadline) {
             // Name the ranks that did not come.
             char   msg[600];
-            size_t off = 0;
+            size_t off     = 0;
             int    missing = 0;
             for (size_t i = 0; i < nkeys; i++) {
                 bool        ok   = false;
@@ -923,7 +998,7 @@ static dt_status rendezvous(dt_pg *pg, uint64_t deadline) {
     snprintf(key, sizeof key, "dt/rank/%d", pg->rank);
     DT_TRY(dt_store_set(pg->store, key, hid, strlen(hid)));
     // Wait for everyone, then read the hosts.
-    char  *kbuf = dt_alloc((size_t)pg->world * 32);
+    char        *kbuf = dt_alloc((size_t)pg->world * 32);
     const char **keys = dt_alloc((size_t)pg->world * sizeof *keys);
     if (!kbuf || !keys) {
         dt_free(kbuf);
@@ -965,11 +1040,11 @@ static dt_status choose_backend(dt_pg *pg, const char *want) {
                        "init: expected backend \"auto\", \"shm\", \"tcp\" or \"mpi\", found \"%s\"",
                        want);
     if (!be->built)
-        return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s is not built into this library",
-                       want);
+        return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s is not built into this library", want);
     if (be->usable && !be->usable(pg))
         return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s cannot serve this group (%s)", want,
-                       pg->all_local ? "refused by the backend" : "the ranks are on more than one host");
+                       pg->all_local ? "refused by the backend"
+                                     : "the ranks are on more than one host");
     pg->be = be;
     return DT_OK;
 }
@@ -1019,7 +1094,9 @@ void dt_pg_free(dt_pg *pg) {
     dt_free(pg);
 }
 
-dt_pg *dt_pg_init_from_env(const dt_pg_opts *opts) { return dt_pg_init("env://", -1, -1, opts); }
+dt_pg *dt_pg_init_from_env(const dt_pg_opts *opts) {
+    return dt_pg_init("env://", -1, -1, opts);
+}
 
 dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opts) {
     dt_pg_opts o = opts ? *opts : dt_pg_opts_default();
@@ -1044,8 +1121,9 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     if (world < 0)
         world = le.world;
     if (rank < 0 && le.launcher == DT_LAUNCHER_NONE && !want_mpi) {
-        dt_fail(DT_ERR_ARG, "init: environment variable RANK is not set (expected this "
-                            "process's rank in [0, %d), e.g. RANK=0)",
+        dt_fail(DT_ERR_ARG,
+                "init: environment variable RANK is not set (expected this "
+                "process's rank in [0, %d), e.g. RANK=0)",
                 world);
         return NULL;
     }
@@ -1119,9 +1197,9 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         goto fail;
     pthread_mutex_init(&pg->pool->mu, NULL);
     atomic_init(&pg->pool->refs, 1);
-    pg->host_ids      = dt_alloc_zero((size_t)world * sizeof *pg->host_ids);
-    pg->send_seq      = dt_alloc_zero((size_t)world * sizeof *pg->send_seq);
-    pg->recv_seq      = dt_alloc_zero((size_t)world * sizeof *pg->recv_seq);
+    pg->host_ids = dt_alloc_zero((size_t)world * sizeof *pg->host_ids);
+    pg->send_seq = dt_alloc_zero((size_t)world * sizeof *pg->send_seq);
+    pg->recv_seq = dt_alloc_zero((size_t)world * sizeof *pg->recv_seq);
     if (pg->abort_fd < 0) {
         dt_fail_errno(DT_ERR_IO, "init: eventfd");
         goto fail;
@@ -1172,8 +1250,9 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
             goto fail;
         }
     } else {
-        dt_fail(DT_ERR_ARG, "init: expected an init method \"env://\", \"tcp://host:port\" or "
-                            "\"file:///path\", found \"%s\"",
+        dt_fail(DT_ERR_ARG,
+                "init: expected an init method \"env://\", \"tcp://host:port\" or "
+                "\"file:///path\", found \"%s\"",
                 method);
         goto fail;
     }
@@ -1181,7 +1260,7 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         goto fail;
 
     // Hosts: local rank and size (the environment wins when it says).
-    pg->all_local = true;
+    pg->all_local  = true;
     pg->local_rank = pg->local_world = 0;
     for (int r = 0; r < world; r++) {
         bool same = strcmp(pg->host_ids[r], pg->host_ids[rank]) == 0;
@@ -1213,10 +1292,10 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     }
     pg->thread_started = true;
     // The init barrier: everyone has a working backend before anyone returns.
-    dt_op ob = OP_INIT(DT_COLL_INIT);
-    ob.fp.coll = DT_COLL_INIT;
+    dt_op ob    = OP_INIT(DT_COLL_INIT);
+    ob.fp.coll  = DT_COLL_INIT;
     ob.fp.dtype = DT_FLOAT32;
-    ob.fp.root = -1;
+    ob.fp.root  = -1;
     if (submit(pg, &ob, NULL) != DT_OK) {
         dt_fail_context("init");
         goto fail;

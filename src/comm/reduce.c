@@ -4,18 +4,17 @@
 
 #include "core/simd.h"
 
-
 // `restrict` is not used: dst may equal a or b. The loops read a[i] and b[i] before
 // writing dst[i], which is what makes that aliasing safe.
 
-#define DEFINE_LOOPS(T, SUF)                                                                \
-    DT_CLONES static void sum_##SUF(T *dst, const T *a, const T *b, size_t n) {             \
-        for (size_t i = 0; i < n; i++)                                                      \
-            dst[i] = a[i] + b[i];                                                           \
-    }                                                                                       \
-    DT_CLONES static void prod_##SUF(T *dst, const T *a, const T *b, size_t n) {            \
-        for (size_t i = 0; i < n; i++)                                                      \
-            dst[i] = a[i] * b[i];                                                           \
+#define DEFINE_LOOPS(T, SUF)                                                                       \
+    DT_CLONES static void sum_##SUF(T *dst, const T *a, const T *b, size_t n) {                    \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = a[i] + b[i];                                                                  \
+    }                                                                                              \
+    DT_CLONES static void prod_##SUF(T *dst, const T *a, const T *b, size_t n) {                   \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = a[i] * b[i];                                                                  \
     }
 
 // Integers go through unsigned types: wrap-around is defined there.
@@ -38,14 +37,14 @@ DT_CLONES static void min_f32(float *dst, const float *a, const float *b, size_t
     }
 }
 
-#define DEFINE_MINMAX_INT(T, SUF)                                                           \
-    DT_CLONES static void max_##SUF(T *dst, const T *a, const T *b, size_t n) {             \
-        for (size_t i = 0; i < n; i++)                                                      \
-            dst[i] = a[i] > b[i] ? a[i] : b[i];                                             \
-    }                                                                                       \
-    DT_CLONES static void min_##SUF(T *dst, const T *a, const T *b, size_t n) {             \
-        for (size_t i = 0; i < n; i++)                                                      \
-            dst[i] = a[i] < b[i] ? a[i] : b[i];                                             \
+#define DEFINE_MINMAX_INT(T, SUF)                                                                  \
+    DT_CLONES static void max_##SUF(T *dst, const T *a, const T *b, size_t n) {                    \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = a[i] > b[i] ? a[i] : b[i];                                                    \
+    }                                                                                              \
+    DT_CLONES static void min_##SUF(T *dst, const T *a, const T *b, size_t n) {                    \
+        for (size_t i = 0; i < n; i++)                                                             \
+            dst[i] = a[i] < b[i] ? a[i] : b[i];                                                    \
     }
 DEFINE_MINMAX_INT(int32_t, i32)
 DEFINE_MINMAX_INT(int64_t, i64)
@@ -58,34 +57,62 @@ void dt_reduce(dt_dtype dtype, dt_reduce_op op, void *dst, const void *a, const 
     case DT_FLOAT32:
         switch (op) {
         case DT_REDUCE_SUM:
-        case DT_REDUCE_AVG: sum_f32(dst, a, b, count); return;
-        case DT_REDUCE_PROD: prod_f32(dst, a, b, count); return;
-        case DT_REDUCE_MAX: max_f32(dst, a, b, count); return;
-        case DT_REDUCE_MIN: min_f32(dst, a, b, count); return;
-        default: break;
+        case DT_REDUCE_AVG:
+            sum_f32(dst, a, b, count);
+            return;
+        case DT_REDUCE_PROD:
+            prod_f32(dst, a, b, count);
+            return;
+        case DT_REDUCE_MAX:
+            max_f32(dst, a, b, count);
+            return;
+        case DT_REDUCE_MIN:
+            min_f32(dst, a, b, count);
+            return;
+        default:
+            break;
         }
         break;
     case DT_INT32:
         switch (op) {
         case DT_REDUCE_SUM:
-        case DT_REDUCE_AVG: sum_u32(dst, a, b, count); return;
-        case DT_REDUCE_PROD: prod_u32(dst, a, b, count); return;
-        case DT_REDUCE_MAX: max_i32(dst, a, b, count); return;
-        case DT_REDUCE_MIN: min_i32(dst, a, b, count); return;
-        default: break;
+        case DT_REDUCE_AVG:
+            sum_u32(dst, a, b, count);
+            return;
+        case DT_REDUCE_PROD:
+            prod_u32(dst, a, b, count);
+            return;
+        case DT_REDUCE_MAX:
+            max_i32(dst, a, b, count);
+            return;
+        case DT_REDUCE_MIN:
+            min_i32(dst, a, b, count);
+            return;
+        default:
+            break;
         }
         break;
     case DT_INT64:
         switch (op) {
         case DT_REDUCE_SUM:
-        case DT_REDUCE_AVG: sum_u64(dst, a, b, count); return;
-        case DT_REDUCE_PROD: prod_u64(dst, a, b, count); return;
-        case DT_REDUCE_MAX: max_i64(dst, a, b, count); return;
-        case DT_REDUCE_MIN: min_i64(dst, a, b, count); return;
-        default: break;
+        case DT_REDUCE_AVG:
+            sum_u64(dst, a, b, count);
+            return;
+        case DT_REDUCE_PROD:
+            prod_u64(dst, a, b, count);
+            return;
+        case DT_REDUCE_MAX:
+            max_i64(dst, a, b, count);
+            return;
+        case DT_REDUCE_MIN:
+            min_i64(dst, a, b, count);
+            return;
+        default:
+            break;
         }
         break;
-    default: break;
+    default:
+        break;
     }
     DT_ASSERT(!"dt_reduce: invalid dtype or op");
 }

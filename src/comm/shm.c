@@ -27,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SHM_MAGIC   0x316d6873746e7264ull  // "drtnshm1"
+#define SHM_MAGIC   0x316d6873746e7264ull // "drtnshm1"
 #define SHM_VERSION 1u
 
 // 1 MiB chunks: of 64 KiB .. 2 MiB, the fastest from 1 MiB to 64 MiB buffers with 2
@@ -38,9 +38,9 @@
 #define MAX_DEFAULT_BUFS    ((size_t)32 << 20)
 // Working buffers per rank: chunk k uses buffer k % NBUF. Three let the large
 // all_reduce stage chunk k+1 while the others still read chunks k and k-1.
-#define NBUF 3
+#define NBUF                3
 #define DEFAULT_SMALL_BYTES ((size_t)64 << 10)
-#define PEER_CHECK_NS       50000000ull  // liveness checked at op start at most this often
+#define PEER_CHECK_NS       50000000ull // liveness checked at op start at most this often
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -49,9 +49,9 @@
 // ------------------------------------------------------------------- segment layout
 
 typedef struct shm_word {
-    _Atomic uint32_t value;    // written by one owner; a futex word
-    _Atomic uint32_t waiters;  // ranks asleep on value; the owner wakes them when > 0
-    _Atomic int32_t  cpu;      // the CPU the owner ran on when it last wrote value
+    _Atomic uint32_t value;   // written by one owner; a futex word
+    _Atomic uint32_t waiters; // ranks asleep on value; the owner wakes them when > 0
+    _Atomic int32_t  cpu;     // the CPU the owner ran on when it last wrote value
     uint32_t         pad_;
 } shm_word;
 
@@ -64,9 +64,9 @@ typedef struct shm_slot {
     // of another, never two (it cannot finish one without the others arriving).
     dt_fingerprint fp[2];
     _Alignas(64) _Atomic int32_t pid;
-    _Atomic uint32_t departed;  // set by dt_shm_free: gone on purpose
-    _Atomic uint32_t ncoll;     // collectives started, for "last seen in" messages
-    char pad[180];
+    _Atomic uint32_t departed; // set by dt_shm_free: gone on purpose
+    _Atomic uint32_t ncoll;    // collectives started, for "last seen in" messages
+    char             pad[180];
 } shm_slot;
 _Static_assert(sizeof(shm_word) + 2 * sizeof(dt_fingerprint) == 64, "step line is one line");
 _Static_assert(sizeof(shm_slot) == 256, "slot is four cache lines");
@@ -80,61 +80,61 @@ _Static_assert(sizeof(shm_chan) == 128, "channel is two cache lines");
 
 // Precedes the data of every send/recv chunk.
 typedef struct shm_msg {
-    dt_fingerprint fp;     // the sender's (seq = message number on this channel, tag in root)
-    uint32_t       chunk;  // index within the message
+    dt_fingerprint fp;    // the sender's (seq = message number on this channel, tag in root)
+    uint32_t       chunk; // index within the message
     uint32_t       pad[9];
 } shm_msg;
 _Static_assert(sizeof(shm_msg) == 64, "message header is one cache line");
 
 typedef struct shm_header {
-    _Atomic uint64_t magic;  // stored last by rank 0: the rest is valid once it is set
+    _Atomic uint64_t magic; // stored last by rank 0: the rest is valid once it is set
     uint32_t         version;
     uint32_t         world;
     uint64_t         nonce;
     uint64_t         seg_bytes;
-    uint64_t         chunk_bytes;  // per rank and buffer
+    uint64_t         chunk_bytes; // per rank and buffer
     uint64_t         small_bytes;
-    uint64_t         p2p_bytes;    // data bytes per channel buffer
+    uint64_t         p2p_bytes; // data bytes per channel buffer
     uint64_t         slots_off, chans_off, bufs_off, pbufs_off;
-    _Alignas(64) shm_word attached;  // ranks that mapped the segment
-    _Alignas(64) shm_word ready;     // 1 once all attached and the name is gone
+    _Alignas(64) shm_word attached; // ranks that mapped the segment
+    _Alignas(64) shm_word ready;    // 1 once all attached and the name is gone
     // The first failure anyone saw, for everyone: 0 none, 1 being written, 2 set.
     _Alignas(64) _Atomic uint32_t abort_state;
-    int32_t  abort_status;
-    int32_t  abort_rank;  // the rank at fault, or -1
-    int32_t  abort_by;    // the rank that recorded it
-    char     abort_msg[768];
+    int32_t abort_status;
+    int32_t abort_rank; // the rank at fault, or -1
+    int32_t abort_by;   // the rank that recorded it
+    char    abort_msg[768];
 } shm_header;
 _Static_assert(sizeof(shm_header) <= 4096, "header fits a page");
 
 struct dt_shm {
-    int            rank, world;
-    unsigned char *base;
-    size_t         seg_bytes;
-    shm_header    *hdr;
-    shm_slot      *slots;
-    shm_chan      *chans;
-    unsigned char *bufs;   // world x NBUF collective buffers of chunk bytes
-    unsigned char *pbufs;  // world x world x 2 channel buffers of (64 + pchunk) bytes
-    size_t         chunk, small, pchunk;
-    uint32_t       step;          // mirror of slots[rank].step
-    uint32_t       ncoll;         // collectives started (fingerprint slot parity)
-    uint64_t       next_buf;      // chunks so far: the next uses buffer next_buf % NBUF
-    uint32_t       free_step[NBUF];  // own buffer b is unread once all ranks pass this
-    uint32_t      *sent;          // per peer: chunks posted to it
-    struct shm_pending **pending; // per peer: messages not yet wholly in the channel (FIFO)
-    int            npending;      // messages queued over all peers
-    uint32_t      *taken;         // per peer: chunks consumed from it
-    int           *pidfds;        // per rank, -1 for self or unknown
-    const void   **in;            // world input pointers for the reduction kernel
-    int64_t        spin_ns;       // spin + yield before sleeping
-    int64_t        yield_ns;      // spin before yielding
-    size_t         nt_bytes;      // results at least this large use non-temporal stores
-    uint64_t       last_check_ns;
-    bool         (*aborted)(void *arg);
-    void          *aborted_arg;
-    dt_status      failed;
-    char           fail_msg[1000];
+    int                  rank, world;
+    unsigned char       *base;
+    size_t               seg_bytes;
+    shm_header          *hdr;
+    shm_slot            *slots;
+    shm_chan            *chans;
+    unsigned char       *bufs;  // world x NBUF collective buffers of chunk bytes
+    unsigned char       *pbufs; // world x world x 2 channel buffers of (64 + pchunk) bytes
+    size_t               chunk, small, pchunk;
+    uint32_t             step;            // mirror of slots[rank].step
+    uint32_t             ncoll;           // collectives started (fingerprint slot parity)
+    uint64_t             next_buf;        // chunks so far: the next uses buffer next_buf % NBUF
+    uint32_t             free_step[NBUF]; // own buffer b is unread once all ranks pass this
+    uint32_t            *sent;            // per peer: chunks posted to it
+    struct shm_pending **pending;         // per peer: messages not yet wholly in the channel (FIFO)
+    int                  npending;        // messages queued over all peers
+    uint32_t            *taken;           // per peer: chunks consumed from it
+    int                 *pidfds;          // per rank, -1 for self or unknown
+    const void         **in;              // world input pointers for the reduction kernel
+    int64_t              spin_ns;         // spin + yield before sleeping
+    int64_t              yield_ns;        // spin before yielding
+    size_t               nt_bytes;        // results at least this large use non-temporal stores
+    uint64_t             last_check_ns;
+    bool (*aborted)(void *arg);
+    void     *aborted_arg;
+    dt_status failed;
+    char      fail_msg[1000];
 };
 
 // A sent message whose tail did not fit in the channel: the engine owns a copy and
@@ -142,8 +142,8 @@ struct dt_shm {
 typedef struct shm_pending {
     struct shm_pending *next;
     dt_fingerprint      fp;
-    unsigned char      *data;    // a copy of the whole message (chunk k at k * pchunk)
-    size_t              nbytes;  // of the whole message
+    unsigned char      *data;   // a copy of the whole message (chunk k at k * pchunk)
+    size_t              nbytes; // of the whole message
     size_t              chunk, nchunks;
 } shm_pending;
 
@@ -162,7 +162,9 @@ static inline void cpu_relax(void) {
 }
 
 // Wrap-safe "a has reached b" for counters that stay within 2^31 of each other.
-static inline bool reached(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
+static inline bool reached(uint32_t a, uint32_t b) {
+    return (int32_t)(a - b) >= 0;
+}
 
 static long futex_wait(_Atomic uint32_t *w, uint32_t val, int64_t timeout_ns) {
     struct timespec ts = {.tv_sec = timeout_ns / 1000000000, .tv_nsec = timeout_ns % 1000000000};
@@ -235,8 +237,7 @@ static dt_status fail_from_abort(shm_op *o) {
     // The writer is between its two stores; if it died right there, say so.
     while (atomic_load_explicit(&h->abort_state, memory_order_acquire) != 2) {
         if (dt_now_ns() - t0 > 100000000ull)
-            return poison(s, DT_ERR_PEER, "%s: a rank died while recording a failure",
-                          o->op->name);
+            return poison(s, DT_ERR_PEER, "%s: a rank died while recording a failure", o->op->name);
         cpu_relax();
     }
     if (h->abort_by == s->rank)
@@ -319,8 +320,10 @@ static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step
     }
     if (peer >= 0 && atomic_load(&s->slots[peer].departed)) {
         char msg[256];
-        snprintf(msg, sizeof msg, "%s: rank %d left the group (dt_pg_free) while rank %d still "
-                                  "needed it", op->name, peer, s->rank);
+        snprintf(msg, sizeof msg,
+                 "%s: rank %d left the group (dt_pg_free) while rank %d still "
+                 "needed it",
+                 op->name, peer, s->rank);
         publish_abort(s, DT_ERR_PEER, peer, msg);
         return fail_from_abort(o);
     }
@@ -367,9 +370,8 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
     dt_shm  *s  = o->s;
     uint64_t t0 = dt_now_ns();
     // A peer that last ran on this CPU cannot answer before we let it run.
-    int64_t yield_ns = atomic_load_explicit(&w->cpu, memory_order_relaxed) == sched_getcpu()
-                           ? 0
-                           : s->yield_ns;
+    int64_t yield_ns =
+        atomic_load_explicit(&w->cpu, memory_order_relaxed) == sched_getcpu() ? 0 : s->yield_ns;
     for (unsigned i = 1;; i++) {
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
@@ -392,8 +394,7 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
             int64_t slice = SLICE_NS;
             if (o->op->deadline_ns != UINT64_MAX) {
                 uint64_t now  = dt_now_ns();
-                int64_t  left = now >= o->op->deadline_ns ? 0
-                                                          : (int64_t)(o->op->deadline_ns - now);
+                int64_t  left = now >= o->op->deadline_ns ? 0 : (int64_t)(o->op->deadline_ns - now);
                 if (left < slice)
                     slice = left;
             }
@@ -433,8 +434,12 @@ static inline unsigned char *buf_of(const dt_shm *s, int r, uint64_t b) {
     return s->bufs + ((size_t)r * NBUF + b % NBUF) * s->chunk;
 }
 
-static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
-static inline size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+static inline size_t min_sz(size_t a, size_t b) {
+    return a < b ? a : b;
+}
+static inline size_t div_up(size_t a, size_t b) {
+    return (a + b - 1) / b;
+}
 
 // Bytes of each of the world slots a buffer is cut into (scatter, reduce_scatter,
 // all_to_all): a multiple of 64 so that slots do not share cache lines.
@@ -479,7 +484,7 @@ static dt_status op_begin(dt_shm *s, shm_op *o, const dt_op *op) {
         DT_TRY(check_health(o, -1, 0, false));
     if (!p2p) {
         s->ncoll++;
-        s->slots[s->rank].fp[s->ncoll & 1] = op->fp;  // published by the next set_step
+        s->slots[s->rank].fp[s->ncoll & 1] = op->fp; // published by the next set_step
         atomic_store_explicit(&s->slots[s->rank].ncoll, s->ncoll, memory_order_relaxed);
     }
     return DT_OK;
@@ -498,8 +503,9 @@ static dt_status check_fps(shm_op *o) {
         char mine[160], theirs[160], msg[700];
         dt_fp_format(&o->op->fp, mine, sizeof mine);
         dt_fp_format(f, theirs, sizeof theirs);
-        snprintf(msg, sizeof msg, "%s: rank %d called %s but this rank (%d) called %s; every "
-                                  "rank must issue the same collectives in the same order",
+        snprintf(msg, sizeof msg,
+                 "%s: rank %d called %s but this rank (%d) called %s; every "
+                 "rank must issue the same collectives in the same order",
                  o->op->name, r, theirs, s->rank, mine);
         publish_abort(s, DT_ERR_MISMATCH, r, msg);
         return poison(s, DT_ERR_MISMATCH, "%s", msg);
@@ -557,10 +563,10 @@ static dt_status all_reduce_small(shm_op *o, const unsigned char *src, unsigned 
 // step. Each byte of src is read once and each byte of dst written once.
 static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned char *dst,
                                   size_t count, size_t es, int root, bool *used_nt) {
-    dt_shm      *s       = o->s;
-    const dt_op *op      = o->op;
-    int          me      = s->rank, world = s->world;
-    size_t       ce      = s->chunk / es;  // elements per chunk
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
+    int          me = s->rank, world = s->world;
+    size_t       ce      = s->chunk / es; // elements per chunk
     size_t       nchunks = div_up(count, ce);
     size_t       align   = 64 / es;
     uint32_t     base    = s->step;
@@ -570,55 +576,54 @@ static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned 
     const void **in      = s->in;
     dt_status    st      = DT_OK;
 
-#define CHUNK_LEN(k) min_sz(ce, count - (size_t)(k) * ce)
+#define CHUNK_LEN(k) min_sz(ce, count - (size_t)(k)*ce)
 #define SLICE(n)     (div_up(div_up((n), (size_t)world), align) * align)
-#define STAGE(k)                                                                         \
-    do {                                                                                 \
-        size_t               n_  = CHUNK_LEN(k), sl_ = SLICE(n_);                        \
-        size_t               lo_ = min_sz(n_, (size_t)me * sl_);                         \
-        size_t               hi_ = min_sz(n_, lo_ + sl_);                                \
-        uint64_t             b_  = s->next_buf + (uint64_t)(k);                          \
-        const unsigned char *p_  = src + (size_t)(k) * ce * es;                          \
-        unsigned char       *q_  = buf_of(s, me, b_);                                    \
-        if ((st = acquire_buf(o, b_)))                                                   \
-            goto out;                                                                    \
-        memcpy(q_, p_, lo_ * es);                                                        \
-        memcpy(q_ + hi_ * es, p_ + hi_ * es, (n_ - hi_) * es);                           \
+#define STAGE(k)                                                                                   \
+    do {                                                                                           \
+        size_t               n_ = CHUNK_LEN(k), sl_ = SLICE(n_);                                   \
+        size_t               lo_ = min_sz(n_, (size_t)me * sl_);                                   \
+        size_t               hi_ = min_sz(n_, lo_ + sl_);                                          \
+        uint64_t             b_  = s->next_buf + (uint64_t)(k);                                    \
+        const unsigned char *p_  = src + (size_t)(k)*ce * es;                                      \
+        unsigned char       *q_  = buf_of(s, me, b_);                                              \
+        if ((st = acquire_buf(o, b_)))                                                             \
+            goto out;                                                                              \
+        memcpy(q_, p_, lo_ *es);                                                                   \
+        memcpy(q_ + hi_ * es, p_ + hi_ * es, (n_ - hi_) * es);                                     \
     } while (0)
 
     STAGE(0);
     if ((st = arrive(o, base)))
         goto out;
     for (size_t k = 0; k <= nchunks; k++) {
-        uint32_t at = base + 1 + (uint32_t)k;  // everyone staged k and reduced k-1
+        uint32_t at = base + 1 + (uint32_t)k; // everyone staged k and reduced k-1
         if (k > 0 && (st = wait_all(o, at)))
             goto out;
         if (k < nchunks) {
-            size_t   n   = CHUNK_LEN(k), sl = SLICE(n);
-            size_t   lo  = min_sz(n, (size_t)me * sl), hi = min_sz(n, lo + sl);
+            size_t   n = CHUNK_LEN(k), sl = SLICE(n);
+            size_t   lo = min_sz(n, (size_t)me * sl), hi = min_sz(n, lo + sl);
             uint64_t b   = s->next_buf + (uint64_t)k;
             size_t   off = k * ce * es;
             if (hi > lo) {
                 for (int r = 0; r < world; r++)
                     in[r] = r == me ? (const void *)(src + off + lo * es)
                                     : (const void *)(buf_of(s, r, b) + lo * es);
-                dt_shm_reduce_kernel(buf_of(s, me, b) + lo * es,
-                                     want ? dst + off + lo * es : NULL, nt, in, world, hi - lo,
-                                     op->dtype, op->op);
+                dt_shm_reduce_kernel(buf_of(s, me, b) + lo * es, want ? dst + off + lo * es : NULL,
+                                     nt, in, world, hi - lo, op->dtype, op->op);
             }
         }
         if (k > 0 && want) {
-            size_t   n   = CHUNK_LEN(k - 1), sl = SLICE(n);
+            size_t   n = CHUNK_LEN(k - 1), sl = SLICE(n);
             uint64_t b   = s->next_buf + (uint64_t)(k - 1);
             size_t   off = (k - 1) * ce * es;
             for (int r = 0; r < world; r++) {
                 size_t rlo = min_sz(n, (size_t)r * sl), rhi = min_sz(n, rlo + sl);
                 if (r != me && rhi > rlo)
-                    dt_shm_copy(dst + off + rlo * es, buf_of(s, r, b) + rlo * es,
-                                (rhi - rlo) * es, nt);
+                    dt_shm_copy(dst + off + rlo * es, buf_of(s, r, b) + rlo * es, (rhi - rlo) * es,
+                                nt);
             }
         }
-        if (k > 0)  // chunk k-1 is read by all once they pass this step
+        if (k > 0) // chunk k-1 is read by all once they pass this step
             s->free_step[(s->next_buf + k - 1) % NBUF] = at + 1;
         if (k + 1 < nchunks)
             STAGE(k + 1);
@@ -646,7 +651,7 @@ static dt_status run_reduce(shm_op *o, int root) {
     else
         st = all_reduce_large(o, op->src, op->dst, op->count, es, root, &nt);
     if (nt)
-        dt_shm_store_fence();  // the results are read by whichever thread gets them
+        dt_shm_store_fence(); // the results are read by whichever thread gets them
     return st;
 }
 
@@ -658,22 +663,22 @@ static dt_status run_reduce(shm_op *o, int root) {
 // into world slots, slot r carrying piece k of block r.
 static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst, size_t nbytes,
                          int root, bool scatter) {
-    dt_shm  *s     = o->s;
-    int      me    = s->rank, world = s->world;
+    dt_shm  *s  = o->s;
+    int      me = s->rank, world = s->world;
     size_t   piece = scatter ? slot_bytes(s) : s->chunk;
     size_t   n     = div_up(nbytes, piece);
     uint32_t base  = s->step;
     bool     nt    = nbytes >= s->nt_bytes;
     int      nslot = scatter ? world : 1;
-#define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
-#define STAGE(k)                                                                         \
-    do {                                                                                 \
-        uint64_t b_ = s->next_buf + (uint64_t)(k);                                       \
-        DT_TRY(acquire_buf(o, b_));                                                      \
-        for (int r_ = 0; r_ < nslot; r_++)                                               \
-            if (!scatter || r_ != me)                                                    \
-                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                           \
-                       src + (size_t)r_ * nbytes + (size_t)(k) * piece, PIECE(k));       \
+#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
+#define STAGE(k)                                                                                   \
+    do {                                                                                           \
+        uint64_t b_ = s->next_buf + (uint64_t)(k);                                                 \
+        DT_TRY(acquire_buf(o, b_));                                                                \
+        for (int r_ = 0; r_ < nslot; r_++)                                                         \
+            if (!scatter || r_ != me)                                                              \
+                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                                     \
+                       src + (size_t)r_ * nbytes + (size_t)(k)*piece, PIECE(k));                   \
     } while (0)
     if (me == root) {
         if (n > 0)
@@ -708,15 +713,15 @@ static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst
 // block, ready at r's step base+1+k; readers pass base+2+k after copying it.
 static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst, size_t nbytes,
                         int root) {
-    dt_shm  *s     = o->s;
-    int      me    = s->rank, world = s->world;
+    dt_shm  *s  = o->s;
+    int      me = s->rank, world = s->world;
     size_t   piece = s->chunk;
     size_t   n     = div_up(nbytes, piece);
     uint32_t base  = s->step;
     bool     reads = root < 0 || root == me;
     bool     stage = root < 0 || root != me;
     bool     nt    = reads && nbytes * (size_t)world >= s->nt_bytes;
-#define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
+#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
     if (stage && n > 0) {
         DT_TRY(acquire_buf(o, s->next_buf));
         memcpy(buf_of(s, me, s->next_buf), src, PIECE(0));
@@ -755,27 +760,27 @@ static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst,
 // its own block from src, or copying each to its place in dst). One synchronisation
 // per piece: the next pieces are staged right after this one is taken.
 static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *dst, bool reduce) {
-    dt_shm      *s      = o->s;
-    const dt_op *op     = o->op;
-    int          me     = s->rank, world = s->world;
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
+    int          me = s->rank, world = s->world;
     size_t       es     = dt_dtype_size(op->dtype);
     size_t       nbytes = op->count * es;
     size_t       piece  = slot_bytes(s);
     size_t       n      = div_up(nbytes, piece);
     uint32_t     base   = s->step;
     bool         nt     = nbytes * (reduce ? 1 : (size_t)world) >= s->nt_bytes;
-    const void **in      = s->in;
-    dt_status    st      = DT_OK;
-#define PIECE(k) min_sz(piece, nbytes - (size_t)(k) * piece)
-#define STAGE(k)                                                                         \
-    do {                                                                                 \
-        uint64_t b_ = s->next_buf + (uint64_t)(k);                                       \
-        if ((st = acquire_buf(o, b_)))                                                   \
-            goto out;                                                                    \
-        for (int r_ = 0; r_ < world; r_++)                                               \
-            if (r_ != me)                                                                \
-                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                           \
-                       src + (size_t)r_ * nbytes + (size_t)(k) * piece, PIECE(k));       \
+    const void **in     = s->in;
+    dt_status    st     = DT_OK;
+#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
+#define STAGE(k)                                                                                   \
+    do {                                                                                           \
+        uint64_t b_ = s->next_buf + (uint64_t)(k);                                                 \
+        if ((st = acquire_buf(o, b_)))                                                             \
+            goto out;                                                                              \
+        for (int r_ = 0; r_ < world; r_++)                                                         \
+            if (r_ != me)                                                                          \
+                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                                     \
+                       src + (size_t)r_ * nbytes + (size_t)(k)*piece, PIECE(k));                   \
     } while (0)
 
     if (n > 0)
@@ -832,9 +837,9 @@ static inline unsigned char *chan_buf(const dt_shm *s, int from, int to, uint32_
 // the receiver has consumed chunk c - 2.
 static bool chan_has_room(const dt_shm *s, int peer) {
     uint32_t at = s->sent[peer];
-    return reached(atomic_load_explicit(&chan(s, s->rank, peer)->consumed.value,
-                                        memory_order_acquire),
-                   at - 1);
+    return reached(
+        atomic_load_explicit(&chan(s, s->rank, peer)->consumed.value, memory_order_acquire),
+        at - 1);
 }
 
 static void post_chunk(dt_shm *s, int peer, const dt_fingerprint *fp, size_t k,
@@ -882,22 +887,22 @@ static dt_status run_send(shm_op *o) {
                        min_sz(s->pchunk, nbytes - k * s->pchunk));
     if (k == n)
         return DT_OK;
-    shm_pending *m = dt_alloc_zero(sizeof *m);
+    shm_pending   *m    = dt_alloc_zero(sizeof *m);
     unsigned char *copy = m ? dt_alloc(nbytes) : NULL;
     if (!copy) {
         dt_free(m);
         char msg[200];
-        snprintf(msg, sizeof msg, "%s: no memory to queue %zu bytes for rank %d", op->name,
-                 nbytes, peer);
-        publish_abort(s, DT_ERR_NOMEM, s->rank, msg);  // the receiver must not wait for it
+        snprintf(msg, sizeof msg, "%s: no memory to queue %zu bytes for rank %d", op->name, nbytes,
+                 peer);
+        publish_abort(s, DT_ERR_NOMEM, s->rank, msg); // the receiver must not wait for it
         return poison(s, DT_ERR_NOMEM, "%s", msg);
     }
-    memcpy(copy, op->src, nbytes);  // whole message: chunk offsets stay those of the message
-    m->fp      = op->fp;
-    m->data    = copy;
-    m->nbytes  = nbytes;
-    m->chunk   = k;
-    m->nchunks = n;
+    memcpy(copy, op->src, nbytes); // whole message: chunk offsets stay those of the message
+    m->fp              = op->fp;
+    m->data            = copy;
+    m->nbytes          = nbytes;
+    m->chunk           = k;
+    m->nchunks         = n;
     shm_pending **tail = &s->pending[peer];
     while (*tail)
         tail = &(*tail)->next;
@@ -924,8 +929,9 @@ static dt_status run_recv(shm_op *o) {
             char mine[160], theirs[160], msg[700];
             dt_fp_format(&op->fp, mine, sizeof mine);
             dt_fp_format(f, theirs, sizeof theirs);
-            snprintf(msg, sizeof msg, "%s: rank %d called %s but this rank (%d) called %s; the "
-                                      "receiver must name the sender's count, dtype and tag",
+            snprintf(msg, sizeof msg,
+                     "%s: rank %d called %s but this rank (%d) called %s; the "
+                     "receiver must name the sender's count, dtype and tag",
                      op->name, peer, theirs, s->rank, mine);
             publish_abort(s, DT_ERR_MISMATCH, peer, msg);
             return poison(s, DT_ERR_MISMATCH, "%s", msg);
@@ -945,18 +951,29 @@ dt_status dt_shm_run(dt_shm *s, const dt_op *op) {
     DT_TRY(op_begin(s, &o, op));
     size_t es = dt_dtype_size(op->dtype);
     switch (op->kind) {
-    case DT_COLL_ALL_REDUCE:     return run_reduce(&o, -1);
-    case DT_COLL_REDUCE:         return run_reduce(&o, op->root);
-    case DT_COLL_BROADCAST:      return fan_out(&o, op->dst, op->dst, op->count * es, op->root, false);
-    case DT_COLL_SCATTER:        return fan_out(&o, op->src, op->dst, op->count * es, op->root, true);
-    case DT_COLL_GATHER:         return fan_in(&o, op->src, op->dst, op->count * es, op->root);
-    case DT_COLL_ALL_GATHER:     return fan_in(&o, op->src, op->dst, op->count * es, -1);
-    case DT_COLL_REDUCE_SCATTER: return exchange(&o, op->src, op->dst, true);
-    case DT_COLL_ALL_TO_ALL:     return exchange(&o, op->src, op->dst, false);
+    case DT_COLL_ALL_REDUCE:
+        return run_reduce(&o, -1);
+    case DT_COLL_REDUCE:
+        return run_reduce(&o, op->root);
+    case DT_COLL_BROADCAST:
+        return fan_out(&o, op->dst, op->dst, op->count * es, op->root, false);
+    case DT_COLL_SCATTER:
+        return fan_out(&o, op->src, op->dst, op->count * es, op->root, true);
+    case DT_COLL_GATHER:
+        return fan_in(&o, op->src, op->dst, op->count * es, op->root);
+    case DT_COLL_ALL_GATHER:
+        return fan_in(&o, op->src, op->dst, op->count * es, -1);
+    case DT_COLL_REDUCE_SCATTER:
+        return exchange(&o, op->src, op->dst, true);
+    case DT_COLL_ALL_TO_ALL:
+        return exchange(&o, op->src, op->dst, false);
     case DT_COLL_BARRIER:
-    case DT_COLL_INIT:           return arrive(&o, s->step);
-    case DT_COLL_SEND:           return run_send(&o);
-    case DT_COLL_RECV:           return run_recv(&o);
+    case DT_COLL_INIT:
+        return arrive(&o, s->step);
+    case DT_COLL_SEND:
+        return run_send(&o);
+    case DT_COLL_RECV:
+        return run_recv(&o);
     default:
         return dt_fail(DT_ERR_ARG, "%s: unknown operation kind %d", op->name, (int)op->kind);
     }
@@ -964,11 +981,19 @@ dt_status dt_shm_run(dt_shm *s, const dt_op *op) {
 
 // ------------------------------------------------------------------ init and free
 
-int    dt_shm_rank(const dt_shm *s) { return s->rank; }
-int    dt_shm_world(const dt_shm *s) { return s->world; }
-size_t dt_shm_chunk_bytes(const dt_shm *s) { return s->chunk; }
+int dt_shm_rank(const dt_shm *s) {
+    return s->rank;
+}
+int dt_shm_world(const dt_shm *s) {
+    return s->world;
+}
+size_t dt_shm_chunk_bytes(const dt_shm *s) {
+    return s->chunk;
+}
 
-static size_t round_up(size_t a, size_t m) { return (a + m - 1) / m * m; }
+static size_t round_up(size_t a, size_t m) {
+    return (a + m - 1) / m * m;
+}
 
 typedef struct shm_plan {
     size_t chunk, small, pchunk;
@@ -981,10 +1006,10 @@ static dt_status plan_layout(int world, size_t chunk, size_t small, shm_plan *p)
     p->chunk         = round_up(chunk < min_chunk ? min_chunk : chunk, 4096);
     p->small         = small;
     // Channels: world^2 of them with two buffers each; keep their total near 4 MiB.
-    size_t w2  = (size_t)world * (size_t)world;
-    size_t pc  = ((size_t)4 << 20) / (2 * w2);
-    pc         = pc < 4096 ? 4096 : pc & ~(size_t)4095;
-    p->pchunk  = pc > p->chunk ? p->chunk : pc;
+    size_t w2    = (size_t)world * (size_t)world;
+    size_t pc    = ((size_t)4 << 20) / (2 * w2);
+    pc           = pc < 4096 ? 4096 : pc & ~(size_t)4095;
+    p->pchunk    = pc > p->chunk ? p->chunk : pc;
     p->slots_off = 4096;
     p->chans_off = round_up(p->slots_off + sizeof(shm_slot) * (size_t)world, 4096);
     p->bufs_off  = round_up(p->chans_off + sizeof(shm_chan) * w2, 4096);
@@ -1010,7 +1035,9 @@ static void map_views(dt_shm *s) {
     s->pchunk     = h->p2p_bytes;
 }
 
-static int pidfd_open_(int pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+static int pidfd_open_(int pid) {
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+}
 
 // Sleeps on the init words (attached / ready), watching `watch` ranks for death.
 static dt_status init_wait(dt_shm *s, shm_word *w, uint32_t target, uint64_t deadline,
@@ -1029,14 +1056,18 @@ static dt_status init_wait(dt_shm *s, shm_word *w, uint32_t target, uint64_t dea
             if (r != s->rank && s->pidfds[r] < 0 && pid > 0) {
                 s->pidfds[r] = pidfd_open_(pid);
                 if (s->pidfds[r] < 0 && errno == ESRCH)
-                    return dt_fail(DT_ERR_PEER, "shm init: rank %d (process %d) died while "
-                                                "the group was attaching", r, pid);
+                    return dt_fail(DT_ERR_PEER,
+                                   "shm init: rank %d (process %d) died while "
+                                   "the group was attaching",
+                                   r, pid);
             }
         }
         int dead = exited_peer(s, 0);
         if (dead >= 0)
-            return dt_fail(DT_ERR_PEER, "shm init: rank %d (process %d) died while the group "
-                                        "was attaching", dead, (int)atomic_load(&s->slots[dead].pid));
+            return dt_fail(DT_ERR_PEER,
+                           "shm init: rank %d (process %d) died while the group "
+                           "was attaching",
+                           dead, (int)atomic_load(&s->slots[dead].pid));
         uint64_t now = dt_now_ns();
         if (deadline != UINT64_MAX && now >= deadline) {
             char   who[256];
@@ -1045,8 +1076,10 @@ static dt_status init_wait(dt_shm *s, shm_word *w, uint32_t target, uint64_t dea
             for (int r = 0; r < s->world && at < sizeof who - 16; r++)
                 if (atomic_load(&s->slots[r].pid) == 0)
                     at += (size_t)snprintf(who + at, sizeof who - at, "%s%d", at ? ", " : "", r);
-            return dt_fail(DT_ERR_TIMEOUT, "shm init: timed out waiting for %s (ranks not "
-                                           "attached: %s)", what, who[0] ? who : "none");
+            return dt_fail(DT_ERR_TIMEOUT,
+                           "shm init: timed out waiting for %s (ranks not "
+                           "attached: %s)",
+                           what, who[0] ? who : "none");
         }
         atomic_fetch_add(&w->waiters, 1);
         if (!reached(atomic_load(&w->value), target)) {
@@ -1070,11 +1103,11 @@ static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
     int      fd       = -1;
     uint64_t deadline = o->deadline_ns;
     size_t   want_chunk, want_small;
-    size_t def_chunk = DEFAULT_CHUNK_BYTES;
+    size_t   def_chunk = DEFAULT_CHUNK_BYTES;
     if (def_chunk * NBUF * (size_t)o->world > MAX_DEFAULT_BUFS)
         def_chunk = MAX_DEFAULT_BUFS / (NBUF * (size_t)o->world);
-    DT_TRY(env_size("DT_SHM_CHUNK_BYTES", o->chunk_bytes ? o->chunk_bytes : def_chunk,
-                    &want_chunk));
+    DT_TRY(
+        env_size("DT_SHM_CHUNK_BYTES", o->chunk_bytes ? o->chunk_bytes : def_chunk, &want_chunk));
     DT_TRY(env_size("DT_SHM_SMALL_BYTES", o->small_bytes ? o->small_bytes : DEFAULT_SMALL_BYTES,
                     &want_small));
     if (o->rank == 0) {
@@ -1095,10 +1128,12 @@ static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
             double         avail = statvfs("/dev/shm", &v) == 0
                                        ? (double)v.f_bavail * (double)v.f_frsize / 1048576.0
                                        : -1.0;
-            errno = e;
-            return dt_fail_errno(DT_ERR_IO, "shm: /dev/shm cannot hold the %.1f MiB segment "
-                                            "(%.1f MiB free; lower DT_SHM_CHUNK_BYTES or enlarge "
-                                            "/dev/shm)", (double)p.total / 1048576.0, avail);
+            errno                = e;
+            return dt_fail_errno(DT_ERR_IO,
+                                 "shm: /dev/shm cannot hold the %.1f MiB segment "
+                                 "(%.1f MiB free; lower DT_SHM_CHUNK_BYTES or enlarge "
+                                 "/dev/shm)",
+                                 (double)p.total / 1048576.0, avail);
         }
         void *m = mmap(NULL, p.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED)
@@ -1107,17 +1142,17 @@ static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
         s->base       = m;
         s->seg_bytes  = p.total;
         shm_header *h = s->hdr = m;
-        h->version     = SHM_VERSION;
-        h->world       = (uint32_t)o->world;
-        h->nonce       = o->nonce;
-        h->seg_bytes   = p.total;
-        h->chunk_bytes = p.chunk;
-        h->small_bytes = p.small;
-        h->p2p_bytes   = p.pchunk;
-        h->slots_off   = p.slots_off;
-        h->chans_off   = p.chans_off;
-        h->bufs_off    = p.bufs_off;
-        h->pbufs_off   = p.pbufs_off;
+        h->version             = SHM_VERSION;
+        h->world               = (uint32_t)o->world;
+        h->nonce               = o->nonce;
+        h->seg_bytes           = p.total;
+        h->chunk_bytes         = p.chunk;
+        h->small_bytes         = p.small;
+        h->p2p_bytes           = p.pchunk;
+        h->slots_off           = p.slots_off;
+        h->chans_off           = p.chans_off;
+        h->bufs_off            = p.bufs_off;
+        h->pbufs_off           = p.pbufs_off;
         map_views(s);
         atomic_store(&s->slots[0].pid, (int32_t)getpid());
         atomic_store(&h->attached.value, 1);
@@ -1135,9 +1170,9 @@ static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
                 void *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
                 if (m == MAP_FAILED)
                     return dt_fail_errno(DT_ERR_IO, "shm: cannot map /dev/shm%s", o->name);
-                const shm_header *h     = m;
-                uint64_t          magic = atomic_load_explicit(&((shm_header *)m)->magic,
-                                                               memory_order_acquire);
+                const shm_header *h = m;
+                uint64_t          magic =
+                    atomic_load_explicit(&((shm_header *)m)->magic, memory_order_acquire);
                 if (magic == SHM_MAGIC) {
                     shm_header copy;
                     memcpy(&copy, h, sizeof copy);
@@ -1150,17 +1185,17 @@ static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
                                        "shm: segment /dev/shm%s is not this group's: expected "
                                        "version %u, world %d, nonce %016llx, found version %u, "
                                        "world %u, nonce %016llx (%llu of %lld bytes)",
-                                       o->name, SHM_VERSION, o->world,
-                                       (unsigned long long)o->nonce, copy.version, copy.world,
-                                       (unsigned long long)copy.nonce,
+                                       o->name, SHM_VERSION, o->world, (unsigned long long)o->nonce,
+                                       copy.version, copy.world, (unsigned long long)copy.nonce,
                                        (unsigned long long)copy.seg_bytes, (long long)st.st_size);
                     }
-                    void *full = mmap(NULL, copy.seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                                      fd, 0);
+                    void *full =
+                        mmap(NULL, copy.seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
                     if (full == MAP_FAILED) {
                         close(fd);
-                        return dt_fail_errno(DT_ERR_IO, "shm: cannot map %llu bytes of "
-                                                        "/dev/shm%s",
+                        return dt_fail_errno(DT_ERR_IO,
+                                             "shm: cannot map %llu bytes of "
+                                             "/dev/shm%s",
                                              (unsigned long long)copy.seg_bytes, o->name);
                     }
                     *fd_out      = fd;
@@ -1179,14 +1214,18 @@ static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
         } else if (errno != ENOENT) {
             return dt_fail_errno(DT_ERR_IO, "shm: cannot open segment /dev/shm%s", o->name);
         } else if (o->must_exist) {
-            return dt_fail(DT_ERR_UNSUPPORTED, "shm init: segment /dev/shm%s, created by rank 0, "
-                                               "does not exist for rank %d: the ranks do not "
-                                               "share /dev/shm (separate containers?); use "
-                                               "backend \"tcp\"", o->name, o->rank);
+            return dt_fail(DT_ERR_UNSUPPORTED,
+                           "shm init: segment /dev/shm%s, created by rank 0, "
+                           "does not exist for rank %d: the ranks do not "
+                           "share /dev/shm (separate containers?); use "
+                           "backend \"tcp\"",
+                           o->name, o->rank);
         }
         if (dt_now_ns() >= deadline)
-            return dt_fail(DT_ERR_TIMEOUT, "shm init: rank %d timed out waiting for rank 0 to "
-                                           "create segment /dev/shm%s", o->rank, o->name);
+            return dt_fail(DT_ERR_TIMEOUT,
+                           "shm init: rank %d timed out waiting for rank 0 to "
+                           "create segment /dev/shm%s",
+                           o->rank, o->name);
         usleep(sleep_us);
         if (sleep_us < 10000)
             sleep_us *= 2;
@@ -1199,19 +1238,21 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
         return dt_fail(DT_ERR_ARG, "shm init: expected 0 <= rank < world, found rank %d, world %d",
                        o ? o->rank : -1, o ? o->world : -1);
     if (!o->name || o->name[0] != '/' || strchr(o->name + 1, '/') || strlen(o->name) > 200)
-        return dt_fail(DT_ERR_ARG, "shm init: expected a segment name like \"/dtrain-x\", "
-                                   "found \"%s\"", o->name ? o->name : "(null)");
+        return dt_fail(DT_ERR_ARG,
+                       "shm init: expected a segment name like \"/dtrain-x\", "
+                       "found \"%s\"",
+                       o->name ? o->name : "(null)");
     dt_shm *s = dt_alloc_zero(sizeof *s);
     if (!s)
         return dt_last_status();
-    s->rank  = o->rank;
-    s->world = o->world;
-    size_t w = (size_t)o->world;
-    s->pidfds    = dt_alloc(sizeof(int) * w);
-    s->sent      = dt_alloc_zero(sizeof(uint32_t) * w);
-    s->pending   = dt_alloc_zero(sizeof(shm_pending *) * w);
-    s->in        = dt_alloc(sizeof(void *) * w);
-    s->taken     = dt_alloc_zero(sizeof(uint32_t) * w);
+    s->rank    = o->rank;
+    s->world   = o->world;
+    size_t w   = (size_t)o->world;
+    s->pidfds  = dt_alloc(sizeof(int) * w);
+    s->sent    = dt_alloc_zero(sizeof(uint32_t) * w);
+    s->pending = dt_alloc_zero(sizeof(shm_pending *) * w);
+    s->in      = dt_alloc(sizeof(void *) * w);
+    s->taken   = dt_alloc_zero(sizeof(uint32_t) * w);
     if (!s->pidfds || !s->sent || !s->taken || !s->pending || !s->in) {
         dt_shm_free(s);
         return DT_ERR_NOMEM;
@@ -1224,20 +1265,20 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     // 1 ms of spinning and yielding before sleeping: longer than a futex wake-up on a
     // VM (tens of microseconds, which would otherwise be paid at every step), short
     // enough not to matter when a peer is really late.
-    long spin_us;
-    long def_spin       = 1000;
-    dt_status st        = dt_env_int("DT_SHM_SPIN_US", 0, 1000000, def_spin, &spin_us);
-    s->spin_ns          = spin_us * 1000;
+    long      spin_us;
+    long      def_spin = 1000;
+    dt_status st       = dt_env_int("DT_SHM_SPIN_US", 0, 1000000, def_spin, &spin_us);
+    s->spin_ns         = spin_us * 1000;
     // More ranks than CPUs: some peer is always descheduled, so yield from the start.
-    long yield_us       = 0;
-    long def_yield      = o->world > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : 50;
+    long yield_us  = 0;
+    long def_yield = o->world > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : 50;
     if (st == DT_OK)
         st = dt_env_int("DT_SHM_YIELD_AFTER_US", 0, 1000000, def_yield, &yield_us);
     s->yield_ns = yield_us * 1000;
     // Non-temporal stores for results of at least DT_SHM_NT_KIB: off by default, since
     // plain stores were as fast or faster at every size here, in place or not (A/B in
     // docs/shm.md); kept as a knob for machines where writing around the cache pays.
-    long nt_kib         = 0;
+    long nt_kib = 0;
     if (st == DT_OK)
         st = dt_env_int("DT_SHM_NT_KIB", 0, 1L << 30, 0, &nt_kib);
     s->nt_bytes = nt_kib > 0 ? (size_t)nt_kib << 10 : SIZE_MAX;
@@ -1285,8 +1326,10 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
             continue;
         s->pidfds[r] = pidfd_open_(atomic_load(&s->slots[r].pid));
         if (s->pidfds[r] < 0 && errno != ESRCH)
-            DT_WARN("comm", "shm: cannot watch rank %d (pidfd_open: %s); its death will only "
-                            "show as a timeout", r, strerror(errno));
+            DT_WARN("comm",
+                    "shm: cannot watch rank %d (pidfd_open: %s); its death will only "
+                    "show as a timeout",
+                    r, strerror(errno));
     }
     // Children forked later (data loader workers) do not inherit the mapping.
     madvise(s->base, s->seg_bytes, MADV_DONTFORK);
@@ -1301,7 +1344,7 @@ void dt_shm_free(dt_shm *s) {
     if (s->base) {
         if (s->slots) {
             atomic_store(&s->slots[s->rank].departed, 1);
-            wake_everyone(s);  // whoever sleeps on us re-checks and sees we left
+            wake_everyone(s); // whoever sleeps on us re-checks and sees we left
         }
         munmap(s->base, s->seg_bytes);
     }

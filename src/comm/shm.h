@@ -33,24 +33,24 @@
 typedef struct dt_shm dt_shm;
 
 typedef struct dt_shm_opts {
-    int         rank;         // 0 <= rank < world
-    int         world;        // >= 1
-    const char *name;         // segment name "/dtrain-..." (shm_open rules); rank 0 creates it
-    uint64_t    nonce;        // written by rank 0 and checked by the others; 0 = no check
-    const int  *pids;         // world process ids (liveness during the attach), or NULL
-    size_t      chunk_bytes;  // per-rank working buffer; 0 = DT_SHM_CHUNK_BYTES env or default
-    size_t      small_bytes;  // all_reduce up to this size synchronises once; 0 = default
-    uint64_t    deadline_ns;  // for the attach; UINT64_MAX = none
-    bool        must_exist;   // ranks > 0: the name was published after creation, so a
-                              // missing segment means another /dev/shm: fail at once
+    int         rank;        // 0 <= rank < world
+    int         world;       // >= 1
+    const char *name;        // segment name "/dtrain-..." (shm_open rules); rank 0 creates it
+    uint64_t    nonce;       // written by rank 0 and checked by the others; 0 = no check
+    const int  *pids;        // world process ids (liveness during the attach), or NULL
+    size_t      chunk_bytes; // per-rank working buffer; 0 = DT_SHM_CHUNK_BYTES env or default
+    size_t      small_bytes; // all_reduce up to this size synchronises once; 0 = default
+    uint64_t    deadline_ns; // for the attach; UINT64_MAX = none
+    bool        must_exist;  // ranks > 0: the name was published after creation, so a
+                             // missing segment means another /dev/shm: fail at once
     // Rank 0 only, optional: called once the segment can be opened by the others
     // (e.g. to publish its name through the store), before waiting for them.
     dt_status (*created)(void *arg);
-    void       *created_arg;
+    void *created_arg;
     // Optional: true once the caller's group was aborted from elsewhere; checked
     // every ~10 ms while sleeping, then the wait returns DT_ERR_STATE.
     bool (*aborted)(void *arg);
-    void       *aborted_arg;
+    void *aborted_arg;
 } dt_shm_opts;
 
 // Creates (rank 0) or opens (others) the segment, waits until all `world` ranks have

@@ -10,9 +10,13 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-static bool shm_usable(const dt_pg *pg) { return dt_pg_all_local(pg); }
+static bool shm_usable(const dt_pg *pg) {
+    return dt_pg_all_local(pg);
+}
 
-static bool pg_aborted(void *pg) { return dt_pg_aborted(pg); }
+static bool pg_aborted(void *pg) {
+    return dt_pg_aborted(pg);
+}
 
 // "pid:[4026531836]": ranks must share it, or their process ids (used to watch each
 // other's liveness) would mean nothing to each other.
@@ -57,7 +61,7 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
     for (int r = 0; r < world && st == DT_OK; r++) {
         snprintf(key, sizeof key, "proc/%d", r);
         const char *keys[1] = {key};
-        st = dt_store_wait(store, keys, 1, ms_until(deadline_ns));
+        st                  = dt_store_wait(store, keys, 1, ms_until(deadline_ns));
         if (st != DT_OK) {
             dt_fail_context("shm init: waiting for rank %d", r);
             break;
@@ -66,15 +70,18 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
         size_t len = 0;
         if ((st = dt_store_get(store, key, &val, &len)) != DT_OK)
             break;
-        int  pid      = 0;
+        int  pid       = 0;
         char their[64] = "";
         if (sscanf(val, "%d %63s", &pid, their) != 2 || pid <= 0)
-            st = dt_fail(DT_ERR_FORMAT, "shm init: expected \"<pid> <pid namespace>\" for rank "
-                                        "%d in the store, found \"%.60s\"", r, (char *)val);
+            st = dt_fail(DT_ERR_FORMAT,
+                         "shm init: expected \"<pid> <pid namespace>\" for rank "
+                         "%d in the store, found \"%.60s\"",
+                         r, (char *)val);
         else if (strcmp(their, ns) != 0)
-            st = dt_fail(DT_ERR_UNSUPPORTED, "shm init: rank %d runs in pid namespace %s, this "
-                                             "rank (%d) in %s: the shm backend needs one host "
-                                             "and one process namespace (use backend \"tcp\")",
+            st = dt_fail(DT_ERR_UNSUPPORTED,
+                         "shm init: rank %d runs in pid namespace %s, this "
+                         "rank (%d) in %s: the shm backend needs one host "
+                         "and one process namespace (use backend \"tcp\")",
                          r, their, rank, ns);
         pids[r] = pid;
         dt_free(val);
@@ -87,11 +94,12 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
                        .deadline_ns = deadline_ns,
                        .aborted     = pg_aborted,
                        .aborted_arg = pg};
-    char name[96];
+    char        name[96];
     if (st == DT_OK && rank == 0) {
         uint64_t rnd[2] = {0, 0};
         if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
-            rnd[0] = dt_now_ns() ^ ((uint64_t)getpid() << 32), rnd[1] = rnd[0] * 0x9E3779B97F4A7C15ull;
+            rnd[0] = dt_now_ns() ^ ((uint64_t)getpid() << 32),
+            rnd[1] = rnd[0] * 0x9E3779B97F4A7C15ull;
         snprintf(name, sizeof name, "/dtrain-%d-%d-%016llx", (int)getuid(), (int)getpid(),
                  (unsigned long long)rnd[0]);
         o.name  = name;
@@ -102,17 +110,19 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
     } else if (st == DT_OK) {
         const char *keys[1] = {"segment"};
         void       *val     = NULL;
-        st = dt_store_wait(store, keys, 1, ms_until(deadline_ns));
+        st                  = dt_store_wait(store, keys, 1, ms_until(deadline_ns));
         if (st == DT_OK)
             st = dt_store_get(store, "segment", &val, NULL);
         unsigned long long nonce = 0;
         if (st == DT_OK && (sscanf(val, "%95s %llx", name, &nonce) != 2 || name[0] != '/'))
-            st = dt_fail(DT_ERR_FORMAT, "shm init: expected \"/<name> <nonce>\" for the segment "
-                                        "in the store, found \"%.80s\"", (char *)val);
+            st = dt_fail(DT_ERR_FORMAT,
+                         "shm init: expected \"/<name> <nonce>\" for the segment "
+                         "in the store, found \"%.80s\"",
+                         (char *)val);
         dt_free(val);
-        o.name        = name;
-        o.nonce       = nonce;
-        o.must_exist  = true;
+        o.name       = name;
+        o.nonce      = nonce;
+        o.must_exist = true;
     }
     dt_shm *s = NULL;
     if (st == DT_OK)
@@ -126,11 +136,17 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
     return DT_OK;
 }
 
-static void shm_free_ctx(void *ctx) { dt_shm_free(ctx); }
+static void shm_free_ctx(void *ctx) {
+    dt_shm_free(ctx);
+}
 
-static void shm_abort(void *ctx, dt_status st, const char *msg) { dt_shm_abort(ctx, st, msg); }
+static void shm_abort(void *ctx, dt_status st, const char *msg) {
+    dt_shm_abort(ctx, st, msg);
+}
 
-static dt_status shm_op(void *ctx, const dt_op *op) { return dt_shm_run(ctx, op); }
+static dt_status shm_op(void *ctx, const dt_op *op) {
+    return dt_shm_run(ctx, op);
+}
 
 const dt_backend_ops dt_backend_shm = {
     .name           = "shm",

@@ -17,24 +17,24 @@
 // acc[i] = acc[i] op x[i]. Integer sums and products use unsigned arithmetic so that
 // overflow wraps (two's complement, as comm.h promises) instead of being undefined.
 // Float max/min let a NaN in either operand through, like torch.maximum.
-#define DEF_ACC(name, T, EXPR)                                                           \
-    static DT_CLONES void name(T *restrict acc, const T *restrict x, size_t n) {         \
-        for (size_t i = 0; i < n; i++) {                                                 \
-            T a = acc[i], b = x[i];                                                      \
-            acc[i] = (EXPR);                                                             \
-        }                                                                                \
+#define DEF_ACC(name, T, EXPR)                                                                     \
+    static DT_CLONES void name(T *restrict acc, const T *restrict x, size_t n) {                   \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            T a = acc[i], b = x[i];                                                                \
+            acc[i] = (EXPR);                                                                       \
+        }                                                                                          \
     }
 
 DEF_ACC(acc_f32_sum, float, a + b)
 DEF_ACC(acc_f32_max, float, a != a ? a : (b > a || b != b) ? b : a)
 DEF_ACC(acc_f32_min, float, a != a ? a : (b < a || b != b) ? b : a)
-DEF_ACC(acc_f32_prod, float, a * b)
+DEF_ACC(acc_f32_prod, float, a *b)
 DEF_ACC(acc_u32_sum, uint32_t, a + b)
-DEF_ACC(acc_u32_prod, uint32_t, a * b)
+DEF_ACC(acc_u32_prod, uint32_t, a *b)
 DEF_ACC(acc_i32_max, int32_t, b > a ? b : a)
 DEF_ACC(acc_i32_min, int32_t, b < a ? b : a)
 DEF_ACC(acc_u64_sum, uint64_t, a + b)
-DEF_ACC(acc_u64_prod, uint64_t, a * b)
+DEF_ACC(acc_u64_prod, uint64_t, a *b)
 DEF_ACC(acc_i64_max, int64_t, b > a ? b : a)
 DEF_ACC(acc_i64_min, int64_t, b < a ? b : a)
 
@@ -63,9 +63,9 @@ static void div_i64(int64_t *acc, size_t n, int d) {
 
 // The wrappers convert the typed kernels to one signature without casting function
 // pointers (calling through a mismatched pointer type is undefined).
-#define WRAP(name, T)                                                                    \
-    static void w_##name(void *restrict acc, const void *restrict x, size_t n) {         \
-        name((T *)acc, (const T *)x, n);                                                 \
+#define WRAP(name, T)                                                                              \
+    static void w_##name(void *restrict acc, const void *restrict x, size_t n) {                   \
+        name((T *)acc, (const T *)x, n);                                                           \
     }
 WRAP(acc_f32_sum, float)
 WRAP(acc_f32_max, float)
@@ -140,31 +140,30 @@ void dt_shm_store_fence(void) {
 // inputs and writes both outputs. Explicit 64-byte vectors, loaded before they are
 // stored, keep it vectorised when an output is an input (in place), where the
 // compiler's own vectorisation would fall back to scalar code after its alias check.
-#define DEF_SUM2(name, T, V)                                                             \
-    typedef T V __attribute__((vector_size(64)));                                        \
-    static DT_CLONES void name(void *o1v, void *o2v, const void *av, const void *bv,     \
-                               size_t n) {                                               \
-        unsigned char       *o1 = o1v, *o2 = o2v;                                        \
-        const unsigned char *a = av, *b = bv;                                            \
-        size_t               nb = n * sizeof(T), i = 0;                                  \
-        for (; i + 64 <= nb; i += 64) {                                                  \
-            V x, y;                                                                      \
-            memcpy(&x, a + i, 64);                                                       \
-            memcpy(&y, b + i, 64);                                                       \
-            x += y;                                                                      \
-            memcpy(o1 + i, &x, 64);                                                      \
-            if (o2)                                                                      \
-                memcpy(o2 + i, &x, 64);                                                  \
-        }                                                                                \
-        for (; i < nb; i += sizeof(T)) {                                                 \
-            T x, y;                                                                      \
-            memcpy(&x, a + i, sizeof(T));                                                \
-            memcpy(&y, b + i, sizeof(T));                                                \
-            x += y;                                                                      \
-            memcpy(o1 + i, &x, sizeof(T));                                               \
-            if (o2)                                                                      \
-                memcpy(o2 + i, &x, sizeof(T));                                           \
-        }                                                                                \
+#define DEF_SUM2(name, T, V)                                                                       \
+    typedef T             V __attribute__((vector_size(64)));                                      \
+    static DT_CLONES void name(void *o1v, void *o2v, const void *av, const void *bv, size_t n) {   \
+        unsigned char       *o1 = o1v, *o2 = o2v;                                                  \
+        const unsigned char *a = av, *b = bv;                                                      \
+        size_t               nb = n * sizeof(T), i = 0;                                            \
+        for (; i + 64 <= nb; i += 64) {                                                            \
+            V x, y;                                                                                \
+            memcpy(&x, a + i, 64);                                                                 \
+            memcpy(&y, b + i, 64);                                                                 \
+            x += y;                                                                                \
+            memcpy(o1 + i, &x, 64);                                                                \
+            if (o2)                                                                                \
+                memcpy(o2 + i, &x, 64);                                                            \
+        }                                                                                          \
+        for (; i < nb; i += sizeof(T)) {                                                           \
+            T x, y;                                                                                \
+            memcpy(&x, a + i, sizeof(T));                                                          \
+            memcpy(&y, b + i, sizeof(T));                                                          \
+            x += y;                                                                                \
+            memcpy(o1 + i, &x, sizeof(T));                                                         \
+            if (o2)                                                                                \
+                memcpy(o2 + i, &x, sizeof(T));                                                     \
+        }                                                                                          \
     }
 DEF_SUM2(sum2_f32, float, v16f)
 DEF_SUM2(sum2_u32, uint32_t, v16u)
@@ -176,7 +175,9 @@ void dt_shm_reduce_kernel(void *out1, void *out2, bool nt, const void *const *in
     DT_ASSERT(es != 0 && nin >= 1);
     if (nin == 2 && op == DT_REDUCE_SUM && out1) {
         void (*sum2)(void *, void *, const void *, const void *, size_t) =
-            dtype == DT_FLOAT32 ? sum2_f32 : dtype == DT_INT32 ? sum2_u32 : sum2_u64;
+            dtype == DT_FLOAT32 ? sum2_f32
+            : dtype == DT_INT32 ? sum2_u32
+                                : sum2_u64;
         if (!out2 || !nt) {
             sum2(out1, out2, in[0], in[1], count);
             return;
@@ -191,8 +192,8 @@ void dt_shm_reduce_kernel(void *out1, void *out2, bool nt, const void *const *in
         }
         return;
     }
-    acc_fn acc        = pick_acc(dtype, op);
-    size_t block      = BLOCK_BYTES / es;
+    acc_fn                     acc   = pick_acc(dtype, op);
+    size_t                     block = BLOCK_BYTES / es;
     _Alignas(64) unsigned char tmp[BLOCK_BYTES];
     for (size_t at = 0; at < count; at += block) {
         size_t n   = count - at < block ? count - at : block;

@@ -47,27 +47,27 @@ dt_status dt_sock_set_nonblocking(int fd, bool on) {
 void dt_sock_port_holder(int port, char *buf, size_t n) {
     if (n == 0)
         return;
-    buf[0] = '\0';
-    unsigned long inode = 0;
-    const char *tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    buf[0]                 = '\0';
+    unsigned long inode    = 0;
+    const char   *tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
     for (int t = 0; t < 2 && !inode; t++) {
         FILE *f = fopen(tables[t], "r");
         if (!f)
             continue;
         char line[512];
-        if (!fgets(line, sizeof line, f)) {  // header
+        if (!fgets(line, sizeof line, f)) { // header
             fclose(f);
             continue;
         }
         while (fgets(line, sizeof line, f)) {
-            char local[128];
-            unsigned st;
+            char          local[128];
+            unsigned      st;
             unsigned long ino;
             // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
             if (sscanf(line, " %*s %127s %*s %x %*s %*s %*s %*s %*s %lu", local, &st, &ino) != 3)
                 continue;
             char *colon = strrchr(local, ':');
-            if (!colon || st != 0x0A)  // 0x0A = TCP_LISTEN
+            if (!colon || st != 0x0A) // 0x0A = TCP_LISTEN
                 continue;
             if ((int)strtol(colon + 1, NULL, 16) == port) {
                 inode = ino;
@@ -86,7 +86,7 @@ void dt_sock_port_holder(int port, char *buf, size_t n) {
     struct dirent *de;
     while ((de = readdir(proc)) != NULL && !buf[0]) {
         char *end;
-        long pid = strtol(de->d_name, &end, 10);
+        long  pid = strtol(de->d_name, &end, 10);
         if (*end || pid <= 0)
             continue;
         char fddir[64];
@@ -130,7 +130,7 @@ dt_status dt_sock_listen(int port, int backlog, const char *what, int *fd_out, i
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_addr.s_addr    = htonl(INADDR_ANY);
     if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         int e = errno;
         close(fd);
@@ -166,8 +166,7 @@ static void sleep_ms(int ms) {
 
 // One connection attempt bounded by deadline_ns; returns 0 or an errno value.
 static int connect_once(const struct addrinfo *ai, uint64_t deadline_ns, int *fd_out) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                    ai->ai_protocol);
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0)
         return errno;
     int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
@@ -177,16 +176,16 @@ static int connect_once(const struct addrinfo *ai, uint64_t deadline_ns, int *fd
         return e;
     }
     if (rc != 0) {
-        struct pollfd p = {.fd = fd, .events = POLLOUT};
-        int ms = dt_ms_left(deadline_ns);
+        struct pollfd p  = {.fd = fd, .events = POLLOUT};
+        int           ms = dt_ms_left(deadline_ns);
         if (ms > 1000)
-            ms = 1000;  // re-resolve and retry at least once a second
+            ms = 1000; // re-resolve and retry at least once a second
         rc = poll(&p, 1, ms);
         if (rc <= 0) {
             close(fd);
             return rc == 0 ? ETIMEDOUT : errno;
         }
-        int err = 0;
+        int       err = 0;
         socklen_t len = sizeof err;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
         if (err) {
@@ -208,12 +207,12 @@ dt_status dt_sock_connect(const char *host, int port, uint64_t deadline_ns, cons
         return dt_fail(DT_ERR_ARG, "%s: expected a port in [1, 65535], found %d", what, port);
     char service[16];
     snprintf(service, sizeof service, "%d", port);
-    uint64_t start = dt_now_ns();
-    int delay_ms = 10, last_err = 0, attempts = 0;
-    char last_what[160] = "no attempt finished";
+    uint64_t start    = dt_now_ns();
+    int      delay_ms = 10, last_err = 0, attempts = 0;
+    char     last_what[160] = "no attempt finished";
     for (;;) {
         struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
-        int gai = getaddrinfo(host, service, &hints, &res);
+        int             gai = getaddrinfo(host, service, &hints, &res);
         if (gai == EAI_NONAME || gai == EAI_FAIL || gai == EAI_SERVICE)
             return dt_fail(DT_ERR_ARG, "%s: cannot resolve host \"%s\": %s", what, host,
                            gai_strerror(gai));
@@ -221,7 +220,7 @@ dt_status dt_sock_connect(const char *host, int port, uint64_t deadline_ns, cons
             snprintf(last_what, sizeof last_what, "resolving \"%s\": %s", host, gai_strerror(gai));
         } else {
             for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-                int fd = -1;
+                int fd   = -1;
                 last_err = connect_once(ai, deadline_ns, &fd);
                 attempts++;
                 if (last_err == 0) {
@@ -316,7 +315,7 @@ dt_status dt_sock_read_all(int fd, void *buf, size_t n, uint64_t deadline_ns, co
 
 bool dt_sock_local_addr(int fd, char *buf, size_t n) {
     struct sockaddr_in a;
-    socklen_t len = sizeof a;
+    socklen_t          len = sizeof a;
     if (getsockname(fd, (struct sockaddr *)&a, &len) != 0 || a.sin_family != AF_INET)
         return false;
     return inet_ntop(AF_INET, &a.sin_addr, buf, (socklen_t)n) != NULL;

@@ -80,7 +80,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
 
     // Ranks: a node of a multi-node job, or a job of its own.
     long        base = 0, world = nprocs, v;
-    const char *gr   = getenv("GROUP_RANK");
+    const char *gr = getenv("GROUP_RANK");
     if (!gr || !*gr)
         gr = getenv("NODE_RANK");
     const char *ws = getenv("WORLD_SIZE");
@@ -96,7 +96,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
     // A free port and a fresh token when the environment gives none.
     char        port_buf[16], token_buf[40];
     const char *port = NULL, *token = NULL;
-    const char *mp   = getenv("MASTER_PORT");
+    const char *mp = getenv("MASTER_PORT");
     if (!mp || !*mp) {
         int fd, p;
         DT_TRY(dt_sock_listen(0, 1, "spawn: picking a free port", &fd, &p));
@@ -129,7 +129,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
     pid_t     parent = getpid();
     dt_status st     = DT_OK;
     int       nalive = 0;
-    fflush(NULL);  // or the children inherit and re-print buffered output
+    fflush(NULL); // or the children inherit and re-print buffered output
     for (int i = 0; i < nprocs; i++) {
         pidfds[i] = -1;
         pid_t pid = fork();
@@ -148,7 +148,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
     }
 
     // Watch: a child that exits non-zero or dies stops the job.
-    uint64_t kill_at  = 0;  // when stopping: SIGKILL after the grace period
+    uint64_t kill_at  = 0; // when stopping: SIGKILL after the grace period
     bool     stopping = st != DT_OK;
     if (stopping) {
         for (int i = 0; i < nprocs; i++)
@@ -166,7 +166,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
         if (stopping && kill_at != UINT64_MAX)
             ms = dt_ms_left(kill_at) + 1;
         if (n < nalive && (ms < 0 || ms > 50))
-            ms = 50;  // children without a pidfd are polled with WNOHANG
+            ms = 50; // children without a pidfd are polled with WNOHANG
         if (pf && n > 0)
             poll(pf, (nfds_t)n, ms);
         else {
@@ -186,7 +186,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
             if (r > 0)
                 describe(status, &code, &sig);
             else
-                code = -1;  // reaped elsewhere: unknown
+                code = -1; // reaped elsewhere: unknown
             if ((code != 0 || sig != 0) && res.failed_rank < 0 && !stopping) {
                 res.failed_rank = i;
                 res.exit_code   = code;
@@ -202,7 +202,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
             for (int j = 0; j < nprocs; j++)
                 if (alive[j])
                     kill(pids[j], SIGKILL);
-            kill_at = UINT64_MAX;  // killed: now just reap
+            kill_at = UINT64_MAX; // killed: now just reap
         }
     }
     for (int i = 0; i < nprocs; i++)

@@ -85,7 +85,7 @@ static bool parse_i64(const uint8_t *p, size_t n, int64_t *out) {
     memcpy(tmp, p, n);
     tmp[n] = '\0';
     char *end;
-    errno = 0;
+    errno       = 0;
     long long v = strtoll(tmp, &end, 10);
     if (errno || *end || end == tmp)
         return false;
@@ -164,7 +164,7 @@ static dt_status kv_set(kv_map *m, const char *key, size_t keylen, const void *v
         dt_free(copy);
         return DT_ERR_NOMEM;
     }
-    e = dt_alloc_zero(sizeof *e);
+    e       = dt_alloc_zero(sizeof *e);
     char *k = dt_strdup(kbuf);
     if (!e || !k) {
         dt_free(e);
@@ -172,11 +172,11 @@ static dt_status kv_set(kv_map *m, const char *key, size_t keylen, const void *v
         dt_free(copy);
         return DT_ERR_NOMEM;
     }
-    e->key    = k;
-    e->val    = copy;
-    e->len    = len;
-    size_t h  = kv_hash(k, m->nbuckets);
-    e->next   = m->buckets[h];
+    e->key        = k;
+    e->val        = copy;
+    e->len        = len;
+    size_t h      = kv_hash(k, m->nbuckets);
+    e->next       = m->buckets[h];
     m->buckets[h] = e;
     m->count++;
     return DT_OK;
@@ -227,8 +227,9 @@ static dt_status kv_add(kv_map *m, const char *key, int64_t delta, int64_t *out)
     kv_entry *e   = kv_find(m, key);
     int64_t   cur = 0;
     if (e && !parse_i64(e->val, e->len, &cur))
-        return dt_fail(DT_ERR_FORMAT, "add \"%s\": the key holds a value that is not a decimal "
-                                      "integer",
+        return dt_fail(DT_ERR_FORMAT,
+                       "add \"%s\": the key holds a value that is not a decimal "
+                       "integer",
                        key);
     int64_t nv = (int64_t)((uint64_t)cur + (uint64_t)delta);
     char    txt[24];
@@ -242,10 +243,10 @@ static dt_status kv_add(kv_map *m, const char *key, int64_t delta, int64_t *out)
 // Applies a compare-and-set; *swapped says whether it happened.
 static dt_status kv_cas(kv_map *m, const char *key, bool expect_present, const uint8_t *exp,
                         size_t explen, const uint8_t *des, size_t deslen, bool *swapped) {
-    kv_entry *e  = kv_find(m, key);
-    bool      eq = expect_present ? (e && e->len == explen && memcmp(e->val, exp, explen) == 0)
-                                  : (e == NULL);
-    *swapped     = false;
+    kv_entry *e = kv_find(m, key);
+    bool      eq =
+        expect_present ? (e && e->len == explen && memcmp(e->val, exp, explen) == 0) : (e == NULL);
+    *swapped = false;
     if (!eq)
         return DT_OK;
     if (kv_set(m, key, strlen(key), des, deslen) != DT_OK)
@@ -325,19 +326,29 @@ bool dt_store_msg_part(const dt_store_msg *msg, size_t *cursor, const uint8_t **
 }
 
 dt_status dt_store_msg_check_request(const dt_store_msg *m) {
-    static const char *const names[] = {"", "hello", "set", "get", "wait", "check", "add",
-                                        "compare_set", "delete"};
-    int min = 1, max = 1, keys = 1;  // keys: how many leading parts are keys (-1 = all)
+    static const char *const names[] = {"",      "hello", "set",         "get",   "wait",
+                                        "check", "add",   "compare_set", "delete"};
+    int min = 1, max = 1, keys = 1; // keys: how many leading parts are keys (-1 = all)
     switch ((dt_store_cmd)m->code) {
-    case DT_STORE_HELLO: min = max = 2, keys = 0; break;
-    case DT_STORE_SET: min = max = 2; break;
+    case DT_STORE_HELLO:
+        min = max = 2, keys = 0;
+        break;
+    case DT_STORE_SET:
+        min = max = 2;
+        break;
     case DT_STORE_GET:
     case DT_STORE_ADD:
-    case DT_STORE_DELETE: break;
+    case DT_STORE_DELETE:
+        break;
     case DT_STORE_WAIT:
-    case DT_STORE_CHECK: min = 0, max = DT_STORE_MAX_PARTS, keys = -1; break;
-    case DT_STORE_CAS: min = max = 3; break;
-    default: return dt_fail(DT_ERR_FORMAT, "store message: unknown command %u", m->code);
+    case DT_STORE_CHECK:
+        min = 0, max = DT_STORE_MAX_PARTS, keys = -1;
+        break;
+    case DT_STORE_CAS:
+        min = max = 3;
+        break;
+    default:
+        return dt_fail(DT_ERR_FORMAT, "store message: unknown command %u", m->code);
     }
     if (m->nparts < min || m->nparts > max)
         return dt_fail(DT_ERR_FORMAT, "store %s: expected %d..%d parts, found %u", names[m->code],
@@ -352,8 +363,8 @@ dt_status dt_store_msg_check_request(const dt_store_msg *m) {
                            "store %s: expected a key of 1..%d bytes without NUL, found %u bytes",
                            names[m->code], DT_STORE_MAX_KEY, len);
         if (!is_key && len > DT_STORE_MAX_VALUE)
-            return dt_fail(DT_ERR_FORMAT, "store %s: value of %u bytes exceeds %u",
-                           names[m->code], len, DT_STORE_MAX_VALUE);
+            return dt_fail(DT_ERR_FORMAT, "store %s: value of %u bytes exceeds %u", names[m->code],
+                           len, DT_STORE_MAX_VALUE);
     }
     return DT_OK;
 }
@@ -409,30 +420,30 @@ static dt_status buf_message(buf_t *b, uint8_t code, int64_t arg, int nparts,
 
 typedef struct srv_conn {
     int      fd;
-    buf_t    in;         // bytes received, not yet handled
-    buf_t    out;        // bytes to send
-    size_t   out_off;    // sent so far
-    bool     greeted;    // HELLO accepted
-    bool     closing;    // close once `out` is flushed
-    bool     blocked;    // a get/wait at the front of `in` waits for keys
-    uint64_t deadline;   // of the blocked request (UINT64_MAX = none)
-    uint64_t started;    // when the blocked request arrived
+    buf_t    in;       // bytes received, not yet handled
+    buf_t    out;      // bytes to send
+    size_t   out_off;  // sent so far
+    bool     greeted;  // HELLO accepted
+    bool     closing;  // close once `out` is flushed
+    bool     blocked;  // a get/wait at the front of `in` waits for keys
+    uint64_t deadline; // of the blocked request (UINT64_MAX = none)
+    uint64_t started;  // when the blocked request arrived
 } srv_conn;
 
 typedef struct store_server {
-    int         listen_fd;
-    int         wake[2];  // a byte here stops the loop
-    pthread_t   thread;
-    char       *token;    // NULL = accept any client
-    kv_map      kv;       // server thread only
-    srv_conn  **conns;    // server thread only
-    size_t      nconns, cap;
+    int        listen_fd;
+    int        wake[2]; // a byte here stops the loop
+    pthread_t  thread;
+    char      *token; // NULL = accept any client
+    kv_map     kv;    // server thread only
+    srv_conn **conns; // server thread only
+    size_t     nconns, cap;
 } store_server;
 
 static void conn_reply(srv_conn *c, dt_status st, int nparts, const void *const *parts,
                        const size_t *lens) {
     if (buf_message(&c->out, (uint8_t)st, 0, nparts, parts, lens) != DT_OK)
-        c->closing = true;  // out of memory: drop the client rather than lie to it
+        c->closing = true; // out of memory: drop the client rather than lie to it
 }
 
 static void conn_reply_text(srv_conn *c, dt_status st, const char *text) {
@@ -461,7 +472,7 @@ static bool srv_handle(store_server *s, srv_conn *c, const dt_store_msg *m) {
     switch ((dt_store_cmd)m->code) {
     case DT_STORE_HELLO: {
         dt_store_msg_part(m, &cur, &p, &len);
-        char tok[4096];
+        char   tok[4096];
         size_t tl = len < sizeof tok - 1 ? len : sizeof tok - 1;
         memcpy(tok, p, tl);
         tok[tl] = '\0';
@@ -512,7 +523,7 @@ static bool srv_handle(store_server *s, srv_conn *c, const dt_store_msg *m) {
             conn_reply(c, DT_OK, 1, parts, lens);
             return true;
         }
-        break;  // wait below
+        break; // wait below
     }
     case DT_STORE_WAIT:
     case DT_STORE_CHECK: {
@@ -570,7 +581,8 @@ static bool srv_handle(store_server *s, srv_conn *c, const dt_store_msg *m) {
         conn_reply(c, DT_OK, 1, parts, lens);
         return true;
     }
-    default: break;
+    default:
+        break;
     }
     // A get or wait whose keys are missing.
     uint64_t now = dt_now_ns();
@@ -591,8 +603,8 @@ static bool srv_handle(store_server *s, srv_conn *c, const dt_store_msg *m) {
     while (dt_store_msg_part(m, &cur, &p, &len) && off < sizeof msg - 64) {
         if (kv_find(&s->kv, part_key(p, len, key)))
             continue;
-        off += (size_t)snprintf(msg + off, sizeof msg - off, "%s \"%.200s\"", shown ? "," : "",
-                                key);
+        off +=
+            (size_t)snprintf(msg + off, sizeof msg - off, "%s \"%.200s\"", shown ? "," : "", key);
         shown++;
     }
     conn_reply_text(c, DT_ERR_TIMEOUT, msg);
@@ -634,7 +646,7 @@ static void srv_accept(store_server *s) {
     for (;;) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
-            return;  // EAGAIN, or a transient error: try again on the next wake-up
+            return; // EAGAIN, or a transient error: try again on the next wake-up
         dt_sock_tune(fd, 0);
         if (s->nconns == s->cap) {
             size_t     cap = s->cap ? s->cap * 2 : 16;
@@ -714,7 +726,7 @@ static void *srv_main(void *arg) {
         pfds[1]          = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
         uint64_t next_dl = UINT64_MAX;
         for (size_t i = 0; i < s->nconns; i++) {
-            srv_conn *c = s->conns[i];
+            srv_conn *c  = s->conns[i];
             short     ev = c->closing ? 0 : POLLIN;
             if (c->out_off < c->out.len)
                 ev |= POLLOUT;
@@ -727,7 +739,7 @@ static void *srv_main(void *arg) {
         if (n < 0 && errno != EINTR)
             break;
         if (pfds[0].revents)
-            break;  // stop requested
+            break; // stop requested
         size_t nold = s->nconns;
         if (pfds[1].revents & POLLIN)
             srv_accept(s);
@@ -774,7 +786,7 @@ static void server_free(store_server *s) {
     if (!s)
         return;
     if (s->wake[1] >= 0) {
-        char b = 1;
+        char    b = 1;
         ssize_t w = write(s->wake[1], &b, 1);
         (void)w;
         pthread_join(s->thread, NULL);
@@ -833,7 +845,7 @@ void dt_store_fuzz_serve(const uint8_t *data, size_t n) {
     store_server s = {.listen_fd = -1, .wake = {-1, -1}};
     srv_conn     c = {.fd = -1};
     // Feed in two pieces so partial messages are exercised too.
-    size_t half = n / 2;
+    size_t         half      = n / 2;
     const uint8_t *pieces[2] = {data, data + half};
     size_t         lens[2]   = {half, n - half};
     for (int i = 0; i < 2 && !c.closing; i++) {
@@ -843,7 +855,7 @@ void dt_store_fuzz_serve(const uint8_t *data, size_t n) {
             memcpy(c.in.p + c.in.len, pieces[i], lens[i]);
         c.in.len += lens[i];
         srv_pump(&s, &c);
-        c.out.len = c.out_off = 0;  // replies go nowhere
+        c.out.len = c.out_off = 0; // replies go nowhere
     }
     // Parse whatever replies would look like to a client, too.
     dt_store_msg m;
@@ -867,25 +879,27 @@ typedef enum store_kind { STORE_TCP, STORE_FILE, STORE_PREFIX } store_kind;
 
 struct dt_store {
     store_kind      kind;
-    int64_t         timeout_ms;  // resolved: < 0 = none
-    pthread_mutex_t mu;          // serialises requests (tcp, file)
+    int64_t         timeout_ms; // resolved: < 0 = none
+    pthread_mutex_t mu;         // serialises requests (tcp, file)
     // tcp
     int           fd;
     char          host[256];
     int           port;
-    char          broken[512];  // set once the connection is unusable: the reason
-    store_server *server;       // in the server's process
+    char          broken[512]; // set once the connection is unusable: the reason
+    store_server *server;      // in the server's process
     // file
     char    *path;
     int      ffd;
-    uint64_t read_off;  // bytes of the file already applied to kv
+    uint64_t read_off; // bytes of the file already applied to kv
     kv_map   kv;
     // prefix
     dt_store *base;
     char     *prefix;
 };
 
-dt_store_opts dt_store_opts_default(void) { return (dt_store_opts){0}; }
+dt_store_opts dt_store_opts_default(void) {
+    return (dt_store_opts){0};
+}
 
 static dt_store *store_new(store_kind kind, const dt_store_opts *o) {
     int64_t timeout = o ? o->timeout_ms : 0;
@@ -942,9 +956,9 @@ static dt_status tcp_exchange(dt_store *s, uint8_t cmd, int64_t arg, int nparts,
         return dt_fail(DT_ERR_NOMEM, "%s: out of memory building a request", what);
     // I/O deadline: the request's own wait (answered by the server) plus slack, or
     // the store timeout for requests that do not wait.
-    int64_t  io_ms = wait_ms < 0 ? -1 : (wait_ms > 0 ? wait_ms : s->timeout_ms);
-    uint64_t dl    = io_ms < 0 ? UINT64_MAX : dt_deadline_ns(io_ms + CLIENT_SLACK_MS);
-    dt_status st   = dt_sock_write_all(s->fd, req.p, req.len, dl, what);
+    int64_t   io_ms = wait_ms < 0 ? -1 : (wait_ms > 0 ? wait_ms : s->timeout_ms);
+    uint64_t  dl    = io_ms < 0 ? UINT64_MAX : dt_deadline_ns(io_ms + CLIENT_SLACK_MS);
+    dt_status st    = dt_sock_write_all(s->fd, req.p, req.len, dl, what);
     dt_free(req.p);
     uint8_t hdr[DT_STORE_HEADER_BYTES];
     if (st == DT_OK)
@@ -975,8 +989,9 @@ static dt_status tcp_exchange(dt_store *s, uint8_t cmd, int64_t arg, int nparts,
     if (st != DT_OK) {
         // The stream may be out of step now: every later request fails the same way.
         if (st == DT_ERR_PEER)
-            dt_fail(DT_ERR_PEER, "%s closed the connection (did the process of rank 0, "
-                                 "which runs the store, exit?)",
+            dt_fail(DT_ERR_PEER,
+                    "%s closed the connection (did the process of rank 0, "
+                    "which runs the store, exit?)",
                     what);
         snprintf(s->broken, sizeof s->broken, "%s", dt_last_error());
         return st;
@@ -996,8 +1011,7 @@ static dt_status tcp_exchange(dt_store *s, uint8_t cmd, int64_t arg, int nparts,
     return DT_OK;
 }
 
-dt_store *dt_store_init_tcp(const char *host, int port, bool is_server,
-                            const dt_store_opts *opts) {
+dt_store *dt_store_init_tcp(const char *host, int port, bool is_server, const dt_store_opts *opts) {
     if (!is_server && (!host || !*host)) {
         dt_fail(DT_ERR_ARG, "store: expected the server's host name or address, found %s",
                 host ? "an empty string" : "NULL");
@@ -1042,7 +1056,7 @@ fail:
 // Record: u32 magic "DTFR" | u8 type (1 set, 2 delete) | 3 zero bytes | u32 key bytes |
 // u32 value bytes | key | value | u32 CRC32C of everything before it in the record.
 
-#define FILE_MAGIC     0x52465444u  // "DTFR"
+#define FILE_MAGIC     0x52465444u // "DTFR"
 #define FILE_REC_SET   1
 #define FILE_REC_DEL   2
 #define FILE_TOKEN_KEY "\x01token"
@@ -1055,8 +1069,9 @@ static dt_status file_catch_up(dt_store *s) {
     if (size == s->read_off)
         return DT_OK;
     if (size < s->read_off)
-        return dt_fail(DT_ERR_FORMAT, "file store %s: the file shrank from %llu to %llu bytes "
-                                      "(truncated or replaced while in use?)",
+        return dt_fail(DT_ERR_FORMAT,
+                       "file store %s: the file shrank from %llu to %llu bytes "
+                       "(truncated or replaced while in use?)",
                        s->path, (unsigned long long)s->read_off, (unsigned long long)size);
     size_t   n   = (size_t)(size - s->read_off);
     uint8_t *buf = dt_alloc(n);
@@ -1098,8 +1113,9 @@ static dt_status file_catch_up(dt_store *s) {
             break;
         }
         if (dt_get_le32(r + total - 4) != dt_crc32c(0, r, total - 4)) {
-            st = dt_fail(DT_ERR_FORMAT, "file store %s: checksum mismatch in the record at byte %llu",
-                         s->path, (unsigned long long)at);
+            st = dt_fail(DT_ERR_FORMAT,
+                         "file store %s: checksum mismatch in the record at byte %llu", s->path,
+                         (unsigned long long)at);
             break;
         }
         char key[DT_STORE_MAX_KEY + 1];
@@ -1384,10 +1400,10 @@ static dt_status keys_request(dt_store *store, uint8_t cmd, const char *const *k
     while (s->kind == STORE_PREFIX)
         s = s->base;
     // Full keys in one allocation.
-    char       *kb    = dt_alloc(nkeys * (DT_STORE_MAX_KEY + 1) + 1);
+    char        *kb    = dt_alloc(nkeys * (DT_STORE_MAX_KEY + 1) + 1);
     const void **parts = dt_alloc((nkeys + 1) * sizeof *parts);
-    size_t     *lens  = dt_alloc((nkeys + 1) * sizeof *lens);
-    dt_status   st    = DT_OK;
+    size_t      *lens  = dt_alloc((nkeys + 1) * sizeof *lens);
+    dt_status    st    = DT_OK;
     if (!kb || !parts || !lens) {
         st = DT_ERR_NOMEM;
         goto done;
@@ -1441,8 +1457,7 @@ dt_status dt_store_wait(dt_store *store, const char *const *keys, size_t nkeys,
     return keys_request(store, DT_STORE_WAIT, keys, nkeys, timeout_ms, NULL);
 }
 
-dt_status dt_store_check(dt_store *store, const char *const *keys, size_t nkeys,
-                         bool *all_exist) {
+dt_status dt_store_check(dt_store *store, const char *const *keys, size_t nkeys, bool *all_exist) {
     if (!all_exist)
         return dt_fail(DT_ERR_ARG, "store check: all_exist must not be NULL");
     return keys_request(store, DT_STORE_CHECK, keys, nkeys, 0, all_exist);
@@ -1491,8 +1506,8 @@ dt_status dt_store_add(dt_store *store, const char *key, int64_t delta, int64_t 
 }
 
 dt_status dt_store_compare_set(dt_store *store, const char *key, const void *expected,
-                               size_t expected_nbytes, const void *desired,
-                               size_t desired_nbytes, bool *swapped) {
+                               size_t expected_nbytes, const void *desired, size_t desired_nbytes,
+                               bool *swapped) {
     if (!store || !swapped)
         return dt_fail(DT_ERR_ARG, "store compare_set: store and swapped must not be NULL");
     char      k[DT_STORE_MAX_KEY + 1];
@@ -1505,7 +1520,7 @@ dt_status dt_store_compare_set(dt_store *store, const char *key, const void *exp
         bool      present = expected != NULL;
         kv_entry *e       = kv_find(&s->kv, k);
         bool      eq      = present ? (e && e->len == expected_nbytes &&
-                                 memcmp(e->val, expected, expected_nbytes) == 0)
+                             memcmp(e->val, expected, expected_nbytes) == 0)
                                     : e == NULL;
         dt_status st      = DT_OK;
         *swapped          = false;
@@ -1521,8 +1536,8 @@ dt_status dt_store_compare_set(dt_store *store, const char *key, const void *exp
     dt_store_msg reply;
     uint8_t     *rbuf;
     pthread_mutex_lock(&s->mu);
-    dt_status st = tcp_exchange(s, DT_STORE_CAS, expected ? 1 : 0, 3, parts, lens, 0, &reply,
-                                &rbuf);
+    dt_status st =
+        tcp_exchange(s, DT_STORE_CAS, expected ? 1 : 0, 3, parts, lens, 0, &reply, &rbuf);
     pthread_mutex_unlock(&s->mu);
     if (st != DT_OK)
         return st;

@@ -37,10 +37,10 @@
 typedef struct peer {
     int  rank;
     int  fd;
-    bool eof;      // the socket is drained to its end: reads come from `tail` only
-    bool hungup;   // hang-up seen and processed
-    bool bye;      // the peer left cleanly (its bye message was read)
-    bool wr_shut;  // we shut our sending side down
+    bool eof;     // the socket is drained to its end: reads come from `tail` only
+    bool hungup;  // hang-up seen and processed
+    bool bye;     // the peer left cleanly (its bye message was read)
+    bool wr_shut; // we shut our sending side down
 
     // Inbound: the frame being parsed.
     uint8_t        hdr[DT_WIRE_HEADER_BYTES];
@@ -48,7 +48,7 @@ typedef struct peer {
     bool           in_payload;
     uint64_t       payload_left;
     dt_wire_header cur;
-    char           reason[DT_WIRE_MAX_REASON + 1];  // abort/bye text being read
+    char           reason[DT_WIRE_MAX_REASON + 1]; // abort/bye text being read
     size_t         reason_have;
 
     // Bytes read ahead after a hang-up (all the socket still had).
@@ -58,7 +58,7 @@ typedef struct peer {
     // Posted transfers, in order.
     dt_xfer *rq_head, *rq_tail;
     dt_xfer *sq_head, *sq_tail;
-    uint8_t  out_hdr[DT_WIRE_HEADER_BYTES];  // header of sq_head
+    uint8_t  out_hdr[DT_WIRE_HEADER_BYTES]; // header of sq_head
     bool     out_hdr_ready;
 
     // After a failure the transfers belong to nobody (the algorithm has returned), but
@@ -66,7 +66,7 @@ typedef struct peer {
     // on this connection: what is left of it, copied out of its transfer.
     bool        pend;
     uint8_t     pend_hdr[DT_WIRE_HEADER_BYTES];
-    const char *pend_buf;  // the payload (the caller's buffer, alive until abort returns)
+    const char *pend_buf; // the payload (the caller's buffer, alive until abort returns)
     size_t      pend_total, pend_done;
 } peer;
 
@@ -78,8 +78,8 @@ typedef struct tcp_ctx {
     struct pollfd *pfds;
     int           *pfd_peer;
     bool           aborted;
-    uint64_t       spin_ns;  // busy-wait before sleeping in poll (DT_TCP_SPIN_US)
-    size_t         chunk;    // bytes per send/recv call (DT_TCP_CHUNK_BYTES)
+    uint64_t       spin_ns; // busy-wait before sleeping in poll (DT_TCP_SPIN_US)
+    size_t         chunk;   // bytes per send/recv call (DT_TCP_CHUNK_BYTES)
 } tcp_ctx;
 
 // ------------------------------------------------------------------- reading
@@ -169,8 +169,7 @@ static dt_status on_hangup(tcp_ctx *c, const dt_op *op, peer *p) {
                 size_t   ncap = cap * 2;
                 uint8_t *nt   = dt_alloc(ncap);
                 if (!nt)
-                    return dt_op_fail(op, DT_ERR_NOMEM, "out of memory reading rank %d",
-                                      p->rank);
+                    return dt_op_fail(op, DT_ERR_NOMEM, "out of memory reading rank %d", p->rank);
                 if (p->tail_len)
                     memcpy(nt, p->tail, p->tail_len);
                 dt_free(p->tail);
@@ -185,18 +184,18 @@ static dt_status on_hangup(tcp_ctx *c, const dt_op *op, peer *p) {
             if (k < 0 && errno == EINTR)
                 continue;
             if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                break;  // half-closed the other way only: more may come, stop here
+                break; // half-closed the other way only: more may come, stop here
             p->eof = true;
             break;
         }
     }
     // Walk the frames that follow the current parse position.
-    const uint8_t *t    = p->tail + p->tail_off;
-    size_t         n    = p->tail_len - p->tail_off, pos = 0;
-    bool           bye  = false;
+    const uint8_t *t = p->tail + p->tail_off;
+    size_t         n = p->tail_len - p->tail_off, pos = 0;
+    bool           bye = false;
     if (p->in_payload) {
         if (p->payload_left > n)
-            return fail_closed(c, op, p);  // ended inside a message
+            return fail_closed(c, op, p); // ended inside a message
         pos = (size_t)p->payload_left;
         if (p->cur.kind == DT_WIRE_ABORT) {
             size_t have = p->reason_have, k = (size_t)p->payload_left;
@@ -206,7 +205,7 @@ static dt_status on_hangup(tcp_ctx *c, const dt_op *op, peer *p) {
         }
     }
     uint8_t hdr[DT_WIRE_HEADER_BYTES];
-    size_t  hpre = p->in_payload ? 0 : p->hdr_have;  // header bytes already consumed
+    size_t  hpre = p->in_payload ? 0 : p->hdr_have; // header bytes already consumed
     while (pos < n || hpre) {
         if (n - pos + hpre < DT_WIRE_HEADER_BYTES)
             return fail_closed(c, op, p);
@@ -233,7 +232,7 @@ static dt_status on_hangup(tcp_ctx *c, const dt_op *op, peer *p) {
         return DT_OK;
     }
     if (!p->eof)
-        return DT_OK;  // only their reading side is gone; writes will tell
+        return DT_OK; // only their reading side is gone; writes will tell
     return fail_closed(c, op, p);
 }
 
@@ -242,16 +241,17 @@ static dt_status pump_in(tcp_ctx *c, const dt_op *op, peer *p) {
     for (;;) {
         if (!p->in_payload) {
             if (!p->rq_head)
-                return DT_OK;  // nothing expected: leave the bytes in the socket
+                return DT_OK; // nothing expected: leave the bytes in the socket
             while (p->hdr_have < DT_WIRE_HEADER_BYTES) {
                 ssize_t k = peer_read(p, p->hdr + p->hdr_have, DT_WIRE_HEADER_BYTES - p->hdr_have);
                 if (k == 0)
                     return DT_OK;
                 if (k < 0) {
                     if (p->bye)
-                        return dt_op_fail_peer(op, p->rank,
-                                               "left the group (dt_pg_free) while this rank "
-                                               "waited for data from it; did it skip a collective?");
+                        return dt_op_fail_peer(
+                            op, p->rank,
+                            "left the group (dt_pg_free) while this rank "
+                            "waited for data from it; did it skip a collective?");
                     return fail_closed(c, op, p);
                 }
                 p->hdr_have += (size_t)k;
@@ -280,7 +280,8 @@ static dt_status pump_in(tcp_ctx *c, const dt_op *op, peer *p) {
                         x->nbytes);
                 x->done_bytes_ = 0;
                 break;
-            case DT_WIRE_ABORT: break;  // the reason follows
+            case DT_WIRE_ABORT:
+                break; // the reason follows
             case DT_WIRE_BYE:
                 p->bye = true;
                 return dt_op_fail_peer(op, p->rank,
@@ -297,7 +298,7 @@ static dt_status pump_in(tcp_ctx *c, const dt_op *op, peer *p) {
                 if (k == 0)
                     return DT_OK;
                 if (k < 0)
-                    return fail_abort_msg(op, p);  // what arrived of the reason
+                    return fail_abort_msg(op, p); // what arrived of the reason
                 p->reason_have += (size_t)k;
                 p->payload_left -= (uint64_t)k;
             }
@@ -305,7 +306,7 @@ static dt_status pump_in(tcp_ctx *c, const dt_op *op, peer *p) {
         }
         dt_xfer *x = p->rq_head;
         while (p->payload_left) {
-            size_t  want = (size_t)p->payload_left;
+            size_t want = (size_t)p->payload_left;
             if (want > c->chunk)
                 want = c->chunk;
             ssize_t k = peer_read(p, (char *)x->buf + x->done_bytes_, want);
@@ -328,8 +329,11 @@ static dt_status pump_in(tcp_ctx *c, const dt_op *op, peer *p) {
 
 static void encode_data_header(const tcp_ctx *c, const dt_op *op, const dt_xfer *x,
                                uint8_t out[DT_WIRE_HEADER_BYTES]) {
-    dt_wire_header h = {.kind = DT_WIRE_DATA, .fp = op->fp, .step = x->step,
-                        .nbytes = x->nbytes, .src_rank = (uint32_t)c->rank};
+    dt_wire_header h = {.kind     = DT_WIRE_DATA,
+                        .fp       = op->fp,
+                        .step     = x->step,
+                        .nbytes   = x->nbytes,
+                        .src_rank = (uint32_t)c->rank};
     dt_wire_encode(&h, out);
 }
 
@@ -456,7 +460,7 @@ static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
         // A reply to a small message usually comes within microseconds: retry for a
         // short while before paying for a sleep and a wake-up in poll.
         if (c->spin_ns && !spun) {
-            spun = true;
+            spun           = true;
             uint64_t until = dt_now_ns() + c->spin_ns;
             while (!x->done && dt_now_ns() < until && !dt_pg_aborted(c->pg)) {
                 for (int r = 0; r < c->world; r++) {
@@ -720,7 +724,7 @@ static void local_address(tcp_ctx *c, char *buf, size_t n) {
     char            host[256];
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
     if (gethostname(host, sizeof host) == 0 && getaddrinfo(host, "9", &hints, &res) == 0) {
-        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
                   dt_sock_local_addr(fd, buf, n);
         if (fd >= 0)
@@ -750,8 +754,9 @@ static dt_status read_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t toke
                        "%016llx) answered",
                        (unsigned long long)h.fp.seq, (unsigned long long)token_hash);
     if (h.fp.count != (uint64_t)c->world)
-        return dt_fail(DT_ERR_MISMATCH, "tcp init: a rank with world size %llu answered, "
-                                        "expected %d",
+        return dt_fail(DT_ERR_MISMATCH,
+                       "tcp init: a rank with world size %llu answered, "
+                       "expected %d",
                        (unsigned long long)h.fp.count, c->world);
     if ((int)h.src_rank < lo || (int)h.src_rank >= hi)
         return dt_fail(DT_ERR_MISMATCH, "tcp init: expected a rank in [%d, %d), found rank %u", lo,
@@ -774,13 +779,13 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     tcp_ctx *c = dt_alloc_zero(sizeof *c);
     if (!c)
         return DT_ERR_NOMEM;
-    c->pg       = pg;
-    c->store    = store;
-    c->rank     = dt_pg_rank(pg);
-    c->world    = dt_pg_size(pg);
-    c->peers    = dt_alloc_zero((size_t)c->world * sizeof *c->peers);
-    c->pfds     = dt_alloc((size_t)(c->world + 1) * sizeof *c->pfds);
-    c->pfd_peer = dt_alloc((size_t)(c->world + 1) * sizeof *c->pfd_peer);
+    c->pg         = pg;
+    c->store      = store;
+    c->rank       = dt_pg_rank(pg);
+    c->world      = dt_pg_size(pg);
+    c->peers      = dt_alloc_zero((size_t)c->world * sizeof *c->peers);
+    c->pfds       = dt_alloc((size_t)(c->world + 1) * sizeof *c->pfds);
+    c->pfd_peer   = dt_alloc((size_t)(c->world + 1) * sizeof *c->pfd_peer);
     int       lfd = -1;
     dt_status st  = DT_OK;
     if (!c->peers || !c->pfds || !c->pfd_peer) {
@@ -795,8 +800,8 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         *out = c;
         return DT_OK;
     }
-    uint64_t    token_hash = dt_token_hash(dt_pg_token(pg));
-    int         port;
+    uint64_t token_hash = dt_token_hash(dt_pg_token(pg));
+    int      port;
     st = dt_sock_listen(0, c->world + 16, "tcp", &lfd, &port);
     if (st != DT_OK)
         goto fail;
@@ -815,13 +820,14 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
             goto fail;
         char *colon = strrchr(v, ':');
         if (!colon) {
-            st = dt_fail(DT_ERR_FORMAT, "tcp init: rank %d published address \"%s\", expected "
-                                        "host:port",
+            st = dt_fail(DT_ERR_FORMAT,
+                         "tcp init: rank %d published address \"%s\", expected "
+                         "host:port",
                          r, (char *)v);
             dt_free(v);
             goto fail;
         }
-        *colon = '\0';
+        *colon  = '\0';
         int  fd = -1;
         char what[64];
         snprintf(what, sizeof what, "tcp init: connecting to rank %d", r);

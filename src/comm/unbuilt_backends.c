@@ -10,7 +10,9 @@ static dt_status unbuilt_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, 
     return dt_fail(DT_ERR_UNSUPPORTED, "this backend is not built into this library");
 }
 
-static void unbuilt_free(void *ctx) { (void)ctx; }
+static void unbuilt_free(void *ctx) {
+    (void)ctx;
+}
 
 __attribute__((weak)) const dt_backend_ops dt_backend_shm = {
     .name  = "shm",

@@ -4,7 +4,6 @@
 
 #include <string.h>
 
-
 void dt_wire_encode(const dt_wire_header *h, uint8_t out[DT_WIRE_HEADER_BYTES]) {
     dt_put_le32(out + 0, DT_WIRE_MAGIC);
     out[4] = h->kind;
@@ -68,7 +67,8 @@ dt_status dt_wire_decode(const uint8_t *buf, size_t n, dt_wire_header *h) {
                            "message header: expected a reason of at most %d bytes, found %llu",
                            DT_WIRE_MAX_REASON, (unsigned long long)h->nbytes);
     } else if (h->nbytes != 0) {
-        return dt_fail(DT_ERR_FORMAT, "message header: expected no payload in a hello, found %llu bytes",
+        return dt_fail(DT_ERR_FORMAT,
+                       "message header: expected no payload in a hello, found %llu bytes",
                        (unsigned long long)h->nbytes);
     }
     return DT_OK;

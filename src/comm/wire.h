@@ -21,22 +21,22 @@
 #include "comm/backend.h"
 
 #define DT_WIRE_HEADER_BYTES 48
-#define DT_WIRE_MAGIC        0x31575444u  // "DTW1" read as a little-endian u32
+#define DT_WIRE_MAGIC        0x31575444u // "DTW1" read as a little-endian u32
 // An abort or bye message carries a text reason of at most this many bytes.
-#define DT_WIRE_MAX_REASON   1024
+#define DT_WIRE_MAX_REASON 1024
 // No single message carries more (the algorithms cut buffers into segments).
-#define DT_WIRE_MAX_PAYLOAD  ((uint64_t)1 << 40)
+#define DT_WIRE_MAX_PAYLOAD ((uint64_t)1 << 40)
 
 typedef enum dt_wire_kind {
-    DT_WIRE_DATA  = 1,  // payload = bytes of a transfer
-    DT_WIRE_HELLO = 2,  // first message on a new connection: who is calling
-    DT_WIRE_ABORT = 3,  // the sender failed; payload = its error message; fp.op = status
-    DT_WIRE_BYE   = 4,  // the sender left the group cleanly (dt_pg_free)
+    DT_WIRE_DATA  = 1, // payload = bytes of a transfer
+    DT_WIRE_HELLO = 2, // first message on a new connection: who is calling
+    DT_WIRE_ABORT = 3, // the sender failed; payload = its error message; fp.op = status
+    DT_WIRE_BYE   = 4, // the sender left the group cleanly (dt_pg_free)
     DT_WIRE_KIND_COUNT_
 } dt_wire_kind;
 
 typedef struct dt_wire_header {
-    uint8_t        kind;  // dt_wire_kind
+    uint8_t        kind; // dt_wire_kind
     dt_fingerprint fp;
     uint32_t       step;
     uint64_t       nbytes;

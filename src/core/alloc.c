@@ -11,12 +11,12 @@
 
 static atomic_size_t live_count;
 static atomic_size_t total_count;
-static atomic_long   fail_after = -2;  // -2: not read yet; -1: never fail
+static atomic_long   fail_after = -2; // -2: not read yet; -1: never fail
 
 static bool should_fail(void) {
     long f = atomic_load(&fail_after);
     if (f == -2) {
-        long v = -1;
+        long        v = -1;
         const char *s = getenv("DT_FAIL_ALLOC_AFTER");
         if (s && *s) {
             char *end;
@@ -64,8 +64,12 @@ void dt_free(void *p) {
     free(p);
 }
 
-size_t dt_alloc_live_count(void) { return atomic_load(&live_count); }
-size_t dt_alloc_total_count(void) { return atomic_load(&total_count); }
+size_t dt_alloc_live_count(void) {
+    return atomic_load(&live_count);
+}
+size_t dt_alloc_total_count(void) {
+    return atomic_load(&total_count);
+}
 
 char *dt_strdup(const char *s) {
     size_t n = strlen(s) + 1;

@@ -8,8 +8,8 @@
 
 dt_status dt_parse_long(const char *s, long lo, long hi, const char *what, long *out) {
     if (!s || !*s)
-        return dt_fail(DT_ERR_ARG, "%s expects an integer in [%ld, %ld], found nothing", what,
-                       lo, hi);
+        return dt_fail(DT_ERR_ARG, "%s expects an integer in [%ld, %ld], found nothing", what, lo,
+                       hi);
     char *end;
     errno  = 0;
     long v = strtol(s, &end, 10);
@@ -23,7 +23,7 @@ dt_status dt_parse_long(const char *s, long lo, long hi, const char *what, long 
 dt_status dt_parse_double(const char *s, double lo, double hi, const char *what, double *out) {
     if (!s || !*s)
         return dt_fail(DT_ERR_ARG, "%s expects a number in [%g, %g], found nothing", what, lo, hi);
-    char  *end;
+    char *end;
     errno    = 0;
     double v = strtod(s, &end);
     if (errno || *end != '\0' || !isfinite(v) || v < lo || v > hi)

@@ -31,8 +31,12 @@ const char *dt_status_str(dt_status s) {
     return "DT_ERR_UNKNOWN";
 }
 
-const char *dt_last_error(void) { return last_msg; }
-dt_status   dt_last_status(void) { return last_status; }
+const char *dt_last_error(void) {
+    return last_msg;
+}
+dt_status dt_last_status(void) {
+    return last_status;
+}
 
 void dt_clear_error(void) {
     last_msg[0] = '\0';
@@ -57,8 +61,8 @@ dt_status dt_fail(dt_status s, const char *fmt, ...) {
 }
 
 dt_status dt_fail_errno(dt_status s, const char *fmt, ...) {
-    int  e = errno;
-    char tmp[ERR_LEN];
+    int     e = errno;
+    char    tmp[ERR_LEN];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tmp, sizeof tmp, fmt, ap);
@@ -67,7 +71,7 @@ dt_status dt_fail_errno(dt_status s, const char *fmt, ...) {
 }
 
 dt_status dt_fail_context(const char *fmt, ...) {
-    char ctx[ERR_LEN];
+    char    ctx[ERR_LEN];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(ctx, sizeof ctx, fmt, ap);

@@ -18,7 +18,9 @@ static inline void dt_put_le64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
-static inline uint16_t dt_get_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint16_t dt_get_le16(const uint8_t *p) {
+    return (uint16_t)(p[0] | p[1] << 8);
+}
 static inline uint32_t dt_get_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }

@@ -11,8 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static atomic_int      level_override = -1;  // -1: read DT_LOG_LEVEL
-static atomic_int      env_level      = -1;  // cached parse of DT_LOG_LEVEL
+static atomic_int      level_override = -1; // -1: read DT_LOG_LEVEL
+static atomic_int      env_level      = -1; // cached parse of DT_LOG_LEVEL
 static atomic_int      log_rank       = -1;
 static atomic_int      log_world      = -1;
 static pthread_mutex_t sink_mu        = PTHREAD_MUTEX_INITIALIZER;
@@ -21,7 +21,9 @@ static void           *sink_user;
 static uint64_t        t0_ns;
 static pthread_once_t  t0_once = PTHREAD_ONCE_INIT;
 
-static void init_t0(void) { t0_ns = dt_now_ns(); }
+static void init_t0(void) {
+    t0_ns = dt_now_ns();
+}
 
 static int parse_env_level(void) {
     const char *s = getenv("DT_LOG_LEVEL");
@@ -46,8 +48,12 @@ dt_log_level dt_log_get_level(void) {
     return (dt_log_level)e;
 }
 
-void dt_log_set_level(dt_log_level level) { atomic_store(&level_override, (int)level); }
-bool dt_log_enabled(dt_log_level level) { return level >= dt_log_get_level() && level < DT_LOG_OFF; }
+void dt_log_set_level(dt_log_level level) {
+    atomic_store(&level_override, (int)level);
+}
+bool dt_log_enabled(dt_log_level level) {
+    return level >= dt_log_get_level() && level < DT_LOG_OFF;
+}
 
 void dt_log_set_rank(int rank, int world) {
     atomic_store(&log_rank, rank);
@@ -66,10 +72,10 @@ void dt_log(dt_log_level level, const char *module, const char *fmt, ...) {
         return;
     pthread_once(&t0_once, init_t0);
     static const char *const tags[] = {"debug", "info", "warn", "error"};
-    char   line[2048];
-    double t    = (double)(dt_now_ns() - t0_ns) * 1e-9;
-    int    rank = atomic_load(&log_rank), world = atomic_load(&log_world);
-    int    n;
+    char                     line[2048];
+    double                   t    = (double)(dt_now_ns() - t0_ns) * 1e-9;
+    int                      rank = atomic_load(&log_rank), world = atomic_load(&log_world);
+    int                      n;
     if (rank >= 0)
         n = snprintf(line, sizeof line, "[dtrain r%d/%d %s %s +%.3fs] ", rank, world,
                      module ? module : "-", tags[level], t);
@@ -107,7 +113,9 @@ uint64_t dt_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-double dt_now(void) { return (double)dt_now_ns() * 1e-9; }
+double dt_now(void) {
+    return (double)dt_now_ns() * 1e-9;
+}
 
 uint64_t dt_deadline_ns(int64_t timeout_ms) {
     if (timeout_ms < 0)

@@ -5,8 +5,8 @@
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u  // golden ratio
-#define PHILOX_W1 0xBB67AE85u  // sqrt(3) - 1
+#define PHILOX_W0 0x9E3779B9u // golden ratio
+#define PHILOX_W1 0xBB67AE85u // sqrt(3) - 1
 
 void dt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
@@ -16,10 +16,10 @@ void dt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out
         uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
         uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
         uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c0 = n0;
-        c1 = (uint32_t)p1;
-        c2 = n2;
-        c3 = (uint32_t)p0;
+        c0          = n0;
+        c1          = (uint32_t)p1;
+        c2          = n2;
+        c3          = (uint32_t)p0;
         k0 += PHILOX_W0;
         k1 += PHILOX_W1;
     }
@@ -71,15 +71,17 @@ uint64_t dt_rng_u64(dt_rng *r) {
     return lo | hi << 32;
 }
 
-float dt_rng_uniform(dt_rng *r) { return (float)(dt_rng_u32(r) >> 8) * 0x1.0p-24f; }
+float dt_rng_uniform(dt_rng *r) {
+    return (float)(dt_rng_u32(r) >> 8) * 0x1.0p-24f;
+}
 
 float dt_rng_uniform_range(dt_rng *r, float lo, float hi) {
     return lo + (hi - lo) * dt_rng_uniform(r);
 }
 
 float dt_rng_normal(dt_rng *r) {
-    double u1 = ((double)dt_rng_u32(r) + 1.0) * 0x1.0p-32;  // (0, 1]
-    double u2 = (double)dt_rng_u32(r) * 0x1.0p-32;          // [0, 1)
+    double u1 = ((double)dt_rng_u32(r) + 1.0) * 0x1.0p-32; // (0, 1]
+    double u2 = (double)dt_rng_u32(r) * 0x1.0p-32;         // [0, 1)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
@@ -98,8 +100,8 @@ void dt_rng_permutation(dt_rng *r, uint32_t *perm, size_t n) {
     for (size_t i = 0; i < n; i++)
         perm[i] = (uint32_t)i;
     for (size_t i = n; i > 1; i--) {
-        size_t   j   = (size_t)dt_rng_below(r, i);
-        uint32_t t   = perm[i - 1];
+        size_t   j  = (size_t)dt_rng_below(r, i);
+        uint32_t t  = perm[i - 1];
         perm[i - 1] = perm[j];
         perm[j]     = t;
     }

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(DT_NO_CLONES) && \
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(DT_NO_CLONES) &&   \
     !defined(DT_SANITIZE)
 #define DT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -31,10 +31,14 @@ DT_VINLINE dt_v16f dt_load16(const float *p) {
     __builtin_memcpy(&v, p, sizeof v);
     return v;
 }
-DT_VINLINE void dt_store16(float *p, dt_v16f v) { __builtin_memcpy(p, &v, sizeof v); }
+DT_VINLINE void dt_store16(float *p, dt_v16f v) {
+    __builtin_memcpy(p, &v, sizeof v);
+}
 // (vector + scalar broadcasts the scalar; a 16-element initialiser would be built
 // lane by lane in target_clones functions)
-DT_VINLINE dt_v16f dt_splat16(float x) { return (dt_v16f){0} + x; }
+DT_VINLINE dt_v16f dt_splat16(float x) {
+    return (dt_v16f){0} + x;
+}
 // Lane l of the result is lane mask[l] of v. GCC's builtin takes any mask; clang (the
 // fuzzing build) has no variable-mask shuffle, so it gets the lane loop.
 #if defined(__clang__)

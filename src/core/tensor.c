@@ -76,7 +76,8 @@ void dt_tensor_fill(dt_tensor *t, float v) {
 
 dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src) {
     if (dst->numel != src->numel)
-        return dt_fail(DT_ERR_ARG, "tensor copy: expected %zu elements in the destination, found %zu",
+        return dt_fail(DT_ERR_ARG,
+                       "tensor copy: expected %zu elements in the destination, found %zu",
                        src->numel, dst->numel);
     memmove(dst->data, src->data, src->numel * sizeof(float));
     return DT_OK;

@@ -7,4 +7,4 @@
 // Records that the loader handed out `count` more indices of the current pass.
 void dt_data_sampler_advance(dt_sampler *s, size_t count);
 
-#endif  // DTRAIN_DATA_IMPL_H
+#endif // DTRAIN_DATA_IMPL_H

@@ -109,7 +109,7 @@ dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const cha
         dt_idx_free(&lab);
         return st;
     }
-    ds->images      = img.data;  // ownership moves to the dataset
+    ds->images      = img.data; // ownership moves to the dataset
     ds->labels      = lab.data;
     ds->n           = img.nrecords;
     ds->h           = (int)img.dims[1];
@@ -174,7 +174,7 @@ void dt_dataset_gather(const dt_dataset *ds, const uint32_t *indices, size_t cou
     for (size_t i = 0; i < count; i++) {
         DT_DEBUG_ASSERT(indices[i] < ds->n);
         const uint8_t *p   = ds->images + (size_t)indices[i] * hw;
-        float         *dst = x + i * hw;  // (1, H, W) of sample i
+        float         *dst = x + i * hw; // (1, H, W) of sample i
         for (size_t j = 0; j < hw; j++)
             dst[j] = ds->lut[p[j]];
         y[i] = ds->labels[indices[i]];

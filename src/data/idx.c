@@ -8,12 +8,12 @@
 
 #define ZLIB_CONST
 #include <errno.h>
+#include <libdeflate.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <libdeflate.h>
 #include <zlib.h>
 
 #define IDX_TYPE_UBYTE 0x08
@@ -29,17 +29,17 @@
 
 // One input: a file or a memory block, raw or through zlib.
 typedef struct src {
-    const char    *name;      // path or caller-given name, for messages
-    FILE          *f;         // NULL for memory input
-    uint8_t       *ibuf;      // file input window (IN_CHUNK bytes)
-    const uint8_t *in;        // current window: ibuf, or the whole memory block
-    size_t         in_len;    // bytes in the window
-    size_t         in_pos;    // bytes of the window consumed
-    uint64_t       raw_size;  // size of the whole input (file or memory block)
-    uint64_t       fetched;   // raw bytes brought into windows so far
+    const char    *name;     // path or caller-given name, for messages
+    FILE          *f;        // NULL for memory input
+    uint8_t       *ibuf;     // file input window (IN_CHUNK bytes)
+    const uint8_t *in;       // current window: ibuf, or the whole memory block
+    size_t         in_len;   // bytes in the window
+    size_t         in_pos;   // bytes of the window consumed
+    uint64_t       raw_size; // size of the whole input (file or memory block)
+    uint64_t       fetched;  // raw bytes brought into windows so far
     bool           gz;
-    bool           z_live;  // inflateInit2 succeeded
-    bool           z_end;   // the last gzip member ended with no input left
+    bool           z_live; // inflateInit2 succeeded
+    bool           z_end;  // the last gzip member ended with no input left
     z_stream       z;
 } src;
 
@@ -75,7 +75,9 @@ static void z_free(void *opaque, void *p) {
     dt_free(p);
 }
 
-static size_t avail(const src *s) { return s->in_len - s->in_pos; }
+static size_t avail(const src *s) {
+    return s->in_len - s->in_pos;
+}
 
 // Slides the unread bytes of a file window to its front and reads more behind them.
 static dt_status fill(src *s) {
@@ -357,22 +359,23 @@ static bool fast_gzip(const uint8_t *in, size_t n, dt_idx *out) {
     uint8_t *buf = dt_alloc(isize);
     if (!buf)
         return false;
-    struct libdeflate_decompressor *d = libdeflate_alloc_decompressor();
-    size_t used = 0, got = 0;
-    bool   ok   = d && libdeflate_gzip_decompress_ex(d, in, n, buf, isize, &used, &got) ==
-                       LIBDEFLATE_SUCCESS &&
-              used == n && got == isize;
+    struct libdeflate_decompressor *d    = libdeflate_alloc_decompressor();
+    size_t                          used = 0, got = 0;
+    bool                            ok =
+        d &&
+        libdeflate_gzip_decompress_ex(d, in, n, buf, isize, &used, &got) == LIBDEFLATE_SUCCESS &&
+        used == n && got == isize;
     libdeflate_free_decompressor(d);
     // The header: two zero bytes, type 0x08, 1..4 dims, and exactly their product after.
-    int    ndim   = ok ? buf[3] : 0;
-    size_t hdr    = 4 + 4 * (size_t)ndim, total = 1, record = 1;
+    int      ndim = ok ? buf[3] : 0;
+    size_t   hdr = 4 + 4 * (size_t)ndim, total = 1, record = 1;
     uint32_t dims[DT_IDX_MAX_DIMS] = {0};
     ok = ok && buf[0] == 0 && buf[1] == 0 && buf[2] == 0x08 && ndim >= 1 &&
          ndim <= DT_IDX_MAX_DIMS && isize >= hdr;
     for (int i = 0; ok && i < ndim; i++) {
         const uint8_t *p = buf + 4 + 4 * i;
-        dims[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-        ok      = dt_size_mul(&total, total, dims[i]);
+        dims[i]          = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+        ok               = dt_size_mul(&total, total, dims[i]);
         if (ok && i > 0)
             ok = dt_size_mul(&record, record, dims[i]);
     }
@@ -381,7 +384,7 @@ static bool fast_gzip(const uint8_t *in, size_t n, dt_idx *out) {
         dt_free(buf);
         return false;
     }
-    memmove(buf, buf + hdr, total);  // the data starts the buffer, which dt_idx owns
+    memmove(buf, buf + hdr, total); // the data starts the buffer, which dt_idx owns
     memset(out, 0, sizeof *out);
     out->data         = buf;
     out->ndim         = ndim;
@@ -434,7 +437,7 @@ dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx 
 
 dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out) {
     memset(out, 0, sizeof *out);
-    if (max_records == 0) {  // whole gzip files up to 1 GiB: the fast path first
+    if (max_records == 0) { // whole gzip files up to 1 GiB: the fast path first
         size_t   n;
         uint8_t *raw = slurp_gzip(path, (size_t)1 << 30, &n);
         bool     ok  = raw && fast_gzip(raw, n, out);
@@ -471,7 +474,9 @@ dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out) {
     return st;
 }
 
-dt_status dt_idx_read(const char *path, dt_idx *out) { return dt_idx_read_first(path, 0, out); }
+dt_status dt_idx_read(const char *path, dt_idx *out) {
+    return dt_idx_read_first(path, 0, out);
+}
 
 void dt_idx_free(dt_idx *idx) {
     if (!idx)

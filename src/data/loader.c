@@ -26,12 +26,12 @@
 enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD };
 
 typedef struct slot {
-    float    *x;      // (B, 1, H, W)
-    int32_t  *y;      // (B)
-    uint32_t *idx;    // (B)
-    size_t    batch;  // batch number (within the plan) it holds when READY or HELD
+    float    *x;     // (B, 1, H, W)
+    int32_t  *y;     // (B)
+    uint32_t *idx;   // (B)
+    size_t    batch; // batch number (within the plan) it holds when READY or HELD
     size_t    size;
-    int       state;  // guarded by mu
+    int       state; // guarded by mu
 } slot;
 
 struct dt_loader {
@@ -39,27 +39,27 @@ struct dt_loader {
     dt_sampler       *sampler;
     bool              own_sampler;
     dt_loader_opts    o;
-    size_t            hw;  // H * W
+    size_t            hw; // H * W
     slot              slots[2];
 
     // The epoch plan: batch k covers order[first + k*B, ...). Written while inactive.
     const uint32_t *order;
     size_t          order_len;
-    size_t          first;     // resume position within the pass
-    size_t          nbatches;  // batches of this plan
+    size_t          first;    // resume position within the pass
+    size_t          nbatches; // batches of this plan
 
-    size_t    next_take;  // caller only
-    bool      holding;    // caller only: slot (next_take - 1) % 2 is HELD
-    dt_status status;     // caller only
+    size_t    next_take; // caller only
+    bool      holding;   // caller only: slot (next_take - 1) % 2 is HELD
+    dt_status status;    // caller only
 
     pthread_mutex_t mu;
-    pthread_cond_t  cv_work;    // worker waits for work or stop
-    pthread_cond_t  cv_ready;   // caller waits for a READY slot or an idle worker
-    bool            active;     // guarded by mu: the plan is valid
-    bool            stop;       // guarded by mu
-    bool            busy;       // guarded by mu: the worker is filling a slot
-    size_t          next_fill;  // guarded by mu
-    uint64_t        gen;        // guarded by mu: bumped when a plan is abandoned
+    pthread_cond_t  cv_work;   // worker waits for work or stop
+    pthread_cond_t  cv_ready;  // caller waits for a READY slot or an idle worker
+    bool            active;    // guarded by mu: the plan is valid
+    bool            stop;      // guarded by mu
+    bool            busy;      // guarded by mu: the worker is filling a slot
+    size_t          next_fill; // guarded by mu
+    uint64_t        gen;       // guarded by mu: bumped when a plan is abandoned
     pthread_t       thread;
     bool            thread_started;
     bool            sync_init;
@@ -171,7 +171,7 @@ dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_lo
 
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);  // deadlines from dt_deadline_ns
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); // deadlines from dt_deadline_ns
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv_work, &ca);
     pthread_cond_init(&l->cv_ready, &ca);
@@ -188,7 +188,7 @@ dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_lo
     }
     return l;
 fail:
-    dt_loader_free(l);  // records no error: the failure's message survives
+    dt_loader_free(l); // records no error: the failure's message survives
     return NULL;
 }
 
@@ -200,7 +200,7 @@ void dt_loader_free(dt_loader *l) {
         l->stop = true;
         pthread_cond_broadcast(&l->cv_work);
         pthread_mutex_unlock(&l->mu);
-        pthread_join(l->thread, NULL);  // the worker stops after at most one batch
+        pthread_join(l->thread, NULL); // the worker stops after at most one batch
     }
     if (l->sync_init) {
         pthread_mutex_destroy(&l->mu);
@@ -222,7 +222,9 @@ size_t dt_loader_num_batches(const dt_loader *l) {
     return l->o.drop_last ? n / B : (n + B - 1) / B;
 }
 
-dt_status dt_loader_status(const dt_loader *l) { return l->status; }
+dt_status dt_loader_status(const dt_loader *l) {
+    return l->status;
+}
 
 void dt_loader_begin_epoch(dt_loader *l, int64_t epoch) {
     // Abandon the previous plan and wait until the worker is off its slots; filling a
@@ -304,7 +306,7 @@ bool dt_loader_next(dt_loader *l, dt_batch *b) {
             pthread_mutex_unlock(&l->mu);
             fill_slot(l, sl, k);
             pthread_mutex_lock(&l->mu);
-            pthread_cond_broadcast(&l->cv_work);  // batch k + 1 may be the worker's now
+            pthread_cond_broadcast(&l->cv_work); // batch k + 1 may be the worker's now
         } else {
             ok = wait_ready(l, sl, k);
         }

@@ -12,16 +12,16 @@
 
 struct dt_sampler {
     dt_sampler_opts o;
-    size_t          n;               // dataset size N
-    size_t          num_samples;     // this rank's count per pass
-    size_t          total_size;      // num_samples * R (N in evaluation mode)
-    uint32_t       *perm;            // (N) shuffled list of the pass; NULL without shuffle
-    uint32_t       *mine;            // (num_samples) this rank's indices of the pass
-    uint64_t        epoch;           // epoch of the current pass, or of the next before any
-    bool            epoch_set;       // set_epoch/resume since the last begin
-    bool            begun;           // a pass has started
-    size_t          position;        // indices of the pass consumed
-    bool            resume_pending;  // dt_sampler_resume waits for its epoch's pass
+    size_t          n;              // dataset size N
+    size_t          num_samples;    // this rank's count per pass
+    size_t          total_size;     // num_samples * R (N in evaluation mode)
+    uint32_t       *perm;           // (N) shuffled list of the pass; NULL without shuffle
+    uint32_t       *mine;           // (num_samples) this rank's indices of the pass
+    uint64_t        epoch;          // epoch of the current pass, or of the next before any
+    bool            epoch_set;      // set_epoch/resume since the last begin
+    bool            begun;          // a pass has started
+    size_t          position;       // indices of the pass consumed
+    bool            resume_pending; // dt_sampler_resume waits for its epoch's pass
     uint64_t        resume_epoch;
     size_t          resume_position;
 };
@@ -90,11 +90,21 @@ void dt_sampler_free(dt_sampler *s) {
     dt_free(s);
 }
 
-size_t   dt_sampler_num_samples(const dt_sampler *s) { return s->num_samples; }
-size_t   dt_sampler_total_size(const dt_sampler *s) { return s->total_size; }
-size_t   dt_sampler_dataset_size(const dt_sampler *s) { return s->n; }
-uint64_t dt_sampler_epoch(const dt_sampler *s) { return s->epoch; }
-size_t   dt_sampler_position(const dt_sampler *s) { return s->position; }
+size_t dt_sampler_num_samples(const dt_sampler *s) {
+    return s->num_samples;
+}
+size_t dt_sampler_total_size(const dt_sampler *s) {
+    return s->total_size;
+}
+size_t dt_sampler_dataset_size(const dt_sampler *s) {
+    return s->n;
+}
+uint64_t dt_sampler_epoch(const dt_sampler *s) {
+    return s->epoch;
+}
+size_t dt_sampler_position(const dt_sampler *s) {
+    return s->position;
+}
 
 void dt_sampler_set_epoch(dt_sampler *s, uint64_t epoch) {
     s->epoch     = epoch;
@@ -129,7 +139,7 @@ void dt_sampler_begin(dt_sampler *s) {
         dt_rng rng = dt_rng_init(s->o.seed + s->epoch);
         dt_rng_permutation(&rng, s->perm, n);
     }
-    size_t p = r;  // position in the (virtually padded) list
+    size_t p = r; // position in the (virtually padded) list
     for (size_t i = 0; i < s->num_samples; i++, p += R) {
         size_t q   = p < n ? p : p % n;
         s->mine[i] = s->perm ? s->perm[q] : (uint32_t)q;

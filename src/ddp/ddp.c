@@ -6,7 +6,7 @@
 #include <string.h>
 
 #define MAX_TENSORS 128
-#define TABLE_LEN   (1 + MAX_TENSORS * 6)  // count, then per tensor: numel, ndim, 4 dims
+#define TABLE_LEN   (1 + MAX_TENSORS * 6) // count, then per tensor: numel, ndim, 4 dims
 
 typedef struct bucket {
     size_t   offset, count;   // floats of the flat buffers
@@ -24,10 +24,10 @@ struct dt_ddp {
     bucket     *b;
     int         tensor_bucket[MAX_TENSORS];
     bool        ready[MAX_TENSORS];
-    int         next_launch;  // buckets start in index order on every rank
+    int         next_launch; // buckets start in index order on every rank
     bool        sync;
-    bool        marked;       // something was marked ready since the last sync
-    dt_status   err;          // sticky failure seen in the hook
+    bool        marked; // something was marked ready since the last sync
+    dt_status   err;    // sticky failure seen in the hook
     char        errmsg[512];
     double      wait_s;
     int64_t     steps;
@@ -55,11 +55,13 @@ static dt_status form_buckets(dt_ddp *d) {
         bytes += pi->count * sizeof(float);
         if (bytes >= limit || t == d->ntensors - 1) {
             const dt_param_info *p0 = dt_model_param_info(d->m, start);
-            tmp[nb++] = (bucket){.offset = p0->offset, .count = pi->offset + pi->count - p0->offset,
-                                 .first = start, .ntensors = t - start + 1};
-            start = t + 1;
-            bytes = 0;
-            limit = cap;
+            tmp[nb++]               = (bucket){.offset   = p0->offset,
+                                               .count    = pi->offset + pi->count - p0->offset,
+                                               .first    = start,
+                                               .ntensors = t - start + 1};
+            start                   = t + 1;
+            bytes                   = 0;
+            limit                   = cap;
         }
     }
     d->b = dt_alloc_zero(sizeof(bucket) * (size_t)(nb ? nb : 1));
@@ -94,10 +96,10 @@ static void record_error(dt_ddp *d, dt_status s) {
 // Starts every bucket, in index order, whose gradients are all final.
 static void launch_ready(dt_ddp *d) {
     while (d->next_launch < d->nbuckets && d->b[d->next_launch].pending == 0) {
-        bucket *bk = &d->b[d->next_launch];
-        float  *g  = dt_model_grads(d->m) + bk->offset;
-        dt_status s = dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG,
-                                             &bk->work);
+        bucket   *bk = &d->b[d->next_launch];
+        float    *g  = dt_model_grads(d->m) + bk->offset;
+        dt_status s =
+            dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG, &bk->work);
         if (s != DT_OK) {
             record_error(d, dt_fail_context("ddp: bucket %d", d->next_launch));
             bk->work = NULL;
@@ -108,7 +110,7 @@ static void launch_ready(dt_ddp *d) {
 
 static dt_status mark(dt_ddp *d, size_t offset, size_t count, bool launch) {
     size_t end = offset + count, covered = 0;
-    for (int t = 0; t < d->ntensors; t++) {  // validate before changing anything
+    for (int t = 0; t < d->ntensors; t++) { // validate before changing anything
         const dt_param_info *pi = dt_model_param_info(d->m, t);
         if (pi->offset >= end || pi->offset + pi->count <= offset)
             continue;
@@ -266,7 +268,9 @@ void dt_ddp_free(dt_ddp *d) {
     dt_free(d);
 }
 
-void dt_ddp_set_sync(dt_ddp *d, bool sync) { d->sync = sync; }
+void dt_ddp_set_sync(dt_ddp *d, bool sync) {
+    d->sync = sync;
+}
 
 dt_status dt_ddp_sync(dt_ddp *d) {
     if (!d->sync)
@@ -276,14 +280,15 @@ dt_status dt_ddp_sync(dt_ddp *d) {
     if (d->err == DT_OK && d->next_launch < d->nbuckets) {
         // Some bucket never completed: name the tensors that got no gradient.
         char   names[384];
-        size_t off = 0;
+        size_t off     = 0;
         int    missing = 0;
         for (int t = 0; t < d->ntensors; t++)
             if (!d->ready[t]) {
                 missing++;
                 if (off < sizeof names - 40)
                     off += (size_t)snprintf(names + off, sizeof names - off, "%s%s",
-                                            missing > 1 ? ", " : "", dt_model_param_info(d->m, t)->name);
+                                            missing > 1 ? ", " : "",
+                                            dt_model_param_info(d->m, t)->name);
             }
         dt_fail(DT_ERR_STATE,
                 "ddp: %d parameter tensor(s) received no gradient in this backward (%s); "
@@ -292,8 +297,8 @@ dt_status dt_ddp_sync(dt_ddp *d) {
         record_error(d, DT_ERR_STATE);
         dt_pg_abort(d->pg, d->errmsg);
     }
-    uint64_t t0 = dt_now_ns();
-    dt_status s = DT_OK;
+    uint64_t  t0 = dt_now_ns();
+    dt_status s  = DT_OK;
     for (int i = 0; i < d->nbuckets; i++) {
         if (!d->b[i].work)
             continue;
@@ -312,13 +317,15 @@ dt_status dt_ddp_sync(dt_ddp *d) {
     if (d->err != DT_OK) {
         dt_status e = d->err;
         dt_fail(e, "%s", d->errmsg);
-        d->err = DT_OK;  // reported once; the group itself stays failed if it was aborted
+        d->err = DT_OK; // reported once; the group itself stays failed if it was aborted
         return e;
     }
     return DT_OK;
 }
 
-int dt_ddp_num_buckets(const dt_ddp *d) { return d->nbuckets; }
+int dt_ddp_num_buckets(const dt_ddp *d) {
+    return d->nbuckets;
+}
 
 void dt_ddp_bucket(const dt_ddp *d, int i, size_t *offset, size_t *count) {
     *offset = i >= 0 && i < d->nbuckets ? d->b[i].offset : 0;

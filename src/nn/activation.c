@@ -11,7 +11,7 @@ static dt_status same_shape_setup(nn_layer *l) {
 }
 
 static void relu_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
-    (void)in;  // in place: in == out
+    (void)in; // in place: in == out
     size_t n = nn_shape_size(l->in);
     dt_nn_relu_inplace(out + (size_t)c->s0 * n, (size_t)(c->s1 - c->s0) * n);
 }
@@ -19,7 +19,7 @@ static void relu_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
 static void relu_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                           float *dout, float *din, float *dparams) {
     (void)in;
-    (void)din;  // in place: din == dout
+    (void)din; // in place: din == dout
     (void)dparams;
     size_t n = nn_shape_size(l->in);
     dt_nn_relu_backward(out + (size_t)c->s0 * n, dout + (size_t)c->s0 * n,
@@ -41,7 +41,7 @@ static dt_status flatten_setup(nn_layer *l) {
 }
 
 static void flatten_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
-    (void)l, (void)c, (void)in, (void)out;  // a reshape: the buffer is shared
+    (void)l, (void)c, (void)in, (void)out; // a reshape: the buffer is shared
 }
 
 static void flatten_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
@@ -95,9 +95,9 @@ static void log_softmax_backward(nn_layer *l, const nn_ctx *c, const float *in, 
         return;
     int n = l->in.c;
     for (int s = c->s0; s < c->s1; s++) {
-        const float *y  = out + (size_t)s * n;
-        const float *dy = dout + (size_t)s * n;
-        float       *dx = din + (size_t)s * n;
+        const float *y   = out + (size_t)s * n;
+        const float *dy  = dout + (size_t)s * n;
+        float       *dx  = din + (size_t)s * n;
         float        sum = 0.0f;
         for (int i = 0; i < n; i++)
             sum += dy[i];

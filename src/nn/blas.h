@@ -8,7 +8,7 @@
 dt_status dt_blas_init(void);
 
 // Row-major C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C.
-void dt_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
-              int lda, const float *b, int ldb, float beta, float *c, int ldc);
+void dt_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+              const float *b, int ldb, float beta, float *c, int ldc);
 
 #endif // DTRAIN_NN_BLAS_H

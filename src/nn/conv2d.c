@@ -39,11 +39,11 @@
 #include <string.h>
 
 typedef struct wide {
-    int    hp, wp;  // padded input height and width
-    int    n;       // wide output positions: Ho * Wp - (k - 1)
-    size_t plane;   // hp * wp
-    int    margin;  // direct path: zeros before and after each gradient row, (k-1)(Wp+1)
-    size_t ld;      // direct path: gradient row stride, margin + plane
+    int    hp, wp; // padded input height and width
+    int    n;      // wide output positions: Ho * Wp - (k - 1)
+    size_t plane;  // hp * wp
+    int    margin; // direct path: zeros before and after each gradient row, (k-1)(Wp+1)
+    size_t ld;     // direct path: gradient row stride, margin + plane
 } wide;
 
 static wide wide_geom(const nn_layer *l) {
@@ -59,10 +59,11 @@ static wide wide_geom(const nn_layer *l) {
 
 static dt_status conv_setup(nn_layer *l) {
     if (l->k < 1 || l->k > 16 || l->stride < 1 || l->pad < 0 || l->out_c < 1)
-        return dt_fail(DT_ERR_ARG,
-                       "layer %d conv2d: expected out_channels >= 1, kernel in [1, 16], stride >= 1 "
-                       "and padding >= 0, found %d, %d, %d, %d",
-                       l->index, l->out_c, l->k, l->stride, l->pad);
+        return dt_fail(
+            DT_ERR_ARG,
+            "layer %d conv2d: expected out_channels >= 1, kernel in [1, 16], stride >= 1 "
+            "and padding >= 0, found %d, %d, %d, %d",
+            l->index, l->out_c, l->k, l->stride, l->pad);
     int hp = l->in.h + 2 * l->pad, wp = l->in.w + 2 * l->pad;
     if (hp < l->k || wp < l->k)
         return dt_fail(DT_ERR_ARG,
@@ -88,8 +89,8 @@ static dt_status conv_setup(nn_layer *l) {
         size_t rf = l->fan_in, rb = (size_t)l->out_c * l->k * l->k;
         // padded input (also its gradient), wide output/gradient with margins,
         // transposed weights
-        l->scratch_floats = (l->pad ? (size_t)l->in.c * g.plane : 0) +
-                            (size_t)l->out_c * g.ld + (size_t)l->in.c * rb;
+        l->scratch_floats = (l->pad ? (size_t)l->in.c * g.plane : 0) + (size_t)l->out_c * g.ld +
+                            (size_t)l->in.c * rb;
         // forward offsets: input channel plane + kernel shift; backward: gradient row
         // + margin - kernel shift
         dt_free(l->offsets);
@@ -111,7 +112,7 @@ static dt_status conv_setup(nn_layer *l) {
         l->scratch_floats = (l->pad ? (size_t)l->in.c * g.plane : 0) + l->fan_in * (size_t)g.n +
                             (size_t)l->out_c * (size_t)g.n;
     } else {
-        l->scratch_floats = l->fan_in * hw;  // one sample's columns (reused for dcol)
+        l->scratch_floats = l->fan_in * hw; // one sample's columns (reused for dcol)
     }
     l->flops = 2.0 * (double)l->wcount * (double)hw;
     return DT_OK;
@@ -148,7 +149,9 @@ static void wide_im2col(const float *xp, int c, int k, wide g, float *col) {
 
 // Sixteen-wide steps over a row of n >= 16 floats; the last step is moved back to end
 // at n, overlapping the one before (fine for copies, which these are).
-#define FOR_ROW16(j, n) for (int j = 0, j##_end = (n); j < j##_end; j = (j + 32 > j##_end && j + 16 < j##_end) ? j##_end - 16 : j + 16)
+#define FOR_ROW16(j, n)                                                                            \
+    for (int j = 0, j##_end = (n); j < j##_end;                                                    \
+         j = (j + 32 > j##_end && j + 16 < j##_end) ? j##_end - 16 : j + 16)
 
 // The adjoint of wide_im2col: dxp[c][p] = sum over (ki, kj) of
 // col[(c, ki, kj)][p - ki*Wp - kj] where that index is inside the row. One pass over
@@ -167,11 +170,11 @@ static inline float col_sum_at(const float *rows, const int *off, int kk, int n,
 
 DT_CLONES static void wide_col2im(const float *col, int c, int k, wide g, float *restrict dxp) {
     int kk = k * k, plane = (int)g.plane;
-    int off[256];  // kernel <= 16 is checked at setup
+    int off[256]; // kernel <= 16 is checked at setup
     for (int ki = 0; ki < k; ki++)
         for (int kj = 0; kj < k; kj++)
             off[ki * k + kj] = ki * g.wp + kj;
-    int lo = off[kk - 1], hi = g.n;  // p in [lo, hi): every row contributes
+    int lo = off[kk - 1], hi = g.n; // p in [lo, hi): every row contributes
     for (int ch = 0; ch < c; ch++) {
         const float *rows = col + (size_t)ch * kk * g.n;
         float       *d    = dxp + (size_t)ch * g.plane;
@@ -239,7 +242,9 @@ DT_CLONES static void grad_to_wide(const float *restrict dy, const float *restri
 }
 
 // Lane-wise a ? x : y for masks from vector comparisons.
-DT_VINLINE dt_v16i sel_i(dt_v16i m, dt_v16i x, dt_v16i y) { return (x & m) | (y & ~m); }
+DT_VINLINE dt_v16i sel_i(dt_v16i m, dt_v16i x, dt_v16i y) {
+    return (x & m) | (y & ~m);
+}
 DT_VINLINE dt_v16f sel_f(dt_v16i m, dt_v16f x, dt_v16f y) {
     return (dt_v16f)sel_i(m, (dt_v16i)x, (dt_v16i)y);
 }
@@ -278,8 +283,8 @@ DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
                 continue;
             }
             for (int j0 = 0; j0 < pw; j0 += 8) {
-                int     j  = j0 + 8 > pw ? pw - 8 : j0;
-                dt_v16f a  = dt_load16(r0 + 2 * j) + bvv, c = dt_load16(r1 + 2 * j) + bvv;
+                int     j = j0 + 8 > pw ? pw - 8 : j0;
+                dt_v16f a = dt_load16(r0 + 2 * j) + bvv, c = dt_load16(r1 + 2 * j) + bvv;
                 dt_v16f m  = a;
                 dt_v16i k  = {0};
                 dt_v16f v1 = dt_shuffle16f(a, PAIR_SWAP), v3 = dt_shuffle16f(c, PAIR_SWAP);
@@ -308,17 +313,17 @@ DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
 // output is duplicated into two lanes, so lane 2t+q of a row's vector is window t's
 // column q, and each window position takes the gradient where it is the winner.
 // The windows cover every position but the k-1 dropped columns, zeroed apart.
-typedef uint8_t dt_v16u8 __attribute__((vector_size(16)));
+typedef uint8_t      dt_v16u8 __attribute__((vector_size(16)));
 static const dt_v16i DUP    = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
 static const dt_v16i PARITY = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
 
 DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *restrict y,
-                                        const uint8_t *restrict arg, int co, int ho, int wo,
-                                        wide g, float *restrict ext, size_t ext_ld) {
+                                        const uint8_t *restrict arg, int co, int ho, int wo, wide g,
+                                        float *restrict ext, size_t ext_ld) {
     int ph = ho / 2, pw = wo / 2;
     for (int oc = 0; oc < co; oc++) {
         float *row = ext + (size_t)oc * ext_ld;
-        for (int r = 0; r + 1 < ho; r++)  // the dropped columns after each output row
+        for (int r = 0; r + 1 < ho; r++) // the dropped columns after each output row
             for (int x = wo; x < g.wp; x++)
                 row[(size_t)r * g.wp + x] = 0.0f;
         for (int i = 0; i < ph; i++) {
@@ -326,8 +331,8 @@ DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *r
             float *w0 = row + (size_t)(2 * i) * g.wp, *w1 = w0 + g.wp;
             if (pw < 8) {
                 for (int j = 0; j < pw; j++) {
-                    int   k = arg[o + j];
-                    float v = y[o + j] > 0.0f ? dy[o + j] : 0.0f;
+                    int   k       = arg[o + j];
+                    float v       = y[o + j] > 0.0f ? dy[o + j] : 0.0f;
                     w0[2 * j]     = k == 0 ? v : 0.0f;
                     w0[2 * j + 1] = k == 1 ? v : 0.0f;
                     w1[2 * j]     = k == 2 ? v : 0.0f;
@@ -369,12 +374,12 @@ static void gather_grad(nn_layer *l, const float *dout, const float *out, wide g
     if (l->pool) {
         size_t psz = nn_shape_size(l->pool->out);
         pool_grad_to_wide(dout + (size_t)s * psz, out + (size_t)s * psz,
-                          l->pool->aux + (size_t)s * l->pool->aux_per_sample, l->out_c,
-                          l->out.h, l->out.w, g, ext, ld);
+                          l->pool->aux + (size_t)s * l->pool->aux_per_sample, l->out_c, l->out.h,
+                          l->out.w, g, ext, ld);
     } else {
         size_t osz = nn_shape_size(l->out);
-        grad_to_wide(dout + (size_t)s * osz, out + (size_t)s * osz, l->out_c, l->out.h,
-                     l->out.w, g, l->fuse_relu, ext, ld);
+        grad_to_wide(dout + (size_t)s * osz, out + (size_t)s * osz, l->out_c, l->out.h, l->out.w, g,
+                     l->fuse_relu, ext, ld);
     }
 }
 
@@ -389,8 +394,7 @@ static void wide_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
         wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
-        dt_sgemm(false, false, l->out_c, g.n, kk, 1.0f, l->w, kk,
-                    col, g.n, 0.0f, ext, g.n);
+        dt_sgemm(false, false, l->out_c, g.n, kk, 1.0f, l->w, kk, col, g.n, 0.0f, ext, g.n);
         emit_output(l, ext, (size_t)g.n, g, out, s);
     }
 }
@@ -410,14 +414,12 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
         wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
         gather_grad(l, dout, out, g, ext, (size_t)g.n, s);
         // dW (Cout, Cin*k*k) += dy (Cout, n) x col^T (n, Cin*k*k)
-        dt_sgemm(false, true, l->out_c, kk, g.n, 1.0f, ext, g.n,
-                    col, g.n, 1.0f, dw, kk);
-        dt_nn_row_sums_add(ext, l->out_c, g.n, db);  // dropped columns hold zeros
+        dt_sgemm(false, true, l->out_c, kk, g.n, 1.0f, ext, g.n, col, g.n, 1.0f, dw, kk);
+        dt_nn_row_sums_add(ext, l->out_c, g.n, db); // dropped columns hold zeros
         if (!din)
             continue;
         // dcol (Cin*k*k, n) = W^T x dy, added back onto the (padded) input gradient
-        dt_sgemm(true, false, kk, g.n, l->out_c, 1.0f, l->w, kk,
-                    ext, g.n, 0.0f, col, g.n);
+        dt_sgemm(true, false, kk, g.n, l->out_c, 1.0f, l->w, kk, ext, g.n, 0.0f, col, g.n);
         float *dx  = din + (size_t)s * insz;
         float *dxp = l->pad ? xp : dx;
         wide_col2im(col, l->in.c, l->k, g, dxp);
@@ -446,7 +448,7 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
                             float *dout, float *din, float *dparams) {
     wide   g    = wide_geom(l);
     size_t insz = nn_shape_size(l->in);
-    int    kk2  = l->k * l->k, rb = l->out_c * kk2;
+    int    kk2 = l->k * l->k, rb = l->out_c * kk2;
     float *xp = c->scratch, *ext = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
     float *wt = ext + (size_t)l->out_c * g.ld;
     float *dw = dparams, *db = dparams + l->wcount;
@@ -467,16 +469,16 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
         gather_grad(l, dout, out, g, ext + g.margin, g.ld, s);
-        for (int oc = 0; oc < l->out_c; oc++)  // dropped columns hold zeros
+        for (int oc = 0; oc < l->out_c; oc++) // dropped columns hold zeros
             dt_nn_row_sums_add(ext + (size_t)oc * g.ld + g.margin, 1, g.n, db + oc);
         dt_nn_shifted_gemm_nt(ext + g.margin, g.ld, l->out_c, l->pad ? xp : x, l->offsets,
                               (int)l->fan_in, g.n, dw);
         if (!din)
             continue;
         float *dx  = din + (size_t)s * insz;
-        float *dxp = l->pad ? xp : dx;  // the padded input is no longer needed
-        dt_nn_shifted_gemm(ext, l->offsets + l->fan_in, rb, wt, l->in.c, (int)g.plane, dxp,
-                           g.plane, false);
+        float *dxp = l->pad ? xp : dx; // the padded input is no longer needed
+        dt_nn_shifted_gemm(ext, l->offsets + l->fan_in, rb, wt, l->in.c, (int)g.plane, dxp, g.plane,
+                           false);
         if (l->pad)
             crop_padded(xp, l->in.c, l->in.h, l->in.w, l->pad, dx);
     }
@@ -493,8 +495,7 @@ static void strided_forward(nn_layer *l, const nn_ctx *c, const float *in, float
         dt_nn_im2col(x, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h, l->out.w,
                      c->scratch);
         // y (Cout, HW) = W (Cout, Cin*k*k) x col (Cin*k*k, HW), then + bias per channel
-        dt_sgemm(false, false, l->out_c, hw, kk, 1.0f, l->w, kk,
-                    c->scratch, hw, 0.0f, y, hw);
+        dt_sgemm(false, false, l->out_c, hw, kk, 1.0f, l->w, kk, c->scratch, hw, 0.0f, y, hw);
         dt_nn_add_row_bias(y, l->b, l->out_c, hw);
         if (l->fuse_relu)
             dt_nn_relu_inplace(y, outsz);
@@ -514,15 +515,13 @@ static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
         dt_nn_im2col(x, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h, l->out.w,
                      c->scratch);
         // dW (Cout, Cin*k*k) += dy (Cout, HW) x col^T (HW, Cin*k*k)
-        dt_sgemm(false, true, l->out_c, kk, hw, 1.0f, dy, hw,
-                    c->scratch, hw, 1.0f, dw, kk);
+        dt_sgemm(false, true, l->out_c, kk, hw, 1.0f, dy, hw, c->scratch, hw, 1.0f, dw, kk);
         dt_nn_row_sums_add(dy, l->out_c, hw, db);
         if (!din)
             continue;
         float *dx = din + (size_t)s * insz;
         // dcol (Cin*k*k, HW) = W^T x dy, then scattered back onto the image
-        dt_sgemm(true, false, kk, hw, l->out_c, 1.0f, l->w, kk, dy,
-                    hw, 0.0f, c->scratch, hw);
+        dt_sgemm(true, false, kk, hw, l->out_c, 1.0f, l->w, kk, dy, hw, 0.0f, c->scratch, hw);
         memset(dx, 0, sizeof(float) * insz);
         dt_nn_col2im(c->scratch, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h,
                      l->out.w, dx);

@@ -9,13 +9,13 @@ static dt_status dropout_setup(nn_layer *l) {
         return dt_fail(DT_ERR_ARG, "layer %d dropout: expected p in [0, 1), found %g", l->index,
                        (double)l->p);
     l->out            = l->in;
-    l->aux_per_sample = nn_shape_size(l->in);  // one byte per element: kept or not
+    l->aux_per_sample = nn_shape_size(l->in); // one byte per element: kept or not
     return DT_OK;
 }
 
 static dt_status dropout2d_setup(nn_layer *l) {
     DT_TRY(dropout_setup(l));
-    l->aux_per_sample = (size_t)l->in.c;  // one byte per channel
+    l->aux_per_sample = (size_t)l->in.c; // one byte per channel
     return DT_OK;
 }
 
@@ -27,7 +27,7 @@ static void apply_mask(nn_layer *l, const nn_ctx *c, float *y, int s, size_t n, 
     float    scale = 1.0f / (1.0f - l->p);
     for (size_t u = 0; u < n; u++) {
         mask[u]  = dt_rng_uniform(&r) >= l->p;
-        float f  = mask[u] ? scale : 0.0f;
+        float  f = mask[u] ? scale : 0.0f;
         float *v = y + u * per_unit;
         for (size_t i = 0; i < per_unit; i++)
             v[i] *= f;
@@ -46,11 +46,11 @@ static void scale_by_mask(nn_layer *l, float *d, int s, size_t n, size_t per_uni
 }
 
 static size_t units(const nn_layer *l) {
-    return l->aux_per_sample;  // elements for dropout, channels for dropout2d
+    return l->aux_per_sample; // elements for dropout, channels for dropout2d
 }
 
 static void dropout_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
-    (void)in;  // in place; the model records c->training in l->last_training
+    (void)in; // in place; the model records c->training in l->last_training
     if (!c->training || l->p == 0.0f)
         return;
     size_t n = nn_shape_size(l->in), u = units(l);
@@ -62,7 +62,7 @@ static void dropout_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
                              float *dout, float *din, float *dparams) {
     (void)in;
     (void)out;
-    (void)din;  // in place
+    (void)din; // in place
     (void)dparams;
     if (!l->last_training || l->p == 0.0f)
         return;

@@ -25,7 +25,7 @@ DT_CLONES void dt_nn_im2col(const float *img, int c, int h, int w, int k, int st
         for (int ki = 0; ki < k; ki++) {
             for (int kj = 0; kj < k; kj++) {
                 float *row = col + ((size_t)(ch * k + ki) * k + kj) * (size_t)ho * wo;
-                int ow_lo, ow_hi;
+                int    ow_lo, ow_hi;
                 inside_cols(wo, w, stride, pad, kj, &ow_lo, &ow_hi);
                 for (int oh = 0; oh < ho; oh++) {
                     int    ih  = oh * stride - pad + ki;
@@ -58,7 +58,7 @@ DT_CLONES void dt_nn_col2im(const float *col, int c, int h, int w, int k, int st
         for (int ki = 0; ki < k; ki++) {
             for (int kj = 0; kj < k; kj++) {
                 const float *row = col + ((size_t)(ch * k + ki) * k + kj) * (size_t)ho * wo;
-                int ow_lo, ow_hi;
+                int          ow_lo, ow_hi;
                 inside_cols(wo, w, stride, pad, kj, &ow_lo, &ow_hi);
                 for (int oh = 0; oh < ho; oh++) {
                     int ih = oh * stride - pad + ki;
@@ -102,7 +102,7 @@ DT_CLONES void dt_nn_add_row_bias(float *y, const float *b, int rows, int cols) 
 // behind our back: the order of additions is fixed and the same on every CPU.
 DT_CLONES void dt_nn_row_sums_add(const float *y, int rows, int cols, float *s) {
     for (int r = 0; r < rows; r++) {
-        const float *row    = y + (size_t)r * cols;
+        const float *row     = y + (size_t)r * cols;
         float        acc[16] = {0};
         int          j       = 0;
         for (; j + 16 <= cols; j += 16)

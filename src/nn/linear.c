@@ -53,14 +53,14 @@ static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
     float *y = out + (size_t)c->s0 * fout;
     for (int s = 0; s < n; s++)
         memcpy(y + (size_t)s * fout, l->b, sizeof(float) * (size_t)fout);
-    if (l->direct) {  // y[s][o] += sum_i x[s][i] W[o][i]
-        dt_nn_shifted_gemm_nt(in + (size_t)c->s0 * fin, (size_t)fin, n, l->w, l->offsets, fout,
-                              fin, y);
+    if (l->direct) { // y[s][o] += sum_i x[s][i] W[o][i]
+        dt_nn_shifted_gemm_nt(in + (size_t)c->s0 * fin, (size_t)fin, n, l->w, l->offsets, fout, fin,
+                              y);
         return;
     }
     // y (n, out) = x (n, in) x W^T (in, out) + y
-    dt_sgemm(false, true, n, fout, fin, 1.0f,
-                in + (size_t)c->s0 * fin, fin, l->w, fin, 1.0f, y, fout);
+    dt_sgemm(false, true, n, fout, fin, 1.0f, in + (size_t)c->s0 * fin, fin, l->w, fin, 1.0f, y,
+             fout);
 }
 
 static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
@@ -68,23 +68,23 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     (void)out;
     int    fin = l->in.c, fout = l->out_c, batch = c->batch;
     float *dw = dparams, *db = dparams + l->wcount;
-    float *dyt = (float *)(void *)l->aux;  // (out, batch), then `batch` sample offsets
+    float *dyt  = (float *)(void *)l->aux; // (out, batch), then `batch` sample offsets
     int   *xoff = (int *)(void *)(dyt + (size_t)fout * (size_t)batch);
-    if (l->direct) {  // this thread's rows of dy, transposed, for dW = dy^T x
+    if (l->direct) { // this thread's rows of dy, transposed, for dW = dy^T x
         for (int s = c->s0; s < c->s1; s++) {
             for (int o = 0; o < fout; o++)
                 dyt[(size_t)o * batch + s] = dout[(size_t)s * fout + o];
             xoff[s] = s * fin;
         }
     }
-    dt_pool_barrier(c->pool);  // every thread's rows of dout are written
+    dt_pool_barrier(c->pool); // every thread's rows of dout are written
     // This thread's input columns [j0, j1) of dW (out, in) += dy^T (out, B) x x (B, in)
     int j0 = (int)((long)fin * c->ith / c->nth), j1 = (int)((long)fin * (c->ith + 1) / c->nth);
-    if (j1 > j0 && l->direct)  // dW[o][i] += sum_s dy^T[o][s] x[s][i]
+    if (j1 > j0 && l->direct) // dW[o][i] += sum_s dy^T[o][s] x[s][i]
         dt_nn_shifted_gemm(in + j0, xoff, batch, dyt, fout, j1 - j0, dw + j0, (size_t)fin, true);
     else if (j1 > j0)
-        dt_sgemm(true, false, fout, j1 - j0, batch, 1.0f, dout, fout, in + j0, fin, 1.0f,
-                 dw + j0, fin);
+        dt_sgemm(true, false, fout, j1 - j0, batch, 1.0f, dout, fout, in + j0, fin, 1.0f, dw + j0,
+                 fin);
     // This thread's share of the bias gradient: sums over the batch for outputs [o0, o1).
     int o0 = (int)((long)fout * c->ith / c->nth), o1 = (int)((long)fout * (c->ith + 1) / c->nth);
     for (int s = 0; s < batch; s++) {
@@ -93,10 +93,10 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
             db[o] += dy[o];
     }
     int n = c->s1 - c->s0;
-    if (din && n > 0 && l->direct)  // dx[s][i] = sum_o dy[s][o] W[o][i]
+    if (din && n > 0 && l->direct) // dx[s][i] = sum_o dy[s][o] W[o][i]
         dt_nn_shifted_gemm(l->w, l->offsets, fout, dout + (size_t)c->s0 * fout, n, fin,
                            din + (size_t)c->s0 * fin, (size_t)fin, false);
-    else if (din && n > 0)  // dx (n, in) = dy (n, out) x W (out, in)
+    else if (din && n > 0) // dx (n, in) = dy (n, out) x W (out, in)
         dt_sgemm(false, false, n, fin, fout, 1.0f, dout + (size_t)c->s0 * fout, fout, l->w, fin,
                  0.0f, din + (size_t)c->s0 * fin, fin);
 }

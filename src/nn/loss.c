@@ -15,8 +15,8 @@ static dt_status check_targets(const int32_t *target, int batch, int classes) {
     return DT_OK;
 }
 
-dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch, int classes,
-                      float *loss, float *dlogp) {
+dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch, int classes, float *loss,
+                      float *dlogp) {
     DT_TRY(check_targets(target, batch, classes));
     double sum = 0.0;
     for (int s = 0; s < batch; s++)
@@ -30,8 +30,8 @@ dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch, int c
     return DT_OK;
 }
 
-dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int batch,
-                                int classes, float *loss, float *dlogits) {
+dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int batch, int classes,
+                                float *loss, float *dlogits) {
     DT_TRY(check_targets(target, batch, classes));
     double sum = 0.0;
     for (int s = 0; s < batch; s++) {
@@ -44,7 +44,7 @@ dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int 
             z += exp((double)(x[i] - m));
         double lse = m + log(z);
         sum += lse - x[target[s]];
-        if (dlogits) {  // (softmax - onehot) / batch
+        if (dlogits) { // (softmax - onehot) / batch
             float *d = dlogits + (size_t)s * classes;
             for (int i = 0; i < classes; i++)
                 d[i] = (float)(exp((double)x[i] - lse) / batch);

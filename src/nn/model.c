@@ -11,10 +11,10 @@
 #define MAX_LAYERS 64
 
 struct dt_model {
-    nn_shape  input;
-    nn_layer  layers[MAX_LAYERS];
-    int       nlayers;
-    bool      finalized;
+    nn_shape input;
+    nn_layer layers[MAX_LAYERS];
+    int      nlayers;
+    bool     finalized;
     // flat buffers
     float        *params, *grads;
     size_t        nparams;
@@ -23,22 +23,22 @@ struct dt_model {
     // threads
     dt_pool *pool;
     int      nthreads;
-    float  **partial;  // [thread] gradient buffers of threads 1.. (thread 0 adds into grads)
-    float  **scratch;  // [thread] scratch, max over layers
+    float  **partial; // [thread] gradient buffers of threads 1.. (thread 0 adds into grads)
+    float  **scratch; // [thread] scratch, max over layers
     size_t   scratch_floats;
     // activations: act[i] is layer i's input, act[nlayers] the output; in-place layers
     // share their input's buffer. Owned buffers are listed in act_own.
-    int          capacity;  // batch the buffers are sized for
-    float       *act_own[MAX_LAYERS + 1];
-    float       *act[MAX_LAYERS + 1];  // act[0] unused: the input is `x`
-    const float *x;
-    float       *gbuf[2];   // gradient ping-pong, each capacity * max layer size
-    float       *dx;        // input gradient when requested
-    int          batch;     // of the last forward
-    bool         training;
-    bool         want_input_grad;
-    bool         profile;
-    dt_rng       rng;
+    int              capacity; // batch the buffers are sized for
+    float           *act_own[MAX_LAYERS + 1];
+    float           *act[MAX_LAYERS + 1]; // act[0] unused: the input is `x`
+    const float     *x;
+    float           *gbuf[2]; // gradient ping-pong, each capacity * max layer size
+    float           *dx;      // input gradient when requested
+    int              batch;   // of the last forward
+    bool             training;
+    bool             want_input_grad;
+    bool             profile;
+    dt_rng           rng;
     dt_grad_ready_fn hook;
     void            *hook_user;
 };
@@ -86,8 +86,9 @@ static dt_status add_layer(dt_model *m, const nn_layer_ops *ops, nn_layer proto)
 }
 
 dt_status dt_model_add_conv2d(dt_model *m, int out_channels, int kernel, int stride, int padding) {
-    return add_layer(m, &dt_nn_conv2d_ops,
-                     (nn_layer){.out_c = out_channels, .k = kernel, .stride = stride, .pad = padding});
+    return add_layer(
+        m, &dt_nn_conv2d_ops,
+        (nn_layer){.out_c = out_channels, .k = kernel, .stride = stride, .pad = padding});
 }
 dt_status dt_model_add_linear(dt_model *m, int out_features) {
     return add_layer(m, &dt_nn_linear_ops, (nn_layer){.out_c = out_features});
@@ -95,7 +96,9 @@ dt_status dt_model_add_linear(dt_model *m, int out_features) {
 dt_status dt_model_add_maxpool2d(dt_model *m, int kernel, int stride) {
     return add_layer(m, &dt_nn_maxpool2d_ops, (nn_layer){.k = kernel, .stride = stride});
 }
-dt_status dt_model_add_relu(dt_model *m) { return add_layer(m, &dt_nn_relu_ops, (nn_layer){0}); }
+dt_status dt_model_add_relu(dt_model *m) {
+    return add_layer(m, &dt_nn_relu_ops, (nn_layer){0});
+}
 dt_status dt_model_add_dropout(dt_model *m, float p) {
     return add_layer(m, &dt_nn_dropout_ops, (nn_layer){.p = p});
 }
@@ -203,8 +206,8 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         nn_layer *l = &m->layers[i];
         if (!l->nparams)
             continue;
-        l->w        = m->params + l->param_off;
-        l->b        = l->w + l->wcount;
+        l->w         = m->params + l->param_off;
+        l->b         = l->w + l->wcount;
         float  bound = 1.0f / sqrtf((float)l->fan_in);
         dt_rng rw    = dt_rng_split(&root, 2 * (uint64_t)i);
         dt_rng rb    = dt_rng_split(&root, 2 * (uint64_t)i + 1);
@@ -251,19 +254,33 @@ void dt_model_free(dt_model *m) {
 
 // ---------------------------------------------------------------------- inspecting
 
-size_t dt_model_num_params(const dt_model *m) { return m->nparams; }
-int    dt_model_num_param_tensors(const dt_model *m) { return m->npinfo; }
+size_t dt_model_num_params(const dt_model *m) {
+    return m->nparams;
+}
+int dt_model_num_param_tensors(const dt_model *m) {
+    return m->npinfo;
+}
 const dt_param_info *dt_model_param_info(const dt_model *m, int i) {
     return i >= 0 && i < m->npinfo ? &m->pinfo[i] : NULL;
 }
-float *dt_model_params(dt_model *m) { return m->params; }
-float *dt_model_grads(dt_model *m) { return m->grads; }
-int    dt_model_num_layers(const dt_model *m) { return m->nlayers; }
+float *dt_model_params(dt_model *m) {
+    return m->params;
+}
+float *dt_model_grads(dt_model *m) {
+    return m->grads;
+}
+int dt_model_num_layers(const dt_model *m) {
+    return m->nlayers;
+}
 const char *dt_model_layer_kind(const dt_model *m, int layer) {
     return layer >= 0 && layer < m->nlayers ? m->layers[layer].ops->kind : NULL;
 }
-size_t dt_model_output_size(const dt_model *m) { return nn_shape_size(current_shape(m)); }
-size_t dt_model_input_size(const dt_model *m) { return nn_shape_size(m->input); }
+size_t dt_model_output_size(const dt_model *m) {
+    return nn_shape_size(current_shape(m));
+}
+size_t dt_model_input_size(const dt_model *m) {
+    return nn_shape_size(m->input);
+}
 
 double dt_model_flops_per_sample(const dt_model *m) {
     double f = 0;
@@ -312,10 +329,18 @@ dt_status dt_model_set_threads(dt_model *m, int threads) {
     return DT_OK;
 }
 
-void dt_model_train(dt_model *m, bool training) { m->training = training; }
-void dt_model_set_rng(dt_model *m, const dt_rng *rng) { m->rng = *rng; }
-void dt_model_set_input_grad(dt_model *m, bool on) { m->want_input_grad = on; }
-const float *dt_model_input_grad(const dt_model *m) { return m->dx; }
+void dt_model_train(dt_model *m, bool training) {
+    m->training = training;
+}
+void dt_model_set_rng(dt_model *m, const dt_rng *rng) {
+    m->rng = *rng;
+}
+void dt_model_set_input_grad(dt_model *m, bool on) {
+    m->want_input_grad = on;
+}
+const float *dt_model_input_grad(const dt_model *m) {
+    return m->dx;
+}
 void dt_model_set_grad_hook(dt_model *m, dt_grad_ready_fn fn, void *user) {
     m->hook      = fn;
     m->hook_user = user;
@@ -333,7 +358,9 @@ void dt_model_profile(const dt_model *m, int layer, double *fwd_s, double *bwd_s
     }
 }
 
-void dt_model_zero_grad(dt_model *m) { memset(m->grads, 0, sizeof(float) * m->nparams); }
+void dt_model_zero_grad(dt_model *m) {
+    memset(m->grads, 0, sizeof(float) * m->nparams);
+}
 
 dt_status dt_model_reserve(dt_model *m, int batch) {
     if (!m->finalized)
@@ -347,7 +374,7 @@ dt_status dt_model_reserve(dt_model *m, int batch) {
     for (int i = 0; i < m->nlayers; i++) {
         nn_layer *l = &m->layers[i];
         if (l->skip && l->ops->in_place)
-            continue;  // a fused ReLU: no buffer of its own
+            continue; // a fused ReLU: no buffer of its own
         // A convolution with a fused pool writes the pool's output, and the gradient it
         // receives is the pool's; its own full-size output is never stored.
         size_t sz = nn_shape_size(l->pool ? l->pool->out : l->out);
@@ -372,7 +399,9 @@ dt_status dt_model_reserve(dt_model *m, int batch) {
     return DT_OK;
 }
 
-static const float *layer_input(const dt_model *m, int i) { return i == 0 ? m->x : m->act[i]; }
+static const float *layer_input(const dt_model *m, int i) {
+    return i == 0 ? m->x : m->act[i];
+}
 
 typedef struct run_args {
     dt_model    *m;
@@ -423,10 +452,10 @@ dt_status dt_model_forward(dt_model *m, const float *x, int batch) {
         nn_layer *l = &m->layers[i];
         if (m->act_own[i + 1]) {
             m->act[i + 1] = m->act_own[i + 1];
-            if (l->ops->in_place)  // only the first layer: work on a copy of x
+            if (l->ops->in_place) // only the first layer: work on a copy of x
                 memcpy(m->act_own[i + 1], x, sizeof(float) * (size_t)batch * nn_shape_size(l->in));
         } else {
-            m->act[i + 1] = m->act[i];  // in place, or not stored (fused into a convolution)
+            m->act[i + 1] = m->act[i]; // in place, or not stored (fused into a convolution)
         }
         l->last_training = m->training;
     }
@@ -435,7 +464,9 @@ dt_status dt_model_forward(dt_model *m, const float *x, int batch) {
     return DT_OK;
 }
 
-const float *dt_model_output(const dt_model *m) { return m->act[m->nlayers]; }
+const float *dt_model_output(const dt_model *m) {
+    return m->act[m->nlayers];
+}
 
 // Sums this thread's slice of layer l's gradient over the other threads' buffers,
 // in thread order, into the model's gradient buffer.
@@ -453,18 +484,18 @@ static void backward_task(void *arg, int ith, int nth) {
     run_args *a  = arg;
     dt_model *m  = a->m;
     size_t    no = dt_model_output_size(m);
-    int       g  = 0;  // gbuf[g] holds the gradient w.r.t. the current layer's output
+    int       g  = 0; // gbuf[g] holds the gradient w.r.t. the current layer's output
     nn_ctx    c0 = make_ctx(m, ith, nth, NULL);
     memcpy(m->gbuf[0] + (size_t)c0.s0 * no, a->dout + (size_t)c0.s0 * no,
            sizeof(float) * (size_t)(c0.s1 - c0.s0) * no);
     for (int i = m->nlayers - 1; i >= 0; i--) {
         nn_layer *l = &m->layers[i];
-        if (l->skip)  // its gradient work is done by the layer it is fused into
+        if (l->skip) // its gradient work is done by the layer it is fused into
             continue;
-        uint64_t t0 = m->profile && ith == 0 ? dt_now_ns() : 0;
-        nn_ctx   c  = make_ctx(m, ith, nth, NULL);
-        float    *dout = m->gbuf[g], *din = NULL;
-        bool      need_din = i > 0 || m->want_input_grad;
+        uint64_t t0   = m->profile && ith == 0 ? dt_now_ns() : 0;
+        nn_ctx   c    = make_ctx(m, ith, nth, NULL);
+        float   *dout = m->gbuf[g], *din = NULL;
+        bool     need_din = i > 0 || m->want_input_grad;
         if (l->ops->in_place)
             din = dout;
         else if (need_din)
@@ -478,7 +509,8 @@ static void backward_task(void *arg, int ith, int nth) {
         }
         l->ops->backward(l, &c, layer_input(m, i), layer_output(m, i), dout, din, dparams);
         if (l->ops->in_place && i == 0 && m->want_input_grad)
-            memcpy(m->dx + (size_t)c.s0 * nn_shape_size(l->in), din + (size_t)c.s0 * nn_shape_size(l->in),
+            memcpy(m->dx + (size_t)c.s0 * nn_shape_size(l->in),
+                   din + (size_t)c.s0 * nn_shape_size(l->in),
                    sizeof(float) * (size_t)(c.s1 - c.s0) * nn_shape_size(l->in));
         // Meet after every layer that wrote a new gradient buffer: the two ping-pong
         // buffers hold each layer's rows at that layer's stride, so the next layer's

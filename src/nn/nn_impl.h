@@ -11,35 +11,37 @@
 #include "nn/pool.h"
 
 typedef struct nn_shape {
-    int c, h, w;  // per sample; flat tensors are (f, 1, 1)
+    int c, h, w; // per sample; flat tensors are (f, 1, 1)
 } nn_shape;
 
-static inline size_t nn_shape_size(nn_shape s) { return (size_t)s.c * (size_t)s.h * (size_t)s.w; }
+static inline size_t nn_shape_size(nn_shape s) {
+    return (size_t)s.c * (size_t)s.h * (size_t)s.w;
+}
 
 typedef struct nn_layer nn_layer;
 
 // What a layer's forward or backward sees, per thread.
 typedef struct nn_ctx {
-    int           ith, nth;  // this thread, of nth
-    int           s0, s1;    // the samples this thread owns
+    int           ith, nth; // this thread, of nth
+    int           s0, s1;   // the samples this thread owns
     int           batch;
     bool          training;
-    dt_pool      *pool;      // for layers that must meet inside backward
-    float        *scratch;   // this thread's scratch, layer->scratch_floats long
-    const dt_rng *rng;       // this step's stream, already split by layer index
+    dt_pool      *pool;    // for layers that must meet inside backward
+    float        *scratch; // this thread's scratch, layer->scratch_floats long
+    const dt_rng *rng;     // this step's stream, already split by layer index
 } nn_ctx;
 
 // How a layer's parameter gradient is formed when several threads share a batch.
 typedef enum nn_grad_mode {
-    NN_GRAD_PARTIAL,  // each thread adds its samples' contribution into its own
-                      // buffer; the model sums the buffers in thread order
-    NN_GRAD_SHARED,   // the layer splits the gradient itself so threads write disjoint
-                      // parts of the one gradient buffer (after meeting inside backward)
+    NN_GRAD_PARTIAL, // each thread adds its samples' contribution into its own
+                     // buffer; the model sums the buffers in thread order
+    NN_GRAD_SHARED,  // the layer splits the gradient itself so threads write disjoint
+                     // parts of the one gradient buffer (after meeting inside backward)
 } nn_grad_mode;
 
 typedef struct nn_layer_ops {
     const char  *kind;
-    bool         in_place;  // output aliases input; backward works on the gradient in place
+    bool         in_place; // output aliases input; backward works on the gradient in place
     nn_grad_mode grad_mode;
     // Checks l->in, sets l->out, the parameter shapes, scratch and aux sizes, flops.
     dt_status (*setup)(nn_layer *l);
@@ -48,8 +50,8 @@ typedef struct nn_layer_ops {
     // dout: gradient w.r.t. the output (rows [s0, s1) are this thread's; may be
     // overwritten); din: gradient w.r.t. the input, NULL when nobody needs it;
     // dparams: where this thread adds the weight then bias gradient (layer's slice).
-    void (*backward)(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
-                     float *dout, float *din, float *dparams);
+    void (*backward)(nn_layer *l, const nn_ctx *c, const float *in, const float *out, float *dout,
+                     float *din, float *dparams);
 } nn_layer_ops;
 
 struct nn_layer {
@@ -57,25 +59,25 @@ struct nn_layer {
     int                 index;
     nn_shape            in, out;
     // hyper-parameters
-    int   out_c;     // conv: out channels; linear: out features
+    int   out_c; // conv: out channels; linear: out features
     int   k, stride, pad;
-    float p;         // dropout probability
+    float p; // dropout probability
     // parameters: weight then bias, as slices of the flat buffers
-    int     nparams;      // 0 or 2
+    int     nparams; // 0 or 2
     int     wndim;
     int64_t wshape[4];
     int64_t bcount;
     size_t  wcount;
-    size_t  param_off;    // floats into the flat buffers
+    size_t  param_off; // floats into the flat buffers
     size_t  param_count;
-    float  *w, *b;        // views into the flat parameter buffer (after finalize)
+    float  *w, *b; // views into the flat parameter buffer (after finalize)
     size_t  fan_in;
     // per-thread scratch and per-sample saved state
-    size_t   scratch_floats;
-    size_t   aux_per_sample;  // bytes
-    uint8_t *aux;             // batch * aux_per_sample, owned by the model
-    bool     last_training;   // the mode of the last forward (dropout backward uses it)
-    bool     fuse_relu;       // conv: applies the next layer's ReLU itself
+    size_t    scratch_floats;
+    size_t    aux_per_sample; // bytes
+    uint8_t  *aux;            // batch * aux_per_sample, owned by the model
+    bool      last_training;  // the mode of the last forward (dropout backward uses it)
+    bool      fuse_relu;      // conv: applies the next layer's ReLU itself
     nn_layer *pool;           // conv: the 2x2/2 max pool after that ReLU, computed by the
                               // convolution itself (NULL: none); its output and winner
                               // indices are the pool layer's
@@ -97,11 +99,11 @@ extern const nn_layer_ops dt_nn_log_softmax_ops;
 
 // Kernels shared by layers (kernels.c).
 // (C, H, W) image -> (C*k*k, Ho*Wo) columns, zero where the window hits padding.
-void dt_nn_im2col(const float *img, int c, int h, int w, int k, int stride, int pad, int ho,
-                  int wo, float *col);
+void dt_nn_im2col(const float *img, int c, int h, int w, int k, int stride, int pad, int ho, int wo,
+                  float *col);
 // Adds columns back into a zeroed (C, H, W) image: the adjoint of im2col.
-void dt_nn_col2im(const float *col, int c, int h, int w, int k, int stride, int pad, int ho,
-                  int wo, float *img);
+void dt_nn_col2im(const float *col, int c, int h, int w, int k, int stride, int pad, int ho, int wo,
+                  float *img);
 // Whether layers use dtrain's own kernels (shifted.c) instead of OpenBLAS: when the
 // CPU has AVX-512, unless DT_CONV=gemm (or DT_CONV=direct forces them). blas.c.
 bool dt_nn_want_direct(void);
@@ -109,8 +111,8 @@ bool dt_nn_want_direct(void);
 void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w, int rows, int n,
                         float *out, size_t out_ld, bool add);
 // dw[o][r] += sum_j a[o][j] * src[off[r] + j]   (o < rows, r < R, j < n; shifted.c)
-void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *src,
-                           const int *off, int R, int n, float *dw);
+void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *src, const int *off,
+                           int R, int n, float *dw);
 // y[i] = max(y[i], 0)
 void dt_nn_relu_inplace(float *y, size_t n);
 // d[i] = y[i] > 0 ? d[i] : 0

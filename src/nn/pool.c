@@ -13,13 +13,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define SPIN_ITERS 4000  // tens of microseconds of pause instructions
+#define SPIN_ITERS 4000 // tens of microseconds of pause instructions
 
 struct dt_pool {
-    int         n;
-    pthread_t  *threads;
-    dt_pool_fn  fn;        // the current task; written before `gen` is bumped
-    void       *arg;
+    int        n;
+    pthread_t *threads;
+    dt_pool_fn fn; // the current task; written before `gen` is bumped
+    void      *arg;
     // Futex words are plain unsigned ints accessed with __atomic builtins (a futex
     // needs the address of a 32-bit int, which _Atomic types do not promise).
     unsigned    gen;       // task generation: workers run when it changes
@@ -42,7 +42,9 @@ static void futex_wake_all(unsigned *addr) {
     syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
 }
 
-static unsigned load_acq(unsigned *addr) { return __atomic_load_n(addr, __ATOMIC_ACQUIRE); }
+static unsigned load_acq(unsigned *addr) {
+    return __atomic_load_n(addr, __ATOMIC_ACQUIRE);
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -102,8 +104,8 @@ dt_pool *dt_pool_init(int nthreads) {
             dt_free(wa);
             p->n = i;
             dt_pool_free(p);
-            dt_fail(DT_ERR_NOMEM, "thread pool: could not start thread %d of %d: %s", i,
-                    nthreads, strerror(rc));
+            dt_fail(DT_ERR_NOMEM, "thread pool: could not start thread %d of %d: %s", i, nthreads,
+                    strerror(rc));
             return NULL;
         }
     }
@@ -122,7 +124,9 @@ void dt_pool_free(dt_pool *p) {
     dt_free(p);
 }
 
-int dt_pool_size(const dt_pool *p) { return p ? p->n : 1; }
+int dt_pool_size(const dt_pool *p) {
+    return p ? p->n : 1;
+}
 
 void dt_pool_run(dt_pool *p, dt_pool_fn fn, void *arg) {
     if (!p || p->n == 1) {

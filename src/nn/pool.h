@@ -10,10 +10,10 @@
 typedef struct dt_pool dt_pool;
 typedef void (*dt_pool_fn)(void *arg, int ith, int nth);
 
-dt_pool  *dt_pool_init(int nthreads);  // NULL on failure (message recorded)
-void      dt_pool_free(dt_pool *p);    // NULL-safe; joins the threads
-int       dt_pool_size(const dt_pool *p);
-void      dt_pool_run(dt_pool *p, dt_pool_fn fn, void *arg);
-void      dt_pool_barrier(dt_pool *p);
+dt_pool *dt_pool_init(int nthreads); // NULL on failure (message recorded)
+void     dt_pool_free(dt_pool *p);   // NULL-safe; joins the threads
+int      dt_pool_size(const dt_pool *p);
+void     dt_pool_run(dt_pool *p, dt_pool_fn fn, void *arg);
+void     dt_pool_barrier(dt_pool *p);
 
 #endif // DTRAIN_NN_POOL_H

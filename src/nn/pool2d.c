@@ -16,12 +16,13 @@ static dt_status maxpool_setup(nn_layer *l) {
                        "kernel %d, stride %d",
                        l->index, l->k, l->stride);
     if (l->in.h < l->k || l->in.w < l->k)
-        return dt_fail(DT_ERR_ARG, "layer %d maxpool2d: window %d does not fit the input (%d, %d, %d)",
+        return dt_fail(DT_ERR_ARG,
+                       "layer %d maxpool2d: window %d does not fit the input (%d, %d, %d)",
                        l->index, l->k, l->in.c, l->in.h, l->in.w);
     l->out.c          = l->in.c;
     l->out.h          = (l->in.h - l->k) / l->stride + 1;
     l->out.w          = (l->in.w - l->k) / l->stride + 1;
-    l->aux_per_sample = nn_shape_size(l->out);  // one byte per output: the winner's index
+    l->aux_per_sample = nn_shape_size(l->out); // one byte per output: the winner's index
     return DT_OK;
 }
 
@@ -39,9 +40,18 @@ DT_CLONES static void pool2x2(const float *x, int c, int h, int w, int ho, int w
                 float   a = r0[2 * ow], b = r0[2 * ow + 1], cc = r1[2 * ow], d = r1[2 * ow + 1];
                 float   m = a;
                 uint8_t i = 0;
-                if (b > m) { m = b; i = 1; }
-                if (cc > m) { m = cc; i = 2; }
-                if (d > m) { m = d; i = 3; }
+                if (b > m) {
+                    m = b;
+                    i = 1;
+                }
+                if (cc > m) {
+                    m = cc;
+                    i = 2;
+                }
+                if (d > m) {
+                    m = d;
+                    i = 3;
+                }
                 yo[ow] = m;
                 ao[ow] = i;
             }

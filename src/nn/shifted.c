@@ -17,14 +17,16 @@
 #include "core/simd.h"
 #include "nn/nn_impl.h"
 
-#define OB 8  // output rows per block
-#define JB 3  // 16-wide column vectors per block
+#define OB 8 // output rows per block
+#define JB 3 // 16-wide column vectors per block
 
-#define PRAGMA_(x)  _Pragma(#x)
-#define UNROLL(n)   PRAGMA_(GCC unroll n)
+#define PRAGMA_(x) _Pragma(#x)
+#define UNROLL(n)  PRAGMA_(GCC unroll n)
 
 // One block: rows [o0, o0 + NO) x columns [j, j + 16*NV). NO and NV are constants in
 // every instance, so the accumulators live in registers and the loop has no branches.
+// (The kernels keep the unroll pragmas and loops as laid out: not reformatted.)
+// clang-format off
 #define DEFINE_BLOCK_NN(name, NO, NV)                                                        \
     static inline __attribute__((always_inline)) void name(                                 \
         const float *restrict src, const int *restrict off, int R, const float *restrict w, \
@@ -47,6 +49,7 @@
             dt_store16(out + (size_t)(o0 + o) * out_ld + j + 16 * b, acc[o][b]);            \
     }
 
+// clang-format on
 DEFINE_BLOCK_NN(block_8x3, OB, JB)
 DEFINE_BLOCK_NN(block_1x3, 1, JB)
 DEFINE_BLOCK_NN(block_8x1, OB, 1)
@@ -68,11 +71,11 @@ static void narrow_columns(const float *src, const int *off, int R, const float 
 // out[o][j] (+)= sum_r w[o][r] * src[off[r] + j] for o < rows, j < n; w is (rows, R)
 // row-major, out rows are out_ld apart; `add` adds to out instead of overwriting it.
 // Reads src[off[r] + j] only for j < n.
-DT_CLONES void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w,
-                                  int rows, int n, float *out, size_t out_ld, bool add) {
+DT_CLONES void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w, int rows,
+                                  int n, float *out, size_t out_ld, bool add) {
     for (int o0 = 0; o0 < rows;) {
         bool full = rows - o0 >= OB;
-        int  nr   = full ? OB : 1, j = 0;
+        int  nr = full ? OB : 1, j = 0;
         for (; j + 16 * JB <= n; j += 16 * JB)
             if (full)
                 block_8x3(src, off, R, w, o0, j, out, out_ld, add);
@@ -98,8 +101,10 @@ DT_CLONES void dt_nn_shifted_gemm(const float *src, const int *off, int R, const
     }
 }
 
-#define TB_O 4  // rows of a per block
-#define TB_R 4  // shifted rows per block (4x4: 16 accumulators + 8 operands fit the registers; 4x6 spilled)
+#define TB_O 4 // rows of a per block
+// Shifted rows per block: 4x4 is 16 accumulators + 8 operands, which fit the registers
+// (4x6 spilled).
+#define TB_R 4
 
 // The lanes of v summed in a fixed order (halving tree).
 DT_VINLINE float hsum16(dt_v16f v) {
@@ -119,13 +124,14 @@ DT_VINLINE float hsum16(dt_v16f v) {
 // (`tail_mask`), so nothing at or past column n is read and the extra lanes of x only
 // ever meet zeros.
 typedef struct tail {
-    int     start;  // first tail column (n rounded down to 16)
-    int     len;    // n % 16
+    int     start; // first tail column (n rounded down to 16)
+    int     len;   // n % 16
     dt_v16i idx, mask;
 } tail;
 
 // One block: dw rows [o0, o0 + NO) x columns [r0, r0 + NR); constants in every
 // instance, as for the forward blocks.
+// clang-format off
 #define DEFINE_BLOCK_NT(name, NO, NR)                                                        \
     static inline __attribute__((always_inline)) void name(                                 \
         const float *restrict a, size_t a_ld, int o0, const float *restrict src,            \
@@ -157,6 +163,7 @@ typedef struct tail {
             dw[(size_t)(o0 + o) * R + r0 + q] += hsum16(acc[o][q]);                         \
     }
 
+// clang-format on
 DEFINE_BLOCK_NT(block_nt_4x6, TB_O, TB_R)
 DEFINE_BLOCK_NT(block_nt_4x1, TB_O, 1)
 DEFINE_BLOCK_NT(block_nt_1x6, 1, TB_R)

@@ -8,7 +8,7 @@
 #include <math.h>
 
 typedef struct adadelta_consts {
-    float lr, rho, c, eps, wd;  // c = 1 - rho
+    float lr, rho, c, eps, wd; // c = 1 - rho
 } adadelta_consts;
 
 // v = ρ·v + (1 − ρ)·g²; leaves v + eps in sv and u + eps in su (two restrict pointers

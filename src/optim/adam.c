@@ -10,11 +10,11 @@
 
 typedef struct adam_consts {
     float b1, b2;
-    float c1, c2;     // 1 - beta1, 1 - beta2
-    float wd;         // Adam: g += wd·p; AdamW: 0
-    float decay;      // AdamW: p ·= 1 - lr·wd; Adam: 1 (exact no-op)
-    float step_size;  // lr / (1 - beta1^t)
-    float bc2_sqrt;   // sqrt(1 - beta2^t)
+    float c1, c2;    // 1 - beta1, 1 - beta2
+    float wd;        // Adam: g += wd·p; AdamW: 0
+    float decay;     // AdamW: p ·= 1 - lr·wd; Adam: 1 (exact no-op)
+    float step_size; // lr / (1 - beta1^t)
+    float bc2_sqrt;  // sqrt(1 - beta2^t)
     float eps;
 } adam_consts;
 

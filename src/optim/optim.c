@@ -12,7 +12,9 @@ static const char *const kind_names[DT_OPTIM_KIND_COUNT_] = {
     [DT_OPTIM_ADADELTA] = "adadelta",
 };
 
-dt_sgd_opts dt_sgd_opts_default(void) { return (dt_sgd_opts){.lr = 1e-3f}; }
+dt_sgd_opts dt_sgd_opts_default(void) {
+    return (dt_sgd_opts){.lr = 1e-3f};
+}
 
 dt_adam_opts dt_adam_opts_default(void) {
     return (dt_adam_opts){.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
@@ -161,7 +163,9 @@ void dt_optim_zero_grad(dt_optim *o) {
         memset(o->grads, 0, o->n * sizeof *o->grads);
 }
 
-float dt_optim_lr(const dt_optim *o) { return o->lr; }
+float dt_optim_lr(const dt_optim *o) {
+    return o->lr;
+}
 
 dt_status dt_optim_set_lr(dt_optim *o, float lr) {
     DT_TRY(check_range(kind_names[o->kind], "lr", lr, 0, INFINITY, false));
@@ -175,7 +179,9 @@ float *dt_optim_state(dt_optim *o, size_t *nfloats) {
     return o->state;
 }
 
-int64_t dt_optim_step_count(const dt_optim *o) { return o->steps; }
+int64_t dt_optim_step_count(const dt_optim *o) {
+    return o->steps;
+}
 
 dt_status dt_optim_set_step_count(dt_optim *o, int64_t steps) {
     if (steps < 0)
@@ -185,5 +191,9 @@ dt_status dt_optim_set_step_count(dt_optim *o, int64_t steps) {
     return DT_OK;
 }
 
-const char *dt_optim_name(const dt_optim *o) { return kind_names[o->kind]; }
-size_t      dt_optim_num_params(const dt_optim *o) { return o->n; }
+const char *dt_optim_name(const dt_optim *o) {
+    return kind_names[o->kind];
+}
+size_t dt_optim_num_params(const dt_optim *o) {
+    return o->n;
+}

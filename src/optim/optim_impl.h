@@ -15,13 +15,13 @@ typedef enum dt_optim_kind {
 
 struct dt_optim {
     dt_optim_kind kind;
-    void (*step)(dt_optim *o);  // the update rule; step count already incremented
-    float  *params;             // (n) borrowed
-    float  *grads;              // (n) borrowed
+    void (*step)(dt_optim *o); // the update rule; step count already incremented
+    float  *params;            // (n) borrowed
+    float  *grads;             // (n) borrowed
     size_t  n;
-    float  *state;  // (nstate) owned
+    float  *state; // (nstate) owned
     size_t  nstate;
-    int64_t steps;  // steps taken, including the one running
+    int64_t steps; // steps taken, including the one running
     float   lr;
     union {
         dt_sgd_opts      sgd;
@@ -45,7 +45,7 @@ dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t
 void dt_optim_sqrt(float *x, size_t n);
 
 void dt_optim_step_sgd(dt_optim *o);
-void dt_optim_step_adam(dt_optim *o);  // Adam and AdamW
+void dt_optim_step_adam(dt_optim *o); // Adam and AdamW
 void dt_optim_step_adadelta(dt_optim *o);
 
-#endif  // DTRAIN_OPTIM_IMPL_H
+#endif // DTRAIN_OPTIM_IMPL_H

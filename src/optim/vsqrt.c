@@ -28,7 +28,7 @@ __attribute__((target("avx"))) static void sqrt_avx(float *x, size_t n) {
         x[i] = sqrtf(x[i]);
 }
 
-static void sqrt_sse(float *x, size_t n) {  // SSE is part of baseline x86-64
+static void sqrt_sse(float *x, size_t n) { // SSE is part of baseline x86-64
     size_t i = 0;
     for (; i + 4 <= n; i += 4)
         _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));

@@ -228,8 +228,8 @@ static void test_kill_while_replacing(void) {
         saver_init(&s);
         dt_ckpt_state cs = saver_state(&s, 0);
         dt_ckpt_info  info;
-        dt_status     ls = dt_ckpt_load(dir, NULL, &cs, NULL, &info);
-        const char   *v  = ls ? NULL : dt_ckpt_info_get(&info, "version");
+        dt_status     ls  = dt_ckpt_load(dir, NULL, &cs, NULL, &info);
+        const char   *v   = ls ? NULL : dt_ckpt_info_get(&info, "version");
         int64_t       now = v ? atoll(v) : -1;
         if (!v || !loaded_matches(&s, 7, 0, now)) {
             bad_loads++;

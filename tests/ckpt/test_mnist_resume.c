@@ -11,13 +11,13 @@
 //   --fallback it resumes from the previous one, and still ends bitwise equal.
 // - --eval-only --load evaluates the saved model with the accuracy training printed;
 //   the flag combinations that make no sense are refused with exit code 2.
-#include "ckpt_test.h"
 #include "../lib/prog.h"
+#include "ckpt_test.h"
 
 #include <fcntl.h>
 #include <limits.h>
-#include <signal.h>
 #include <linux/kcmp.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -26,7 +26,9 @@
 static char bin[PATH_MAX + 64];
 static char common[256] = "--limit 256 --batch-size 16 --epochs 2 --threads 1 --seed 3";
 
-static bool find_bin(void) { return test_program_path("dtrain-mnist", bin, sizeof bin); }
+static bool find_bin(void) {
+    return test_program_path("dtrain-mnist", bin, sizeof bin);
+}
 
 // Runs `dtrain-mnist <args>` through the shell; exit status, output in *out (malloc'd).
 static int run(char **out, const char *fmt, ...) DT_PRINTF(2, 3);
@@ -208,7 +210,7 @@ static void kill_until_done(bool two, const char *straight, uint64_t seed) {
     int    kills = 0, finished = 0, resumes = 0;
     for (int attempt = 0; attempt < 40 && !finished; attempt++) {
         int64_t before = -1;
-        dt_ckpt_latest(dir, &before);  // -1 stays when there is none yet
+        dt_ckpt_latest(dir, &before); // -1 stays when there is none yet
         pid_t pid = start(args, log);
         int   st;
         pid_t w = 0;

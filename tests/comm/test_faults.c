@@ -17,10 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define BIG ((size_t)16 << 20)  // floats: 64 MiB, long enough to be killed inside
+#define BIG ((size_t)16 << 20) // floats: 64 MiB, long enough to be killed inside
 
 typedef struct shared {
-    _Atomic uint64_t kill_ns;  // when the victim killed itself
+    _Atomic uint64_t kill_ns; // when the victim killed itself
     _Atomic int      started;
 } shared;
 
@@ -29,7 +29,9 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+static bool contains(const char *hay, const char *needle) {
+    return strstr(hay, needle) != NULL;
+}
 
 // ------------------------------------------------------------------- peer death
 
@@ -87,7 +89,7 @@ static void kill_ranks(int rank, int world, void *arg) {
 }
 
 static void test_killed_rank(void) {
-    int cases[][2] = {{2, 1}, {3, 1}, {4, 2}, {4, 0}, {5, 3}};  // {world, victim}
+    int cases[][2] = {{2, 1}, {3, 1}, {4, 2}, {4, 0}, {5, 3}}; // {world, victim}
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kill_cfg cfg = {.victim = cases[i][1]};
         mp_opts  o   = {.world = cases[i][0], .may_die = 1u << cases[i][1], .timeout_ms = 60000};
@@ -103,7 +105,7 @@ static void mismatch_ranks(int rank, int world, void *arg) {
     CHECK(pg != NULL);
     if (!pg)
         return;
-    float  buf[300] = {0};
+    float buf[300] = {0};
     // The last rank asks for 200 elements, the others for 100.
     size_t n = rank == world - 1 ? 200 : 100;
     CHECK_OK(dt_pg_barrier(pg));
@@ -269,7 +271,7 @@ static void test_clean_exit(void) {
 
 static void port_in_use_ranks(int rank, int world, void *arg) {
     (void)world;
-    int port = *(int *)arg;
+    int  port = *(int *)arg;
     char b[16];
     snprintf(b, sizeof b, "%d", port);
     setenv("MASTER_PORT", b, 1);
@@ -280,17 +282,17 @@ static void port_in_use_ranks(int rank, int world, void *arg) {
         snprintf(want, sizeof want, "port %d is already in use", port);
         CHECK_EQ(dt_last_status(), DT_ERR_IO);
         CHECK(contains(dt_last_error(), want));
-        CHECK(contains(dt_last_error(), "pid "));  // names the holder (the parent)
+        CHECK(contains(dt_last_error(), "pid ")); // names the holder (the parent)
         if (!contains(dt_last_error(), want))
             fprintf(stderr, "     \"%s\"\n", dt_last_error());
     }
 }
 
 static void test_port_in_use(void) {
-    int port = mp_free_port();
-    int fd   = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr    = htonl(INADDR_ANY);
+    int                port = mp_free_port();
+    int                fd   = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a    = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr       = htonl(INADDR_ANY);
     CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 1) == 0);
     mp_opts o = {.world = 1, .timeout_ms = 30000};
     MP_RUN(&o, port_in_use_ranks, &port);
@@ -345,7 +347,7 @@ static void test_wrong_token(void) {
 static void world_ranks(int rank, int world, void *arg) {
     (void)world, (void)arg;
     if (rank == 1) {
-        sleep_ms(200);  // rank 0 fixes the world size first
+        sleep_ms(200); // rank 0 fixes the world size first
         setenv("WORLD_SIZE", "3", 1);
     }
     uint64_t t0 = dt_now_ns();
@@ -356,7 +358,7 @@ static void world_ranks(int rank, int world, void *arg) {
                                     "ranks before it have WORLD_SIZE=2"));
     if (!contains(dt_last_error(), "world size mismatch"))
         fprintf(stderr, "     rank %d: \"%s\"\n", rank, dt_last_error());
-    CHECK((dt_now_ns() - t0) / 1000000 < 3000);  // rank 0 does not wait for its timeout
+    CHECK((dt_now_ns() - t0) / 1000000 < 3000); // rank 0 does not wait for its timeout
     dt_pg_free(pg);
 }
 

@@ -63,14 +63,14 @@ static dt_launch_env parse_ok(const char *const *kv) {
     return le;
 }
 
-#define EXPECT(le, l, r, w, lr, lw, mpi)                                                     \
-    do {                                                                                     \
-        CHECK_EQ((le).launcher, l);                                                          \
-        CHECK_EQ((le).rank, r);                                                              \
-        CHECK_EQ((le).world, w);                                                             \
-        CHECK_EQ((le).local_rank, lr);                                                       \
-        CHECK_EQ((le).local_world, lw);                                                      \
-        CHECK_EQ((le).is_mpi, mpi);                                                          \
+#define EXPECT(le, l, r, w, lr, lw, mpi)                                                           \
+    do {                                                                                           \
+        CHECK_EQ((le).launcher, l);                                                                \
+        CHECK_EQ((le).rank, r);                                                                    \
+        CHECK_EQ((le).world, w);                                                                   \
+        CHECK_EQ((le).local_rank, lr);                                                             \
+        CHECK_EQ((le).local_world, lw);                                                            \
+        CHECK_EQ((le).is_mpi, mpi);                                                                \
     } while (0)
 
 // ------------------------------------------------------------------ each launcher
@@ -105,11 +105,10 @@ static void test_each_launcher(void) {
 
     // srun: the step's task count, not the allocation's; local size from the step's
     // per-node list at this node.
-    le = parse_ok((const char *const[]){"SLURM_PROCID=5", "SLURM_STEP_ID=0",
-                                        "SLURM_STEP_NUM_TASKS=6", "SLURM_NTASKS=8",
-                                        "SLURM_LOCALID=1", "SLURM_NODEID=2",
-                                        "SLURM_STEP_TASKS_PER_NODE=2(x2),2",
-                                        "SLURM_TASKS_PER_NODE=4(x2)", NULL});
+    le = parse_ok((const char *const[]){
+        "SLURM_PROCID=5", "SLURM_STEP_ID=0", "SLURM_STEP_NUM_TASKS=6", "SLURM_NTASKS=8",
+        "SLURM_LOCALID=1", "SLURM_NODEID=2", "SLURM_STEP_TASKS_PER_NODE=2(x2),2",
+        "SLURM_TASKS_PER_NODE=4(x2)", NULL});
     EXPECT(le, DT_LAUNCHER_SLURM, 5, 6, 1, 2, true);
     CHECK(strcmp(le.world_var, "SLURM_STEP_NUM_TASKS") == 0);
     // Older Slurm: SLURM_STEPID, SLURM_NTASKS and SLURM_NTASKS_PER_NODE only.
@@ -123,16 +122,14 @@ static void test_each_launcher(void) {
     EXPECT(le, DT_LAUNCHER_NONE, -1, -1, -1, -1, false);
     // mpirun inside an allocation: every rank inherits the script's SLURM_PROCID=0.
     le = parse_ok((const char *const[]){"SLURM_PROCID=0", "SLURM_STEP_ID=0", "SLURM_NTASKS=4",
-                                        "OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=4",
-                                        NULL});
+                                        "OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=4", NULL});
     EXPECT(le, DT_LAUNCHER_OPENMPI, 3, 4, -1, -1, true);
     // dt_spawn's children of an mpirun'd parent: RANK/WORLD_SIZE are theirs.
     le = parse_ok((const char *const[]){"RANK=1", "WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=0",
                                         "OMPI_COMM_WORLD_SIZE=1", NULL});
     EXPECT(le, DT_LAUNCHER_ENV, 1, 2, -1, -1, false);
     // Empty values count as unset.
-    le = parse_ok((const char *const[]){"RANK=", "WORLD_SIZE=", "PMI_RANK=1", "PMI_SIZE=2",
-                                        NULL});
+    le = parse_ok((const char *const[]){"RANK=", "WORLD_SIZE=", "PMI_RANK=1", "PMI_SIZE=2", NULL});
     EXPECT(le, DT_LAUNCHER_PMI, 1, 2, -1, -1, true);
 }
 
@@ -158,9 +155,9 @@ static void test_errors(void) {
     expect_error((const char *const[]){"OMPI_COMM_WORLD_RANK=4", "OMPI_COMM_WORLD_SIZE=4", NULL},
                  "OMPI_COMM_WORLD_RANK=4 is out of range: expected 0 <= rank < "
                  "OMPI_COMM_WORLD_SIZE=4");
-    expect_error((const char *const[]){"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=2",
-                                       "LOCAL_WORLD_SIZE=2", NULL},
-                 "LOCAL_RANK=2 is out of range: expected 0 <= local rank < LOCAL_WORLD_SIZE=2");
+    expect_error(
+        (const char *const[]){"RANK=0", "WORLD_SIZE=4", "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2", NULL},
+        "LOCAL_RANK=2 is out of range: expected 0 <= local rank < LOCAL_WORLD_SIZE=2");
     expect_error((const char *const[]){"RANK=0", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=5", NULL},
                  "LOCAL_WORLD_SIZE expects an integer in [1, 4]");
     expect_error((const char *const[]){"PMI_RANK=0", "PMI_SIZE=2", "MPI_LOCALRANKID=x", NULL},
@@ -189,8 +186,8 @@ static const lvars order[] = {
     {DT_LAUNCHER_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
     {DT_LAUNCHER_OPENMPI, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {DT_LAUNCHER_MVAPICH, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
-     "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"},
+    {DT_LAUNCHER_MVAPICH, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
+     "MV2_COMM_WORLD_LOCAL_SIZE"},
     {DT_LAUNCHER_PMI, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
     {DT_LAUNCHER_SLURM, "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
      "SLURM_NTASKS_PER_NODE"},
@@ -200,16 +197,16 @@ static void test_precedence_random(void) {
     dt_rng rng = dt_rng_init(dt_now_ns());
     int    bad = 0;
     for (int trial = 0; trial < 2000; trial++) {
-        fake_env e      = {0};
-        int      first  = -1;
-        int      want[4] = {-1, -1, -1, -1};  // rank, world, local rank, local world
+        fake_env e       = {0};
+        int      first   = -1;
+        int      want[4] = {-1, -1, -1, -1}; // rank, world, local rank, local world
         for (int i = 0; i < 5; i++) {
             if (dt_rng_u32(&rng) % 2)
                 continue;
-            int world = 1 + (int)(dt_rng_u32(&rng) % 64);
-            int rank  = (int)(dt_rng_u32(&rng) % (uint32_t)world);
-            int lw    = 1 + (int)(dt_rng_u32(&rng) % (uint32_t)world);
-            int lr    = (int)(dt_rng_u32(&rng) % (uint32_t)lw);
+            int  world      = 1 + (int)(dt_rng_u32(&rng) % 64);
+            int  rank       = (int)(dt_rng_u32(&rng) % (uint32_t)world);
+            int  lw         = 1 + (int)(dt_rng_u32(&rng) % (uint32_t)world);
+            int  lr         = (int)(dt_rng_u32(&rng) % (uint32_t)lw);
             bool with_local = dt_rng_u32(&rng) % 2;
             put_int(&e, order[i].rank, rank);
             put_int(&e, order[i].world, world);
@@ -220,23 +217,23 @@ static void test_precedence_random(void) {
             if (order[i].l == DT_LAUNCHER_SLURM)
                 put(&e, "SLURM_STEP_ID", "0");
             if (first < 0) {
-                first = i;
+                first   = i;
                 want[0] = rank, want[1] = world;
                 want[2] = with_local ? lr : -1, want[3] = with_local ? lw : -1;
             }
         }
         dt_launch_env le;
         dt_status     st = dt_launch_env_parse(lookup, &e, &le);
-        bool ok = st == DT_OK && (first < 0 ? le.launcher == DT_LAUNCHER_NONE
-                                            : le.launcher == order[first].l &&
-                                                  le.rank == want[0] && le.world == want[1] &&
-                                                  le.local_rank == want[2] &&
+        bool          ok = st == DT_OK && (first < 0 ? le.launcher == DT_LAUNCHER_NONE
+                                                     : le.launcher == order[first].l && le.rank == want[0] &&
+                                                  le.world == want[1] && le.local_rank == want[2] &&
                                                   le.local_world == want[3]);
         if (!ok && bad++ < 3)
-            fprintf(stderr, "     trial %d: expected %s rank %d/%d local %d/%d, found %s %d/%d "
-                            "local %d/%d (%s)\n",
-                    trial, first < 0 ? "none" : dt_launcher_name(order[first].l), want[0],
-                    want[1], want[2], want[3], dt_launcher_name(le.launcher), le.rank, le.world,
+            fprintf(stderr,
+                    "     trial %d: expected %s rank %d/%d local %d/%d, found %s %d/%d "
+                    "local %d/%d (%s)\n",
+                    trial, first < 0 ? "none" : dt_launcher_name(order[first].l), want[0], want[1],
+                    want[2], want[3], dt_launcher_name(le.launcher), le.rank, le.world,
                     le.local_rank, le.local_world, st == DT_OK ? "ok" : dt_last_error());
     }
     CHECK_EQ(bad, 0);
@@ -247,10 +244,10 @@ static void test_slurm_lists_random(void) {
     dt_rng rng = dt_rng_init(dt_now_ns() ^ 0x5107);
     int    bad = 0;
     for (int trial = 0; trial < 500; trial++) {
-        int  counts[64], nodes = 0;
-        char list[400];
-        size_t off = 0;
-        int items = 1 + (int)(dt_rng_u32(&rng) % 5);
+        int    counts[64], nodes = 0;
+        char   list[400];
+        size_t off   = 0;
+        int    items = 1 + (int)(dt_rng_u32(&rng) % 5);
         for (int it = 0; it < items; it++) {
             int n = 1 + (int)(dt_rng_u32(&rng) % 9), times = 1 + (int)(dt_rng_u32(&rng) % 4);
             off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", it ? "," : "", n);
@@ -271,8 +268,7 @@ static void test_slurm_lists_random(void) {
             dt_status     st = dt_launch_env_parse(lookup, &e, &le);
             if ((st != DT_OK || le.local_world != counts[node]) && bad++ < 3)
                 fprintf(stderr, "     \"%s\" node %d: expected %d tasks, found %d (%s)\n", list,
-                        node, counts[node], le.local_world,
-                        st == DT_OK ? "ok" : dt_last_error());
+                        node, counts[node], le.local_world, st == DT_OK ? "ok" : dt_last_error());
         }
     }
     CHECK_EQ(bad, 0);

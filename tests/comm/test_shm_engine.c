@@ -19,21 +19,21 @@
 // ----------------------------------------------------------------- forked worlds
 
 typedef struct world_cfg {
-    int         world;
-    size_t      chunk_bytes;  // 0: default
-    int         kill_rank;    // >= 0: the parent SIGKILLs this rank after kill_after_ms
-    int         kill_after_ms;
-    int         skip_init;    // this rank (>= 0) does not init (attach tests); -1 none
-    int         bad_world;    // this rank (>= 0) claims world + 1; -1 none
-    int64_t     init_timeout_ms;
+    int     world;
+    size_t  chunk_bytes; // 0: default
+    int     kill_rank;   // >= 0: the parent SIGKILLs this rank after kill_after_ms
+    int     kill_after_ms;
+    int     skip_init; // this rank (>= 0) does not init (attach tests); -1 none
+    int     bad_world; // this rank (>= 0) claims world + 1; -1 none
+    int64_t init_timeout_ms;
 } world_cfg;
 
 // One rank's engine and its operation counters (what the process group keeps).
 typedef struct tctx {
     dt_shm  *s;
     int      me, world;
-    uint64_t seq;       // collectives, from 1
-    uint64_t sent[8];   // messages per peer, from 1
+    uint64_t seq;     // collectives, from 1
+    uint64_t sent[8]; // messages per peer, from 1
     uint64_t recvd[8];
 } tctx;
 
@@ -63,11 +63,12 @@ static void run_world(const world_cfg *cfg, rank_fn fn, void *arg) {
             close(p[0]);
             check_passed = check_failed = 0;
             if (r != cfg->skip_init) {
-                dt_shm_opts o = {.rank        = r,
-                                 .world       = r == cfg->bad_world ? world + 1 : world,
-                                 .name        = seg_name,
-                                 .chunk_bytes = cfg->chunk_bytes,
-                                 .deadline_ns = dt_deadline_ns(cfg->init_timeout_ms ? cfg->init_timeout_ms : 20000)};
+                dt_shm_opts o  = {.rank        = r,
+                                  .world       = r == cfg->bad_world ? world + 1 : world,
+                                  .name        = seg_name,
+                                  .chunk_bytes = cfg->chunk_bytes,
+                                  .deadline_ns = dt_deadline_ns(
+                                      cfg->init_timeout_ms ? cfg->init_timeout_ms : 20000)};
                 tctx        t  = {.me = r, .world = world};
                 dt_status   st = dt_shm_init(&o, &t.s);
                 fn(&t, r, world, arg);
@@ -172,28 +173,49 @@ static void ref_reduce(void *out, size_t count, dt_dtype dt, dt_reduce_op op, ui
             if (dt == DT_FLOAT32) {
                 float a = ((float *)out)[i], b = ((float *)tmp)[i], v;
                 switch (op) {
-                case DT_REDUCE_MAX:  v = a > b ? a : b; break;
-                case DT_REDUCE_MIN:  v = a < b ? a : b; break;
-                case DT_REDUCE_PROD: v = a * b; break;
-                default:             v = a + b;
+                case DT_REDUCE_MAX:
+                    v = a > b ? a : b;
+                    break;
+                case DT_REDUCE_MIN:
+                    v = a < b ? a : b;
+                    break;
+                case DT_REDUCE_PROD:
+                    v = a * b;
+                    break;
+                default:
+                    v = a + b;
                 }
                 ((float *)out)[i] = v;
             } else if (dt == DT_INT32) {
                 int32_t a = ((int32_t *)out)[i], b = ((int32_t *)tmp)[i], v;
                 switch (op) {
-                case DT_REDUCE_MAX:  v = a > b ? a : b; break;
-                case DT_REDUCE_MIN:  v = a < b ? a : b; break;
-                case DT_REDUCE_PROD: v = (int32_t)((uint32_t)a * (uint32_t)b); break;
-                default:             v = (int32_t)((uint32_t)a + (uint32_t)b);
+                case DT_REDUCE_MAX:
+                    v = a > b ? a : b;
+                    break;
+                case DT_REDUCE_MIN:
+                    v = a < b ? a : b;
+                    break;
+                case DT_REDUCE_PROD:
+                    v = (int32_t)((uint32_t)a * (uint32_t)b);
+                    break;
+                default:
+                    v = (int32_t)((uint32_t)a + (uint32_t)b);
                 }
                 ((int32_t *)out)[i] = v;
             } else {
                 int64_t a = ((int64_t *)out)[i], b = ((int64_t *)tmp)[i], v;
                 switch (op) {
-                case DT_REDUCE_MAX:  v = a > b ? a : b; break;
-                case DT_REDUCE_MIN:  v = a < b ? a : b; break;
-                case DT_REDUCE_PROD: v = (int64_t)((uint64_t)a * (uint64_t)b); break;
-                default:             v = (int64_t)((uint64_t)a + (uint64_t)b);
+                case DT_REDUCE_MAX:
+                    v = a > b ? a : b;
+                    break;
+                case DT_REDUCE_MIN:
+                    v = a < b ? a : b;
+                    break;
+                case DT_REDUCE_PROD:
+                    v = (int64_t)((uint64_t)a * (uint64_t)b);
+                    break;
+                default:
+                    v = (int64_t)((uint64_t)a + (uint64_t)b);
                 }
                 ((int64_t *)out)[i] = v;
             }
@@ -227,21 +249,31 @@ static int same(const void *got, const void *want, size_t nbytes, const char *wh
 static const size_t counts[] = {0, 1, 7, 100003};
 
 #ifdef DT_SANITIZE
-#define BIG_COUNT (((size_t)1 << 20) + 3)  // sanitizers are 5-20x slower
+#define BIG_COUNT (((size_t)1 << 20) + 3) // sanitizers are 5-20x slower
 #else
-#define BIG_COUNT ((size_t)16 << 20)       // 16 Mi elements
+#define BIG_COUNT ((size_t)16 << 20) // 16 Mi elements
 #endif
 
-static uint64_t deadline(void) { return dt_deadline_ns(30000); }
+static uint64_t deadline(void) {
+    return dt_deadline_ns(30000);
+}
 
 // The dt_op the process group would build: fingerprint, name, buffers.
 static dt_status run_op(tctx *t, dt_coll kind, const void *src, void *dst, size_t count,
                         dt_dtype dt, dt_reduce_op rop, int root, int peer, int tag,
                         uint64_t deadline_ns) {
-    dt_op op = {.kind = kind, .src = src, .dst = dst, .count = count, .dtype = dt, .op = rop,
-                .root = root, .peer = peer, .tag = tag, .deadline_ns = deadline_ns};
-    bool reducing = kind == DT_COLL_ALL_REDUCE || kind == DT_COLL_REDUCE ||
-                    kind == DT_COLL_REDUCE_SCATTER;
+    dt_op op = {.kind        = kind,
+                .src         = src,
+                .dst         = dst,
+                .count       = count,
+                .dtype       = dt,
+                .op          = rop,
+                .root        = root,
+                .peer        = peer,
+                .tag         = tag,
+                .deadline_ns = deadline_ns};
+    bool  reducing =
+        kind == DT_COLL_ALL_REDUCE || kind == DT_COLL_REDUCE || kind == DT_COLL_REDUCE_SCATTER;
     if (!reducing)
         op.op = DT_REDUCE_SUM;
     op.fp.coll  = (uint8_t)kind;
@@ -252,13 +284,14 @@ static dt_status run_op(tctx *t, dt_coll kind, const void *src, void *dst, size_
     if (kind == DT_COLL_SEND || kind == DT_COLL_RECV) {
         op.fp.seq  = kind == DT_COLL_SEND ? ++t->sent[peer & 7] : ++t->recvd[peer & 7];
         op.fp.root = tag;
-        snprintf(op.name, sizeof op.name, "%s #%llu %s rank %d", kind == DT_COLL_SEND ? "send" : "recv",
-                 (unsigned long long)op.fp.seq, kind == DT_COLL_SEND ? "to" : "from", peer);
+        snprintf(op.name, sizeof op.name, "%s #%llu %s rank %d",
+                 kind == DT_COLL_SEND ? "send" : "recv", (unsigned long long)op.fp.seq,
+                 kind == DT_COLL_SEND ? "to" : "from", peer);
     } else {
-        op.fp.seq = ++t->seq;
-        static const char *const names[] = {"all_reduce", "broadcast", "reduce", "all_gather",
-                                            "reduce_scatter", "gather", "scatter", "all_to_all",
-                                            "barrier"};
+        op.fp.seq                        = ++t->seq;
+        static const char *const names[] = {"all_reduce", "broadcast",      "reduce",
+                                            "all_gather", "reduce_scatter", "gather",
+                                            "scatter",    "all_to_all",     "barrier"};
         snprintf(op.name, sizeof op.name, "%s #%llu", names[kind], (unsigned long long)op.fp.seq);
     }
     return dt_shm_run(t->s, &op);
@@ -302,16 +335,15 @@ static dt_status t_send(tctx *t, const void *buf, size_t n, dt_dtype dt, int pee
                         uint64_t dl) {
     return run_op(t, DT_COLL_SEND, buf, NULL, n, dt, 0, -1, peer, tag, dl);
 }
-static dt_status t_recv(tctx *t, void *buf, size_t n, dt_dtype dt, int peer, int tag,
-                        uint64_t dl) {
+static dt_status t_recv(tctx *t, void *buf, size_t n, dt_dtype dt, int peer, int tag, uint64_t dl) {
     return run_op(t, DT_COLL_RECV, NULL, buf, n, dt, 0, -1, peer, tag, dl);
 }
 
 // ------------------------------------------------------------------- collectives
 
 typedef struct coll_arg {
-    int    big;      // also run 16 Mi float sums
-    int    all_ops;  // every dtype x op (else float sum/max only)
+    int big;     // also run 16 Mi float sums
+    int all_ops; // every dtype x op (else float sum/max only)
 } coll_arg;
 
 static void body_reductions(tctx *t, int me, int world, const coll_arg *a) {
@@ -342,11 +374,14 @@ static void body_reductions(tctx *t, int me, int world, const coll_arg *a) {
                     same(out, want, n * es, "reduce", me, n);
                 // reduce_scatter: rank r's result is block r of the reduction of everyone's input
                 gen(in, n * (size_t)world, (dt_dtype)dt, seed + 7, me, 0);
-                CHECK_OK(t_reduce_scatter(t, in, out, n, (dt_dtype)dt, (dt_reduce_op)op, deadline()));
-                ref_reduce(want, n, (dt_dtype)dt, (dt_reduce_op)op, seed + 7, world, (size_t)me * n);
+                CHECK_OK(
+                    t_reduce_scatter(t, in, out, n, (dt_dtype)dt, (dt_reduce_op)op, deadline()));
+                ref_reduce(want, n, (dt_dtype)dt, (dt_reduce_op)op, seed + 7, world,
+                           (size_t)me * n);
                 same(out, want, n * es, "reduce_scatter", me, n);
                 unsigned char *mine = (unsigned char *)in + (size_t)me * n * es;
-                CHECK_OK(t_reduce_scatter(t, in, mine, n, (dt_dtype)dt, (dt_reduce_op)op, deadline()));
+                CHECK_OK(
+                    t_reduce_scatter(t, in, mine, n, (dt_dtype)dt, (dt_reduce_op)op, deadline()));
                 same(mine, want, n * es, "reduce_scatter in place", me, n);
                 dt_free(in);
                 dt_free(out);
@@ -460,8 +495,8 @@ static void test_collectives_small_chunk(void) {
     // 4 KiB chunks: the prime count streams through ~100 chunks per call.
     coll_arg a = {.big = 0, .all_ops = 1};
     for (int w = 1; w <= 5; w++) {
-        world_cfg c = {.world = w, .chunk_bytes = 4096, .kill_rank = -1, .skip_init = -1,
-                       .bad_world = -1};
+        world_cfg c = {
+            .world = w, .chunk_bytes = 4096, .kill_rank = -1, .skip_init = -1, .bad_world = -1};
         run_world(&c, body_all, &a);
     }
 }
@@ -479,8 +514,8 @@ static void test_nontemporal(void) {
     coll_arg a = {.big = 0, .all_ops = 1};
     setenv("DT_SHM_NT_KIB", "1", 1);
     for (int w = 2; w <= 3; w++) {
-        world_cfg c = {.world = w, .chunk_bytes = 8192, .kill_rank = -1, .skip_init = -1,
-                       .bad_world = -1};
+        world_cfg c = {
+            .world = w, .chunk_bytes = 8192, .kill_rank = -1, .skip_init = -1, .bad_world = -1};
         run_world(&c, body_all, &a);
     }
     unsetenv("DT_SHM_NT_KIB");
@@ -520,12 +555,12 @@ static void body_send_ring(tctx *t, int me, int world, void *arg) {
     if (!CHECK(t->s != NULL))
         return;
     int    to = (me + 1) % world, from = (me + world - 1) % world;
-    size_t n  = 300007;
+    size_t n = 300007;
     float *a = dt_alloc(n * 4), *b = dt_alloc(n * 4), *want = dt_alloc(n * 4);
     for (int round = 0; round < 3; round++) {
         gen(a, n, DT_FLOAT32, 70 + (uint64_t)round, me, 0);
         CHECK_OK(t_send(t, a, n, DT_FLOAT32, to, round, deadline()));
-        memset(a, 0, n * 4);  // the send owns no reference to the caller's buffer
+        memset(a, 0, n * 4); // the send owns no reference to the caller's buffer
         CHECK_OK(t_send(t, a, 5, DT_FLOAT32, to, 100 + round, deadline()));
     }
     for (int round = 0; round < 3; round++) {
@@ -580,8 +615,8 @@ static void body_killed(tctx *t, int me, int world, void *arg) {
 }
 
 static void test_killed_rank(void) {
-    world_cfg c = {.world = 3, .kill_rank = 2, .kill_after_ms = 400, .skip_init = -1,
-                   .bad_world = -1};
+    world_cfg c = {
+        .world = 3, .kill_rank = 2, .kill_after_ms = 400, .skip_init = -1, .bad_world = -1};
     run_world(&c, body_killed, NULL);
 }
 
@@ -592,8 +627,8 @@ static void body_mismatch(tctx *t, int me, int world, void *arg) {
     float buf[64] = {0};
     CHECK_OK(t_all_reduce(t, buf, buf, 8, DT_FLOAT32, DT_REDUCE_SUM, deadline()));
     size_t n = me == 1 ? 20 : 10;
-    CHECK_ERR(t_all_reduce(t, buf, buf, n, DT_FLOAT32, DT_REDUCE_SUM, deadline()),
-              DT_ERR_MISMATCH, "all_reduce #2");
+    CHECK_ERR(t_all_reduce(t, buf, buf, n, DT_FLOAT32, DT_REDUCE_SUM, deadline()), DT_ERR_MISMATCH,
+              "all_reduce #2");
     // Both fingerprints are printed, whoever detected it.
     CHECK(strstr(dt_last_error(), "count 10") != NULL);
     CHECK(strstr(dt_last_error(), "count 20") != NULL);
@@ -603,9 +638,9 @@ static void body_mismatch_kind(tctx *t, int me, int world, void *arg) {
     (void)world, (void)arg;
     if (!CHECK(t->s != NULL))
         return;
-    float buf[4] = {0};
-    dt_status st = me == 0 ? t_barrier(t, deadline())
-                           : t_broadcast(t, buf, 4, DT_FLOAT32, 0, deadline());
+    float     buf[4] = {0};
+    dt_status st =
+        me == 0 ? t_barrier(t, deadline()) : t_broadcast(t, buf, 4, DT_FLOAT32, 0, deadline());
     CHECK_ERR(st, DT_ERR_MISMATCH, "barrier #1");
     CHECK(strstr(dt_last_error(), "broadcast #1 (float32, count 4, root 0)") != NULL);
 }
@@ -641,8 +676,7 @@ static void body_timeout(tctx *t, int me, int world, void *arg) {
         return;
     if (me == 0) {
         uint64_t t0 = dt_now_ns();
-        CHECK_ERR(t_barrier(t, dt_deadline_ns(300)), DT_ERR_TIMEOUT,
-                  "barrier #1: timed out after");
+        CHECK_ERR(t_barrier(t, dt_deadline_ns(300)), DT_ERR_TIMEOUT, "barrier #1: timed out after");
         CHECK(strstr(dt_last_error(), "waiting for rank 1 (no collective yet)"));
         double ms = (double)(dt_now_ns() - t0) / 1e6;
         CHECK(ms >= 290 && ms < 3000);
@@ -706,11 +740,11 @@ static void body_init_fails(tctx *t, int me, int world, void *arg) {
 }
 
 static void test_init_failures(void) {
-    world_cfg c = {.world = 2, .kill_rank = -1, .skip_init = -1, .bad_world = 1,
-                   .init_timeout_ms = 600};
+    world_cfg c = {
+        .world = 2, .kill_rank = -1, .skip_init = -1, .bad_world = 1, .init_timeout_ms = 600};
     run_world(&c, body_init_fails, "bad world");
-    world_cfg m = {.world = 2, .kill_rank = -1, .skip_init = 1, .bad_world = -1,
-                   .init_timeout_ms = 300};
+    world_cfg m = {
+        .world = 2, .kill_rank = -1, .skip_init = 1, .bad_world = -1, .init_timeout_ms = 300};
     run_world(&m, body_init_fails, "missing");
 
     dt_shm     *s = NULL;

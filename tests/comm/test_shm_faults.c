@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 typedef struct shared {
-    volatile uint64_t kill_ns;  // when the victim killed itself
-    volatile int      seen[8];  // per rank: 1 once it got the expected error
+    volatile uint64_t kill_ns; // when the victim killed itself
+    volatile int      seen[8]; // per rank: 1 once it got the expected error
 } shared;
 
 static dt_pg *pg_shm(int64_t timeout_ms) {
@@ -33,7 +33,7 @@ static void list_segments(char *out, size_t n) {
     char prefix[32];
     snprintf(prefix, sizeof prefix, "dtrain-%d-", (int)getuid());
     out[0]    = '\0';
-    DIR *d    = opendir("/dev/shm");
+    DIR   *d  = opendir("/dev/shm");
     size_t at = 0;
     if (!d)
         return;
@@ -70,7 +70,7 @@ static void ranks_killed_mid_all_reduce(int rank, int world, void *arg) {
     if (!CHECK(pg != NULL))
         return;
     CHECK(strcmp(dt_pg_backend(pg), "shm") == 0);
-    size_t n = (size_t)4 << 20;  // 16 MiB: many chunks per call, so the kill lands inside one
+    size_t n   = (size_t)4 << 20; // 16 MiB: many chunks per call, so the kill lands inside one
     float *buf = dt_alloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         buf[i] = 1.0f;
@@ -149,9 +149,9 @@ static void ranks_mismatch_kind(int rank, int world, void *arg) {
     dt_pg *pg = pg_shm(20000);
     if (!CHECK(pg != NULL))
         return;
-    int v[3] = {1, 2, 3};
-    dt_status st = rank == 0 ? dt_pg_broadcast(pg, v, 3, DT_INT32, 0)
-                             : dt_pg_all_reduce(pg, v, v, 3, DT_INT32, DT_REDUCE_MAX);
+    int       v[3] = {1, 2, 3};
+    dt_status st   = rank == 0 ? dt_pg_broadcast(pg, v, 3, DT_INT32, 0)
+                               : dt_pg_all_reduce(pg, v, v, 3, DT_INT32, DT_REDUCE_MAX);
     CHECK_ERR(st, DT_ERR_MISMATCH, "broadcast #1 (int32, count 3, root 0)");
     CHECK(strstr(dt_last_error(), "all_reduce #1 (int32 max, count 3)") != NULL);
     dt_pg_free(pg);

@@ -17,10 +17,12 @@ typedef struct slot {
     _Atomic int pid;
     int         rank, local_rank, world, local_world;
     int         has_port, has_token;
-    float       sum;  // result of an all_reduce among the workers
+    float       sum; // result of an all_reduce among the workers
 } slot;
 
-static slot *slots(void) { return mp_shared(); }
+static slot *slots(void) {
+    return mp_shared();
+}
 
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -39,8 +41,8 @@ static bool gone(int pid) {
     FILE *f = fopen(path, "r");
     if (!f)
         return true;
-    char buf[512] = "";
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    char   buf[512] = "";
+    size_t n        = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n]      = 0;
     char *paren = strrchr(buf, ')');
@@ -124,7 +126,7 @@ static int worker_fail(int local_rank, void *arg) {
         return 3;
     }
     if (mode == 2)
-        signal(SIGTERM, SIG_IGN);  // stubborn: needs the SIGKILL
+        signal(SIGTERM, SIG_IGN); // stubborn: needs the SIGKILL
     sleep_ms(30000);
     return 0;
 }
@@ -197,7 +199,7 @@ static void test_parent_killed(void) {
                 break;
             }
             if (r < 0 && errno == ECHILD && gone(pid)) {
-                reaped++;  // reaped by someone else: at least it is gone
+                reaped++; // reaped by someone else: at least it is gone
                 break;
             }
             sleep_ms(5);

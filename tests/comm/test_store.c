@@ -20,7 +20,9 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+static bool contains(const char *hay, const char *needle) {
+    return strstr(hay, needle) != NULL;
+}
 
 static dt_store *server(int *port, const char *token, int64_t timeout_ms) {
     dt_store_opts o = {.timeout_ms = timeout_ms, .token = token};
@@ -274,8 +276,8 @@ static void test_tokens(void) {
 }
 
 static void test_server_dies(void) {
-    int   port = mp_free_port();
-    int   p[2];
+    int port = mp_free_port();
+    int p[2];
     CHECK(pipe(p) == 0);
     pid_t pid = fork();
     if (pid == 0) {
@@ -306,16 +308,16 @@ static void test_server_dies(void) {
 // Bytes that are not the protocol get an error reply and a closed connection; the
 // server keeps serving everyone else.
 static void test_malformed_client(void) {
-    int       port;
-    dt_store *s = server(&port, NULL, 5000);
+    int         port;
+    dt_store   *s         = server(&port, NULL, 5000);
     const char *garbage[] = {
         "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
         "DTS1\x02\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\x7f\x00\x00\x00\x00",
     };
     for (int g = 0; g < 2; g++) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        a.sin_addr.s_addr    = htonl(INADDR_LOOPBACK);
+        int                fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a  = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr     = htonl(INADDR_LOOPBACK);
         CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
         size_t len = g == 0 ? strlen(garbage[0]) : 24;
         CHECK(write(fd, garbage[g], len) == (ssize_t)len);
@@ -341,8 +343,8 @@ static void test_malformed_client(void) {
 }
 
 static void test_port_in_use(void) {
-    int       port;
-    dt_store *s = server(&port, NULL, 1000);
+    int           port;
+    dt_store     *s = server(&port, NULL, 1000);
     dt_store_opts o = {.timeout_ms = 1000};
     CHECK(dt_store_init_tcp(NULL, port, true, &o) == NULL);
     char want[64];

@@ -70,8 +70,12 @@ static void test_header_corruption(void) {
 }
 
 static void test_fingerprints(void) {
-    dt_fingerprint a = {.seq = 42, .count = 1000, .root = -1, .coll = DT_COLL_ALL_REDUCE,
-                        .dtype = DT_FLOAT32, .op = DT_REDUCE_SUM};
+    dt_fingerprint a = {.seq   = 42,
+                        .count = 1000,
+                        .root  = -1,
+                        .coll  = DT_COLL_ALL_REDUCE,
+                        .dtype = DT_FLOAT32,
+                        .op    = DT_REDUCE_SUM};
     dt_fingerprint b = a;
     CHECK(dt_fp_match(&a, &b));
     b.count = 999;
@@ -86,12 +90,12 @@ static void test_fingerprints(void) {
     dt_fingerprint s = {.seq = 3, .count = 5, .root = 9, .coll = DT_COLL_SEND, .dtype = DT_INT64};
     dt_fingerprint t = s;
     t.coll           = DT_COLL_RECV;
-    CHECK(dt_fp_match(&s, &t));  // a send matches a receive
+    CHECK(dt_fp_match(&s, &t)); // a send matches a receive
     t.root = 8;
-    CHECK(!dt_fp_match(&s, &t));  // different tags
+    CHECK(!dt_fp_match(&s, &t)); // different tags
     CHECK(strcmp(dt_fp_format(&s, buf, sizeof buf), "send #3 (int64, count 5, tag 9)") == 0);
-    dt_fingerprint c = {.seq = 7, .count = 3, .root = 1, .coll = DT_COLL_BROADCAST,
-                        .dtype = DT_INT32};
+    dt_fingerprint c = {
+        .seq = 7, .count = 3, .root = 1, .coll = DT_COLL_BROADCAST, .dtype = DT_INT32};
     CHECK(strcmp(dt_fp_format(&c, buf, sizeof buf), "broadcast #7 (int32, count 3, root 1)") == 0);
 }
 
@@ -103,7 +107,7 @@ static size_t request(uint8_t *out, uint8_t cmd, int64_t arg, int nparts, const 
     memcpy(out, "DTS1", 4);
     out[4] = cmd;
     out[6] = (uint8_t)nparts;
-    memcpy(out + 8, &arg, 8);  // little-endian host
+    memcpy(out + 8, &arg, 8); // little-endian host
     uint32_t pl = (uint32_t)payload;
     memcpy(out + 16, &pl, 4);
     uint8_t *p = out + DT_STORE_HEADER_BYTES;
@@ -140,7 +144,7 @@ static void test_store_messages(void) {
     b[DT_STORE_HEADER_BYTES] = 200;
     CHECK_ERR(dt_store_msg_parse(b, n, true, &m, &used), DT_ERR_FORMAT, "part 0");
     request(b, DT_STORE_SET, 0, 2, parts);
-    b[6] = 1;  // one part declared, two present
+    b[6] = 1; // one part declared, two present
     CHECK_ERR(dt_store_msg_parse(b, n, true, &m, &used), DT_ERR_FORMAT, "parts add up");
     request(b, 99, 0, 2, parts);
     CHECK_ERR(dt_store_msg_parse(b, n, true, &m, &used), DT_ERR_FORMAT, "expected a command");
@@ -153,7 +157,7 @@ static void test_store_messages(void) {
     CHECK_OK(dt_store_msg_parse(b, n, true, &m, &used));
     CHECK_ERR(dt_store_msg_check_request(&m), DT_ERR_FORMAT, "expected 2..2 parts");
     const char *empty[1] = {""};
-    n = request(b, DT_STORE_GET, 0, 1, empty);
+    n                    = request(b, DT_STORE_GET, 0, 1, empty);
     CHECK_OK(dt_store_msg_parse(b, n, true, &m, &used));
     CHECK_ERR(dt_store_msg_check_request(&m), DT_ERR_FORMAT, "expected a key");
 }
@@ -165,21 +169,23 @@ static void test_reduce_kernels(void) {
         for (int op = 0; op < DT_REDUCE_COUNT_; op++) {
             if (op == DT_REDUCE_AVG)
                 continue;
-            size_t   n   = 1 + dt_rng_below(&r, 1000), esz = dt_dtype_size(t);
-            uint8_t *a   = dt_alloc(n * esz), *b = dt_alloc(n * esz), *d = dt_alloc(n * esz);
+            size_t   n = 1 + dt_rng_below(&r, 1000), esz = dt_dtype_size(t);
+            uint8_t *a = dt_alloc(n * esz), *b = dt_alloc(n * esz), *d = dt_alloc(n * esz);
             for (size_t i = 0; i < n * esz; i++)
                 a[i] = (uint8_t)dt_rng_u32(&r), b[i] = (uint8_t)dt_rng_u32(&r);
             if (t == DT_FLOAT32)
                 for (size_t i = 0; i < n; i++)
-                    ((float *)a)[i] = dt_rng_uniform_range(&r, -2, 2),
-                    ((float *)b)[i] = dt_rng_uniform_range(&r, -2, 2);
+                    ((float *)a)[i]         = dt_rng_uniform_range(&r, -2, 2),
+                            ((float *)b)[i] = dt_rng_uniform_range(&r, -2, 2);
             dt_reduce(t, op, d, a, b, n);
             bool ok = true;
             for (size_t i = 0; i < n && ok; i++) {
                 if (t == DT_FLOAT32) {
                     float x = ((float *)a)[i], y = ((float *)b)[i], w;
-                    w = op == DT_REDUCE_SUM ? x + y : op == DT_REDUCE_PROD ? x * y
-                        : op == DT_REDUCE_MAX ? (x > y ? x : y) : (x < y ? x : y);
+                    w  = op == DT_REDUCE_SUM    ? x + y
+                         : op == DT_REDUCE_PROD ? x * y
+                         : op == DT_REDUCE_MAX  ? (x > y ? x : y)
+                                                : (x < y ? x : y);
                     ok = ((float *)d)[i] == w;
                 } else if (t == DT_INT32) {
                     int32_t x = ((int32_t *)a)[i], y = ((int32_t *)b)[i];
@@ -187,14 +193,14 @@ static void test_reduce_kernels(void) {
                                 : op == DT_REDUCE_PROD ? (int32_t)((uint32_t)x * (uint32_t)y)
                                 : op == DT_REDUCE_MAX  ? (x > y ? x : y)
                                                        : (x < y ? x : y);
-                    ok = ((int32_t *)d)[i] == w;
+                    ok        = ((int32_t *)d)[i] == w;
                 } else {
                     int64_t x = ((int64_t *)a)[i], y = ((int64_t *)b)[i];
                     int64_t w = op == DT_REDUCE_SUM    ? (int64_t)((uint64_t)x + (uint64_t)y)
                                 : op == DT_REDUCE_PROD ? (int64_t)((uint64_t)x * (uint64_t)y)
                                 : op == DT_REDUCE_MAX  ? (x > y ? x : y)
                                                        : (x < y ? x : y);
-                    ok = ((int64_t *)d)[i] == w;
+                    ok        = ((int64_t *)d)[i] == w;
                 }
             }
             CHECK(ok);
@@ -210,7 +216,7 @@ static void test_reduce_kernels(void) {
     CHECK(x[0] == 0.5f && x[1] == 1.0f && x[2] == -1.5f);
     float nan_in[2] = {__builtin_nanf(""), 1}, other[2] = {3, __builtin_nanf("")}, out[2];
     dt_reduce(DT_FLOAT32, DT_REDUCE_MAX, out, nan_in, other, 2);
-    CHECK(out[0] != out[0] && out[1] != out[1]);  // NaN propagates either way
+    CHECK(out[0] != out[0] && out[1] != out[1]); // NaN propagates either way
 }
 
 int main(void) {

@@ -92,7 +92,7 @@ static void test_round_trip(void) {
             dims[i] = 1 + (uint32_t)dt_rng_below(&rng, i == 0 ? 40 : 9);
             total *= dims[i];
         }
-        if (trial == 23)  // an empty file is a valid IDX file
+        if (trial == 23) // an empty file is a valid IDX file
             dims[0] = 0, total = 0;
         uint8_t *data = malloc(total + 1);
         for (size_t i = 0; i < total; i++)
@@ -146,7 +146,7 @@ static void test_round_trip(void) {
 static void test_gzip_growth(void) {
     uint32_t dims[3] = {3000, 28, 28};
     size_t   total   = 3000 * 28 * 28;
-    uint8_t *data    = calloc(total, 1);  // zeros compress ~1000:1
+    uint8_t *data    = calloc(total, 1); // zeros compress ~1000:1
     for (size_t i = 0; i < total; i += 4099)
         data[i] = (uint8_t)i;
     const char *path = tmp_path("zeros.idx.gz");
@@ -188,7 +188,7 @@ static void expect_bad(const uint8_t *p, size_t n, const char *needle) {
     write_bytes(path, p, n);
     dt_idx x;
     CHECK_ERR(dt_idx_read(path, &x), DT_ERR_FORMAT, needle);
-    CHECK(strstr(dt_last_error(), path) == dt_last_error());  // message starts with the path
+    CHECK(strstr(dt_last_error(), path) == dt_last_error()); // message starts with the path
     CHECK(x.data == NULL);
     CHECK_ERR(dt_idx_parse(p, n, "membuf", &x), DT_ERR_FORMAT, needle);
     CHECK(strncmp(dt_last_error(), "membuf: ", 8) == 0);
@@ -201,7 +201,7 @@ static void test_bad_files(void) {
     for (size_t i = 0; i < 24; i++)
         buf[hn + i] = (uint8_t)i;
     dt_idx x;
-    CHECK_OK(dt_idx_parse(buf, hn + 24, "good", &x));  // the reference is valid
+    CHECK_OK(dt_idx_parse(buf, hn + 24, "good", &x)); // the reference is valid
     dt_idx_free(&x);
 
     expect_bad(buf, hn + 23,
@@ -215,7 +215,7 @@ static void test_bad_files(void) {
     memcpy(m, buf, hn + 24);
     m[0] = 0x01;
     expect_bad(m, hn + 24, "expected an IDX file starting with bytes 00 00, found 01 00");
-    memcpy(m, "P5\n28 28\n255\n", 13);  // a PGM image is not an IDX file
+    memcpy(m, "P5\n28 28\n255\n", 13); // a PGM image is not an IDX file
     expect_bad(m, hn + 24, "found 50 35");
 
     static const struct {
@@ -243,7 +243,7 @@ static void test_bad_files(void) {
     expect_bad(m, bn + 8,
                "expected dimensions whose product fits in memory, found (4294967295, 4294967295, "
                "4294967295, 4294967295)");
-    uint32_t big2[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 3};  // record fits, total does not
+    uint32_t big2[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 3}; // record fits, total does not
     bn               = make_header(m, 0x08, 3, big2);
     expect_bad(m, bn, "product fits in memory");
 
@@ -252,7 +252,7 @@ static void test_bad_files(void) {
     bn               = make_header(m, 0x08, 2, huge);
     size_t before    = dt_alloc_total_count();
     expect_bad(m, bn + 4, "expected 12000000000 bytes of data");
-    CHECK(dt_alloc_total_count() - before <= 4);  // input windows only
+    CHECK(dt_alloc_total_count() - before <= 4); // input windows only
 }
 
 static void test_bad_gzip(void) {
@@ -289,7 +289,7 @@ static void test_bad_gzip(void) {
     expect_bad(m, gn + 8, "found 8 more bytes");
     // A bad header flag byte.
     memcpy(m, gz, gn);
-    m[3] = 0xE0;  // reserved FLG bits set
+    m[3] = 0xE0; // reserved FLG bits set
     expect_bad(m, gn, "expected a valid gzip stream");
     // Random corruption anywhere after the gzip header: always a clean FORMAT error.
     for (int t = 0; t < 200; t++) {
@@ -441,7 +441,7 @@ static void test_dataset(void) {
     CHECK(strstr(dt_last_error(), img) && strstr(dt_last_error(), lab));
     CHECK(strstr(dt_last_error(), "and 56 labels in"));
     o       = dt_dataset_opts_default();
-    o.limit = 5;  // still caught under a limit
+    o.limit = 5; // still caught under a limit
     CHECK_ERR(dt_dataset_load_idx(&ds, img, lab, &o), DT_ERR_FORMAT, "found 57 images");
 
     // Images that are not (N, H, W).
@@ -465,7 +465,7 @@ static void test_dataset(void) {
     CHECK_EQ(ds.n, n);
     CHECK(memcmp(ds.images, images, n * 35) == 0);
     dt_dataset_free(&ds);
-    dt_dataset_free(&ds);  // freeing twice is harmless: free zeroes
+    dt_dataset_free(&ds); // freeing twice is harmless: free zeroes
     free(images);
 }
 

@@ -61,7 +61,7 @@ static void test_order_and_content(void) {
     for (int variant = 0; variant < 12; variant++) {
         bool           prefetch = variant & 1 || variant >= 8, drop_last = variant & 2;
         size_t         B = variant & 4 ? 16 : 7;
-        dt_sampler    *s = make_sampler(N, 3, 1, 9);  // 68 samples per rank
+        dt_sampler    *s = make_sampler(N, 3, 1, 9); // 68 samples per rank
         dt_loader_opts o = dt_loader_opts_default();
         o.batch_size     = B;
         o.drop_last      = drop_last;
@@ -95,7 +95,7 @@ static void test_order_and_content(void) {
             CHECK(dt_loader_status(l) == DT_OK);
             CHECK_EQ(nb, dt_loader_num_batches(l));
             CHECK_EQ(pos, drop_last ? (ns / B) * B : ns);
-            CHECK(!dt_loader_next(l, &b));  // stays at the end
+            CHECK(!dt_loader_next(l, &b)); // stays at the end
         }
         dt_loader_free(l);
         dt_sampler_free(s);
@@ -115,7 +115,7 @@ static size_t record(dt_loader *l, int epochs, float *out, size_t cap, long jitt
                 out[n++] = b.x[i];
             for (size_t i = 0; i < b.size && n < cap; i++)
                 out[n++] = (float)b.y[i] + 1000.0f * (float)b.indices[i];
-            if (jitter_seed)  // a caller with uneven step times
+            if (jitter_seed) // a caller with uneven step times
                 sleep_us((long)dt_rng_below(&rng, 300));
         }
     }
@@ -177,7 +177,7 @@ static void test_restart_and_resume(void) {
         o.prefetch       = mode > 0;
         o.caller_helps   = mode == 1;
         // Reference: epoch 2 uninterrupted.
-        dt_sampler *s = make_sampler(N, 2, 1, 8);  // 151 per rank: 16 batches
+        dt_sampler *s = make_sampler(N, 2, 1, 8); // 151 per rank: 16 batches
         dt_loader  *l = dt_loader_init(&ds, s, &o);
         uint32_t    full[151];
         size_t      k = 0;
@@ -204,7 +204,7 @@ static void test_restart_and_resume(void) {
         uint64_t epoch = dt_sampler_epoch(s);
         size_t   pos   = dt_sampler_position(s);
         CHECK_EQ(pos, 60);
-        dt_loader_free(l);  // with batch 7 possibly prepared: clean shutdown
+        dt_loader_free(l); // with batch 7 possibly prepared: clean shutdown
         dt_sampler_free(s);
 
         // A new process resumes: the remaining batches equal the uninterrupted ones.
@@ -244,7 +244,7 @@ static void test_sequential_and_errors(void) {
     o.batch_size     = 10;
     dt_loader *l     = dt_loader_init(&ds, NULL, &o);
     CHECK(l != NULL);
-    CHECK(!dt_loader_next(l, &b));  // not begun
+    CHECK(!dt_loader_next(l, &b)); // not begun
     CHECK(dt_loader_status(l) == DT_ERR_STATE);
     CHECK(strstr(dt_last_error(), "expected dt_loader_begin_epoch before dt_loader_next") != NULL);
     dt_loader_begin_epoch(l, DT_EPOCH_AUTO);
@@ -289,9 +289,9 @@ static void test_timeout(void) {
     free(img);
     free(lab);
     dt_loader_opts o = dt_loader_opts_default();
-    o.batch_size     = 2048;  // 32 MB of floats per batch: milliseconds of work
+    o.batch_size     = 2048; // 32 MB of floats per batch: milliseconds of work
     o.timeout_ms     = 1;
-    o.caller_helps   = false;  // always wait for the thread
+    o.caller_helps   = false; // always wait for the thread
     dt_loader *l     = dt_loader_init(&ds, NULL, &o);
     CHECK(l != NULL);
     dt_batch b;
@@ -301,7 +301,7 @@ static void test_timeout(void) {
     CHECK(dt_now_ns() - t0 < 1000000000ull);
     CHECK(dt_loader_status(l) == DT_ERR_TIMEOUT);
     CHECK(strstr(dt_last_error(), "loader: expected batch 0 of 2 within 1 ms") != NULL);
-    CHECK(!dt_loader_next(l, &b));  // the failed epoch stays failed
+    CHECK(!dt_loader_next(l, &b)); // the failed epoch stays failed
     CHECK(strstr(dt_last_error(), "already failed") != NULL);
     dt_loader_begin_epoch(l, 1);
     CHECK(dt_loader_status(l) == DT_OK);

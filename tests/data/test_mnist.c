@@ -46,7 +46,7 @@ static void check_set(const char *dir, bool train) {
         CHECK(per_class[c] > 0);
         sum += per_class[c];
     }
-    CHECK_EQ(sum, want_n);  // every label < 10
+    CHECK_EQ(sum, want_n); // every label < 10
 
     char path[512];
     snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte.gz", dir, train ? "train" : "t10k");

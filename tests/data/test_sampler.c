@@ -80,10 +80,10 @@ static size_t *reference(size_t N, size_t R, size_t r, bool shuffle, bool drop_l
     }
     if (!drop_last) {
         size_t padding = total - len;
-        if (padding <= len) {  // indices += indices[:padding]
+        if (padding <= len) { // indices += indices[:padding]
             for (size_t i = 0; i < padding; i++)
                 list[len + i] = list[i];
-        } else {  // indices += (indices * ceil(padding / len))[:padding]
+        } else { // indices += (indices * ceil(padding / len))[:padding]
             size_t reps = (padding + len - 1) / len, k = 0;
             for (size_t rep = 0; rep < reps; rep++)
                 for (size_t i = 0; i < len && k < padding; i++)
@@ -91,10 +91,10 @@ static size_t *reference(size_t N, size_t R, size_t r, bool shuffle, bool drop_l
         }
         len += padding;
     } else {
-        len = total;  // indices = indices[:total_size]
+        len = total; // indices = indices[:total_size]
     }
     size_t *mine = malloc((num_samples + 1) * sizeof *mine), k = 0;
-    for (size_t p = r; p < len; p += R)  // indices[rank:total_size:num_replicas]
+    for (size_t p = r; p < len; p += R) // indices[rank:total_size:num_replicas]
         mine[k++] = list[p];
     free(list);
     *count = k;
@@ -183,7 +183,7 @@ static void test_eval_mode(void) {
                 o.rank            = r;
                 o.eval            = true;
                 o.shuffle         = (N + (size_t)R) % 2;
-                o.drop_last       = true;  // ignored in evaluation mode
+                o.drop_last       = true; // ignored in evaluation mode
                 dt_sampler *s     = dt_sampler_init(N, &o);
                 dt_sampler_begin(s);
                 size_t          cnt;
@@ -205,7 +205,7 @@ static void test_eval_mode(void) {
             int bad = 0;
             for (size_t i = 0; i < N; i++)
                 bad += seen[i] != 1;
-            CHECK_EQ(bad, 0);  // every sample exactly once across ranks
+            CHECK_EQ(bad, 0); // every sample exactly once across ranks
             free(seen);
         }
     }
@@ -245,7 +245,7 @@ static void test_auto_epoch(void) {
     dt_sampler_begin(s);
     CHECK_EQ(dt_sampler_epoch(s), 7);
     memcpy(tmp, dt_sampler_indices(s, NULL), sizeof tmp);
-    dt_sampler_begin(s);  // ... and the passes after it continue from there
+    dt_sampler_begin(s); // ... and the passes after it continue from there
     CHECK_EQ(dt_sampler_epoch(s), 8);
     // Calling set_epoch every epoch (the PyTorch idiom) gives exactly those epochs.
     for (uint64_t e = 3; e < 6; e++) {
@@ -302,7 +302,7 @@ static void test_single_process_shuffle(void) {
         for (size_t i = 0; i < N; i++)
             bad += seen[i] != 1;
         CHECK_EQ(bad, 0);
-        CHECK(fixed < 20);  // shuffled: few fixed points (expected 1)
+        CHECK(fixed < 20); // shuffled: few fixed points (expected 1)
     }
     free(seen);
     dt_sampler_free(s);
@@ -312,8 +312,8 @@ static void test_resume(void) {
     size_t      N = 97;
     dt_sampler *a = make(N, 3, 2, true, false, 5);
     size_t      full[40], rest[40], idx;
-    dt_sampler_begin(a);  // epoch 0
-    dt_sampler_begin(a);  // epoch 1 (auto)
+    dt_sampler_begin(a); // epoch 0
+    dt_sampler_begin(a); // epoch 1 (auto)
     CHECK_EQ(drain(a, full, 40), 33);
     // Stop after 14 indices of epoch 1: the state a checkpoint saves.
     dt_sampler_set_epoch(a, 1);

@@ -22,7 +22,7 @@
 
 // ---------------------------------------------------------------- helpers
 
-static dt_dataset g_data;  // inherited by the forked ranks
+static dt_dataset g_data; // inherited by the forked ranks
 
 // A small model for fast checks: 1x8x8 inputs.
 static dt_model *small_model(uint64_t seed, int hidden) {
@@ -40,7 +40,7 @@ static dt_model *small_model(uint64_t seed, int hidden) {
 
 static void make_small_data(dt_dataset *ds, size_t n) {
     uint8_t *img = malloc(n * 64), *lab = malloc(n);
-    dt_rng   r   = dt_rng_init(99);
+    dt_rng   r = dt_rng_init(99);
     for (size_t i = 0; i < n * 64; i++)
         img[i] = (uint8_t)dt_rng_below(&r, 256);
     for (size_t i = 0; i < n; i++)
@@ -54,15 +54,15 @@ static void make_small_data(dt_dataset *ds, size_t n) {
 // rank `rank` of `pg` (NULL: alone). Returns 0 or the failing status.
 static dt_status train(dt_model *m, dt_pg *pg, const dt_dataset *ds, size_t batch, int steps,
                        const dt_ddp_opts *o) {
-    int             world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
-    dt_ddp         *ddp   = NULL;
-    dt_status       st    = DT_OK;
+    int       world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
+    dt_ddp   *ddp = NULL;
+    dt_status st  = DT_OK;
     if (pg && (st = dt_ddp_init(&ddp, m, pg, o)))
         return st;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = 0.5f;
-    dt_optim *opt = dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m),
-                                           dt_model_num_params(m), &ao);
+    dt_optim *opt =
+        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
     dt_sampler    *s  = dt_sampler_init(ds->n, &so);
@@ -147,9 +147,11 @@ static void buckets_rank(int rank, int world, void *arg) {
         return;
     dt_model *m = NULL;
     CHECK_OK(dt_model_init_mnist_convnet(&m, 0, 0, 0));
-    struct { size_t first, cap; } cases[] = {{0, 0}, {16 << 10, 64 << 10}, {1, 1}, {4096, 4096}};
+    struct {
+        size_t first, cap;
+    } cases[] = {{0, 0}, {16 << 10, 64 << 10}, {1, 1}, {4096, 4096}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        dt_ddp_opts o = dt_ddp_opts_default();
+        dt_ddp_opts o        = dt_ddp_opts_default();
         o.first_bucket_bytes = cases[k].first;
         o.bucket_cap_bytes   = cases[k].cap;
         dt_ddp *d            = NULL;
@@ -205,11 +207,11 @@ static void equivalence_rank(int rank, int world, void *arg) {
     dt_dataset small = {0};
     if (!e->convnet)
         make_small_data(&small, 1000);
-    const dt_dataset *ds = e->convnet ? &g_data : &small;
-    dt_model *ref = NULL, *m = NULL;
+    const dt_dataset *ds  = e->convnet ? &g_data : &small;
+    dt_model         *ref = NULL, *m = NULL;
     if (e->convnet) {
         CHECK_OK(dt_model_init_mnist_convnet(&ref, 5, 0, 0));
-        CHECK_OK(dt_model_init_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0));  // broadcast fixes it
+        CHECK_OK(dt_model_init_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
     } else {
         ref = small_model(5, 16);
         m   = small_model(5 + (uint64_t)rank, 16);
@@ -288,8 +290,8 @@ static void no_sync_rank(int rank, int world, void *arg) {
         return;
     size_t  n = dt_model_num_params(m);
     float   x[2 * 64], dl[20];
-    int32_t y[2]    = {1, 7};
-    dt_rng  r       = dt_rng_init(100 + (uint64_t)rank);  // different data on every rank
+    int32_t y[2] = {1, 7};
+    dt_rng  r    = dt_rng_init(100 + (uint64_t)rank); // different data on every rank
     for (int i = 0; i < 128; i++)
         x[i] = dt_rng_uniform_range(&r, -1, 1);
     float loss;
@@ -299,7 +301,7 @@ static void no_sync_rank(int rank, int world, void *arg) {
     CHECK_OK(dt_model_forward(m, x, 2));
     CHECK_OK(dt_loss_nll(dt_model_output(m), y, 2, 10, &loss, dl));
     CHECK_OK(dt_model_backward(m, dl));
-    CHECK_OK(dt_ddp_sync(d));  // a no-op while sync is off
+    CHECK_OK(dt_ddp_sync(d)); // a no-op while sync is off
     float *g1 = malloc(n * 4);
     memcpy(g1, dt_model_grads(m), n * 4);
     // micro-step 2 with sync: the accumulated gradient is averaged
@@ -309,7 +311,7 @@ static void no_sync_rank(int rank, int world, void *arg) {
     CHECK_OK(dt_model_forward(m, x, 2));
     CHECK_OK(dt_loss_nll(dt_model_output(m), y, 2, 10, &loss, dl));
     // what the average must be: this rank's g1 + g2, averaged with a separate call
-    dt_model *twin = small_model(4, 8);  // same weights: same seed, rank 0's broadcast
+    dt_model *twin = small_model(4, 8); // same weights: same seed, rank 0's broadcast
     memcpy(dt_model_params(twin), dt_model_params(m), n * 4);
     CHECK_OK(dt_model_forward(twin, x, 2));
     dt_model_zero_grad(twin);
@@ -352,7 +354,7 @@ static void unused_rank(int rank, int world, void *arg) {
     CHECK_OK(dt_model_add_linear(m, 3));
     CHECK_OK(dt_model_finalize(m, 1));
     dt_ddp_opts o        = dt_ddp_opts_default();
-    o.bucket_cap_bytes   = 16;  // one bucket per tensor
+    o.bucket_cap_bytes   = 16; // one bucket per tensor
     o.first_bucket_bytes = 16;
     dt_ddp *d            = NULL;
     CHECK_OK(dt_ddp_init(&d, m, pg, &o));
@@ -379,7 +381,7 @@ static void mismatch_rank(int rank, int world, void *arg) {
     dt_pg *pg = mp_pg_init(10000);
     if (!pg)
         return;
-    dt_model *m = small_model(1, rank == 1 ? 12 : 16);  // rank 1 has a narrower hidden layer
+    dt_model *m = small_model(1, rank == 1 ? 12 : 16); // rank 1 has a narrower hidden layer
     dt_ddp   *d = NULL;
     CHECK_ERR(dt_ddp_init(&d, m, pg, NULL), DT_ERR_MISMATCH,
               "parameter 3.weight has shape (16, 192) on rank 0 but (12, 192) on rank 1");

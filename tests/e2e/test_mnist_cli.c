@@ -7,8 +7,8 @@
 //   the forked job: both launch styles are one computation.
 // - Bad flags are refused with exit code 2 and a message naming the flag.
 #include "../check.h"
-#include "../lib/prog.h"
 #include "../lib/mp.h"
+#include "../lib/prog.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -18,13 +18,15 @@
 
 static char bin[PATH_MAX + 64];
 
-static bool find_bin(void) { return test_program_path("dtrain-mnist", bin, sizeof bin); }
+static bool find_bin(void) {
+    return test_program_path("dtrain-mnist", bin, sizeof bin);
+}
 
 // Runs a shell command; returns its exit status and its output in *out (malloc'd).
 static int run(const char *cmd, char **out) {
     FILE  *p   = popen(cmd, "r");
     size_t cap = 1 << 16, len = 0;
-    *out       = calloc(cap, 1);
+    *out = calloc(cap, 1);
     if (!p)
         return -1;
     size_t k;
@@ -71,11 +73,12 @@ static void test_spawned(void) {
 
     // The same job, as two workers of a launcher.
     int port = mp_free_port();
-    snprintf(cmd, sizeof cmd,
-             "export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 DT_JOB_TOKEN=cli-test; "
-             "RANK=1 LOCAL_RANK=1 %s --limit 1024 --batch-size 32 --no-test >/dev/null 2>&1 & "
-             "RANK=0 LOCAL_RANK=0 %s --limit 1024 --batch-size 32 --no-test 2>&1; r=$?; wait; exit $r",
-             port, bin, bin);
+    snprintf(
+        cmd, sizeof cmd,
+        "export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 DT_JOB_TOKEN=cli-test; "
+        "RANK=1 LOCAL_RANK=1 %s --limit 1024 --batch-size 32 --no-test >/dev/null 2>&1 & "
+        "RANK=0 LOCAL_RANK=0 %s --limit 1024 --batch-size 32 --no-test 2>&1; r=$?; wait; exit $r",
+        port, bin, bin);
     rc = run(cmd, &out);
     CHECK_EQ(rc, 0);
     char crc2[16];

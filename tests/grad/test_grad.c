@@ -17,7 +17,7 @@ typedef enum { CONV, LINEAR, MAXPOOL, RELU, FLATTEN, LOGSOFTMAX, DROPOUT, DROPOU
 
 typedef struct spec {
     kind_t kind;
-    int    a, k, stride, pad;  // conv: a = out channels; linear: a = out features
+    int    a, k, stride, pad; // conv: a = out channels; linear: a = out features
     float  p;
 } spec;
 
@@ -32,17 +32,22 @@ static shape3 ref_out_shape(const spec *s, shape3 in) {
     case CONV:
         return (shape3){s->a, (in.h + 2 * s->pad - s->k) / s->stride + 1,
                         (in.w + 2 * s->pad - s->k) / s->stride + 1};
-    case LINEAR: return (shape3){s->a, 1, 1};
+    case LINEAR:
+        return (shape3){s->a, 1, 1};
     case MAXPOOL: {
         int st = s->stride ? s->stride : s->k;
         return (shape3){in.c, (in.h - s->k) / st + 1, (in.w - s->k) / st + 1};
     }
-    case FLATTEN: return (shape3){in.c * in.h * in.w, 1, 1};
-    default: return in;
+    case FLATTEN:
+        return (shape3){in.c * in.h * in.w, 1, 1};
+    default:
+        return in;
     }
 }
 
-static size_t sz(shape3 s) { return (size_t)s.c * s.h * s.w; }
+static size_t sz(shape3 s) {
+    return (size_t)s.c * s.h * s.w;
+}
 
 // One layer on one sample, in double. `w` points at the layer's weight then bias.
 // `mask` (dropout) gives the model's keep decisions so the reference drops the same.
@@ -59,7 +64,8 @@ static void ref_layer(const spec *s, shape3 in, const double *x, const double *w
                     for (int ic = 0; ic < in.c; ic++)
                         for (int i = 0; i < s->k; i++)
                             for (int j = 0; j < s->k; j++) {
-                                int ih = oh * s->stride - s->pad + i, iw = ow * s->stride - s->pad + j;
+                                int ih = oh * s->stride - s->pad + i,
+                                    iw = ow * s->stride - s->pad + j;
                                 if (ih < 0 || iw < 0 || ih >= in.h || iw >= in.w)
                                     continue;
                                 acc += w[((oc * in.c + ic) * s->k + i) * s->k + j] *
@@ -116,7 +122,7 @@ static void ref_layer(const spec *s, shape3 in, const double *x, const double *w
     }
     case DROPOUT:
     case DROPOUT2D: {
-        if (!mask) {  // p = 0 or evaluation
+        if (!mask) { // p = 0 or evaluation
             for (size_t i = 0; i < sz(in); i++)
                 y[i] = x[i];
             break;
@@ -130,14 +136,14 @@ static void ref_layer(const spec *s, shape3 in, const double *x, const double *w
 }
 
 typedef struct net {
-    const spec *specs;
-    int         n;
-    shape3      in;
-    int         batch;
-    size_t      nparams;
-    size_t      poff[16];   // parameter offset of each layer
-    unsigned char *masks[16];  // per layer (batch * units), dropout layers only
-    bool           eval;       // dropout layers are the identity
+    const spec    *specs;
+    int            n;
+    shape3         in;
+    int            batch;
+    size_t         nparams;
+    size_t         poff[16];  // parameter offset of each layer
+    unsigned char *masks[16]; // per layer (batch * units), dropout layers only
+    bool           eval;      // dropout layers are the identity
 } net;
 
 // Runs the whole net on the whole batch in double; returns sum(out * r).
@@ -157,14 +163,14 @@ static double ref_objective(const net *nt, const double *params, const double *x
         shape3 cur = nt->in;
         memcpy(a, x + (size_t)smp * sz(cur), sizeof(double) * sz(cur));
         for (int i = 0; i < nt->n; i++) {
-            const spec *sp   = &nt->specs[i];
-            size_t      unit = sp->kind == DROPOUT ? sz(cur) : (size_t)cur.c;
-            const unsigned char *mk = nt->masks[i] ? nt->masks[i] + (size_t)smp * unit : NULL;
-            spec eff = *sp;
+            const spec          *sp   = &nt->specs[i];
+            size_t               unit = sp->kind == DROPOUT ? sz(cur) : (size_t)cur.c;
+            const unsigned char *mk   = nt->masks[i] ? nt->masks[i] + (size_t)smp * unit : NULL;
+            spec                 eff  = *sp;
             if (nt->eval || !mk)
                 eff.p = 0.0f;
             ref_layer(&eff, cur, a, params + nt->poff[i], b, mk);
-            cur      = ref_out_shape(sp, cur);
+            cur       = ref_out_shape(sp, cur);
             double *t = a;
             a         = b;
             b         = t;
@@ -185,17 +191,33 @@ static double ref_objective(const net *nt, const double *params, const double *x
 static dt_model *build(const spec *specs, int n, shape3 in, uint64_t seed) {
     dt_model *m = dt_model_init(in.c, in.h, in.w);
     for (int i = 0; i < n; i++) {
-        const spec *s = &specs[i];
+        const spec *s  = &specs[i];
         dt_status   st = DT_OK;
         switch (s->kind) {
-        case CONV: st = dt_model_add_conv2d(m, s->a, s->k, s->stride, s->pad); break;
-        case LINEAR: st = dt_model_add_linear(m, s->a); break;
-        case MAXPOOL: st = dt_model_add_maxpool2d(m, s->k, s->stride); break;
-        case RELU: st = dt_model_add_relu(m); break;
-        case FLATTEN: st = dt_model_add_flatten(m); break;
-        case LOGSOFTMAX: st = dt_model_add_log_softmax(m); break;
-        case DROPOUT: st = dt_model_add_dropout(m, s->p); break;
-        case DROPOUT2D: st = dt_model_add_dropout2d(m, s->p); break;
+        case CONV:
+            st = dt_model_add_conv2d(m, s->a, s->k, s->stride, s->pad);
+            break;
+        case LINEAR:
+            st = dt_model_add_linear(m, s->a);
+            break;
+        case MAXPOOL:
+            st = dt_model_add_maxpool2d(m, s->k, s->stride);
+            break;
+        case RELU:
+            st = dt_model_add_relu(m);
+            break;
+        case FLATTEN:
+            st = dt_model_add_flatten(m);
+            break;
+        case LOGSOFTMAX:
+            st = dt_model_add_log_softmax(m);
+            break;
+        case DROPOUT:
+            st = dt_model_add_dropout(m, s->p);
+            break;
+        case DROPOUT2D:
+            st = dt_model_add_dropout2d(m, s->p);
+            break;
         }
         CHECK_OK(st);
     }
@@ -213,8 +235,8 @@ static void capture_masks(net *nt, dt_model *m, const float *x) {
 }
 
 typedef struct gradcheck {
-    double nerr;     // ||g - fd|| / ||fd||
-    double max_abs;  // max |g - fd| / max(1, max |fd|)
+    double nerr;    // ||g - fd|| / ||fd||
+    double max_abs; // max |g - fd| / max(1, max |fd|)
     int    checked;
 } gradcheck;
 
@@ -230,8 +252,8 @@ static void accumulate(gradcheck *g, double *num, double *den, double analytic, 
 
 // Checks forward and backward of the model built from `specs` on a random batch.
 // With dropout layers, `train` turns them on and masks are read back from the model.
-static void check_net(const char *name, const spec *specs, int n, shape3 in, int batch,
-                      int threads, bool train) {
+static void check_net(const char *name, const spec *specs, int n, shape3 in, int batch, int threads,
+                      bool train) {
     check_current = name;
     dt_model *m   = build(specs, n, in, 42);
     CHECK_OK(dt_model_set_threads(m, threads));
@@ -249,8 +271,8 @@ static void check_net(const char *name, const spec *specs, int n, shape3 in, int
         if (strstr(pi->name, "weight"))
             nt.poff[pi->layer] = pi->offset;
     }
-    size_t insz = sz(in), outsz = dt_model_output_size(m);
-    dt_rng rng  = dt_rng_init(1000 + (uint64_t)n * 7 + (uint64_t)batch);
+    size_t  insz = sz(in), outsz = dt_model_output_size(m);
+    dt_rng  rng = dt_rng_init(1000 + (uint64_t)n * 7 + (uint64_t)batch);
     float  *x   = malloc(sizeof(float) * insz * batch);
     double *xd  = malloc(sizeof(double) * insz * batch);
     for (size_t i = 0; i < insz * (size_t)batch; i++) {
@@ -284,7 +306,7 @@ static void check_net(const char *name, const spec *specs, int n, shape3 in, int
             for (size_t u = 0; u < unit; u++)
                 mask[(size_t)s * unit + u] = out[(size_t)s * insz + u * per] != 0.0f;
         nt.masks[0] = mask;
-        if (!train)  // evaluation: identity, no scaling
+        if (!train) // evaluation: identity, no scaling
             nt.eval = true;
     }
 
@@ -343,14 +365,22 @@ static void check_net(const char *name, const spec *specs, int n, shape3 in, int
     dt_model_free(m);
 }
 
-#define CV(a_, k_, s_, p_) {.kind = CONV, .a = (a_), .k = (k_), .stride = (s_), .pad = (p_)}
-#define LN(a_)             {.kind = LINEAR, .a = (a_)}
-#define MP(k_, s_)         {.kind = MAXPOOL, .k = (k_), .stride = (s_)}
-#define RL                 {.kind = RELU}
-#define FL                 {.kind = FLATTEN}
-#define LSM                {.kind = LOGSOFTMAX}
-#define DO(p_)             {.kind = DROPOUT, .p = (p_)}
-#define DO2(p_)            {.kind = DROPOUT2D, .p = (p_)}
+#define CV(a_, k_, s_, p_)                                                                         \
+    { .kind = CONV, .a = (a_), .k = (k_), .stride = (s_), .pad = (p_) }
+#define LN(a_)                                                                                     \
+    { .kind = LINEAR, .a = (a_) }
+#define MP(k_, s_)                                                                                 \
+    { .kind = MAXPOOL, .k = (k_), .stride = (s_) }
+#define RL                                                                                         \
+    { .kind = RELU }
+#define FL                                                                                         \
+    { .kind = FLATTEN }
+#define LSM                                                                                        \
+    { .kind = LOGSOFTMAX }
+#define DO(p_)                                                                                     \
+    { .kind = DROPOUT, .p = (p_) }
+#define DO2(p_)                                                                                    \
+    { .kind = DROPOUT2D, .p = (p_) }
 
 static const shape3 IMG = {3, 9, 8};
 
@@ -404,10 +434,8 @@ static void test_activations(void) {
 }
 
 // The seed's ConvNet, scaled down (same layer kinds and order), dropout off.
-static const spec CONVNET[] = {
-    CV(4, 3, 1, 0), RL, CV(6, 3, 1, 0), RL, MP(2, 0),
-    DO2(0.0f), FL, LN(8), RL, DO(0.0f),
-    LN(10), LSM};
+static const spec CONVNET[] = {CV(4, 3, 1, 0), RL, CV(6, 3, 1, 0), RL,     MP(2, 0), DO2(0.0f), FL,
+                               LN(8),          RL, DO(0.0f),       LN(10), LSM};
 
 static void test_convnet(void) {
     check_net("small ConvNet, 1 thread", CONVNET, 12, (shape3){1, 10, 10}, 3, 1, true);
@@ -430,18 +458,18 @@ static void test_losses(void) {
     double xd[35];
     for (int i = 0; i < 35; i++)
         xd[i] = x[i];
-#define CE_REF(out)                                                                  \
-    do {                                                                             \
-        double tot = 0;                                                              \
-        for (int s = 0; s < B; s++) {                                                \
-            double m = -1e300, z = 0;                                                \
-            for (int i = 0; i < C; i++)                                              \
-                m = xd[s * C + i] > m ? xd[s * C + i] : m;                           \
-            for (int i = 0; i < C; i++)                                              \
-                z += exp(xd[s * C + i] - m);                                         \
-            tot += m + log(z) - xd[s * C + y[s]];                                    \
-        }                                                                            \
-        (out) = tot / B;                                                             \
+#define CE_REF(out)                                                                                \
+    do {                                                                                           \
+        double tot = 0;                                                                            \
+        for (int s = 0; s < B; s++) {                                                              \
+            double m = -1e300, z = 0;                                                              \
+            for (int i = 0; i < C; i++)                                                            \
+                m = xd[s * C + i] > m ? xd[s * C + i] : m;                                         \
+            for (int i = 0; i < C; i++)                                                            \
+                z += exp(xd[s * C + i] - m);                                                       \
+            tot += m + log(z) - xd[s * C + y[s]];                                                  \
+        }                                                                                          \
+        (out) = tot / B;                                                                           \
     } while (0)
     double ref;
     CE_REF(ref);
@@ -470,7 +498,8 @@ static void test_losses(void) {
             grad_ok &= d[s * C + i] == (i == y[s] ? -1.0f / B : 0.0f);
     CHECK(grad_ok);
     int32_t bad[5] = {0, 1, 7, 0, 0};
-    CHECK_ERR(dt_loss_nll(x, bad, B, C, &loss, d), DT_ERR_ARG, "target of sample 2 is 7, expected 0 to 6");
+    CHECK_ERR(dt_loss_nll(x, bad, B, C, &loss, d), DT_ERR_ARG,
+              "target of sample 2 is 7, expected 0 to 6");
     int32_t neg[5] = {0, 1, 2, -1, 0};
     CHECK_ERR(dt_loss_cross_entropy(x, neg, B, C, &loss, d), DT_ERR_ARG, "sample 3 is -1");
     // accuracy count: argmax against a direct computation

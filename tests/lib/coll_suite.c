@@ -5,13 +5,13 @@
 #include <string.h>
 
 #ifdef DT_SANITIZE
-#define BIG_COUNT ((size_t)(1u << 20) + 3)  // sanitizers are 5-20x slower
+#define BIG_COUNT ((size_t)(1u << 20) + 3) // sanitizers are 5-20x slower
 #else
-#define BIG_COUNT ((size_t)16 << 20)        // 16 Mi elements
+#define BIG_COUNT ((size_t)16 << 20) // 16 Mi elements
 #endif
 #define PRIME_COUNT 100003
 
-static uint64_t seed_of_run;  // of the current coll_suite_run
+static uint64_t seed_of_run; // of the current coll_suite_run
 
 static uint64_t mix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -23,24 +23,25 @@ static uint64_t mix(uint64_t x) {
 // Input element i of `rank` for test case `tag`. Value ranges keep every op exact
 // enough: products of up to 5 numbers in [0.5, 1.5] or [-3, 3].
 static uint64_t raw(uint64_t tag, int rank, size_t i) {
-    return mix(seed_of_run ^ mix(tag * 1000003u + (uint64_t)rank) ^ (uint64_t)i * 0x632be59bd9b4e019ull);
+    return mix(seed_of_run ^ mix(tag * 1000003u + (uint64_t)rank) ^
+               (uint64_t)i * 0x632be59bd9b4e019ull);
 }
 
 static void gen(dt_dtype t, dt_reduce_op op, uint64_t tag, int rank, size_t i, void *out) {
     uint64_t h = raw(tag, rank, i);
     switch (t) {
     case DT_FLOAT32: {
-        float u = (float)(h >> 40) / (float)(1u << 24);  // [0, 1)
+        float u       = (float)(h >> 40) / (float)(1u << 24); // [0, 1)
         *(float *)out = op == DT_REDUCE_PROD ? 0.5f + u : 2.0f * u - 1.0f;
         break;
     }
     case DT_INT32:
-        *(int32_t *)out = op == DT_REDUCE_PROD ? (int32_t)(h % 7) - 3
+        *(int32_t *)out = op == DT_REDUCE_PROD  ? (int32_t)(h % 7) - 3
                           : op == DT_REDUCE_SUM ? (int32_t)(h % 2000001) - 1000000
                                                 : (int32_t)(uint32_t)h;
         break;
     default:
-        *(int64_t *)out = op == DT_REDUCE_PROD ? (int64_t)(h % 7) - 3
+        *(int64_t *)out = op == DT_REDUCE_PROD  ? (int64_t)(h % 7) - 3
                           : op == DT_REDUCE_SUM ? (int64_t)(h >> 4) - (int64_t)(1ll << 58)
                                                 : (int64_t)h;
         break;
@@ -81,8 +82,9 @@ static void reference(dt_dtype t, dt_reduce_op op, uint64_t tag, int world, size
             acc /= world, mag /= world;
         // float rounding of up to 4 operations in some order: a few ulps of the
         // magnitudes involved (products: of the result).
-        *tol = op == DT_REDUCE_PROD ? 1e-6 * (acc < 0 ? -acc : acc) * world
-               : (op == DT_REDUCE_SUM || op == DT_REDUCE_AVG) ? 1e-6 * mag * world : 0;
+        *tol          = op == DT_REDUCE_PROD ? 1e-6 * (acc < 0 ? -acc : acc) * world
+                        : (op == DT_REDUCE_SUM || op == DT_REDUCE_AVG) ? 1e-6 * mag * world
+                                                                       : 0;
         *(float *)out = (float)acc;
         return;
     }
@@ -123,7 +125,7 @@ static bool check_elem(dt_dtype t, dt_reduce_op op, uint64_t tag, int world, siz
     bool ok;
     if (t == DT_FLOAT32) {
         float g = *(const float *)got, w = *(const float *)want;
-        ok      = (double)(g > w ? g - w : w - g) <= tol;
+        ok = (double)(g > w ? g - w : w - g) <= tol;
         if (!ok)
             fprintf(stderr, "     %s %s %s: element %zu = %.9g, expected %.9g (tol %.3g)\n", what,
                     dt_dtype_name(t), dt_reduce_op_name(op), i, g, w, tol);
@@ -158,7 +160,7 @@ static void check_input_op(const void *buf, dt_dtype t, dt_reduce_op op, uint64_
                            size_t first, size_t count, const char *what) {
     size_t esz = dt_dtype_size(t);
     char   want[8];
-    bool   ok  = true;
+    bool   ok = true;
     for (size_t i = 0; i < count && ok; i++) {
         gen(t, op, tag, rank, first + i, want);
         ok = memcmp((const char *)buf + i * esz, want, esz) == 0;
@@ -189,10 +191,12 @@ static void check_same_everywhere(dt_pg *pg, const void *buf, size_t nbytes, con
     free(all);
 }
 
-static const size_t counts[] = {0, 1, 7, PRIME_COUNT};
+static const size_t   counts[] = {0, 1, 7, PRIME_COUNT};
 static const dt_dtype dtypes[] = {DT_FLOAT32, DT_INT32, DT_INT64};
 
-static bool op_ok(dt_dtype t, dt_reduce_op op) { return op != DT_REDUCE_AVG || t == DT_FLOAT32; }
+static bool op_ok(dt_dtype t, dt_reduce_op op) {
+    return op != DT_REDUCE_AVG || t == DT_FLOAT32;
+}
 
 static void *xalloc(size_t n) {
     void *p = dt_alloc(n ? n : 1);
@@ -209,8 +213,8 @@ static void test_all_reduce(dt_pg *pg, uint64_t *tag) {
                 dt_dtype t = dtypes[ti];
                 if (!op_ok(t, op))
                     continue;
-                size_t n = counts[ci], nb = n * dt_dtype_size(t);
-                char  *src = xalloc(nb), *dst = xalloc(nb);
+                size_t   n = counts[ci], nb = n * dt_dtype_size(t);
+                char    *src = xalloc(nb), *dst = xalloc(nb);
                 uint64_t tg = ++*tag;
                 fill(src, t, op, tg, rank, 0, n);
                 bool in_place = (ci + op) % 2 == 0;
@@ -227,9 +231,9 @@ static void test_all_reduce(dt_pg *pg, uint64_t *tag) {
 
 static void test_all_reduce_big(dt_pg *pg, uint64_t *tag) {
     int      rank = dt_pg_rank(pg), world = dt_pg_size(pg);
-    size_t   n    = BIG_COUNT;
-    float   *buf  = xalloc(n * 4);
-    uint64_t tg   = ++*tag;
+    size_t   n   = BIG_COUNT;
+    float   *buf = xalloc(n * 4);
+    uint64_t tg  = ++*tag;
     fill(buf, DT_FLOAT32, DT_REDUCE_SUM, tg, rank, 0, n);
     CHECK_OK(dt_pg_all_reduce(pg, buf, buf, n, DT_FLOAT32, DT_REDUCE_SUM));
     check_reduced(buf, DT_FLOAT32, DT_REDUCE_SUM, tg, world, 0, n, "all_reduce 16Mi");
@@ -241,8 +245,8 @@ static void test_broadcast_reduce(dt_pg *pg, uint64_t *tag) {
     int rank = dt_pg_rank(pg), world = dt_pg_size(pg);
     for (size_t ci = 0; ci < 4; ci++)
         for (int root = 0; root < world; root++) {
-            dt_dtype t  = dtypes[(ci + (size_t)root) % 3];
-            size_t   n  = counts[ci], nb = n * dt_dtype_size(t);
+            dt_dtype t = dtypes[(ci + (size_t)root) % 3];
+            size_t   n = counts[ci], nb = n * dt_dtype_size(t);
             char    *b  = xalloc(nb);
             uint64_t tg = ++*tag;
             fill(b, t, DT_REDUCE_SUM, tg, rank, 0, n);
@@ -254,7 +258,7 @@ static void test_broadcast_reduce(dt_pg *pg, uint64_t *tag) {
             if (!op_ok(t, op))
                 op = DT_REDUCE_MAX;
             char *src = xalloc(nb), *dst = xalloc(nb);
-            tg        = ++*tag;
+            tg = ++*tag;
             fill(src, t, op, tg, rank, 0, n);
             bool in_place = root % 2 == 0;
             CHECK_OK(dt_pg_reduce(pg, src, in_place ? src : dst, n, t, op, root));
@@ -268,8 +272,8 @@ static void test_broadcast_reduce(dt_pg *pg, uint64_t *tag) {
 static void test_gathers(dt_pg *pg, uint64_t *tag) {
     int rank = dt_pg_rank(pg), world = dt_pg_size(pg);
     for (size_t ci = 0; ci < 4; ci++) {
-        dt_dtype t   = dtypes[ci % 3];
-        size_t   n   = counts[ci], esz = dt_dtype_size(t), one = n * esz;
+        dt_dtype t = dtypes[ci % 3];
+        size_t   n = counts[ci], esz = dt_dtype_size(t), one = n * esz;
         char    *all = xalloc(one * (size_t)world), *mine = xalloc(one);
         // all_gather, out of place then in place
         for (int in_place = 0; in_place < 2; in_place++) {
@@ -351,7 +355,7 @@ static void test_barrier_send_recv(dt_pg *pg, uint64_t *tag) {
 
 // Several operations in flight at once, of different kinds, then waited in reverse.
 static void test_async(dt_pg *pg, uint64_t *tag) {
-    int      rank = dt_pg_rank(pg), world = dt_pg_size(pg);
+    int rank = dt_pg_rank(pg), world = dt_pg_size(pg);
     enum { K = 6 };
     size_t   n = PRIME_COUNT;
     float   *bufs[K];
@@ -361,7 +365,7 @@ static void test_async(dt_pg *pg, uint64_t *tag) {
     for (int k = 0; k < K; k++) {
         bufs[k] = xalloc(n * (size_t)world * 4);
         tags[k] = ++*tag;
-        if (k == 3)  // all_gather in place: our block at rank * m
+        if (k == 3) // all_gather in place: our block at rank * m
             fill(bufs[k] + (size_t)rank * m, DT_FLOAT32, DT_REDUCE_SUM, tags[k], rank, 0, m);
         else
             fill(bufs[k], DT_FLOAT32, DT_REDUCE_SUM, tags[k], rank, 0, n);
@@ -391,8 +395,8 @@ static void test_async(dt_pg *pg, uint64_t *tag) {
         dt_free(bufs[k]);
     }
     // The steady state allocates nothing: the same async operations again and again.
-    float   *g = xalloc(4096 * 4);
-    size_t   before = 0;
+    float *g      = xalloc(4096 * 4);
+    size_t before = 0;
     for (int step = 0; step < 6; step++) {
         if (step == 2)
             before = dt_alloc_total_count();
@@ -407,7 +411,7 @@ static void test_async(dt_pg *pg, uint64_t *tag) {
     CHECK_EQ(dt_alloc_total_count(), before);
     dt_free(g);
     // Freeing a handle that was never waited for waits for it.
-    float y = 1;
+    float    y = 1;
     dt_work *u;
     CHECK_OK(dt_pg_all_reduce_async(pg, &y, &y, 1, DT_FLOAT32, DT_REDUCE_SUM, &u));
     dt_work_free(u);

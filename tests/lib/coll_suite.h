@@ -15,8 +15,8 @@
 #include "dtrain/comm.h"
 
 typedef struct coll_suite_opts {
-    uint64_t seed;  // the same on every rank of the run
-    bool     big;   // also a 16 Mi element all_reduce (1 Mi + 3 under sanitizers)
+    uint64_t seed; // the same on every rank of the run
+    bool     big;  // also a 16 Mi element all_reduce (1 Mi + 3 under sanitizers)
 } coll_suite_opts;
 
 // Use COLL_SUITE_RUN: it adds the suite's CHECK results to the including test's counts.

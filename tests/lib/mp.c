@@ -21,8 +21,8 @@ static void *shared_page;
 
 void *mp_shared(void) {
     if (!shared_page) {
-        shared_page = mmap(NULL, SHARED_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                           -1, 0);
+        shared_page =
+            mmap(NULL, SHARED_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (shared_page == MAP_FAILED) {
             perror("mp_shared: mmap");
             abort();
@@ -79,9 +79,8 @@ int mp_run_impl(const mp_opts *o, mp_fn fn, void *arg, int *passed, int *failed)
     int     port    = o->port ? o->port : mp_free_port();
     memset(mp_shared(), 0, SHARED_BYTES);
     char token[40];
-    snprintf(token, sizeof token, "test-%d-%d-%lld", (int)getpid(), port,
-             (long long)dt_now_ns());
-    pid_t *pids  = calloc((size_t)world, sizeof *pids);
+    snprintf(token, sizeof token, "test-%d-%d-%lld", (int)getpid(), port, (long long)dt_now_ns());
+    pid_t *pids    = calloc((size_t)world, sizeof *pids);
     int(*pipes)[2] = calloc((size_t)world, sizeof *pipes);
     fflush(NULL);
     pid_t parent = getpid();
@@ -105,8 +104,8 @@ int mp_run_impl(const mp_opts *o, mp_fn fn, void *arg, int *passed, int *failed)
             setenv("DT_JOB_TOKEN", token, 1);
             *passed = *failed = 0;
             fn(r, world, arg);
-            int counts[2] = {*passed, *failed};
-            ssize_t w     = write(pipes[r][1], counts, sizeof counts);
+            int     counts[2] = {*passed, *failed};
+            ssize_t w         = write(pipes[r][1], counts, sizeof counts);
             (void)w;
             fflush(NULL);
             _exit(0);
@@ -131,8 +130,8 @@ int mp_run_impl(const mp_opts *o, mp_fn fn, void *arg, int *passed, int *failed)
                 continue;
             done[r] = true;
             left--;
-            int counts[2] = {0, 0};
-            ssize_t k     = read(pipes[r][0], counts, sizeof counts);
+            int     counts[2] = {0, 0};
+            ssize_t k         = read(pipes[r][0], counts, sizeof counts);
             close(pipes[r][0]);
             if (p > 0 && WIFSIGNALED(st)) {
                 if (!(o->may_die >> r & 1)) {
@@ -156,8 +155,8 @@ int mp_run_impl(const mp_opts *o, mp_fn fn, void *arg, int *passed, int *failed)
         if (dt_now_ns() > deadline) {
             for (int r = 0; r < world; r++)
                 if (!done[r]) {
-                    fprintf(stderr, "FAIL rank %d of %d did not finish within %lld ms; killed\n",
-                            r, world, (long long)timeout);
+                    fprintf(stderr, "FAIL rank %d of %d did not finish within %lld ms; killed\n", r,
+                            world, (long long)timeout);
                     kill(pids[r], SIGKILL);
                     waitpid(pids[r], NULL, 0);
                     close(pipes[r][0]);

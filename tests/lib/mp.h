@@ -18,10 +18,10 @@
 #include "dtrain/comm.h"
 
 typedef struct mp_opts {
-    int      world;       // processes
-    int64_t  timeout_ms;  // deadline for the whole run; 0 = 120000
-    uint64_t may_die;     // bit r set: rank r may die by a signal (fault tests)
-    int      port;        // 0 = pick a free port
+    int      world;      // processes
+    int64_t  timeout_ms; // deadline for the whole run; 0 = 120000
+    uint64_t may_die;    // bit r set: rank r may die by a signal (fault tests)
+    int      port;       // 0 = pick a free port
 } mp_opts;
 
 typedef void (*mp_fn)(int rank, int world, void *arg);

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DIR_VAR "DT_TEST_MPIRUN_DIR"
+#define DIR_VAR  "DT_TEST_MPIRUN_DIR"
 #define MAX_ARGS 96
 
 #ifdef DT_SANITIZE
@@ -51,7 +51,7 @@ bool mpirun_available(void) {
 const char *mpirun_child_case(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--mpirun-child") == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);  // die with mpirun
+            prctl(PR_SET_PDEATHSIG, SIGKILL); // die with mpirun
             return argv[i + 1];
         }
     return NULL;
@@ -78,7 +78,7 @@ int mpirun_child_done_impl(int passed, int failed) {
     if (f) {
         fprintf(f, "%d %d\n", passed, failed);
         fclose(f);
-        rename(tmp, path);  // the parent never reads half a report
+        rename(tmp, path); // the parent never reads half a report
     }
     fflush(NULL);
     return 0;
@@ -118,7 +118,7 @@ static void print_tail(const char *out, size_t max_lines) {
 }
 
 static void remove_dir(const char *dir, int nranks) {
-    char f[PATH_MAX];
+    char        f[PATH_MAX];
     const char *names[] = {"out.txt", "lsan.supp"};
     for (int i = 0; i < 2; i++) {
         snprintf(f, sizeof f, "%s/%s", dir, names[i]);
@@ -148,7 +148,7 @@ void mpirun_run_impl(const mpirun_opts *o, mpirun_result *res, int *passed, int 
     char out_path[PATH_MAX], supp_path[PATH_MAX], exe[PATH_MAX];
     snprintf(out_path, sizeof out_path, "%s/out.txt", dir);
     snprintf(supp_path, sizeof supp_path, "%s/lsan.supp", dir);
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ssize_t n          = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[n > 0 ? n : 0] = '\0';
 #ifdef DT_SANITIZE
     FILE *sf = fopen(supp_path, "w");
@@ -203,8 +203,8 @@ void mpirun_run_impl(const mpirun_opts *o, mpirun_result *res, int *passed, int 
             dup2(fd, 2);
         }
         // A launcher's variables of the test's own would take precedence over mpirun's.
-        const char *drop[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                              "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "NODE_RANK",
+        const char *drop[] = {"RANK",         "WORLD_SIZE",     "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                              "MASTER_ADDR",  "MASTER_PORT",    "GROUP_RANK", "NODE_RANK",
                               "DT_JOB_TOKEN", "DT_TEST_BACKEND"};
         for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
             unsetenv(drop[i]);
@@ -213,10 +213,11 @@ void mpirun_run_impl(const mpirun_opts *o, mpirun_result *res, int *passed, int 
             setenv(names[i], strchr(o->env[i], '=') + 1, 1);
 #ifdef DT_SANITIZE
         char lsan[PATH_MAX + 64];
-        snprintf(lsan, sizeof lsan, "suppressions=%s:fast_unwind_on_malloc=0:print_suppressions=0", supp_path);
+        snprintf(lsan, sizeof lsan, "suppressions=%s:fast_unwind_on_malloc=0:print_suppressions=0",
+                 supp_path);
         setenv("LSAN_OPTIONS", lsan, 1);
 #endif
-        char *argv_copy[MAX_ARGS];  // execvp wants non-const strings
+        char *argv_copy[MAX_ARGS]; // execvp wants non-const strings
         for (int i = 0; i <= na; i++)
             argv_copy[i] = args[i] ? strdup(args[i]) : NULL;
         execvp(argv_copy[0], argv_copy);
@@ -239,7 +240,7 @@ void mpirun_run_impl(const mpirun_opts *o, mpirun_result *res, int *passed, int 
             break;
         if (dt_now_ns() > deadline) {
             res->timed_out = true;
-            kill(-pid, SIGTERM);  // mpirun passes it on to its ranks
+            kill(-pid, SIGTERM); // mpirun passes it on to its ranks
             uint64_t grace = dt_deadline_ns(5000);
             while (waitpid(pid, &st, WNOHANG) == 0 && dt_now_ns() < grace) {
                 struct timespec ts = {0, 20 * 1000000L};
@@ -252,9 +253,9 @@ void mpirun_run_impl(const mpirun_opts *o, mpirun_result *res, int *passed, int 
         struct timespec ts = {0, 5 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    res->secs      = (double)(dt_now_ns() - t0) * 1e-9;
-    res->exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    res->output    = read_file(out_path);
+    res->secs         = (double)(dt_now_ns() - t0) * 1e-9;
+    res->exit_code    = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    res->output       = read_file(out_path);
     int rank_failures = 0;
     for (int r = 0; r < nranks; r++) {
         char f[PATH_MAX];

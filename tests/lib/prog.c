@@ -12,7 +12,7 @@ bool test_program_path(const char *name, char *out, size_t n) {
     if (len <= 0)
         return false;
     exe[len] = '\0';
-    for (int up = 0; up < 3; up++) {  // strip test_x, the group, tests
+    for (int up = 0; up < 3; up++) { // strip test_x, the group, tests
         char *s = strrchr(exe, '/');
         if (!s)
             return false;

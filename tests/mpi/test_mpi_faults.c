@@ -29,7 +29,9 @@ static dt_pg *group(int64_t timeout_ms) {
     return pg;
 }
 
-static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+static bool contains(const char *hay, const char *needle) {
+    return strstr(hay, needle) != NULL;
+}
 
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -39,7 +41,7 @@ static void sleep_ms(int ms) {
 // --------------------------------------------------------------------- the cases
 
 static void child_mismatch(void) {
-    int   rank = mpirun_child_rank();
+    int   rank    = mpirun_child_rank();
     float buf[16] = {0};
     char  want[96];
 
@@ -48,7 +50,7 @@ static void child_mismatch(void) {
     CHECK(pg != NULL);
     if (!pg)
         return;
-    CHECK_OK(dt_pg_all_reduce(pg, buf, buf, 4, DT_FLOAT32, DT_REDUCE_SUM));  // in step first
+    CHECK_OK(dt_pg_all_reduce(pg, buf, buf, 4, DT_FLOAT32, DT_REDUCE_SUM)); // in step first
     CHECK_ERR(dt_pg_all_reduce(pg, buf, buf, rank == 1 ? 10 : 11, DT_FLOAT32, DT_REDUCE_SUM),
               DT_ERR_MISMATCH, "all_reduce #2");
     const char *m = dt_last_error();
@@ -71,7 +73,8 @@ static void child_mismatch(void) {
     dt_status st = rank == 2 ? dt_pg_broadcast(pg, buf, 4, DT_FLOAT32, 0)
                              : dt_pg_all_reduce(pg, buf, buf, 4, DT_FLOAT32, DT_REDUCE_SUM);
     CHECK_EQ(st, DT_ERR_MISMATCH);
-    CHECK(contains(dt_last_error(), rank == 2 ? "called all_reduce #1" : "rank 2 called broadcast #1"));
+    CHECK(contains(dt_last_error(),
+                   rank == 2 ? "called all_reduce #1" : "rank 2 called broadcast #1"));
     dt_pg_free(pg);
 
     // 3. root: rank 0 reduces to root 0, the others to root 1.
@@ -79,7 +82,8 @@ static void child_mismatch(void) {
     if (!pg)
         return;
     CHECK_ERR(dt_pg_reduce(pg, buf, buf, 4, DT_INT32, DT_REDUCE_MAX, rank == 0 ? 0 : 1),
-              DT_ERR_MISMATCH, rank == 0 ? "root 1)" : "rank 0 called reduce #1 (int32 max, count 4, root 0)");
+              DT_ERR_MISMATCH,
+              rank == 0 ? "root 1)" : "rank 0 called reduce #1 (int32 max, count 4, root 0)");
     dt_pg_free(pg);
 
     // 4. send/recv: rank 0 sends 5 elements with tag 1, rank 1 expects 6.
@@ -103,7 +107,7 @@ static void child_mismatch(void) {
 static void child_truncate(void) {
     int    rank = mpirun_child_rank();
     float  buf[16];
-    dt_pg *pg   = group(30000);
+    dt_pg *pg = group(30000);
     CHECK(pg != NULL);
     if (!pg)
         return;
@@ -114,7 +118,7 @@ static void child_truncate(void) {
         CHECK_OK(dt_pg_send(pg, buf, 5, DT_FLOAT32, 1, 0));
     } else {
         CHECK_ERR(dt_pg_recv(pg, buf, 5, DT_FLOAT32, 0, 0), DT_ERR_MISMATCH, "MPI_Recv failed");
-        CHECK(contains(dt_last_error(), "truncat"));  // MPI's words: "message truncated"
+        CHECK(contains(dt_last_error(), "truncat")); // MPI's words: "message truncated"
     }
     dt_pg_free(pg);
     // A receive larger than the message: MPI accepts it, the element count does not.
@@ -254,8 +258,8 @@ static void child_not_mpi_world(void) {
 // -------------------------------------------------------------------- the parent
 
 static mpirun_result run(int np, const char *child, const char *const *env, bool may_fail) {
-    mpirun_opts   o = {.np = np, .child = child, .env = env, .timeout_ms = 90000,
-                       .expect_failure = may_fail};
+    mpirun_opts o = {
+        .np = np, .child = child, .env = env, .timeout_ms = 90000, .expect_failure = may_fail};
     mpirun_result r;
     fprintf(stderr, "  %s (np %d)\n", child, np);
     MPIRUN(&o, &r);
@@ -266,7 +270,7 @@ static void test_mismatch(void) {
     mpirun_result r = run(3, "mismatch", NULL, false);
     mpirun_result_free(&r);
     const char *env[] = {"DT_MPI_FINGERPRINT=off", NULL};
-    r = run(2, "truncate", env, false);
+    r                 = run(2, "truncate", env, false);
     mpirun_result_free(&r);
 }
 
@@ -279,13 +283,13 @@ static void test_timeouts(void) {
     mpirun_result_free(&r);
 
     const char *block[] = {"DT_MPI_WAIT=block", NULL};
-    r = run(2, "timeout_block", block, true);
+    r                   = run(2, "timeout_block", block, true);
     CHECK_EQ(r.reported, 2);
     CHECK(r.exit_code != 0 && !r.timed_out);
     CHECK(contains(r.output, "all_reduce #1: timed out in MPI"));
     CHECK(contains(r.output, "MPI_Abort"));
     CHECK(!contains(r.output, "all_reduce returned"));
-    CHECK(r.secs < 20);  // rank 1 would sleep 30 s: the job was stopped
+    CHECK(r.secs < 20); // rank 1 would sleep 30 s: the job was stopped
     if (r.secs >= 20 || !contains(r.output, "timed out in MPI"))
         fprintf(stderr, "%s\n", r.output);
     mpirun_result_free(&r);
@@ -301,7 +305,7 @@ static void test_abort(void) {
     // Blocking: dt_work_wait cannot return before the call does; the watchdog ends the
     // job after the grace period, saying why.
     const char *block[] = {"DT_MPI_WAIT=block", NULL};
-    r = run(2, "abort", block, true);
+    r                   = run(2, "abort", block, true);
     CHECK(r.exit_code != 0 && !r.timed_out);
     CHECK(contains(r.output, "the group was aborted while an MPI call was in flight"));
     CHECK(r.secs < 20);
@@ -312,7 +316,7 @@ static void test_killed_rank(void) {
     mpirun_result r = run(2, "kill", NULL, true);
     CHECK_EQ(r.reported, 2);
     CHECK(r.exit_code != 0 && !r.timed_out);
-    CHECK(r.secs < 20);  // not the 60 s timeout
+    CHECK(r.secs < 20); // not the 60 s timeout
     mpirun_result_free(&r);
 }
 
@@ -340,10 +344,14 @@ int main(int argc, char **argv) {
         static const struct {
             const char *name;
             void (*fn)(void);
-        } cases[] = {{"mismatch", child_mismatch},         {"truncate", child_truncate},
-                     {"timeout_poll", child_timeout_poll}, {"timeout_block", child_timeout_block},
-                     {"abort", child_abort},               {"kill", child_kill},
-                     {"bad_wait", child_bad_wait},         {"not_mpi_world", child_not_mpi_world},
+        } cases[] = {{"mismatch", child_mismatch},
+                     {"truncate", child_truncate},
+                     {"timeout_poll", child_timeout_poll},
+                     {"timeout_block", child_timeout_block},
+                     {"abort", child_abort},
+                     {"kill", child_kill},
+                     {"bad_wait", child_bad_wait},
+                     {"not_mpi_world", child_not_mpi_world},
                      {"settings_differ", child_settings_differ}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             if (strcmp(c, cases[i].name) == 0)

@@ -42,7 +42,7 @@ static bool shm_built(void) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "shm";
     o.timeout_ms = 10000;
-    char   method[64];
+    char method[64];
     snprintf(method, sizeof method, "tcp://127.0.0.1:%d", mp_free_port());
     dt_pg *pg = dt_pg_init(method, 0, 1, &o);
     if (!pg && dt_last_status() != DT_ERR_UNSUPPORTED) {
@@ -75,15 +75,15 @@ static void check_group_works(dt_pg *pg) {
 }
 
 static void child_auto(void) {
-    bool   shm  = shm_built();
-    dt_pg *pg   = group(NULL, 30000);
+    bool   shm = shm_built();
+    dt_pg *pg  = group(NULL, 30000);
     CHECK(pg != NULL);
     if (!pg)
         return;
     CHECK(mpi_initialised());
     CHECK_EQ(dt_pg_rank(pg), mpirun_child_rank());
     CHECK_EQ(dt_pg_size(pg), mpirun_child_world());
-    CHECK_EQ(dt_pg_local_rank(pg), mpirun_child_rank());  // OMPI_COMM_WORLD_LOCAL_RANK
+    CHECK_EQ(dt_pg_local_rank(pg), mpirun_child_rank()); // OMPI_COMM_WORLD_LOCAL_RANK
     CHECK_EQ(dt_pg_local_size(pg), mpirun_child_world());
     CHECK(strcmp(dt_pg_backend(pg), shm ? "shm" : "tcp") == 0);
     if (strcmp(dt_pg_backend(pg), shm ? "shm" : "tcp") != 0)
@@ -104,7 +104,7 @@ static void child_auto_hosts(void) {
     if (!pg)
         return;
     CHECK(strcmp(dt_pg_backend(pg), "tcp") == 0);
-    CHECK_EQ(dt_pg_local_rank(pg), mpirun_child_rank());  // the launcher says so
+    CHECK_EQ(dt_pg_local_rank(pg), mpirun_child_rank()); // the launcher says so
     check_group_works(pg);
     dt_pg_free(pg);
 }
@@ -203,11 +203,11 @@ static void test_mnist(void) {
         fprintf(stderr, "     dtrain-mnist is not built (make programs)\n");
         return;
     }
-    const char *common[] = {"--limit", "768", "--batch-size", "64", "--seed", "7",
-                            "--log-every", "1", "--threads", "1", "--no-test", "--stats"};
+    const char *common[] = {"--limit",     "768", "--batch-size", "64", "--seed",    "7",
+                            "--log-every", "1",   "--threads",    "1",  "--no-test", "--stats"};
     enum { NC = sizeof common / sizeof common[0] };
     // mpirun with mpi, tcp and auto (shm when built), and forked ranks with tcp.
-    const char *how[4] = {"mpi", "tcp", "auto", "tcp"};
+    const char *how[4]  = {"mpi", "tcp", "auto", "tcp"};
     const char *used[4] = {"mpi", "tcp", shm_built() ? "shm" : "tcp", "tcp"};
     char       *keys[4];
     for (int k = 0; k < 4; k++) {
@@ -223,9 +223,9 @@ static void test_mnist(void) {
             argv[n++] = "--num-processes";
             argv[n++] = "2";
         }
-        argv[n]         = NULL;
-        mpirun_opts   o = {.np = forked ? 0 : 2, .argv = argv, .timeout_ms = 120000,
-                           .expect_failure = true};
+        argv[n]       = NULL;
+        mpirun_opts o = {
+            .np = forked ? 0 : 2, .argv = argv, .timeout_ms = 120000, .expect_failure = true};
         mpirun_result r;
         fprintf(stderr, "  dtrain-mnist --backend %s, 2 ranks (%s)\n", how[k],
                 forked ? "--num-processes 2" : "mpirun -np 2");
@@ -234,7 +234,7 @@ static void test_mnist(void) {
         CHECK(strstr(r.output, "Parameters identical on all 2 ranks") != NULL);
         char backend[48];
         snprintf(backend, sizeof backend, "\"backend\": \"%s\"", used[k]);
-        CHECK(strstr(r.output, backend) != NULL);  // from --stats
+        CHECK(strstr(r.output, backend) != NULL); // from --stats
         if (r.exit_code != 0 || !strstr(r.output, backend))
             fprintf(stderr, "     expected %s in:\n%s\n", backend, r.output);
         keys[k] = key_lines(r.output);
@@ -263,8 +263,10 @@ int main(int argc, char **argv) {
         static const struct {
             const char *name;
             void (*fn)(void);
-        } cases[] = {{"auto", child_auto},     {"auto_hosts", child_auto_hosts},
-                     {"master", child_master}, {"tokens", child_tokens},
+        } cases[] = {{"auto", child_auto},
+                     {"auto_hosts", child_auto_hosts},
+                     {"master", child_master},
+                     {"tokens", child_tokens},
                      {"singleton", child_singleton}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             if (strcmp(c, cases[i].name) == 0)

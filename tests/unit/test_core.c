@@ -28,7 +28,8 @@ static void test_parse(void) {
     double d;
     CHECK_OK(dt_parse_long("42", 1, 100, "--n", &v));
     CHECK_EQ(v, 42);
-    CHECK_ERR(dt_parse_long("4x", 1, 100, "--n", &v), DT_ERR_ARG, "--n expects an integer in [1, 100], found \"4x\"");
+    CHECK_ERR(dt_parse_long("4x", 1, 100, "--n", &v), DT_ERR_ARG,
+              "--n expects an integer in [1, 100], found \"4x\"");
     CHECK_ERR(dt_parse_long("101", 1, 100, "--n", &v), DT_ERR_ARG, "found \"101\"");
     CHECK_ERR(dt_parse_long("", 1, 100, "--n", &v), DT_ERR_ARG, "found nothing");
     CHECK_ERR(dt_parse_long("99999999999999999999", 1, 100, "--n", &v), DT_ERR_ARG, "--n");
@@ -53,8 +54,8 @@ static void test_alloc(void) {
     CHECK_EQ(dt_alloc_live_count(), live + 1);
     void *z = dt_alloc(0);
     CHECK(z != NULL);
-    unsigned char *q = dt_alloc_zero(77);
-    int allzero = 1;
+    unsigned char *q       = dt_alloc_zero(77);
+    int            allzero = 1;
     for (int i = 0; i < 77; i++)
         allzero &= q[i] == 0;
     CHECK(allzero);
@@ -75,11 +76,11 @@ static void test_crc32c(void) {
     // Standard check value of CRC-32C (RFC 3720 appendix B.4 family).
     CHECK_EQ(dt_crc32c(0, "123456789", 9), 0xE3069283u);
     unsigned char zeros[32] = {0};
-    CHECK_EQ(dt_crc32c(0, zeros, 32), 0x8A9136AAu);  // RFC 3720 B.4: 32 bytes of zeros
+    CHECK_EQ(dt_crc32c(0, zeros, 32), 0x8A9136AAu); // RFC 3720 B.4: 32 bytes of zeros
     // Continuing a CRC equals computing it at once, at every split point.
-    const char *s = "the quick brown fox jumps over the lazy dog";
+    const char *s     = "the quick brown fox jumps over the lazy dog";
     uint32_t    whole = dt_crc32c(0, s, strlen(s));
-    int         same = 1;
+    int         same  = 1;
     for (size_t k = 0; k <= strlen(s); k++)
         same &= dt_crc32c(dt_crc32c(0, s, k), s + k, strlen(s) - k) == whole;
     CHECK(same);
@@ -113,7 +114,7 @@ static void test_rng_streams(void) {
     // Determinism and independence of split streams.
     dt_rng a = dt_rng_init(1234), b = dt_rng_init(1234);
     dt_rng a1 = dt_rng_split(&a, 7), b1 = dt_rng_split(&b, 7), a2 = dt_rng_split(&a, 8);
-    int same = 1, differ = 0;
+    int    same = 1, differ = 0;
     for (int i = 0; i < 1000; i++) {
         uint32_t x = dt_rng_u32(&a1), y = dt_rng_u32(&b1), z = dt_rng_u32(&a2);
         same &= x == y;
@@ -125,7 +126,7 @@ static void test_rng_streams(void) {
     dt_rng u = dt_rng_init(99);
     double s = 0, s2 = 0;
     int    inrange = 1;
-    int    n = 100000;
+    int    n       = 100000;
     for (int i = 0; i < n; i++) {
         float x = dt_rng_uniform(&u);
         inrange &= x >= 0.0f && x < 1.0f;
@@ -186,7 +187,7 @@ static void test_tensor(void) {
     CHECK_OK(dt_tensor_view(&v, mem, 3, shape));
     CHECK_OK(dt_tensor_copy(&v, &t));
     CHECK(mem[0] == 2.5f && mem[23] == 2.5f);
-    dt_tensor_free(&v);  // a view frees nothing
+    dt_tensor_free(&v); // a view frees nothing
     CHECK(mem[5] == 2.5f);
     dt_tensor_free(&t);
     CHECK(t.data == NULL);

@@ -43,7 +43,7 @@ static void test_init(void) {
     CHECK_EQ(w->count, 4608 * 64);
     CHECK(w->ndim == 2 && w->shape[0] == 64 && w->shape[1] == 4608);
     CHECK_EQ(b->offset, w->count);
-    double bound = 1.0 / sqrt(4608.0), s = 0, s2 = 0, mx = 0;
+    double       bound = 1.0 / sqrt(4608.0), s = 0, s2 = 0, mx = 0;
     const float *p = dt_model_params(m);
     for (size_t i = 0; i < w->count; i++) {
         s += p[i];
@@ -65,7 +65,7 @@ static void test_init(void) {
 static void test_determinism(void) {
     dt_model *a = convnet(1, 11, 0.1f, 0.25f), *b = convnet(1, 11, 0.1f, 0.25f),
              *c = convnet(1, 12, 0.1f, 0.25f);
-    size_t n = dt_model_num_params(a);
+    size_t n    = dt_model_num_params(a);
     CHECK(memcmp(dt_model_params(a), dt_model_params(b), n * sizeof(float)) == 0);
     CHECK(memcmp(dt_model_params(a), dt_model_params(c), n * sizeof(float)) != 0);
     dt_model_free(a);
@@ -76,14 +76,14 @@ static void test_determinism(void) {
 // Forward/backward with 1..4 threads and batches that do not divide evenly (some
 // threads get no sample): outputs, dropout masks and gradients agree with 1 thread.
 static void test_threads(void) {
-    int     batch = 7;
-    float  *x     = random_input(batch, 5);
-    float   dout[70];
-    dt_rng  r = dt_rng_init(9);
+    int    batch = 7;
+    float *x     = random_input(batch, 5);
+    float  dout[70];
+    dt_rng r = dt_rng_init(9);
     for (int i = 0; i < 70; i++)
         dout[i] = dt_rng_uniform_range(&r, -1, 1);
-    dt_rng step = dt_rng_init(77);
-    dt_model *ref = convnet(1, 1, 0.5f, 0.5f);
+    dt_rng    step = dt_rng_init(77);
+    dt_model *ref  = convnet(1, 1, 0.5f, 0.5f);
     dt_model_set_rng(ref, &step);
     CHECK_OK(dt_model_forward(ref, x, batch));
     dt_model_zero_grad(ref);
@@ -92,10 +92,10 @@ static void test_threads(void) {
     for (int t = 2; t <= 8; t *= 2) {
         dt_model *m = convnet(t, 1, 0.5f, 0.5f);
         dt_model_set_rng(m, &step);
-        for (int rep = 0; rep < 3; rep++) {  // repeated: a race would show up as a difference
+        for (int rep = 0; rep < 3; rep++) { // repeated: a race would show up as a difference
             CHECK_OK(dt_model_forward(m, x, batch));
             const float *o = dt_model_output(m), *o1 = dt_model_output(ref);
-            double       maxd = 0;
+            double       maxd      = 0;
             int          same_zero = 1;
             for (int i = 0; i < batch * 10; i++) {
                 maxd = fmax(maxd, fabs(o[i] - o1[i]));
@@ -131,8 +131,8 @@ static void test_dropout_masks(void) {
     dt_rng step = dt_rng_init(4);
     dt_model_set_rng(m, &step);
     CHECK_OK(dt_model_forward(m, x, 20));
-    const float *y = dt_model_output(m);
-    int zeros = 0, scaled = 1;
+    const float *y     = dt_model_output(m);
+    int          zeros = 0, scaled = 1;
     for (int i = 0; i < 20000; i++) {
         zeros += y[i] == 0.0f;
         scaled &= y[i] == 0.0f || fabsf(y[i] - x[i] / 0.7f) < 1e-5f * x[i];
@@ -159,7 +159,7 @@ static void test_dropout_masks(void) {
     CHECK_OK(dt_model_finalize(m, 1));
     dt_model_set_rng(m, &step);
     CHECK_OK(dt_model_forward(m, x, 10));
-    y = dt_model_output(m);
+    y         = dt_model_output(m);
     int whole = 1, dropped = 0;
     for (int c = 0; c < 640; c++) {
         int z = 0;
@@ -176,9 +176,9 @@ static void test_dropout_masks(void) {
 }
 
 typedef struct hook_log {
-    size_t off[16], cnt[16];
-    int    n;
-    float *snap;
+    size_t       off[16], cnt[16];
+    int          n;
+    float       *snap;
     const float *grads;
 } hook_log;
 
@@ -207,7 +207,7 @@ static void test_hook_and_accumulation(void) {
         CHECK_OK(dt_model_backward(m, dout));
         // 4 layers with parameters, last first, covering the buffer exactly once
         CHECK_EQ(h.n, 4);
-        size_t end = n;
+        size_t end   = n;
         int    order = 1;
         for (int i = 0; i < h.n; i++) {
             order &= h.off[i] + h.cnt[i] == end;
@@ -249,7 +249,8 @@ static void test_errors(void) {
     CHECK_ERR(dt_model_add_linear(m, 4), DT_ERR_ARG,
               "layer 1 linear: expected a flat input (features, 1, 1), found (2, 6, 6)");
     CHECK_ERR(dt_model_add_conv2d(m, 2, 9, 1, 0), DT_ERR_ARG, "kernel 9 does not fit");
-    CHECK_ERR(dt_model_add_maxpool2d(m, 7, 0), DT_ERR_ARG, "window 7 does not fit the input (2, 6, 6)");
+    CHECK_ERR(dt_model_add_maxpool2d(m, 7, 0), DT_ERR_ARG,
+              "window 7 does not fit the input (2, 6, 6)");
     CHECK_ERR(dt_model_add_dropout(m, 1.0f), DT_ERR_ARG, "expected p in [0, 1), found 1");
     CHECK_ERR(dt_model_add_conv2d(m, 0, 3, 1, 0), DT_ERR_ARG, "expected out_channels >= 1");
     CHECK_ERR(dt_model_forward(m, NULL, 1), DT_ERR_STATE, "dt_model_finalize");

@@ -15,11 +15,11 @@
 // ------------------------------------------------------------- reference (double)
 
 typedef struct ref {
-    int     kind;  // 0 sgd, 1 adam, 2 adamw, 3 adadelta
+    int     kind; // 0 sgd, 1 adam, 2 adamw, 3 adadelta
     double  lr, momentum, dampening, wd, beta1, beta2, eps, rho;
     bool    nesterov, amsgrad;
     size_t  n;
-    double *p, *s1, *s2, *s3;  // params and up to three state arrays
+    double *p, *s1, *s2, *s3; // params and up to three state arrays
     long    t;
 } ref;
 
@@ -45,7 +45,7 @@ static void ref_step(ref *r, const float *grad) {
     r->t++;
     for (size_t i = 0; i < r->n; i++) {
         double g = grad[i], *p = &r->p[i];
-        if (r->kind == 0) {  // torch.optim.SGD
+        if (r->kind == 0) { // torch.optim.SGD
             if (r->wd != 0)
                 g += r->wd * *p;
             if (r->momentum != 0) {
@@ -54,7 +54,7 @@ static void ref_step(ref *r, const float *grad) {
                 g         = r->nesterov ? g + r->momentum * *b : *b;
             }
             *p -= r->lr * g;
-        } else if (r->kind == 1 || r->kind == 2) {  // torch.optim.Adam / AdamW
+        } else if (r->kind == 1 || r->kind == 2) { // torch.optim.Adam / AdamW
             if (r->kind == 2)
                 *p *= 1 - r->lr * r->wd;
             else if (r->wd != 0)
@@ -70,7 +70,7 @@ static void ref_step(ref *r, const float *grad) {
             }
             double vhat = vv / (1 - pow(r->beta2, (double)r->t));
             *p -= r->lr * mhat / (sqrt(vhat) + r->eps);
-        } else {  // torch.optim.Adadelta
+        } else { // torch.optim.Adadelta
             if (r->wd != 0)
                 g += r->wd * *p;
             double *v = &r->s1[i], *u = &r->s2[i];
@@ -97,7 +97,7 @@ static double rel_err(const float *a, const double *b, size_t n) {
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]) / fmax(1.0, fabs(b[i]));
         if (!(d <= worst))
-            worst = d;  // NaN sticks
+            worst = d; // NaN sticks
     }
     return worst;
 }
@@ -165,8 +165,8 @@ static void compare(ref cfg, size_t n, const char *label) {
     size_t allocs = dt_alloc_total_count();
     for (int t = 0; t < STEPS; t++) {
         for (size_t i = 0; i < n; i++)
-            g[i] = dt_rng_normal(&rng) * (t % 3 == 2 ? 0.01f : 1.0f);  // some small grads
-        if (t == 4) {  // a schedule changes the learning rate
+            g[i] = dt_rng_normal(&rng) * (t % 3 == 2 ? 0.01f : 1.0f); // some small grads
+        if (t == 4) { // a schedule changes the learning rate
             CHECK_OK(dt_optim_set_lr(o, (float)(r.lr * 0.5)));
             r.lr = (float)(r.lr * 0.5);
         }
@@ -190,7 +190,7 @@ static void compare(ref cfg, size_t n, const char *label) {
             es = fmax(es, rel_err(st + 2 * n, r.s3, n));
         worst_s = es > worst_s || es != es ? es : worst_s;
     }
-    CHECK_EQ(dt_alloc_total_count(), allocs);  // step allocates nothing
+    CHECK_EQ(dt_alloc_total_count(), allocs); // step allocates nothing
     CHECK_EQ(dt_optim_step_count(o), STEPS);
     // float32 arithmetic against double: a few ulps per step, amplified a little by
     // divisions with small denominators.
@@ -214,7 +214,7 @@ static void test_sgd(void) {
         r.wd        = c & 4 ? 0.01 : 0;
         r.nesterov  = c & 8;
         if (r.nesterov && (r.momentum == 0 || r.dampening != 0))
-            continue;  // rejected, as by PyTorch (checked in test_bad_options)
+            continue; // rejected, as by PyTorch (checked in test_bad_options)
         char label[96];
         snprintf(label, sizeof label, "sgd momentum=%g dampening=%g wd=%g nesterov=%d", r.momentum,
                  r.dampening, r.wd, r.nesterov);
@@ -228,7 +228,7 @@ static void test_adam(void) {
         ref r     = {.kind = c & 1 ? 2 : 1, .lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
         r.wd      = c & 2 ? 0.05 : 0;
         r.amsgrad = c & 4;
-        if (c == 6) {  // other constants
+        if (c == 6) { // other constants
             r.beta1 = 0.5;
             r.beta2 = 0.9;
             r.eps   = 1e-3;
@@ -489,7 +489,7 @@ static void test_bad_options(void) {
     CHECK(strstr(dt_last_error(), "overlapping") != NULL);
     CHECK(dt_optim_init_adam(NULL, g, 4, NULL) == NULL);
     CHECK(strstr(dt_last_error(), "found NULL") != NULL);
-    dt_optim *o = dt_optim_init_sgd(NULL, NULL, 0, NULL);  // an empty model is fine
+    dt_optim *o = dt_optim_init_sgd(NULL, NULL, 0, NULL); // an empty model is fine
     CHECK(o != NULL);
     dt_optim_step(o);
     dt_optim_zero_grad(o);
