@@ -509,9 +509,13 @@ static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
             short re = c->pfds[i].revents;
             if (re & (POLLRDHUP | POLLHUP | POLLERR)) {
                 peer *p = &c->peers[c->pfd_peer[i]];
-                // Let pending data be consumed normally first if we expect it.
+                // Let pending data be consumed normally first if we expect it. When that
+                // completes the transfer waited for, the peer sent it before it left:
+                // this wait succeeded, and the hang-up is for the next one to report.
                 if (p->rq_head || p->in_payload)
                     DT_TRY(pump_in(c, op, p));
+                if (x->done)
+                    return DT_OK;
                 DT_TRY(on_hangup(c, op, p));
             }
         }

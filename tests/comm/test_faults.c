@@ -22,6 +22,7 @@
 typedef struct shared {
     _Atomic uint64_t kill_ns; // when the victim killed itself
     _Atomic int      started;
+    _Atomic int      waiting_pid; // test_sent_then_aborted: rank 0, about to wait
 } shared;
 
 static void sleep_ms(int ms) {
@@ -217,6 +218,57 @@ static void abort_ranks(int rank, int world, void *arg) {
 static void test_abort(void) {
     mp_opts o = {.world = 2, .timeout_ms = 30000};
     MP_RUN(&o, abort_ranks, NULL);
+}
+
+// A peer that sends a message and then aborts did send it: the receive completes with
+// the data, and the abort is what the next call reports. Rank 0 is stopped (SIGSTOP)
+// while it waits, so the data, the abort and the hang-up all reach it at once.
+static void *cont_later(void *arg) {
+    sleep_ms(200);
+    kill(*(int *)arg, SIGCONT);
+    return NULL;
+}
+
+static void sent_then_aborted_ranks(int rank, int world, void *arg) {
+    (void)arg, (void)world;
+    shared *sh = mp_shared();
+    dt_pg  *pg = mp_pg_init(20000);
+    CHECK(pg != NULL);
+    if (!pg)
+        return;
+    float buf[1000];
+    if (rank == 0) {
+        atomic_store(&sh->waiting_pid, (int)getpid());
+        CHECK_OK(dt_pg_recv(pg, buf, 1000, DT_FLOAT32, 1, 5));
+        bool same = true;
+        for (int i = 0; i < 1000; i++)
+            same &= buf[i] == (float)(i * 3);
+        CHECK(same);
+        CHECK_ERR(dt_pg_barrier(pg), DT_ERR_PEER, "sent, then aborted (reported by rank 1)");
+    } else {
+        int pid0;
+        while (!(pid0 = atomic_load(&sh->waiting_pid)))
+            sleep_ms(1);
+        sleep_ms(100); // rank 0 is asleep in its receive by now
+        kill(pid0, SIGSTOP);
+        for (int i = 0; i < 1000; i++)
+            buf[i] = (float)(i * 3);
+        CHECK_OK(dt_pg_send(pg, buf, 1000, DT_FLOAT32, 0, 5));
+        // Rank 0 also serves the store, which leaving may use: resume it from a thread.
+        pthread_t t;
+        pthread_create(&t, NULL, cont_later, &pid0);
+        dt_pg_abort(pg, "sent, then aborted");
+        dt_pg_free(pg);
+        pg = NULL;
+        pthread_join(t, NULL);
+    }
+    dt_pg_free(pg);
+}
+
+static void test_sent_then_aborted(void) {
+    atomic_store(&((shared *)mp_shared())->waiting_pid, 0);
+    mp_opts o = {.world = 2, .timeout_ms = 30000};
+    MP_RUN(&o, sent_then_aborted_ranks, NULL);
 }
 
 // A rank that leaves (dt_pg_free) while another still calls a collective.
@@ -470,6 +522,7 @@ int main(void) {
     RUN(test_mismatched_kinds);
     RUN(test_timeout);
     RUN(test_abort);
+    RUN(test_sent_then_aborted);
     RUN(test_rank_leaves);
     RUN(test_clean_exit);
     RUN(test_port_in_use);
