@@ -88,9 +88,13 @@ ifeq ($(MAKELEVEL)$(filter clean help format format-check,$(MAKECMDGOALS)),0)
     $(info dtrain: mpi backend left out ($(if $(filter 0,$(MPI)),MPI=0,no mpicc found: apt-get install libopenmpi-dev)))
   endif
 endif
+# Open MPI's wrapper answers --showme:compile/--showme:link, MPICH's -compile_info and
+# -link_info (a whole command line: only the flags are kept). Another MPI: MPICC=...
 ifeq ($(HAVE_MPI),1)
-  MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || mpicc -show 2>/dev/null | sed 's/^[^ ]* //') -DDT_HAVE_MPI=1
-  MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+  MPI_CC_INFO := $(shell $(MPICC) --showme:compile 2>/dev/null || $(MPICC) -compile_info 2>/dev/null)
+  MPI_LD_INFO := $(shell $(MPICC) --showme:link 2>/dev/null || $(MPICC) -link_info 2>/dev/null)
+  MPI_CFLAGS  := $(filter -I% -D% -pthread,$(MPI_CC_INFO)) -DDT_HAVE_MPI=1
+  MPI_LIBS    := $(filter -L% -l% -Wl% -pthread,$(MPI_LD_INFO))
 endif
 
 # ---------------------------------------------------------------- sources

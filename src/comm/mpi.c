@@ -458,8 +458,9 @@ static void progress_sends(mpi_ctx *c) {
     for (pending_send **pp = &c->sends; *pp;) {
         pending_send *p    = *pp;
         int           done = 0;
+        MPI_Status    sts[2]; // not MPI_STATUSES_IGNORE: gcc misreads MPICH's as an array
         dt_mpi_lock();
-        MPI_Testall(2, p->req, &done, MPI_STATUSES_IGNORE);
+        MPI_Testall(2, p->req, &done, sts);
         dt_mpi_unlock();
         if (done) {
             *pp = p->next;
