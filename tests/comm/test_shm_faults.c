@@ -7,6 +7,7 @@
 #include "../lib/mp.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -28,7 +29,18 @@ static dt_pg *pg_shm(int64_t timeout_ms) {
     return pg;
 }
 
-// Names of this user's segments in /dev/shm, concatenated (to compare before/after).
+// True when the segment's creator (its name: dtrain-<uid>-<pid>-<hex>) still runs: a
+// job in progress, such as another test suite running beside this one. The ranks of
+// this test have all been reaped when it looks, so their leftovers have dead creators.
+static bool creator_alive(const char *name, size_t prefix_len) {
+    char *end;
+    long  pid = strtol(name + prefix_len, &end, 10);
+    return end != name + prefix_len && *end == '-' && pid > 0 &&
+           (kill((pid_t)pid, 0) == 0 || errno == EPERM);
+}
+
+// Names of this user's segments in /dev/shm whose creator is gone, concatenated (to
+// compare before/after).
 static void list_segments(char *out, size_t n) {
     char prefix[32];
     snprintf(prefix, sizeof prefix, "dtrain-%d-", (int)getuid());
@@ -38,7 +50,8 @@ static void list_segments(char *out, size_t n) {
     if (!d)
         return;
     for (struct dirent *e; (e = readdir(d));)
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && at + strlen(e->d_name) + 2 < n)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && at + strlen(e->d_name) + 2 < n &&
+            !creator_alive(e->d_name, strlen(prefix)))
             at += (size_t)snprintf(out + at, n - at, "%s ", e->d_name);
     closedir(d);
 }
