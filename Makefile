@@ -228,7 +228,11 @@ fuzz-run: fuzz
 	done
 
 # ---------------------------------------------------------------- benchmarks
-bench: deps
+# The peer's packages too (python3-torch: the PyTorch peer and Gloo), unless NODEPS=1.
+bench:
+ifneq ($(NODEPS),1)
+	$(Q)DT_EXTRA_PKGS="python3-torch python3-numpy $(DT_EXTRA_PKGS)" .ci/deps
+endif
 	$(Q)$(MAKE) --no-print-directory programs
 	$(Q)bench/run.sh
 
