@@ -20,6 +20,10 @@
 #define DEFAULT_SMALL_BYTES (64u << 10)
 // Receive slots the ring keeps in flight.
 #define DEFAULT_SLOTS 4
+// Ring wire order (see ring_run): how many segments of a step go out before the first
+// segment of the next step. DT_RING_LAG overrides; a lag >= the segment count is the
+// plain step-by-step order.
+#define DEFAULT_RING_LAG 2
 
 dt_status dt_algo_cfg_init(dt_algo_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -41,6 +45,8 @@ dt_status dt_algo_cfg_init(dt_algo_cfg *cfg) {
     DT_TRY(dt_env_int("DT_SMALL_BYTES", 0, 1L << 30, DEFAULT_SMALL_BYTES, &v));
     cfg->small_bytes = (size_t)v;
     cfg->slots       = DEFAULT_SLOTS;
+    DT_TRY(dt_env_int("DT_RING_LAG", 0, 1L << 30, DEFAULT_RING_LAG, &v));
+    cfg->ring_lag = (size_t)v;
     return DT_OK;
 }
 
@@ -48,6 +54,7 @@ void dt_algo_cfg_free(dt_algo_cfg *cfg) {
     dt_free(cfg->slot_buf);
     dt_free(cfg->part_buf);
     dt_free(cfg->xfers);
+    dt_free(cfg->ready_buf);
     memset(cfg, 0, sizeof *cfg);
 }
 
@@ -172,6 +179,33 @@ static void ring_seg(const algo *a, const ring *g, size_t t, size_t R, size_t S,
     *len = split(cl, S, j + 1) - split(cl, S, j);
 }
 
+// The order in which a rank sends (and its right neighbour receives) the transfers
+// t = s*S + j (step s, segment j): by key j + s*lag, ties by step. With lag L the
+// wire carries step s's segments L ahead of step s+1's: for 2 ranks, reduce-scatter
+// segments 0..L, then all-gather 0, reduce-scatter L+1, all-gather 1, ... so a segment
+// goes back out while its reduction is still in cache, instead of after the whole
+// reduce-scatter (which, for buffers beyond the caches, reads it again from memory).
+// A transfer only ever waits for one with a smaller key, so the order cannot deadlock.
+typedef struct wire_iter {
+    size_t key, s, steps, S, lag;
+} wire_iter;
+
+static bool wire_next(wire_iter *w, size_t *t) {
+    for (;;) {
+        if (w->s == w->steps) {
+            w->s = 0;
+            w->key++;
+        }
+        if (w->steps == 0 || w->key >= w->S + (w->steps - 1) * w->lag)
+            return false;
+        size_t s = w->s++;
+        if (w->key >= s * w->lag && w->key - s * w->lag < w->S) {
+            *t = s * w->S + (w->key - s * w->lag);
+            return true;
+        }
+    }
+}
+
 static dt_status ring_run(algo *a, const ring *g) {
     const int    P = a->world, r = a->rank, right = mod(r + 1, P), left = mod(r - 1, P);
     const size_t esz       = a->esz;
@@ -187,52 +221,62 @@ static dt_status ring_run(algo *a, const ring *g) {
     const size_t T          = R + (g->ag ? (size_t)(P - 1) * S : 0);
     const int    K          = a->cfg->slots;
     size_t       slot_bytes = ((max_chunk + S - 1) / S) * esz;
-    if (grow(&a->cfg->slot_buf, &a->cfg->slot_cap, (size_t)K * slot_bytes + 1) != DT_OK)
+    if (grow(&a->cfg->slot_buf, &a->cfg->slot_cap, (size_t)K * slot_bytes + 1) != DT_OK ||
+        grow((void **)&a->cfg->ready_buf, &a->cfg->ready_cap, T + 1) != DT_OK)
         return dt_op_fail(a->op, DT_ERR_NOMEM, "out of memory for ring slots");
     char    *slots = a->cfg->slot_buf;
+    uint8_t *ready = a->cfg->ready_buf; // receive t done (and reduced)
+    memset(ready, 0, T);
     dt_xfer *x;
     DT_TRY(xfers(a, 2 * T, &x));
     dt_xfer *sx = x, *rx = x + T;
 
-    size_t ns = 0, nr = 0, nd = 0; // next send to post, recv to post, recv to complete
-    while (nd < T || ns < T) {
-        // Sends whose data is ready: t < S (own data) or t-S completed.
-        while (ns < T && (ns < S || ns - S < nd)) {
+    const wire_iter start = {.steps = T / S, .S = S, .lag = a->cfg->ring_lag};
+    wire_iter       si = start, ri = start, di = start; // sends, receives posted, completed
+    size_t          ts, tr, td;
+    bool            more_s = wire_next(&si, &ts);
+    size_t          posted = 0, done = 0, rs_posted = 0, rs_done = 0;
+    while (done < T || more_s) {
+        // Sends in wire order, as their data is ready: own data (t < S) or t-S received.
+        while (more_s && (ts < S || ready[ts - S])) {
             size_t off, len;
-            ring_seg(a, g, ns, R, S, r, NULL, &off, &len);
+            ring_seg(a, g, ts, R, S, r, NULL, &off, &len);
             const char *src;
-            if (ns < R)
-                src = ns < S ? g->mine + off * esz : g->out + off * esz;
-            else if (ns - R < S) // first all-gather step: our own finished chunk
+            if (ts < R)
+                src = ts < S ? g->mine + off * esz : g->out + off * esz;
+            else if (ts - R < S) // first all-gather step: our own finished chunk
                 src = (g->rs ? (g->final_rs ? g->final_rs + (off - chunk_off(a, g, r)) * esz
                                             : g->out + off * esz)
                              : g->ag_buf + off * esz);
             else
                 src = g->ag_buf + off * esz;
-            DT_TRY(post(a, &sx[ns], right, true, src, len * esz, DT_ALGO_RING, (uint32_t)ns));
-            ns++;
+            DT_TRY(post(a, &sx[ts], right, true, src, len * esz, DT_ALGO_RING, (uint32_t)ts));
+            more_s = wire_next(&si, &ts);
         }
-        // Receives, up to K ahead of completion.
-        while (nr < T && nr < nd + (size_t)K) {
+        // Receives in the same order, up to K ahead of completion; reduce-scatter ones
+        // into rotating slots, all-gather ones straight into place.
+        while (posted < T && posted < done + (size_t)K && wire_next(&ri, &tr)) {
             size_t off, len;
-            ring_seg(a, g, nr, R, S, left, NULL, &off, &len);
-            char *dst = nr < R ? slots + (nr % (size_t)K) * slot_bytes : g->ag_buf + off * esz;
-            DT_TRY(post(a, &rx[nr], left, false, dst, len * esz, DT_ALGO_RING, (uint32_t)nr));
-            nr++;
+            ring_seg(a, g, tr, R, S, left, NULL, &off, &len);
+            char *dst =
+                tr < R ? slots + (rs_posted++ % (size_t)K) * slot_bytes : g->ag_buf + off * esz;
+            DT_TRY(post(a, &rx[tr], left, false, dst, len * esz, DT_ALGO_RING, (uint32_t)tr));
+            posted++;
         }
-        if (nd < T) {
-            DT_TRY(wait(a, &rx[nd]));
-            if (nd < R) {
+        if (done < T && wire_next(&di, &td)) {
+            DT_TRY(wait(a, &rx[td]));
+            if (td < R) {
                 size_t off, len;
-                ring_seg(a, g, nd, R, S, left, NULL, &off, &len);
-                const char *in  = slots + (nd % (size_t)K) * slot_bytes;
-                bool        fin = nd / S == (size_t)(P - 2); // last step: our own chunk
+                ring_seg(a, g, td, R, S, left, NULL, &off, &len);
+                const char *in  = slots + (rs_done++ % (size_t)K) * slot_bytes;
+                bool        fin = td / S == (size_t)(P - 2); // last step: our own chunk
                 char *dst = fin && g->final_rs ? g->final_rs + (off - chunk_off(a, g, r)) * esz
                                                : g->out + off * esz;
                 // Partial from the left first, then ours: the fold order of the table.
                 dt_reduce(a->op->dtype, a->op->op, dst, in, g->mine + off * esz, len);
             }
-            nd++;
+            ready[td] = 1;
+            done++;
         }
     }
     for (size_t t = 0; t < T; t++)

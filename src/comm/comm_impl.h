@@ -109,6 +109,7 @@ typedef struct dt_algo_cfg {
     size_t segment_bytes;  // ring/chain segment size (DT_SEGMENT_BYTES)
     size_t small_bytes;    // auto: below this many bytes, latency algorithms
     int    slots;          // receive slots in flight in the ring
+    size_t ring_lag;       // ring wire order: segment j of step s follows j + lag of step s-1
     // Grow-only buffers reused across operations (the steady state allocates nothing):
     void    *slot_buf; // slots * segment_bytes: ring receive slots
     size_t   slot_cap;
@@ -116,6 +117,8 @@ typedef struct dt_algo_cfg {
     size_t   part_cap;
     dt_xfer *xfers;
     size_t   xfer_cap;
+    uint8_t *ready_buf; // ring: per transfer, received and (reduce-scatter) reduced
+    size_t   ready_cap;
 } dt_algo_cfg;
 
 dt_status dt_algo_cfg_init(dt_algo_cfg *cfg);
