@@ -6,8 +6,15 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define DT_ALIGN 64
+// From this size on, blocks are aligned to 2 MiB and asked to be backed by transparent
+// huge pages (where the system leaves that to madvise): one page fault per 2 MiB
+// instead of 512. Faults on fresh memory are what a data set and a model's activations
+// cost at start-up, and on some virtual machines each one is expensive.
+#define DT_HUGE_MIN   ((size_t)4 << 20)
+#define DT_HUGE_ALIGN ((size_t)2 << 20)
 
 static atomic_size_t live_count;
 static atomic_size_t total_count;
@@ -37,14 +44,19 @@ void *dt_alloc(size_t nbytes) {
         dt_fail(DT_ERR_NOMEM, "allocation of %zu bytes refused (DT_FAIL_ALLOC_AFTER)", nbytes);
         return NULL;
     }
-    size_t rounded = (nbytes + DT_ALIGN - 1) & ~(size_t)(DT_ALIGN - 1);
+    size_t align   = nbytes >= DT_HUGE_MIN ? DT_HUGE_ALIGN : DT_ALIGN;
+    size_t rounded = (nbytes + align - 1) & ~(align - 1);
     if (rounded < nbytes || rounded == 0)
         rounded = rounded < nbytes ? 0 : DT_ALIGN;
-    void *p = rounded ? aligned_alloc(DT_ALIGN, rounded) : NULL;
+    void *p = rounded ? aligned_alloc(align, rounded) : NULL;
     if (!p) {
         dt_fail(DT_ERR_NOMEM, "out of memory allocating %zu bytes", nbytes);
         return NULL;
     }
+#ifdef MADV_HUGEPAGE
+    if (align == DT_HUGE_ALIGN)
+        madvise(p, rounded, MADV_HUGEPAGE); // a hint: failure only means small pages
+#endif
     atomic_fetch_add(&live_count, 1);
     atomic_fetch_add(&total_count, 1);
     return p;
