@@ -246,9 +246,14 @@ static void sent_then_aborted_ranks(int rank, int world, void *arg) {
         CHECK(same);
         CHECK_ERR(dt_pg_barrier(pg), DT_ERR_PEER, "sent, then aborted (reported by rank 1)");
     } else {
-        int pid0;
-        while (!(pid0 = atomic_load(&sh->waiting_pid)))
+        int      pid0;
+        uint64_t until = dt_deadline_ns(20000);
+        while (!(pid0 = atomic_load(&sh->waiting_pid)) && dt_now_ns() < until)
             sleep_ms(1);
+        if (!CHECK(pid0 > 0)) {
+            dt_pg_free(pg);
+            return;
+        }
         sleep_ms(100); // rank 0 is asleep in its receive by now
         kill(pid0, SIGSTOP);
         for (int i = 0; i < 1000; i++)
