@@ -273,8 +273,8 @@ static dt_status pump_in(tcp_ctx *c, const dt_op *op, peer *p) {
                         op, DT_ERR_MISMATCH,
                         "rank %d sent message %u.%u of %llu bytes, this rank expected message "
                         "%u.%u of %zu bytes (ranks chose different algorithms: are "
-                        "DT_ALLREDUCE_ALGO, DT_SEGMENT_BYTES and DT_SMALL_BYTES equal on every "
-                        "rank?)",
+                        "DT_ALLREDUCE_ALGO, DT_SEGMENT_BYTES, DT_SMALL_BYTES and DT_RING_LAG "
+                        "equal on every rank?)",
                         p->rank, p->cur.step >> 24, p->cur.step & 0xffffff,
                         (unsigned long long)p->cur.nbytes, x->step >> 24, x->step & 0xffffff,
                         x->nbytes);

@@ -28,9 +28,10 @@ static void ranks(int rank, int world, void *arg) {
 static void run_world(int world, bool big) {
     run_cfg cfg = {.big = big, .seed = dt_now_ns()};
     mp_opts o   = {.world = world, .timeout_ms = 240000};
-    fprintf(stderr, "  world %d, backend %s, algo %s, segment %s\n", world, mp_backend(),
-            getenv("DT_ALLREDUCE_ALGO") ? getenv("DT_ALLREDUCE_ALGO") : "auto",
-            getenv("DT_SEGMENT_BYTES") ? getenv("DT_SEGMENT_BYTES") : "default");
+    fprintf(stderr, "  world %d, backend %s, algo %s, segment %s, ring lag %s\n", world,
+            mp_backend(), getenv("DT_ALLREDUCE_ALGO") ? getenv("DT_ALLREDUCE_ALGO") : "auto",
+            getenv("DT_SEGMENT_BYTES") ? getenv("DT_SEGMENT_BYTES") : "default",
+            getenv("DT_RING_LAG") ? getenv("DT_RING_LAG") : "default");
     MP_RUN(&o, ranks, &cfg);
 }
 
@@ -48,6 +49,12 @@ static void test_worlds_forced_algorithms(void) {
     setenv("DT_ALLREDUCE_ALGO", "ring", 1);
     run_world(3, false);
     run_world(4, false);
+    // Other wire orders of the ring's steps (see ring_run): none interleaved, one ahead.
+    setenv("DT_RING_LAG", "0", 1);
+    run_world(2, false);
+    setenv("DT_RING_LAG", "1", 1);
+    run_world(5, false);
+    unsetenv("DT_RING_LAG");
     setenv("DT_ALLREDUCE_ALGO", "rdouble", 1);
     run_world(3, false);
     run_world(5, false);
