@@ -169,9 +169,10 @@ $(OUT)/tests/%: $(OUT)/obj/tests/%.o $(TESTLIB_OBJ) $(LIB_A)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
 
 # ---------------------------------------------------------------- running
+# DT_EXTRA_PKGS: packages a goal needs beyond the project's own (see bench).
 deps:
 ifneq ($(NODEPS),1)
-	$(Q).ci/deps
+	$(Q)DT_EXTRA_PKGS="$(strip $(DT_EXTRA_PKGS))" .ci/deps
 endif
 
 # Every test binary, each under a deadline; the runner prints each binary's
@@ -229,10 +230,8 @@ fuzz-run: fuzz
 
 # ---------------------------------------------------------------- benchmarks
 # The peer's packages too (python3-torch: the PyTorch peer and Gloo), unless NODEPS=1.
-bench:
-ifneq ($(NODEPS),1)
-	$(Q)DT_EXTRA_PKGS="python3-torch python3-numpy $(DT_EXTRA_PKGS)" .ci/deps
-endif
+bench: DT_EXTRA_PKGS += python3-torch python3-numpy
+bench: deps
 	$(Q)$(MAKE) --no-print-directory programs
 	$(Q)bench/run.sh
 
