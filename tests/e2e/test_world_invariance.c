@@ -3,7 +3,7 @@
 // as a user runs it (default flags, --save-model read back with the library).
 //
 // - 4 steps of global batch 128 (--limit 512) as 1x128, 2x64 and 4x32: the parameters
-//   agree within 1e-6 relative L2 (float rounding: about 3e-8) and the printed test
+//   agree within 1e-5 relative L2 (float rounding: 3e-8 to 3e-7) and the printed test
 //   losses within 5e-4. When dropout masks followed the rank and the position in the
 //   local batch, they differed by 0.07 after these 4 steps.
 // - 100 steps (--limit 12800), the same three runs, plus one process with --threads 1
@@ -12,9 +12,9 @@
 //   rounding difference (about step 8) changes a gradient by a whole sample's share,
 //   which Adadelta's normalised steps spread, so 1-ulp differences grow to about 5e-2
 //   relative L2 by step 100 whatever the world size. The world-size pairs must stay
-//   within 0.2 relative L2 and 0.01 in test loss (measured 0.05-0.09 and 0.002-0.004;
+//   within 0.2 relative L2 and 0.015 in test loss (measured 0.04-0.09 and 0.002-0.006;
 //   with rank-keyed masks 0.29-0.31 and 0.011-0.027).
-// Prints the figures for bench/RESULTS.md.
+// Prints the figures for bench/RESULTS.md. Sanitizer builds run the 4-step part only.
 #include "../check.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
@@ -145,11 +145,11 @@ static void world_sizes(long limit, double max_rel, double max_loss) {
 }
 
 static void test_four_steps(void) {
-    world_sizes(4 * GLOBAL_BATCH, 1e-6, 5e-4);
+    world_sizes(4 * GLOBAL_BATCH, 1e-5, 5e-4);
 }
 
 static void test_hundred_steps(void) {
-    world_sizes(100 * GLOBAL_BATCH, 0.2, 0.01);
+    world_sizes(100 * GLOBAL_BATCH, 0.2, 0.015);
     // The rounding floor: one process, one thread against two. Printed, not bounded.
     run_result r[2];
     memset(r, 0, sizeof r);
@@ -168,7 +168,9 @@ int main(void) {
     if (!CHECK(mkdtemp(dir) != NULL))
         return check_summary();
     RUN(test_four_steps);
-    RUN(test_hundred_steps);
+#ifndef DT_SANITIZE
+    RUN(test_hundred_steps); // 7 runs of 100 steps: minutes under a sanitizer
+#endif
     rmdir(dir);
     return check_summary();
 }
