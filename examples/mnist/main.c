@@ -63,8 +63,11 @@ static const char usage[] =
     "                      tree (V a power of two, up to 64; 0: off, each thread sums its\n"
     "                      samples): any thread count and any P processes (P dividing V,\n"
     "                      batch B/P each) then train bitwise the model of one process\n"
-    "                      with batch B. Default 8 (up to 8 processes); with P not\n"
-    "                      dividing it, each process is one shard (thread-invariant only)\n"
+    "                      with batch B. Default: the cores rounded up to a power of two,\n"
+    "                      at least 8 (a thread per shard in backward); with P not\n"
+    "                      dividing it, each process is one shard (thread-invariant only).\n"
+    "                      It cost 0-3% of CPU time on the seed's ConvNet\n"
+    "                      (bench/RESULTS.md); 0 turns it off\n"
     "distributed (the seed's flags):\n"
     "  --num-processes P   fork P worker processes on this machine (default: none, or\n"
     "                      one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -475,7 +478,13 @@ static int train_worker(job *j, dt_pg *pg) {
     // global batch's V, so its local positions j = k (mod V / world) form local shard k
     // (the sampler gives rank r global positions r + world * j); DDP continues the tree
     // over ranks. A world that does not divide the default V gets one shard per rank.
-    long v = a->invariant < 0 ? 8 : a->invariant, shards = 0;
+    long v = a->invariant, shards = 0;
+    if (v < 0) { // the default: at least 8, and at least the cores, so that threads have
+                 // a shard each in the convolutions' backward
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        for (v = 8; v < cores && v < 64; v *= 2)
+            ;
+    }
     if (v > 0 && v % world == 0)
         shards = v / world;
     else if (v > 0 && a->invariant > 0) {

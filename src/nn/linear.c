@@ -42,7 +42,7 @@ static dt_status linear_setup(nn_layer *l) {
     for (int o = 0; o < l->out_c; o++)
         l->offsets[o] = o * l->in.c;
     l->aux_per_sample = sizeof(float) * (size_t)l->out_c + sizeof(int);
-    l->shard_scratch  = (size_t)l->out_c * NN_SHARD_COLS;
+    l->shard_scratch  = (size_t)NN_SHARD_ROWS * NN_SHARD_COLS;
     return DT_OK;
 }
 
@@ -68,8 +68,11 @@ static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
 // Gradient shards (nn_impl.h): shard m holds samples m, m + S, ... of the batch. Its
 // slice of the transposed output gradient is (out, n_m) at column start_m of a
 // shard-major layout, so that dW_m = dy_m^T x_m is one shifted GEMM over its samples in
-// increasing order. Each thread forms its input columns in chunks of NN_SHARD_COLS:
-// every shard's product into scratch, the fixed tree over shards, then added into dW.
+// increasing order. Each thread forms whole column chunks of NN_SHARD_COLS (at fixed
+// places, so a column takes the same kernel path, vector block or scalar edge, whatever
+// the thread count: they may round differently, FMA or not), with
+// dt_nn_shifted_gemm_shards: per band of rows, every shard's tile in L1, the fixed tree
+// over shards, added into dW.
 static int shard_len(int batch, int shards, int m) {
     return m < batch ? (batch - m + shards - 1) / shards : 0;
 }
@@ -94,24 +97,17 @@ static void linear_backward_sharded(nn_layer *l, const nn_ctx *c, const float *i
     // Chunks of columns at fixed places, whole chunks per thread: a column is computed by
     // the same kernel path (vector block or scalar edge, which may round differently:
     // FMA or not) whatever the thread count.
-    size_t ld  = (size_t)fout * NN_SHARD_COLS;
-    float *tmp = c->scratch; // S x (out, cw)
-    int    nch = (fin + NN_SHARD_COLS - 1) / NN_SHARD_COLS;
-    int    k0 = (int)((long)nch * c->ith / c->nth), k1 = (int)((long)nch * (c->ith + 1) / c->nth);
+    int st[NN_MAX_SHARDS], len[NN_MAX_SHARDS];
+    for (int m = 0; m < S; m++) {
+        st[m]  = shard_start(batch, S, m);
+        len[m] = shard_len(batch, S, m);
+    }
+    int nch = (fin + NN_SHARD_COLS - 1) / NN_SHARD_COLS;
+    int k0 = (int)((long)nch * c->ith / c->nth), k1 = (int)((long)nch * (c->ith + 1) / c->nth);
     for (int k = k0; k < k1; k++) {
         int jc = k * NN_SHARD_COLS, cw = fin - jc < NN_SHARD_COLS ? fin - jc : NN_SHARD_COLS;
-        for (int m = 0; m < S; m++) {
-            int st = shard_start(batch, S, m), n = shard_len(batch, S, m);
-            if (n)
-                dt_nn_shifted_gemm(in + jc, xoff + st, n, dyt + (size_t)fout * st, fout, cw,
-                                   tmp + (size_t)m * ld, (size_t)cw, false);
-            else
-                memset(tmp + (size_t)m * ld, 0, sizeof(float) * (size_t)fout * (size_t)cw);
-        }
-        dt_nn_shard_tree(tmp, ld, S, (size_t)fout * (size_t)cw);
-        for (int o = 0; o < fout; o++)
-            for (int x = 0; x < cw; x++)
-                dw[(size_t)o * fin + jc + x] += tmp[(size_t)o * cw + x];
+        dt_nn_shifted_gemm_shards(in + jc, xoff, st, len, S, dyt, fout, cw, c->scratch, dw + jc,
+                                  (size_t)fin);
     }
     int o0 = (int)((long)fout * c->ith / c->nth), o1 = (int)((long)fout * (c->ith + 1) / c->nth);
     for (int o = o0; o < o1; o++) {

@@ -49,9 +49,10 @@ typedef enum nn_grad_mode {
 // over its samples in increasing order, then combine the shards by the tree of
 // dt_nn_shard_tree, whatever the thread split. The model combines PARTIAL shards.
 #define NN_MAX_SHARDS 64
-// Columns of a linear weight gradient formed per shard at a time (scratch per shard:
-// out_features x this).
-#define NN_SHARD_COLS 96
+// Tiles of a linear weight gradient formed per shard at a time (scratch per shard:
+// rows x cols floats; one vector block of shifted.c).
+#define NN_SHARD_ROWS 8
+#define NN_SHARD_COLS 48
 
 typedef struct nn_layer_ops {
     const char  *kind;
@@ -125,6 +126,11 @@ bool dt_nn_want_direct(void);
 // out[o][j] (+)= sum_r w[o][r] * src[off[r] + j]   (o < rows, j < n; shifted.c)
 void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w, int rows, int n,
                         float *out, size_t out_ld, bool add);
+// With gradient shards: out[o][j] += tree over shards m of the sum over shard m's
+// samples (shifted.c, linear.c); n <= NN_SHARD_COLS, tile S x ROWS x COLS floats.
+void dt_nn_shifted_gemm_shards(const float *src, const int *off, const int *start, const int *len,
+                               int S, const float *w, int rows, int n, float *tile, float *out,
+                               size_t out_ld);
 // dw[o][r] += sum_j a[o][j] * src[off[r] + j]   (o < rows, r < R, j < n; shifted.c)
 void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *src, const int *off,
                            int R, int n, float *dw);
