@@ -62,14 +62,20 @@ typedef struct dt_store_opts {
     int64_t timeout_ms; // connect retries, get and wait; 0 = default: DT_TIMEOUT_MS
                         // env, else 30 min; < 0 = no limit
     const char *token;  // job token; NULL = DT_JOB_TOKEN env; "" = none. A server with
-                        // a token refuses clients with another (or no) token.
+                        // a token refuses clients with another (or no) token and proves
+                        // it holds the token to its clients; a server without one admits
+                        // every client. The token
+                        // never crosses the wire: each side proves it holds it by an
+                        // HMAC-SHA256 of the other's fresh random nonce.
+    bool loopback_only; // server: listen on 127.0.0.1 only (every client is on this host)
 } dt_store_opts;
 
 // Zeroed options: every field means "default".
 DT_API dt_store_opts dt_store_opts_default(void);
 
 // A TCP store. With is_server, this process runs the server on a thread of its own,
-// listening on every interface at `port` (0 = a free port; see dt_store_port), and
+// listening on every interface at `port` (0 = a free port; see dt_store_port; only on
+// 127.0.0.1 with opts->loopback_only), and
 // the returned handle is also a client of it. Without, connects to host:port,
 // retrying until the timeout (so clients may start before the server).
 // Returns an owned handle (free with dt_store_free) or NULL with dt_last_error():

@@ -3,7 +3,12 @@
 // for shared file systems, and prefix views. The wire protocol is in comm_impl.h.
 // What this file does not do: anything about ranks; pg.c builds rendezvous on top.
 #include "comm/comm_impl.h"
+#include "core/hmac.h"
 #include "core/le.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,7 +25,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 1
+// 2: challenge-response (store_auth.c) instead of the token in the hello.
+#define PROTOCOL_VERSION 2
+// Until a client has proven the job token it may send at most this many payload bytes
+// per message (a hello is 50), it may hold no more than MAX_PREAUTH connections open
+// (the oldest is dropped for a new one), and it must finish within DT_STORE_AUTH_MS.
+#define PREAUTH_PAYLOAD 1024
+#define PREAUTH_LIMIT   (2 * (DT_STORE_HEADER_BYTES + PREAUTH_PAYLOAD))
+#define MAX_PREAUTH     64
+#define MAX_CONNS       65536
+#define AUTH_MS         10000
+// A proven client whose message stops half-way for this long is dropped.
+#define STALL_MS     60000
+#define PROOF_CLIENT "dtrain store client"
+#define PROOF_SERVER "dtrain store server"
 // Slack added to a blocking request's I/O deadline: the server answers a timed-out
 // get/wait itself; the client only gives up on its own if the server went silent.
 #define CLIENT_SLACK_MS 10000
@@ -326,12 +344,15 @@ bool dt_store_msg_part(const dt_store_msg *msg, size_t *cursor, const uint8_t **
 }
 
 dt_status dt_store_msg_check_request(const dt_store_msg *m) {
-    static const char *const names[] = {"",      "hello", "set",         "get",   "wait",
-                                        "check", "add",   "compare_set", "delete"};
+    static const char *const names[] = {"",      "hello", "set",         "get",    "wait",
+                                        "check", "add",   "compare_set", "delete", "auth"};
     int min = 1, max = 1, keys = 1; // keys: how many leading parts are keys (-1 = all)
     switch ((dt_store_cmd)m->code) {
     case DT_STORE_HELLO:
         min = max = 2, keys = 0;
+        break;
+    case DT_STORE_AUTH:
+        keys = 0;
         break;
     case DT_STORE_SET:
         min = max = 2;
@@ -420,6 +441,11 @@ static dt_status buf_message(buf_t *b, uint8_t code, int64_t arg, int nparts,
 
 typedef struct srv_conn {
     int      fd;
+    char     peer[160]; // "10.0.0.2:45678 (host b pid 77)" for the log
+    uint8_t  stage;     // 0: new, 1: hello answered, 2: proven (greeted)
+    uint8_t  cnonce[DT_NONCE_BYTES], snonce[DT_NONCE_BYTES];
+    uint64_t accepted; // when it connected
+    uint64_t last_rx;  // when a byte last arrived
     buf_t    in;       // bytes received, not yet handled
     buf_t    out;      // bytes to send
     size_t   out_off;  // sent so far
@@ -434,7 +460,10 @@ typedef struct store_server {
     int        listen_fd;
     int        wake[2]; // a byte here stops the loop
     pthread_t  thread;
-    char      *token; // NULL = accept any client
+    char      *token;        // NULL = accept any client
+    int        spare_fd;     // held for the moment the process runs out of descriptors
+    uint64_t   accept_pause; // listen fd not polled before this (out of descriptors)
+    uint64_t   auth_ns, stall_ns;
     kv_map     kv;    // server thread only
     srv_conn **conns; // server thread only
     size_t     nconns, cap;
@@ -464,43 +493,81 @@ static bool srv_handle(store_server *s, srv_conn *c, const dt_store_msg *m) {
         c->closing = true;
         return true;
     }
-    if (!c->greeted && m->code != DT_STORE_HELLO) {
-        conn_reply_text(c, DT_ERR_FORMAT, "expected a hello first");
+    if (!c->greeted && m->code != DT_STORE_HELLO && m->code != DT_STORE_AUTH) {
+        conn_reply_text(c, DT_ERR_FORMAT, "expected a hello and the job token's proof first");
         c->closing = true;
         return true;
     }
     switch ((dt_store_cmd)m->code) {
     case DT_STORE_HELLO: {
         dt_store_msg_part(m, &cur, &p, &len);
-        char   tok[4096];
-        size_t tl = len < sizeof tok - 1 ? len : sizeof tok - 1;
-        memcpy(tok, p, tl);
-        tok[tl] = '\0';
-        if (m->arg != PROTOCOL_VERSION) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "expected store protocol version %d, found %lld",
+        const uint8_t *cn   = p;
+        uint32_t       cnl  = len;
+        const uint8_t *desc = NULL;
+        uint32_t       dl   = 0;
+        dt_store_msg_part(m, &cur, &desc, &dl);
+        if (c->stage != 0) {
+            conn_reply_text(c, DT_ERR_FORMAT, "expected one hello, found a second");
+            c->closing = true;
+        } else if (m->arg != PROTOCOL_VERSION) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "expected store protocol version %d, found %lld (every machine needs the "
+                     "same dtrain version)",
                      PROTOCOL_VERSION, (long long)m->arg);
             conn_reply_text(c, DT_ERR_MISMATCH, msg);
             c->closing = true;
-        } else if (s->token && (len != strlen(s->token) || strcmp(tok, s->token) != 0)) {
-            char msg[256];
-            if (len == 0)
-                snprintf(msg, sizeof msg,
-                         "job token mismatch: the store expects a token (hash %016llx), the "
-                         "client has none (set DT_JOB_TOKEN like the other ranks)",
-                         (unsigned long long)dt_token_hash(s->token));
-            else
-                snprintf(msg, sizeof msg,
-                         "job token mismatch: expected token hash %016llx, found %016llx (a "
-                         "process of another job or an earlier run?)",
-                         (unsigned long long)dt_token_hash(s->token),
-                         (unsigned long long)dt_token_hash(tok));
-            conn_reply_text(c, DT_ERR_MISMATCH, msg);
+        } else if (cnl != DT_NONCE_BYTES) {
+            conn_reply_text(c, DT_ERR_FORMAT, "hello: expected a 32-byte nonce");
             c->closing = true;
         } else {
-            c->greeted = true;
-            conn_reply(c, DT_OK, 0, NULL, NULL);
+            memcpy(c->cnonce, cn, DT_NONCE_BYTES);
+            dt_random_bytes(c->snonce, DT_NONCE_BYTES);
+            // What the client says it is, printable bytes only, for the log.
+            size_t o = strlen(c->peer);
+            if (dl && o + 4 < sizeof c->peer) {
+                c->peer[o++] = ' ', c->peer[o++] = '(';
+                for (uint32_t i = 0; i < dl && o + 2 < sizeof c->peer; i++)
+                    c->peer[o++] = desc[i] >= 32 && desc[i] < 127 ? (char)desc[i] : '?';
+                c->peer[o++] = ')', c->peer[o] = '\0';
+            }
+            c->stage             = 1;
+            const void *parts[2] = {c->snonce, s->token ? "1" : "0"};
+            size_t      lens[2]  = {DT_NONCE_BYTES, 1};
+            conn_reply(c, DT_OK, 2, parts, lens);
         }
+        return true;
+    }
+    case DT_STORE_AUTH: {
+        dt_store_msg_part(m, &cur, &p, &len);
+        const char *why = NULL;
+        uint8_t     want[DT_SHA256_BYTES];
+        if (c->stage != 1) {
+            why = "expected a hello before auth";
+        } else if (s->token) {
+            dt_token_proof(s->token, PROOF_CLIENT, c->snonce, c->cnonce, NULL, 0, want);
+            if (len == 0)
+                why = "job token mismatch: this store expects a job token and the client has "
+                      "none (give every machine the same --job-token or DT_JOB_TOKEN)";
+            else if (len != DT_SHA256_BYTES || !dt_ct_equal(p, want, DT_SHA256_BYTES))
+                why = "job token mismatch: the client's job token is not this store's (give "
+                      "every machine the same --job-token or DT_JOB_TOKEN; a process of "
+                      "another job or an earlier run?)";
+        } // A store without a token admits every client.
+        if (why) {
+            dt_log_refusal("store: refused the client at %s: %s", c->peer, why);
+            conn_reply_text(c, c->stage == 1 ? DT_ERR_MISMATCH : DT_ERR_FORMAT, why);
+            c->closing = true;
+            return true;
+        }
+        c->stage   = 2;
+        c->greeted = true;
+        uint8_t proof[DT_SHA256_BYTES];
+        if (s->token)
+            dt_token_proof(s->token, PROOF_SERVER, c->cnonce, c->snonce, NULL, 0, proof);
+        const void *parts[1] = {proof};
+        size_t      lens[1]  = {s->token ? DT_SHA256_BYTES : 0};
+        conn_reply(c, DT_OK, 1, parts, lens);
         return true;
     }
     case DT_STORE_SET: {
@@ -617,6 +684,17 @@ static void srv_pump(store_server *s, srv_conn *c) {
     while (!c->closing) {
         dt_store_msg m;
         size_t       used;
+        if (!c->greeted && c->in.len >= DT_STORE_HEADER_BYTES &&
+            dt_get_le32(c->in.p) == DT_STORE_MAGIC && dt_get_le32(c->in.p + 16) > PREAUTH_PAYLOAD) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "store message: expected at most %u payload bytes before the client has "
+                     "proven the job token, found %u",
+                     PREAUTH_PAYLOAD, dt_get_le32(c->in.p + 16));
+            conn_reply_text(c, DT_ERR_FORMAT, msg);
+            c->closing = true;
+            return;
+        }
         if (dt_store_msg_parse(c->in.p, c->in.len, true, &m, &used) != DT_OK) {
             conn_reply_text(c, DT_ERR_FORMAT, dt_last_error());
             c->closing = true;
@@ -642,43 +720,113 @@ static void conn_free(srv_conn *c) {
     dt_free(c);
 }
 
+static srv_conn *srv_add(store_server *s, int fd) {
+    if (s->nconns == s->cap) {
+        size_t     cap = s->cap ? s->cap * 2 : 16;
+        srv_conn **nc  = dt_alloc(cap * sizeof *nc);
+        if (!nc)
+            return NULL;
+        if (s->nconns)
+            memcpy(nc, s->conns, s->nconns * sizeof *nc);
+        dt_free(s->conns);
+        s->conns = nc;
+        s->cap   = cap;
+    }
+    srv_conn *c = dt_alloc_zero(sizeof *c);
+    if (!c)
+        return NULL;
+    c->fd       = fd;
+    c->accepted = c->last_rx               = dt_now_ns();
+    struct sockaddr_in a                   = {0};
+    socklen_t          alen                = sizeof a;
+    char               ip[INET_ADDRSTRLEN] = "?";
+    if (getpeername(fd, (struct sockaddr *)&a, &alen) == 0 && a.sin_family == AF_INET)
+        inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+    snprintf(c->peer, sizeof c->peer, "%s:%u", ip, (unsigned)ntohs(a.sin_port));
+    s->conns[s->nconns++] = c;
+    return c;
+}
+
+// The process is out of file descriptors: accept with the spare one, tell the client
+// why in a reply it reads as the answer to its hello, and close; else stop polling
+// the listening socket for a while (an unaccepted connection keeps it readable, and
+// polling it again at once would spin).
+static void srv_out_of_fds(store_server *s, int err) {
+    struct rlimit rl  = {0};
+    long          lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? (long)rl.rlim_cur : -1;
+    char          msg[400];
+    snprintf(msg, sizeof msg,
+             "the store server (in the process of rank 0) cannot accept connections: %s "
+             "(RLIMIT_NOFILE %ld); raise the limit (ulimit -n) or run fewer processes",
+             strerror(err), lim);
+    dt_log_refusal("store: cannot accept a connection: %s (RLIMIT_NOFILE %ld)", strerror(err), lim);
+    if (s->spare_fd >= 0) {
+        close(s->spare_fd);
+        s->spare_fd = -1;
+        int fd      = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            srv_conn *c = srv_add(s, fd);
+            if (!c) {
+                close(fd);
+            } else {
+                conn_reply_text(c, DT_ERR_IO, msg);
+                c->closing = true;
+                c->greeted = true; // its bytes are not parsed: it is only told and closed
+            }
+            return;
+        }
+    }
+    s->accept_pause = dt_now_ns() + 200 * 1000000ull;
+}
+
 static void srv_accept(store_server *s) {
     for (;;) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                srv_out_of_fds(s, errno);
             return; // EAGAIN, or a transient error: try again on the next wake-up
-        dt_sock_tune(fd, 0);
-        if (s->nconns == s->cap) {
-            size_t     cap = s->cap ? s->cap * 2 : 16;
-            srv_conn **nc  = dt_alloc(cap * sizeof *nc);
-            if (!nc) {
-                close(fd);
-                return;
-            }
-            if (s->nconns)
-                memcpy(nc, s->conns, s->nconns * sizeof *nc);
-            dt_free(s->conns);
-            s->conns = nc;
-            s->cap   = cap;
         }
-        srv_conn *c = dt_alloc_zero(sizeof *c);
-        if (!c) {
+        dt_sock_tune(fd, 0);
+        // Connections that have not proven the token are capped: the oldest makes room.
+        size_t   npre = 0, oldest = SIZE_MAX;
+        uint64_t t = UINT64_MAX;
+        for (size_t i = 0; i < s->nconns; i++) {
+            srv_conn *o = s->conns[i];
+            if (!o->greeted && !o->closing) {
+                npre++;
+                if (o->accepted < t)
+                    t = o->accepted, oldest = i;
+            }
+        }
+        if (npre >= MAX_PREAUTH && oldest != SIZE_MAX) {
+            dt_log_refusal("store: %d connections have not proven the job token; dropped the "
+                           "oldest, from %s",
+                           MAX_PREAUTH, s->conns[oldest]->peer);
+            s->conns[oldest]->closing = true;
+        }
+        if (s->nconns >= MAX_CONNS || !srv_add(s, fd)) {
             close(fd);
             return;
         }
-        c->fd                 = fd;
-        s->conns[s->nconns++] = c;
     }
 }
 
 // Reads what a client sent; false when the connection is finished.
 static bool srv_read(srv_conn *c) {
     for (;;) {
-        if (buf_reserve(&c->in, 65536) != DT_OK)
+        // Before the token is proven, a client gets a small buffer and no more.
+        size_t room = c->greeted ? 65536 : PREAUTH_LIMIT - c->in.len;
+        if (!c->greeted && c->in.len >= PREAUTH_LIMIT)
             return false;
-        ssize_t k = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len, 0);
+        if (buf_reserve(&c->in, room) != DT_OK)
+            return false;
+        if (c->greeted)
+            room = c->in.cap - c->in.len;
+        ssize_t k = recv(c->fd, c->in.p + c->in.len, room, 0);
         if (k > 0) {
             c->in.len += (size_t)k;
+            c->last_rx = dt_now_ns();
             // A client may not queue more than one maximal message ahead.
             if (c->in.len > 2 * (size_t)(DT_STORE_HEADER_BYTES + DT_STORE_MAX_PAYLOAD))
                 return false;
@@ -706,6 +854,20 @@ static bool srv_write(srv_conn *c) {
     return !c->closing;
 }
 
+// When the connection must make progress next: its blocked request's deadline, the
+// end of its time to prove the token, or the end of a stalled message.
+static uint64_t conn_deadline(const store_server *s, const srv_conn *c) {
+    if (c->blocked)
+        return c->deadline;
+    if (c->closing)
+        return UINT64_MAX;
+    if (!c->greeted)
+        return c->accepted + s->auth_ns;
+    if (c->in.len > 0)
+        return c->last_rx + s->stall_ns;
+    return UINT64_MAX;
+}
+
 static void *srv_main(void *arg) {
     store_server  *s    = arg;
     struct pollfd *pfds = NULL;
@@ -722,17 +884,22 @@ static void *srv_main(void *arg) {
                 continue;
             }
         }
+        uint64_t now = dt_now_ns();
+        if (s->spare_fd < 0)
+            s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        bool paused      = now < s->accept_pause;
         pfds[0]          = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-        pfds[1]          = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
-        uint64_t next_dl = UINT64_MAX;
+        pfds[1]          = (struct pollfd){.fd = paused ? -1 : s->listen_fd, .events = POLLIN};
+        uint64_t next_dl = paused ? s->accept_pause : UINT64_MAX;
         for (size_t i = 0; i < s->nconns; i++) {
             srv_conn *c  = s->conns[i];
             short     ev = c->closing ? 0 : POLLIN;
             if (c->out_off < c->out.len)
                 ev |= POLLOUT;
             pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
-            if (c->blocked && c->deadline < next_dl)
-                next_dl = c->deadline;
+            uint64_t dl = conn_deadline(s, c);
+            if (dl < next_dl)
+                next_dl = dl;
         }
         int timeout = next_dl == UINT64_MAX ? -1 : dt_ms_left(next_dl) + 1;
         int n       = poll(pfds, (nfds_t)(s->nconns + 2), timeout);
@@ -772,6 +939,18 @@ static void *srv_main(void *arg) {
                 }
             }
         }
+        // Connections that never proved the token, or stopped half-way through a message.
+        now = dt_now_ns();
+        for (size_t i = 0; i < s->nconns; i++) {
+            srv_conn *c = s->conns[i];
+            if (!c || c->closing || now < conn_deadline(s, c) || c->blocked)
+                continue;
+            dt_log_refusal("store: dropped the connection from %s: %s", c->peer,
+                           c->greeted ? "a message stopped half-way"
+                                      : "it did not prove the job token in time");
+            conn_free(c);
+            s->conns[i] = NULL;
+        }
         size_t k = 0;
         for (size_t i = 0; i < s->nconns; i++)
             if (s->conns[i])
@@ -797,6 +976,8 @@ static void server_free(store_server *s) {
     kv_free(&s->kv);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
+    if (s->spare_fd >= 0)
+        close(s->spare_fd);
     if (s->wake[0] >= 0)
         close(s->wake[0]);
     if (s->wake[1] >= 0)
@@ -805,12 +986,20 @@ static void server_free(store_server *s) {
     dt_free(s);
 }
 
-static dt_status server_start(int port, const char *token, store_server **out, int *bound) {
+static dt_status server_start(int port, const char *token, bool loopback, store_server **out,
+                              int *bound) {
     store_server *s = dt_alloc_zero(sizeof *s);
     if (!s)
         return DT_ERR_NOMEM;
     s->listen_fd = s->wake[0] = s->wake[1] = -1;
-    dt_status st = dt_sock_listen(port, 1024, "store", &s->listen_fd, bound);
+    s->spare_fd                            = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    long      auth_ms;
+    dt_status st = dt_env_int("DT_STORE_AUTH_MS", 1, 3600L * 1000, AUTH_MS, &auth_ms);
+    if (st != DT_OK)
+        goto fail;
+    s->auth_ns  = (uint64_t)auth_ms * 1000000ull;
+    s->stall_ns = (uint64_t)(auth_ms > STALL_MS ? auth_ms : STALL_MS) * 1000000ull;
+    st          = dt_sock_listen_on(loopback, port, 1024, "store", &s->listen_fd, bound);
     if (st != DT_OK)
         goto fail;
     dt_sock_set_nonblocking(s->listen_fd, true);
@@ -842,7 +1031,7 @@ fail:
 // every command handler run as they do for a real client. For fuzz/fuzz_store_msg.c.
 void dt_store_fuzz_serve(const uint8_t *data, size_t n);
 void dt_store_fuzz_serve(const uint8_t *data, size_t n) {
-    store_server s = {.listen_fd = -1, .wake = {-1, -1}};
+    store_server s = {.listen_fd = -1, .wake = {-1, -1}, .spare_fd = -1};
     srv_conn     c = {.fd = -1};
     // Feed in two pieces so partial messages are exercised too.
     size_t         half      = n / 2;
@@ -1011,6 +1200,59 @@ static dt_status tcp_exchange(dt_store *s, uint8_t cmd, int64_t arg, int nparts,
     return DT_OK;
 }
 
+// The client's half of the handshake (store_auth.c): nonces both ways, then each side
+// proves the token. Neither the token nor anything replayable crosses the wire.
+static dt_status client_handshake(dt_store *s, const char *token) {
+    uint8_t cnonce[DT_NONCE_BYTES], snonce[DT_NONCE_BYTES], proof[DT_SHA256_BYTES];
+    dt_random_bytes(cnonce, sizeof cnonce);
+    char desc[128], host[64] = "?";
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = '\0';
+    snprintf(desc, sizeof desc, "host %s pid %d", host, (int)getpid());
+    const void    *parts[2] = {cnonce, desc};
+    size_t         lens[2]  = {DT_NONCE_BYTES, strlen(desc)};
+    dt_store_msg   reply;
+    uint8_t       *rbuf;
+    size_t         cur = 0;
+    const uint8_t *p;
+    uint32_t       len;
+    DT_TRY(tcp_exchange(s, DT_STORE_HELLO, PROTOCOL_VERSION, 2, parts, lens, 0, &reply, &rbuf));
+    bool ok = dt_store_msg_part(&reply, &cur, &p, &len) && len == DT_NONCE_BYTES;
+    if (ok)
+        memcpy(snonce, p, DT_NONCE_BYTES);
+    bool server_has_token =
+        ok && dt_store_msg_part(&reply, &cur, &p, &len) && len == 1 && *p == '1';
+    dt_free(rbuf);
+    if (!ok)
+        return dt_fail(DT_ERR_FORMAT, "store %s:%d: expected a 32-byte nonce in the hello reply",
+                       s->host, s->port);
+    if (token)
+        dt_token_proof(token, PROOF_CLIENT, snonce, cnonce, NULL, 0, proof);
+    const void *ap[1] = {proof};
+    size_t      al[1] = {token ? DT_SHA256_BYTES : 0};
+    DT_TRY(tcp_exchange(s, DT_STORE_AUTH, 0, 1, ap, al, 0, &reply, &rbuf));
+    cur = 0;
+    ok  = dt_store_msg_part(&reply, &cur, &p, &len);
+    if (token && !server_has_token) {
+        // A store without a token admits anyone, and has nothing to prove.
+        ok = ok && len == 0;
+    } else if (token) {
+        uint8_t want[DT_SHA256_BYTES];
+        dt_token_proof(token, PROOF_SERVER, cnonce, snonce, NULL, 0, want);
+        ok = ok && len == DT_SHA256_BYTES && dt_ct_equal(p, want, DT_SHA256_BYTES);
+    }
+    dt_free(rbuf);
+    if (!ok) {
+        snprintf(s->broken, sizeof s->broken, "store %s:%d: the server failed the token check",
+                 s->host, s->port);
+        return dt_fail(DT_ERR_MISMATCH,
+                       "store %s:%d: job token mismatch: the server could not prove it holds "
+                       "this job's token (a store of another job on this port?)",
+                       s->host, s->port);
+    }
+    return DT_OK;
+}
+
 dt_store *dt_store_init_tcp(const char *host, int port, bool is_server, const dt_store_opts *opts) {
     if (!is_server && (!host || !*host)) {
         dt_fail(DT_ERR_ARG, "store: expected the server's host name or address, found %s",
@@ -1027,7 +1269,7 @@ dt_store *dt_store_init_tcp(const char *host, int port, bool is_server, const dt
         return NULL;
     const char *token = dt_token_resolve(opts ? opts->token : NULL);
     if (is_server) {
-        if (server_start(port, token, &s->server, &s->port) != DT_OK)
+        if (server_start(port, token, opts && opts->loopback_only, &s->server, &s->port) != DT_OK)
             goto fail;
         // The server's own process talks to it over loopback like any client.
         snprintf(s->host, sizeof s->host, "127.0.0.1");
@@ -1037,14 +1279,8 @@ dt_store *dt_store_init_tcp(const char *host, int port, bool is_server, const dt
     }
     if (dt_sock_connect(s->host, s->port, deadline_for(s->timeout_ms), "store", &s->fd) != DT_OK)
         goto fail;
-    const void  *parts[2] = {token ? token : "", "dtrain"};
-    size_t       lens[2]  = {token ? strlen(token) : 0, 6};
-    dt_store_msg reply;
-    uint8_t     *rbuf;
-    if (tcp_exchange(s, DT_STORE_HELLO, PROTOCOL_VERSION, 2, parts, lens, 0, &reply, &rbuf) !=
-        DT_OK)
+    if (client_handshake(s, token) != DT_OK)
         goto fail;
-    dt_free(rbuf);
     return s;
 fail:
     dt_store_free(s);
