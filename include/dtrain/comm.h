@@ -349,8 +349,11 @@ typedef struct dt_spawn_result {
 // nprocs + i and WORLD_SIZE kept from the parent when the parent's environment has
 // GROUP_RANK (or NODE_RANK) and WORLD_SIZE, else RANK = i and WORLD_SIZE = nprocs.
 // MASTER_ADDR, MASTER_PORT and the rest of the environment are inherited; when
-// MASTER_PORT is unset, a free port is picked and MASTER_ADDR set to 127.0.0.1, and
-// when DT_JOB_TOKEN is unset a random token is set (so each job has its own).
+// MASTER_PORT is unset, a free port is picked; when MASTER_ADDR is unset and every rank
+// is forked here, it is 127.0.0.1. When DT_JOB_TOKEN is unset: a random token when
+// every rank is forked here; on one node of several, a token every node derives alike
+// from MASTER_PORT, WORLD_SIZE and nprocs (not a secret: it keeps strangers of other
+// jobs out, not attackers; set DT_JOB_TOKEN for that).
 // A child dies with its parent (PR_SET_PDEATHSIG, SIGKILL; fork from the thread that
 // stays alive). When a child fails (non-zero exit or signal), the others get SIGTERM
 // and, DT_SPAWN_GRACE_MS (default 3000) later, SIGKILL. Waits for the children without
