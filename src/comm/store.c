@@ -1447,8 +1447,15 @@ dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts) {
     }
     const char *token = dt_token_resolve(opts ? opts->token : NULL);
     if (token) {
-        char want[24];
-        snprintf(want, sizeof want, "%016llx", (unsigned long long)dt_token_hash(token));
+        // The file records HMAC-SHA256(token, "dtrain file store"), not the token or a
+        // hash that could be inverted: reading the file does not yield a usable token.
+        uint8_t     mac[DT_SHA256_BYTES];
+        const void *parts[1] = {"dtrain file store"};
+        size_t      lens[1]  = {17};
+        dt_hmac_sha256(token, strlen(token), 1, parts, lens, mac);
+        char want[2 * DT_SHA256_BYTES + 1];
+        for (int i = 0; i < DT_SHA256_BYTES; i++)
+            snprintf(want + 2 * i, 3, "%02x", mac[i]);
         if (file_lock(s) != DT_OK)
             goto fail;
         kv_entry *e  = kv_find(&s->kv, FILE_TOKEN_KEY);
@@ -1457,9 +1464,9 @@ dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts) {
             st = file_append(s, FILE_REC_SET, FILE_TOKEN_KEY, want, strlen(want));
         else if (e->len != strlen(want) || memcmp(e->val, want, e->len) != 0)
             st = dt_fail(DT_ERR_MISMATCH,
-                         "file store %s: job token mismatch: expected token hash %s, the file "
-                         "holds %.*s (a stale file of another job? use a fresh file per job)",
-                         path, want, (int)(e->len > 32 ? 32 : e->len), (const char *)e->val);
+                         "file store %s: job token mismatch: the file belongs to a job with "
+                         "another token (a stale file of another job? use a fresh file per job)",
+                         path);
         file_unlock(s);
         if (st != DT_OK)
             goto fail;
