@@ -57,11 +57,11 @@ int main(int argc, char **argv) {
         return 1;
     struct timespec ts = {0, 200 * 1000000L};
     nanosleep(&ts, NULL);
-    long    before = rss_kb(pid);
+    long    before          = rss_kb(pid);
     uint8_t hdr[24 + 4 + 1] = {0};
     memcpy(hdr, "DTS1", 4);
-    hdr[4] = 2; // set
-    hdr[6] = 2; // two parts
+    hdr[4]         = 2; // set
+    hdr[6]         = 2; // two parts
     uint32_t claim = 64u << 20;
     memcpy(hdr + 16, &claim, 4); // little-endian hosts
     char *junk = calloc(1, 1 << 20);
