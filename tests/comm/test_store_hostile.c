@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -176,6 +177,7 @@ static pid_t server_child(const char *token, const char *auth_ms, int nofile, in
         return -1;
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); // never outlive a test that crashed
         close(p[0]);
         if (auth_ms)
             setenv("DT_STORE_AUTH_MS", auth_ms, 1);
@@ -238,7 +240,7 @@ static void test_huge_claims(void) {
     long before = rss_kb(pid);
     enum { N = 100 };
     int     fds[N];
-    uint8_t hdr[DT_STORE_HEADER_BYTES];
+    uint8_t hdr[DT_STORE_HEADER_BYTES + 8];
     // A set claiming 64 MiB, then 256 KiB of it, from each of 100 strangers.
     const void *parts[1] = {""};
     size_t      lens[1]  = {0};
@@ -252,7 +254,7 @@ static void test_huge_claims(void) {
         if (fds[i] < 0)
             continue;
         fcntl(fds[i], F_SETFL, O_NONBLOCK);
-        (void)!write(fds[i], hdr, sizeof hdr);
+        (void)!write(fds[i], hdr, DT_STORE_HEADER_BYTES);
         (void)!write(fds[i], junk, 256 << 10);
     }
     sleep_ms(300);
