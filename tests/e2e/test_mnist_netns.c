@@ -9,7 +9,9 @@
 //   (instead of waiting silently for the 30-minute timeout); neither output holds
 //   either token.
 //
-// Needs root (ip netns); skips otherwise, like test_dtrun_netns.
+// - --master-port alone (or MASTER_PORT exported) on one machine: 127.0.0.1.
+//
+// Needs root (ip netns) for the first two; skips them otherwise, like test_dtrun_netns.
 #include "test_dtrun_lib.h"
 
 #include <sched.h>
@@ -18,7 +20,7 @@ static char ns[2][64], veth[2][16];
 static bool ns_made;
 
 static int sh(const char *fmt, ...) {
-    char    cmd[1024];
+    char    cmd[3 * PATH_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);
@@ -165,11 +167,26 @@ static void test_token_mismatch(void) {
     run_free(&m1);
 }
 
+// Bug 2: --master-port without --master-addr (or MASTER_PORT exported) on one machine
+// means 127.0.0.1, as --help says. Needs no namespace.
+static void test_master_port_alone(void) {
+    for (int exported = 0; exported < 2; exported++) {
+        char cmd[2 * PATH_MAX];
+        snprintf(cmd, sizeof cmd,
+                 "env -u MASTER_ADDR -u RANK -u WORLD_SIZE -u DT_JOB_TOKEN %s %s --num-processes "
+                 "2 %s --limit 256 --no-test --threads 1 >/dev/null 2>&1",
+                 exported ? "MASTER_PORT=29512" : "-u MASTER_PORT", mnist_path,
+                 exported ? "" : "--master-port 29513");
+        CHECK_EQ(sh("%s", cmd), 0);
+    }
+}
+
 int main(void) {
     if (!CHECK(find_bins()) || !CHECK(access(mnist_path, X_OK) == 0)) {
         fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
         return check_summary();
     }
+    RUN(test_master_port_alone);
     char why[200];
     if (!ns_setup(why, sizeof why)) {
         if (ns_made) {
