@@ -355,10 +355,17 @@ static dt_status check_name(const char *what, int i, const char *name) {
     return DT_OK;
 }
 
+// The parameters a state names: its dt_params, else its model's.
+static dt_params *state_params(const dt_ckpt_state *st) {
+    return st->params ? st->params : st->model ? dt_model_as_params(st->model) : NULL;
+}
+
 static dt_status check_state(const dt_ckpt_state *st, bool saving) {
-    if (!st || !st->model || !dt_model_params(st->model))
-        return dt_fail(DT_ERR_ARG, "checkpoint: expected a state with a finalized model, found %s",
-                       st ? "no model" : "NULL");
+    if (!st || !state_params(st) || !dt_params_ready(state_params(st)))
+        return dt_fail(DT_ERR_ARG,
+                       "checkpoint: expected a state with parameters (a dt_params with storage "
+                       "or a finalized model), found %s",
+                       st ? "none" : "NULL");
     if (st->nrngs < 0 || (st->nrngs && !st->rngs) || st->nkvs < 0 ||
         (saving && st->nkvs && !st->kvs))
         return dt_fail(DT_ERR_ARG,
@@ -397,11 +404,12 @@ static dt_status check_state(const dt_ckpt_state *st, bool saving) {
     return DT_OK;
 }
 
-static void put_ptab(ck_buf *b, const dt_model *m) {
-    int n = dt_model_num_param_tensors(m);
+// A tensor table (version 2 layout: with flags).
+static void put_ptab(ck_buf *b, const dt_params *m, bool buffers) {
+    int n = buffers ? dt_params_buffer_count(m) : dt_params_count(m);
     dt_ckpt_buf_u32(b, (uint32_t)n);
     for (int i = 0; i < n; i++) {
-        const dt_param_info *pi = dt_model_param_info(m, i);
+        const dt_param_info *pi = buffers ? dt_params_buffer_info(m, i) : dt_params_info(m, i);
         dt_ckpt_buf_str(b, pi->name);
         dt_ckpt_buf_u32(b, (uint32_t)pi->ndim);
         for (int d = 0; d < pi->ndim; d++)
@@ -409,6 +417,7 @@ static void put_ptab(ck_buf *b, const dt_model *m) {
         dt_ckpt_buf_u64(b, pi->offset);
         dt_ckpt_buf_u64(b, pi->count);
         dt_ckpt_buf_u32(b, (uint32_t)pi->layer);
+        dt_ckpt_buf_u32(b, pi->flags);
     }
 }
 
@@ -417,23 +426,31 @@ static void free_sections(ck_section *s, int n) {
         dt_ckpt_buf_free(&s[i].head);
 }
 
-// Parameters (and their table) as sections 0 and 1 of secs.
-static void model_sections(ck_section *secs, dt_model *m) {
+#define MODEL_SECTIONS 4
+
+// Parameters and buffers (and their tables) as sections 0..3 of secs.
+static void model_sections(ck_section *secs, dt_params *m) {
     secs[0] = (ck_section){.tag = CK_TAG_PTAB};
-    put_ptab(&secs[0].head, m);
+    put_ptab(&secs[0].head, m, false);
     secs[1] = (ck_section){.tag = CK_TAG_PARM};
-    dt_ckpt_buf_u64(&secs[1].head, dt_model_num_params(m));
-    secs[1].data     = dt_model_params(m);
-    secs[1].data_len = dt_model_num_params(m) * sizeof(float);
+    dt_ckpt_buf_u64(&secs[1].head, dt_params_numel(m));
+    secs[1].data     = dt_params_data(m);
+    secs[1].data_len = dt_params_numel(m) * sizeof(float);
+    secs[2]          = (ck_section){.tag = CK_TAG_BTAB};
+    put_ptab(&secs[2].head, m, true);
+    secs[3] = (ck_section){.tag = CK_TAG_BUFS};
+    dt_ckpt_buf_u64(&secs[3].head, dt_params_buffer_numel(m));
+    secs[3].data     = dt_params_buffers(m);
+    secs[3].data_len = dt_params_buffer_numel(m) * sizeof(float);
 }
 
 static dt_status write_state_file(const char *cdir, const dt_ckpt_state *st, int world,
                                   uint64_t *size, uint32_t *crc) {
     char path[PATH_CAP];
     DT_TRY(join(path, cdir, CK_STATE_FILE));
-    ck_section secs[4];
-    int        n = 2;
-    model_sections(secs, st->model);
+    ck_section secs[MODEL_SECTIONS + 2];
+    int        n = MODEL_SECTIONS;
+    model_sections(secs, state_params(st));
     if (st->optim) {
         size_t nf = 0;
         float *sf = dt_optim_state(st->optim, &nf);
@@ -647,7 +664,7 @@ out:
 typedef struct staged {
     uint8_t    *sbuf, *rbuf, *mbuf;
     ck_file     sf, rf, mf;
-    ck_parm     parm;
+    ck_parm     parm, bufs;
     bool        has_optm, has_smpl;
     ck_optm     optm;
     ck_smpl     smpl;
@@ -712,19 +729,44 @@ static dt_status read_marker(const char *cdir, int64_t step, char *path, uint8_t
     return DT_OK;
 }
 
-// Parameters of a state or model file checked against the model.
-static dt_status check_params(const ck_file *f, const dt_model *m, ck_parm *parm) {
+// Parameters and buffers of a state or model file checked against the program's.
+static dt_status check_params(const ck_file *f, const dt_params *m, ck_parm *parm, ck_parm *bufs) {
     const ck_sec *ps, *pt;
     DT_TRY(dt_ckpt_need(f, CK_TAG_PARM, &ps));
     DT_TRY(dt_ckpt_decode_parm(f, ps, parm));
     DT_TRY(dt_ckpt_need(f, CK_TAG_PTAB, &pt));
-    DT_TRY(dt_ckpt_check_ptab(f, pt, parm->count, m));
-    if (parm->count != dt_model_num_params(m))
+    DT_TRY(dt_ckpt_check_ptab(f, pt, parm->count, m, false));
+    if (parm->count != dt_params_numel(m))
         return dt_fail(DT_ERR_MISMATCH,
                        "%s: model mismatch: expected %zu parameters (the "
                        "model's), found %llu",
-                       f->name, dt_model_num_params(m), (unsigned long long)parm->count);
+                       f->name, dt_params_numel(m), (unsigned long long)parm->count);
+    *bufs = (ck_parm){0};
+    if (f->version < 2) { // no buffers in version 1
+        if (dt_params_buffer_numel(m))
+            return dt_fail(DT_ERR_MISMATCH,
+                           "%s: model mismatch: expected %d buffer tensors (the program's), "
+                           "found none (a version-%u file has no buffers)",
+                           f->name, dt_params_buffer_count(m), f->version);
+        return DT_OK;
+    }
+    DT_TRY(dt_ckpt_need(f, CK_TAG_BUFS, &ps));
+    DT_TRY(dt_ckpt_decode_parm(f, ps, bufs));
+    DT_TRY(dt_ckpt_need(f, CK_TAG_BTAB, &pt));
+    DT_TRY(dt_ckpt_check_ptab(f, pt, bufs->count, m, true));
+    if (bufs->count != dt_params_buffer_numel(m))
+        return dt_fail(DT_ERR_MISMATCH,
+                       "%s: model mismatch: expected %zu buffer floats (the program's), found "
+                       "%llu",
+                       f->name, dt_params_buffer_numel(m), (unsigned long long)bufs->count);
     return DT_OK;
+}
+
+static void copy_params(dt_params *m, const ck_parm *parm, const ck_parm *bufs) {
+    if (parm->count)
+        memcpy(dt_params_data(m), parm->floats, (size_t)parm->count * sizeof(float));
+    if (bufs->count)
+        memcpy(dt_params_buffers(m), bufs->floats, (size_t)bufs->count * sizeof(float));
 }
 
 static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, int rank, int world,
@@ -739,7 +781,7 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
 
     // Shared state: parameters, optimizer, key/values.
     DT_TRY(read_member(cdir, CK_STATE_FILE, CK_KIND_STATE, &g->mf, step, path, &g->sbuf, &g->sf));
-    DT_TRY(check_params(&g->sf, st->model, &g->parm));
+    DT_TRY(check_params(&g->sf, state_params(st), &g->parm, &g->bufs));
     const ck_sec *s = dt_ckpt_find(&g->sf, CK_TAG_OPTM);
     if (st->optim) {
         size_t nf = 0;
@@ -812,7 +854,7 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
 
 // Cannot fail: everything was checked by stage().
 static void apply(const staged *g, const dt_ckpt_state *st) {
-    memcpy(dt_model_params(st->model), g->parm.floats, (size_t)g->parm.count * sizeof(float));
+    copy_params(state_params(st), &g->parm, &g->bufs);
     if (g->has_optm) {
         size_t nf;
         float *sf = dt_optim_state(st->optim, &nf);
@@ -974,26 +1016,38 @@ dt_status dt_ckpt_verify(const char *path) {
 
 // ------------------------------------------------------------------------ models
 
-dt_status dt_ckpt_save_model(const char *path, dt_model *m) {
-    if (!path || !m || !dt_model_params(m))
-        return dt_fail(DT_ERR_ARG, "checkpoint: expected a path and a finalized model");
-    ck_section secs[2];
+dt_status dt_ckpt_save_params(const char *path, dt_params *m) {
+    if (!path || !m || !dt_params_ready(m))
+        return dt_fail(DT_ERR_ARG,
+                       "checkpoint: expected a path and parameters with storage (or a finalized "
+                       "model)");
+    ck_section secs[MODEL_SECTIONS];
     model_sections(secs, m);
     ck_header h = {.kind = CK_KIND_MODEL, .step = 0, .world = 1, .rank = 0};
-    dt_status s = dt_ckpt_write_file(path, &h, secs, 2, NULL, NULL);
-    free_sections(secs, 2);
+    dt_status s = dt_ckpt_write_file(path, &h, secs, MODEL_SECTIONS, NULL, NULL);
+    free_sections(secs, MODEL_SECTIONS);
     return s;
 }
 
+dt_status dt_ckpt_save_model(const char *path, dt_model *m) {
+    return dt_ckpt_save_params(path, m ? dt_model_as_params(m) : NULL);
+}
+
 dt_status dt_ckpt_load_model(const char *path, dt_model *m) {
-    if (!path || !m || !dt_model_params(m))
-        return dt_fail(DT_ERR_ARG, "checkpoint: expected a path and a finalized model");
+    return dt_ckpt_load_params(path, m ? dt_model_as_params(m) : NULL);
+}
+
+dt_status dt_ckpt_load_params(const char *path, dt_params *m) {
+    if (!path || !m || !dt_params_ready(m))
+        return dt_fail(DT_ERR_ARG,
+                       "checkpoint: expected a path and parameters with storage (or a finalized "
+                       "model)");
     struct stat sb;
     if (stat(path, &sb) != 0)
         return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot find %s", path);
     uint8_t  *buf = NULL, *mbuf = NULL;
     ck_file   f, mf;
-    ck_parm   parm;
+    ck_parm   parm, bufs;
     char      p[PATH_CAP], cdir[PATH_CAP];
     dt_status s;
     if (S_ISDIR(sb.st_mode)) {
@@ -1025,9 +1079,9 @@ dt_status dt_ckpt_load_model(const char *path, dt_model *m) {
             s = dt_ckpt_check_file(&f);
     }
     if (!s)
-        s = check_params(&f, m, &parm);
+        s = check_params(&f, m, &parm, &bufs);
     if (!s)
-        memcpy(dt_model_params(m), parm.floats, (size_t)parm.count * sizeof(float));
+        copy_params(m, &parm, &bufs);
     dt_free(buf);
     dt_free(mbuf);
     return s;

@@ -30,6 +30,8 @@ enum {
     ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
 #define CK_TAG_PTAB CK_TAG('P', 'T', 'A', 'B') // parameter table
 #define CK_TAG_PARM CK_TAG('P', 'A', 'R', 'M') // flat parameters
+#define CK_TAG_BTAB CK_TAG('B', 'T', 'A', 'B') // buffer table (version 2)
+#define CK_TAG_BUFS CK_TAG('B', 'U', 'F', 'S') // flat non-trainable buffers (version 2)
 #define CK_TAG_OPTM CK_TAG('O', 'P', 'T', 'M') // optimizer state
 #define CK_TAG_SMPL CK_TAG('S', 'M', 'P', 'L') // sampler epoch and position
 #define CK_TAG_RNGS CK_TAG('R', 'N', 'G', 'S') // named RNG states
@@ -86,7 +88,8 @@ typedef struct ck_sec {
 } ck_sec;
 
 typedef struct ck_file {
-    const char *name; // for messages
+    const char *name;    // for messages
+    uint32_t    version; // DT_CKPT_VERSION_MIN..DT_CKPT_VERSION
     uint32_t    kind, world, rank, nsec;
     int64_t     step;
     uint64_t    size;
@@ -126,10 +129,11 @@ typedef struct ck_smpl {
 dt_status dt_ckpt_decode_parm(const ck_file *f, const ck_sec *s, ck_parm *out);
 dt_status dt_ckpt_decode_optm(const ck_file *f, const ck_sec *s, ck_optm *out);
 dt_status dt_ckpt_decode_smpl(const ck_file *f, const ck_sec *s, ck_smpl *out);
-// Validates the table against the parameter count and, when m is not NULL, compares
-// it with the model's table (DT_ERR_MISMATCH naming the first difference).
-dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nparams,
-                             const dt_model *m);
+// Validates a tensor table (PTAB, or BTAB when `buffers`) against the float count and,
+// when p is not NULL, compares it with p's parameter (or buffer) table
+// (DT_ERR_MISMATCH naming the first difference). Version 1 entries have no flags.
+dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nfloats,
+                             const dt_params *p, bool buffers);
 // Validates every entry; with `name`, copies that entry's state into *out and sets
 // *found.
 dt_status dt_ckpt_check_rngs(const ck_file *f, const ck_sec *s, const char *name, dt_rng *out,
