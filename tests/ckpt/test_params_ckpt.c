@@ -63,8 +63,10 @@ static void test_round_trip(void) {
     CHECK_OK(dt_ckpt_load_params(file, r));
     CHECK(memcmp(dt_params_buffers(r), dt_params_buffers(w), 8 * 4) == 0);
     // The file says version 2 and carries the flags of "b" (PTAB's last u32 is 2).
-    size_t         n;
+    size_t         n     = 0;
     unsigned char *bytes = ct_read(file, &n);
+    if (!CHECK(bytes && n > 64))
+        return;
     CHECK_EQ(ct_get32(bytes + 8), 2);
     ct_section secs[8];
     CHECK_EQ(ct_sections(bytes, n, secs, 8), 4);
