@@ -147,6 +147,35 @@ dt_status dt_ckpt_check_mani(const ck_file *f, const ck_sec *s, const char *name
 // is copied into name (DT_CKPT_NAME_MAX + 1 bytes). Call after dt_ckpt_check_mani.
 bool dt_ckpt_mani_entry(const ck_sec *s, uint32_t i, char *name, uint64_t *size, uint32_t *crc);
 
+// ------------------------------------------------------- directories (ckpt.c)
+
+#define CK_PATH_CAP 4096
+
+// "<dir>/<name>" into out (CK_PATH_CAP bytes); DT_ERR_ARG when too long.
+dt_status dt_ckpt_join(char *out, const char *dir, const char *name);
+bool      dt_ckpt_is_file(const char *path);
+// The marker of checkpoint cdir, read and checked whole (step >= 0: it must be that
+// step); path (CK_PATH_CAP) gets its path, *buf the owned image.
+dt_status dt_ckpt_read_marker(const char *cdir, int64_t step, char *path, uint8_t **buf,
+                              ck_file *f);
+// One file of checkpoint cdir, checked whole and against the marker mf (size, header
+// CRC, step, world) and its kind.
+dt_status dt_ckpt_read_member(const char *cdir, const char *name, uint32_t kind, const ck_file *mf,
+                              int64_t step, char *path, uint8_t **buf, ck_file *f);
+
+// ------------------------------------------------ parameters and buffers (tables.c)
+
+#define CK_MODEL_SECTIONS 4 // PTAB PARM BTAB BUFS
+
+// p's tables and floats as sections 0..3 of secs (free with dt_ckpt_free_sections).
+void dt_ckpt_model_sections(ck_section *secs, dt_params *p);
+void dt_ckpt_free_sections(ck_section *secs, int n);
+// The parameters and buffers of a state or model file checked against p's tables
+// (a version-1 file has no buffers); parm and bufs point into the file image.
+dt_status dt_ckpt_check_params(const ck_file *f, const dt_params *p, ck_parm *parm, ck_parm *bufs);
+// Copies them into p (after dt_ckpt_check_params).
+void dt_ckpt_copy_params(dt_params *p, const ck_parm *parm, const ck_parm *bufs);
+
 // Every check dt_ckpt_verify_bytes makes, on a parsed file.
 dt_status dt_ckpt_check_file(const ck_file *f);
 
