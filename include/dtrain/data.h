@@ -257,6 +257,66 @@ DT_API dt_status dt_loader_status(const dt_loader *l);
 // Batches in a full epoch: ceil(num_samples / B), or floor with drop_last.
 DT_API size_t dt_loader_num_batches(const dt_loader *l);
 
+// ------------------------------------------------------------------------------ NPY
+//
+// numpy's .npy format (https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html),
+// versions 1.0, 2.0 and 3.0: the magic "\x93NUMPY", a version, the header length, then a
+// header dict {'descr': ..., 'fortran_order': ..., 'shape': (...)} and the raw data.
+// The reader is strict: exactly those three keys, a plain dtype among |u1 <u2 <i4 <i8
+// <f4 <f8 (little-endian; '=' is accepted as native, which is little-endian here),
+// a header of at most DT_NPY_MAX_HEADER bytes, at most DT_NPY_MAX_DIMS dimensions, and
+// exactly as many data bytes as the shape needs. Fortran-order arrays are transposed
+// on reading into C order (same shape), so `data` is always C order.
+// Write fixtures with numpy: np.save("x.npy", a.astype("<f4")).
+
+#define DT_NPY_MAX_DIMS   8
+#define DT_NPY_MAX_HEADER 65536
+
+typedef enum dt_npy_dtype {
+    DT_NPY_U8,  // |u1
+    DT_NPY_U16, // <u2
+    DT_NPY_I32, // <i4
+    DT_NPY_I64, // <i8
+    DT_NPY_F32, // <f4
+    DT_NPY_F64, // <f8
+} dt_npy_dtype;
+
+typedef struct dt_npy {
+    void        *data;                   // owned, C order, count * elem_size bytes
+    dt_npy_dtype dtype;                  // as in the file (until dt_npy_convert)
+    size_t       elem_size;              // bytes per element
+    int          ndim;                   // 0 (a scalar) .. DT_NPY_MAX_DIMS
+    size_t       shape[DT_NPY_MAX_DIMS]; // unused dims are 0
+    size_t       count;                  // product of the shape (1 for a scalar)
+    size_t       nbytes;                 // count * elem_size
+} dt_npy;
+
+// Reads the .npy file at `path` into *out (free with dt_npy_free). Every defect is
+// DT_ERR_FORMAT "<path>: expected ..., found ...": wrong magic or version, a header
+// that is not the dict above (the message quotes the text where parsing stopped), an
+// unsupported descr (named as found: "expected dtype one of |u1 <u2 <i4 <i8 <f4 <f8,
+// found descr '<c8'"), big-endian data (with the astype to convert it), a structured
+// dtype, a shape whose size overflows, truncated data or bytes after it (expected and
+// found byte counts). The data buffer is allocated only once the header's size equals
+// the file's, so a lying header cannot cause a large allocation. DT_ERR_IO when the
+// file cannot be opened or read, or is not a regular file. On failure *out is zeroed.
+DT_API dt_status dt_npy_read(const char *path, dt_npy *out);
+
+// The same checks on an .npy image held in memory; `name` (NULL: "npy") stands for the
+// path in messages. Used by the fuzzer.
+DT_API dt_status dt_npy_parse(const void *buf, size_t nbytes, const char *name, dt_npy *out);
+
+DT_API void dt_npy_free(dt_npy *a); // frees data and zeroes *a; NULL is a no-op
+
+// Converts the elements of *a to dtype `to` in place (a new buffer). Integer targets
+// accept integer sources only, and every value must fit (else DT_ERR_FORMAT naming
+// the value and its element index, and *a is unchanged); float targets accept any
+// source (f64 -> f32 rounds to nearest). `name` names the array in messages.
+DT_API dt_status dt_npy_convert(dt_npy *a, dt_npy_dtype to, const char *name);
+
+DT_API const char *dt_npy_dtype_name(dt_npy_dtype t); // "<f4"; "unknown" if not a dtype
+DT_API size_t      dt_npy_dtype_size(dt_npy_dtype t); // 4 for DT_NPY_F32; 0 if unknown
+
 #ifdef __cplusplus
 }
 #endif
