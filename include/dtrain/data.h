@@ -317,6 +317,78 @@ DT_API dt_status dt_npy_convert(dt_npy *a, dt_npy_dtype to, const char *name);
 DT_API const char *dt_npy_dtype_name(dt_npy_dtype t); // "<f4"; "unknown" if not a dtype
 DT_API size_t      dt_npy_dtype_size(dt_npy_dtype t); // 4 for DT_NPY_F32; 0 if unknown
 
+// ---------------------------------------------------------------- token streams
+//
+// A language model's corpus as one stream of tokens: uint8 (a byte-level model) or
+// uint16 little-endian (a BPE vocabulary up to 65,536), as llm.c stores them. Training
+// samples are windows of T + 1 tokens at a start offset o:
+//   x = tokens[o .. o+T),  y = tokens[o+1 .. o+T+1)   (y is x shifted by one)
+// The offsets of a batch are drawn as PyTorch scripts draw them
+// (torch.randint(0, n - T, (B,), generator=torch.Generator().manual_seed(s)), rng.h's
+// MT19937), so a batch equals the one a PyTorch script builds from the same seed.
+
+// Where dt_corpus_read looks when given no path (Debian's fortunes package).
+#define DT_FORTUNES_DIR "/usr/share/games/fortunes"
+
+typedef struct dt_tokens {
+    const void *data;  // token i at data + i * width, little-endian
+    size_t      n;     // tokens
+    int         width; // bytes per token: 1 (uint8) or 2 (uint16)
+    void       *owned; // the buffer this stream frees (NULL for a view)
+} dt_tokens;
+
+// Reads a file of raw tokens of `width` bytes (1 or 2). A width-2 file may start with
+// llm.c's 1024-byte header (int32 magic 20240520, version 1, token count, then zeros):
+// it is recognised, checked against the file size and skipped. DT_ERR_FORMAT when the
+// size is not a multiple of the width or the llm.c header disagrees with the file;
+// DT_ERR_IO when the file cannot be read or is not a regular file.
+DT_API dt_status dt_tokens_read(const char *path, int width, dt_tokens *out);
+
+// A stream copied from n tokens of `width` bytes at `data`. DT_ERR_ARG, DT_ERR_NOMEM.
+DT_API dt_status dt_tokens_init(dt_tokens *t, const void *data, size_t n, int width);
+
+// tokens[begin .. end) of `t` as a view (owns nothing; valid while t lives) into *out.
+// DT_ERR_ARG unless begin <= end <= t->n.
+DT_API dt_status dt_tokens_slice(const dt_tokens *t, size_t begin, size_t end, dt_tokens *out);
+
+// The split of the PyTorch peers: train = the first 9n/10 tokens (rounded down),
+// val = the rest; both views of `all`.
+DT_API void dt_tokens_split(const dt_tokens *all, dt_tokens *train, dt_tokens *val);
+
+DT_API void dt_tokens_free(dt_tokens *t); // frees an owned buffer, zeroes *t; NULL: no-op
+
+// Token i (i < t->n, checked in debug builds).
+DT_API uint32_t dt_tokens_at(const dt_tokens *t, size_t i);
+
+// Windows at offsets[0..count) of T + 1 tokens into x and y (count, T), as int32.
+// DT_ERR_ARG if an offset + T + 1 exceeds t->n (naming it). Allocates nothing.
+DT_API dt_status dt_tokens_windows(const dt_tokens *t, const uint64_t *offsets, size_t count,
+                                   size_t T, int32_t *x, int32_t *y);
+
+// The B offsets of one global batch: torch.randint(0, n - T, (B,)) from a generator
+// seeded with `seed` (so every offset + T + 1 <= n). DT_ERR_ARG unless n > T.
+DT_API dt_status dt_tokens_draw(const dt_tokens *t, uint64_t seed, size_t B, size_t T,
+                                uint64_t *offsets);
+
+// One process's share of a global batch: draws the B offsets of `seed` as
+// dt_tokens_draw (the same draw on every rank) and fills x, y (B / world, T) with the
+// windows of global sequences rank * b .. (rank + 1) * b - 1, b = B / world. So the
+// global batch does not depend on the world size, and at world 1 it equals the peer's
+// get_batch(train, B, T, seed) (gpt_bytes.py seeds step s with seed * 1000 + s).
+// `offsets` is scratch of B entries. DT_ERR_ARG when world does not divide B, rank is
+// out of range, or the stream is too short.
+DT_API dt_status dt_tokens_batch(const dt_tokens *t, uint64_t seed, size_t B, size_t T, int rank,
+                                 int world, uint64_t *offsets, int32_t *x, int32_t *y);
+
+// Reads a corpus of bytes as a width-1 stream, the PyTorch peers' way: a directory
+// gives every regular file directly in it whose name has no dot (so fortunes' *.dat and
+// *.u8 are skipped; symbolic links are followed), in byte order of their names,
+// concatenated; a file gives itself. `path` NULL means DT_FORTUNES_DIR. `limit` > 0
+// keeps only the first `limit` bytes. *nfiles (may be NULL) gets the number of files.
+// DT_ERR_IO naming the path when it does not exist (with the hint to install fortunes
+// or pass a file) or a directory has no such file.
+DT_API dt_status dt_corpus_read(const char *path, size_t limit, dt_tokens *out, size_t *nfiles);
+
 #ifdef __cplusplus
 }
 #endif
