@@ -66,25 +66,73 @@ DT_API void dt_idx_free(dt_idx *idx); // frees data and zeroes *idx; NULL is a n
 #define DT_DATA_MEAN_DEFAULT 0.1302f
 #define DT_DATA_STD_DEFAULT  0.3069f
 
+#define DT_DATASET_MAX_DIMS     4  // per-sample dimensions
+#define DT_DATASET_MAX_CHANNELS 16 // per-channel normalisation
+
 typedef struct dt_dataset_opts {
     size_t limit;       // keep the first `limit` samples; 0 keeps all
-    int    num_classes; // labels must be < num_classes; default 10
-    float  mean;        // default DT_DATA_MEAN_DEFAULT
-    float  std;         // default DT_DATA_STD_DEFAULT; must be > 0
+    int    num_classes; // labels must be < num_classes; default 10 (0: no upper bound,
+                        // for the datasets of dt_dataset_init_desc / dt_dataset_load_npy)
+    float mean;         // default DT_DATA_MEAN_DEFAULT
+    float std;          // default DT_DATA_STD_DEFAULT; must be > 0
+    // Per-channel normalisation (the channel is the first per-sample dimension, C of
+    // (C, H, W)): channels 0 (the default) uses mean/std above for every element;
+    // channels = C uses ch_mean[c], ch_std[c] for channel c.
+    int   channels;
+    float ch_mean[DT_DATASET_MAX_CHANNELS];
+    float ch_std[DT_DATASET_MAX_CHANNELS];
+    // Augmentation of samples of 2 or more dimensions (the last two are H, W), as
+    // torchvision's RandomCrop(size=(H, W), padding=crop_pad) then RandomHorizontalFlip():
+    // pad by crop_pad zeros (raw value 0, normalised like any pixel) on each side, take
+    // the H x W window at a random offset in [0, 2 crop_pad]^2, then mirror it with
+    // probability 1/2. The draws are keyed by (aug_seed, epoch, dataset index) alone, so
+    // a sample is augmented the same way whatever the world size, rank, batch size or
+    // resume point. Defaults: crop_pad 0 (no crop), hflip false, aug_seed 0.
+    int      crop_pad;
+    bool     hflip;
+    uint64_t aug_seed;
 } dt_dataset_opts;
 
 DT_API dt_dataset_opts dt_dataset_opts_default(void);
 
 // Images as bytes (N, H, W) and labels (N). Fields are read-only for users; the
 // dataset is immutable after loading, so any number of threads may read it.
+// Since 0.2 a dataset holds samples of any shape (see "General datasets" below); the
+// first fields keep their meaning for the byte-image datasets of this section.
+typedef dt_status (*dt_dataset_fill_fn)(void *user, size_t index, float *x, int32_t *y, float *t);
+
+typedef enum dt_sample_type {
+    DT_SAMPLE_U8,  // bytes; a batch holds p / 255, then normalised (torchvision's ToTensor)
+    DT_SAMPLE_F32, // floats, normalised as they are
+} dt_sample_type;
+
 typedef struct dt_dataset {
-    uint8_t *images; // (N, H, W), owned
-    uint8_t *labels; // (N), owned
+    uint8_t *images; // (N, H, W), owned: the samples of a byte dataset (else NULL)
+    uint8_t *labels; // (N), owned: labels of the IDX/dt_dataset_init datasets (else NULL)
     size_t   n;      // N
-    int      h, w;   // image height and width
+    int      h, w;   // the last two per-sample dimensions (h 1 for 1-d samples)
     int      num_classes;
     float    mean, std;
     float    lut[256]; // lut[p] = (p / 255 - mean) / std, computed in float
+
+    // General description, filled for every dataset.
+    dt_sample_type     type;
+    int                ndim;                       // per-sample dimensions, 1..4
+    int                shape[DT_DATASET_MAX_DIMS]; // (1, H, W) for the IDX datasets
+    size_t             sample_elems;               // product of shape: floats per sample
+    void              *data;                       // (N, shape) of type, owned (== images for U8)
+    int32_t           *labels32;                   // (N) int labels, owned, or NULL
+    float             *targets;      // (N, target_elems) float targets, owned, or NULL
+    size_t             target_elems; // 0 without float targets
+    int                channels;     // normalisation channels: 1, or shape[0]
+    float              ch_mean[DT_DATASET_MAX_CHANNELS], ch_std[DT_DATASET_MAX_CHANNELS];
+    float             *ch_lut;   // channels * 256 entries for U8 samples, owned
+    int                crop_pad; // augmentation (see dt_dataset_opts)
+    bool               hflip;
+    uint64_t           aug_seed;
+    dt_dataset_fill_fn fill; // a callback dataset's function (data is NULL), else NULL
+    void              *user;
+    bool               has_labels; // batches carry y
 } dt_dataset;
 
 // Loads an image file (N, H, W) and a label file (N) of IDX format. The counts must
@@ -193,9 +241,13 @@ DT_API dt_status dt_sampler_resume(dt_sampler *s, uint64_t epoch, size_t positio
 // --------------------------------------------------------------------------- loader
 //
 // Batches of a dataset in a sampler's order: x (B, 1, H, W) normalised floats and
-// y (B) int32 labels. With prefetch on, a background thread prepares the next batch
-// while the caller trains on the current one (two buffers); dt_loader_next blocks only
-// when that batch is not ready yet. The batches depend only on the sampler's order,
+// y (B) int32 labels (in general x (B, shape...), and y or float targets t). Samples are
+// made by dt_dataset_gather_at with the epoch of the sampler's pass, so augmentation is
+// reproducible across resumes and world sizes. A failing callback dataset ends the
+// epoch: dt_loader_next returns false and dt_loader_status gives its status and message.
+// With prefetch on, a background thread prepares the next batch while the caller
+// trains on the current one (two buffers); dt_loader_next blocks only when that batch
+// is not ready yet. The batches depend only on the sampler's order,
 // never on thread timing. All buffers are allocated by dt_loader_init; an epoch
 // allocates nothing.
 
@@ -218,12 +270,17 @@ DT_API dt_loader_opts dt_loader_opts_default(void);
 // One batch. Its buffers belong to the loader and stay valid until the next
 // dt_loader_next, dt_loader_begin_epoch or dt_loader_free.
 typedef struct dt_batch {
-    float          *x;       // (size, 1, h, w)
-    int32_t        *y;       // (size)
+    float          *x;       // (size, 1, h, w), in general (size, shape...)
+    int32_t        *y;       // (size) labels; NULL for a dataset of float targets
     const uint32_t *indices; // (size) dataset indices of the samples
     size_t          size;    // B, or fewer for a last short batch
     int             h, w;
-    size_t          index; // batch number within the epoch
+    size_t          index;        // batch number within the epoch
+    float          *t;            // (size, t_elems) float targets, or NULL
+    size_t          t_elems;      // floats per target (0 without)
+    size_t          sample_elems; // floats per sample in x
+    int             ndim;         // per-sample shape, as the dataset's
+    int             shape[DT_DATASET_MAX_DIMS];
 } dt_batch;
 
 // A loader over `ds` in the order of `sampler`; both are borrowed (they must outlive
@@ -388,6 +445,81 @@ DT_API dt_status dt_tokens_batch(const dt_tokens *t, uint64_t seed, size_t B, si
 // DT_ERR_IO naming the path when it does not exist (with the hint to install fortunes
 // or pass a file) or a directory has no such file.
 DT_API dt_status dt_corpus_read(const char *path, size_t limit, dt_tokens *out, size_t *nfiles);
+
+// --------------------------------------------------------------- general datasets
+//
+// Datasets of float or byte samples of any per-sample shape (up to 4 dimensions, e.g.
+// (C, H, W) images or (F) feature vectors) with int labels, float targets or neither,
+// held in memory or made by a callback. They feed the same sampler and loader as the
+// IDX datasets; every sample goes through the same steps in dt_dataset_gather_at:
+//   1. raw floats: a byte p becomes p / 255 (torchvision's ToTensor), a float stays;
+//      a callback writes raw floats itself;
+//   2. augmentation, when configured (crop with padding, horizontal flip; see
+//      dt_dataset_opts), keyed by (aug_seed, epoch, index);
+//   3. normalisation (x - mean[c]) / std[c], per channel c or one mean/std for all.
+// Without augmentation, byte samples take a per-channel 256-entry table with the same
+// float operations, so the results are identical either way.
+
+typedef enum dt_target_kind {
+    DT_TARGET_NONE,  // batches carry samples only
+    DT_TARGET_LABEL, // one int label per sample (batch y)
+    DT_TARGET_FLOAT, // target_elems floats per sample (batch t), e.g. regression
+} dt_target_kind;
+
+// What a dataset holds. Memory given here is copied by dt_dataset_init_desc.
+typedef struct dt_dataset_desc {
+    size_t         n;                          // samples
+    int            ndim;                       // per-sample dimensions, 1..4
+    int            shape[DT_DATASET_MAX_DIMS]; // each >= 1
+    dt_sample_type type;                       // of data (a callback always gives F32)
+    const void    *data;                       // (n, shape) samples; NULL with fill
+    dt_target_kind target;
+    const int32_t *labels;       // n labels for DT_TARGET_LABEL (NULL with fill)
+    const float   *targets;      // (n, target_elems) for DT_TARGET_FLOAT (NULL with fill)
+    size_t         target_elems; // >= 1 with DT_TARGET_FLOAT
+    // A callback dataset: fill(user, index, x, y, t) writes sample `index`'s raw floats
+    // into x (sample_elems of them), its label into *y (DT_TARGET_LABEL, else y is
+    // NULL) and its targets into t (DT_TARGET_FLOAT, else NULL). It is called from the
+    // loader's threads, possibly two at once for different indices (set the loader's
+    // prefetch off for a function that is not thread-safe), and must depend only on the
+    // index for batches to be reproducible. A status other than DT_OK ends the epoch
+    // with the callback's message, prefixed by the index.
+    dt_dataset_fill_fn fill;
+    void              *user;
+} dt_dataset_desc;
+
+// Options for the datasets of this section: no normalisation (mean 0, std 1),
+// num_classes 0 (labels need only be >= 0), no augmentation, no limit.
+DT_API dt_dataset_opts dt_dataset_opts_plain(void);
+
+// A dataset from a description (copied; the callback and user pointer are kept).
+// `opts` NULL means dt_dataset_opts_plain(). DT_ERR_ARG naming the field when the
+// shape, type, targets, channels (must be 0, 1 or shape[0], and ndim >= 2 for more
+// than one) or augmentation (needs ndim >= 2, 0 <= crop_pad <= 4096) do not fit;
+// DT_ERR_FORMAT naming the label and its index for a negative label or one >=
+// num_classes (when num_classes > 0). Free with dt_dataset_free.
+DT_API dt_status dt_dataset_init_desc(dt_dataset *ds, const dt_dataset_desc *d,
+                                      const dt_dataset_opts *opts);
+
+// A dataset from .npy files: samples `x_path` (N, shape...) of |u1 (kept as bytes),
+// <f4 or <f8 (as floats) or <u2/<i4/<i8 (converted to floats), 1 to 4 dimensions after
+// N (an (N) array is N samples of shape (1)); targets `y_path` (NULL: none) of N
+// entries: integers (any npy integer dtype, as int labels) or floats (<f4/<f8, as
+// float targets of the shape after N). DT_ERR_FORMAT when the counts differ (naming
+// both files and counts), plus every dt_npy_read error. `opts` NULL means
+// dt_dataset_opts_plain().
+DT_API dt_status dt_dataset_load_npy(dt_dataset *ds, const char *x_path, const char *y_path,
+                                     const dt_dataset_opts *opts);
+
+// Makes samples indices[0..count) of any dataset as a batch: x (count, shape) through
+// the steps above with `epoch` keying the augmentation, y (count) labels when the
+// dataset has labels (else y may be NULL), t (count, target_elems) when it has float
+// targets (else t may be NULL). DT_ERR_ARG for an index >= n; a callback's failure
+// with its message prefixed "dataset sample <index>". Allocates nothing; any number
+// of threads may gather from one dataset at once. (dt_dataset_gather is this with
+// epoch 0, for the datasets whose gather cannot fail.)
+DT_API dt_status dt_dataset_gather_at(const dt_dataset *ds, uint64_t epoch, const uint32_t *indices,
+                                      size_t count, float *x, int32_t *y, float *t);
 
 #ifdef __cplusplus
 }
