@@ -121,8 +121,19 @@ static void *copy_of(const void *p, size_t n) {
     return q;
 }
 
-dt_status dt_dataset_init_desc(dt_dataset *ds, const dt_dataset_desc *d,
-                               const dt_dataset_opts *opts) {
+// Adopts *steal (a dt_alloc buffer) when it is `src`, else copies `src`.
+static void *take_or_copy(const void *src, size_t bytes, void **steal) {
+    if (steal && *steal && *steal == src) {
+        void *p = *steal;
+        *steal  = NULL;
+        return p;
+    }
+    return copy_of(src, bytes);
+}
+
+// dt_dataset_init_desc; the buffers of x and y (when given) are adopted, not copied.
+static dt_status init_desc(dt_dataset *ds, const dt_dataset_desc *d, const dt_dataset_opts *opts,
+                           dt_npy *x, dt_npy *y) {
     memset(ds, 0, sizeof *ds);
     dt_dataset_opts o   = opts ? *opts : dt_dataset_opts_plain();
     const char     *who = "dataset";
@@ -169,11 +180,11 @@ dt_status dt_dataset_init_desc(dt_dataset *ds, const dt_dataset_desc *d,
             return dt_fail(DT_ERR_ARG, "%s: %zu samples overflow size_t", who, n);
         if (ds->has_labels)
             DT_TRY(check_labels32(d->labels, n, o.num_classes, who));
-        ds->data = copy_of(d->data, bytes);
+        ds->data = take_or_copy(d->data, bytes, x ? &x->data : NULL);
         if (ds->has_labels)
-            ds->labels32 = copy_of(d->labels, n * sizeof(int32_t));
+            ds->labels32 = take_or_copy(d->labels, n * sizeof(int32_t), y ? &y->data : NULL);
         if (ds->target_elems)
-            ds->targets = copy_of(d->targets, tbytes);
+            ds->targets = take_or_copy(d->targets, tbytes, y ? &y->data : NULL);
         if (!ds->data || (ds->has_labels && !ds->labels32) || (ds->target_elems && !ds->targets))
             st = DT_ERR_NOMEM;
         if (ds->type == DT_SAMPLE_U8)
@@ -184,6 +195,11 @@ dt_status dt_dataset_init_desc(dt_dataset *ds, const dt_dataset_desc *d,
     if (st)
         dt_dataset_free(ds);
     return st;
+}
+
+dt_status dt_dataset_init_desc(dt_dataset *ds, const dt_dataset_desc *d,
+                               const dt_dataset_opts *opts) {
+    return init_desc(ds, d, opts, NULL, NULL);
 }
 
 dt_status dt_dataset_load_npy(dt_dataset *ds, const char *x_path, const char *y_path,
@@ -234,7 +250,7 @@ dt_status dt_dataset_load_npy(dt_dataset *ds, const char *x_path, const char *y_
         }
     }
     if (st == DT_OK) {
-        st = dt_dataset_init_desc(ds, &d, &o);
+        st = init_desc(ds, &d, &o, &x, &y);                     // adopts the arrays' buffers
         if (st && strncmp(dt_last_error(), "dataset:", 8) == 0) // name the file at fault
             dt_fail_context("%s", y_path && strstr(dt_last_error(), "labels") ? y_path : x_path);
     }
