@@ -8,7 +8,7 @@
 // Nothing in the header is trusted: the header length is bounded, the dict is parsed by
 // a small grammar (no evaluation), every dimension and product is overflow-checked and
 // the data size must equal what the file holds, before any allocation of data size.
-#include "dtrain/data.h"
+#include "data_impl.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -372,27 +372,14 @@ dt_status dt_npy_parse(const void *buf, size_t nbytes, const char *name, dt_npy 
 
 dt_status dt_npy_read(const char *path, dt_npy *out) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dt_fail_errno(DT_ERR_IO, "%s: cannot open", path);
-    dt_status   st = DT_OK;
-    struct stat sb;
-    uint8_t    *head = NULL;
-    if (fstat(fileno(f), &sb) != 0) {
-        st = dt_fail_errno(DT_ERR_IO, "%s: cannot stat", path);
-        goto done;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = dt_fail(DT_ERR_IO, "%s: expected a regular file, found %s", path,
-                     S_ISDIR(sb.st_mode)    ? "a directory"
-                     : S_ISFIFO(sb.st_mode) ? "a FIFO (named pipe)"
-                     : S_ISCHR(sb.st_mode)  ? "a character device"
-                                            : "a special file");
-        goto done;
-    }
-    size_t want = 12 + DT_NPY_MAX_HEADER;
-    if ((uint64_t)sb.st_size < want)
-        want = (size_t)sb.st_size;
+    FILE    *f;
+    uint64_t fsize;
+    DT_TRY(dt_data_open_regular(path, &f, &fsize));
+    dt_status st   = DT_OK;
+    uint8_t  *head = NULL;
+    size_t    want = 12 + DT_NPY_MAX_HEADER;
+    if (fsize < want)
+        want = (size_t)fsize;
     head = dt_alloc(want);
     if (!head) {
         st = DT_ERR_NOMEM;
@@ -406,7 +393,7 @@ dt_status dt_npy_read(const char *path, dt_npy *out) {
     }
     bool   fort = false;
     size_t off  = 0;
-    st          = parse_header(head, got, (uint64_t)sb.st_size, path, out, &fort, &off);
+    st          = parse_header(head, got, fsize, path, out, &fort, &off);
     if (st)
         goto done;
     out->data = dt_alloc(out->nbytes); // == the file's remaining bytes, checked above

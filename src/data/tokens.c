@@ -1,7 +1,7 @@
 // tokens.c: token streams for language models (uint8 or uint16 files, llm.c's header),
 // their fixed-length windows, batches drawn as PyTorch draws them, and the byte corpus
 // of the PyTorch peers (a directory's dot-less files, concatenated).
-#include "dtrain/data.h"
+#include "data_impl.h"
 #include "dtrain/rng.h"
 
 #include <dirent.h>
@@ -21,15 +21,6 @@ static dt_status check_width(int width, const char *who) {
     return DT_OK;
 }
 
-static const char *kind_of(mode_t m) {
-    return S_ISDIR(m)    ? "a directory"
-           : S_ISFIFO(m) ? "a FIFO (named pipe)"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-           : S_ISSOCK(m) ? "a socket"
-                         : "a special file";
-}
-
 // Reads exactly n bytes of an open file into dst.
 static dt_status read_exact(FILE *f, void *dst, size_t n, const char *path) {
     size_t got = fread(dst, 1, n, f);
@@ -44,24 +35,16 @@ static dt_status read_exact(FILE *f, void *dst, size_t n, const char *path) {
 dt_status dt_tokens_read(const char *path, int width, dt_tokens *out) {
     memset(out, 0, sizeof *out);
     DT_TRY(check_width(width, path));
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dt_fail_errno(DT_ERR_IO, "%s: cannot open", path);
-    struct stat sb;
-    dt_status   st  = DT_OK;
-    uint8_t    *buf = NULL;
-    if (fstat(fileno(f), &sb) != 0) {
-        st = dt_fail_errno(DT_ERR_IO, "%s: cannot stat", path);
-        goto done;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = dt_fail(DT_ERR_IO, "%s: expected a regular file, found %s", path, kind_of(sb.st_mode));
-        goto done;
-    }
-    size_t size = (size_t)sb.st_size, skip = 0;
+    FILE    *f;
+    uint64_t fsize;
+    DT_TRY(dt_data_open_regular(path, &f, &fsize));
+    dt_status st   = DT_OK;
+    uint8_t  *buf  = NULL;
+    size_t    size = (size_t)fsize, skip = 0;
     if (width == 2 && size >= LLMC_HEADER_BYTES) {
         int32_t h[3];
-        DT_TRY(read_exact(f, h, sizeof h, path));
+        if ((st = read_exact(f, h, sizeof h, path)) != DT_OK)
+            goto done;
         if (h[0] == LLMC_MAGIC) {
             if (h[1] != 1) {
                 st = dt_fail(DT_ERR_FORMAT,
@@ -301,7 +284,7 @@ dt_status dt_corpus_read(const char *path, size_t limit, dt_tokens *out, size_t 
         st = list_add(&l, path, (size_t)sb.st_size);
     else
         st = dt_fail(DT_ERR_IO, "%s: expected a regular file or a directory, found %s", path,
-                     kind_of(sb.st_mode));
+                     dt_data_mode_kind(sb.st_mode));
     size_t total = 0;
     for (size_t i = 0; st == DT_OK && i < l.n; i++)
         if (!dt_size_add(&total, total, l.e[i].size))
@@ -313,12 +296,11 @@ dt_status dt_corpus_read(const char *path, size_t limit, dt_tokens *out, size_t 
         st = DT_ERR_NOMEM;
     size_t at = 0;
     for (size_t i = 0; st == DT_OK && i < l.n && at < total; i++) {
-        size_t take = l.e[i].size < total - at ? l.e[i].size : total - at;
-        FILE  *f    = fopen(l.e[i].path, "rb");
-        if (!f) {
-            st = dt_fail_errno(DT_ERR_IO, "%s: cannot open", l.e[i].path);
+        size_t   take = l.e[i].size < total - at ? l.e[i].size : total - at;
+        FILE    *f;
+        uint64_t fsize;
+        if ((st = dt_data_open_regular(l.e[i].path, &f, &fsize)) != DT_OK)
             break;
-        }
         st = read_exact(f, buf + at, take, l.e[i].path);
         fclose(f);
         at += take;

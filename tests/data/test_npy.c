@@ -102,6 +102,18 @@ static void test_refused_dtypes(void) {
     CHECK_ERR(dt_npy_read(FIX "npy_bad_structured.npy", &a), DT_ERR_FORMAT, "structured dtype");
     CHECK_ERR(dt_npy_read(FIX "no-such-file.npy", &a), DT_ERR_IO, "no-such-file.npy");
     CHECK_ERR(dt_npy_read(FIX, &a), DT_ERR_IO, "expected a regular file, found a directory");
+    // A FIFO is refused at once, not waited on (the alarm fails the test if it hangs).
+    char fifo[] = "/tmp/dt_npy_fifo_XXXXXX";
+    int  fd     = mkstemp(fifo);
+    if (CHECK(fd >= 0)) {
+        close(fd);
+        unlink(fifo);
+        CHECK(mkfifo(fifo, 0600) == 0);
+        alarm(20);
+        CHECK_ERR(dt_npy_read(fifo, &a), DT_ERR_IO, "found a FIFO (named pipe)");
+        alarm(0);
+        unlink(fifo);
+    }
 }
 
 // Builds a v1.0 file from a header dict text and `nbytes` data bytes (value i % 256).

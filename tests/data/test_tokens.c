@@ -128,6 +128,10 @@ static void test_files(void) {
     CHECK_ERR(dt_tokens_read(tmp("u8.bin"), 2, &t), DT_ERR_FORMAT, "found 7 bytes");
     CHECK_ERR(dt_tokens_read(tmpdir, 1, &t), DT_ERR_IO, "found a directory");
     CHECK_ERR(dt_tokens_read(tmp("none"), 1, &t), DT_ERR_IO, "cannot open");
+    CHECK(mkfifo(tmp("fifo"), 0600) == 0);
+    alarm(20); // a FIFO is refused at once, never waited on
+    CHECK_ERR(dt_tokens_read(tmp("fifo"), 1, &t), DT_ERR_IO, "found a FIFO (named pipe)");
+    alarm(0);
     // llm.c's format: 256 int32 of header (magic, version, count), then uint16 tokens.
     size_t   ntok = 600;
     uint8_t *f    = calloc(1, 1024 + 2 * ntok);
