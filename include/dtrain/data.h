@@ -417,6 +417,10 @@ DT_API void dt_tokens_free(dt_tokens *t); // frees an owned buffer, zeroes *t; N
 // Token i (i < t->n, checked in debug builds).
 DT_API uint32_t dt_tokens_at(const dt_tokens *t, size_t i);
 
+// Checks every token is < vocab (a model's embedding has `vocab` rows): DT_ERR_FORMAT
+// naming `name`, the first token out of range and its position. vocab 0 is DT_ERR_ARG.
+DT_API dt_status dt_tokens_check_vocab(const dt_tokens *t, uint32_t vocab, const char *name);
+
 // Windows at offsets[0..count) of T + 1 tokens into x and y (count, T), as int32.
 // DT_ERR_ARG if an offset + T + 1 exceeds t->n (naming it). Allocates nothing.
 DT_API dt_status dt_tokens_windows(const dt_tokens *t, const uint64_t *offsets, size_t count,

@@ -146,6 +146,22 @@ uint32_t dt_tokens_at(const dt_tokens *t, size_t i) {
     return (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
 }
 
+dt_status dt_tokens_check_vocab(const dt_tokens *t, uint32_t vocab, const char *name) {
+    name = name ? name : "tokens";
+    if (vocab == 0)
+        return dt_fail(DT_ERR_ARG, "%s: expected a vocabulary of at least 1 token, found 0", name);
+    if (t->width == 1 && vocab >= 256)
+        return DT_OK;
+    for (size_t i = 0; i < t->n; i++) {
+        uint32_t v = dt_tokens_at(t, i);
+        if (v >= vocab)
+            return dt_fail(DT_ERR_FORMAT,
+                           "%s: expected tokens < %u (the vocabulary), found %u at position %zu",
+                           name, vocab, v, i);
+    }
+    return DT_OK;
+}
+
 dt_status dt_tokens_windows(const dt_tokens *t, const uint64_t *offsets, size_t count, size_t T,
                             int32_t *x, int32_t *y) {
     for (size_t i = 0; i < count; i++)

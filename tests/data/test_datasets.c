@@ -111,9 +111,15 @@ static void test_npy_dataset_loader(void) {
             if (!l)
                 break;
             dt_loader_begin_epoch(l, 0);
-            dt_batch b;
+            dt_batch     b;
+            static float direct[4 * E];
+            int32_t      dy[4];
             while (dt_loader_next(l, &b)) {
                 CHECK(b.y && !b.t && b.sample_elems == E && b.ndim == 3 && b.shape[0] == C);
+                // The same as a direct gather of the batch's indices.
+                CHECK_OK(dt_dataset_gather_at(&ds, 0, b.indices, b.size, direct, dy, NULL));
+                bad += memcmp(direct, b.x, b.size * E * sizeof(float)) != 0;
+                bad += memcmp(dy, b.y, b.size * sizeof(int32_t)) != 0;
                 for (size_t i = 0; i < b.size; i++) {
                     uint32_t ix = b.indices[i];
                     bad += b.y[i] != lab[ix];

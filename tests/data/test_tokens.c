@@ -116,6 +116,17 @@ static void test_streams(void) {
     CHECK(x[0] == 65535 && y[0] == 256);
     dt_tokens_free(&t);
     CHECK_ERR(dt_tokens_init(&t, le, 3, 4), DT_ERR_ARG, "width of 1 or 2");
+    // Vocabulary checks: 0x1234 is the largest token but 65535 is out of a 50257 vocab.
+    CHECK_OK(dt_tokens_init(&t, le, 3, 2));
+    CHECK_ERR(dt_tokens_check_vocab(&t, 50257, "train.bin"), DT_ERR_FORMAT,
+              "train.bin: expected tokens < 50257 (the vocabulary), found 65535 at position 1");
+    CHECK_OK(dt_tokens_check_vocab(&t, 65536, NULL));
+    dt_tokens_free(&t);
+    CHECK_OK(dt_tokens_init(&t, (uint8_t[3]){3, 200, 7}, 3, 1));
+    CHECK_OK(dt_tokens_check_vocab(&t, 256, NULL));
+    CHECK_ERR(dt_tokens_check_vocab(&t, 100, NULL), DT_ERR_FORMAT, "found 200 at position 1");
+    CHECK_ERR(dt_tokens_check_vocab(&t, 0, NULL), DT_ERR_ARG, "at least 1");
+    dt_tokens_free(&t);
 }
 
 static void test_files(void) {
