@@ -289,6 +289,47 @@ static void flip_planes(float *x, size_t planes, int H, int W) {
     }
 }
 
+// Byte sample -> cropped, flipped, normalised floats in one pass through the tables
+// (the same values as raw floats, shift_planes, flip_planes and normalise: the table
+// holds those float operations, and padding is the table's entry for 0).
+static void crop_flip_u8(const dt_dataset *ds, const uint8_t *src, float *dst, int sy, int sx,
+                         bool flip) {
+    int    H = ds->h, W = ds->w;
+    size_t hw = (size_t)H * (size_t)W, planes = ds->sample_elems / hw;
+    size_t per_channel = planes / (size_t)ds->channels;
+    for (size_t p = 0; p < planes; p++) {
+        const float   *lut = ds->ch_lut + (p / per_channel) * 256;
+        const uint8_t *a   = src + p * hw;
+        float         *d   = dst + p * hw;
+        float          pad = lut[0];
+        for (int i = 0; i < H; i++) {
+            int    si  = i + sy;
+            float *row = d + (size_t)i * W;
+            if (si < 0 || si >= H) {
+                for (int j = 0; j < W; j++)
+                    row[j] = pad;
+                continue;
+            }
+            // Output columns j0 .. j1 - 1 read inside the row; the others are padding.
+            const uint8_t *in = a + (size_t)si * W;
+            int            j0 = flip ? (sx > 0 ? sx : 0) : (sx < 0 ? -sx : 0);
+            int            j1 = flip ? (sx < 0 ? W + sx : W) : (sx > 0 ? W - sx : W);
+            j0                = j0 < W ? j0 : W; // a shift past the border: all padding
+            j1                = j1 > j0 ? j1 : j0;
+            for (int j = 0; j < j0; j++)
+                row[j] = pad;
+            if (flip)
+                for (int j = j0; j < j1; j++)
+                    row[j] = lut[in[W - 1 - j + sx]];
+            else
+                for (int j = j0; j < j1; j++)
+                    row[j] = lut[in[j + sx]];
+            for (int j = j1; j < W; j++)
+                row[j] = pad;
+        }
+    }
+}
+
 static void normalise(const dt_dataset *ds, float *x) {
     size_t per = ds->sample_elems / (size_t)ds->channels;
     for (int c = 0; c < ds->channels; c++) {
@@ -335,8 +376,16 @@ dt_status dt_dataset_gather_at(const dt_dataset *ds, uint64_t epoch, const uint3
                     }
                     continue;
                 }
-                for (size_t j = 0; j < E; j++)
-                    dst[j] = (float)src[j] / 255.0f;
+                dt_rng r  = dt_rng_split(&ep, k);
+                int    sy = 0, sx = 0;
+                if (ds->crop_pad > 0) { // the draws of the general path below, in order
+                    int P = ds->crop_pad;
+                    sy    = (int)dt_rng_below(&r, (uint64_t)(2 * P + 1)) - P;
+                    sx    = (int)dt_rng_below(&r, (uint64_t)(2 * P + 1)) - P;
+                }
+                bool flip = ds->hflip && (dt_rng_u32(&r) >> 31);
+                crop_flip_u8(ds, src, dst, sy, sx, flip);
+                continue;
             } else {
                 memcpy(dst, (const float *)ds->data + k * E, E * sizeof(float));
             }

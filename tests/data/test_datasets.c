@@ -401,6 +401,50 @@ static void test_crop_flip_semantics(void) {
     CHECK_OK(dt_dataset_gather_at(&ds, 0, &one, 1, x2, y, NULL));
     CHECK(memcmp(x2, x + 17 * 2 * AH * AW, 2 * AH * AW * sizeof(float)) == 0);
     dt_dataset_free(&ds);
+    // The byte path (tables) and the float path (raw, shift, flip, normalise) agree
+    // bitwise on the same pixels, with per-channel normalisation.
+    {
+        static float    fsrc[AN * 2 * AH * AW];
+        int32_t         lab[AN] = {0};
+        dt_dataset_opts o       = dt_dataset_opts_plain();
+        o.crop_pad = 9, o.hflip = true, o.aug_seed = 9, o.channels = 2; // 9 > AW, AH
+        o.ch_mean[0] = 0.3f, o.ch_mean[1] = -0.7f, o.ch_std[0] = 0.2f, o.ch_std[1] = 1.7f;
+        for (size_t i = 0; i < sizeof aug_src; i++)
+            fsrc[i] = (float)aug_src[i] / 255.0f;
+        dt_dataset_desc d = {.n      = AN,
+                             .ndim   = 3,
+                             .shape  = {2, AH, AW},
+                             .type   = DT_SAMPLE_U8,
+                             .data   = aug_src,
+                             .target = DT_TARGET_LABEL,
+                             .labels = lab};
+        dt_dataset      bu, fl;
+        CHECK_OK(dt_dataset_init_desc(&bu, &d, &o));
+        d.type = DT_SAMPLE_F32;
+        d.data = fsrc;
+        CHECK_OK(dt_dataset_init_desc(&fl, &d, &o));
+        for (uint64_t ep = 0; ep < 3; ep++) {
+            CHECK_OK(dt_dataset_gather_at(&bu, ep, idx, AN, x, y, NULL));
+            CHECK_OK(dt_dataset_gather_at(&fl, ep, idx, AN, x2, y, NULL));
+            CHECK(memcmp(x, x2, sizeof x) == 0);
+        }
+        dt_dataset_free(&bu);
+        dt_dataset_free(&fl);
+        o.crop_pad = 2; // and with shifts inside the image
+        d.type     = DT_SAMPLE_U8;
+        d.data     = aug_src;
+        CHECK_OK(dt_dataset_init_desc(&bu, &d, &o));
+        d.type = DT_SAMPLE_F32;
+        d.data = fsrc;
+        CHECK_OK(dt_dataset_init_desc(&fl, &d, &o));
+        for (uint64_t ep = 0; ep < 3; ep++) {
+            CHECK_OK(dt_dataset_gather_at(&bu, ep, idx, AN, x, y, NULL));
+            CHECK_OK(dt_dataset_gather_at(&fl, ep, idx, AN, x2, y, NULL));
+            CHECK(memcmp(x, x2, sizeof x) == 0);
+        }
+        dt_dataset_free(&bu);
+        dt_dataset_free(&fl);
+    }
     // Flip only: the sample or its mirror, nothing shifted.
     ds = make_aug_dataset(0, true, 3);
     CHECK_OK(dt_dataset_gather_at(&ds, 0, idx, AN, x, y, NULL));
