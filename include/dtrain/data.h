@@ -174,6 +174,10 @@ DT_API void dt_dataset_gather(const dt_dataset *ds, const uint32_t *indices, siz
 //          every rank; not bit-equal to torch.randperm)
 //   drop_last: list = list[:total_size]; else pad by repeating the list from its front
 //   rank r gets list[r], list[r + R], list[r + 2R], ... (num_samples of them)
+// So with batch b per rank, the R local batches k together hold positions
+// [k R b, (k + 1) R b) of the list: the one-process batch k of batch R b, whenever R
+// divides N (no padding). That, with dropout keyed by dataset index
+// (dt_model_set_sample_keys), is what makes R ranks train the one-process model.
 //
 // Two additions:
 // - Auto epoch (on by default): each pass after the first moves to the next epoch by

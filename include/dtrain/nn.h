@@ -115,9 +115,19 @@ DT_API void dt_model_describe(const dt_model *m, char *buf, size_t n);
 DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
 // Training mode (dropout active; the default) or evaluation mode.
 DT_API void dt_model_train(dt_model *m, bool training);
-// The random stream for this step's dropout masks. Sample i of the batch in layer l
-// draws from split(split(rng, l), i), so masks do not depend on the thread count.
+// The random stream of the dropout masks. Sample i of the batch in layer l draws from
+// split(split(rng, l), key_i), key_i being the sample's key (below) or, when no keys
+// are set, its position i in the batch; masks never depend on the thread count.
 DT_API void dt_model_set_rng(dt_model *m, const dt_rng *rng);
+// Per-sample keys of the next training forwards: keys[i] names sample i of the batch
+// (n samples), e.g. its dataset index (dt_batch.indices). Copied. With a stream set per
+// epoch and the dataset index as key, a sample's masks are a function of (seed, epoch,
+// dataset index, layer) alone, whatever batch, rank or world size it lands in: N
+// processes with batch B/N then train the model of one process with batch B (DESIGN.md,
+// "World-size invariance"). A training forward whose batch is not n fails with
+// DT_ERR_ARG; evaluation ignores the keys. keys NULL (or n 0) clears them (positions
+// again). DT_ERR_ARG when n < 0, DT_ERR_NOMEM.
+DT_API dt_status dt_model_set_sample_keys(dt_model *m, const uint64_t *keys, int n);
 // Makes room for batches up to `batch` samples now (forward does it on demand).
 DT_API dt_status dt_model_reserve(dt_model *m, int batch);
 

@@ -6,8 +6,8 @@
 // defined by 32-bit integer arithmetic only, and float conversions are exact.
 //
 // Splitting derives an independent child stream from (parent key, id), so dropout
-// masks can be keyed by (seed, epoch, step, rank, layer) without any shared state:
-//     dt_rng r = dt_rng_split(dt_rng_split(dt_rng_init(seed), epoch), step);
+// masks can be keyed by (seed, epoch, layer, dataset index) without any shared state:
+//     dt_rng r = dt_rng_split(dt_rng_split(dt_rng_init(seed), epoch), layer);
 #ifndef DTRAIN_RNG_H
 #define DTRAIN_RNG_H
 

@@ -39,6 +39,8 @@ struct dt_model {
     bool             want_input_grad;
     bool             profile;
     dt_rng           rng;
+    uint64_t        *keys; // per-sample dropout keys (dt_model_set_sample_keys), or NULL
+    int              nkeys, keys_cap;
     dt_grad_ready_fn hook;
     void            *hook_user;
 };
@@ -249,6 +251,7 @@ void dt_model_free(dt_model *m) {
         dt_free(m->layers[i].offsets);
     dt_free(m->params);
     dt_free(m->grads);
+    dt_free(m->keys);
     dt_free(m);
 }
 
@@ -335,6 +338,25 @@ void dt_model_train(dt_model *m, bool training) {
 void dt_model_set_rng(dt_model *m, const dt_rng *rng) {
     m->rng = *rng;
 }
+dt_status dt_model_set_sample_keys(dt_model *m, const uint64_t *keys, int n) {
+    if (n < 0 || (n > 0 && !keys))
+        return dt_fail(DT_ERR_ARG,
+                       "model sample keys: expected n >= 0 keys (and an array when n > 0), "
+                       "found n = %d and %s",
+                       n, keys ? "an array" : "NULL");
+    if (n > m->keys_cap) {
+        uint64_t *k = dt_alloc(sizeof *k * (size_t)n);
+        if (!k)
+            return DT_ERR_NOMEM;
+        dt_free(m->keys);
+        m->keys     = k;
+        m->keys_cap = n;
+    }
+    if (n)
+        memcpy(m->keys, keys, sizeof *keys * (size_t)n);
+    m->nkeys = keys ? n : 0;
+    return DT_OK;
+}
 void dt_model_set_input_grad(dt_model *m, bool on) {
     m->want_input_grad = on;
 }
@@ -419,6 +441,7 @@ static nn_ctx make_ctx(dt_model *m, int ith, int nth, const dt_rng *rng) {
         .pool     = m->pool,
         .scratch  = m->scratch[ith],
         .rng      = rng,
+        .keys     = m->nkeys ? m->keys : NULL,
     };
     return c;
 }
@@ -445,6 +468,11 @@ static void forward_task(void *arg, int ith, int nth) {
 }
 
 dt_status dt_model_forward(dt_model *m, const float *x, int batch) {
+    if (m->training && m->nkeys && m->nkeys != batch)
+        return dt_fail(DT_ERR_ARG,
+                       "model forward: expected a batch of %d samples, as many as the sample "
+                       "keys set (dt_model_set_sample_keys), found %d",
+                       m->nkeys, batch);
     DT_TRY(dt_model_reserve(m, batch));
     m->batch = batch;
     m->x     = x;
