@@ -178,7 +178,8 @@ DT_API dt_status dt_launch_env_read(dt_launch_env *out /* out */);
 
 typedef struct dt_pg_opts {
     const char *backend; // "auto" (NULL = auto): shm when every rank is on this host
-                         // and shm is built, tcp otherwise; or "shm", "tcp", "mpi"
+                         // and shm is built, tcp otherwise; or "shm", "tcp" ("gloo"
+                         // is its alias, as PyTorch scripts name it), "mpi"
                          // (MPI's collectives; only when built with MPI and started
                          // by an MPI launcher; see docs/mpi.md)
     int64_t timeout_ms;  // per operation; 0 = default: DT_TIMEOUT_MS env, else 30 min

@@ -2,6 +2,7 @@
 // their rank variables, watch them through pidfds, and when one fails stop the
 // others (SIGTERM, then SIGKILL after a grace period) and report the first failure.
 #include "comm/comm_impl.h"
+#include "comm/shm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,12 +13,18 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_GRACE_MS 3000
+// Local processes allowed without DT_MAX_LOCAL_PROCS: 4 per online CPU, at most 256.
+// Beyond that the workers only time-share the cores, and the shm segment (which grows
+// with the square of the local world) eats /dev/shm: 1000 ranks take about 8 GiB.
+#define PROCS_PER_CPU   4
+#define MAX_LOCAL_PROCS 256
 
 static int pidfd_open_(pid_t pid) {
 #ifdef SYS_pidfd_open
@@ -27,6 +34,29 @@ static int pidfd_open_(pid_t pid) {
     errno = ENOSYS;
     return -1;
 #endif
+}
+
+// Refuses a local world far above the cores unless DT_MAX_LOCAL_PROCS allows it, and
+// says what the shared-memory segment of that many ranks would cost.
+static dt_status check_local_bound(int nprocs) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN), bound = MAX_LOCAL_PROCS, v;
+    if (cpus > 0 && cpus * PROCS_PER_CPU < bound)
+        bound = cpus * PROCS_PER_CPU;
+    DT_TRY(dt_env_int("DT_MAX_LOCAL_PROCS", 1, 4096, bound, &v));
+    if (nprocs <= v)
+        return DT_OK;
+    double         seg = (double)dt_shm_segment_bytes(nprocs) / 1048576.0;
+    struct statvfs fs;
+    double         avail =
+        statvfs("/dev/shm", &fs) == 0 ? (double)fs.f_bavail * (double)fs.f_frsize / 1048576.0 : -1;
+    char free_txt[64] = "";
+    if (avail >= 0)
+        snprintf(free_txt, sizeof free_txt, "; /dev/shm has %.1f MiB free", avail);
+    return dt_fail(DT_ERR_ARG,
+                   "spawn: %d local processes exceed the bound of %ld (%d per online CPU, %ld "
+                   "CPUs, at most %d; set DT_MAX_LOCAL_PROCS to allow more): their shared-memory "
+                   "segment alone would take %.1f MiB of /dev/shm%s",
+                   nprocs, v, PROCS_PER_CPU, cpus, MAX_LOCAL_PROCS, seg, free_txt);
 }
 
 static void setenv_int(const char *name, long v) {
@@ -75,6 +105,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
         return dt_fail(DT_ERR_ARG, "spawn: expected 1..4096 processes, found %d", nprocs);
     if (!fn)
         return dt_fail(DT_ERR_ARG, "spawn: the worker function is NULL");
+    DT_TRY(check_local_bound(nprocs));
     long grace;
     DT_TRY(dt_env_int("DT_SPAWN_GRACE_MS", 0, 3600L * 1000, DEFAULT_GRACE_MS, &grace));
 
