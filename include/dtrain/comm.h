@@ -349,10 +349,17 @@ typedef struct dt_spawn_result {
 // A child dies with its parent (PR_SET_PDEATHSIG, SIGKILL; fork from the thread that
 // stays alive). When a child fails (non-zero exit or signal), the others get SIGTERM
 // and, DT_SPAWN_GRACE_MS (default 3000) later, SIGKILL. Waits for the children without
-// a time limit (they carry their own timeouts).
+// a time limit (they carry their own timeouts). When the caller blocks SIGTERM (the
+// children inherit the mask: a program that stops at its own step boundaries), a
+// SIGTERM sent to the caller is forwarded to every child, which then get
+// DT_SPAWN_TERM_GRACE_MS (default 30000) before SIGKILL.
+// More than 4 processes per online CPU, or more than 256, are refused before anything
+// starts (their shm segment grows with nprocs^2: the message says its size and the
+// free space of /dev/shm); DT_MAX_LOCAL_PROCS sets another bound.
 // Returns DT_OK when every child exited with 0; DT_ERR_PEER naming the first failed
 // rank and its exit code or signal (also in *out, which may be NULL); DT_ERR_ARG for
-// nprocs < 1 or fn NULL; DT_ERR_IO if fork fails (children already started are stopped).
+// nprocs < 1, above the bound, or fn NULL; DT_ERR_IO if fork fails (children already
+// started are stopped).
 DT_API dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out);
 
 #ifdef __cplusplus
