@@ -223,9 +223,10 @@ static int parse_args(int argc, char **argv, args *a) {
             a->backend = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "shm") && strcmp(optarg, "tcp") &&
                 strcmp(optarg, "gloo") && strcmp(optarg, "mpi"))
-                st = dt_fail(DT_ERR_ARG,
-                             "--backend expects auto, shm, tcp (alias gloo) or mpi, found \"%s\"",
-                             optarg);
+                st = dt_fail(
+                    DT_ERR_ARG,
+                    "--backend expects auto, shm, tcp or mpi (gloo: an alias of tcp), found \"%s\"",
+                    optarg);
             break;
         case NO_OVERLAP:
             a->no_overlap = true;
