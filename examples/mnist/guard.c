@@ -4,7 +4,10 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,32 +132,97 @@ dt_status mnist_check_settings(dt_pg *pg, const mnist_setting *s, int n) {
     return st;
 }
 
-// Threads started before main (a BLAS library's pool) do not have SIGTERM blocked, and
-// the kernel may hand a process-wide SIGTERM to one of them: this handler passes it on
-// to the main thread, where it stays pending (blocked) until the next step boundary.
-static pid_t main_tid;
+// SIGTERM is blocked in every thread the program starts (they inherit the mask). Where
+// it lands:
+//   - a watcher thread (mnist_preempt_watch) takes it with sigwait: while training is
+//     armed it becomes a stop request for the next step boundary; otherwise the process
+//     ends at once, by the signal, as it would without any of this (a rank stuck in its
+//     rendezvous can still be stopped with kill);
+//   - without a watcher (the parent of --num-processes), it stays pending for dt_spawn,
+//     which forwards it to the workers;
+//   - threads started before main (a BLAS library's pool) do not block it, and the
+//     kernel may pick one of them: the handler passes it on to the target thread.
+static pid_t      target_tid; // the watcher, else the main thread
+static atomic_int armed, requested;
 
-static void pass_to_main(int sig) {
+static void pass_on(int sig) {
     int saved = errno;
-    syscall(SYS_tgkill, getpid(), main_tid, sig);
+    syscall(SYS_tgkill, getpid(), target_tid, sig);
     errno = saved;
+}
+
+static void term_set(sigset_t *set) {
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+}
+
+// Ends the process by SIGTERM from the calling thread (default action, unblocked).
+static void die_by_sigterm(void) {
+    sigset_t         set;
+    struct sigaction act = {.sa_handler = SIG_DFL};
+    term_set(&set);
+    fflush(NULL);
+    sigaction(SIGTERM, &act, NULL);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    pthread_kill(pthread_self(), SIGTERM);
+    _exit(128 + SIGTERM); // not reached
 }
 
 void mnist_preempt_block(void) {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    main_tid             = (pid_t)syscall(SYS_gettid);
-    struct sigaction act = {.sa_handler = pass_to_main, .sa_flags = SA_RESTART};
+    term_set(&set);
+    target_tid           = (pid_t)syscall(SYS_gettid);
+    struct sigaction act = {.sa_handler = pass_on, .sa_flags = SA_RESTART};
     sigfillset(&act.sa_mask);
     sigaction(SIGTERM, &act, NULL);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
-bool mnist_preempt_pending(void) {
+static atomic_int watcher_tid;
+
+static void *watch(void *arg) {
+    (void)arg;
+    atomic_store(&watcher_tid, (int)syscall(SYS_gettid));
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
+    term_set(&set);
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) != 0 || sig != SIGTERM)
+            continue;
+        if (atomic_load(&armed))
+            atomic_store(&requested, 1);
+        else
+            die_by_sigterm();
+    }
+    return NULL;
+}
+
+void mnist_preempt_watch(void) {
+    pthread_t      t;
+    pthread_attr_t attr;
+    atomic_store(&watcher_tid, 0);
+    atomic_store(&armed, 0);
+    atomic_store(&requested, 0);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, watch, NULL) == 0) {
+        while (!atomic_load(&watcher_tid)) // microseconds: the thread's first statement
+            sched_yield();
+        target_tid = (pid_t)atomic_load(&watcher_tid);
+    }
+    pthread_attr_destroy(&attr);
+}
+
+void mnist_preempt_arm(void) {
+    atomic_store(&armed, 1);
+}
+
+bool mnist_preempt_pending(void) {
+    if (atomic_exchange(&requested, 0))
+        return true;
+    // Without a watcher the signal waits, blocked, for this thread.
+    sigset_t set;
+    term_set(&set);
     struct timespec zero = {0, 0};
     return sigtimedwait(&set, NULL, &zero) == SIGTERM;
 }
@@ -168,10 +236,7 @@ dt_status mnist_preempt_agree(dt_pg *pg, bool *stop) {
 }
 
 void mnist_preempt_release(void) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    struct sigaction act = {.sa_handler = SIG_DFL};
-    sigaction(SIGTERM, &act, NULL);
-    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    atomic_store(&armed, 0);
+    if (mnist_preempt_pending())
+        die_by_sigterm(); // came after the last step's agreement: as without a watcher
 }

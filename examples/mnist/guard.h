@@ -33,16 +33,22 @@ typedef struct mnist_setting {
 // differing rank's value. n must be the same on every rank (it is the program's table).
 dt_status mnist_check_settings(dt_pg *pg, const mnist_setting *s, int n);
 
-// Blocks SIGTERM in this thread (call before any thread starts: they inherit the mask),
-// so that it stays pending until mnist_preempt_poll looks at a step boundary, and never
-// interrupts a system call mid-collective.
+// SIGTERM handling (see guard.c). mnist_preempt_block: blocks SIGTERM in the calling
+// (main) thread before any other starts, so they all inherit the mask; call first.
+// mnist_preempt_watch: in a process that trains (not the parent of --num-processes,
+// whose dt_spawn forwards the signal), starts the thread that takes SIGTERM: before
+// mnist_preempt_arm and after mnist_preempt_release it ends the process at once, as
+// usual; in between it is a request to stop at the next step boundary.
 void mnist_preempt_block(void);
-// Whether a SIGTERM is pending for this process (consumed, so it is reported once).
+void mnist_preempt_watch(void);
+void mnist_preempt_arm(void);
+// Whether a SIGTERM came since the last call (consumed: reported once).
 bool mnist_preempt_pending(void);
 // Collective (pg may be NULL): whether any rank has seen a SIGTERM so far; every rank
 // gets the same answer for the same step. *stop is sticky (true stays true).
 dt_status mnist_preempt_agree(dt_pg *pg, bool *stop);
-// Unblocks SIGTERM: a signal still pending (or a later one) ends the process now.
+// Training is over: a SIGTERM that came after the last agreement, or any later one,
+// ends the process at once.
 void mnist_preempt_release(void);
 
 #endif

@@ -576,7 +576,8 @@ static int train_worker(job *j, dt_pg *pg) {
         (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     dt_model_set_profile(m, a->profile);
     double train_start = dt_now();
-    bool   stop        = a->eval_only || (a->max_steps && step >= a->max_steps);
+    mnist_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
+    bool stop = a->eval_only || (a->max_steps && step >= a->max_steps);
     for (long epoch = first_epoch; !stop && epoch < a->epochs; epoch++) {
         dt_loader_begin_epoch(ld, epoch);
         dt_rng   er = dt_rng_split(&root, (uint64_t)epoch);
@@ -721,7 +722,8 @@ static int run_worker_from_env(job *j) {
 }
 
 static int spawned(int local_rank, void *arg) {
-    (void)local_rank; // dt_spawn has set RANK, LOCAL_RANK and the rest
+    (void)local_rank;      // dt_spawn has set RANK, LOCAL_RANK and the rest
+    mnist_preempt_watch(); // the parent's watcher did not survive the fork
     return run_worker_from_env(arg);
 }
 
@@ -751,9 +753,12 @@ int main(int argc, char **argv) {
     int  rc = parse_args(argc, argv, &a);
     if (rc)
         return rc;
-    // SIGTERM waits for a step boundary (guard.h); blocked before any thread or worker
-    // starts, so they all inherit it. dt_spawn forwards it to its workers.
+    // SIGTERM waits for a step boundary while training (guard.h); blocked before any
+    // thread or worker starts, so they all inherit it. dt_spawn forwards it to its
+    // workers; elsewhere a watcher thread takes it.
     mnist_preempt_block();
+    if (a.num_processes == 0)
+        mnist_preempt_watch();
     job           j = {.a = &a, .start = dt_now()};
     dt_launch_env le;
     bool          env_ok = dt_launch_env_read(&le) == DT_OK;

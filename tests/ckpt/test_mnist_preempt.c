@@ -286,6 +286,23 @@ static void test_dtrun(void) {
     CHECK_EQ(count(log, "epoch: 0 [0/32"), 1); // a restart would train from the start again
 }
 
+// Before training starts (here: waiting for a peer that never comes) SIGTERM ends the
+// process at once, as it always did: only a training loop waits for a step boundary.
+static void test_before_training(void) {
+    char log[256], prefix[256];
+    snprintf(log, sizeof log, "%s/alone.log", tmp);
+    snprintf(prefix, sizeof prefix,
+             "/usr/bin/env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
+             "DT_JOB_TOKEN=alone DT_TIMEOUT_MS=60000",
+             29000 + (int)(getpid() % 3000));
+    pid_t pid = start(log, prefix, "");
+    sleep_ms(1000);
+    double t0 = (double)time(NULL);
+    kill(pid, SIGTERM);
+    CHECK_EQ(finish(pid), 128 + SIGTERM);
+    CHECK((double)time(NULL) - t0 < 5.0);
+}
+
 int main(void) {
     if (!CHECK(test_program_path("dtrain-mnist", bin, sizeof bin)) ||
         !CHECK(test_program_path("dtrun", dtrun, sizeof dtrun))) {
@@ -299,6 +316,7 @@ int main(void) {
     RUN(test_one_process);
     RUN(test_two_processes_one_signalled);
     RUN(test_dtrun);
+    RUN(test_before_training);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (check_failed == 0)
