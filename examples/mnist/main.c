@@ -627,7 +627,7 @@ static int train_worker(job *j, dt_pg *pg) {
         ckpt_saves++;
     }
     if (preempted) {
-        if (lead)
+        if (local_lead)
             printf("Stopped by SIGTERM at step %lld: %s\n", (long long)step,
                    a->checkpoint_dir ? "checkpoint saved, run again with --resume to continue"
                                      : "nothing saved (no --checkpoint-dir)");
