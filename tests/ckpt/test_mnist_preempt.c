@@ -7,10 +7,15 @@
 //   (rank 0, which got no signal, says where it stopped), exit 75, and the resumed job
 //   ends bitwise equal to an uninterrupted one.
 // - SIGTERM to the parent of --num-processes 2: forwarded, the same clean stop.
+// - Two dtrun nodes, SIGTERM to node 0's dtrun: every rank of both nodes stops at the
+//   same step, and the resume is bitwise equal again.
+// - Before the training loop (a rank waiting for its peers), SIGTERM still ends the
+//   process at once.
 // - dtrun --max-restarts 3: SIGTERM to dtrun is forwarded, the workers save and stop,
 //   dtrun exits 143 without a restart, and the resume is bitwise equal again; a SIGTERM
 //   to one of dtrun's workers ends the job with 75, without a restart either.
 #include "../check.h"
+#include "../lib/mp.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/nn.h"
@@ -286,6 +291,34 @@ static void test_dtrun(void) {
     CHECK_EQ(count(log, "epoch: 0 [0/32"), 1); // a restart would train from the start again
 }
 
+// Two dtrun nodes (on loopback), SIGTERM to node 0's dtrun: the ranks of both nodes
+// stop at the same step and save it; the resume is bitwise equal to a straight run.
+static void test_dtrun_two_nodes(void) {
+    char log0[256], log1[256], dir[256], extra[512], p0[PATH_MAX + 256], p1[PATH_MAX + 256];
+    int  port = mp_free_port();
+    snprintf(log0, sizeof log0, "%s/node0.log", tmp);
+    snprintf(log1, sizeof log1, "%s/node1.log", tmp);
+    snprintf(dir, sizeof dir, "%s/nodes", tmp);
+    snprintf(extra, sizeof extra, "--checkpoint-dir %s", dir);
+    for (int k = 0; k < 2; k++)
+        snprintf(k ? p1 : p0, sizeof p0,
+                 "%s --nnodes 2 --node-rank %d --master-addr 127.0.0.1 --master-port %d "
+                 "--nproc-per-node 1",
+                 dtrun, k, port);
+    pid_t n1 = start(log1, p1, extra), n0 = start(log0, p0, extra);
+    CHECK(wait_for(log0, "epoch: 0 [5/"));
+    kill(n0, SIGTERM);
+    CHECK_EQ(finish(n0), 128 + SIGTERM);
+    CHECK(finish(n1) >= 0); // the other node's dtrun ends too ("the job stops")
+    int  t0, t1;
+    long s0 = stopped_at(log0, &t0), s1 = stopped_at(log1, &t1);
+    CHECK_EQ(t0, 1);
+    CHECK_EQ(t1, 1); // node 1's first process says it too
+    CHECK_EQ(s0, s1);
+    CHECK(s0 >= 6 && s0 < 64 && has_checkpoint(dir, s0));
+    resume_and_compare(dir, "--num-processes 2", straight2);
+}
+
 // Before training starts (here: waiting for a peer that never comes) SIGTERM ends the
 // process at once, as it always did: only a training loop waits for a step boundary.
 static void test_before_training(void) {
@@ -316,6 +349,7 @@ int main(void) {
     RUN(test_one_process);
     RUN(test_two_processes_one_signalled);
     RUN(test_dtrun);
+    RUN(test_dtrun_two_nodes);
     RUN(test_before_training);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -28,12 +28,13 @@ typedef struct attempt {
     bool        stopping; // the workers have been told to stop
     uint64_t    kill_at;  // when stopping: SIGKILL then (UINT64_MAX once sent)
     int64_t     grace_ms;
-    uint64_t    stop_ns;     // when the stop began
-    int         sig;         // a stop signal dtrun received (0 if none)
-    char        reason[640]; // why the job stops for good ("" for worker failures)
-    bool        local_done;  // every local worker exited 0
-    bool        all_done;    // (several nodes) every node's workers exited 0
-    bool        preempted;   // a worker exited with EXIT_PREEMPTED on its own
+    int64_t     term_grace_ms; // --term-grace
+    uint64_t    stop_ns;       // when the stop began
+    int         sig;           // a stop signal dtrun received (0 if none)
+    char        reason[640];   // why the job stops for good ("" for worker failures)
+    bool        local_done;    // every local worker exited 0
+    bool        all_done;      // (several nodes) every node's workers exited 0
+    bool        preempted;     // a worker exited with EXIT_PREEMPTED on its own
 } attempt;
 
 // A worker's "stopped on SIGTERM, state saved, run me again later" (EX_TEMPFAIL).
@@ -73,6 +74,9 @@ static void on_end(dtrun_worker *w, void *ctx) {
 }
 
 static void stop_for(attempt *t, const char *reason) {
+    // Another node's SIGTERM (a preemption of the whole job): the same time to save.
+    if (!t->stopping && strstr(reason, "SIGTERM") && t->term_grace_ms > t->grace_ms)
+        t->grace_ms = t->term_grace_ms;
     if (!t->reason[0])
         snprintf(t->reason, sizeof t->reason, "%s", reason);
     begin_stop(t, SIGTERM);
@@ -81,7 +85,7 @@ static void stop_for(attempt *t, const char *reason) {
 // Runs one attempt; fills *mine with this node's report. Returns true on success.
 static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int reaper_fd,
                         int sig_fd, dtrun_report *mine, int *sig_out, bool *preempted) {
-    attempt t = {.r = r, .grace_ms = a->stop_grace_ms};
+    attempt t = {.r = r, .grace_ms = a->stop_grace_ms, .term_grace_ms = a->term_grace_ms};
     char    dir[4200];
     if (a->log_dir)
         snprintf(dir, sizeof dir, "%s/attempt_%d", a->log_dir, n);
