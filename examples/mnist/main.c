@@ -458,6 +458,7 @@ static dt_status check_shared_flags(const job *j, dt_pg *pg) {
         {"--checkpoint-every", a->checkpoint_every, false, false},
         {"--checkpoint-dir", a->checkpoint_dir != NULL, false, true},
         {"--resume", a->resume, false, true},
+        {"--fallback", a->fallback, false, true},
         {"--stats", a->stats, false, true},
         {"--no-test", a->no_test, false, true},
         {"--eval-only", a->eval_only, false, true},
