@@ -189,10 +189,15 @@ static void *watch(void *arg) {
         int sig = 0;
         if (sigwait(&set, &sig) != 0 || sig != SIGTERM)
             continue;
-        if (atomic_load(&armed))
+        if (atomic_load(&armed)) {
             atomic_store(&requested, 1);
-        else
+            // The release may have run between the two lines above: whoever takes the
+            // request acts on it (sequentially consistent atomics: exactly one does).
+            if (!atomic_load(&armed) && atomic_exchange(&requested, 0))
+                die_by_sigterm();
+        } else {
             die_by_sigterm();
+        }
     }
     return NULL;
 }
