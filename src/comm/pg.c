@@ -1034,10 +1034,16 @@ static dt_status choose_backend(dt_pg *pg, const char *want) {
                     pg->store_via_mpi ? "; store address through MPI" : "");
         return DT_OK;
     }
+    // "gloo" is what PyTorch scripts name their CPU backend (init_process_group(backend=
+    // 'gloo')): the same role as tcp here (point-to-point sockets, any host), so it is
+    // accepted as its alias and the group reports "tcp".
+    if (strcmp(want, "gloo") == 0)
+        want = "tcp";
     const dt_backend_ops *be = dt_backend_find(want);
     if (!be)
         return dt_fail(DT_ERR_ARG,
-                       "init: expected backend \"auto\", \"shm\", \"tcp\" or \"mpi\", found \"%s\"",
+                       "init: expected backend \"auto\", \"shm\", \"tcp\" (alias \"gloo\") or "
+                       "\"mpi\", found \"%s\"",
                        want);
     if (!be->built)
         return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s is not built into this library", want);
