@@ -34,14 +34,22 @@ typedef struct dt_idx {
 // Reads the IDX file at `path` into *out (free with dt_idx_free). Every defect is
 // DT_ERR_FORMAT with "<path>: expected ..., found ...": wrong magic, unsupported type,
 // dimension count outside 1..4, sizes that overflow or exceed what the file can hold,
-// truncated data, bytes after the data, corrupt gzip. No allocation exceeds what the
-// file actually delivers (a lying header cannot trigger a huge allocation).
-// DT_ERR_IO when the file cannot be opened or read. On failure *out is zeroed.
+// truncated data, bytes after the data, corrupt gzip (a CRC-32 mismatch is named as
+// such). No allocation exceeds what the file actually delivers, and a gzip file is
+// never inflated past what its IDX header claims (plus one byte to see the end): the
+// header is inflated and checked first, so neither a lying header nor a lying gzip
+// trailer can trigger a huge allocation or a long inflation. DT_ERR_IO when the file
+// cannot be opened or read, or is not a regular file ("expected a regular file, found
+// a directory", "... a FIFO (named pipe)", "... a character device"; a FIFO is never
+// waited on). On failure *out is zeroed.
 DT_API dt_status dt_idx_read(const char *path, dt_idx *out);
 
-// Same, keeping only the first `max_records` records (0 means all). A plain file is
-// still checked against its full size; a gzip file is decompressed only as far as
-// needed, so defects after the records kept go unnoticed.
+// Same, keeping only the first `max_records` records (0 means all), with the same
+// checks: a plain file is checked against its full size, and a gzip file is inflated
+// to its end, the records beyond the limit through a 64 KiB scratch buffer, so the
+// CRC-32 and length of the whole stream are verified while memory stays at the records
+// kept. The time is that of inflating the whole file (about 0.15 s for Fashion-MNIST's
+// 60,000 training images).
 DT_API dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out);
 
 // Parses an IDX image held in memory (plain or gzip), with the same checks as
@@ -98,7 +106,8 @@ DT_API dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path,
 // train-labels-idx1-ubyte (train) or t10k-* (test), each plain or with ".gz"
 // (the plain file wins when both exist). `dir` NULL means $DT_DATA_DIR, or
 // DT_DATA_DIR_DEFAULT when that is unset. DT_ERR_IO listing the paths tried when a
-// file is missing.
+// file is missing, or naming what was found when a name exists but is not a regular
+// file ("<dir>/train-images-idx3-ubyte is a directory, expected a regular file ...").
 DT_API dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
                                        const dt_dataset_opts *opts);
 
@@ -107,6 +116,14 @@ DT_API dt_status dt_dataset_init(dt_dataset *ds, const uint8_t *images, const ui
                                  size_t n, int h, int w, const dt_dataset_opts *opts);
 
 DT_API void dt_dataset_free(dt_dataset *ds); // NULL is a no-op; zeroes *ds
+
+// Checks that the samples of `ds` (1, H, W) have the per-sample input shape (c, h, w)
+// of the model they are about to feed (nn.h: dt_model_input_shape), before the first
+// step and before an evaluation: a model reads c*h*w floats per sample, so a smaller
+// image would be read past its end and a larger one trained as garbage. DT_ERR_ARG
+// naming `name` (e.g. "training set"; NULL means "dataset") and both shapes.
+DT_API dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h,
+                                        int w);
 
 // Gathers samples indices[0..count) into x (count, 1, H, W), normalised through
 // ds->lut, and their labels into y (count). Indices must be < ds->n (checked only in

@@ -121,21 +121,30 @@ dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const cha
     return DT_OK;
 }
 
-static bool is_file(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+// Whether `path` names something: false (errno ENOENT or ENOTDIR) when nothing is there.
+static bool exists(const char *path, struct stat *sb) {
+    return stat(path, sb) == 0;
 }
 
-// Finds "<dir>/<stem>" or "<dir>/<stem>.gz" into out.
+// Finds "<dir>/<stem>" or "<dir>/<stem>.gz" into out. Whatever is found under either
+// name must be a regular file: a directory, a FIFO or a device is named, not skipped.
 static dt_status find_file(const char *dir, const char *stem, char *out, size_t n) {
     char gz[4096];
     if (snprintf(out, n, "%s/%s", dir, stem) >= (int)n ||
         snprintf(gz, sizeof gz, "%s/%s.gz", dir, stem) >= (int)sizeof gz)
         return dt_fail(DT_ERR_ARG, "dataset directory name too long (%zu bytes)", strlen(dir));
-    if (is_file(out))
-        return DT_OK;
-    if (is_file(gz)) {
-        snprintf(out, n, "%s", gz);
+    const char *names[2] = {out, gz};
+    for (int i = 0; i < 2; i++) {
+        struct stat sb;
+        if (!exists(names[i], &sb))
+            continue;
+        if (!S_ISREG(sb.st_mode))
+            return dt_fail(DT_ERR_IO,
+                           "%s is %s, expected a regular file (the MNIST-format file %s, plain "
+                           "or .gz)",
+                           names[i], dt_data_file_kind(sb.st_mode), stem);
+        if (i == 1)
+            snprintf(out, n, "%s", gz);
         return DT_OK;
     }
     return dt_fail(DT_ERR_IO,
@@ -158,6 +167,18 @@ dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
     snprintf(stem, sizeof stem, "%s-labels-idx1-ubyte", set);
     DT_TRY(find_file(dir, stem, labels, sizeof labels));
     return dt_dataset_load_idx(ds, images, labels, opts);
+}
+
+dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h, int w) {
+    const char *what = name && *name ? name : "dataset";
+    if (!ds || !ds->images)
+        return dt_fail(DT_ERR_ARG, "%s: expected a loaded dataset, found none", what);
+    if (c != 1 || h != ds->h || w != ds->w)
+        return dt_fail(DT_ERR_ARG,
+                       "%s: expected images of the model's input shape (%d, %d, %d) (C, H, W), "
+                       "found images of (1, %d, %d) (%dx%d pixels, 1 channel)",
+                       what, c, h, w, ds->h, ds->w, ds->h, ds->w);
+    return DT_OK;
 }
 
 void dt_dataset_free(dt_dataset *ds) {
