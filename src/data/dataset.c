@@ -176,8 +176,8 @@ dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, 
     if (c != 1 || h != ds->h || w != ds->w)
         return dt_fail(DT_ERR_ARG,
                        "%s: expected images of the model's input shape (%d, %d, %d) (C, H, W), "
-                       "found images of (1, %d, %d) (%dx%d pixels, 1 channel)",
-                       what, c, h, w, ds->h, ds->w, ds->h, ds->w);
+                       "found (1, %d, %d)",
+                       what, c, h, w, ds->h, ds->w);
     return DT_OK;
 }
 
