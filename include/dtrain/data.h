@@ -46,10 +46,13 @@ DT_API dt_status dt_idx_read(const char *path, dt_idx *out);
 
 // Same, keeping only the first `max_records` records (0 means all), with the same
 // checks: a plain file is checked against its full size, and a gzip file is inflated
-// to its end, the records beyond the limit through a 64 KiB scratch buffer, so the
-// CRC-32 and length of the whole stream are verified while memory stays at the records
-// kept. The time is that of inflating the whole file (about 0.15 s for Fashion-MNIST's
-// 60,000 training images).
+// to its end so that the CRC-32 and length of the whole stream are verified (a flipped
+// bit in the records kept, or after them, is an error). A gzip file whose data is at
+// most 256 MiB is inflated whole (libdeflate) and the records kept copied out; a larger
+// one streams the records beyond the limit through a 64 KiB scratch buffer, so memory
+// stays at the records kept. Either way the time is that of inflating the whole file:
+// about 0.15 s for Fashion-MNIST's 60,000 training images, against 0.002 s for the
+// first 1,024 records alone.
 DT_API dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out);
 
 // Parses an IDX image held in memory (plain or gzip), with the same checks as

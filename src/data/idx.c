@@ -27,6 +27,11 @@
 // (MNIST compresses about 2:1) in one allocation, yet stays proportional to the file.
 #define GZ_FIRST_RATIO 4u
 #define GZ_FIRST_MIN   (1u << 20)
+// The fast path takes gzip files up to GZ_FAST_MAX bytes; under a limit, files and
+// their inflated data up to GZ_FAST_LIMITED bytes (inflating the whole data is then
+// faster than zlib's streaming through the records not kept, and costs little memory).
+#define GZ_FAST_MAX     ((size_t)1 << 30)
+#define GZ_FAST_LIMITED ((size_t)256 << 20)
 // Scratch buffer for the gzip data after the records kept under a limit.
 #define GZ_SCRATCH (64u * 1024u)
 
@@ -432,7 +437,10 @@ static bool gz_peek(const uint8_t *in, size_t in_n, uint8_t *out, size_t n, size
     return ret == Z_OK || ret == Z_STREAM_END || ret == Z_BUF_ERROR;
 }
 
-static bool fast_gzip(const uint8_t *in, size_t n, dt_idx *out) {
+// `max_records` (0: all) keeps only the first records, copied out of the whole inflated
+// data; then the data may be at most `max_isize` bytes, else false.
+static bool fast_gzip(const uint8_t *in, size_t n, size_t max_records, size_t max_isize,
+                      dt_idx *out) {
     if (n < 18 || in[0] != 0x1f || in[1] != 0x8b)
         return false;
     size_t isize = (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 |
@@ -450,6 +458,12 @@ static bool fast_gzip(const uint8_t *in, size_t n, dt_idx *out) {
         !header_of(head, got, &hdr, dims, &ndim, &total, &record) || isize < hdr ||
         total != isize - hdr)
         return false;
+    size_t keep = dims[0];
+    if (max_records && max_records < keep) {
+        keep = max_records;
+        if (isize > max_isize)
+            return false;
+    }
     uint8_t *buf = dt_alloc(isize);
     if (!buf)
         return false;
@@ -464,11 +478,21 @@ static bool fast_gzip(const uint8_t *in, size_t n, dt_idx *out) {
         dt_free(buf);
         return false;
     }
-    memmove(buf, buf + hdr, total); // the data starts the buffer, which dt_idx owns
+    if (keep < dims[0]) { // the records kept, in a buffer of their size
+        uint8_t *kept = dt_alloc(keep * record);
+        if (kept)
+            memcpy(kept, buf + hdr, keep * record);
+        dt_free(buf);
+        if (!kept)
+            return false;
+        buf = kept;
+    } else {
+        memmove(buf, buf + hdr, total); // the data starts the buffer, which dt_idx owns
+    }
     memset(out, 0, sizeof *out);
     out->data         = buf;
     out->ndim         = ndim;
-    out->nrecords     = dims[0];
+    out->nrecords     = keep;
     out->record_bytes = record;
     memcpy(out->dims, dims, sizeof dims);
     return true;
@@ -493,7 +517,7 @@ static uint8_t *slurp_gzip(FILE *f, uint64_t size, size_t max, size_t *n) {
 
 dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out) {
     memset(out, 0, sizeof *out);
-    if (fast_gzip(buf, nbytes, out))
+    if (fast_gzip(buf, nbytes, 0, 0, out))
         return DT_OK;
     src s        = {0};
     s.name       = name ? name : "<memory>";
@@ -568,10 +592,12 @@ dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out) {
     src s  = {0};
     s.name = path;
     DT_TRY(open_regular(path, &s.f, &s.raw_size));
-    if (max_records == 0) { // whole gzip files up to 1 GiB: the fast path first
+    // The fast path first: whole gzip files up to 1 GiB, or up to GZ_FAST_LIMITED with a
+    // limit (whose data is inflated whole, then the records kept copied out).
+    {
         size_t   n;
-        uint8_t *raw = slurp_gzip(s.f, s.raw_size, (size_t)1 << 30, &n);
-        bool     ok  = raw && fast_gzip(raw, n, out);
+        uint8_t *raw = slurp_gzip(s.f, s.raw_size, max_records ? GZ_FAST_LIMITED : GZ_FAST_MAX, &n);
+        bool     ok  = raw && fast_gzip(raw, n, max_records, GZ_FAST_LIMITED, out);
         dt_free(raw);
         if (ok) {
             fclose(s.f);
