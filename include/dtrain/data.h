@@ -58,6 +58,9 @@ DT_API dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx 
 // Parses an IDX image held in memory (plain or gzip), with the same checks as
 // dt_idx_read; `name` stands for the path in messages. Used by the fuzzer.
 DT_API dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out);
+// The same with a limit, as dt_idx_read_first: it fails exactly when dt_idx_parse does.
+DT_API dt_status dt_idx_parse_first(const void *buf, size_t nbytes, const char *name,
+                                    size_t max_records, dt_idx *out);
 
 // Writes an unsigned-byte IDX file: `ndim` (1..4) dims, data of their product bytes,
 // gzip-compressed when `gzip` is true. Written to "<path>.tmp.<pid>" and renamed, so

@@ -515,9 +515,10 @@ static uint8_t *slurp_gzip(FILE *f, uint64_t size, size_t max, size_t *n) {
     return buf;
 }
 
-dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out) {
+dt_status dt_idx_parse_first(const void *buf, size_t nbytes, const char *name, size_t max_records,
+                             dt_idx *out) {
     memset(out, 0, sizeof *out);
-    if (fast_gzip(buf, nbytes, 0, 0, out))
+    if (fast_gzip(buf, nbytes, max_records, GZ_FAST_LIMITED, out))
         return DT_OK;
     src s        = {0};
     s.name       = name ? name : "<memory>";
@@ -527,11 +528,15 @@ dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx 
     s.fetched    = nbytes;
     dt_status st = src_start(&s);
     if (st == DT_OK)
-        st = parse(&s, 0, out);
+        st = parse(&s, max_records, out);
     src_close(&s);
     if (st)
         memset(out, 0, sizeof *out);
     return st;
+}
+
+dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out) {
+    return dt_idx_parse_first(buf, nbytes, name, 0, out);
 }
 
 const char *dt_data_file_kind(unsigned mode) {
