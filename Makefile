@@ -105,6 +105,8 @@ endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/obj/%.o)
 LIB_A    := $(OUT)/lib/libdtrain.a
 LIB_SO   := $(OUT)/lib/libdtrain.so
+# The ABI version: bumped with every incompatible change of the public headers (CHANGES.md).
+SONAME   := libdtrain.so.1
 
 TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(OUT)/obj/%.o)
@@ -118,8 +120,8 @@ TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data
                  $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model%,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
-PROG_DIRS := $(foreach d,examples/mnist tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
-PROG_NAME  = $(if $(filter examples/mnist,$1),dtrain-mnist,$(notdir $1))
+PROG_DIRS := $(foreach d,examples/mnist examples/custom tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
+PROG_NAME  = $(if $(filter examples/%,$1),dtrain-$(notdir $1),$(notdir $1))
 PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 
 ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
@@ -153,7 +155,7 @@ $(LIB_A): $(LIB_OBJ)
 $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,libdtrain.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
 
 define PROG_RULE
 $(BIN)/$(call PROG_NAME,$1): $(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $1/*.c)) $(LIB_A)
@@ -241,8 +243,8 @@ install: lib programs
 	           $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/dtrain/*.h $(DESTDIR)$(PREFIX)/include/dtrain/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libdtrain.so.0
-	ln -sf libdtrain.so.0 $(DESTDIR)$(PREFIX)/lib/libdtrain.so
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libdtrain.so
 	install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DT_VERSION_STRING "\(.*\)"/\1/p' include/dtrain/core.h)|g' \
 	    -e 's|@MPI_LIBS@|$(MPI_LIBS)|g' dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc

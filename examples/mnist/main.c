@@ -440,6 +440,7 @@ static int train_worker(job *j, dt_pg *pg) {
     dt_sampler *smp      = NULL;
     dt_loader  *ld       = NULL;
     float      *dlogp    = NULL;
+    uint64_t   *keys     = NULL; // dropout keys of a batch: its samples' dataset indices
     int         rc       = 1;
     double      accuracy = -1, ckpt_secs = 0;
     int64_t     step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
@@ -468,6 +469,7 @@ static int train_worker(job *j, dt_pg *pg) {
     lo.batch_size      = (size_t)a->batch_size;
     if (!(smp = dt_sampler_init(j->train.n, &so)) || !(ld = dt_loader_init(&j->train, smp, &lo)) ||
         !(dlogp = dt_alloc(sizeof(float) * 10 * (size_t)a->batch_size)) ||
+        !(keys = dt_alloc(sizeof *keys * (size_t)a->batch_size)) ||
         dt_model_reserve(m, (int)a->batch_size))
         goto done;
     if (a->load) {
@@ -477,9 +479,11 @@ static int train_worker(job *j, dt_pg *pg) {
             printf("Loaded parameters from %s\n", a->load);
     }
 
-    // Dropout masks: a stream of their own under the seed, split by epoch, step and
-    // rank, so no two ranks or steps share a mask and a run can be replayed exactly.
-    // Checkpoints carry the stream's root state (the masks need nothing else).
+    // Dropout masks: a stream of their own under the seed, split by epoch, then by
+    // layer and by the sample's dataset index (dt_model_set_sample_keys): a sample gets
+    // the same masks whichever rank and batch it lands in, so 1 x 128, 2 x 64 and 4 x 32
+    // train one model, and a run can be replayed exactly. Checkpoints carry the stream's
+    // root state (the masks need nothing else).
     dt_rng     base = dt_rng_init((uint64_t)a->seed);
     dt_rng     root = dt_rng_split(&base, 0x64726f70 /* "drop" */);
     run_config cfg;
@@ -535,11 +539,13 @@ static int train_worker(job *j, dt_pg *pg) {
         dt_loader_begin_epoch(ld, epoch);
         dt_rng   er = dt_rng_split(&root, (uint64_t)epoch);
         dt_batch b;
+        dt_model_set_rng(m, &er);
         while (!stop && dt_loader_next(ld, &b)) {
-            dt_rng sr = dt_rng_split(&er, b.index), rr = dt_rng_split(&sr, (uint64_t)rank);
-            float  loss;
-            dt_model_set_rng(m, &rr);
-            if (dt_model_forward(m, b.x, (int)b.size) ||
+            float loss;
+            for (size_t i = 0; i < b.size; i++)
+                keys[i] = b.indices[i];
+            if (dt_model_set_sample_keys(m, keys, (int)b.size) ||
+                dt_model_forward(m, b.x, (int)b.size) ||
                 dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, dlogp))
                 goto done;
             dt_model_zero_grad(m);
@@ -640,6 +646,7 @@ done:
     }
     fflush(stdout);
     dt_free(dlogp);
+    dt_free(keys);
     dt_loader_free(ld);
     dt_sampler_free(smp);
     dt_optim_free(opt);

@@ -36,6 +36,21 @@ static void fill_lut(dt_dataset *ds) {
         ds->lut[p] = ((float)p / 255.0f - ds->mean) / ds->std;
 }
 
+// The general description of a byte-image dataset: samples (1, H, W) with labels.
+static dt_status describe(dt_dataset *ds, const dt_dataset_opts *o) {
+    ds->type       = DT_SAMPLE_U8;
+    ds->ndim       = 3;
+    ds->shape[0]   = 1;
+    ds->shape[1]   = ds->h;
+    ds->shape[2]   = ds->w;
+    ds->data       = ds->images;
+    ds->has_labels = true;
+    dt_status st   = dt_data_dataset_finish(ds, o);
+    if (st)
+        dt_dataset_free(ds);
+    return st;
+}
+
 static dt_status check_labels(const uint8_t *labels, size_t n, int num_classes, const char *where) {
     for (size_t i = 0; i < n; i++)
         if (labels[i] >= num_classes)
@@ -72,7 +87,7 @@ dt_status dt_dataset_init(dt_dataset *ds, const uint8_t *images, const uint8_t *
     ds->mean        = o.mean;
     ds->std         = o.std;
     fill_lut(ds);
-    return DT_OK;
+    return describe(ds, &o);
 }
 
 dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const char *labels_path,
@@ -118,7 +133,7 @@ dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const cha
     ds->mean        = o.mean;
     ds->std         = o.std;
     fill_lut(ds);
-    return DT_OK;
+    return describe(ds, &o);
 }
 
 // Whether `path` names something: false (errno ENOENT or ENOTDIR) when nothing is there.
@@ -184,6 +199,7 @@ dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, 
 void dt_dataset_free(dt_dataset *ds) {
     if (!ds)
         return;
+    dt_data_dataset_free_extra(ds);
     dt_free(ds->images);
     dt_free(ds->labels);
     memset(ds, 0, sizeof *ds);
@@ -191,13 +207,20 @@ void dt_dataset_free(dt_dataset *ds) {
 
 void dt_dataset_gather(const dt_dataset *ds, const uint32_t *indices, size_t count, float *x,
                        int32_t *y) {
-    size_t hw = (size_t)ds->h * (size_t)ds->w;
-    for (size_t i = 0; i < count; i++) {
-        DT_DEBUG_ASSERT(indices[i] < ds->n);
-        const uint8_t *p   = ds->images + (size_t)indices[i] * hw;
-        float         *dst = x + i * hw; // (1, H, W) of sample i
-        for (size_t j = 0; j < hw; j++)
-            dst[j] = ds->lut[p[j]];
-        y[i] = ds->labels[indices[i]];
+    if (ds->ch_lut && ds->channels == 1 && ds->type == DT_SAMPLE_U8 && !ds->crop_pad &&
+        !ds->hflip && ds->labels && !ds->target_elems) {
+        size_t hw = ds->sample_elems; // the byte-image fast path, as before
+        for (size_t i = 0; i < count; i++) {
+            DT_DEBUG_ASSERT(indices[i] < ds->n);
+            const uint8_t *p   = ds->images + (size_t)indices[i] * hw;
+            float         *dst = x + i * hw; // (1, H, W) of sample i
+            for (size_t j = 0; j < hw; j++)
+                dst[j] = ds->ch_lut[p[j]];
+            y[i] = ds->labels[indices[i]];
+        }
+        return;
     }
+    dt_status st = dt_dataset_gather_at(ds, 0, indices, count, x, y, NULL);
+    DT_DEBUG_ASSERT(st == DT_OK);
+    (void)st;
 }
