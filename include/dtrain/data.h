@@ -171,11 +171,15 @@ DT_API dt_status dt_dataset_init(dt_dataset *ds, const uint8_t *images, const ui
 
 DT_API void dt_dataset_free(dt_dataset *ds); // NULL is a no-op; zeroes *ds
 
-// Checks that the samples of `ds` (1, H, W) have the per-sample input shape (c, h, w)
-// of the model they are about to feed (nn.h: dt_model_input_shape), before the first
-// step and before an evaluation: a model reads c*h*w floats per sample, so a smaller
-// image would be read past its end and a larger one trained as garbage. DT_ERR_ARG
-// naming `name` (e.g. "training set"; NULL means "dataset") and both shapes.
+// Checks that the samples of `ds` have the per-sample input shape (c, h, w) of the
+// model they are about to feed (nn.h: dt_model_input_shape), before the first step and
+// before an evaluation: a model reads c*h*w floats per sample, so a smaller sample
+// would be read past its end and a larger one trained as garbage. Shapes are compared
+// without their leading and trailing dimensions of size 1, so (1, 28, 28) images fit
+// a (1, 28, 28) model and (784) samples a flat (784, 1, 1) one. Works for every kind
+// of dataset. DT_ERR_ARG naming `name` (e.g. "training set"; NULL means "dataset") and
+// both shapes: "training set: expected samples of the model's input shape (1, 28, 28)
+// (C, H, W), found (1, 14, 14)".
 DT_API dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h,
                                         int w);
 

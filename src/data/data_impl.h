@@ -24,7 +24,4 @@ const char *dt_data_mode_kind(unsigned mode); // "a directory", "a FIFO (named p
 // Records that the loader handed out `count` more indices of the current pass.
 void dt_data_sampler_advance(dt_sampler *s, size_t count);
 
-// What a stat mode is, for messages: "a directory", "a FIFO (named pipe)", ...
-const char *dt_data_file_kind(unsigned mode);
-
 #endif // DTRAIN_DATA_IMPL_H

@@ -157,7 +157,7 @@ static dt_status find_file(const char *dir, const char *stem, char *out, size_t 
             return dt_fail(DT_ERR_IO,
                            "%s is %s, expected a regular file (the MNIST-format file %s, plain "
                            "or .gz)",
-                           names[i], dt_data_file_kind(sb.st_mode), stem);
+                           names[i], dt_data_mode_kind(sb.st_mode), stem);
         if (i == 1)
             snprintf(out, n, "%s", gz);
         return DT_OK;
@@ -184,15 +184,40 @@ dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
     return dt_dataset_load_idx(ds, images, labels, opts);
 }
 
+// Writes "(a, b, c)" into buf.
+static void shape_str(const int *shape, int ndim, char *buf, size_t n) {
+    size_t at = (size_t)snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, i ? ", %d" : "%d", shape[i]);
+    if (at < n)
+        snprintf(buf + at, n - at, ndim == 1 ? ",)" : ")");
+}
+
+// The dimensions of `shape` between its leading and trailing dimensions of size 1.
+static const int *core_dims(const int *shape, int ndim, int *core) {
+    int lo = 0, hi = ndim;
+    while (lo < hi && shape[lo] == 1)
+        lo++;
+    while (hi > lo && shape[hi - 1] == 1)
+        hi--;
+    *core = hi - lo;
+    return shape + lo;
+}
+
 dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h, int w) {
     const char *what = name && *name ? name : "dataset";
-    if (!ds || !ds->images)
+    if (!ds || ds->ndim < 1 || ds->ndim > DT_DATASET_MAX_DIMS || !ds->sample_elems)
         return dt_fail(DT_ERR_ARG, "%s: expected a loaded dataset, found none", what);
-    if (c != 1 || h != ds->h || w != ds->w)
+    int        model[3] = {c, h, w}, nm, nd;
+    const int *cm = core_dims(model, 3, &nm), *cd = core_dims(ds->shape, ds->ndim, &nd);
+    if (nm != nd || memcmp(cm, cd, sizeof(int) * (size_t)nm) != 0) {
+        char want[64], found[96];
+        shape_str(model, 3, want, sizeof want);
+        shape_str(ds->shape, ds->ndim, found, sizeof found);
         return dt_fail(DT_ERR_ARG,
-                       "%s: expected images of the model's input shape (%d, %d, %d) (C, H, W), "
-                       "found (1, %d, %d)",
-                       what, c, h, w, ds->h, ds->w);
+                       "%s: expected samples of the model's input shape %s (C, H, W), found %s",
+                       what, want, found);
+    }
     return DT_OK;
 }
 

@@ -8,12 +8,10 @@
 
 #define ZLIB_CONST
 #include <errno.h>
-#include <fcntl.h>
 #include <libdeflate.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -539,64 +537,11 @@ dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx 
     return dt_idx_parse_first(buf, nbytes, name, 0, out);
 }
 
-const char *dt_data_file_kind(unsigned mode) {
-    switch (mode & S_IFMT) {
-    case S_IFREG:
-        return "a regular file";
-    case S_IFDIR:
-        return "a directory";
-    case S_IFIFO:
-        return "a FIFO (named pipe)";
-    case S_IFCHR:
-        return "a character device";
-    case S_IFBLK:
-        return "a block device";
-    case S_IFSOCK:
-        return "a socket";
-    default:
-        return "a special file";
-    }
-}
-
-// Opens `path` for reading if it is a regular file, without blocking on a FIFO (the
-// open itself would wait for a writer) or reading from a device.
-static dt_status open_regular(const char *path, FILE **out, uint64_t *size) {
-    *out   = NULL;
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0) {
-        int         err = errno;
-        struct stat sb;
-        if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) // a socket, or no permission
-            return dt_fail(DT_ERR_IO, "%s: expected a regular file, found %s", path,
-                           dt_data_file_kind(sb.st_mode));
-        errno = err;
-        return dt_fail_errno(DT_ERR_IO, "%s: cannot open", path);
-    }
-    struct stat sb;
-    dt_status   st = DT_OK;
-    int         fl;
-    if (fstat(fd, &sb) != 0)
-        st = dt_fail_errno(DT_ERR_IO, "%s: cannot stat", path);
-    else if (!S_ISREG(sb.st_mode))
-        st = dt_fail(DT_ERR_IO, "%s: expected a regular file, found %s", path,
-                     dt_data_file_kind(sb.st_mode));
-    else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
-        st = dt_fail_errno(DT_ERR_IO, "%s: cannot set blocking mode", path);
-    else if (!(*out = fdopen(fd, "rb")))
-        st = dt_fail_errno(DT_ERR_IO, "%s: cannot open", path);
-    if (st) {
-        close(fd);
-        return st;
-    }
-    *size = (uint64_t)sb.st_size;
-    return DT_OK;
-}
-
 dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out) {
     memset(out, 0, sizeof *out);
     src s  = {0};
     s.name = path;
-    DT_TRY(open_regular(path, &s.f, &s.raw_size));
+    DT_TRY(dt_data_open_regular(path, &s.f, &s.raw_size));
     // The fast path first: whole gzip files up to 1 GiB, or up to GZ_FAST_LIMITED with a
     // limit (whose data is inflated whole, then the records kept copied out).
     {

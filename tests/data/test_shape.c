@@ -32,10 +32,10 @@ static void test_check_shape(void) {
     set_of(&ds, 28, 28);
     CHECK_OK(dt_dataset_check_shape(&ds, "training set", 1, 28, 28));
     CHECK_ERR(dt_dataset_check_shape(&ds, "training set", 3, 28, 28), DT_ERR_ARG,
-              "training set: expected images of the model's input shape (3, 28, 28) (C, H, W), "
+              "training set: expected samples of the model's input shape (3, 28, 28) (C, H, W), "
               "found (1, 28, 28)");
     CHECK_ERR(dt_dataset_check_shape(&ds, NULL, 1, 28, 27), DT_ERR_ARG,
-              "dataset: expected images of the model's input shape (1, 28, 27)");
+              "dataset: expected samples of the model's input shape (1, 28, 27)");
     dt_dataset_free(&ds);
 
     // Smaller, larger, and with the same pixel count but another layout.
@@ -44,7 +44,7 @@ static void test_check_shape(void) {
         set_of(&ds, sides[i][0], sides[i][1]);
         char want[160];
         snprintf(want, sizeof want,
-                 "test set: expected images of the model's input shape (1, 28, 28) (C, H, W), "
+                 "test set: expected samples of the model's input shape (1, 28, 28) (C, H, W), "
                  "found (1, %d, %d)",
                  sides[i][0], sides[i][1]);
         CHECK_ERR(dt_dataset_check_shape(&ds, "test set", 1, 28, 28), DT_ERR_ARG, want);
@@ -67,7 +67,51 @@ static void test_check_shape(void) {
     dt_model_free(m2);
 }
 
+// General datasets: float samples of any shape against 3-d and flat models.
+static void test_general(void) {
+    float           x[2 * 3 * 8 * 8] = {0};
+    int32_t         y[2]             = {0, 1};
+    dt_dataset_desc d                = {.n      = 2,
+                                        .ndim   = 3,
+                                        .shape  = {3, 8, 8},
+                                        .type   = DT_SAMPLE_F32,
+                                        .data   = x,
+                                        .target = DT_TARGET_LABEL,
+                                        .labels = y};
+    dt_dataset      ds;
+    CHECK_OK(dt_dataset_init_desc(&ds, &d, NULL));
+    CHECK_OK(dt_dataset_check_shape(&ds, "rgb", 3, 8, 8));
+    CHECK_ERR(dt_dataset_check_shape(&ds, "rgb", 1, 8, 8), DT_ERR_ARG,
+              "rgb: expected samples of the model's input shape (1, 8, 8) (C, H, W), found (3, "
+              "8, 8)");
+    CHECK_ERR(dt_dataset_check_shape(&ds, "rgb", 8, 8, 3), DT_ERR_ARG, "found (3, 8, 8)");
+    CHECK_ERR(dt_dataset_check_shape(&ds, "rgb", 192, 1, 1), DT_ERR_ARG, "(192, 1, 1)");
+    dt_dataset_free(&ds);
+
+    // Flat samples (F) fit a flat model (F, 1, 1), and nothing else of F elements.
+    d.ndim     = 1;
+    d.shape[0] = 192;
+    CHECK_OK(dt_dataset_init_desc(&ds, &d, NULL));
+    CHECK_OK(dt_dataset_check_shape(&ds, "flat", 192, 1, 1));
+    CHECK_ERR(dt_dataset_check_shape(&ds, "flat", 3, 8, 8), DT_ERR_ARG,
+              "flat: expected samples of the model's input shape (3, 8, 8) (C, H, W), found "
+              "(192,)");
+    CHECK_ERR(dt_dataset_check_shape(&ds, "flat", 191, 1, 1), DT_ERR_ARG, "found (192,)");
+    dt_dataset_free(&ds);
+
+    // (H, W) samples fit a (1, H, W) model; (H, W, 1) too; (1, H, 1, W) does not.
+    d.ndim     = 2;
+    d.shape[0] = 8;
+    d.shape[1] = 24;
+    CHECK_OK(dt_dataset_init_desc(&ds, &d, NULL));
+    CHECK_OK(dt_dataset_check_shape(&ds, "2d", 1, 8, 24));
+    CHECK_OK(dt_dataset_check_shape(&ds, "2d", 8, 24, 1));
+    CHECK_ERR(dt_dataset_check_shape(&ds, "2d", 1, 24, 8), DT_ERR_ARG, "found (8, 24)");
+    dt_dataset_free(&ds);
+}
+
 int main(void) {
     RUN(test_check_shape);
+    RUN(test_general);
     return check_summary();
 }

@@ -105,15 +105,15 @@ static void test_wrong_shapes(void) {
     const char *d14 = make_dir("small", 14, 14), *d56 = make_dir("large", 56, 56);
     const char *dmix = make_dir("mixed", 28, 14);
     expect_refused(d14, "",
-                   "dtrain-mnist: training set: expected images of the model's input shape (1, "
+                   "dtrain-mnist: training set: expected samples of the model's input shape (1, "
                    "28, 28) (C, H, W), found (1, 14, 14)");
     expect_refused(d56, "",
-                   "training set: expected images of the model's input shape (1, 28, 28) (C, "
+                   "training set: expected samples of the model's input shape (1, 28, 28) (C, "
                    "H, W), found (1, 56, 56)");
     expect_refused(d56, "--num-processes 2", "found (1, 56, 56)");
     // The test set is checked before training too, not when evaluation starts.
     expect_refused(dmix, "",
-                   "test set: expected images of the model's input shape (1, 28, 28) (C, H, W), "
+                   "test set: expected samples of the model's input shape (1, 28, 28) (C, H, W), "
                    "found (1, 14, 14)");
     // --no-test skips the test set, so the same directory trains (and the check lets
     // 28x28 images through).
