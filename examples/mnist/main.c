@@ -714,6 +714,21 @@ done:
     return rc;
 }
 
+// The datasets against the model's input shape, before any process starts training:
+// images of another size would be read past their end (smaller) or trained as garbage
+// (larger). The model is built only to ask its shape.
+static dt_status check_shapes(const job *j) {
+    dt_model *m;
+    int       c, h, w;
+    DT_TRY(dt_model_init_mnist_convnet(&m, 0, 0.0f, 0.0f));
+    dt_model_input_shape(m, &c, &h, &w);
+    dt_model_free(m);
+    DT_TRY(dt_dataset_check_shape(&j->train, "training set", c, h, w));
+    if (!j->a->no_test)
+        DT_TRY(dt_dataset_check_shape(&j->test, "test set", c, h, w));
+    return DT_OK;
+}
+
 static int run_worker_from_env(job *j) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = j->a->backend;
@@ -775,8 +790,11 @@ int main(int argc, char **argv) {
     dt_dataset_opts dopts = dt_dataset_opts_default();
     dopts.limit           = (size_t)a.limit;
     if (dt_dataset_load_mnist(&j.train, a.data_dir, true, &dopts) ||
-        (!a.no_test && dt_dataset_load_mnist(&j.test, a.data_dir, false, NULL))) {
+        (!a.no_test && dt_dataset_load_mnist(&j.test, a.data_dir, false, NULL)) ||
+        check_shapes(&j)) {
         fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+        dt_dataset_free(&j.train);
+        dt_dataset_free(&j.test);
         return 1;
     }
     if (a.num_processes > 0) {

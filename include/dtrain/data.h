@@ -34,19 +34,33 @@ typedef struct dt_idx {
 // Reads the IDX file at `path` into *out (free with dt_idx_free). Every defect is
 // DT_ERR_FORMAT with "<path>: expected ..., found ...": wrong magic, unsupported type,
 // dimension count outside 1..4, sizes that overflow or exceed what the file can hold,
-// truncated data, bytes after the data, corrupt gzip. No allocation exceeds what the
-// file actually delivers (a lying header cannot trigger a huge allocation).
-// DT_ERR_IO when the file cannot be opened or read. On failure *out is zeroed.
+// truncated data, bytes after the data, corrupt gzip (a CRC-32 mismatch is named as
+// such). No allocation exceeds what the file actually delivers, and a gzip file is
+// never inflated past what its IDX header claims (plus one byte to see the end): the
+// header is inflated and checked first, so neither a lying header nor a lying gzip
+// trailer can trigger a huge allocation or a long inflation. DT_ERR_IO when the file
+// cannot be opened or read, or is not a regular file ("expected a regular file, found
+// a directory", "... a FIFO (named pipe)", "... a character device"; a FIFO is never
+// waited on). On failure *out is zeroed.
 DT_API dt_status dt_idx_read(const char *path, dt_idx *out);
 
-// Same, keeping only the first `max_records` records (0 means all). A plain file is
-// still checked against its full size; a gzip file is decompressed only as far as
-// needed, so defects after the records kept go unnoticed.
+// Same, keeping only the first `max_records` records (0 means all), with the same
+// checks: a plain file is checked against its full size, and a gzip file is inflated
+// to its end so that the CRC-32 and length of the whole stream are verified (a flipped
+// bit in the records kept, or after them, is an error). A gzip file whose data is at
+// most 256 MiB is inflated whole (libdeflate) and the records kept copied out; a larger
+// one streams the records beyond the limit through a 64 KiB scratch buffer, so memory
+// stays at the records kept. Either way the time is that of inflating the whole file:
+// about 0.15 s for Fashion-MNIST's 60,000 training images, against 0.002 s for the
+// first 1,024 records alone.
 DT_API dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out);
 
 // Parses an IDX image held in memory (plain or gzip), with the same checks as
 // dt_idx_read; `name` stands for the path in messages. Used by the fuzzer.
 DT_API dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out);
+// The same with a limit, as dt_idx_read_first: it fails exactly when dt_idx_parse does.
+DT_API dt_status dt_idx_parse_first(const void *buf, size_t nbytes, const char *name,
+                                    size_t max_records, dt_idx *out);
 
 // Writes an unsigned-byte IDX file: `ndim` (1..4) dims, data of their product bytes,
 // gzip-compressed when `gzip` is true. Written to "<path>.tmp.<pid>" and renamed, so
@@ -146,7 +160,8 @@ DT_API dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path,
 // train-labels-idx1-ubyte (train) or t10k-* (test), each plain or with ".gz"
 // (the plain file wins when both exist). `dir` NULL means $DT_DATA_DIR, or
 // DT_DATA_DIR_DEFAULT when that is unset. DT_ERR_IO listing the paths tried when a
-// file is missing.
+// file is missing, or naming what was found when a name exists but is not a regular
+// file ("<dir>/train-images-idx3-ubyte is a directory, expected a regular file ...").
 DT_API dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
                                        const dt_dataset_opts *opts);
 
@@ -155,6 +170,18 @@ DT_API dt_status dt_dataset_init(dt_dataset *ds, const uint8_t *images, const ui
                                  size_t n, int h, int w, const dt_dataset_opts *opts);
 
 DT_API void dt_dataset_free(dt_dataset *ds); // NULL is a no-op; zeroes *ds
+
+// Checks that the samples of `ds` have the per-sample input shape (c, h, w) of the
+// model they are about to feed (nn.h: dt_model_input_shape), before the first step and
+// before an evaluation: a model reads c*h*w floats per sample, so a smaller sample
+// would be read past its end and a larger one trained as garbage. Shapes are compared
+// without their leading and trailing dimensions of size 1, so (1, 28, 28) images fit
+// a (1, 28, 28) model and (784) samples a flat (784, 1, 1) one. Works for every kind
+// of dataset. DT_ERR_ARG naming `name` (e.g. "training set"; NULL means "dataset") and
+// both shapes: "training set: expected samples of the model's input shape (1, 28, 28)
+// (C, H, W), found (1, 14, 14)".
+DT_API dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h,
+                                        int w);
 
 // Gathers samples indices[0..count) into x (count, 1, H, W), normalised through
 // ds->lut, and their labels into y (count). Indices must be < ds->n (checked only in

@@ -92,6 +92,8 @@ DT_API const char *dt_model_layer_kind(const dt_model *m, int layer);
 // Per-sample output size of the last layer (the number of classes for a classifier).
 DT_API size_t dt_model_output_size(const dt_model *m);
 DT_API size_t dt_model_input_size(const dt_model *m);
+// The per-sample input shape (c, h, w) given to dt_model_init; any pointer may be NULL.
+DT_API void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w);
 // Forward FLOPs per sample (multiply-add = 2), for throughput reports.
 DT_API double dt_model_flops_per_sample(const dt_model *m);
 // Forward + backward FLOPs per sample: three times the forward of each layer

@@ -283,6 +283,14 @@ size_t dt_model_output_size(const dt_model *m) {
 size_t dt_model_input_size(const dt_model *m) {
     return nn_shape_size(m->input);
 }
+void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w) {
+    if (c)
+        *c = m->input.c;
+    if (h)
+        *h = m->input.h;
+    if (w)
+        *w = m->input.w;
+}
 
 double dt_model_flops_per_sample(const dt_model *m) {
     double f = 0;
