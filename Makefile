@@ -8,6 +8,7 @@
 #   make tsan            the threaded tests under ThreadSanitizer
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
+#   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
 #   make install PREFIX=/usr/local
 #
 # Variables: BUILD=release|debug|asan|ubsan|tsan, NATIVE=1 (add -march=native),
@@ -125,7 +126,7 @@ PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
 
 .PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench \
-        install clean format format-check help
+        golden install clean format format-check help
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -234,6 +235,13 @@ bench: DT_EXTRA_PKGS += python3-torch python3-numpy
 bench: deps
 	$(Q)$(MAKE) --no-print-directory programs
 	$(Q)bench/run.sh
+
+# ---------------------------------------------------------------- golden fixtures
+# PyTorch writes the fixtures tests/golden/test_golden.c reads; they are committed, so
+# only a change of an op or of gen.py needs this (and torch: apt-get install python3-torch).
+GOLDEN_PYTHON ?= /usr/bin/python3
+golden:
+	$(Q)$(GOLDEN_PYTHON) tests/golden/gen.py
 
 # ---------------------------------------------------------------- install
 install: lib programs

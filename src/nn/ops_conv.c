@@ -1,0 +1,205 @@
+// ops_conv.c: Conv2d of any kernel, stride, padding and groups, and Linear, as im2col
+// plus OpenBLAS GEMMs (ops.h). The generic, correct path: the AVX-512 shifted-GEMM
+// kernels of conv2d.c serve the seed's square stride-1 shapes inside dt_model, and the
+// graph may route such shapes to them later.
+//
+// Per sample, one column matrix (cin*kh*kw, ho*wo) is built (it stays in L2 for the
+// shapes of the ResNet workload: 144 x 784 floats at most) and each group is one GEMM
+// over its rows. Backward rebuilds the columns rather than keeping them from forward.
+#include "core/simd.h"
+#include "nn/blas.h"
+#include "nn/ops.h"
+
+#include <math.h>
+#include <string.h>
+
+static int out_len(int in, int pad, int k, int stride) {
+    return (in + 2 * pad - k) / stride + 1;
+}
+
+dt_status dt_nn_conv2d_check(const dt_nn_conv2d *p, int h, int w, int *ho, int *wo) {
+    if (p->cin < 1 || p->cout < 1 || p->kh < 1 || p->kw < 1 || p->sh < 1 || p->sw < 1 ||
+        p->ph < 0 || p->pw < 0 || p->groups < 1 || h < 1 || w < 1)
+        return dt_fail(DT_ERR_ARG,
+                       "conv2d: expected positive channels (%d, %d), kernel (%d, %d), stride "
+                       "(%d, %d), groups %d and input (%d, %d), and padding (%d, %d) >= 0",
+                       p->cin, p->cout, p->kh, p->kw, p->sh, p->sw, p->groups, h, w, p->ph, p->pw);
+    if (p->cin % p->groups || p->cout % p->groups)
+        return dt_fail(DT_ERR_ARG,
+                       "conv2d: groups %d must divide in_channels %d and out_channels %d",
+                       p->groups, p->cin, p->cout);
+    if (h + 2 * p->ph < p->kh || w + 2 * p->pw < p->kw)
+        return dt_fail(DT_ERR_ARG,
+                       "conv2d: kernel (%d, %d) does not fit the padded input (%d, %d) + (%d, %d)",
+                       p->kh, p->kw, h, w, 2 * p->ph, 2 * p->pw);
+    *ho = out_len(h, p->ph, p->kh, p->sh);
+    *wo = out_len(w, p->pw, p->kw, p->sw);
+    return DT_OK;
+}
+
+size_t dt_nn_conv2d_weight_count(const dt_nn_conv2d *p) {
+    return (size_t)p->cout * (size_t)(p->cin / p->groups) * (size_t)p->kh * (size_t)p->kw;
+}
+
+size_t dt_nn_conv2d_scratch(const dt_nn_conv2d *p, int h, int w) {
+    size_t ho = (size_t)out_len(h, p->ph, p->kh, p->sh),
+           wo = (size_t)out_len(w, p->pw, p->kw, p->sw);
+    return (size_t)p->cin * p->kh * p->kw * ho * wo;
+}
+
+static void uniform_fill(dt_rng *rng, float *x, size_t n, float bound) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = dt_rng_uniform_range(rng, -bound, bound);
+}
+
+void dt_nn_conv2d_init(const dt_nn_conv2d *p, dt_rng *rng, float *w, float *b) {
+    float bound = 1.0f / sqrtf((float)(p->cin / p->groups * p->kh * p->kw));
+    uniform_fill(rng, w, dt_nn_conv2d_weight_count(p), bound);
+    if (p->bias && b)
+        uniform_fill(rng, b, (size_t)p->cout, bound);
+}
+
+// Columns [lo, hi) of the output whose input column j*sw - pw + kj lies inside [0, w).
+static void inside(int wo, int w, int sw, int pw, int kj, int *lo, int *hi) {
+    int a = 0, b = wo;
+    while (a < wo && a * sw - pw + kj < 0)
+        a++;
+    while (b > a && (b - 1) * sw - pw + kj >= w)
+        b--;
+    *lo = a;
+    *hi = b;
+}
+
+// Row (c, ki, kj) of col, column (i, j) = x[c][i*sh - ph + ki][j*sw - pw + kj] or 0:
+// the (cin, kh, kw) order of a flattened weight row.
+DT_CLONES static void im2col(const dt_nn_conv2d *p, const float *x, int h, int w, int ho, int wo,
+                             float *col) {
+    for (int c = 0; c < p->cin; c++)
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++) {
+                float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ho * wo;
+                int    lo, hi;
+                inside(wo, w, p->sw, p->pw, kj, &lo, &hi);
+                for (int i = 0; i < ho; i++) {
+                    int    ih  = i * p->sh - p->ph + ki;
+                    float *dst = row + (size_t)i * wo;
+                    if (ih < 0 || ih >= h) {
+                        memset(dst, 0, sizeof(float) * (size_t)wo);
+                        continue;
+                    }
+                    const float *src = x + ((size_t)c * h + ih) * w - p->pw + kj;
+                    for (int j = 0; j < lo; j++)
+                        dst[j] = 0.0f;
+                    for (int j = lo; j < hi; j++)
+                        dst[j] = src[(size_t)j * p->sw];
+                    for (int j = hi; j < wo; j++)
+                        dst[j] = 0.0f;
+                }
+            }
+}
+
+// The adjoint: dx (zeroed first) += the columns scattered back.
+DT_CLONES static void col2im(const dt_nn_conv2d *p, const float *col, int h, int w, int ho, int wo,
+                             float *dx) {
+    memset(dx, 0, sizeof(float) * (size_t)p->cin * h * w);
+    for (int c = 0; c < p->cin; c++)
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++) {
+                const float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ho * wo;
+                int          lo, hi;
+                inside(wo, w, p->sw, p->pw, kj, &lo, &hi);
+                for (int i = 0; i < ho; i++) {
+                    int ih = i * p->sh - p->ph + ki;
+                    if (ih < 0 || ih >= h)
+                        continue;
+                    const float *src = row + (size_t)i * wo;
+                    float       *dst = dx + ((size_t)c * h + ih) * w - p->pw + kj;
+                    for (int j = lo; j < hi; j++)
+                        dst[(size_t)j * p->sw] += src[j];
+                }
+            }
+}
+
+void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                          const float *wt, const float *b, float *y, float *scratch) {
+    int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
+    int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
+    for (int s = 0; s < n; s++) {
+        float *ys = y + (size_t)s * p->cout * hw;
+        im2col(p, x + (size_t)s * p->cin * h * w, h, w, ho, wo, scratch);
+        // per group: y (cog, hw) = W_g (cog, kg) x col_g (kg, hw)
+        for (int gi = 0; gi < g; gi++)
+            dt_sgemm(false, false, cog, hw, kg, 1.0f, wt + (size_t)gi * cog * kg, kg,
+                     scratch + (size_t)gi * kg * hw, hw, 0.0f, ys + (size_t)gi * cog * hw, hw);
+        if (p->bias)
+            for (int o = 0; o < p->cout; o++)
+                for (int j = 0; j < hw; j++)
+                    ys[(size_t)o * hw + j] += b[o];
+    }
+}
+
+void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                           const float *wt, const float *dy, float *dx, float *dw, float *db,
+                           float *scratch) {
+    int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
+    int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
+    for (int s = 0; s < n; s++) {
+        const float *dys = dy + (size_t)s * p->cout * hw;
+        if (p->bias && db)
+            for (int o = 0; o < p->cout; o++) {
+                double acc = 0.0;
+                for (int j = 0; j < hw; j++)
+                    acc += dys[(size_t)o * hw + j];
+                db[o] += (float)acc;
+            }
+        im2col(p, x + (size_t)s * p->cin * h * w, h, w, ho, wo, scratch);
+        // dW_g (cog, kg) += dy_g (cog, hw) x col_g^T (hw, kg)
+        for (int gi = 0; gi < g; gi++)
+            dt_sgemm(false, true, cog, kg, hw, 1.0f, dys + (size_t)gi * cog * hw, hw,
+                     scratch + (size_t)gi * kg * hw, hw, 1.0f, dw + (size_t)gi * cog * kg, kg);
+        if (!dx)
+            continue;
+        // dcol_g (kg, hw) = W_g^T (kg, cog) x dy_g (cog, hw), scattered back
+        for (int gi = 0; gi < g; gi++)
+            dt_sgemm(true, false, kg, hw, cog, 1.0f, wt + (size_t)gi * cog * kg, kg,
+                     dys + (size_t)gi * cog * hw, hw, 0.0f, scratch + (size_t)gi * kg * hw, hw);
+        col2im(p, scratch, h, w, ho, wo, dx + (size_t)s * p->cin * h * w);
+    }
+}
+
+// ------------------------------------------------------------------------------ Linear
+
+void dt_nn_linear_init(int in, int out, dt_rng *rng, float *w, float *b) {
+    float bound = 1.0f / sqrtf((float)in);
+    uniform_fill(rng, w, (size_t)in * out, bound);
+    if (b)
+        uniform_fill(rng, b, (size_t)out, bound);
+}
+
+void dt_nn_linear_forward(int n, int in, int out, const float *x, const float *w, const float *b,
+                          float *y) {
+    if (n < 1)
+        return;
+    if (b)
+        for (int s = 0; s < n; s++)
+            memcpy(y + (size_t)s * out, b, sizeof(float) * (size_t)out);
+    // y (n, out) = x (n, in) x W^T (in, out) (+ y)
+    dt_sgemm(false, true, n, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
+}
+
+void dt_nn_linear_backward(int n, int in, int out, const float *x, const float *w, const float *dy,
+                           float *dx, float *dw, float *db) {
+    if (n < 1)
+        return;
+    // dW (out, in) += dy^T (out, n) x x (n, in)
+    dt_sgemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (db)
+        for (int o = 0; o < out; o++) {
+            double acc = 0.0;
+            for (int s = 0; s < n; s++)
+                acc += dy[(size_t)s * out + o];
+            db[o] += (float)acc;
+        }
+    if (dx) // dx (n, in) = dy (n, out) x W (out, in)
+        dt_sgemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}
