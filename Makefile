@@ -119,7 +119,7 @@ TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data
                  $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model%,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
-PROG_DIRS := $(foreach d,examples/mnist tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
+PROG_DIRS := $(foreach d,examples/mnist tools/dtrun bench/dtrain-bench bench/ops-bench,$(if $(wildcard $d/*.c),$d))
 PROG_NAME  = $(if $(filter examples/mnist,$1),dtrain-mnist,$(notdir $1))
 PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 

@@ -1,7 +1,10 @@
 // ops_act.c: element-wise activations, softmax over the last dimension, the residual
-// add and Embedding (ops.h). Memory-bound loops; DT_CLONES gives them wide versions.
-#include "core/simd.h"
+// add and Embedding (ops.h). Memory-bound loops; DT_CLONES gives them wide versions, and
+// the exponentials (tanh-GELU, sigmoid, SiLU, softmax) go through dt_vexp16, sixteen
+// lanes at a time. Tanh keeps libm's tanhf: 1 - 2/(e^2x + 1) would lose the relative
+// accuracy of tanh near 0; inside GELU only the absolute error matters (x/2 (1 + tanh)).
 #include "nn/ops.h"
+#include "nn/ops_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -11,11 +14,27 @@
 #define INV_SQRT_2PI   0.3989422804014327f
 #define GELU_CUBIC     0.044715f
 
+// tanh u = 1 - 2 / (e^2u + 1): exact at the ends (e^2u = 0 or saturated), absolute
+// error ~1e-7 near 0.
+DT_VINLINE dt_v16f vtanh16(dt_v16f u) {
+    return 1.0f - 2.0f / (dt_vexp16(2.0f * u) + 1.0f);
+}
+
+DT_VINLINE dt_v16f vsigmoid16(dt_v16f x) {
+    return 1.0f / (1.0f + dt_vexp16(-x));
+}
+
 DT_CLONES void dt_nn_gelu_forward(size_t n, bool tanh_approx, const float *x, float *y) {
     if (tanh_approx) {
-        for (size_t i = 0; i < n; i++) {
-            float v = x[i];
-            y[i]    = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)));
+        for (size_t i = 0; i < n; i += 16) {
+            size_t  len = n - i < 16 ? n - i : 16;
+            dt_v16f v   = len == 16 ? dt_load16(x + i) : dt_load16_part(x + i, len);
+            dt_v16f t   = vtanh16(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v));
+            dt_v16f r   = 0.5f * v * (1.0f + t);
+            if (len == 16)
+                dt_store16(y + i, r);
+            else
+                dt_store16_part(y + i, r, len);
         }
     } else {
         for (size_t i = 0; i < n; i++)
@@ -28,12 +47,18 @@ DT_CLONES void dt_nn_gelu_forward(size_t n, bool tanh_approx, const float *x, fl
 DT_CLONES void dt_nn_gelu_backward(size_t n, bool tanh_approx, const float *x, const float *dy,
                                    float *dx) {
     if (tanh_approx) {
-        for (size_t i = 0; i < n; i++) {
-            float v = x[i], v2 = v * v;
-            float t = tanhf(SQRT_2_OVER_PI * (v + GELU_CUBIC * v2 * v));
-            float g = 0.5f * (1.0f + t) +
-                      0.5f * v * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * v2);
-            dx[i] = dy[i] * g;
+        for (size_t i = 0; i < n; i += 16) {
+            size_t  len = n - i < 16 ? n - i : 16;
+            dt_v16f v   = len == 16 ? dt_load16(x + i) : dt_load16_part(x + i, len);
+            dt_v16f d   = len == 16 ? dt_load16(dy + i) : dt_load16_part(dy + i, len);
+            dt_v16f v2  = v * v;
+            dt_v16f t   = vtanh16(SQRT_2_OVER_PI * (v + GELU_CUBIC * v2 * v));
+            dt_v16f g   = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * SQRT_2_OVER_PI *
+                                                (1.0f + 3.0f * GELU_CUBIC * v2);
+            if (len == 16)
+                dt_store16(dx + i, d * g);
+            else
+                dt_store16_part(dx + i, d * g, len);
         }
     } else {
         for (size_t i = 0; i < n; i++) {
@@ -55,17 +80,15 @@ DT_CLONES void dt_nn_tanh_backward(size_t n, const float *y, const float *dy, fl
         dx[i] = dy[i] * (1.0f - y[i] * y[i]);
 }
 
-// 1/(1 + e^-x) for x >= 0 and e^x/(1 + e^x) below: exp never overflows.
-static inline float sigmoid(float x) {
-    if (x >= 0.0f)
-        return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
-
+// 1/(1 + e^-x): e^-x saturates at e^88 for x < -88, where sigmoid is below 1e-38.
 DT_CLONES void dt_nn_sigmoid_forward(size_t n, const float *x, float *y) {
-    for (size_t i = 0; i < n; i++)
-        y[i] = sigmoid(x[i]);
+    for (size_t i = 0; i < n; i += 16) {
+        size_t len = n - i < 16 ? n - i : 16;
+        if (len == 16)
+            dt_store16(y + i, vsigmoid16(dt_load16(x + i)));
+        else
+            dt_store16_part(y + i, vsigmoid16(dt_load16_part(x + i, len)), len);
+    }
 }
 
 DT_CLONES void dt_nn_sigmoid_backward(size_t n, const float *y, const float *dy, float *dx) {
@@ -74,15 +97,20 @@ DT_CLONES void dt_nn_sigmoid_backward(size_t n, const float *y, const float *dy,
 }
 
 DT_CLONES void dt_nn_silu_forward(size_t n, const float *x, float *y) {
-    for (size_t i = 0; i < n; i++)
-        y[i] = x[i] * sigmoid(x[i]);
+    for (size_t i = 0; i < n; i += 16) {
+        size_t  len = n - i < 16 ? n - i : 16;
+        dt_v16f v   = len == 16 ? dt_load16(x + i) : dt_load16_part(x + i, len);
+        dt_store16_part(y + i, v * vsigmoid16(v), len);
+    }
 }
 
 // d/dx x s(x) = s (1 + x (1 - s))
 DT_CLONES void dt_nn_silu_backward(size_t n, const float *x, const float *dy, float *dx) {
-    for (size_t i = 0; i < n; i++) {
-        float s = sigmoid(x[i]);
-        dx[i]   = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+    for (size_t i = 0; i < n; i += 16) {
+        size_t  len = n - i < 16 ? n - i : 16;
+        dt_v16f v = dt_load16_part(x + i, len), d = dt_load16_part(dy + i, len);
+        dt_v16f s = vsigmoid16(v);
+        dt_store16_part(dx + i, d * s * (1.0f + v * (1.0f - s)), len);
     }
 }
 
@@ -90,15 +118,10 @@ DT_CLONES void dt_nn_softmax_forward(int rows, int d, const float *x, float *y) 
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * d;
         float       *yr = y + (size_t)r * d;
-        float        m  = -INFINITY;
-        for (int i = 0; i < d; i++)
-            m = xr[i] > m ? xr[i] : m;
-        float s = 0.0f;
-        for (int i = 0; i < d; i++) {
-            yr[i] = expf(xr[i] - m);
-            s += yr[i];
-        }
-        float inv = 1.0f / s;
+        if (yr != xr)
+            memcpy(yr, xr, sizeof(float) * (size_t)d);
+        float m   = dt_vmax_row(yr, (size_t)d);
+        float inv = 1.0f / dt_vexp_row(yr, (size_t)d, m);
         for (int i = 0; i < d; i++)
             yr[i] *= inv;
     }

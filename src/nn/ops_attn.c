@@ -14,6 +14,7 @@
 // of c_attn is read in place.
 #include "nn/blas.h"
 #include "nn/ops.h"
+#include "nn/ops_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -33,8 +34,8 @@ static int min_int(int a, int b) {
 }
 
 // One (sample, head): q, k, v rows ld apart, y rows yld apart, lse T floats.
-static void head_forward(int T, int d, int ld, int yld, const float *q, const float *k,
-                         const float *v, float *y, float *lse, float *scratch) {
+DT_CLONES static void head_forward(int T, int d, int ld, int yld, const float *q, const float *k,
+                                   const float *v, float *y, float *lse, float *scratch) {
     float  scale = 1.0f / sqrtf((float)d);
     float *S = scratch, *acc = S + BLOCK * BLOCK, *m = acc + BLOCK * d, *l = m + BLOCK;
     for (int i0 = 0; i0 < T; i0 += BLOCK) {
@@ -52,14 +53,10 @@ static void head_forward(int T, int d, int ld, int yld, const float *q, const fl
             for (int r = 0; r < bq; r++) {
                 float *row  = S + (size_t)r * BLOCK;
                 int    last = min_int(bk, i0 + r - j0 + 1); // keys s <= t = i0 + r
-                float  mx   = m[r];
-                for (int c = 0; c < last; c++)
-                    mx = row[c] > mx ? row[c] : mx;
-                float corr = expf(m[r] - mx), sum = 0.0f; // exp(-inf) = 0 on the first block
-                for (int c = 0; c < last; c++) {
-                    row[c] = expf(row[c] - mx);
-                    sum += row[c];
-                }
+                float  mx   = dt_vmax_row(row, (size_t)last);
+                mx          = m[r] > mx ? m[r] : mx;
+                float corr  = expf(m[r] - mx); // exp(-inf) = 0 on the first block
+                float sum   = dt_vexp_row(row, (size_t)last, mx);
                 for (int c = last; c < bk; c++)
                     row[c] = 0.0f;
                 m[r] = mx;
@@ -98,9 +95,10 @@ static void zero_rows(float *x, int rows, int d, int ld) {
         memset(x + (size_t)r * ld, 0, sizeof(float) * (size_t)d);
 }
 
-static void head_backward(int T, int d, int ld, int yld, const float *q, const float *k,
-                          const float *v, const float *y, const float *lse, const float *dy,
-                          float *dq, float *dk, float *dv, float *scratch) {
+DT_CLONES static void head_backward(int T, int d, int ld, int yld, const float *q, const float *k,
+                                    const float *v, const float *y, const float *lse,
+                                    const float *dy, float *dq, float *dk, float *dv,
+                                    float *scratch) {
     float  scale = 1.0f / sqrtf((float)d);
     float *P = scratch, *dP = P + BLOCK * BLOCK, *D = dP + BLOCK * BLOCK;
     zero_rows(dq, T, d, ld);
@@ -123,10 +121,8 @@ static void head_backward(int T, int d, int ld, int yld, const float *q, const f
             for (int r = 0; r < bq; r++) {
                 float *row  = P + (size_t)r * BLOCK;
                 int    last = min_int(bk, i0 + r - j0 + 1);
-                float  L    = lse[i0 + r];
-                for (int c = 0; c < last; c++)
-                    row[c] = expf(row[c] - L);
-                for (int c = last < 0 ? 0 : last; c < bk; c++)
+                dt_vexp_row(row, (size_t)last, lse[i0 + r]);
+                for (int c = last; c < bk; c++)
                     row[c] = 0.0f;
             }
             // dV_j (bk, d) += P^T (bk, bq) dY_i (bq, d)

@@ -90,8 +90,11 @@ DT_CLONES static void im2col(const dt_nn_conv2d *p, const float *x, int h, int w
                     const float *src = x + ((size_t)c * h + ih) * w - p->pw + kj;
                     for (int j = 0; j < lo; j++)
                         dst[j] = 0.0f;
-                    for (int j = lo; j < hi; j++)
-                        dst[j] = src[(size_t)j * p->sw];
+                    if (p->sw == 1)
+                        memcpy(dst + lo, src + lo, sizeof(float) * (size_t)(hi - lo));
+                    else
+                        for (int j = lo; j < hi; j++)
+                            dst[j] = src[(size_t)j * p->sw];
                     for (int j = hi; j < wo; j++)
                         dst[j] = 0.0f;
                 }
@@ -114,8 +117,12 @@ DT_CLONES static void col2im(const dt_nn_conv2d *p, const float *col, int h, int
                         continue;
                     const float *src = row + (size_t)i * wo;
                     float       *dst = dx + ((size_t)c * h + ih) * w - p->pw + kj;
-                    for (int j = lo; j < hi; j++)
-                        dst[(size_t)j * p->sw] += src[j];
+                    if (p->sw == 1)
+                        for (int j = lo; j < hi; j++)
+                            dst[j] += src[j];
+                    else
+                        for (int j = lo; j < hi; j++)
+                            dst[(size_t)j * p->sw] += src[j];
                 }
             }
 }

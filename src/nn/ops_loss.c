@@ -1,6 +1,8 @@
 // ops_loss.c: MSE, L1, BCE-with-logits and cross-entropy with ignore_index and label
-// smoothing, mean reduction (ops.h). Sums in double; gradients of the mean loss.
+// smoothing, mean reduction (ops.h). Sums over elements and rows in double; within a
+// row of logits, float vectors (dt_vexp16) with the row's maximum subtracted first.
 #include "nn/ops.h"
+#include "nn/ops_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -42,6 +44,38 @@ float dt_nn_bce_logits_loss(size_t n, const float *x, const float *t, float *dx)
     return n ? (float)(s / (double)n) : 0.0f;
 }
 
+static double row_sum(const float *x, int k) {
+    double s = 0.0;
+    for (int i = 0; i < k; i++)
+        s += x[i];
+    return s;
+}
+
+// log sum_i e^x[i], as max + log sum e^(x - max)
+DT_CLONES static double row_lse(const float *x, int k) {
+    float   m   = dt_vmax_row(x, (size_t)k);
+    dt_v16f acc = dt_splat16(0.0f), mv = dt_splat16(m);
+    int     i = 0;
+    for (; i + 16 <= k; i += 16)
+        acc += dt_vexp16(dt_load16(x + i) - mv);
+    float z = dt_hsum16(acc);
+    for (; i < k; i++) {
+        dt_v16f e = dt_vexp16(dt_splat16(x[i] - m));
+        z += e[0];
+    }
+    return (double)m + log((double)z);
+}
+
+// d = (e^(x - lse) - smooth) * inv, then d[t] -= hot
+DT_CLONES static void row_grad(const float *x, int k, float lse, float smooth, float inv, float *d,
+                               int t, float hot) {
+    memcpy(d, x, sizeof(float) * (size_t)k);
+    dt_vexp_row(d, (size_t)k, lse);
+    for (int i = 0; i < k; i++)
+        d[i] = (d[i] - smooth) * inv;
+    d[t] -= hot;
+}
+
 dt_status dt_nn_cross_entropy(int n, int k, const float *logits, const int32_t *target,
                               int ignore_index, float label_smoothing, float *loss,
                               float *dlogits) {
@@ -73,22 +107,13 @@ dt_status dt_nn_cross_entropy(int n, int k, const float *logits, const int32_t *
                 memset(d, 0, sizeof(float) * (size_t)k);
             continue;
         }
-        float m = x[0];
-        for (int i = 1; i < k; i++)
-            m = x[i] > m ? x[i] : m;
-        double z = 0.0, sx = 0.0;
-        for (int i = 0; i < k; i++) {
-            z += exp((double)x[i] - m);
-            sx += x[i];
-        }
-        double lse = m + log(z);
+        double sx  = ls > 0 ? row_sum(x, k) : 0.0;
+        double lse = row_lse(x, k);
         // -log p[t] = lse - x[t]; sum_j -log p[j] = k lse - sum_j x[j]
         sum += (1.0 - ls) * (lse - x[target[s]]) + ls / k * (k * lse - sx);
-        if (d) { // (softmax - (1 - ls) onehot - ls/k) / counted
-            for (int i = 0; i < k; i++)
-                d[i] = (float)((exp((double)x[i] - lse) - ls / k) * inv);
-            d[target[s]] -= (float)((1.0 - ls) * inv);
-        }
+        if (d) // (softmax - (1 - ls) onehot - ls/k) / counted
+            row_grad(x, k, (float)lse, (float)(ls / k), (float)inv, d, target[s],
+                     (float)((1.0 - ls) * inv));
     }
     *loss = (float)(sum * inv);
     return DT_OK;
