@@ -190,13 +190,17 @@ void dt_nn_adaptive_avgpool2d_backward(int n, int c, int h, int w, int ho, int w
 //     y[b, t, h*d:(h+1)*d] = sum over s <= t of softmax_s(q_t . k_s / sqrt(d)) v_s.
 // q, k, v rows are `ld` floats apart (ld = C for separate tensors, 3C for the packed
 // output of c_attn with k = q + C, v = q + 2C); y and dy are (B, T, C).
-// Computed blockwise with an online softmax: at most one block x block tile of scores
-// per call is ever held; forward saves the log-sum-exp of each row, lse (B, H, T), and
-// backward recomputes the probabilities tile by tile (flash attention).
-int    dt_nn_attn_block(void); // the tile size, 64
-size_t dt_nn_attn_scratch(int d);
-void   dt_nn_attn_forward(int B, int T, int C, int H, int ld, const float *q, const float *k,
-                          const float *v, float *y, float *lse, float *scratch);
+// Computed blockwise with an online softmax: forward holds one block x block tile of
+// scores at a time (never the T x T matrix) and saves the log-sum-exp of each row,
+// lse (B, H, T); backward recomputes the probabilities tile by tile (flash attention),
+// holding two tiles (probabilities and their gradient). Scratch is per call: threads
+// that split (sample, head) pairs each need their own. Single-threaded per call.
+int dt_nn_attn_block(void); // the tile size, 64
+// DT_ERR_ARG unless B, T, C, H >= 1, H divides C and ld >= C.
+dt_status dt_nn_attn_check(int B, int T, int C, int H, int ld);
+size_t    dt_nn_attn_scratch(int d);
+void      dt_nn_attn_forward(int B, int T, int C, int H, int ld, const float *q, const float *k,
+                             const float *v, float *y, float *lse, float *scratch);
 // dq, dk, dv (row stride ld) are written; dq may share the packed buffer with dk, dv.
 void dt_nn_attn_backward(int B, int T, int C, int H, int ld, const float *q, const float *k,
                          const float *v, const float *y, const float *lse, const float *dy,

@@ -25,6 +25,15 @@ int dt_nn_attn_block(void) {
     return BLOCK;
 }
 
+dt_status dt_nn_attn_check(int B, int T, int C, int H, int ld) {
+    if (B < 1 || T < 1 || C < 1 || H < 1 || C % H || ld < C)
+        return dt_fail(DT_ERR_ARG,
+                       "attention: expected B, T, C, heads >= 1, heads dividing C and a row "
+                       "stride >= C, found B %d, T %d, C %d, heads %d, stride %d",
+                       B, T, C, H, ld);
+    return DT_OK;
+}
+
 size_t dt_nn_attn_scratch(int d) {
     return 2 * (size_t)BLOCK * BLOCK + (size_t)BLOCK * d + 2 * BLOCK;
 }

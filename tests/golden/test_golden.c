@@ -430,6 +430,7 @@ static void attn_case(const char *name) {
 static void test_attention(void) {
     attn_case("attention");
     attn_case("attention_short");
+    CHECK_ERR(dt_nn_attn_check(1, 8, 10, 3, 10), DT_ERR_ARG, "heads 3");
 }
 
 typedef float (*pointwise_loss)(size_t, const float *, const float *, float *);
