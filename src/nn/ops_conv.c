@@ -6,8 +6,15 @@
 // Per sample, one column matrix (cin*kh*kw, ho*wo) is built (it stays in L2 for the
 // shapes of the ResNet workload: 144 x 784 floats at most) and each group is one GEMM
 // over its rows. Backward rebuilds the columns rather than keeping them from forward.
+//
+// Stride 1 without groups, on CPUs with AVX-512 (dt_nn_want_direct: DT_CONV=gemm|direct
+// overrides), skips the column matrix: in the "wide" layout of conv2d.c (output
+// positions indexed over the padded input's width wp) each im2col row is the slice
+// xp + c*plane + ki*wp + kj of the padded input, so forward, weight gradient and input
+// gradient are dtrain's shifted GEMMs (shifted.c) reading the input in place.
 #include "core/simd.h"
 #include "nn/blas.h"
+#include "nn/nn_impl.h"
 #include "nn/ops.h"
 
 #include <math.h>
@@ -41,10 +48,47 @@ size_t dt_nn_conv2d_weight_count(const dt_nn_conv2d *p) {
     return (size_t)p->cout * (size_t)(p->cin / p->groups) * (size_t)p->kh * (size_t)p->kw;
 }
 
+// The wide layout of one sample (see conv2d.c): padded input planes of hp x wp, n wide
+// output positions, gradient rows with `margin` zeros in front so that every shifted
+// read of the input gradient stays inside its row of ld floats.
+typedef struct wide {
+    int    hp, wp, n, margin;
+    size_t plane, ld;
+} wide;
+
+static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
+    wide g;
+    g.hp     = h + 2 * p->ph;
+    g.wp     = w + 2 * p->pw;
+    g.plane  = (size_t)g.hp * g.wp;
+    g.n      = (g.hp - p->kh + 1) * g.wp - (p->kw - 1);
+    g.margin = (p->kh - 1) * g.wp + (p->kw - 1);
+    g.ld     = (size_t)g.margin + g.plane;
+    return g;
+}
+
+static bool use_direct(const dt_nn_conv2d *p) {
+    return p->sh == 1 && p->sw == 1 && p->groups == 1 && dt_nn_want_direct();
+}
+
+// padded input, wide output/gradient rows, transposed weights, then the two offset
+// tables (ints, stored in float slots)
+static size_t direct_scratch(const dt_nn_conv2d *p, int h, int w) {
+    wide   g  = wide_geom(p, h, w);
+    size_t kk = (size_t)p->kh * p->kw;
+    return (size_t)p->cin * g.plane + (size_t)p->cout * g.ld + (size_t)p->cin * p->cout * kk +
+           (size_t)p->cin * kk + (size_t)p->cout * kk;
+}
+
 size_t dt_nn_conv2d_scratch(const dt_nn_conv2d *p, int h, int w) {
-    size_t ho = (size_t)out_len(h, p->ph, p->kh, p->sh),
-           wo = (size_t)out_len(w, p->pw, p->kw, p->sw);
-    return (size_t)p->cin * p->kh * p->kw * ho * wo;
+    size_t ho   = (size_t)out_len(h, p->ph, p->kh, p->sh),
+           wo   = (size_t)out_len(w, p->pw, p->kw, p->sw);
+    size_t cols = (size_t)p->cin * p->kh * p->kw * ho * wo;
+    if (p->sh == 1 && p->sw == 1 && p->groups == 1) { // either path, whatever DT_CONV says
+        size_t d = direct_scratch(p, h, w);
+        return d > cols ? d : cols;
+    }
+    return cols;
 }
 
 static void uniform_fill(dt_rng *rng, float *x, size_t n, float bound) {
@@ -127,8 +171,120 @@ DT_CLONES static void col2im(const dt_nn_conv2d *p, const float *col, int h, int
             }
 }
 
+// ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
+
+typedef struct direct {
+    wide   g;
+    float *xp, *ext, *wt;
+    int   *off_f, *off_b; // forward: input slices; backward: gradient-row slices
+} direct;
+
+static direct direct_layout(const dt_nn_conv2d *p, int h, int w, float *scratch) {
+    direct d;
+    int    kk = p->kh * p->kw;
+    d.g       = wide_geom(p, h, w);
+    d.xp      = scratch;
+    d.ext     = d.xp + (size_t)p->cin * d.g.plane;
+    d.wt      = d.ext + (size_t)p->cout * d.g.ld;
+    d.off_f   = (int *)(void *)(d.wt + (size_t)p->cin * p->cout * kk);
+    d.off_b   = d.off_f + (size_t)p->cin * kk;
+    for (int c = 0; c < p->cin; c++)
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++)
+                d.off_f[(c * p->kh + ki) * p->kw + kj] =
+                    (int)((size_t)c * d.g.plane) + ki * d.g.wp + kj;
+    for (int o = 0; o < p->cout; o++)
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++)
+                d.off_b[(o * p->kh + ki) * p->kw + kj] =
+                    (int)((size_t)o * d.g.ld) + d.g.margin - ki * d.g.wp - kj;
+    return d;
+}
+
+// x (C, H, W) into the middle of the zeroed padded planes
+static void pad_planes(const float *x, int c, int h, int w, int ph, int pw, wide g, float *xp) {
+    memset(xp, 0, sizeof(float) * (size_t)c * g.plane);
+    for (int ch = 0; ch < c; ch++)
+        for (int i = 0; i < h; i++)
+            memcpy(xp + (size_t)ch * g.plane + (size_t)(i + ph) * g.wp + pw,
+                   x + ((size_t)ch * h + i) * w, sizeof(float) * (size_t)w);
+}
+
+static void direct_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                           const float *wt, const float *b, float *y, float *scratch) {
+    direct d  = direct_layout(p, h, w, scratch);
+    int    ho = d.g.hp - p->kh + 1, wo = d.g.wp - p->kw + 1;
+    for (int s = 0; s < n; s++) {
+        pad_planes(x + (size_t)s * p->cin * h * w, p->cin, h, w, p->ph, p->pw, d.g, d.xp);
+        // ext[o][q] = sum over (c, ki, kj) of w[o][c][ki][kj] * xp[c][q + ki*wp + kj]
+        dt_nn_shifted_gemm(d.xp, d.off_f, p->cin * p->kh * p->kw, wt, p->cout, d.g.n, d.ext, d.g.ld,
+                           false);
+        float *ys = y + (size_t)s * p->cout * ho * wo;
+        for (int o = 0; o < p->cout; o++) {
+            float bo = p->bias ? b[o] : 0.0f;
+            for (int i = 0; i < ho; i++) {
+                const float *src = d.ext + (size_t)o * d.g.ld + (size_t)i * d.g.wp;
+                float       *dst = ys + ((size_t)o * ho + i) * wo;
+                for (int j = 0; j < wo; j++)
+                    dst[j] = src[j] + bo;
+            }
+        }
+    }
+}
+
+static void direct_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                            const float *wt, const float *dy, float *dx, float *dw, float *db,
+                            float *scratch) {
+    direct d  = direct_layout(p, h, w, scratch);
+    int    ho = d.g.hp - p->kh + 1, wo = d.g.wp - p->kw + 1, kk = p->kh * p->kw;
+    // zero gradient rows: margins, dropped columns and the tail stay zero throughout
+    memset(d.ext, 0, sizeof(float) * (size_t)p->cout * d.g.ld);
+    if (dx) // wt[c][(o, ki, kj)] = w[o][c][ki][kj]
+        for (int o = 0; o < p->cout; o++)
+            for (int c = 0; c < p->cin; c++)
+                memcpy(d.wt + (size_t)c * p->cout * kk + (size_t)o * kk,
+                       wt + ((size_t)o * p->cin + c) * kk, sizeof(float) * (size_t)kk);
+    for (int s = 0; s < n; s++) {
+        const float *dys = dy + (size_t)s * p->cout * ho * wo;
+        for (int o = 0; o < p->cout; o++) {
+            float *row = d.ext + (size_t)o * d.g.ld + d.g.margin;
+            double acc = 0.0;
+            for (int i = 0; i < ho; i++) {
+                const float *src = dys + ((size_t)o * ho + i) * wo;
+                memcpy(row + (size_t)i * d.g.wp, src, sizeof(float) * (size_t)wo);
+                for (int j = 0; j < wo; j++)
+                    acc += src[j];
+            }
+            if (p->bias && db)
+                db[o] += (float)acc;
+        }
+        pad_planes(x + (size_t)s * p->cin * h * w, p->cin, h, w, p->ph, p->pw, d.g, d.xp);
+        // dw[o][(c, ki, kj)] += sum_q ext[o][q] * xp[c][q + ki*wp + kj]
+        dt_nn_shifted_gemm_nt(d.ext + d.g.margin, d.g.ld, p->cout, d.xp, d.off_f, p->cin * kk,
+                              d.g.n, dw);
+        if (!dx)
+            continue;
+        // dxp[c][q] = sum over (o, ki, kj) of w[o][c][ki][kj] * ext[o][q - ki*wp - kj]; the
+        // padded input is no longer needed, so its planes take the result
+        dt_nn_shifted_gemm(d.ext, d.off_b, p->cout * kk, d.wt, p->cin, (int)d.g.plane, d.xp,
+                           d.g.plane, false);
+        float *dxs = dx + (size_t)s * p->cin * h * w;
+        for (int c = 0; c < p->cin; c++)
+            for (int i = 0; i < h; i++)
+                memcpy(dxs + ((size_t)c * h + i) * w,
+                       d.xp + (size_t)c * d.g.plane + (size_t)(i + p->ph) * d.g.wp + p->pw,
+                       sizeof(float) * (size_t)w);
+    }
+}
+
+// ------------------------------------------------------------------ any shape: im2col
+
 void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                           const float *wt, const float *b, float *y, float *scratch) {
+    if (use_direct(p)) {
+        direct_forward(p, n, h, w, x, wt, b, y, scratch);
+        return;
+    }
     int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
     int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
     for (int s = 0; s < n; s++) {
@@ -148,6 +304,10 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
 void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                            const float *wt, const float *dy, float *dx, float *dw, float *db,
                            float *scratch) {
+    if (use_direct(p)) {
+        direct_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        return;
+    }
     int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
     int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
     for (int s = 0; s < n; s++) {

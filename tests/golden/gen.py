@@ -221,6 +221,8 @@ def main():
     conv2d("conv2d_groups", 2, 4, 6, 5, 5, (3, 3), (1, 1), (1, 1), 2, False)
     conv2d("conv2d_depthwise", 3, 4, 4, 6, 7, (1, 3), (1, 2), (0, 1), 4, True)
     conv2d("conv2d_1x1_s2", 2, 5, 3, 7, 7, (1, 1), (2, 2), (0, 0), 1, False)
+    conv2d("conv2d_s1_rect", 2, 3, 5, 6, 7, (3, 2), (1, 1), (1, 1), 1, True)
+    conv2d("conv2d_s1_5x5", 1, 2, 17, 9, 20, (5, 5), (1, 1), (2, 2), 1, False)
     linear("linear_bias", 5, 7, 3, True)
     linear("linear_nobias", 4, 9, 6, False)
     batchnorm("bn2d_train", (3, 4, 5, 3), True)

@@ -196,11 +196,21 @@ static void conv_case(const char *name) {
     fixture_free(&f);
 }
 
+// Every case on both paths: im2col + OpenBLAS, and (stride 1 without groups) the
+// shifted-GEMM kernels that AVX-512 CPUs take by default.
 static void test_conv2d(void) {
-    conv_case("conv2d_rect");
-    conv_case("conv2d_groups");
-    conv_case("conv2d_depthwise");
-    conv_case("conv2d_1x1_s2");
+    const char *cases[] = {"conv2d_rect",   "conv2d_groups",  "conv2d_depthwise",
+                           "conv2d_1x1_s2", "conv2d_s1_rect", "conv2d_s1_5x5"};
+    const char *saved   = getenv("DT_CONV");
+    for (int path = 0; path < 2; path++) {
+        setenv("DT_CONV", path ? "direct" : "gemm", 1);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            conv_case(cases[i]);
+    }
+    if (saved)
+        setenv("DT_CONV", saved, 1);
+    else
+        unsetenv("DT_CONV");
 }
 
 static void linear_case(const char *name) {

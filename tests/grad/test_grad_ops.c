@@ -179,6 +179,13 @@ static void test_conv2d(void) {
               2, 6, 5);
     conv_case("conv2d groups 2", (dt_nn_conv2d){4, 6, 3, 3, 1, 1, 1, 1, 2, false}, 2, 5, 4);
     conv_case("conv2d depthwise 1x3", (dt_nn_conv2d){3, 3, 1, 3, 1, 2, 0, 1, 3, true}, 1, 4, 7);
+    // stride 1 without groups, on both paths (im2col, and shifted GEMMs)
+    for (int path = 0; path < 2; path++) {
+        setenv("DT_CONV", path ? "direct" : "gemm", 1);
+        conv_case(path ? "conv2d 3x2 stride 1, direct" : "conv2d 3x2 stride 1, gemm",
+                  (dt_nn_conv2d){3, 9, 3, 2, 1, 1, 1, 1, 1, true}, 2, 5, 6);
+    }
+    unsetenv("DT_CONV");
 }
 
 // ------------------------------------------------------------------------------ Linear
