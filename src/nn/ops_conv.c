@@ -3,9 +3,10 @@
 // kernels of conv2d.c serve the seed's square stride-1 shapes inside dt_model, and the
 // graph may route such shapes to them later.
 //
-// Per sample, one column matrix (cin*kh*kw, ho*wo) is built (it stays in L2 for the
-// shapes of the ResNet workload: 144 x 784 floats at most) and each group is one GEMM
-// over its rows. Backward rebuilds the columns rather than keeping them from forward.
+// A column matrix (cin*kh*kw, S*ho*wo) is built for S samples at a time, S such that
+// about 1024 columns make one GEMM per group (S = 1 from 32x32 images up; it stays in L2
+// for the shapes of the ResNet workload: 144 x 1024 floats at most). Backward rebuilds
+// the columns rather than keeping them from forward.
 //
 // Stride 1 without groups, on CPUs with AVX-512 (dt_nn_want_direct: DT_CONV=gemm|direct
 // overrides), skips the column matrix: in the "wide" layout of conv2d.c (output
@@ -90,10 +91,25 @@ static size_t direct_scratch(const dt_nn_conv2d *p, int h, int w) {
            (size_t)p->cin * kk + (size_t)p->cout * kk;
 }
 
+// Samples per GEMM on the im2col path: small images (the ResNet's 14x14 and 7x7 stages)
+// make thin GEMMs (49 columns per sample at 7x7), so several samples' columns sit side by
+// side, about 1024 columns in all, and one GEMM covers them.
+static int chunk_samples(int hw) {
+    int s = (1024 + hw - 1) / hw;
+    return s < 1 ? 1 : s > 64 ? 64 : s;
+}
+
+// columns (kg*groups, S*hw), and with S > 1 the staged output or gradient (cout, S*hw)
+static size_t batched_scratch(const dt_nn_conv2d *p, int hw) {
+    size_t cols = (size_t)chunk_samples(hw) * hw;
+    return (size_t)p->cin * p->kh * p->kw * cols +
+           (chunk_samples(hw) > 1 ? (size_t)p->cout * cols : 0);
+}
+
 size_t dt_nn_conv2d_scratch(const dt_nn_conv2d *p, int h, int w) {
     size_t ho   = (size_t)out_len(h, p->ph, p->kh, p->sh),
            wo   = (size_t)out_len(w, p->pw, p->kw, p->sw);
-    size_t cols = (size_t)p->cin * p->kh * p->kw * ho * wo;
+    size_t cols = batched_scratch(p, (int)(ho * wo));
     if (p->sh == 1 && p->sw == 1 && p->groups == 1) { // either path, whatever DT_CONV says
         size_t d = direct_scratch(p, h, w);
         return d > cols ? d : cols;
@@ -127,11 +143,11 @@ static void inside(int wo, int w, int sw, int pw, int kj, int *lo, int *hi) {
 // Row (c, ki, kj) of col, column (i, j) = x[c][i*sh - ph + ki][j*sw - pw + kj] or 0:
 // the (cin, kh, kw) order of a flattened weight row.
 DT_CLONES static void im2col(const dt_nn_conv2d *p, const float *x, int h, int w, int ho, int wo,
-                             float *col) {
+                             float *col, size_t ldc) {
     for (int c = 0; c < p->cin; c++)
         for (int ki = 0; ki < p->kh; ki++)
             for (int kj = 0; kj < p->kw; kj++) {
-                float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ho * wo;
+                float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ldc;
                 int    lo, hi;
                 inside(wo, w, p->sw, p->pw, kj, &lo, &hi);
                 for (int i = 0; i < ho; i++) {
@@ -156,13 +172,13 @@ DT_CLONES static void im2col(const dt_nn_conv2d *p, const float *x, int h, int w
 }
 
 // The adjoint: dx (zeroed first) += the columns scattered back.
-DT_CLONES static void col2im(const dt_nn_conv2d *p, const float *col, int h, int w, int ho, int wo,
-                             float *dx) {
+DT_CLONES static void col2im(const dt_nn_conv2d *p, const float *col, size_t ldc, int h, int w,
+                             int ho, int wo, float *dx) {
     memset(dx, 0, sizeof(float) * (size_t)p->cin * h * w);
     for (int c = 0; c < p->cin; c++)
         for (int ki = 0; ki < p->kh; ki++)
             for (int kj = 0; kj < p->kw; kj++) {
-                const float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ho * wo;
+                const float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ldc;
                 int          lo, hi;
                 inside(wo, w, p->sw, p->pw, kj, &lo, &hi);
                 for (int i = 0; i < ho; i++) {
@@ -297,17 +313,29 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
     }
     int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
     int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
-    for (int s = 0; s < n; s++) {
-        float *ys = y + (size_t)s * p->cout * hw;
-        im2col(p, x + (size_t)s * p->cin * h * w, h, w, ho, wo, scratch);
-        // per group: y (cog, hw) = W_g (cog, kg) x col_g (kg, hw)
+    int S = chunk_samples(hw);
+    for (int s0 = 0; s0 < n; s0 += S) {
+        int    ns  = n - s0 < S ? n - s0 : S;
+        size_t ldc = (size_t)ns * hw; // this chunk's columns
+        float *col = scratch, *stage = col + (size_t)p->cin * p->kh * p->kw * S * hw;
+        for (int j = 0; j < ns; j++)
+            im2col(p, x + (size_t)(s0 + j) * p->cin * h * w, h, w, ho, wo, col + (size_t)j * hw,
+                   ldc);
+        // per group: out (cog, ns*hw) = W_g (cog, kg) x col_g (kg, ns*hw); one sample
+        // writes y directly
+        float *out = ns == 1 ? y + (size_t)s0 * p->cout * hw : stage;
         for (int gi = 0; gi < g; gi++)
-            dt_sgemm(false, false, cog, hw, kg, 1.0f, wt + (size_t)gi * cog * kg, kg,
-                     scratch + (size_t)gi * kg * hw, hw, 0.0f, ys + (size_t)gi * cog * hw, hw);
-        if (p->bias)
-            for (int o = 0; o < p->cout; o++)
-                for (int j = 0; j < hw; j++)
-                    ys[(size_t)o * hw + j] += b[o];
+            dt_sgemm(false, false, cog, (int)ldc, kg, 1.0f, wt + (size_t)gi * cog * kg, kg,
+                     col + (size_t)gi * kg * ldc, (int)ldc, 0.0f, out + (size_t)gi * cog * ldc,
+                     (int)ldc);
+        for (int j = 0; j < ns; j++)
+            for (int o = 0; o < p->cout; o++) {
+                float       *yr = y + ((size_t)(s0 + j) * p->cout + o) * hw;
+                const float *sr = out + (size_t)o * ldc + (size_t)j * hw;
+                float        bo = p->bias ? b[o] : 0.0f;
+                for (int q = 0; q < hw; q++)
+                    yr[q] = sr[q] + bo;
+            }
     }
 }
 
@@ -320,27 +348,44 @@ void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const flo
     }
     int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
     int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
-    for (int s = 0; s < n; s++) {
-        const float *dys = dy + (size_t)s * p->cout * hw;
+    int S = chunk_samples(hw);
+    for (int s0 = 0; s0 < n; s0 += S) {
+        int    ns  = n - s0 < S ? n - s0 : S;
+        size_t ldc = (size_t)ns * hw;
+        float *col = scratch, *stage = col + (size_t)p->cin * p->kh * p->kw * S * hw;
+        // the chunk's output gradient as (cout, ns*hw): staged unless one sample
+        const float *dyc = dy + (size_t)s0 * p->cout * hw;
+        if (ns > 1) {
+            for (int j = 0; j < ns; j++)
+                for (int o = 0; o < p->cout; o++)
+                    memcpy(stage + (size_t)o * ldc + (size_t)j * hw,
+                           dy + ((size_t)(s0 + j) * p->cout + o) * hw, sizeof(float) * (size_t)hw);
+            dyc = stage;
+        }
         if (p->bias && db)
             for (int o = 0; o < p->cout; o++) {
                 double acc = 0.0;
-                for (int j = 0; j < hw; j++)
-                    acc += dys[(size_t)o * hw + j];
+                for (size_t q = 0; q < ldc; q++)
+                    acc += dyc[(size_t)o * ldc + q];
                 db[o] += (float)acc;
             }
-        im2col(p, x + (size_t)s * p->cin * h * w, h, w, ho, wo, scratch);
-        // dW_g (cog, kg) += dy_g (cog, hw) x col_g^T (hw, kg)
+        for (int j = 0; j < ns; j++)
+            im2col(p, x + (size_t)(s0 + j) * p->cin * h * w, h, w, ho, wo, col + (size_t)j * hw,
+                   ldc);
+        // dW_g (cog, kg) += dy_g (cog, ns*hw) x col_g^T (ns*hw, kg)
         for (int gi = 0; gi < g; gi++)
-            dt_sgemm(false, true, cog, kg, hw, 1.0f, dys + (size_t)gi * cog * hw, hw,
-                     scratch + (size_t)gi * kg * hw, hw, 1.0f, dw + (size_t)gi * cog * kg, kg);
+            dt_sgemm(false, true, cog, kg, (int)ldc, 1.0f, dyc + (size_t)gi * cog * ldc, (int)ldc,
+                     col + (size_t)gi * kg * ldc, (int)ldc, 1.0f, dw + (size_t)gi * cog * kg, kg);
         if (!dx)
             continue;
-        // dcol_g (kg, hw) = W_g^T (kg, cog) x dy_g (cog, hw), scattered back
+        // dcol_g (kg, ns*hw) = W_g^T (kg, cog) x dy_g (cog, ns*hw), scattered back
         for (int gi = 0; gi < g; gi++)
-            dt_sgemm(true, false, kg, hw, cog, 1.0f, wt + (size_t)gi * cog * kg, kg,
-                     dys + (size_t)gi * cog * hw, hw, 0.0f, scratch + (size_t)gi * kg * hw, hw);
-        col2im(p, scratch, h, w, ho, wo, dx + (size_t)s * p->cin * h * w);
+            dt_sgemm(true, false, kg, (int)ldc, cog, 1.0f, wt + (size_t)gi * cog * kg, kg,
+                     dyc + (size_t)gi * cog * ldc, (int)ldc, 0.0f, col + (size_t)gi * kg * ldc,
+                     (int)ldc);
+        for (int j = 0; j < ns; j++)
+            col2im(p, col + (size_t)j * hw, ldc, h, w, ho, wo,
+                   dx + (size_t)(s0 + j) * p->cin * h * w);
     }
 }
 

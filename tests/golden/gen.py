@@ -223,6 +223,8 @@ def main():
     conv2d("conv2d_1x1_s2", 2, 5, 3, 7, 7, (1, 1), (2, 2), (0, 0), 1, False)
     conv2d("conv2d_s1_rect", 2, 3, 5, 6, 7, (3, 2), (1, 1), (1, 1), 1, True)
     conv2d("conv2d_s1_5x5", 1, 2, 17, 9, 20, (5, 5), (1, 1), (2, 2), 1, False)
+    # 18x18 outputs: im2col takes 4 samples per GEMM, so 6 make a full and a partial chunk
+    conv2d("conv2d_chunks", 6, 2, 3, 18, 18, (3, 3), (1, 1), (1, 1), 1, True)
     linear("linear_bias", 5, 7, 3, True)
     linear("linear_nobias", 4, 9, 6, False)
     batchnorm("bn2d_train", (3, 4, 5, 3), True)
