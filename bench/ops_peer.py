@@ -4,7 +4,9 @@
     /usr/bin/python3 bench/ops_peer.py [--reps N] [--filter SUBSTRING]
 
 prints one line per case: name, forward us, backward us (medians over N timed
-repetitions after two warm-ups), in ops-bench's format. Forward runs with autograd
+repetitions after two warm-ups), in ops-bench's format. Times are the thread's CPU time
+(time.thread_time), as ops-bench's: with one intra-op thread, torch runs the kernels, and
+autograd the CPU backward, on the calling thread. Forward runs with autograd
 recording (as in training); backward is y.backward(dy) on a fresh forward, timed alone:
 the input gradient and every parameter gradient. The attention is gpt_bytes.py's
 (q k^T, causal masked_fill, softmax, @ v, the head transposes); the losses are timed as
@@ -114,9 +116,9 @@ def median_us(fn, reps):
         fn()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         fn()
-        times.append((time.perf_counter() - t0) * 1e6)
+        times.append((time.thread_time() - t0) * 1e6)
     times.sort()
     return times[len(times) // 2]
 
@@ -128,7 +130,7 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    print(f"# torch {torch.__version__} ops, 1 thread, median of {args.reps}")
+    print(f"# torch {torch.__version__} ops, 1 thread, thread CPU time, median of {args.reps}")
     print(f"{'op':<40} {'fwd_us':>12} {'bwd_us':>12}")
     for name, make in CASES:
         if args.filter and args.filter not in name:
@@ -142,9 +144,9 @@ def main():
 
         def backward_once():
             out = fwd()
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             out.backward(dy)
-            return (time.perf_counter() - t0) * 1e6
+            return (time.thread_time() - t0) * 1e6
 
         f = median_us(forward, args.reps)
         for _ in range(2):

@@ -7,7 +7,9 @@
 //
 // prints one line per case: name, forward us, backward us (medians over N timed
 // repetitions after two warm-ups). Backward is everything backward computes: the input
-// gradient and the parameter gradients.
+// gradient and the parameter gradients. Times are the thread's CPU time
+// (CLOCK_THREAD_CPUTIME_ID), not wall time: on a shared, oversubscribed host the wall
+// time of a single-threaded kernel mostly measures how long it waited for a core.
 #include "dtrain/nn.h"
 #include "nn/blas.h"
 #include "nn/ops.h"
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct bcase bcase;
 struct bcase {
@@ -269,14 +272,20 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static uint64_t cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static double median_us(bcase *c, void (*fn)(bcase *c), int reps) {
     double t[101];
     for (int i = 0; i < 2; i++)
         fn(c);
     for (int i = 0; i < reps; i++) {
-        uint64_t t0 = dt_now_ns();
+        uint64_t t0 = cpu_ns();
         fn(c);
-        t[i] = (double)(dt_now_ns() - t0) / 1e3;
+        t[i] = (double)(cpu_ns() - t0) / 1e3;
     }
     qsort(t, (size_t)reps, sizeof t[0], cmp_double);
     return t[reps / 2];
@@ -300,7 +309,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     dt_blas_init(); // one OpenBLAS thread: the ops run on the caller's thread
-    printf("# dtrain ops, 1 thread, median of %d; %s\n", reps, dt_blas_info());
+    printf("# dtrain ops, 1 thread, thread CPU time, median of %d; %s\n", reps, dt_blas_info());
     printf("%-40s %12s %12s\n", "op", "fwd_us", "bwd_us");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bcase *c = &cases[i].c;

@@ -160,8 +160,9 @@ DT_CLONES static void im2col(const dt_nn_conv2d *p, const float *x, int h, int w
                     const float *src = x + ((size_t)c * h + ih) * w - p->pw + kj;
                     for (int j = 0; j < lo; j++)
                         dst[j] = 0.0f;
-                    if (p->sw == 1)
-                        memcpy(dst + lo, src + lo, sizeof(float) * (size_t)(hi - lo));
+                    if (p->sw == 1) // rows are short (7 to 28): no memcpy call
+                        for (int j = lo; j < hi; j++)
+                            dst[j] = src[j];
                     else
                         for (int j = lo; j < hi; j++)
                             dst[j] = src[(size_t)j * p->sw];
