@@ -227,6 +227,7 @@ def main():
     conv2d("conv2d_chunks", 6, 2, 3, 18, 18, (3, 3), (1, 1), (1, 1), 1, True)
     linear("linear_bias", 5, 7, 3, True)
     linear("linear_nobias", 4, 9, 6, False)
+    linear("linear_wide", 19, 37, 21, True)  # full and partial 8x48 blocks of the kernels
     batchnorm("bn2d_train", (3, 4, 5, 3), True)
     batchnorm("bn2d_eval", (2, 3, 4, 4), False)
     batchnorm("bn1d_train", (6, 5), True)

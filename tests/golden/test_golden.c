@@ -237,6 +237,7 @@ static void linear_case(const char *name) {
 static void test_linear(void) {
     linear_case("linear_bias");
     linear_case("linear_nobias");
+    linear_case("linear_wide");
 }
 
 static void bn_case(const char *name) {
