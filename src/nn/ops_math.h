@@ -45,12 +45,18 @@ DT_VINLINE dt_v16f dt_load16_part(const float *p, size_t len) {
 DT_VINLINE void dt_store16_part(float *p, dt_v16f v, size_t len) {
     __builtin_memcpy(p, &v, sizeof(float) * len);
 }
-// Sum of the sixteen lanes, in a fixed order.
+// Sum of the sixteen lanes, as a tree of four shuffled adds (a fixed order; a lane-by-lane
+// loop is a chain of 15 dependent adds, a quarter of LayerNorm's time on rows of 128).
 DT_VINLINE float dt_hsum16(dt_v16f v) {
-    float s = 0.0f;
-    for (int l = 0; l < 16; l++)
-        s += v[l];
-    return s;
+    const dt_v16i h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+    const dt_v16i h4 = {4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15};
+    const dt_v16i h2 = {2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const dt_v16i h1 = {1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    v += dt_shuffle16f(v, h8);
+    v += dt_shuffle16f(v, h4);
+    v += dt_shuffle16f(v, h2);
+    v += dt_shuffle16f(v, h1);
+    return v[0];
 }
 DT_VINLINE float dt_hmax16(dt_v16f v) {
     float m = v[0];

@@ -210,7 +210,11 @@ DT_CLONES void dt_nn_layernorm_forward(int rows, int d, float eps, const float *
         float rs = 1.0f / sqrtf(q / (float)d + eps);
         mean[r]  = m;
         rstd[r]  = rs;
-        for (i = 0; i < d; i++) {
+        for (i = 0; i + 16 <= d; i += 16) {
+            dt_v16f v = (dt_load16(xr + i) - mv) * rs;
+            dt_store16(yr + i, gamma ? v * dt_load16(gamma + i) + dt_load16(beta + i) : v);
+        }
+        for (; i < d; i++) {
             float v = (xr[i] - m) * rs;
             yr[i]   = gamma ? v * gamma[i] + beta[i] : v;
         }
@@ -253,7 +257,12 @@ DT_CLONES void dt_nn_layernorm_backward(int rows, int d, const float *x, const f
         float *gr = dx + (size_t)r * d;
         a /= (float)d;
         b /= (float)d;
-        for (i = 0; i < d; i++) {
+        for (i = 0; i + 16 <= d; i += 16) {
+            dt_v16f xh = (dt_load16(xr + i) - mv) * rs, dv = dt_load16(dr + i);
+            dt_v16f g = gamma ? dv * dt_load16(gamma + i) : dv;
+            dt_store16(gr + i, rs * (g - a - xh * b));
+        }
+        for (; i < d; i++) {
             float xh = (xr[i] - m) * rs;
             float g  = gamma ? dr[i] * gamma[i] : dr[i];
             gr[i]    = rs * (g - a - xh * b);

@@ -233,6 +233,7 @@ def main():
     batchnorm("bn1d_train", (6, 5), True)
     batchnorm("bn1d_3d_train", (4, 3, 7), True)
     layernorm("layernorm", 6, 10)
+    layernorm("layernorm_wide", 5, 37)  # two vectors of 16 and a tail
     embedding("embedding", 11, 5, 7)
     elementwise("gelu", nn.GELU())
     elementwise("gelu_tanh", nn.GELU(approximate="tanh"))

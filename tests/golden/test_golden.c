@@ -286,9 +286,9 @@ static void test_batchnorm(void) {
     bn_case("bn1d_3d_train");
 }
 
-static void test_layernorm(void) {
+static void layernorm_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, "layernorm"))
+    if (!fixture_load(&f, name))
         return;
     int    rows = cfg(&f, 0), d = cfg(&f, 1);
     size_t total = (size_t)rows * d;
@@ -304,6 +304,11 @@ static void test_layernorm(void) {
     expect(&f, "dbeta", dbt, TOL);
     free(y), free(dx), free(mean), free(rstd), free(dg), free(dbt);
     fixture_free(&f);
+}
+
+static void test_layernorm(void) {
+    layernorm_case("layernorm");
+    layernorm_case("layernorm_wide");
 }
 
 static void test_embedding(void) {
