@@ -14,11 +14,16 @@ loss forward, then loss.backward().
 """
 import argparse
 import math
+import os
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+# One OpenBLAS thread too (torch's Linear calls OpenBLAS, whose own threads
+# torch.set_num_threads does not limit): the comparison is one core against one core, and
+# thread CPU time would miss a second BLAS thread's work.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 def conv(cin, cout, k, s, p, hw, input_grad):
