@@ -60,6 +60,7 @@ typedef struct live_peer {
     uint64_t           heard_ns; // last valid datagram (or the start)
     atomic_bool        ever;     // heard at least once
     bool               gone;     // left (bye) or failed: never blamed for silence
+    bool               left;     // bye: not judged at all
     uint32_t           stuck_ms; // from its last heartbeat
     uint64_t           op;
 } live_peer;
@@ -154,8 +155,11 @@ static void receive_all(dt_live *l, uint64_t now) {
         p->heard_ns  = now;
         p->stuck_ms  = dt_get_le32(b + 32);
         p->op        = dt_get_le64(b + 40);
-        if (dt_get_le16(b + 6) & (FLAG_BYE | FLAG_FAILED))
+        uint16_t fl  = dt_get_le16(b + 6);
+        if (fl & (FLAG_BYE | FLAG_FAILED))
             p->gone = true;
+        if (fl & FLAG_BYE)
+            p->left = true;
         if (!atomic_load(&p->ever)) {
             atomic_store(&p->ever, true);
             pthread_mutex_lock(&l->mu);
@@ -199,7 +203,9 @@ static void judge(dt_live *l, uint64_t now, uint32_t stuck_ms) {
     }
     for (int r = 0; r < l->world; r++) {
         live_peer *p = &l->peers[r];
-        if (r == l->rank || p->gone || p->stuck_ms <= (uint64_t)l->live_ms)
+        // (A rank that failed still counts here: its own liveness thread may have
+        // failed it for this very reason.)
+        if (r == l->rank || p->left || p->stuck_ms <= (uint64_t)l->live_ms)
             continue;
         char op[64];
         name_peer(l, r, who, sizeof who);
@@ -339,10 +345,10 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
     l->fd = l->stop_fd = -1;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
-    dt_status st = DT_OK;
+    dt_status st   = DT_OK;
     int       port = 0;
-    l->peers   = dt_alloc_zero((size_t)world * sizeof *l->peers);
-    l->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    l->peers       = dt_alloc_zero((size_t)world * sizeof *l->peers);
+    l->stop_fd     = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (!l->peers || l->stop_fd < 0) {
         st = l->peers ? dt_fail_errno(DT_ERR_IO, "liveness: eventfd") : DT_ERR_NOMEM;
         goto fail;

@@ -466,6 +466,7 @@ static void wake_progress_if_needed(dt_pg *pg) {
 
 static void *progress_main(void *arg) {
     dt_pg *pg = arg;
+    pthread_setname_np(pthread_self(), "dt-progress"); // for top -H, gdb, and the tests
     pthread_mutex_lock(&pg->mu);
     for (;;) {
         while (!(pg->head && !pg->busy) && !(pg->stop && !pg->head))
