@@ -13,8 +13,8 @@
 //   with liveness off and DT_TIMEOUT_MS=3000, both stop by ~T (the abort path once
 //   blocked on the unreachable store for another T + 10 s).
 //
-// `test_liveness --slow` (make test-slow) runs the matrices instead: 2 and 4 ranks, shm
-// and tcp, every victim position, and 10 link cuts; it prints the detection times.
+// `test_liveness --slow` or DT_TEST_SLOW=1 (make test-slow) runs the matrices instead: 2 and 4
+// ranks, shm and tcp, every victim position, and 10 link cuts; it prints the detection times.
 #include "../lib/mp.h"
 #include "comm/backend.h"
 
@@ -454,7 +454,8 @@ static void test_link_cut_matrix(void) {
 }
 
 int main(int argc, char **argv) {
-    slow_mode = argc > 1 && strcmp(argv[1], "--slow") == 0;
+    const char *slow = getenv("DT_TEST_SLOW");
+    slow_mode        = (argc > 1 && strcmp(argv[1], "--slow") == 0) || (slow && !strcmp(slow, "1"));
     // Default liveness settings, whatever the caller's environment says.
     unsetenv("DT_LIVENESS_MS");
     unsetenv("DT_HEARTBEAT_MS");
