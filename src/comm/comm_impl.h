@@ -43,9 +43,10 @@ void dt_sock_public_addr(dt_store *store, int rank, bool all_local, char *buf, s
 typedef struct dt_live dt_live;
 // DT_HEARTBEAT_MS (default 500) and DT_LIVENESS_MS (default 5000, 0 = off), checked.
 dt_status dt_live_config(int64_t *heartbeat_ms, int64_t *liveness_ms);
-// COLLECTIVE (after the rendezvous): binds a UDP port, publishes `addr`, the port and a
-// random key under dt/live/<rank> in `store`, reads the peers', starts the liveness
-// thread. *out stays NULL when liveness is off or the world has one rank.
+// COLLECTIVE (after the rendezvous): binds a UDP port, publishes `addr`, the port, a
+// random key and its settings under dt/live/<rank> in `store`, reads the peers' (other
+// settings: DT_ERR_MISMATCH naming both), starts the liveness thread. *out stays NULL
+// when liveness is off (on every rank) or the world has one rank.
 dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *addr,
                       uint64_t deadline_ns);
 // Waits until a heartbeat of every peer arrived (bounded by DT_LIVENESS_MS): UDP that

@@ -298,17 +298,27 @@ static dt_status read_peer(dt_live *l, dt_store *store, int r, uint64_t deadline
     void *v = NULL;
     DT_TRY(dt_store_get(store, key, &v, NULL));
     char               ip[64];
-    int                port  = 0;
-    unsigned long long k     = 0;
+    int                port = 0;
+    unsigned long long k    = 0;
+    long long          hb = 0, live = 0;
     live_peer         *p     = &l->peers[r];
     dt_status          st    = DT_OK;
     struct addrinfo    hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    if (sscanf(v, "%63s %d %llx", ip, &port, &k) != 3 || port <= 0 || port > 65535)
+    if (sscanf(v, "%63s %d %llx %lld %lld", ip, &port, &k, &hb, &live) != 5 || port < 0 ||
+        port > 65535)
         st = dt_fail(DT_ERR_FORMAT,
-                     "liveness: expected \"<address> <port> <key>\" for rank %d in the "
-                     "store, found \"%.80s\"",
+                     "liveness: expected \"<address> <port> <key> <heartbeat ms> <liveness "
+                     "ms>\" for rank %d in the store, found \"%.80s\"",
                      r, (char *)v);
-    else if (getaddrinfo(ip, NULL, &hints, &res) != 0 || !res)
+    else if (hb != l->hb_ms || live != l->live_ms)
+        st = dt_fail(DT_ERR_MISMATCH,
+                     "liveness: rank %d has DT_HEARTBEAT_MS=%lld DT_LIVENESS_MS=%lld, but this "
+                     "rank (%d) has DT_HEARTBEAT_MS=%lld DT_LIVENESS_MS=%lld; set them alike on "
+                     "every rank",
+                     r, hb, live, l->rank, (long long)l->hb_ms, (long long)l->live_ms);
+    else if (l->live_ms == 0)
+        ; // off everywhere: nothing to reach
+    else if (port == 0 || getaddrinfo(ip, NULL, &hints, &res) != 0 || !res)
         st = dt_fail(DT_ERR_ARG, "liveness: cannot resolve rank %d's address \"%s\"", r, ip);
     else
         p->addr = *(struct sockaddr_in *)res->ai_addr;
@@ -332,8 +342,8 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
     int64_t hb, live;
     DT_TRY(dt_live_config(&hb, &live));
     int world = dt_pg_size(pg);
-    if (world < 2 || live == 0)
-        return DT_OK; // nothing to watch, or turned off
+    if (world < 2)
+        return DT_OK; // nothing to watch
     dt_live *l = dt_alloc_zero(sizeof *l);
     if (!l)
         return DT_ERR_NOMEM;
@@ -355,11 +365,13 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
     }
     if (getrandom(&l->key, sizeof l->key, 0) != (ssize_t)sizeof l->key)
         l->key = dt_now_ns() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
-    if ((st = bind_udp(l, &port)) != DT_OK)
+    // Off (DT_LIVENESS_MS=0) still publishes its settings: every rank must agree.
+    if (live > 0 && (st = bind_udp(l, &port)) != DT_OK)
         goto fail;
-    char key[48], val[128];
+    char key[48], val[200];
     snprintf(key, sizeof key, "dt/live/%d", l->rank);
-    snprintf(val, sizeof val, "%s %d %016llx", addr, port, (unsigned long long)l->key);
+    snprintf(val, sizeof val, "%s %d %016llx %lld %lld", addr, port, (unsigned long long)l->key,
+             (long long)hb, (long long)live);
     if ((st = dt_store_set(store, key, val, strlen(val))) != DT_OK)
         goto fail;
     for (int r = 0; r < world && st == DT_OK; r++)
@@ -367,6 +379,10 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
             st = read_peer(l, store, r, deadline_ns);
     if (st != DT_OK)
         goto fail;
+    if (live == 0) {
+        dt_live_free(l);
+        return DT_OK;
+    }
     uint64_t now = dt_now_ns();
     for (int r = 0; r < world; r++)
         l->peers[r].heard_ns = now;

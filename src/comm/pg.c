@@ -1161,6 +1161,9 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     if (timeout == 0 && dt_default_timeout_ms(&timeout) != DT_OK)
         return NULL;
     uint64_t deadline = timeout < 0 ? UINT64_MAX : dt_deadline_ns(timeout);
+    int64_t  hb_ms, live_ms; // checked before anything else is reached (liveness.c)
+    if (dt_live_config(&hb_ms, &live_ms) != DT_OK)
+        return NULL;
 
     // MPI: initialised only for the mpi backend or to hand out the store's address.
     dt_mpi_boot_res boot = {.rank = -1};

@@ -257,6 +257,36 @@ static void test_stuck_comm_thread(void) {
     MP_RUN(&o, stuck_ranks, NULL);
 }
 
+// ------------------------------------------------------------------ settings
+
+static void settings_ranks(int rank, int world, void *arg) {
+    (void)world, (void)arg;
+    if (rank == 1)
+        setenv("DT_LIVENESS_MS", "0", 1);
+    uint64_t   t0 = dt_now_ns();
+    dt_pg_opts o  = dt_pg_opts_default();
+    o.backend     = mp_backend();
+    o.timeout_ms  = 20000;
+    dt_pg *pg     = dt_pg_init_from_env(&o);
+    CHECK(pg == NULL);
+    CHECK_ERR(dt_last_status(), DT_ERR_MISMATCH, "set them alike on every rank");
+    CHECK(strstr(dt_last_error(), "DT_LIVENESS_MS=0") && strstr(dt_last_error(), "=5000"));
+    CHECK((dt_now_ns() - t0) / 1000000 < 5000); // at once, not at the timeout
+    dt_pg_free(pg);
+    setenv("DT_LIVENESS_MS", "100", 1);
+    setenv("DT_HEARTBEAT_MS", "80", 1);
+    CHECK(dt_pg_init_from_env(&o) == NULL);
+    CHECK_ERR(dt_last_status(), DT_ERR_ARG, "at least twice DT_HEARTBEAT_MS=80");
+    unsetenv("DT_LIVENESS_MS");
+    unsetenv("DT_HEARTBEAT_MS");
+}
+
+static void test_settings_must_agree(void) {
+    set_backend("tcp");
+    mp_opts o = {.world = 2, .timeout_ms = 30000};
+    MP_RUN(&o, settings_ranks, NULL);
+}
+
 // ------------------------------------------------------------------ slow matrices
 
 static void test_freeze_matrix(void) {
@@ -467,6 +497,7 @@ int main(int argc, char **argv) {
         RUN(test_frozen_rank_tcp);
         RUN(test_slow_step_not_dead);
         RUN(test_stuck_comm_thread);
+        RUN(test_settings_must_agree);
     }
     char why[200];
     if (!ns_setup(why, sizeof why)) {
