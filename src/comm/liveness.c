@@ -374,9 +374,34 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
              (long long)hb, (long long)live);
     if ((st = dt_store_set(store, key, val, strlen(val))) != DT_OK)
         goto fail;
-    for (int r = 0; r < world && st == DT_OK; r++)
-        if (r != l->rank)
-            st = read_peer(l, store, r, deadline_ns);
+    // Read everyone's, then say so and wait until all have read before judging: a rank
+    // that finds other settings must not take the store away (rank 0) before the others
+    // have read what they need to say the same.
+    dt_status bad          = DT_OK;
+    char      bad_msg[600] = "";
+    for (int r = 0; r < world && st == DT_OK; r++) {
+        if (r == l->rank)
+            continue;
+        dt_status rs = read_peer(l, store, r, deadline_ns);
+        if (rs == DT_ERR_MISMATCH && bad == DT_OK) {
+            bad = rs;
+            snprintf(bad_msg, sizeof bad_msg, "%s", dt_last_error());
+        } else if (rs != DT_OK && rs != DT_ERR_MISMATCH) {
+            st = rs;
+        }
+    }
+    if (st == DT_OK) {
+        snprintf(key, sizeof key, "dt/live/read/%d", l->rank);
+        st = dt_store_set(store, key, "1", 1);
+    }
+    for (int r = 0; r < world && st == DT_OK; r++) {
+        snprintf(key, sizeof key, "dt/live/read/%d", r);
+        const char *keys[1] = {key};
+        int         ms      = deadline_ns == UINT64_MAX ? -1 : dt_ms_left(deadline_ns);
+        st                  = dt_store_wait(store, keys, 1, ms < 0 ? -1 : (ms > 0 ? ms : 1));
+    }
+    if (st == DT_OK && bad != DT_OK)
+        st = dt_fail(bad, "%s", bad_msg);
     if (st != DT_OK)
         goto fail;
     if (live == 0) {

@@ -3,7 +3,9 @@
 //
 // - A rank SIGSTOPped (a frozen VM) while the others run collectives: every other rank
 //   fails within 10 s naming the frozen rank and its host, never a healthy rank
-//   (shm and tcp; the frozen rank is rank 0, which runs the store, for tcp).
+//   (shm and tcp; the frozen rank is rank 0, which runs the store, for tcp). In the
+//   shm run a stranger sprays rank 0's heartbeat port with garbage and forged
+//   heartbeats meanwhile: they must neither crash it nor hide the frozen rank.
 // - A rank that computes 15 s between two collectives (its peer waits inside one) is
 //   not declared dead.
 // - A communication thread that stops making progress inside an operation (blocked in
@@ -18,14 +20,18 @@
 #include "../lib/mp.h"
 #include "comm/backend.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -71,8 +77,47 @@ static void my_host(char *buf, size_t n) {
 // ------------------------------------------------------------------ frozen rank
 
 typedef struct freeze_cfg {
-    int victim;
+    int  victim;
+    bool spray; // a stranger sprays rank 0's UDP port (see spray_main)
 } freeze_cfg;
+
+typedef struct spray_arg {
+    int          port, victim, world;
+    _Atomic bool stop;
+    _Atomic long sent;
+} spray_arg;
+
+// A stranger on rank 0's liveness port: random bytes of random sizes, and well-formed
+// heartbeats claiming to come from the victim with guessed keys. None may crash the
+// rank or keep the frozen victim "alive".
+static void *spray_main(void *arg) {
+    spray_arg         *a  = arg;
+    int                fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)a->port)};
+    to.sin_addr.s_addr    = htonl(INADDR_LOOPBACK);
+    uint64_t x            = 0x9E3779B97F4A7C15ull ^ dt_now_ns();
+    uint8_t  b[2048];
+    while (!atomic_load(&a->stop)) {
+        for (size_t i = 0; i < sizeof b; i += 8) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            memcpy(b + i, &x, 8);
+        }
+        size_t n = (size_t)(x % sizeof b);
+        if (x & 1) { // a forged heartbeat: right layout, wrong key
+            n = 48;
+            memcpy(b, "DTL1", 4);
+            b[4] = 1, b[5] = 0, b[6] = 0, b[7] = 0;
+            uint32_t r = (uint32_t)a->victim, w = (uint32_t)a->world;
+            memcpy(b + 8, &r, 4);
+            memcpy(b + 12, &w, 4);
+        }
+        sendto(fd, b, n, 0, (struct sockaddr *)&to, sizeof to);
+        atomic_fetch_add(&a->sent, 1);
+        sleep_ms(1);
+    }
+    close(fd);
+    return NULL;
+}
 
 static void freeze_ranks(int rank, int world, void *arg) {
     const freeze_cfg *cfg = arg;
@@ -86,6 +131,17 @@ static void freeze_ranks(int rank, int world, void *arg) {
         buf[i] = (float)rank;
     if (rank == cfg->victim)
         atomic_store(&sh->victim_pid, (int)getpid());
+    pthread_t spray;
+    spray_arg sa = {.victim = cfg->victim, .world = world};
+    if (cfg->spray && rank == 0) {
+        void *v = NULL;
+        CHECK_OK(dt_store_get(dt_pg_store(pg), "dt/live/0", &v, NULL));
+        char ip[64];
+        if (v)
+            CHECK(sscanf(v, "%63s %d", ip, &sa.port) == 2 && sa.port > 0);
+        dt_free(v);
+        pthread_create(&spray, NULL, spray_main, &sa);
+    }
     dt_status st = DT_OK;
     for (int i = 0; st == DT_OK && i < 100000; i++) {
         if (rank == cfg->victim && i == 50) {
@@ -115,6 +171,14 @@ static void freeze_ranks(int rank, int world, void *arg) {
     CHECK(ev != 0 && secs < 10.0);
     if (!(names_rank(m, cfg->victim)) || secs >= 10.0)
         fprintf(stderr, "     rank %d after %.2f s: \"%s\"\n", rank, secs, m);
+    if (cfg->spray && rank == 0) {
+        atomic_store(&sa.stop, true);
+        pthread_join(spray, NULL);
+        fprintf(stderr,
+                "     %ld hostile datagrams did not hide the frozen rank (found after %.2f s)\n",
+                atomic_load(&sa.sent), secs);
+        CHECK(atomic_load(&sa.sent) > 100);
+    }
     dt_pg_free(pg);
     if (atomic_fetch_add(&sh->reported, 1) + 1 == world - 1)
         kill(atomic_load(&sh->victim_pid), SIGKILL);
@@ -123,7 +187,7 @@ static void freeze_ranks(int rank, int world, void *arg) {
 // One run; returns the slowest healthy rank's time (s), -1 when it failed.
 static double freeze_once(const char *backend, int world, int victim, bool *blamed) {
     set_backend(backend);
-    freeze_cfg cfg   = {.victim = victim};
+    freeze_cfg cfg   = {.victim = victim, .spray = victim != 0 && !slow_mode};
     mp_opts    o     = {.world = world, .may_die = 1u << victim, .timeout_ms = 60000};
     int        bad   = MP_RUN(&o, freeze_ranks, &cfg);
     shared    *sh    = mp_shared();
