@@ -400,8 +400,21 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
         int         ms      = deadline_ns == UINT64_MAX ? -1 : dt_ms_left(deadline_ns);
         st                  = dt_store_wait(store, keys, 1, ms < 0 ? -1 : (ms > 0 ? ms : 1));
     }
-    if (st == DT_OK && bad != DT_OK)
+    if (st == DT_OK && bad != DT_OK) {
+        // Every rank sees a difference (each differs from someone). Rank 0 runs the
+        // store: it leaves only once the others are done with it (at most 2 s).
+        snprintf(key, sizeof key, "dt/live/done/%d", l->rank);
+        dt_store_set(store, key, "1", 1);
+        uint64_t until = dt_deadline_ns(2000);
+        for (int r = 1; l->rank == 0 && r < world; r++) {
+            snprintf(key, sizeof key, "dt/live/done/%d", r);
+            const char *keys[1] = {key};
+            int         ms      = dt_ms_left(until);
+            if (dt_store_wait(store, keys, 1, ms > 0 ? ms : 1) != DT_OK)
+                break;
+        }
         st = dt_fail(bad, "%s", bad_msg);
+    }
     if (st != DT_OK)
         goto fail;
     if (live == 0) {
