@@ -274,13 +274,14 @@ static void *live_main(void *arg) {
     return NULL;
 }
 
-// The address the peers reach this rank at.
-static dt_status bind_udp(dt_live *l, int *port) {
+// A UDP port on every interface, or on loopback only when the peers reach this rank at
+// a loopback address (every rank on this host).
+static dt_status bind_udp(dt_live *l, const char *addr, int *port) {
     l->fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (l->fd < 0)
         return dt_fail_errno(DT_ERR_IO, "liveness: socket(UDP)");
     struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr    = htonl(INADDR_ANY);
+    a.sin_addr.s_addr    = htonl(strncmp(addr, "127.", 4) == 0 ? INADDR_LOOPBACK : INADDR_ANY);
     socklen_t len        = sizeof a;
     if (bind(l->fd, (struct sockaddr *)&a, sizeof a) != 0 ||
         getsockname(l->fd, (struct sockaddr *)&a, &len) != 0)
@@ -366,7 +367,7 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
     if (getrandom(&l->key, sizeof l->key, 0) != (ssize_t)sizeof l->key)
         l->key = dt_now_ns() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
     // Off (DT_LIVENESS_MS=0) still publishes its settings: every rank must agree.
-    if (live > 0 && (st = bind_udp(l, &port)) != DT_OK)
+    if (live > 0 && (st = bind_udp(l, addr, &port)) != DT_OK)
         goto fail;
     char key[48], val[200];
     snprintf(key, sizeof key, "dt/live/%d", l->rank);
