@@ -406,11 +406,26 @@ static void ns_teardown(void) {
     ns_made = false;
 }
 
+// Namespaces of earlier runs that died before cleaning up (their pid is gone).
+static void remove_stale_namespaces(void) {
+    DIR *d = opendir("/var/run/netns");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int pid;
+        if (sscanf(e->d_name, "dtlive-%d-", &pid) == 1 && pid != (int)getpid() && kill(pid, 0) != 0)
+            sh("ip netns del %s 2>/dev/null", e->d_name);
+    }
+    closedir(d);
+}
+
 static bool ns_setup(char *why, size_t n) {
     if (geteuid() != 0) {
         snprintf(why, n, "not root (network namespaces need CAP_SYS_ADMIN)");
         return false;
     }
+    remove_stale_namespaces();
     for (int i = 0; i < 2; i++) {
         snprintf(ns[i], sizeof ns[i], "dtlive-%d-%c", (int)getpid(), 'a' + i);
         snprintf(veth[i], sizeof veth[i], "dtl%d%c", (int)getpid() % 100000, 'a' + i);
