@@ -137,12 +137,15 @@ static void send_all(dt_live *l, uint16_t flags, uint32_t stuck_ms, uint64_t op)
 // Reads every waiting datagram.
 static void receive_all(dt_live *l, uint64_t now) {
     uint8_t b[HDR_BYTES + 1];
+    int     errors = 0;
     for (;;) {
         ssize_t k = recv(l->fd, b, sizeof b, MSG_DONTWAIT);
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
+        if (k < 0 && ++errors > 64)
+            return; // not one of the transient ones below: try again next turn
         if (k < 0)
             continue; // ICMP errors of earlier sends (ECONNREFUSED ...): not data
         if (k != HDR_BYTES || dt_get_le32(b) != MAGIC || dt_get_le16(b + 4) != VERSION)
