@@ -6,6 +6,7 @@
 #   make test            install what is missing, build, run every test
 #   make asan|ubsan      the tests under AddressSanitizer / UndefinedBehaviorSanitizer
 #   make tsan            the threaded tests under ThreadSanitizer
+#   make test-slow       the long fault matrices (hung peers, cut links; ~10 min)
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
 #   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
@@ -185,6 +186,13 @@ endif
 test: deps
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)tests/run.sh $(TEST_BIN)
+
+# The long matrices (hung peers: 10 trials each of 2 and 4 ranks, shm and tcp, and 10
+# link cuts between network namespaces; about 10 minutes). CI runs it once, not under
+# the sanitizers.
+test-slow: deps
+	$(Q)$(MAKE) --no-print-directory tests
+	$(Q)DT_TEST_SLOW=1 DT_TEST_TIMEOUT=1800 tests/run.sh $(OUT)/tests/comm/test_liveness
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory programs
