@@ -184,7 +184,8 @@ DT_API dt_status dt_launch_env_read(dt_launch_env *out /* out */);
 
 typedef struct dt_pg_opts {
     const char *backend; // "auto" (NULL = auto): shm when every rank is on this host
-                         // and shm is built, tcp otherwise; or "shm", "tcp", "mpi"
+                         // and shm is built, tcp otherwise; or "shm", "tcp" ("gloo"
+                         // is its alias, as PyTorch scripts name it), "mpi"
                          // (MPI's collectives; only when built with MPI and started
                          // by an MPI launcher; see docs/mpi.md)
     int64_t timeout_ms;  // per operation; 0 = default: DT_TIMEOUT_MS env, else 30 min
@@ -357,10 +358,17 @@ typedef struct dt_spawn_result {
 // A child dies with its parent (PR_SET_PDEATHSIG, SIGKILL; fork from the thread that
 // stays alive). When a child fails (non-zero exit or signal), the others get SIGTERM
 // and, DT_SPAWN_GRACE_MS (default 3000) later, SIGKILL. Waits for the children without
-// a time limit (they carry their own timeouts).
+// a time limit (they carry their own timeouts). When the caller blocks SIGTERM (the
+// children inherit the mask: a program that stops at its own step boundaries), a
+// SIGTERM sent to the caller is forwarded to every child, which then get
+// DT_SPAWN_TERM_GRACE_MS (default 30000) before SIGKILL.
+// More than 4 processes per online CPU, or more than 256, are refused before anything
+// starts (their shm segment grows with nprocs^2: the message says its size and the
+// free space of /dev/shm); DT_MAX_LOCAL_PROCS sets another bound.
 // Returns DT_OK when every child exited with 0; DT_ERR_PEER naming the first failed
 // rank and its exit code or signal (also in *out, which may be NULL); DT_ERR_ARG for
-// nprocs < 1 or fn NULL; DT_ERR_IO if fork fails (children already started are stopped).
+// nprocs < 1, above the bound, or fn NULL; DT_ERR_IO if fork fails (children already
+// started are stopped).
 DT_API dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out);
 
 #ifdef __cplusplus

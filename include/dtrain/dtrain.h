@@ -9,6 +9,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/params.h"
 #include "dtrain/rng.h"
 #include "dtrain/tensor.h"
 

@@ -2,6 +2,7 @@
 // their rank variables, watch them through pidfds, and when one fails stop the
 // others (SIGTERM, then SIGKILL after a grace period) and report the first failure.
 #include "comm/comm_impl.h"
+#include "comm/shm.h"
 #include "core/hmac.h"
 
 #include <errno.h>
@@ -13,12 +14,21 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_GRACE_MS 3000
+// After a SIGTERM forwarded to the workers (a preemption notice): how long they get to
+// reach a step boundary and save before SIGKILL (DT_SPAWN_TERM_GRACE_MS).
+#define DEFAULT_TERM_GRACE_MS 30000
+// Local processes allowed without DT_MAX_LOCAL_PROCS: 4 per online CPU, at most 256.
+// Beyond that the workers only time-share the cores, and the shm segment (which grows
+// with the square of the local world) eats /dev/shm: 1000 ranks take about 8 GiB.
+#define PROCS_PER_CPU   4
+#define MAX_LOCAL_PROCS 256
 
 static int pidfd_open_(pid_t pid) {
 #ifdef SYS_pidfd_open
@@ -28,6 +38,41 @@ static int pidfd_open_(pid_t pid) {
     errno = ENOSYS;
     return -1;
 #endif
+}
+
+// A SIGTERM for the caller, when the caller blocks it (a program that stops at its own
+// step boundaries does): consumed, so that it is forwarded once.
+static bool take_blocked_sigterm(void) {
+    sigset_t blocked, term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    if (pthread_sigmask(SIG_BLOCK, NULL, &blocked) != 0 || !sigismember(&blocked, SIGTERM))
+        return false;
+    struct timespec zero = {0, 0};
+    return sigtimedwait(&term, NULL, &zero) == SIGTERM;
+}
+
+// Refuses a local world far above the cores unless DT_MAX_LOCAL_PROCS allows it, and
+// says what the shared-memory segment of that many ranks would cost.
+static dt_status check_local_bound(int nprocs) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN), bound = MAX_LOCAL_PROCS, v;
+    if (cpus > 0 && cpus * PROCS_PER_CPU < bound)
+        bound = cpus * PROCS_PER_CPU;
+    DT_TRY(dt_env_int("DT_MAX_LOCAL_PROCS", 1, 4096, bound, &v));
+    if (nprocs <= v)
+        return DT_OK;
+    double         seg = (double)dt_shm_segment_bytes(nprocs) / 1048576.0;
+    struct statvfs fs;
+    double         avail =
+        statvfs("/dev/shm", &fs) == 0 ? (double)fs.f_bavail * (double)fs.f_frsize / 1048576.0 : -1;
+    char free_txt[64] = "";
+    if (avail >= 0)
+        snprintf(free_txt, sizeof free_txt, "; /dev/shm has %.1f MiB free", avail);
+    return dt_fail(DT_ERR_ARG,
+                   "spawn: %d local processes exceed the bound of %ld (%d per online CPU, %ld "
+                   "CPUs, at most %d; set DT_MAX_LOCAL_PROCS to allow more): their shared-memory "
+                   "segment alone would take %.1f MiB of /dev/shm%s",
+                   nprocs, v, PROCS_PER_CPU, cpus, MAX_LOCAL_PROCS, seg, free_txt);
 }
 
 static void setenv_int(const char *name, long v) {
@@ -77,8 +122,11 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
         return dt_fail(DT_ERR_ARG, "spawn: expected 1..4096 processes, found %d", nprocs);
     if (!fn)
         return dt_fail(DT_ERR_ARG, "spawn: the worker function is NULL");
-    long grace;
+    DT_TRY(check_local_bound(nprocs));
+    long grace, term_grace;
     DT_TRY(dt_env_int("DT_SPAWN_GRACE_MS", 0, 3600L * 1000, DEFAULT_GRACE_MS, &grace));
+    DT_TRY(
+        dt_env_int("DT_SPAWN_TERM_GRACE_MS", 0, 3600L * 1000, DEFAULT_TERM_GRACE_MS, &term_grace));
 
     // Ranks: a node of a multi-node job, or a job of its own.
     long        base = 0, world = nprocs, v;
@@ -161,8 +209,9 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
     }
 
     // Watch: a child that exits non-zero or dies stops the job.
-    uint64_t kill_at  = 0; // when stopping: SIGKILL after the grace period
-    bool     stopping = st != DT_OK;
+    uint64_t kill_at   = 0; // when stopping: SIGKILL after the grace period
+    bool     stopping  = st != DT_OK;
+    bool     forwarded = false; // a SIGTERM for the caller was passed on to the workers
     if (stopping) {
         for (int i = 0; i < nprocs; i++)
             if (alive[i])
@@ -180,6 +229,8 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
             ms = dt_ms_left(kill_at) + 1;
         if (n < nalive && (ms < 0 || ms > 50))
             ms = 50; // children without a pidfd are polled with WNOHANG
+        if (!stopping && (ms < 0 || ms > 100))
+            ms = 100; // a blocked SIGTERM does not wake poll: looked for below
         if (pf && n > 0)
             poll(pf, (nfds_t)n, ms);
         else {
@@ -200,7 +251,11 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
                 describe(status, &code, &sig);
             else
                 code = -1; // reaped elsewhere: unknown
-            if ((code != 0 || sig != 0) && res.failed_rank < 0 && !stopping) {
+            if ((code != 0 || sig != 0) && res.failed_rank < 0 && forwarded) {
+                res.failed_rank = i; // how the workers ended after the forwarded SIGTERM
+                res.exit_code   = code;
+                res.term_signal = sig;
+            } else if ((code != 0 || sig != 0) && res.failed_rank < 0 && !stopping) {
                 res.failed_rank = i;
                 res.exit_code   = code;
                 res.term_signal = sig;
@@ -210,6 +265,16 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
                     if (alive[j])
                         kill(pids[j], SIGTERM);
             }
+        }
+        if (!stopping && take_blocked_sigterm()) {
+            // The caller blocks SIGTERM (its workers inherit the mask and stop at a step
+            // boundary of their own): forward it, and give them time to save.
+            stopping  = true;
+            forwarded = true;
+            kill_at   = dt_now_ns() + (uint64_t)term_grace * 1000000ull;
+            for (int j = 0; j < nprocs; j++)
+                if (alive[j])
+                    kill(pids[j], SIGTERM);
         }
         if (stopping && nalive > 0 && dt_now_ns() >= kill_at) {
             for (int j = 0; j < nprocs; j++)

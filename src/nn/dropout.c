@@ -1,7 +1,10 @@
 // dropout.c: element-wise dropout (torch.nn.Dropout) and channel dropout
 // (torch.nn.Dropout2d), both in place. In training, kept values are scaled by
 // 1/(1-p) so evaluation needs no rescaling. The mask of sample s is drawn from the
-// stream split(layer stream, s): it does not depend on which thread runs the sample.
+// stream split(layer stream, key of s), the key being the sample's own (its dataset
+// index, set with dt_model_set_sample_keys) or else its position s in the batch: it
+// does not depend on which thread runs the sample, nor, with keys, on which batch or
+// process holds it.
 #include "nn/nn_impl.h"
 
 static dt_status dropout_setup(nn_layer *l) {
@@ -23,7 +26,7 @@ static dt_status dropout2d_setup(nn_layer *l) {
 // Bernoulli(1 - p) of PyTorch), then scales `per_unit` values of each unit.
 static void apply_mask(nn_layer *l, const nn_ctx *c, float *y, int s, size_t n, size_t per_unit) {
     uint8_t *mask  = l->aux + (size_t)s * l->aux_per_sample;
-    dt_rng   r     = dt_rng_split(c->rng, (uint64_t)s);
+    dt_rng   r     = dt_rng_split(c->rng, c->keys ? c->keys[s] : (uint64_t)s);
     float    scale = 1.0f / (1.0f - l->p);
     for (size_t u = 0; u < n; u++) {
         mask[u]  = dt_rng_uniform(&r) >= l->p;

@@ -16,10 +16,9 @@ struct dt_model {
     int      nlayers;
     bool     finalized;
     // flat buffers
-    float        *params, *grads;
-    size_t        nparams;
-    dt_param_info pinfo[2 * MAX_LAYERS];
-    int           npinfo;
+    float     *params, *grads; // dt_params_data / dt_params_grads of pv
+    size_t     nparams;
+    dt_params *pv; // the parameter contract this model provides (params.h)
     // threads
     dt_pool *pool;
     int      nthreads;
@@ -39,6 +38,8 @@ struct dt_model {
     bool             want_input_grad;
     bool             profile;
     dt_rng           rng;
+    uint64_t        *keys; // per-sample dropout keys (dt_model_set_sample_keys), or NULL
+    int              nkeys, keys_cap;
     dt_grad_ready_fn hook;
     void            *hook_user;
 };
@@ -112,16 +113,12 @@ dt_status dt_model_add_log_softmax(dt_model *m) {
     return add_layer(m, &dt_nn_log_softmax_ops, (nn_layer){0});
 }
 
-static void add_pinfo(dt_model *m, int layer, const char *what, size_t off, size_t count, int ndim,
-                      const int64_t *shape) {
-    dt_param_info *p = &m->pinfo[m->npinfo++];
-    snprintf(p->name, sizeof p->name, "%d.%s", layer, what);
-    p->offset = off;
-    p->count  = count;
-    p->ndim   = ndim;
-    for (int i = 0; i < 4; i++)
-        p->shape[i] = i < ndim ? shape[i] : 1;
-    p->layer = layer;
+// Declares one tensor of the contract; its offset follows from the order.
+static dt_status add_pinfo(dt_model *m, int layer, const char *what, int ndim, const int64_t *shape,
+                           uint32_t flags) {
+    char name[DT_PARAM_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%d.%s", layer, what);
+    return dt_params_add_ex(m->pv, name, ndim, shape, flags, layer, false);
 }
 
 // Scratch and per-thread gradient buffers for `n` threads.
@@ -163,6 +160,8 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         return dt_fail(DT_ERR_STATE, "model: dt_model_finalize called twice");
     if (m->nlayers == 0)
         return dt_fail(DT_ERR_ARG, "model: expected at least one layer, found none");
+    if (m->pv)
+        return dt_fail(DT_ERR_STATE, "model: a failed dt_model_finalize cannot be retried");
     DT_TRY(dt_blas_init());
     // A ReLU right after a convolution is applied by the convolution, and so is a 2x2
     // stride-2 max pool right after that ReLU when the convolution has stride 1 and an
@@ -181,6 +180,7 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         }
     }
     size_t off = 0;
+    DT_TRY(dt_params_new(&m->pv, NULL));
     for (int i = 0; i < m->nlayers; i++) {
         nn_layer *l = &m->layers[i];
         if (l->scratch_floats > m->scratch_floats)
@@ -189,15 +189,14 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
             continue;
         l->param_off   = off;
         l->param_count = l->wcount + (size_t)l->bcount;
-        add_pinfo(m, i, "weight", off, l->wcount, l->wndim, l->wshape);
-        add_pinfo(m, i, "bias", off + l->wcount, (size_t)l->bcount, 1, &l->bcount);
+        DT_TRY(add_pinfo(m, i, "weight", l->wndim, l->wshape, 0));
+        DT_TRY(add_pinfo(m, i, "bias", 1, &l->bcount, DT_PARAM_NO_DECAY));
         off += l->param_count;
     }
+    DT_TRY(dt_params_alloc(m->pv));
     m->nparams = off;
-    m->params  = dt_alloc_zero(sizeof(float) * (off ? off : 1));
-    m->grads   = dt_alloc_zero(sizeof(float) * (off ? off : 1));
-    if (!m->params || !m->grads)
-        return DT_ERR_NOMEM;
+    m->params  = dt_params_data(m->pv);
+    m->grads   = dt_params_grads(m->pv);
     // PyTorch's reset_parameters: kaiming_uniform_(w, a=sqrt(5)) gives the bound
     // gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), that is
     // 1/sqrt(fan_in); the bias is uniform in +-1/sqrt(fan_in) too.
@@ -247,8 +246,8 @@ void dt_model_free(dt_model *m) {
     free_thread_buffers(m);
     for (int i = 0; i < m->nlayers; i++)
         dt_free(m->layers[i].offsets);
-    dt_free(m->params);
-    dt_free(m->grads);
+    dt_params_free(m->pv);
+    dt_free(m->keys);
     dt_free(m);
 }
 
@@ -258,10 +257,13 @@ size_t dt_model_num_params(const dt_model *m) {
     return m->nparams;
 }
 int dt_model_num_param_tensors(const dt_model *m) {
-    return m->npinfo;
+    return m->pv ? dt_params_count(m->pv) : 0;
 }
 const dt_param_info *dt_model_param_info(const dt_model *m, int i) {
-    return i >= 0 && i < m->npinfo ? &m->pinfo[i] : NULL;
+    return m->pv ? dt_params_info(m->pv, i) : NULL;
+}
+dt_params *dt_model_as_params(dt_model *m) {
+    return m->finalized ? m->pv : NULL;
 }
 float *dt_model_params(dt_model *m) {
     return m->params;
@@ -280,6 +282,14 @@ size_t dt_model_output_size(const dt_model *m) {
 }
 size_t dt_model_input_size(const dt_model *m) {
     return nn_shape_size(m->input);
+}
+void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w) {
+    if (c)
+        *c = m->input.c;
+    if (h)
+        *h = m->input.h;
+    if (w)
+        *w = m->input.w;
 }
 
 double dt_model_flops_per_sample(const dt_model *m) {
@@ -334,6 +344,25 @@ void dt_model_train(dt_model *m, bool training) {
 }
 void dt_model_set_rng(dt_model *m, const dt_rng *rng) {
     m->rng = *rng;
+}
+dt_status dt_model_set_sample_keys(dt_model *m, const uint64_t *keys, int n) {
+    if (n < 0 || (n > 0 && !keys))
+        return dt_fail(DT_ERR_ARG,
+                       "model sample keys: expected n >= 0 keys (and an array when n > 0), "
+                       "found n = %d and %s",
+                       n, keys ? "an array" : "NULL");
+    if (n > m->keys_cap) {
+        uint64_t *k = dt_alloc(sizeof *k * (size_t)n);
+        if (!k)
+            return DT_ERR_NOMEM;
+        dt_free(m->keys);
+        m->keys     = k;
+        m->keys_cap = n;
+    }
+    if (n)
+        memcpy(m->keys, keys, sizeof *keys * (size_t)n);
+    m->nkeys = keys ? n : 0;
+    return DT_OK;
 }
 void dt_model_set_input_grad(dt_model *m, bool on) {
     m->want_input_grad = on;
@@ -419,6 +448,7 @@ static nn_ctx make_ctx(dt_model *m, int ith, int nth, const dt_rng *rng) {
         .pool     = m->pool,
         .scratch  = m->scratch[ith],
         .rng      = rng,
+        .keys     = m->nkeys ? m->keys : NULL,
     };
     return c;
 }
@@ -445,6 +475,11 @@ static void forward_task(void *arg, int ith, int nth) {
 }
 
 dt_status dt_model_forward(dt_model *m, const float *x, int batch) {
+    if (m->training && m->nkeys && m->nkeys != batch)
+        return dt_fail(DT_ERR_ARG,
+                       "model forward: expected a batch of %d samples, as many as the sample "
+                       "keys set (dt_model_set_sample_keys), found %d",
+                       m->nkeys, batch);
     DT_TRY(dt_model_reserve(m, batch));
     m->batch = batch;
     m->x     = x;
@@ -522,8 +557,11 @@ static void backward_task(void *arg, int ith, int nth) {
                 dt_pool_barrier(m->pool);
             }
         }
-        if (l->nparams && ith == 0 && m->hook)
-            m->hook(m->hook_user, l->param_off, l->param_count);
+        if (l->nparams && ith == 0) {
+            if (m->hook)
+                m->hook(m->hook_user, l->param_off, l->param_count);
+            dt_params_grad_ready(m->pv, l->param_off, l->param_count);
+        }
         if (!l->ops->in_place && din && i > 0)
             g = 1 - g;
         if (t0)

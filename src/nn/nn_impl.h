@@ -22,13 +22,15 @@ typedef struct nn_layer nn_layer;
 
 // What a layer's forward or backward sees, per thread.
 typedef struct nn_ctx {
-    int           ith, nth; // this thread, of nth
-    int           s0, s1;   // the samples this thread owns
-    int           batch;
-    bool          training;
-    dt_pool      *pool;    // for layers that must meet inside backward
-    float        *scratch; // this thread's scratch, layer->scratch_floats long
-    const dt_rng *rng;     // this step's stream, already split by layer index
+    int             ith, nth; // this thread, of nth
+    int             s0, s1;   // the samples this thread owns
+    int             batch;
+    bool            training;
+    dt_pool        *pool;    // for layers that must meet inside backward
+    float          *scratch; // this thread's scratch, layer->scratch_floats long
+    const dt_rng   *rng;     // this step's stream, already split by layer index
+    const uint64_t *keys;    // (batch) sample s draws from split(rng, keys[s]); NULL: from
+                             // split(rng, s)
 } nn_ctx;
 
 // How a layer's parameter gradient is formed when several threads share a batch.

@@ -225,6 +225,27 @@ static void test_child_fails(void) {
     CHECK_ERR(dt_spawn(2, NULL, NULL, NULL), DT_ERR_ARG, "NULL");
 }
 
+// Far more processes than cores are refused before anything is forked, with what their
+// shm segment would cost; DT_MAX_LOCAL_PROCS lifts the bound (and is range-checked).
+static void test_local_bound(void) {
+    long cpus  = sysconf(_SC_NPROCESSORS_ONLN);
+    long bound = cpus * 4 < 256 ? cpus * 4 : 256;
+    memset(slots(), 0, 4096);
+    CHECK_ERR(dt_spawn(1000, worker_ok, NULL, NULL), DT_ERR_ARG,
+              "1000 local processes exceed the bound of");
+    CHECK(strstr(dt_last_error(), "DT_MAX_LOCAL_PROCS") != NULL);
+    CHECK(strstr(dt_last_error(), "8244.4 MiB of /dev/shm") != NULL); // 1000^2 channels
+    CHECK(atomic_load(&slots()[0].pid) == 0);                         // nothing started
+    CHECK_ERR(dt_spawn((int)bound + 1, worker_ok, NULL, NULL), DT_ERR_ARG, "exceed the bound");
+    setenv("DT_MAX_LOCAL_PROCS", "1", 1);
+    CHECK_ERR(dt_spawn(2, worker_ok, NULL, NULL), DT_ERR_ARG, "the bound of 1 ");
+    setenv("DT_MAX_LOCAL_PROCS", "0", 1);
+    CHECK_ERR(dt_spawn(2, worker_ok, NULL, NULL), DT_ERR_ARG, "DT_MAX_LOCAL_PROCS");
+    setenv("DT_MAX_LOCAL_PROCS", "3", 1);
+    CHECK_OK(dt_spawn(3, worker_ok, NULL, NULL));
+    unsetenv("DT_MAX_LOCAL_PROCS");
+}
+
 static int worker_sleep(int local_rank, void *arg) {
     (void)arg;
     atomic_store(&slots()[local_rank].pid, (int)getpid());
@@ -280,5 +301,6 @@ int main(void) {
     RUN(test_two_nodes_without_token);
     RUN(test_child_fails);
     RUN(test_parent_killed);
+    RUN(test_local_bound);
     return check_summary();
 }

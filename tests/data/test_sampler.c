@@ -1,7 +1,8 @@
 // test_sampler.c: the DistributedSampler against ANCHORS §3.1's worked examples and
 // against a brute-force transcription of PyTorch's __iter__ (build the list, pad it by
 // appending, slice it) for many (N, R, drop_last, shuffle, epoch); partition
-// properties across ranks; evaluation mode; auto epoch; resume mid-epoch.
+// properties across ranks; the global batches of R ranks are the one-process batches;
+// evaluation mode; auto epoch; resume mid-epoch.
 #include "../check.h"
 #include "dtrain/data.h"
 #include "dtrain/rng.h"
@@ -352,6 +353,46 @@ static void test_resume(void) {
     dt_sampler_free(b);
 }
 
+// World-size invariance (DESIGN.md): with a global batch B and R ranks of batch B / R,
+// the union of the R local batches k is the one-process batch k, the last short one
+// included, for every epoch, whenever R divides N (no padding). Rank r's i-th index is
+// list[r + i R], so local batch k covers positions [k B, (k + 1) B) of the same list.
+static void test_global_batches(void) {
+    enum { N = 1000, B = 48 };
+    static bool mark[N];
+    size_t      one[N], local[N];
+    for (uint64_t epoch = 0; epoch < 3; epoch++) {
+        dt_sampler *s1 = make(N, 1, 0, true, false, 7);
+        dt_sampler_set_epoch(s1, epoch);
+        dt_sampler_begin(s1);
+        CHECK_EQ(drain(s1, one, N), N);
+        dt_sampler_free(s1);
+        for (int R = 2; R <= 8; R *= 2) {
+            size_t b = B / R, nb = (N / R + b - 1) / b;
+            CHECK_EQ(nb, (N + B - 1) / B);
+            bool same = true;
+            for (size_t k = 0; k < nb; k++) {
+                memset(mark, 0, sizeof mark);
+                size_t count = 0;
+                for (int r = 0; r < R; r++) {
+                    dt_sampler *s = make(N, R, r, true, false, 7);
+                    dt_sampler_set_epoch(s, epoch);
+                    dt_sampler_begin(s);
+                    size_t n = drain(s, local, N);
+                    for (size_t i = k * b; i < (k + 1) * b && i < n; i++, count++)
+                        mark[local[i]] = true;
+                    dt_sampler_free(s);
+                }
+                size_t end = (k + 1) * B < N ? (k + 1) * B : N;
+                same &= count == end - k * B;
+                for (size_t i = k * B; i < end; i++)
+                    same &= mark[one[i]];
+            }
+            CHECK(same);
+        }
+    }
+}
+
 static void test_bad_args(void) {
     dt_sampler_opts o = dt_sampler_opts_default();
     o.num_replicas    = 4;
@@ -384,6 +425,7 @@ int main(void) {
     RUN(test_auto_epoch);
     RUN(test_single_process_shuffle);
     RUN(test_resume);
+    RUN(test_global_batches);
     RUN(test_bad_args);
     return check_summary();
 }

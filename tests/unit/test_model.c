@@ -1,6 +1,7 @@
 // test_model.c: the Sequential model beyond single-layer gradients: initialisation
-// statistics, determinism, thread-count independence, dropout masks, the gradient
-// hook, accumulation, steady-state allocation and error messages.
+// statistics, determinism, thread-count independence, dropout masks (keyed by position
+// or by sample key), the gradient hook, accumulation, steady-state allocation and
+// error messages.
 #include "../check.h"
 #include "dtrain/nn.h"
 
@@ -175,6 +176,59 @@ static void test_dropout_masks(void) {
     free(y2);
 }
 
+// With sample keys, a sample's masks follow its key, not its position or its batch: a
+// batch of 6 split into batches of 3 in another order gives each sample the same
+// output, dropout and dropout2d on, on 1 and 2 threads.
+static void test_sample_keys(void) {
+    dt_model *m = dt_model_init(8, 4, 4);
+    CHECK_OK(dt_model_add_dropout2d(m, 0.4f));
+    CHECK_OK(dt_model_add_flatten(m));
+    CHECK_OK(dt_model_add_dropout(m, 0.3f));
+    CHECK_OK(dt_model_finalize(m, 1));
+    enum { N = 6, F = 128 };
+    float *x = malloc(sizeof(float) * F * N), *ref = malloc(sizeof(float) * F * N);
+    for (int i = 0; i < F * N; i++)
+        x[i] = 1.0f + (float)(i % 13);
+    dt_rng   epoch   = dt_rng_init(9);
+    uint64_t keys[N] = {40, 41, 42, 43, 44, 45};
+    dt_model_set_rng(m, &epoch);
+    CHECK_OK(dt_model_set_sample_keys(m, keys, N));
+    CHECK_OK(dt_model_forward(m, x, N));
+    memcpy(ref, dt_model_output(m), sizeof(float) * F * N);
+    // Positions instead of keys give other masks.
+    CHECK_OK(dt_model_set_sample_keys(m, NULL, 0));
+    CHECK_OK(dt_model_forward(m, x, N));
+    CHECK(memcmp(ref, dt_model_output(m), sizeof(float) * F * N) != 0);
+    for (int threads = 1; threads <= 2; threads++) {
+        CHECK_OK(dt_model_set_threads(m, threads));
+        const int order[2][3] = {{3, 1, 5}, {4, 0, 2}};
+        for (int h = 0; h < 2; h++) {
+            float   *xs = malloc(sizeof(float) * F * 3);
+            uint64_t ks[3];
+            for (int i = 0; i < 3; i++) {
+                memcpy(xs + i * F, x + order[h][i] * F, sizeof(float) * F);
+                ks[i] = keys[order[h][i]];
+            }
+            CHECK_OK(dt_model_set_sample_keys(m, ks, 3));
+            CHECK_OK(dt_model_forward(m, xs, 3));
+            for (int i = 0; i < 3; i++)
+                CHECK(memcmp(dt_model_output(m) + i * F, ref + order[h][i] * F,
+                             sizeof(float) * F) == 0);
+            free(xs);
+        }
+    }
+    // Keys for 3 samples and a batch of 6: refused in training, ignored in evaluation.
+    CHECK_ERR(dt_model_forward(m, x, N), DT_ERR_ARG, "expected a batch of 3 samples");
+    dt_model_train(m, false);
+    CHECK_OK(dt_model_forward(m, x, N));
+    CHECK(memcmp(x, dt_model_output(m), sizeof(float) * F * N) == 0);
+    CHECK_ERR(dt_model_set_sample_keys(m, keys, -1), DT_ERR_ARG, "expected n >= 0");
+    CHECK_ERR(dt_model_set_sample_keys(m, NULL, 2), DT_ERR_ARG, "found n = 2 and NULL");
+    dt_model_free(m);
+    free(x);
+    free(ref);
+}
+
 typedef struct hook_log {
     size_t       off[16], cnt[16];
     int          n;
@@ -280,6 +334,7 @@ int main(void) {
     unsetenv("DT_NO_POOL_FUSION");
     unsetenv("DT_CONV");
     RUN(test_dropout_masks);
+    RUN(test_sample_keys);
     RUN(test_hook_and_accumulation);
     RUN(test_errors);
     return check_summary();
