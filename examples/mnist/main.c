@@ -68,6 +68,11 @@ static const char usage[] =
     "  --master-addr A     host of rank 0 (default $MASTER_ADDR, else 127.0.0.1)\n"
     "  --master-port N     port of rank 0's store (default $MASTER_PORT, else a free\n"
     "                      port on one machine and 29500 on several)\n"
+    "  --job-token T       the job's shared secret (default $DT_JOB_TOKEN): give every\n"
+    "                      machine the same one where strangers can reach the port.\n"
+    "                      Without it, one machine draws a random token; several derive\n"
+    "                      one from the port and sizes, which keeps other jobs out but\n"
+    "                      is no secret (trusted networks only). Never sent on the wire.\n"
     "  --backend NAME      auto (default: shm on one host, tcp across hosts), shm, tcp,\n"
     "                      gloo (an alias of tcp, the name PyTorch scripts use),\n"
     "                      mpi (MPI's collectives; under mpirun or srun)\n"
@@ -135,7 +140,8 @@ static int parse_args(int argc, char **argv, args *a) {
         MAX_STEPS,
         SAVE_MODEL,
         LOAD,
-        EVAL_ONLY
+        EVAL_ONLY,
+        JOB_TOKEN
     };
     static const struct option opts[] = {{"epochs", required_argument, 0, EPOCHS},
                                          {"batch-size", required_argument, 0, BATCH},
@@ -153,6 +159,7 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"machine-id", required_argument, 0, MACHID},
                                          {"master-addr", required_argument, 0, MADDR},
                                          {"master-port", required_argument, 0, MPORT},
+                                         {"job-token", required_argument, 0, JOB_TOKEN},
                                          {"backend", required_argument, 0, BACKEND},
                                          {"no-overlap", no_argument, 0, NO_OVERLAP},
                                          {"checkpoint-dir", required_argument, 0, CKPT_DIR},
@@ -218,6 +225,13 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case MPORT:
             st = dt_parse_long(optarg, 1, 65535, "--master-port", &a->master_port);
+            break;
+        case JOB_TOKEN:
+            if (!*optarg) {
+                fprintf(stderr, "dtrain-mnist: --job-token expects a non-empty token\n");
+                return 2;
+            }
+            setenv("DT_JOB_TOKEN", optarg, 1); // read by dt_spawn and dt_pg_init
             break;
         case BACKEND:
             a->backend = optarg;
