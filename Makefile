@@ -8,6 +8,7 @@
 #   make tsan            the threaded tests under ThreadSanitizer
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
+#   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
 #   make install PREFIX=/usr/local
 #
 # Variables: BUILD=release|debug|asan|ubsan|tsan, NATIVE=1 (add -march=native),
@@ -120,14 +121,14 @@ TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data
                  $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model%,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
-PROG_DIRS := $(foreach d,examples/mnist examples/custom tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
+PROG_DIRS := $(foreach d,examples/mnist examples/custom tools/dtrun bench/dtrain-bench bench/ops-bench,$(if $(wildcard $d/*.c),$d))
 PROG_NAME  = $(if $(filter examples/%,$1),dtrain-$(notdir $1),$(notdir $1))
 PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 
 ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
 
 .PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench \
-        install clean format format-check help
+        golden install clean format format-check help
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -236,6 +237,13 @@ bench: DT_EXTRA_PKGS += python3-torch python3-numpy
 bench: deps
 	$(Q)$(MAKE) --no-print-directory programs
 	$(Q)bench/run.sh
+
+# ---------------------------------------------------------------- golden fixtures
+# PyTorch writes the fixtures tests/golden/test_golden.c reads; they are committed, so
+# only a change of an op or of gen.py needs this (and torch: apt-get install python3-torch).
+GOLDEN_PYTHON ?= /usr/bin/python3
+golden:
+	$(Q)$(GOLDEN_PYTHON) tests/golden/gen.py
 
 # ---------------------------------------------------------------- install
 install: lib programs
