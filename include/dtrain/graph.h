@@ -48,7 +48,7 @@ DT_API dt_graph_opts dt_graph_opts_default(void);
 DT_API dt_status dt_graph_new(dt_graph **out, const dt_graph_opts *opts);
 DT_API void      dt_graph_free(dt_graph *g); // NULL-safe; frees its layers
 
-// A graph input of per-sample shape `shape` (dtype DT_F32, or DT_I32 for indices).
+// A graph input of per-sample shape `shape` (dtype DT_ELEM_F32, or DT_ELEM_I32 for indices).
 DT_API dt_status dt_graph_input(dt_graph *g, const char *name, const dt_shape *shape);
 // Node `name` applying `layer` (owned by the graph from now on, even on failure) to the
 // named inputs, in order. Fails naming the node when an input is unknown, the name is

@@ -15,7 +15,7 @@
 //
 // Shapes here are per sample: the batch is the leading dimension the graph adds. A
 // tensor of batch n and per-sample shape s is n * dt_shape_numel(s) floats, row-major.
-// Inputs of dtype DT_I32 (token ids, class indices) hold int32_t values: cast x[i]
+// Inputs of dtype DT_ELEM_I32 (token ids, class indices) hold int32_t values: cast x[i]
 // to (const int32_t *).
 //
 // Every built-in layer (dt_layer_<kind>_new below) follows the PyTorch module of the
@@ -36,13 +36,13 @@ extern "C" {
 #define DT_LAYER_MAX_TENSORS 4 // parameters of one layer; buffers likewise
 #define DT_SHAPE_MAX_DIMS    4 // per-sample dimensions
 
-typedef enum dt_dtype { DT_F32 = 0, DT_I32 = 1 } dt_dtype;
+typedef enum dt_elem { DT_ELEM_F32 = 0, DT_ELEM_I32 = 1 } dt_elem; // element types of graph values
 
 // A per-sample shape: ndim 0 (a scalar per sample) .. 4; dims >= 1.
 typedef struct dt_shape {
-    int      ndim;
-    int64_t  d[DT_SHAPE_MAX_DIMS];
-    dt_dtype dtype;
+    int     ndim;
+    int64_t d[DT_SHAPE_MAX_DIMS];
+    dt_elem dtype;
 } dt_shape;
 
 DT_API size_t dt_shape_numel(const dt_shape *s); // product of the dims (1 when ndim 0)
@@ -166,7 +166,7 @@ typedef struct dt_layernorm_opts {
 DT_API dt_layernorm_opts dt_layernorm_opts_default(void);
 DT_API dt_status dt_layer_layernorm_new(dt_layer **out, int d, const dt_layernorm_opts *opts);
 
-// nn.Embedding(num, d): DT_I32 input of any shape s -> (s..., d).
+// nn.Embedding(num, d): DT_ELEM_I32 input of any shape s -> (s..., d).
 DT_API dt_status dt_layer_embedding_new(dt_layer **out, int num, int d, const dt_layer_opts *opts);
 
 // Element-wise activations (nn.ReLU, nn.GELU(), nn.GELU('tanh'), nn.Tanh, nn.Sigmoid,

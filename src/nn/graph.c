@@ -132,7 +132,8 @@ static dt_status check_new_name(dt_graph *g, const char *name) {
 }
 
 static dt_status check_shape(const char *what, const dt_shape *s) {
-    if (s->ndim < 0 || s->ndim > DT_SHAPE_MAX_DIMS || (s->dtype != DT_F32 && s->dtype != DT_I32))
+    if (s->ndim < 0 || s->ndim > DT_SHAPE_MAX_DIMS ||
+        (s->dtype != DT_ELEM_F32 && s->dtype != DT_ELEM_I32))
         return dt_fail(DT_ERR_ARG, "%s: expected ndim 0..%d and dtype f32 or i32, found ndim %d",
                        what, DT_SHAPE_MAX_DIMS, s->ndim);
     for (int i = 0; i < s->ndim; i++)
@@ -521,7 +522,7 @@ const float *dt_graph_input_grad(const dt_graph *g, int input) {
 }
 
 static bool wants_grad(const dt_graph *g, const gval *v) {
-    if (v->shape.dtype != DT_F32)
+    if (v->shape.dtype != DT_ELEM_F32)
         return false;
     return v->layer ? true : g->input_grad;
 }

@@ -23,7 +23,7 @@ const char *dt_shape_str(const dt_shape *s, char *buf, size_t n) {
     for (int i = 0; i < s->ndim && o < n; i++)
         o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? "," : "", (long long)s->d[i]);
     if (o < n)
-        snprintf(buf + o, n - o, ")%s", s->dtype == DT_I32 ? " i32" : "");
+        snprintf(buf + o, n - o, ")%s", s->dtype == DT_ELEM_I32 ? " i32" : "");
     return buf;
 }
 
@@ -96,7 +96,7 @@ dt_status lay_expect(const char *kind, int nin, const dt_shape *in, int want_nin
         return dt_fail(DT_ERR_ARG, "%s: expected %d input(s), found %d", kind, want_nin, nin);
     for (int i = 0; i < nin; i++) {
         char b[64];
-        if (in[i].dtype != DT_F32)
+        if (in[i].dtype != DT_ELEM_F32)
             return dt_fail(DT_ERR_ARG, "%s: expected a float input, found %s", kind,
                            dt_shape_str(&in[i], b, sizeof b));
         if (in[i].ndim < ndim_lo || in[i].ndim > ndim_hi)
@@ -119,7 +119,7 @@ static dt_status conv_setup(const dt_layer *l, int nin, const dt_shape *in, dt_l
                        dt_shape_str(&in[0], b, sizeof b));
     int h = (int)in[0].d[1], w = (int)in[0].d[2], ho, wo;
     DT_TRY(dt_nn_conv2d_check(p, h, w, &ho, &wo));
-    s->out = (dt_shape){3, {p->cout, ho, wo, 1}, DT_F32};
+    s->out = (dt_shape){3, {p->cout, ho, wo, 1}, DT_ELEM_F32};
     lay_tensor(&s->params[0], "weight", 0, 4, p->cout, p->cin / p->groups, p->kh, p->kw);
     s->nparams = 1;
     if (p->bias)
@@ -436,14 +436,14 @@ typedef struct emb_cfg {
 static dt_status emb_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
     const emb_cfg *p = l->config;
     char           b[64];
-    if (nin != 1 || in[0].dtype != DT_I32 || in[0].ndim >= DT_SHAPE_MAX_DIMS)
+    if (nin != 1 || in[0].dtype != DT_ELEM_I32 || in[0].ndim >= DT_SHAPE_MAX_DIMS)
         return dt_fail(DT_ERR_ARG,
                        "embedding: expected one int32 input of at most %d "
                        "dimensions, found %d inputs, the first %s",
                        DT_SHAPE_MAX_DIMS - 1, nin,
                        nin > 0 ? dt_shape_str(&in[0], b, sizeof b) : "none");
     s->out               = in[0];
-    s->out.dtype         = DT_F32;
+    s->out.dtype         = DT_ELEM_F32;
     s->out.d[in[0].ndim] = p->d;
     s->out.ndim          = in[0].ndim + 1;
     lay_tensor(&s->params[0], "weight", 0, 2, p->num, p->d, 0, 0);

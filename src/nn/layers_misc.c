@@ -194,7 +194,7 @@ static dt_status pool_setup(const dt_layer *l, int nin, const dt_shape *in, dt_l
     } else {
         DT_TRY(dt_nn_avgpool2d_check(&p->p, (int)in[0].d[1], (int)in[0].d[2], &ho, &wo));
     }
-    s->out = (dt_shape){3, {in[0].d[0], ho, wo, 1}, DT_F32};
+    s->out = (dt_shape){3, {in[0].d[0], ho, wo, 1}, DT_ELEM_F32};
     if (l->ops->kind[0] == 'm') // argmax per output, as a float index (exact below 2^24)
         s->saved_per_sample = dt_shape_numel(&s->out);
     return DT_OK;
@@ -331,7 +331,7 @@ dt_status dt_layer_adaptive_avgpool2d_new(dt_layer **out, int ho, int wo,
 static dt_status flatten_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
     (void)l;
     DT_TRY(lay_expect("flatten", nin, in, 1, 0, DT_SHAPE_MAX_DIMS));
-    s->out = (dt_shape){1, {(int64_t)dt_shape_numel(&in[0]), 1, 1, 1}, DT_F32};
+    s->out = (dt_shape){1, {(int64_t)dt_shape_numel(&in[0]), 1, 1, 1}, DT_ELEM_F32};
     return DT_OK;
 }
 
@@ -485,7 +485,7 @@ static dt_status attn_setup(const dt_layer *l, int nin, const dt_shape *in, dt_l
                        dt_shape_str(&in[0], b, sizeof b));
     int T = (int)in[0].d[0], C = (int)(in[0].d[1] / 3);
     DT_TRY(dt_nn_attn_check(1, T, C, heads, 3 * C));
-    s->out              = (dt_shape){2, {T, C, 1, 1}, DT_F32};
+    s->out              = (dt_shape){2, {T, C, 1, 1}, DT_ELEM_F32};
     s->saved_per_sample = (size_t)heads * (size_t)T; // log-sum-exp per (head, row)
     s->scratch_fixed    = dt_nn_attn_scratch(C / heads);
     s->flops_per_sample = 2.0 * T * (double)T * C; // q k^T and p v, causal half each

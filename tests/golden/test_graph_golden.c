@@ -252,13 +252,13 @@ int main(void) {
     dt_graph_free(g);
 
     CHECK_OK(dt_graph_new(&g, NULL));
-    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){2, {7, 8, 1, 1}, DT_F32}));
+    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){2, {7, 8, 1, 1}, DT_ELEM_F32}));
     CHECK_OK(tg_block(g, "", "x", 8, 2));
     run_case("graph_transformer", g, 2, 1, (const char *[]){"x"}, NULL);
     dt_graph_free(g);
 
     CHECK_OK(dt_graph_new(&g, NULL));
-    CHECK_OK(tg_gpt(g, 6, 8, 2, 13));
+    CHECK_OK(tg_gpt(g, 6, 8, 2, 13, 0));
     run_case("graph_gpt_tied", g, 2, 2, (const char *[]){"idx", "pos"}, "wte.weight");
     dt_graph_free(g);
     return check_summary();

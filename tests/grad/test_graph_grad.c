@@ -113,7 +113,7 @@ static void fanout_graph(void) {
     dt_graph *g;
     dt_layer *l;
     CHECK_OK(dt_graph_new(&g, NULL));
-    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){3, {2, 5, 6, 1}, DT_F32}));
+    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){3, {2, 5, 6, 1}, DT_ELEM_F32}));
     dt_conv2d_opts co = dt_conv2d_opts_default();
     co.ph = co.pw = 1;
     co.groups     = 2;
@@ -177,7 +177,7 @@ static void maxpool_graph(void) {
     dt_graph *g;
     dt_layer *l;
     CHECK_OK(dt_graph_new(&g, NULL));
-    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){3, {2, 5, 6, 1}, DT_F32}));
+    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){3, {2, 5, 6, 1}, DT_ELEM_F32}));
     dt_pool2d_opts po = {.sh = 2, .sw = 2, .ph = 1, .pw = 1};
     CHECK_OK(dt_layer_maxpool2d_new(&l, 3, 3, &po));
     CHECK_OK(dt_graph_add(g, "max", l, "x")); // (2, 3, 3)
@@ -202,7 +202,7 @@ static void maxpool_graph(void) {
 static void gpt_graph(void) {
     dt_graph *g;
     CHECK_OK(dt_graph_new(&g, NULL));
-    CHECK_OK(tg_gpt(g, 5, 8, 2, 7));
+    CHECK_OK(tg_gpt(g, 5, 8, 2, 7, 0));
     CHECK_OK(dt_graph_finalize(g, 3));
     CHECK_EQ(dt_params_find(dt_graph_params(g), "head.weight"), -1); // tied: one tensor
     int32_t     idx[10] = {1, 3, 3, 0, 6, 2, 2, 5, 1, 4}, pos[10] = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4};
@@ -214,7 +214,7 @@ static void gpt_graph(void) {
 static void transformer_input(void) {
     dt_graph *g;
     CHECK_OK(dt_graph_new(&g, NULL));
-    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){2, {6, 8, 1, 1}, DT_F32}));
+    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){2, {6, 8, 1, 1}, DT_ELEM_F32}));
     CHECK_OK(tg_block(g, "", "x", 8, 2));
     CHECK_OK(dt_graph_finalize(g, 5));
     dt_rng      xr    = dt_rng_init(6);
@@ -231,7 +231,7 @@ static void errors(void) {
     dt_graph *g;
     dt_layer *l;
     CHECK_OK(dt_graph_new(&g, NULL));
-    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){3, {3, 4, 4, 1}, DT_F32}));
+    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){3, {3, 4, 4, 1}, DT_ELEM_F32}));
     CHECK_OK(dt_layer_conv2d_new(&l, 2, 4, 3, 3, NULL));
     CHECK_ERR(dt_graph_add(g, "c", l, "x"), DT_ERR_ARG, "expected 2 input channels");
     CHECK_OK(dt_layer_act_new(&l, DT_ACT_RELU, NULL));

@@ -8,7 +8,7 @@ dt_status tg_resblock(dt_graph *g, int c, int h, int w, const dt_batchnorm_opts 
     dt_conv2d_opts co = dt_conv2d_opts_default();
     co.ph = co.pw = 1;
     co.bias       = false;
-    DT_TRY(dt_graph_input(g, "x", &(dt_shape){3, {c, h, w, 1}, DT_F32}));
+    DT_TRY(dt_graph_input(g, "x", &(dt_shape){3, {c, h, w, 1}, DT_ELEM_F32}));
     DT_TRY(dt_layer_conv2d_new(&l, c, c, 3, 3, &co));
     DT_TRY(dt_graph_add(g, "conv1", l, "x"));
     DT_TRY(dt_layer_batchnorm2d_new(&l, c, bn));
@@ -61,17 +61,21 @@ dt_status tg_block(dt_graph *g, const char *p, const char *in, int c, int heads)
 #undef NAME
 }
 
-dt_status tg_gpt(dt_graph *g, int t, int c, int heads, int vocab) {
+dt_status tg_gpt(dt_graph *g, int t, int c, int heads, int vocab, float drop) {
     dt_layer *l;
-    DT_TRY(dt_graph_input(g, "idx", &(dt_shape){1, {t, 1, 1, 1}, DT_I32}));
-    DT_TRY(dt_graph_input(g, "pos", &(dt_shape){1, {t, 1, 1, 1}, DT_I32}));
+    DT_TRY(dt_graph_input(g, "idx", &(dt_shape){1, {t, 1, 1, 1}, DT_ELEM_I32}));
+    DT_TRY(dt_graph_input(g, "pos", &(dt_shape){1, {t, 1, 1, 1}, DT_ELEM_I32}));
     DT_TRY(dt_layer_embedding_new(&l, vocab, c, NULL));
     DT_TRY(dt_graph_add(g, "wte", l, "idx"));
     DT_TRY(dt_layer_embedding_new(&l, t, c, NULL));
     DT_TRY(dt_graph_add(g, "wpe", l, "pos"));
     DT_TRY(dt_layer_add_new(&l, NULL));
     DT_TRY(dt_graph_add(g, "emb", l, "wte", "wpe"));
-    DT_TRY(tg_block(g, "h.", "emb", c, heads));
+    if (drop > 0) {
+        DT_TRY(dt_layer_dropout_new(&l, drop, NULL));
+        DT_TRY(dt_graph_add(g, "drop", l, "emb"));
+    }
+    DT_TRY(tg_block(g, "h.", drop > 0 ? "drop" : "emb", c, heads));
     DT_TRY(dt_layer_layernorm_new(&l, c, NULL));
     DT_TRY(dt_graph_add(g, "ln_f", l, "h.out"));
     dt_linear_opts lo = {.bias = false};

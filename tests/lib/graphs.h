@@ -11,8 +11,8 @@ dt_status tg_resblock(dt_graph *g, int c, int h, int w, const dt_batchnorm_opts 
 // A pre-LN transformer block reading node or input `in` (t, c), nodes named
 // <prefix>ln1, qkv, attn, proj, r1 (residual), ln2, fc, gelu, fc2, out (residual).
 dt_status tg_block(dt_graph *g, const char *prefix, const char *in, int c, int heads);
-// Inputs "idx", "pos" (t, int32); wte (vocab, c), wpe (t, c), emb = add; a block "h.";
-// ln_f; head (Linear c -> vocab, no bias) tied to wte.
-dt_status tg_gpt(dt_graph *g, int t, int c, int heads, int vocab);
+// Inputs "idx", "pos" (t, int32); wte (vocab, c), wpe (t, c), emb = add; with drop > 0
+// a Dropout "drop"; a block "h."; ln_f; head (Linear c -> vocab, no bias) tied to wte.
+dt_status tg_gpt(dt_graph *g, int t, int c, int heads, int vocab, float drop);
 
 #endif
