@@ -5,7 +5,8 @@
 // Conv2d (groups, rectangular), BatchNorm2d (training), Tanh, Sigmoid, SiLU, GELU
 // (exact and tanh), MaxPool2d (on well-separated inputs), AvgPool2d, AdaptiveAvgPool2d, Flatten,
 // Linear, BatchNorm1d, Dropout (keyed masks: fixed across forwards), Softmax, LayerNorm, Embedding,
-// attention. As tests/grad/test_grad_ops.c: L = sum(y * r), eps = 5e-3 on the float32
+// attention, and a user layer with two inputs written against layer.h. As
+// tests/grad/test_grad_ops.c: L = sum(y * r), eps = 5e-3 on the float32
 // forward with L summed in double; per tensor ||g - fd|| / ||fd|| < 2e-3 and every
 // element within 1e-2 of max(1, max|fd|). (eps is half of the ops test's: BatchNorm1d
 // over 8 samples curves enough that eps = 1e-2 leaves 3e-3 of truncation error, which
@@ -226,6 +227,89 @@ static void transformer_input(void) {
     dt_graph_free(g);
 }
 
+// A user layer through the public interface: y = x * scale + shift over the last
+// dimension (d), with a scale drawn from its init stream; its two inputs are summed
+// first, so it also shows a layer with several inputs.
+typedef struct affine_cfg {
+    int d;
+} affine_cfg;
+
+static dt_status affine_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    const affine_cfg *c = l->config;
+    if (nin != 2 || in[0].ndim < 1 || in[0].d[in[0].ndim - 1] != c->d)
+        return dt_fail(DT_ERR_ARG, "affine: expected 2 inputs (..., %d)", c->d);
+    s->out       = in[0];
+    s->nparams   = 2;
+    s->params[0] = (dt_layer_tensor){.name = "scale", .ndim = 1, .shape = {c->d, 1, 1, 1}};
+    s->params[1] = (dt_layer_tensor){
+        .name = "shift", .ndim = 1, .shape = {c->d, 1, 1, 1}, .flags = DT_PARAM_NO_DECAY};
+    s->scratch_per_sample = dt_shape_numel(&in[0]); // x0 + x1
+    return DT_OK;
+}
+
+static void affine_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    (void)buf;
+    const affine_cfg *c = l->config;
+    for (int i = 0; i < c->d; i++) {
+        w[0][i] = 1.0f + 0.5f * dt_rng_normal(rng);
+        w[1][i] = 0.0f;
+    }
+}
+
+static dt_status affine_forward(const dt_layer *l, const dt_layer_args *a) {
+    int    d = ((const affine_cfg *)l->config)->d;
+    size_t n = (size_t)a->batch * dt_shape_numel(&a->in[0]);
+    for (size_t i = 0; i < n; i++) {
+        a->scratch[i] = a->x[0][i] + a->x[1][i];
+        a->y[i]       = a->scratch[i] * a->w[0][i % (size_t)d] + a->w[1][i % (size_t)d];
+    }
+    return DT_OK;
+}
+
+static dt_status affine_backward(const dt_layer *l, const dt_layer_args *a) {
+    int    d = ((const affine_cfg *)l->config)->d;
+    size_t n = (size_t)a->batch * dt_shape_numel(&a->in[0]);
+    for (size_t i = 0; i < n; i++) {
+        float g = a->dy[i] * a->w[0][i % (size_t)d];
+        for (int k = 0; k < 2; k++)
+            if (a->dx[k])
+                a->dx[k][i] = g;
+        a->dw[0][i % (size_t)d] += a->dy[i] * (a->x[0][i] + a->x[1][i]);
+        a->dw[1][i % (size_t)d] += a->dy[i];
+    }
+    return DT_OK;
+}
+
+static const dt_layer_ops affine_ops = {"affine",       affine_setup,    affine_init,
+                                        affine_forward, affine_backward, NULL};
+
+static void user_layer(void) {
+    dt_graph *g;
+    dt_layer *l;
+    CHECK_OK(dt_graph_new(&g, NULL));
+    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){2, {3, 5, 1, 1}, DT_ELEM_F32}));
+    CHECK_OK(dt_layer_act_new(&l, DT_ACT_TANH, NULL));
+    CHECK_OK(dt_graph_add(g, "t", l, "x"));
+    affine_cfg *cfg = dt_alloc(sizeof *cfg);
+    cfg->d          = 5;
+    CHECK_OK(dt_layer_new(&l, &affine_ops, cfg, NULL));
+    CHECK_OK(dt_graph_add(g, "aff", l, "t", "x"));
+    CHECK_OK(dt_layer_act_new(&l, DT_ACT_SIGMOID, NULL));
+    CHECK_OK(dt_graph_add(g, "out", l, "aff"));
+    CHECK_OK(dt_graph_finalize(g, 4));
+    dt_params *p = dt_graph_params(g);
+    CHECK_EQ(dt_params_count(p), 2);
+    CHECK(strcmp(dt_params_info(p, 1)->name, "aff.shift") == 0);
+    CHECK(dt_params_info(p, 1)->flags == DT_PARAM_NO_DECAY);
+    CHECK(strcmp(dt_graph_node_kind(g, dt_graph_find(g, "aff")), "affine") == 0);
+    dt_rng xr = dt_rng_init(14);
+    size_t nx = 4 * 15;
+    float *x  = rnd(&xr, nx, 1.0f);
+    check_graph("user layer", g, (const void *[]){x}, (float *const[]){x}, &nx, 1, 4, 15);
+    free(x);
+    dt_graph_free(g);
+}
+
 static void errors(void) {
     check_current = "errors";
     dt_graph *g;
@@ -262,6 +346,7 @@ int main(void) {
     maxpool_graph();
     transformer_input();
     gpt_graph();
+    user_layer();
     errors();
     return check_summary();
 }
