@@ -69,17 +69,21 @@ static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
     return g;
 }
 
-// The shifted GEMMs pay off on wide rows and deep reductions. Measured on the ResNet's
-// shapes (Zen 4, noisy shared host): 2x faster than im2col on 16->16 at 28x28, but 1.5-2x
-// slower on the 1-channel stem (9-term reductions) and on 64->64 at 7x7 (rows of 9,
-// mostly tail columns), so those stay on im2col unless DT_CONV=direct forces the kernels.
-static bool use_direct(const dt_nn_conv2d *p, int w) {
+// Which path, measured on the ResNet's shapes (Zen 4, thread CPU time): forward is faster
+// on the shifted GEMMs everywhere (0.75x the im2col time on the 1-channel stem and the
+// 7x7 stage, 0.45-0.6x at 14x14 and 28x28); backward only with reductions of 32+ terms
+// over rows of 16+ (2x faster at 28x28 16->16, but 2.5x slower on the stem and 1.5x on
+// 64->64 at 7x7, where im2col + OpenBLAS stays). DT_CONV=direct forces the kernels,
+// DT_CONV=gemm declines them.
+static bool use_direct(const dt_nn_conv2d *p, int w, bool backward) {
     if (p->sh != 1 || p->sw != 1 || p->groups != 1)
         return false;
     const char *e = getenv("DT_CONV");
     if (e && strcmp(e, "direct") == 0)
         return true;
-    return dt_nn_want_direct() && p->cin * p->kh * p->kw >= 32 && w + 2 * p->pw >= 16;
+    if (!dt_nn_want_direct())
+        return false;
+    return !backward || (p->cin * p->kh * p->kw >= 32 && w + 2 * p->pw >= 16);
 }
 
 // padded input, wide output/gradient rows, transposed weights, then the two offset
@@ -308,7 +312,7 @@ static void direct_backward(const dt_nn_conv2d *p, int n, int h, int w, const fl
 
 void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                           const float *wt, const float *b, float *y, float *scratch) {
-    if (use_direct(p, w)) {
+    if (use_direct(p, w, false)) {
         direct_forward(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
@@ -343,7 +347,7 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
 void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                            const float *wt, const float *dy, float *dx, float *dw, float *db,
                            float *scratch) {
-    if (use_direct(p, w)) {
+    if (use_direct(p, w, true)) {
         direct_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return;
     }
