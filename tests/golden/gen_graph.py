@@ -5,7 +5,8 @@ Run with Debian's interpreter (torch 1.13): /usr/bin/python3 tests/golden/gen_gr
 (`make golden` runs it after gen.py). Same file format as gen.py (README.md). Each
 fixture is a whole block computed in float64 from float32 inputs: the parameters are
 named as dtrain's graph names them ("p:<node>.<tensor>"), their gradients "g:<...>",
-buffers after the step "b:<...>", inputs "in:<name>", the output "y", the output
+buffers after the step "b:<...>" (and before it "b0:<...>" where a case loads them),
+inputs "in:<name>", the output "y", the output
 gradient "dy", and the inputs' gradients "dx:<name>". The gradients are those of
 sum(y * dy).
 """
@@ -39,7 +40,7 @@ def params(spec):
     return out
 
 
-def finish(name, inputs, p, y, buffers=()):
+def finish(name, inputs, p, y, buffers=(), extra=()):
     dy = rnd(*y.shape)
     y.backward(dy)
     ts = [("in:" + k, v) for k, v in inputs.items()]
@@ -48,6 +49,7 @@ def finish(name, inputs, p, y, buffers=()):
     ts += [("g:" + k, v.grad) for k, v in p.items()]
     ts += [("dx:" + k, v.grad) for k, v in inputs.items() if v.dtype.is_floating_point]
     ts += [("b:" + k, v) for k, v in buffers]
+    ts += list(extra)
     assert len(ts) <= 64
     write(name, ts)
 
@@ -141,7 +143,44 @@ def gpt_tied():
     finish(name, {"idx": idx, "pos": pos}, p, y)
 
 
+def cnn_eval():
+    """Evaluation mode: conv (3x2, groups 2, bias) - BatchNorm2d (running stats) - SiLU,
+    fanned out to MaxPool2d (3x3, stride 2, pad 1) and AvgPool2d (same window), concat
+    on channels, AdaptiveAvgPool2d (2, 2), Flatten, Linear, BatchNorm1d (running stats),
+    Tanh, Linear; plus cross-entropy (ignore_index 2, label smoothing 0.1) of the output."""
+    name = "graph_cnn_eval"
+    seed(name)
+    n, cin, h, w, k = 5, 4, 7, 6, 5
+    p = params([("conv.weight", (6, 2, 3, 2), "w"), ("conv.bias", (6,), "zero"),
+                ("bn.weight", (6,), "one"), ("bn.bias", (6,), "zero"),
+                ("fc1.weight", (9, 48), "w"), ("fc1.bias", (9,), "zero"),
+                ("bn1d.weight", (9,), "one"), ("bn1d.bias", (9,), "zero"),
+                ("fc2.weight", (k, 9), "w"), ("fc2.bias", (k,), "zero")])
+    b0 = {"bn.running_mean": rnd(6, scale=0.3), "bn.running_var": rnd(6, scale=0.2, shift=1.0),
+          "bn1d.running_mean": rnd(9, scale=0.3),
+          "bn1d.running_var": rnd(9, scale=0.2, shift=1.0)}
+    x = rnd(n, cin, h, w).requires_grad_(True)
+    t = F.conv2d(x, p["conv.weight"], p["conv.bias"], padding=(1, 0), groups=2)
+    t = F.batch_norm(t, b0["bn.running_mean"], b0["bn.running_var"], p["bn.weight"],
+                     p["bn.bias"], training=False, eps=1e-5)
+    t = F.silu(t)
+    t = torch.cat([F.max_pool2d(t, 3, 2, 1), F.avg_pool2d(t, 3, 2, 1)], dim=1)
+    t = F.adaptive_avg_pool2d(t, (2, 2)).flatten(1)
+    t = F.linear(t, p["fc1.weight"], p["fc1.bias"])
+    t = F.batch_norm(t, b0["bn1d.running_mean"], b0["bn1d.running_var"], p["bn1d.weight"],
+                     p["bn1d.bias"], training=False, eps=1e-5)
+    y = F.linear(torch.tanh(t), p["fc2.weight"], p["fc2.bias"])
+    target = torch.tensor([0, 2, 4, 1, 2], dtype=torch.int64)
+    logits = y.detach().clone().requires_grad_(True)
+    loss = F.cross_entropy(logits, target, ignore_index=2, label_smoothing=0.1)
+    loss.backward()
+    extra = [("target", target), ("loss", loss.reshape(1)), ("dlogits", logits.grad)]
+    extra += [("b0:" + k2, v) for k2, v in b0.items()]  # loaded before the forward
+    finish(name, {"x": x}, p, y, list(b0.items()), extra)  # "b:": unchanged in evaluation
+
+
 def main():
+    cnn_eval()
     resblock()
     transformer()
     gpt_tied()

@@ -6,7 +6,11 @@
 // output, every parameter gradient (the tied one sums two uses), the buffers and the
 // input gradient, per tensor max|dtrain - torch| <= 1e-5 * max|torch|; and that
 // backward reports every parameter tensor to the gradient-ready hook exactly once, the
-// tied one after its earliest user.
+// tied one after its earliest user. A fourth, in evaluation mode, covers BatchNorm
+// with loaded running statistics, grouped rectangular convolution with bias, MaxPool2d
+// and AvgPool2d fanned out from one activation and concatenated, AdaptiveAvgPool2d,
+// Flatten, BatchNorm1d, Tanh, and the cross-entropy (ignore_index, label smoothing) of
+// the output.
 #include "../check.h"
 #include "../lib/graphs.h"
 
@@ -208,6 +212,26 @@ static int check_ready(dt_graph *g, const ready_log *r, const char *name) {
     return pos;
 }
 
+static gtensor *find(fixture *f, const char *name) {
+    for (int k = 0; k < f->n; k++)
+        if (strcmp(f->t[k].name, name) == 0)
+            return &f->t[k];
+    return NULL;
+}
+
+// Loads "b0:<name>" into each buffer the fixture sets before the forward.
+static void load_buffers(fixture *f, dt_graph *g) {
+    dt_params *p = dt_graph_params(g);
+    char       key[80];
+    for (int i = 0; i < dt_params_buffer_count(p); i++) {
+        const dt_param_info *t = dt_params_buffer_info(p, i);
+        snprintf(key, sizeof key, "b0:%s", t->name);
+        gtensor *gt = find(f, key);
+        if (gt && CHECK(gt->count == t->count))
+            memcpy(dt_params_buffers(p) + t->offset, gt->data, sizeof(float) * t->count);
+    }
+}
+
 static void run_case(const char *name, dt_graph *g, int batch, int ninputs, const char **inputs,
                      const char *tied) {
     fixture f;
@@ -216,6 +240,7 @@ static void run_case(const char *name, dt_graph *g, int batch, int ninputs, cons
         return;
     CHECK_OK(dt_graph_finalize(g, 1));
     load_params(&f, g);
+    load_buffers(&f, g);
     const void *in[4];
     for (int i = 0; i < ninputs; i++) {
         char key[80];
@@ -237,14 +262,65 @@ static void run_case(const char *name, dt_graph *g, int batch, int ninputs, cons
             if (strcmp(f.t[k].name, key) == 0)
                 expect(&f, key, dt_graph_input_grad(g, i), TOL);
     }
+    gtensor *target = find(&f, "target");
+    if (target) { // cross-entropy of the output: nn.CrossEntropyLoss(ignore_index=2, ls=0.1)
+        int   k = (int)(dt_shape_numel(dt_graph_node_shape(g, -1)));
+        float loss, *dl = malloc(sizeof(float) * (size_t)batch * (size_t)k);
+        CHECK_OK(dt_loss_cross_entropy_ex(dt_graph_output(g), target->data, batch, k, 2, 0.1f,
+                                          &loss, dl));
+        expect(&f, "loss", &loss, TOL);
+        expect(&f, "dlogits", dl, TOL);
+        free(dl);
+    }
     int pos = check_ready(g, &log, tied);
     if (tied) // the tied tensor is final only after its earliest user, the first node
         CHECK_EQ(pos, log.n - 1);
     fixture_free(&f);
 }
 
+// The graph of gen_graph.py's cnn_eval, in evaluation mode.
+static dt_status cnn_eval(dt_graph *g) {
+    dt_layer      *l;
+    dt_conv2d_opts co = dt_conv2d_opts_default();
+    co.ph             = 1;
+    co.groups         = 2;
+    dt_pool2d_opts po = {.sh = 2, .sw = 2, .ph = 1, .pw = 1};
+    DT_TRY(dt_graph_input(g, "x", &(dt_shape){3, {4, 7, 6, 1}, DT_ELEM_F32}));
+    DT_TRY(dt_layer_conv2d_new(&l, 4, 6, 3, 2, &co));
+    DT_TRY(dt_graph_add(g, "conv", l, "x"));
+    DT_TRY(dt_layer_batchnorm2d_new(&l, 6, NULL));
+    DT_TRY(dt_graph_add(g, "bn", l, "conv"));
+    DT_TRY(dt_layer_act_new(&l, DT_ACT_SILU, NULL));
+    DT_TRY(dt_graph_add(g, "silu", l, "bn"));
+    DT_TRY(dt_layer_maxpool2d_new(&l, 3, 3, &po));
+    DT_TRY(dt_graph_add(g, "max", l, "silu"));
+    DT_TRY(dt_layer_avgpool2d_new(&l, 3, 3, &po));
+    DT_TRY(dt_graph_add(g, "avg", l, "silu"));
+    DT_TRY(dt_layer_concat_new(&l, 0, NULL));
+    DT_TRY(dt_graph_add(g, "cat", l, "max", "avg"));
+    DT_TRY(dt_layer_adaptive_avgpool2d_new(&l, 2, 2, NULL));
+    DT_TRY(dt_graph_add(g, "ada", l, "cat"));
+    DT_TRY(dt_layer_flatten_new(&l, NULL));
+    DT_TRY(dt_graph_add(g, "flat", l, "ada"));
+    DT_TRY(dt_layer_linear_new(&l, 48, 9, NULL));
+    DT_TRY(dt_graph_add(g, "fc1", l, "flat"));
+    DT_TRY(dt_layer_batchnorm1d_new(&l, 9, NULL));
+    DT_TRY(dt_graph_add(g, "bn1d", l, "fc1"));
+    DT_TRY(dt_layer_act_new(&l, DT_ACT_TANH, NULL));
+    DT_TRY(dt_graph_add(g, "tanh", l, "bn1d"));
+    DT_TRY(dt_layer_linear_new(&l, 9, 5, NULL));
+    DT_TRY(dt_graph_add(g, "fc2", l, "tanh"));
+    dt_graph_train(g, false);
+    return DT_OK;
+}
+
 int main(void) {
     dt_graph *g;
+
+    CHECK_OK(dt_graph_new(&g, NULL));
+    CHECK_OK(cnn_eval(g));
+    run_case("graph_cnn_eval", g, 5, 1, (const char *[]){"x"}, NULL);
+    dt_graph_free(g);
 
     CHECK_OK(dt_graph_new(&g, NULL));
     CHECK_OK(tg_resblock(g, 4, 6, 5, NULL));
