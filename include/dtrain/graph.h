@@ -68,7 +68,9 @@ DT_API dt_status dt_graph_tie(dt_graph *g, const char *param, const char *owner)
 DT_API dt_status dt_graph_set_output(dt_graph *g, const char *node);
 
 // Registers the tensors in a dt_params, allocates it and initialises every layer from
-// dt_rng_split(dt_rng_init(seed), node index). No node can be added afterwards.
+// dt_rng_split(dt_rng_init(seed), l), l the node's position among the layer nodes (0
+// for the first dt_graph_add; graph inputs do not count). No node can be added
+// afterwards.
 DT_API dt_status dt_graph_finalize(dt_graph *g, uint64_t seed);
 
 DT_API dt_params  *dt_graph_params(dt_graph *g); // NULL before finalize
@@ -82,8 +84,10 @@ DT_API const dt_shape *dt_graph_node_shape(const dt_graph *g, int node);
 
 // Training (dropout on, BatchNorm batch statistics; the default) or evaluation.
 DT_API void dt_graph_train(dt_graph *g, bool training);
-// The dropout stream: node i, sample s draws from split(split(rng, i), key_s), key_s
-// the sample's key (below) or its position. As dt_model_set_rng / _set_sample_keys.
+// The dropout stream: the l-th layer node (as above), sample s, draws from
+// split(split(rng, l), key_s), key_s the sample's key (below) or its position: what
+// layer l of a dt_model draws (dt_model_set_rng / _set_sample_keys), so a chain of
+// nodes draws the masks of the Sequential model it mirrors.
 DT_API void      dt_graph_set_rng(dt_graph *g, const dt_rng *rng);
 DT_API dt_status dt_graph_set_sample_keys(dt_graph *g, const uint64_t *keys, int n);
 // Whether backward also computes the gradients of the graph's float inputs.

@@ -89,7 +89,7 @@ typedef struct dt_layer_args {
     float              *saved;   // saved_per_sample * batch + saved_fixed floats
     float              *scratch; // scratch_per_sample * batch + scratch_fixed floats
     // Random draws (dropout): sample s draws from dt_rng_split(rng, keys ? keys[s] : s);
-    // rng is the graph's stream already split by the node's index.
+    // rng is the graph's stream already split by the node's layer position (graph.h).
     const dt_rng   *rng;
     const uint64_t *keys;
 } dt_layer_args;

@@ -31,6 +31,8 @@ typedef struct gval {
     dt_shape       shape; // per-sample output
     dt_layer_setup su;
     int            nconsumers;
+    int            layer_no; // position among the layer nodes (0 = the first added): its
+                             // random streams, as a Sequential model's layer index
     // After finalize: tensor indices into the dt_params tables; alias_of: -1 or the
     // (value, tensor) this node's parameter k is tied to.
     int          pidx[DT_LAYER_MAX_TENSORS], bidx[DT_LAYER_MAX_TENSORS];
@@ -202,6 +204,9 @@ dt_status dt_graph_add_node(dt_graph *g, const char *name, dt_layer *layer, int 
         v.tie_val[k] = -1;
     for (int i = 0; i < nin; i++)
         g->vals[v.in[i]].nconsumers++;
+    v.layer_no = 0;
+    for (int i = 0; i < g->nvals; i++)
+        v.layer_no += g->vals[i].layer != NULL;
     g->vals[g->nvals++] = v;
     g->output           = g->nvals - 1;
     return DT_OK;
@@ -342,7 +347,7 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
         float *w[DT_LAYER_MAX_TENSORS];
         for (int k = 0; k < v->su.nparams; k++)
             w[k] = v->tie_val[k] >= 0 ? junk : v->w[k];
-        dt_rng r = dt_rng_split(&root, (uint64_t)i);
+        dt_rng r = dt_rng_split(&root, (uint64_t)v->layer_no);
         v->layer->ops->init(v->layer, &r, w, v->buf);
     }
     dt_free(junk);
@@ -447,13 +452,13 @@ static const float *val_data(const gval *v) {
     return v->layer ? v->y : v->ext;
 }
 
-static void make_args(dt_graph *g, gval *v, int i, dt_layer_args *a, dt_shape *in, const float **x,
+static void make_args(dt_graph *g, gval *v, dt_layer_args *a, dt_shape *in, const float **x,
                       dt_rng *rng) {
     for (int j = 0; j < v->nin; j++) {
         in[j] = g->vals[v->in[j]].shape;
         x[j]  = val_data(&g->vals[v->in[j]]);
     }
-    *rng = dt_rng_split(&g->rng, (uint64_t)i);
+    *rng = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
     *a   = (dt_layer_args){
           .batch    = g->batch,
           .training = v->fwd_training,
@@ -498,7 +503,7 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
         dt_shape      in[DT_LAYER_MAX_INPUTS];
         const float  *x[DT_LAYER_MAX_INPUTS];
         dt_rng        rng;
-        make_args(g, v, i, &a, in, x, &rng);
+        make_args(g, v, &a, in, x, &rng);
         dt_status st = v->layer->ops->forward(v->layer, &a);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) forward", v->name, v->layer->ops->kind);
@@ -553,7 +558,7 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
         float        *dx[DT_LAYER_MAX_INPUTS];
         bool          direct[DT_LAYER_MAX_INPUTS];
         dt_rng        rng;
-        make_args(g, v, i, &a, in, x, &rng);
+        make_args(g, v, &a, in, x, &rng);
         size_t toff = 0;
         for (int j = 0; j < v->nin; j++) {
             gval *u   = &g->vals[v->in[j]];

@@ -121,7 +121,8 @@ dt_status dt_layer_softmax_new(dt_layer **out, const dt_layer_opts *opts) {
 
 // ------------------------------------------------------------------------------ Dropout
 // The mask of sample s is drawn from split(node stream, key of s), element by element
-// (keep when uniform >= p), as the Sequential model's dropout does; saved holds the
+// (keep when uniform >= p), as the Sequential model's dropout does (the same stream
+// for the same layer position, so the same masks); saved holds the
 // per-element factor, 0 or 1/(1-p).
 
 static dt_status dropout_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
