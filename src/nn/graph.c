@@ -285,6 +285,10 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
         return dt_fail(DT_ERR_STATE, "dt_graph_finalize: called twice");
     if (g->output < 0)
         return dt_fail(DT_ERR_ARG, "dt_graph_finalize: the graph has no node");
+    dt_params_free(g->params); // what a failed earlier call left
+    dt_free(g->first_user);
+    g->params     = NULL;
+    g->first_user = NULL;
     DT_TRY(dt_params_new(&g->params, NULL));
     char name[DT_PARAM_NAME_MAX + 1];
     int  np = 0;
