@@ -314,8 +314,30 @@ static dt_status cnn_eval(dt_graph *g) {
     return DT_OK;
 }
 
+// The public losses (graph.h) on gen.py's loss fixtures: MSE, L1, BCE-with-logits.
+static void losses(void) {
+    const char *names[]        = {"mse", "l1", "bce_logits"};
+    dt_status (*fn[])(const float *, const float *, size_t, float *,
+                      float *) = {dt_loss_mse, dt_loss_l1, dt_loss_bce_logits};
+    for (int i = 0; i < 3; i++) {
+        fixture f;
+        check_current = names[i];
+        if (!fixture_load(&f, names[i]))
+            continue;
+        size_t n  = get(&f, "x")->count;
+        float *dx = malloc(sizeof(float) * n), loss;
+        CHECK_OK(fn[i](fl(&f, "x"), fl(&f, "t"), n, &loss, dx));
+        expect(&f, "loss", &loss, TOL);
+        expect(&f, "dx", dx, TOL);
+        free(dx);
+        fixture_free(&f);
+    }
+}
+
 int main(void) {
     dt_graph *g;
+
+    losses();
 
     CHECK_OK(dt_graph_new(&g, NULL));
     CHECK_OK(cnn_eval(g));
