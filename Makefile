@@ -6,8 +6,11 @@
 #   make test            install what is missing, build, run every test
 #   make asan|ubsan      the tests under AddressSanitizer / UndefinedBehaviorSanitizer
 #   make tsan            the threaded tests under ThreadSanitizer
+#   make test-slow       the long fault matrices (hung peers, cut links; ~10 min), and
+#                        world invariance with --invariant 0 for comparison
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
+#   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
 #   make install PREFIX=/usr/local
 #
 # Variables: BUILD=release|debug|asan|ubsan|tsan, NATIVE=1 (add -march=native),
@@ -105,6 +108,8 @@ endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/obj/%.o)
 LIB_A    := $(OUT)/lib/libdtrain.a
 LIB_SO   := $(OUT)/lib/libdtrain.so
+# The ABI version: bumped with every incompatible change of the public headers (CHANGES.md).
+SONAME   := libdtrain.so.1
 
 TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(OUT)/obj/%.o)
@@ -118,14 +123,16 @@ TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data
                  $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model%,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
-PROG_DIRS := $(foreach d,examples/mnist tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
-PROG_NAME  = $(if $(filter examples/mnist,$1),dtrain-mnist,$(notdir $1))
+# Every folder of examples/, tools/ and bench/ with C files is a program: examples/NAME
+# builds as dtrain-NAME, the others under their folder's name.
+PROG_DIRS := $(patsubst %/,%,$(sort $(dir $(wildcard examples/*/*.c tools/*/*.c bench/*/*.c))))
+PROG_NAME  = $(if $(filter examples/%,$1),dtrain-$(notdir $1),$(notdir $1))
 PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 
 ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
 
 .PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench \
-        install clean format format-check help
+        golden install clean format format-check help
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -153,7 +160,7 @@ $(LIB_A): $(LIB_OBJ)
 $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,libdtrain.so.0 $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
 
 define PROG_RULE
 $(BIN)/$(call PROG_NAME,$1): $(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $1/*.c)) $(LIB_A)
@@ -180,6 +187,14 @@ endif
 test: deps
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)tests/run.sh $(TEST_BIN)
+
+# The long matrices (hung peers: 10 trials each of 2 and 4 ranks, shm and tcp, and 10
+# link cuts between network namespaces; about 10 minutes). CI runs it once, not under
+# the sanitizers.
+test-slow: deps
+	$(Q)$(MAKE) --no-print-directory tests
+	$(Q)DT_TEST_SLOW=1 DT_TEST_TIMEOUT=1800 tests/run.sh $(OUT)/tests/comm/test_liveness \
+	    $(OUT)/tests/e2e/test_world_invariance
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory programs
@@ -235,14 +250,22 @@ bench: deps
 	$(Q)$(MAKE) --no-print-directory programs
 	$(Q)bench/run.sh
 
+# ---------------------------------------------------------------- golden fixtures
+# PyTorch writes the fixtures tests/golden/test_golden.c reads; they are committed, so
+# only a change of an op or of gen.py needs this (and torch: apt-get install python3-torch).
+GOLDEN_PYTHON ?= /usr/bin/python3
+golden:
+	$(Q)$(GOLDEN_PYTHON) tests/golden/gen.py
+	$(Q)$(GOLDEN_PYTHON) tests/golden/gen_graph.py
+
 # ---------------------------------------------------------------- install
 install: lib programs
 	install -d $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	           $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/dtrain/*.h $(DESTDIR)$(PREFIX)/include/dtrain/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libdtrain.so.0
-	ln -sf libdtrain.so.0 $(DESTDIR)$(PREFIX)/lib/libdtrain.so
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libdtrain.so
 	install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DT_VERSION_STRING "\(.*\)"/\1/p' include/dtrain/core.h)|g' \
 	    -e 's|@MPI_LIBS@|$(MPI_LIBS)|g' dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc

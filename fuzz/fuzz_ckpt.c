@@ -44,10 +44,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             sum ^= parm.floats[i];
         (void)sum;
         if ((s = dt_ckpt_find(&f, CK_TAG_PTAB))) {
-            st = dt_ckpt_check_ptab(&f, s, parm.count, model());
+            st = dt_ckpt_check_ptab(&f, s, parm.count, dt_model_as_params(model()), false);
             if (st != DT_OK && st != DT_ERR_MISMATCH && st != DT_ERR_FORMAT)
                 abort();
         }
+    }
+    // Version 2: the buffers and their table, checked against the model's (empty) one.
+    if ((s = dt_ckpt_find(&f, CK_TAG_BUFS)) && dt_ckpt_decode_parm(&f, s, &parm) == DT_OK &&
+        (s = dt_ckpt_find(&f, CK_TAG_BTAB))) {
+        st = dt_ckpt_check_ptab(&f, s, parm.count, dt_model_as_params(model()), true);
+        if (st != DT_OK && st != DT_ERR_MISMATCH && st != DT_ERR_FORMAT)
+            abort();
     }
     if ((s = dt_ckpt_find(&f, CK_TAG_KVAL))) {
         dt_ckpt_kv *kv;

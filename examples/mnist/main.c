@@ -29,6 +29,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "guard.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -77,7 +78,13 @@ static const char usage[] =
     "  --master-addr A     host of rank 0 (default $MASTER_ADDR, else 127.0.0.1)\n"
     "  --master-port N     port of rank 0's store (default $MASTER_PORT, else a free\n"
     "                      port on one machine and 29500 on several)\n"
+    "  --job-token T       the job's shared secret (default $DT_JOB_TOKEN): give every\n"
+    "                      machine the same one where strangers can reach the port.\n"
+    "                      Without it, one machine draws a random token; several derive\n"
+    "                      one from the port and sizes, which keeps other jobs out but\n"
+    "                      is no secret (trusted networks only). Never sent on the wire.\n"
     "  --backend NAME      auto (default: shm on one host, tcp across hosts), shm, tcp,\n"
+    "                      gloo (an alias of tcp, the name PyTorch scripts use),\n"
     "                      mpi (MPI's collectives; under mpirun or srun)\n"
     "  --no-overlap        reduce gradients after backward instead of during it\n"
     "                      (for measuring how much communication overlap hides)\n"
@@ -91,7 +98,9 @@ static const char usage[] =
     "  --fallback          with --resume: when the newest checkpoint is refused (corrupt,\n"
     "                      truncated...), warn and resume from the previous complete one\n"
     "  --max-steps N       stop after N steps in all (steps before a resume count)\n"
-    "  --save-model PATH   write the final parameters to PATH (rank 0)\n"
+    "  --save-model PATH   write the final parameters to PATH (rank 0); its folder must\n"
+    "                      exist and be writable (checked at start, like --checkpoint-dir,\n"
+    "                      which is created when missing)\n"
     "  --load PATH         start from the parameters in PATH (a --save-model file, a\n"
     "                      checkpoint, or a checkpoint directory: its newest)\n"
     "  --eval-only         with --load: evaluate on the test set, no training\n"
@@ -102,7 +111,13 @@ static const char usage[] =
     "  --profile           print forward and backward time per layer (rank 0)\n"
     "  --help              this text\n"
     "The sampler advances its epoch by itself every pass (and is told the epoch each\n"
-    "epoch anyway), so no two epochs repeat an order.\n";
+    "epoch anyway), so no two epochs repeat an order. Every rank must be given the same\n"
+    "training flags: they are compared at start-up.\n"
+    "Preemption: SIGTERM to any worker (or to dtrun) stops every rank at the same step\n"
+    "boundary, saves a checkpoint there when --checkpoint-dir is set, and exits with\n"
+    "status 75 (EX_TEMPFAIL); --resume then continues bitwise. Local processes: at most\n"
+    "4 per online CPU and 256 (DT_MAX_LOCAL_PROCS overrides).\n"
+    "Exit status: 0 done, 1 failed, 2 usage error, 75 stopped by SIGTERM.\n";
 
 static int parse_args(int argc, char **argv, args *a) {
     *a      = (args){.epochs = 1, .batch_size = 128, .lr = 0.5, .log_every = 10, .num_machines = 1};
@@ -137,6 +152,7 @@ static int parse_args(int argc, char **argv, args *a) {
         SAVE_MODEL,
         LOAD,
         EVAL_ONLY,
+        JOB_TOKEN,
         INVARIANT
     };
     static const struct option opts[] = {{"epochs", required_argument, 0, EPOCHS},
@@ -155,6 +171,7 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"machine-id", required_argument, 0, MACHID},
                                          {"master-addr", required_argument, 0, MADDR},
                                          {"master-port", required_argument, 0, MPORT},
+                                         {"job-token", required_argument, 0, JOB_TOKEN},
                                          {"backend", required_argument, 0, BACKEND},
                                          {"no-overlap", no_argument, 0, NO_OVERLAP},
                                          {"checkpoint-dir", required_argument, 0, CKPT_DIR},
@@ -222,12 +239,21 @@ static int parse_args(int argc, char **argv, args *a) {
         case MPORT:
             st = dt_parse_long(optarg, 1, 65535, "--master-port", &a->master_port);
             break;
+        case JOB_TOKEN:
+            if (!*optarg) {
+                fprintf(stderr, "dtrain-mnist: --job-token expects a non-empty token\n");
+                return 2;
+            }
+            setenv("DT_JOB_TOKEN", optarg, 1); // read by dt_spawn and dt_pg_init
+            break;
         case BACKEND:
             a->backend = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "shm") && strcmp(optarg, "tcp") &&
-                strcmp(optarg, "mpi"))
-                st = dt_fail(DT_ERR_ARG, "--backend expects auto, shm, tcp or mpi, found \"%s\"",
-                             optarg);
+                strcmp(optarg, "gloo") && strcmp(optarg, "mpi"))
+                st = dt_fail(
+                    DT_ERR_ARG,
+                    "--backend expects auto, shm, tcp or mpi (gloo: an alias of tcp), found \"%s\"",
+                    optarg);
             break;
         case NO_OVERLAP:
             a->no_overlap = true;
@@ -450,23 +476,58 @@ static dt_status check_config(const dt_ckpt_info *info, const run_config *c, boo
     return DT_OK;
 }
 
+// The flags that change what a collective or a step computes: every rank must have
+// rank 0's values, checked once at start-up instead of a mismatch (or a silent
+// difference) later.
+static dt_status check_shared_flags(const job *j, dt_pg *pg) {
+    const args *a = j->a;
+    int64_t     lr;
+    memcpy(&lr, &a->lr, sizeof lr);
+    const mnist_setting s[] = {
+        {"--epochs", a->epochs, false, false},
+        {"--batch-size", a->batch_size, false, false},
+        {"--lr", lr, true, false},
+        {"--seed", a->seed, false, false},
+        {"--limit", a->limit, false, false},
+        {"--max-steps", a->max_steps, false, false},
+        {"--checkpoint-every", a->checkpoint_every, false, false},
+        {"--checkpoint-dir", a->checkpoint_dir != NULL, false, true},
+        {"--resume", a->resume, false, true},
+        {"--fallback", a->fallback, false, true},
+        {"--stats", a->stats, false, true},
+        {"--no-test", a->no_test, false, true},
+        {"--eval-only", a->eval_only, false, true},
+        {"--load", a->load != NULL, false, true},
+        {"--no-overlap", a->no_overlap, false, true},
+        {"the training set's size (--data-dir, --limit)", (int64_t)j->train.n, false, false},
+        {"the test set's size (--data-dir)", (int64_t)j->test.n, false, false},
+    };
+    return mnist_check_settings(pg, s, (int)(sizeof s / sizeof s[0]));
+}
+
 // One worker: rank `rank` of a group (pg), or the only process (pg NULL).
 static int train_worker(job *j, dt_pg *pg) {
     const args *a     = j->a;
     int         world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
-    bool        lead     = rank == 0;
-    dt_model   *m        = NULL;
-    dt_ddp     *ddp      = NULL;
-    dt_optim   *opt      = NULL;
-    dt_sampler *smp      = NULL;
-    dt_loader  *ld       = NULL;
-    float      *dlogp    = NULL;
-    uint64_t   *keys     = NULL; // dropout keys of a batch: its samples' dataset indices
-    int         rc       = 1;
+    bool        lead = rank == 0;
+    // The first process of each machine prints the summary lines, as the seed's script
+    // does on every machine (LOCAL_RANK from the launcher, else by host).
+    bool        local_lead = !pg || dt_pg_local_rank(pg) == 0;
+    bool        preempted  = false; // SIGTERM seen by some rank: stop at this step
+    dt_model   *m          = NULL;
+    dt_ddp     *ddp        = NULL;
+    dt_optim   *opt        = NULL;
+    dt_sampler *smp        = NULL;
+    dt_loader  *ld         = NULL;
+    float      *dlogp      = NULL;
+    uint64_t   *keys       = NULL; // dropout keys of a batch: its samples' dataset indices
+    int         rc         = 1;
     double      accuracy = -1, ckpt_secs = 0;
     int64_t     step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
     long        first_epoch = 0;
 
+    if (check_shared_flags(j, pg))
+        goto done;
     long threads = a->threads;
     if (!threads) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN), local = pg ? dt_pg_local_size(pg) : 1;
@@ -575,7 +636,8 @@ static int train_worker(job *j, dt_pg *pg) {
         (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     dt_model_set_profile(m, a->profile);
     double train_start = dt_now();
-    bool   stop        = a->eval_only || (a->max_steps && step >= a->max_steps);
+    mnist_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
+    bool stop = a->eval_only || (a->max_steps && step >= a->max_steps);
     for (long epoch = first_epoch; !stop && epoch < a->epochs; epoch++) {
         dt_loader_begin_epoch(ld, epoch);
         dt_rng   er = dt_rng_split(&root, (uint64_t)epoch);
@@ -609,7 +671,9 @@ static int train_worker(job *j, dt_pg *pg) {
                 ckpt_saves++;
                 last_saved = step;
             }
-            stop = a->max_steps && step >= a->max_steps;
+            if (mnist_preempt_agree(pg, &preempted))
+                goto done;
+            stop = preempted || (a->max_steps && step >= a->max_steps);
         }
         if (dt_loader_status(ld))
             goto done;
@@ -624,13 +688,22 @@ static int train_worker(job *j, dt_pg *pg) {
         ckpt_secs += dt_now() - t0;
         ckpt_saves++;
     }
+    if (preempted) {
+        if (local_lead)
+            printf("Stopped by SIGTERM at step %lld: %s\n", (long long)step,
+                   a->checkpoint_dir ? "checkpoint saved, run again with --resume to continue"
+                                     : "nothing saved (no --checkpoint-dir)");
+        rc = MNIST_EXIT_PREEMPTED;
+        goto done;
+    }
+    mnist_preempt_release(); // from here on, SIGTERM ends the process at once
     if (pg && dt_pg_barrier(pg))
         goto done;
     double finished = dt_now();
-    if (lead && !a->eval_only) {
+    if (local_lead && !a->eval_only) {
         printf("Finished training in %.2f secs\n", finished - j->start);
         fflush(stdout);
-        if (a->profile)
+        if (lead && a->profile)
             print_profile(m, finished - train_start);
     }
     uint32_t crc;
@@ -649,7 +722,7 @@ static int train_worker(job *j, dt_pg *pg) {
         if (evaluate(m, pg, &j->test, (size_t)a->batch_size, &correct, &mean_loss))
             goto done;
         accuracy = 100.0 * (double)correct / (double)j->test.n;
-        if (lead)
+        if (local_lead)
             printf("Test accuracy: %.2f%% (%lld/%zu), average loss %.4f\n", accuracy,
                    (long long)correct, j->test.n, mean_loss);
     }
@@ -679,7 +752,7 @@ static int train_worker(job *j, dt_pg *pg) {
     }
     rc = 0;
 done:
-    if (rc) {
+    if (rc == 1) {
         if (pg)
             fprintf(stderr, "dtrain-mnist: rank %d: %s\n", rank, dt_last_error());
         else
@@ -696,6 +769,21 @@ done:
     return rc;
 }
 
+// The datasets against the model's input shape, before any process starts training:
+// images of another size would be read past their end (smaller) or trained as garbage
+// (larger). The model is built only to ask its shape.
+static dt_status check_shapes(const job *j) {
+    dt_model *m;
+    int       c, h, w;
+    DT_TRY(dt_model_init_mnist_convnet(&m, 0, 0.0f, 0.0f));
+    dt_model_input_shape(m, &c, &h, &w);
+    dt_model_free(m);
+    DT_TRY(dt_dataset_check_shape(&j->train, "training set", c, h, w));
+    if (!j->a->no_test)
+        DT_TRY(dt_dataset_check_shape(&j->test, "test set", c, h, w));
+    return DT_OK;
+}
+
 static int run_worker_from_env(job *j) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = j->a->backend;
@@ -705,14 +793,15 @@ static int run_worker_from_env(job *j) {
         return 1;
     }
     int rc = train_worker(j, pg);
-    if (rc)
+    if (rc && rc != MNIST_EXIT_PREEMPTED)
         dt_pg_abort(pg, "a worker failed");
     dt_pg_free(pg);
     return rc;
 }
 
 static int spawned(int local_rank, void *arg) {
-    (void)local_rank; // dt_spawn has set RANK, LOCAL_RANK and the rest
+    (void)local_rank;      // dt_spawn has set RANK, LOCAL_RANK and the rest
+    mnist_preempt_watch(); // the parent's watcher did not survive the fork
     return run_worker_from_env(arg);
 }
 
@@ -722,18 +811,45 @@ static void setenv_long(const char *name, long v) {
     setenv(name, buf, 1);
 }
 
+// Output paths are checked before any data is read or any process started, so a typo
+// costs seconds, not a training run. The model file is written by rank 0: checked where
+// rank 0 runs. Checkpoints are written by every rank: checked everywhere.
+static int check_outputs(const args *a, const dt_launch_env *le, bool env_ok) {
+    bool has_rank0 = a->num_processes > 0
+                         ? a->machine_id == 0
+                         : !env_ok || le->launcher == DT_LAUNCHER_NONE || le->rank == 0;
+    if ((has_rank0 && !a->eval_only && mnist_check_save_model(a->save_model)) ||
+        (!a->eval_only && mnist_check_checkpoint_dir(a->checkpoint_dir))) {
+        fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     args a;
     int  rc = parse_args(argc, argv, &a);
     if (rc)
         return rc;
-    job             j = {.a = &a, .start = dt_now()};
-    dt_launch_env   le;
+    // SIGTERM waits for a step boundary while training (guard.h); blocked before any
+    // thread or worker starts, so they all inherit it. dt_spawn forwards it to its
+    // workers; elsewhere a watcher thread takes it.
+    mnist_preempt_block();
+    if (a.num_processes == 0)
+        mnist_preempt_watch();
+    job           j = {.a = &a, .start = dt_now()};
+    dt_launch_env le;
+    bool          env_ok = dt_launch_env_read(&le) == DT_OK;
+    if ((rc = check_outputs(&a, &le, env_ok)) != 0)
+        return rc;
     dt_dataset_opts dopts = dt_dataset_opts_default();
     dopts.limit           = (size_t)a.limit;
     if (dt_dataset_load_mnist(&j.train, a.data_dir, true, &dopts) ||
-        (!a.no_test && dt_dataset_load_mnist(&j.test, a.data_dir, false, NULL))) {
+        (!a.no_test && dt_dataset_load_mnist(&j.test, a.data_dir, false, NULL)) ||
+        check_shapes(&j)) {
         fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+        dt_dataset_free(&j.train);
+        dt_dataset_free(&j.test);
         return 1;
     }
     if (a.num_processes > 0) {
@@ -748,10 +864,15 @@ int main(int argc, char **argv) {
         setenv_long("WORLD_SIZE", a.num_machines * a.num_processes);
         dt_spawn_result res;
         if (dt_spawn((int)a.num_processes, spawned, &j, &res) != DT_OK) {
-            fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
-            rc = 1;
+            // Workers stopped by SIGTERM have said so; their status is the job's.
+            if (res.exit_code == MNIST_EXIT_PREEMPTED) {
+                rc = MNIST_EXIT_PREEMPTED;
+            } else {
+                fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
+                rc = 1;
+            }
         }
-    } else if (dt_launch_env_read(&le) != DT_OK || le.launcher != DT_LAUNCHER_NONE) {
+    } else if (!env_ok || le.launcher != DT_LAUNCHER_NONE) {
         // RANK/WORLD_SIZE, or the variables of mpirun, mpiexec or srun (comm.h); bad
         // values are reported by dt_pg_init.
         rc = run_worker_from_env(&j);

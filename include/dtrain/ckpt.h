@@ -32,14 +32,17 @@
 #include "dtrain/data.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/params.h"
 #include "dtrain/rng.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-// The format version this build writes and the only one it reads.
-#define DT_CKPT_VERSION 1
+// The format version this build writes, and the oldest it reads (docs/checkpoint-format.md
+// says what changed: version 2 adds tensor flags and the non-trainable buffers).
+#define DT_CKPT_VERSION     2
+#define DT_CKPT_VERSION_MIN 1
 
 // Limits a reader enforces, so a lying file cannot ask for absurd allocations.
 #define DT_CKPT_NAME_MAX  255       // bytes in a key, an RNG name or a parameter name
@@ -64,7 +67,8 @@ typedef struct dt_ckpt_kv {
 // position only takes effect at that begin). Its shuffle seed and options are
 // configuration, not state: the program must create the sampler with the same ones.
 typedef struct dt_ckpt_state {
-    dt_model          *model;   // required (finalized): the flat parameters
+    dt_params         *params;  // the parameters and buffers (params.h), or NULL and:
+    dt_model          *model;   // a finalized model (its dt_model_as_params); one is required
     dt_optim          *optim;   // optional: its flat state and step count
     dt_sampler        *sampler; // optional: this rank's epoch and position
     int64_t            step;    // saving: the step that names the checkpoint (>= 0)
@@ -149,14 +153,17 @@ DT_API dt_status dt_ckpt_verify(const char *path);
 // Never reads outside buf[0, n). Used by the fuzzer.
 DT_API dt_status dt_ckpt_verify_bytes(const void *buf, size_t n, const char *name);
 
-// The model's parameters alone, in the same format (a file of kind "model"), written
+// Parameters and buffers alone, in the same format (a file of kind "model"), written
 // atomically like every checkpoint file. Not collective (rank 0 calls it).
-DT_API dt_status dt_ckpt_save_model(const char *path, dt_model *m);
-// Loads parameters into `m` from a model file, a checkpoint's state.dtck, a checkpoint
-// directory, or a directory of checkpoints (its newest complete one). The parameter
-// table must match the model's (DT_ERR_MISMATCH naming the first difference);
-// m is untouched on failure. Not collective.
-DT_API dt_status dt_ckpt_load_model(const char *path, dt_model *m);
+DT_API dt_status dt_ckpt_save_params(const char *path, dt_params *p);
+DT_API dt_status dt_ckpt_save_model(const char *path, dt_model *m); // its dt_params
+// Loads parameters and buffers into `p` from a model file, a checkpoint's state.dtck, a
+// checkpoint directory, or a directory of checkpoints (its newest complete one). The
+// tables must match p's (DT_ERR_MISMATCH naming the first difference; a version-1 file
+// has no buffers, so it loads only into parameters without buffers); p is untouched
+// on failure. Not collective.
+DT_API dt_status dt_ckpt_load_params(const char *path, dt_params *p);
+DT_API dt_status dt_ckpt_load_model(const char *path, dt_model *m); // its dt_params
 
 #ifdef __cplusplus
 }

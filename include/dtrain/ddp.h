@@ -1,16 +1,22 @@
-// ddp.h: DistributedDataParallel. Where the model (nn.h) meets the process group
-// (comm.h): every rank holds a replica; gradients are averaged over ranks during
-// backward, so every replica takes the same optimizer step.
+// ddp.h: DistributedDataParallel. Where the parameters (params.h: a dt_model's, or any
+// network's that describes its buffers) meet the process group (comm.h): every rank
+// holds a replica; gradients are averaged over ranks during backward, so every replica
+// takes the same optimizer step.
 //
 //     dt_ddp *ddp;
-//     dt_ddp_init(&ddp, model, pg, NULL);        // collective: checks shapes, broadcasts
+//     dt_ddp_new(&ddp, params, pg, NULL);        // collective: checks shapes, broadcasts
+//     (or dt_ddp_init(&ddp, model, pg, NULL) for a dt_model)
 //     for each step:
 //         dt_model_forward(...); loss ...; dt_model_zero_grad(model);
 //         dt_model_backward(model, dloss);       // buckets start reducing during backward
 //         dt_ddp_sync(ddp);                      // waits; gradients are now averages
 //         dt_optim_step(opt);
 //
-// Buckets are slices of the model's flat gradient buffer (no copies), formed as
+// A hand-written backward reports each finished range with dt_params_grad_ready (whole
+// tensors), exactly what dt_model_backward does per layer; a range that is never
+// reported is an error in dt_ddp_sync, naming the tensor.
+//
+// Buckets are slices of the flat gradient buffer (no copies), formed as
 // PyTorch forms them (torch/nn/parallel/distributed.py, reducer.cpp): parameters are
 // walked in definition order, a bucket closes when its size reaches the limit (the
 // first at 1 MiB, the others at the cap, 25 MiB by default), and the list is reversed,
@@ -25,7 +31,9 @@
 #define DTRAIN_DDP_H
 
 #include "dtrain/comm.h"
+#include "dtrain/layer.h"
 #include "dtrain/nn.h"
+#include "dtrain/params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,13 +60,20 @@ typedef struct dt_ddp_opts {
 
 DT_API dt_ddp_opts dt_ddp_opts_default(void);
 
-// Wraps `model` (finalized) for data-parallel training over `pg`; both are borrowed and
-// must outlive the wrapper. Collective. Checks that every rank has the same parameter
-// tensors (count, names, shapes) — a mismatch is DT_ERR_MISMATCH on every rank, naming
-// the first differing parameter with both shapes — then broadcasts rank 0's
-// parameters, and installs the model's gradient hook. *out is NULL on failure.
+// Wraps `params` (with storage) for data-parallel training over `pg`; both are borrowed
+// and must outlive the wrapper. Collective. Checks that every rank has the same
+// parameter and buffer tensors (count, names, shapes, trainability) — a mismatch is
+// DT_ERR_MISMATCH on every rank, naming the first differing tensor with both shapes —
+// then broadcasts rank 0's parameters and buffers, and registers a gradient-ready
+// consumer on `params`. Frozen tensors (DT_PARAM_FROZEN) are broadcast but get no
+// bucket and are never waited for. *out is NULL on failure.
+DT_API dt_status dt_ddp_new(dt_ddp **out, dt_params *params, dt_pg *pg, const dt_ddp_opts *opts);
+// The same for a finalized dt_model: dt_ddp_new(out, dt_model_as_params(model), ...).
 DT_API dt_status dt_ddp_init(dt_ddp **out, dt_model *model, dt_pg *pg, const dt_ddp_opts *opts);
-// Waits for reductions still in flight; removes the hook. NULL is a no-op.
+// Rank 0's non-trainable buffers (running statistics) to every rank. Collective. What
+// dt_ddp_new does at start; PyTorch's broadcast_buffers=True does it every forward.
+DT_API dt_status dt_ddp_broadcast_buffers(dt_ddp *ddp);
+// Waits for reductions still in flight; removes the consumer. NULL is a no-op.
 DT_API void dt_ddp_free(dt_ddp *ddp);
 
 // Gradient accumulation (PyTorch's no_sync): with sync off, backward only accumulates
@@ -73,9 +88,9 @@ DT_API void dt_ddp_set_sync(dt_ddp *ddp, bool sync);
 // no-op when sync is off.
 DT_API dt_status dt_ddp_sync(dt_ddp *ddp);
 
-// For models with a hand-written backward: marks floats [offset, offset + count) of
-// the gradient buffer final for this backward (what the model's hook does per layer).
-// The range must cover whole parameter tensors.
+// Marks floats [offset, offset + count) of the gradient buffer final for this backward,
+// for this wrapper alone (dt_params_grad_ready tells every consumer). The range must
+// cover whole parameter tensors.
 DT_API dt_status dt_ddp_mark_ready(dt_ddp *ddp, size_t offset, size_t count);
 
 // Buckets as formed: bucket i covers floats [offset, offset + count) of the buffers.
@@ -85,6 +100,18 @@ DT_API void dt_ddp_bucket(const dt_ddp *ddp, int i, size_t *offset, size_t *coun
 // Seconds spent in dt_ddp_sync waiting for reductions (communication not hidden
 // behind backward), summed over calls, and the number of synced steps.
 DT_API void dt_ddp_stats(const dt_ddp *ddp, double *wait_s, int64_t *steps);
+
+// SyncBatchNorm: makes a BatchNorm (layer.h) reduce its batch statistics over `pg`
+// (borrowed: it must outlive the layer) by setting opts->reduce. In training, forward
+// all-reduces each channel's sum, sum of squares and count, and backward the sums of
+// dy and dy * xhat, so N ranks with batch B/N normalise as one rank with batch B; the
+// weight and bias gradients stay local sums, which DDP then averages. Every forward
+// and backward of such a layer is collective: all ranks must run them together.
+// Evaluation uses the running statistics and talks to nobody.
+//     dt_batchnorm_opts o = dt_batchnorm_opts_default();
+//     dt_syncbn_opts(&o, pg);
+//     dt_layer_batchnorm2d_new(&layer, 64, &o);
+DT_API dt_status dt_syncbn_opts(dt_batchnorm_opts *opts, dt_pg *pg);
 
 #ifdef __cplusplus
 }

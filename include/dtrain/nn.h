@@ -19,6 +19,7 @@
 #define DTRAIN_NN_H
 
 #include "dtrain/core.h"
+#include "dtrain/params.h"
 #include "dtrain/rng.h"
 
 #ifdef __cplusplus
@@ -27,22 +28,11 @@ extern "C" {
 
 typedef struct dt_model dt_model;
 
-// One parameter tensor of a model: a named slice of the flat buffers. Names follow
-// PyTorch's nn.Sequential state_dict keys: "<layer index>.weight", "<layer index>.bias".
-typedef struct dt_param_info {
-    char    name[32];
-    size_t  offset; // in floats, into dt_model_params / dt_model_grads
-    size_t  count;  // floats
-    int     ndim;
-    int64_t shape[4];
-    int     layer; // index of the owning layer
-} dt_param_info;
-
-// Called during dt_model_backward, on the calling thread, each time the gradients of
-// one layer are final for this backward pass: floats [offset, offset + count) of the
-// gradient buffer will not be written again until the next backward. Ranges arrive in
-// decreasing offset order (last layer first). This is where DDP starts reducing.
-typedef void (*dt_grad_ready_fn)(void *user, size_t offset, size_t count);
+// A model's parameter tensors are described by dt_param_info (params.h): names follow
+// PyTorch's nn.Sequential state_dict keys, "<layer index>.weight", "<layer index>.bias";
+// biases carry DT_PARAM_NO_DECAY. dt_model_set_grad_hook's function is called during
+// dt_model_backward, on the calling thread, each time the gradients of one layer are
+// final: ranges arrive in decreasing offset order (last layer first).
 
 // ------------------------------------------------------------------ building a model
 
@@ -92,12 +82,18 @@ DT_API int                  dt_model_num_param_tensors(const dt_model *m);
 DT_API const dt_param_info *dt_model_param_info(const dt_model *m, int i);
 DT_API float               *dt_model_params(dt_model *m); // the flat parameter buffer
 DT_API float               *dt_model_grads(dt_model *m);  // the flat gradient buffer
-DT_API int                  dt_model_num_layers(const dt_model *m);
+// The model as a provider of the parameter contract (params.h): its tables and buffers,
+// owned by the model (NULL before dt_model_finalize). Backward reports each layer's
+// gradients to the consumers registered on it (DDP), as the hook above.
+DT_API dt_params *dt_model_as_params(dt_model *m);
+DT_API int        dt_model_num_layers(const dt_model *m);
 // "conv2d", "linear", ...; NULL when out of range.
 DT_API const char *dt_model_layer_kind(const dt_model *m, int layer);
 // Per-sample output size of the last layer (the number of classes for a classifier).
 DT_API size_t dt_model_output_size(const dt_model *m);
 DT_API size_t dt_model_input_size(const dt_model *m);
+// The per-sample input shape (c, h, w) given to dt_model_init; any pointer may be NULL.
+DT_API void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w);
 // Forward FLOPs per sample (multiply-add = 2), for throughput reports.
 DT_API double dt_model_flops_per_sample(const dt_model *m);
 // Forward + backward FLOPs per sample: three times the forward of each layer

@@ -1,14 +1,24 @@
-// optim.h: optimizers over one flat float buffer of parameters and one of gradients
-// (the model keeps all its parameters contiguous, DESIGN.md), with their state in one
-// flat float buffer too, so a checkpoint saves it as one block.
+// optim.h: optimizers over the parameter contract (params.h: one flat float buffer of
+// parameters and one of gradients, with a table of named tensors), with their state
+// in one flat float buffer too, so a checkpoint saves it as one block. Parameter groups
+// (per-group lr and weight decay), gradient-norm clipping and learning-rate schedules.
 //
 // The update rules are PyTorch's documented ones (torch.optim.SGD, Adam, AdamW,
 // Adadelta), computed in float32 element by element as PyTorch's CPU kernels do.
 // Knows nothing about layers: any float buffer can be optimised.
+//
+//     dt_optim *opt;
+//     dt_adamw_new(&opt, dt_model_as_params(m), &(dt_adam_opts){...});
+//     dt_param_group_opts nd = dt_param_group_opts_default();
+//     nd.weight_decay = 0;                                  // no decay on biases, norms
+//     dt_optim_add_group(opt, dt_param_no_decay, NULL, &nd, NULL);
+//     per step: backward; dt_ddp_sync; dt_clip_grad_norm(params, 1.0f, &norm);
+//               dt_sched_apply(sched, opt, step); dt_optim_step(opt);
 #ifndef DTRAIN_OPTIM_H
 #define DTRAIN_OPTIM_H
 
 #include "dtrain/core.h"
+#include "dtrain/params.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +65,16 @@ DT_API dt_adam_opts     dt_adam_opts_default(void);
 DT_API dt_adam_opts     dt_adamw_opts_default(void);
 DT_API dt_adadelta_opts dt_adadelta_opts_default(void);
 
+// Optimizers over a parameter contract (borrowed: it must outlive the optimizer).
+// Every trainable tensor starts in group 0 (the options' lr and weight_decay); frozen
+// tensors are never updated. `opts` NULL means the defaults. The state (laid out as
+// above, n = dt_params_numel floats per block, frozen tensors included) is allocated
+// and zeroed here. DT_ERR_ARG for an option out of range, as PyTorch rejects it.
+DT_API dt_status dt_sgd_new(dt_optim **out, dt_params *p, const dt_sgd_opts *opts);
+DT_API dt_status dt_adam_new(dt_optim **out, dt_params *p, const dt_adam_opts *opts);
+DT_API dt_status dt_adamw_new(dt_optim **out, dt_params *p, const dt_adam_opts *opts);
+DT_API dt_status dt_adadelta_new(dt_optim **out, dt_params *p, const dt_adadelta_opts *opts);
+
 // Optimizers over params[0..n) with gradients grads[0..n), both borrowed (they must
 // outlive the optimizer and must not overlap). `opts` NULL means the defaults. The
 // state is allocated and zeroed here. Returns NULL with DT_ERR_ARG (an option out of
@@ -73,10 +93,99 @@ DT_API void dt_optim_step(dt_optim *o);
 // Sets every gradient to 0.
 DT_API void dt_optim_zero_grad(dt_optim *o);
 
-// The learning rate used by the next steps (for schedules). DT_ERR_ARG unless lr is
-// finite and >= 0.
+// The learning rate used by the next steps: dt_optim_lr is group 0's; dt_optim_set_lr
+// sets every group's. DT_ERR_ARG unless lr is finite and >= 0.
 DT_API float     dt_optim_lr(const dt_optim *o);
 DT_API dt_status dt_optim_set_lr(dt_optim *o, float lr);
+
+// ----------------------------------------------------------------- parameter groups
+
+// PyTorch's param_groups. A negative field inherits group 0's value at creation.
+typedef struct dt_param_group_opts {
+    float lr;           // default -1: group 0's
+    float weight_decay; // default -1: group 0's
+} dt_param_group_opts;
+
+DT_API dt_param_group_opts dt_param_group_opts_default(void);
+// A new group (at most 16) taking every trainable tensor for which select(info, user)
+// is true, out of whichever group held it; *group (may be NULL) gets its index. E.g.
+// dt_param_no_decay with weight_decay 0: no decay on biases and norms. The group's lr
+// at creation is its schedule base (PyTorch's initial_lr).
+DT_API dt_status dt_optim_add_group(dt_optim *o, dt_param_pred select, void *user,
+                                    const dt_param_group_opts *g, int *group);
+DT_API int       dt_optim_num_groups(const dt_optim *o);
+// The group of parameter tensor i (-1: frozen, never updated).
+DT_API int       dt_optim_tensor_group(const dt_optim *o, int tensor);
+DT_API float     dt_optim_group_lr(const dt_optim *o, int g); // NaN out of range
+DT_API float     dt_optim_group_initial_lr(const dt_optim *o, int g);
+DT_API float     dt_optim_group_weight_decay(const dt_optim *o, int g);
+DT_API dt_status dt_optim_set_group_lr(dt_optim *o, int g, float lr);
+DT_API dt_status dt_optim_set_group_weight_decay(dt_optim *o, int g, float wd);
+// The parameters it updates (for the raw-buffer constructors: a table of one tensor
+// named "params", owned by the optimizer).
+DT_API dt_params *dt_optim_params(dt_optim *o);
+
+// ------------------------------------------------------------------------- clipping
+
+// The L2 norm of every trainable tensor's gradient taken together (summed in double).
+DT_API dt_status dt_grad_norm(dt_params *p, float *norm);
+// torch.nn.utils.clip_grad_norm_(params, max_norm) (norm_type 2): *norm (may be NULL)
+// gets the total norm before clipping, and every trainable gradient is multiplied by
+// max_norm / (norm + 1e-6) when that is below 1. Call it on the gradient the step
+// applies: after dt_ddp_sync (the average over ranks), before dt_optim_step. A
+// non-finite norm leaves the gradients unchanged (PyTorch would scale them by NaN or
+// 0): check isfinite(*norm) to skip such a step. DT_ERR_ARG unless max_norm is finite
+// and > 0.
+DT_API dt_status dt_clip_grad_norm(dt_params *p, float max_norm, float *norm);
+
+// ------------------------------------------------------------------------ schedules
+
+typedef struct dt_sched dt_sched;
+
+// `step` below is the number of scheduler steps taken, PyTorch's last_epoch: with
+// scheduler.step() after every optimizer.step(), the lr of optimizer step k (k from 0)
+// is lr(k). Every kind computes PyTorch's closed form for a group of initial lr base:
+typedef enum dt_sched_kind {
+    DT_SCHED_CONSTANT, // base
+    DT_SCHED_LINEAR,   // LinearLR(start_factor, end_factor, total_iters = total_steps):
+                       // base * (start + (end - start) * min(t, total) / total)
+    DT_SCHED_COSINE,   // CosineAnnealingLR(T_max = total_steps, eta_min = min_lr):
+                       // min + (base - min) * (1 + cos(pi t / T_max)) / 2 for t <= T_max,
+                       // then held at min_lr (PyTorch's keeps following the cosine and
+                       // rises again; the two agree up to T_max)
+    DT_SCHED_STEP,     // StepLR(step_size, gamma): base * gamma^floor(t / step_size)
+    DT_SCHED_LAMBDA,   // LambdaLR(lr_lambda): base * lambda(t, user)
+} dt_sched_kind;
+
+typedef double (*dt_sched_lambda_fn)(int64_t step, void *user);
+
+typedef struct dt_sched_opts {
+    dt_sched_kind kind;    // default DT_SCHED_CONSTANT
+    float         base_lr; // the base of dt_sched_lr_at (default 1: values are factors)
+    // Linear warmup first, when warmup_steps > 0: PyTorch's SequentialLR([LinearLR(
+    // warmup_start_factor, 1.0, total_iters = warmup_steps), main], milestones =
+    // [warmup_steps]): base * (f + (1 - f) t / W) for t < W, then main(t - W).
+    int64_t            warmup_steps;
+    float              warmup_start_factor;      // in (0, 1]; default 1/3 (LinearLR's)
+    float              start_factor, end_factor; // LINEAR; defaults 1/3 and 1 (LinearLR's)
+    int64_t            total_steps;              // LINEAR: total_iters; COSINE: T_max
+    float              min_lr;                   // COSINE: eta_min (default 0)
+    int64_t            step_size;                // STEP
+    float              gamma;                    // STEP (default 0.1)
+    dt_sched_lambda_fn lambda;                   // LAMBDA
+    void              *user;
+} dt_sched_opts;
+
+DT_API dt_sched_opts dt_sched_opts_default(void);
+// DT_ERR_ARG for an option out of range (as PyTorch rejects it). Free with dt_sched_free.
+DT_API dt_status dt_sched_new(dt_sched **out, const dt_sched_opts *opts);
+DT_API void      dt_sched_free(dt_sched *s); // NULL-safe
+// The lr at `step` of a group whose initial lr is base_lr; _at uses opts.base_lr.
+DT_API float dt_sched_lr(const dt_sched *s, float base_lr, int64_t step);
+DT_API float dt_sched_lr_at(const dt_sched *s, int64_t step);
+// Sets every group's lr to dt_sched_lr(its initial lr, step); call before each
+// dt_optim_step with the number of steps already taken.
+DT_API dt_status dt_sched_apply(const dt_sched *s, dt_optim *o, int64_t step);
 
 // Checkpoint access: the flat state (layout in the opts comments above) and the number
 // of steps taken. Restoring = copying the saved floats into dt_optim_state and calling

@@ -43,6 +43,33 @@ DT_API void dt_rng_permutation(dt_rng *r, uint32_t *perm, size_t n);
 // The raw block function, exposed for known-answer tests.
 DT_API void dt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
+// ------------------------------------------------------------------------- MT19937
+//
+// The Mersenne Twister MT19937 (Matsumoto and Nishimura, 1998; the reference
+// init_genrand and genrand_int32), kept to reproduce PyTorch's CPU generator exactly:
+// torch.Generator().manual_seed(s) is init_genrand(s mod 2^32), and
+// torch.randint(0, n, (k,), generator=g) draws, in order, for each element
+//   n <  2^32: genrand_int32() % n
+//   n >= 2^32: ((uint64)genrand_int32() << 32 | genrand_int32()) % n
+// (the first draw is the high word). tests/data/fixtures/torch_randint.txt holds
+// torch 1.13's draws for several seeds and ranges. Not for new uses: dt_rng is the
+// project's generator; this one exists for bit-exact batches against PyTorch scripts.
+
+typedef struct dt_mt19937 {
+    uint32_t mt[624];
+    int      mti; // next word of mt to temper; 624 = twist first
+} dt_mt19937;
+
+// init_genrand(seed mod 2^32): torch.Generator().manual_seed(seed). DT_ERR_ARG on NULL.
+DT_API dt_status dt_mt19937_init(dt_mt19937 *g, uint64_t seed);
+// genrand_int32: the next 32-bit output.
+DT_API uint32_t dt_mt19937_u32(dt_mt19937 *g);
+// torch's random64(): two outputs, the first one the high word.
+DT_API uint64_t dt_mt19937_u64(dt_mt19937 *g);
+// torch.randint(0, n, (count,), generator=g) into out[0..count), advancing g as torch
+// does. DT_ERR_ARG when n is 0 (torch refuses an empty range too).
+DT_API dt_status dt_mt19937_randint(dt_mt19937 *g, uint64_t n, size_t count, uint64_t *out);
+
 #ifdef __cplusplus
 }
 #endif

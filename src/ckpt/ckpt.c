@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define PATH_CAP 4096
+#define PATH_CAP CK_PATH_CAP
 
 dt_ckpt_opts dt_ckpt_opts_default(void) {
     return (dt_ckpt_opts){0};
@@ -47,7 +47,7 @@ dt_status dt_ckpt_path(const char *dir, int64_t step, char *buf, size_t n) {
     return DT_OK;
 }
 
-static dt_status join(char *out, const char *dir, const char *name) {
+dt_status dt_ckpt_join(char *out, const char *dir, const char *name) {
     if ((size_t)snprintf(out, PATH_CAP, "%s/%s", dir, name) >= PATH_CAP)
         return dt_fail(DT_ERR_ARG, "checkpoint: path %s/%s is too long", dir, name);
     return DT_OK;
@@ -78,7 +78,7 @@ static bool parse_step_name(const char *name, int64_t *step) {
     return true;
 }
 
-static bool is_file(const char *path) {
+bool dt_ckpt_is_file(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
@@ -107,7 +107,7 @@ static dt_status scan(const char *dir, entry **out, size_t *n) {
         char    sub[PATH_CAP], marker[PATH_CAP];
         if (!parse_step_name(de->d_name, &step))
             continue;
-        if (join(sub, dir, de->d_name) || join(marker, sub, CK_MARKER_FILE)) {
+        if (dt_ckpt_join(sub, dir, de->d_name) || dt_ckpt_join(marker, sub, CK_MARKER_FILE)) {
             dt_clear_error();
             continue;
         }
@@ -127,7 +127,7 @@ static dt_status scan(const char *dir, entry **out, size_t *n) {
             e   = e2;
             cap = cap2;
         }
-        e[(*n)++] = (entry){.step = step, .complete = is_file(marker)};
+        e[(*n)++] = (entry){.step = step, .complete = dt_ckpt_is_file(marker)};
     }
     closedir(d);
     if (s) {
@@ -193,7 +193,7 @@ dt_status dt_ckpt_latest(const char *dir, int64_t *step) {
 // leaves an incomplete directory, never a marker naming missing files.
 static dt_status empty_dir(const char *cdir) {
     char path[PATH_CAP];
-    DT_TRY(join(path, cdir, CK_MARKER_FILE));
+    DT_TRY(dt_ckpt_join(path, cdir, CK_MARKER_FILE));
     if (unlink(path) == 0)
         DT_TRY(dt_ckpt_fsync_dir(cdir));
     else if (errno != ENOENT)
@@ -206,7 +206,7 @@ static dt_status empty_dir(const char *cdir) {
     while (!s && (de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        if ((s = join(path, cdir, de->d_name)))
+        if ((s = dt_ckpt_join(path, cdir, de->d_name)))
             break;
         if (unlink(path) != 0 && errno != ENOENT)
             s = dt_fail_errno(DT_ERR_IO, "checkpoint: cannot remove %s", path);
@@ -238,7 +238,7 @@ static void remove_stale_next(const char *dir) {
             continue;
         memcpy(name, de->d_name, len - sl);
         name[len - sl] = '\0';
-        if (!parse_step_name(name, &step) || join(cdir, dir, de->d_name))
+        if (!parse_step_name(name, &step) || dt_ckpt_join(cdir, dir, de->d_name))
             continue;
         if (remove_ckpt(cdir))
             DT_WARN("ckpt", "could not delete the interrupted save %s: %s", cdir, dt_last_error());
@@ -355,10 +355,17 @@ static dt_status check_name(const char *what, int i, const char *name) {
     return DT_OK;
 }
 
+// The parameters a state names: its dt_params, else its model's.
+static dt_params *state_params(const dt_ckpt_state *st) {
+    return st->params ? st->params : st->model ? dt_model_as_params(st->model) : NULL;
+}
+
 static dt_status check_state(const dt_ckpt_state *st, bool saving) {
-    if (!st || !st->model || !dt_model_params(st->model))
-        return dt_fail(DT_ERR_ARG, "checkpoint: expected a state with a finalized model, found %s",
-                       st ? "no model" : "NULL");
+    if (!st || !state_params(st) || !dt_params_ready(state_params(st)))
+        return dt_fail(DT_ERR_ARG,
+                       "checkpoint: expected a state with parameters (a dt_params with storage "
+                       "or a finalized model), found %s",
+                       st ? "none" : "NULL");
     if (st->nrngs < 0 || (st->nrngs && !st->rngs) || st->nkvs < 0 ||
         (saving && st->nkvs && !st->kvs))
         return dt_fail(DT_ERR_ARG,
@@ -397,43 +404,13 @@ static dt_status check_state(const dt_ckpt_state *st, bool saving) {
     return DT_OK;
 }
 
-static void put_ptab(ck_buf *b, const dt_model *m) {
-    int n = dt_model_num_param_tensors(m);
-    dt_ckpt_buf_u32(b, (uint32_t)n);
-    for (int i = 0; i < n; i++) {
-        const dt_param_info *pi = dt_model_param_info(m, i);
-        dt_ckpt_buf_str(b, pi->name);
-        dt_ckpt_buf_u32(b, (uint32_t)pi->ndim);
-        for (int d = 0; d < pi->ndim; d++)
-            dt_ckpt_buf_u64(b, (uint64_t)pi->shape[d]);
-        dt_ckpt_buf_u64(b, pi->offset);
-        dt_ckpt_buf_u64(b, pi->count);
-        dt_ckpt_buf_u32(b, (uint32_t)pi->layer);
-    }
-}
-
-static void free_sections(ck_section *s, int n) {
-    for (int i = 0; i < n; i++)
-        dt_ckpt_buf_free(&s[i].head);
-}
-
-// Parameters (and their table) as sections 0 and 1 of secs.
-static void model_sections(ck_section *secs, dt_model *m) {
-    secs[0] = (ck_section){.tag = CK_TAG_PTAB};
-    put_ptab(&secs[0].head, m);
-    secs[1] = (ck_section){.tag = CK_TAG_PARM};
-    dt_ckpt_buf_u64(&secs[1].head, dt_model_num_params(m));
-    secs[1].data     = dt_model_params(m);
-    secs[1].data_len = dt_model_num_params(m) * sizeof(float);
-}
-
 static dt_status write_state_file(const char *cdir, const dt_ckpt_state *st, int world,
                                   uint64_t *size, uint32_t *crc) {
     char path[PATH_CAP];
-    DT_TRY(join(path, cdir, CK_STATE_FILE));
-    ck_section secs[4];
-    int        n = 2;
-    model_sections(secs, st->model);
+    DT_TRY(dt_ckpt_join(path, cdir, CK_STATE_FILE));
+    ck_section secs[CK_MODEL_SECTIONS + 2];
+    int        n = CK_MODEL_SECTIONS;
+    dt_ckpt_model_sections(secs, state_params(st));
     if (st->optim) {
         size_t nf = 0;
         float *sf = dt_optim_state(st->optim, &nf);
@@ -453,7 +430,7 @@ static dt_status write_state_file(const char *cdir, const dt_ckpt_state *st, int
     n++;
     ck_header h = {.kind = CK_KIND_STATE, .step = st->step, .world = (uint32_t)world, .rank = 0};
     dt_status s = dt_ckpt_write_file(path, &h, secs, n, size, crc);
-    free_sections(secs, n);
+    dt_ckpt_free_sections(secs, n);
     return s;
 }
 
@@ -461,7 +438,7 @@ static dt_status write_rank_file(const char *cdir, const dt_ckpt_state *st, int 
                                  uint64_t *size, uint32_t *crc) {
     char name[32], path[PATH_CAP];
     rank_file_name(rank, name);
-    DT_TRY(join(path, cdir, name));
+    DT_TRY(dt_ckpt_join(path, cdir, name));
     ck_section secs[2];
     int        n = 0;
     if (st->sampler) {
@@ -493,7 +470,7 @@ static dt_status write_rank_file(const char *cdir, const dt_ckpt_state *st, int 
     ck_header h = {
         .kind = CK_KIND_RANK, .step = st->step, .world = (uint32_t)world, .rank = (uint32_t)rank};
     dt_status s = dt_ckpt_write_file(path, &h, secs, n, size, crc);
-    free_sections(secs, n);
+    dt_ckpt_free_sections(secs, n);
     return s;
 }
 
@@ -502,7 +479,7 @@ static dt_status write_rank_file(const char *cdir, const dt_ckpt_state *st, int 
 static dt_status write_marker(const char *cdir, int64_t step, int world, uint64_t ssize,
                               uint32_t scrc, const int64_t *tab) {
     char path[PATH_CAP];
-    DT_TRY(join(path, cdir, CK_MARKER_FILE));
+    DT_TRY(dt_ckpt_join(path, cdir, CK_MARKER_FILE));
     ck_section sec = {.tag = CK_TAG_MANI};
     dt_ckpt_buf_u32(&sec.head, (uint32_t)world + 1);
     dt_ckpt_buf_str(&sec.head, CK_STATE_FILE);
@@ -549,8 +526,8 @@ static dt_status prepare(const char *dir, const char *cdir, bool *replace) {
     char marker[PATH_CAP], next[PATH_CAP];
     *replace = false;
     DT_TRY(mkdir_p(dir));
-    DT_TRY(join(marker, cdir, CK_MARKER_FILE));
-    if (!is_file(marker))
+    DT_TRY(dt_ckpt_join(marker, cdir, CK_MARKER_FILE));
+    if (!dt_ckpt_is_file(marker))
         return fresh_dir(dir, cdir);
     *replace = true;
     DT_TRY(next_path(next, cdir));
@@ -647,7 +624,7 @@ out:
 typedef struct staged {
     uint8_t    *sbuf, *rbuf, *mbuf;
     ck_file     sf, rf, mf;
-    ck_parm     parm;
+    ck_parm     parm, bufs;
     bool        has_optm, has_smpl;
     ck_optm     optm;
     ck_smpl     smpl;
@@ -667,10 +644,10 @@ static void staged_free(staged *g) {
 
 // Reads one file of checkpoint cdir, checks it whole, and checks it against the
 // marker's manifest (size and header CRC), its step and world, and its kind.
-static dt_status read_member(const char *cdir, const char *name, uint32_t kind, const ck_file *mf,
-                             int64_t step, char *path, uint8_t **buf, ck_file *f) {
+dt_status dt_ckpt_read_member(const char *cdir, const char *name, uint32_t kind, const ck_file *mf,
+                              int64_t step, char *path, uint8_t **buf, ck_file *f) {
     size_t n;
-    DT_TRY(join(path, cdir, name));
+    DT_TRY(dt_ckpt_join(path, cdir, name));
     DT_TRY(dt_ckpt_read_all(path, buf, &n));
     DT_TRY(dt_ckpt_parse(*buf, n, path, f));
     DT_TRY(dt_ckpt_expect_kind(f, kind, 0));
@@ -698,10 +675,10 @@ static dt_status read_member(const char *cdir, const char *name, uint32_t kind, 
     return DT_OK;
 }
 
-static dt_status read_marker(const char *cdir, int64_t step, char *path, uint8_t **buf,
-                             ck_file *f) {
+dt_status dt_ckpt_read_marker(const char *cdir, int64_t step, char *path, uint8_t **buf,
+                              ck_file *f) {
     size_t n;
-    DT_TRY(join(path, cdir, CK_MARKER_FILE));
+    DT_TRY(dt_ckpt_join(path, cdir, CK_MARKER_FILE));
     DT_TRY(dt_ckpt_read_all(path, buf, &n));
     DT_TRY(dt_ckpt_parse(*buf, n, path, f));
     DT_TRY(dt_ckpt_expect_kind(f, CK_KIND_MARKER, 0));
@@ -712,25 +689,10 @@ static dt_status read_marker(const char *cdir, int64_t step, char *path, uint8_t
     return DT_OK;
 }
 
-// Parameters of a state or model file checked against the model.
-static dt_status check_params(const ck_file *f, const dt_model *m, ck_parm *parm) {
-    const ck_sec *ps, *pt;
-    DT_TRY(dt_ckpt_need(f, CK_TAG_PARM, &ps));
-    DT_TRY(dt_ckpt_decode_parm(f, ps, parm));
-    DT_TRY(dt_ckpt_need(f, CK_TAG_PTAB, &pt));
-    DT_TRY(dt_ckpt_check_ptab(f, pt, parm->count, m));
-    if (parm->count != dt_model_num_params(m))
-        return dt_fail(DT_ERR_MISMATCH,
-                       "%s: model mismatch: expected %zu parameters (the "
-                       "model's), found %llu",
-                       f->name, dt_model_num_params(m), (unsigned long long)parm->count);
-    return DT_OK;
-}
-
 static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, int rank, int world,
                        staged *g) {
     char path[PATH_CAP], rname[32];
-    DT_TRY(read_marker(cdir, step, path, &g->mbuf, &g->mf));
+    DT_TRY(dt_ckpt_read_marker(cdir, step, path, &g->mbuf, &g->mf));
     if (g->mf.world != (uint32_t)world)
         return dt_fail(DT_ERR_MISMATCH,
                        "%s: expected a checkpoint of world size %d (this job's), found world size "
@@ -738,8 +700,9 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
                        path, world, g->mf.world);
 
     // Shared state: parameters, optimizer, key/values.
-    DT_TRY(read_member(cdir, CK_STATE_FILE, CK_KIND_STATE, &g->mf, step, path, &g->sbuf, &g->sf));
-    DT_TRY(check_params(&g->sf, st->model, &g->parm));
+    DT_TRY(dt_ckpt_read_member(cdir, CK_STATE_FILE, CK_KIND_STATE, &g->mf, step, path, &g->sbuf,
+                               &g->sf));
+    DT_TRY(dt_ckpt_check_params(&g->sf, state_params(st), &g->parm, &g->bufs));
     const ck_sec *s = dt_ckpt_find(&g->sf, CK_TAG_OPTM);
     if (st->optim) {
         size_t nf = 0;
@@ -770,7 +733,7 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
 
     // This rank's own state: sampler and generators.
     rank_file_name(rank, rname);
-    DT_TRY(read_member(cdir, rname, CK_KIND_RANK, &g->mf, step, path, &g->rbuf, &g->rf));
+    DT_TRY(dt_ckpt_read_member(cdir, rname, CK_KIND_RANK, &g->mf, step, path, &g->rbuf, &g->rf));
     if (g->rf.rank != (uint32_t)rank)
         return dt_fail(DT_ERR_FORMAT, "%s: expected the state of rank %d, found rank %u's", path,
                        rank, g->rf.rank);
@@ -812,7 +775,7 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
 
 // Cannot fail: everything was checked by stage().
 static void apply(const staged *g, const dt_ckpt_state *st) {
-    memcpy(dt_model_params(st->model), g->parm.floats, (size_t)g->parm.count * sizeof(float));
+    dt_ckpt_copy_params(state_params(st), &g->parm, &g->bufs);
     if (g->has_optm) {
         size_t nf;
         float *sf = dt_optim_state(st->optim, &nf);
@@ -911,7 +874,7 @@ static dt_status verify_dir(const char *cdir) {
     char          mpath[PATH_CAP], path[PATH_CAP], name[DT_CKPT_NAME_MAX + 1];
     uint8_t      *mbuf = NULL;
     ck_file       mf;
-    dt_status     s  = read_marker(cdir, -1, mpath, &mbuf, &mf);
+    dt_status     s  = dt_ckpt_read_marker(cdir, -1, mpath, &mbuf, &mf);
     const ck_sec *ms = s ? NULL : dt_ckpt_find(&mf, CK_TAG_MANI);
     // Every rank's file and the state file must be listed.
     for (uint32_t r = 0; !s && r <= mf.world; r++) {
@@ -933,8 +896,8 @@ static dt_status verify_dir(const char *cdir) {
         uint8_t *buf = NULL;
         ck_file  f;
         bool     rank = strncmp(name, "rank-", 5) == 0;
-        s = read_member(cdir, name, rank ? CK_KIND_RANK : CK_KIND_STATE, &mf, mf.step, path, &buf,
-                        &f);
+        s = dt_ckpt_read_member(cdir, name, rank ? CK_KIND_RANK : CK_KIND_STATE, &mf, mf.step, path,
+                                &buf, &f);
         if (!s && rank) {
             char want[32];
             rank_file_name((int)f.rank, want);
@@ -956,8 +919,8 @@ dt_status dt_ckpt_verify(const char *path) {
         return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot find %s", path ? path : "NULL");
     if (S_ISDIR(sb.st_mode)) {
         char marker[PATH_CAP];
-        DT_TRY(join(marker, path, CK_MARKER_FILE));
-        if (!is_file(marker))
+        DT_TRY(dt_ckpt_join(marker, path, CK_MARKER_FILE));
+        if (!dt_ckpt_is_file(marker))
             return dt_fail(DT_ERR_FORMAT,
                            "%s: expected a checkpoint directory holding %s, found "
                            "none (an interrupted save, or not a checkpoint)",
@@ -969,66 +932,5 @@ dt_status dt_ckpt_verify(const char *path) {
     DT_TRY(dt_ckpt_read_all(path, &buf, &n));
     dt_status s = dt_ckpt_verify_bytes(buf, n, path);
     dt_free(buf);
-    return s;
-}
-
-// ------------------------------------------------------------------------ models
-
-dt_status dt_ckpt_save_model(const char *path, dt_model *m) {
-    if (!path || !m || !dt_model_params(m))
-        return dt_fail(DT_ERR_ARG, "checkpoint: expected a path and a finalized model");
-    ck_section secs[2];
-    model_sections(secs, m);
-    ck_header h = {.kind = CK_KIND_MODEL, .step = 0, .world = 1, .rank = 0};
-    dt_status s = dt_ckpt_write_file(path, &h, secs, 2, NULL, NULL);
-    free_sections(secs, 2);
-    return s;
-}
-
-dt_status dt_ckpt_load_model(const char *path, dt_model *m) {
-    if (!path || !m || !dt_model_params(m))
-        return dt_fail(DT_ERR_ARG, "checkpoint: expected a path and a finalized model");
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot find %s", path);
-    uint8_t  *buf = NULL, *mbuf = NULL;
-    ck_file   f, mf;
-    ck_parm   parm;
-    char      p[PATH_CAP], cdir[PATH_CAP];
-    dt_status s;
-    if (S_ISDIR(sb.st_mode)) {
-        // A checkpoint directory, or a directory of them (its newest complete one).
-        DT_TRY(join(p, path, CK_MARKER_FILE));
-        if (is_file(p)) {
-            snprintf(cdir, sizeof cdir, "%s", path);
-        } else {
-            int64_t step;
-            DT_TRY(dt_ckpt_latest(path, &step));
-            if (step < 0)
-                return dt_fail(DT_ERR_FORMAT,
-                               "%s: expected a model file, a checkpoint directory or a directory "
-                               "of checkpoints, found a directory without any complete checkpoint",
-                               path);
-            DT_TRY(dt_ckpt_path(path, step, cdir, sizeof cdir));
-        }
-        s = read_marker(cdir, -1, p, &mbuf, &mf);
-        if (!s)
-            s = read_member(cdir, CK_STATE_FILE, CK_KIND_STATE, &mf, mf.step, p, &buf, &f);
-    } else {
-        size_t n;
-        s = dt_ckpt_read_all(path, &buf, &n);
-        if (!s)
-            s = dt_ckpt_parse(buf, n, path, &f);
-        if (!s)
-            s = dt_ckpt_expect_kind(&f, CK_KIND_MODEL, CK_KIND_STATE);
-        if (!s)
-            s = dt_ckpt_check_file(&f);
-    }
-    if (!s)
-        s = check_params(&f, m, &parm);
-    if (!s)
-        memcpy(dt_model_params(m), parm.floats, (size_t)parm.count * sizeof(float));
-    dt_free(buf);
-    dt_free(mbuf);
     return s;
 }

@@ -30,6 +30,8 @@ enum {
     ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
 #define CK_TAG_PTAB CK_TAG('P', 'T', 'A', 'B') // parameter table
 #define CK_TAG_PARM CK_TAG('P', 'A', 'R', 'M') // flat parameters
+#define CK_TAG_BTAB CK_TAG('B', 'T', 'A', 'B') // buffer table (version 2)
+#define CK_TAG_BUFS CK_TAG('B', 'U', 'F', 'S') // flat non-trainable buffers (version 2)
 #define CK_TAG_OPTM CK_TAG('O', 'P', 'T', 'M') // optimizer state
 #define CK_TAG_SMPL CK_TAG('S', 'M', 'P', 'L') // sampler epoch and position
 #define CK_TAG_RNGS CK_TAG('R', 'N', 'G', 'S') // named RNG states
@@ -86,7 +88,8 @@ typedef struct ck_sec {
 } ck_sec;
 
 typedef struct ck_file {
-    const char *name; // for messages
+    const char *name;    // for messages
+    uint32_t    version; // DT_CKPT_VERSION_MIN..DT_CKPT_VERSION
     uint32_t    kind, world, rank, nsec;
     int64_t     step;
     uint64_t    size;
@@ -126,10 +129,11 @@ typedef struct ck_smpl {
 dt_status dt_ckpt_decode_parm(const ck_file *f, const ck_sec *s, ck_parm *out);
 dt_status dt_ckpt_decode_optm(const ck_file *f, const ck_sec *s, ck_optm *out);
 dt_status dt_ckpt_decode_smpl(const ck_file *f, const ck_sec *s, ck_smpl *out);
-// Validates the table against the parameter count and, when m is not NULL, compares
-// it with the model's table (DT_ERR_MISMATCH naming the first difference).
-dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nparams,
-                             const dt_model *m);
+// Validates a tensor table (PTAB, or BTAB when `buffers`) against the float count and,
+// when p is not NULL, compares it with p's parameter (or buffer) table
+// (DT_ERR_MISMATCH naming the first difference). Version 1 entries have no flags.
+dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nfloats,
+                             const dt_params *p, bool buffers);
 // Validates every entry; with `name`, copies that entry's state into *out and sets
 // *found.
 dt_status dt_ckpt_check_rngs(const ck_file *f, const ck_sec *s, const char *name, dt_rng *out,
@@ -142,6 +146,35 @@ dt_status dt_ckpt_check_mani(const ck_file *f, const ck_sec *s, const char *name
 // Manifest entry i (for verifying a whole directory); false past the end. The name
 // is copied into name (DT_CKPT_NAME_MAX + 1 bytes). Call after dt_ckpt_check_mani.
 bool dt_ckpt_mani_entry(const ck_sec *s, uint32_t i, char *name, uint64_t *size, uint32_t *crc);
+
+// ------------------------------------------------------- directories (ckpt.c)
+
+#define CK_PATH_CAP 4096
+
+// "<dir>/<name>" into out (CK_PATH_CAP bytes); DT_ERR_ARG when too long.
+dt_status dt_ckpt_join(char *out, const char *dir, const char *name);
+bool      dt_ckpt_is_file(const char *path);
+// The marker of checkpoint cdir, read and checked whole (step >= 0: it must be that
+// step); path (CK_PATH_CAP) gets its path, *buf the owned image.
+dt_status dt_ckpt_read_marker(const char *cdir, int64_t step, char *path, uint8_t **buf,
+                              ck_file *f);
+// One file of checkpoint cdir, checked whole and against the marker mf (size, header
+// CRC, step, world) and its kind.
+dt_status dt_ckpt_read_member(const char *cdir, const char *name, uint32_t kind, const ck_file *mf,
+                              int64_t step, char *path, uint8_t **buf, ck_file *f);
+
+// ------------------------------------------------ parameters and buffers (tables.c)
+
+#define CK_MODEL_SECTIONS 4 // PTAB PARM BTAB BUFS
+
+// p's tables and floats as sections 0..3 of secs (free with dt_ckpt_free_sections).
+void dt_ckpt_model_sections(ck_section *secs, dt_params *p);
+void dt_ckpt_free_sections(ck_section *secs, int n);
+// The parameters and buffers of a state or model file checked against p's tables
+// (a version-1 file has no buffers); parm and bufs point into the file image.
+dt_status dt_ckpt_check_params(const ck_file *f, const dt_params *p, ck_parm *parm, ck_parm *bufs);
+// Copies them into p (after dt_ckpt_check_params).
+void dt_ckpt_copy_params(dt_params *p, const ck_parm *parm, const ck_parm *bufs);
 
 // Every check dt_ckpt_verify_bytes makes, on a parsed file.
 dt_status dt_ckpt_check_file(const ck_file *f);

@@ -306,9 +306,9 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        "found %zu",
                        name, CK_HEADER_SIZE, n);
     uint32_t version = dt_get_le32(p + 8);
-    if (version != DT_CKPT_VERSION)
-        return dt_fail(DT_ERR_FORMAT, "%s: expected format version %d, found version %u", name,
-                       DT_CKPT_VERSION, version);
+    if (version < DT_CKPT_VERSION_MIN || version > DT_CKPT_VERSION)
+        return dt_fail(DT_ERR_FORMAT, "%s: expected format version %d..%d, found version %u", name,
+                       DT_CKPT_VERSION_MIN, DT_CKPT_VERSION, version);
     uint32_t hsize = dt_get_le32(p + 12);
     if (hsize != CK_HEADER_SIZE)
         return dt_fail(DT_ERR_FORMAT, "%s: expected a header of %d bytes, found %u", name,
@@ -318,6 +318,7 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: corrupt header: expected CRC32C %08x (stored), found %08x", name,
                        stored, hcrc);
+    f->version    = version;
     f->kind       = dt_get_le32(p + 16);
     f->nsec       = dt_get_le32(p + 20);
     f->step       = (int64_t)dt_get_le64(p + 24);
@@ -533,27 +534,30 @@ static void shape_str(const int64_t *shape, uint32_t ndim, char *out, size_t n) 
 }
 
 dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nparams,
-                             const dt_model *m) {
-    rd       r     = rd_of(s);
-    uint32_t count = rd_u32(&r);
+                             const dt_params *m, bool buffers) {
+    rd          r     = rd_of(s);
+    uint32_t    count = rd_u32(&r);
+    const char *tab   = buffers ? "BTAB" : "PTAB";
+    const char *what  = buffers ? "buffer" : "parameter";
+    int         mine  = m ? (buffers ? dt_params_buffer_count(m) : dt_params_count(m)) : 0;
     if (r.bad)
         return bad_section(f, s, "expected a tensor count");
-    if (m && (int64_t)count != dt_model_num_param_tensors(m))
+    if (m && (int64_t)count != mine)
         return dt_fail(DT_ERR_MISMATCH,
-                       "%s: model mismatch: expected %d parameter tensors (the model's), found %u",
-                       f->name, dt_model_num_param_tensors(m), count);
+                       "%s: model mismatch: expected %d %s tensors (the model's), found %u",
+                       f->name, mine, what, count);
     uint64_t next = 0; // tensors are contiguous, in order, from offset 0
     for (uint32_t i = 0; i < count; i++) {
         char        name[DT_CKPT_NAME_MAX + 1];
         const char *why = "";
         if (!rd_name(&r, name, DT_CKPT_NAME_MAX, 1, &why))
-            return dt_fail(DT_ERR_FORMAT, "%s: section PTAB: tensor %u: %s name", f->name, i,
+            return dt_fail(DT_ERR_FORMAT, "%s: section %s: tensor %u: %s name", f->name, tab, i,
                            r.bad ? "truncated" : "malformed");
         uint32_t ndim = rd_u32(&r);
         if (r.bad || ndim < 1 || ndim > 4)
             return dt_fail(DT_ERR_FORMAT,
-                           "%s: section PTAB: tensor %u (%s): expected 1..4 dimensions, found %u",
-                           f->name, i, name, ndim);
+                           "%s: section %s: tensor %u (%s): expected 1..4 dimensions, found %u",
+                           f->name, tab, i, name, ndim);
         int64_t  shape[4];
         uint64_t prod = 1;
         bool     ok   = true;
@@ -563,23 +567,30 @@ dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nparams
         }
         uint64_t offset = rd_u64(&r), cnt = rd_u64(&r);
         int32_t  layer = (int32_t)rd_u32(&r);
+        // Version 2: flags (DT_PARAM_*), and layer -1 for tensors of no layer.
+        uint32_t flags     = f->version >= 2 ? rd_u32(&r) : 0;
+        int32_t  min_layer = f->version >= 2 ? -1 : 0;
         if (r.bad)
             return bad_section(f, s,
                                "expected more bytes than the section holds (truncated entry)");
-        if (!ok || prod != cnt || offset != next || cnt > nparams - next || layer < 0) {
+        if (!ok || prod != cnt || offset != next || cnt > nparams - next || layer < min_layer ||
+            (flags & ~(uint32_t)(DT_PARAM_FROZEN | DT_PARAM_NO_DECAY))) {
             char sh[128];
             shape_str(shape, ndim, sh, sizeof sh);
             return dt_fail(DT_ERR_FORMAT,
-                           "%s: section PTAB: tensor %u (%s): expected positive dimensions whose "
-                           "product is its count, at offset %llu within %llu parameters, found "
-                           "shape %s, count %llu, offset %llu, layer %d",
-                           f->name, i, name, (unsigned long long)next, (unsigned long long)nparams,
-                           sh, (unsigned long long)cnt, (unsigned long long)offset, layer);
+                           "%s: section %s: tensor %u (%s): expected positive dimensions whose "
+                           "product is its count, at offset %llu within %llu floats, a layer >= "
+                           "%d and known flags, found shape %s, count %llu, offset %llu, layer "
+                           "%d, flags 0x%x",
+                           f->name, tab, i, name, (unsigned long long)next,
+                           (unsigned long long)nparams, min_layer, sh, (unsigned long long)cnt,
+                           (unsigned long long)offset, layer, flags);
         }
         next += cnt;
         if (m) {
-            const dt_param_info *pi   = dt_model_param_info(m, (int)i);
-            bool                 same = strcmp(pi->name, name) == 0 && (uint32_t)pi->ndim == ndim &&
+            const dt_param_info *pi =
+                buffers ? dt_params_buffer_info(m, (int)i) : dt_params_info(m, (int)i);
+            bool same = strcmp(pi->name, name) == 0 && (uint32_t)pi->ndim == ndim &&
                         pi->offset == offset && pi->count == cnt;
             for (uint32_t d = 0; same && d < ndim; d++)
                 same = pi->shape[d] == shape[d];
@@ -588,18 +599,18 @@ dt_status dt_ckpt_check_ptab(const ck_file *f, const ck_sec *s, uint64_t nparams
                 shape_str(pi->shape, (uint32_t)pi->ndim, want, sizeof want);
                 shape_str(shape, ndim, got, sizeof got);
                 return dt_fail(DT_ERR_MISMATCH,
-                               "%s: model mismatch: parameter tensor %u: expected \"%s\" of shape "
+                               "%s: model mismatch: %s tensor %u: expected \"%s\" of shape "
                                "%s (the model's), found \"%s\" of shape %s",
-                               f->name, i, pi->name, want, name, got);
+                               f->name, what, i, pi->name, want, name, got);
             }
         }
     }
     DT_TRY(expect_end(f, s, &r));
     if (next != nparams)
         return dt_fail(DT_ERR_FORMAT,
-                       "%s: section PTAB: expected tensors covering the %llu parameters, found "
+                       "%s: section %s: expected tensors covering the %llu floats, found "
                        "them covering %llu",
-                       f->name, (unsigned long long)nparams, (unsigned long long)next);
+                       f->name, tab, (unsigned long long)nparams, (unsigned long long)next);
     return DT_OK;
 }
 
@@ -762,7 +773,13 @@ dt_status dt_ckpt_check_file(const ck_file *f) {
         DT_TRY(dt_ckpt_need(f, CK_TAG_PARM, &s));
         DT_TRY(dt_ckpt_decode_parm(f, s, &parm));
         DT_TRY(dt_ckpt_need(f, CK_TAG_PTAB, &pt));
-        DT_TRY(dt_ckpt_check_ptab(f, pt, parm.count, NULL));
+        DT_TRY(dt_ckpt_check_ptab(f, pt, parm.count, NULL, false));
+        if (f->version >= 2) { // buffers: always present from version 2, maybe empty
+            DT_TRY(dt_ckpt_need(f, CK_TAG_BUFS, &s));
+            DT_TRY(dt_ckpt_decode_parm(f, s, &parm));
+            DT_TRY(dt_ckpt_need(f, CK_TAG_BTAB, &pt));
+            DT_TRY(dt_ckpt_check_ptab(f, pt, parm.count, NULL, true));
+        }
         if (f->kind == CK_KIND_STATE)
             DT_TRY(dt_ckpt_need(f, CK_TAG_KVAL, &s));
         break;

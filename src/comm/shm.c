@@ -1099,20 +1099,46 @@ static dt_status env_size(const char *name, size_t def, size_t *out) {
     return DT_OK;
 }
 
+static size_t default_chunk(int world) {
+    size_t def_chunk = DEFAULT_CHUNK_BYTES;
+    if (def_chunk * NBUF * (size_t)world > MAX_DEFAULT_BUFS)
+        def_chunk = MAX_DEFAULT_BUFS / (NBUF * (size_t)world);
+    return def_chunk;
+}
+
+size_t dt_shm_segment_bytes(int world) {
+    size_t   chunk;
+    shm_plan p = {0};
+    if (world < 1 || env_size("DT_SHM_CHUNK_BYTES", default_chunk(world), &chunk) != DT_OK ||
+        plan_layout(world, chunk, DEFAULT_SMALL_BYTES, &p) != DT_OK) {
+        dt_clear_error();
+        return 0;
+    }
+    return p.total;
+}
+
 static dt_status shm_init_impl(const dt_shm_opts *o, dt_shm *s, int *fd_out) {
     int      fd       = -1;
     uint64_t deadline = o->deadline_ns;
     size_t   want_chunk, want_small;
-    size_t   def_chunk = DEFAULT_CHUNK_BYTES;
-    if (def_chunk * NBUF * (size_t)o->world > MAX_DEFAULT_BUFS)
-        def_chunk = MAX_DEFAULT_BUFS / (NBUF * (size_t)o->world);
-    DT_TRY(
-        env_size("DT_SHM_CHUNK_BYTES", o->chunk_bytes ? o->chunk_bytes : def_chunk, &want_chunk));
+    DT_TRY(env_size("DT_SHM_CHUNK_BYTES", o->chunk_bytes ? o->chunk_bytes : default_chunk(o->world),
+                    &want_chunk));
     DT_TRY(env_size("DT_SHM_SMALL_BYTES", o->small_bytes ? o->small_bytes : DEFAULT_SMALL_BYTES,
                     &want_small));
     if (o->rank == 0) {
         shm_plan p = {0};
         DT_TRY(plan_layout(o->world, want_chunk, want_small, &p));
+        // Free space first: a segment that cannot fit is refused before anything is
+        // created (fallocate below still catches a race with another job).
+        struct statvfs fs;
+        if (statvfs("/dev/shm", &fs) == 0 &&
+            (double)p.total > (double)fs.f_bavail * (double)fs.f_frsize)
+            return dt_fail(DT_ERR_IO,
+                           "shm: /dev/shm has %.1f MiB free, the segment of %d ranks needs %.1f "
+                           "MiB (use fewer processes, lower DT_SHM_CHUNK_BYTES, the tcp backend, "
+                           "or enlarge /dev/shm)",
+                           (double)fs.f_bavail * (double)fs.f_frsize / 1048576.0, o->world,
+                           (double)p.total / 1048576.0);
         fd = shm_open(o->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0)
             return dt_fail_errno(DT_ERR_IO, "shm: cannot create segment /dev/shm%s", o->name);

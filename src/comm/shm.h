@@ -64,6 +64,11 @@ dt_status dt_shm_init(const dt_shm_opts *opts, dt_shm **out);
 // and unmaps. NULL is a no-op. Not collective.
 void dt_shm_free(dt_shm *s);
 
+// Bytes of /dev/shm that a segment for `world` ranks takes with the default (or
+// DT_SHM_CHUNK_BYTES) sizing; 0 if it cannot be sized. Grows with world^2 (the
+// point-to-point channels): about 8 GiB for 1000 ranks.
+size_t dt_shm_segment_bytes(int world);
+
 int    dt_shm_rank(const dt_shm *s);
 int    dt_shm_world(const dt_shm *s);
 size_t dt_shm_chunk_bytes(const dt_shm *s);

@@ -36,6 +36,21 @@ static void fill_lut(dt_dataset *ds) {
         ds->lut[p] = ((float)p / 255.0f - ds->mean) / ds->std;
 }
 
+// The general description of a byte-image dataset: samples (1, H, W) with labels.
+static dt_status describe(dt_dataset *ds, const dt_dataset_opts *o) {
+    ds->type       = DT_SAMPLE_U8;
+    ds->ndim       = 3;
+    ds->shape[0]   = 1;
+    ds->shape[1]   = ds->h;
+    ds->shape[2]   = ds->w;
+    ds->data       = ds->images;
+    ds->has_labels = true;
+    dt_status st   = dt_data_dataset_finish(ds, o);
+    if (st)
+        dt_dataset_free(ds);
+    return st;
+}
+
 static dt_status check_labels(const uint8_t *labels, size_t n, int num_classes, const char *where) {
     for (size_t i = 0; i < n; i++)
         if (labels[i] >= num_classes)
@@ -72,7 +87,7 @@ dt_status dt_dataset_init(dt_dataset *ds, const uint8_t *images, const uint8_t *
     ds->mean        = o.mean;
     ds->std         = o.std;
     fill_lut(ds);
-    return DT_OK;
+    return describe(ds, &o);
 }
 
 dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const char *labels_path,
@@ -118,24 +133,33 @@ dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const cha
     ds->mean        = o.mean;
     ds->std         = o.std;
     fill_lut(ds);
-    return DT_OK;
+    return describe(ds, &o);
 }
 
-static bool is_file(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+// Whether `path` names something: false (errno ENOENT or ENOTDIR) when nothing is there.
+static bool exists(const char *path, struct stat *sb) {
+    return stat(path, sb) == 0;
 }
 
-// Finds "<dir>/<stem>" or "<dir>/<stem>.gz" into out.
+// Finds "<dir>/<stem>" or "<dir>/<stem>.gz" into out. Whatever is found under either
+// name must be a regular file: a directory, a FIFO or a device is named, not skipped.
 static dt_status find_file(const char *dir, const char *stem, char *out, size_t n) {
     char gz[4096];
     if (snprintf(out, n, "%s/%s", dir, stem) >= (int)n ||
         snprintf(gz, sizeof gz, "%s/%s.gz", dir, stem) >= (int)sizeof gz)
         return dt_fail(DT_ERR_ARG, "dataset directory name too long (%zu bytes)", strlen(dir));
-    if (is_file(out))
-        return DT_OK;
-    if (is_file(gz)) {
-        snprintf(out, n, "%s", gz);
+    const char *names[2] = {out, gz};
+    for (int i = 0; i < 2; i++) {
+        struct stat sb;
+        if (!exists(names[i], &sb))
+            continue;
+        if (!S_ISREG(sb.st_mode))
+            return dt_fail(DT_ERR_IO,
+                           "%s is %s, expected a regular file (the MNIST-format file %s, plain "
+                           "or .gz)",
+                           names[i], dt_data_mode_kind(sb.st_mode), stem);
+        if (i == 1)
+            snprintf(out, n, "%s", gz);
         return DT_OK;
     }
     return dt_fail(DT_ERR_IO,
@@ -160,9 +184,47 @@ dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
     return dt_dataset_load_idx(ds, images, labels, opts);
 }
 
+// Writes "(a, b, c)" into buf.
+static void shape_str(const int *shape, int ndim, char *buf, size_t n) {
+    size_t at = (size_t)snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, i ? ", %d" : "%d", shape[i]);
+    if (at < n)
+        snprintf(buf + at, n - at, ndim == 1 ? ",)" : ")");
+}
+
+// The dimensions of `shape` between its leading and trailing dimensions of size 1.
+static const int *core_dims(const int *shape, int ndim, int *core) {
+    int lo = 0, hi = ndim;
+    while (lo < hi && shape[lo] == 1)
+        lo++;
+    while (hi > lo && shape[hi - 1] == 1)
+        hi--;
+    *core = hi - lo;
+    return shape + lo;
+}
+
+dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h, int w) {
+    const char *what = name && *name ? name : "dataset";
+    if (!ds || ds->ndim < 1 || ds->ndim > DT_DATASET_MAX_DIMS || !ds->sample_elems)
+        return dt_fail(DT_ERR_ARG, "%s: expected a loaded dataset, found none", what);
+    int        model[3] = {c, h, w}, nm, nd;
+    const int *cm = core_dims(model, 3, &nm), *cd = core_dims(ds->shape, ds->ndim, &nd);
+    if (nm != nd || memcmp(cm, cd, sizeof(int) * (size_t)nm) != 0) {
+        char want[64], found[96];
+        shape_str(model, 3, want, sizeof want);
+        shape_str(ds->shape, ds->ndim, found, sizeof found);
+        return dt_fail(DT_ERR_ARG,
+                       "%s: expected samples of the model's input shape %s (C, H, W), found %s",
+                       what, want, found);
+    }
+    return DT_OK;
+}
+
 void dt_dataset_free(dt_dataset *ds) {
     if (!ds)
         return;
+    dt_data_dataset_free_extra(ds);
     dt_free(ds->images);
     dt_free(ds->labels);
     memset(ds, 0, sizeof *ds);
@@ -170,13 +232,20 @@ void dt_dataset_free(dt_dataset *ds) {
 
 void dt_dataset_gather(const dt_dataset *ds, const uint32_t *indices, size_t count, float *x,
                        int32_t *y) {
-    size_t hw = (size_t)ds->h * (size_t)ds->w;
-    for (size_t i = 0; i < count; i++) {
-        DT_DEBUG_ASSERT(indices[i] < ds->n);
-        const uint8_t *p   = ds->images + (size_t)indices[i] * hw;
-        float         *dst = x + i * hw; // (1, H, W) of sample i
-        for (size_t j = 0; j < hw; j++)
-            dst[j] = ds->lut[p[j]];
-        y[i] = ds->labels[indices[i]];
+    if (ds->ch_lut && ds->channels == 1 && ds->type == DT_SAMPLE_U8 && !ds->crop_pad &&
+        !ds->hflip && ds->labels && !ds->target_elems) {
+        size_t hw = ds->sample_elems; // the byte-image fast path, as before
+        for (size_t i = 0; i < count; i++) {
+            DT_DEBUG_ASSERT(indices[i] < ds->n);
+            const uint8_t *p   = ds->images + (size_t)indices[i] * hw;
+            float         *dst = x + i * hw; // (1, H, W) of sample i
+            for (size_t j = 0; j < hw; j++)
+                dst[j] = ds->ch_lut[p[j]];
+            y[i] = ds->labels[indices[i]];
+        }
+        return;
     }
+    dt_status st = dt_dataset_gather_at(ds, 0, indices, count, x, y, NULL);
+    DT_DEBUG_ASSERT(st == DT_OK);
+    (void)st;
 }

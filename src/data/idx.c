@@ -4,7 +4,7 @@
 // compared with the real file size (plain) or with what the compressed size can hold
 // (gzip), and buffers grow only as decompressed bytes actually arrive. Only unsigned
 // byte data is supported; that is what every MNIST-format dataset ships.
-#include "dtrain/data.h"
+#include "data_impl.h"
 
 #define ZLIB_CONST
 #include <errno.h>
@@ -12,7 +12,6 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -26,6 +25,13 @@
 // (MNIST compresses about 2:1) in one allocation, yet stays proportional to the file.
 #define GZ_FIRST_RATIO 4u
 #define GZ_FIRST_MIN   (1u << 20)
+// The fast path takes gzip files up to GZ_FAST_MAX bytes; under a limit, files and
+// their inflated data up to GZ_FAST_LIMITED bytes (inflating the whole data is then
+// faster than zlib's streaming through the records not kept, and costs little memory).
+#define GZ_FAST_MAX     ((size_t)1 << 30)
+#define GZ_FAST_LIMITED ((size_t)256 << 20)
+// Scratch buffer for the gzip data after the records kept under a limit.
+#define GZ_SCRATCH (64u * 1024u)
 
 // One input: a file or a memory block, raw or through zlib.
 typedef struct src {
@@ -159,6 +165,12 @@ static dt_status gz_read(src *s, uint8_t *dst, size_t n, size_t *got) {
                            "%s: expected a plain gzip stream, found one needing a preset "
                            "dictionary",
                            s->name);
+        if (ret == Z_DATA_ERROR && s->z.msg && strcmp(s->z.msg, "incorrect data check") == 0)
+            return dt_fail(DT_ERR_FORMAT,
+                           "%s: expected a valid gzip stream, found corrupt data (zlib: "
+                           "incorrect data check): the CRC-32 of the decompressed data does not "
+                           "match the one in the gzip trailer",
+                           s->name);
         if (ret != Z_OK && ret != Z_BUF_ERROR)
             return dt_fail(DT_ERR_FORMAT,
                            "%s: expected a valid gzip stream, found corrupt data (zlib: %s)",
@@ -207,6 +219,40 @@ static void dims_str(const dt_idx *x, char *buf, size_t n) {
         at += (size_t)snprintf(buf + at, n - at, i ? ", %u" : "%u", x->dims[i]);
     if (at < n)
         snprintf(buf + at, n - at, "%s", x->ndim == 1 ? ",)" : ")");
+}
+
+// Inflates the `rest` data bytes of a gzip stream that follow the records kept into a
+// scratch buffer and drops them, then checks that the stream ends there: zlib verifies
+// the CRC-32 and length of the trailer only when it reaches the end. Memory stays at
+// GZ_SCRATCH bytes whatever the header claims; time is that of inflating the rest.
+static dt_status gz_finish(src *s, size_t rest, size_t total, size_t hdr_bytes, const char *dstr) {
+    uint8_t  one;
+    uint8_t *scratch = rest ? dt_alloc(rest < GZ_SCRATCH ? rest : GZ_SCRATCH) : &one;
+    if (!scratch)
+        return dt_fail_context("%s: scratch buffer for the gzip check", s->name);
+    dt_status st = DT_OK;
+    size_t    got;
+    while (rest && st == DT_OK) {
+        size_t n = rest < GZ_SCRATCH ? rest : GZ_SCRATCH;
+        st       = src_read(s, scratch, n, &got);
+        if (st == DT_OK && got < n)
+            st = dt_fail(DT_ERR_FORMAT,
+                         "%s: expected %zu bytes of data after the %zu-byte header for dims %s, "
+                         "found %zu (after gzip decompression) (truncated data)",
+                         s->name, total, hdr_bytes, dstr, total - rest + got);
+        rest -= n;
+    }
+    if (st == DT_OK) {
+        st = src_read(s, scratch, 1, &got);
+        if (st == DT_OK && got)
+            st = dt_fail(DT_ERR_FORMAT,
+                         "%s: expected the data to end after %zu bytes for dims %s, found "
+                         "more decompressed bytes (trailing data)",
+                         s->name, total, dstr);
+    }
+    if (scratch != &one)
+        dt_free(scratch);
+    return st;
 }
 
 // Reads the whole header, checks it, then the data (the first max_records records).
@@ -319,15 +365,10 @@ static dt_status parse(src *s, size_t max_records, dt_idx *out) {
         buf = nb;
         cap = next;
     }
-    // Reading on to the end of a gzip stream also verifies its CRC and length.
-    if (keep == out->dims[0] && s->gz) {
-        uint8_t   extra;
-        dt_status st = src_read(s, &extra, 1, &got);
-        if (st == DT_OK && got)
-            st = dt_fail(DT_ERR_FORMAT,
-                         "%s: expected the data to end after %zu bytes for dims %s, found "
-                         "more decompressed bytes (trailing data)",
-                         s->name, total, dstr);
+    // Reading on to the end of a gzip stream verifies its CRC and length, also under a
+    // limit: the records not kept pass through a small scratch buffer.
+    if (s->gz) {
+        dt_status st = gz_finish(s, total - want, total, hdr_bytes, dstr);
         if (st) {
             dt_free(buf);
             return st;
@@ -342,13 +383,62 @@ static dt_status parse(src *s, size_t max_records, dt_idx *out) {
 // ------------------------------------------------------- whole gzip files, fast path
 //
 // A whole gzip file that holds one well-formed unsigned-byte IDX image is inflated in
-// one call by libdeflate into a buffer of the size the gzip trailer announces (bounded
-// by GZ_MAX_RATIO): about twice as fast as zlib's streaming inflate here (Fashion-MNIST's
-// training images: 0.09 s against 0.16 s), and this time is spent before every run
-// trains. Whatever does not fit that description exactly (several gzip members, a
-// trailer that lies, a bad header, a size mismatch, corrupt data) returns false and is
-// read again by the streaming reader, whose messages say precisely what is wrong.
-static bool fast_gzip(const uint8_t *in, size_t n, dt_idx *out) {
+// one call by libdeflate into a buffer of the size the gzip trailer announces: about
+// twice as fast as zlib's streaming inflate here (Fashion-MNIST's training images:
+// 0.09 s against 0.16 s), and this time is spent before every run trains. The trailer
+// is only a claim, so the IDX header is inflated first (zlib, a few bytes) and the
+// buffer is allocated only when header and trailer agree exactly on the size. Whatever
+// does not fit that description (several gzip members, a trailer or a header that
+// lies, a size mismatch, corrupt data) returns false and is read again by the
+// streaming reader, which never inflates more than the header claims (plus one byte)
+// and whose messages say precisely what is wrong.
+
+// Parses an IDX unsigned-byte header at the start of `p` (n bytes): its length, dims,
+// total data bytes and record bytes. False when it is not one or its sizes overflow.
+static bool header_of(const uint8_t *p, size_t n, size_t *hdr, uint32_t dims[DT_IDX_MAX_DIMS],
+                      int *ndim, size_t *total, size_t *record) {
+    if (n < 4 || p[0] != 0 || p[1] != 0 || p[2] != IDX_TYPE_UBYTE || p[3] < 1 ||
+        p[3] > DT_IDX_MAX_DIMS)
+        return false;
+    *ndim = p[3];
+    *hdr  = 4 + 4 * (size_t)*ndim;
+    if (n < *hdr)
+        return false;
+    *total = *record = 1;
+    for (int i = 0; i < *ndim; i++) {
+        const uint8_t *d = p + 4 + 4 * i;
+        dims[i]          = (uint32_t)d[0] << 24 | (uint32_t)d[1] << 16 | (uint32_t)d[2] << 8 | d[3];
+        if (!dt_size_mul(total, *total, dims[i]) ||
+            (i > 0 && !dt_size_mul(record, *record, dims[i])))
+            return false;
+    }
+    return true;
+}
+
+// Inflates at most `n` bytes from the start of the gzip stream `in` into `out` (zlib,
+// stopping as soon as they are out); the count in *got. False on any zlib error.
+static bool gz_peek(const uint8_t *in, size_t in_n, uint8_t *out, size_t n, size_t *got) {
+    z_stream z = {0};
+    z.zalloc   = z_alloc;
+    z.zfree    = z_free;
+    if (inflateInit2(&z, 15 + 16) != Z_OK)
+        return false;
+    z.next_in   = in;
+    z.avail_in  = in_n > UINT_MAX ? UINT_MAX : (uInt)in_n;
+    z.next_out  = out;
+    z.avail_out = (uInt)n;
+    int ret     = Z_OK;
+    while (ret == Z_OK && z.avail_out > 0)
+        ret = inflate(&z, Z_NO_FLUSH);
+    *got = n - z.avail_out;
+    inflateEnd(&z);
+    return ret == Z_OK || ret == Z_STREAM_END || ret == Z_BUF_ERROR;
+}
+
+// `max_records` (0: all) keeps only the first records, copied out of the whole inflated
+// data; then the data may be at most `max_isize` bytes, else false.
+static bool fast_gzip(const uint8_t *in, size_t n, size_t max_records, size_t max_isize,
+                      dt_idx *out) {
     if (n < 18 || in[0] != 0x1f || in[1] != 0x8b)
         return false;
     size_t isize = (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 |
@@ -356,69 +446,77 @@ static bool fast_gzip(const uint8_t *in, size_t n, dt_idx *out) {
     size_t limit;
     if (isize < 4 || !dt_size_mul(&limit, n, GZ_MAX_RATIO) || isize > limit)
         return false;
+    // The header first: two zero bytes, type 0x08, 1..4 dims, and exactly their product
+    // after it, as the trailer says. Only then is the trailer's size allocated.
+    uint8_t  head[4 + 4 * DT_IDX_MAX_DIMS];
+    uint32_t dims[DT_IDX_MAX_DIMS] = {0};
+    size_t   got, hdr, total, record;
+    int      ndim;
+    if (!gz_peek(in, n, head, sizeof head, &got) ||
+        !header_of(head, got, &hdr, dims, &ndim, &total, &record) || isize < hdr ||
+        total != isize - hdr)
+        return false;
+    size_t keep = dims[0];
+    if (max_records && max_records < keep) {
+        keep = max_records;
+        if (isize > max_isize)
+            return false;
+    }
     uint8_t *buf = dt_alloc(isize);
     if (!buf)
         return false;
     struct libdeflate_decompressor *d    = libdeflate_alloc_decompressor();
-    size_t                          used = 0, got = 0;
+    size_t                          used = 0;
     bool                            ok =
         d &&
         libdeflate_gzip_decompress_ex(d, in, n, buf, isize, &used, &got) == LIBDEFLATE_SUCCESS &&
-        used == n && got == isize;
+        used == n && got == isize && memcmp(buf, head, hdr) == 0;
     libdeflate_free_decompressor(d);
-    // The header: two zero bytes, type 0x08, 1..4 dims, and exactly their product after.
-    int      ndim = ok ? buf[3] : 0;
-    size_t   hdr = 4 + 4 * (size_t)ndim, total = 1, record = 1;
-    uint32_t dims[DT_IDX_MAX_DIMS] = {0};
-    ok = ok && buf[0] == 0 && buf[1] == 0 && buf[2] == 0x08 && ndim >= 1 &&
-         ndim <= DT_IDX_MAX_DIMS && isize >= hdr;
-    for (int i = 0; ok && i < ndim; i++) {
-        const uint8_t *p = buf + 4 + 4 * i;
-        dims[i]          = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-        ok               = dt_size_mul(&total, total, dims[i]);
-        if (ok && i > 0)
-            ok = dt_size_mul(&record, record, dims[i]);
-    }
-    ok = ok && total == isize - hdr;
     if (!ok) {
         dt_free(buf);
         return false;
     }
-    memmove(buf, buf + hdr, total); // the data starts the buffer, which dt_idx owns
+    if (keep < dims[0]) { // the records kept, in a buffer of their size
+        uint8_t *kept = dt_alloc(keep * record);
+        if (kept)
+            memcpy(kept, buf + hdr, keep * record);
+        dt_free(buf);
+        if (!kept)
+            return false;
+        buf = kept;
+    } else {
+        memmove(buf, buf + hdr, total); // the data starts the buffer, which dt_idx owns
+    }
     memset(out, 0, sizeof *out);
     out->data         = buf;
     out->ndim         = ndim;
-    out->nrecords     = dims[0];
+    out->nrecords     = keep;
     out->record_bytes = record;
     memcpy(out->dims, dims, sizeof dims);
     return true;
 }
 
-// Reads the whole file at `path` into memory if it is a gzip file no larger than
-// `max`; NULL (and nothing recorded) otherwise.
-static uint8_t *slurp_gzip(const char *path, size_t max, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    struct stat sb;
-    uint8_t    *buf = NULL;
-    uint8_t     magic[2];
-    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (size_t)sb.st_size <= max &&
-        fread(magic, 1, 2, f) == 2 && magic[0] == 0x1f && magic[1] == 0x8b &&
-        fseek(f, 0, SEEK_SET) == 0 && (buf = dt_alloc((size_t)sb.st_size))) {
-        if (fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size) {
+// Reads the whole of the open file f (`size` bytes, at its start) into memory if it is
+// a gzip file no larger than `max`; NULL (nothing recorded) otherwise, with f rewound.
+static uint8_t *slurp_gzip(FILE *f, uint64_t size, size_t max, size_t *n) {
+    uint8_t *buf = NULL;
+    uint8_t  magic[2];
+    if (size <= max && fread(magic, 1, 2, f) == 2 && magic[0] == 0x1f && magic[1] == 0x8b &&
+        fseek(f, 0, SEEK_SET) == 0 && (buf = dt_alloc((size_t)size))) {
+        if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
             dt_free(buf);
             buf = NULL;
         }
-        *n = (size_t)sb.st_size;
+        *n = (size_t)size;
     }
-    fclose(f);
+    rewind(f);
     return buf;
 }
 
-dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out) {
+dt_status dt_idx_parse_first(const void *buf, size_t nbytes, const char *name, size_t max_records,
+                             dt_idx *out) {
     memset(out, 0, sizeof *out);
-    if (fast_gzip(buf, nbytes, out))
+    if (fast_gzip(buf, nbytes, max_records, GZ_FAST_LIMITED, out))
         return DT_OK;
     src s        = {0};
     s.name       = name ? name : "<memory>";
@@ -428,42 +526,39 @@ dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx 
     s.fetched    = nbytes;
     dt_status st = src_start(&s);
     if (st == DT_OK)
-        st = parse(&s, 0, out);
+        st = parse(&s, max_records, out);
     src_close(&s);
     if (st)
         memset(out, 0, sizeof *out);
     return st;
 }
 
+dt_status dt_idx_parse(const void *buf, size_t nbytes, const char *name, dt_idx *out) {
+    return dt_idx_parse_first(buf, nbytes, name, 0, out);
+}
+
 dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out) {
     memset(out, 0, sizeof *out);
-    if (max_records == 0) { // whole gzip files up to 1 GiB: the fast path first
-        size_t   n;
-        uint8_t *raw = slurp_gzip(path, (size_t)1 << 30, &n);
-        bool     ok  = raw && fast_gzip(raw, n, out);
-        dt_free(raw);
-        if (ok)
-            return DT_OK;
-    }
     src s  = {0};
     s.name = path;
-    s.f    = fopen(path, "rb");
-    if (!s.f)
-        return dt_fail_errno(DT_ERR_IO, "%s: cannot open", path);
-    struct stat sb;
-    dt_status   st = DT_OK;
-    if (fstat(fileno(s.f), &sb) != 0)
-        st = dt_fail_errno(DT_ERR_IO, "%s: cannot stat", path);
-    else if (!S_ISREG(sb.st_mode))
-        st = dt_fail(DT_ERR_IO, "%s: expected a regular file, found %s", path,
-                     S_ISDIR(sb.st_mode) ? "a directory" : "a special file");
-    if (st == DT_OK) {
-        s.raw_size = (uint64_t)sb.st_size;
-        s.ibuf     = dt_alloc(IN_CHUNK);
-        s.in       = s.ibuf;
-        if (!s.ibuf)
-            st = dt_last_status();
+    DT_TRY(dt_data_open_regular(path, &s.f, &s.raw_size));
+    // The fast path first: whole gzip files up to 1 GiB, or up to GZ_FAST_LIMITED with a
+    // limit (whose data is inflated whole, then the records kept copied out).
+    {
+        size_t   n;
+        uint8_t *raw = slurp_gzip(s.f, s.raw_size, max_records ? GZ_FAST_LIMITED : GZ_FAST_MAX, &n);
+        bool     ok  = raw && fast_gzip(raw, n, max_records, GZ_FAST_LIMITED, out);
+        dt_free(raw);
+        if (ok) {
+            fclose(s.f);
+            return DT_OK;
+        }
     }
+    dt_status st = DT_OK;
+    s.ibuf       = dt_alloc(IN_CHUNK);
+    s.in         = s.ibuf;
+    if (!s.ibuf)
+        st = dt_last_status();
     if (st == DT_OK)
         st = src_start(&s);
     if (st == DT_OK)

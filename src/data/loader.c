@@ -20,18 +20,22 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD };
 
 typedef struct slot {
-    float    *x;     // (B, 1, H, W)
-    int32_t  *y;     // (B)
+    float    *x;     // (B, shape...)
+    int32_t  *y;     // (B), or NULL for a dataset without labels
+    float    *t;     // (B, target_elems), or NULL
     uint32_t *idx;   // (B)
     size_t    batch; // batch number (within the plan) it holds when READY or HELD
     size_t    size;
     int       state; // guarded by mu
+    dt_status st;    // how filling it went (a callback dataset can fail)
+    char      msg[512];
 } slot;
 
 struct dt_loader {
@@ -39,7 +43,7 @@ struct dt_loader {
     dt_sampler       *sampler;
     bool              own_sampler;
     dt_loader_opts    o;
-    size_t            hw; // H * W
+    size_t            elems; // floats per sample
     slot              slots[2];
 
     // The epoch plan: batch k covers order[first + k*B, ...). Written while inactive.
@@ -47,6 +51,7 @@ struct dt_loader {
     size_t          order_len;
     size_t          first;    // resume position within the pass
     size_t          nbatches; // batches of this plan
+    uint64_t        epoch;    // the sampler's epoch for this plan (keys augmentation)
 
     size_t    next_take; // caller only
     bool      holding;   // caller only: slot (next_take - 1) % 2 is HELD
@@ -80,7 +85,9 @@ static void fill_slot(const dt_loader *l, slot *sl, size_t k) {
     size_t start = l->first + k * B;
     size_t size  = l->order_len - start < B ? l->order_len - start : B;
     memcpy(sl->idx, l->order + start, size * sizeof *sl->idx);
-    dt_dataset_gather(l->ds, sl->idx, size, sl->x, sl->y);
+    sl->st = dt_dataset_gather_at(l->ds, l->epoch, sl->idx, size, sl->x, sl->y, sl->t);
+    if (sl->st) // the message is this thread's: keep it for the caller's
+        snprintf(sl->msg, sizeof sl->msg, "%s", dt_last_error());
     sl->size  = size;
     sl->batch = k;
 }
@@ -118,17 +125,20 @@ static void *worker(void *arg) {
 }
 
 static bool alloc_slots(dt_loader *l) {
-    size_t B = l->o.batch_size, nx;
-    if (!dt_size_mul(&nx, B, l->hw) || !dt_size_mul(&nx, nx, sizeof(float))) {
-        dt_fail(DT_ERR_ARG, "loader: batch of %zu images of %zu pixels overflows size_t", B, l->hw);
+    size_t B = l->o.batch_size, nx, nt, te = l->ds->target_elems;
+    if (!dt_size_mul(&nx, B, l->elems) || !dt_size_mul(&nx, nx, sizeof(float)) ||
+        !dt_size_mul(&nt, B, te) || !dt_size_mul(&nt, nt, sizeof(float))) {
+        dt_fail(DT_ERR_ARG, "loader: batch of %zu samples of %zu floats overflows size_t", B,
+                l->elems);
         return false;
     }
     for (int i = 0; i < 2; i++) {
         slot *sl = &l->slots[i];
         sl->x    = dt_alloc(nx);
-        sl->y    = dt_alloc(B * sizeof *sl->y);
+        sl->y    = l->ds->has_labels ? dt_alloc(B * sizeof *sl->y) : NULL;
+        sl->t    = te ? dt_alloc(nt) : NULL;
         sl->idx  = dt_alloc(B * sizeof *sl->idx);
-        if (!sl->x || !sl->y || !sl->idx)
+        if (!sl->x || (l->ds->has_labels && !sl->y) || (te && !sl->t) || !sl->idx)
             return false;
     }
     return true;
@@ -153,9 +163,14 @@ dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_lo
     dt_loader *l = dt_alloc_zero(sizeof *l);
     if (!l)
         return NULL;
-    l->ds      = ds;
-    l->o       = o;
-    l->hw      = (size_t)ds->h * (size_t)ds->w;
+    l->ds    = ds;
+    l->o     = o;
+    l->elems = ds->sample_elems;
+    if (!l->elems) {
+        dt_fail(DT_ERR_ARG, "loader: expected a dataset made by a dt_dataset constructor, found "
+                            "one with no sample shape");
+        goto fail;
+    }
     l->sampler = sampler;
     l->status  = DT_OK;
     if (!sampler) {
@@ -210,6 +225,7 @@ void dt_loader_free(dt_loader *l) {
     for (int i = 0; i < 2; i++) {
         dt_free(l->slots[i].x);
         dt_free(l->slots[i].y);
+        dt_free(l->slots[i].t);
         dt_free(l->slots[i].idx);
     }
     if (l->own_sampler)
@@ -243,6 +259,7 @@ void dt_loader_begin_epoch(dt_loader *l, int64_t epoch) {
     dt_sampler_begin(l->sampler);
     l->order    = dt_sampler_indices(l->sampler, &l->order_len);
     l->first    = dt_sampler_position(l->sampler);
+    l->epoch    = dt_sampler_epoch(l->sampler);
     size_t left = l->order_len - l->first, B = l->o.batch_size;
     l->nbatches  = l->o.drop_last ? left / B : (left + B - 1) / B;
     l->next_take = 0;
@@ -325,15 +342,24 @@ bool dt_loader_next(dt_loader *l, dt_batch *b) {
         sl->state = SLOT_HELD;
     }
     l->holding = true;
+    if (sl->st) { // the batch is not handed out, and the position does not move
+        l->status = dt_fail(sl->st, "loader: batch %zu: %s", k, sl->msg);
+        return false;
+    }
     l->next_take++;
     dt_data_sampler_advance(l->sampler, sl->size);
 
-    b->x       = sl->x;
-    b->y       = sl->y;
-    b->indices = sl->idx;
-    b->size    = sl->size;
-    b->h       = l->ds->h;
-    b->w       = l->ds->w;
-    b->index   = l->first / l->o.batch_size + k;
+    b->x            = sl->x;
+    b->y            = sl->y;
+    b->t            = sl->t;
+    b->t_elems      = l->ds->target_elems;
+    b->indices      = sl->idx;
+    b->size         = sl->size;
+    b->h            = l->ds->h;
+    b->w            = l->ds->w;
+    b->sample_elems = l->elems;
+    b->ndim         = l->ds->ndim;
+    memcpy(b->shape, l->ds->shape, sizeof b->shape);
+    b->index = l->first / l->o.batch_size + k;
     return true;
 }

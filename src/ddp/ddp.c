@@ -5,26 +5,27 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAX_TENSORS 128
-#define TABLE_LEN   (1 + MAX_TENSORS * 6) // count, then per tensor: numel, ndim, 4 dims
+// Per tensor in the shape check: numel, ndim, 4 dims, CRC32C of the name, trainable.
+#define ENTRY_LEN 8
 
 typedef struct bucket {
     size_t   offset, count;   // floats of the flat buffers
     int      first, ntensors; // parameter tensors [first, first + ntensors)
-    int      pending;         // tensors not yet ready in this backward
+    int      ntrain;          // the trainable ones among them
+    int      pending;         // trainable tensors not yet ready in this backward
     dt_work *work;            // the all-reduce in flight, NULL when not started
 } bucket;
 
 struct dt_ddp {
-    dt_model   *m;
+    dt_params  *p;
     dt_pg      *pg;
     dt_ddp_opts o;
     int         ntensors;
     int         nbuckets;
     bucket     *b;
-    int         tensor_bucket[MAX_TENSORS];
-    bool        ready[MAX_TENSORS];
-    int         next_launch; // buckets start in index order on every rank
+    int        *tensor_bucket; // [ntensors]; -1 for frozen tensors outside every bucket
+    bool       *ready;         // [ntensors]
+    int         next_launch;   // buckets start in index order on every rank
     bool        sync;
     bool        marked; // something was marked ready since the last sync
     dt_status   err;    // sticky failure seen in the hook
@@ -41,49 +42,69 @@ dt_ddp_opts dt_ddp_opts_default(void) {
 
 // --------------------------------------------------------------------------- buckets
 
-// PyTorch's compute_bucket_assignment_by_size for one dtype: walk the tensors in
-// definition order, close a bucket once it holds at least the current limit (so a
-// bucket can exceed it by one tensor), then move to the next limit; reverse at the end.
+// PyTorch's compute_bucket_assignment_by_size for one dtype: walk the trainable
+// tensors in definition order, close a bucket once it holds at least the current limit
+// (so a bucket can exceed it by one tensor), then move to the next limit; reverse at
+// the end. Frozen tensors get no bucket (PyTorch leaves requires_grad=False parameters
+// out); one lying between two trainable tensors of a bucket is inside its range and
+// reduced with it, harmlessly.
 static dt_status form_buckets(dt_ddp *d) {
-    size_t cap   = d->o.bucket_cap_bytes ? d->o.bucket_cap_bytes : (size_t)25 << 20;
-    size_t first = d->o.first_bucket_bytes ? d->o.first_bucket_bytes
-                   : d->o.bucket_cap_bytes ? cap
-                                           : (size_t)1 << 20;
-    bucket tmp[MAX_TENSORS];
-    int    nb = 0, start = 0;
+    size_t  cap   = d->o.bucket_cap_bytes ? d->o.bucket_cap_bytes : (size_t)25 << 20;
+    size_t  first = d->o.first_bucket_bytes ? d->o.first_bucket_bytes
+                    : d->o.bucket_cap_bytes ? cap
+                                            : (size_t)1 << 20;
+    int     n     = d->ntensors;
+    bucket *tmp   = dt_alloc_zero(sizeof(bucket) * (size_t)(n ? n : 1));
+    d->b          = dt_alloc_zero(sizeof(bucket) * (size_t)(n ? n : 1));
+    if (!tmp || !d->b) {
+        dt_free(tmp);
+        return DT_ERR_NOMEM;
+    }
+    int last = -1; // the last trainable tensor
+    for (int t = 0; t < n; t++)
+        if (dt_params_info(d->p, t)->trainable)
+            last = t;
+    int    nb = 0, start = -1, ntrain = 0;
     size_t bytes = 0, limit = first;
-    for (int t = 0; t < d->ntensors; t++) {
-        const dt_param_info *pi = dt_model_param_info(d->m, t);
+    for (int t = 0; t <= last; t++) {
+        const dt_param_info *pi = dt_params_info(d->p, t);
+        if (!pi->trainable)
+            continue;
+        if (start < 0)
+            start = t;
+        ntrain++;
         bytes += pi->count * sizeof(float);
-        if (bytes >= limit || t == d->ntensors - 1) {
-            const dt_param_info *p0 = dt_model_param_info(d->m, start);
+        if (bytes >= limit || t == last) {
+            const dt_param_info *p0 = dt_params_info(d->p, start);
             tmp[nb++]               = (bucket){.offset   = p0->offset,
                                                .count    = pi->offset + pi->count - p0->offset,
                                                .first    = start,
-                                               .ntensors = t - start + 1};
-            start                   = t + 1;
+                                               .ntensors = t - start + 1,
+                                               .ntrain   = ntrain};
+            start                   = -1;
+            ntrain                  = 0;
             bytes                   = 0;
             limit                   = cap;
         }
     }
-    d->b = dt_alloc_zero(sizeof(bucket) * (size_t)(nb ? nb : 1));
-    if (!d->b)
-        return DT_ERR_NOMEM;
     d->nbuckets = nb;
+    for (int t = 0; t < n; t++)
+        d->tensor_bucket[t] = -1;
     for (int i = 0; i < nb; i++) {
         d->b[i] = tmp[nb - 1 - i];
         for (int t = d->b[i].first; t < d->b[i].first + d->b[i].ntensors; t++)
-            d->tensor_bucket[t] = i;
+            d->tensor_bucket[t] = dt_params_info(d->p, t)->trainable ? i : -1;
     }
+    dt_free(tmp);
     return DT_OK;
 }
 
 static void reset_step(dt_ddp *d) {
     for (int i = 0; i < d->nbuckets; i++) {
-        d->b[i].pending = d->b[i].ntensors;
+        d->b[i].pending = d->b[i].ntrain;
         d->b[i].work    = NULL;
     }
-    memset(d->ready, 0, sizeof d->ready);
+    memset(d->ready, 0, sizeof(bool) * (size_t)(d->ntensors ? d->ntensors : 1));
     d->next_launch = 0;
     d->marked      = false;
 }
@@ -99,7 +120,7 @@ static void record_error(dt_ddp *d, dt_status s) {
 static void launch_ready(dt_ddp *d) {
     while (d->next_launch < d->nbuckets && d->b[d->next_launch].pending == 0) {
         bucket   *bk = &d->b[d->next_launch];
-        float    *g  = dt_model_grads(d->m) + bk->offset;
+        float    *g  = dt_params_grads(d->p) + bk->offset;
         dt_status s =
             d->gathered
                 ? dt_pg_all_gather_async(d->pg, g, d->gathered + (size_t)d->world * bk->offset,
@@ -117,8 +138,8 @@ static void launch_ready(dt_ddp *d) {
 static dt_status mark(dt_ddp *d, size_t offset, size_t count, bool launch) {
     size_t end = offset + count, covered = 0;
     for (int t = 0; t < d->ntensors; t++) { // validate before changing anything
-        const dt_param_info *pi = dt_model_param_info(d->m, t);
-        if (pi->offset >= end || pi->offset + pi->count <= offset)
+        const dt_param_info *pi = dt_params_info(d->p, t);
+        if (pi->offset >= end || pi->offset + pi->count <= offset || !pi->trainable)
             continue;
         if (pi->offset < offset || pi->offset + pi->count > end)
             return dt_fail(DT_ERR_ARG,
@@ -132,11 +153,18 @@ static dt_status mark(dt_ddp *d, size_t offset, size_t count, bool launch) {
                            pi->name);
         covered += pi->count;
     }
-    if (covered == 0)
+    if (covered == 0) {
+        // A range of frozen tensors only has nothing to reduce.
+        for (int t = 0; t < d->ntensors; t++) {
+            const dt_param_info *pi = dt_params_info(d->p, t);
+            if (pi->offset >= offset && pi->offset + pi->count <= end && pi->count)
+                return DT_OK;
+        }
         return dt_fail(DT_ERR_ARG, "ddp: range [%zu, %zu) covers no parameter tensor", offset, end);
+    }
     for (int t = 0; t < d->ntensors; t++) {
-        const dt_param_info *pi = dt_model_param_info(d->m, t);
-        if (pi->offset >= offset && pi->offset + pi->count <= end) {
+        const dt_param_info *pi = dt_params_info(d->p, t);
+        if (pi->trainable && pi->offset >= offset && pi->offset + pi->count <= end) {
             d->ready[t] = true;
             d->b[d->tensor_bucket[t]].pending--;
         }
@@ -164,17 +192,22 @@ dt_status dt_ddp_mark_ready(dt_ddp *d, size_t offset, size_t count) {
 
 // ------------------------------------------------------------------------------ init
 
-static void fill_table(const dt_model *m, int64_t *t) {
-    memset(t, 0, sizeof(int64_t) * TABLE_LEN);
-    int n = dt_model_num_param_tensors(m);
-    t[0]  = n;
-    for (int i = 0; i < n && i < MAX_TENSORS; i++) {
-        const dt_param_info *p = dt_model_param_info(m, i);
-        int64_t             *e = t + 1 + 6 * i;
-        e[0]                   = (int64_t)p->count;
-        e[1]                   = p->ndim;
+// Tensor i of the parameter table then the buffer table, as ENTRY_LEN numbers.
+static const dt_param_info *entry_info(dt_params *p, int i) {
+    int np = dt_params_count(p);
+    return i < np ? dt_params_info(p, i) : dt_params_buffer_info(p, i - np);
+}
+
+static void fill_table(dt_params *p, int64_t *t, int n) {
+    for (int i = 0; i < n; i++) {
+        const dt_param_info *pi = entry_info(p, i);
+        int64_t             *e  = t + (size_t)ENTRY_LEN * (size_t)i;
+        e[0]                    = (int64_t)pi->count;
+        e[1]                    = pi->ndim;
         for (int k = 0; k < 4; k++)
-            e[2 + k] = p->shape[k];
+            e[2 + k] = pi->shape[k];
+        e[6] = dt_crc32c(0, pi->name, strlen(pi->name));
+        e[7] = pi->trainable;
     }
 }
 
@@ -186,38 +219,67 @@ static void shape_str(const int64_t *e, char *buf, size_t n) {
         snprintf(buf + off, n - (size_t)off, ")");
 }
 
-// Every rank's parameter table against rank 0's; the first difference, the same
-// message on every rank.
+// Every rank's tables against rank 0's: first the counts, then every tensor's shape,
+// name (by checksum) and trainability; the first difference, the same message on every
+// rank.
 static dt_status verify_shapes(dt_ddp *d) {
-    int      world = dt_pg_size(d->pg);
-    int64_t *all   = dt_alloc(sizeof(int64_t) * TABLE_LEN * (size_t)(world + 1));
+    int      world  = dt_pg_size(d->pg);
+    int64_t  cnt[2] = {dt_params_count(d->p), dt_params_buffer_count(d->p)};
+    int64_t *allc   = dt_alloc(sizeof(int64_t) * 2 * (size_t)world);
+    if (!allc)
+        return DT_ERR_NOMEM;
+    dt_status s = dt_pg_all_gather(d->pg, cnt, allc, 2, DT_INT64);
+    if (s != DT_OK) {
+        dt_free(allc);
+        return dt_fail_context("ddp: comparing parameter tables across ranks");
+    }
+    for (int r = 1; r < world && s == DT_OK; r++)
+        if (allc[2 * r] != allc[0] || allc[2 * r + 1] != allc[1])
+            s = dt_fail(DT_ERR_MISMATCH,
+                        "ddp: rank %d has %lld parameter tensors and %lld buffers, rank 0 has "
+                        "%lld and %lld",
+                        r, (long long)allc[2 * r], (long long)allc[2 * r + 1], (long long)allc[0],
+                        (long long)allc[1]);
+    dt_free(allc);
+    if (s != DT_OK)
+        return s;
+    int      n   = (int)(cnt[0] + cnt[1]);
+    size_t   len = (size_t)ENTRY_LEN * (size_t)(n ? n : 1);
+    int64_t *all = dt_alloc(sizeof(int64_t) * len * (size_t)(world + 1));
     if (!all)
         return DT_ERR_NOMEM;
-    int64_t *mine = all + (size_t)TABLE_LEN * (size_t)world;
-    fill_table(d->m, mine);
-    dt_status s = dt_pg_all_gather(d->pg, mine, all, TABLE_LEN, DT_INT64);
+    int64_t *mine = all + len * (size_t)world;
+    memset(mine, 0, sizeof(int64_t) * len);
+    fill_table(d->p, mine, n);
+    s = dt_pg_all_gather(d->pg, mine, all, len, DT_INT64);
     if (s != DT_OK) {
         dt_free(all);
         return dt_fail_context("ddp: comparing parameter shapes across ranks");
     }
     const int64_t *ref = all;
     for (int r = 1; r < world && s == DT_OK; r++) {
-        const int64_t *t = all + (size_t)TABLE_LEN * (size_t)r;
-        if (t[0] != ref[0]) {
-            s = dt_fail(DT_ERR_MISMATCH,
-                        "ddp: rank %d's model has %lld parameter tensors, rank 0's has %lld", r,
-                        (long long)t[0], (long long)ref[0]);
-            break;
-        }
-        for (int i = 0; i < ref[0] && i < MAX_TENSORS; i++) {
-            const int64_t *a = ref + 1 + 6 * i, *b = t + 1 + 6 * i;
-            if (memcmp(a, b, 6 * sizeof(int64_t)) != 0) {
-                char sa[64], sb[64];
+        const int64_t *t = all + len * (size_t)r;
+        for (int i = 0; i < n; i++) {
+            const int64_t *a = ref + ENTRY_LEN * i, *b = t + ENTRY_LEN * i;
+            if (memcmp(a, b, ENTRY_LEN * sizeof(int64_t)) != 0) {
+                char        sa[64], sb[64];
+                const char *kind = i < cnt[0] ? "parameter" : "buffer";
+                const char *nm   = entry_info(d->p, i)->name;
                 shape_str(a, sa, sizeof sa);
                 shape_str(b, sb, sizeof sb);
-                s = dt_fail(DT_ERR_MISMATCH,
-                            "ddp: parameter %s has shape %s on rank 0 but %s on rank %d",
-                            dt_model_param_info(d->m, i)->name, sa, sb, r);
+                if (memcmp(a, b, 6 * sizeof(int64_t)) != 0)
+                    s = dt_fail(DT_ERR_MISMATCH,
+                                "ddp: %s %s has shape %s on rank 0 but %s on rank %d", kind, nm, sa,
+                                sb, r);
+                else if (a[6] != b[6])
+                    s = dt_fail(DT_ERR_MISMATCH,
+                                "ddp: %s %d has another name on rank %d than on rank 0 (\"%s\" on "
+                                "rank %d)",
+                                kind, i < cnt[0] ? i : i - (int)cnt[0], r, nm, dt_pg_rank(d->pg));
+                else
+                    s = dt_fail(DT_ERR_MISMATCH, "ddp: %s %s is %s on rank 0 but %s on rank %d",
+                                kind, nm, a[7] ? "trainable" : "frozen",
+                                b[7] ? "trainable" : "frozen", r);
                 break;
             }
         }
@@ -226,39 +288,69 @@ static dt_status verify_shapes(dt_ddp *d) {
     return s;
 }
 
+dt_status dt_ddp_broadcast_buffers(dt_ddp *d) {
+    size_t nb = dt_params_buffer_numel(d->p);
+    if (!nb)
+        return DT_OK;
+    if (dt_pg_broadcast(d->pg, dt_params_buffers(d->p), nb, DT_FLOAT32, 0))
+        return dt_fail_context("ddp: broadcasting %zu buffer floats from rank 0", nb);
+    return DT_OK;
+}
+
+static void ddp_destroy(dt_ddp *d) {
+    dt_free(d->gathered);
+    dt_free(d->b);
+    dt_free(d->tensor_bucket);
+    dt_free(d->ready);
+    dt_free(d);
+}
+
+dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *opts) {
+    *out = NULL;
+    if (!p || !pg)
+        return dt_fail(DT_ERR_ARG, "ddp: expected parameters and a process group, found NULL");
+    if (!dt_params_ready(p))
+        return dt_fail(DT_ERR_STATE, "ddp: expected parameters with storage (dt_params_alloc or "
+                                     "dt_params_bind, or a finalized model), found none");
+    dt_ddp *d = dt_alloc_zero(sizeof *d);
+    if (!d)
+        return DT_ERR_NOMEM;
+    d->p             = p;
+    d->pg            = pg;
+    d->o             = opts ? *opts : dt_ddp_opts_default();
+    d->ntensors      = dt_params_count(p);
+    d->sync          = true;
+    size_t nt        = (size_t)(d->ntensors ? d->ntensors : 1);
+    d->tensor_bucket = dt_alloc_zero(sizeof(int) * nt);
+    d->ready         = dt_alloc_zero(sizeof(bool) * nt);
+    d->world         = dt_pg_size(pg);
+    dt_status s      = !d->tensor_bucket || !d->ready ? DT_ERR_NOMEM : DT_OK;
+    // With 2 ranks every backend's all-reduce adds a + b (= b + a), already the tree.
+    if (!s && d->o.tree_reduce && d->world > 2 &&
+        !(d->gathered = dt_alloc(sizeof(float) * (size_t)d->world * dt_params_numel(p))))
+        s = DT_ERR_NOMEM;
+    if (s || (s = form_buckets(d)) || (s = verify_shapes(d)) ||
+        (d->o.broadcast_params &&
+         ((s = dt_pg_broadcast(pg, dt_params_data(p), dt_params_numel(p), DT_FLOAT32, 0)) ||
+          (s = dt_ddp_broadcast_buffers(d)))) ||
+        (s = dt_params_add_grad_hook(p, on_grad_ready, d))) {
+        ddp_destroy(d);
+        return s;
+    }
+    reset_step(d);
+    *out = d;
+    return DT_OK;
+}
+
 dt_status dt_ddp_init(dt_ddp **out, dt_model *m, dt_pg *pg, const dt_ddp_opts *opts) {
     *out = NULL;
     if (!m || !pg)
         return dt_fail(DT_ERR_ARG, "ddp: expected a model and a process group, found NULL");
-    if (dt_model_num_param_tensors(m) > MAX_TENSORS)
-        return dt_fail(DT_ERR_UNSUPPORTED, "ddp: at most %d parameter tensors, found %d",
-                       MAX_TENSORS, dt_model_num_param_tensors(m));
-    dt_ddp *d = dt_alloc_zero(sizeof *d);
-    if (!d)
-        return DT_ERR_NOMEM;
-    d->m        = m;
-    d->pg       = pg;
-    d->o        = opts ? *opts : dt_ddp_opts_default();
-    d->ntensors = dt_model_num_param_tensors(m);
-    d->sync     = true;
-    d->world    = dt_pg_size(pg);
-    dt_status s = DT_OK;
-    // With 2 ranks every backend's all-reduce adds a + b (= b + a), already the tree.
-    if (d->o.tree_reduce && d->world > 2 &&
-        !(d->gathered = dt_alloc(sizeof(float) * (size_t)d->world * dt_model_num_params(m))))
-        s = DT_ERR_NOMEM;
-    if (s || (s = form_buckets(d)) || (s = verify_shapes(d)) ||
-        (d->o.broadcast_params &&
-         (s = dt_pg_broadcast(pg, dt_model_params(m), dt_model_num_params(m), DT_FLOAT32, 0)))) {
-        dt_free(d->gathered);
-        dt_free(d->b);
-        dt_free(d);
-        return s;
-    }
-    reset_step(d);
-    dt_model_set_grad_hook(m, on_grad_ready, d);
-    *out = d;
-    return DT_OK;
+    dt_params *p = dt_model_as_params(m);
+    if (!p)
+        return dt_fail(DT_ERR_STATE,
+                       "ddp: expected a finalized model, found one still being built");
+    return dt_ddp_new(out, p, pg, opts);
 }
 
 // Waits for every started bucket (failures are already recorded elsewhere).
@@ -275,19 +367,21 @@ void dt_ddp_free(dt_ddp *d) {
     if (!d)
         return;
     drain(d);
-    dt_model_set_grad_hook(d->m, NULL, NULL);
-    dt_free(d->gathered);
-    dt_free(d->b);
-    dt_free(d);
+    dt_params_remove_grad_hook(d->p, on_grad_ready, d);
+    ddp_destroy(d);
+}
+
+void dt_ddp_set_sync(dt_ddp *d, bool sync) {
+    d->sync = sync;
 }
 
 // tree_reduce: the world copies of bucket bk (rank r's at r * count) summed by the fixed
 // tree over ranks, highest bit first (r with r + h for h = N/2, N/4, ... 1 when N is a
 // power of two), divided by N, into the gradient buffer. The same on every rank.
 static void tree_combine(dt_ddp *d, const bucket *bk) {
-    float *blk = d->gathered + (size_t)d->world * bk->offset,
-          *g   = dt_model_grads(d->m) + bk->offset;
-    int h      = 1;
+    float *blk = d->gathered + (size_t)d->world * bk->offset;
+    float *g   = dt_params_grads(d->p) + bk->offset;
+    int    h   = 1;
     while (2 * h < d->world)
         h *= 2;
     for (; h >= 1; h /= 2)
@@ -302,10 +396,6 @@ static void tree_combine(dt_ddp *d, const bucket *bk) {
         g[j] = blk[j] / n;
 }
 
-void dt_ddp_set_sync(dt_ddp *d, bool sync) {
-    d->sync = sync;
-}
-
 dt_status dt_ddp_sync(dt_ddp *d) {
     if (!d->sync)
         return DT_OK;
@@ -317,12 +407,11 @@ dt_status dt_ddp_sync(dt_ddp *d) {
         size_t off     = 0;
         int    missing = 0;
         for (int t = 0; t < d->ntensors; t++)
-            if (!d->ready[t]) {
+            if (!d->ready[t] && d->tensor_bucket[t] >= 0) {
                 missing++;
                 if (off < sizeof names - 40)
                     off += (size_t)snprintf(names + off, sizeof names - off, "%s%s",
-                                            missing > 1 ? ", " : "",
-                                            dt_model_param_info(d->m, t)->name);
+                                            missing > 1 ? ", " : "", dt_params_info(d->p, t)->name);
             }
         dt_fail(DT_ERR_STATE,
                 "ddp: %d parameter tensor(s) received no gradient in this backward (%s); "

@@ -16,10 +16,9 @@ struct dt_model {
     int      nlayers;
     bool     finalized;
     // flat buffers
-    float        *params, *grads;
-    size_t        nparams;
-    dt_param_info pinfo[2 * MAX_LAYERS];
-    int           npinfo;
+    float     *params, *grads; // dt_params_data / dt_params_grads of pv
+    size_t     nparams;
+    dt_params *pv; // the parameter contract this model provides (params.h)
     // threads
     dt_pool *pool;
     int      nthreads;
@@ -117,16 +116,12 @@ dt_status dt_model_add_log_softmax(dt_model *m) {
     return add_layer(m, &dt_nn_log_softmax_ops, (nn_layer){0});
 }
 
-static void add_pinfo(dt_model *m, int layer, const char *what, size_t off, size_t count, int ndim,
-                      const int64_t *shape) {
-    dt_param_info *p = &m->pinfo[m->npinfo++];
-    snprintf(p->name, sizeof p->name, "%d.%s", layer, what);
-    p->offset = off;
-    p->count  = count;
-    p->ndim   = ndim;
-    for (int i = 0; i < 4; i++)
-        p->shape[i] = i < ndim ? shape[i] : 1;
-    p->layer = layer;
+// Declares one tensor of the contract; its offset follows from the order.
+static dt_status add_pinfo(dt_model *m, int layer, const char *what, int ndim, const int64_t *shape,
+                           uint32_t flags) {
+    char name[DT_PARAM_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%d.%s", layer, what);
+    return dt_params_add_ex(m->pv, name, ndim, shape, flags, layer, false);
 }
 
 // Per-thread scratch: the largest of the layers' needs, with gradient shards included.
@@ -175,6 +170,16 @@ static void free_thread_buffers(dt_model *m) {
     m->partial = NULL;
 }
 
+// DT_NO_POOL_FUSION=1 keeps the max pool a layer of its own (to measure the fusion).
+static bool no_pool_fusion(void) {
+    long v = 0;
+    if (dt_setting_int("DT_NO_POOL_FUSION", &v) != DT_OK) {
+        DT_WARN("nn", "%s; fusing", dt_last_error());
+        dt_clear_error();
+    }
+    return v == 1;
+}
+
 dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
     if (!m)
         return dt_fail(DT_ERR_ARG, "model: NULL model");
@@ -182,6 +187,8 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         return dt_fail(DT_ERR_STATE, "model: dt_model_finalize called twice");
     if (m->nlayers == 0)
         return dt_fail(DT_ERR_ARG, "model: expected at least one layer, found none");
+    if (m->pv)
+        return dt_fail(DT_ERR_STATE, "model: a failed dt_model_finalize cannot be retried");
     DT_TRY(dt_blas_init());
     // A ReLU right after a convolution is applied by the convolution, and so is a 2x2
     // stride-2 max pool right after that ReLU when the convolution has stride 1 and an
@@ -194,28 +201,28 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         r->skip      = true;
         nn_layer *p  = i + 2 < m->nlayers ? &m->layers[i + 2] : NULL;
         if (p && p->ops == &dt_nn_maxpool2d_ops && p->k == 2 && p->stride == 2 && c->stride == 1 &&
-            c->out.h % 2 == 0 && c->out.w % 2 == 0 && !getenv("DT_NO_POOL_FUSION")) {
+            c->out.h % 2 == 0 && c->out.w % 2 == 0 && !no_pool_fusion()) {
             c->pool = p;
             p->skip = true;
         }
     }
     size_t off        = 0;
     m->scratch_floats = scratch_need(m);
+    DT_TRY(dt_params_new(&m->pv, NULL));
     for (int i = 0; i < m->nlayers; i++) {
         nn_layer *l = &m->layers[i];
         if (!l->nparams)
             continue;
         l->param_off   = off;
         l->param_count = l->wcount + (size_t)l->bcount;
-        add_pinfo(m, i, "weight", off, l->wcount, l->wndim, l->wshape);
-        add_pinfo(m, i, "bias", off + l->wcount, (size_t)l->bcount, 1, &l->bcount);
+        DT_TRY(add_pinfo(m, i, "weight", l->wndim, l->wshape, 0));
+        DT_TRY(add_pinfo(m, i, "bias", 1, &l->bcount, DT_PARAM_NO_DECAY));
         off += l->param_count;
     }
+    DT_TRY(dt_params_alloc(m->pv));
     m->nparams = off;
-    m->params  = dt_alloc_zero(sizeof(float) * (off ? off : 1));
-    m->grads   = dt_alloc_zero(sizeof(float) * (off ? off : 1));
-    if (!m->params || !m->grads)
-        return DT_ERR_NOMEM;
+    m->params  = dt_params_data(m->pv);
+    m->grads   = dt_params_grads(m->pv);
     // PyTorch's reset_parameters: kaiming_uniform_(w, a=sqrt(5)) gives the bound
     // gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), that is
     // 1/sqrt(fan_in); the bias is uniform in +-1/sqrt(fan_in) too.
@@ -268,8 +275,7 @@ void dt_model_free(dt_model *m) {
     free_thread_buffers(m);
     for (int i = 0; i < m->nlayers; i++)
         dt_free(m->layers[i].offsets);
-    dt_free(m->params);
-    dt_free(m->grads);
+    dt_params_free(m->pv);
     dt_free(m->shard_buf);
     dt_free(m->keys);
     dt_free(m);
@@ -281,10 +287,13 @@ size_t dt_model_num_params(const dt_model *m) {
     return m->nparams;
 }
 int dt_model_num_param_tensors(const dt_model *m) {
-    return m->npinfo;
+    return m->pv ? dt_params_count(m->pv) : 0;
 }
 const dt_param_info *dt_model_param_info(const dt_model *m, int i) {
-    return i >= 0 && i < m->npinfo ? &m->pinfo[i] : NULL;
+    return m->pv ? dt_params_info(m->pv, i) : NULL;
+}
+dt_params *dt_model_as_params(dt_model *m) {
+    return m->finalized ? m->pv : NULL;
 }
 float *dt_model_params(dt_model *m) {
     return m->params;
@@ -303,6 +312,14 @@ size_t dt_model_output_size(const dt_model *m) {
 }
 size_t dt_model_input_size(const dt_model *m) {
     return nn_shape_size(m->input);
+}
+void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w) {
+    if (c)
+        *c = m->input.c;
+    if (h)
+        *h = m->input.h;
+    if (w)
+        *w = m->input.w;
 }
 
 double dt_model_flops_per_sample(const dt_model *m) {
@@ -634,8 +651,11 @@ static void backward_task(void *arg, int ith, int nth) {
             reduce_partials(m, l, ith, nth);
             dt_pool_barrier(m->pool);
         }
-        if (l->nparams && ith == 0 && m->hook)
-            m->hook(m->hook_user, l->param_off, l->param_count);
+        if (l->nparams && ith == 0) {
+            if (m->hook)
+                m->hook(m->hook_user, l->param_off, l->param_count);
+            dt_params_grad_ready(m->pv, l->param_off, l->param_count);
+        }
         if (!l->ops->in_place && din && i > 0)
             g = 1 - g;
         if (t0)

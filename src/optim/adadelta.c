@@ -66,15 +66,16 @@ DT_CLONES static void adadelta_delta(float *restrict p, const float *restrict g,
     }
 }
 
-void dt_optim_step_adadelta(dt_optim *o) {
+void dt_optim_step_adadelta(dt_optim *o, size_t off, size_t n, float lr, float wd) {
     const dt_adadelta_opts *a  = &o->opts.adadelta;
-    adadelta_consts         k  = {o->lr, a->rho, 1.0f - a->rho, a->eps, a->weight_decay};
-    float                  *sq = o->state, *acc = o->state + o->n;
+    adadelta_consts         k  = {lr, a->rho, 1.0f - a->rho, a->eps, wd};
+    float                  *sq = o->state + off, *acc = o->state + o->n + off;
+    float                  *p = o->params + off, *g = o->grads + off;
     float                   s[2 * DT_OPTIM_BLOCK];
-    for (size_t at = 0; at < o->n; at += DT_OPTIM_BLOCK) {
-        size_t len = o->n - at < DT_OPTIM_BLOCK ? o->n - at : DT_OPTIM_BLOCK;
-        adadelta_square(o->params + at, o->grads + at, sq + at, acc + at, s, s + len, len, k);
+    for (size_t at = 0; at < n; at += DT_OPTIM_BLOCK) {
+        size_t len = n - at < DT_OPTIM_BLOCK ? n - at : DT_OPTIM_BLOCK;
+        adadelta_square(p + at, g + at, sq + at, acc + at, s, s + len, len, k);
         dt_optim_sqrt(s, 2 * len);
-        adadelta_delta(o->params + at, o->grads + at, acc + at, s, s + len, len, k);
+        adadelta_delta(p + at, g + at, acc + at, s, s + len, len, k);
     }
 }

@@ -75,7 +75,7 @@ DT_CLONES static void adam_apply(float *restrict p, const float *restrict m,
     apply_range(p, m, s, n16, n, k);
 }
 
-void dt_optim_step_adam(dt_optim *o) {
+void dt_optim_step_adam(dt_optim *o, size_t off, size_t n, float lr, float wd) {
     const dt_adam_opts *a   = &o->opts.adam;
     double              t   = (double)o->steps;
     double              bc1 = 1.0 - pow((double)a->beta1, t);
@@ -86,20 +86,21 @@ void dt_optim_step_adam(dt_optim *o) {
                   .b2        = a->beta2,
                   .c1        = 1.0f - a->beta1,
                   .c2        = 1.0f - a->beta2,
-                  .wd        = w ? 0.0f : a->weight_decay,
-                  .decay     = w ? (float)(1.0 - (double)o->lr * (double)a->weight_decay) : 1.0f,
-                  .step_size = (float)((double)o->lr / bc1),
+                  .wd        = w ? 0.0f : wd,
+                  .decay     = w ? (float)(1.0 - (double)lr * (double)wd) : 1.0f,
+                  .step_size = (float)((double)lr / bc1),
                   .bc2_sqrt  = (float)sqrt(bc2),
                   .eps       = a->eps,
     };
     unsigned flags = (unsigned)(k.wd != 0.0f) | (unsigned)a->amsgrad << 1;
-    float   *m = o->state, *v = o->state + o->n, *vmax = a->amsgrad ? o->state + 2 * o->n : NULL;
+    float   *m = o->state + off, *v = o->state + o->n + off;
+    float   *vmax = a->amsgrad ? o->state + 2 * o->n + off : NULL;
+    float   *p = o->params + off, *g = o->grads + off;
     float    d[DT_OPTIM_BLOCK];
-    for (size_t at = 0; at < o->n; at += DT_OPTIM_BLOCK) {
-        size_t len = o->n - at < DT_OPTIM_BLOCK ? o->n - at : DT_OPTIM_BLOCK;
-        adam_moments(o->params + at, o->grads + at, m + at, v + at, vmax ? vmax + at : NULL, d, len,
-                     k, flags);
+    for (size_t at = 0; at < n; at += DT_OPTIM_BLOCK) {
+        size_t len = n - at < DT_OPTIM_BLOCK ? n - at : DT_OPTIM_BLOCK;
+        adam_moments(p + at, g + at, m + at, v + at, vmax ? vmax + at : NULL, d, len, k, flags);
         dt_optim_sqrt(d, len);
-        adam_apply(o->params + at, m + at, d, len, k);
+        adam_apply(p + at, m + at, d, len, k);
     }
 }

@@ -55,107 +55,272 @@ static dt_status check_buffers(const char *opt, const float *params, const float
     return DT_OK;
 }
 
-dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t n, size_t nstate) {
+static dt_status check_params(const char *opt, dt_params *p) {
+    if (!p || !dt_params_ready(p))
+        return dt_fail(DT_ERR_ARG,
+                       "%s: expected parameters with storage (dt_params_alloc, dt_params_bind or "
+                       "a finalized model), found %s",
+                       opt, p ? "none" : "NULL");
+    if (dt_params_numel(p) > SIZE_MAX / sizeof(float) / 4)
+        return dt_fail(DT_ERR_ARG, "%s: %zu parameters is too many", opt, dt_params_numel(p));
+    return DT_OK;
+}
+
+// Consecutive tensors of one group become one call of the update rule.
+static void build_ranges(dt_optim *o) {
+    int nt     = dt_params_count(o->p);
+    o->nranges = 0;
+    for (int t = 0; t < nt; t++) {
+        const dt_param_info *pi = dt_params_info(o->p, t);
+        int                  g  = o->tgroup[t];
+        if (g < 0 || pi->count == 0)
+            continue;
+        optim_range *last = o->nranges ? &o->ranges[o->nranges - 1] : NULL;
+        if (last && last->group == g && last->off + last->n == pi->offset)
+            last->n += pi->count;
+        else
+            o->ranges[o->nranges++] = (optim_range){pi->offset, pi->count, g};
+    }
+}
+
+dt_status dt_optim_alloc(dt_optim **out, dt_optim_kind kind, dt_params *p, size_t nstate, float lr,
+                         float wd) {
+    *out        = NULL;
     dt_optim *o = dt_alloc_zero(sizeof *o);
     if (!o)
-        return NULL;
-    o->state = nstate ? dt_alloc_zero(nstate * sizeof(float)) : NULL;
-    if (nstate && !o->state) {
-        dt_free(o);
-        return NULL;
+        return DT_ERR_NOMEM;
+    int nt    = dt_params_count(p);
+    o->state  = nstate ? dt_alloc_zero(nstate * sizeof(float)) : NULL;
+    o->tgroup = dt_alloc(sizeof(int) * (size_t)(nt ? nt : 1));
+    o->ranges = dt_alloc(sizeof(optim_range) * (size_t)(nt ? nt : 1));
+    if ((nstate && !o->state) || !o->tgroup || !o->ranges) {
+        dt_free(o->state), dt_free(o->tgroup), dt_free(o->ranges), dt_free(o);
+        return DT_ERR_NOMEM;
     }
-    o->kind   = kind;
-    o->params = params;
-    o->grads  = grads;
-    o->n      = n;
-    o->nstate = nstate;
-    return o;
+    o->kind      = kind;
+    o->p         = p;
+    o->params    = dt_params_data(p);
+    o->grads     = dt_params_grads(p);
+    o->n         = dt_params_numel(p);
+    o->nstate    = nstate;
+    o->lr        = lr;
+    o->groups[0] = (optim_group){lr, wd, lr};
+    o->ngroups   = 1;
+    for (int t = 0; t < nt; t++)
+        o->tgroup[t] = dt_params_info(p, t)->trainable ? 0 : -1;
+    build_ranges(o);
+    *out = o;
+    return DT_OK;
 }
 
-#define TRY_NULL(expr)                                                                             \
-    do {                                                                                           \
-        if ((expr) != DT_OK)                                                                       \
-            return NULL;                                                                           \
-    } while (0)
-
-dt_optim *dt_optim_init_sgd(float *params, float *grads, size_t n, const dt_sgd_opts *opts) {
+dt_status dt_sgd_new(dt_optim **out, dt_params *p, const dt_sgd_opts *opts) {
+    *out          = NULL;
     dt_sgd_opts o = opts ? *opts : dt_sgd_opts_default();
-    TRY_NULL(check_buffers("sgd", params, grads, n));
-    TRY_NULL(check_range("sgd", "lr", o.lr, 0, INFINITY, false));
-    TRY_NULL(check_range("sgd", "momentum", o.momentum, 0, INFINITY, false));
-    TRY_NULL(check_range("sgd", "dampening", o.dampening, -INFINITY, INFINITY, false));
-    TRY_NULL(check_range("sgd", "weight_decay", o.weight_decay, 0, INFINITY, false));
-    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
-        dt_fail(DT_ERR_ARG,
-                "sgd: expected momentum > 0 and dampening 0 with nesterov, found "
-                "momentum %g and dampening %g",
-                (double)o.momentum, (double)o.dampening);
-        return NULL;
-    }
-    dt_optim *opt = dt_optim_alloc(DT_OPTIM_SGD, params, grads, n, o.momentum != 0 ? n : 0);
-    if (!opt)
-        return NULL;
-    opt->opts.sgd = o;
-    opt->lr       = o.lr;
-    opt->step     = dt_optim_step_sgd;
-    return opt;
+    DT_TRY(check_params("sgd", p));
+    DT_TRY(check_range("sgd", "lr", o.lr, 0, INFINITY, false));
+    DT_TRY(check_range("sgd", "momentum", o.momentum, 0, INFINITY, false));
+    DT_TRY(check_range("sgd", "dampening", o.dampening, -INFINITY, INFINITY, false));
+    DT_TRY(check_range("sgd", "weight_decay", o.weight_decay, 0, INFINITY, false));
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+        return dt_fail(DT_ERR_ARG,
+                       "sgd: expected momentum > 0 and dampening 0 with nesterov, found "
+                       "momentum %g and dampening %g",
+                       (double)o.momentum, (double)o.dampening);
+    size_t n = dt_params_numel(p);
+    DT_TRY(dt_optim_alloc(out, DT_OPTIM_SGD, p, o.momentum != 0 ? n : 0, o.lr, o.weight_decay));
+    (*out)->opts.sgd = o;
+    (*out)->step     = dt_optim_step_sgd;
+    return DT_OK;
 }
 
-static dt_optim *init_adam(dt_optim_kind kind, float *params, float *grads, size_t n,
-                           const dt_adam_opts *opts) {
+static dt_status new_adam(dt_optim **out, dt_optim_kind kind, dt_params *p,
+                          const dt_adam_opts *opts) {
+    *out              = NULL;
     const char  *name = kind_names[kind];
     dt_adam_opts o =
         opts ? *opts : (kind == DT_OPTIM_ADAMW ? dt_adamw_opts_default() : dt_adam_opts_default());
-    TRY_NULL(check_buffers(name, params, grads, n));
-    TRY_NULL(check_range(name, "lr", o.lr, 0, INFINITY, false));
-    TRY_NULL(check_range(name, "eps", o.eps, 0, INFINITY, false));
-    TRY_NULL(check_range(name, "beta1", o.beta1, 0, 1, true));
-    TRY_NULL(check_range(name, "beta2", o.beta2, 0, 1, true));
-    TRY_NULL(check_range(name, "weight_decay", o.weight_decay, 0, INFINITY, false));
-    dt_optim *opt = dt_optim_alloc(kind, params, grads, n, (o.amsgrad ? 3 : 2) * n);
-    if (!opt)
+    DT_TRY(check_params(name, p));
+    DT_TRY(check_range(name, "lr", o.lr, 0, INFINITY, false));
+    DT_TRY(check_range(name, "eps", o.eps, 0, INFINITY, false));
+    DT_TRY(check_range(name, "beta1", o.beta1, 0, 1, true));
+    DT_TRY(check_range(name, "beta2", o.beta2, 0, 1, true));
+    DT_TRY(check_range(name, "weight_decay", o.weight_decay, 0, INFINITY, false));
+    size_t n = dt_params_numel(p);
+    DT_TRY(dt_optim_alloc(out, kind, p, (o.amsgrad ? 3 : 2) * n, o.lr, o.weight_decay));
+    (*out)->opts.adam = o;
+    (*out)->step      = dt_optim_step_adam;
+    return DT_OK;
+}
+
+dt_status dt_adam_new(dt_optim **out, dt_params *p, const dt_adam_opts *opts) {
+    return new_adam(out, DT_OPTIM_ADAM, p, opts);
+}
+
+dt_status dt_adamw_new(dt_optim **out, dt_params *p, const dt_adam_opts *opts) {
+    return new_adam(out, DT_OPTIM_ADAMW, p, opts);
+}
+
+dt_status dt_adadelta_new(dt_optim **out, dt_params *p, const dt_adadelta_opts *opts) {
+    *out               = NULL;
+    dt_adadelta_opts o = opts ? *opts : dt_adadelta_opts_default();
+    DT_TRY(check_params("adadelta", p));
+    DT_TRY(check_range("adadelta", "lr", o.lr, 0, INFINITY, false));
+    DT_TRY(check_range("adadelta", "rho", o.rho, 0, 1, false));
+    DT_TRY(check_range("adadelta", "eps", o.eps, 0, INFINITY, false));
+    DT_TRY(check_range("adadelta", "weight_decay", o.weight_decay, 0, INFINITY, false));
+    DT_TRY(dt_optim_alloc(out, DT_OPTIM_ADADELTA, p, 2 * dt_params_numel(p), o.lr, o.weight_decay));
+    (*out)->opts.adadelta = o;
+    (*out)->step          = dt_optim_step_adadelta;
+    return DT_OK;
+}
+
+// The raw-buffer constructors: a one-tensor table ("params", shape (n)) bound to the
+// caller's buffers, owned by the optimizer.
+typedef dt_status (*new_fn)(dt_optim **out, dt_params *p, const void *opts);
+
+static dt_optim *init_raw(const char *name, new_fn fn, float *params, float *grads, size_t n,
+                          const void *opts) {
+    if (check_buffers(name, params, grads, n))
         return NULL;
-    opt->opts.adam = o;
-    opt->lr        = o.lr;
-    opt->step      = dt_optim_step_adam;
-    return opt;
+    dt_params *p        = NULL;
+    dt_optim  *o        = NULL;
+    int64_t    shape[1] = {(int64_t)n};
+    if (dt_params_new(&p, NULL) || (n && dt_params_add(p, "params", 1, shape, 0)) ||
+        dt_params_bind(p, params, grads, NULL) || fn(&o, p, opts)) {
+        dt_params_free(p);
+        return NULL;
+    }
+    o->own_p = p;
+    return o;
+}
+
+static dt_status new_sgd_v(dt_optim **out, dt_params *p, const void *opts) {
+    return dt_sgd_new(out, p, opts);
+}
+static dt_status new_adam_v(dt_optim **out, dt_params *p, const void *opts) {
+    return dt_adam_new(out, p, opts);
+}
+static dt_status new_adamw_v(dt_optim **out, dt_params *p, const void *opts) {
+    return dt_adamw_new(out, p, opts);
+}
+static dt_status new_adadelta_v(dt_optim **out, dt_params *p, const void *opts) {
+    return dt_adadelta_new(out, p, opts);
+}
+
+dt_optim *dt_optim_init_sgd(float *params, float *grads, size_t n, const dt_sgd_opts *opts) {
+    return init_raw("sgd", new_sgd_v, params, grads, n, opts);
 }
 
 dt_optim *dt_optim_init_adam(float *params, float *grads, size_t n, const dt_adam_opts *opts) {
-    return init_adam(DT_OPTIM_ADAM, params, grads, n, opts);
+    return init_raw("adam", new_adam_v, params, grads, n, opts);
 }
 
 dt_optim *dt_optim_init_adamw(float *params, float *grads, size_t n, const dt_adam_opts *opts) {
-    return init_adam(DT_OPTIM_ADAMW, params, grads, n, opts);
+    return init_raw("adamw", new_adamw_v, params, grads, n, opts);
 }
 
 dt_optim *dt_optim_init_adadelta(float *params, float *grads, size_t n,
                                  const dt_adadelta_opts *opts) {
-    dt_adadelta_opts o = opts ? *opts : dt_adadelta_opts_default();
-    TRY_NULL(check_buffers("adadelta", params, grads, n));
-    TRY_NULL(check_range("adadelta", "lr", o.lr, 0, INFINITY, false));
-    TRY_NULL(check_range("adadelta", "rho", o.rho, 0, 1, false));
-    TRY_NULL(check_range("adadelta", "eps", o.eps, 0, INFINITY, false));
-    TRY_NULL(check_range("adadelta", "weight_decay", o.weight_decay, 0, INFINITY, false));
-    dt_optim *opt = dt_optim_alloc(DT_OPTIM_ADADELTA, params, grads, n, 2 * n);
-    if (!opt)
-        return NULL;
-    opt->opts.adadelta = o;
-    opt->lr            = o.lr;
-    opt->step          = dt_optim_step_adadelta;
-    return opt;
+    return init_raw("adadelta", new_adadelta_v, params, grads, n, opts);
+}
+
+// ------------------------------------------------------------------------ groups
+
+dt_param_group_opts dt_param_group_opts_default(void) {
+    return (dt_param_group_opts){.lr = -1.0f, .weight_decay = -1.0f};
+}
+
+dt_status dt_optim_add_group(dt_optim *o, dt_param_pred select, void *user,
+                             const dt_param_group_opts *opts, int *group) {
+    const char         *name = kind_names[o->kind];
+    dt_param_group_opts g    = opts ? *opts : dt_param_group_opts_default();
+    if (!select)
+        return dt_fail(DT_ERR_ARG, "%s: expected a tensor predicate for the group, found NULL",
+                       name);
+    if (o->ngroups == DT_OPTIM_MAX_GROUPS)
+        return dt_fail(DT_ERR_ARG, "%s: expected at most %d parameter groups, found one more", name,
+                       DT_OPTIM_MAX_GROUPS);
+    float lr = g.lr < 0 ? o->groups[0].lr : g.lr;
+    float wd = g.weight_decay < 0 ? o->groups[0].weight_decay : g.weight_decay;
+    DT_TRY(check_range(name, "group lr", lr, 0, INFINITY, false));
+    DT_TRY(check_range(name, "group weight_decay", wd, 0, INFINITY, false));
+    int gi        = o->ngroups++;
+    o->groups[gi] = (optim_group){lr, wd, lr};
+    for (int t = 0; t < dt_params_count(o->p); t++) {
+        const dt_param_info *pi = dt_params_info(o->p, t);
+        if (pi->trainable && select(pi, user))
+            o->tgroup[t] = gi;
+    }
+    build_ranges(o);
+    if (group)
+        *group = gi;
+    return DT_OK;
+}
+
+int dt_optim_num_groups(const dt_optim *o) {
+    return o->ngroups;
+}
+
+int dt_optim_tensor_group(const dt_optim *o, int tensor) {
+    return tensor >= 0 && tensor < dt_params_count(o->p) ? o->tgroup[tensor] : -1;
+}
+
+float dt_optim_group_lr(const dt_optim *o, int g) {
+    return g >= 0 && g < o->ngroups ? o->groups[g].lr : NAN;
+}
+
+float dt_optim_group_initial_lr(const dt_optim *o, int g) {
+    return g >= 0 && g < o->ngroups ? o->groups[g].initial_lr : NAN;
+}
+
+float dt_optim_group_weight_decay(const dt_optim *o, int g) {
+    return g >= 0 && g < o->ngroups ? o->groups[g].weight_decay : NAN;
+}
+
+static dt_status check_group(const dt_optim *o, int g) {
+    if (g < 0 || g >= o->ngroups)
+        return dt_fail(DT_ERR_ARG, "%s: expected a group in [0, %d), found %d", kind_names[o->kind],
+                       o->ngroups, g);
+    return DT_OK;
+}
+
+dt_status dt_optim_set_group_lr(dt_optim *o, int g, float lr) {
+    DT_TRY(check_group(o, g));
+    DT_TRY(check_range(kind_names[o->kind], "lr", lr, 0, INFINITY, false));
+    o->groups[g].lr = lr;
+    if (g == 0)
+        o->lr = lr;
+    return DT_OK;
+}
+
+dt_status dt_optim_set_group_weight_decay(dt_optim *o, int g, float wd) {
+    DT_TRY(check_group(o, g));
+    DT_TRY(check_range(kind_names[o->kind], "weight_decay", wd, 0, INFINITY, false));
+    o->groups[g].weight_decay = wd;
+    return DT_OK;
+}
+
+dt_params *dt_optim_params(dt_optim *o) {
+    return o->p;
 }
 
 void dt_optim_free(dt_optim *o) {
     if (!o)
         return;
     dt_free(o->state);
+    dt_free(o->tgroup);
+    dt_free(o->ranges);
+    dt_params_free(o->own_p);
     dt_free(o);
 }
 
 void dt_optim_step(dt_optim *o) {
     o->steps++;
-    o->step(o);
+    for (int i = 0; i < o->nranges; i++) {
+        const optim_range *r = &o->ranges[i];
+        const optim_group *g = &o->groups[r->group];
+        o->step(o, r->off, r->n, g->lr, g->weight_decay);
+    }
 }
 
 void dt_optim_zero_grad(dt_optim *o) {
@@ -170,6 +335,8 @@ float dt_optim_lr(const dt_optim *o) {
 dt_status dt_optim_set_lr(dt_optim *o, float lr) {
     DT_TRY(check_range(kind_names[o->kind], "lr", lr, 0, INFINITY, false));
     o->lr = lr;
+    for (int g = 0; g < o->ngroups; g++)
+        o->groups[g].lr = lr;
     return DT_OK;
 }
 

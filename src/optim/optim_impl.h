@@ -13,16 +13,39 @@ typedef enum dt_optim_kind {
     DT_OPTIM_KIND_COUNT_
 } dt_optim_kind;
 
+// One parameter group: PyTorch's param_groups entry (lr, weight_decay), plus the lr
+// it was created with (a schedule's base, PyTorch's initial_lr).
+typedef struct optim_group {
+    float lr, weight_decay, initial_lr;
+} optim_group;
+
+// A run of consecutive tensors of one group: one call of the update rule.
+typedef struct optim_range {
+    size_t off, n;
+    int    group;
+} optim_range;
+
+#define DT_OPTIM_MAX_GROUPS 16
+
 struct dt_optim {
     dt_optim_kind kind;
-    void (*step)(dt_optim *o); // the update rule; step count already incremented
-    float  *params;            // (n) borrowed
-    float  *grads;             // (n) borrowed
-    size_t  n;
-    float  *state; // (nstate) owned
-    size_t  nstate;
-    int64_t steps; // steps taken, including the one running
-    float   lr;
+    // The update rule over floats [off, off + n) with a group's lr and weight decay;
+    // the step count is already incremented.
+    void (*step)(dt_optim *o, size_t off, size_t n, float lr, float wd);
+    dt_params   *p;      // borrowed, or own_p
+    dt_params   *own_p;  // the one-tensor table of the raw-buffer constructors
+    float       *params; // (n) dt_params_data(p)
+    float       *grads;  // (n) dt_params_grads(p)
+    size_t       n;
+    float       *state; // (nstate) owned
+    size_t       nstate;
+    int64_t      steps; // steps taken, including the one running
+    float        lr;    // group 0's, mirrored for dt_optim_lr
+    optim_group  groups[DT_OPTIM_MAX_GROUPS];
+    int          ngroups;
+    int         *tgroup; // [tensors] the group of each tensor, -1 for frozen ones
+    optim_range *ranges;
+    int          nranges;
     union {
         dt_sgd_opts      sgd;
         dt_adam_opts     adam;
@@ -30,8 +53,10 @@ struct dt_optim {
     } opts;
 };
 
-// Allocates an optimizer with `nstate` zeroed state floats; NULL on failure.
-dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t n, size_t nstate);
+// Allocates an optimizer over p with `nstate` zeroed state floats, one group (lr, wd)
+// holding every trainable tensor.
+dt_status dt_optim_alloc(dt_optim **out, dt_optim_kind kind, dt_params *p, size_t nstate, float lr,
+                         float wd);
 
 // Update loops work through the buffers in blocks of this many floats, keeping the
 // values whose square roots they need in a stack buffer (see vsqrt.c).
@@ -44,8 +69,8 @@ dt_optim *dt_optim_alloc(dt_optim_kind kind, float *params, float *grads, size_t
 // x[i] = sqrtf(x[i]) for i < n, with the widest vector instructions the CPU has.
 void dt_optim_sqrt(float *x, size_t n);
 
-void dt_optim_step_sgd(dt_optim *o);
-void dt_optim_step_adam(dt_optim *o); // Adam and AdamW
-void dt_optim_step_adadelta(dt_optim *o);
+void dt_optim_step_sgd(dt_optim *o, size_t off, size_t n, float lr, float wd);
+void dt_optim_step_adam(dt_optim *o, size_t off, size_t n, float lr, float wd); // and AdamW
+void dt_optim_step_adadelta(dt_optim *o, size_t off, size_t n, float lr, float wd);
 
 #endif // DTRAIN_OPTIM_IMPL_H

@@ -383,10 +383,11 @@ static void damage_file(target *t) {
     expect_refused(t, b, t->n + 1, DT_ERR_FORMAT, "bytes after the end: expected", what);
     // Another version, written as a later writer would (valid header checksum).
     memcpy(b, t->orig, t->n);
-    ct_put32(b + 8, 2);
+    ct_put32(b + 8, 3);
     ct_put32(b + 60, dt_crc32c(0, b, 60));
-    snprintf(what, sizeof what, "%.100s: version 2", file);
-    expect_refused(t, b, t->n, DT_ERR_FORMAT, "expected format version 1, found version 2", what);
+    snprintf(what, sizeof what, "%.100s: version 3", file);
+    expect_refused(t, b, t->n, DT_ERR_FORMAT, "expected format version 1..2, found version 3",
+                   what);
     // Another magic.
     memcpy(b, t->orig, t->n);
     memcpy(b, "PK\x03\x04", 4);
@@ -407,7 +408,7 @@ static void test_refusals(void) {
     save_step(dir, &w, 7, 3);
     CHECK_OK(dt_ckpt_path(dir, 7, cdir, sizeof cdir));
     const char *files[] = {"state.dtck", "rank-00000.dtck", "complete.dtck"};
-    int         nsec[]  = {4, 2, 1}; // PTAB PARM OPTM KVAL; SMPL RNGS; MANI
+    int         nsec[]  = {6, 2, 1}; // PTAB PARM BTAB BUFS OPTM KVAL; SMPL RNGS; MANI
     for (int i = 0; i < 3; i++) {
         snprintf(path, sizeof path, "%s/%s", cdir, files[i]);
         target t = {.dir = dir, .file = path, .f = &r};

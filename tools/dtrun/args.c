@@ -26,6 +26,7 @@ enum {
     OPT_RDZV_TIMEOUT,
     OPT_NODE_TIMEOUT,
     OPT_STOP_GRACE,
+    OPT_TERM_GRACE,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -70,6 +71,10 @@ static const flag flags[] = {
      "when that is shorter, but at least 1)"},
     {"stop-grace", OPT_STOP_GRACE, "S",
      "seconds between SIGTERM and SIGKILL when stopping workers (default 1)"},
+    {"term-grace", OPT_TERM_GRACE, "S",
+     "when dtrun itself gets SIGTERM (a scheduler's preemption notice): seconds the workers "
+     "get, after it is forwarded, to reach a step boundary and save a checkpoint before SIGKILL "
+     "(default 30; at least --stop-grace)"},
     {"help", OPT_HELP, NULL, "this text"},
     {"version", OPT_VERSION, NULL, "print the version"},
 };
@@ -120,8 +125,17 @@ static void print_help(FILE *f) {
     }
     fprintf(f, "\n");
     print_wrapped(f,
+                  "Preemption: SIGTERM to dtrun is forwarded to every worker, dtrun waits for "
+                  "them (--term-grace) and exits without a restart; a program that saves its "
+                  "state at the next step and exits with 75 (EX_TEMPFAIL, as dtrain-mnist "
+                  "does) can be run again with its resume flag. Workers that exit with 75 on "
+                  "their own (SIGTERM sent to a worker) end the job without a restart too.",
+                  0, 79);
+    fprintf(f, "\n");
+    print_wrapped(f,
                   "Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for a "
-                  "usage error, 128+N when stopped by signal N.",
+                  "usage error, 75 when the workers stopped with 75 (preempted), 128+N when "
+                  "stopped by signal N.",
                   0, 79);
 }
 
@@ -171,6 +185,7 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     a->run_id          = "none";
     a->rdzv_timeout_ms = 600 * 1000;
     a->stop_grace_ms   = 1000;
+    a->term_grace_ms   = 30000;
     a->node_timeout_ms = -1; // default below
 
     // Both spellings of every flag, from the table.
@@ -253,6 +268,10 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
             break;
         case OPT_STOP_GRACE:
             if (parse_seconds(optarg, "--stop-grace", 0, &a->stop_grace_ms))
+                return 2;
+            break;
+        case OPT_TERM_GRACE:
+            if (parse_seconds(optarg, "--term-grace", 0, &a->term_grace_ms))
                 return 2;
             break;
         case 'h':

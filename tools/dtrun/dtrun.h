@@ -39,6 +39,7 @@ typedef struct dtrun_args {
     int64_t     rdzv_timeout_ms; // --rdzv-timeout: nodes joining
     int64_t     node_timeout_ms; // --node-timeout: silence before a node counts as lost
     int64_t     stop_grace_ms;   // --stop-grace: SIGTERM to SIGKILL
+    int64_t     term_grace_ms;   // --term-grace: the same after dtrun itself got SIGTERM
     char      **prog_argv;       // PROGRAM ARGS..., NULL-terminated (borrowed from argv)
     char        prog_path[4096]; // PROGRAM resolved through PATH
 } dtrun_args;

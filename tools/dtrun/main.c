@@ -28,12 +28,17 @@ typedef struct attempt {
     bool        stopping; // the workers have been told to stop
     uint64_t    kill_at;  // when stopping: SIGKILL then (UINT64_MAX once sent)
     int64_t     grace_ms;
-    uint64_t    stop_ns;     // when the stop began
-    int         sig;         // a stop signal dtrun received (0 if none)
-    char        reason[640]; // why the job stops for good ("" for worker failures)
-    bool        local_done;  // every local worker exited 0
-    bool        all_done;    // (several nodes) every node's workers exited 0
+    int64_t     term_grace_ms; // --term-grace
+    uint64_t    stop_ns;       // when the stop began
+    int         sig;           // a stop signal dtrun received (0 if none)
+    char        reason[640];   // why the job stops for good ("" for worker failures)
+    bool        local_done;    // every local worker exited 0
+    bool        all_done;      // (several nodes) every node's workers exited 0
+    bool        preempted;     // a worker exited with EXIT_PREEMPTED on its own
 } attempt;
+
+// A worker's "stopped on SIGTERM, state saved, run me again later" (EX_TEMPFAIL).
+#define EXIT_PREEMPTED 75
 
 static void begin_stop(attempt *t, int sig) {
     if (t->stopping)
@@ -48,6 +53,18 @@ static void on_end(dtrun_worker *w, void *ctx) {
     attempt *t = ctx;
     if (w->signalled || (w->exit_code == 0 && w->term_signal == 0))
         return;
+    if (w->exit_code == EXIT_PREEMPTED && w->term_signal == 0) {
+        // Its peers agreed on the same stop and end the same way: no restart.
+        t->preempted = true;
+        if (!t->reason[0])
+            snprintf(t->reason, sizeof t->reason,
+                     "rank %d stopped on SIGTERM with exit status %d (preempted): not "
+                     "restarting; run again with the program's resume flag",
+                     w->rank, EXIT_PREEMPTED);
+        begin_stop(t, SIGTERM);
+        dtrun_rdzv_post_stop(t->r, t->reason);
+        return;
+    }
     t->failed[w->local_rank] = true;
     t->nfailed++;
     if (!t->stopping) {
@@ -57,6 +74,9 @@ static void on_end(dtrun_worker *w, void *ctx) {
 }
 
 static void stop_for(attempt *t, const char *reason) {
+    // Another node's SIGTERM (a preemption of the whole job): the same time to save.
+    if (!t->stopping && strstr(reason, "SIGTERM") && t->term_grace_ms > t->grace_ms)
+        t->grace_ms = t->term_grace_ms;
     if (!t->reason[0])
         snprintf(t->reason, sizeof t->reason, "%s", reason);
     begin_stop(t, SIGTERM);
@@ -64,8 +84,8 @@ static void stop_for(attempt *t, const char *reason) {
 
 // Runs one attempt; fills *mine with this node's report. Returns true on success.
 static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int reaper_fd,
-                        int sig_fd, dtrun_report *mine, int *sig_out) {
-    attempt t = {.r = r, .grace_ms = a->stop_grace_ms};
+                        int sig_fd, dtrun_report *mine, int *sig_out, bool *preempted) {
+    attempt t = {.r = r, .grace_ms = a->stop_grace_ms, .term_grace_ms = a->term_grace_ms};
     char    dir[4200];
     if (a->log_dir)
         snprintf(dir, sizeof dir, "%s/attempt_%d", a->log_dir, n);
@@ -130,6 +150,9 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
                 snprintf(why, sizeof why, "interrupted by SIG%s on node %d (host %s)",
                          sigabbrev_np(sig) ? sigabbrev_np(sig) : "?", a->node_rank, r->host);
                 snprintf(t.reason, sizeof t.reason, "%s", why);
+                // SIGTERM is a preemption notice: the workers get time to save.
+                if (sig == SIGTERM && a->term_grace_ms > t.grace_ms && !t.stopping)
+                    t.grace_ms = a->term_grace_ms;
                 begin_stop(&t, sig); // the workers get the signal dtrun got, as from a tty
                 dtrun_rdzv_post_stop(r, why);
             }
@@ -178,7 +201,8 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
                 dtrun_worker_failure(&t.g.w[i], a->node_rank, r->host, &mine->fail[mine->nfail++]);
     dtrun_group_free(&t.g);
     dt_free(t.failed);
-    *sig_out = t.sig;
+    *sig_out   = t.sig;
+    *preempted = t.preempted;
     return ok;
 }
 
@@ -214,8 +238,9 @@ int main(int argc, char **argv) {
         if ((rc = dtrun_rdzv_begin(&r, n, &port)) != 0)
             break;
         dtrun_report mine;
-        int          sig = 0;
-        if (run_attempt(&r, &a, n, port, reaper_fd, sig_fd, &mine, &sig)) {
+        int          sig       = 0;
+        bool         preempted = false;
+        if (run_attempt(&r, &a, n, port, reaper_fd, sig_fd, &mine, &sig, &preempted)) {
             dtrun_report_clear(&mine);
             break; // rc 0
         }
@@ -223,7 +248,8 @@ int main(int argc, char **argv) {
         int           nall;
         bool          stop;
         dtrun_rdzv_end(&r, n, &mine, &all, &nall, &stop);
-        bool restart = !stop && n < a.max_restarts && dtrun_root_cause(all, nall) != NULL;
+        bool restart =
+            !stop && !preempted && n < a.max_restarts && dtrun_root_cause(all, nall) != NULL;
         dtrun_print_summary(all, nall, n, a.max_restarts, restart, a.log_dir);
         for (int j = 0; j < nall; j++)
             dtrun_report_clear(&all[j]);
@@ -232,7 +258,7 @@ int main(int argc, char **argv) {
         if (!sig)
             sig = r.late_signal;
         if (!restart || sig) {
-            rc = sig ? 128 + sig : 1;
+            rc = sig ? 128 + sig : preempted ? EXIT_PREEMPTED : 1;
             break;
         }
     }

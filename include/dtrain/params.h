@@ -1,0 +1,132 @@
+// params.h: the parameter contract ("bring your own gradients"). What DDP, optimizers
+// and checkpoints consume: a flat float buffer of parameters, a flat buffer of their
+// gradients (same length, same layout), the table of named tensors that slices them,
+// a separate flat buffer of non-trainable state (BatchNorm running statistics: saved in
+// checkpoints and broadcast from rank 0 when DDP starts, never reduced or optimised)
+// with a table of its own, and the gradient-ready hook.
+//
+// dt_model is one provider (dt_model_as_params). A network with a hand-written
+// backward, or another framework's buffers, is another: describe the tensors, then
+// either let dt_params allocate the buffers or bind your own.
+//
+//     dt_params *p;
+//     dt_params_new(&p, NULL);
+//     int64_t w1[2] = {128, 784}, b1[1] = {128};
+//     dt_params_add(p, "fc1.weight", 2, w1, 0);
+//     dt_params_add(p, "fc1.bias", 1, b1, DT_PARAM_NO_DECAY);
+//     dt_params_alloc(p);                     // or dt_params_bind(p, my_w, my_g, NULL)
+//     float *w = dt_params_data(p), *g = dt_params_grads(p);
+//     ... backward writes g; after the last write to a tensor's gradient:
+//     dt_params_grad_ready(p, offset, count); // DDP starts reducing that bucket
+//
+// Tensors are laid out contiguously in registration order: tensor i starts where
+// tensor i - 1 ends (offsets in floats). Buffers likewise, in their own buffer.
+#ifndef DTRAIN_PARAMS_H
+#define DTRAIN_PARAMS_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_params dt_params;
+
+#define DT_PARAM_NAME_MAX 63 // bytes in a tensor name
+#define DT_PARAM_MAX_DIMS 4
+
+// Per-tensor flags (hints for consumers; none changes the layout).
+enum {
+    DT_PARAM_FROZEN = 1u << 0,   // not trainable (requires_grad=False): optimizers skip it,
+                                 // DDP does not wait for its gradient, clipping ignores it
+    DT_PARAM_NO_DECAY = 1u << 1, // a bias or a norm's scale/shift: exclude from weight
+                                 // decay (dt_param_no_decay selects these)
+};
+
+// One named tensor: a slice of the flat parameter (or buffer) storage. Names of a
+// dt_model follow PyTorch's nn.Sequential state_dict keys: "<layer>.weight".
+typedef struct dt_param_info {
+    char     name[DT_PARAM_NAME_MAX + 1];
+    size_t   offset; // in floats, into dt_params_data / dt_params_grads (or the buffers)
+    size_t   count;  // floats: the product of the shape
+    int      ndim;   // 1..4
+    int64_t  shape[DT_PARAM_MAX_DIMS]; // unused dimensions are 1
+    int      layer;                    // the owning layer of a dt_model; -1 otherwise
+    bool     trainable;                // !(flags & DT_PARAM_FROZEN)
+    uint32_t flags;                    // DT_PARAM_*
+} dt_param_info;
+
+// Called when floats [offset, offset + count) of the gradient buffer are final for this
+// backward (they will not be written again until the next one), on the producer's
+// thread. Ranges cover whole tensors; in a backward they usually arrive last tensor
+// first. DDP's reducer is such a consumer.
+typedef void (*dt_grad_ready_fn)(void *user, size_t offset, size_t count);
+
+typedef struct dt_params_opts {
+    int max_hooks; // gradient-ready consumers that may be registered at once (0 = 4)
+} dt_params_opts;
+
+DT_API dt_params_opts dt_params_opts_default(void);
+
+// An empty table. *out stays NULL on failure. Free with dt_params_free.
+DT_API dt_status dt_params_new(dt_params **out, const dt_params_opts *opts);
+DT_API void      dt_params_free(dt_params *p); // NULL-safe; frees owned buffers only
+
+// Declares the next trainable tensor (or, with DT_PARAM_FROZEN, a frozen one) of the
+// parameter buffer, or the next tensor of the buffer storage. Names are 1..63 bytes
+// and unique within their table; ndim 1..4; every dimension >= 1. DT_ERR_STATE after
+// dt_params_alloc / dt_params_bind. Offsets follow from the order (dt_params_info).
+DT_API dt_status dt_params_add(dt_params *p, const char *name, int ndim, const int64_t *shape,
+                               uint32_t flags);
+DT_API dt_status dt_params_add_buffer(dt_params *p, const char *name, int ndim,
+                                      const int64_t *shape, uint32_t flags);
+// Also records the owning layer index (providers like dt_model).
+DT_API dt_status dt_params_add_ex(dt_params *p, const char *name, int ndim, const int64_t *shape,
+                                  uint32_t flags, int layer, bool buffer);
+
+// Allocates zeroed parameter, gradient and buffer storage (64-byte aligned), owned.
+DT_API dt_status dt_params_alloc(dt_params *p);
+// Uses the caller's storage instead (borrowed: it must outlive p): params and grads
+// hold dt_params_numel floats each, buffers dt_params_buffer_numel (NULL when 0).
+DT_API dt_status dt_params_bind(dt_params *p, float *params, float *grads, float *buffers);
+DT_API bool      dt_params_ready(const dt_params *p); // allocated or bound
+
+// --------------------------------------------------------------------- inspecting
+DT_API float *dt_params_data(dt_params *p);    // numel floats (NULL before alloc/bind)
+DT_API float *dt_params_grads(dt_params *p);   // numel floats
+DT_API float *dt_params_buffers(dt_params *p); // buffer_numel floats (NULL when none)
+DT_API size_t dt_params_numel(const dt_params *p);
+DT_API size_t dt_params_buffer_numel(const dt_params *p);
+DT_API int    dt_params_count(const dt_params *p);        // parameter tensors
+DT_API int    dt_params_buffer_count(const dt_params *p); // buffer tensors
+// Tensor i of the parameter (or buffer) table; NULL when out of range.
+DT_API const dt_param_info *dt_params_info(const dt_params *p, int i);
+DT_API const dt_param_info *dt_params_buffer_info(const dt_params *p, int i);
+// Index of the tensor named `name`, or -1.
+DT_API int dt_params_find(const dt_params *p, const char *name);
+// Floats of trainable tensors (the optimizer's work).
+DT_API size_t dt_params_trainable_numel(const dt_params *p);
+
+// Sets every gradient to 0.
+DT_API void dt_params_zero_grad(dt_params *p);
+
+// A predicate over tensors: parameter groups, selection.
+typedef bool (*dt_param_pred)(const dt_param_info *t, void *user);
+// True for tensors flagged DT_PARAM_NO_DECAY (biases, norms).
+DT_API bool dt_param_no_decay(const dt_param_info *t, void *user);
+
+// ------------------------------------------------------------- gradient-ready hook
+
+// Producers: floats [offset, offset + count) of the gradients are final for this
+// backward. Calls every registered consumer in registration order. A range must lie
+// within the buffer (DT_ERR_ARG otherwise); consumers may require whole tensors.
+DT_API dt_status dt_params_grad_ready(dt_params *p, size_t offset, size_t count);
+// Consumers: registers fn(user, offset, count). DT_ERR_STATE when max_hooks are set.
+DT_API dt_status dt_params_add_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user);
+// Removes the (fn, user) registration; a no-op when absent.
+DT_API void dt_params_remove_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DTRAIN_PARAMS_H

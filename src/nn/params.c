@@ -1,0 +1,258 @@
+// params.c: the parameter contract (params.h): tensor tables over flat buffers, owned
+// or borrowed storage, and the gradient-ready hook that fans out to consumers.
+#include "dtrain/params.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct hook {
+    dt_grad_ready_fn fn;
+    void            *user;
+} hook;
+
+typedef struct table {
+    dt_param_info *t;
+    int            n, cap;
+    size_t         numel;
+} table;
+
+struct dt_params {
+    table  par, buf;
+    float *data, *grads, *buffers;
+    bool   owned, ready;
+    hook  *hooks;
+    int    nhooks, max_hooks;
+};
+
+dt_params_opts dt_params_opts_default(void) {
+    return (dt_params_opts){.max_hooks = 4};
+}
+
+dt_status dt_params_new(dt_params **out, const dt_params_opts *opts) {
+    *out             = NULL;
+    dt_params_opts o = opts ? *opts : dt_params_opts_default();
+    if (o.max_hooks == 0)
+        o.max_hooks = 4;
+    if (o.max_hooks < 1 || o.max_hooks > 64)
+        return dt_fail(DT_ERR_ARG, "params: expected max_hooks in [1, 64], found %d", o.max_hooks);
+    dt_params *p = dt_alloc_zero(sizeof *p);
+    if (!p)
+        return DT_ERR_NOMEM;
+    p->hooks = dt_alloc_zero(sizeof(hook) * (size_t)o.max_hooks);
+    if (!p->hooks) {
+        dt_free(p);
+        return DT_ERR_NOMEM;
+    }
+    p->max_hooks = o.max_hooks;
+    *out         = p;
+    return DT_OK;
+}
+
+void dt_params_free(dt_params *p) {
+    if (!p)
+        return;
+    if (p->owned) {
+        dt_free(p->data);
+        dt_free(p->grads);
+        dt_free(p->buffers);
+    }
+    dt_free(p->par.t);
+    dt_free(p->buf.t);
+    dt_free(p->hooks);
+    dt_free(p);
+}
+
+static int table_find(const table *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->t[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+dt_status dt_params_add_ex(dt_params *p, const char *name, int ndim, const int64_t *shape,
+                           uint32_t flags, int layer, bool buffer) {
+    const char *what = buffer ? "buffer" : "parameter";
+    if (!p)
+        return dt_fail(DT_ERR_ARG, "params: NULL table");
+    if (p->ready)
+        return dt_fail(DT_ERR_STATE, "params: cannot add %s \"%s\" after the storage is set", what,
+                       name ? name : "");
+    size_t len = name ? strlen(name) : 0;
+    if (len < 1 || len > DT_PARAM_NAME_MAX)
+        return dt_fail(DT_ERR_ARG, "params: expected a %s name of 1..%d bytes, found %zu bytes",
+                       what, DT_PARAM_NAME_MAX, len);
+    if (ndim < 1 || ndim > DT_PARAM_MAX_DIMS || !shape)
+        return dt_fail(DT_ERR_ARG, "params: %s \"%s\": expected 1..%d dimensions, found %d", what,
+                       name, DT_PARAM_MAX_DIMS, shape ? ndim : 0);
+    if (flags & ~(uint32_t)(DT_PARAM_FROZEN | DT_PARAM_NO_DECAY))
+        return dt_fail(DT_ERR_ARG, "params: %s \"%s\": unknown flags 0x%x", what, name, flags);
+    table *t = buffer ? &p->buf : &p->par;
+    if (table_find(&p->par, name) >= 0 || table_find(&p->buf, name) >= 0)
+        return dt_fail(DT_ERR_ARG, "params: expected unique tensor names, found \"%s\" twice",
+                       name);
+    size_t count = 1;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 1 || !dt_size_mul(&count, count, (size_t)shape[d]))
+            return dt_fail(DT_ERR_ARG,
+                           "params: %s \"%s\": expected dimensions >= 1, found %lld in "
+                           "dimension %d (or an overflowing size)",
+                           what, name, (long long)shape[d], d);
+    size_t end;
+    if (!dt_size_add(&end, t->numel, count) || end > SIZE_MAX / sizeof(float) / 4)
+        return dt_fail(DT_ERR_ARG, "params: %s \"%s\": the table grows too large", what, name);
+    if (t->n == t->cap) {
+        int            cap = t->cap ? 2 * t->cap : 16;
+        dt_param_info *n   = dt_alloc(sizeof *n * (size_t)cap);
+        if (!n)
+            return DT_ERR_NOMEM;
+        if (t->n)
+            memcpy(n, t->t, sizeof *n * (size_t)t->n);
+        dt_free(t->t);
+        t->t   = n;
+        t->cap = cap;
+    }
+    dt_param_info *e = &t->t[t->n++];
+    memset(e, 0, sizeof *e);
+    memcpy(e->name, name, len + 1);
+    e->offset = t->numel;
+    e->count  = count;
+    e->ndim   = ndim;
+    for (int d = 0; d < DT_PARAM_MAX_DIMS; d++)
+        e->shape[d] = d < ndim ? shape[d] : 1;
+    e->layer     = layer;
+    e->flags     = flags;
+    e->trainable = !buffer && !(flags & DT_PARAM_FROZEN);
+    t->numel     = end;
+    return DT_OK;
+}
+
+dt_status dt_params_add(dt_params *p, const char *name, int ndim, const int64_t *shape,
+                        uint32_t flags) {
+    return dt_params_add_ex(p, name, ndim, shape, flags, -1, false);
+}
+
+dt_status dt_params_add_buffer(dt_params *p, const char *name, int ndim, const int64_t *shape,
+                               uint32_t flags) {
+    return dt_params_add_ex(p, name, ndim, shape, flags, -1, true);
+}
+
+dt_status dt_params_alloc(dt_params *p) {
+    if (!p || p->ready)
+        return dt_fail(DT_ERR_STATE, "params: storage already set (or NULL table)");
+    size_t n = p->par.numel, nb = p->buf.numel;
+    p->data    = dt_alloc_zero(sizeof(float) * (n ? n : 1));
+    p->grads   = dt_alloc_zero(sizeof(float) * (n ? n : 1));
+    p->buffers = nb ? dt_alloc_zero(sizeof(float) * nb) : NULL;
+    p->owned   = true;
+    if (!p->data || !p->grads || (nb && !p->buffers)) {
+        dt_free(p->data), dt_free(p->grads), dt_free(p->buffers);
+        p->data = p->grads = p->buffers = NULL;
+        return DT_ERR_NOMEM;
+    }
+    p->ready = true;
+    return DT_OK;
+}
+
+dt_status dt_params_bind(dt_params *p, float *params, float *grads, float *buffers) {
+    if (!p || p->ready)
+        return dt_fail(DT_ERR_STATE, "params: storage already set (or NULL table)");
+    size_t n = p->par.numel, nb = p->buf.numel;
+    if ((n && (!params || !grads)) || (nb && !buffers))
+        return dt_fail(DT_ERR_ARG,
+                       "params: expected storage for %zu parameters and %zu buffer floats, "
+                       "found a NULL pointer",
+                       n, nb);
+    if (n && params < grads + n && grads < params + n)
+        return dt_fail(DT_ERR_ARG,
+                       "params: expected separate parameter and gradient buffers, found "
+                       "overlapping ones");
+    p->data    = params;
+    p->grads   = grads;
+    p->buffers = nb ? buffers : NULL;
+    p->owned   = false;
+    p->ready   = true;
+    return DT_OK;
+}
+
+bool dt_params_ready(const dt_params *p) {
+    return p && p->ready;
+}
+
+float *dt_params_data(dt_params *p) {
+    return p->data;
+}
+float *dt_params_grads(dt_params *p) {
+    return p->grads;
+}
+float *dt_params_buffers(dt_params *p) {
+    return p->buffers;
+}
+size_t dt_params_numel(const dt_params *p) {
+    return p->par.numel;
+}
+size_t dt_params_buffer_numel(const dt_params *p) {
+    return p->buf.numel;
+}
+int dt_params_count(const dt_params *p) {
+    return p->par.n;
+}
+int dt_params_buffer_count(const dt_params *p) {
+    return p->buf.n;
+}
+const dt_param_info *dt_params_info(const dt_params *p, int i) {
+    return i >= 0 && i < p->par.n ? &p->par.t[i] : NULL;
+}
+const dt_param_info *dt_params_buffer_info(const dt_params *p, int i) {
+    return i >= 0 && i < p->buf.n ? &p->buf.t[i] : NULL;
+}
+int dt_params_find(const dt_params *p, const char *name) {
+    return name ? table_find(&p->par, name) : -1;
+}
+
+size_t dt_params_trainable_numel(const dt_params *p) {
+    size_t n = 0;
+    for (int i = 0; i < p->par.n; i++)
+        n += p->par.t[i].trainable ? p->par.t[i].count : 0;
+    return n;
+}
+
+void dt_params_zero_grad(dt_params *p) {
+    if (p->ready && p->par.numel)
+        memset(p->grads, 0, sizeof(float) * p->par.numel);
+}
+
+bool dt_param_no_decay(const dt_param_info *t, void *user) {
+    (void)user;
+    return (t->flags & DT_PARAM_NO_DECAY) != 0;
+}
+
+dt_status dt_params_grad_ready(dt_params *p, size_t offset, size_t count) {
+    if (offset > p->par.numel || count > p->par.numel - offset)
+        return dt_fail(DT_ERR_ARG,
+                       "params: gradient range [%zu, %zu) is outside the %zu parameters", offset,
+                       offset + count, p->par.numel);
+    for (int i = 0; i < p->nhooks; i++)
+        p->hooks[i].fn(p->hooks[i].user, offset, count);
+    return DT_OK;
+}
+
+dt_status dt_params_add_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user) {
+    if (!fn)
+        return dt_fail(DT_ERR_ARG, "params: expected a hook function, found NULL");
+    if (p->nhooks == p->max_hooks)
+        return dt_fail(DT_ERR_STATE,
+                       "params: expected at most %d gradient-ready consumers, found one more "
+                       "(is a DDP wrapper still alive on these parameters?)",
+                       p->max_hooks);
+    p->hooks[p->nhooks++] = (hook){fn, user};
+    return DT_OK;
+}
+
+void dt_params_remove_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user) {
+    for (int i = 0; i < p->nhooks; i++)
+        if (p->hooks[i].fn == fn && p->hooks[i].user == user) {
+            memmove(&p->hooks[i], &p->hooks[i + 1], sizeof(hook) * (size_t)(p->nhooks - i - 1));
+            p->nhooks--;
+            return;
+        }
+}
