@@ -29,6 +29,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/trace.h"
 #include "guard.h"
 
 #include <getopt.h>
@@ -44,7 +45,7 @@ typedef struct args {
     long        checkpoint_every, keep, max_steps;
     double      lr;
     const char *data_dir, *backend, *master_addr;
-    const char *checkpoint_dir, *save_model, *load;
+    const char *checkpoint_dir, *save_model, *load, *trace;
     bool        no_test, stats, profile, no_overlap, resume, fallback, eval_only;
 } args;
 
@@ -99,6 +100,8 @@ static const char usage[] =
     "  --no-test           skip the test-set evaluation\n"
     "  --stats             print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)\n"
     "  --profile           print forward and backward time per layer (rank 0)\n"
+    "  --trace FILE        write a Chrome-trace JSON of training, all ranks in one file\n"
+    "                      (open it in https://ui.perfetto.dev or chrome://tracing)\n"
     "  --help              this text\n"
     "The sampler advances its epoch by itself every pass (and is told the epoch each\n"
     "epoch anyway), so no two epochs repeat an order. Every rank must be given the same\n"
@@ -124,6 +127,7 @@ static int parse_args(int argc, char **argv, args *a) {
         NO_TEST,
         STATS,
         PROFILE,
+        TRACE,
         NPROC,
         NMACH,
         MACHID,
@@ -154,6 +158,7 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"no-test", no_argument, 0, NO_TEST},
                                          {"stats", no_argument, 0, STATS},
                                          {"profile", no_argument, 0, PROFILE},
+                                         {"trace", required_argument, 0, TRACE},
                                          {"num-processes", required_argument, 0, NPROC},
                                          {"num-machines", required_argument, 0, NMACH},
                                          {"machine-id", required_argument, 0, MACHID},
@@ -207,6 +212,9 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case STATS:
             a->stats = true;
+            break;
+        case TRACE:
+            a->trace = optarg;
             break;
         case PROFILE:
             a->profile = true;
@@ -594,6 +602,8 @@ static int train_worker(job *j, dt_pg *pg) {
     size_t nbatches =
         (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     dt_model_set_profile(m, a->profile);
+    if (a->trace && dt_trace_start(NULL))
+        goto done;
     double train_start = dt_now();
     mnist_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
     bool stop = a->eval_only || (a->max_steps && step >= a->max_steps);
@@ -665,6 +675,10 @@ static int train_worker(job *j, dt_pg *pg) {
         if (lead && a->profile)
             print_profile(m, finished - train_start);
     }
+    if (a->trace && dt_trace_save(pg, a->trace))
+        goto done;
+    if (lead && a->trace)
+        printf("Wrote the trace to %s\n", a->trace);
     uint32_t crc;
     if (check_replicas(m, pg, &crc))
         goto done;
