@@ -30,6 +30,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/trace.h"
+#include "dtrain/watch.h"
 #include "guard.h"
 
 #include <getopt.h>
@@ -96,7 +97,8 @@ static const char usage[] =
     "                      checkpoint, or a checkpoint directory: its newest)\n"
     "  --eval-only         with --load: evaluate on the test set, no training\n"
     "output:\n"
-    "  --log-every K       print the loss every K batches (default 10)\n"
+    "  --log-every K       print the loss every K batches (default 10); on a terminal,\n"
+    "                      a progress bar (rate, ETA, loss) instead\n"
     "  --no-test           skip the test-set evaluation\n"
     "  --stats             print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)\n"
     "  --profile           print forward and backward time per layer (rank 0)\n"
@@ -499,19 +501,20 @@ static int train_worker(job *j, dt_pg *pg) {
     bool        lead = rank == 0;
     // The first process of each machine prints the summary lines, as the seed's script
     // does on every machine (LOCAL_RANK from the launcher, else by host).
-    bool        local_lead = !pg || dt_pg_local_rank(pg) == 0;
-    bool        preempted  = false; // SIGTERM seen by some rank: stop at this step
-    dt_model   *m          = NULL;
-    dt_ddp     *ddp        = NULL;
-    dt_optim   *opt        = NULL;
-    dt_sampler *smp        = NULL;
-    dt_loader  *ld         = NULL;
-    float      *dlogp      = NULL;
-    uint64_t   *keys       = NULL; // dropout keys of a batch: its samples' dataset indices
-    int         rc         = 1;
-    double      accuracy = -1, ckpt_secs = 0;
-    int64_t     step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
-    long        first_epoch = 0;
+    bool         local_lead = !pg || dt_pg_local_rank(pg) == 0;
+    bool         preempted  = false; // SIGTERM seen by some rank: stop at this step
+    dt_model    *m          = NULL;
+    dt_ddp      *ddp        = NULL;
+    dt_optim    *opt        = NULL;
+    dt_sampler  *smp        = NULL;
+    dt_loader   *ld         = NULL;
+    float       *dlogp      = NULL;
+    uint64_t    *keys       = NULL; // dropout keys of a batch: its samples' dataset indices
+    dt_progress *bar        = NULL; // rank 0's bar on a terminal, log lines elsewhere
+    int          rc         = 1;
+    double       accuracy = -1, ckpt_secs = 0;
+    int64_t      step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
+    long         first_epoch = 0;
 
     if (check_shared_flags(j, pg))
         goto done;
@@ -602,6 +605,10 @@ static int train_worker(job *j, dt_pg *pg) {
     size_t nbatches =
         (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     dt_model_set_profile(m, a->profile);
+    dt_progress_opts po = dt_progress_opts_default();
+    po.log_every        = a->log_every;
+    if (lead && dt_progress_new(&bar, &po))
+        goto done;
     if (a->trace && dt_trace_start(NULL))
         goto done;
     double train_start = dt_now();
@@ -612,6 +619,7 @@ static int train_worker(job *j, dt_pg *pg) {
         dt_rng   er = dt_rng_split(&root, (uint64_t)epoch);
         dt_batch b;
         dt_model_set_rng(m, &er);
+        dt_progress_begin_epoch(bar, epoch, nbatches);
         while (!stop && dt_loader_next(ld, &b)) {
             float loss;
             for (size_t i = 0; i < b.size; i++)
@@ -626,11 +634,7 @@ static int train_worker(job *j, dt_pg *pg) {
             dt_optim_step(opt);
             step++;
             samples_seen += (int64_t)b.size;
-            if (lead && b.index % (size_t)a->log_every == 0) {
-                printf("epoch: %ld [%zu/%zu (%.0f%%)]\t training loss: %.6f\n", epoch, b.index,
-                       nbatches, 100.0 * (double)b.index / (double)nbatches, (double)loss);
-                fflush(stdout);
-            }
+            dt_progress_step(bar, b.index, b.size * (size_t)world, loss);
             if (a->checkpoint_every && step % a->checkpoint_every == 0) {
                 double t0 = dt_now();
                 cs.step   = step;
@@ -644,6 +648,7 @@ static int train_worker(job *j, dt_pg *pg) {
                 goto done;
             stop = preempted || (a->max_steps && step >= a->max_steps);
         }
+        dt_progress_end_epoch(bar);
         if (dt_loader_status(ld))
             goto done;
     }
@@ -734,6 +739,7 @@ done:
     fflush(stdout);
     dt_free(dlogp);
     dt_free(keys);
+    dt_progress_free(bar);
     dt_loader_free(ld);
     dt_sampler_free(smp);
     dt_optim_free(opt);
