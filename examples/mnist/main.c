@@ -46,7 +46,7 @@ typedef struct args {
     long        checkpoint_every, keep, max_steps;
     double      lr;
     const char *data_dir, *backend, *master_addr;
-    const char *checkpoint_dir, *save_model, *load, *trace;
+    const char *checkpoint_dir, *save_model, *load, *trace, *plot;
     bool        no_test, stats, profile, no_overlap, resume, fallback, eval_only;
 } args;
 
@@ -104,6 +104,8 @@ static const char usage[] =
     "  --profile           print forward and backward time per layer (rank 0)\n"
     "  --trace FILE        write a Chrome-trace JSON of training, all ranks in one file\n"
     "                      (open it in https://ui.perfetto.dev or chrome://tracing)\n"
+    "  --plot FILE.svg     write the loss curves (training, and test after each epoch)\n"
+    "                      as an SVG chart (rank 0)\n"
     "  --help              this text\n"
     "The sampler advances its epoch by itself every pass (and is told the epoch each\n"
     "epoch anyway), so no two epochs repeat an order. Every rank must be given the same\n"
@@ -130,6 +132,7 @@ static int parse_args(int argc, char **argv, args *a) {
         STATS,
         PROFILE,
         TRACE,
+        PLOT,
         NPROC,
         NMACH,
         MACHID,
@@ -161,6 +164,7 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"stats", no_argument, 0, STATS},
                                          {"profile", no_argument, 0, PROFILE},
                                          {"trace", required_argument, 0, TRACE},
+                                         {"plot", required_argument, 0, PLOT},
                                          {"num-processes", required_argument, 0, NPROC},
                                          {"num-machines", required_argument, 0, NMACH},
                                          {"machine-id", required_argument, 0, MACHID},
@@ -217,6 +221,9 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case TRACE:
             a->trace = optarg;
+            break;
+        case PLOT:
+            a->plot = optarg;
             break;
         case PROFILE:
             a->profile = true;
@@ -511,6 +518,7 @@ static int train_worker(job *j, dt_pg *pg) {
     float       *dlogp      = NULL;
     uint64_t    *keys       = NULL; // dropout keys of a batch: its samples' dataset indices
     dt_progress *bar        = NULL; // rank 0's bar on a terminal, log lines elsewhere
+    dt_plot     *plot       = NULL; // rank 0's loss curves (--plot)
     int          rc         = 1;
     double       accuracy = -1, ckpt_secs = 0;
     int64_t      step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
@@ -607,7 +615,7 @@ static int train_worker(job *j, dt_pg *pg) {
     dt_model_set_profile(m, a->profile);
     dt_progress_opts po = dt_progress_opts_default();
     po.log_every        = a->log_every;
-    if (lead && dt_progress_new(&bar, &po))
+    if (lead && (dt_progress_new(&bar, &po) || (a->plot && dt_plot_new(&plot, NULL))))
         goto done;
     if (a->trace && dt_trace_start(NULL))
         goto done;
@@ -635,6 +643,9 @@ static int train_worker(job *j, dt_pg *pg) {
             step++;
             samples_seen += (int64_t)b.size;
             dt_progress_step(bar, b.index, b.size * (size_t)world, loss);
+            if (plot && b.index % (size_t)a->log_every == 0 &&
+                dt_plot_add(plot, DT_PLOT_TRAIN, (double)step, loss))
+                goto done;
             if (a->checkpoint_every && step % a->checkpoint_every == 0) {
                 double t0 = dt_now();
                 cs.step   = step;
@@ -651,6 +662,13 @@ static int train_worker(job *j, dt_pg *pg) {
         dt_progress_end_epoch(bar);
         if (dt_loader_status(ld))
             goto done;
+        if (a->plot && !a->no_test && !stop && epoch + 1 < a->epochs) { // a test-loss point
+            int64_t c;
+            double  vl;
+            if (evaluate(m, pg, &j->test, (size_t)a->batch_size, &c, &vl) ||
+                (plot && dt_plot_add(plot, DT_PLOT_VAL, (double)step, vl)))
+                goto done;
+        }
     }
     // A last checkpoint where training stopped, so a resume after the end (or after a
     // failure during evaluation) has nothing to redo.
@@ -700,9 +718,16 @@ static int train_worker(job *j, dt_pg *pg) {
         if (evaluate(m, pg, &j->test, (size_t)a->batch_size, &correct, &mean_loss))
             goto done;
         accuracy = 100.0 * (double)correct / (double)j->test.n;
+        if (plot && dt_plot_add(plot, DT_PLOT_VAL, (double)step, mean_loss))
+            goto done;
         if (local_lead)
             printf("Test accuracy: %.2f%% (%lld/%zu), average loss %.4f\n", accuracy,
                    (long long)correct, j->test.n, mean_loss);
+    }
+    if (plot) {
+        if (dt_plot_write_svg(plot, a->plot))
+            goto done;
+        printf("Wrote the loss curves to %s\n", a->plot);
     }
     if (a->stats) {
         struct rusage ru;
@@ -740,6 +765,7 @@ done:
     dt_free(dlogp);
     dt_free(keys);
     dt_progress_free(bar);
+    dt_plot_free(plot);
     dt_loader_free(ld);
     dt_sampler_free(smp);
     dt_optim_free(opt);
