@@ -27,7 +27,7 @@ static double round_ns(void) {
 int main(void) {
     double off[5], on[5];
     for (int r = 0; r < 5; r++) {
-        off[r] = round_ns();
+        off[r]          = round_ns();
         dt_trace_opts o = dt_trace_opts_default();
         o.max_events    = SPANS;
         if (dt_trace_start(&o)) {

@@ -8,6 +8,8 @@
 #include "../lib/json.h"
 #include "../lib/mp.h"
 #include "../lib/prog.h"
+#include "dtrain/graph.h"
+#include "dtrain/nn.h"
 #include "dtrain/trace.h"
 
 #include <pthread.h>
@@ -361,8 +363,51 @@ static void test_mnist(void) {
     unlink(path);
 }
 
+// A model graph's nodes are traced too: one forward and one backward span per node.
+static void test_graph(void) {
+    check_current = "graph nodes";
+    dt_graph *g   = NULL;
+    dt_layer *l;
+    CHECK_OK(dt_graph_new(&g, NULL));
+    CHECK_OK(dt_graph_input(g, "x", &(dt_shape){3, {6, 1, 1, 1}, DT_ELEM_F32}));
+    CHECK_OK(dt_layer_flatten_new(&l, NULL));
+    CHECK_OK(dt_graph_add(g, "flat", l, "x"));
+    CHECK_OK(dt_layer_act_new(&l, DT_ACT_RELU, NULL));
+    CHECK_OK(dt_graph_add(g, "act", l, "flat"));
+    CHECK_OK(dt_graph_finalize(g, 1));
+    float x[12], dy[12];
+    for (int i = 0; i < 12; i++) {
+        x[i]  = (float)i - 5.5f;
+        dy[i] = 1.0f;
+    }
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/dt_test_trace_graph_%d.json", (int)getpid());
+    CHECK_OK(dt_trace_start(NULL));
+    for (int k = 0; k < 3; k++) {
+        CHECK_OK(dt_graph_forward(g, (const void *[]){x}, 2));
+        CHECK_OK(dt_graph_backward(g, dy));
+    }
+    CHECK_OK(dt_trace_save(NULL, path));
+    trace t;
+    if (load_trace(path, &t)) {
+        int fwd = 0, bwd = 0;
+        for (int i = 0; i < t.n; i++) {
+            fwd += strcmp(t.s[i].cat, "forward") == 0;
+            bwd += strcmp(t.s[i].cat, "backward") == 0;
+        }
+        CHECK_EQ(fwd, 6); // 2 nodes x 3 passes
+        CHECK_EQ(bwd, 6);
+        CHECK_EQ(count_spans(&t, 0, "relu"), 6);
+        free_trace(&t);
+    }
+    dt_trace_reset();
+    unlink(path);
+    dt_graph_free(g);
+}
+
 int main(void) {
     test_one_process();
+    test_graph();
     test_ranks(2);
     test_ranks(3);
     test_mnist();
