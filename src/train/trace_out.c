@@ -51,74 +51,84 @@ static dt_status write_all(FILE *f, const char *p, size_t n, const char *path) {
 }
 
 // Rank 0: the file, its part first, then each other rank's in rank order.
+// Keeps the first failure and its message (later receives clear the thread's error).
+static void keep(dt_status *st, char *msg, size_t n, dt_status s) {
+    if (!*st && s) {
+        *st = s;
+        snprintf(msg, n, "%s", dt_last_error());
+    }
+}
+
 static dt_status gather_write(dt_pg *pg, int world, const char *mine, size_t len,
                               const char *path) {
-    char tmp[4096];
-    int  k = snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    if (k < 0 || (size_t)k >= sizeof tmp)
-        return dt_fail(DT_ERR_ARG, "trace: expected a path under %zu bytes, found %zu bytes",
-                       sizeof tmp - 16, strlen(path));
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return dt_fail_errno(DT_ERR_IO, "trace: cannot create %s", tmp);
+    // A failure here still receives every part (and drops it): no sender is left waiting.
+    char      tmp[4096] = "";
+    FILE     *f         = NULL;
+    dt_status st        = DT_OK;
+    char      msg[1024] = "";
+#define KEEP(s) keep(&st, msg, sizeof msg, (s))
+    int k = path ? snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) : 0;
+    if (!path || !path[0])
+        KEEP(dt_fail(DT_ERR_ARG, "trace: expected a file name to write the trace to"));
+    else if (k < 0 || (size_t)k >= sizeof tmp)
+        KEEP(dt_fail(DT_ERR_ARG, "trace: expected a path under %zu bytes, found %zu bytes",
+                     sizeof tmp - 16, strlen(path)));
+    else if (!(f = fopen(tmp, "wb")))
+        KEEP(dt_fail_errno(DT_ERR_IO, "trace: cannot create %s", tmp));
     static const char head[] = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-    dt_status         st     = write_all(f, head, sizeof head - 1, tmp);
     if (!st)
-        st = write_all(f, mine, len, tmp);
-    // Every rank sends, even after a failure here, so no sender is left waiting.
+        KEEP(write_all(f, head, sizeof head - 1, tmp));
+    if (!st)
+        KEEP(write_all(f, mine, len, tmp));
     for (int r = 1; r < world; r++) {
         int64_t   n  = 0;
         dt_status rs = dt_pg_recv(pg, &n, 1, DT_INT64, r, TAG_DATA);
         if (rs) {
-            st = st ? st : rs;
+            KEEP(rs);
             break;
         }
         if (n < 0 || n > MAX_PART_SIZE) {
-            st = st ? st
-                    : dt_fail(DT_ERR_FORMAT,
-                              "trace: expected a part of 0..%lld bytes from rank %d, found %lld",
-                              (long long)MAX_PART_SIZE, r, (long long)n);
+            KEEP(dt_fail(DT_ERR_FORMAT,
+                         "trace: expected a part of 0..%lld bytes from rank %d, found %lld",
+                         (long long)MAX_PART_SIZE, r, (long long)n));
             break;
         }
         size_t words = ((size_t)n + 3) / 4;
         char  *part  = malloc(words * 4 + 1);
         if (!part) {
-            st =
-                st ? st
-                   : dt_fail(DT_ERR_NOMEM, "trace: %lld bytes for rank %d's part", (long long)n, r);
+            KEEP(dt_fail(DT_ERR_NOMEM, "trace: %lld bytes for rank %d's part", (long long)n, r));
             break;
         }
         rs = dt_pg_recv(pg, part, words, DT_INT32, r, TAG_DATA);
         if (rs) {
             free(part);
-            st = st ? st : rs;
+            KEEP(rs);
             break;
         }
         if (memchr(part, 0, (size_t)n)) {
-            st = st ? st : dt_fail(DT_ERR_FORMAT, "trace: rank %d's part holds a NUL byte", r);
+            KEEP(dt_fail(DT_ERR_FORMAT, "trace: rank %d's part holds a NUL byte", r));
         } else if (!st && n) {
-            st = write_all(f, ",\n", 2, tmp);
+            KEEP(write_all(f, ",\n", 2, tmp));
             if (!st)
-                st = write_all(f, part, (size_t)n, tmp);
+                KEEP(write_all(f, part, (size_t)n, tmp));
         }
         free(part);
     }
-    if (!st)
-        st = write_all(f, "\n]}\n", 4, tmp);
-    if (fclose(f) != 0 && !st)
-        st = dt_fail_errno(DT_ERR_IO, "trace: closing %s", tmp);
-    if (!st && rename(tmp, path) != 0)
-        st = dt_fail_errno(DT_ERR_IO, "trace: renaming %s to %s", tmp, path);
-    if (st)
+    if (f && !st)
+        KEEP(write_all(f, "\n]}\n", 4, tmp));
+    if (f && fclose(f) != 0)
+        KEEP(dt_fail_errno(DT_ERR_IO, "trace: closing %s", tmp));
+    if (f && !st && rename(tmp, path) != 0)
+        KEEP(dt_fail_errno(DT_ERR_IO, "trace: renaming %s to %s", tmp, path));
+    if (f && st)
         unlink(tmp);
-    return st;
+#undef KEEP
+    return st ? dt_fail(st, "%s", msg) : DT_OK;
 }
 
 dt_status dt_trace_save(dt_pg *pg, const char *path) {
     dt_trace_stop();
-    int rank = pg ? dt_pg_rank(pg) : 0, world = pg ? dt_pg_size(pg) : 1;
-    if (rank == 0 && (!path || !path[0]))
-        return dt_fail(DT_ERR_ARG, "trace: expected a file name to write the trace to");
+    int     rank = pg ? dt_pg_rank(pg) : 0, world = pg ? dt_pg_size(pg) : 1;
     int64_t offset = 0;
     if (pg)
         DT_TRY(align_clock(pg, rank, world, &offset));
@@ -152,10 +162,14 @@ dt_status dt_trace_save(dt_pg *pg, const char *path) {
     free(mine);
     // Rank 0's verdict, so every rank returns the same status.
     if (pg) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", st ? dt_last_error() : "");
         int32_t   ok = st == DT_OK;
         dt_status bs = dt_pg_broadcast(pg, &ok, 1, DT_INT32, 0);
-        if (st || bs)
-            return st ? st : bs;
+        if (st)
+            return dt_fail(st, "%s", msg); // the broadcast cleared the thread's message
+        if (bs)
+            return bs;
         if (!ok)
             return dt_fail(DT_ERR_PEER, "trace: rank 0 could not write the trace to the file");
     }

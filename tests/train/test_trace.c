@@ -314,6 +314,14 @@ static void ranks(int rank, int world, void *arg) {
         }
         unlink(path);
     }
+    // Rank 0 given no file: every rank returns an error, none waits for the timeout.
+    CHECK_OK(dt_trace_start(NULL));
+    uint64_t t0 = dt_now_ns();
+    if (rank == 0)
+        CHECK_ERR(dt_trace_save(pg, ""), DT_ERR_ARG, "expected a file name");
+    else
+        CHECK_ERR(dt_trace_save(pg, path), DT_ERR_PEER, "rank 0 could not write");
+    CHECK(dt_now_ns() - t0 < 10000000000ull);
     dt_trace_reset();
     dt_pg_free(pg);
 }
