@@ -1,0 +1,385 @@
+// conv_cl.c: Conv2d with the channels in the vector lanes, for small images and any
+// stride (conv_cl.h). The shifted GEMMs of shifted.c put output positions in the lanes;
+// on the ResNet's 14x14 and 7x7 images and on stride 2 that wastes lanes (rows of 7 or
+// 14 in 16-wide vectors, the wide layout's padding columns) or needs im2col. Here a
+// register block is P output pixels x 16*V channels (P*V vectors, up to 28), every
+// step loads V weight vectors and broadcasts P input values, so no lane is ever idle
+// when the channel count is a multiple of 16.
+//
+// Forward: the padded input is split into stride phases (sh*sw planes per channel:
+// padded pixel (Y, X) goes to plane (Y % sh, X % sw) at (Y / sh, X / sw)), so the
+// inputs of consecutive output pixels are consecutive floats for every tap and every
+// stride, and a broadcast is one load at a constant offset. Input gradient: the
+// transposed convolution, one pass per phase of the input pixels (those with equal
+// (Y % sh, X % sw) take the same taps and read consecutive output-gradient pixels),
+// from the output gradient padded with zeros. Weight gradient: for each tap and block
+// of input channels, a reduction over the output pixels with the output channels in
+// the lanes, reading channels-last copies of the input and of the output gradient.
+//
+// Sums run in a fixed order (taps, then channels, then pixels row by row; per sample,
+// then over samples), so results do not vary from run to run.
+#include "nn/conv_cl.h"
+#include "core/simd.h"
+
+#include <string.h>
+
+// The kernels are AVX-512 code: a broadcast must be one load (vbroadcastss from memory
+// or an FMA's embedded broadcast), since a broadcast from a register takes a slot of
+// the vector pipes the FMAs need, and GCC's generic vectors give the register form.
+// Elsewhere (other compilers, other CPUs) the _ok functions say no.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CL_KERNELS 1
+#define CL_TARGET  __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
+#define BCAST(ptr) ((dt_v16f)_mm512_set1_ps(*(ptr)))
+#else
+#define CL_KERNELS 0
+#define CL_TARGET
+#define BCAST(ptr) dt_splat16(*(ptr))
+#endif
+
+static bool cpu_ok(void) {
+#if CL_KERNELS
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+#else
+    return false;
+#endif
+}
+
+#define PRAGMA_(x) _Pragma(#x)
+#define UNROLL(n)  PRAGMA_(GCC unroll n)
+
+bool dt_nn_conv_cl_forward_ok(const dt_nn_conv2d *p) {
+    return p->groups == 1 && p->cout % 16 == 0 && cpu_ok();
+}
+
+bool dt_nn_conv_cl_backward_ok(const dt_nn_conv2d *p, bool input_grad) {
+    return p->groups == 1 && p->cout % 16 == 0 && p->cin % 8 == 0 &&
+           (!input_grad || p->cin % 16 == 0) && cpu_ok();
+}
+
+static int out_len(int in, int pad, int k, int stride) {
+    return (in + 2 * pad - k) / stride + 1;
+}
+
+// The geometry of one call: padded input (hp, wp), its phase planes (hq, wq) and the
+// zero-margined output gradient (hg, wg, margin mg).
+typedef struct geom {
+    int    ho, wo, hp, wp, hq, wq, kk, mg, hg, wg;
+    size_t cst; // floats between one channel's phase planes and the next's
+    size_t gst; // floats between output-gradient planes
+} geom;
+
+static geom geom_of(const dt_nn_conv2d *p, int h, int w) {
+    geom g;
+    g.ho  = out_len(h, p->ph, p->kh, p->sh);
+    g.wo  = out_len(w, p->pw, p->kw, p->sw);
+    g.hp  = h + 2 * p->ph;
+    g.wp  = w + 2 * p->pw;
+    g.hq  = (g.hp + p->sh - 1) / p->sh;
+    g.wq  = (g.wp + p->sw - 1) / p->sw;
+    g.kk  = p->kh * p->kw;
+    g.cst = (size_t)p->sh * p->sw * g.hq * g.wq;
+    g.mg  = (p->kh > p->kw ? p->kh : p->kw) + 1;
+    g.hg  = g.ho + 2 * g.mg;
+    g.wg  = g.wo + 2 * g.mg;
+    g.gst = (size_t)g.hg * g.wg;
+    return g;
+}
+
+static size_t ints_in_floats(size_t n) {
+    return (n * sizeof(int) + sizeof(float) - 1) / sizeof(float);
+}
+
+size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
+    geom   g     = geom_of(p, h, w);
+    size_t wsize = (size_t)g.kk * p->cin * p->cout;
+    size_t fwd   = wsize + (size_t)p->cin * g.cst + ints_in_floats(2 * (size_t)g.kk);
+    size_t bwd   = 2 * wsize + (size_t)p->cout * g.gst + (size_t)g.ho * g.wo * p->cout +
+                 (size_t)g.hp * g.wp * p->cin +
+                 ints_in_floats(2 * (size_t)g.kk + (size_t)p->sh * p->sw + 1);
+    return fwd > bwd ? fwd : bwd;
+}
+
+// One register block: tile[p][16*V] = sum over taps t and channels c < K of
+// src[toff[t] + c*cst + p] * wk[(tw[t]*K + c)*N + lane]. P and V are constants in
+// every instance, so the P*V accumulators stay in registers.
+// clang-format off
+#define DEFINE_CORE(name, P, V)                                                               \
+    CL_TARGET static inline __attribute__((always_inline)) void name(                                \
+        const float *restrict src, const int *restrict toff, const int *restrict tw, int nt, \
+        int K, size_t cst, const float *restrict wk, int N, float *restrict tile) {          \
+        dt_v16f acc[P][V];                                                                   \
+        UNROLL(28) for (int q = 0; q < P; q++) UNROLL(4) for (int v = 0; v < V; v++)         \
+            acc[q][v] = dt_splat16(0.0f);                                                    \
+        for (int t = 0; t < nt; t++) {                                                       \
+            const float *s  = src + toff[t];                                                 \
+            const float *wr = wk + (size_t)tw[t] * K * N;                                    \
+            for (int c = 0; c < K; c++, s += cst, wr += N) {                                 \
+                dt_v16f wv[V];                                                               \
+                UNROLL(4) for (int v = 0; v < V; v++) wv[v] = dt_load16(wr + 16 * v);        \
+                UNROLL(28) for (int q = 0; q < P; q++) {                                     \
+                    dt_v16f xb = BCAST(s + q);                                           \
+                    UNROLL(4) for (int v = 0; v < V; v++) acc[q][v] += xb * wv[v];           \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        UNROLL(28) for (int q = 0; q < P; q++) UNROLL(4) for (int v = 0; v < V; v++)         \
+            dt_store16(tile + (q * V + v) * 16, acc[q][v]);                                  \
+    }
+
+// clang-format on
+DEFINE_CORE(core_28x1, 28, 1)
+DEFINE_CORE(core_14x1, 14, 1)
+DEFINE_CORE(core_7x1, 7, 1)
+DEFINE_CORE(core_4x1, 4, 1)
+DEFINE_CORE(core_2x1, 2, 1)
+DEFINE_CORE(core_1x1, 1, 1)
+DEFINE_CORE(core_14x2, 14, 2)
+DEFINE_CORE(core_7x2, 7, 2)
+DEFINE_CORE(core_4x2, 4, 2)
+DEFINE_CORE(core_2x2, 2, 2)
+DEFINE_CORE(core_1x2, 1, 2)
+
+#define TILE_MAX (28 * 16)
+
+// The block for up to `np` pixels with V vectors: runs the largest instance that fits
+// and returns how many pixels it covered.
+CL_TARGET static inline __attribute__((always_inline)) int
+core_run(int V, int np, const float *src, const int *toff, const int *tw, int nt, int K, size_t cst,
+         const float *wk, int N, float *tile) {
+#define CASE(P, fn)                                                                                \
+    if (np >= P) {                                                                                 \
+        fn(src, toff, tw, nt, K, cst, wk, N, tile);                                                \
+        return P;                                                                                  \
+    }
+    if (V == 1) {
+        CASE(28, core_28x1)
+        CASE(14, core_14x1)
+        CASE(7, core_7x1)
+        CASE(4, core_4x1)
+        CASE(2, core_2x1)
+        CASE(1, core_1x1)
+    } else {
+        CASE(14, core_14x2)
+        CASE(7, core_7x2)
+        CASE(4, core_4x2)
+        CASE(2, core_2x2)
+        CASE(1, core_1x2)
+    }
+#undef CASE
+    return np;
+}
+
+// ------------------------------------------------------------------------- forward
+
+CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                                     const float *wt, const float *b, float *y, float *scratch) {
+    geom   g  = geom_of(p, h, w);
+    int    kk = g.kk, cin = p->cin, cout = p->cout, sh = p->sh, sw = p->sw;
+    float *wk = scratch, *xq = wk + (size_t)kk * cin * cout;
+    int   *toff = (int *)(void *)(xq + (size_t)cin * g.cst), *tw = toff + kk;
+    // wk[(t*cin + c)*cout + o] = w[o][c][t]
+    for (int o = 0; o < cout; o++)
+        for (int c = 0; c < cin; c++)
+            for (int t = 0; t < kk; t++)
+                wk[((size_t)t * cin + c) * cout + o] = wt[((size_t)o * cin + c) * kk + t];
+    size_t pl = (size_t)g.hq * g.wq;
+    for (int ki = 0; ki < p->kh; ki++)
+        for (int kj = 0; kj < p->kw; kj++) {
+            int t   = ki * p->kw + kj;
+            toff[t] = (int)(((ki % sh) * sw + kj % sw) * pl) + ki / sh * g.wq + kj / sw;
+            tw[t]   = t;
+        }
+    memset(xq, 0, sizeof(float) * (size_t)cin * g.cst); // padding stays zero
+    int   V = cout % 32 == 0 ? 2 : 1, lanes = 16 * V;
+    float tile[TILE_MAX];
+    for (int s = 0; s < n; s++) {
+        const float *xs = x + (size_t)s * cin * h * w;
+        for (int c = 0; c < cin; c++)
+            for (int i = 0; i < h; i++) {
+                int          Y   = i + p->ph;
+                const float *src = xs + ((size_t)c * h + i) * w;
+                float *row = xq + c * g.cst + (size_t)(Y % sh) * sw * pl + (size_t)(Y / sh) * g.wq;
+                if (sw == 1)
+                    memcpy(row + p->pw, src, sizeof(float) * (size_t)w);
+                else // phase by phase: column j = X - pw with X % sw == rx
+                    for (int rx = 0; rx < sw; rx++) {
+                        int    j0  = ((rx - p->pw) % sw + sw) % sw;
+                        float *dst = row + (size_t)rx * pl + (j0 + p->pw) / sw;
+                        for (int j = j0, q = 0; j < w; j += sw, q++)
+                            dst[q] = src[j];
+                    }
+            }
+        float *ys = y + (size_t)s * cout * g.ho * g.wo;
+        for (int i = 0; i < g.ho; i++)
+            for (int j0 = 0; j0 < g.wo;) {
+                int np = 0;
+                for (int o0 = 0; o0 < cout; o0 += lanes) {
+                    np = core_run(V, g.wo - j0, xq + (size_t)i * g.wq + j0, toff, tw, kk, cin,
+                                  g.cst, wk + o0, cout, tile);
+                    for (int o = 0; o < lanes; o++) {
+                        float  bo  = p->bias ? b[o0 + o] : 0.0f;
+                        float *dst = ys + ((size_t)(o0 + o) * g.ho + i) * g.wo + j0;
+                        for (int q = 0; q < np; q++)
+                            dst[q] = tile[q * lanes + o] + bo;
+                    }
+                }
+                j0 += np;
+            }
+    }
+}
+
+// ------------------------------------------------------------------------ backward
+
+// One weight-gradient block: dwt[(t*cin + c0 + r)*cout + o0 + lane] += sum over output
+// pixels (i, j) of xcl[((i*sh + ki)*wp + j*sw + kj)*cin + c0 + r] * dycl[(i*wo + j)*cout
+// + o0 + lane], r < R.
+// clang-format off
+#define DEFINE_DW(name, R, V)                                                                 \
+    CL_TARGET static inline __attribute__((always_inline)) void name(                                \
+        const float *restrict xcl, const float *restrict dycl, const geom *g, int cin,       \
+        int cout, int sh, int sw, int ki, int kj, int c0, int o0, float *restrict dst) {     \
+        dt_v16f acc[R][V];                                                                   \
+        UNROLL(16) for (int r = 0; r < R; r++) UNROLL(4) for (int v = 0; v < V; v++)         \
+            acc[r][v] = dt_splat16(0.0f);                                                    \
+        size_t xstep = (size_t)sw * cin;                                                     \
+        for (int i = 0; i < g->ho; i++) {                                                    \
+            const float *xs = xcl + ((size_t)(i * sh + ki) * g->wp + kj) * cin + c0;         \
+            const float *gs = dycl + (size_t)i * g->wo * cout + o0;                          \
+            for (int j = 0; j < g->wo; j++, xs += xstep, gs += cout) {                       \
+                dt_v16f gv[V];                                                               \
+                UNROLL(4) for (int v = 0; v < V; v++) gv[v] = dt_load16(gs + 16 * v);        \
+                UNROLL(16) for (int r = 0; r < R; r++) {                                     \
+                    dt_v16f xb = BCAST(xs + r);                                          \
+                    UNROLL(4) for (int v = 0; v < V; v++) acc[r][v] += xb * gv[v];           \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        UNROLL(16) for (int r = 0; r < R; r++) UNROLL(4) for (int v = 0; v < V; v++) {       \
+            float *d = dst + (size_t)r * cout + 16 * v;                                      \
+            dt_store16(d, dt_load16(d) + acc[r][v]);                                         \
+        }                                                                                    \
+    }
+
+// clang-format on
+DEFINE_DW(dw_16x1, 16, 1)
+DEFINE_DW(dw_8x1, 8, 1)
+DEFINE_DW(dw_8x2, 8, 2)
+
+CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                                      const float *wt, const float *dy, float *dx, float *dw,
+                                      float *db, float *scratch) {
+    geom   g  = geom_of(p, h, w);
+    int    kk = g.kk, cin = p->cin, cout = p->cout, sh = p->sh, sw = p->sw;
+    size_t wsize = (size_t)kk * cin * cout, hwo = (size_t)g.ho * g.wo;
+    float *wdx = scratch, *dwt = wdx + wsize, *dyp = dwt + wsize, *dycl = dyp + cout * g.gst,
+          *xcl = dycl + hwo * cout;
+    int *toff = (int *)(void *)(xcl + (size_t)g.hp * g.wp * cin), *tw = toff + kk,
+        *ph0 = tw + kk; // taps of phase f: [ph0[f], ph0[f + 1])
+    if (dx) {
+        // wdx[(t*cout + o)*cin + c] = w[o][c][t]
+        for (int o = 0; o < cout; o++)
+            for (int c = 0; c < cin; c++)
+                for (int t = 0; t < kk; t++)
+                    wdx[((size_t)t * cout + o) * cin + c] = wt[((size_t)o * cin + c) * kk + t];
+        // input pixels with Y % sh == ry and X % sw == rx take taps ki = ry + m*sh,
+        // kj = rx + q*sw, reading the output gradient m rows up and q columns left
+        int nt = 0;
+        for (int ry = 0; ry < sh; ry++)
+            for (int rx = 0; rx < sw; rx++) {
+                ph0[ry * sw + rx] = nt;
+                for (int ki = ry; ki < p->kh; ki += sh)
+                    for (int kj = rx; kj < p->kw; kj += sw) {
+                        toff[nt] = -(ki - ry) / sh * g.wg - (kj - rx) / sw;
+                        tw[nt++] = ki * p->kw + kj;
+                    }
+            }
+        ph0[sh * sw] = nt;
+        memset(dyp, 0, sizeof(float) * cout * g.gst); // margins stay zero
+    }
+    memset(dwt, 0, sizeof(float) * wsize);
+    memset(xcl, 0, sizeof(float) * (size_t)g.hp * g.wp * cin);
+    int   V = cin % 32 == 0 ? 2 : 1, lanes = 16 * V; // input gradient: cin in lanes
+    int   Vw = cout % 32 == 0 ? 2 : 1, Rw = Vw == 1 && cin % 16 == 0 ? 16 : 8;
+    float tile[TILE_MAX];
+    for (int s = 0; s < n; s++) {
+        const float *dys = dy + (size_t)s * cout * hwo, *xs = x + (size_t)s * cin * h * w;
+        for (int o = 0; o < cout; o++) {
+            const float *src = dys + (size_t)o * hwo;
+            double       acc = 0.0;
+            for (size_t q = 0; q < hwo; q++) {
+                dycl[q * cout + o] = src[q];
+                acc += src[q];
+            }
+            if (p->bias && db)
+                db[o] += (float)acc;
+            if (dx)
+                for (int i = 0; i < g.ho; i++)
+                    memcpy(dyp + o * g.gst + (size_t)(i + g.mg) * g.wg + g.mg,
+                           src + (size_t)i * g.wo, sizeof(float) * (size_t)g.wo);
+        }
+        for (int c = 0; c < cin; c++)
+            for (int i = 0; i < h; i++) {
+                const float *src = xs + ((size_t)c * h + i) * w;
+                float       *dst = xcl + ((size_t)(i + p->ph) * g.wp + p->pw) * cin + c;
+                for (int j = 0; j < w; j++)
+                    dst[(size_t)j * cin] = src[j];
+            }
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++) {
+                float *dst = dwt + (size_t)(ki * p->kw + kj) * cin * cout;
+                for (int c0 = 0; c0 < cin; c0 += Rw)
+                    for (int o0 = 0; o0 < cout; o0 += 16 * Vw) {
+                        float *d = dst + (size_t)c0 * cout + o0;
+                        if (Vw == 2)
+                            dw_8x2(xcl, dycl, &g, cin, cout, sh, sw, ki, kj, c0, o0, d);
+                        else if (Rw == 16)
+                            dw_16x1(xcl, dycl, &g, cin, cout, sh, sw, ki, kj, c0, o0, d);
+                        else
+                            dw_8x1(xcl, dycl, &g, cin, cout, sh, sw, ki, kj, c0, o0, d);
+                    }
+            }
+        if (!dx)
+            continue;
+        float *dxs = dx + (size_t)s * cin * h * w;
+        for (int i = 0; i < h; i++) {
+            int Y = i + p->ph, ry = Y % sh;
+            for (int rx = 0; rx < sw; rx++) {
+                int f = ry * sw + rx, nt = ph0[f + 1] - ph0[f];
+                // the first input column of this phase, and how many there are
+                int j0 = ((rx - p->pw) % sw + sw) % sw;
+                if (j0 >= w)
+                    continue;
+                int np = (w - 1 - j0) / sw + 1;
+                if (nt == 0) { // no tap reaches these pixels
+                    for (int c = 0; c < cin; c++)
+                        for (int q = 0; q < np; q++)
+                            dxs[((size_t)c * h + i) * w + j0 + (size_t)q * sw] = 0.0f;
+                    continue;
+                }
+                const float *base = dyp + (size_t)(Y / sh + g.mg) * g.wg + (j0 + p->pw) / sw + g.mg;
+                for (int q0 = 0; q0 < np;) {
+                    int done = 0;
+                    for (int c0 = 0; c0 < cin; c0 += lanes) {
+                        done = core_run(V, np - q0, base + q0, toff + ph0[f], tw + ph0[f], nt, cout,
+                                        g.gst, wdx + c0, cin, tile);
+                        for (int c = 0; c < lanes; c++) {
+                            float *d = dxs + ((size_t)(c0 + c) * h + i) * w + j0 + (size_t)q0 * sw;
+                            for (int q = 0; q < done; q++)
+                                d[(size_t)q * sw] = tile[q * lanes + c];
+                        }
+                    }
+                    q0 += done;
+                }
+            }
+        }
+    }
+    // dw[o][c][t] += dwt[(t*cin + c)*cout + o]
+    for (int o = 0; o < cout; o++)
+        for (int c = 0; c < cin; c++)
+            for (int t = 0; t < kk; t++)
+                dw[((size_t)o * cin + c) * kk + t] += dwt[((size_t)t * cin + c) * cout + o];
+}
