@@ -60,6 +60,8 @@ bool dt_nn_conv_cl_backward_ok(const dt_nn_conv2d *p, bool input_grad) {
            (!input_grad || p->cin % 16 == 0) && cpu_ok();
 }
 
+#define STEM_LD 48 // the stem's padded rows: 32 lanes + the kernel's 2 extra columns, rounded up
+
 static int out_len(int in, int pad, int k, int stride) {
     return (in + 2 * pad - k) / stride + 1;
 }
@@ -100,6 +102,8 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
     size_t bwd   = 2 * wsize + (size_t)p->cout * g.gst + (size_t)g.ho * g.wo * p->cout +
                  (size_t)g.hp * g.wp * p->cin +
                  ints_in_floats(2 * (size_t)g.kk + (size_t)p->sh * p->sw + 1);
+    size_t stem = (size_t)g.hp * STEM_LD;
+    fwd         = fwd > stem ? fwd : stem;
     return fwd > bwd ? fwd : bwd;
 }
 
@@ -175,8 +179,64 @@ core_run(int V, int np, const float *src, const int *toff, const int *tw, int nt
 
 // ------------------------------------------------------------------------- forward
 
+// The stem (one input channel, 3x3, stride 1, rows of at most 32 pixels): 9 taps are
+// too few to amortise a channels-last tile, so output pixels go in the lanes instead.
+// The 9 shifted input rows of an output row (2 vectors each) stay in registers while
+// 4 output channels at a time take their 9 weights as broadcasts; rows are stored
+// straight into y with masks.
+
+static bool stem_ok(const dt_nn_conv2d *p, int w) {
+    return CL_KERNELS && p->cin == 1 && p->kh == 3 && p->kw == 3 && p->sh == 1 && p->sw == 1 &&
+           p->cout % 4 == 0 && w + 2 * p->pw - 2 <= 32;
+}
+
+#if CL_KERNELS
+CL_TARGET static void stem_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                                   const float *wt, const float *b, float *y, float *xp) {
+    int       ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2, hp = h + 2 * p->ph;
+    __mmask16 m0 = wo >= 16 ? 0xFFFF : (__mmask16)((1u << wo) - 1),
+              m1 = wo > 16 ? (__mmask16)((1u << (wo - 16)) - 1) : 0;
+    memset(xp, 0, sizeof(float) * (size_t)hp * STEM_LD);
+    for (int s = 0; s < n; s++) {
+        for (int i = 0; i < h; i++)
+            memcpy(xp + (size_t)(i + p->ph) * STEM_LD + p->pw, x + ((size_t)s * h + i) * w,
+                   sizeof(float) * (size_t)w);
+        float *ys = y + (size_t)s * p->cout * ho * wo;
+        for (int i = 0; i < ho; i++) {
+            __m512 xv[9][2];
+            UNROLL(9) for (int t = 0; t < 9; t++) {
+                const float *r = xp + (size_t)(i + t / 3) * STEM_LD + t % 3;
+                xv[t][0]       = _mm512_loadu_ps(r);
+                xv[t][1]       = _mm512_loadu_ps(r + 16);
+            }
+            for (int o0 = 0; o0 < p->cout; o0 += 4) {
+                __m512 acc[4][2];
+                UNROLL(4) for (int k = 0; k < 4; k++) acc[k][0] = acc[k][1] = _mm512_setzero_ps();
+                UNROLL(9) for (int t = 0; t < 9; t++) UNROLL(4) for (int k = 0; k < 4; k++) {
+                    __m512 wv = _mm512_set1_ps(wt[(size_t)(o0 + k) * 9 + t]);
+                    acc[k][0] = _mm512_fmadd_ps(wv, xv[t][0], acc[k][0]);
+                    acc[k][1] = _mm512_fmadd_ps(wv, xv[t][1], acc[k][1]);
+                }
+                UNROLL(4) for (int k = 0; k < 4; k++) {
+                    __m512 bo  = _mm512_set1_ps(p->bias ? b[o0 + k] : 0.0f);
+                    float *dst = ys + ((size_t)(o0 + k) * ho + i) * wo;
+                    _mm512_mask_storeu_ps(dst, m0, _mm512_add_ps(acc[k][0], bo));
+                    _mm512_mask_storeu_ps(dst + 16, m1, _mm512_add_ps(acc[k][1], bo));
+                }
+            }
+        }
+    }
+}
+#endif
+
 CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                                      const float *wt, const float *b, float *y, float *scratch) {
+#if CL_KERNELS
+    if (stem_ok(p, w)) {
+        stem_forward(p, n, h, w, x, wt, b, y, scratch);
+        return;
+    }
+#endif
     geom   g  = geom_of(p, h, w);
     int    kk = g.kk, cin = p->cin, cout = p->cout, sh = p->sh, sw = p->sw;
     float *wk = scratch, *xq = wk + (size_t)kk * cin * cout;

@@ -84,13 +84,13 @@ static bool want_kernels(void) {
 }
 
 static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad) {
-    const char *e = getenv("DT_CONV_CL"); // experiment switch
+    const char *e = getenv("DT_CONV_CL"); // 0: never these kernels; 1: also 28 wide
     if (e && strcmp(e, "0") == 0)
         return false;
     if (!(backward ? dt_nn_conv_cl_backward_ok(p, input_grad) : dt_nn_conv_cl_forward_ok(p)))
         return false;
     int wo = out_len(w, p->pw, p->kw, p->sw);
-    if (p->sh == 1 && p->sw == 1 && wo > 14 && !(e && strcmp(e, "1") == 0))
+    if (p->sh == 1 && p->sw == 1 && wo > 14 && p->cin > 1 && !(e && strcmp(e, "1") == 0))
         return false; // 28 wide at stride 1: the shifted GEMMs are faster
     return want_kernels();
 }

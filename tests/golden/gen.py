@@ -232,6 +232,7 @@ def main():
     conv2d("conv2d_cl_s2", 2, 16, 32, 9, 10, (3, 3), (2, 2), (1, 1), 1, True)
     conv2d("conv2d_cl_s1", 3, 16, 16, 7, 9, (3, 3), (1, 1), (1, 1), 1, False)
     conv2d("conv2d_cl_stem", 2, 1, 16, 6, 5, (3, 3), (1, 1), (1, 1), 1, True)
+    conv2d("conv2d_cl_stem_wide", 2, 1, 32, 5, 20, (3, 3), (1, 1), (1, 0), 1, False)
     conv2d("conv2d_cl_rect", 2, 32, 64, 8, 7, (3, 2), (2, 1), (1, 0), 1, True)
     conv2d("conv2d_cl_wide", 1, 16, 48, 5, 31, (3, 3), (1, 1), (1, 1), 1, False)
     conv2d("conv2d_cl_s3", 2, 16, 16, 8, 8, (2, 2), (3, 3), (0, 0), 1, True)
