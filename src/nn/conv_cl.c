@@ -98,7 +98,7 @@ static size_t ints_in_floats(size_t n) {
 size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
     geom   g     = geom_of(p, h, w);
     size_t wsize = (size_t)g.kk * p->cin * p->cout;
-    size_t fwd   = wsize + (size_t)p->cin * g.cst + ints_in_floats(2 * (size_t)g.kk);
+    size_t fwd   = wsize + (size_t)p->cin * g.cst + ints_in_floats(2 * (size_t)g.kk) + g.wp + 64;
     size_t bwd   = 2 * wsize + (size_t)p->cout * g.gst + (size_t)g.ho * g.wo * p->cout +
                  (size_t)g.hp * g.wp * p->cin +
                  ints_in_floats(2 * (size_t)g.kk + (size_t)p->sh * p->sw + 1);
@@ -147,7 +147,7 @@ DEFINE_CORE(core_4x2, 4, 2)
 DEFINE_CORE(core_2x2, 2, 2)
 DEFINE_CORE(core_1x2, 1, 2)
 
-#define TILE_MAX (28 * 16)
+#define TILE_MAX (32 * 32) // 28 x 16 or 14 x 32 used; the stores read 16-row blocks
 
 // The block for up to `np` pixels with V vectors: runs the largest instance that fits
 // and returns how many pixels it covered.
@@ -176,6 +176,73 @@ core_run(int V, int np, const float *src, const int *toff, const int *tw, int nt
 #undef CASE
     return np;
 }
+
+// ------------------------------------------------------------------- tile stores
+
+#if CL_KERNELS
+// rows 16 x 16 of `in` (rows in_ld floats apart) transposed: out row c (out_ld apart)
+// = column c of the block, plus bias[c] (NULL: none); only the first `len` floats of each
+// out row are stored. Unpacks within 128-bit lanes, then lane shuffles: 64 shuffles for
+// 256 floats where a scalar loop takes a strided load and a store per float.
+CL_TARGET static inline __attribute__((always_inline)) void
+transpose16(const float *in, size_t in_ld, float *out, size_t out_ld, const float *bias, int len) {
+    __m512 r[16], t[16], u[16];
+    UNROLL(16) for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_ps(in + (size_t)k * in_ld);
+    UNROLL(8) for (int k = 0; k < 8; k++) {
+        t[2 * k]     = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    UNROLL(4) for (int k = 0; k < 4; k++) {
+        __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]),
+                c = _mm512_castps_pd(t[4 * k + 2]), d = _mm512_castps_pd(t[4 * k + 3]);
+        u[4 * k]     = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c)); // column 4L of lane L
+        u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c)); // 4L + 1
+        u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d)); // 4L + 2
+        u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d)); // 4L + 3
+    }
+    __mmask16 m = len >= 16 ? 0xFFFF : (__mmask16)((1u << len) - 1);
+    UNROLL(4) for (int c = 0; c < 4; c++) {
+        __m512 lo01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44),
+               lo23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44),
+               hi01 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE),
+               hi23 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        __m512 o[4] = {
+            _mm512_shuffle_f32x4(lo01, lo23, 0x88), _mm512_shuffle_f32x4(lo01, lo23, 0xDD),
+            _mm512_shuffle_f32x4(hi01, hi23, 0x88), _mm512_shuffle_f32x4(hi01, hi23, 0xDD)};
+        UNROLL(4) for (int l = 0; l < 4; l++) {
+            int    col = 4 * l + c;
+            __m512 v   = bias ? _mm512_add_ps(o[l], _mm512_set1_ps(bias[col])) : o[l];
+            _mm512_mask_storeu_ps(out + (size_t)col * out_ld, m, v);
+        }
+    }
+}
+
+// A tile of np pixels x `lanes` channels (tile[q*lanes + c]) into rows: channel c's
+// pixels go to out + c*out_ld, np of them, plus bias.
+CL_TARGET static inline __attribute__((always_inline)) void
+store_tile(const float *tile, int np, int lanes, float *out, size_t out_ld, const float *bias) {
+    for (int c0 = 0; c0 < lanes; c0 += 16)
+        for (int q0 = 0; q0 < np; q0 += 16)
+            transpose16(tile + (size_t)q0 * lanes + c0, (size_t)lanes,
+                        out + (size_t)c0 * out_ld + q0, out_ld, bias ? bias + c0 : NULL, np - q0);
+}
+
+// One padded input row split into sw = 2 phases: X even to ev[X/2], odd to od[X/2], X <
+// wp; buf holds the padded row (zeros around the data) and at least 32 more floats.
+CL_TARGET static inline __attribute__((always_inline)) void split2(const float *buf, int wp,
+                                                                   float *ev, float *od) {
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    for (int X0 = 0; X0 < wp; X0 += 32) {
+        int    nv = wp - X0 < 32 ? wp - X0 : 32, ne = (nv + 1) / 2, no = nv / 2;
+        __m512 a = _mm512_loadu_ps(buf + X0), b = _mm512_loadu_ps(buf + X0 + 16);
+        _mm512_mask_storeu_ps(ev + X0 / 2, (__mmask16)((1u << ne) - 1),
+                              _mm512_permutex2var_ps(a, ie, b));
+        _mm512_mask_storeu_ps(od + X0 / 2, (__mmask16)((1u << no) - 1),
+                              _mm512_permutex2var_ps(a, io, b));
+    }
+}
+#endif
 
 // ------------------------------------------------------------------------- forward
 
@@ -254,6 +321,9 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
             tw[t]   = t;
         }
     memset(xq, 0, sizeof(float) * (size_t)cin * g.cst); // padding stays zero
+    float *rowbuf = xq + (size_t)cin * g.cst + ints_in_floats(2 * (size_t)kk);
+    if (sw == 2) // the padded row for split2: zeros where padding is
+        memset(rowbuf, 0, sizeof(float) * ((size_t)g.wp + 64));
     int   V = cout % 32 == 0 ? 2 : 1, lanes = 16 * V;
     float tile[TILE_MAX];
     for (int s = 0; s < n; s++) {
@@ -265,7 +335,10 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
                 float *row = xq + c * g.cst + (size_t)(Y % sh) * sw * pl + (size_t)(Y / sh) * g.wq;
                 if (sw == 1)
                     memcpy(row + p->pw, src, sizeof(float) * (size_t)w);
-                else // phase by phase: column j = X - pw with X % sw == rx
+                else if (sw == 2) {
+                    memcpy(rowbuf + p->pw, src, sizeof(float) * (size_t)w);
+                    split2(rowbuf, g.wp, row, row + pl);
+                } else // phase by phase: column j = X - pw with X % sw == rx
                     for (int rx = 0; rx < sw; rx++) {
                         int    j0  = ((rx - p->pw) % sw + sw) % sw;
                         float *dst = row + (size_t)rx * pl + (j0 + p->pw) / sw;
@@ -280,12 +353,8 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
                 for (int o0 = 0; o0 < cout; o0 += lanes) {
                     np = core_run(V, g.wo - j0, xq + (size_t)i * g.wq + j0, toff, tw, kk, cin,
                                   g.cst, wk + o0, cout, tile);
-                    for (int o = 0; o < lanes; o++) {
-                        float  bo  = p->bias ? b[o0 + o] : 0.0f;
-                        float *dst = ys + ((size_t)(o0 + o) * g.ho + i) * g.wo + j0;
-                        for (int q = 0; q < np; q++)
-                            dst[q] = tile[q * lanes + o] + bo;
-                    }
+                    store_tile(tile, np, lanes, ys + ((size_t)o0 * g.ho + i) * g.wo + j0,
+                               (size_t)g.ho * g.wo, p->bias ? b + o0 : NULL);
                 }
                 j0 += np;
             }
