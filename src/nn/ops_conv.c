@@ -92,7 +92,8 @@ static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad)
     if (p->kh * p->kw == 1)
         return false; // 1x1: one GEMM over the strided pixels is faster
     int wo = out_len(w, p->pw, p->kw, p->sw);
-    if (p->sh == 1 && p->sw == 1 && wo > 14 && p->cin > 1 && !(e && strcmp(e, "1") == 0))
+    if (p->sh == 1 && p->sw == 1 && wo > 14 && p->cin > 1 &&
+        (p->kh != 3 || p->kw != 3 || backward) && !(e && strcmp(e, "1") == 0))
         return false; // 28 wide at stride 1: the shifted GEMMs are faster
     return want_kernels();
 }

@@ -199,12 +199,12 @@ static void conv_case(const char *name) {
 // Every case on both paths: im2col + OpenBLAS, and (stride 1 without groups) the
 // shifted-GEMM kernels that AVX-512 CPUs take by default.
 static void test_conv2d(void) {
-    const char *cases[] = {"conv2d_rect",    "conv2d_groups",      "conv2d_depthwise",
-                           "conv2d_1x1_s2",  "conv2d_s1_rect",     "conv2d_s1_5x5",
-                           "conv2d_chunks",  "conv2d_cl_s2",       "conv2d_cl_s1",
-                           "conv2d_cl_stem", "conv2d_cl_rect",     "conv2d_cl_wide",
-                           "conv2d_cl_s3",   "conv2d_cl_stem_wide"};
-    const char *saved   = getenv("DT_CONV");
+    const char *cases[] = {
+        "conv2d_rect",    "conv2d_groups",       "conv2d_depthwise", "conv2d_1x1_s2",
+        "conv2d_s1_rect", "conv2d_s1_5x5",       "conv2d_chunks",    "conv2d_cl_s2",
+        "conv2d_cl_s1",   "conv2d_cl_stem",      "conv2d_cl_rect",   "conv2d_cl_wide",
+        "conv2d_cl_s3",   "conv2d_cl_stem_wide", "conv2d_cl_wino",   "conv2d_cl_wino_wide"};
+    const char *saved = getenv("DT_CONV");
     for (int path = 0; path < 2; path++) {
         setenv("DT_CONV", path ? "direct" : "gemm", 1);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
