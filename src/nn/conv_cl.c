@@ -235,6 +235,19 @@ transpose16(const float *in, size_t in_ld, float *out, size_t out_ld, const floa
     }
 }
 
+// n floats from src to dst: rows of 7 to 28 floats, where a memcpy call costs more
+// than the copy.
+CL_TARGET static inline __attribute__((always_inline)) void copy_row(float *dst, const float *src,
+                                                                     int n) {
+    int j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
+    if (j < n) {
+        __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(dst + j, m, _mm512_maskz_loadu_ps(m, src + j));
+    }
+}
+
 // A tile of np pixels x `lanes` channels (tile[q*lanes + c]) into rows: channel c's
 // pixels go to out + c*out_ld, np of them, plus bias.
 CL_TARGET static inline __attribute__((always_inline)) void
@@ -347,8 +360,8 @@ CL_TARGET static void wino_forward(const dt_nn_conv2d *p, int n, int h, int w, c
         const float *xs = x + (size_t)s * cin * h * w;
         for (int c = 0; c < cin; c++)
             for (int i = 0; i < h; i++)
-                memcpy(xp + ((size_t)c * z.hx + i + p->ph) * z.lx + p->pw,
-                       xs + ((size_t)c * h + i) * w, sizeof(float) * (size_t)w);
+                copy_row(xp + ((size_t)c * z.hx + i + p->ph) * z.lx + p->pw,
+                         xs + ((size_t)c * h + i) * w, w);
         // V[xi][c][tile] = (B^T d B)[xi], 16 tiles of a tile row at a time
         for (int c = 0; c < cin; c++)
             for (int ti = 0; ti < z.th; ti++) {
@@ -453,8 +466,7 @@ CL_TARGET static void stem_forward(const dt_nn_conv2d *p, int n, int h, int w, c
     memset(xp, 0, sizeof(float) * (size_t)hp * STEM_LD);
     for (int s = 0; s < n; s++) {
         for (int i = 0; i < h; i++)
-            memcpy(xp + (size_t)(i + p->ph) * STEM_LD + p->pw, x + ((size_t)s * h + i) * w,
-                   sizeof(float) * (size_t)w);
+            copy_row(xp + (size_t)(i + p->ph) * STEM_LD + p->pw, x + ((size_t)s * h + i) * w, w);
         float *ys = y + (size_t)s * p->cout * ho * wo;
         for (int i = 0; i < ho; i++) {
             __m512 xv[9][2];
@@ -525,9 +537,9 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
                 const float *src = xs + ((size_t)c * h + i) * w;
                 float *row = xq + c * g.cst + (size_t)(Y % sh) * sw * pl + (size_t)(Y / sh) * g.wq;
                 if (sw == 1)
-                    memcpy(row + p->pw, src, sizeof(float) * (size_t)w);
+                    copy_row(row + p->pw, src, w);
                 else if (sw == 2) {
-                    memcpy(rowbuf + p->pw, src, sizeof(float) * (size_t)w);
+                    copy_row(rowbuf + p->pw, src, w);
                     split2(rowbuf, g.wp, row, row + pl);
                 } else // phase by phase: column j = X - pw with X % sw == rx
                     for (int rx = 0; rx < sw; rx++) {
@@ -629,25 +641,39 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
         const float *dys = dy + (size_t)s * cout * hwo, *xs = x + (size_t)s * cin * h * w;
         for (int o = 0; o < cout; o++) {
             const float *src = dys + (size_t)o * hwo;
-            double       acc = 0.0;
-            for (size_t q = 0; q < hwo; q++) {
-                dycl[q * cout + o] = src[q];
-                acc += src[q];
-            }
-            if (p->bias && db)
+            if (p->bias && db) {
+                double acc = 0.0;
+                for (size_t q = 0; q < hwo; q++)
+                    acc += src[q];
                 db[o] += (float)acc;
+            }
             if (dx)
                 for (int i = 0; i < g.ho; i++)
-                    memcpy(dyp + o * g.gst + (size_t)(i + g.mg) * g.wg + g.mg,
-                           src + (size_t)i * g.wo, sizeof(float) * (size_t)g.wo);
+                    copy_row(dyp + o * g.gst + (size_t)(i + g.mg) * g.wg + g.mg,
+                             src + (size_t)i * g.wo, g.wo);
         }
-        for (int c = 0; c < cin; c++)
-            for (int i = 0; i < h; i++) {
-                const float *src = xs + ((size_t)c * h + i) * w;
-                float       *dst = xcl + ((size_t)(i + p->ph) * g.wp + p->pw) * cin + c;
-                for (int j = 0; j < w; j++)
-                    dst[(size_t)j * cin] = src[j];
-            }
+        // dycl (pixels, cout) and xcl (padded pixels, cin): 16x16 transposes, the last
+        // pixels of a plane (or row) one by one
+        size_t qf = hwo & ~(size_t)15;
+        for (int o0 = 0; o0 < cout; o0 += 16) {
+            for (size_t q0 = 0; q0 < qf; q0 += 16)
+                transpose16(dys + (size_t)o0 * hwo + q0, hwo, dycl + q0 * cout + o0, (size_t)cout,
+                            NULL, 16);
+            for (int o = o0; o < o0 + 16; o++)
+                for (size_t q = qf; q < hwo; q++)
+                    dycl[q * cout + o] = dys[(size_t)o * hwo + q];
+        }
+        int jf = cin % 16 == 0 ? w & ~15 : 0;
+        for (int i = 0; i < h; i++) {
+            float *dst = xcl + ((size_t)(i + p->ph) * g.wp + p->pw) * cin;
+            for (int c0 = 0; c0 < cin && jf; c0 += 16)
+                for (int j0 = 0; j0 < jf; j0 += 16)
+                    transpose16(xs + ((size_t)c0 * h + i) * w + j0, (size_t)h * w,
+                                dst + (size_t)j0 * cin + c0, (size_t)cin, NULL, 16);
+            for (int c = 0; c < cin; c++)
+                for (int j = jf; j < w; j++)
+                    dst[(size_t)j * cin + c] = xs[((size_t)c * h + i) * w + j];
+        }
         for (int ki = 0; ki < p->kh; ki++)
             for (int kj = 0; kj < p->kw; kj++) {
                 float *dst = dwt + (size_t)(ki * p->kw + kj) * cin * cout;
@@ -686,11 +712,13 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
                     for (int c0 = 0; c0 < cin; c0 += lanes) {
                         done = core_run(V, np - q0, base + q0, toff + ph0[f], tw + ph0[f], nt, cout,
                                         g.gst, wdx + c0, cin, tile);
-                        for (int c = 0; c < lanes; c++) {
-                            float *d = dxs + ((size_t)(c0 + c) * h + i) * w + j0 + (size_t)q0 * sw;
-                            for (int q = 0; q < done; q++)
-                                d[(size_t)q * sw] = tile[q * lanes + c];
-                        }
+                        float *d = dxs + ((size_t)c0 * h + i) * w + j0 + (size_t)q0 * sw;
+                        if (sw == 1)
+                            store_tile(tile, done, lanes, d, (size_t)h * w, NULL);
+                        else
+                            for (int c = 0; c < lanes; c++)
+                                for (int q = 0; q < done; q++)
+                                    d[(size_t)c * h * w + (size_t)q * sw] = tile[q * lanes + c];
                     }
                     q0 += done;
                 }
