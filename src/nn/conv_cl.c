@@ -161,6 +161,40 @@ DEFINE_CORE(core_4x2, 4, 2)
 DEFINE_CORE(core_2x2, 2, 2)
 DEFINE_CORE(core_1x2, 1, 2)
 
+// Two output rows of 7 pixels at once (the 7x7 images): the same weights feed two
+// sources d2 floats apart, so each weight vector loaded serves 14 pixels; tile rows
+// 0-6 are the first row's pixels, 16-22 the second's (so each row stores as a tile).
+// clang-format off
+#define DEFINE_CORE_2ROWS(name, P, V)                                                         \
+    CL_TARGET static inline __attribute__((always_inline)) void name(                        \
+        const float *restrict src, size_t d2, const int *restrict toff, int nt, int K,       \
+        size_t cst, const float *restrict wk, int N, float *restrict tile) {                 \
+        dt_v16f acc[2][P][V];                                                                \
+        UNROLL(2) for (int r = 0; r < 2; r++) UNROLL(7) for (int q = 0; q < P; q++)          \
+            UNROLL(2) for (int v = 0; v < V; v++) acc[r][q][v] = dt_splat16(0.0f);           \
+        for (int t = 0; t < nt; t++) {                                                       \
+            const float *s  = src + toff[t], *s2 = s + d2;                                   \
+            const float *wr = wk + (size_t)t * K * N;                                        \
+            for (int c = 0; c < K; c++, s += cst, s2 += cst, wr += N) {                      \
+                dt_v16f wv[V];                                                               \
+                UNROLL(2) for (int v = 0; v < V; v++) wv[v] = dt_load16(wr + 16 * v);        \
+                UNROLL(7) for (int q = 0; q < P; q++) {                                      \
+                    dt_v16f xb = BCAST(s + q), xb2 = BCAST(s2 + q);                          \
+                    UNROLL(2) for (int v = 0; v < V; v++) {                                  \
+                        acc[0][q][v] += xb * wv[v];                                          \
+                        acc[1][q][v] += xb2 * wv[v];                                         \
+                    }                                                                        \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+        UNROLL(2) for (int r = 0; r < 2; r++) UNROLL(7) for (int q = 0; q < P; q++)          \
+            UNROLL(2) for (int v = 0; v < V; v++)                                            \
+                dt_store16(tile + ((16 * r + q) * V + v) * 16, acc[r][q][v]);                \
+    }
+
+// clang-format on
+DEFINE_CORE_2ROWS(core2_7x2, 7, 2)
+
 #define TILE_MAX (32 * 32) // 28 x 16 or 14 x 32 used; the stores read 16-row blocks
 
 // The block for up to `np` pixels with V vectors: runs the largest instance that fits
@@ -289,10 +323,9 @@ typedef struct wino {
     size_t u, xp, v, m, ycl;
 } wino;
 
-// Where it pays, measured on the ResNet's shapes (Zen 4): 32->32 at 14x14 (49 tiles)
-// runs in 0.8x the direct kernel's time; with 16 input channels (28x28) the GEMMs are
-// too short for the transforms' cost, and 64->64 at 7x7 (16 tiles, 8x8 for 7x7
-// outputs) is 1.15x slower, so those stay direct.
+// Where it pays, measured on the ResNet's shapes (Zen 4): everywhere from 16 input
+// channels (16->16 at 28x28: 0.83x the direct kernel's time, 32->32 at 14x14: 0.75x,
+// 64->64 at 7x7, where 8x8 tiles cover the 7x7 outputs: 0.9x).
 // (DT_CONV_WINO=1 takes it for every shape it fits, =0 never.)
 static bool wino_fits(const dt_nn_conv2d *p) {
     return CL_KERNELS && p->kh == 3 && p->kw == 3 && p->sh == 1 && p->sw == 1 && p->groups == 1 &&
@@ -303,7 +336,17 @@ static bool wino_ok(const dt_nn_conv2d *p, int h, int w) {
     int tiles = ((h + 2 * p->ph - 1) / 2) * ((w + 2 * p->pw - 1) / 2);
     if (!wino_fits(p) || getenv_is("DT_CONV_WINO", "0"))
         return false;
-    return getenv_is("DT_CONV_WINO", "1") || (p->cin >= 32 && tiles >= 36);
+    return getenv_is("DT_CONV_WINO", "1") || (p->cin >= 16 && tiles >= 16);
+}
+
+// Floats between the 16 planes of V and of M: 64 bytes more than their size, so that
+// the 16 loads or stores of one tile's transform do not all fall in one cache set (at
+// 7x7, 16 tiles x 64 channels is exactly 4 KiB).
+static size_t wino_vst(const dt_nn_conv2d *p, int T) {
+    return (size_t)p->cin * T + 16;
+}
+static size_t wino_mst(const dt_nn_conv2d *p, int T) {
+    return (size_t)T * p->cout + 16;
 }
 
 static wino wino_of(const dt_nn_conv2d *p, int h, int w) {
@@ -317,8 +360,8 @@ static wino wino_of(const dt_nn_conv2d *p, int h, int w) {
     z.u   = 0;
     z.xp  = z.u + (size_t)16 * p->cin * p->cout;
     z.v   = z.xp + (size_t)p->cin * z.hx * z.lx + 32;
-    z.m   = z.v + (size_t)16 * p->cin * z.T;
-    z.ycl = z.m + (size_t)16 * z.T * p->cout;
+    z.m   = z.v + 16 * wino_vst(p, z.T);
+    z.ycl = z.m + 16 * wino_mst(p, z.T);
     return z;
 }
 
@@ -333,6 +376,7 @@ CL_TARGET static void wino_forward(const dt_nn_conv2d *p, int n, int h, int w, c
     wino   z   = wino_of(p, h, w);
     int    cin = p->cin, cout = p->cout, ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2;
     int    T = z.T, W2 = 2 * z.tw;
+    size_t vst = wino_vst(p, T), mst = wino_mst(p, T);
     float *U = scratch + z.u, *xp = scratch + z.xp, *Vt = scratch + z.v, *M = scratch + z.m,
           *ycl                  = scratch + z.ycl;
     static const double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
@@ -351,7 +395,6 @@ CL_TARGET static void wino_forward(const dt_nn_conv2d *p, int n, int h, int w, c
     memset(xp, 0, sizeof(float) * ((size_t)cin * z.hx * z.lx + 32));
     int           V = cout % 32 == 0 ? 2 : 1, lanes = 16 * V;
     const int     zero[1] = {0};
-    float         tile[TILE_MAX];
     const __m512i i0 = _mm512_set_epi32(0, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0),
                   i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(1)),
                   i2 = _mm512_add_epi32(i0, _mm512_set1_epi32(2)),
@@ -384,7 +427,7 @@ CL_TARGET static void wino_forward(const dt_nn_conv2d *p, int n, int h, int w, c
                         cr[r][3]        = _mm512_sub_ps(d1, d3);
                     }
                     float *dst  = Vt + (size_t)c * T + (size_t)ti * z.tw + tj0;
-                    size_t xs16 = (size_t)cin * T; // between xi planes
+                    size_t xs16 = vst; // between xi planes
                     UNROLL(4) for (int bb = 0; bb < 4; bb++) {
                         _mm512_mask_storeu_ps(dst + (0 * 4 + bb) * xs16, m,
                                               _mm512_sub_ps(cr[0][bb], cr[2][bb]));
@@ -397,26 +440,25 @@ CL_TARGET static void wino_forward(const dt_nn_conv2d *p, int n, int h, int w, c
                     }
                 }
             }
-        // M[xi][tile][o] = sum_c V[xi][c][tile] * U[xi][c][o]
+        // M[xi][og][tile][lane] = sum_c V[xi][c][tile] * U[xi][c][og*lanes + lane]: the
+        // register blocks write their tiles straight into M
         for (int xi = 0; xi < 16; xi++)
             for (int t0 = 0; t0 < T;) {
                 int np = 0;
-                for (int o0 = 0; o0 < cout; o0 += lanes) {
-                    np = core_run(V, T - t0, Vt + (size_t)xi * cin * T + t0, zero, zero, 1, cin,
-                                  (size_t)T, U + (size_t)xi * cin * cout + o0, cout, tile);
-                    for (int q = 0; q < np; q++)
-                        memcpy(M + ((size_t)xi * T + t0 + q) * cout + o0, tile + (size_t)q * lanes,
-                               sizeof(float) * (size_t)lanes);
-                }
+                for (int o0 = 0; o0 < cout; o0 += lanes)
+                    np = core_run(V, T - t0, Vt + (size_t)xi * vst + t0, zero, zero, 1, cin,
+                                  (size_t)T, U + (size_t)xi * cin * cout + o0, cout,
+                                  M + (size_t)xi * mst + (size_t)o0 * T + (size_t)t0 * lanes);
                 t0 += np;
             }
         // the 2x2 outputs of each tile, A^T M A, channels-last
         for (int ti = 0; ti < z.th; ti++)
             for (int tj = 0; tj < z.tw; tj++)
                 for (int o0 = 0; o0 < cout; o0 += 16) {
-                    const float *src = M + ((size_t)ti * z.tw + tj) * cout + o0;
-                    size_t       xst = (size_t)T * cout;
-                    __m512       t[2][4];
+                    const float *src = M + (size_t)(o0 / lanes) * lanes * T +
+                                       ((size_t)ti * z.tw + tj) * lanes + o0 % lanes;
+                    size_t xst = mst;
+                    __m512 t[2][4];
                     UNROLL(4) for (int bb = 0; bb < 4; bb++) {
                         __m512 m0 = _mm512_loadu_ps(src + (0 * 4 + bb) * xst),
                                m1 = _mm512_loadu_ps(src + (1 * 4 + bb) * xst),
@@ -550,7 +592,19 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
                     }
             }
         float *ys = y + (size_t)s * cout * g.ho * g.wo;
-        for (int i = 0; i < g.ho; i++)
+        for (int i = 0; i < g.ho; i++) {
+            if (V == 2 && g.wo == 7 && i + 1 < g.ho && !getenv_is("DT_CONV_2ROWS", "0")) {
+                for (int o0 = 0; o0 < cout; o0 += lanes) {
+                    core2_7x2(xq + (size_t)i * g.wq, (size_t)g.wq, toff, kk, cin, g.cst, wk + o0,
+                              cout, tile);
+                    for (int r = 0; r < 2; r++)
+                        store_tile(tile + (size_t)16 * r * lanes, 7, lanes,
+                                   ys + ((size_t)o0 * g.ho + i + r) * g.wo, (size_t)g.ho * g.wo,
+                                   p->bias ? b + o0 : NULL);
+                }
+                i++;
+                continue;
+            }
             for (int j0 = 0; j0 < g.wo;) {
                 int np = 0;
                 for (int o0 = 0; o0 < cout; o0 += lanes) {
@@ -561,6 +615,7 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
                 }
                 j0 += np;
             }
+        }
     }
 }
 
