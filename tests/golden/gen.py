@@ -238,6 +238,8 @@ def main():
     # Winograd F(2x2, 3x3) (32+ input channels): odd output sizes leave partial tiles
     conv2d("conv2d_cl_wino", 2, 32, 32, 13, 12, (3, 3), (1, 1), (1, 1), 1, True)
     conv2d("conv2d_cl_wino_wide", 1, 48, 16, 9, 33, (3, 3), (1, 1), (1, 1), 1, False)
+    # 7x7 outputs with 32 channels: the direct kernel's two-row blocks (3 pairs + 1 row)
+    conv2d("conv2d_cl_s2_7", 2, 16, 32, 14, 13, (3, 3), (2, 2), (1, 1), 1, True)
     conv2d("conv2d_cl_s3", 2, 16, 16, 8, 8, (2, 2), (3, 3), (0, 0), 1, True)
     linear("linear_bias", 5, 7, 3, True)
     linear("linear_nobias", 4, 9, 6, False)
