@@ -101,7 +101,22 @@ static size_t ints_in_floats(size_t n) {
     return (n * sizeof(int) + sizeof(float) - 1) / sizeof(float);
 }
 
-static bool   wino_fits(const dt_nn_conv2d *p);
+static bool wino_fits(const dt_nn_conv2d *p);
+
+// The input gradient of a stride-1 convolution is the stride-1 convolution of the
+// output gradient with the weights flipped and transposed (cout <-> cin) and padding
+// k - 1 - p: Winograd takes it when that convolution fits.
+static dt_nn_conv2d transposed_conv(const dt_nn_conv2d *p) {
+    dt_nn_conv2d t = *p;
+    t.cin          = p->cout;
+    t.cout         = p->cin;
+    t.ph           = p->kh - 1 - p->ph;
+    t.pw           = p->kw - 1 - p->pw;
+    t.bias         = false;
+    return t;
+}
+
+static bool   wino_dx(const dt_nn_conv2d *p, int h, int w);
 static size_t wino_scratch(const dt_nn_conv2d *p, int h, int w);
 
 size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
@@ -111,6 +126,14 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
     size_t bwd   = 2 * wsize + (size_t)p->cout * g.gst + (size_t)g.ho * g.wo * p->cout +
                  (size_t)g.hp * g.wp * p->cin +
                  ints_in_floats(2 * (size_t)g.kk + (size_t)p->sh * p->sw + 1);
+    if (p->sh == 1 && p->sw == 1) {
+        dt_nn_conv2d t = transposed_conv(p);
+        if (t.ph >= 0 && t.pw >= 0 && wino_fits(&t)) {
+            size_t d = 3 * wsize + (size_t)p->cout * g.gst + (size_t)g.ho * g.wo * p->cout +
+                       (size_t)g.hp * g.wp * p->cin + wino_scratch(&t, g.ho, g.wo);
+            bwd = bwd > d ? bwd : d;
+        }
+    }
     size_t stem = (size_t)g.hp * STEM_LD;
     if (wino_fits(p)) {
         size_t z = wino_scratch(p, h, w);
@@ -368,6 +391,14 @@ static wino wino_of(const dt_nn_conv2d *p, int h, int w) {
 static size_t wino_scratch(const dt_nn_conv2d *p, int h, int w) {
     wino z = wino_of(p, h, w);
     return z.ycl + ((size_t)4 * z.T + 16) * p->cout;
+}
+
+static bool wino_dx(const dt_nn_conv2d *p, int h, int w) {
+    if (p->sh != 1 || p->sw != 1)
+        return false;
+    dt_nn_conv2d t  = transposed_conv(p);
+    int          ho = h + 2 * p->ph - p->kh + 1, wo = w + 2 * p->pw - p->kw + 1;
+    return t.ph >= 0 && t.pw >= 0 && wino_ok(&t, ho, wo);
 }
 
 #if CL_KERNELS
@@ -666,6 +697,21 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
           *xcl = dycl + hwo * cout;
     int *toff = (int *)(void *)(xcl + (size_t)g.hp * g.wp * cin), *tw = toff + kk,
         *ph0 = tw + kk; // taps of phase f: [ph0[f], ph0[f + 1])
+#if CL_KERNELS
+    if (dx && wino_dx(p, h, w)) {
+        // dx first, as one Winograd convolution of dy; then dw alone below. Scratch:
+        // the weight gradient's buffers, the flipped weights, Winograd's.
+        dt_nn_conv2d t  = transposed_conv(p);
+        float       *wf = xcl + (size_t)g.hp * g.wp * cin, *ws = wf + wsize;
+        for (int o = 0; o < cout; o++) // wf[c][o][ki][kj] = w[o][c][kh-1-ki][kw-1-kj]
+            for (int c = 0; c < cin; c++)
+                for (int t2 = 0; t2 < kk; t2++)
+                    wf[((size_t)c * cout + o) * kk + t2] =
+                        wt[((size_t)o * cin + c) * kk + kk - 1 - t2];
+        wino_forward(&t, n, g.ho, g.wo, dy, wf, NULL, dx, ws);
+        dx = NULL;
+    }
+#endif
     if (dx) {
         // wdx[(t*cout + o)*cin + c] = w[o][c][t]
         for (int o = 0; o < cout; o++)
