@@ -172,6 +172,7 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
 
 // clang-format on
 DEFINE_CORE(core_28x1, 28, 1)
+DEFINE_CORE(core_16x1, 16, 1)
 DEFINE_CORE(core_14x1, 14, 1)
 DEFINE_CORE(core_7x1, 7, 1)
 DEFINE_CORE(core_4x1, 4, 1)
@@ -232,6 +233,7 @@ core_run(int V, int np, const float *src, const int *toff, const int *tw, int nt
     }
     if (V == 1) {
         CASE(28, core_28x1)
+        CASE(16, core_16x1)
         CASE(14, core_14x1)
         CASE(7, core_7x1)
         CASE(4, core_4x1)
@@ -243,6 +245,7 @@ core_run(int V, int np, const float *src, const int *toff, const int *tw, int nt
             return 8;
         }
         CASE(14, core_14x2)
+        CASE(8, core_8x2)
         CASE(7, core_7x2)
         CASE(4, core_4x2)
         CASE(2, core_2x2)
