@@ -125,7 +125,8 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
     size_t fwd   = wsize + (size_t)p->cin * g.cst + ints_in_floats(2 * (size_t)g.kk) + g.wp + 64;
     size_t bwd   = 2 * wsize + (size_t)p->cout * g.gst + (size_t)g.ho * g.wo * p->cout +
                  (size_t)g.hp * g.wp * p->cin +
-                 ints_in_floats(2 * (size_t)g.kk + (size_t)p->sh * p->sw + 1);
+                 ints_in_floats(2 * (size_t)g.kk + (size_t)p->sh * p->sw + 1) +
+                 ((size_t)h * w + 16) * p->cin;
     if (p->sh == 1 && p->sw == 1) {
         dt_nn_conv2d t = transposed_conv(p);
         if (t.ph >= 0 && t.pw >= 0 && wino_fits(&t)) {
@@ -700,6 +701,8 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
           *xcl = dycl + hwo * cout;
     int *toff = (int *)(void *)(xcl + (size_t)g.hp * g.wp * cin), *tw = toff + kk,
         *ph0 = tw + kk; // taps of phase f: [ph0[f], ph0[f + 1])
+    // strided input gradient, channels-last (16 pixels of slack for the transposes)
+    float *dxcl = (float *)(void *)(ph0 + sh * sw + 1);
 #if CL_KERNELS
     if (dx && wino_dx(p, h, w)) {
         // dx first, as one Winograd convolution of dy; then dw alone below. Scratch:
@@ -805,9 +808,9 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
                     continue;
                 int np = (w - 1 - j0) / sw + 1;
                 if (nt == 0) { // no tap reaches these pixels
-                    for (int c = 0; c < cin; c++)
-                        for (int q = 0; q < np; q++)
-                            dxs[((size_t)c * h + i) * w + j0 + (size_t)q * sw] = 0.0f;
+                    for (int q = 0; q < np; q++)
+                        memset(dxcl + ((size_t)i * w + j0 + (size_t)q * sw) * cin, 0,
+                               sizeof(float) * (size_t)cin);
                     continue;
                 }
                 const float *base = dyp + (size_t)(Y / sh + g.mg) * g.wg + (j0 + p->pw) / sw + g.mg;
@@ -819,15 +822,23 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
                         float *d = dxs + ((size_t)c0 * h + i) * w + j0 + (size_t)q0 * sw;
                         if (sw == 1)
                             store_tile(tile, done, lanes, d, (size_t)h * w, NULL);
-                        else
-                            for (int c = 0; c < lanes; c++)
-                                for (int q = 0; q < done; q++)
-                                    d[(size_t)c * h * w + (size_t)q * sw] = tile[q * lanes + c];
+                        else // channels-last first, transposed below
+                            for (int q = 0; q < done; q++)
+                                copy_row(dxcl + ((size_t)i * w + j0 + (size_t)(q0 + q) * sw) * cin +
+                                             c0,
+                                         tile + (size_t)q * lanes, lanes);
                     }
                     q0 += done;
                 }
             }
         }
+        if (sw > 1)
+            for (int i = 0; i < h; i++)
+                for (int j0 = 0; j0 < w; j0 += 16)
+                    for (int c0 = 0; c0 < cin; c0 += 16)
+                        transpose16(dxcl + ((size_t)i * w + j0) * cin + c0, (size_t)cin,
+                                    dxs + ((size_t)c0 * h + i) * w + j0, (size_t)h * w, NULL,
+                                    w - j0);
     }
     // dw[o][c][t] += dwt[(t*cin + c)*cout + o]
     for (int o = 0; o < cout; o++)
