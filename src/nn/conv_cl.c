@@ -319,15 +319,25 @@ store_tile(const float *tile, int np, int lanes, float *out, size_t out_ld, cons
                         out + (size_t)c0 * out_ld + q0, out_ld, bias ? bias + c0 : NULL, np - q0);
 }
 
-// One padded input row split into sw = 2 phases: X even to ev[X/2], odd to od[X/2], X <
-// wp; buf holds the padded row (zeros around the data) and at least 32 more floats.
-CL_TARGET static inline __attribute__((always_inline)) void split2(const float *buf, int wp,
+// One input row of w floats, padded by pw zeros each side (wp = w + 2*pw), split into
+// sw = 2 phases: padded column X even to ev[X/2], odd to od[X/2]. Masked loads read
+// the row in place, zeros where the padding is (a copy into a padded buffer first made
+// every load wait on the stores just before it, which the CPU cannot forward).
+CL_TARGET static inline __attribute__((always_inline)) void split2(const float *src, int w, int pw,
                                                                    float *ev, float *od) {
     const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    int           wp = w + 2 * pw;
     for (int X0 = 0; X0 < wp; X0 += 32) {
-        int    nv = wp - X0 < 32 ? wp - X0 : 32, ne = (nv + 1) / 2, no = nv / 2;
-        __m512 a = _mm512_loadu_ps(buf + X0), b = _mm512_loadu_ps(buf + X0 + 16);
+        int nv = wp - X0 < 32 ? wp - X0 : 32, ne = (nv + 1) / 2, no = nv / 2;
+        // window lanes l with 0 <= X0 + l - pw < w hold data
+        int lo = pw - X0, hi = pw - X0 + w;
+        lo         = lo < 0 ? 0 : lo > 32 ? 32 : lo;
+        hi         = hi < 0 ? 0 : hi > 32 ? 32 : hi;
+        uint64_t m = ((hi >= 32 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1)) & 0xFFFFFFFFull;
+        const float *p = src + X0 - pw;
+        __m512       a = _mm512_maskz_loadu_ps((__mmask16)(m & 0xFFFF), p),
+               b       = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), p + 16);
         _mm512_mask_storeu_ps(ev + X0 / 2, (__mmask16)((1u << ne) - 1),
                               _mm512_permutex2var_ps(a, ie, b));
         _mm512_mask_storeu_ps(od + X0 / 2, (__mmask16)((1u << no) - 1),
@@ -601,9 +611,6 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
             tw[t]   = t;
         }
     memset(xq, 0, sizeof(float) * (size_t)cin * g.cst); // padding stays zero
-    float *rowbuf = xq + (size_t)cin * g.cst + ints_in_floats(2 * (size_t)kk);
-    if (sw == 2) // the padded row for split2: zeros where padding is
-        memset(rowbuf, 0, sizeof(float) * ((size_t)g.wp + 64));
     int   V = cout % 32 == 0 ? 2 : 1, lanes = 16 * V;
     float tile[TILE_MAX];
     for (int s = 0; s < n; s++) {
@@ -616,8 +623,7 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
                 if (sw == 1)
                     copy_row(row + p->pw, src, w);
                 else if (sw == 2) {
-                    copy_row(rowbuf + p->pw, src, w);
-                    split2(rowbuf, g.wp, row, row + pl);
+                    split2(src, w, p->pw, row, row + pl);
                 } else // phase by phase: column j = X - pw with X % sw == rx
                     for (int rx = 0; rx < sw; rx++) {
                         int    j0  = ((rx - p->pw) % sw + sw) % sw;
