@@ -28,13 +28,21 @@
 // or an FMA's embedded broadcast), since a broadcast from a register takes a slot of
 // the vector pipes the FMAs need, and GCC's generic vectors give the register form.
 // Elsewhere (other compilers, other CPUs) the _ok functions say no.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DT_NO_CONV_CL)
 #include <immintrin.h>
 #define CL_KERNELS 1
 #define CL_TARGET  __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
 #define BCAST(ptr) ((dt_v16f)_mm512_set1_ps(*(ptr)))
+// (intrinsics rather than simd.h's helpers, which clang will not inline into AVX-512
+// functions: they return 64-byte vectors without the target's ABI)
+#define LOAD16(ptr)     ((dt_v16f)_mm512_loadu_ps(ptr))
+#define STORE16(ptr, v) _mm512_storeu_ps((ptr), (__m512)(v))
+#define ZERO16()        ((dt_v16f)_mm512_setzero_ps())
 #else
-#define CL_KERNELS 0
+#define LOAD16(ptr)     dt_load16(ptr)
+#define STORE16(ptr, v) dt_store16((ptr), (v))
+#define ZERO16()        dt_splat16(0.0f)
+#define CL_KERNELS      0
 #define CL_TARGET
 #define BCAST(ptr) dt_splat16(*(ptr))
 #endif
@@ -154,13 +162,13 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
         int K, size_t cst, const float *restrict wk, int N, float *restrict tile) {          \
         dt_v16f acc[P][V];                                                                   \
         UNROLL(28) for (int q = 0; q < P; q++) UNROLL(4) for (int v = 0; v < V; v++)         \
-            acc[q][v] = dt_splat16(0.0f);                                                    \
+            acc[q][v] = ZERO16();                                                    \
         for (int t = 0; t < nt; t++) {                                                       \
             const float *s  = src + toff[t];                                                 \
             const float *wr = wk + (size_t)tw[t] * K * N;                                    \
             for (int c = 0; c < K; c++, s += cst, wr += N) {                                 \
                 dt_v16f wv[V];                                                               \
-                UNROLL(4) for (int v = 0; v < V; v++) wv[v] = dt_load16(wr + 16 * v);        \
+                UNROLL(4) for (int v = 0; v < V; v++) wv[v] = LOAD16(wr + 16 * v);        \
                 UNROLL(28) for (int q = 0; q < P; q++) {                                     \
                     dt_v16f xb = BCAST(s + q);                                           \
                     UNROLL(4) for (int v = 0; v < V; v++) acc[q][v] += xb * wv[v];           \
@@ -168,7 +176,7 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
             }                                                                                \
         }                                                                                    \
         UNROLL(28) for (int q = 0; q < P; q++) UNROLL(4) for (int v = 0; v < V; v++)         \
-            dt_store16(tile + (q * V + v) * 16, acc[q][v]);                                  \
+            STORE16(tile + (q * V + v) * 16, acc[q][v]);                                  \
     }
 
 // clang-format on
@@ -196,13 +204,13 @@ DEFINE_CORE(core_1x2, 1, 2)
         size_t cst, const float *restrict wk, int N, float *restrict tile) {                 \
         dt_v16f acc[2][P][V];                                                                \
         UNROLL(2) for (int r = 0; r < 2; r++) UNROLL(7) for (int q = 0; q < P; q++)          \
-            UNROLL(2) for (int v = 0; v < V; v++) acc[r][q][v] = dt_splat16(0.0f);           \
+            UNROLL(2) for (int v = 0; v < V; v++) acc[r][q][v] = ZERO16();           \
         for (int t = 0; t < nt; t++) {                                                       \
             const float *s  = src + toff[t], *s2 = s + d2;                                   \
             const float *wr = wk + (size_t)t * K * N;                                        \
             for (int c = 0; c < K; c++, s += cst, s2 += cst, wr += N) {                      \
                 dt_v16f wv[V];                                                               \
-                UNROLL(2) for (int v = 0; v < V; v++) wv[v] = dt_load16(wr + 16 * v);        \
+                UNROLL(2) for (int v = 0; v < V; v++) wv[v] = LOAD16(wr + 16 * v);        \
                 UNROLL(7) for (int q = 0; q < P; q++) {                                      \
                     dt_v16f xb = BCAST(s + q), xb2 = BCAST(s2 + q);                          \
                     UNROLL(2) for (int v = 0; v < V; v++) {                                  \
@@ -214,7 +222,7 @@ DEFINE_CORE(core_1x2, 1, 2)
         }                                                                                    \
         UNROLL(2) for (int r = 0; r < 2; r++) UNROLL(7) for (int q = 0; q < P; q++)          \
             UNROLL(2) for (int v = 0; v < V; v++)                                            \
-                dt_store16(tile + ((16 * r + q) * V + v) * 16, acc[r][q][v]);                \
+                STORE16(tile + ((16 * r + q) * V + v) * 16, acc[r][q][v]);                \
     }
 
 // clang-format on
@@ -593,7 +601,6 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
         wino_forward(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
-#endif
     geom   g  = geom_of(p, h, w);
     int    kk = g.kk, cin = p->cin, cout = p->cout, sh = p->sh, sw = p->sw;
     float *wk = scratch, *xq = wk + (size_t)kk * cin * cout;
@@ -658,6 +665,10 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
             }
         }
     }
+#else // never called: dt_nn_conv_cl_forward_ok says no
+    (void)p, (void)n, (void)h, (void)w, (void)x, (void)wt, (void)b, (void)y, (void)scratch;
+    (void)stem_ok;
+#endif
 }
 
 // ------------------------------------------------------------------------ backward
@@ -672,14 +683,14 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
         int cout, int sh, int sw, int ki, int kj, int c0, int o0, float *restrict dst) {     \
         dt_v16f acc[R][V];                                                                   \
         UNROLL(16) for (int r = 0; r < R; r++) UNROLL(4) for (int v = 0; v < V; v++)         \
-            acc[r][v] = dt_splat16(0.0f);                                                    \
+            acc[r][v] = ZERO16();                                                    \
         size_t xstep = (size_t)sw * cin;                                                     \
         for (int i = 0; i < g->ho; i++) {                                                    \
             const float *xs = xcl + ((size_t)(i * sh + ki) * g->wp + kj) * cin + c0;         \
             const float *gs = dycl + (size_t)i * g->wo * cout + o0;                          \
             for (int j = 0; j < g->wo; j++, xs += xstep, gs += cout) {                       \
                 dt_v16f gv[V];                                                               \
-                UNROLL(4) for (int v = 0; v < V; v++) gv[v] = dt_load16(gs + 16 * v);        \
+                UNROLL(4) for (int v = 0; v < V; v++) gv[v] = LOAD16(gs + 16 * v);        \
                 UNROLL(16) for (int r = 0; r < R; r++) {                                     \
                     dt_v16f xb = BCAST(xs + r);                                          \
                     UNROLL(4) for (int v = 0; v < V; v++) acc[r][v] += xb * gv[v];           \
@@ -688,7 +699,7 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
         }                                                                                    \
         UNROLL(16) for (int r = 0; r < R; r++) UNROLL(4) for (int v = 0; v < V; v++) {       \
             float *d = dst + (size_t)r * cout + 16 * v;                                      \
-            dt_store16(d, dt_load16(d) + acc[r][v]);                                         \
+            STORE16(d, LOAD16(d) + acc[r][v]);                                         \
         }                                                                                    \
     }
 
@@ -700,6 +711,7 @@ DEFINE_DW(dw_8x2, 8, 2)
 CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                                       const float *wt, const float *dy, float *dx, float *dw,
                                       float *db, float *scratch) {
+#if CL_KERNELS
     geom   g  = geom_of(p, h, w);
     int    kk = g.kk, cin = p->cin, cout = p->cout, sh = p->sh, sw = p->sw;
     size_t wsize = (size_t)kk * cin * cout, hwo = (size_t)g.ho * g.wo;
@@ -709,7 +721,6 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
         *ph0 = tw + kk; // taps of phase f: [ph0[f], ph0[f + 1])
     // strided input gradient, channels-last (16 pixels of slack for the transposes)
     float *dxcl = (float *)(void *)(ph0 + sh * sw + 1);
-#if CL_KERNELS
     if (dx && wino_dx(p, h, w)) {
         // dx first, as one Winograd convolution of dy; then dw alone below. Scratch:
         // the weight gradient's buffers, the flipped weights, Winograd's.
@@ -723,7 +734,6 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
         wino_forward(&t, n, g.ho, g.wo, dy, wf, NULL, dx, ws);
         dx = NULL;
     }
-#endif
     if (dx) {
         // wdx[(t*cout + o)*cin + c] = w[o][c][t]
         for (int o = 0; o < cout; o++)
@@ -851,4 +861,8 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
         for (int c = 0; c < cin; c++)
             for (int t = 0; t < kk; t++)
                 dw[((size_t)o * cin + c) * kk + t] += dwt[((size_t)t * cin + c) * cout + o];
+#else // never called: dt_nn_conv_cl_backward_ok says no
+    (void)p, (void)n, (void)h, (void)w, (void)x, (void)wt, (void)dy, (void)dx, (void)dw, (void)db;
+    (void)scratch, (void)wino_dx;
+#endif
 }
