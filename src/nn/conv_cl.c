@@ -16,6 +16,10 @@
 // of input channels, a reduction over the output pixels with the output channels in
 // the lanes, reading channels-last copies of the input and of the output gradient.
 //
+// Stride-1 3x3 convolutions (forward, and the input gradient as a convolution of dy)
+// go through Winograd F(2x2, 3x3) instead, on the same register blocks (see below); a
+// 1-channel 3x3 stem has its own kernel with pixels in the lanes.
+//
 // Sums run in a fixed order (taps, then channels, then pixels row by row; per sample,
 // then over samples), so results do not vary from run to run.
 #include "nn/conv_cl.h"

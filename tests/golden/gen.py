@@ -235,7 +235,8 @@ def main():
     conv2d("conv2d_cl_stem_wide", 2, 1, 32, 5, 20, (3, 3), (1, 1), (1, 0), 1, False)
     conv2d("conv2d_cl_rect", 2, 32, 64, 8, 7, (3, 2), (2, 1), (1, 0), 1, True)
     conv2d("conv2d_cl_wide", 1, 16, 48, 5, 31, (3, 3), (1, 1), (1, 1), 1, False)
-    # Winograd F(2x2, 3x3) (32+ input channels): odd output sizes leave partial tiles
+    # Winograd F(2x2, 3x3) (3x3 stride 1, 16+ input channels): odd output sizes leave
+    # partial tiles
     conv2d("conv2d_cl_wino", 2, 32, 32, 13, 12, (3, 3), (1, 1), (1, 1), 1, True)
     conv2d("conv2d_cl_wino_wide", 1, 48, 16, 9, 33, (3, 3), (1, 1), (1, 1), 1, False)
     # 7x7 outputs with 32 channels: the direct kernel's two-row blocks (3 pairs + 1 row)
