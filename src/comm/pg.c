@@ -1273,14 +1273,12 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         // Clients that reach rank 0 at a loopback address are all on this host: the
         // store need not listen anywhere else.
         so.loopback_only = rank == 0 && dt_sock_is_loopback(host);
-        pg->store        = dt_store_init_tcp(host, port, rank == 0, &so);
-        if (!pg->store) {
+        if (dt_store_new_tcp(&pg->store, host, port, rank == 0, &so) != DT_OK) {
             dt_fail_context("init (rank %d of %d)", rank, world);
             goto fail;
         }
     } else if (strncmp(method, "file://", 7) == 0) {
-        pg->store = dt_store_init_file(method + 7, &so);
-        if (!pg->store) {
+        if (dt_store_new_file(&pg->store, method + 7, &so) != DT_OK) {
             dt_fail_context("init (rank %d of %d)", rank, world);
             goto fail;
         }
@@ -1321,7 +1319,7 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         goto fail;
     char prefix[64];
     snprintf(prefix, sizeof prefix, "dt/%s", pg->be->name);
-    if (!(pg->be_store = dt_store_init_prefix(pg->store, prefix)))
+    if (dt_store_new_prefix(&pg->be_store, pg->store, prefix) != DT_OK)
         goto fail;
     if (pg->be->init(pg, pg->be_store, deadline, &pg->be_ctx) != DT_OK) {
         dt_fail_context("init: backend %s", pg->be->name);

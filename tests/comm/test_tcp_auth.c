@@ -52,7 +52,7 @@ static void *stranger_main(void *arg) {
     dt_store_opts o  = {.timeout_ms = 10000};
     dt_store     *st = NULL;
     for (int i = 0; i < 100 && !st; i++) {
-        st = dt_store_init_tcp("127.0.0.1", atoi(getenv("MASTER_PORT")), false, &o);
+        dt_store_new_tcp(&st, "127.0.0.1", atoi(getenv("MASTER_PORT")), false, &o);
         if (!st)
             sleep_ms(50);
     }
