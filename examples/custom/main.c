@@ -178,8 +178,8 @@ static int worker(opts *a, dt_pg *pg) {
 
 static int from_env(int local_rank, void *arg) {
     (void)local_rank;
-    dt_pg *pg = dt_pg_init_from_env(NULL);
-    if (!pg) {
+    dt_pg *pg = NULL;
+    if (dt_pg_new_from_env(&pg, NULL) != DT_OK) {
         fprintf(stderr, "dtrain-custom: %s\n", dt_last_error());
         return 1;
     }

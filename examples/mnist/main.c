@@ -231,7 +231,7 @@ static int parse_args(int argc, char **argv, args *a) {
                 fprintf(stderr, "dtrain-mnist: --job-token expects a non-empty token\n");
                 return 2;
             }
-            setenv("DT_JOB_TOKEN", optarg, 1); // read by dt_spawn and dt_pg_init
+            setenv("DT_JOB_TOKEN", optarg, 1); // read by dt_spawn and dt_pg_new
             break;
         case BACKEND:
             a->backend = optarg;
@@ -746,8 +746,8 @@ static dt_status check_shapes(const job *j) {
 static int run_worker_from_env(job *j) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = j->a->backend;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
-    if (!pg) {
+    dt_pg *pg    = NULL;
+    if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
         fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
         return 1;
     }
@@ -833,7 +833,7 @@ int main(int argc, char **argv) {
         }
     } else if (!env_ok || le.launcher != DT_LAUNCHER_NONE) {
         // RANK/WORLD_SIZE, or the variables of mpirun, mpiexec or srun (comm.h); bad
-        // values are reported by dt_pg_init.
+        // values are reported by dt_pg_new.
         rc = run_worker_from_env(&j);
     } else {
         rc = train_worker(&j, NULL);

@@ -132,7 +132,7 @@ DT_API void dt_store_free(dt_store *store);
 
 // -------------------------------------------------------------- launcher environment
 //
-// Which launcher started this process, read from the variables it sets. dt_pg_init
+// Which launcher started this process, read from the variables it sets. dt_pg_new
 // ("env://") uses the first launcher found in this order (docs/mpi.md says why):
 //   1. RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE    torchrun, dtrun, dt_spawn, by hand
 //   2. OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE            Open MPI's mpirun
@@ -208,15 +208,17 @@ DT_API dt_pg_opts dt_pg_opts_default(void);
 // a free port and broadcasts its address and a job token (MPI_Bcast); data then moves
 // through the chosen backend ("auto": shm or tcp). MPI is initialised only then or when
 // backend is "mpi"; it is finalised at exit.
-// Returns an owned group (dt_pg_free) or NULL with dt_last_error(): DT_ERR_ARG naming a
-// missing or malformed variable or a rank out of range, DT_ERR_MISMATCH for a world
-// size that differs between ranks or a wrong token, DT_ERR_IO for a port in use,
-// DT_ERR_TIMEOUT for an unreachable master or ranks that never came.
-DT_API dt_pg *dt_pg_init_from_env(const dt_pg_opts *opts);
+// *out: an owned group (dt_pg_free), NULL on failure: DT_ERR_ARG naming a missing or
+// malformed variable or a rank out of range, DT_ERR_MISMATCH for a world size that
+// differs between ranks or a wrong token, DT_ERR_IO for a port in use, DT_ERR_TIMEOUT
+// for an unreachable master or ranks that never came. The first group of a process
+// warns about DT_* variables that are not settings (a typo), naming the nearest one.
+DT_API dt_status dt_pg_new_from_env(dt_pg **out, const dt_pg_opts *opts);
 // Same from an explicit method: "env://" (rank/world < 0 mean "from the environment"),
 // "tcp://host:port" (rank 0 serves the store on port) or "file:///path" (a file store
 // on a shared file system; the file must be fresh for each job).
-DT_API dt_pg *dt_pg_init(const char *init_method, int rank, int world, const dt_pg_opts *opts);
+DT_API dt_status dt_pg_new(dt_pg **out, const char *init_method, int rank, int world,
+                           const dt_pg_opts *opts);
 // Leaves the group: waits for queued async operations (each bounded by its timeout),
 // joins the progress thread, closes connections, and in rank 0's process stops the
 // store. Not collective, but a rank that leaves early makes the others' next

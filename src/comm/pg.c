@@ -1123,11 +1123,8 @@ void dt_pg_free(dt_pg *pg) {
     dt_free(pg);
 }
 
-dt_pg *dt_pg_init_from_env(const dt_pg_opts *opts) {
-    return dt_pg_init("env://", -1, -1, opts);
-}
-
-dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opts) {
+// Creates the group; NULL with the error recorded (every failure path calls dt_fail).
+static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opts *opts) {
     dt_pg_opts o = opts ? *opts : dt_pg_opts_default();
     if (!method || !*method)
         method = "env://";
@@ -1351,4 +1348,29 @@ fail:;
     dt_pg_free(pg);
     dt_fail(st, "%s", msg);
     return NULL;
+}
+
+// DT_* variables that are not settings (a typo: DT_TIMOUT_MS) are named once per
+// process, with the nearest setting, when the first group is created.
+static void warn_unknown_settings(void) {
+    static atomic_bool said;
+    if (atomic_exchange(&said, true))
+        return;
+    char msg[1024];
+    if (dt_settings_check_unknown(msg, sizeof msg) > 0)
+        DT_WARN("comm", "%s (dtrain-mnist --help-env lists every setting)", msg);
+}
+
+dt_status dt_pg_new(dt_pg **out, const char *init_method, int rank, int world,
+                    const dt_pg_opts *opts) {
+    warn_unknown_settings();
+    *out = pg_create(init_method, rank, world, opts);
+    if (*out)
+        return DT_OK;
+    dt_status st = dt_last_status();
+    return st != DT_OK ? st : dt_fail(DT_ERR_STATE, "init: failed without a message");
+}
+
+dt_status dt_pg_new_from_env(dt_pg **out, const dt_pg_opts *opts) {
+    return dt_pg_new(out, "env://", -1, -1, opts);
 }

@@ -318,7 +318,8 @@ static void ranks_from_launcher(int rank, int world, void *arg) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "tcp";
     o.timeout_ms = 20000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     CHECK(pg != NULL);
     if (!pg) {
         fprintf(stderr, "     %s: %s\n", which, dt_last_error());

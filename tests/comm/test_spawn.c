@@ -62,7 +62,8 @@ static int worker_ok(int local_rank, void *arg) {
     dt_pg_opts o   = dt_pg_opts_default();
     o.backend      = mp_backend();
     o.timeout_ms   = 20000;
-    dt_pg *pg      = dt_pg_init_from_env(&o);
+    dt_pg *pg      = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!pg)
         return 10;
     float x = (float)(local_rank + 1);
@@ -136,7 +137,8 @@ static int worker_rank_sum(int local_rank, void *arg) {
     dt_pg_opts o    = dt_pg_opts_default();
     o.backend       = mp_backend();
     o.timeout_ms    = 15000;
-    dt_pg *pg       = dt_pg_init_from_env(&o);
+    dt_pg *pg       = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!pg) {
         fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
         return 10;

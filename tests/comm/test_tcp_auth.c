@@ -101,7 +101,8 @@ static void ranks(int rank, int world, void *arg) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "tcp";
     o.timeout_ms = 20000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     CHECK(pg != NULL);
     if (!pg)
         fprintf(stderr, "     rank %d: %s\n", rank, dt_last_error());
