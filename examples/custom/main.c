@@ -139,9 +139,8 @@ static int worker(opts *a, dt_pg *pg) {
     so.num_replicas = world, so.rank = rank, so.seed = 1;
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = (size_t)a->batch;
-    if (!st &&
-        (!(smp = dt_sampler_init(a->train.n, &so)) || !(ld = dt_loader_init(&a->train, smp, &lo))))
-        st = dt_last_status();
+    if (!st && !(st = dt_sampler_new(&smp, a->train.n, &so)))
+        st = dt_loader_new(&ld, &a->train, smp, &lo);
     int64_t       steps = ld ? a->epochs * (int64_t)dt_loader_num_batches(ld) : 1, step = 0;
     dt_sched_opts sc = dt_sched_opts_default();
     sc.kind = DT_SCHED_COSINE, sc.warmup_steps = steps / 10, sc.total_steps = steps - steps / 10;

@@ -350,20 +350,22 @@ static dt_status evaluate(dt_model *m, dt_pg *pg, const dt_dataset *test, size_t
     so.rank            = rank;
     so.shuffle         = false;
     so.eval            = true;
-    dt_sampler    *s   = dt_sampler_init(test->n, &so);
     dt_loader_opts lo  = dt_loader_opts_default();
     lo.batch_size      = batch;
-    dt_loader *l       = s ? dt_loader_init(test, s, &lo) : NULL;
-    if (!l) {
+    dt_sampler *s      = NULL;
+    dt_loader  *l      = NULL;
+    dt_status   st     = dt_sampler_new(&s, test->n, &so);
+    if (st == DT_OK)
+        st = dt_loader_new(&l, test, s, &lo);
+    if (st != DT_OK) {
         dt_sampler_free(s);
-        return dt_last_status();
+        return st;
     }
     dt_model_train(m, false);
     dt_loader_begin_epoch(l, 0);
-    dt_batch  b;
-    double    total = 0;
-    int64_t   hits  = 0;
-    dt_status st    = DT_OK;
+    dt_batch b;
+    double   total = 0;
+    int64_t  hits  = 0;
     while (st == DT_OK && dt_loader_next(l, &b)) {
         float loss;
         if ((st = dt_model_forward(m, b.x, (int)b.size)) ||
@@ -528,7 +530,7 @@ static int train_worker(job *j, dt_pg *pg) {
     so.seed            = (uint64_t)a->seed;
     dt_loader_opts lo  = dt_loader_opts_default();
     lo.batch_size      = (size_t)a->batch_size;
-    if (!(smp = dt_sampler_init(j->train.n, &so)) || !(ld = dt_loader_init(&j->train, smp, &lo)) ||
+    if (dt_sampler_new(&smp, j->train.n, &so) || dt_loader_new(&ld, &j->train, smp, &lo) ||
         !(dlogp = dt_alloc(sizeof(float) * 10 * (size_t)a->batch_size)) ||
         !(keys = dt_alloc(sizeof *keys * (size_t)a->batch_size)) ||
         dt_model_reserve(m, (int)a->batch_size))

@@ -36,7 +36,7 @@ static void fx_init(fixture *f, uint64_t seed, int hidden) {
     dt_optim_set_step_count(f->o, (int64_t)(seed % 97) + 1);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.seed            = 1234; // configuration, not state: the same in every fixture
-    f->s               = dt_sampler_init(100, &so);
+    dt_sampler_new(&f->s, 100, &so);
     dt_sampler_set_epoch(f->s, seed % 7);
     dt_sampler_begin(f->s);
     size_t idx;
@@ -504,9 +504,10 @@ static void test_mismatch(void) {
     dt_optim_free(sgd);
 
     // Another dataset size for the sampler.
-    dt_sampler *s90 = dt_sampler_init(90, NULL);
-    st              = fx_state(&r, 0, NULL, 0);
-    st.sampler      = s90;
+    dt_sampler *s90 = NULL;
+    dt_sampler_new(&s90, 90, NULL);
+    st         = fx_state(&r, 0, NULL, 0);
+    st.sampler = s90;
     CHECK_ERR(dt_ckpt_load(dir, NULL, &st, NULL, NULL), DT_ERR_MISMATCH,
               "sampler mismatch: expected a dataset of 90 samples");
     dt_sampler_free(s90);
@@ -682,7 +683,8 @@ static void measure_convnet(void) {
     CHECK_OK(dt_model_init_mnist_convnet(&m, 1, 0.1f, 0.25f));
     dt_optim *o =
         dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), NULL);
-    dt_sampler   *s    = dt_sampler_init(60000, NULL);
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, 60000, NULL);
     dt_rng        g    = dt_rng_init(0);
     dt_ckpt_rng   rg[] = {{"dropout", &g}};
     dt_ckpt_state st   = {.model = m, .optim = o, .sampler = s, .rngs = rg, .nrngs = 1};

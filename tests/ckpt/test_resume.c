@@ -73,10 +73,12 @@ static dt_status train(dt_pg *pg, const run_opts *ro, result *res) {
         dt_optim_init_adam(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
-    dt_sampler    *s     = dt_sampler_init(g_data.n, &so);
-    dt_loader_opts lo    = dt_loader_opts_default();
-    lo.batch_size        = BATCH;
-    dt_loader    *l      = dt_loader_init(&g_data, s, &lo);
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, g_data.n, &so);
+    dt_loader_opts lo = dt_loader_opts_default();
+    lo.batch_size     = BATCH;
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &g_data, s, &lo);
     float        *dlogp  = malloc(sizeof(float) * 4 * BATCH);
     float        *x      = malloc(sizeof(float) * 36 * BATCH);
     dt_rng        base   = dt_rng_init(23);

@@ -65,11 +65,13 @@ static dt_status train(dt_model *m, dt_pg *pg, const dt_dataset *ds, size_t batc
         dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
-    dt_sampler    *s  = dt_sampler_init(ds->n, &so);
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, ds->n, &so);
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = batch;
-    dt_loader *l      = dt_loader_init(ds, s, &lo);
-    float     *dlogp  = malloc(sizeof(float) * 10 * batch);
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, ds, s, &lo);
+    float *dlogp = malloc(sizeof(float) * 10 * batch);
     dt_loader_begin_epoch(l, 0);
     dt_batch b;
     for (int i = 0; (steps < 0 || i < steps) && st == DT_OK && dt_loader_next(l, &b); i++) {

@@ -148,12 +148,14 @@ static void train(dt_pg *pg, dt_model *model, mlp *h) {
     CHECK_OK(dt_sgd_new(&opt, p, &so));
     dt_sampler_opts smo = dt_sampler_opts_default();
     smo.num_replicas = world, smo.rank = rank, smo.seed = 11;
-    dt_sampler    *s  = dt_sampler_init(g_data.n, &smo);
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, g_data.n, &smo);
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = BATCH;
-    dt_loader *l      = dt_loader_init(&g_data, s, &lo);
-    float      dlogp[BATCH * OUT];
-    dt_batch   b;
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &g_data, s, &lo);
+    float    dlogp[BATCH * OUT];
+    dt_batch b;
     dt_loader_begin_epoch(l, 0);
     for (int i = 0; ddp && i < STEPS && dt_loader_next(l, &b); i++) {
         float loss;
