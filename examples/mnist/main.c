@@ -516,7 +516,7 @@ static int train_worker(job *j, dt_pg *pg) {
         if (threads < 1)
             threads = 1;
     }
-    if (dt_model_init_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
+    if (dt_model_new_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
         dt_model_set_threads(m, (int)threads))
         goto done;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
@@ -736,7 +736,7 @@ done:
 static dt_status check_shapes(const job *j) {
     dt_model *m;
     int       c, h, w;
-    DT_TRY(dt_model_init_mnist_convnet(&m, 0, 0.0f, 0.0f));
+    DT_TRY(dt_model_new_mnist_convnet(&m, 0, 0.0f, 0.0f));
     dt_model_input_shape(m, &c, &h, &w);
     dt_model_free(m);
     DT_TRY(dt_dataset_check_shape(&j->train, "training set", c, h, w));

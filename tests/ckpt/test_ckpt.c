@@ -480,7 +480,8 @@ static void test_mismatch(void) {
               "model's), found \"3.weight\" of shape (8, 48)");
     CHECK_ERR(dt_ckpt_load_model(dir, other.m), DT_ERR_MISMATCH, "model mismatch");
     // Fewer tensors: a model without the last linear layer.
-    dt_model *small = dt_model_init(1, 6, 6);
+    dt_model *small = NULL;
+    dt_model_new(&small, 1, 6, 6);
     dt_model_add_conv2d(small, 3, 3, 1, 0);
     dt_model_add_flatten(small);
     dt_model_add_linear(small, 8);
@@ -680,9 +681,9 @@ static void measure_convnet(void) {
     char dir[128], cdir[256];
     ct_tmpdir(dir, sizeof dir, "ckpt-bench");
     dt_model *m;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, 1, 0.1f, 0.25f));
-    dt_optim *o =
-        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), NULL);
+    CHECK_OK(dt_model_new_mnist_convnet(&m, 1, 0.1f, 0.25f));
+    dt_optim *o = NULL;
+    CHECK_OK(dt_adadelta_new(&o, dt_model_as_params(m), NULL));
     dt_sampler *s = NULL;
     dt_sampler_new(&s, 60000, NULL);
     dt_rng        g    = dt_rng_init(0);

@@ -37,7 +37,8 @@ static void make_data(void) {
 }
 
 static dt_model *dropout_model(void) {
-    dt_model *m = dt_model_init(1, 6, 6);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 6, 6);
     if (dt_model_add_conv2d(m, 4, 3, 1, 0) || dt_model_add_relu(m) ||
         dt_model_add_dropout2d(m, 0.2f) || dt_model_add_flatten(m) || dt_model_add_linear(m, 12) ||
         dt_model_add_relu(m) || dt_model_add_dropout(m, 0.3f) || dt_model_add_linear(m, 4) ||

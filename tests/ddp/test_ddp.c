@@ -26,7 +26,8 @@ static dt_dataset g_data; // inherited by the forked ranks
 
 // A small model for fast checks: 1x8x8 inputs.
 static dt_model *small_model(uint64_t seed, int hidden) {
-    dt_model *m = dt_model_init(1, 8, 8);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 8, 8);
     CHECK_OK(dt_model_add_conv2d(m, 3, 3, 1, 1));
     CHECK_OK(dt_model_add_relu(m));
     CHECK_OK(dt_model_add_flatten(m));
@@ -148,7 +149,7 @@ static void buckets_rank(int rank, int world, void *arg) {
     if (!pg)
         return;
     dt_model *m = NULL;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, 0, 0, 0));
+    CHECK_OK(dt_model_new_mnist_convnet(&m, 0, 0, 0));
     struct {
         size_t first, cap;
     } cases[] = {{0, 0}, {16 << 10, 64 << 10}, {1, 1}, {4096, 4096}};
@@ -212,8 +213,8 @@ static void equivalence_rank(int rank, int world, void *arg) {
     const dt_dataset *ds  = e->convnet ? &g_data : &small;
     dt_model         *ref = NULL, *m = NULL;
     if (e->convnet) {
-        CHECK_OK(dt_model_init_mnist_convnet(&ref, 5, 0, 0));
-        CHECK_OK(dt_model_init_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
+        CHECK_OK(dt_model_new_mnist_convnet(&ref, 5, 0, 0));
+        CHECK_OK(dt_model_new_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
     } else {
         ref = small_model(5, 16);
         m   = small_model(5 + (uint64_t)rank, 16);
@@ -353,7 +354,8 @@ static void unused_rank(int rank, int world, void *arg) {
     dt_pg *pg = mp_pg_init(10000);
     if (!pg)
         return;
-    dt_model *m = dt_model_init(6, 1, 1);
+    dt_model *m = NULL;
+    dt_model_new(&m, 6, 1, 1);
     CHECK_OK(dt_model_add_linear(m, 5));
     CHECK_OK(dt_model_add_linear(m, 3));
     CHECK_OK(dt_model_finalize(m, 1));

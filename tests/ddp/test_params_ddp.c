@@ -120,7 +120,8 @@ static void mlp_backward(mlp *m, const float *x, const float *dlogp, int b) {
 }
 
 static dt_model *reference_model(uint64_t seed) {
-    dt_model *m = dt_model_init(1, 8, 8);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 8, 8);
     CHECK_OK(dt_model_add_flatten(m));
     CHECK_OK(dt_model_add_linear(m, HID));
     CHECK_OK(dt_model_add_relu(m));

@@ -18,7 +18,7 @@ static dt_dataset train_set, test_set;
 // One epoch over the first `limit` training samples; returns the model (caller frees).
 static dt_model *train(size_t limit, size_t batch, uint64_t seed, int threads, float drop) {
     dt_model *m = NULL;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, seed, drop, drop));
+    CHECK_OK(dt_model_new_mnist_convnet(&m, seed, drop, drop));
     if (!m)
         return NULL;
     CHECK_OK(dt_model_set_threads(m, threads));
