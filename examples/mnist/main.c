@@ -521,8 +521,7 @@ static int train_worker(job *j, dt_pg *pg) {
         goto done;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = (float)a->lr;
-    if (!(opt = dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m),
-                                       dt_model_num_params(m), &ao)))
+    if (dt_adadelta_new(&opt, dt_model_as_params(m), &ao))
         goto done;
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas    = world;

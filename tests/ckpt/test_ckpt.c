@@ -28,8 +28,7 @@ typedef struct fixture {
 static void fx_init(fixture *f, uint64_t seed, int hidden) {
     f->m = ct_model(seed, hidden);
     ct_fill(dt_model_params(f->m), dt_model_num_params(f->m), seed * 3 + 1);
-    f->o         = dt_optim_init_adam(dt_model_params(f->m), dt_model_grads(f->m),
-                                      dt_model_num_params(f->m), NULL);
+    dt_adam_new(&f->o, dt_model_as_params(f->m), NULL);
     size_t nf    = 0;
     float *state = dt_optim_state(f->o, &nf);
     ct_fill(state, nf, seed * 5 + 2);
@@ -496,8 +495,8 @@ static void test_mismatch(void) {
     fx_init(&r, 2, 8);
     dt_sgd_opts so = dt_sgd_opts_default();
     so.momentum    = 0.9f;
-    dt_optim *sgd =
-        dt_optim_init_sgd(dt_model_params(r.m), dt_model_grads(r.m), dt_model_num_params(r.m), &so);
+    dt_optim *sgd  = NULL;
+    CHECK_OK(dt_sgd_new(&sgd, dt_model_as_params(r.m), &so));
     st       = fx_state(&r, 0, NULL, 0);
     st.optim = sgd;
     CHECK_ERR(dt_ckpt_load(dir, NULL, &st, NULL, NULL), DT_ERR_MISMATCH,

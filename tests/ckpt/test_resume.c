@@ -70,8 +70,8 @@ static dt_status train(dt_pg *pg, const run_opts *ro, result *res) {
     dt_status    st  = DT_OK;
     dt_adam_opts ao  = dt_adam_opts_default();
     ao.lr            = 0.01f;
-    dt_optim *opt =
-        dt_optim_init_adam(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
+    dt_optim *opt    = NULL;
+    dt_adam_new(&opt, dt_model_as_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
     dt_sampler *s = NULL;

@@ -62,8 +62,8 @@ static dt_status train(dt_model *m, dt_pg *pg, const dt_dataset *ds, size_t batc
         return st;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = 0.5f;
-    dt_optim *opt =
-        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
+    dt_optim *opt       = NULL;
+    dt_adadelta_new(&opt, dt_model_as_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
     dt_sampler *s = NULL;

@@ -24,8 +24,8 @@ static dt_model *train(size_t limit, size_t batch, uint64_t seed, int threads, f
     CHECK_OK(dt_model_set_threads(m, threads));
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = 0.5f;
-    dt_optim *opt =
-        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
+    dt_optim *opt       = NULL;
+    CHECK_OK(dt_adadelta_new(&opt, dt_model_as_params(m), &ao));
     dt_dataset sub     = train_set; // a view of the first `limit` samples
     sub.n              = limit;
     dt_sampler_opts so = dt_sampler_opts_default();
