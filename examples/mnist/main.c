@@ -588,7 +588,7 @@ static int train_worker(job *j, dt_pg *pg) {
     if (pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
-        if (dt_ddp_init(&ddp, m, pg, &o))
+        if (dt_ddp_new(&ddp, dt_model_as_params(m), pg, &o))
             goto done;
     }
 

@@ -103,7 +103,7 @@ static dt_status train(dt_pg *pg, const run_opts *ro, result *res) {
             noise = dt_rng_split(&base, 100 + (uint64_t)rank);
         dt_ckpt_info_free(&info);
     }
-    if (pg && (st = dt_ddp_init(&ddp, m, pg, NULL)))
+    if (pg && (st = dt_ddp_new(&ddp, dt_model_as_params(m), pg, NULL)))
         goto out;
     for (int64_t epoch = epoch0; epoch < EPOCHS; epoch++) {
         dt_loader_begin_epoch(l, epoch);

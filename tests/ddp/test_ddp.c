@@ -58,7 +58,7 @@ static dt_status train(dt_model *m, dt_pg *pg, const dt_dataset *ds, size_t batc
     int       world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
     dt_ddp   *ddp = NULL;
     dt_status st  = DT_OK;
-    if (pg && (st = dt_ddp_init(&ddp, m, pg, o)))
+    if (pg && (st = dt_ddp_new(&ddp, dt_model_as_params(m), pg, o)))
         return st;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = 0.5f;
@@ -158,7 +158,7 @@ static void buckets_rank(int rank, int world, void *arg) {
         o.first_bucket_bytes = cases[k].first;
         o.bucket_cap_bytes   = cases[k].cap;
         dt_ddp *d            = NULL;
-        CHECK_OK(dt_ddp_init(&d, m, pg, &o));
+        CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
         if (!d)
             continue;
         size_t eo[64], ec[64];
@@ -178,7 +178,7 @@ static void buckets_rank(int rank, int world, void *arg) {
     // The defaults on the ConvNet: [7.bias, 8.*] then everything up to 7.weight, which
     // crosses 1 MiB (PyTorch's 2 buckets for this model).
     dt_ddp *d = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, NULL));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL));
     size_t off, cnt;
     dt_ddp_bucket(d, 0, &off, &cnt);
     CHECK_EQ(off, dt_model_param_info(m, 5)->offset);
@@ -288,7 +288,7 @@ static void no_sync_rank(int rank, int world, void *arg) {
         return;
     dt_model *m = small_model(4, 8);
     dt_ddp   *d = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, NULL));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL));
     if (!d)
         return;
     size_t  n = dt_model_num_params(m);
@@ -363,7 +363,7 @@ static void unused_rank(int rank, int world, void *arg) {
     o.bucket_cap_bytes   = 16; // one bucket per tensor
     o.first_bucket_bytes = 16;
     dt_ddp *d            = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, &o));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
     if (!d)
         return;
     const dt_param_info *w1 = dt_model_param_info(m, 2);
@@ -392,7 +392,7 @@ static void mismatch_rank(int rank, int world, void *arg) {
         return;
     dt_model *m = small_model(1, rank == 1 ? 12 : 16); // rank 1 has a narrower hidden layer
     dt_ddp   *d = NULL;
-    CHECK_ERR(dt_ddp_init(&d, m, pg, NULL), DT_ERR_MISMATCH,
+    CHECK_ERR(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL), DT_ERR_MISMATCH,
               "parameter 3.weight has shape (16, 192) on rank 0 but (12, 192) on rank 1");
     CHECK(d == NULL);
     dt_model_free(m);

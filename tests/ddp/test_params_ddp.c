@@ -4,10 +4,10 @@
 //   buffers with dt_params, reports each layer's gradients with dt_params_grad_ready,
 //   and trains under dt_ddp_new on 2 ranks with different data per rank. It must end
 //   with the weights of the same network built as a dt_model and trained under
-//   dt_ddp_init with the same initial weights and the same batches (to float rounding:
-//   the model's GEMMs sum in another order; one missed, doubled or unaveraged
-//   gradient moves the weights by ~1e-2, far beyond the 1e-4 asserted), and the
-//   replicas must be bitwise equal.
+//   dt_ddp_new over dt_model_as_params with the same initial weights and the same batches (to float
+//   rounding: the model's GEMMs sum in another order; one missed, doubled or unaveraged gradient
+//   moves the weights by ~1e-2, far beyond the 1e-4 asserted), and the replicas must be bitwise
+//   equal.
 // - Buffers are broadcast from rank 0 at start; frozen tensors are broadcast but never
 //   waited for; a tensor never reported is named by dt_ddp_sync.
 #include "../check.h"
@@ -142,7 +142,7 @@ static void train(dt_pg *pg, dt_model *model, mlp *h) {
     if (h)
         CHECK_OK(dt_ddp_new(&ddp, p, pg, NULL));
     else
-        CHECK_OK(dt_ddp_init(&ddp, model, pg, NULL));
+        CHECK_OK(dt_ddp_new(&ddp, dt_model_as_params(model), pg, NULL));
     dt_sgd_opts so = dt_sgd_opts_default();
     so.lr = 0.05f, so.momentum = 0.9f;
     dt_optim *opt = NULL;
