@@ -199,7 +199,11 @@ int main(int argc, char **argv) {
         snprintf(pad, sizeof pad, " %.60s ", f);
         if (!strcmp(f, "--help")) {
             puts("usage: dtrain-custom [--num-processes P] [--epochs E] [--batch-size B] "
-                 "[--lr X] [--limit N] [--data-dir D] [--save PATH]");
+                 "[--lr X] [--limit N] [--data-dir D] [--save PATH]\n"
+                 "       dtrain-custom --help-env   (every DT_* environment variable)");
+            return 0;
+        } else if (!strcmp(f, "--help-env")) {
+            dt_settings_print(stdout);
             return 0;
         } else if (strncmp(f, "--", 2) != 0 || !strstr(flags, pad)) {
             s = dt_fail(DT_ERR_ARG, "unknown option \"%s\" (see --help)", f);

@@ -100,6 +100,7 @@ static const char usage[] =
     "  --stats             print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)\n"
     "  --profile           print forward and backward time per layer (rank 0)\n"
     "  --help              this text\n"
+    "  --help-env          every DT_* environment variable: meaning, default, range\n"
     "The sampler advances its epoch by itself every pass (and is told the epoch each\n"
     "epoch anyway), so no two epochs repeat an order. Every rank must be given the same\n"
     "training flags: they are compared at start-up.\n"
@@ -132,6 +133,7 @@ static int parse_args(int argc, char **argv, args *a) {
         BACKEND,
         NO_OVERLAP,
         HELP,
+        HELP_ENV,
         CKPT_DIR,
         CKPT_EVERY,
         KEEP,
@@ -172,6 +174,7 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"load", required_argument, 0, LOAD},
                                          {"eval-only", no_argument, 0, EVAL_ONLY},
                                          {"help", no_argument, 0, HELP},
+                                         {"help-env", no_argument, 0, HELP_ENV},
                                          {0, 0, 0, 0}};
     int                        c;
     opterr = 0;
@@ -274,6 +277,9 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case HELP:
             fputs(usage, stdout);
+            exit(0);
+        case HELP_ENV:
+            dt_settings_print(stdout);
             exit(0);
         default:
             fprintf(stderr, "dtrain-mnist: unknown option \"%s\"\n%s", argv[optind - 1], usage);

@@ -205,7 +205,7 @@ typedef struct boot_msg {
 // tcp backend uses it), else the first IPv4 address of an interface that is up and not
 // loopback, else the host name.
 static void pick_address(char *buf, size_t n) {
-    const char *o = getenv("DT_SOCKET_IFADDR");
+    const char *o = dt_setting_str("DT_SOCKET_IFADDR");
     if (o && *o) {
         snprintf(buf, n, "%s", o);
         return;

@@ -907,7 +907,7 @@ void dt_pg_abort(dt_pg *pg, const char *reason) {
 // ------------------------------------------------------------------ init and free
 
 static void host_identity(char *buf, size_t n) {
-    const char *o = getenv("DT_HOST_ID"); // tests: pretend ranks are on other hosts
+    const char *o = dt_setting_str("DT_HOST_ID"); // tests: pretend ranks are on other hosts
     if (o && *o) {
         snprintf(buf, n, "%s", o);
         return;

@@ -37,14 +37,14 @@ uint64_t dt_token_hash(const char *token) {
 }
 
 const char *dt_token_resolve(const char *opt) {
-    const char *t = opt ? opt : getenv("DT_JOB_TOKEN");
+    const char *t = opt ? opt : dt_setting_str("DT_JOB_TOKEN");
     return (t && *t) ? t : NULL;
 }
 
 dt_status dt_default_timeout_ms(int64_t *out) {
     long v;
-    // 30 minutes, PyTorch's default for CPU backends (Gloo, MPI).
-    DT_TRY(dt_env_int("DT_TIMEOUT_MS", -1, 100L * 24 * 3600 * 1000, 30L * 60 * 1000, &v));
+    // The table's default: 30 minutes, PyTorch's for CPU backends (Gloo, MPI).
+    DT_TRY(dt_setting_int("DT_TIMEOUT_MS", &v));
     *out = v == 0 ? 30L * 60 * 1000 : v;
     return DT_OK;
 }

@@ -39,6 +39,19 @@ static const dt_setting table[] = {
      "overrides this host's identity (tests use it to fake several hosts)"},
     {"DT_SPAWN_GRACE_MS", "comm", DT_SETTING_INT, 0, 3600L * 1000, 3000, NULL,
      "dt_spawn: milliseconds between SIGTERM and SIGKILL when stopping workers"},
+    {"DT_SPAWN_TERM_GRACE_MS", "comm", DT_SETTING_INT, 0, 3600L * 1000, 30000, NULL,
+     "dt_spawn: after a SIGTERM forwarded to the workers (a preemption notice), how long they "
+     "get to reach a step boundary and save before SIGKILL"},
+    {"DT_MAX_LOCAL_PROCS", "comm", DT_SETTING_INT, 0, 4096, 0, NULL,
+     "dt_spawn: local processes allowed (0: 4 per online CPU, at most 256; beyond, the "
+     "workers only time-share the cores and the shm segment grows with the square)"},
+    {"DT_STORE_AUTH_MS", "comm", DT_SETTING_INT, 1, 3600L * 1000, 10000, NULL,
+     "store server: a client must prove the job token within this time"},
+    {"DT_HEARTBEAT_MS", "comm", DT_SETTING_INT, 10, 24L * 3600 * 1000, 500, NULL,
+     "liveness: interval of the peer-to-peer heartbeats"},
+    {"DT_LIVENESS_MS", "comm", DT_SETTING_INT, 0, 24L * 3600 * 1000, 5000, NULL,
+     "liveness: a peer silent (or a rank without progress) this long fails the group (0: off; "
+     "else at least twice DT_HEARTBEAT_MS)"},
     {"DT_RESTART_COUNT", "comm", DT_SETTING_INT, 0, 1L << 30, 0, NULL,
      "set by dtrun: restarts of the group so far"},
     // comm: algorithms

@@ -78,8 +78,8 @@ static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
 static bool use_direct(const dt_nn_conv2d *p, int w, bool backward) {
     if (p->sh != 1 || p->sw != 1 || p->groups != 1)
         return false;
-    const char *e = getenv("DT_CONV");
-    if (e && strcmp(e, "direct") == 0)
+    int conv = 0; // auto|direct|gemm; a bad value is reported by dt_nn_want_direct
+    if (dt_setting_choice("DT_CONV", &conv) == DT_OK && conv == 1)
         return true;
     if (!dt_nn_want_direct())
         return false;

@@ -241,8 +241,10 @@ static void test_local_bound(void) {
     CHECK_ERR(dt_spawn((int)bound + 1, worker_ok, NULL, NULL), DT_ERR_ARG, "exceed the bound");
     setenv("DT_MAX_LOCAL_PROCS", "1", 1);
     CHECK_ERR(dt_spawn(2, worker_ok, NULL, NULL), DT_ERR_ARG, "the bound of 1 ");
-    setenv("DT_MAX_LOCAL_PROCS", "0", 1);
+    setenv("DT_MAX_LOCAL_PROCS", "5000", 1);
     CHECK_ERR(dt_spawn(2, worker_ok, NULL, NULL), DT_ERR_ARG, "DT_MAX_LOCAL_PROCS");
+    setenv("DT_MAX_LOCAL_PROCS", "0", 1); // the automatic bound
+    CHECK_ERR(dt_spawn(1000, worker_ok, NULL, NULL), DT_ERR_ARG, "exceed the bound of");
     setenv("DT_MAX_LOCAL_PROCS", "3", 1);
     CHECK_OK(dt_spawn(3, worker_ok, NULL, NULL));
     unsetenv("DT_MAX_LOCAL_PROCS");

@@ -310,8 +310,8 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
     for (char *p = r->host; *p; p++)
         if (*p == ' ')
             *p = '_';
-    const char *env_token = getenv("DT_JOB_TOKEN");
-    bool        have_env  = env_token && *env_token;
+    const char *env_token = dt_setting_str("DT_JOB_TOKEN");
+    bool        have_env  = env_token != NULL;
     if (!r->multi) {
         if (have_env)
             snprintf(r->token, sizeof r->token, "%.79s", env_token);
