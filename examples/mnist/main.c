@@ -117,6 +117,7 @@ static const char usage[] =
     "  --plot FILE.svg     write the loss curves (training, and test after each epoch)\n"
     "                      as an SVG chart (rank 0)\n"
     "  --help              this text\n"
+    "  --help-env          every DT_* environment variable: meaning, default, range\n"
     "The sampler advances its epoch by itself every pass (and is told the epoch each\n"
     "epoch anyway), so no two epochs repeat an order. Every rank must be given the same\n"
     "training flags: they are compared at start-up.\n"
@@ -152,6 +153,7 @@ static int parse_args(int argc, char **argv, args *a) {
         BACKEND,
         NO_OVERLAP,
         HELP,
+        HELP_ENV,
         CKPT_DIR,
         CKPT_EVERY,
         KEEP,
@@ -196,6 +198,7 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"eval-only", no_argument, 0, EVAL_ONLY},
                                          {"invariant", required_argument, 0, INVARIANT},
                                          {"help", no_argument, 0, HELP},
+                                         {"help-env", no_argument, 0, HELP_ENV},
                                          {0, 0, 0, 0}};
     int                        c;
     opterr = 0;
@@ -261,7 +264,7 @@ static int parse_args(int argc, char **argv, args *a) {
                 fprintf(stderr, "dtrain-mnist: --job-token expects a non-empty token\n");
                 return 2;
             }
-            setenv("DT_JOB_TOKEN", optarg, 1); // read by dt_spawn and dt_pg_init
+            setenv("DT_JOB_TOKEN", optarg, 1); // read by dt_spawn and dt_pg_new
             break;
         case BACKEND:
             a->backend = optarg;
@@ -312,6 +315,9 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case HELP:
             fputs(usage, stdout);
+            exit(0);
+        case HELP_ENV:
+            dt_settings_print(stdout);
             exit(0);
         default:
             fprintf(stderr, "dtrain-mnist: unknown option \"%s\"\n%s", argv[optind - 1], usage);
@@ -388,20 +394,22 @@ static dt_status evaluate(dt_model *m, dt_pg *pg, const dt_dataset *test, size_t
     so.rank            = rank;
     so.shuffle         = false;
     so.eval            = true;
-    dt_sampler    *s   = dt_sampler_init(test->n, &so);
     dt_loader_opts lo  = dt_loader_opts_default();
     lo.batch_size      = batch;
-    dt_loader *l       = s ? dt_loader_init(test, s, &lo) : NULL;
-    if (!l) {
+    dt_sampler *s      = NULL;
+    dt_loader  *l      = NULL;
+    dt_status   st     = dt_sampler_new(&s, test->n, &so);
+    if (st == DT_OK)
+        st = dt_loader_new(&l, test, s, &lo);
+    if (st != DT_OK) {
         dt_sampler_free(s);
-        return dt_last_status();
+        return st;
     }
     dt_model_train(m, false);
     dt_loader_begin_epoch(l, 0);
-    dt_batch  b;
-    double    total = 0;
-    int64_t   hits  = 0;
-    dt_status st    = DT_OK;
+    dt_batch b;
+    double   total = 0;
+    int64_t  hits  = 0;
     while (st == DT_OK && dt_loader_next(l, &b)) {
         float loss;
         if ((st = dt_model_forward(m, b.x, (int)b.size)) ||
@@ -573,13 +581,12 @@ static int train_worker(job *j, dt_pg *pg) {
         goto done;
     } else if (v > 0)
         shards = 1;
-    if (dt_model_init_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
+    if (dt_model_new_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
         dt_model_set_threads(m, (int)threads) || dt_model_set_grad_shards(m, (int)shards))
         goto done;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = (float)a->lr;
-    if (!(opt = dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m),
-                                       dt_model_num_params(m), &ao)))
+    if (dt_adadelta_new(&opt, dt_model_as_params(m), &ao))
         goto done;
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas    = world;
@@ -587,7 +594,7 @@ static int train_worker(job *j, dt_pg *pg) {
     so.seed            = (uint64_t)a->seed;
     dt_loader_opts lo  = dt_loader_opts_default();
     lo.batch_size      = (size_t)a->batch_size;
-    if (!(smp = dt_sampler_init(j->train.n, &so)) || !(ld = dt_loader_init(&j->train, smp, &lo)) ||
+    if (dt_sampler_new(&smp, j->train.n, &so) || dt_loader_new(&ld, &j->train, smp, &lo) ||
         !(dlogp = dt_alloc(sizeof(float) * 10 * (size_t)a->batch_size)) ||
         !(keys = dt_alloc(sizeof *keys * (size_t)a->batch_size)) ||
         dt_model_reserve(m, (int)a->batch_size))
@@ -647,7 +654,7 @@ static int train_worker(job *j, dt_pg *pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
         o.tree_reduce = shards > 0 && v % world == 0;
-        if (dt_ddp_init(&ddp, m, pg, &o))
+        if (dt_ddp_new(&ddp, dt_model_as_params(m), pg, &o))
             goto done;
     }
 
@@ -821,7 +828,7 @@ done:
 static dt_status check_shapes(const job *j) {
     dt_model *m;
     int       c, h, w;
-    DT_TRY(dt_model_init_mnist_convnet(&m, 0, 0.0f, 0.0f));
+    DT_TRY(dt_model_new_mnist_convnet(&m, 0, 0.0f, 0.0f));
     dt_model_input_shape(m, &c, &h, &w);
     dt_model_free(m);
     DT_TRY(dt_dataset_check_shape(&j->train, "training set", c, h, w));
@@ -833,8 +840,8 @@ static dt_status check_shapes(const job *j) {
 static int run_worker_from_env(job *j) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = j->a->backend;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
-    if (!pg) {
+    dt_pg *pg    = NULL;
+    if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
         fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
         return 1;
     }
@@ -920,7 +927,7 @@ int main(int argc, char **argv) {
         }
     } else if (!env_ok || le.launcher != DT_LAUNCHER_NONE) {
         // RANK/WORLD_SIZE, or the variables of mpirun, mpiexec or srun (comm.h); bad
-        // values are reported by dt_pg_init.
+        // values are reported by dt_pg_new.
         rc = run_worker_from_env(&j);
     } else {
         rc = train_worker(&j, NULL);
