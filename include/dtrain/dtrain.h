@@ -12,5 +12,6 @@
 #include "dtrain/params.h"
 #include "dtrain/rng.h"
 #include "dtrain/tensor.h"
+#include "dtrain/train.h"
 
 #endif // DTRAIN_DTRAIN_H
