@@ -150,6 +150,10 @@ struct dt_pg {
     // only while busy:
     bool be_told; // backend abort() was called
 
+    dt_live         *live;     // heartbeats (liveness.c); NULL when off
+    _Atomic uint64_t progress; // dt_pg_progress calls
+    _Atomic uint64_t cur_op;   // the operation in the backend, dt_pg_current_op
+
     work_pool  *pool;
     atomic_bool poisoned;
     int         abort_fd; // eventfd, readable once poisoned
@@ -192,6 +196,19 @@ bool dt_pg_aborted(const dt_pg *pg) {
 }
 int dt_pg_abort_fd(const dt_pg *pg) {
     return pg->abort_fd;
+}
+
+void dt_pg_progress(dt_pg *pg) {
+    atomic_fetch_add_explicit(&pg->progress, 1, memory_order_relaxed);
+}
+uint64_t dt_pg_progress_count(const dt_pg *pg) {
+    return atomic_load_explicit(&pg->progress, memory_order_relaxed);
+}
+uint64_t dt_pg_current_op(const dt_pg *pg) {
+    return atomic_load_explicit(&pg->cur_op, memory_order_relaxed);
+}
+bool dt_pg_reports_progress(const dt_pg *pg) {
+    return pg->be && pg->be->reports_progress;
 }
 
 dt_pg_opts dt_pg_opts_default(void) {
@@ -343,6 +360,8 @@ static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
     } else {
         dt_clear_error();
         slot_fn fn = backend_slot(pg->be, op->kind);
+        atomic_store_explicit(&pg->cur_op, op->fp.seq << 8 | ((uint64_t)op->kind + 1),
+                              memory_order_relaxed);
         if (fn)
             st = fn(pg->be_ctx, op);
         else if (pg->be->xfer_post && pg->be->xfer_wait)
@@ -350,6 +369,7 @@ static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         else
             st = dt_op_fail(op, DT_ERR_UNSUPPORTED, "backend %s cannot run %s", pg->be->name,
                             dt_coll_name(op->kind));
+        atomic_store_explicit(&pg->cur_op, 0, memory_order_relaxed);
         if (st != DT_OK) {
             if (st == DT_ERR_STATE && atomic_load(&pg->poisoned)) {
                 // Aborted from another thread while running: report that reason.
@@ -446,6 +466,7 @@ static void wake_progress_if_needed(dt_pg *pg) {
 
 static void *progress_main(void *arg) {
     dt_pg *pg = arg;
+    pthread_setname_np(pthread_self(), "dt-progress"); // for top -H, gdb, and the tests
     pthread_mutex_lock(&pg->mu);
     for (;;) {
         while (!(pg->head && !pg->busy) && !(pg->stop && !pg->head))
@@ -1079,6 +1100,8 @@ void dt_pg_free(dt_pg *pg) {
         pthread_mutex_unlock(&pg->mu);
         pthread_join(pg->thread, NULL);
     }
+    // Liveness first: its "bye" tells the peers this rank leaves on purpose.
+    dt_live_free(pg->live);
     if (pg->be && pg->be_ctx)
         pg->be->free(pg->be_ctx);
     dt_algo_cfg_free(&pg->algo);
@@ -1144,6 +1167,9 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     if (timeout == 0 && dt_default_timeout_ms(&timeout) != DT_OK)
         return NULL;
     uint64_t deadline = timeout < 0 ? UINT64_MAX : dt_deadline_ns(timeout);
+    int64_t  hb_ms, live_ms; // checked before anything else is reached (liveness.c)
+    if (dt_live_config(&hb_ms, &live_ms) != DT_OK)
+        return NULL;
 
     // MPI: initialised only for the mpi backend or to hand out the store's address.
     dt_mpi_boot_res boot = {.rank = -1};
@@ -1284,6 +1310,12 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
 
     if (choose_backend(pg, o.backend) != DT_OK || dt_algo_cfg_init(&pg->algo) != DT_OK)
         goto fail;
+    // Heartbeats between the ranks, from now on: a rank that freezes during the
+    // backend's set-up is found too.
+    char live_addr[256];
+    dt_sock_public_addr(pg->store, rank, pg->all_local, live_addr, sizeof live_addr);
+    if (dt_live_new(&pg->live, pg, pg->store, live_addr, deadline) != DT_OK)
+        goto fail;
     char prefix[64];
     snprintf(prefix, sizeof prefix, "dt/%s", pg->be->name);
     if (!(pg->be_store = dt_store_init_prefix(pg->store, prefix)))
@@ -1306,6 +1338,8 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         dt_fail_context("init");
         goto fail;
     }
+    if (dt_live_wait_peers(pg->live, deadline) != DT_OK)
+        goto fail;
     return pg;
 fail:;
     dt_status st = dt_last_status();

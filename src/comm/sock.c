@@ -320,3 +320,54 @@ bool dt_sock_local_addr(int fd, char *buf, size_t n) {
         return false;
     return inet_ntop(AF_INET, &a.sin_addr, buf, (socklen_t)n) != NULL;
 }
+
+// The address of this host on the way to `host` (a UDP "connect" sends no packet: the
+// kernel picks the outgoing interface); false when unresolvable or a loopback address.
+static bool address_towards(const char *host, char *buf, size_t n) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (!host || !*host || getaddrinfo(host, "9", &hints, &res) != 0)
+        return false;
+    int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+              dt_sock_local_addr(fd, buf, n) && strncmp(buf, "127.", 4) != 0;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(res);
+    return ok;
+}
+
+void dt_sock_public_addr(dt_store *store, int rank, bool all_local, char *buf, size_t n) {
+    const char *o = getenv("DT_SOCKET_IFADDR");
+    if (o && *o) {
+        snprintf(buf, n, "%s", o);
+        return;
+    }
+    // The interface that reaches rank 0's store reaches the other ranks too (in the
+    // usual one-network cluster); rank 0 itself talks to its store over loopback, so
+    // it uses its host name's address unless everyone is on this host.
+    if (rank != 0 && dt_store_local_addr(store, buf, n))
+        return;
+    if (all_local) {
+        snprintf(buf, n, "127.0.0.1");
+        return;
+    }
+    // The others reached rank 0's store at MASTER_ADDR, so that is where rank 0 is (its
+    // host name may resolve to loopback, as Debian's 127.0.1.1 entry does).
+    if (rank == 0 && address_towards(getenv("MASTER_ADDR"), buf, n))
+        return;
+    // Otherwise the address of our host name, found by "connecting" a UDP socket (no
+    // packet is sent): the kernel picks the outgoing interface.
+    char            host[256];
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (gethostname(host, sizeof host) == 0 && getaddrinfo(host, "9", &hints, &res) == 0) {
+        int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                  dt_sock_local_addr(fd, buf, n);
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        if (ok)
+            return;
+    }
+    snprintf(buf, n, "127.0.0.1");
+}

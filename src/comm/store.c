@@ -53,6 +53,18 @@ static uint64_t deadline_for(int64_t timeout_ms) {
     return timeout_ms < 0 ? UINT64_MAX : dt_deadline_ns(timeout_ms);
 }
 
+// This thread's cap on the I/O of TCP store requests (dt_store_cap_io); UINT64_MAX = none.
+static _Thread_local uint64_t io_cap_ns = UINT64_MAX;
+
+uint64_t dt_store_cap_io(uint64_t deadline_ns) {
+    uint64_t old = io_cap_ns;
+    io_cap_ns    = deadline_ns;
+    return old;
+}
+
+// Takes a TCP store's request lock; under a cap, gives up at the cap.
+static dt_status store_lock(dt_store *s);
+
 static void sleep_ms(int ms) {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -940,6 +952,25 @@ void dt_store_set_timeout(dt_store *s, int64_t timeout_ms) {
     s->timeout_ms = timeout_ms;
 }
 
+static dt_status store_lock(dt_store *s) {
+    if (io_cap_ns == UINT64_MAX) {
+        pthread_mutex_lock(&s->mu);
+        return DT_OK;
+    }
+    uint64_t        left = io_cap_ns > dt_now_ns() ? io_cap_ns - dt_now_ns() : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + left % 1000000000ull;
+    ts.tv_sec += (time_t)(left / 1000000000ull + ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    if (pthread_mutex_timedlock(&s->mu, &ts) != 0)
+        return dt_fail(DT_ERR_TIMEOUT,
+                       "store %s:%d: busy with another request past this call's "
+                       "deadline",
+                       s->host, s->port);
+    return DT_OK;
+}
+
 // One request/reply exchange on a TCP store. On success *reply views into *rbuf
 // (owned by the caller, dt_free). The reply's status becomes the return value, with
 // the server's message.
@@ -956,9 +987,11 @@ static dt_status tcp_exchange(dt_store *s, uint8_t cmd, int64_t arg, int nparts,
         return dt_fail(DT_ERR_NOMEM, "%s: out of memory building a request", what);
     // I/O deadline: the request's own wait (answered by the server) plus slack, or
     // the store timeout for requests that do not wait.
-    int64_t   io_ms = wait_ms < 0 ? -1 : (wait_ms > 0 ? wait_ms : s->timeout_ms);
-    uint64_t  dl    = io_ms < 0 ? UINT64_MAX : dt_deadline_ns(io_ms + CLIENT_SLACK_MS);
-    dt_status st    = dt_sock_write_all(s->fd, req.p, req.len, dl, what);
+    int64_t  io_ms = wait_ms < 0 ? -1 : (wait_ms > 0 ? wait_ms : s->timeout_ms);
+    uint64_t dl    = io_ms < 0 ? UINT64_MAX : dt_deadline_ns(io_ms + CLIENT_SLACK_MS);
+    if (dl > io_cap_ns)
+        dl = io_cap_ns;
+    dt_status st = dt_sock_write_all(s->fd, req.p, req.len, dl, what);
     dt_free(req.p);
     uint8_t hdr[DT_STORE_HEADER_BYTES];
     if (st == DT_OK)
@@ -1301,7 +1334,7 @@ dt_status dt_store_set(dt_store *store, const char *key, const void *value, size
     size_t       lens[2]  = {strlen(k), nbytes};
     dt_store_msg reply;
     uint8_t     *rbuf;
-    pthread_mutex_lock(&s->mu);
+    DT_TRY(store_lock(s));
     dt_status st = tcp_exchange(s, DT_STORE_SET, 0, 2, parts, lens, 0, &reply, &rbuf);
     pthread_mutex_unlock(&s->mu);
     dt_free(rbuf);
@@ -1366,7 +1399,7 @@ dt_status dt_store_get(dt_store *store, const char *key, void **value, size_t *n
     size_t       lens[1]  = {strlen(k)};
     dt_store_msg reply;
     uint8_t     *rbuf;
-    pthread_mutex_lock(&s->mu);
+    DT_TRY(store_lock(s));
     dt_status st = tcp_exchange(s, DT_STORE_GET, timeout, 1, parts, lens, timeout, &reply, &rbuf);
     pthread_mutex_unlock(&s->mu);
     if (st != DT_OK)
@@ -1434,7 +1467,8 @@ static dt_status keys_request(dt_store *store, uint8_t cmd, const char *const *k
     }
     dt_store_msg reply;
     uint8_t     *rbuf;
-    pthread_mutex_lock(&s->mu);
+    if ((st = store_lock(s)) != DT_OK)
+        goto done;
     st = tcp_exchange(s, cmd, timeout_ms, (int)nkeys, parts, lens,
                       cmd == DT_STORE_WAIT ? timeout_ms : 0, &reply, &rbuf);
     pthread_mutex_unlock(&s->mu);

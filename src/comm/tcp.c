@@ -29,6 +29,9 @@
 // Time an aborting rank spends finishing the message in flight on each connection
 // (so that its abort message starts on a message boundary), in total.
 #define ABORT_BUDGET_MS 200
+// Time an aborting rank, or one that found a connection closed, spends on the store
+// (which may be unreachable: a cut link, a frozen rank 0).
+#define STORE_BUDGET_MS 1000
 // Time dt_pg_free spends saying bye.
 #define BYE_BUDGET_MS 200
 // Bytes per send/recv system call (see tcp_init).
@@ -128,7 +131,9 @@ static dt_status fail_closed(tcp_ctx *c, const dt_op *op, peer *p) {
     const char *keys[1] = {key};
     bool        have    = false;
     dt_status   saved   = DT_ERR_PEER;
-    if (dt_store_check(c->store, keys, 1, &have) == DT_OK && have) {
+    uint64_t    cap     = dt_store_cap_io(dt_deadline_ns(STORE_BUDGET_MS));
+    bool        found   = dt_store_check(c->store, keys, 1, &have) == DT_OK && have;
+    if (found) {
         void  *v = NULL;
         size_t n = 0;
         if (dt_store_get(c->store, key, &v, &n) == DT_OK && n > 1) {
@@ -136,12 +141,14 @@ static dt_status fail_closed(tcp_ctx *c, const dt_op *op, peer *p) {
             if (st <= DT_OK || st >= DT_STATUS_COUNT_ || st == DT_ERR_STATE)
                 st = DT_ERR_PEER;
             saved = (dt_status)st;
+            dt_store_cap_io(cap);
             dt_fail(saved, "%s (reported by rank %d)", (char *)v + 1, p->rank);
             dt_free(v);
             return saved;
         }
         dt_free(v);
     }
+    dt_store_cap_io(cap);
     return dt_op_fail_peer(op, p->rank, "closed the connection");
 }
 
@@ -443,6 +450,7 @@ static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
     tcp_ctx *c    = ctx;
     bool     spun = false;
     for (;;) {
+        dt_pg_progress(c->pg); // the liveness thread's sign of a working comm thread
         if (c->aborted)
             return dt_op_fail(op, DT_ERR_STATE, "the group was aborted");
         // Make progress on everything that can move without waiting.
@@ -492,7 +500,8 @@ static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
         }
         c->pfds[n]     = (struct pollfd){.fd = dt_pg_abort_fd(c->pg), .events = POLLIN};
         c->pfd_peer[n] = -1;
-        int ms         = dt_op_poll_ms(op, -1);
+        // Wake at least every 500 ms, to report progress while waiting (liveness).
+        int ms = dt_op_poll_ms(op, 500);
         if (ms == 0) {
             char who[512];
             pending_desc(c, who, sizeof who);
@@ -635,23 +644,34 @@ static void tcp_abort(void *ctx, dt_status st, const char *msg) {
     if (c->aborted)
         return;
     c->aborted = true;
-    // Leave the reason in the store too, first: a peer that cannot read our abort
-    // message (we could not finish the message in flight) finds it there.
-    char *rec = dt_alloc(strlen(msg) + 2);
+    // Tell every peer on its connection first (bounded: ABORT_BUDGET_MS in all), then,
+    // only for the peers that could not get the whole message (a half-written message
+    // that a peer does not drain, a cut link), leave the reason in the store, where such
+    // a peer looks when the connection closes. The store may be unreachable (a cut link,
+    // a frozen rank 0): that write gets STORE_BUDGET_MS, never the store's timeout.
+    uint64_t deadline = dt_deadline_ns(ABORT_BUDGET_MS);
+    bool     missed   = false;
+    for (int r = 0; r < c->world; r++) {
+        peer *p = &c->peers[r];
+        if (r != c->rank && p->fd >= 0 && !send_control(c, p, DT_WIRE_ABORT, st, msg, deadline))
+            missed = missed || !p->hungup;
+    }
+    // The record goes in before the connections close: a peer looks for it on the close.
+    char *rec = missed ? dt_alloc(strlen(msg) + 2) : NULL;
     if (rec) {
         rec[0] = (char)('A' + (int)st);
         strcpy(rec + 1, msg);
         char key[32];
         snprintf(key, sizeof key, "abort/%d", c->rank);
+        uint64_t cap = dt_store_cap_io(dt_deadline_ns(STORE_BUDGET_MS));
         dt_store_set(c->store, key, rec, strlen(rec));
+        dt_store_cap_io(cap);
         dt_free(rec);
     }
-    uint64_t deadline = dt_deadline_ns(ABORT_BUDGET_MS);
     for (int r = 0; r < c->world; r++) {
         peer *p = &c->peers[r];
         if (r == c->rank || p->fd < 0)
             continue;
-        send_control(c, p, DT_WIRE_ABORT, st, msg, deadline);
         shutdown(p->fd, SHUT_WR);
         p->wr_shut = true;
         p->rq_head = p->rq_tail = NULL;
@@ -688,56 +708,9 @@ static void tcp_free(void *ctx) {
 
 // ------------------------------------------------------------------- init
 
-// The address of this host on the way to `host` (a UDP "connect" sends no packet: the
-// kernel picks the outgoing interface); false when unresolvable or a loopback address.
-static bool address_towards(const char *host, char *buf, size_t n) {
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    if (!host || !*host || getaddrinfo(host, "9", &hints, &res) != 0)
-        return false;
-    int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-              dt_sock_local_addr(fd, buf, n) && strncmp(buf, "127.", 4) != 0;
-    if (fd >= 0)
-        close(fd);
-    freeaddrinfo(res);
-    return ok;
-}
-
 // The address the other ranks can reach us at.
 static void local_address(tcp_ctx *c, char *buf, size_t n) {
-    const char *o = getenv("DT_SOCKET_IFADDR");
-    if (o && *o) {
-        snprintf(buf, n, "%s", o);
-        return;
-    }
-    // The interface that reaches rank 0's store reaches the other ranks too (in the
-    // usual one-network cluster); rank 0 itself talks to its store over loopback, so
-    // it uses its host name's address unless everyone is on this host.
-    if (c->rank != 0 && dt_store_local_addr(c->store, buf, n))
-        return;
-    if (dt_pg_all_local(c->pg)) {
-        snprintf(buf, n, "127.0.0.1");
-        return;
-    }
-    // The others reached rank 0's store at MASTER_ADDR, so that is where rank 0 is (its
-    // host name may resolve to loopback, as Debian's 127.0.1.1 entry does).
-    if (c->rank == 0 && address_towards(getenv("MASTER_ADDR"), buf, n))
-        return;
-    // Otherwise the address of our host name, found by "connecting" a UDP socket (no
-    // packet is sent): the kernel picks the outgoing interface.
-    char            host[256];
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    if (gethostname(host, sizeof host) == 0 && getaddrinfo(host, "9", &hints, &res) == 0) {
-        int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-                  dt_sock_local_addr(fd, buf, n);
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(res);
-        if (ok)
-            return;
-    }
-    snprintf(buf, n, "127.0.0.1");
+    dt_sock_public_addr(c->store, c->rank, dt_pg_all_local(c->pg), buf, n);
 }
 
 // Reads and checks a hello: the same job, the same world size, and a sender in
@@ -941,11 +914,12 @@ fail:
 }
 
 const dt_backend_ops dt_backend_tcp = {
-    .name      = "tcp",
-    .init      = tcp_init,
-    .free      = tcp_free,
-    .abort     = tcp_abort,
-    .xfer_post = tcp_xfer_post,
-    .xfer_wait = tcp_xfer_wait,
-    .built     = true,
+    .name             = "tcp",
+    .init             = tcp_init,
+    .free             = tcp_free,
+    .abort            = tcp_abort,
+    .xfer_post        = tcp_xfer_post,
+    .xfer_wait        = tcp_xfer_wait,
+    .reports_progress = true,
+    .built            = true,
 };
