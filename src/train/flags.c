@@ -3,6 +3,7 @@
 // agree on it; the parser, the help text and the start-up agreement all read it.
 #include "dtrain/train.h"
 
+#include <limits.h>
 #include <string.h>
 
 static dt_status set_value(const dt_flag *f, const char *v, const char *shown) {
@@ -13,9 +14,11 @@ static dt_status set_value(const dt_flag *f, const char *v, const char *shown) {
         *(bool *)f->target = v != NULL;
         return DT_OK;
     case DT_FLAG_LONG: {
-        long lo = (long)f->lo, hi = (long)f->hi;
+        // Bounds beyond a long's range (2^63 as a double) mean the range's end.
+        long lo = f->lo <= -9.2e18 ? LONG_MIN : (long)f->lo;
+        long hi = f->hi >= 9.2e18 ? LONG_MAX : (long)f->hi;
         if (f->lo == 0 && f->hi == 0)
-            lo = -0x7fffffffffffffffL - 1, hi = 0x7fffffffffffffffL;
+            lo = LONG_MIN, hi = LONG_MAX;
         long x = 0;
         if (v)
             DT_TRY(dt_parse_long(v, lo, hi, what, &x));

@@ -105,8 +105,11 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         return dt_fail(DT_ERR_STATE, "dt_trainer_prepare: expected one call, found a second");
     t->prepared = true;
     t->p = p, t->opt = opt, t->sched = sched; // owned from here on
-    if (!p)
-        return dt_fail(DT_ERR_ARG, "dt_trainer_prepare: expected parameters, found NULL");
+    if (!p || !opt)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_prepare: expected parameters and an optimizer, "
+                       "found %s (%s)",
+                       p ? "no optimizer" : "no parameters", dt_last_error());
     if (a->load) {
         DT_TRY(dt_ckpt_load_params(a->load, p));
         dt_trainer_print(t, "Loaded parameters from %s\n", a->load);
@@ -147,16 +150,18 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
 }
 
 dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt_sched *sched) {
-    t->m = m;
-    if (!m)
-        return dt_fail(DT_ERR_ARG, "dt_trainer_prepare_model: expected a model, found NULL");
+    t->m = m, t->opt = opt, t->sched = sched, t->prepared = true; // owned from here on
+    if (!m || !opt)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_prepare_model: expected a model and an optimizer, "
+                       "found %s (%s)",
+                       m ? "no optimizer" : "no model", dt_last_error());
     dt_status st = dt_model_set_threads(m, t->threads);
     if (!st && t->batch)
         st = dt_model_reserve(m, (int)t->batch);
-    if (st) { // still owned: freed with the worker
-        t->opt = opt, t->sched = sched, t->prepared = true;
+    if (st)
         return st;
-    }
+    t->prepared = false;
     return dt_trainer_prepare(t, dt_model_as_params(m), opt, sched);
 }
 
