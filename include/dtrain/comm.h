@@ -62,14 +62,20 @@ typedef struct dt_store_opts {
     int64_t timeout_ms; // connect retries, get and wait; 0 = default: DT_TIMEOUT_MS
                         // env, else 30 min; < 0 = no limit
     const char *token;  // job token; NULL = DT_JOB_TOKEN env; "" = none. A server with
-                        // a token refuses clients with another (or no) token.
+                        // a token refuses clients with another (or no) token and proves
+                        // it holds the token to its clients; a server without one admits
+                        // every client. The token
+                        // never crosses the wire: each side proves it holds it by an
+                        // HMAC-SHA256 of the other's fresh random nonce.
+    bool loopback_only; // server: listen on 127.0.0.1 only (every client is on this host)
 } dt_store_opts;
 
 // Zeroed options: every field means "default".
 DT_API dt_store_opts dt_store_opts_default(void);
 
 // A TCP store. With is_server, this process runs the server on a thread of its own,
-// listening on every interface at `port` (0 = a free port; see dt_store_port), and
+// listening on every interface at `port` (0 = a free port; see dt_store_port; only on
+// 127.0.0.1 with opts->loopback_only), and
 // the returned handle is also a client of it. Without, connects to host:port,
 // retrying until the timeout (so clients may start before the server).
 // Returns an owned handle (free with dt_store_free) or NULL with dt_last_error():
@@ -344,8 +350,11 @@ typedef struct dt_spawn_result {
 // nprocs + i and WORLD_SIZE kept from the parent when the parent's environment has
 // GROUP_RANK (or NODE_RANK) and WORLD_SIZE, else RANK = i and WORLD_SIZE = nprocs.
 // MASTER_ADDR, MASTER_PORT and the rest of the environment are inherited; when
-// MASTER_PORT is unset, a free port is picked and MASTER_ADDR set to 127.0.0.1, and
-// when DT_JOB_TOKEN is unset a random token is set (so each job has its own).
+// MASTER_PORT is unset, a free port is picked; when MASTER_ADDR is unset and every rank
+// is forked here, it is 127.0.0.1. When DT_JOB_TOKEN is unset: a random token when
+// every rank is forked here; on one node of several, a token every node derives alike
+// from MASTER_PORT, WORLD_SIZE and nprocs (not a secret: it keeps strangers of other
+// jobs out, not attackers; set DT_JOB_TOKEN for that).
 // A child dies with its parent (PR_SET_PDEATHSIG, SIGKILL; fork from the thread that
 // stays alive). When a child fails (non-zero exit or signal), the others get SIGTERM
 // and, DT_SPAWN_GRACE_MS (default 3000) later, SIGKILL. Waits for the children without

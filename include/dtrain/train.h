@@ -111,7 +111,7 @@ DT_API const dt_flag *dt_flags_find(const dt_flag *const *tables, const char *na
 typedef struct dt_train_args {
     long        epochs, seed, threads, log_every;
     long        num_processes, num_machines, machine_id, master_port;
-    const char *master_addr, *backend;
+    const char *master_addr, *backend, *job_token;
     bool        no_overlap;
     const char *checkpoint_dir;
     long        checkpoint_every, keep, max_steps;

@@ -26,6 +26,12 @@ dt_status dt_sock_set_nonblocking(int fd, bool on);
 dt_status dt_sock_write_all(int fd, const void *buf, size_t n, uint64_t deadline_ns,
                             const char *what);
 dt_status dt_sock_read_all(int fd, void *buf, size_t n, uint64_t deadline_ns, const char *what);
+// dt_sock_listen on 127.0.0.1 only when loopback_only, else on every interface.
+dt_status dt_sock_listen_on(bool loopback_only, int port, int backlog, const char *what,
+                            int *fd /* out */, int *bound_port /* out, may be NULL */);
+// True when `host` ("127.0.0.1", "localhost", "::1", ...) names this host's loopback
+// interface only; NULL or "" count as loopback (the default MASTER_ADDR).
+bool dt_sock_is_loopback(const char *host);
 // "pid 1234 (python3)" for the process listening on TCP `port`, or "" if unknown.
 void dt_sock_port_holder(int port, char *buf, size_t n);
 // The local IPv4 address of a connected socket ("10.1.2.3"); false if none.
@@ -65,6 +71,13 @@ bool     dt_pg_reports_progress(const dt_pg *pg);
 
 // A 64-bit hash of a job token (FNV-1a), shown in messages instead of the token.
 uint64_t dt_token_hash(const char *token);
+// HMAC-SHA256(token or "", label | theirs | mine | ctx): this side's proof that it holds
+// the token, answering the peer's nonce `theirs` (both nonces DT_NONCE_BYTES long). See
+// store_auth.c.
+void dt_token_proof(const char *token, const char *label, const uint8_t *theirs,
+                    const uint8_t *mine, const void *ctx, size_t ctx_len, uint8_t out[32]);
+// Logs a refused or dropped connection as a warning: the first five, then one in 100.
+void dt_log_refusal(const char *fmt, ...) DT_PRINTF(1, 2);
 // The token in effect for options `opt` (NULL: DT_JOB_TOKEN env; "": none). Returns
 // NULL for none.
 const char *dt_token_resolve(const char *opt);
@@ -96,7 +109,8 @@ uint64_t dt_store_cap_io(uint64_t deadline_ns);
 #define DT_STORE_MAX_PARTS    65535
 
 typedef enum dt_store_cmd {
-    DT_STORE_HELLO = 1, // parts: token ("" = none), client description; arg: version
+    DT_STORE_HELLO = 1, // parts: client nonce (32 bytes), client description; arg: version
+                        // reply parts: server nonce (32 bytes), "1"/"0" server has a token
     DT_STORE_SET,       // key, value
     DT_STORE_GET,       // key; arg: timeout ms (< 0 none)
     DT_STORE_WAIT,      // keys...; arg: timeout ms
@@ -104,6 +118,8 @@ typedef enum dt_store_cmd {
     DT_STORE_ADD,       // key; arg: delta
     DT_STORE_CAS,       // key, expected, desired; arg bit 0: expected is present
     DT_STORE_DELETE,    // key
+    DT_STORE_AUTH,      // client proof (32 bytes, or empty without a token); reply parts:
+                        // server proof (32 bytes, or empty). See store_auth.c.
     DT_STORE_CMD_COUNT_
 } dt_store_cmd;
 

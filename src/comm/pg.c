@@ -1270,7 +1270,10 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         } else if (parse_tcp_method(method, host, sizeof host, &port) != DT_OK) {
             goto fail;
         }
-        pg->store = dt_store_init_tcp(host, port, rank == 0, &so);
+        // Clients that reach rank 0 at a loopback address are all on this host: the
+        // store need not listen anywhere else.
+        so.loopback_only = rank == 0 && dt_sock_is_loopback(host);
+        pg->store        = dt_store_init_tcp(host, port, rank == 0, &so);
         if (!pg->store) {
             dt_fail_context("init (rank %d of %d)", rank, world);
             goto fail;

@@ -121,6 +121,32 @@ void dt_sock_port_holder(int port, char *buf, size_t n) {
 }
 
 dt_status dt_sock_listen(int port, int backlog, const char *what, int *fd_out, int *bound_port) {
+    return dt_sock_listen_on(false, port, backlog, what, fd_out, bound_port);
+}
+
+bool dt_sock_is_loopback(const char *host) {
+    if (!host || !*host)
+        return true;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return false;
+    bool all = res != NULL;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET) {
+            uint32_t a = ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr);
+            all        = all && (a >> 24) == 127;
+        } else if (ai->ai_family == AF_INET6) {
+            all = all && IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr);
+        } else {
+            all = false;
+        }
+    }
+    freeaddrinfo(res);
+    return all;
+}
+
+dt_status dt_sock_listen_on(bool loopback_only, int port, int backlog, const char *what,
+                            int *fd_out, int *bound_port) {
     *fd_out = -1;
     if (port < 0 || port > 65535)
         return dt_fail(DT_ERR_ARG, "%s: expected a port in [0, 65535], found %d", what, port);
@@ -130,7 +156,7 @@ dt_status dt_sock_listen(int port, int backlog, const char *what, int *fd_out, i
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr    = htonl(INADDR_ANY);
+    a.sin_addr.s_addr    = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
     if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         int e = errno;
         close(fd);

@@ -3,6 +3,7 @@
 // others (SIGTERM, then SIGKILL after a grace period) and report the first failure.
 #include "comm/comm_impl.h"
 #include "comm/shm.h"
+#include "core/hmac.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -82,7 +83,8 @@ static void setenv_int(const char *name, long v) {
 
 // Runs in the child: never returns.
 static _Noreturn void child_main(int i, int nprocs, long rank_base, long world, pid_t parent,
-                                 const char *port, const char *token, dt_spawn_fn fn, void *arg) {
+                                 const char *addr, const char *port, const char *token,
+                                 dt_spawn_fn fn, void *arg) {
     // Die with the parent; if it died before prctl took effect, go now.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
@@ -91,10 +93,10 @@ static _Noreturn void child_main(int i, int nprocs, long rank_base, long world, 
     setenv_int("LOCAL_WORLD_SIZE", nprocs);
     setenv_int("RANK", rank_base + i);
     setenv_int("WORLD_SIZE", world);
-    if (port) {
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
+    if (addr)
+        setenv("MASTER_ADDR", addr, 1);
+    if (port)
         setenv("MASTER_PORT", port, 1);
-    }
     if (token)
         setenv("DT_JOB_TOKEN", token, 1);
     int rc = fn(i, arg);
@@ -141,27 +143,38 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
                            "spawn: node %ld with %d processes needs WORLD_SIZE >= %ld, found %ld",
                            v, nprocs, base + nprocs, world);
     }
-    // A free port and a fresh token when the environment gives none.
-    char        port_buf[16], token_buf[40];
-    const char *port = NULL, *token = NULL;
-    const char *mp = getenv("MASTER_PORT");
+    // A job of its own (every rank forked here): a free port unless MASTER_PORT gives
+    // one, 127.0.0.1 unless MASTER_ADDR says otherwise, and a fresh random token.
+    // One node of several: the other nodes' dt_spawn cannot know a random token, so
+    // without DT_JOB_TOKEN every node derives the same one from the job's shape. That
+    // token is no secret: it keeps a stray rank of another job (or one without a token)
+    // out, not an attacker who can reach the port (docs/comm.md, "Job tokens").
+    bool        alone = world == nprocs;
+    char        port_buf[16], token_buf[96];
+    const char *addr = NULL, *port = NULL, *token = NULL;
+    const char *mp = getenv("MASTER_PORT"), *ma = getenv("MASTER_ADDR");
     if (!mp || !*mp) {
         int fd, p;
         DT_TRY(dt_sock_listen(0, 1, "spawn: picking a free port", &fd, &p));
         close(fd);
         snprintf(port_buf, sizeof port_buf, "%d", p);
         port = port_buf;
+        mp   = port_buf;
+        if (!ma || !*ma)
+            addr = "127.0.0.1";
+    } else if ((!ma || !*ma) && alone) {
+        addr = "127.0.0.1";
     }
     const char *tk = getenv("DT_JOB_TOKEN");
-    if (!tk || !*tk) {
+    if ((!tk || !*tk) && alone) {
         unsigned char rnd[16];
-        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-            uint64_t t = dt_now_ns() ^ ((uint64_t)getpid() << 32);
-            memcpy(rnd, &t, sizeof t);
-            memcpy(rnd + 8, &t, sizeof t);
-        }
+        dt_random_bytes(rnd, sizeof rnd);
         for (int i = 0; i < 16; i++)
             snprintf(token_buf + 2 * i, 3, "%02x", rnd[i]);
+        token = token_buf;
+    } else if (!tk || !*tk) {
+        snprintf(token_buf, sizeof token_buf, "dtrain-shared:port=%s:world=%ld:nproc=%d", mp, world,
+                 nprocs);
         token = token_buf;
     }
 
@@ -182,7 +195,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
         pidfds[i] = -1;
         pid_t pid = fork();
         if (pid == 0)
-            child_main(i, nprocs, base, world, parent, port, token, fn, arg);
+            child_main(i, nprocs, base, world, parent, addr, port, token, fn, arg);
         if (pid < 0) {
             st = dt_fail_errno(DT_ERR_IO, "spawn: fork of local rank %d of %d", i, nprocs);
             res.failed_rank = i;

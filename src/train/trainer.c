@@ -58,6 +58,13 @@ static void build_common(dt_trainer *t) {
            "port of rank 0's store (default $MASTER_PORT, else a free\n"
              "port on one machine and 29500 on several)",
            D, 0, 0, 0},
+          {"job-token", DT_FLAG_STRING, &a->job_token, NULL, 0, 0, "T",
+           "the job's shared secret (default $DT_JOB_TOKEN): give every\n"
+             "machine the same one where strangers can reach the port.\n"
+             "Without it, one machine draws a random token; several derive\n"
+             "one from the port and sizes, which keeps other jobs out but\n"
+             "is no secret (trusted networks only). Never sent on the wire.",
+           D, 0, 0, 0},
           {"backend", DT_FLAG_STRING, &a->backend, NULL, 0, 0, "NAME",
            "auto (default: shm on one host, tcp across hosts), shm, tcp,\n"
              "gloo (an alias of tcp, the name PyTorch scripts use),\n"
@@ -116,6 +123,8 @@ static void build_common(dt_trainer *t) {
 }
 
 static dt_status check_args(const dt_train_args *a) {
+    if (a->job_token && !*a->job_token)
+        return dt_fail(DT_ERR_ARG, "--job-token expects a non-empty token");
     if (a->machine_id >= a->num_machines)
         return dt_fail(DT_ERR_ARG,
                        "--machine-id expects a value below --num-machines (%ld), found %ld",
@@ -187,6 +196,8 @@ dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv, const dt_train
         dt_free(t);
         return DT_OK;
     }
+    if (t->a.job_token)
+        setenv("DT_JOB_TOKEN", t->a.job_token, 1); // read by dt_spawn and dt_pg_init
     // SIGTERM waits for a step boundary while training; blocked before any thread or
     // worker starts, so they all inherit it. dt_spawn forwards it to its workers;
     // elsewhere a watcher thread takes it.
