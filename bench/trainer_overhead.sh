@@ -2,7 +2,9 @@
 # The cost of the one-object API (dt_trainer): dtrain-mnist as it is (on the trainer)
 # against the hand-written loop it replaced (examples/mnist at REV, before the port,
 # built against the same library), runs interleaved (hand, trainer, hand, ...), medians
-# of the training loop's time (STATS train_loop_secs) and of the whole run.
+# of the training loop's time (STATS train_loop_secs), of the whole run, and of the CPU
+# time (user + system, children included: less sensitive to a loaded machine), and the
+# median of the per-pair ratios (a pair runs back to back, under about the same load).
 #
 #   bench/trainer_overhead.sh [--runs N] [--procs P] [--limit N] [--rev REV]
 #
@@ -37,10 +39,12 @@ whole() { sed -n 's/^STATS {"secs": \([0-9.]*\).*/\1/p' "$1"; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 : > $out/hand.txt; : > $out/trainer.txt
 for i in $(seq "$runs"); do
-    $old $flags > $out/h.log 2>&1
-    $new $flags > $out/t.log 2>&1
-    echo "$(loop $out/h.log) $(whole $out/h.log)" >> $out/hand.txt
-    echo "$(loop $out/t.log) $(whole $out/t.log)" >> $out/trainer.txt
+    /usr/bin/time -f "%U %S" -o $out/h.cpu $old $flags > $out/h.log 2>&1 ||
+        { echo "hand-written run $i failed:" >&2; cat $out/h.log >&2; exit 1; }
+    /usr/bin/time -f "%U %S" -o $out/t.cpu $new $flags > $out/t.log 2>&1 ||
+        { echo "trainer run $i failed:" >&2; cat $out/t.log >&2; exit 1; }
+    echo "$(loop $out/h.log) $(whole $out/h.log) $(awk '{print $1 + $2}' $out/h.cpu)" >> $out/hand.txt
+    echo "$(loop $out/t.log) $(whole $out/t.log) $(awk '{print $1 + $2}' $out/t.cpu)" >> $out/trainer.txt
     grep -v "Finished\|STATS" $out/h.log > $out/h.cmp; grep -v "Finished\|STATS" $out/t.log > $out/t.cmp
     cmp -s $out/h.cmp $out/t.cmp || { echo "outputs differ (run $i)" >&2; exit 1; }
 done
@@ -51,3 +55,8 @@ printf "median train loop: hand %s s, trainer %s s, ratio %s\n" "$hl" "$tl" "$(e
 hm=$(cut -d' ' -f1 $out/hand.txt | sort -n | head -1) tm=$(cut -d' ' -f1 $out/trainer.txt | sort -n | head -1)
 printf "fastest train loop: hand %s s, trainer %s s, ratio %s\n" "$hm" "$tm" "$(echo "$tm $hm" | awk '{printf "%.3f", $1/$2}')"
 printf "median whole run:  hand %s s, trainer %s s, ratio %s\n" "$hw" "$tw" "$(echo "$tw $hw" | awk '{printf "%.3f", $1/$2}')"
+hc=$(cut -d' ' -f3 $out/hand.txt | median) tc=$(cut -d' ' -f3 $out/trainer.txt | median)
+printf "median CPU time:   hand %s s, trainer %s s, ratio %s\n" "$hc" "$tc" "$(echo "$tc $hc" | awk '{printf "%.3f", $1/$2}')"
+pl=$(paste -d' ' $out/hand.txt $out/trainer.txt | awk '{print $4 / $1}' | median)
+pc=$(paste -d' ' $out/hand.txt $out/trainer.txt | awk '{print $6 / $3}' | median)
+printf "median of paired ratios (trainer / hand): train loop %.3f, CPU time %.3f\n" "$pl" "$pc"
