@@ -153,6 +153,16 @@ static void free_thread_buffers(dt_model *m) {
     m->partial = NULL;
 }
 
+// DT_NO_POOL_FUSION=1 keeps the max pool a layer of its own (to measure the fusion).
+static bool no_pool_fusion(void) {
+    long v = 0;
+    if (dt_setting_int("DT_NO_POOL_FUSION", &v) != DT_OK) {
+        DT_WARN("nn", "%s; fusing", dt_last_error());
+        dt_clear_error();
+    }
+    return v == 1;
+}
+
 dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
     if (!m)
         return dt_fail(DT_ERR_ARG, "model: NULL model");
@@ -174,7 +184,7 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         r->skip      = true;
         nn_layer *p  = i + 2 < m->nlayers ? &m->layers[i + 2] : NULL;
         if (p && p->ops == &dt_nn_maxpool2d_ops && p->k == 2 && p->stride == 2 && c->stride == 1 &&
-            c->out.h % 2 == 0 && c->out.w % 2 == 0 && !getenv("DT_NO_POOL_FUSION")) {
+            c->out.h % 2 == 0 && c->out.w % 2 == 0 && !no_pool_fusion()) {
             c->pool = p;
             p->skip = true;
         }
