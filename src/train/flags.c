@@ -6,7 +6,10 @@
 #include <limits.h>
 #include <string.h>
 
-static dt_status set_value(const dt_flag *f, const char *v, const char *shown) {
+// Writes v (NULL: none given) to the flag's target. Defaults (is_default) are the
+// program's text: parsed over the type's whole range, so a default may lie outside the
+// range a user may give (-1 for "automatic", say).
+static dt_status set_value(const dt_flag *f, const char *v, const char *shown, bool is_default) {
     char what[96];
     snprintf(what, sizeof what, "--%s", f->name);
     switch (f->type) {
@@ -17,7 +20,7 @@ static dt_status set_value(const dt_flag *f, const char *v, const char *shown) {
         // Bounds beyond a long's range (2^63 as a double) mean the range's end.
         long lo = f->lo <= -9.2e18 ? LONG_MIN : (long)f->lo;
         long hi = f->hi >= 9.2e18 ? LONG_MAX : (long)f->hi;
-        if (f->lo == 0 && f->hi == 0)
+        if ((f->lo == 0 && f->hi == 0) || is_default)
             lo = LONG_MIN, hi = LONG_MAX;
         long x = 0;
         if (v)
@@ -27,7 +30,7 @@ static dt_status set_value(const dt_flag *f, const char *v, const char *shown) {
     }
     case DT_FLAG_DOUBLE: {
         double lo = f->lo, hi = f->hi, x = 0;
-        if (lo == 0 && hi == 0)
+        if ((lo == 0 && hi == 0) || is_default)
             lo = -1e308, hi = 1e308;
         if (v)
             DT_TRY(dt_parse_double(v, lo, hi, what, &x));
@@ -35,7 +38,7 @@ static dt_status set_value(const dt_flag *f, const char *v, const char *shown) {
         return DT_OK;
     }
     case DT_FLAG_STRING:
-        if (v && f->choices) {
+        if (v && f->choices && !is_default) {
             size_t      n  = strlen(v);
             const char *p  = f->choices;
             bool        ok = false;
@@ -69,7 +72,7 @@ dt_status dt_flags_parse(const dt_flag *const *tables, int argc, char **argv, bo
         for (const dt_flag *f = tables[t]; f->name; f++)
             if (f->target)
                 DT_TRY(set_value(f, f->type == DT_FLAG_BOOL ? (f->def ? "" : NULL) : f->def,
-                                 f->def ? f->def : ""));
+                                 f->def ? f->def : "", true));
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
@@ -101,7 +104,7 @@ dt_status dt_flags_parse(const dt_flag *const *tables, int argc, char **argv, bo
             return dt_fail(DT_ERR_ARG, "--%s expects a value, found none", name);
         }
         if (f->target)
-            DT_TRY(set_value(f, v, v));
+            DT_TRY(set_value(f, v, v, false));
     }
     return DT_OK;
 }

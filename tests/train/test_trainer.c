@@ -132,8 +132,8 @@ typedef struct job {
 static void save_result(dt_trainer *t, dt_params *p, void *all, size_t total) {
     if (!dt_trainer_is_main(t))
         return;
-    result *r   = shared_result;
-    r->n        = (int)dt_params_numel(p);
+    result *r = shared_result;
+    r->n      = (int)dt_params_numel(p);
     r->steps    = dt_trainer_step_count(t);
     r->gathered = (int)total;
     memset(r->seen, 0, sizeof r->seen);
@@ -169,6 +169,21 @@ static dt_status linear_fn(dt_trainer *t, const job *j) {
         return st;
     }
     DT_TRY(dt_trainer_prepare(t, p, opt, NULL));
+    // main_process_first: rank 0 writes a file; every other rank finds it.
+    char path[300];
+    snprintf(path, sizeof path, "%s/first", tmp);
+    DT_TRY(dt_trainer_main_first_begin(t));
+    if (dt_trainer_is_main(t)) {
+        FILE *f = fopen(path, "w");
+        if (f)
+            fclose(f);
+    } else if (access(path, F_OK) == 0) {
+        __atomic_fetch_add(&shared_result->saw_first, 1, __ATOMIC_SEQ_CST);
+    }
+    DT_TRY(dt_trainer_main_first_end(t));
+    DT_TRY(dt_trainer_wait_for_everyone(t));
+    if (dt_trainer_is_main(t))
+        unlink(path);
     dt_batch b;
     while (dt_trainer_next(t, &b)) {
         float loss = 0;
@@ -385,6 +400,7 @@ static void test_own_gradients(void) {
     CHECK_EQ(run_trainer("--epochs 3 --clip-grad 0.5 --num-processes 4 --accumulate 2", &j, &r_tr),
              0);
     CHECK_EQ(r_tr.steps, 39);
+    CHECK_EQ(r_tr.saw_first, 3);
     float d4 = max_diff(&r_tr, &r_ref);
     CHECK(d4 < 1e-5f);
     printf("     own gradients: 2 x 4 vs 1 x 8: max |diff| %.2g; 4 x 1 x 2 micro-batches: %.2g\n",
