@@ -45,11 +45,12 @@ static dt_optim *make_sgd(dt_model *m) {
 // ------------------------------------------------------------ the hand-written loop
 
 typedef struct result {
-    int     n;        // floats
-    int64_t steps;    // optimizer steps
-    int     gathered; // gather_for_metrics: elements
-    int     seen[NS]; // ... how often each index came back
-    float   p[MAXP];  // rank 0's parameters at the end
+    int     n;         // floats
+    int64_t steps;     // optimizer steps
+    int     gathered;  // gather_for_metrics: elements
+    int     seen[NS];  // ... how often each index came back
+    int     saw_first; // ranks that found rank 0's file after main_first_begin
+    float   p[MAXP];   // rank 0's parameters at the end
 } result;
 
 static result *shared_result; // MAP_SHARED: written by forked workers
@@ -132,8 +133,8 @@ typedef struct job {
 static void save_result(dt_trainer *t, dt_params *p, void *all, size_t total) {
     if (!dt_trainer_is_main(t))
         return;
-    result *r = shared_result;
-    r->n      = (int)dt_params_numel(p);
+    result *r   = shared_result;
+    r->n        = (int)dt_params_numel(p);
     r->steps    = dt_trainer_step_count(t);
     r->gathered = (int)total;
     memset(r->seen, 0, sizeof r->seen);
