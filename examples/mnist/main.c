@@ -24,11 +24,12 @@
 // rank's sampler position and the dropout stream, whose masks depend only on (seed,
 // epoch, sample).
 //
-// One process versus many: the loop below is the same text for both. Written without
-// the trainer, a single-process loop differs from this one in six lines (docs/trainer.md):
+// One process versus many: this program is the same text for both (the launch is a flag
+// or a launcher). Against a plain single-process loop without the trainer, the loop
+// differs in seven lines and main in two (docs/trainer.md shows the diff):
 // dt_trainer_loader for the loader, dt_trainer_prepare_model after the optimizer,
-// dt_trainer_next for dt_loader_next, dt_trainer_step for dt_optim_step, dt_trainer_finish
-// after the loop, and dt_trainer_all_reduce in the evaluation.
+// dt_trainer_next for the epoch and batch loops, no zero_grad, dt_trainer_step for
+// dt_optim_step, dt_trainer_finish at the end; dt_trainer_new and dt_trainer_run in main.
 #include "dtrain/train.h"
 
 #include <stdio.h>
