@@ -58,34 +58,41 @@ static const char epilogue[] =
     "4 per online CPU and 256 (DT_MAX_LOCAL_PROCS overrides).\n"
     "Exit status: 0 done, 1 failed, 2 usage error, 75 stopped by SIGTERM.\n";
 
-// Test-set loss and accuracy, each rank evaluating its share (every sample once across
-// ranks), summed over ranks.
-static dt_status evaluate(dt_trainer *t, dt_model *m, const job *j, double *accuracy) {
+// A worker's model, for the evaluation.
+typedef struct worker {
+    const job *j;
+    dt_model  *m;
+    int64_t    hits; // correct test predictions, over all ranks
+} worker;
+
+// Test-set mean loss and accuracy, each rank evaluating its share (every sample once
+// across ranks), summed over ranks. Also the trainer's per-epoch evaluation for --plot.
+static dt_status evaluate(dt_trainer *t, void *user, double *mean_loss) {
+    worker    *w = user;
     dt_loader *l;
-    DT_TRY(dt_trainer_loader(t, &j->test, (size_t)j->a.batch_size, DT_SPLIT_EVAL, &l));
-    dt_model_train(m, false);
+    DT_TRY(dt_trainer_loader(t, &w->j->test, (size_t)w->j->a.batch_size, DT_SPLIT_EVAL, &l));
+    dt_model_train(w->m, false);
     dt_loader_begin_epoch(l, 0);
     dt_batch b;
     double   total = 0;
     int64_t  hits  = 0;
     while (dt_loader_next(l, &b)) {
         float loss;
-        DT_TRY(dt_model_forward(m, b.x, (int)b.size));
-        DT_TRY(dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, NULL));
+        DT_TRY(dt_model_forward(w->m, b.x, (int)b.size));
+        DT_TRY(dt_loss_nll(dt_model_output(w->m), b.y, (int)b.size, 10, &loss, NULL));
         total += (double)loss * (double)b.size;
-        hits += dt_count_correct(dt_model_output(m), b.y, (int)b.size, 10);
+        hits += dt_count_correct(dt_model_output(w->m), b.y, (int)b.size, 10);
     }
     DT_TRY(dt_loader_status(l));
-    dt_model_train(m, true);
+    dt_model_train(w->m, true);
     if (dt_trainer_pg(t)) {
         float lsum = (float)total;
         DT_TRY(dt_trainer_all_reduce(t, &hits, 1, DT_INT64, DT_REDUCE_SUM));
         DT_TRY(dt_trainer_all_reduce(t, &lsum, 1, DT_FLOAT32, DT_REDUCE_SUM));
         total = lsum;
     }
-    *accuracy = 100.0 * (double)hits / (double)j->test.n;
-    dt_trainer_print_local(t, "Test accuracy: %.2f%% (%lld/%zu), average loss %.4f\n", *accuracy,
-                           (long long)hits, j->test.n, total / (double)j->test.n);
+    w->hits    = hits;
+    *mean_loss = total / (double)w->j->test.n;
     return DT_OK;
 }
 
@@ -103,28 +110,32 @@ static dt_status train(dt_trainer *t, void *user) {
         dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
     DT_TRY(dt_trainer_prepare_model(t, m, opt, NULL)); // the trainer's from here: --load,
                                                        // --resume, DDP
+    worker w = {j, m, 0};
+    dt_trainer_set_eval(t, evaluate, &w); // --plot's test loss after each epoch
     float *dlogp = dt_alloc(sizeof(float) * 10 * (size_t)j->a.batch_size);
     if (!dlogp)
         return DT_ERR_NOMEM;
     dt_status st = DT_OK;
     dt_batch  b;
-    while (!st && dt_trainer_next(t, &b)) {
+    while (!st && dt_trainer_next(t, &b)) { // the loss lines (or a bar) are the trainer's
         float loss;
         if ((st = dt_model_forward(m, b.x, (int)b.size)) ||
             (st = dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, dlogp)) ||
             (st = dt_model_backward(m, dlogp)) || (st = dt_trainer_step(t, loss)))
             break;
-        if (b.index % (size_t)a->log_every == 0)
-            dt_trainer_print(t, "epoch: %ld [%zu/%zu (%.0f%%)]\t training loss: %.6f\n",
-                             dt_trainer_epoch(t), b.index, dt_trainer_num_batches(t),
-                             100.0 * (double)b.index / (double)dt_trainer_num_batches(t),
-                             (double)loss);
     }
     dt_free(dlogp);
-    double accuracy = -1;
-    if (st || (st = dt_trainer_finish(t)) || (!a->no_test && (st = evaluate(t, m, j, &accuracy))))
+    double accuracy = -1, loss;
+    if (st || (st = dt_trainer_finish(t)))
         return st;
-    return a->stats ? dt_trainer_stats(t, accuracy) : DT_OK;
+    if (!a->no_test) {
+        DT_TRY(evaluate(t, &w, &loss));
+        DT_TRY(dt_trainer_log_val(t, loss));
+        accuracy = 100.0 * (double)w.hits / (double)j->test.n;
+        dt_trainer_print_local(t, "Test accuracy: %.2f%% (%lld/%zu), average loss %.4f\n", accuracy,
+                               (long long)w.hits, j->test.n, loss);
+    }
+    return dt_trainer_report(t, accuracy); // --plot, --stats
 }
 
 // The datasets against the model's input shape, before any process starts training:

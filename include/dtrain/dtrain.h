@@ -14,6 +14,7 @@
 #include "dtrain/params.h"
 #include "dtrain/rng.h"
 #include "dtrain/tensor.h"
+#include "dtrain/trace.h"
 #include "dtrain/train.h"
 
 #endif // DTRAIN_DTRAIN_H

@@ -35,10 +35,13 @@
 // every collective of the trainer is a no-op. docs/trainer.md lists the few lines that
 // separate a plain loop from this one.
 //
-// Hooks for later steps (not yet implemented): a progress bar and --trace take their
-// numbers from dt_trainer_step (loss, samples, step times); --plot from the same and
-// from dt_trainer_log_metric; DataParallel threads replace the DDP wrapper inside
-// dt_trainer_prepare.
+// Watching (watch.h, trace.h): rank 0's progress bar on a terminal, or the seed's loss
+// lines elsewhere (every --log-every batches), is drawn by dt_trainer_step; --trace
+// FILE records from dt_trainer_prepare to dt_trainer_finish, which writes one
+// Chrome-trace file for all ranks; --plot FILE.svg collects the training loss in
+// dt_trainer_step, a validation loss per epoch (dt_trainer_set_eval) and at the end
+// (dt_trainer_log_val), and dt_trainer_report writes it. DataParallel threads (later)
+// replace the DDP wrapper inside dt_trainer_prepare.
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
 
@@ -50,6 +53,7 @@
 #include "dtrain/optim.h"
 #include "dtrain/params.h"
 #include "dtrain/rng.h"
+#include "dtrain/watch.h"
 
 #include <stdio.h>
 
@@ -116,7 +120,7 @@ typedef struct dt_train_args {
     const char *checkpoint_dir;
     long        checkpoint_every, keep, max_steps;
     bool        resume, fallback;
-    const char *save_model, *load;
+    const char *save_model, *load, *trace, *plot;
     bool        eval_only, no_test, stats, profile;
     long        accumulate; // micro-batches per optimizer step (default 1)
     double      clip_grad;  // max gradient norm (0: no clipping)
@@ -216,7 +220,8 @@ DT_API dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *
 // returns). Begins epochs, zeroes the gradients at the start of each accumulation
 // window, and turns DDP's reduction off for all but the window's last micro-batch.
 DT_API bool dt_trainer_next(dt_trainer *t, dt_batch *b);
-// After the micro-batch's backward: at the end of an accumulation window, averages the
+// After the micro-batch's backward: draws rank 0's progress (bar or loss line), and at
+// the end of an accumulation window averages the
 // gradients over ranks (and over the window's micro-batches), clips (--clip-grad),
 // sets the schedule's rate, steps the optimizer, saves a checkpoint every
 // --checkpoint-every steps, and agrees on a SIGTERM stop. Collective.
@@ -239,9 +244,18 @@ DT_API dt_rng dt_trainer_step_rng(const dt_trainer *t, uint64_t id);
 DT_API dt_status dt_trainer_finish(dt_trainer *t);
 DT_API bool      dt_trainer_preempted(const dt_trainer *t);
 
-// The STATS line (rank 0; collective for the peak RSS): time, samples/s, GFLOP/s, peak
-// RSS, world, threads, backend, DDP wait, `metric` as "accuracy", checkpoints.
-DT_API dt_status dt_trainer_stats(dt_trainer *t, double metric);
+// A validation loss, for --plot: called at the end of every epoch but the last (not
+// with --no-test), its loss added to the chart's validation series. Inside fn.
+typedef dt_status (*dt_trainer_eval_fn)(dt_trainer *t, void *user, double *loss);
+DT_API void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user);
+// A validation loss at the current step (--plot's validation series; rank 0 keeps it).
+DT_API dt_status dt_trainer_log_val(dt_trainer *t, double loss);
+
+// The end-of-run reports: --plot's SVG (rank 0, "Wrote the loss curves to PATH") and,
+// with --stats, the STATS line (rank 0; collective for the peak RSS): time,
+// samples/s, GFLOP/s, peak RSS, world, threads, backend, DDP wait, `metric` as
+// "accuracy", checkpoints. Collective with --stats.
+DT_API dt_status dt_trainer_report(dt_trainer *t, double metric);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,8 @@
 // the end of a run (last checkpoint, replica checksum, --save-model, STATS).
 #include "train_impl.h"
 
+#include "dtrain/trace.h"
+
 #include <string.h>
 #include <sys/resource.h>
 
@@ -143,6 +145,15 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     }
     if (t->m)
         dt_model_set_profile(t->m, a->profile);
+    dt_progress_opts po = dt_progress_opts_default();
+    po.log_every        = a->log_every;
+    if (t->rank == 0) {
+        DT_TRY(dt_progress_new(&t->bar, &po));
+        if (a->plot)
+            DT_TRY(dt_plot_new(&t->plot, NULL));
+    }
+    if (a->trace)
+        DT_TRY(dt_trace_start(NULL));
     t->train_start = dt_now();
     dt_train_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
     t->stop = a->eval_only || (a->max_steps && t->step >= a->max_steps);
@@ -167,9 +178,29 @@ dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt
 
 // ------------------------------------------------------------------------- the loop
 
+// The end of an epoch's pass (exhausted, or stopped): the bar's newline, and for --plot a
+// validation point after every epoch but the last.
+static dt_status end_epoch(dt_trainer *t, bool exhausted) {
+    t->in_epoch = false;
+    dt_progress_end_epoch(t->bar);
+    if (exhausted)
+        DT_TRY(dt_loader_status(t->ld));
+    if (t->a.plot && !t->a.no_test && t->eval_fn && exhausted && t->epoch + 1 < t->a.epochs) {
+        double loss;
+        DT_TRY(t->eval_fn(t, t->eval_user, &loss));
+        DT_TRY(dt_trainer_log_val(t, loss));
+    }
+    return DT_OK;
+}
+
 bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
-    if (t->err || t->stop || !t->ld || !t->prepared)
+    if (t->err || !t->ld || !t->prepared)
         return false;
+    if (t->stop) {
+        if (t->in_epoch)
+            t->err = end_epoch(t, false);
+        return false;
+    }
     for (;;) {
         if (!t->in_epoch) {
             if (t->epoch >= t->a.epochs) {
@@ -180,13 +211,13 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
             t->er = dt_rng_split(&t->root, (uint64_t)t->epoch);
             if (t->m)
                 dt_model_set_rng(t->m, &t->er);
+            dt_progress_begin_epoch(t->bar, t->epoch, t->nbatches);
             t->in_epoch = true;
         }
         if (dt_loader_next(t->ld, b))
             break;
-        if ((t->err = dt_loader_status(t->ld)) != DT_OK)
+        if ((t->err = end_epoch(t, true)) != DT_OK)
             return false;
-        t->in_epoch = false;
         t->epoch++;
     }
     long k = t->a.accumulate > 1 ? t->a.accumulate : 1;
@@ -206,7 +237,8 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
         if ((t->err = dt_model_set_sample_keys(t->m, t->keys, (int)b->size)) != DT_OK)
             return false;
     }
-    t->cur_size = b->size;
+    t->cur_size  = b->size;
+    t->cur_index = b->index;
     return true;
 }
 
@@ -220,27 +252,41 @@ static void scale_grads(dt_params *p, float s) {
 dt_status dt_trainer_step(dt_trainer *t, float loss) {
     t->last_loss = loss;
     t->samples_seen += (int64_t)t->cur_size;
-    if (!t->sync) {
+    if (t->sync) {
+        t->micro = 0;
+        if (t->ddp)
+            DT_TRY(dt_ddp_sync(t->ddp));
+        if (t->window > 1) // the mean over the window's micro-batches, like one big batch
+            scale_grads(t->p, 1.0f / (float)t->window);
+        if (t->a.clip_grad > 0)
+            DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
+        if (t->sched && t->opt)
+            DT_TRY(dt_sched_apply(t->sched, t->opt, t->step));
+        if (t->opt)
+            dt_optim_step(t->opt);
+        t->step++;
+    } else {
         t->micro++;
-        return DT_OK;
     }
-    t->micro = 0;
-    if (t->ddp)
-        DT_TRY(dt_ddp_sync(t->ddp));
-    if (t->window > 1) // the mean over the window's micro-batches, like one big batch
-        scale_grads(t->p, 1.0f / (float)t->window);
-    if (t->a.clip_grad > 0)
-        DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
-    if (t->sched && t->opt)
-        DT_TRY(dt_sched_apply(t->sched, t->opt, t->step));
-    if (t->opt)
-        dt_optim_step(t->opt);
-    t->step++;
+    // Rank 0's bar or loss line, and the training curve (every --log-every batches).
+    dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)t->world, loss);
+    if (t->plot && t->cur_index % (size_t)t->a.log_every == 0)
+        DT_TRY(dt_plot_add(t->plot, DT_PLOT_TRAIN, (double)t->step, loss));
+    if (!t->sync)
+        return DT_OK;
     if (t->a.checkpoint_every && t->step % t->a.checkpoint_every == 0)
         DT_TRY(save(t));
     DT_TRY(dt_train_preempt_agree(t->pg, &t->preempted));
     t->stop = t->preempted || (t->a.max_steps && t->step >= t->a.max_steps);
     return DT_OK;
+}
+
+void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user) {
+    t->eval_fn = fn, t->eval_user = user;
+}
+
+dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
+    return t->plot ? dt_plot_add(t->plot, DT_PLOT_VAL, (double)t->step, loss) : DT_OK;
 }
 
 // ---------------------------------------------------------------------- the end
@@ -305,6 +351,10 @@ dt_status dt_trainer_finish(dt_trainer *t) {
         if (t->rank == 0 && a->profile && t->m)
             print_profile(t->m, t->finished - t->train_start);
     }
+    if (a->trace) {
+        DT_TRY(dt_trace_save(t->pg, a->trace));
+        dt_trainer_print(t, "Wrote the trace to %s\n", a->trace);
+    }
     uint32_t crc;
     DT_TRY(check_replicas(t, &crc));
     if (t->pg)
@@ -316,7 +366,14 @@ dt_status dt_trainer_finish(dt_trainer *t) {
     return DT_OK;
 }
 
-dt_status dt_trainer_stats(dt_trainer *t, double metric) {
+dt_status dt_trainer_report(dt_trainer *t, double metric) {
+    if (t->plot) {
+        DT_TRY(dt_plot_write_svg(t->plot, t->a.plot));
+        printf("Wrote the loss curves to %s\n", t->a.plot);
+        fflush(stdout);
+    }
+    if (!t->a.stats)
+        return DT_OK;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     int64_t rss = ru.ru_maxrss; // KiB; the largest over ranks is reported

@@ -92,6 +92,14 @@ struct dt_trainer {
     const char *kvflag[MAX_KVS];
     int         nkvs;
     dt_ckpt_rng rngs[1];
+    // Watching: rank 0's progress and loss curves; the evaluation for --plot.
+    dt_progress       *bar;
+    dt_plot           *plot;
+    dt_trainer_eval_fn eval_fn;
+    void              *eval_user;
+    size_t             cur_index;
+    const dt_dataset  *eds[MAX_EVAL];
+    size_t             ebatch[MAX_EVAL];
 };
 
 #endif

@@ -102,13 +102,23 @@ static void build_common(dt_trainer *t) {
           {"eval-only", DT_FLAG_BOOL, &a->eval_only, NULL, 0, 0, "",
            "with --load: evaluate on the test set, no training", C, S, 0, 0},
           {"log-every", DT_FLAG_LONG, &a->log_every, "10", 1, 1L << 30, "K",
-           "print the loss every K batches (default 10)", O, 0, 0, 0},
+           "print the loss every K batches (default 10); on a terminal,\n"
+             "a progress bar (rate, ETA, loss) instead",
+           O, 0, 0, 0},
           {"no-test", DT_FLAG_BOOL, &a->no_test, NULL, 0, 0, "", "skip the test-set evaluation", O, S,
            0, 0},
           {"stats", DT_FLAG_BOOL, &a->stats, NULL, 0, 0, "",
            "print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)", O, S, 0, 0},
           {"profile", DT_FLAG_BOOL, &a->profile, NULL, 0, 0, "",
            "print forward and backward time per layer (rank 0)", O, 0, 0, 0},
+          {"trace", DT_FLAG_STRING, &a->trace, NULL, 0, 0, "FILE",
+           "write a Chrome-trace JSON of training, all ranks in one file\n"
+             "(open it in https://ui.perfetto.dev or chrome://tracing)",
+           O, 0, 0, 0},
+          {"plot", DT_FLAG_STRING, &a->plot, NULL, 0, 0, "FILE.svg",
+           "write the loss curves (training, and test after each epoch)\n"
+             "as an SVG chart (rank 0)",
+           O, 0, 0, 0},
           {0},
     };
     int n = 0;
@@ -275,6 +285,9 @@ static void release_worker(dt_trainer *t) {
     dt_loader_free(t->ld);
     dt_sampler_free(t->smp);
     dt_free(t->keys);
+    dt_progress_free(t->bar);
+    dt_plot_free(t->plot);
+    t->bar = NULL, t->plot = NULL;
     t->ddp = NULL, t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL;
     t->ld = NULL, t->smp = NULL, t->keys = NULL, t->neval = 0;
 }
@@ -518,6 +531,11 @@ dt_status dt_trainer_gather_for_metrics(dt_trainer *t, const void *src, size_t c
 dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, dt_split split,
                             dt_loader **out) {
     *out = NULL;
+    for (int i = 0; split == DT_SPLIT_EVAL && i < t->neval; i++)
+        if (t->eds[i] == ds && t->ebatch[i] == batch) { // the same evaluation again
+            *out = t->eld[i];
+            return DT_OK;
+        }
     if (split == DT_SPLIT_TRAIN && t->ld)
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected one training loader, found a "
                                      "second");
@@ -544,6 +562,7 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
         if (!(t->keys = dt_alloc(sizeof *t->keys * batch)))
             return DT_ERR_NOMEM;
     } else {
+        t->eds[t->neval] = ds, t->ebatch[t->neval] = batch;
         t->esmp[t->neval] = s, t->eld[t->neval++] = l;
     }
     *out = l;
