@@ -124,6 +124,7 @@ typedef struct dt_train_args {
     bool        eval_only, no_test, stats, profile;
     long        accumulate; // micro-batches per optimizer step (default 1)
     double      clip_grad;  // max gradient norm (0: no clipping)
+    long        invariant;  // gradient shards of a dt_model (-1: the default, see --help)
 } dt_train_args;
 
 typedef struct dt_trainer dt_trainer;

@@ -29,8 +29,10 @@ static void build_kvs(dt_trainer *t) {
             for (char *c = t->kvkey[n]; *c; c++)
                 *c = *c == '-' ? '_' : *c;
             char *v = t->kvval[n];
-            if (!strcmp(f->name, "threads"))
-                snprintf(v, sizeof t->kvval[n], "%d", t->threads); // as resolved
+            if (!strcmp(f->name, "threads")) // as resolved
+                snprintf(v, sizeof t->kvval[n], "%d", t->threads);
+            else if (!strcmp(f->name, "invariant"))
+                snprintf(v, sizeof t->kvval[n], "%ld", t->inv_v);
             else if (f->type == DT_FLAG_LONG)
                 snprintf(v, sizeof t->kvval[n], "%ld", *(long *)f->target);
             else if (f->type == DT_FLAG_DOUBLE)
@@ -141,6 +143,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     if (t->pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
+        o.tree_reduce = t->tree_reduce;
         DT_TRY(dt_ddp_new(&t->ddp, p, t->pg, &o));
     }
     if (t->m)
@@ -167,7 +170,23 @@ dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt
                        "dt_trainer_prepare_model: expected a model and an optimizer, "
                        "found %s (%s)",
                        m ? "no optimizer" : "no model", dt_last_error());
-    dt_status st = dt_model_set_threads(m, t->threads);
+    // Gradient shards (--invariant V): this rank holds shards rank + world * k of the
+    // global batch's V, so its local positions j = k (mod V / world) form local shard k
+    // (the sampler gives rank r global positions r + world * j); DDP continues the tree
+    // over ranks. A world that does not divide the default V gets one shard per rank.
+    long v = t->inv_v, shards = 0;
+    if (v > 0 && v % t->world == 0)
+        shards = v / t->world;
+    else if (v > 0 && t->a.invariant > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--invariant %ld: expected a world size dividing it, found %d processes", v,
+                       t->world);
+    else if (v > 0)
+        shards = 1;
+    t->tree_reduce = shards > 0 && v % t->world == 0;
+    dt_status st   = dt_model_set_threads(m, t->threads);
+    if (!st)
+        st = dt_model_set_grad_shards(m, (int)shards);
     if (!st && t->batch)
         st = dt_model_reserve(m, (int)t->batch);
     if (st)

@@ -81,6 +81,8 @@ struct dt_trainer {
     long        epoch;
     bool        in_epoch, stop, preempted, prepared, sync;
     int         micro, window;
+    long        inv_v;       // --invariant as resolved (the default from the cores)
+    bool        tree_reduce; // DDP continues the model's shard tree over ranks
     int64_t     step, last_saved, ckpt_saves, samples_seen;
     double      ckpt_secs, train_start, finished;
     float       grad_norm, last_loss;

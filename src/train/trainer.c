@@ -43,6 +43,17 @@ static void build_common(dt_trainer *t) {
           {"clip-grad", DT_FLAG_DOUBLE, &a->clip_grad, NULL, 0, 1e30, "X",
            "clip the gradients' global norm to X (default: no clipping)", T, S | DT_FLAG_CKPT_WARN, 0,
            0},
+          {"invariant", DT_FLAG_LONG, &a->invariant, "-1", 0, 64, "V",
+           "sum gradients as V shards of the global batch, by one fixed\n"
+             "tree (V a power of two, up to 64; 0: off, each thread sums its\n"
+             "samples): any thread count and any P processes (P dividing V,\n"
+             "batch B/P each) then train bitwise the model of one process\n"
+             "with batch B. Default: the cores rounded up to a power of two,\n"
+             "at least 8 (a thread per shard in backward); with P not\n"
+             "dividing it, each process is one shard (thread-invariant only).\n"
+             "It cost 0-3% of CPU time on the seed's ConvNet\n"
+             "(bench/RESULTS.md); 0 turns it off",
+           T, DT_FLAG_CKPT_WARN, 0, 0},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -135,6 +146,9 @@ static void build_common(dt_trainer *t) {
 static dt_status check_args(const dt_train_args *a) {
     if (a->job_token && !*a->job_token)
         return dt_fail(DT_ERR_ARG, "--job-token expects a non-empty token");
+    if (a->invariant > 0 && (a->invariant & (a->invariant - 1)))
+        return dt_fail(DT_ERR_ARG, "--invariant: expected 0 or a power of two up to 64, found %ld",
+                       a->invariant);
     if (a->machine_id >= a->num_machines)
         return dt_fail(DT_ERR_ARG,
                        "--machine-id expects a value below --num-machines (%ld), found %ld",
@@ -263,6 +277,11 @@ static dt_status check_shared(dt_trainer *t) {
                 x.value = *(const char **)f->target != NULL, x.is_bool = true;
             s[n++] = x;
         }
+    // The resolved --invariant: its default follows the cores, so machines of different
+    // sizes would otherwise sum gradients by different trees.
+    s[n++] = (dt_train_setting){.flag  = "--invariant (its default follows the cores: give it "
+                                         "explicitly on machines of different sizes)",
+                                .value = t->inv_v};
     for (int i = 0; i < t->nextra; i++)
         s[n++] = (dt_train_setting){.flag = t->extra[i].what, .value = t->extra[i].value};
     return dt_train_check_settings(t->pg, s, n);
@@ -305,6 +324,13 @@ static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
         t->threads = (int)(cores / (t->local_size > 0 ? t->local_size : 1));
         if (t->threads < 1)
             t->threads = 1;
+    }
+    t->inv_v = t->a.invariant;
+    if (t->inv_v < 0) { // the default: at least 8, and at least the cores, so that threads
+                        // have a shard each in the convolutions' backward
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        for (t->inv_v = 8; t->inv_v < cores && t->inv_v < 64; t->inv_v *= 2)
+            ;
     }
     // The trainer's random streams: one of their own under the seed, split by epoch
     // (then, in a dt_model, by layer and by the sample's dataset index), so a sample

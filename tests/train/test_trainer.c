@@ -262,8 +262,8 @@ static int run_trainer(const char *flags, job *j, result *out) {
     char buf[512], *argv[40];
     int  argc    = 0;
     argv[argc++] = "test_trainer";
-    snprintf(buf, sizeof buf, "--threads 1 --seed 3 --no-test --backend %s %s", mp_backend(),
-             flags);
+    snprintf(buf, sizeof buf, "--threads 1 --seed 3 --no-test --invariant 0 --backend %s %s",
+             mp_backend(), flags);
     for (char *s = strtok(buf, " "); s && argc < 39; s = strtok(NULL, " "))
         argv[argc++] = s;
     argv[argc] = NULL;
@@ -411,6 +411,23 @@ static void test_own_gradients(void) {
     CHECK(max_diff(&r_tr, &r_ref) > 1e-3f);
 }
 
+static void test_invariant(void) {
+    // --invariant 8: gradient shards and DDP's tree over ranks make 1 x 8, 2 x 4 and
+    // 4 x 2 one model bit for bit (with --invariant 0 they differ by rounding, above).
+    job j = {.batch = 8};
+    CHECK_EQ(run_trainer("--epochs 2 --invariant 8", &j, &r_ref), 0);
+    for (int P = 1; P <= 4; P *= 2) {
+        char flags[96];
+        j.batch = 8 / P;
+        snprintf(flags, sizeof flags, "--epochs 2 --invariant 8 --num-processes %d", P);
+        CHECK_EQ(run_trainer(flags, &j, &r_tr), 0);
+        CHECK(r_tr.n > 0 && memcmp(r_tr.p, r_ref.p, sizeof(float) * (size_t)r_tr.n) == 0);
+    }
+    // A world that does not divide an explicit V is refused.
+    j.batch = 2;
+    CHECK_EQ(run_trainer("--epochs 1 --invariant 2 --num-processes 4", &j, &r_tr), 1);
+}
+
 static long        f_long;
 static double      f_dbl;
 static bool        f_bool;
@@ -470,6 +487,7 @@ int main(void) {
     RUN(test_accumulation);
     RUN(test_resume_bitwise);
     RUN(test_own_gradients);
+    RUN(test_invariant);
     dt_dataset_free(&train_set);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
