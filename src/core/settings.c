@@ -17,7 +17,7 @@
 static const dt_setting table[] = {
     // core
     {"DT_LOG_LEVEL", "core", DT_SETTING_CHOICE, 0, 0, 2, "debug|info|warn|error|off",
-     "log level (default warn)"},
+     "log level"},
     {"DT_FAIL_ALLOC_AFTER", "core", DT_SETTING_INT, -1, 1L << 40, -1, NULL,
      "tests: the allocation after this many fails (-1: never)"},
     // nn
