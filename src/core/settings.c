@@ -16,8 +16,7 @@
 // Sorted by module, then name. Defaults of 0 that mean "automatic" say so in the help.
 static const dt_setting table[] = {
     // core
-    {"DT_LOG_LEVEL", "core", DT_SETTING_CHOICE, 0, 0, 2, "debug|info|warn|error|off",
-     "log level"},
+    {"DT_LOG_LEVEL", "core", DT_SETTING_CHOICE, 0, 0, 2, "debug|info|warn|error|off", "log level"},
     {"DT_FAIL_ALLOC_AFTER", "core", DT_SETTING_INT, -1, 1L << 40, -1, NULL,
      "tests: the allocation after this many fails (-1: never)"},
     // nn
