@@ -1,0 +1,251 @@
+// gemm16.c: C (fp32) (+)= op(A) op(B) with A, B in bf16 (prec.h), on the path chosen at
+// run time.
+//
+// avx512bf16 path. VDPBF16PS multiplies pairs of bf16 along k and adds both products to
+// one fp32 lane: lane j of the result gains a[2p] * b[2p][j] + a[2p+1] * b[2p+1][j]. So
+// both operands are packed in k-pairs:
+//   B block (KC x NC) -> panels of NR = 48 columns; inside a panel, for each k-pair p,
+//     48 (b[2p][j], b[2p+1][j]) pairs = three 64-byte vectors;
+//   A block (MC x KC) -> micro-panels of MR = 8 rows; for each k-pair p, 8 32-bit words
+//     (a[i][2p], a[i][2p+1]), each broadcast to all lanes.
+// The micro-kernel keeps an 8 x 48 tile of C in 24 of the 32 vector registers; each
+// k-pair loads 3 B vectors and broadcasts 8 A words for 24 VDPBF16PS (as shifted.c does
+// for fp32 FMAs). Blocking (Goto's): a B micro-panel (KC/2 pairs x 48 x 4 bytes = 24 KiB)
+// stays in L1 while the micro-panels of the A block (MC x KC x 2 = 48 KiB) stream from
+// L2; the B block (KC x NC x 2 = 384 KiB) stays in L2 (1 MiB per core on Zen 4).
+// Padding (odd k, rows past m, columns past n) is packed as zeros, and edge tiles go
+// through a small buffer, so any shape is valid.
+//
+// The instruction treats bf16 denormal inputs as zero and flushes denormal results
+// (Intel's definition: DAZ/FTZ implied), and sums the two products of a pair before
+// adding them to the lane: results differ from an fp32 FMA sequence in the last bits,
+// well inside the bf16 tolerance (tests/unit/test_prec.c). The summation order is fixed
+// by the shapes alone, so results are reproducible run to run.
+//
+// fp32 path: the operands are widened to fp32 (exact: bf16 is a truncated fp32) and
+// multiplied by OpenBLAS's sgemm. It runs on any CPU and is the reference the
+// avx512bf16 path is tested against.
+//
+// AMX (TDPBF16PS) is not built: no machine with AMX was available to test it.
+#include "nn/blas.h"
+#include "nn/prec.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KC 256 // k per block (even)
+#define MC 96  // rows per A block (a multiple of MR)
+#define NC 768 // columns per B block (a multiple of NR)
+#define MR 8
+#define NR 48
+
+// ------------------------------------------------------------------ packing
+// Element (i, kk) of op(A) and (kk, j) of op(B).
+#define A_AT(i, kk) (ta ? a[(size_t)(kk)*lda + (i)] : a[(size_t)(i)*lda + (kk)])
+#define B_AT(kk, j) (tb ? b[(size_t)(j)*ldb + (kk)] : b[(size_t)(kk)*ldb + (j)])
+
+// B rows [k0, k0 + kc), columns [n0, n0 + nc) into panels of NR columns (the last one
+// nv * 16 wide), zero-padded.
+static void pack_b(bool tb, const uint16_t *b, int ldb, int k0, int kc, int n0, int nc,
+                   uint16_t *out) {
+    int kcp = (kc + 1) / 2;
+    for (int jp = 0; jp < nc; jp += NR) {
+        int w = nc - jp < NR ? nc - jp : NR, wpad = (w + 15) / 16 * 16;
+        for (int p = 0; p < kcp; p++) {
+            uint16_t *o    = out + (size_t)p * wpad * 2;
+            int       k1   = k0 + 2 * p;
+            bool      has2 = 2 * p + 1 < kc;
+            for (int j = 0; j < w; j++) {
+                o[2 * j]     = B_AT(k1, n0 + jp + j);
+                o[2 * j + 1] = has2 ? B_AT(k1 + 1, n0 + jp + j) : 0;
+            }
+            for (int j = w; j < wpad; j++)
+                o[2 * j] = o[2 * j + 1] = 0;
+        }
+        out += (size_t)kcp * wpad * 2;
+    }
+}
+
+// A rows [m0, m0 + mc), columns [k0, k0 + kc) into micro-panels of MR rows.
+static void pack_a(bool ta, const uint16_t *a, int lda, int m0, int mc, int k0, int kc,
+                   uint16_t *out) {
+    int kcp = (kc + 1) / 2;
+    for (int ip = 0; ip < mc; ip += MR) {
+        int rows = mc - ip < MR ? mc - ip : MR;
+        for (int p = 0; p < kcp; p++) {
+            uint16_t *o    = out + (size_t)p * MR * 2;
+            int       k1   = k0 + 2 * p;
+            bool      has2 = 2 * p + 1 < kc;
+            for (int i = 0; i < rows; i++) {
+                o[2 * i]     = A_AT(m0 + ip + i, k1);
+                o[2 * i + 1] = has2 ? A_AT(m0 + ip + i, k1 + 1) : 0;
+            }
+            for (int i = rows; i < MR; i++)
+                o[2 * i] = o[2 * i + 1] = 0;
+        }
+        out += (size_t)kcp * MR * 2;
+    }
+}
+
+// ------------------------------------------------------------------ micro-kernels
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+#define PRAGMA_(x) _Pragma(#x)
+#define UNROLL(n)  PRAGMA_(GCC unroll n)
+
+// C tile (MR x 16 NV) at c (row stride ldc) (+)= packed A micro-panel x B micro-panel.
+// clang-format off
+#define DEFINE_KERNEL(name, NV)                                                              \
+    TARGET_BF16 static inline __attribute__((always_inline)) void name(                      \
+        int kcp, const uint16_t *restrict ap, const uint16_t *restrict bp, float *restrict c, \
+        size_t ldc, bool add) {                                                              \
+        __m512 acc[MR][NV];                                                                  \
+        UNROLL(8) for (int o = 0; o < MR; o++) UNROLL(3) for (int v = 0; v < NV; v++)       \
+            acc[o][v] = add ? _mm512_loadu_ps(c + (size_t)o * ldc + 16 * v)                  \
+                            : _mm512_setzero_ps();                                           \
+        const uint32_t *aw = (const uint32_t *)ap;                                           \
+        for (int p = 0; p < kcp; p++) {                                                      \
+            __m512i bv[NV];                                                                  \
+            UNROLL(3) for (int v = 0; v < NV; v++)                                           \
+                bv[v] = _mm512_loadu_si512(bp + ((size_t)p * NV + v) * 32);                  \
+            UNROLL(8) for (int o = 0; o < MR; o++) {                                         \
+                __m512i av = _mm512_set1_epi32((int)aw[(size_t)p * MR + o]);                 \
+                UNROLL(3) for (int v = 0; v < NV; v++)                                       \
+                    acc[o][v] = _mm512_dpbf16_ps(acc[o][v], (__m512bh)av, (__m512bh)bv[v]);  \
+            }                                                                                \
+        }                                                                                    \
+        UNROLL(8) for (int o = 0; o < MR; o++) UNROLL(3) for (int v = 0; v < NV; v++)       \
+            _mm512_storeu_ps(c + (size_t)o * ldc + 16 * v, acc[o][v]);                       \
+    }
+// clang-format on
+DEFINE_KERNEL(kernel3, 3)
+DEFINE_KERNEL(kernel2, 2)
+DEFINE_KERNEL(kernel1, 1)
+
+TARGET_BF16 static void kernel(int nv, int kcp, const uint16_t *ap, const uint16_t *bp, float *c,
+                               size_t ldc, bool add) {
+    if (nv == 3)
+        kernel3(kcp, ap, bp, c, ldc, add);
+    else if (nv == 2)
+        kernel2(kcp, ap, bp, c, ldc, add);
+    else
+        kernel1(kcp, ap, bp, c, ldc, add);
+}
+
+// Per-thread packing buffers, kept for the thread's life (fresh pages cost ~2.4 us each).
+static pthread_key_t  buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+static void           buf_make_key(void) {
+              (void)pthread_key_create(&buf_key, free);
+}
+#define PACK_B_ELEMS ((size_t)KC * NC)
+#define PACK_A_ELEMS ((size_t)KC * MC)
+
+static uint16_t *pack_buffers(void) {
+    pthread_once(&buf_once, buf_make_key);
+    uint16_t *p = pthread_getspecific(buf_key);
+    if (!p) {
+        p = aligned_alloc(64, (PACK_B_ELEMS + PACK_A_ELEMS) * sizeof(uint16_t));
+        if (p && pthread_setspecific(buf_key, p) != 0) {
+            free(p);
+            p = NULL;
+        }
+    }
+    return p;
+}
+
+TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int k,
+                                             const uint16_t *a, int lda, const uint16_t *b, int ldb,
+                                             float *c, int ldc, bool accumulate) {
+    uint16_t *buf = pack_buffers();
+    if (!buf)
+        return dt_fail(DT_ERR_NOMEM,
+                       "bf16 GEMM: expected %zu bytes of packing buffers, found "
+                       "none free",
+                       (PACK_B_ELEMS + PACK_A_ELEMS) * 2);
+    uint16_t *pb = buf, *pa = buf + PACK_B_ELEMS;
+    float     tile[MR * NR];
+    for (int k0 = 0; k0 < k; k0 += KC) {
+        int  kc = k - k0 < KC ? k - k0 : KC, kcp = (kc + 1) / 2;
+        bool add = accumulate || k0 > 0;
+        for (int n0 = 0; n0 < n; n0 += NC) {
+            int nc = n - n0 < NC ? n - n0 : NC;
+            pack_b(tb, b, ldb, k0, kc, n0, nc, pb);
+            for (int m0 = 0; m0 < m; m0 += MC) {
+                int mc = m - m0 < MC ? m - m0 : MC;
+                pack_a(ta, a, lda, m0, mc, k0, kc, pa);
+                const uint16_t *bpanel = pb;
+                for (int jp = 0; jp < nc; jp += NR) {
+                    int w = nc - jp < NR ? nc - jp : NR, nv = (w + 15) / 16;
+                    for (int ip = 0; ip < mc; ip += MR) {
+                        int             rows   = mc - ip < MR ? mc - ip : MR;
+                        const uint16_t *apanel = pa + (size_t)(ip / MR) * kcp * MR * 2;
+                        float          *cp     = c + (size_t)(m0 + ip) * ldc + n0 + jp;
+                        if (rows == MR && w == nv * 16) {
+                            kernel(nv, kcp, apanel, bpanel, cp, (size_t)ldc, add);
+                            continue;
+                        }
+                        for (int i = 0; i < MR; i++)
+                            for (int j = 0; j < nv * 16; j++)
+                                tile[i * NR + j] =
+                                    add && i < rows && j < w ? cp[(size_t)i * ldc + j] : 0.0f;
+                        kernel(nv, kcp, apanel, bpanel, tile, NR, true);
+                        for (int i = 0; i < rows; i++)
+                            memcpy(cp + (size_t)i * ldc, tile + i * NR, sizeof(float) * (size_t)w);
+                    }
+                    bpanel += (size_t)kcp * nv * 16 * 2;
+                }
+            }
+        }
+    }
+    return DT_OK;
+}
+#endif
+
+// ------------------------------------------------------------------ fp32 path
+static dt_status gemm_fp32(bool ta, bool tb, int m, int n, int k, const uint16_t *a, int lda,
+                           const uint16_t *b, int ldb, float *c, int ldc, bool accumulate) {
+    int    ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    float *fa = dt_alloc(sizeof(float) * ((size_t)ar * ac + (size_t)br * bc));
+    if (!fa)
+        return dt_fail(DT_ERR_NOMEM, "bf16 GEMM (fp32 path): expected room for %zu floats",
+                       (size_t)ar * ac + (size_t)br * bc);
+    float *fb = fa + (size_t)ar * ac;
+    for (int i = 0; i < ar; i++)
+        dt_bf16_to_f32(a + (size_t)i * lda, fa + (size_t)i * ac, (size_t)ac);
+    for (int i = 0; i < br; i++)
+        dt_bf16_to_f32(b + (size_t)i * ldb, fb + (size_t)i * bc, (size_t)bc);
+    dt_blas_init();
+    dt_sgemm(ta, tb, m, n, k, 1.0f, fa, ac, fb, bc, accumulate ? 1.0f : 0.0f, c, ldc);
+    dt_free(fa);
+    return DT_OK;
+}
+
+dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                            const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
+                            int ldc, bool accumulate) {
+    if (m <= 0 || n <= 0)
+        return DT_OK;
+    if (k <= 0) {
+        if (!accumulate)
+            for (int i = 0; i < m; i++)
+                memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
+        return DT_OK;
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (path == DT_PATH_AVX512BF16 && dt_prec_path_supported(DT_PATH_AVX512BF16)) {
+        return gemm_avx512bf16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+    }
+#endif
+    (void)path;
+    return gemm_fp32(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+dt_status dt_gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const uint16_t *a, int lda,
+                       const uint16_t *b, int ldb, float *c, int ldc, bool accumulate) {
+    return dt_gemm_bf16_path(dt_prec_path_get(), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+                             accumulate);
+}

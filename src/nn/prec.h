@@ -1,0 +1,80 @@
+// prec.h: 16-bit floating-point formats and the bf16 matrix product, for mixed precision
+// (issue 14: "precision is a policy"). fp32 master weights stay in fp32; these kernels
+// move data into bf16 / fp16 and multiply bf16 matrices with fp32 accumulation.
+//
+// Formats are stored as uint16_t bit patterns:
+//   bf16: the upper half of an IEEE fp32 (8 exponent bits, 7 mantissa bits);
+//   fp16: IEEE binary16 (5 exponent bits, 10 mantissa bits).
+// Every fp32 -> 16-bit conversion rounds to nearest, ties to even; NaN stays NaN (quiet,
+// sign kept), infinities stay infinities, overflow gives infinity, fp32 denormals are
+// rounded like any other number (no flush to zero). Every path (vector or scalar) gives
+// the same bits, so results do not depend on the CPU.
+//
+// Paths of the GEMM, chosen once at run time (dt_prec_path) or forced with the
+// environment variable DT_PRECISION_PATH=auto|avx512bf16|fp32 (amx is recognised but not
+// built yet: no AMX machine was available to test it, so asking for it is an error):
+//   avx512bf16: VDPBF16PS on packed panels (needs AVX512F + AVX512BW + AVX512-BF16);
+//   fp32:       widen bf16 to fp32 (exact) and multiply with OpenBLAS sgemm; runs anywhere.
+#ifndef DTRAIN_NN_PREC_H
+#define DTRAIN_NN_PREC_H
+
+#include "dtrain/core.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+// ------------------------------------------------------------------ conversions
+uint16_t dt_f32_to_bf16_1(float x);
+float    dt_bf16_to_f32_1(uint16_t h);
+uint16_t dt_f32_to_f16_1(float x); // scalar reference (software), any CPU
+float    dt_f16_to_f32_1(uint16_t h);
+
+// Vectorised over n elements (AVX-512 / F16C where the CPU has them, scalar otherwise);
+// the same bits as the scalar functions above. src and dst may not overlap.
+void dt_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
+void dt_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
+void dt_f32_to_f16(const float *src, uint16_t *dst, size_t n);
+void dt_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+// The scalar loops, for tests and for comparing paths.
+void dt_f32_to_f16_scalar(const float *src, uint16_t *dst, size_t n);
+void dt_f16_to_f32_scalar(const uint16_t *src, float *dst, size_t n);
+// What the vectorised fp16 conversions use here: "avx512f", "f16c" or "scalar".
+const char *dt_f16_conv_path(void);
+// Forces "scalar", "f16c" or "avx512f" (tests; DT_ERR_ARG if this CPU lacks it), or
+// "auto" / NULL to choose again.
+dt_status dt_f16_conv_set(const char *name);
+
+// ------------------------------------------------------------------ bf16 GEMM
+typedef enum dt_prec_path {
+    DT_PATH_FP32 = 0,   // widen to fp32, OpenBLAS sgemm
+    DT_PATH_AVX512BF16, // VDPBF16PS
+    DT_PATH_AMX,        // reserved: not built (see above)
+    DT_PATH_COUNT_
+} dt_prec_path;
+
+const char *dt_prec_path_name(dt_prec_path p);
+// Whether this CPU (and this build) can run path p.
+bool dt_prec_path_supported(dt_prec_path p);
+// The path in use: DT_PRECISION_PATH if set (read once), else the best supported one.
+// A forced path the CPU lacks, or an unknown name, is an error reported by
+// dt_prec_path_init; dt_prec_path then falls back to fp32 (never to an unsupported path).
+dt_prec_path dt_prec_path_get(void);
+// Reads DT_PRECISION_PATH now and fixes the path; DT_ERR_ARG naming the value and the
+// accepted ones if it is unknown or unsupported here.
+dt_status dt_prec_path_init(void);
+// Forces a path for this process (tests, benchmarks); DT_ERR_ARG if unsupported here.
+dt_status dt_prec_path_set(dt_prec_path p);
+
+// Row-major C (M, N) (+)= op(A) (M, K) * op(B) (K, N), A and B bf16, C fp32, products
+// summed in fp32. op(A) = A, or A^T when trans_a (A stored (K, M)); likewise B. The
+// layers need NN (forward: x W^T is NT), NT and TN (weight gradient). accumulate=false
+// overwrites C. lda/ldb/ldc are row strides in elements. Runs on the current path.
+// DT_ERR_NOMEM if its buffers cannot be had (nothing else fails; shapes are trusted).
+dt_status dt_gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const uint16_t *a, int lda,
+                       const uint16_t *b, int ldb, float *c, int ldc, bool accumulate);
+// The same on an explicit path (must be supported; tests and benchmarks).
+dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                            const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
+                            int ldc, bool accumulate);
+
+#endif // DTRAIN_NN_PREC_H
