@@ -42,57 +42,95 @@
 #define NR 48
 
 // ------------------------------------------------------------------ packing
-// Element (i, kk) of op(A) and (kk, j) of op(B).
-#define A_AT(i, kk) (ta ? a[(size_t)(kk)*lda + (i)] : a[(size_t)(i)*lda + (kk)])
-#define B_AT(kk, j) (tb ? b[(size_t)(j)*ldb + (kk)] : b[(size_t)(kk)*ldb + (j)])
+// Each loop walks its source contiguously: a k-pair of an untransposed A row (or of a
+// transposed B's row) is one 32-bit word; otherwise the pair comes from two adjacent
+// rows read side by side. Compiled for AVX-512 (only the avx512bf16 path packs).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+static inline uint32_t pair(uint16_t lo, uint16_t hi) {
+    return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+// Words w[p * stride + i] = (x[i][2p], x[i][2p+1]) for i < rows, p < kcp, where row i of
+// x is src + i * ld (k contiguous); kc may be odd (the last high half is 0).
+TARGET_BF16 static void pack_rows_k(const uint16_t *src, size_t ld, int rows, int kc, uint32_t *w,
+                                    int stride) {
+    int kp = kc / 2;
+    for (int i = 0; i < rows; i++) {
+        const uint16_t *r = src + (size_t)i * ld;
+        for (int p = 0; p < kp; p++) {
+            uint32_t v;
+            memcpy(&v, r + 2 * p, 4);
+            w[(size_t)p * stride + i] = v;
+        }
+        if (kc & 1)
+            w[(size_t)kp * stride + i] = pair(r[kc - 1], 0);
+    }
+}
+
+// Words w[p * stride + i] = (x[2p][i], x[2p+1][i]) for i < cols, where row kk of x is
+// src + kk * ld (the other index contiguous).
+TARGET_BF16 static void pack_cols_k(const uint16_t *src, size_t ld, int cols, int kc, uint32_t *w,
+                                    int stride) {
+    int kcp = (kc + 1) / 2;
+    for (int p = 0; p < kcp; p++) {
+        const uint16_t *r0 = src + (size_t)(2 * p) * ld;
+        uint32_t       *o  = w + (size_t)p * stride;
+        if (2 * p + 1 < kc) {
+            const uint16_t *r1 = r0 + ld;
+            for (int i = 0; i < cols; i++)
+                o[i] = pair(r0[i], r1[i]);
+        } else {
+            for (int i = 0; i < cols; i++)
+                o[i] = pair(r0[i], 0);
+        }
+    }
+}
+
+// Zero words [from, to) of each of kcp rows of w.
+static void zero_tail(uint32_t *w, int kcp, int stride, int from, int to) {
+    if (from < to)
+        for (int p = 0; p < kcp; p++)
+            memset(w + (size_t)p * stride + from, 0, sizeof(uint32_t) * (size_t)(to - from));
+}
 
 // B rows [k0, k0 + kc), columns [n0, n0 + nc) into panels of NR columns (the last one
-// nv * 16 wide), zero-padded.
-static void pack_b(bool tb, const uint16_t *b, int ldb, int k0, int kc, int n0, int nc,
-                   uint16_t *out) {
-    int kcp = (kc + 1) / 2;
+// rounded up to a multiple of 16), zero-padded.
+TARGET_BF16 static void pack_b(bool tb, const uint16_t *b, int ldb, int k0, int kc, int n0, int nc,
+                               uint16_t *out) {
+    int       kcp = (kc + 1) / 2;
+    uint32_t *w   = (uint32_t *)out;
     for (int jp = 0; jp < nc; jp += NR) {
-        int w = nc - jp < NR ? nc - jp : NR, wpad = (w + 15) / 16 * 16;
-        for (int p = 0; p < kcp; p++) {
-            uint16_t *o    = out + (size_t)p * wpad * 2;
-            int       k1   = k0 + 2 * p;
-            bool      has2 = 2 * p + 1 < kc;
-            for (int j = 0; j < w; j++) {
-                o[2 * j]     = B_AT(k1, n0 + jp + j);
-                o[2 * j + 1] = has2 ? B_AT(k1 + 1, n0 + jp + j) : 0;
-            }
-            for (int j = w; j < wpad; j++)
-                o[2 * j] = o[2 * j + 1] = 0;
-        }
-        out += (size_t)kcp * wpad * 2;
+        int width = nc - jp < NR ? nc - jp : NR, wpad = (width + 15) / 16 * 16;
+        if (tb) // B stored (N, K): column j of op(B) is a row
+            pack_rows_k(b + (size_t)(n0 + jp) * ldb + k0, (size_t)ldb, width, kc, w, wpad);
+        else
+            pack_cols_k(b + (size_t)k0 * ldb + n0 + jp, (size_t)ldb, width, kc, w, wpad);
+        zero_tail(w, kcp, wpad, width, wpad);
+        w += (size_t)kcp * wpad;
     }
 }
 
 // A rows [m0, m0 + mc), columns [k0, k0 + kc) into micro-panels of MR rows.
-static void pack_a(bool ta, const uint16_t *a, int lda, int m0, int mc, int k0, int kc,
-                   uint16_t *out) {
-    int kcp = (kc + 1) / 2;
+TARGET_BF16 static void pack_a(bool ta, const uint16_t *a, int lda, int m0, int mc, int k0, int kc,
+                               uint16_t *out) {
+    int       kcp = (kc + 1) / 2;
+    uint32_t *w   = (uint32_t *)out;
     for (int ip = 0; ip < mc; ip += MR) {
         int rows = mc - ip < MR ? mc - ip : MR;
-        for (int p = 0; p < kcp; p++) {
-            uint16_t *o    = out + (size_t)p * MR * 2;
-            int       k1   = k0 + 2 * p;
-            bool      has2 = 2 * p + 1 < kc;
-            for (int i = 0; i < rows; i++) {
-                o[2 * i]     = A_AT(m0 + ip + i, k1);
-                o[2 * i + 1] = has2 ? A_AT(m0 + ip + i, k1 + 1) : 0;
-            }
-            for (int i = rows; i < MR; i++)
-                o[2 * i] = o[2 * i + 1] = 0;
-        }
-        out += (size_t)kcp * MR * 2;
+        if (ta) // A stored (K, M)
+            pack_cols_k(a + (size_t)k0 * lda + m0 + ip, (size_t)lda, rows, kc, w, MR);
+        else
+            pack_rows_k(a + (size_t)(m0 + ip) * lda + k0, (size_t)lda, rows, kc, w, MR);
+        zero_tail(w, kcp, MR, rows, MR);
+        w += (size_t)kcp * MR;
     }
 }
+#endif
 
 // ------------------------------------------------------------------ micro-kernels
 #if defined(__x86_64__) && defined(__GNUC__)
-#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL(n)  PRAGMA_(GCC unroll n)
 
