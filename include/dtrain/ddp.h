@@ -92,6 +92,11 @@ DT_API void dt_ddp_bucket(const dt_ddp *ddp, int i, size_t *offset, size_t *coun
 // behind backward), summed over calls, and the number of synced steps.
 DT_API void dt_ddp_stats(const dt_ddp *ddp, double *wait_s, int64_t *steps);
 
+// The loss scaler's agreement callback (optim.h, dt_grad_scaler_opts.agree) over a
+// process group: user is the dt_pg; *found_inf becomes the maximum of every rank's flag
+// (one all-reduce of one float). Collective: every rank calls it once per step.
+DT_API dt_status dt_ddp_agree_inf(void *pg, float *found_inf);
+
 #ifdef __cplusplus
 }
 #endif
