@@ -40,13 +40,50 @@ extern "C" {
 
 typedef struct dt_ddp dt_ddp;
 
+// Gradient compression of the buckets' all-reduce (PyTorch's fp16_compress_hook and
+// bf16_compress_hook): each rank divides its bucket by the world size in fp32 and
+// rounds it to 16 bits; the 16-bit values are reduce-scattered (an all-to-all of
+// 16-bit blocks, summed in fp32 in rank order and rounded to 16 bits again) and
+// all-gathered, then widened back into the gradient buffer. Half the bytes of the fp32
+// all-reduce on the wire; every rank gets the same bits. Error against the fp32
+// average: at most about 2u times the mean of |gradient| over ranks, u = 2^-8 (bf16) or
+// 2^-11 (fp16). fp16 overflows past 65504 (inf: a loss scaler skips that step) and
+// loses values below 2^-24; bf16 keeps fp32's range.
+typedef enum dt_ddp_compress {
+    DT_DDP_COMPRESS_NONE = 0, // fp32 all-reduce
+    DT_DDP_COMPRESS_BF16,
+    DT_DDP_COMPRESS_FP16,
+} dt_ddp_compress;
+
+// "none", "bf16", "fp16" -> *out; DT_ERR_ARG naming the accepted names otherwise.
+DT_API dt_status   dt_ddp_compress_parse(const char *name, dt_ddp_compress *out);
+DT_API const char *dt_ddp_compress_name(dt_ddp_compress c);
+
+// A communication hook (PyTorch's register_comm_hook): replaces each bucket's
+// all-reduce. start is called when bucket `bucket` (floats grad[0, count)) is final, on
+// the thread that reported its last gradient, in bucket order on every rank; it may
+// queue asynchronous operations on pg and return the last one's handle in *work. finish
+// (may be NULL) is called in dt_ddp_sync once *work has completed, in bucket order on
+// every rank, and may run blocking collectives; when it returns, grad must hold the
+// average over ranks. A start that leaves *work NULL has finished the bucket itself
+// (finish is not called for it).
+typedef struct dt_ddp_comm_hook {
+    dt_status (*start)(void *state, dt_pg *pg, int bucket, float *grad, size_t count,
+                       dt_work **work);
+    dt_status (*finish)(void *state, dt_pg *pg, int bucket, float *grad, size_t count);
+    void *state;
+} dt_ddp_comm_hook;
+
 typedef struct dt_ddp_opts {
-    size_t bucket_cap_bytes;   // 0: 25 MiB (PyTorch's bucket_cap_mb=25)
-    size_t first_bucket_bytes; // 0: 1 MiB when the cap is the default, else the cap
-                               // (PyTorch's _DEFAULT_FIRST_BUCKET_BYTES rule)
-    bool broadcast_params;     // rank 0's parameters to every rank at init (default true)
-    bool overlap;              // reduce buckets during backward (default true); false
-                               // reduces them all in dt_ddp_sync, for measuring overlap
+    size_t bucket_cap_bytes;           // 0: 25 MiB (PyTorch's bucket_cap_mb=25)
+    size_t first_bucket_bytes;         // 0: 1 MiB when the cap is the default, else the cap
+                                       // (PyTorch's _DEFAULT_FIRST_BUCKET_BYTES rule)
+    bool broadcast_params;             // rank 0's parameters to every rank at init (default true)
+    bool overlap;                      // reduce buckets during backward (default true); false
+                                       // reduces them all in dt_ddp_sync, for measuring overlap
+    dt_ddp_compress         compress;  // 16-bit gradient all-reduce (default NONE)
+    const dt_ddp_comm_hook *comm_hook; // a hook of the caller's (borrowed; overrides
+                                       // compress); NULL: none
 } dt_ddp_opts;
 
 DT_API dt_ddp_opts dt_ddp_opts_default(void);

@@ -2,6 +2,8 @@
 // thread while backward goes on (see ddp.h for the contract).
 #include "dtrain/ddp.h"
 
+#include "ddp/compress.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -17,21 +19,23 @@ typedef struct bucket {
 } bucket;
 
 struct dt_ddp {
-    dt_params  *p;
-    dt_pg      *pg;
-    dt_ddp_opts o;
-    int         ntensors;
-    int         nbuckets;
-    bucket     *b;
-    int        *tensor_bucket; // [ntensors]; -1 for frozen tensors outside every bucket
-    bool       *ready;         // [ntensors]
-    int         next_launch;   // buckets start in index order on every rank
-    bool        sync;
-    bool        marked; // something was marked ready since the last sync
-    dt_status   err;    // sticky failure seen in the hook
-    char        errmsg[512];
-    double      wait_s;
-    int64_t     steps;
+    dt_params       *p;
+    dt_pg           *pg;
+    dt_ddp_opts      o;
+    int              ntensors;
+    int              nbuckets;
+    bucket          *b;
+    int             *tensor_bucket; // [ntensors]; -1 for frozen tensors outside every bucket
+    bool            *ready;         // [ntensors]
+    int              next_launch;   // buckets start in index order on every rank
+    bool             sync;
+    bool             marked; // something was marked ready since the last sync
+    dt_status        err;    // sticky failure seen in the hook
+    char             errmsg[512];
+    double           wait_s;
+    int64_t          steps;
+    dt_ddp_comm_hook hook;     // start == NULL: plain fp32 all-reduce
+    void            *own_hook; // the compression state this wrapper made (compress.h)
 };
 
 dt_ddp_opts dt_ddp_opts_default(void) {
@@ -117,10 +121,13 @@ static void record_error(dt_ddp *d, dt_status s) {
 // Starts every bucket, in index order, whose gradients are all final.
 static void launch_ready(dt_ddp *d) {
     while (d->next_launch < d->nbuckets && d->b[d->next_launch].pending == 0) {
-        bucket   *bk = &d->b[d->next_launch];
-        float    *g  = dt_params_grads(d->p) + bk->offset;
-        dt_status s =
-            dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG, &bk->work);
+        bucket *bk  = &d->b[d->next_launch];
+        float  *g   = dt_params_grads(d->p) + bk->offset;
+        bk->work    = NULL;
+        dt_status s = d->hook.start ? d->hook.start(d->hook.state, d->pg, d->next_launch, g,
+                                                    bk->count, &bk->work)
+                                    : dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32,
+                                                             DT_REDUCE_AVG, &bk->work);
         if (s != DT_OK) {
             record_error(d, dt_fail_context("ddp: bucket %d", d->next_launch));
             bk->work = NULL;
@@ -292,6 +299,7 @@ dt_status dt_ddp_broadcast_buffers(dt_ddp *d) {
 }
 
 static void ddp_destroy(dt_ddp *d) {
+    ddp_compress_free(d->own_hook);
     dt_free(d->b);
     dt_free(d->tensor_bucket);
     dt_free(d->ready);
@@ -317,6 +325,10 @@ dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *o
     d->tensor_bucket = dt_alloc_zero(sizeof(int) * nt);
     d->ready         = dt_alloc_zero(sizeof(bool) * nt);
     dt_status s      = !d->tensor_bucket || !d->ready ? DT_ERR_NOMEM : DT_OK;
+    if (!s && d->o.comm_hook)
+        d->hook = *d->o.comm_hook;
+    else if (!s && d->o.compress != DT_DDP_COMPRESS_NONE)
+        s = ddp_compress_new(&d->own_hook, &d->hook, d->o.compress, dt_pg_size(pg));
     if (s || (s = form_buckets(d)) || (s = verify_shapes(d)) ||
         (d->o.broadcast_params &&
          ((s = dt_pg_broadcast(pg, dt_params_data(p), dt_params_numel(p), DT_FLOAT32, 0)) ||
@@ -393,6 +405,9 @@ dt_status dt_ddp_sync(dt_ddp *d) {
         if (!d->b[i].work)
             continue;
         dt_status ws = dt_work_wait(d->b[i].work);
+        if (ws == DT_OK && d->hook.finish && d->err == DT_OK)
+            ws = d->hook.finish(d->hook.state, d->pg, i, dt_params_grads(d->p) + d->b[i].offset,
+                                d->b[i].count);
         if (ws != DT_OK && s == DT_OK) {
             s = ws;
             dt_fail_context("ddp: all-reduce of bucket %d (%zu floats)", i, d->b[i].count);
