@@ -74,6 +74,34 @@ typedef struct dt_ddp_comm_hook {
     void *state;
 } dt_ddp_comm_hook;
 
+// PowerSGD (Vogels et al. 2019; PyTorch's powerSGD_hook) as a comm hook. For each
+// parameter matrix of a bucket (ndim >= 2, viewed as shape[0] x the rest, and only when
+// rank r compresses it at least 2x: 2 r (n + m) <= n m), with this rank's error e:
+//   M = grad + e;  P = M Q;  all-reduce P (average);  orthonormalise P's columns;
+//   Q = M^T P;  all-reduce Q (average);  grad = P Q^T;  e = M - grad.
+// Q is kept from step to step (warm start; the first Q is normal random from `seed`,
+// the same on every rank). Vectors (biases) and matrices not worth compressing are
+// all-reduced uncompressed, in the same message as P. The first start_iter steps are
+// plain all-reduces (no error accumulates). Every rank gets the same bits.
+typedef struct dt_powersgd_opts {
+    int      rank;       // r, default 1
+    int      start_iter; // default 0
+    uint64_t seed;       // default 0
+} dt_powersgd_opts;
+
+typedef struct dt_powersgd dt_powersgd;
+
+DT_API dt_powersgd_opts dt_powersgd_opts_default(void);
+// State for the buckets of `params` over a group of `world` ranks (borrowed; params
+// must outlive it). Pass dt_powersgd_hook(ps) as dt_ddp_opts.comm_hook.
+DT_API dt_status               dt_powersgd_new(dt_powersgd **out, dt_params *params, int world,
+                                               const dt_powersgd_opts *opts);
+DT_API const dt_ddp_comm_hook *dt_powersgd_hook(dt_powersgd *ps);
+// Floats on the wire per step (P, Q and the uncompressed part) against the fp32
+// all-reduce's (the gradient count), summed over the last step's buckets.
+DT_API void dt_powersgd_stats(const dt_powersgd *ps, size_t *sent_floats, size_t *full_floats);
+DT_API void dt_powersgd_free(dt_powersgd *ps); // NULL-safe
+
 typedef struct dt_ddp_opts {
     size_t bucket_cap_bytes;           // 0: 25 MiB (PyTorch's bucket_cap_mb=25)
     size_t first_bucket_bytes;         // 0: 1 MiB when the cap is the default, else the cap
