@@ -87,6 +87,17 @@ DT_CLONES void dt_bf16_to_f32(const uint16_t *restrict src, float *restrict dst,
     }
 }
 
+DT_CLONES void dt_f32_round_bf16(const float *restrict src, float *restrict dst, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        uint32_t q = (u & 0xffff0000u) | 0x400000u;
+        u          = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
+        memcpy(dst + i, &u, 4);
+    }
+}
+
 void dt_f32_to_f16_scalar(const float *src, uint16_t *dst, size_t n) {
     for (size_t i = 0; i < n; i++)
         dst[i] = dt_f32_to_f16_1(src[i]);

@@ -52,6 +52,14 @@ static inline uint32_t pair(uint16_t lo, uint16_t hi) {
     return (uint32_t)lo | (uint32_t)hi << 16;
 }
 
+// Round an fp32 to bf16 (as dt_f32_to_bf16_1, inlined for the packing loops).
+static inline uint16_t rnd16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
 // Words w[p * stride + i] = (x[i][2p], x[i][2p+1]) for i < rows, p < kcp, where row i of
 // x is src + i * ld (k contiguous); kc may be odd (the last high half is 0).
 TARGET_BF16 static void pack_rows_k(const uint16_t *src, size_t ld, int rows, int kc, uint32_t *w,
@@ -66,6 +74,18 @@ TARGET_BF16 static void pack_rows_k(const uint16_t *src, size_t ld, int rows, in
         }
         if (kc & 1)
             w[(size_t)kp * stride + i] = pair(r[kc - 1], 0);
+    }
+}
+// The same from fp32, rounded to bf16.
+TARGET_BF16 static void pack_rows_k_f32(const float *src, size_t ld, int rows, int kc, uint32_t *w,
+                                        int stride) {
+    int kp = kc / 2;
+    for (int i = 0; i < rows; i++) {
+        const float *r = src + (size_t)i * ld;
+        for (int p = 0; p < kp; p++)
+            w[(size_t)p * stride + i] = pair(rnd16(r[2 * p]), rnd16(r[2 * p + 1]));
+        if (kc & 1)
+            w[(size_t)kp * stride + i] = pair(rnd16(r[kc - 1]), 0);
     }
 }
 
@@ -87,6 +107,46 @@ TARGET_BF16 static void pack_cols_k(const uint16_t *src, size_t ld, int cols, in
         }
     }
 }
+TARGET_BF16 static void pack_cols_k_f32(const float *src, size_t ld, int cols, int kc, uint32_t *w,
+                                        int stride) {
+    int kcp = (kc + 1) / 2;
+    for (int p = 0; p < kcp; p++) {
+        const float *r0 = src + (size_t)(2 * p) * ld;
+        uint32_t    *o  = w + (size_t)p * stride;
+        if (2 * p + 1 < kc) {
+            const float *r1 = r0 + ld;
+            for (int i = 0; i < cols; i++)
+                o[i] = pair(rnd16(r0[i]), rnd16(r1[i]));
+        } else {
+            for (int i = 0; i < cols; i++)
+                o[i] = pair(rnd16(r0[i]), 0);
+        }
+    }
+}
+
+// One operand: bf16 or fp32 (rounded to bf16 as it is packed).
+typedef struct opnd {
+    const void *p;
+    size_t      ld;
+    bool        f32;
+} opnd;
+
+// Rows [r0, ...) of an operand stored with k contiguous, from column k0.
+TARGET_BF16 static void pack_rows(opnd x, size_t r0, int k0, int rows, int kc, uint32_t *w,
+                                  int stride) {
+    if (x.f32)
+        pack_rows_k_f32((const float *)x.p + r0 * x.ld + k0, x.ld, rows, kc, w, stride);
+    else
+        pack_rows_k((const uint16_t *)x.p + r0 * x.ld + k0, x.ld, rows, kc, w, stride);
+}
+// Rows k0.. (k) of an operand stored with the other index contiguous, from column c0.
+TARGET_BF16 static void pack_cols(opnd x, int k0, size_t c0, int cols, int kc, uint32_t *w,
+                                  int stride) {
+    if (x.f32)
+        pack_cols_k_f32((const float *)x.p + (size_t)k0 * x.ld + c0, x.ld, cols, kc, w, stride);
+    else
+        pack_cols_k((const uint16_t *)x.p + (size_t)k0 * x.ld + c0, x.ld, cols, kc, w, stride);
+}
 
 // Zero words [from, to) of each of kcp rows of w.
 static void zero_tail(uint32_t *w, int kcp, int stride, int from, int to) {
@@ -97,32 +157,30 @@ static void zero_tail(uint32_t *w, int kcp, int stride, int from, int to) {
 
 // B rows [k0, k0 + kc), columns [n0, n0 + nc) into panels of NR columns (the last one
 // rounded up to a multiple of 16), zero-padded.
-TARGET_BF16 static void pack_b(bool tb, const uint16_t *b, int ldb, int k0, int kc, int n0, int nc,
-                               uint16_t *out) {
+TARGET_BF16 static void pack_b(bool tb, opnd b, int k0, int kc, int n0, int nc, uint16_t *out) {
     int       kcp = (kc + 1) / 2;
     uint32_t *w   = (uint32_t *)out;
     for (int jp = 0; jp < nc; jp += NR) {
         int width = nc - jp < NR ? nc - jp : NR, wpad = (width + 15) / 16 * 16;
         if (tb) // B stored (N, K): column j of op(B) is a row
-            pack_rows_k(b + (size_t)(n0 + jp) * ldb + k0, (size_t)ldb, width, kc, w, wpad);
+            pack_rows(b, (size_t)(n0 + jp), k0, width, kc, w, wpad);
         else
-            pack_cols_k(b + (size_t)k0 * ldb + n0 + jp, (size_t)ldb, width, kc, w, wpad);
+            pack_cols(b, k0, (size_t)(n0 + jp), width, kc, w, wpad);
         zero_tail(w, kcp, wpad, width, wpad);
         w += (size_t)kcp * wpad;
     }
 }
 
 // A rows [m0, m0 + mc), columns [k0, k0 + kc) into micro-panels of MR rows.
-TARGET_BF16 static void pack_a(bool ta, const uint16_t *a, int lda, int m0, int mc, int k0, int kc,
-                               uint16_t *out) {
+TARGET_BF16 static void pack_a(bool ta, opnd a, int m0, int mc, int k0, int kc, uint16_t *out) {
     int       kcp = (kc + 1) / 2;
     uint32_t *w   = (uint32_t *)out;
     for (int ip = 0; ip < mc; ip += MR) {
         int rows = mc - ip < MR ? mc - ip : MR;
         if (ta) // A stored (K, M)
-            pack_cols_k(a + (size_t)k0 * lda + m0 + ip, (size_t)lda, rows, kc, w, MR);
+            pack_cols(a, k0, (size_t)(m0 + ip), rows, kc, w, MR);
         else
-            pack_rows_k(a + (size_t)(m0 + ip) * lda + k0, (size_t)lda, rows, kc, w, MR);
+            pack_rows(a, (size_t)(m0 + ip), k0, rows, kc, w, MR);
         zero_tail(w, kcp, MR, rows, MR);
         w += (size_t)kcp * MR;
     }
@@ -195,8 +253,7 @@ static uint16_t *pack_buffers(void) {
     return p;
 }
 
-TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int k,
-                                             const uint16_t *a, int lda, const uint16_t *b, int ldb,
+TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int k, opnd a, opnd b,
                                              float *c, int ldc, bool accumulate) {
     uint16_t *buf = pack_buffers();
     if (!buf)
@@ -211,10 +268,10 @@ TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int
         bool add = accumulate || k0 > 0;
         for (int n0 = 0; n0 < n; n0 += NC) {
             int nc = n - n0 < NC ? n - n0 : NC;
-            pack_b(tb, b, ldb, k0, kc, n0, nc, pb);
+            pack_b(tb, b, k0, kc, n0, nc, pb);
             for (int m0 = 0; m0 < m; m0 += MC) {
                 int mc = m - m0 < MC ? m - m0 : MC;
-                pack_a(ta, a, lda, m0, mc, k0, kc, pa);
+                pack_a(ta, a, m0, mc, k0, kc, pa);
                 const uint16_t *bpanel = pb;
                 for (int jp = 0; jp < nc; jp += NR) {
                     int w = nc - jp < NR ? nc - jp : NR, nv = (w + 15) / 16;
@@ -244,27 +301,35 @@ TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int
 #endif
 
 // ------------------------------------------------------------------ fp32 path
-static dt_status gemm_fp32(bool ta, bool tb, int m, int n, int k, const uint16_t *a, int lda,
-                           const uint16_t *b, int ldb, float *c, int ldc, bool accumulate) {
+// Row i of an operand (rows x cols, stride ld) as fp32 values of bf16 numbers.
+static void widen_rows(opnd x, int rows, int cols, float *dst) {
+    for (int i = 0; i < rows; i++) {
+        float *d = dst + (size_t)i * cols;
+        if (x.f32)
+            dt_f32_round_bf16((const float *)x.p + (size_t)i * x.ld, d, (size_t)cols);
+        else
+            dt_bf16_to_f32((const uint16_t *)x.p + (size_t)i * x.ld, d, (size_t)cols);
+    }
+}
+
+static dt_status gemm_fp32(bool ta, bool tb, int m, int n, int k, opnd a, opnd b, float *c, int ldc,
+                           bool accumulate) {
     int    ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
     float *fa = dt_alloc(sizeof(float) * ((size_t)ar * ac + (size_t)br * bc));
     if (!fa)
         return dt_fail(DT_ERR_NOMEM, "bf16 GEMM (fp32 path): expected room for %zu floats",
                        (size_t)ar * ac + (size_t)br * bc);
     float *fb = fa + (size_t)ar * ac;
-    for (int i = 0; i < ar; i++)
-        dt_bf16_to_f32(a + (size_t)i * lda, fa + (size_t)i * ac, (size_t)ac);
-    for (int i = 0; i < br; i++)
-        dt_bf16_to_f32(b + (size_t)i * ldb, fb + (size_t)i * bc, (size_t)bc);
+    widen_rows(a, ar, ac, fa);
+    widen_rows(b, br, bc, fb);
     dt_blas_init();
     dt_sgemm(ta, tb, m, n, k, 1.0f, fa, ac, fb, bc, accumulate ? 1.0f : 0.0f, c, ldc);
     dt_free(fa);
     return DT_OK;
 }
 
-dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
-                            const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
-                            int ldc, bool accumulate) {
+static dt_status gemm_any(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                          opnd a, opnd b, float *c, int ldc, bool accumulate) {
     if (m <= 0 || n <= 0)
         return DT_OK;
     if (k <= 0) {
@@ -274,16 +339,36 @@ dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m
         return DT_OK;
     }
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (path == DT_PATH_AVX512BF16 && dt_prec_path_supported(DT_PATH_AVX512BF16)) {
-        return gemm_avx512bf16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-    }
+    if (path == DT_PATH_AVX512BF16 && dt_prec_path_supported(DT_PATH_AVX512BF16))
+        return gemm_avx512bf16(trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
 #endif
     (void)path;
-    return gemm_fp32(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+    return gemm_fp32(trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
+}
+
+dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                            const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
+                            int ldc, bool accumulate) {
+    return gemm_any(path, trans_a, trans_b, m, n, k, (opnd){a, (size_t)lda, false},
+                    (opnd){b, (size_t)ldb, false}, c, ldc, accumulate);
 }
 
 dt_status dt_gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const uint16_t *a, int lda,
                        const uint16_t *b, int ldb, float *c, int ldc, bool accumulate) {
     return dt_gemm_bf16_path(dt_prec_path_get(), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
                              accumulate);
+}
+
+dt_status dt_gemm_bf16_mixed(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                             const void *a, int lda, bool a_f32, const void *b, int ldb, bool b_f32,
+                             float *c, int ldc, bool accumulate) {
+    return gemm_any(path, trans_a, trans_b, m, n, k, (opnd){a, (size_t)lda, a_f32},
+                    (opnd){b, (size_t)ldb, b_f32}, c, ldc, accumulate);
+}
+
+dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+                              int lda, const float *b, int ldb, float *c, int ldc,
+                              bool accumulate) {
+    return dt_gemm_bf16_mixed(dt_prec_path_get(), trans_a, trans_b, m, n, k, a, lda, true, b, ldb,
+                              true, c, ldc, accumulate);
 }

@@ -35,6 +35,8 @@ void dt_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
 void dt_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
 void dt_f32_to_f16(const float *src, uint16_t *dst, size_t n);
 void dt_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+// dst = src rounded to bf16 and widened back (the value a bf16 operand would have).
+void dt_f32_round_bf16(const float *src, float *dst, size_t n);
 // The scalar loops, for tests and for comparing paths.
 void dt_f32_to_f16_scalar(const float *src, uint16_t *dst, size_t n);
 void dt_f16_to_f32_scalar(const uint16_t *src, float *dst, size_t n);
@@ -76,5 +78,16 @@ dt_status dt_gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const ui
 dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
                             const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
                             int ldc, bool accumulate);
+
+// Either operand in bf16 (x_f32 false: uint16_t) or fp32 (x_f32 true: float, rounded
+// to bf16 to nearest even as it is packed, so no converted copy is needed): the result
+// is the same as converting the fp32 operand with dt_f32_to_bf16 first. On the given
+// path (dt_prec_path_get() for the current one).
+dt_status dt_gemm_bf16_mixed(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                             const void *a, int lda, bool a_f32, const void *b, int ldb, bool b_f32,
+                             float *c, int ldc, bool accumulate);
+// Both operands fp32, multiplied as bf16 on the current path (autocast's matmul).
+dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+                              int lda, const float *b, int ldb, float *c, int ldc, bool accumulate);
 
 #endif // DTRAIN_NN_PREC_H

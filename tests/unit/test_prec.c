@@ -108,6 +108,11 @@ static void test_vector_paths_match_scalar(void) {
     }
     CHECK_EQ(bad16, 0);
     CHECK_EQ(badb, 0);
+    dt_f32_round_bf16(f, f2, N); // the last round's patterns
+    int badr = 0;
+    for (int i = 0; i < N; i++)
+        badr += f_bits(f2[i]) != (uint32_t)dt_f32_to_bf16_1(f[i]) << 16;
+    CHECK_EQ(badr, 0);
     // odd lengths: the tails
     for (int n = 0; n < 40; n++) {
         for (int i = 0; i < n; i++)
@@ -171,6 +176,16 @@ static int gemm_case(dt_prec_path path, bool ta, bool tb, int m, int n, int k, b
                             i, j, got, exact, t1, ref32, t2);
             }
         }
+    // fp32 operands rounded while packing: the same bits as converting them first
+    float *c2 = malloc(sizeof(float) * ((size_t)m * ldc + 1));
+    for (int v = 1; v < 4; v++) {
+        memcpy(c2, c0, sizeof(float) * (size_t)m * ldc);
+        CHECK_OK(dt_gemm_bf16_mixed(path, ta, tb, m, n, k, v & 1 ? (const void *)af : a, lda, v & 1,
+                                    v & 2 ? (const void *)bf : b, ldb, v & 2, c2, ldc, acc));
+        for (int i = 0; i < m; i++)
+            bad += memcmp(c2 + (size_t)i * ldc, c + (size_t)i * ldc, sizeof(float) * n) != 0;
+    }
+    free(c2);
     // padding past n in each row untouched
     for (int i = 0; i < m; i++)
         for (int j = n; j < ldc; j++)
