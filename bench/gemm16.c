@@ -84,6 +84,12 @@ static void         call_bf16(const shape *s, void *a, void *b, float *c) {
                                   false) != DT_OK)
         abort();
 }
+static void call_f32in(const shape *s, void *a, void *b, float *c) {
+    int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
+    if (dt_gemm_bf16_mixed(bench_path, s->ta, s->tb, s->m, s->n, s->k, a, lda, true, b, ldb, true,
+                           c, s->n, false) != DT_OK)
+        abort();
+}
 static void call_sgemm(const shape *s, void *a, void *b, float *c) {
     int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
     dt_sgemm(s->ta, s->tb, s->m, s->n, s->k, 1.0f, a, lda, b, ldb, 0.0f, c, s->n);
@@ -160,10 +166,11 @@ int main(int argc, char **argv) {
             fb[j] = (float)((j * 40503u) % 997) / 997.0f - 0.5f;
         dt_f32_to_bf16(fa, ha, na);
         dt_f32_to_bf16(fb, hb, nb);
-        double tb[101], tf[101], ts[101];
+        double tb[101], tf[101], ts[101], ti[101];
         for (int r = 0; r < reps; r++) { // interleaved
             bench_path = has_bf16 ? DT_PATH_AVX512BF16 : DT_PATH_FP32;
             tb[r]      = time_one(call_bf16, s, ha, hb, c);
+            ti[r]      = time_one(call_f32in, s, fa, fb, c);
             bench_path = DT_PATH_FP32;
             tf[r]      = time_one(call_bf16, s, ha, hb, c);
             ts[r]      = time_one(call_sgemm, s, fa, fb, c);
@@ -171,11 +178,13 @@ int main(int argc, char **argv) {
         qsort(tb, (size_t)reps, sizeof(double), cmp_d);
         qsort(tf, (size_t)reps, sizeof(double), cmp_d);
         qsort(ts, (size_t)reps, sizeof(double), cmp_d);
+        qsort(ti, (size_t)reps, sizeof(double), cmp_d);
         double flop = 2.0 * s->m * s->n * s->k, gb = flop / tb[reps / 2] / 1e9,
-               gf = flop / tf[reps / 2] / 1e9, gs = flop / ts[reps / 2] / 1e9;
-        printf("%-24s %5d %5d %5d %c%c %9.1f %8.0f%% %8.1f %9.1f %9.2fx\n", s->name, s->m, s->k,
-               s->n, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', gb, pk_bf > 0 ? 100 * gb / pk_bf : 0, gf,
-               gs, gb / gs);
+               gf = flop / tf[reps / 2] / 1e9, gs = flop / ts[reps / 2] / 1e9,
+               gi = flop / ti[reps / 2] / 1e9;
+        printf("%-24s %5d %5d %5d %c%c %9.1f %7.0f%% %9.1f %8.1f %9.1f %9.2fx\n", s->name, s->m,
+               s->k, s->n, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', gb,
+               pk_bf > 0 ? 100 * gb / pk_bf : 0, gi, gf, gs, gb / gs);
         free(fa), free(fb), free(c), free(ha), free(hb);
     }
     return 0;
