@@ -5,7 +5,7 @@ set -e
 cd "$(dirname "$0")/.."
 make -s NODEPS=1 lib >/dev/null
 mkdir -p build/bench
-cc -O2 -std=c11 -Wall -Werror -D_GNU_SOURCE -Iinclude -Isrc bench/gemm16.c build/release/lib/libdtrain.a \
+cc -O2 -std=c11 -Wall -Werror -Wno-psabi -D_GNU_SOURCE -Iinclude -Isrc bench/gemm16.c build/release/lib/libdtrain.a \
     -lopenblas -lm -lpthread -o build/bench/gemm16
 lscpu | sed -n 's/^Model name: *//p' | sed 's/^/# CPU: /'
 exec build/bench/gemm16 "$@"

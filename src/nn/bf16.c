@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/simd.h"
-
 // ------------------------------------------------------------------ scalar reference
 static inline uint32_t f2u(float x) {
     uint32_t u;
@@ -71,31 +69,35 @@ float dt_f16_to_f32_1(uint16_t h) {
 
 // ------------------------------------------------------------------ vector loops
 DT_CLONES void dt_f32_to_bf16(const float *restrict src, uint16_t *restrict dst, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, 4);
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        uint32_t q = (u >> 16) | 0x40u;
-        dst[i]     = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-    }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        dt_f32_to_bf16_16(src + i, dst + i);
+    for (; i < n; i++)
+        dst[i] = dt_f32_to_bf16_1(src[i]);
 }
 
 DT_CLONES void dt_bf16_to_f32(const uint16_t *restrict src, float *restrict dst, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(dst + i, &u, 4);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        dt_v16h h;
+        __builtin_memcpy(&h, src + i, sizeof h);
+        dt_v16u u = __builtin_convertvector(h, dt_v16u) << 16;
+        __builtin_memcpy(dst + i, &u, sizeof u);
     }
+    for (; i < n; i++)
+        dst[i] = dt_bf16_to_f32_1(src[i]);
 }
 
 DT_CLONES void dt_f32_round_bf16(const float *restrict src, float *restrict dst, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, src + i, 4);
-        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        uint32_t q = (u & 0xffff0000u) | 0x400000u;
-        u          = (u & 0x7fffffffu) > 0x7f800000u ? q : r;
-        memcpy(dst + i, &u, 4);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        dt_v16u u;
+        __builtin_memcpy(&u, src + i, sizeof u);
+        u = dt_round_bf16_v16(u);
+        __builtin_memcpy(dst + i, &u, sizeof u);
     }
+    for (; i < n; i++)
+        dst[i] = dt_bf16_to_f32_1(dt_f32_to_bf16_1(src[i]));
 }
 
 void dt_f32_to_f16_scalar(const float *src, uint16_t *dst, size_t n) {

@@ -76,16 +76,24 @@ TARGET_BF16 static void pack_rows_k(const uint16_t *src, size_t ld, int rows, in
             w[(size_t)kp * stride + i] = pair(r[kc - 1], 0);
     }
 }
+// fp32 row segments are first rounded into this (kc <= KC, or cols <= NR, MR).
+#define ROW_TMP (KC > NR ? KC : NR)
+
+TARGET_BF16 static void round_row(const float *src, uint16_t *dst, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        dt_f32_to_bf16_16(src + i, dst + i);
+    for (; i < n; i++)
+        dst[i] = rnd16(src[i]);
+}
+
 // The same from fp32, rounded to bf16.
 TARGET_BF16 static void pack_rows_k_f32(const float *src, size_t ld, int rows, int kc, uint32_t *w,
                                         int stride) {
-    int kp = kc / 2;
+    uint16_t tmp[ROW_TMP];
     for (int i = 0; i < rows; i++) {
-        const float *r = src + (size_t)i * ld;
-        for (int p = 0; p < kp; p++)
-            w[(size_t)p * stride + i] = pair(rnd16(r[2 * p]), rnd16(r[2 * p + 1]));
-        if (kc & 1)
-            w[(size_t)kp * stride + i] = pair(rnd16(r[kc - 1]), 0);
+        round_row(src + (size_t)i * ld, tmp, kc);
+        pack_rows_k(tmp, 0, 1, kc, w + i, stride);
     }
 }
 
@@ -99,7 +107,16 @@ TARGET_BF16 static void pack_cols_k(const uint16_t *src, size_t ld, int cols, in
         uint32_t       *o  = w + (size_t)p * stride;
         if (2 * p + 1 < kc) {
             const uint16_t *r1 = r0 + ld;
-            for (int i = 0; i < cols; i++)
+            int             i  = 0;
+            for (; i + 16 <= cols; i += 16) {
+                dt_v16h lo, hi;
+                memcpy(&lo, r0 + i, sizeof lo);
+                memcpy(&hi, r1 + i, sizeof hi);
+                dt_v16u v = __builtin_convertvector(lo, dt_v16u) |
+                            __builtin_convertvector(hi, dt_v16u) << 16;
+                memcpy(o + i, &v, sizeof v);
+            }
+            for (; i < cols; i++)
                 o[i] = pair(r0[i], r1[i]);
         } else {
             for (int i = 0; i < cols; i++)
@@ -109,18 +126,14 @@ TARGET_BF16 static void pack_cols_k(const uint16_t *src, size_t ld, int cols, in
 }
 TARGET_BF16 static void pack_cols_k_f32(const float *src, size_t ld, int cols, int kc, uint32_t *w,
                                         int stride) {
-    int kcp = (kc + 1) / 2;
+    uint16_t tmp[2][ROW_TMP];
+    int      kcp = (kc + 1) / 2;
     for (int p = 0; p < kcp; p++) {
-        const float *r0 = src + (size_t)(2 * p) * ld;
-        uint32_t    *o  = w + (size_t)p * stride;
-        if (2 * p + 1 < kc) {
-            const float *r1 = r0 + ld;
-            for (int i = 0; i < cols; i++)
-                o[i] = pair(rnd16(r0[i]), rnd16(r1[i]));
-        } else {
-            for (int i = 0; i < cols; i++)
-                o[i] = pair(rnd16(r0[i]), 0);
-        }
+        int two = 2 * p + 1 < kc ? 2 : 1;
+        round_row(src + (size_t)(2 * p) * ld, tmp[0], cols);
+        if (two == 2)
+            round_row(src + (size_t)(2 * p + 1) * ld, tmp[1], cols);
+        pack_cols_k(tmp[0], (size_t)(tmp[1] - tmp[0]), cols, two, w + (size_t)p * stride, stride);
     }
 }
 

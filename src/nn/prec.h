@@ -18,10 +18,31 @@
 #ifndef DTRAIN_NN_PREC_H
 #define DTRAIN_NN_PREC_H
 
+#include "core/simd.h"
 #include "dtrain/core.h"
 
 #include <stddef.h>
 #include <stdint.h>
+
+// Sixteen lanes of bit patterns (simd.h's conventions: always inlined, memcpy loads).
+typedef uint32_t dt_v16u __attribute__((vector_size(64)));
+typedef uint16_t dt_v16h __attribute__((vector_size(32)));
+
+// fp32 bit patterns rounded to bf16 (to nearest even; NaN made quiet), returned as fp32
+// patterns whose low 16 bits are zero: >> 16 gives the bf16 bits.
+DT_VINLINE dt_v16u dt_round_bf16_v16(dt_v16u u) {
+    dt_v16u r   = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    dt_v16u q   = (u & 0xffff0000u) | 0x400000u;
+    dt_v16u nan = (dt_v16u)((u & 0x7fffffffu) > 0x7f800000u); // all ones where NaN
+    return (q & nan) | (r & ~nan);
+}
+// Sixteen floats at src to bf16 at dst.
+DT_VINLINE void dt_f32_to_bf16_16(const float *src, uint16_t *dst) {
+    dt_v16u u;
+    __builtin_memcpy(&u, src, sizeof u);
+    dt_v16h h = __builtin_convertvector(dt_round_bf16_v16(u) >> 16, dt_v16h);
+    __builtin_memcpy(dst, &h, sizeof h);
+}
 
 // ------------------------------------------------------------------ conversions
 uint16_t dt_f32_to_bf16_1(float x);
