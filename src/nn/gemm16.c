@@ -184,10 +184,39 @@ TARGET_BF16 static void pack_b(bool tb, opnd b, int k0, int kc, int n0, int nc, 
     }
 }
 
+// op(A) = A^T (A stored (K, M)) with fp32 values: each stored row's span [m0, m0 + mc)
+// is rounded once (vectorised) and then dealt out to the micro-panels, rather than
+// rounding MR values at a time.
+TARGET_BF16 static void pack_a_trans_f32(const float *a, size_t lda, int m0, int mc, int k0, int kc,
+                                         uint32_t *w) {
+    uint16_t tmp[2][MC];
+    int      kcp = (kc + 1) / 2;
+    for (int p = 0; p < kcp; p++) {
+        const float *r0 = a + (size_t)(k0 + 2 * p) * lda + m0;
+        round_row(r0, tmp[0], mc);
+        if (2 * p + 1 < kc)
+            round_row(r0 + lda, tmp[1], mc);
+        else
+            memset(tmp[1], 0, sizeof tmp[1]);
+        for (int ip = 0; ip < mc; ip += MR) {
+            int       rows = mc - ip < MR ? mc - ip : MR;
+            uint32_t *o    = w + (size_t)(ip / MR) * kcp * MR + (size_t)p * MR;
+            for (int i = 0; i < rows; i++)
+                o[i] = pair(tmp[0][ip + i], tmp[1][ip + i]);
+            for (int i = rows; i < MR; i++)
+                o[i] = 0;
+        }
+    }
+}
+
 // A rows [m0, m0 + mc), columns [k0, k0 + kc) into micro-panels of MR rows.
 TARGET_BF16 static void pack_a(bool ta, opnd a, int m0, int mc, int k0, int kc, uint16_t *out) {
     int       kcp = (kc + 1) / 2;
     uint32_t *w   = (uint32_t *)out;
+    if (ta && a.f32) {
+        pack_a_trans_f32(a.p, a.ld, m0, mc, k0, kc, w);
+        return;
+    }
     for (int ip = 0; ip < mc; ip += MR) {
         int rows = mc - ip < MR ? mc - ip : MR;
         if (ta) // A stored (K, M)
