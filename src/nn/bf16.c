@@ -251,8 +251,10 @@ bool dt_prec_path_supported(dt_prec_path p) {
 #else
         return false;
 #endif
+    case DT_PATH_AMX:
+        return dt_amx_usable(); // opt-in only: see amx.c
     default:
-        return false; // AMX: not built (no machine to test it on yet)
+        return false;
     }
 }
 
@@ -278,8 +280,9 @@ static void path_read_env(void) {
             path_err = DT_ERR_ARG;
             snprintf(path_msg, sizeof path_msg,
                      "DT_PRECISION_PATH: \"%s\" is not available on this CPU/build "
-                     "(available: fp32%s)",
-                     e, best == DT_PATH_AVX512BF16 ? ", avx512bf16" : "");
+                     "(available: fp32%s%s)",
+                     e, best == DT_PATH_AVX512BF16 ? ", avx512bf16" : "",
+                     dt_prec_path_supported(DT_PATH_AMX) ? ", amx" : "");
             return;
         }
     path_cur = DT_PATH_FP32;

@@ -26,7 +26,8 @@
 // multiplied by OpenBLAS's sgemm. It runs on any CPU and is the reference the
 // avx512bf16 path is tested against.
 //
-// AMX (TDPBF16PS) is not built: no machine with AMX was available to test it.
+// AMX (TDPBF16PS) is in amx.c: selected only when asked for (DT_PRECISION_PATH=amx),
+// since it has not run on an AMX machine yet.
 #include "nn/blas.h"
 #include "nn/prec.h"
 
@@ -138,11 +139,7 @@ TARGET_BF16 static void pack_cols_k_f32(const float *src, size_t ld, int cols, i
 }
 
 // One operand: bf16 or fp32 (rounded to bf16 as it is packed).
-typedef struct opnd {
-    const void *p;
-    size_t      ld;
-    bool        f32;
-} opnd;
+typedef dt_gemm_opnd opnd;
 
 // Rows [r0, ...) of an operand stored with k contiguous, from column k0.
 TARGET_BF16 static void pack_rows(opnd x, size_t r0, int k0, int rows, int kc, uint32_t *w,
@@ -384,6 +381,8 @@ static dt_status gemm_any(dt_prec_path path, bool trans_a, bool trans_b, int m, 
     if (path == DT_PATH_AVX512BF16 && dt_prec_path_supported(DT_PATH_AVX512BF16))
         return gemm_avx512bf16(trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
 #endif
+    if (path == DT_PATH_AMX && dt_amx_usable()) // opt-in only (amx.c)
+        return dt_gemm_amx(false, trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
     (void)path;
     return gemm_fp32(trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
 }

@@ -11,9 +11,11 @@
 // the same bits, so results do not depend on the CPU.
 //
 // Paths of the GEMM, chosen once at run time (dt_prec_path) or forced with the
-// environment variable DT_PRECISION_PATH=auto|avx512bf16|fp32 (amx is recognised but not
-// built yet: no AMX machine was available to test it, so asking for it is an error):
+// environment variable DT_PRECISION_PATH=auto|avx512bf16|amx|fp32:
 //   avx512bf16: VDPBF16PS on packed panels (needs AVX512F + AVX512BW + AVX512-BF16);
+//   amx:        TDPBF16PS tiles (amx.c). Never chosen by auto: it has run on no AMX
+//               machine yet, so only DT_PRECISION_PATH=amx selects it (an error where
+//               the CPU or the kernel does not allow AMX);
 //   fp32:       widen bf16 to fp32 (exact) and multiply with OpenBLAS sgemm; runs anywhere.
 #ifndef DTRAIN_NN_PREC_H
 #define DTRAIN_NN_PREC_H
@@ -71,7 +73,7 @@ dt_status dt_f16_conv_set(const char *name);
 typedef enum dt_prec_path {
     DT_PATH_FP32 = 0,   // widen to fp32, OpenBLAS sgemm
     DT_PATH_AVX512BF16, // VDPBF16PS
-    DT_PATH_AMX,        // reserved: not built (see above)
+    DT_PATH_AMX,        // TDPBF16PS, opt-in only (see above)
     DT_PATH_COUNT_
 } dt_prec_path;
 
@@ -110,5 +112,23 @@ dt_status dt_gemm_bf16_mixed(dt_prec_path path, bool trans_a, bool trans_b, int 
 // Both operands fp32, multiplied as bf16 on the current path (autocast's matmul).
 dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a,
                               int lda, const float *b, int ldb, float *c, int ldc, bool accumulate);
+
+// ------------------------------------------------------------------ AMX (amx.c)
+// Not selected by auto: only DT_PRECISION_PATH=amx (or dt_prec_path_set) uses it, since
+// it has run on no machine with AMX yet. Its driver and packing are tested here through
+// a software model of the tiles (dt_gemm_amx with emulate = true).
+typedef struct dt_gemm_opnd {
+    const void *p;
+    size_t      ld;  // row stride in elements
+    bool        f32; // float (rounded to bf16 when packed) or uint16_t bf16
+} dt_gemm_opnd;
+
+// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel let this process use tile
+// data (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
+bool dt_amx_usable(void);
+// C (+)= op(A) op(B) through 16 x 16 x 32 bf16 tiles (TDPBF16PS), or through the
+// software model of the same tile operations when emulate is true (any CPU).
+dt_status dt_gemm_amx(bool emulate, bool trans_a, bool trans_b, int m, int n, int k, dt_gemm_opnd a,
+                      dt_gemm_opnd b, float *c, int ldc, bool accumulate);
 
 #endif // DTRAIN_NN_PREC_H

@@ -139,6 +139,19 @@ static void test_vector_paths_match_scalar(void) {
 //  (2) against fp32 inputs before rounding (what a layer's fp32 product would be):
 //      each input moved by at most u = 2^-8 relative (bf16 keeps 8 significant bits),
 //      a product by at most 2u + u^2, so |error| <= (2^-7 + 2^-16) sum |a||b| + (1).
+// AMX's software model instead of the path's code (tests the AMX driver and packing
+// on any CPU).
+static bool use_amx_model;
+
+static dt_status run_gemm(dt_prec_path path, bool ta, bool tb, int m, int n, int k, const void *a,
+                          int lda, bool af, const void *b, int ldb, bool bf, float *c, int ldc,
+                          bool acc) {
+    if (use_amx_model)
+        return dt_gemm_amx(true, ta, tb, m, n, k, (dt_gemm_opnd){a, (size_t)lda, af},
+                           (dt_gemm_opnd){b, (size_t)ldb, bf}, c, ldc, acc);
+    return dt_gemm_bf16_mixed(path, ta, tb, m, n, k, a, lda, af, b, ldb, bf, c, ldc, acc);
+}
+
 static int gemm_case(dt_prec_path path, bool ta, bool tb, int m, int n, int k, bool acc) {
     int       lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 3, ldc = n + 5;
     size_t    asz = (size_t)(ta ? k : m) * lda, bsz = (size_t)(tb ? n : k) * ldb;
@@ -152,7 +165,10 @@ static int gemm_case(dt_prec_path path, bool ta, bool tb, int m, int n, int k, b
         bf[i] = rndf(), b[i] = dt_f32_to_bf16_1(bf[i]);
     for (size_t i = 0; i < (size_t)m * ldc; i++)
         c[i] = c0[i] = rndf();
-    CHECK_OK(dt_gemm_bf16_path(path, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, acc));
+    if (use_amx_model)
+        CHECK_OK(run_gemm(path, ta, tb, m, n, k, a, lda, false, b, ldb, false, c, ldc, acc));
+    else
+        CHECK_OK(dt_gemm_bf16_path(path, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, acc));
     int bad = 0;
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
@@ -180,8 +196,8 @@ static int gemm_case(dt_prec_path path, bool ta, bool tb, int m, int n, int k, b
     float *c2 = malloc(sizeof(float) * ((size_t)m * ldc + 1));
     for (int v = 1; v < 4; v++) {
         memcpy(c2, c0, sizeof(float) * (size_t)m * ldc);
-        CHECK_OK(dt_gemm_bf16_mixed(path, ta, tb, m, n, k, v & 1 ? (const void *)af : a, lda, v & 1,
-                                    v & 2 ? (const void *)bf : b, ldb, v & 2, c2, ldc, acc));
+        CHECK_OK(run_gemm(path, ta, tb, m, n, k, v & 1 ? (const void *)af : a, lda, v & 1,
+                          v & 2 ? (const void *)bf : b, ldb, v & 2, c2, ldc, acc));
         for (int i = 0; i < m; i++)
             bad += memcmp(c2 + (size_t)i * ldc, c + (size_t)i * ldc, sizeof(float) * n) != 0;
     }
@@ -213,6 +229,22 @@ static void test_gemm_paths(void) {
                                  shapes[s][2], (s + t) & 1);
         CHECK_EQ(bad, 0);
     }
+}
+
+// The AMX driver and packing through the software model of the tiles (any CPU), on
+// shapes that cross the 32-row, 32-column, 32-deep and KC = 256 boundaries.
+static void test_gemm_amx_model(void) {
+    static const int shapes[][3] = {{1, 1, 1},     {17, 33, 65},  {32, 32, 32}, {33, 31, 257},
+                                    {40, 70, 300}, {5, 100, 513}, {64, 16, 0}};
+    use_amx_model                = true;
+    int bad                      = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            bad += gemm_case(DT_PATH_FP32, t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2],
+                             (s + (size_t)t) & 1);
+    use_amx_model = false;
+    CHECK_EQ(bad, 0);
+    fprintf(stderr, "AMX tiles usable here: %s\n", dt_amx_usable() ? "yes" : "no");
 }
 
 // Two paths agree with each other within the summation tolerance, and the avx512bf16
@@ -281,14 +313,17 @@ static void test_env_forcing(void) {
     CHECK_EQ(child_path("tf32", &path, &st), 0);
     CHECK_EQ(st, DT_ERR_ARG);
     CHECK_EQ(path, DT_PATH_FP32);
-    CHECK_EQ(child_path("amx", &path, &st), 0); // not built: refused, falls back to fp32
-    CHECK_EQ(st, DT_ERR_ARG);
-    CHECK_EQ(path, DT_PATH_FP32);
+    CHECK_EQ(child_path("amx", &path, &st), 0); // opt-in; refused where unusable
+    CHECK_EQ(st, dt_amx_usable() ? DT_OK : DT_ERR_ARG);
+    CHECK_EQ(path, dt_amx_usable() ? DT_PATH_AMX : DT_PATH_FP32);
+    CHECK_EQ(child_path("auto", &path, &st), 0); // auto never picks AMX
+    CHECK(path != DT_PATH_AMX);
     if (dt_prec_path_supported(DT_PATH_AVX512BF16)) {
         CHECK_EQ(child_path("avx512bf16", &path, &st), 0);
         CHECK_EQ(path, DT_PATH_AVX512BF16);
     }
-    CHECK_ERR(dt_prec_path_set(DT_PATH_AMX), DT_ERR_ARG, "amx");
+    if (!dt_amx_usable())
+        CHECK_ERR(dt_prec_path_set(DT_PATH_AMX), DT_ERR_ARG, "amx");
     CHECK_OK(dt_prec_path_set(DT_PATH_FP32));
     CHECK_EQ(dt_prec_path_get(), DT_PATH_FP32);
     CHECK(strcmp(dt_f16_conv_path(), "scalar") == 0); // the forced fallback: no F16C
@@ -314,6 +349,7 @@ int main(int argc, char **argv) {
     CHECK_OK(dt_f16_conv_set("auto"));
     CHECK_ERR(dt_f16_conv_set("neon"), DT_ERR_ARG, "neon");
     RUN(test_gemm_paths);
+    RUN(test_gemm_amx_model);
     RUN(test_gemm_reproducible);
     RUN(test_gemm_empty_k);
     RUN(test_env_forcing);
