@@ -9,6 +9,7 @@
 // path gives the scalar code's bits.
 #include "nn/prec.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -151,6 +152,16 @@ __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *
 
 typedef enum { CONV_SCALAR, CONV_F16C, CONV_AVX512 } conv_kind;
 
+#ifdef HAVE_X86
+// F16C (CPUID.1:ECX bit 29) with AVX enabled by the OS (not every compiler's
+// __builtin_cpu_supports knows "f16c").
+static bool has_f16c(void) {
+    unsigned a, b, c, d;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 static int conv_forced = -1; // dt_f16_conv_set; -1: automatic
 
 static conv_kind conv_choice(void) {
@@ -163,7 +174,7 @@ static conv_kind conv_choice(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f"))
         return CONV_AVX512;
-    if (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"))
+    if (has_f16c())
         return CONV_F16C;
 #endif
     return CONV_SCALAR;
@@ -185,9 +196,7 @@ dt_status dt_f16_conv_set(const char *name) {
             bool ok = i == CONV_SCALAR;
 #ifdef HAVE_X86
             __builtin_cpu_init();
-            ok = ok ||
-                 (i == CONV_F16C && __builtin_cpu_supports("f16c") &&
-                  __builtin_cpu_supports("avx")) ||
+            ok = ok || (i == CONV_F16C && has_f16c()) ||
                  (i == CONV_AVX512 && __builtin_cpu_supports("avx512f"));
 #endif
             if (!ok)
