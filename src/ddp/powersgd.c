@@ -4,12 +4,14 @@
 // P and Q slices) and the ranges sent uncompressed. start adds the error, forms P = M Q
 // and queues one all-reduce of [P | uncompressed values]; finish orthonormalises P,
 // forms Q = M^T P, all-reduces Q (blocking) and writes the rank-r approximation P Q^T
-// into the gradient, keeping M - P Q^T as the next step's error. Products are plain
-// loops in a fixed order (the matrices are small next to the model's GEMMs), so every
-// rank computes the same bits from the same reduced P and Q.
+// into the gradient, keeping M - P Q^T as the next step's error. M Q and M^T P go
+// through sgemm (each rank's own, then averaged); P Q^T is a plain loop in a fixed
+// order, so every rank computes the same bits from the same reduced P and Q whatever
+// kernels its BLAS picked.
 #include "dtrain/ddp.h"
 
 #include "dtrain/rng.h"
+#include "nn/blas.h"
 
 #include <math.h>
 #include <string.h>
@@ -163,13 +165,9 @@ static dt_status ps_start(void *state, dt_pg *pg, int bucket, float *grad, size_
         const float *q = b->q + mt->qoff;
         for (size_t i = 0; i < (size_t)mt->n * mt->m; i++)
             mm[i] += e[i];
-        for (int i = 0; i < mt->n; i++)
-            for (int c = 0; c < r; c++) {
-                float acc = 0;
-                for (int j = 0; j < mt->m; j++)
-                    acc += mm[(size_t)i * mt->m + j] * q[(size_t)j * r + c];
-                pp[(size_t)i * r + c] = acc;
-            }
+        // local products go through sgemm (their sums are averaged afterwards, so every
+        // rank still ends with the same bits); P Q^T below stays a fixed-order loop
+        dt_sgemm(false, false, mt->n, r, mt->m, 1.0f, mm, mt->m, q, r, 0.0f, pp, r);
     }
     float *v = b->msg + b->plen;
     for (int k = 0; k < b->nrange; k++) {
@@ -218,13 +216,7 @@ static dt_status ps_finish(void *state, dt_pg *pg, int bucket, float *grad, size
         float       *pp = b->msg + mt->poff, *q = b->q + mt->qoff;
         const float *mm = grad + mt->off;
         orthonormalise(pp, mt->n, r);
-        memset(q, 0, sizeof(float) * (size_t)mt->m * r);
-        for (int i = 0; i < mt->n; i++)
-            for (int j = 0; j < mt->m; j++) {
-                float x = mm[(size_t)i * mt->m + j];
-                for (int c = 0; c < r; c++)
-                    q[(size_t)j * r + c] += x * pp[(size_t)i * r + c];
-            }
+        dt_sgemm(true, false, mt->m, r, mt->n, 1.0f, mm, mt->m, pp, r, 0.0f, q, r);
     }
     dt_status s = dt_pg_all_reduce(pg, b->q, b->q, b->qlen, DT_FLOAT32, DT_REDUCE_AVG);
     if (s != DT_OK)
@@ -266,6 +258,9 @@ dt_status dt_powersgd_new(dt_powersgd **out, dt_params *params, int world,
                        "powersgd: expected start_iter >= 0 and world >= 1, found "
                        "%d and %d",
                        o.start_iter, world);
+    dt_status bs = dt_blas_init();
+    if (bs != DT_OK)
+        return bs;
     dt_powersgd *ps = dt_alloc_zero(sizeof *ps);
     if (!ps)
         return DT_ERR_NOMEM;
