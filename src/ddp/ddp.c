@@ -19,21 +19,22 @@ typedef struct bucket {
 } bucket;
 
 struct dt_ddp {
-    dt_params       *p;
-    dt_pg           *pg;
-    dt_ddp_opts      o;
-    int              ntensors;
-    int              nbuckets;
-    bucket          *b;
-    int             *tensor_bucket; // [ntensors]; -1 for frozen tensors outside every bucket
-    bool            *ready;         // [ntensors]
-    int              next_launch;   // buckets start in index order on every rank
-    bool             sync;
-    bool             marked; // something was marked ready since the last sync
-    dt_status        err;    // sticky failure seen in the hook
-    char             errmsg[512];
-    double           wait_s;
-    int64_t          steps;
+    dt_params  *p;
+    dt_pg      *pg;
+    dt_ddp_opts o;
+    int         ntensors;
+    int         nbuckets;
+    bucket     *b;
+    int        *tensor_bucket; // [ntensors]; -1 for frozen tensors outside every bucket
+    bool       *ready;         // [ntensors]
+    int         next_launch;   // buckets start in index order on every rank
+    bool        sync;
+    bool        marked; // something was marked ready since the last sync
+    dt_status   err;    // sticky failure seen in the hook
+    char        errmsg[512];
+    double      wait_s;
+    int64_t     steps;
+
     dt_ddp_comm_hook hook;     // start == NULL: plain fp32 all-reduce
     void            *own_hook; // the compression state this wrapper made (compress.h)
 };
