@@ -6,8 +6,11 @@
 #   make test            install what is missing, build, run every test
 #   make asan|ubsan      the tests under AddressSanitizer / UndefinedBehaviorSanitizer
 #   make tsan            the threaded tests under ThreadSanitizer
+#   make test-slow       the long fault matrices (hung peers, cut links; ~10 min), and
+#                        world invariance with --invariant 0 for comparison
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
+#   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
 #   make install PREFIX=/usr/local
 #
 # Variables: BUILD=release|debug|asan|ubsan|tsan, NATIVE=1 (add -march=native),
@@ -120,14 +123,16 @@ TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data
                  $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model%,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
-PROG_DIRS := $(foreach d,examples/mnist examples/custom tools/dtrun bench/dtrain-bench,$(if $(wildcard $d/*.c),$d))
+# Every folder of examples/, tools/ and bench/ with C files is a program: examples/NAME
+# builds as dtrain-NAME, the others under their folder's name.
+PROG_DIRS := $(patsubst %/,%,$(sort $(dir $(wildcard examples/*/*.c tools/*/*.c bench/*/*.c))))
 PROG_NAME  = $(if $(filter examples/%,$1),dtrain-$(notdir $1),$(notdir $1))
 PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 
 ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
 
 .PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench \
-        install clean format format-check help
+        golden install clean format format-check help
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -183,6 +188,14 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)tests/run.sh $(TEST_BIN)
 
+# The long matrices (hung peers: 10 trials each of 2 and 4 ranks, shm and tcp, and 10
+# link cuts between network namespaces; about 10 minutes). CI runs it once, not under
+# the sanitizers.
+test-slow: deps
+	$(Q)$(MAKE) --no-print-directory tests
+	$(Q)DT_TEST_SLOW=1 DT_TEST_TIMEOUT=1800 tests/run.sh $(OUT)/tests/comm/test_liveness \
+	    $(OUT)/tests/e2e/test_world_invariance
+
 run: deps
 	$(Q)$(MAKE) --no-print-directory programs
 	$(BIN)/dtrain-mnist --num-processes 2 --batch-size 64
@@ -236,6 +249,14 @@ bench: DT_EXTRA_PKGS += python3-torch python3-numpy
 bench: deps
 	$(Q)$(MAKE) --no-print-directory programs
 	$(Q)bench/run.sh
+
+# ---------------------------------------------------------------- golden fixtures
+# PyTorch writes the fixtures tests/golden/test_golden.c reads; they are committed, so
+# only a change of an op or of gen.py needs this (and torch: apt-get install python3-torch).
+GOLDEN_PYTHON ?= /usr/bin/python3
+golden:
+	$(Q)$(GOLDEN_PYTHON) tests/golden/gen.py
+	$(Q)$(GOLDEN_PYTHON) tests/golden/gen_graph.py
 
 # ---------------------------------------------------------------- install
 install: lib programs

@@ -8,12 +8,18 @@ void dt_store_fuzz_serve(const uint8_t *data, size_t n);
 int  LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    // The server accepts a client only after a hello; prepend one half of the time so
-    // the handlers behind it are reached too.
-    static const uint8_t hello[] = {'D', 'T', 'S', '1', 1, 0, 2,   0,   1,   0,   0,   0,  0,
-                                    0,   0,   0,   14,  0, 0, 0,   0,   0,   0,   0,   0,  0,
-                                    0,   0,   6,   0,   0, 0, 'd', 't', 'r', 'a', 'i', 'n'};
-    uint8_t              buf[4096 + sizeof hello];
+    // The server accepts a client only after hello and auth; prepend them half of the
+    // time so the handlers behind them are reached too.
+    // hello (protocol 2, a nonce) and auth with an empty proof: the fuzz server has no
+    // token, so it admits the client.
+    static const uint8_t hello[] = {
+        'D', 'T', 'S', '1', 1,   0,   2,  0,  2,  0,  0,  0,  0,  0,   0,   0,   46,
+        0,   0,   0,   0,   0,   0,   0,  32, 0,  0,  0,  0,  1,  2,   3,   4,   5,
+        6,   7,   8,   9,   10,  11,  12, 13, 14, 15, 16, 17, 18, 19,  20,  21,  22,
+        23,  24,  25,  26,  27,  28,  29, 30, 31, 6,  0,  0,  0,  'd', 't', 'r', 'a',
+        'i', 'n', 'D', 'T', 'S', '1', 9,  0,  1,  0,  0,  0,  0,  0,   0,   0,   0,
+        0,   4,   0,   0,   0,   0,   0,  0,  0,  0,  0,  0,  0};
+    uint8_t buf[4096 + sizeof hello];
     if (size > 4096 || size == 0 || (data[0] & 1)) {
         dt_store_fuzz_serve(data, size);
         return 0;

@@ -29,6 +29,8 @@
 #include "dtrain/ddp.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/trace.h"
+#include "dtrain/watch.h"
 #include "guard.h"
 
 #include <getopt.h>
@@ -42,9 +44,10 @@ typedef struct args {
     long        epochs, batch_size, limit, seed, threads, log_every;
     long        num_machines, num_processes, machine_id, master_port;
     long        checkpoint_every, keep, max_steps;
+    long        invariant; // --invariant V: the virtual world of gradient shards
     double      lr;
     const char *data_dir, *backend, *master_addr;
-    const char *checkpoint_dir, *save_model, *load;
+    const char *checkpoint_dir, *save_model, *load, *trace, *plot;
     bool        no_test, stats, profile, no_overlap, resume, fallback, eval_only;
 } args;
 
@@ -59,6 +62,15 @@ static const char usage[] =
     "                      (default $DT_DATA_DIR, else " DT_DATA_DIR_DEFAULT ")\n"
     "  --limit N           train on the first N samples only (default all)\n"
     "  --threads T         threads splitting each batch (default: cores / local processes)\n"
+    "  --invariant V       sum gradients as V shards of the global batch, by one fixed\n"
+    "                      tree (V a power of two, up to 64; 0: off, each thread sums its\n"
+    "                      samples): any thread count and any P processes (P dividing V,\n"
+    "                      batch B/P each) then train bitwise the model of one process\n"
+    "                      with batch B. Default: the cores rounded up to a power of two,\n"
+    "                      at least 8 (a thread per shard in backward); with P not\n"
+    "                      dividing it, each process is one shard (thread-invariant only).\n"
+    "                      It cost 0-3% of CPU time on the seed's ConvNet\n"
+    "                      (bench/RESULTS.md); 0 turns it off\n"
     "distributed (the seed's flags):\n"
     "  --num-processes P   fork P worker processes on this machine (default: none, or\n"
     "                      one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -68,6 +80,11 @@ static const char usage[] =
     "  --master-addr A     host of rank 0 (default $MASTER_ADDR, else 127.0.0.1)\n"
     "  --master-port N     port of rank 0's store (default $MASTER_PORT, else a free\n"
     "                      port on one machine and 29500 on several)\n"
+    "  --job-token T       the job's shared secret (default $DT_JOB_TOKEN): give every\n"
+    "                      machine the same one where strangers can reach the port.\n"
+    "                      Without it, one machine draws a random token; several derive\n"
+    "                      one from the port and sizes, which keeps other jobs out but\n"
+    "                      is no secret (trusted networks only). Never sent on the wire.\n"
     "  --backend NAME      auto (default: shm on one host, tcp across hosts), shm, tcp,\n"
     "                      gloo (an alias of tcp, the name PyTorch scripts use),\n"
     "                      mpi (MPI's collectives; under mpirun or srun)\n"
@@ -90,11 +107,17 @@ static const char usage[] =
     "                      checkpoint, or a checkpoint directory: its newest)\n"
     "  --eval-only         with --load: evaluate on the test set, no training\n"
     "output:\n"
-    "  --log-every K       print the loss every K batches (default 10)\n"
+    "  --log-every K       print the loss every K batches (default 10); on a terminal,\n"
+    "                      a progress bar (rate, ETA, loss) instead\n"
     "  --no-test           skip the test-set evaluation\n"
     "  --stats             print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)\n"
     "  --profile           print forward and backward time per layer (rank 0)\n"
+    "  --trace FILE        write a Chrome-trace JSON of training, all ranks in one file\n"
+    "                      (open it in https://ui.perfetto.dev or chrome://tracing)\n"
+    "  --plot FILE.svg     write the loss curves (training, and test after each epoch)\n"
+    "                      as an SVG chart (rank 0)\n"
     "  --help              this text\n"
+    "  --help-env          every DT_* environment variable: meaning, default, range\n"
     "The sampler advances its epoch by itself every pass (and is told the epoch each\n"
     "epoch anyway), so no two epochs repeat an order. Every rank must be given the same\n"
     "training flags: they are compared at start-up.\n"
@@ -107,6 +130,7 @@ static const char usage[] =
 static int parse_args(int argc, char **argv, args *a) {
     *a      = (args){.epochs = 1, .batch_size = 128, .lr = 0.5, .log_every = 10, .num_machines = 1};
     a->keep = 3;
+    a->invariant = -1;
     enum {
         EPOCHS = 1000,
         BATCH,
@@ -119,6 +143,8 @@ static int parse_args(int argc, char **argv, args *a) {
         NO_TEST,
         STATS,
         PROFILE,
+        TRACE,
+        PLOT,
         NPROC,
         NMACH,
         MACHID,
@@ -127,6 +153,7 @@ static int parse_args(int argc, char **argv, args *a) {
         BACKEND,
         NO_OVERLAP,
         HELP,
+        HELP_ENV,
         CKPT_DIR,
         CKPT_EVERY,
         KEEP,
@@ -135,7 +162,9 @@ static int parse_args(int argc, char **argv, args *a) {
         MAX_STEPS,
         SAVE_MODEL,
         LOAD,
-        EVAL_ONLY
+        EVAL_ONLY,
+        JOB_TOKEN,
+        INVARIANT
     };
     static const struct option opts[] = {{"epochs", required_argument, 0, EPOCHS},
                                          {"batch-size", required_argument, 0, BATCH},
@@ -148,11 +177,14 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"no-test", no_argument, 0, NO_TEST},
                                          {"stats", no_argument, 0, STATS},
                                          {"profile", no_argument, 0, PROFILE},
+                                         {"trace", required_argument, 0, TRACE},
+                                         {"plot", required_argument, 0, PLOT},
                                          {"num-processes", required_argument, 0, NPROC},
                                          {"num-machines", required_argument, 0, NMACH},
                                          {"machine-id", required_argument, 0, MACHID},
                                          {"master-addr", required_argument, 0, MADDR},
                                          {"master-port", required_argument, 0, MPORT},
+                                         {"job-token", required_argument, 0, JOB_TOKEN},
                                          {"backend", required_argument, 0, BACKEND},
                                          {"no-overlap", no_argument, 0, NO_OVERLAP},
                                          {"checkpoint-dir", required_argument, 0, CKPT_DIR},
@@ -164,7 +196,9 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"save-model", required_argument, 0, SAVE_MODEL},
                                          {"load", required_argument, 0, LOAD},
                                          {"eval-only", no_argument, 0, EVAL_ONLY},
+                                         {"invariant", required_argument, 0, INVARIANT},
                                          {"help", no_argument, 0, HELP},
+                                         {"help-env", no_argument, 0, HELP_ENV},
                                          {0, 0, 0, 0}};
     int                        c;
     opterr = 0;
@@ -201,6 +235,12 @@ static int parse_args(int argc, char **argv, args *a) {
         case STATS:
             a->stats = true;
             break;
+        case TRACE:
+            a->trace = optarg;
+            break;
+        case PLOT:
+            a->plot = optarg;
+            break;
         case PROFILE:
             a->profile = true;
             break;
@@ -218,6 +258,13 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case MPORT:
             st = dt_parse_long(optarg, 1, 65535, "--master-port", &a->master_port);
+            break;
+        case JOB_TOKEN:
+            if (!*optarg) {
+                fprintf(stderr, "dtrain-mnist: --job-token expects a non-empty token\n");
+                return 2;
+            }
+            setenv("DT_JOB_TOKEN", optarg, 1); // read by dt_spawn and dt_pg_new
             break;
         case BACKEND:
             a->backend = optarg;
@@ -258,8 +305,19 @@ static int parse_args(int argc, char **argv, args *a) {
         case EVAL_ONLY:
             a->eval_only = true;
             break;
+        case INVARIANT:
+            st = dt_parse_long(optarg, 0, 64, "--invariant", &a->invariant);
+            if (!st && a->invariant & (a->invariant - 1))
+                st = dt_fail(DT_ERR_ARG,
+                             "--invariant: expected 0 or a power of two up to 64, "
+                             "found %ld",
+                             a->invariant);
+            break;
         case HELP:
             fputs(usage, stdout);
+            exit(0);
+        case HELP_ENV:
+            dt_settings_print(stdout);
             exit(0);
         default:
             fprintf(stderr, "dtrain-mnist: unknown option \"%s\"\n%s", argv[optind - 1], usage);
@@ -336,20 +394,22 @@ static dt_status evaluate(dt_model *m, dt_pg *pg, const dt_dataset *test, size_t
     so.rank            = rank;
     so.shuffle         = false;
     so.eval            = true;
-    dt_sampler    *s   = dt_sampler_init(test->n, &so);
     dt_loader_opts lo  = dt_loader_opts_default();
     lo.batch_size      = batch;
-    dt_loader *l       = s ? dt_loader_init(test, s, &lo) : NULL;
-    if (!l) {
+    dt_sampler *s      = NULL;
+    dt_loader  *l      = NULL;
+    dt_status   st     = dt_sampler_new(&s, test->n, &so);
+    if (st == DT_OK)
+        st = dt_loader_new(&l, test, s, &lo);
+    if (st != DT_OK) {
         dt_sampler_free(s);
-        return dt_last_status();
+        return st;
     }
     dt_model_train(m, false);
     dt_loader_begin_epoch(l, 0);
-    dt_batch  b;
-    double    total = 0;
-    int64_t   hits  = 0;
-    dt_status st    = DT_OK;
+    dt_batch b;
+    double   total = 0;
+    int64_t  hits  = 0;
     while (st == DT_OK && dt_loader_next(l, &b)) {
         float loss;
         if ((st = dt_model_forward(m, b.x, (int)b.size)) ||
@@ -477,19 +537,21 @@ static int train_worker(job *j, dt_pg *pg) {
     bool        lead = rank == 0;
     // The first process of each machine prints the summary lines, as the seed's script
     // does on every machine (LOCAL_RANK from the launcher, else by host).
-    bool        local_lead = !pg || dt_pg_local_rank(pg) == 0;
-    bool        preempted  = false; // SIGTERM seen by some rank: stop at this step
-    dt_model   *m          = NULL;
-    dt_ddp     *ddp        = NULL;
-    dt_optim   *opt        = NULL;
-    dt_sampler *smp        = NULL;
-    dt_loader  *ld         = NULL;
-    float      *dlogp      = NULL;
-    uint64_t   *keys       = NULL; // dropout keys of a batch: its samples' dataset indices
-    int         rc         = 1;
-    double      accuracy = -1, ckpt_secs = 0;
-    int64_t     step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
-    long        first_epoch = 0;
+    bool         local_lead = !pg || dt_pg_local_rank(pg) == 0;
+    bool         preempted  = false; // SIGTERM seen by some rank: stop at this step
+    dt_model    *m          = NULL;
+    dt_ddp      *ddp        = NULL;
+    dt_optim    *opt        = NULL;
+    dt_sampler  *smp        = NULL;
+    dt_loader   *ld         = NULL;
+    float       *dlogp      = NULL;
+    uint64_t    *keys       = NULL; // dropout keys of a batch: its samples' dataset indices
+    dt_progress *bar        = NULL; // rank 0's bar on a terminal, log lines elsewhere
+    dt_plot     *plot       = NULL; // rank 0's loss curves (--plot)
+    int          rc         = 1;
+    double       accuracy = -1, ckpt_secs = 0;
+    int64_t      step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
+    long         first_epoch = 0;
 
     if (check_shared_flags(j, pg))
         goto done;
@@ -500,13 +562,31 @@ static int train_worker(job *j, dt_pg *pg) {
         if (threads < 1)
             threads = 1;
     }
-    if (dt_model_init_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
-        dt_model_set_threads(m, (int)threads))
+    // Gradient shards (--invariant V): this rank holds shards rank + world * k of the
+    // global batch's V, so its local positions j = k (mod V / world) form local shard k
+    // (the sampler gives rank r global positions r + world * j); DDP continues the tree
+    // over ranks. A world that does not divide the default V gets one shard per rank.
+    long v = a->invariant, shards = 0;
+    if (v < 0) { // the default: at least 8, and at least the cores, so that threads have
+                 // a shard each in the convolutions' backward
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        for (v = 8; v < cores && v < 64; v *= 2)
+            ;
+    }
+    if (v > 0 && v % world == 0)
+        shards = v / world;
+    else if (v > 0 && a->invariant > 0) {
+        dt_fail(DT_ERR_ARG,
+                "--invariant %ld: expected a world size dividing it, found %d processes", v, world);
+        goto done;
+    } else if (v > 0)
+        shards = 1;
+    if (dt_model_new_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
+        dt_model_set_threads(m, (int)threads) || dt_model_set_grad_shards(m, (int)shards))
         goto done;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = (float)a->lr;
-    if (!(opt = dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m),
-                                       dt_model_num_params(m), &ao)))
+    if (dt_adadelta_new(&opt, dt_model_as_params(m), &ao))
         goto done;
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas    = world;
@@ -514,7 +594,7 @@ static int train_worker(job *j, dt_pg *pg) {
     so.seed            = (uint64_t)a->seed;
     dt_loader_opts lo  = dt_loader_opts_default();
     lo.batch_size      = (size_t)a->batch_size;
-    if (!(smp = dt_sampler_init(j->train.n, &so)) || !(ld = dt_loader_init(&j->train, smp, &lo)) ||
+    if (dt_sampler_new(&smp, j->train.n, &so) || dt_loader_new(&ld, &j->train, smp, &lo) ||
         !(dlogp = dt_alloc(sizeof(float) * 10 * (size_t)a->batch_size)) ||
         !(keys = dt_alloc(sizeof *keys * (size_t)a->batch_size)) ||
         dt_model_reserve(m, (int)a->batch_size))
@@ -573,13 +653,20 @@ static int train_worker(job *j, dt_pg *pg) {
     if (pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
-        if (dt_ddp_init(&ddp, m, pg, &o))
+        o.tree_reduce = shards > 0 && v % world == 0;
+        if (dt_ddp_new(&ddp, dt_model_as_params(m), pg, &o))
             goto done;
     }
 
     size_t nbatches =
         (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     dt_model_set_profile(m, a->profile);
+    dt_progress_opts po = dt_progress_opts_default();
+    po.log_every        = a->log_every;
+    if (lead && (dt_progress_new(&bar, &po) || (a->plot && dt_plot_new(&plot, NULL))))
+        goto done;
+    if (a->trace && dt_trace_start(NULL))
+        goto done;
     double train_start = dt_now();
     mnist_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
     bool stop = a->eval_only || (a->max_steps && step >= a->max_steps);
@@ -588,6 +675,7 @@ static int train_worker(job *j, dt_pg *pg) {
         dt_rng   er = dt_rng_split(&root, (uint64_t)epoch);
         dt_batch b;
         dt_model_set_rng(m, &er);
+        dt_progress_begin_epoch(bar, epoch, nbatches);
         while (!stop && dt_loader_next(ld, &b)) {
             float loss;
             for (size_t i = 0; i < b.size; i++)
@@ -602,11 +690,10 @@ static int train_worker(job *j, dt_pg *pg) {
             dt_optim_step(opt);
             step++;
             samples_seen += (int64_t)b.size;
-            if (lead && b.index % (size_t)a->log_every == 0) {
-                printf("epoch: %ld [%zu/%zu (%.0f%%)]\t training loss: %.6f\n", epoch, b.index,
-                       nbatches, 100.0 * (double)b.index / (double)nbatches, (double)loss);
-                fflush(stdout);
-            }
+            dt_progress_step(bar, b.index, b.size * (size_t)world, loss);
+            if (plot && b.index % (size_t)a->log_every == 0 &&
+                dt_plot_add(plot, DT_PLOT_TRAIN, (double)step, loss))
+                goto done;
             if (a->checkpoint_every && step % a->checkpoint_every == 0) {
                 double t0 = dt_now();
                 cs.step   = step;
@@ -620,8 +707,16 @@ static int train_worker(job *j, dt_pg *pg) {
                 goto done;
             stop = preempted || (a->max_steps && step >= a->max_steps);
         }
+        dt_progress_end_epoch(bar);
         if (dt_loader_status(ld))
             goto done;
+        if (a->plot && !a->no_test && !stop && epoch + 1 < a->epochs) { // a test-loss point
+            int64_t c;
+            double  vl;
+            if (evaluate(m, pg, &j->test, (size_t)a->batch_size, &c, &vl) ||
+                (plot && dt_plot_add(plot, DT_PLOT_VAL, (double)step, vl)))
+                goto done;
+        }
     }
     // A last checkpoint where training stopped, so a resume after the end (or after a
     // failure during evaluation) has nothing to redo.
@@ -651,6 +746,10 @@ static int train_worker(job *j, dt_pg *pg) {
         if (lead && a->profile)
             print_profile(m, finished - train_start);
     }
+    if (a->trace && dt_trace_save(pg, a->trace))
+        goto done;
+    if (lead && a->trace)
+        printf("Wrote the trace to %s\n", a->trace);
     uint32_t crc;
     if (check_replicas(m, pg, &crc))
         goto done;
@@ -667,9 +766,16 @@ static int train_worker(job *j, dt_pg *pg) {
         if (evaluate(m, pg, &j->test, (size_t)a->batch_size, &correct, &mean_loss))
             goto done;
         accuracy = 100.0 * (double)correct / (double)j->test.n;
+        if (plot && dt_plot_add(plot, DT_PLOT_VAL, (double)step, mean_loss))
+            goto done;
         if (local_lead)
             printf("Test accuracy: %.2f%% (%lld/%zu), average loss %.4f\n", accuracy,
                    (long long)correct, j->test.n, mean_loss);
+    }
+    if (plot) {
+        if (dt_plot_write_svg(plot, a->plot))
+            goto done;
+        printf("Wrote the loss curves to %s\n", a->plot);
     }
     if (a->stats) {
         struct rusage ru;
@@ -706,6 +812,8 @@ done:
     fflush(stdout);
     dt_free(dlogp);
     dt_free(keys);
+    dt_progress_free(bar);
+    dt_plot_free(plot);
     dt_loader_free(ld);
     dt_sampler_free(smp);
     dt_optim_free(opt);
@@ -720,7 +828,7 @@ done:
 static dt_status check_shapes(const job *j) {
     dt_model *m;
     int       c, h, w;
-    DT_TRY(dt_model_init_mnist_convnet(&m, 0, 0.0f, 0.0f));
+    DT_TRY(dt_model_new_mnist_convnet(&m, 0, 0.0f, 0.0f));
     dt_model_input_shape(m, &c, &h, &w);
     dt_model_free(m);
     DT_TRY(dt_dataset_check_shape(&j->train, "training set", c, h, w));
@@ -732,8 +840,8 @@ static dt_status check_shapes(const job *j) {
 static int run_worker_from_env(job *j) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = j->a->backend;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
-    if (!pg) {
+    dt_pg *pg    = NULL;
+    if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
         fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
         return 1;
     }
@@ -819,7 +927,7 @@ int main(int argc, char **argv) {
         }
     } else if (!env_ok || le.launcher != DT_LAUNCHER_NONE) {
         // RANK/WORLD_SIZE, or the variables of mpirun, mpiexec or srun (comm.h); bad
-        // values are reported by dt_pg_init.
+        // values are reported by dt_pg_new.
         rc = run_worker_from_env(&j);
     } else {
         rc = train_worker(&j, NULL);

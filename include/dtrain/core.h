@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -150,6 +151,42 @@ DT_API dt_status dt_env_int(const char *name, long lo, long hi, long def, long *
 DT_API dt_status dt_parse_long(const char *s, long lo, long hi, const char *what, long *out);
 DT_API dt_status dt_parse_double(const char *s, double lo, double hi, const char *what,
                                  double *out);
+
+// The DT_* settings: every environment variable dtrain reads is one row of a table
+// (src/core/settings.c) with its kind, range, default and help; modules read them by
+// name, and `dtrain-mnist --help-env` / `dtrun --help-env` print the table.
+typedef enum dt_setting_kind {
+    DT_SETTING_INT,    // a number in [lo, hi], default def
+    DT_SETTING_CHOICE, // one of the '|'-separated choices; def is the default's index
+    DT_SETTING_STRING, // free text, unset by default
+} dt_setting_kind;
+
+typedef struct dt_setting {
+    const char     *name; // "DT_TIMEOUT_MS"
+    const char     *module;
+    dt_setting_kind kind;
+    long            lo, hi, def;
+    const char     *choices; // DT_SETTING_CHOICE: "auto|ring|rdouble"
+    const char     *help;
+} dt_setting;
+
+// The whole table (n rows), and one row by name (NULL when unknown).
+DT_API const dt_setting *dt_settings(size_t *n);
+DT_API const dt_setting *dt_setting_find(const char *name);
+// The value of a number setting: the variable when set (DT_ERR_ARG naming it, the range
+// and what was found when it is not a number in range), else the table's default.
+DT_API dt_status dt_setting_int(const char *name, long *out);
+// The index of a choice setting's value among its choices (case-insensitive), else the
+// default's index; DT_ERR_ARG listing the choices on anything else.
+DT_API dt_status dt_setting_choice(const char *name, int *out);
+// A string setting's value, NULL when unset or empty.
+DT_API const char *dt_setting_str(const char *name);
+// DT_* variables in the environment that are not settings, as one message into msg
+// ("DT_TIMOUT_MS is not a dtrain setting (did you mean DT_TIMEOUT_MS?)"); returns
+// how many. DT_TEST_* and DTRUN_* are the test suite's and dtrun's own, not counted.
+DT_API size_t dt_settings_check_unknown(char *msg, size_t n);
+// The table, grouped by module, with each variable's current value when set.
+DT_API void dt_settings_print(FILE *f);
 
 // --------------------------------------------------------------------------- checksum
 

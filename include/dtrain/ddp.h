@@ -5,7 +5,7 @@
 //
 //     dt_ddp *ddp;
 //     dt_ddp_new(&ddp, params, pg, NULL);        // collective: checks shapes, broadcasts
-//     (or dt_ddp_init(&ddp, model, pg, NULL) for a dt_model)
+//     (params = dt_model_as_params(model) for a dt_model)
 //     for each step:
 //         dt_model_forward(...); loss ...; dt_model_zero_grad(model);
 //         dt_model_backward(model, dloss);       // buckets start reducing during backward
@@ -31,6 +31,7 @@
 #define DTRAIN_DDP_H
 
 #include "dtrain/comm.h"
+#include "dtrain/layer.h"
 #include "dtrain/nn.h"
 #include "dtrain/params.h"
 
@@ -109,7 +110,16 @@ typedef struct dt_ddp_opts {
     bool broadcast_params;             // rank 0's parameters to every rank at init (default true)
     bool overlap;                      // reduce buckets during backward (default true); false
                                        // reduces them all in dt_ddp_sync, for measuring overlap
-    dt_ddp_compress         compress;  // 16-bit gradient all-reduce (default NONE)
+    bool tree_reduce;                  // sum the ranks' gradients by a fixed tree over ranks
+                                       // (rank r with r + N/2 first, then r + N/4, ...): with
+                                       // the model's gradient shards (dt_model_set_grad_shards)
+                                       // N ranks then give bitwise the one-process gradients.
+                                       // Buckets then travel by all_gather (each rank receives
+                                       // N - 1 copies instead of an all-reduce's 2(N-1)/N) and
+                                       // are summed in dt_ddp_sync. 2 ranks need nothing more
+                                       // than the all-reduce (a + b), which they keep.
+    dt_ddp_compress compress;          // 16-bit gradient all-reduce (default NONE); not with
+                                       // tree_reduce
     const dt_ddp_comm_hook *comm_hook; // a hook of the caller's (borrowed; overrides
                                        // compress); NULL: none
 } dt_ddp_opts;
@@ -124,8 +134,6 @@ DT_API dt_ddp_opts dt_ddp_opts_default(void);
 // consumer on `params`. Frozen tensors (DT_PARAM_FROZEN) are broadcast but get no
 // bucket and are never waited for. *out is NULL on failure.
 DT_API dt_status dt_ddp_new(dt_ddp **out, dt_params *params, dt_pg *pg, const dt_ddp_opts *opts);
-// The same for a finalized dt_model: dt_ddp_new(out, dt_model_as_params(model), ...).
-DT_API dt_status dt_ddp_init(dt_ddp **out, dt_model *model, dt_pg *pg, const dt_ddp_opts *opts);
 // Rank 0's non-trainable buffers (running statistics) to every rank. Collective. What
 // dt_ddp_new does at start; PyTorch's broadcast_buffers=True does it every forward.
 DT_API dt_status dt_ddp_broadcast_buffers(dt_ddp *ddp);
@@ -161,6 +169,18 @@ DT_API void dt_ddp_stats(const dt_ddp *ddp, double *wait_s, int64_t *steps);
 // process group: user is the dt_pg; *found_inf becomes the maximum of every rank's flag
 // (one all-reduce of one float). Collective: every rank calls it once per step.
 DT_API dt_status dt_ddp_agree_inf(void *pg, float *found_inf);
+
+// SyncBatchNorm: makes a BatchNorm (layer.h) reduce its batch statistics over `pg`
+// (borrowed: it must outlive the layer) by setting opts->reduce. In training, forward
+// all-reduces each channel's sum, sum of squares and count, and backward the sums of
+// dy and dy * xhat, so N ranks with batch B/N normalise as one rank with batch B; the
+// weight and bias gradients stay local sums, which DDP then averages. Every forward
+// and backward of such a layer is collective: all ranks must run them together.
+// Evaluation uses the running statistics and talks to nobody.
+//     dt_batchnorm_opts o = dt_batchnorm_opts_default();
+//     dt_syncbn_opts(&o, pg);
+//     dt_layer_batchnorm2d_new(&layer, 64, &o);
+DT_API dt_status dt_syncbn_opts(dt_batchnorm_opts *opts, dt_pg *pg);
 
 #ifdef __cplusplus
 }

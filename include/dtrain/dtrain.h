@@ -7,10 +7,13 @@
 #include "dtrain/core.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
+#include "dtrain/graph.h"
+#include "dtrain/layer.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/params.h"
 #include "dtrain/rng.h"
 #include "dtrain/tensor.h"
+#include "dtrain/trace.h"
 
 #endif // DTRAIN_DTRAIN_H

@@ -9,7 +9,7 @@
 // Tensors are row-major (B, C, H, W) per batch; a flat layer input is (B, F).
 // Semantics and initialisation follow PyTorch's torch.nn modules of the same name.
 //
-//     dt_model *m = dt_model_init(1, 28, 28);
+//     dt_model *m;  dt_model_new(&m, 1, 28, 28);
 //     dt_model_add_conv2d(m, 16, 3, 1, 0);  dt_model_add_relu(m);  ...
 //     dt_model_finalize(m, seed);
 //     dt_model_forward(m, x, batch);                    // x: (B, 1, 28, 28)
@@ -37,8 +37,10 @@ typedef struct dt_model dt_model;
 // ------------------------------------------------------------------ building a model
 
 // A new empty model taking per-sample inputs of shape (c, h, w); use (f, 1, 1) for
-// flat inputs. Returns an owned model (free with dt_model_free) or NULL on failure.
-DT_API dt_model *dt_model_init(int c, int h, int w);
+// flat inputs, into *out (free with dt_model_free); *out stays NULL on failure
+// (DT_ERR_ARG for a shape that is not positive). A model has no options: they are
+// its layers.
+DT_API dt_status dt_model_new(dt_model **out, int c, int h, int w);
 DT_API void      dt_model_free(dt_model *m); // NULL-safe
 
 // Layers, appended in order. Each checks its input shape and fails with DT_ERR_ARG
@@ -72,8 +74,8 @@ DT_API dt_status dt_model_finalize(dt_model *m, uint64_t seed);
 //   conv(1->16, 3x3) ReLU conv(16->32, 3x3) ReLU maxpool(2) Dropout2d(drop2d) flatten
 //   linear(4608->64) ReLU dropout(drop) linear(64->10) log_softmax
 // The seed uses drop2d = 0.10 and drop = 0.25. Free with dt_model_free.
-DT_API dt_status dt_model_init_mnist_convnet(dt_model **out, uint64_t seed, float drop2d,
-                                             float drop);
+DT_API dt_status dt_model_new_mnist_convnet(dt_model **out, uint64_t seed, float drop2d,
+                                            float drop);
 
 // ----------------------------------------------------------------------- inspecting
 
@@ -92,7 +94,7 @@ DT_API const char *dt_model_layer_kind(const dt_model *m, int layer);
 // Per-sample output size of the last layer (the number of classes for a classifier).
 DT_API size_t dt_model_output_size(const dt_model *m);
 DT_API size_t dt_model_input_size(const dt_model *m);
-// The per-sample input shape (c, h, w) given to dt_model_init; any pointer may be NULL.
+// The per-sample input shape (c, h, w) given to dt_model_new; any pointer may be NULL.
 DT_API void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w);
 // Forward FLOPs per sample (multiply-add = 2), for throughput reports.
 DT_API double dt_model_flops_per_sample(const dt_model *m);
@@ -109,6 +111,20 @@ DT_API void dt_model_describe(const dt_model *m, char *buf, size_t n);
 // thread is one of them. Results do not depend on timing; they depend on the thread
 // count only through float rounding of summed weight gradients.
 DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
+// Gradient shards, for results that do not depend on how a batch is split (DESIGN.md,
+// "World-size invariance"). 0 (the default): threads sum their partial gradients, so
+// the thread count changes the rounding. S >= 1 (a power of two up to 64): sample s of
+// a batch belongs to shard s % S; each shard's gradient is summed over its samples in
+// increasing order, then the shards are combined by a fixed tree (shard k with k + S/2
+// first, then k + S/4, ...) before being added into the gradient buffer. Gradients are
+// then bitwise the same for any thread count. Across processes: one process with S = V
+// and N processes (N dividing V, both powers of two) with S = V/N each, batch B/N and
+// a DistributedSampler, plus a DDP that continues the tree over ranks
+// (dt_ddp_opts.tree_reduce), give bitwise the same averaged gradients. Threads share
+// the work of a convolution's weight gradient by shards, so S should be at least the
+// thread count. DT_ERR_ARG for other values; DT_ERR_NOMEM (S parameter-sized buffers).
+DT_API dt_status dt_model_set_grad_shards(dt_model *m, int shards);
+DT_API int       dt_model_grad_shards(const dt_model *m);
 // Training mode (dropout active; the default) or evaluation mode.
 DT_API void dt_model_train(dt_model *m, bool training);
 // The random stream of the dropout masks. Sample i of the batch in layer l draws from

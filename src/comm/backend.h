@@ -24,7 +24,7 @@ typedef enum dt_coll {
     DT_COLL_BARRIER,
     DT_COLL_SEND,
     DT_COLL_RECV,
-    DT_COLL_INIT, // the barrier that ends dt_pg_init (sequence number 0)
+    DT_COLL_INIT, // the barrier that ends dt_pg_new (sequence number 0)
     DT_COLL_COUNT_
 } dt_coll;
 
@@ -99,7 +99,7 @@ typedef struct dt_backend_ops {
     // get the same answer from the same inputs. (optional: NULL = always)
     bool (*usable)(const dt_pg *pg);
 
-    // COLLECTIVE: every rank calls it once, from the thread inside dt_pg_init. Sets up
+    // COLLECTIVE: every rank calls it once, from the thread inside dt_pg_new. Sets up
     // connections or shared segments through `store` (a view private to this backend
     // and group: key names need no prefix) and returns the backend's state in *ctx.
     // Must give up by deadline_ns with DT_ERR_TIMEOUT naming the ranks it waited for.
@@ -144,6 +144,12 @@ typedef struct dt_backend_ops {
     dt_status (*send)(void *ctx, const dt_op *op);
     dt_status (*recv)(void *ctx, const dt_op *op);
 
+    // True when the backend calls dt_pg_progress while it waits inside an operation
+    // (at least every ~500 ms): the liveness thread then takes an operation that makes
+    // no progress for DT_LIVENESS_MS as a stuck communication thread. False for a
+    // backend that blocks in calls it cannot interrupt (mpi's blocking mode).
+    bool reports_progress;
+
     // False for a placeholder of a backend not built into this library (see
     // unbuilt_backends.c); "auto" skips it and asking for it is DT_ERR_UNSUPPORTED.
     bool built;
@@ -172,6 +178,11 @@ int dt_pg_abort_fd(const dt_pg *pg);
 // Reports a failure noticed outside an operation (e.g. by a watcher thread of the
 // backend): poisons the group from any thread, as dt_pg_abort does with `st`.
 void dt_pg_fail(dt_pg *pg, dt_status st, const char *fmt, ...) DT_PRINTF(3, 4);
+
+// Called by a backend while it waits or works inside an operation, at least every
+// ~500 ms (tcp: every turn of its poll loop; shm: every futex slice and chunk), when it
+// sets reports_progress. Cheap: one relaxed atomic add.
+void dt_pg_progress(dt_pg *pg);
 
 // Error helpers: record the message on the calling thread and return the status.
 // "<op name>: <formatted message>"

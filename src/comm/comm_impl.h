@@ -26,15 +26,58 @@ dt_status dt_sock_set_nonblocking(int fd, bool on);
 dt_status dt_sock_write_all(int fd, const void *buf, size_t n, uint64_t deadline_ns,
                             const char *what);
 dt_status dt_sock_read_all(int fd, void *buf, size_t n, uint64_t deadline_ns, const char *what);
+// dt_sock_listen on 127.0.0.1 only when loopback_only, else on every interface.
+dt_status dt_sock_listen_on(bool loopback_only, int port, int backlog, const char *what,
+                            int *fd /* out */, int *bound_port /* out, may be NULL */);
+// True when `host` ("127.0.0.1", "localhost", "::1", ...) names this host's loopback
+// interface only; NULL or "" count as loopback (the default MASTER_ADDR).
+bool dt_sock_is_loopback(const char *host);
 // "pid 1234 (python3)" for the process listening on TCP `port`, or "" if unknown.
 void dt_sock_port_holder(int port, char *buf, size_t n);
 // The local IPv4 address of a connected socket ("10.1.2.3"); false if none.
 bool dt_sock_local_addr(int fd, char *buf, size_t n);
 
+// The address this rank's peers can reach it at, for a listening socket: DT_SOCKET_IFADDR
+// when set; else the interface that reaches rank 0's store (ranks > 0); 127.0.0.1 when
+// every rank is on this host; for rank 0 the interface towards MASTER_ADDR, else its
+// host name's address.
+void dt_sock_public_addr(dt_store *store, int rank, bool all_local, char *buf, size_t n);
+
+// ------------------------------------------------------------------------- liveness
+// (liveness.c: heartbeats between the ranks over UDP, docs/comm.md "Liveness")
+
+typedef struct dt_live dt_live;
+// DT_HEARTBEAT_MS (default 500) and DT_LIVENESS_MS (default 5000, 0 = off), checked.
+dt_status dt_live_config(int64_t *heartbeat_ms, int64_t *liveness_ms);
+// COLLECTIVE (after the rendezvous): binds a UDP port, publishes `addr`, the port, a
+// random key and its settings under dt/live/<rank> in `store`, reads the peers' (other
+// settings: DT_ERR_MISMATCH naming both), starts the liveness thread. *out stays NULL
+// when liveness is off (on every rank) or the world has one rank.
+dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *addr,
+                      uint64_t deadline_ns);
+// Waits until a heartbeat of every peer arrived (bounded by DT_LIVENESS_MS): UDP that
+// does not pass is an error at start-up, not a false alarm later. NULL: DT_OK.
+dt_status dt_live_wait_peers(dt_live *l, uint64_t deadline_ns);
+// Stops the thread and tells the peers this rank leaves. NULL-safe.
+void dt_live_free(dt_live *l);
+
+// What the liveness thread reads from the group (any thread).
+uint64_t dt_pg_progress_count(const dt_pg *pg);
+// The operation inside the backend: (seq << 8) | (kind + 1), 0 when none.
+uint64_t dt_pg_current_op(const dt_pg *pg);
+bool     dt_pg_reports_progress(const dt_pg *pg);
+
 // ------------------------------------------------------------------ store internals
 
 // A 64-bit hash of a job token (FNV-1a), shown in messages instead of the token.
 uint64_t dt_token_hash(const char *token);
+// HMAC-SHA256(token or "", label | theirs | mine | ctx): this side's proof that it holds
+// the token, answering the peer's nonce `theirs` (both nonces DT_NONCE_BYTES long). See
+// store_auth.c.
+void dt_token_proof(const char *token, const char *label, const uint8_t *theirs,
+                    const uint8_t *mine, const void *ctx, size_t ctx_len, uint8_t out[32]);
+// Logs a refused or dropped connection as a warning: the first five, then one in 100.
+void dt_log_refusal(const char *fmt, ...) DT_PRINTF(1, 2);
 // The token in effect for options `opt` (NULL: DT_JOB_TOKEN env; "": none). Returns
 // NULL for none.
 const char *dt_token_resolve(const char *opt);
@@ -46,6 +89,13 @@ const char *dt_pg_token(const dt_pg *pg);
 // For a TCP store: the local address of the connection to the server (the interface
 // that reaches rank 0), so backends can publish an address the others can reach.
 bool dt_store_local_addr(dt_store *store, char *buf, size_t n);
+
+// Caps the I/O of this thread's TCP store requests (set, get, wait, check) at
+// deadline_ns until called again (UINT64_MAX: no cap); waiting for another thread's
+// request on the same handle counts. A request cut short fails with DT_ERR_TIMEOUT and
+// leaves the handle unusable (its stream is out of step). For the abort path, which
+// must not block on an unreachable store. Returns the previous cap.
+uint64_t dt_store_cap_io(uint64_t deadline_ns);
 
 // Store wire protocol (TCP store): a request or reply is a 24-byte header followed by
 // `nparts` byte strings, each a u32 little-endian length and its bytes.
@@ -59,7 +109,8 @@ bool dt_store_local_addr(dt_store *store, char *buf, size_t n);
 #define DT_STORE_MAX_PARTS    65535
 
 typedef enum dt_store_cmd {
-    DT_STORE_HELLO = 1, // parts: token ("" = none), client description; arg: version
+    DT_STORE_HELLO = 1, // parts: client nonce (32 bytes), client description; arg: version
+                        // reply parts: server nonce (32 bytes), "1"/"0" server has a token
     DT_STORE_SET,       // key, value
     DT_STORE_GET,       // key; arg: timeout ms (< 0 none)
     DT_STORE_WAIT,      // keys...; arg: timeout ms
@@ -67,6 +118,8 @@ typedef enum dt_store_cmd {
     DT_STORE_ADD,       // key; arg: delta
     DT_STORE_CAS,       // key, expected, desired; arg bit 0: expected is present
     DT_STORE_DELETE,    // key
+    DT_STORE_AUTH,      // client proof (32 bytes, or empty without a token); reply parts:
+                        // server proof (32 bytes, or empty). See store_auth.c.
     DT_STORE_CMD_COUNT_
 } dt_store_cmd;
 

@@ -682,30 +682,6 @@ static dt_status dup_world(MPI_Comm *out, uint64_t deadline_ns) {
     return DT_OK;
 }
 
-// Reads a variable whose value is one of `names` (the first is the default); *out is
-// its index.
-static dt_status read_choice(const char *name, const char *const *names, int n, int *out) {
-    const char *v = getenv(name);
-    *out          = 0;
-    if (!v || !*v)
-        return DT_OK;
-    for (int i = 0; i < n; i++)
-        if (strcmp(v, names[i]) == 0) {
-            *out = i;
-            return DT_OK;
-        }
-    char   want[96];
-    size_t off = 0;
-    for (int i = 0; i < n; i++)
-        off += (size_t)snprintf(want + off, sizeof want - off, "%s\"%s\"",
-                                i == 0       ? ""
-                                : i == n - 1 ? " or "
-                                             : ", ",
-                                names[i]);
-    return dt_fail(DT_ERR_ARG, "mpi backend: environment variable %s expects %s, found \"%s\"",
-                   name, want, v);
-}
-
 static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **out) {
     (void)store;
     DT_TRY(dt_mpi_init(deadline_ns, "mpi backend"));
@@ -725,12 +701,11 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
                        "%d in MPI_COMM_WORLD; the mpi backend needs the group's ranks to be "
                        "MPI's",
                        dt_pg_rank(pg), dt_pg_size(pg), mrank, mworld);
-    static const char *const waits[] = {"block", "poll"}, *const onoff[] = {"on", "off"};
-    int wait, fp_off;
-    DT_TRY(read_choice("DT_MPI_WAIT", waits, 2, &wait));
-    DT_TRY(read_choice("DT_MPI_FINGERPRINT", onoff, 2, &fp_off));
+    int wait, fp_off; // block|poll, on|off
+    DT_TRY(dt_setting_choice("DT_MPI_WAIT", &wait));
+    DT_TRY(dt_setting_choice("DT_MPI_FINGERPRINT", &fp_off));
     long chunk;
-    DT_TRY(dt_env_int("DT_MPI_CHUNK_COUNT", 1, INT_MAX, 1L << 30, &chunk));
+    DT_TRY(dt_setting_int("DT_MPI_CHUNK_COUNT", &chunk));
 
     mpi_ctx *c = dt_alloc_zero(sizeof *c);
     if (!c)
@@ -771,7 +746,7 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
     }
     if (mrank == 0)
         DT_INFO("comm", "mpi backend: %d ranks, wait %s, fingerprints %s, thread level %d", mworld,
-                waits[c->wait], c->fingerprint ? "on" : "off", level);
+                c->wait == WAIT_POLL ? "poll" : "block", c->fingerprint ? "on" : "off", level);
     *out = c;
     return DT_OK;
 }

@@ -6,6 +6,7 @@
 #include "comm/backends.h"
 #include "comm/comm_impl.h"
 #include "comm/reduce.h"
+#include "dtrain/trace.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -150,6 +151,10 @@ struct dt_pg {
     // only while busy:
     bool be_told; // backend abort() was called
 
+    dt_live         *live;     // heartbeats (liveness.c); NULL when off
+    _Atomic uint64_t progress; // dt_pg_progress calls
+    _Atomic uint64_t cur_op;   // the operation in the backend, dt_pg_current_op
+
     work_pool  *pool;
     atomic_bool poisoned;
     int         abort_fd; // eventfd, readable once poisoned
@@ -192,6 +197,19 @@ bool dt_pg_aborted(const dt_pg *pg) {
 }
 int dt_pg_abort_fd(const dt_pg *pg) {
     return pg->abort_fd;
+}
+
+void dt_pg_progress(dt_pg *pg) {
+    atomic_fetch_add_explicit(&pg->progress, 1, memory_order_relaxed);
+}
+uint64_t dt_pg_progress_count(const dt_pg *pg) {
+    return atomic_load_explicit(&pg->progress, memory_order_relaxed);
+}
+uint64_t dt_pg_current_op(const dt_pg *pg) {
+    return atomic_load_explicit(&pg->cur_op, memory_order_relaxed);
+}
+bool dt_pg_reports_progress(const dt_pg *pg) {
+    return pg->be && pg->be->reports_progress;
 }
 
 dt_pg_opts dt_pg_opts_default(void) {
@@ -338,11 +356,14 @@ static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         return st;
     }
     dt_status st = DT_OK;
+    DT_TRACE_BEGIN(tr);
     if (pg->world == 1) {
         run_local(op);
     } else {
         dt_clear_error();
         slot_fn fn = backend_slot(pg->be, op->kind);
+        atomic_store_explicit(&pg->cur_op, op->fp.seq << 8 | ((uint64_t)op->kind + 1),
+                              memory_order_relaxed);
         if (fn)
             st = fn(pg->be_ctx, op);
         else if (pg->be->xfer_post && pg->be->xfer_wait)
@@ -350,6 +371,7 @@ static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         else
             st = dt_op_fail(op, DT_ERR_UNSUPPORTED, "backend %s cannot run %s", pg->be->name,
                             dt_coll_name(op->kind));
+        atomic_store_explicit(&pg->cur_op, 0, memory_order_relaxed);
         if (st != DT_OK) {
             if (st == DT_ERR_STATE && atomic_load(&pg->poisoned)) {
                 // Aborted from another thread while running: report that reason.
@@ -365,6 +387,7 @@ static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
             return st;
         }
     }
+    DT_TRACE_END(tr, "comm", dt_coll_name(op->kind), "count", op->count);
     if (op->fp.op == DT_REDUCE_AVG && op->dst) {
         size_t n = op->kind == DT_COLL_REDUCE && pg->rank != op->root ? 0 : op->count;
         dt_reduce_div(op->dtype, op->dst, n, pg->world);
@@ -446,6 +469,7 @@ static void wake_progress_if_needed(dt_pg *pg) {
 
 static void *progress_main(void *arg) {
     dt_pg *pg = arg;
+    pthread_setname_np(pthread_self(), "dt-progress"); // for top -H, gdb, and the tests
     pthread_mutex_lock(&pg->mu);
     for (;;) {
         while (!(pg->head && !pg->busy) && !(pg->stop && !pg->head))
@@ -886,7 +910,7 @@ void dt_pg_abort(dt_pg *pg, const char *reason) {
 // ------------------------------------------------------------------ init and free
 
 static void host_identity(char *buf, size_t n) {
-    const char *o = getenv("DT_HOST_ID"); // tests: pretend ranks are on other hosts
+    const char *o = dt_setting_str("DT_HOST_ID"); // tests: pretend ranks are on other hosts
     if (o && *o) {
         snprintf(buf, n, "%s", o);
         return;
@@ -1079,6 +1103,8 @@ void dt_pg_free(dt_pg *pg) {
         pthread_mutex_unlock(&pg->mu);
         pthread_join(pg->thread, NULL);
     }
+    // Liveness first: its "bye" tells the peers this rank leaves on purpose.
+    dt_live_free(pg->live);
     if (pg->be && pg->be_ctx)
         pg->be->free(pg->be_ctx);
     dt_algo_cfg_free(&pg->algo);
@@ -1100,11 +1126,8 @@ void dt_pg_free(dt_pg *pg) {
     dt_free(pg);
 }
 
-dt_pg *dt_pg_init_from_env(const dt_pg_opts *opts) {
-    return dt_pg_init("env://", -1, -1, opts);
-}
-
-dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opts) {
+// Creates the group; NULL with the error recorded (every failure path calls dt_fail).
+static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opts *opts) {
     dt_pg_opts o = opts ? *opts : dt_pg_opts_default();
     if (!method || !*method)
         method = "env://";
@@ -1144,6 +1167,9 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     if (timeout == 0 && dt_default_timeout_ms(&timeout) != DT_OK)
         return NULL;
     uint64_t deadline = timeout < 0 ? UINT64_MAX : dt_deadline_ns(timeout);
+    int64_t  hb_ms, live_ms; // checked before anything else is reached (liveness.c)
+    if (dt_live_config(&hb_ms, &live_ms) != DT_OK)
+        return NULL;
 
     // MPI: initialised only for the mpi backend or to hand out the store's address.
     dt_mpi_boot_res boot = {.rank = -1};
@@ -1244,14 +1270,15 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         } else if (parse_tcp_method(method, host, sizeof host, &port) != DT_OK) {
             goto fail;
         }
-        pg->store = dt_store_init_tcp(host, port, rank == 0, &so);
-        if (!pg->store) {
+        // Clients that reach rank 0 at a loopback address are all on this host: the
+        // store need not listen anywhere else.
+        so.loopback_only = rank == 0 && dt_sock_is_loopback(host);
+        if (dt_store_new_tcp(&pg->store, host, port, rank == 0, &so) != DT_OK) {
             dt_fail_context("init (rank %d of %d)", rank, world);
             goto fail;
         }
     } else if (strncmp(method, "file://", 7) == 0) {
-        pg->store = dt_store_init_file(method + 7, &so);
-        if (!pg->store) {
+        if (dt_store_new_file(&pg->store, method + 7, &so) != DT_OK) {
             dt_fail_context("init (rank %d of %d)", rank, world);
             goto fail;
         }
@@ -1284,9 +1311,15 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
 
     if (choose_backend(pg, o.backend) != DT_OK || dt_algo_cfg_init(&pg->algo) != DT_OK)
         goto fail;
+    // Heartbeats between the ranks, from now on: a rank that freezes during the
+    // backend's set-up is found too.
+    char live_addr[256];
+    dt_sock_public_addr(pg->store, rank, pg->all_local, live_addr, sizeof live_addr);
+    if (dt_live_new(&pg->live, pg, pg->store, live_addr, deadline) != DT_OK)
+        goto fail;
     char prefix[64];
     snprintf(prefix, sizeof prefix, "dt/%s", pg->be->name);
-    if (!(pg->be_store = dt_store_init_prefix(pg->store, prefix)))
+    if (dt_store_new_prefix(&pg->be_store, pg->store, prefix) != DT_OK)
         goto fail;
     if (pg->be->init(pg, pg->be_store, deadline, &pg->be_ctx) != DT_OK) {
         dt_fail_context("init: backend %s", pg->be->name);
@@ -1306,6 +1339,8 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         dt_fail_context("init");
         goto fail;
     }
+    if (dt_live_wait_peers(pg->live, deadline) != DT_OK)
+        goto fail;
     return pg;
 fail:;
     dt_status st = dt_last_status();
@@ -1316,4 +1351,29 @@ fail:;
     dt_pg_free(pg);
     dt_fail(st, "%s", msg);
     return NULL;
+}
+
+// DT_* variables that are not settings (a typo: DT_TIMOUT_MS) are named once per
+// process, with the nearest setting, when the first group is created.
+static void warn_unknown_settings(void) {
+    static atomic_bool said;
+    if (atomic_exchange(&said, true))
+        return;
+    char msg[1024];
+    if (dt_settings_check_unknown(msg, sizeof msg) > 0)
+        DT_WARN("comm", "%s (dtrain-mnist --help-env lists every setting)", msg);
+}
+
+dt_status dt_pg_new(dt_pg **out, const char *init_method, int rank, int world,
+                    const dt_pg_opts *opts) {
+    warn_unknown_settings();
+    *out = pg_create(init_method, rank, world, opts);
+    if (*out)
+        return DT_OK;
+    dt_status st = dt_last_status();
+    return st != DT_OK ? st : dt_fail(DT_ERR_STATE, "init: failed without a message");
+}
+
+dt_status dt_pg_new_from_env(dt_pg **out, const dt_pg_opts *opts) {
+    return dt_pg_new(out, "env://", -1, -1, opts);
 }

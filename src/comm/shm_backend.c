@@ -14,7 +14,10 @@ static bool shm_usable(const dt_pg *pg) {
     return dt_pg_all_local(pg);
 }
 
+// The engine calls it at the start of operations and between 10 ms futex sleeps: also
+// the engine's sign of progress for the liveness thread.
 static bool pg_aborted(void *pg) {
+    dt_pg_progress(pg);
     return dt_pg_aborted(pg);
 }
 
@@ -149,21 +152,22 @@ static dt_status shm_op(void *ctx, const dt_op *op) {
 }
 
 const dt_backend_ops dt_backend_shm = {
-    .name           = "shm",
-    .usable         = shm_usable,
-    .init           = shm_init,
-    .free           = shm_free_ctx,
-    .abort          = shm_abort,
-    .all_reduce     = shm_op,
-    .broadcast      = shm_op,
-    .reduce         = shm_op,
-    .all_gather     = shm_op,
-    .reduce_scatter = shm_op,
-    .gather         = shm_op,
-    .scatter        = shm_op,
-    .all_to_all     = shm_op,
-    .barrier        = shm_op,
-    .send           = shm_op,
-    .recv           = shm_op,
-    .built          = true,
+    .name             = "shm",
+    .usable           = shm_usable,
+    .init             = shm_init,
+    .free             = shm_free_ctx,
+    .abort            = shm_abort,
+    .all_reduce       = shm_op,
+    .broadcast        = shm_op,
+    .reduce           = shm_op,
+    .all_gather       = shm_op,
+    .reduce_scatter   = shm_op,
+    .gather           = shm_op,
+    .scatter          = shm_op,
+    .all_to_all       = shm_op,
+    .barrier          = shm_op,
+    .send             = shm_op,
+    .recv             = shm_op,
+    .reports_progress = true,
+    .built            = true,
 };

@@ -121,6 +121,32 @@ void dt_sock_port_holder(int port, char *buf, size_t n) {
 }
 
 dt_status dt_sock_listen(int port, int backlog, const char *what, int *fd_out, int *bound_port) {
+    return dt_sock_listen_on(false, port, backlog, what, fd_out, bound_port);
+}
+
+bool dt_sock_is_loopback(const char *host) {
+    if (!host || !*host)
+        return true;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return false;
+    bool all = res != NULL;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET) {
+            uint32_t a = ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr);
+            all        = all && (a >> 24) == 127;
+        } else if (ai->ai_family == AF_INET6) {
+            all = all && IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr);
+        } else {
+            all = false;
+        }
+    }
+    freeaddrinfo(res);
+    return all;
+}
+
+dt_status dt_sock_listen_on(bool loopback_only, int port, int backlog, const char *what,
+                            int *fd_out, int *bound_port) {
     *fd_out = -1;
     if (port < 0 || port > 65535)
         return dt_fail(DT_ERR_ARG, "%s: expected a port in [0, 65535], found %d", what, port);
@@ -130,7 +156,7 @@ dt_status dt_sock_listen(int port, int backlog, const char *what, int *fd_out, i
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr    = htonl(INADDR_ANY);
+    a.sin_addr.s_addr    = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
     if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         int e = errno;
         close(fd);
@@ -319,4 +345,55 @@ bool dt_sock_local_addr(int fd, char *buf, size_t n) {
     if (getsockname(fd, (struct sockaddr *)&a, &len) != 0 || a.sin_family != AF_INET)
         return false;
     return inet_ntop(AF_INET, &a.sin_addr, buf, (socklen_t)n) != NULL;
+}
+
+// The address of this host on the way to `host` (a UDP "connect" sends no packet: the
+// kernel picks the outgoing interface); false when unresolvable or a loopback address.
+static bool address_towards(const char *host, char *buf, size_t n) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (!host || !*host || getaddrinfo(host, "9", &hints, &res) != 0)
+        return false;
+    int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+              dt_sock_local_addr(fd, buf, n) && strncmp(buf, "127.", 4) != 0;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(res);
+    return ok;
+}
+
+void dt_sock_public_addr(dt_store *store, int rank, bool all_local, char *buf, size_t n) {
+    const char *o = dt_setting_str("DT_SOCKET_IFADDR");
+    if (o && *o) {
+        snprintf(buf, n, "%s", o);
+        return;
+    }
+    // The interface that reaches rank 0's store reaches the other ranks too (in the
+    // usual one-network cluster); rank 0 itself talks to its store over loopback, so
+    // it uses its host name's address unless everyone is on this host.
+    if (rank != 0 && dt_store_local_addr(store, buf, n))
+        return;
+    if (all_local) {
+        snprintf(buf, n, "127.0.0.1");
+        return;
+    }
+    // The others reached rank 0's store at MASTER_ADDR, so that is where rank 0 is (its
+    // host name may resolve to loopback, as Debian's 127.0.1.1 entry does).
+    if (rank == 0 && address_towards(getenv("MASTER_ADDR"), buf, n))
+        return;
+    // Otherwise the address of our host name, found by "connecting" a UDP socket (no
+    // packet is sent): the kernel picks the outgoing interface.
+    char            host[256];
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (gethostname(host, sizeof host) == 0 && getaddrinfo(host, "9", &hints, &res) == 0) {
+        int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                  dt_sock_local_addr(fd, buf, n);
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        if (ok)
+            return;
+    }
+    snprintf(buf, n, "127.0.0.1");
 }

@@ -3,6 +3,7 @@
 // others (SIGTERM, then SIGKILL after a grace period) and report the first failure.
 #include "comm/comm_impl.h"
 #include "comm/shm.h"
+#include "core/hmac.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,10 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_GRACE_MS 3000
-// After a SIGTERM forwarded to the workers (a preemption notice): how long they get to
-// reach a step boundary and save before SIGKILL (DT_SPAWN_TERM_GRACE_MS).
-#define DEFAULT_TERM_GRACE_MS 30000
 // Local processes allowed without DT_MAX_LOCAL_PROCS: 4 per online CPU, at most 256.
 // Beyond that the workers only time-share the cores, and the shm segment (which grows
 // with the square of the local world) eats /dev/shm: 1000 ranks take about 8 GiB.
@@ -57,7 +54,9 @@ static dt_status check_local_bound(int nprocs) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN), bound = MAX_LOCAL_PROCS, v;
     if (cpus > 0 && cpus * PROCS_PER_CPU < bound)
         bound = cpus * PROCS_PER_CPU;
-    DT_TRY(dt_env_int("DT_MAX_LOCAL_PROCS", 1, 4096, bound, &v));
+    DT_TRY(dt_setting_int("DT_MAX_LOCAL_PROCS", &v));
+    if (v == 0) // the default: the automatic bound
+        v = bound;
     if (nprocs <= v)
         return DT_OK;
     double         seg = (double)dt_shm_segment_bytes(nprocs) / 1048576.0;
@@ -82,7 +81,8 @@ static void setenv_int(const char *name, long v) {
 
 // Runs in the child: never returns.
 static _Noreturn void child_main(int i, int nprocs, long rank_base, long world, pid_t parent,
-                                 const char *port, const char *token, dt_spawn_fn fn, void *arg) {
+                                 const char *addr, const char *port, const char *token,
+                                 dt_spawn_fn fn, void *arg) {
     // Die with the parent; if it died before prctl took effect, go now.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent)
@@ -91,10 +91,10 @@ static _Noreturn void child_main(int i, int nprocs, long rank_base, long world, 
     setenv_int("LOCAL_WORLD_SIZE", nprocs);
     setenv_int("RANK", rank_base + i);
     setenv_int("WORLD_SIZE", world);
-    if (port) {
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
+    if (addr)
+        setenv("MASTER_ADDR", addr, 1);
+    if (port)
         setenv("MASTER_PORT", port, 1);
-    }
     if (token)
         setenv("DT_JOB_TOKEN", token, 1);
     int rc = fn(i, arg);
@@ -122,9 +122,8 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
         return dt_fail(DT_ERR_ARG, "spawn: the worker function is NULL");
     DT_TRY(check_local_bound(nprocs));
     long grace, term_grace;
-    DT_TRY(dt_env_int("DT_SPAWN_GRACE_MS", 0, 3600L * 1000, DEFAULT_GRACE_MS, &grace));
-    DT_TRY(
-        dt_env_int("DT_SPAWN_TERM_GRACE_MS", 0, 3600L * 1000, DEFAULT_TERM_GRACE_MS, &term_grace));
+    DT_TRY(dt_setting_int("DT_SPAWN_GRACE_MS", &grace));
+    DT_TRY(dt_setting_int("DT_SPAWN_TERM_GRACE_MS", &term_grace));
 
     // Ranks: a node of a multi-node job, or a job of its own.
     long        base = 0, world = nprocs, v;
@@ -141,27 +140,38 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
                            "spawn: node %ld with %d processes needs WORLD_SIZE >= %ld, found %ld",
                            v, nprocs, base + nprocs, world);
     }
-    // A free port and a fresh token when the environment gives none.
-    char        port_buf[16], token_buf[40];
-    const char *port = NULL, *token = NULL;
-    const char *mp = getenv("MASTER_PORT");
+    // A job of its own (every rank forked here): a free port unless MASTER_PORT gives
+    // one, 127.0.0.1 unless MASTER_ADDR says otherwise, and a fresh random token.
+    // One node of several: the other nodes' dt_spawn cannot know a random token, so
+    // without DT_JOB_TOKEN every node derives the same one from the job's shape. That
+    // token is no secret: it keeps a stray rank of another job (or one without a token)
+    // out, not an attacker who can reach the port (docs/comm.md, "Job tokens").
+    bool        alone = world == nprocs;
+    char        port_buf[16], token_buf[96];
+    const char *addr = NULL, *port = NULL, *token = NULL;
+    const char *mp = getenv("MASTER_PORT"), *ma = getenv("MASTER_ADDR");
     if (!mp || !*mp) {
         int fd, p;
         DT_TRY(dt_sock_listen(0, 1, "spawn: picking a free port", &fd, &p));
         close(fd);
         snprintf(port_buf, sizeof port_buf, "%d", p);
         port = port_buf;
+        mp   = port_buf;
+        if (!ma || !*ma)
+            addr = "127.0.0.1";
+    } else if ((!ma || !*ma) && alone) {
+        addr = "127.0.0.1";
     }
-    const char *tk = getenv("DT_JOB_TOKEN");
-    if (!tk || !*tk) {
+    const char *tk = dt_setting_str("DT_JOB_TOKEN");
+    if ((!tk || !*tk) && alone) {
         unsigned char rnd[16];
-        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-            uint64_t t = dt_now_ns() ^ ((uint64_t)getpid() << 32);
-            memcpy(rnd, &t, sizeof t);
-            memcpy(rnd + 8, &t, sizeof t);
-        }
+        dt_random_bytes(rnd, sizeof rnd);
         for (int i = 0; i < 16; i++)
             snprintf(token_buf + 2 * i, 3, "%02x", rnd[i]);
+        token = token_buf;
+    } else if (!tk || !*tk) {
+        snprintf(token_buf, sizeof token_buf, "dtrain-shared:port=%s:world=%ld:nproc=%d", mp, world,
+                 nprocs);
         token = token_buf;
     }
 
@@ -182,7 +192,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
         pidfds[i] = -1;
         pid_t pid = fork();
         if (pid == 0)
-            child_main(i, nprocs, base, world, parent, port, token, fn, arg);
+            child_main(i, nprocs, base, world, parent, addr, port, token, fn, arg);
         if (pid < 0) {
             st = dt_fail_errno(DT_ERR_IO, "spawn: fork of local rank %d of %d", i, nprocs);
             res.failed_rank = i;

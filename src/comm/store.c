@@ -1,8 +1,9 @@
-// store.c: the rendezvous key-value stores behind dt_store: a TCP server (one thread
-// with a poll loop, inside the process that creates it) and its clients, a file store
-// for shared file systems, and prefix views. The wire protocol is in comm_impl.h.
+// store.c: the rendezvous key-value stores behind dt_store: the TCP store's client
+// (its server is store_server.c, its table store_kv.c), a file store for shared file
+// systems, and prefix views. The wire protocol is in comm_impl.h.
 // What this file does not do: anything about ranks; pg.c builds rendezvous on top.
-#include "comm/comm_impl.h"
+#include "comm/store_impl.h"
+#include "core/hmac.h"
 #include "core/le.h"
 
 #include <errno.h>
@@ -20,7 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 1
 // Slack added to a blocking request's I/O deadline: the server answers a timed-out
 // get/wait itself; the client only gives up on its own if the server went silent.
 #define CLIENT_SLACK_MS 10000
@@ -37,14 +37,14 @@ uint64_t dt_token_hash(const char *token) {
 }
 
 const char *dt_token_resolve(const char *opt) {
-    const char *t = opt ? opt : getenv("DT_JOB_TOKEN");
+    const char *t = opt ? opt : dt_setting_str("DT_JOB_TOKEN");
     return (t && *t) ? t : NULL;
 }
 
 dt_status dt_default_timeout_ms(int64_t *out) {
     long v;
-    // 30 minutes, PyTorch's default for CPU backends (Gloo, MPI).
-    DT_TRY(dt_env_int("DT_TIMEOUT_MS", -1, 100L * 24 * 3600 * 1000, 30L * 60 * 1000, &v));
+    // The table's default: 30 minutes, PyTorch's for CPU backends (Gloo, MPI).
+    DT_TRY(dt_setting_int("DT_TIMEOUT_MS", &v));
     *out = v == 0 ? 30L * 60 * 1000 : v;
     return DT_OK;
 }
@@ -52,6 +52,18 @@ dt_status dt_default_timeout_ms(int64_t *out) {
 static uint64_t deadline_for(int64_t timeout_ms) {
     return timeout_ms < 0 ? UINT64_MAX : dt_deadline_ns(timeout_ms);
 }
+
+// This thread's cap on the I/O of TCP store requests (dt_store_cap_io); UINT64_MAX = none.
+static _Thread_local uint64_t io_cap_ns = UINT64_MAX;
+
+uint64_t dt_store_cap_io(uint64_t deadline_ns) {
+    uint64_t old = io_cap_ns;
+    io_cap_ns    = deadline_ns;
+    return old;
+}
+
+// Takes a TCP store's request lock; under a cap, gives up at the cap.
+static dt_status store_lock(dt_store *s);
 
 static void sleep_ms(int ms) {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
@@ -74,184 +86,6 @@ static dt_status check_value(const void *v, size_t n) {
                        DT_STORE_MAX_VALUE, n);
     if (n > 0 && !v)
         return dt_fail(DT_ERR_ARG, "store: value is NULL but its size is %zu", n);
-    return DT_OK;
-}
-
-// Parses a whole decimal int64 ("-12"); false otherwise.
-static bool parse_i64(const uint8_t *p, size_t n, int64_t *out) {
-    if (n == 0 || n > 20)
-        return false;
-    char tmp[24];
-    memcpy(tmp, p, n);
-    tmp[n] = '\0';
-    char *end;
-    errno       = 0;
-    long long v = strtoll(tmp, &end, 10);
-    if (errno || *end || end == tmp)
-        return false;
-    *out = v;
-    return true;
-}
-
-// ---------------------------------------------------------------- key-value table
-
-typedef struct kv_entry {
-    char            *key;
-    uint8_t         *val;
-    size_t           len;
-    struct kv_entry *next;
-} kv_entry;
-
-typedef struct kv_map {
-    kv_entry **buckets;
-    size_t     nbuckets;
-    size_t     count;
-} kv_map;
-
-static size_t kv_hash(const char *k, size_t nbuckets) {
-    return (size_t)(dt_token_hash(k) & (nbuckets - 1));
-}
-
-static kv_entry *kv_find(const kv_map *m, const char *key) {
-    if (!m->nbuckets)
-        return NULL;
-    for (kv_entry *e = m->buckets[kv_hash(key, m->nbuckets)]; e; e = e->next)
-        if (strcmp(e->key, key) == 0)
-            return e;
-    return NULL;
-}
-
-static dt_status kv_grow(kv_map *m) {
-    size_t     nb = m->nbuckets ? m->nbuckets * 2 : 64;
-    kv_entry **b  = dt_alloc_zero(nb * sizeof *b);
-    if (!b)
-        return DT_ERR_NOMEM;
-    for (size_t i = 0; i < m->nbuckets; i++) {
-        kv_entry *e = m->buckets[i];
-        while (e) {
-            kv_entry *next = e->next;
-            size_t    h    = kv_hash(e->key, nb);
-            e->next        = b[h];
-            b[h]           = e;
-            e              = next;
-        }
-    }
-    dt_free(m->buckets);
-    m->buckets  = b;
-    m->nbuckets = nb;
-    return DT_OK;
-}
-
-// Sets key to a copy of val (plus a NUL byte after it, so values read as C strings).
-static dt_status kv_set(kv_map *m, const char *key, size_t keylen, const void *val, size_t len) {
-    char kbuf[DT_STORE_MAX_KEY + 1];
-    memcpy(kbuf, key, keylen);
-    kbuf[keylen]  = '\0';
-    uint8_t *copy = dt_alloc(len + 1);
-    if (!copy)
-        return DT_ERR_NOMEM;
-    if (len)
-        memcpy(copy, val, len);
-    copy[len]   = 0;
-    kv_entry *e = kv_find(m, kbuf);
-    if (e) {
-        dt_free(e->val);
-        e->val = copy;
-        e->len = len;
-        return DT_OK;
-    }
-    if (m->count + 1 > m->nbuckets && kv_grow(m) != DT_OK) {
-        dt_free(copy);
-        return DT_ERR_NOMEM;
-    }
-    e       = dt_alloc_zero(sizeof *e);
-    char *k = dt_strdup(kbuf);
-    if (!e || !k) {
-        dt_free(e);
-        dt_free(k);
-        dt_free(copy);
-        return DT_ERR_NOMEM;
-    }
-    e->key        = k;
-    e->val        = copy;
-    e->len        = len;
-    size_t h      = kv_hash(k, m->nbuckets);
-    e->next       = m->buckets[h];
-    m->buckets[h] = e;
-    m->count++;
-    return DT_OK;
-}
-
-static bool kv_delete(kv_map *m, const char *key) {
-    if (!m->nbuckets)
-        return false;
-    kv_entry **pp = &m->buckets[kv_hash(key, m->nbuckets)];
-    for (; *pp; pp = &(*pp)->next) {
-        if (strcmp((*pp)->key, key) == 0) {
-            kv_entry *e = *pp;
-            *pp         = e->next;
-            dt_free(e->key);
-            dt_free(e->val);
-            dt_free(e);
-            m->count--;
-            return true;
-        }
-    }
-    return false;
-}
-
-static void kv_free(kv_map *m) {
-    for (size_t i = 0; i < m->nbuckets; i++) {
-        kv_entry *e = m->buckets[i];
-        while (e) {
-            kv_entry *next = e->next;
-            dt_free(e->key);
-            dt_free(e->val);
-            dt_free(e);
-            e = next;
-        }
-    }
-    dt_free(m->buckets);
-    memset(m, 0, sizeof *m);
-}
-
-// Key of a message part as a C string in buf (parts are validated to be <= MAX_KEY).
-static const char *part_key(const uint8_t *p, uint32_t len, char buf[DT_STORE_MAX_KEY + 1]) {
-    memcpy(buf, p, len);
-    buf[len] = '\0';
-    return buf;
-}
-
-// Applies an ADD to the table; *out = new value. DT_ERR_FORMAT if not an integer.
-static dt_status kv_add(kv_map *m, const char *key, int64_t delta, int64_t *out) {
-    kv_entry *e   = kv_find(m, key);
-    int64_t   cur = 0;
-    if (e && !parse_i64(e->val, e->len, &cur))
-        return dt_fail(DT_ERR_FORMAT,
-                       "add \"%s\": the key holds a value that is not a decimal "
-                       "integer",
-                       key);
-    int64_t nv = (int64_t)((uint64_t)cur + (uint64_t)delta);
-    char    txt[24];
-    int     n = snprintf(txt, sizeof txt, "%" PRId64, nv);
-    if (kv_set(m, key, strlen(key), txt, (size_t)n) != DT_OK)
-        return dt_fail(DT_ERR_NOMEM, "add \"%s\": out of memory", key);
-    *out = nv;
-    return DT_OK;
-}
-
-// Applies a compare-and-set; *swapped says whether it happened.
-static dt_status kv_cas(kv_map *m, const char *key, bool expect_present, const uint8_t *exp,
-                        size_t explen, const uint8_t *des, size_t deslen, bool *swapped) {
-    kv_entry *e = kv_find(m, key);
-    bool      eq =
-        expect_present ? (e && e->len == explen && memcmp(e->val, exp, explen) == 0) : (e == NULL);
-    *swapped = false;
-    if (!eq)
-        return DT_OK;
-    if (kv_set(m, key, strlen(key), des, deslen) != DT_OK)
-        return dt_fail(DT_ERR_NOMEM, "compare_set \"%s\": out of memory", key);
-    *swapped = true;
     return DT_OK;
 }
 
@@ -326,12 +160,15 @@ bool dt_store_msg_part(const dt_store_msg *msg, size_t *cursor, const uint8_t **
 }
 
 dt_status dt_store_msg_check_request(const dt_store_msg *m) {
-    static const char *const names[] = {"",      "hello", "set",         "get",   "wait",
-                                        "check", "add",   "compare_set", "delete"};
+    static const char *const names[] = {"",      "hello", "set",         "get",    "wait",
+                                        "check", "add",   "compare_set", "delete", "auth"};
     int min = 1, max = 1, keys = 1; // keys: how many leading parts are keys (-1 = all)
     switch ((dt_store_cmd)m->code) {
     case DT_STORE_HELLO:
         min = max = 2, keys = 0;
+        break;
+    case DT_STORE_AUTH:
+        keys = 0;
         break;
     case DT_STORE_SET:
         min = max = 2;
@@ -369,510 +206,6 @@ dt_status dt_store_msg_check_request(const dt_store_msg *m) {
     return DT_OK;
 }
 
-// Appends header + parts of a message to a growable buffer.
-typedef struct buf_t {
-    uint8_t *p;
-    size_t   len, cap;
-} buf_t;
-
-static dt_status buf_reserve(buf_t *b, size_t more) {
-    if (b->len + more <= b->cap)
-        return DT_OK;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + more)
-        cap *= 2;
-    uint8_t *np = dt_alloc(cap);
-    if (!np)
-        return DT_ERR_NOMEM;
-    if (b->len)
-        memcpy(np, b->p, b->len);
-    dt_free(b->p);
-    b->p   = np;
-    b->cap = cap;
-    return DT_OK;
-}
-
-static dt_status buf_message(buf_t *b, uint8_t code, int64_t arg, int nparts,
-                             const void *const *parts, const size_t *lens) {
-    size_t payload = 0;
-    for (int i = 0; i < nparts; i++)
-        payload += 4 + lens[i];
-    DT_TRY(buf_reserve(b, DT_STORE_HEADER_BYTES + payload));
-    uint8_t *h = b->p + b->len;
-    memset(h, 0, DT_STORE_HEADER_BYTES);
-    dt_put_le32(h, DT_STORE_MAGIC);
-    h[4] = code;
-    dt_put_le16(h + 6, (uint16_t)nparts);
-    dt_put_le64(h + 8, (uint64_t)arg);
-    dt_put_le32(h + 16, (uint32_t)payload);
-    uint8_t *p = h + DT_STORE_HEADER_BYTES;
-    for (int i = 0; i < nparts; i++) {
-        dt_put_le32(p, (uint32_t)lens[i]);
-        if (lens[i])
-            memcpy(p + 4, parts[i], lens[i]);
-        p += 4 + lens[i];
-    }
-    b->len += DT_STORE_HEADER_BYTES + payload;
-    return DT_OK;
-}
-
-// ------------------------------------------------------------------------ TCP server
-
-typedef struct srv_conn {
-    int      fd;
-    buf_t    in;       // bytes received, not yet handled
-    buf_t    out;      // bytes to send
-    size_t   out_off;  // sent so far
-    bool     greeted;  // HELLO accepted
-    bool     closing;  // close once `out` is flushed
-    bool     blocked;  // a get/wait at the front of `in` waits for keys
-    uint64_t deadline; // of the blocked request (UINT64_MAX = none)
-    uint64_t started;  // when the blocked request arrived
-} srv_conn;
-
-typedef struct store_server {
-    int        listen_fd;
-    int        wake[2]; // a byte here stops the loop
-    pthread_t  thread;
-    char      *token; // NULL = accept any client
-    kv_map     kv;    // server thread only
-    srv_conn **conns; // server thread only
-    size_t     nconns, cap;
-} store_server;
-
-static void conn_reply(srv_conn *c, dt_status st, int nparts, const void *const *parts,
-                       const size_t *lens) {
-    if (buf_message(&c->out, (uint8_t)st, 0, nparts, parts, lens) != DT_OK)
-        c->closing = true; // out of memory: drop the client rather than lie to it
-}
-
-static void conn_reply_text(srv_conn *c, dt_status st, const char *text) {
-    const void *parts[1] = {text};
-    size_t      lens[1]  = {strlen(text)};
-    conn_reply(c, st, 1, parts, lens);
-}
-
-// Handles the request at the front of c->in (msg). Returns false when the request must
-// wait for keys (stays at the front, c->blocked set).
-static bool srv_handle(store_server *s, srv_conn *c, const dt_store_msg *m) {
-    char           key[DT_STORE_MAX_KEY + 1];
-    size_t         cur = 0;
-    const uint8_t *p   = NULL;
-    uint32_t       len = 0;
-    if (dt_store_msg_check_request(m) != DT_OK) {
-        conn_reply_text(c, DT_ERR_FORMAT, dt_last_error());
-        c->closing = true;
-        return true;
-    }
-    if (!c->greeted && m->code != DT_STORE_HELLO) {
-        conn_reply_text(c, DT_ERR_FORMAT, "expected a hello first");
-        c->closing = true;
-        return true;
-    }
-    switch ((dt_store_cmd)m->code) {
-    case DT_STORE_HELLO: {
-        dt_store_msg_part(m, &cur, &p, &len);
-        char   tok[4096];
-        size_t tl = len < sizeof tok - 1 ? len : sizeof tok - 1;
-        memcpy(tok, p, tl);
-        tok[tl] = '\0';
-        if (m->arg != PROTOCOL_VERSION) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "expected store protocol version %d, found %lld",
-                     PROTOCOL_VERSION, (long long)m->arg);
-            conn_reply_text(c, DT_ERR_MISMATCH, msg);
-            c->closing = true;
-        } else if (s->token && (len != strlen(s->token) || strcmp(tok, s->token) != 0)) {
-            char msg[256];
-            if (len == 0)
-                snprintf(msg, sizeof msg,
-                         "job token mismatch: the store expects a token (hash %016llx), the "
-                         "client has none (set DT_JOB_TOKEN like the other ranks)",
-                         (unsigned long long)dt_token_hash(s->token));
-            else
-                snprintf(msg, sizeof msg,
-                         "job token mismatch: expected token hash %016llx, found %016llx (a "
-                         "process of another job or an earlier run?)",
-                         (unsigned long long)dt_token_hash(s->token),
-                         (unsigned long long)dt_token_hash(tok));
-            conn_reply_text(c, DT_ERR_MISMATCH, msg);
-            c->closing = true;
-        } else {
-            c->greeted = true;
-            conn_reply(c, DT_OK, 0, NULL, NULL);
-        }
-        return true;
-    }
-    case DT_STORE_SET: {
-        dt_store_msg_part(m, &cur, &p, &len);
-        uint32_t       klen = len;
-        const uint8_t *kp   = p;
-        dt_store_msg_part(m, &cur, &p, &len);
-        if (kv_set(&s->kv, (const char *)kp, klen, p, len) != DT_OK)
-            conn_reply_text(c, DT_ERR_NOMEM, "set: out of memory in the store server");
-        else
-            conn_reply(c, DT_OK, 0, NULL, NULL);
-        return true;
-    }
-    case DT_STORE_GET: {
-        dt_store_msg_part(m, &cur, &p, &len);
-        kv_entry *e = kv_find(&s->kv, part_key(p, len, key));
-        if (e) {
-            const void *parts[1] = {e->val};
-            size_t      lens[1]  = {e->len};
-            conn_reply(c, DT_OK, 1, parts, lens);
-            return true;
-        }
-        break; // wait below
-    }
-    case DT_STORE_WAIT:
-    case DT_STORE_CHECK: {
-        bool all = true;
-        while (all && dt_store_msg_part(m, &cur, &p, &len))
-            all = kv_find(&s->kv, part_key(p, len, key)) != NULL;
-        if (m->code == DT_STORE_CHECK) {
-            const void *parts[1] = {all ? "1" : "0"};
-            size_t      lens[1]  = {1};
-            conn_reply(c, DT_OK, 1, parts, lens);
-            return true;
-        }
-        if (all) {
-            conn_reply(c, DT_OK, 0, NULL, NULL);
-            return true;
-        }
-        break;
-    }
-    case DT_STORE_ADD: {
-        dt_store_msg_part(m, &cur, &p, &len);
-        int64_t nv;
-        if (kv_add(&s->kv, part_key(p, len, key), m->arg, &nv) != DT_OK) {
-            conn_reply_text(c, dt_last_status(), dt_last_error());
-        } else {
-            char        txt[24];
-            int         n        = snprintf(txt, sizeof txt, "%" PRId64, nv);
-            const void *parts[1] = {txt};
-            size_t      lens[1]  = {(size_t)n};
-            conn_reply(c, DT_OK, 1, parts, lens);
-        }
-        return true;
-    }
-    case DT_STORE_CAS: {
-        dt_store_msg_part(m, &cur, &p, &len);
-        part_key(p, len, key);
-        const uint8_t *exp = NULL, *des = NULL;
-        uint32_t       explen = 0, deslen = 0;
-        dt_store_msg_part(m, &cur, &exp, &explen);
-        dt_store_msg_part(m, &cur, &des, &deslen);
-        bool swapped;
-        if (kv_cas(&s->kv, key, (m->arg & 1) != 0, exp, explen, des, deslen, &swapped) != DT_OK) {
-            conn_reply_text(c, dt_last_status(), dt_last_error());
-        } else {
-            const void *parts[1] = {swapped ? "1" : "0"};
-            size_t      lens[1]  = {1};
-            conn_reply(c, DT_OK, 1, parts, lens);
-        }
-        return true;
-    }
-    case DT_STORE_DELETE: {
-        dt_store_msg_part(m, &cur, &p, &len);
-        bool        del      = kv_delete(&s->kv, part_key(p, len, key));
-        const void *parts[1] = {del ? "1" : "0"};
-        size_t      lens[1]  = {1};
-        conn_reply(c, DT_OK, 1, parts, lens);
-        return true;
-    }
-    default:
-        break;
-    }
-    // A get or wait whose keys are missing.
-    uint64_t now = dt_now_ns();
-    if (!c->blocked) {
-        c->blocked  = true;
-        c->started  = now;
-        c->deadline = m->arg < 0 ? UINT64_MAX : now + (uint64_t)m->arg * 1000000ull;
-    }
-    if (now < c->deadline)
-        return false;
-    // Timed out: name the keys still missing.
-    char   msg[1024];
-    size_t off = (size_t)snprintf(msg, sizeof msg, "timed out after %lld ms waiting for key%s",
-                                  (long long)((now - c->started) / 1000000ull),
-                                  m->code == DT_STORE_WAIT && m->nparts > 1 ? "s" : "");
-    cur        = 0;
-    int shown  = 0;
-    while (dt_store_msg_part(m, &cur, &p, &len) && off < sizeof msg - 64) {
-        if (kv_find(&s->kv, part_key(p, len, key)))
-            continue;
-        off +=
-            (size_t)snprintf(msg + off, sizeof msg - off, "%s \"%.200s\"", shown ? "," : "", key);
-        shown++;
-    }
-    conn_reply_text(c, DT_ERR_TIMEOUT, msg);
-    c->blocked = false;
-    return true;
-}
-
-// Handles every complete request of a client until one blocks.
-static void srv_pump(store_server *s, srv_conn *c) {
-    while (!c->closing) {
-        dt_store_msg m;
-        size_t       used;
-        if (dt_store_msg_parse(c->in.p, c->in.len, true, &m, &used) != DT_OK) {
-            conn_reply_text(c, DT_ERR_FORMAT, dt_last_error());
-            c->closing = true;
-            return;
-        }
-        if (used == 0)
-            return;
-        if (!srv_handle(s, c, &m))
-            return;
-        c->blocked = false;
-        memmove(c->in.p, c->in.p + used, c->in.len - used);
-        c->in.len -= used;
-    }
-}
-
-static void conn_free(srv_conn *c) {
-    if (!c)
-        return;
-    if (c->fd >= 0)
-        close(c->fd);
-    dt_free(c->in.p);
-    dt_free(c->out.p);
-    dt_free(c);
-}
-
-static void srv_accept(store_server *s) {
-    for (;;) {
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            return; // EAGAIN, or a transient error: try again on the next wake-up
-        dt_sock_tune(fd, 0);
-        if (s->nconns == s->cap) {
-            size_t     cap = s->cap ? s->cap * 2 : 16;
-            srv_conn **nc  = dt_alloc(cap * sizeof *nc);
-            if (!nc) {
-                close(fd);
-                return;
-            }
-            if (s->nconns)
-                memcpy(nc, s->conns, s->nconns * sizeof *nc);
-            dt_free(s->conns);
-            s->conns = nc;
-            s->cap   = cap;
-        }
-        srv_conn *c = dt_alloc_zero(sizeof *c);
-        if (!c) {
-            close(fd);
-            return;
-        }
-        c->fd                 = fd;
-        s->conns[s->nconns++] = c;
-    }
-}
-
-// Reads what a client sent; false when the connection is finished.
-static bool srv_read(srv_conn *c) {
-    for (;;) {
-        if (buf_reserve(&c->in, 65536) != DT_OK)
-            return false;
-        ssize_t k = recv(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len, 0);
-        if (k > 0) {
-            c->in.len += (size_t)k;
-            // A client may not queue more than one maximal message ahead.
-            if (c->in.len > 2 * (size_t)(DT_STORE_HEADER_BYTES + DT_STORE_MAX_PAYLOAD))
-                return false;
-            continue;
-        }
-        if (k == 0)
-            return false;
-        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
-    }
-}
-
-static bool srv_write(srv_conn *c) {
-    while (c->out_off < c->out.len) {
-        ssize_t k = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0) {
-            c->out_off += (size_t)k;
-            continue;
-        }
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-            return true;
-        return false;
-    }
-    c->out.len = c->out_off = 0;
-    return !c->closing;
-}
-
-static void *srv_main(void *arg) {
-    store_server  *s    = arg;
-    struct pollfd *pfds = NULL;
-    size_t         pcap = 0;
-    for (;;) {
-        size_t want = s->nconns + 2;
-        if (want > pcap) {
-            dt_free(pfds);
-            pcap = want * 2;
-            pfds = dt_alloc(pcap * sizeof *pfds);
-            if (!pfds) {
-                pcap = 0;
-                sleep_ms(10);
-                continue;
-            }
-        }
-        pfds[0]          = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-        pfds[1]          = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
-        uint64_t next_dl = UINT64_MAX;
-        for (size_t i = 0; i < s->nconns; i++) {
-            srv_conn *c  = s->conns[i];
-            short     ev = c->closing ? 0 : POLLIN;
-            if (c->out_off < c->out.len)
-                ev |= POLLOUT;
-            pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
-            if (c->blocked && c->deadline < next_dl)
-                next_dl = c->deadline;
-        }
-        int timeout = next_dl == UINT64_MAX ? -1 : dt_ms_left(next_dl) + 1;
-        int n       = poll(pfds, (nfds_t)(s->nconns + 2), timeout);
-        if (n < 0 && errno != EINTR)
-            break;
-        if (pfds[0].revents)
-            break; // stop requested
-        size_t nold = s->nconns;
-        if (pfds[1].revents & POLLIN)
-            srv_accept(s);
-        // Serve existing connections (new ones have no poll result yet).
-        for (size_t i = 0; i < nold; i++) {
-            srv_conn *c  = s->conns[i];
-            short     re = pfds[i + 2].revents;
-            bool      ok = true;
-            if (re & (POLLIN | POLLHUP | POLLERR))
-                ok = srv_read(c);
-            if (ok)
-                srv_pump(s, c);
-            if (ok && (c->out_off < c->out.len || c->closing))
-                ok = srv_write(c);
-            if (!ok) {
-                conn_free(c);
-                s->conns[i] = NULL;
-            }
-        }
-        // A set may have released blocked clients; deadlines may have passed. A
-        // released request can itself set keys (it cannot: only get/wait block), so
-        // one pass suffices.
-        for (size_t i = 0; i < s->nconns; i++) {
-            srv_conn *c = s->conns[i];
-            if (c && c->blocked) {
-                srv_pump(s, c);
-                if (!srv_write(c)) {
-                    conn_free(c);
-                    s->conns[i] = NULL;
-                }
-            }
-        }
-        size_t k = 0;
-        for (size_t i = 0; i < s->nconns; i++)
-            if (s->conns[i])
-                s->conns[k++] = s->conns[i];
-        s->nconns = k;
-    }
-    dt_free(pfds);
-    return NULL;
-}
-
-static void server_free(store_server *s) {
-    if (!s)
-        return;
-    if (s->wake[1] >= 0) {
-        char    b = 1;
-        ssize_t w = write(s->wake[1], &b, 1);
-        (void)w;
-        pthread_join(s->thread, NULL);
-    }
-    for (size_t i = 0; i < s->nconns; i++)
-        conn_free(s->conns[i]);
-    dt_free(s->conns);
-    kv_free(&s->kv);
-    if (s->listen_fd >= 0)
-        close(s->listen_fd);
-    if (s->wake[0] >= 0)
-        close(s->wake[0]);
-    if (s->wake[1] >= 0)
-        close(s->wake[1]);
-    dt_free(s->token);
-    dt_free(s);
-}
-
-static dt_status server_start(int port, const char *token, store_server **out, int *bound) {
-    store_server *s = dt_alloc_zero(sizeof *s);
-    if (!s)
-        return DT_ERR_NOMEM;
-    s->listen_fd = s->wake[0] = s->wake[1] = -1;
-    dt_status st = dt_sock_listen(port, 1024, "store", &s->listen_fd, bound);
-    if (st != DT_OK)
-        goto fail;
-    dt_sock_set_nonblocking(s->listen_fd, true);
-    if (token && !(s->token = dt_strdup(token))) {
-        st = DT_ERR_NOMEM;
-        goto fail;
-    }
-    if (pipe2(s->wake, O_CLOEXEC) != 0) {
-        st = dt_fail_errno(DT_ERR_IO, "store: pipe");
-        goto fail;
-    }
-    int rc = pthread_create(&s->thread, NULL, srv_main, s);
-    if (rc != 0) {
-        close(s->wake[1]);
-        s->wake[1] = -1;
-        errno      = rc;
-        st         = dt_fail_errno(DT_ERR_IO, "store: starting the server thread");
-        goto fail;
-    }
-    *out = s;
-    return DT_OK;
-fail:
-    server_free(s);
-    return st;
-}
-
-#ifdef DT_FUZZ
-// Feeds `n` bytes from one client to a server that has no sockets: parsing, checks and
-// every command handler run as they do for a real client. For fuzz/fuzz_store_msg.c.
-void dt_store_fuzz_serve(const uint8_t *data, size_t n);
-void dt_store_fuzz_serve(const uint8_t *data, size_t n) {
-    store_server s = {.listen_fd = -1, .wake = {-1, -1}};
-    srv_conn     c = {.fd = -1};
-    // Feed in two pieces so partial messages are exercised too.
-    size_t         half      = n / 2;
-    const uint8_t *pieces[2] = {data, data + half};
-    size_t         lens[2]   = {half, n - half};
-    for (int i = 0; i < 2 && !c.closing; i++) {
-        if (buf_reserve(&c.in, lens[i]) != DT_OK)
-            break;
-        if (lens[i])
-            memcpy(c.in.p + c.in.len, pieces[i], lens[i]);
-        c.in.len += lens[i];
-        srv_pump(&s, &c);
-        c.out.len = c.out_off = 0; // replies go nowhere
-    }
-    // Parse whatever replies would look like to a client, too.
-    dt_store_msg m;
-    size_t       used;
-    if (dt_store_msg_parse(data, n, false, &m, &used) == DT_OK && used) {
-        size_t         cur = 0;
-        const uint8_t *p;
-        uint32_t       len;
-        while (dt_store_msg_part(&m, &cur, &p, &len)) {
-        }
-    }
-    dt_free(c.in.p);
-    dt_free(c.out.p);
-    kv_free(&s.kv);
-}
-#endif
-
 // ------------------------------------------------------------------------- handles
 
 typedef enum store_kind { STORE_TCP, STORE_FILE, STORE_PREFIX } store_kind;
@@ -882,16 +215,16 @@ struct dt_store {
     int64_t         timeout_ms; // resolved: < 0 = none
     pthread_mutex_t mu;         // serialises requests (tcp, file)
     // tcp
-    int           fd;
-    char          host[256];
-    int           port;
-    char          broken[512]; // set once the connection is unusable: the reason
-    store_server *server;      // in the server's process
+    int              fd;
+    char             host[256];
+    int              port;
+    char             broken[512]; // set once the connection is unusable: the reason
+    dt_store_server *server;      // in the server's process
     // file
-    char    *path;
-    int      ffd;
-    uint64_t read_off; // bytes of the file already applied to kv
-    kv_map   kv;
+    char     *path;
+    int       ffd;
+    uint64_t  read_off; // bytes of the file already applied to kv
+    dt_kv_map kv;
     // prefix
     dt_store *base;
     char     *prefix;
@@ -901,18 +234,19 @@ dt_store_opts dt_store_opts_default(void) {
     return (dt_store_opts){0};
 }
 
-static dt_store *store_new(store_kind kind, const dt_store_opts *o) {
+static dt_status store_new(store_kind kind, const dt_store_opts *o, dt_store **out) {
     int64_t timeout = o ? o->timeout_ms : 0;
-    if (timeout == 0 && dt_default_timeout_ms(&timeout) != DT_OK)
-        return NULL;
+    if (timeout == 0)
+        DT_TRY(dt_default_timeout_ms(&timeout));
     dt_store *s = dt_alloc_zero(sizeof *s);
     if (!s)
-        return NULL;
+        return DT_ERR_NOMEM;
     s->kind       = kind;
     s->timeout_ms = timeout;
     s->fd = s->ffd = -1;
     pthread_mutex_init(&s->mu, NULL);
-    return s;
+    *out = s;
+    return DT_OK;
 }
 
 int dt_store_port(const dt_store *s) {
@@ -940,6 +274,25 @@ void dt_store_set_timeout(dt_store *s, int64_t timeout_ms) {
     s->timeout_ms = timeout_ms;
 }
 
+static dt_status store_lock(dt_store *s) {
+    if (io_cap_ns == UINT64_MAX) {
+        pthread_mutex_lock(&s->mu);
+        return DT_OK;
+    }
+    uint64_t        left = io_cap_ns > dt_now_ns() ? io_cap_ns - dt_now_ns() : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + left % 1000000000ull;
+    ts.tv_sec += (time_t)(left / 1000000000ull + ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    if (pthread_mutex_timedlock(&s->mu, &ts) != 0)
+        return dt_fail(DT_ERR_TIMEOUT,
+                       "store %s:%d: busy with another request past this call's "
+                       "deadline",
+                       s->host, s->port);
+    return DT_OK;
+}
+
 // One request/reply exchange on a TCP store. On success *reply views into *rbuf
 // (owned by the caller, dt_free). The reply's status becomes the return value, with
 // the server's message.
@@ -951,14 +304,16 @@ static dt_status tcp_exchange(dt_store *s, uint8_t cmd, int64_t arg, int nparts,
     snprintf(what, sizeof what, "store %s:%d", s->host, s->port);
     if (s->broken[0])
         return dt_fail(DT_ERR_PEER, "%s", s->broken);
-    buf_t req = {0};
-    if (buf_message(&req, cmd, arg, nparts, parts, lens) != DT_OK)
+    dt_buf req = {0};
+    if (dt_buf_message(&req, cmd, arg, nparts, parts, lens) != DT_OK)
         return dt_fail(DT_ERR_NOMEM, "%s: out of memory building a request", what);
     // I/O deadline: the request's own wait (answered by the server) plus slack, or
     // the store timeout for requests that do not wait.
-    int64_t   io_ms = wait_ms < 0 ? -1 : (wait_ms > 0 ? wait_ms : s->timeout_ms);
-    uint64_t  dl    = io_ms < 0 ? UINT64_MAX : dt_deadline_ns(io_ms + CLIENT_SLACK_MS);
-    dt_status st    = dt_sock_write_all(s->fd, req.p, req.len, dl, what);
+    int64_t  io_ms = wait_ms < 0 ? -1 : (wait_ms > 0 ? wait_ms : s->timeout_ms);
+    uint64_t dl    = io_ms < 0 ? UINT64_MAX : dt_deadline_ns(io_ms + CLIENT_SLACK_MS);
+    if (dl > io_cap_ns)
+        dl = io_cap_ns;
+    dt_status st = dt_sock_write_all(s->fd, req.p, req.len, dl, what);
     dt_free(req.p);
     uint8_t hdr[DT_STORE_HEADER_BYTES];
     if (st == DT_OK)
@@ -1011,23 +366,76 @@ static dt_status tcp_exchange(dt_store *s, uint8_t cmd, int64_t arg, int nparts,
     return DT_OK;
 }
 
-dt_store *dt_store_init_tcp(const char *host, int port, bool is_server, const dt_store_opts *opts) {
-    if (!is_server && (!host || !*host)) {
-        dt_fail(DT_ERR_ARG, "store: expected the server's host name or address, found %s",
-                host ? "an empty string" : "NULL");
-        return NULL;
+// The client's half of the handshake (store_auth.c): nonces both ways, then each side
+// proves the token. Neither the token nor anything replayable crosses the wire.
+static dt_status client_handshake(dt_store *s, const char *token) {
+    uint8_t cnonce[DT_NONCE_BYTES], snonce[DT_NONCE_BYTES], proof[DT_SHA256_BYTES];
+    dt_random_bytes(cnonce, sizeof cnonce);
+    char desc[128], host[64] = "?";
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = '\0';
+    snprintf(desc, sizeof desc, "host %s pid %d", host, (int)getpid());
+    const void    *parts[2] = {cnonce, desc};
+    size_t         lens[2]  = {DT_NONCE_BYTES, strlen(desc)};
+    dt_store_msg   reply;
+    uint8_t       *rbuf;
+    size_t         cur = 0;
+    const uint8_t *p;
+    uint32_t       len;
+    DT_TRY(tcp_exchange(s, DT_STORE_HELLO, DT_STORE_PROTOCOL_VERSION, 2, parts, lens, 0, &reply,
+                        &rbuf));
+    bool ok = dt_store_msg_part(&reply, &cur, &p, &len) && len == DT_NONCE_BYTES;
+    if (ok)
+        memcpy(snonce, p, DT_NONCE_BYTES);
+    bool server_has_token =
+        ok && dt_store_msg_part(&reply, &cur, &p, &len) && len == 1 && *p == '1';
+    dt_free(rbuf);
+    if (!ok)
+        return dt_fail(DT_ERR_FORMAT, "store %s:%d: expected a 32-byte nonce in the hello reply",
+                       s->host, s->port);
+    if (token)
+        dt_token_proof(token, DT_STORE_PROOF_CLIENT, snonce, cnonce, NULL, 0, proof);
+    const void *ap[1] = {proof};
+    size_t      al[1] = {token ? DT_SHA256_BYTES : 0};
+    DT_TRY(tcp_exchange(s, DT_STORE_AUTH, 0, 1, ap, al, 0, &reply, &rbuf));
+    cur = 0;
+    ok  = dt_store_msg_part(&reply, &cur, &p, &len);
+    if (token && !server_has_token) {
+        // A store without a token admits anyone, and has nothing to prove.
+        ok = ok && len == 0;
+    } else if (token) {
+        uint8_t want[DT_SHA256_BYTES];
+        dt_token_proof(token, DT_STORE_PROOF_SERVER, cnonce, snonce, NULL, 0, want);
+        ok = ok && len == DT_SHA256_BYTES && dt_ct_equal(p, want, DT_SHA256_BYTES);
     }
-    if (port < 0 || port > 65535 || (!is_server && port == 0)) {
-        dt_fail(DT_ERR_ARG, "store: expected a port in [%d, 65535], found %d", is_server ? 0 : 1,
-                port);
-        return NULL;
+    dt_free(rbuf);
+    if (!ok) {
+        snprintf(s->broken, sizeof s->broken, "store %s:%d: the server failed the token check",
+                 s->host, s->port);
+        return dt_fail(DT_ERR_MISMATCH,
+                       "store %s:%d: job token mismatch: the server could not prove it holds "
+                       "this job's token (a store of another job on this port?)",
+                       s->host, s->port);
     }
-    dt_store *s = store_new(STORE_TCP, opts);
-    if (!s)
-        return NULL;
+    return DT_OK;
+}
+
+dt_status dt_store_new_tcp(dt_store **out, const char *host, int port, bool is_server,
+                           const dt_store_opts *opts) {
+    *out = NULL;
+    if (!is_server && (!host || !*host))
+        return dt_fail(DT_ERR_ARG, "store: expected the server's host name or address, found %s",
+                       host ? "an empty string" : "NULL");
+    if (port < 0 || port > 65535 || (!is_server && port == 0))
+        return dt_fail(DT_ERR_ARG, "store: expected a port in [%d, 65535], found %d",
+                       is_server ? 0 : 1, port);
+    dt_store *s = NULL;
+    DT_TRY(store_new(STORE_TCP, opts, &s));
     const char *token = dt_token_resolve(opts ? opts->token : NULL);
+    dt_status   st    = DT_OK;
     if (is_server) {
-        if (server_start(port, token, &s->server, &s->port) != DT_OK)
+        st = dt_store_server_start(port, token, opts && opts->loopback_only, &s->server, &s->port);
+        if (st != DT_OK)
             goto fail;
         // The server's own process talks to it over loopback like any client.
         snprintf(s->host, sizeof s->host, "127.0.0.1");
@@ -1035,20 +443,16 @@ dt_store *dt_store_init_tcp(const char *host, int port, bool is_server, const dt
         snprintf(s->host, sizeof s->host, "%s", host);
         s->port = port;
     }
-    if (dt_sock_connect(s->host, s->port, deadline_for(s->timeout_ms), "store", &s->fd) != DT_OK)
-        goto fail;
-    const void  *parts[2] = {token ? token : "", "dtrain"};
-    size_t       lens[2]  = {token ? strlen(token) : 0, 6};
-    dt_store_msg reply;
-    uint8_t     *rbuf;
-    if (tcp_exchange(s, DT_STORE_HELLO, PROTOCOL_VERSION, 2, parts, lens, 0, &reply, &rbuf) !=
+    if ((st = dt_sock_connect(s->host, s->port, deadline_for(s->timeout_ms), "store", &s->fd)) !=
         DT_OK)
         goto fail;
-    dt_free(rbuf);
-    return s;
+    if ((st = client_handshake(s, token)) != DT_OK)
+        goto fail;
+    *out = s;
+    return DT_OK;
 fail:
     dt_store_free(s);
-    return NULL;
+    return st;
 }
 
 // ------------------------------------------------------------------------ file store
@@ -1122,12 +526,12 @@ static dt_status file_catch_up(dt_store *s) {
         memcpy(key, r + 16, klen);
         key[klen] = '\0';
         if (r[4] == FILE_REC_SET) {
-            if (kv_set(&s->kv, key, klen, r + 16 + klen, vlen) != DT_OK) {
+            if (dt_kv_set(&s->kv, key, klen, r + 16 + klen, vlen) != DT_OK) {
                 st = dt_fail(DT_ERR_NOMEM, "file store %s: out of memory", s->path);
                 break;
             }
         } else {
-            kv_delete(&s->kv, key);
+            dt_kv_delete(&s->kv, key);
         }
         off += total;
     }
@@ -1194,63 +598,69 @@ static void file_unlock(dt_store *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts) {
-    if (!path || !*path) {
-        dt_fail(DT_ERR_ARG, "file store: expected a path, found %s", path ? "\"\"" : "NULL");
-        return NULL;
-    }
-    dt_store *s = store_new(STORE_FILE, opts);
-    if (!s)
-        return NULL;
+dt_status dt_store_new_file(dt_store **out, const char *path, const dt_store_opts *opts) {
+    *out = NULL;
+    if (!path || !*path)
+        return dt_fail(DT_ERR_ARG, "file store: expected a path, found %s", path ? "\"\"" : "NULL");
+    dt_store *s = NULL;
+    DT_TRY(store_new(STORE_FILE, opts, &s));
+    dt_status st = DT_ERR_NOMEM;
     if (!(s->path = dt_strdup(path)))
         goto fail;
     s->ffd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (s->ffd < 0) {
-        dt_fail_errno(DT_ERR_IO, "file store %s: open", path);
+        st = dt_fail_errno(DT_ERR_IO, "file store %s: open", path);
         goto fail;
     }
     const char *token = dt_token_resolve(opts ? opts->token : NULL);
     if (token) {
-        char want[24];
-        snprintf(want, sizeof want, "%016llx", (unsigned long long)dt_token_hash(token));
-        if (file_lock(s) != DT_OK)
+        // The file records HMAC-SHA256(token, "dtrain file store"), not the token or a
+        // hash that could be inverted: reading the file does not yield a usable token.
+        uint8_t     mac[DT_SHA256_BYTES];
+        const void *parts[1] = {"dtrain file store"};
+        size_t      lens[1]  = {17};
+        dt_hmac_sha256(token, strlen(token), 1, parts, lens, mac);
+        char want[2 * DT_SHA256_BYTES + 1];
+        for (int i = 0; i < DT_SHA256_BYTES; i++)
+            snprintf(want + 2 * i, 3, "%02x", mac[i]);
+        if ((st = file_lock(s)) != DT_OK)
             goto fail;
-        kv_entry *e  = kv_find(&s->kv, FILE_TOKEN_KEY);
-        dt_status st = DT_OK;
+        dt_kv_entry *e = dt_kv_find(&s->kv, FILE_TOKEN_KEY);
+        st             = DT_OK;
         if (!e)
             st = file_append(s, FILE_REC_SET, FILE_TOKEN_KEY, want, strlen(want));
         else if (e->len != strlen(want) || memcmp(e->val, want, e->len) != 0)
             st = dt_fail(DT_ERR_MISMATCH,
-                         "file store %s: job token mismatch: expected token hash %s, the file "
-                         "holds %.*s (a stale file of another job? use a fresh file per job)",
-                         path, want, (int)(e->len > 32 ? 32 : e->len), (const char *)e->val);
+                         "file store %s: job token mismatch: the file belongs to a job with "
+                         "another token (a stale file of another job? use a fresh file per job)",
+                         path);
         file_unlock(s);
         if (st != DT_OK)
             goto fail;
     }
-    return s;
+    *out = s;
+    return DT_OK;
 fail:
     dt_store_free(s);
-    return NULL;
+    return st;
 }
 
 // ----------------------------------------------------------------------- prefix views
 
-dt_store *dt_store_init_prefix(dt_store *base, const char *prefix) {
-    if (!base || !prefix || !*prefix) {
-        dt_fail(DT_ERR_ARG, "store prefix: expected a store and a non-empty prefix");
-        return NULL;
-    }
-    dt_store *s = store_new(STORE_PREFIX, NULL);
-    if (!s)
-        return NULL;
+dt_status dt_store_new_prefix(dt_store **out, dt_store *base, const char *prefix) {
+    *out = NULL;
+    if (!base || !prefix || !*prefix)
+        return dt_fail(DT_ERR_ARG, "store prefix: expected a store and a non-empty prefix");
+    dt_store *s = NULL;
+    DT_TRY(store_new(STORE_PREFIX, NULL, &s));
     s->base       = base;
     s->timeout_ms = base->timeout_ms;
     if (!(s->prefix = dt_strdup(prefix))) {
         dt_store_free(s);
-        return NULL;
+        return DT_ERR_NOMEM;
     }
-    return s;
+    *out = s;
+    return DT_OK;
 }
 
 // Resolves a prefix chain: *root = the real store, full key in buf.
@@ -1301,7 +711,7 @@ dt_status dt_store_set(dt_store *store, const char *key, const void *value, size
     size_t       lens[2]  = {strlen(k), nbytes};
     dt_store_msg reply;
     uint8_t     *rbuf;
-    pthread_mutex_lock(&s->mu);
+    DT_TRY(store_lock(s));
     dt_status st = tcp_exchange(s, DT_STORE_SET, 0, 2, parts, lens, 0, &reply, &rbuf);
     pthread_mutex_unlock(&s->mu);
     dt_free(rbuf);
@@ -1316,13 +726,13 @@ static dt_status file_wait_keys(dt_store *s, const char *const *keys, size_t nke
         DT_TRY(file_lock(s));
         size_t missing = nkeys;
         for (size_t i = 0; i < nkeys; i++)
-            if (kv_find(&s->kv, keys[i]))
+            if (dt_kv_find(&s->kv, keys[i]))
                 missing--;
         if (missing == 0) {
             dt_status st = DT_OK;
             if (value) {
-                kv_entry *e = kv_find(&s->kv, keys[0]);
-                *value      = dt_alloc(e->len + 1);
+                dt_kv_entry *e = dt_kv_find(&s->kv, keys[0]);
+                *value         = dt_alloc(e->len + 1);
                 if (!*value) {
                     st = DT_ERR_NOMEM;
                 } else {
@@ -1337,7 +747,7 @@ static dt_status file_wait_keys(dt_store *s, const char *const *keys, size_t nke
         char   msg[600];
         size_t off = 0;
         for (size_t i = 0; i < nkeys && off < sizeof msg - 80; i++)
-            if (!kv_find(&s->kv, keys[i]))
+            if (!dt_kv_find(&s->kv, keys[i]))
                 off += (size_t)snprintf(msg + off, sizeof msg - off, "%s \"%.200s\"",
                                         off ? "," : "", keys[i]);
         file_unlock(s);
@@ -1366,7 +776,7 @@ dt_status dt_store_get(dt_store *store, const char *key, void **value, size_t *n
     size_t       lens[1]  = {strlen(k)};
     dt_store_msg reply;
     uint8_t     *rbuf;
-    pthread_mutex_lock(&s->mu);
+    DT_TRY(store_lock(s));
     dt_status st = tcp_exchange(s, DT_STORE_GET, timeout, 1, parts, lens, timeout, &reply, &rbuf);
     pthread_mutex_unlock(&s->mu);
     if (st != DT_OK)
@@ -1424,7 +834,7 @@ static dt_status keys_request(dt_store *store, uint8_t cmd, const char *const *k
                 goto done;
             bool all = true;
             for (size_t i = 0; i < nkeys && all; i++)
-                all = kv_find(&s->kv, parts[i]) != NULL;
+                all = dt_kv_find(&s->kv, parts[i]) != NULL;
             file_unlock(s);
             *all_exist = all;
         } else {
@@ -1434,7 +844,8 @@ static dt_status keys_request(dt_store *store, uint8_t cmd, const char *const *k
     }
     dt_store_msg reply;
     uint8_t     *rbuf;
-    pthread_mutex_lock(&s->mu);
+    if ((st = store_lock(s)) != DT_OK)
+        goto done;
     st = tcp_exchange(s, cmd, timeout_ms, (int)nkeys, parts, lens,
                       cmd == DT_STORE_WAIT ? timeout_ms : 0, &reply, &rbuf);
     pthread_mutex_unlock(&s->mu);
@@ -1472,7 +883,7 @@ dt_status dt_store_add(dt_store *store, const char *key, int64_t delta, int64_t 
     int64_t nv = 0;
     if (s->kind == STORE_FILE) {
         DT_TRY(file_lock(s));
-        dt_status st = kv_add(&s->kv, k, delta, &nv);
+        dt_status st = dt_kv_add(&s->kv, k, delta, &nv);
         if (st == DT_OK) {
             char txt[24];
             int  n = snprintf(txt, sizeof txt, "%" PRId64, nv);
@@ -1497,7 +908,7 @@ dt_status dt_store_add(dt_store *store, const char *key, int64_t delta, int64_t 
     size_t         cur = 0;
     const uint8_t *p;
     uint32_t       len;
-    if (!dt_store_msg_part(&reply, &cur, &p, &len) || !parse_i64(p, len, &nv))
+    if (!dt_store_msg_part(&reply, &cur, &p, &len) || !dt_store_parse_i64(p, len, &nv))
         st = dt_fail(DT_ERR_FORMAT, "store add \"%s\": reply is not an integer", k);
     dt_free(rbuf);
     if (st == DT_OK && value)
@@ -1517,13 +928,13 @@ dt_status dt_store_compare_set(dt_store *store, const char *key, const void *exp
     DT_TRY(check_value(expected, expected ? expected_nbytes : 0));
     if (s->kind == STORE_FILE) {
         DT_TRY(file_lock(s));
-        bool      present = expected != NULL;
-        kv_entry *e       = kv_find(&s->kv, k);
-        bool      eq      = present ? (e && e->len == expected_nbytes &&
+        bool         present = expected != NULL;
+        dt_kv_entry *e       = dt_kv_find(&s->kv, k);
+        bool         eq      = present ? (e && e->len == expected_nbytes &&
                              memcmp(e->val, expected, expected_nbytes) == 0)
-                                    : e == NULL;
-        dt_status st      = DT_OK;
-        *swapped          = false;
+                                       : e == NULL;
+        dt_status    st      = DT_OK;
+        *swapped             = false;
         if (eq) {
             st       = file_append(s, FILE_REC_SET, k, desired, desired_nbytes);
             *swapped = st == DT_OK;
@@ -1559,7 +970,7 @@ dt_status dt_store_delete(dt_store *store, const char *key, bool *deleted) {
     if (s->kind == STORE_FILE) {
         DT_TRY(file_lock(s));
         dt_status st = DT_OK;
-        if (kv_find(&s->kv, k)) {
+        if (dt_kv_find(&s->kv, k)) {
             st  = file_append(s, FILE_REC_DEL, k, NULL, 0);
             del = st == DT_OK;
         }
@@ -1592,10 +1003,10 @@ void dt_store_free(dt_store *s) {
         return;
     if (s->fd >= 0)
         close(s->fd);
-    server_free(s->server);
+    dt_store_server_free(s->server);
     if (s->ffd >= 0)
         close(s->ffd);
-    kv_free(&s->kv);
+    dt_kv_free(&s->kv);
     dt_free(s->path);
     dt_free(s->prefix);
     pthread_mutex_destroy(&s->mu);

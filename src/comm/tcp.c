@@ -13,6 +13,8 @@
 // unless we needed more data), nothing (the rank died: "rank 3 closed the connection").
 #include "comm/comm_impl.h"
 #include "comm/wire.h"
+#include "core/hmac.h"
+#include "core/le.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -29,10 +31,11 @@
 // Time an aborting rank spends finishing the message in flight on each connection
 // (so that its abort message starts on a message boundary), in total.
 #define ABORT_BUDGET_MS 200
+// Time an aborting rank, or one that found a connection closed, spends on the store
+// (which may be unreachable: a cut link, a frozen rank 0).
+#define STORE_BUDGET_MS 1000
 // Time dt_pg_free spends saying bye.
 #define BYE_BUDGET_MS 200
-// Bytes per send/recv system call (see tcp_init).
-#define DEFAULT_CHUNK_BYTES (128 << 10)
 
 typedef struct peer {
     int  rank;
@@ -128,7 +131,9 @@ static dt_status fail_closed(tcp_ctx *c, const dt_op *op, peer *p) {
     const char *keys[1] = {key};
     bool        have    = false;
     dt_status   saved   = DT_ERR_PEER;
-    if (dt_store_check(c->store, keys, 1, &have) == DT_OK && have) {
+    uint64_t    cap     = dt_store_cap_io(dt_deadline_ns(STORE_BUDGET_MS));
+    bool        found   = dt_store_check(c->store, keys, 1, &have) == DT_OK && have;
+    if (found) {
         void  *v = NULL;
         size_t n = 0;
         if (dt_store_get(c->store, key, &v, &n) == DT_OK && n > 1) {
@@ -136,12 +141,14 @@ static dt_status fail_closed(tcp_ctx *c, const dt_op *op, peer *p) {
             if (st <= DT_OK || st >= DT_STATUS_COUNT_ || st == DT_ERR_STATE)
                 st = DT_ERR_PEER;
             saved = (dt_status)st;
+            dt_store_cap_io(cap);
             dt_fail(saved, "%s (reported by rank %d)", (char *)v + 1, p->rank);
             dt_free(v);
             return saved;
         }
         dt_free(v);
     }
+    dt_store_cap_io(cap);
     return dt_op_fail_peer(op, p->rank, "closed the connection");
 }
 
@@ -443,6 +450,7 @@ static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
     tcp_ctx *c    = ctx;
     bool     spun = false;
     for (;;) {
+        dt_pg_progress(c->pg); // the liveness thread's sign of a working comm thread
         if (c->aborted)
             return dt_op_fail(op, DT_ERR_STATE, "the group was aborted");
         // Make progress on everything that can move without waiting.
@@ -492,7 +500,8 @@ static dt_status xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
         }
         c->pfds[n]     = (struct pollfd){.fd = dt_pg_abort_fd(c->pg), .events = POLLIN};
         c->pfd_peer[n] = -1;
-        int ms         = dt_op_poll_ms(op, -1);
+        // Wake at least every 500 ms, to report progress while waiting (liveness).
+        int ms = dt_op_poll_ms(op, 500);
         if (ms == 0) {
             char who[512];
             pending_desc(c, who, sizeof who);
@@ -635,23 +644,34 @@ static void tcp_abort(void *ctx, dt_status st, const char *msg) {
     if (c->aborted)
         return;
     c->aborted = true;
-    // Leave the reason in the store too, first: a peer that cannot read our abort
-    // message (we could not finish the message in flight) finds it there.
-    char *rec = dt_alloc(strlen(msg) + 2);
+    // Tell every peer on its connection first (bounded: ABORT_BUDGET_MS in all), then,
+    // only for the peers that could not get the whole message (a half-written message
+    // that a peer does not drain, a cut link), leave the reason in the store, where such
+    // a peer looks when the connection closes. The store may be unreachable (a cut link,
+    // a frozen rank 0): that write gets STORE_BUDGET_MS, never the store's timeout.
+    uint64_t deadline = dt_deadline_ns(ABORT_BUDGET_MS);
+    bool     missed   = false;
+    for (int r = 0; r < c->world; r++) {
+        peer *p = &c->peers[r];
+        if (r != c->rank && p->fd >= 0 && !send_control(c, p, DT_WIRE_ABORT, st, msg, deadline))
+            missed = missed || !p->hungup;
+    }
+    // The record goes in before the connections close: a peer looks for it on the close.
+    char *rec = missed ? dt_alloc(strlen(msg) + 2) : NULL;
     if (rec) {
         rec[0] = (char)('A' + (int)st);
         strcpy(rec + 1, msg);
         char key[32];
         snprintf(key, sizeof key, "abort/%d", c->rank);
+        uint64_t cap = dt_store_cap_io(dt_deadline_ns(STORE_BUDGET_MS));
         dt_store_set(c->store, key, rec, strlen(rec));
+        dt_store_cap_io(cap);
         dt_free(rec);
     }
-    uint64_t deadline = dt_deadline_ns(ABORT_BUDGET_MS);
     for (int r = 0; r < c->world; r++) {
         peer *p = &c->peers[r];
         if (r == c->rank || p->fd < 0)
             continue;
-        send_control(c, p, DT_WIRE_ABORT, st, msg, deadline);
         shutdown(p->fd, SHUT_WR);
         p->wr_shut = true;
         p->rq_head = p->rq_tail = NULL;
@@ -688,95 +708,115 @@ static void tcp_free(void *ctx) {
 
 // ------------------------------------------------------------------- init
 
-// The address of this host on the way to `host` (a UDP "connect" sends no packet: the
-// kernel picks the outgoing interface); false when unresolvable or a loopback address.
-static bool address_towards(const char *host, char *buf, size_t n) {
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    if (!host || !*host || getaddrinfo(host, "9", &hints, &res) != 0)
-        return false;
-    int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-              dt_sock_local_addr(fd, buf, n) && strncmp(buf, "127.", 4) != 0;
-    if (fd >= 0)
-        close(fd);
-    freeaddrinfo(res);
-    return ok;
-}
-
 // The address the other ranks can reach us at.
 static void local_address(tcp_ctx *c, char *buf, size_t n) {
-    const char *o = getenv("DT_SOCKET_IFADDR");
-    if (o && *o) {
-        snprintf(buf, n, "%s", o);
-        return;
-    }
-    // The interface that reaches rank 0's store reaches the other ranks too (in the
-    // usual one-network cluster); rank 0 itself talks to its store over loopback, so
-    // it uses its host name's address unless everyone is on this host.
-    if (c->rank != 0 && dt_store_local_addr(c->store, buf, n))
-        return;
-    if (dt_pg_all_local(c->pg)) {
-        snprintf(buf, n, "127.0.0.1");
-        return;
-    }
-    // The others reached rank 0's store at MASTER_ADDR, so that is where rank 0 is (its
-    // host name may resolve to loopback, as Debian's 127.0.1.1 entry does).
-    if (c->rank == 0 && address_towards(getenv("MASTER_ADDR"), buf, n))
-        return;
-    // Otherwise the address of our host name, found by "connecting" a UDP socket (no
-    // packet is sent): the kernel picks the outgoing interface.
-    char            host[256];
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    if (gethostname(host, sizeof host) == 0 && getaddrinfo(host, "9", &hints, &res) == 0) {
-        int  fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-                  dt_sock_local_addr(fd, buf, n);
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(res);
-        if (ok)
-            return;
-    }
-    snprintf(buf, n, "127.0.0.1");
+    dt_sock_public_addr(c->store, c->rank, dt_pg_all_local(c->pg), buf, n);
 }
 
-// Reads and checks a hello: the same job, the same world size, and a sender in
-// [lo, hi). A silent stranger costs at most 2 s.
-static dt_status read_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t token_hash, int lo,
-                            int hi, int *from) {
+// The handshake of a new connection, by challenge-response (store_auth.c): the
+// connecting rank sends its nonce (step 1); the accepting rank answers with its own
+// nonce and its proof of the job token over both (step 2); the connecting rank checks
+// it and sends its proof (step 3). Neither the token nor anything a listener could
+// replay crosses the wire, and a refusal says nothing about the expected token.
+#define PROOF_ACCEPTOR  "dtrain tcp acceptor"
+#define PROOF_CONNECTOR "dtrain tcp connector"
+
+typedef struct hello_msg {
+    uint32_t step, rank;
+    uint64_t world;
+    uint8_t  payload[DT_WIRE_MAX_HELLO];
+    size_t   n;
+} hello_msg;
+
+static dt_status send_hello(tcp_ctx *c, int fd, uint64_t deadline, uint32_t step,
+                            const void *payload, size_t n, const char *what) {
+    dt_wire_header h = {.kind = DT_WIRE_HELLO, .src_rank = (uint32_t)c->rank, .step = step};
+    h.fp.count       = (uint64_t)c->world;
+    h.nbytes         = n;
+    uint8_t b[DT_WIRE_HEADER_BYTES + DT_WIRE_MAX_HELLO];
+    dt_wire_encode(&h, b);
+    memcpy(b + DT_WIRE_HEADER_BYTES, payload, n);
+    return dt_sock_write_all(fd, b, DT_WIRE_HEADER_BYTES + n, deadline, what);
+}
+
+// Reads a hello of `step` with `n` payload bytes from a rank in [lo, hi) of our world.
+static dt_status read_hello(tcp_ctx *c, int fd, uint64_t deadline, uint32_t step, size_t n, int lo,
+                            int hi, const char *what, hello_msg *m) {
     uint8_t        b[DT_WIRE_HEADER_BYTES];
     dt_wire_header h;
-    uint64_t       dl = dt_deadline_ns(2000);
-    DT_TRY(dt_sock_read_all(fd, b, sizeof b, dl < deadline ? dl : deadline,
-                            "tcp init: a connecting process"));
+    DT_TRY(dt_sock_read_all(fd, b, sizeof b, deadline, what));
     DT_TRY(dt_wire_decode(b, sizeof b, &h));
-    if (h.kind != DT_WIRE_HELLO)
-        return dt_fail(DT_ERR_FORMAT, "tcp init: expected a hello message, found kind %u", h.kind);
-    if (h.fp.seq != token_hash)
-        return dt_fail(DT_ERR_MISMATCH,
-                       "tcp init: a process with another job token (hash %016llx, expected "
-                       "%016llx) answered",
-                       (unsigned long long)h.fp.seq, (unsigned long long)token_hash);
+    if (h.kind != DT_WIRE_HELLO || h.step != step || h.nbytes != n)
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: expected hello step %u with %zu bytes, found kind %u step %u with "
+                       "%llu bytes (not a dtrain rank of this version?)",
+                       what, step, n, h.kind, h.step, (unsigned long long)h.nbytes);
     if (h.fp.count != (uint64_t)c->world)
-        return dt_fail(DT_ERR_MISMATCH,
-                       "tcp init: a rank with world size %llu answered, "
-                       "expected %d",
-                       (unsigned long long)h.fp.count, c->world);
+        return dt_fail(DT_ERR_MISMATCH, "%s: a rank with world size %llu answered, expected %d",
+                       what, (unsigned long long)h.fp.count, c->world);
     if ((int)h.src_rank < lo || (int)h.src_rank >= hi)
-        return dt_fail(DT_ERR_MISMATCH, "tcp init: expected a rank in [%d, %d), found rank %u", lo,
+        return dt_fail(DT_ERR_MISMATCH, "%s: expected a rank in [%d, %d), found rank %u", what, lo,
                        hi, h.src_rank);
-    *from = (int)h.src_rank;
+    DT_TRY(dt_sock_read_all(fd, m->payload, n, deadline, what));
+    m->step  = step;
+    m->rank  = h.src_rank;
+    m->world = h.fp.count;
+    m->n     = n;
     return DT_OK;
 }
 
-static dt_status send_hello(tcp_ctx *c, int fd, uint64_t deadline, uint64_t token_hash,
-                            const char *what) {
-    dt_wire_header h = {.kind = DT_WIRE_HELLO, .src_rank = (uint32_t)c->rank};
-    h.fp.seq         = token_hash;
-    h.fp.count       = (uint64_t)c->world;
-    uint8_t b[DT_WIRE_HEADER_BYTES];
-    dt_wire_encode(&h, b);
-    return dt_sock_write_all(fd, b, sizeof b, deadline, what);
+// What both proofs cover besides the nonces: world size, connecting and accepting rank.
+static void hello_ctx(int world, int connector, int acceptor, uint8_t out[12]) {
+    dt_put_le32(out, (uint32_t)world);
+    dt_put_le32(out + 4, (uint32_t)connector);
+    dt_put_le32(out + 8, (uint32_t)acceptor);
+}
+
+// Connecting side: we called rank `r` at fd.
+static dt_status handshake_connect(tcp_ctx *c, int fd, int r, uint64_t deadline, const char *what) {
+    const char *token = dt_pg_token(c->pg);
+    uint8_t     mine[DT_NONCE_BYTES], ctx[12], want[32];
+    dt_random_bytes(mine, sizeof mine);
+    hello_ctx(c->world, c->rank, r, ctx);
+    DT_TRY(send_hello(c, fd, deadline, 1, mine, sizeof mine, what));
+    hello_msg m;
+    // Rank r answers once it has connected to the ranks below it: the group deadline.
+    DT_TRY(read_hello(c, fd, deadline, 2, 64, r, r + 1, what, &m));
+    dt_token_proof(token, PROOF_ACCEPTOR, mine, m.payload, ctx, sizeof ctx, want);
+    if (!dt_ct_equal(want, m.payload + DT_NONCE_BYTES, 32))
+        return dt_fail(DT_ERR_MISMATCH,
+                       "%s: the process at its address does not hold this job's token (a "
+                       "process of another job, or a rank started with another DT_JOB_TOKEN?)",
+                       what);
+    uint8_t proof[32];
+    dt_token_proof(token, PROOF_CONNECTOR, m.payload, mine, ctx, sizeof ctx, proof);
+    return send_hello(c, fd, deadline, 3, proof, sizeof proof, what);
+}
+
+// Accepting side: a process connected to our port. A silent stranger costs at most 2 s.
+static dt_status handshake_accept(tcp_ctx *c, int fd, uint64_t deadline, int *from) {
+    const char *token = dt_pg_token(c->pg);
+    const char *what  = "tcp init: a connecting process";
+    uint64_t    dl    = dt_deadline_ns(2000);
+    if (dl > deadline)
+        dl = deadline;
+    hello_msg m;
+    DT_TRY(read_hello(c, fd, dl, 1, DT_NONCE_BYTES, c->rank + 1, c->world, what, &m));
+    int     r = (int)m.rank;
+    uint8_t reply[64], ctx[12], want[32];
+    dt_random_bytes(reply, DT_NONCE_BYTES);
+    hello_ctx(c->world, r, c->rank, ctx);
+    dt_token_proof(token, PROOF_ACCEPTOR, m.payload, reply, ctx, sizeof ctx,
+                   reply + DT_NONCE_BYTES);
+    DT_TRY(send_hello(c, fd, dl, 2, reply, sizeof reply, "tcp init: answering"));
+    hello_msg p;
+    DT_TRY(read_hello(c, fd, dl, 3, 32, r, r + 1, what, &p));
+    dt_token_proof(token, PROOF_CONNECTOR, reply, m.payload, ctx, sizeof ctx, want);
+    if (!dt_ct_equal(want, p.payload, 32))
+        return dt_fail(DT_ERR_MISMATCH,
+                       "tcp init: a process claiming rank %d does not hold this job's token", r);
+    *from = r;
+    return DT_OK;
 }
 
 static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **out) {
@@ -804,8 +844,7 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         *out = c;
         return DT_OK;
     }
-    uint64_t token_hash = dt_token_hash(dt_pg_token(pg));
-    int      port;
+    int port;
     st = dt_sock_listen(0, c->world + 16, "tcp", &lfd, &port);
     if (st != DT_OK)
         goto fail;
@@ -840,7 +879,7 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         if (st != DT_OK)
             goto fail;
         c->peers[r].fd = fd;
-        if ((st = send_hello(c, fd, deadline, token_hash, what)) != DT_OK)
+        if ((st = handshake_connect(c, fd, r, deadline, what)) != DT_OK)
             goto fail;
     }
     int expected = c->world - 1 - c->rank;
@@ -863,8 +902,7 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         if (fd < 0)
             continue;
         int from = -1;
-        if (read_hello(c, fd, deadline, token_hash, c->rank + 1, c->world, &from) != DT_OK ||
-            send_hello(c, fd, deadline, token_hash, "tcp init: answering") != DT_OK) {
+        if (handshake_accept(c, fd, deadline, &from) != DT_OK) {
             // A stranger on our port: say so, and keep waiting for the real ranks.
             DT_WARN("comm", "%s; connection ignored", dt_last_error());
             close(fd);
@@ -881,21 +919,12 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     }
     close(lfd);
     lfd = -1;
-    // The lower ranks answered our hellos: we reached the ranks we meant to (not a
-    // stale address of another job).
-    for (int r = 0; r < c->rank; r++) {
-        int from = -1;
-        if ((st = read_hello(c, c->peers[r].fd, deadline, token_hash, r, r + 1, &from)) != DT_OK) {
-            st = dt_fail_context("tcp init: the process at rank %d's address", r);
-            goto fail;
-        }
-    }
     // Socket buffers: 0 leaves Linux's autotuning, which measured as well as fixed
     // sizes on loopback; DT_SOCKET_BUF_BYTES overrides for other networks.
     long bufsz = 0, spin_us = 0;
-    if ((st = dt_env_int("DT_SOCKET_BUF_BYTES", 0, 1L << 30, 0, &bufsz)) != DT_OK)
+    if ((st = dt_setting_int("DT_SOCKET_BUF_BYTES", &bufsz)) != DT_OK)
         goto fail;
-    if ((st = dt_env_int("DT_TCP_SPIN_US", 0, 1000000, 0, &spin_us)) != DT_OK)
+    if ((st = dt_setting_int("DT_TCP_SPIN_US", &spin_us)) != DT_OK)
         goto fail;
     c->spin_ns = (uint64_t)spin_us * 1000;
     // Bytes per send and receive call. Small enough that what the sender copies into
@@ -903,14 +932,13 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     // doubled large-message bandwidth against whole-message calls), large enough to
     // keep the syscall count low.
     long chunk = 0;
-    if ((st = dt_env_int("DT_TCP_CHUNK_BYTES", 4096, 1L << 30, DEFAULT_CHUNK_BYTES, &chunk)) !=
-        DT_OK)
+    if ((st = dt_setting_int("DT_TCP_CHUNK_BYTES", &chunk)) != DT_OK) // default 128 KiB
         goto fail;
     c->chunk = (size_t)chunk;
     // Congestion control: DT_TCP_CONGESTION for every connection when set. Otherwise a
     // connection to a rank on this host leaves BBR (a common system default) for reno:
     // BBR paces its sends, which on loopback only costs throughput (measured: ~25%).
-    const char *cc_env = getenv("DT_TCP_CONGESTION");
+    const char *cc_env = dt_setting_str("DT_TCP_CONGESTION");
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank)
             continue;
@@ -941,11 +969,12 @@ fail:
 }
 
 const dt_backend_ops dt_backend_tcp = {
-    .name      = "tcp",
-    .init      = tcp_init,
-    .free      = tcp_free,
-    .abort     = tcp_abort,
-    .xfer_post = tcp_xfer_post,
-    .xfer_wait = tcp_xfer_wait,
-    .built     = true,
+    .name             = "tcp",
+    .init             = tcp_init,
+    .free             = tcp_free,
+    .abort            = tcp_abort,
+    .xfer_post        = tcp_xfer_post,
+    .xfer_wait        = tcp_xfer_wait,
+    .reports_progress = true,
+    .built            = true,
 };

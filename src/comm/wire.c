@@ -66,10 +66,10 @@ dt_status dt_wire_decode(const uint8_t *buf, size_t n, dt_wire_header *h) {
             return dt_fail(DT_ERR_FORMAT,
                            "message header: expected a reason of at most %d bytes, found %llu",
                            DT_WIRE_MAX_REASON, (unsigned long long)h->nbytes);
-    } else if (h->nbytes != 0) {
+    } else if (h->nbytes > DT_WIRE_MAX_HELLO) {
         return dt_fail(DT_ERR_FORMAT,
-                       "message header: expected no payload in a hello, found %llu bytes",
-                       (unsigned long long)h->nbytes);
+                       "message header: expected at most %d payload bytes in a hello, found %llu",
+                       DT_WIRE_MAX_HELLO, (unsigned long long)h->nbytes);
     }
     return DT_OK;
 }

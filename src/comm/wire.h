@@ -8,7 +8,7 @@
 //        5     1  collective kind (dt_coll)      |
 //        6     1  dtype                           |
 //        7     1  reduce op                       |  the fingerprint of the operation
-//        8     8  sequence number                 |  (hello: hash of the job token)
+//        8     8  sequence number                 |  (hello: 0)
 //       16     8  count                           |  (hello: world size)
 //       24     4  root / tag (signed)            /   (hello: group id)
 //       28     4  step (algorithm << 24 | index)
@@ -24,12 +24,15 @@
 #define DT_WIRE_MAGIC        0x31575444u // "DTW1" read as a little-endian u32
 // An abort or bye message carries a text reason of at most this many bytes.
 #define DT_WIRE_MAX_REASON 1024
+// A hello carries nonces and proofs of the job token (tcp.c's handshake), no more.
+#define DT_WIRE_MAX_HELLO 64
 // No single message carries more (the algorithms cut buffers into segments).
 #define DT_WIRE_MAX_PAYLOAD ((uint64_t)1 << 40)
 
 typedef enum dt_wire_kind {
     DT_WIRE_DATA  = 1, // payload = bytes of a transfer
-    DT_WIRE_HELLO = 2, // first message on a new connection: who is calling
+    DT_WIRE_HELLO = 2, // the handshake of a new connection: who is calling, and proofs
+                       // of the job token (step 1, 2, 3; see tcp.c)
     DT_WIRE_ABORT = 3, // the sender failed; payload = its error message; fp.op = status
     DT_WIRE_BYE   = 4, // the sender left the group cleanly (dt_pg_free)
     DT_WIRE_KIND_COUNT_

@@ -23,14 +23,9 @@ static atomic_long   fail_after = -2; // -2: not read yet; -1: never fail
 static bool should_fail(void) {
     long f = atomic_load(&fail_after);
     if (f == -2) {
-        long        v = -1;
-        const char *s = getenv("DT_FAIL_ALLOC_AFTER");
-        if (s && *s) {
-            char *end;
-            long  x = strtol(s, &end, 10);
-            if (*end == '\0' && x >= 0)
-                v = x;
-        }
+        long v = -1;
+        if (dt_setting_int("DT_FAIL_ALLOC_AFTER", &v) != DT_OK)
+            v = -1; // no allocation to report with: a bad value means "never"
         atomic_store(&fail_after, v);
         f = v;
     }

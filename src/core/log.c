@@ -25,15 +25,15 @@ static void init_t0(void) {
     t0_ns = dt_now_ns();
 }
 
+// The choices of DT_LOG_LEVEL are dt_log_level's values in order; a bad value keeps
+// the default (the logger cannot report its own setting's error).
 static int parse_env_level(void) {
-    const char *s = getenv("DT_LOG_LEVEL");
-    if (!s || !*s)
+    int level;
+    if (dt_setting_choice("DT_LOG_LEVEL", &level) != DT_OK) {
+        dt_clear_error();
         return DT_LOG_WARN;
-    static const char *const names[] = {"debug", "info", "warn", "error", "off"};
-    for (int i = 0; i < 5; i++)
-        if (strcasecmp(s, names[i]) == 0)
-            return i;
-    return DT_LOG_WARN;
+    }
+    return level;
 }
 
 dt_log_level dt_log_get_level(void) {

@@ -17,6 +17,7 @@
 // the caller only while the worker is idle and the loader inactive, and read by the
 // worker only after it saw `active` under mu.
 #include "data_impl.h"
+#include "dtrain/trace.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -98,6 +99,7 @@ static bool has_work(const dt_loader *l) {
 
 static void *worker(void *arg) {
     dt_loader *l = arg;
+    pthread_setname_np(pthread_self(), "dt-loader"); // for top -H, gdb and traces
     pthread_mutex_lock(&l->mu);
     for (;;) {
         // Idle until there is work or a stop; both are signalled, so this wait needs
@@ -113,7 +115,9 @@ static void *worker(void *arg) {
         l->busy      = true;
         pthread_mutex_unlock(&l->mu);
 
+        DT_TRACE_BEGIN(tr);
         fill_slot(l, sl, k);
+        DT_TRACE_END(tr, "data", "prepare batch", "batch", k);
 
         pthread_mutex_lock(&l->mu);
         l->busy   = false;
@@ -144,7 +148,8 @@ static bool alloc_slots(dt_loader *l) {
     return true;
 }
 
-dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_loader_opts *opts) {
+static dt_loader *loader_create(const dt_dataset *ds, dt_sampler *sampler,
+                                const dt_loader_opts *opts) {
     dt_loader_opts o = opts ? *opts : dt_loader_opts_default();
     if (o.batch_size < 1 || o.batch_size > (1u << 24)) {
         dt_fail(DT_ERR_ARG, "loader: expected a batch size in [1, %u], found %zu", 1u << 24,
@@ -176,9 +181,8 @@ dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_lo
     if (!sampler) {
         dt_sampler_opts so = dt_sampler_opts_default();
         so.shuffle         = false;
-        l->sampler         = dt_sampler_init(ds->n, &so);
         l->own_sampler     = true;
-        if (!l->sampler)
+        if (dt_sampler_new(&l->sampler, ds->n, &so) != DT_OK)
             goto fail;
     }
     if (!alloc_slots(l))
@@ -205,6 +209,15 @@ dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_lo
 fail:
     dt_loader_free(l); // records no error: the failure's message survives
     return NULL;
+}
+
+dt_status dt_loader_new(dt_loader **out, const dt_dataset *ds, dt_sampler *sampler,
+                        const dt_loader_opts *opts) {
+    *out = loader_create(ds, sampler, opts);
+    if (*out)
+        return DT_OK;
+    dt_status st = dt_last_status();
+    return st != DT_OK ? st : dt_fail(DT_ERR_STATE, "loader_create: failed without a message");
 }
 
 void dt_loader_free(dt_loader *l) {
@@ -312,6 +325,7 @@ bool dt_loader_next(dt_loader *l, dt_batch *b) {
 
     size_t k  = l->next_take;
     slot  *sl = &l->slots[k % 2];
+    DT_TRACE_BEGIN(tr);
     if (l->thread_started) {
         pthread_mutex_lock(&l->mu);
         bool ok = true;
@@ -341,6 +355,7 @@ bool dt_loader_next(dt_loader *l, dt_batch *b) {
         fill_slot(l, sl, k);
         sl->state = SLOT_HELD;
     }
+    DT_TRACE_END(tr, "data", "wait for batch", "batch", k);
     l->holding = true;
     if (sl->st) { // the batch is not handed out, and the position does not move
         l->status = dt_fail(sl->st, "loader: batch %zu: %s", k, sl->msg);

@@ -1,6 +1,7 @@
 // ddp.c: gradient buckets over the flat gradient buffer, reduced on the progress
 // thread while backward goes on (see ddp.h for the contract).
 #include "dtrain/ddp.h"
+#include "dtrain/trace.h"
 
 #include "ddp/compress.h"
 
@@ -34,6 +35,8 @@ struct dt_ddp {
     char        errmsg[512];
     double      wait_s;
     int64_t     steps;
+    int         world;
+    float      *gathered; // tree_reduce: world copies of each bucket, bucket-major
 
     dt_ddp_comm_hook hook;     // start == NULL: plain fp32 all-reduce
     void            *own_hook; // the compression state this wrapper made (compress.h)
@@ -122,13 +125,19 @@ static void record_error(dt_ddp *d, dt_status s) {
 // Starts every bucket, in index order, whose gradients are all final.
 static void launch_ready(dt_ddp *d) {
     while (d->next_launch < d->nbuckets && d->b[d->next_launch].pending == 0) {
-        bucket *bk  = &d->b[d->next_launch];
-        float  *g   = dt_params_grads(d->p) + bk->offset;
-        bk->work    = NULL;
-        dt_status s = d->hook.start ? d->hook.start(d->hook.state, d->pg, d->next_launch, g,
-                                                    bk->count, &bk->work)
-                                    : dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32,
-                                                             DT_REDUCE_AVG, &bk->work);
+        bucket *bk = &d->b[d->next_launch];
+        float  *g  = dt_params_grads(d->p) + bk->offset;
+        bk->work   = NULL;
+        DT_TRACE_BEGIN(tr);
+        dt_status s =
+            d->hook.start
+                ? d->hook.start(d->hook.state, d->pg, d->next_launch, g, bk->count, &bk->work)
+            : d->gathered
+                ? dt_pg_all_gather_async(d->pg, g, d->gathered + (size_t)d->world * bk->offset,
+                                         bk->count, DT_FLOAT32, &bk->work)
+                : dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG,
+                                         &bk->work);
+        DT_TRACE_END(tr, "ddp", "bucket start", "bucket", d->next_launch);
         if (s != DT_OK) {
             record_error(d, dt_fail_context("ddp: bucket %d", d->next_launch));
             bk->work = NULL;
@@ -301,6 +310,7 @@ dt_status dt_ddp_broadcast_buffers(dt_ddp *d) {
 
 static void ddp_destroy(dt_ddp *d) {
     ddp_compress_free(d->own_hook);
+    dt_free(d->gathered);
     dt_free(d->b);
     dt_free(d->tensor_bucket);
     dt_free(d->ready);
@@ -325,11 +335,19 @@ dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *o
     size_t nt        = (size_t)(d->ntensors ? d->ntensors : 1);
     d->tensor_bucket = dt_alloc_zero(sizeof(int) * nt);
     d->ready         = dt_alloc_zero(sizeof(bool) * nt);
+    d->world         = dt_pg_size(pg);
     dt_status s      = !d->tensor_bucket || !d->ready ? DT_ERR_NOMEM : DT_OK;
+    if (!s && (d->o.comm_hook || d->o.compress != DT_DDP_COMPRESS_NONE) && d->o.tree_reduce)
+        s = dt_fail(DT_ERR_ARG, "ddp: tree_reduce and gradient compression (or a comm hook) "
+                                "both set: expected one of them");
     if (!s && d->o.comm_hook)
         d->hook = *d->o.comm_hook;
     else if (!s && d->o.compress != DT_DDP_COMPRESS_NONE)
         s = ddp_compress_new(&d->own_hook, &d->hook, d->o.compress, dt_pg_size(pg));
+    // With 2 ranks every backend's all-reduce adds a + b (= b + a), already the tree.
+    if (!s && d->o.tree_reduce && d->world > 2 &&
+        !(d->gathered = dt_alloc(sizeof(float) * (size_t)d->world * dt_params_numel(p))))
+        s = DT_ERR_NOMEM;
     if (s || (s = form_buckets(d)) || (s = verify_shapes(d)) ||
         (d->o.broadcast_params &&
          ((s = dt_pg_broadcast(pg, dt_params_data(p), dt_params_numel(p), DT_FLOAT32, 0)) ||
@@ -341,17 +359,6 @@ dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *o
     reset_step(d);
     *out = d;
     return DT_OK;
-}
-
-dt_status dt_ddp_init(dt_ddp **out, dt_model *m, dt_pg *pg, const dt_ddp_opts *opts) {
-    *out = NULL;
-    if (!m || !pg)
-        return dt_fail(DT_ERR_ARG, "ddp: expected a model and a process group, found NULL");
-    dt_params *p = dt_model_as_params(m);
-    if (!p)
-        return dt_fail(DT_ERR_STATE,
-                       "ddp: expected a finalized model, found one still being built");
-    return dt_ddp_new(out, p, pg, opts);
 }
 
 // Waits for every started bucket (failures are already recorded elsewhere).
@@ -374,6 +381,27 @@ void dt_ddp_free(dt_ddp *d) {
 
 void dt_ddp_set_sync(dt_ddp *d, bool sync) {
     d->sync = sync;
+}
+
+// tree_reduce: the world copies of bucket bk (rank r's at r * count) summed by the fixed
+// tree over ranks, highest bit first (r with r + h for h = N/2, N/4, ... 1 when N is a
+// power of two), divided by N, into the gradient buffer. The same on every rank.
+static void tree_combine(dt_ddp *d, const bucket *bk) {
+    float *blk = d->gathered + (size_t)d->world * bk->offset;
+    float *g   = dt_params_grads(d->p) + bk->offset;
+    int    h   = 1;
+    while (2 * h < d->world)
+        h *= 2;
+    for (; h >= 1; h /= 2)
+        for (int k = 0; k < h && k + h < d->world; k++) {
+            float       *a = blk + (size_t)k * bk->count;
+            const float *b = blk + (size_t)(k + h) * bk->count;
+            for (size_t j = 0; j < bk->count; j++)
+                a[j] += b[j];
+        }
+    float n = (float)d->world;
+    for (size_t j = 0; j < bk->count; j++)
+        g[j] = blk[j] / n;
 }
 
 dt_status dt_ddp_sync(dt_ddp *d) {
@@ -402,10 +430,13 @@ dt_status dt_ddp_sync(dt_ddp *d) {
     }
     uint64_t  t0 = dt_now_ns();
     dt_status s  = DT_OK;
+    DT_TRACE_BEGIN(tr_sync);
     for (int i = 0; i < d->nbuckets; i++) {
         if (!d->b[i].work)
             continue;
+        DT_TRACE_BEGIN(tr);
         dt_status ws = dt_work_wait(d->b[i].work);
+        DT_TRACE_END(tr, "ddp", "bucket wait", "bucket", i);
         if (ws == DT_OK && d->hook.finish && d->err == DT_OK)
             ws = d->hook.finish(d->hook.state, d->pg, i, dt_params_grads(d->p) + d->b[i].offset,
                                 d->b[i].count);
@@ -414,9 +445,12 @@ dt_status dt_ddp_sync(dt_ddp *d) {
             dt_fail_context("ddp: all-reduce of bucket %d (%zu floats)", i, d->b[i].count);
             record_error(d, s);
         }
+        if (ws == DT_OK && d->gathered)
+            tree_combine(d, &d->b[i]);
         dt_work_free(d->b[i].work);
         d->b[i].work = NULL;
     }
+    DT_TRACE_END(tr_sync, "ddp", "ddp sync", "buckets", d->nbuckets);
     d->wait_s += (double)(dt_now_ns() - t0) * 1e-9;
     d->steps++;
     reset_step(d);

@@ -40,10 +40,14 @@ void dt_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 }
 
 bool dt_nn_want_direct(void) {
-    const char *e = getenv("DT_CONV");
-    if (e && strcmp(e, "direct") == 0)
+    int choice = 0; // auto|direct|gemm
+    if (dt_setting_choice("DT_CONV", &choice) != DT_OK) {
+        DT_WARN("nn", "%s; choosing by the CPU", dt_last_error());
+        dt_clear_error();
+    }
+    if (choice == 1)
         return true;
-    if (e && strcmp(e, "gemm") == 0)
+    if (choice == 2)
         return false;
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();

@@ -1,5 +1,6 @@
 // model.c: the Sequential model: building, flat parameter and gradient buffers,
 // PyTorch's default initialisation, and forward/backward over the threads of a pool.
+#include "dtrain/trace.h"
 #include "nn/blas.h"
 #include "nn/nn_impl.h"
 
@@ -25,6 +26,9 @@ struct dt_model {
     float  **partial; // [thread] gradient buffers of threads 1.. (thread 0 adds into grads)
     float  **scratch; // [thread] scratch, max over layers
     size_t   scratch_floats;
+    // gradient shards (dt_model_set_grad_shards): 0 off, else S buffers of nparams
+    int    shards;
+    float *shard_buf;
     // activations: act[i] is layer i's input, act[nlayers] the output; in-place layers
     // share their input's buffer. Owned buffers are listed in act_own.
     int              capacity; // batch the buffers are sized for
@@ -46,20 +50,21 @@ struct dt_model {
 
 // ------------------------------------------------------------------------ building
 
-dt_model *dt_model_init(int c, int h, int w) {
-    if (c < 1 || h < 1 || w < 1) {
-        dt_fail(DT_ERR_ARG, "model: expected a positive input shape (c, h, w), found (%d, %d, %d)",
-                c, h, w);
-        return NULL;
-    }
+dt_status dt_model_new(dt_model **out, int c, int h, int w) {
+    *out = NULL;
+    if (c < 1 || h < 1 || w < 1)
+        return dt_fail(DT_ERR_ARG,
+                       "model: expected a positive input shape (c, h, w), found (%d, %d, %d)", c, h,
+                       w);
     dt_model *m = dt_alloc_zero(sizeof *m);
     if (!m)
-        return NULL;
+        return DT_ERR_NOMEM;
     m->input    = (nn_shape){c, h, w};
     m->nthreads = 1;
     m->training = true;
     m->rng      = dt_rng_init(0);
-    return m;
+    *out        = m;
+    return DT_OK;
 }
 
 static nn_shape current_shape(const dt_model *m) {
@@ -121,6 +126,20 @@ static dt_status add_pinfo(dt_model *m, int layer, const char *what, int ndim, c
     return dt_params_add_ex(m->pv, name, ndim, shape, flags, layer, false);
 }
 
+// Per-thread scratch: the largest of the layers' needs, with gradient shards included.
+static size_t scratch_need(const dt_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        const nn_layer *l = &m->layers[i];
+        size_t          f = l->scratch_floats;
+        if (m->shards && l->shard_scratch * (size_t)m->shards > f)
+            f = l->shard_scratch * (size_t)m->shards;
+        if (f > n)
+            n = f;
+    }
+    return n;
+}
+
 // Scratch and per-thread gradient buffers for `n` threads.
 static dt_status alloc_thread_buffers(dt_model *m, int n) {
     m->partial = dt_alloc_zero(sizeof(float *) * (size_t)n);
@@ -153,6 +172,16 @@ static void free_thread_buffers(dt_model *m) {
     m->partial = NULL;
 }
 
+// DT_NO_POOL_FUSION=1 keeps the max pool a layer of its own (to measure the fusion).
+static bool no_pool_fusion(void) {
+    long v = 0;
+    if (dt_setting_int("DT_NO_POOL_FUSION", &v) != DT_OK) {
+        DT_WARN("nn", "%s; fusing", dt_last_error());
+        dt_clear_error();
+    }
+    return v == 1;
+}
+
 dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
     if (!m)
         return dt_fail(DT_ERR_ARG, "model: NULL model");
@@ -174,17 +203,16 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         r->skip      = true;
         nn_layer *p  = i + 2 < m->nlayers ? &m->layers[i + 2] : NULL;
         if (p && p->ops == &dt_nn_maxpool2d_ops && p->k == 2 && p->stride == 2 && c->stride == 1 &&
-            c->out.h % 2 == 0 && c->out.w % 2 == 0 && !getenv("DT_NO_POOL_FUSION")) {
+            c->out.h % 2 == 0 && c->out.w % 2 == 0 && !no_pool_fusion()) {
             c->pool = p;
             p->skip = true;
         }
     }
-    size_t off = 0;
+    size_t off        = 0;
+    m->scratch_floats = scratch_need(m);
     DT_TRY(dt_params_new(&m->pv, NULL));
     for (int i = 0; i < m->nlayers; i++) {
         nn_layer *l = &m->layers[i];
-        if (l->scratch_floats > m->scratch_floats)
-            m->scratch_floats = l->scratch_floats;
         if (!l->nparams)
             continue;
         l->param_off   = off;
@@ -216,6 +244,9 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
             l->b[j] = dt_rng_uniform_range(&rb, -bound, bound);
     }
     DT_TRY(alloc_thread_buffers(m, m->nthreads));
+    if (m->shards &&
+        !(m->shard_buf = dt_alloc_zero(sizeof(float) * (size_t)m->shards * (off ? off : 1))))
+        return DT_ERR_NOMEM;
     m->finalized = true;
     return DT_OK;
 }
@@ -247,6 +278,7 @@ void dt_model_free(dt_model *m) {
     for (int i = 0; i < m->nlayers; i++)
         dt_free(m->layers[i].offsets);
     dt_params_free(m->pv);
+    dt_free(m->shard_buf);
     dt_free(m->keys);
     dt_free(m);
 }
@@ -337,6 +369,32 @@ dt_status dt_model_set_threads(dt_model *m, int threads) {
     if (m->finalized)
         DT_TRY(alloc_thread_buffers(m, threads));
     return DT_OK;
+}
+
+dt_status dt_model_set_grad_shards(dt_model *m, int shards) {
+    if (shards < 0 || shards > NN_MAX_SHARDS || (shards & (shards - 1)))
+        return dt_fail(DT_ERR_ARG,
+                       "model: expected 0 gradient shards (off) or a power of two up to %d, "
+                       "found %d",
+                       NN_MAX_SHARDS, shards);
+    if (shards == m->shards)
+        return DT_OK;
+    dt_free(m->shard_buf);
+    m->shard_buf = NULL;
+    m->shards    = shards;
+    if (!m->finalized)
+        return DT_OK;
+    free_thread_buffers(m);
+    m->scratch_floats = scratch_need(m);
+    DT_TRY(alloc_thread_buffers(m, m->nthreads));
+    if (shards && !(m->shard_buf = dt_alloc_zero(sizeof(float) * (size_t)shards *
+                                                 (m->nparams ? m->nparams : 1))))
+        return DT_ERR_NOMEM;
+    return DT_OK;
+}
+
+int dt_model_grad_shards(const dt_model *m) {
+    return m->shards;
 }
 
 void dt_model_train(dt_model *m, bool training) {
@@ -443,6 +501,8 @@ static nn_ctx make_ctx(dt_model *m, int ith, int nth, const dt_rng *rng) {
         .nth      = nth,
         .s0       = (int)((long)m->batch * ith / nth),
         .s1       = (int)((long)m->batch * (ith + 1) / nth),
+        .sstep    = 1,
+        .shards   = m->shards,
         .batch    = m->batch,
         .training = m->training,
         .pool     = m->pool,
@@ -468,7 +528,9 @@ static void forward_task(void *arg, int ith, int nth) {
         uint64_t t0 = m->profile && ith == 0 ? dt_now_ns() : 0;
         dt_rng   r  = dt_rng_split(&m->rng, (uint64_t)i);
         nn_ctx   c  = make_ctx(m, ith, nth, &r);
+        DT_TRACE_BEGIN(tr);
         l->ops->forward(l, &c, layer_input(m, i), layer_output(m, i));
+        DT_TRACE_END(tr, "forward", l->ops->kind, "layer", i);
         if (t0)
             l->fwd_ns += dt_now_ns() - t0;
     }
@@ -495,7 +557,9 @@ dt_status dt_model_forward(dt_model *m, const float *x, int batch) {
         l->last_training = m->training;
     }
     run_args a = {.m = m};
+    DT_TRACE_BEGIN(tr);
     dt_pool_run(m->pool, forward_task, &a);
+    DT_TRACE_END(tr, "model", "forward", "batch", batch);
     return DT_OK;
 }
 
@@ -512,6 +576,35 @@ static void reduce_partials(dt_model *m, const nn_layer *l, int ith, int nth) {
         const float *p = m->partial[t];
         for (size_t j = lo; j < hi; j++)
             m->grads[j] += p[j];
+    }
+}
+
+// Combines this thread's slice of layer l's shard buffers by the fixed tree and adds
+// the result into the model's gradient buffer.
+static void reduce_shards(dt_model *m, const nn_layer *l, int ith, int nth) {
+    size_t lo = l->param_off + l->param_count * (size_t)ith / (size_t)nth;
+    size_t hi = l->param_off + l->param_count * (size_t)(ith + 1) / (size_t)nth;
+    if (hi <= lo)
+        return;
+    dt_nn_shard_tree(m->shard_buf + lo, m->nparams, m->shards, hi - lo);
+    for (size_t j = lo; j < hi; j++)
+        m->grads[j] += m->shard_buf[j];
+}
+
+// A PARTIAL layer's backward with gradient shards: this thread takes shards ith,
+// ith + nth, ...; each is one backward call over its samples into its own buffer.
+static void backward_shards(dt_model *m, nn_layer *l, int i, const nn_ctx *c, float *dout,
+                            float *din) {
+    if (c->nth > 1) // the rows of a shard were written by every thread
+        dt_pool_barrier(m->pool);
+    for (int sh = c->ith; sh < m->shards; sh += c->nth) {
+        nn_ctx cs = *c;
+        cs.s0     = sh;
+        cs.s1     = m->batch;
+        cs.sstep  = m->shards;
+        float *dp = m->shard_buf + (size_t)sh * m->nparams + l->param_off;
+        memset(dp, 0, sizeof(float) * l->param_count);
+        l->ops->backward(l, &cs, layer_input(m, i), layer_output(m, i), dout, din, dp);
     }
 }
 
@@ -535,14 +628,20 @@ static void backward_task(void *arg, int ith, int nth) {
             din = dout;
         else if (need_din)
             din = i > 0 ? m->gbuf[1 - g] : m->dx;
+        bool   sharded = m->shards && l->nparams && l->ops->grad_mode == NN_GRAD_PARTIAL;
         float *dparams = NULL;
-        if (l->nparams) {
+        if (!sharded && l->nparams) {
             bool own = l->ops->grad_mode == NN_GRAD_PARTIAL && ith > 0;
             dparams  = (own ? m->partial[ith] : m->grads) + l->param_off;
             if (own)
                 memset(dparams, 0, sizeof(float) * l->param_count);
         }
-        l->ops->backward(l, &c, layer_input(m, i), layer_output(m, i), dout, din, dparams);
+        DT_TRACE_BEGIN(tr);
+        if (sharded)
+            backward_shards(m, l, i, &c, dout, din);
+        else
+            l->ops->backward(l, &c, layer_input(m, i), layer_output(m, i), dout, din, dparams);
+        DT_TRACE_END(tr, "backward", l->ops->kind, "layer", i);
         if (l->ops->in_place && i == 0 && m->want_input_grad)
             memcpy(m->dx + (size_t)c.s0 * nn_shape_size(l->in),
                    din + (size_t)c.s0 * nn_shape_size(l->in),
@@ -550,12 +649,15 @@ static void backward_task(void *arg, int ith, int nth) {
         // Meet after every layer that wrote a new gradient buffer: the two ping-pong
         // buffers hold each layer's rows at that layer's stride, so the next layer's
         // rows of one thread can overlap another thread's rows of this one.
-        if (nth > 1 && (l->nparams || !l->ops->in_place)) {
+        if (nth > 1 && (l->nparams || !l->ops->in_place))
             dt_pool_barrier(m->pool);
-            if (l->nparams && l->ops->grad_mode == NN_GRAD_PARTIAL) {
-                reduce_partials(m, l, ith, nth);
+        if (sharded) {
+            reduce_shards(m, l, ith, nth);
+            if (nth > 1)
                 dt_pool_barrier(m->pool);
-            }
+        } else if (nth > 1 && l->nparams && l->ops->grad_mode == NN_GRAD_PARTIAL) {
+            reduce_partials(m, l, ith, nth);
+            dt_pool_barrier(m->pool);
         }
         if (l->nparams && ith == 0) {
             if (m->hook)
@@ -575,6 +677,8 @@ dt_status dt_model_backward(dt_model *m, const float *dout) {
     if (m->want_input_grad && !m->dx)
         DT_TRY(dt_model_reserve(m, m->capacity));
     run_args a = {.m = m, .dout = dout};
+    DT_TRACE_BEGIN(tr);
     dt_pool_run(m->pool, backward_task, &a);
+    DT_TRACE_END(tr, "model", "backward", "batch", m->batch);
     return DT_OK;
 }

@@ -62,7 +62,8 @@ static int worker_ok(int local_rank, void *arg) {
     dt_pg_opts o   = dt_pg_opts_default();
     o.backend      = mp_backend();
     o.timeout_ms   = 20000;
-    dt_pg *pg      = dt_pg_init_from_env(&o);
+    dt_pg *pg      = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!pg)
         return 10;
     float x = (float)(local_rank + 1);
@@ -114,6 +115,70 @@ static void test_multi_node_ranks(void) {
     CHECK_ERR(dt_spawn(2, worker_ranks_only, NULL, NULL), DT_ERR_ARG, "WORLD_SIZE >= 4");
     unsetenv("GROUP_RANK");
     unsetenv("WORLD_SIZE");
+}
+
+// --master-port without --master-addr on one machine: MASTER_PORT set, MASTER_ADDR not.
+static void test_port_without_addr(void) {
+    memset(slots(), 0, 4096);
+    char port[16];
+    snprintf(port, sizeof port, "%d", mp_free_port());
+    setenv("MASTER_PORT", port, 1);
+    unsetenv("MASTER_ADDR");
+    unsetenv("DT_JOB_TOKEN");
+    CHECK_OK(dt_spawn(2, worker_ok, NULL, NULL));
+    CHECK_NEAR(slots()[1].sum, 3.0, 0);
+    unsetenv("MASTER_PORT");
+}
+
+// One rank of a multi-node job: all_reduce of RANK + 1 into the slot of its rank.
+static int worker_rank_sum(int local_rank, void *arg) {
+    (void)arg, (void)local_rank;
+    int        rank = env_int("RANK");
+    dt_pg_opts o    = dt_pg_opts_default();
+    o.backend       = mp_backend();
+    o.timeout_ms    = 15000;
+    dt_pg *pg       = NULL;
+    dt_pg_new_from_env(&pg, &o);
+    if (!pg) {
+        fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
+        return 10;
+    }
+    float x = (float)(rank + 1), y = 0;
+    if (dt_pg_all_reduce(pg, &x, &y, 1, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
+        return 11;
+    slots()[rank].sum = y;
+    dt_pg_free(pg);
+    return 0;
+}
+
+// Two nodes of one job, each its own dt_spawn with the same environment but no
+// DT_JOB_TOKEN (the README's two-machine command lines): they must agree on a token.
+static void test_two_nodes_without_token(void) {
+    memset(slots(), 0, 4096);
+    char port[16];
+    snprintf(port, sizeof port, "%d", mp_free_port());
+    pid_t node[2];
+    for (int k = 0; k < 2; k++) {
+        node[k] = fork();
+        if (node[k] == 0) {
+            char gr[4];
+            snprintf(gr, sizeof gr, "%d", k);
+            setenv("GROUP_RANK", gr, 1);
+            setenv("WORLD_SIZE", "4", 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            setenv("MASTER_PORT", port, 1);
+            unsetenv("DT_JOB_TOKEN");
+            setenv("DT_TIMEOUT_MS", "15000", 1);
+            _exit(dt_spawn(2, worker_rank_sum, NULL, NULL) == DT_OK ? 0 : 1);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        int status = -1;
+        waitpid(node[k], &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    for (int r = 0; r < 4; r++)
+        CHECK_NEAR(slots()[r].sum, 10.0, 0); // 1 + 2 + 3 + 4
 }
 
 static int worker_fail(int local_rank, void *arg) {
@@ -176,8 +241,10 @@ static void test_local_bound(void) {
     CHECK_ERR(dt_spawn((int)bound + 1, worker_ok, NULL, NULL), DT_ERR_ARG, "exceed the bound");
     setenv("DT_MAX_LOCAL_PROCS", "1", 1);
     CHECK_ERR(dt_spawn(2, worker_ok, NULL, NULL), DT_ERR_ARG, "the bound of 1 ");
-    setenv("DT_MAX_LOCAL_PROCS", "0", 1);
+    setenv("DT_MAX_LOCAL_PROCS", "5000", 1);
     CHECK_ERR(dt_spawn(2, worker_ok, NULL, NULL), DT_ERR_ARG, "DT_MAX_LOCAL_PROCS");
+    setenv("DT_MAX_LOCAL_PROCS", "0", 1); // the automatic bound
+    CHECK_ERR(dt_spawn(1000, worker_ok, NULL, NULL), DT_ERR_ARG, "exceed the bound of");
     setenv("DT_MAX_LOCAL_PROCS", "3", 1);
     CHECK_OK(dt_spawn(3, worker_ok, NULL, NULL));
     unsetenv("DT_MAX_LOCAL_PROCS");
@@ -234,6 +301,8 @@ static void test_parent_killed(void) {
 int main(void) {
     RUN(test_success);
     RUN(test_multi_node_ranks);
+    RUN(test_port_without_addr);
+    RUN(test_two_nodes_without_token);
     RUN(test_child_fails);
     RUN(test_parent_killed);
     RUN(test_local_bound);

@@ -39,6 +39,11 @@ static void ranks(int rank, int world, void *arg) {
     o.compress = kind;
     CHECK_OK(dt_ddp_new(&comp, p, pg, &o));
     CHECK(dt_ddp_num_buckets(comp) >= 2);
+    dt_ddp *both  = NULL; // tree_reduce sums full-precision copies: not with compression
+    o.tree_reduce = true;
+    CHECK_ERR(dt_ddp_new(&both, p, pg, &o), DT_ERR_ARG, "tree_reduce");
+    CHECK(both == NULL);
+    o.tree_reduce = false;
     float *g = dt_params_grads(p), *mine = malloc(4 * n), *avg = malloc(4 * n),
           *all = malloc(4 * n * (size_t)world), *meanabs = malloc(4 * n);
     double u = kind == DT_DDP_COMPRESS_BF16 ? 0x1p-8 : 0x1p-11;

@@ -26,7 +26,8 @@ static dt_dataset g_data; // inherited by the forked ranks
 
 // A small model for fast checks: 1x8x8 inputs.
 static dt_model *small_model(uint64_t seed, int hidden) {
-    dt_model *m = dt_model_init(1, 8, 8);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 8, 8);
     CHECK_OK(dt_model_add_conv2d(m, 3, 3, 1, 1));
     CHECK_OK(dt_model_add_relu(m));
     CHECK_OK(dt_model_add_flatten(m));
@@ -57,19 +58,21 @@ static dt_status train(dt_model *m, dt_pg *pg, const dt_dataset *ds, size_t batc
     int       world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
     dt_ddp   *ddp = NULL;
     dt_status st  = DT_OK;
-    if (pg && (st = dt_ddp_init(&ddp, m, pg, o)))
+    if (pg && (st = dt_ddp_new(&ddp, dt_model_as_params(m), pg, o)))
         return st;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = 0.5f;
-    dt_optim *opt =
-        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
+    dt_optim *opt       = NULL;
+    dt_adadelta_new(&opt, dt_model_as_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
-    dt_sampler    *s  = dt_sampler_init(ds->n, &so);
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, ds->n, &so);
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = batch;
-    dt_loader *l      = dt_loader_init(ds, s, &lo);
-    float     *dlogp  = malloc(sizeof(float) * 10 * batch);
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, ds, s, &lo);
+    float *dlogp = malloc(sizeof(float) * 10 * batch);
     dt_loader_begin_epoch(l, 0);
     dt_batch b;
     for (int i = 0; (steps < 0 || i < steps) && st == DT_OK && dt_loader_next(l, &b); i++) {
@@ -146,7 +149,7 @@ static void buckets_rank(int rank, int world, void *arg) {
     if (!pg)
         return;
     dt_model *m = NULL;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, 0, 0, 0));
+    CHECK_OK(dt_model_new_mnist_convnet(&m, 0, 0, 0));
     struct {
         size_t first, cap;
     } cases[] = {{0, 0}, {16 << 10, 64 << 10}, {1, 1}, {4096, 4096}};
@@ -155,7 +158,7 @@ static void buckets_rank(int rank, int world, void *arg) {
         o.first_bucket_bytes = cases[k].first;
         o.bucket_cap_bytes   = cases[k].cap;
         dt_ddp *d            = NULL;
-        CHECK_OK(dt_ddp_init(&d, m, pg, &o));
+        CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
         if (!d)
             continue;
         size_t eo[64], ec[64];
@@ -175,7 +178,7 @@ static void buckets_rank(int rank, int world, void *arg) {
     // The defaults on the ConvNet: [7.bias, 8.*] then everything up to 7.weight, which
     // crosses 1 MiB (PyTorch's 2 buckets for this model).
     dt_ddp *d = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, NULL));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL));
     size_t off, cnt;
     dt_ddp_bucket(d, 0, &off, &cnt);
     CHECK_EQ(off, dt_model_param_info(m, 5)->offset);
@@ -210,8 +213,8 @@ static void equivalence_rank(int rank, int world, void *arg) {
     const dt_dataset *ds  = e->convnet ? &g_data : &small;
     dt_model         *ref = NULL, *m = NULL;
     if (e->convnet) {
-        CHECK_OK(dt_model_init_mnist_convnet(&ref, 5, 0, 0));
-        CHECK_OK(dt_model_init_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
+        CHECK_OK(dt_model_new_mnist_convnet(&ref, 5, 0, 0));
+        CHECK_OK(dt_model_new_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
     } else {
         ref = small_model(5, 16);
         m   = small_model(5 + (uint64_t)rank, 16);
@@ -285,7 +288,7 @@ static void no_sync_rank(int rank, int world, void *arg) {
         return;
     dt_model *m = small_model(4, 8);
     dt_ddp   *d = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, NULL));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL));
     if (!d)
         return;
     size_t  n = dt_model_num_params(m);
@@ -351,7 +354,8 @@ static void unused_rank(int rank, int world, void *arg) {
     dt_pg *pg = mp_pg_init(10000);
     if (!pg)
         return;
-    dt_model *m = dt_model_init(6, 1, 1);
+    dt_model *m = NULL;
+    dt_model_new(&m, 6, 1, 1);
     CHECK_OK(dt_model_add_linear(m, 5));
     CHECK_OK(dt_model_add_linear(m, 3));
     CHECK_OK(dt_model_finalize(m, 1));
@@ -359,7 +363,7 @@ static void unused_rank(int rank, int world, void *arg) {
     o.bucket_cap_bytes   = 16; // one bucket per tensor
     o.first_bucket_bytes = 16;
     dt_ddp *d            = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, &o));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
     if (!d)
         return;
     const dt_param_info *w1 = dt_model_param_info(m, 2);
@@ -388,7 +392,7 @@ static void mismatch_rank(int rank, int world, void *arg) {
         return;
     dt_model *m = small_model(1, rank == 1 ? 12 : 16); // rank 1 has a narrower hidden layer
     dt_ddp   *d = NULL;
-    CHECK_ERR(dt_ddp_init(&d, m, pg, NULL), DT_ERR_MISMATCH,
+    CHECK_ERR(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL), DT_ERR_MISMATCH,
               "parameter 3.weight has shape (16, 192) on rank 0 but (12, 192) on rank 1");
     CHECK(d == NULL);
     dt_model_free(m);
@@ -398,6 +402,62 @@ static void mismatch_rank(int rank, int world, void *arg) {
 static void test_shape_mismatch(void) {
     mp_opts o = {.world = 3};
     MP_RUN(&o, mismatch_rank, NULL);
+}
+
+// tree_reduce: every element is ((g0 + g2) + (g1 + g3)) / 4 on every rank, bit for bit:
+// the tree that continues the model's gradient shards over ranks. The values are
+// chosen so that rank order ((g0 + g1) + g2) + g3 rounds differently.
+static float tree_value(int rank, size_t i) {
+    static const float v[4] = {1.0f, 3e-8f, -1.0f, 3e-8f}; // rank order: 0; tree: 6e-8
+    return v[rank] * (float)(1 + i % 3);
+}
+
+static void tree_rank(int rank, int world, void *arg) {
+    (void)arg;
+    dt_pg *pg = mp_pg_init(10000);
+    if (!pg)
+        return;
+    dt_model   *m      = small_model(1, 8);
+    dt_ddp_opts o      = dt_ddp_opts_default();
+    o.tree_reduce      = true;
+    o.bucket_cap_bytes = 512; // several buckets
+    dt_ddp *d          = NULL;
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
+    if (!d)
+        return;
+    size_t n = dt_model_num_params(m);
+    float *g = dt_model_grads(m);
+    for (int step = 0; step < 2; step++) {
+        for (size_t i = 0; i < n; i++)
+            g[i] = tree_value(rank, i);
+        for (int t = dt_model_num_param_tensors(m) - 1; t >= 0; t--) {
+            const dt_param_info *p = dt_model_param_info(m, t);
+            CHECK_OK(dt_ddp_mark_ready(d, p->offset, p->count));
+        }
+        CHECK_OK(dt_ddp_sync(d));
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; i++) {
+            float x[4];
+            for (int r = 0; r < world; r++)
+                x[r] = tree_value(r, i);
+            float want = ((x[0] + x[2]) + (x[1] + x[3])) / 4.0f;
+            wrong += memcmp(&g[i], &want, sizeof want) != 0;
+        }
+        if (!CHECK(wrong == 0))
+            fprintf(stderr, "     rank %d: %zu of %zu elements off the tree sum\n", rank, wrong, n);
+    }
+    float rank_order =
+        ((tree_value(0, 0) + tree_value(1, 0)) + tree_value(2, 0)) + tree_value(3, 0);
+    CHECK(rank_order !=
+          (tree_value(0, 0) + tree_value(2, 0)) + (tree_value(1, 0) + tree_value(3, 0)));
+    dt_ddp_free(d);
+    dt_model_free(m);
+    dt_pg_free(pg);
+}
+
+static void test_tree_reduce(void) {
+    mp_opts o = {.world = 4};
+    MP_RUN(&o, tree_rank, NULL);
 }
 
 int main(void) {
@@ -412,6 +472,7 @@ int main(void) {
     RUN(test_no_sync);
     RUN(test_unused_parameter);
     RUN(test_shape_mismatch);
+    RUN(test_tree_reduce);
     dt_dataset_free(&g_data);
     return check_summary();
 }

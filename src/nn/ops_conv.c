@@ -1,0 +1,489 @@
+// ops_conv.c: Conv2d of any kernel, stride, padding and groups, and Linear, as im2col
+// plus OpenBLAS GEMMs (ops.h). The generic, correct path: the AVX-512 shifted-GEMM
+// kernels of conv2d.c serve the seed's square stride-1 shapes inside dt_model, and the
+// graph may route such shapes to them later.
+//
+// A column matrix (cin*kh*kw, S*ho*wo) is built for S samples at a time, S such that
+// about 1024 columns make one GEMM per group (S = 1 from 32x32 images up; it stays in L2
+// for the shapes of the ResNet workload: 144 x 1024 floats at most). Backward rebuilds
+// the columns rather than keeping them from forward.
+//
+// Stride 1 without groups, on CPUs with AVX-512 (dt_nn_want_direct: DT_CONV=gemm|direct
+// overrides), skips the column matrix: in the "wide" layout of conv2d.c (output
+// positions indexed over the padded input's width wp) each im2col row is the slice
+// xp + c*plane + ki*wp + kj of the padded input, so forward, weight gradient and input
+// gradient are dtrain's shifted GEMMs (shifted.c) reading the input in place.
+//
+// Before both, on AVX-512 CPUs, conv_cl.c takes convolutions without groups whose
+// output channels are a multiple of 16 (the ResNet's, except its 1x1 shortcuts): 3x3
+// stride 1 forward and input gradient as Winograd F(2x2, 3x3), the 1-channel stem
+// with its own kernel, the rest (stride 2, weight gradients) with channels in the
+// vector lanes. DT_CONV_CL=0 declines them; DT_CONV_WINO=0 keeps Winograd out.
+#include "core/simd.h"
+#include "nn/blas.h"
+#include "nn/conv_cl.h"
+#include "nn/nn_impl.h"
+#include "nn/ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int out_len(int in, int pad, int k, int stride) {
+    return (in + 2 * pad - k) / stride + 1;
+}
+
+dt_status dt_nn_conv2d_check(const dt_nn_conv2d *p, int h, int w, int *ho, int *wo) {
+    if (p->cin < 1 || p->cout < 1 || p->kh < 1 || p->kw < 1 || p->sh < 1 || p->sw < 1 ||
+        p->ph < 0 || p->pw < 0 || p->groups < 1 || h < 1 || w < 1)
+        return dt_fail(DT_ERR_ARG,
+                       "conv2d: expected positive channels (%d, %d), kernel (%d, %d), stride "
+                       "(%d, %d), groups %d and input (%d, %d), and padding (%d, %d) >= 0",
+                       p->cin, p->cout, p->kh, p->kw, p->sh, p->sw, p->groups, h, w, p->ph, p->pw);
+    if (p->cin % p->groups || p->cout % p->groups)
+        return dt_fail(DT_ERR_ARG,
+                       "conv2d: groups %d must divide in_channels %d and out_channels %d",
+                       p->groups, p->cin, p->cout);
+    if (h + 2 * p->ph < p->kh || w + 2 * p->pw < p->kw)
+        return dt_fail(DT_ERR_ARG,
+                       "conv2d: kernel (%d, %d) does not fit the padded input (%d, %d) + (%d, %d)",
+                       p->kh, p->kw, h, w, 2 * p->ph, 2 * p->pw);
+    *ho = out_len(h, p->ph, p->kh, p->sh);
+    *wo = out_len(w, p->pw, p->kw, p->sw);
+    return DT_OK;
+}
+
+size_t dt_nn_conv2d_weight_count(const dt_nn_conv2d *p) {
+    return (size_t)p->cout * (size_t)(p->cin / p->groups) * (size_t)p->kh * (size_t)p->kw;
+}
+
+// The wide layout of one sample (see conv2d.c): padded input planes of hp x wp, n wide
+// output positions, gradient rows with `margin` zeros in front so that every shifted
+// read of the input gradient stays inside its row of ld floats.
+typedef struct wide {
+    int    hp, wp, n, margin;
+    size_t plane, ld;
+} wide;
+
+static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
+    wide g;
+    g.hp     = h + 2 * p->ph;
+    g.wp     = w + 2 * p->pw;
+    g.plane  = (size_t)g.hp * g.wp;
+    g.n      = (g.hp - p->kh + 1) * g.wp - (p->kw - 1);
+    g.margin = (p->kh - 1) * g.wp + (p->kw - 1);
+    g.ld     = (size_t)g.margin + g.plane;
+    return g;
+}
+
+// Which path, measured on the ResNet's shapes (Zen 4, thread CPU time): forward is faster
+// on the shifted GEMMs everywhere (0.75x the im2col time on the 1-channel stem and the
+// 7x7 stage, 0.45-0.6x at 14x14 and 28x28); backward only with reductions of 32+ terms
+// over rows of 16+ (2x faster at 28x28 16->16, but 2.5x slower on the stem and 1.5x on
+// 64->64 at 7x7, where im2col + OpenBLAS stays). DT_CONV=direct forces the kernels,
+// DT_CONV=gemm declines them.
+static bool want_kernels(void) {
+    return dt_nn_want_direct(); // DT_CONV=direct forces them, gemm declines them
+}
+
+// DT_CONV_CL: 0 auto, 1 never, 2 also 28 wide (src/core/settings.c).
+static int conv_cl_setting(void) {
+    int c = 0;
+    if (dt_setting_choice("DT_CONV_CL", &c) != DT_OK) {
+        DT_WARN("nn", "%s; using auto", dt_last_error());
+        dt_clear_error();
+    }
+    return c;
+}
+
+static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad) {
+    int cl = conv_cl_setting(); // "0": never these kernels; "1": also 28 wide
+    if (cl == 1)
+        return false;
+    if (!(backward ? dt_nn_conv_cl_backward_ok(p, input_grad) : dt_nn_conv_cl_forward_ok(p)))
+        return false;
+    if (p->kh * p->kw == 1)
+        return false; // 1x1: one GEMM over the strided pixels is faster
+    int wo = out_len(w, p->pw, p->kw, p->sw);
+    // Rows wider than 14 at stride 1 take the channels-in-lanes kernels only for 3x3
+    // (Winograd forward and input gradient; 16->16 at 28x28: 4.4 ms forward, 10 ms
+    // backward, against 5.2 and 12.2 on the shifted GEMMs); other kernel sizes there
+    // were not measured and keep the shifted GEMMs.
+    if (p->sh == 1 && p->sw == 1 && wo > 14 && p->cin > 1 && (p->kh != 3 || p->kw != 3) && cl != 2)
+        return false;
+    return want_kernels();
+}
+
+static bool use_direct(const dt_nn_conv2d *p, int w, bool backward) {
+    if (p->sh != 1 || p->sw != 1 || p->groups != 1)
+        return false;
+    int conv = 0; // auto|direct|gemm; a bad value is reported by dt_nn_want_direct
+    if (dt_setting_choice("DT_CONV", &conv) == DT_OK && conv == 1)
+        return true;
+    if (!dt_nn_want_direct())
+        return false;
+    return !backward || (p->cin * p->kh * p->kw >= 32 && w + 2 * p->pw >= 16);
+}
+
+// padded input, wide output/gradient rows, transposed weights, then the two offset
+// tables (ints, stored in float slots)
+static size_t direct_scratch(const dt_nn_conv2d *p, int h, int w) {
+    wide   g  = wide_geom(p, h, w);
+    size_t kk = (size_t)p->kh * p->kw;
+    return (size_t)p->cin * g.plane + (size_t)p->cout * g.ld + (size_t)p->cin * p->cout * kk +
+           (size_t)p->cin * kk + (size_t)p->cout * kk;
+}
+
+// Samples per GEMM on the im2col path: small images (the ResNet's 14x14 and 7x7 stages)
+// make thin GEMMs (49 columns per sample at 7x7), so several samples' columns sit side by
+// side, about 1024 columns in all, and one GEMM covers them.
+static int chunk_samples(int hw) {
+    int s = (1024 + hw - 1) / hw;
+    return s < 1 ? 1 : s > 64 ? 64 : s;
+}
+
+// columns (kg*groups, S*hw), and with S > 1 the staged output or gradient (cout, S*hw)
+static size_t batched_scratch(const dt_nn_conv2d *p, int hw) {
+    size_t cols = (size_t)chunk_samples(hw) * hw;
+    return (size_t)p->cin * p->kh * p->kw * cols +
+           (chunk_samples(hw) > 1 ? (size_t)p->cout * cols : 0);
+}
+
+size_t dt_nn_conv2d_scratch(const dt_nn_conv2d *p, int h, int w) {
+    size_t ho   = (size_t)out_len(h, p->ph, p->kh, p->sh),
+           wo   = (size_t)out_len(w, p->pw, p->kw, p->sw);
+    size_t cols = batched_scratch(p, (int)(ho * wo));
+    if (p->sh == 1 && p->sw == 1 && p->groups == 1) { // either path, whatever DT_CONV says
+        size_t d = direct_scratch(p, h, w);
+        cols     = d > cols ? d : cols;
+    }
+    if (dt_nn_conv_cl_forward_ok(p)) {
+        size_t c = dt_nn_conv_cl_scratch(p, h, w);
+        cols     = c > cols ? c : cols;
+    }
+    return cols;
+}
+
+static void uniform_fill(dt_rng *rng, float *x, size_t n, float bound) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = dt_rng_uniform_range(rng, -bound, bound);
+}
+
+void dt_nn_conv2d_init(const dt_nn_conv2d *p, dt_rng *rng, float *w, float *b) {
+    float bound = 1.0f / sqrtf((float)(p->cin / p->groups * p->kh * p->kw));
+    uniform_fill(rng, w, dt_nn_conv2d_weight_count(p), bound);
+    if (p->bias && b)
+        uniform_fill(rng, b, (size_t)p->cout, bound);
+}
+
+// Columns [lo, hi) of the output whose input column j*sw - pw + kj lies inside [0, w).
+static void inside(int wo, int w, int sw, int pw, int kj, int *lo, int *hi) {
+    int a = 0, b = wo;
+    while (a < wo && a * sw - pw + kj < 0)
+        a++;
+    while (b > a && (b - 1) * sw - pw + kj >= w)
+        b--;
+    *lo = a;
+    *hi = b;
+}
+
+// Row (c, ki, kj) of col, column (i, j) = x[c][i*sh - ph + ki][j*sw - pw + kj] or 0:
+// the (cin, kh, kw) order of a flattened weight row.
+DT_CLONES static void im2col(const dt_nn_conv2d *p, const float *x, int h, int w, int ho, int wo,
+                             float *col, size_t ldc) {
+    for (int c = 0; c < p->cin; c++)
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++) {
+                float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ldc;
+                int    lo, hi;
+                inside(wo, w, p->sw, p->pw, kj, &lo, &hi);
+                for (int i = 0; i < ho; i++) {
+                    int    ih  = i * p->sh - p->ph + ki;
+                    float *dst = row + (size_t)i * wo;
+                    if (ih < 0 || ih >= h) {
+                        memset(dst, 0, sizeof(float) * (size_t)wo);
+                        continue;
+                    }
+                    const float *src = x + ((size_t)c * h + ih) * w - p->pw + kj;
+                    for (int j = 0; j < lo; j++)
+                        dst[j] = 0.0f;
+                    if (p->sw == 1) // rows are short (7 to 28): no memcpy call
+                        for (int j = lo; j < hi; j++)
+                            dst[j] = src[j];
+                    else
+                        for (int j = lo; j < hi; j++)
+                            dst[j] = src[(size_t)j * p->sw];
+                    for (int j = hi; j < wo; j++)
+                        dst[j] = 0.0f;
+                }
+            }
+}
+
+// The adjoint: dx (zeroed first) += the columns scattered back.
+DT_CLONES static void col2im(const dt_nn_conv2d *p, const float *col, size_t ldc, int h, int w,
+                             int ho, int wo, float *dx) {
+    memset(dx, 0, sizeof(float) * (size_t)p->cin * h * w);
+    for (int c = 0; c < p->cin; c++)
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++) {
+                const float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ldc;
+                int          lo, hi;
+                inside(wo, w, p->sw, p->pw, kj, &lo, &hi);
+                for (int i = 0; i < ho; i++) {
+                    int ih = i * p->sh - p->ph + ki;
+                    if (ih < 0 || ih >= h)
+                        continue;
+                    const float *src = row + (size_t)i * wo;
+                    float       *dst = dx + ((size_t)c * h + ih) * w - p->pw + kj;
+                    if (p->sw == 1)
+                        for (int j = lo; j < hi; j++)
+                            dst[j] += src[j];
+                    else
+                        for (int j = lo; j < hi; j++)
+                            dst[(size_t)j * p->sw] += src[j];
+                }
+            }
+}
+
+// ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
+
+typedef struct direct {
+    wide   g;
+    float *xp, *ext, *wt;
+    int   *off_f, *off_b; // forward: input slices; backward: gradient-row slices
+} direct;
+
+static direct direct_layout(const dt_nn_conv2d *p, int h, int w, float *scratch) {
+    direct d;
+    int    kk = p->kh * p->kw;
+    d.g       = wide_geom(p, h, w);
+    d.xp      = scratch;
+    d.ext     = d.xp + (size_t)p->cin * d.g.plane;
+    d.wt      = d.ext + (size_t)p->cout * d.g.ld;
+    d.off_f   = (int *)(void *)(d.wt + (size_t)p->cin * p->cout * kk);
+    d.off_b   = d.off_f + (size_t)p->cin * kk;
+    for (int c = 0; c < p->cin; c++)
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++)
+                d.off_f[(c * p->kh + ki) * p->kw + kj] =
+                    (int)((size_t)c * d.g.plane) + ki * d.g.wp + kj;
+    for (int o = 0; o < p->cout; o++)
+        for (int ki = 0; ki < p->kh; ki++)
+            for (int kj = 0; kj < p->kw; kj++)
+                d.off_b[(o * p->kh + ki) * p->kw + kj] =
+                    (int)((size_t)o * d.g.ld) + d.g.margin - ki * d.g.wp - kj;
+    return d;
+}
+
+// x (C, H, W) into the middle of the zeroed padded planes
+static void pad_planes(const float *x, int c, int h, int w, int ph, int pw, wide g, float *xp) {
+    memset(xp, 0, sizeof(float) * (size_t)c * g.plane);
+    for (int ch = 0; ch < c; ch++)
+        for (int i = 0; i < h; i++)
+            memcpy(xp + (size_t)ch * g.plane + (size_t)(i + ph) * g.wp + pw,
+                   x + ((size_t)ch * h + i) * w, sizeof(float) * (size_t)w);
+}
+
+static void direct_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                           const float *wt, const float *b, float *y, float *scratch) {
+    direct d  = direct_layout(p, h, w, scratch);
+    int    ho = d.g.hp - p->kh + 1, wo = d.g.wp - p->kw + 1;
+    for (int s = 0; s < n; s++) {
+        pad_planes(x + (size_t)s * p->cin * h * w, p->cin, h, w, p->ph, p->pw, d.g, d.xp);
+        // ext[o][q] = sum over (c, ki, kj) of w[o][c][ki][kj] * xp[c][q + ki*wp + kj]
+        dt_nn_shifted_gemm(d.xp, d.off_f, p->cin * p->kh * p->kw, wt, p->cout, d.g.n, d.ext, d.g.ld,
+                           false);
+        float *ys = y + (size_t)s * p->cout * ho * wo;
+        for (int o = 0; o < p->cout; o++) {
+            float bo = p->bias ? b[o] : 0.0f;
+            for (int i = 0; i < ho; i++) {
+                const float *src = d.ext + (size_t)o * d.g.ld + (size_t)i * d.g.wp;
+                float       *dst = ys + ((size_t)o * ho + i) * wo;
+                for (int j = 0; j < wo; j++)
+                    dst[j] = src[j] + bo;
+            }
+        }
+    }
+}
+
+static void direct_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                            const float *wt, const float *dy, float *dx, float *dw, float *db,
+                            float *scratch) {
+    direct d  = direct_layout(p, h, w, scratch);
+    int    ho = d.g.hp - p->kh + 1, wo = d.g.wp - p->kw + 1, kk = p->kh * p->kw;
+    // zero gradient rows: margins, dropped columns and the tail stay zero throughout
+    memset(d.ext, 0, sizeof(float) * (size_t)p->cout * d.g.ld);
+    if (dx) // wt[c][(o, ki, kj)] = w[o][c][ki][kj]
+        for (int o = 0; o < p->cout; o++)
+            for (int c = 0; c < p->cin; c++)
+                memcpy(d.wt + (size_t)c * p->cout * kk + (size_t)o * kk,
+                       wt + ((size_t)o * p->cin + c) * kk, sizeof(float) * (size_t)kk);
+    for (int s = 0; s < n; s++) {
+        const float *dys = dy + (size_t)s * p->cout * ho * wo;
+        for (int o = 0; o < p->cout; o++) {
+            float *row = d.ext + (size_t)o * d.g.ld + d.g.margin;
+            double acc = 0.0;
+            for (int i = 0; i < ho; i++) {
+                const float *src = dys + ((size_t)o * ho + i) * wo;
+                memcpy(row + (size_t)i * d.g.wp, src, sizeof(float) * (size_t)wo);
+                for (int j = 0; j < wo; j++)
+                    acc += src[j];
+            }
+            if (p->bias && db)
+                db[o] += (float)acc;
+        }
+        pad_planes(x + (size_t)s * p->cin * h * w, p->cin, h, w, p->ph, p->pw, d.g, d.xp);
+        // dw[o][(c, ki, kj)] += sum_q ext[o][q] * xp[c][q + ki*wp + kj]
+        dt_nn_shifted_gemm_nt(d.ext + d.g.margin, d.g.ld, p->cout, d.xp, d.off_f, p->cin * kk,
+                              d.g.n, dw);
+        if (!dx)
+            continue;
+        // dxp[c][q] = sum over (o, ki, kj) of w[o][c][ki][kj] * ext[o][q - ki*wp - kj]; the
+        // padded input is no longer needed, so its planes take the result
+        dt_nn_shifted_gemm(d.ext, d.off_b, p->cout * kk, d.wt, p->cin, (int)d.g.plane, d.xp,
+                           d.g.plane, false);
+        float *dxs = dx + (size_t)s * p->cin * h * w;
+        for (int c = 0; c < p->cin; c++)
+            for (int i = 0; i < h; i++)
+                memcpy(dxs + ((size_t)c * h + i) * w,
+                       d.xp + (size_t)c * d.g.plane + (size_t)(i + p->ph) * d.g.wp + p->pw,
+                       sizeof(float) * (size_t)w);
+    }
+}
+
+// ------------------------------------------------------------------ any shape: im2col
+
+void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                          const float *wt, const float *b, float *y, float *scratch) {
+    if (use_cl(p, w, false, false)) {
+        dt_nn_conv_cl_forward(p, n, h, w, x, wt, b, y, scratch);
+        return;
+    }
+    if (use_direct(p, w, false)) {
+        direct_forward(p, n, h, w, x, wt, b, y, scratch);
+        return;
+    }
+    int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
+    int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
+    int S = chunk_samples(hw);
+    for (int s0 = 0; s0 < n; s0 += S) {
+        int    ns  = n - s0 < S ? n - s0 : S;
+        size_t ldc = (size_t)ns * hw; // this chunk's columns
+        float *col = scratch, *stage = col + (size_t)p->cin * p->kh * p->kw * S * hw;
+        for (int j = 0; j < ns; j++)
+            im2col(p, x + (size_t)(s0 + j) * p->cin * h * w, h, w, ho, wo, col + (size_t)j * hw,
+                   ldc);
+        // per group: out (cog, ns*hw) = W_g (cog, kg) x col_g (kg, ns*hw); one sample
+        // writes y directly
+        float *out = ns == 1 ? y + (size_t)s0 * p->cout * hw : stage;
+        for (int gi = 0; gi < g; gi++)
+            dt_sgemm(false, false, cog, (int)ldc, kg, 1.0f, wt + (size_t)gi * cog * kg, kg,
+                     col + (size_t)gi * kg * ldc, (int)ldc, 0.0f, out + (size_t)gi * cog * ldc,
+                     (int)ldc);
+        for (int j = 0; j < ns; j++)
+            for (int o = 0; o < p->cout; o++) {
+                float       *yr = y + ((size_t)(s0 + j) * p->cout + o) * hw;
+                const float *sr = out + (size_t)o * ldc + (size_t)j * hw;
+                float        bo = p->bias ? b[o] : 0.0f;
+                for (int q = 0; q < hw; q++)
+                    yr[q] = sr[q] + bo;
+            }
+    }
+}
+
+void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                           const float *wt, const float *dy, float *dx, float *dw, float *db,
+                           float *scratch) {
+    if (use_cl(p, w, true, dx != NULL)) {
+        dt_nn_conv_cl_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        return;
+    }
+    if (use_direct(p, w, true)) {
+        direct_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        return;
+    }
+    int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
+    int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
+    int S = chunk_samples(hw);
+    for (int s0 = 0; s0 < n; s0 += S) {
+        int    ns  = n - s0 < S ? n - s0 : S;
+        size_t ldc = (size_t)ns * hw;
+        float *col = scratch, *stage = col + (size_t)p->cin * p->kh * p->kw * S * hw;
+        // the chunk's output gradient as (cout, ns*hw): staged unless one sample
+        const float *dyc = dy + (size_t)s0 * p->cout * hw;
+        if (ns > 1) {
+            for (int j = 0; j < ns; j++)
+                for (int o = 0; o < p->cout; o++)
+                    memcpy(stage + (size_t)o * ldc + (size_t)j * hw,
+                           dy + ((size_t)(s0 + j) * p->cout + o) * hw, sizeof(float) * (size_t)hw);
+            dyc = stage;
+        }
+        if (p->bias && db)
+            for (int o = 0; o < p->cout; o++) {
+                double acc = 0.0;
+                for (size_t q = 0; q < ldc; q++)
+                    acc += dyc[(size_t)o * ldc + q];
+                db[o] += (float)acc;
+            }
+        for (int j = 0; j < ns; j++)
+            im2col(p, x + (size_t)(s0 + j) * p->cin * h * w, h, w, ho, wo, col + (size_t)j * hw,
+                   ldc);
+        // dW_g (cog, kg) += dy_g (cog, ns*hw) x col_g^T (ns*hw, kg)
+        for (int gi = 0; gi < g; gi++)
+            dt_sgemm(false, true, cog, kg, (int)ldc, 1.0f, dyc + (size_t)gi * cog * ldc, (int)ldc,
+                     col + (size_t)gi * kg * ldc, (int)ldc, 1.0f, dw + (size_t)gi * cog * kg, kg);
+        if (!dx)
+            continue;
+        // dcol_g (kg, ns*hw) = W_g^T (kg, cog) x dy_g (cog, ns*hw), scattered back
+        for (int gi = 0; gi < g; gi++)
+            dt_sgemm(true, false, kg, (int)ldc, cog, 1.0f, wt + (size_t)gi * cog * kg, kg,
+                     dyc + (size_t)gi * cog * ldc, (int)ldc, 0.0f, col + (size_t)gi * kg * ldc,
+                     (int)ldc);
+        for (int j = 0; j < ns; j++)
+            col2im(p, col + (size_t)j * hw, ldc, h, w, ho, wo,
+                   dx + (size_t)(s0 + j) * p->cin * h * w);
+    }
+}
+
+// ------------------------------------------------------------------------------ Linear
+
+void dt_nn_linear_init(int in, int out, dt_rng *rng, float *w, float *b) {
+    float bound = 1.0f / sqrtf((float)in);
+    uniform_fill(rng, w, (size_t)in * out, bound);
+    if (b)
+        uniform_fill(rng, b, (size_t)out, bound);
+}
+
+void dt_nn_linear_forward(int n, int in, int out, const float *x, const float *w, const float *b,
+                          float *y) {
+    if (n < 1)
+        return;
+    if (b)
+        for (int s = 0; s < n; s++)
+            memcpy(y + (size_t)s * out, b, sizeof(float) * (size_t)out);
+    // y (n, out) = x (n, in) x W^T (in, out) (+ y)
+    dt_sgemm(false, true, n, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
+}
+
+void dt_nn_linear_backward(int n, int in, int out, const float *x, const float *w, const float *dy,
+                           float *dx, float *dw, float *db) {
+    if (n < 1)
+        return;
+    // dW (out, in) += dy^T (out, n) x x (n, in)
+    dt_sgemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (db) // column sums of dy, row by row (contiguous), 256 columns at a time in double
+        for (int o0 = 0; o0 < out; o0 += 256) {
+            int    no = out - o0 < 256 ? out - o0 : 256;
+            double acc[256];
+            memset(acc, 0, sizeof acc);
+            for (int s = 0; s < n; s++) {
+                const float *row = dy + (size_t)s * out + o0;
+                for (int o = 0; o < no; o++)
+                    acc[o] += row[o];
+            }
+            for (int o = 0; o < no; o++)
+                db[o0 + o] += (float)acc[o];
+        }
+    if (dx) // dx (n, in) = dy (n, out) x W (out, in)
+        dt_sgemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}

@@ -1,0 +1,271 @@
+// ops_norm.c: BatchNorm (1d/2d, split so SyncBatchNorm can reduce its statistics over
+// processes) and LayerNorm over the last dimension (ops.h). BatchNorm's statistics add
+// rows up in double: a channel of the ResNet's stem holds n*784 values, and one float sum
+// of squares over that many would lose the digits the golden tests ask for.
+#include "nn/ops.h"
+#include "nn/ops_math.h"
+
+#include <math.h>
+#include <string.h>
+
+// --------------------------------------------------------------------------- BatchNorm
+
+dt_nn_bn dt_nn_bn_default(int c) {
+    return (dt_nn_bn){.c = c, .eps = 1e-5f, .momentum = 0.1f, .affine = true};
+}
+
+void dt_nn_bn_init(const dt_nn_bn *p, float *gamma, float *beta, float *running_mean,
+                   float *running_var) {
+    for (int c = 0; c < p->c; c++) {
+        if (gamma)
+            gamma[c] = 1.0f;
+        if (beta)
+            beta[c] = 0.0f;
+        if (running_mean)
+            running_mean[c] = 0.0f;
+        if (running_var)
+            running_var[c] = 1.0f;
+    }
+}
+
+// For one row of l values: sum of a, and sum of a * (b - bm) (b = a, bm = 0: the sum of
+// squares), in sixteen float lanes; the rows are then added up in double. Lanes hold at
+// most a row's l/16 terms (49 for a 28x28 plane), so float loses nothing that matters.
+DT_VINLINE void row_moments(const float *a, const float *b, float bm, int l, double *s, double *q) {
+    dt_v16f sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(bm);
+    int     j = 0;
+    for (; j + 16 <= l; j += 16) {
+        dt_v16f va = dt_load16(a + j);
+        sa += va;
+        sq += va * (dt_load16(b + j) - mv);
+    }
+    float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
+    for (; j < l; j++) {
+        ts += a[j];
+        tq += a[j] * (b[j] - bm);
+    }
+    *s += ts;
+    *q += tq;
+}
+
+DT_CLONES void dt_nn_bn_stats(int n, int c, int l, const float *x, float *sum, float *sumsq) {
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0.0, q = 0.0;
+        for (int i = 0; i < n; i++) {
+            const float *row = x + ((size_t)i * c + ch) * l;
+            row_moments(row, row, 0.0f, l, &s, &q);
+        }
+        sum[ch]   = (float)s;
+        sumsq[ch] = (float)q;
+    }
+}
+
+void dt_nn_bn_moments(const dt_nn_bn *p, double count, const float *sum, const float *sumsq,
+                      float *mean, float *invstd, float *running_mean, float *running_var) {
+    for (int c = 0; c < p->c; c++) {
+        double m   = sum[c] / count;
+        double var = sumsq[c] / count - m * m;
+        if (var < 0.0) // rounding, for a constant channel
+            var = 0.0;
+        mean[c]   = (float)m;
+        invstd[c] = (float)(1.0 / sqrt(var + p->eps));
+        if (running_mean) {
+            double unbiased = count > 1 ? var * count / (count - 1) : var;
+            running_mean[c] = (float)((1.0 - p->momentum) * running_mean[c] + p->momentum * m);
+            running_var[c] = (float)((1.0 - p->momentum) * running_var[c] + p->momentum * unbiased);
+        }
+    }
+}
+
+void dt_nn_bn_eval_moments(const dt_nn_bn *p, const float *running_mean, const float *running_var,
+                           float *mean, float *invstd) {
+    for (int c = 0; c < p->c; c++) {
+        mean[c]   = running_mean[c];
+        invstd[c] = (float)(1.0 / sqrt((double)running_var[c] + p->eps));
+    }
+}
+
+DT_CLONES void dt_nn_bn_apply(int n, int c, int l, const float *x, const float *mean,
+                              const float *invstd, const float *gamma, const float *beta,
+                              float *y) {
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++) {
+            // y = x * scale + shift, one multiply-add per value
+            float        scale = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
+            float        shift = (beta ? beta[ch] : 0.0f) - mean[ch] * scale;
+            const float *xr    = x + ((size_t)i * c + ch) * l;
+            float       *yr    = y + ((size_t)i * c + ch) * l;
+            for (int j = 0; j < l; j++)
+                yr[j] = xr[j] * scale + shift;
+        }
+}
+
+void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const float *x,
+                      const float *gamma, const float *beta, float *running_mean,
+                      float *running_var, float *mean, float *invstd, float *y) {
+    if (training) {
+        // mean and invstd double as the sums' storage until the moments replace them
+        dt_nn_bn_stats(n, p->c, l, x, mean, invstd);
+        dt_nn_bn_moments(p, (double)n * l, mean, invstd, mean, invstd, running_mean, running_var);
+    } else {
+        dt_nn_bn_eval_moments(p, running_mean, running_var, mean, invstd);
+    }
+    dt_nn_bn_apply(n, p->c, l, x, mean, invstd, p->affine ? gamma : NULL, p->affine ? beta : NULL,
+                   y);
+}
+
+DT_CLONES void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *dy,
+                                       const float *mean, const float *invstd, float *sum_dy,
+                                       float *sum_dyx) {
+    for (int ch = 0; ch < c; ch++) {
+        double s = 0.0, q = 0.0;
+        for (int i = 0; i < n; i++)
+            row_moments(dy + ((size_t)i * c + ch) * l, x + ((size_t)i * c + ch) * l, mean[ch], l,
+                        &s, &q);
+        sum_dy[ch]  = (float)s;
+        sum_dyx[ch] = (float)(q * invstd[ch]);
+    }
+}
+
+DT_CLONES void dt_nn_bn_backward_apply(int n, int c, int l, const float *x, const float *dy,
+                                       const float *mean, const float *invstd, const float *gamma,
+                                       const float *sum_dy, const float *sum_dyx, double count,
+                                       float *dx) {
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++) {
+            const float *xr = x + ((size_t)i * c + ch) * l;
+            const float *dr = dy + ((size_t)i * c + ch) * l;
+            float       *gr = dx + ((size_t)i * c + ch) * l;
+            float        gs = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
+            if (count <= 0) {
+                for (int j = 0; j < l; j++)
+                    gr[j] = gs * dr[j];
+                continue;
+            }
+            // dx = gs (dy - a - (x - mean) b): a = mean of dy, b = invstd * mean of dy xhat
+            float a = (float)(sum_dy[ch] / count);
+            float b = (float)(sum_dyx[ch] / count) * invstd[ch];
+            float m = mean[ch];
+            for (int j = 0; j < l; j++)
+                gr[j] = gs * (dr[j] - a - (xr[j] - m) * b);
+        }
+}
+
+void dt_nn_bn_backward(const dt_nn_bn *p, int n, int l, bool training, const float *x,
+                       const float *dy, const float *mean, const float *invstd, const float *gamma,
+                       float *dx, float *dgamma, float *dbeta, float *scratch) {
+    float *sum_dy = scratch, *sum_dyx = scratch + p->c;
+    dt_nn_bn_backward_stats(n, p->c, l, x, dy, mean, invstd, sum_dy, sum_dyx);
+    if (p->affine)
+        for (int c = 0; c < p->c; c++) {
+            dgamma[c] += sum_dyx[c];
+            dbeta[c] += sum_dy[c];
+        }
+    if (dx)
+        dt_nn_bn_backward_apply(n, p->c, l, x, dy, mean, invstd, p->affine ? gamma : NULL, sum_dy,
+                                sum_dyx, training ? (double)n * l : 0.0, dx);
+}
+
+// --------------------------------------------------------------------------- LayerNorm
+
+void dt_nn_layernorm_init(int d, float *gamma, float *beta) {
+    for (int i = 0; i < d; i++) {
+        if (gamma)
+            gamma[i] = 1.0f;
+        if (beta)
+            beta[i] = 0.0f;
+    }
+}
+
+// Sums of a row in sixteen running lanes (vectorised; the order is fixed, so every CPU
+// gives the same result).
+DT_VINLINE float row_sum16(const float *x, int d) {
+    dt_v16f acc = dt_splat16(0.0f);
+    int     i   = 0;
+    for (; i + 16 <= d; i += 16)
+        acc += dt_load16(x + i);
+    float s = dt_hsum16(acc);
+    for (; i < d; i++)
+        s += x[i];
+    return s;
+}
+
+DT_CLONES void dt_nn_layernorm_forward(int rows, int d, float eps, const float *x,
+                                       const float *gamma, const float *beta, float *y, float *mean,
+                                       float *rstd) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * d;
+        float       *yr = y + (size_t)r * d;
+        // two passes: the mean, then the squared deviations (no cancellation)
+        float   m  = row_sum16(xr, d) / (float)d;
+        dt_v16f mv = dt_splat16(m), acc = dt_splat16(0.0f);
+        int     i = 0;
+        for (; i + 16 <= d; i += 16) {
+            dt_v16f c = dt_load16(xr + i) - mv;
+            acc += c * c;
+        }
+        float q = dt_hsum16(acc);
+        for (; i < d; i++)
+            q += (xr[i] - m) * (xr[i] - m);
+        float rs = 1.0f / sqrtf(q / (float)d + eps);
+        mean[r]  = m;
+        rstd[r]  = rs;
+        for (i = 0; i + 16 <= d; i += 16) {
+            dt_v16f v = (dt_load16(xr + i) - mv) * rs;
+            dt_store16(yr + i, gamma ? v * dt_load16(gamma + i) + dt_load16(beta + i) : v);
+        }
+        for (; i < d; i++) {
+            float v = (xr[i] - m) * rs;
+            yr[i]   = gamma ? v * gamma[i] + beta[i] : v;
+        }
+    }
+}
+
+DT_CLONES void dt_nn_layernorm_backward(int rows, int d, const float *x, const float *gamma,
+                                        const float *mean, const float *rstd, const float *dy,
+                                        float *dx, float *dgamma, float *dbeta) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * d;
+        const float *dr = dy + (size_t)r * d;
+        float        m = mean[r], rs = rstd[r];
+        // g = dy * gamma; dx = rs (g - mean(g) - xhat mean(g xhat))
+        dt_v16f mv = dt_splat16(m), sg = dt_splat16(0.0f), sgx = dt_splat16(0.0f);
+        int     i = 0;
+        for (; i + 16 <= d; i += 16) {
+            dt_v16f xh = (dt_load16(xr + i) - mv) * rs, dv = dt_load16(dr + i);
+            dt_v16f g = gamma ? dv * dt_load16(gamma + i) : dv;
+            sg += g;
+            sgx += g * xh;
+            if (dgamma) {
+                dt_store16(dgamma + i, dt_load16(dgamma + i) + dv * xh);
+                dt_store16(dbeta + i, dt_load16(dbeta + i) + dv);
+            }
+        }
+        float a = dt_hsum16(sg), b = dt_hsum16(sgx);
+        for (; i < d; i++) {
+            float xh = (xr[i] - m) * rs;
+            float g  = gamma ? dr[i] * gamma[i] : dr[i];
+            a += g;
+            b += g * xh;
+            if (dgamma) {
+                dgamma[i] += dr[i] * xh;
+                dbeta[i] += dr[i];
+            }
+        }
+        if (!dx)
+            continue;
+        float *gr = dx + (size_t)r * d;
+        a /= (float)d;
+        b /= (float)d;
+        for (i = 0; i + 16 <= d; i += 16) {
+            dt_v16f xh = (dt_load16(xr + i) - mv) * rs, dv = dt_load16(dr + i);
+            dt_v16f g = gamma ? dv * dt_load16(gamma + i) : dv;
+            dt_store16(gr + i, rs * (g - a - xh * b));
+        }
+        for (; i < d; i++) {
+            float xh = (xr[i] - m) * rs;
+            float g  = gamma ? dr[i] * gamma[i] : dr[i];
+            gr[i]    = rs * (g - a - xh * b);
+        }
+    }
+}
