@@ -41,21 +41,87 @@ extern "C" {
 
 typedef struct dt_ddp dt_ddp;
 
+// Gradient compression of the buckets' all-reduce (PyTorch's fp16_compress_hook and
+// bf16_compress_hook): each rank divides its bucket by the world size in fp32 and
+// rounds it to 16 bits; the 16-bit values are reduce-scattered (an all-to-all of
+// 16-bit blocks, summed in fp32 in rank order and rounded to 16 bits again) and
+// all-gathered, then widened back into the gradient buffer. Half the bytes of the fp32
+// all-reduce on the wire; every rank gets the same bits. Error against the fp32
+// average: at most about 2u times the mean of |gradient| over ranks, u = 2^-8 (bf16) or
+// 2^-11 (fp16). fp16 overflows past 65504 (inf: a loss scaler skips that step) and
+// loses values below 2^-24; bf16 keeps fp32's range.
+typedef enum dt_ddp_compress {
+    DT_DDP_COMPRESS_NONE = 0, // fp32 all-reduce
+    DT_DDP_COMPRESS_BF16,
+    DT_DDP_COMPRESS_FP16,
+} dt_ddp_compress;
+
+// "none", "bf16", "fp16" -> *out; DT_ERR_ARG naming the accepted names otherwise.
+DT_API dt_status   dt_ddp_compress_parse(const char *name, dt_ddp_compress *out);
+DT_API const char *dt_ddp_compress_name(dt_ddp_compress c);
+
+// A communication hook (PyTorch's register_comm_hook): replaces each bucket's
+// all-reduce. start is called when bucket `bucket` (floats grad[0, count)) is final, on
+// the thread that reported its last gradient, in bucket order on every rank; it may
+// queue asynchronous operations on pg and return the last one's handle in *work. finish
+// (may be NULL) is called in dt_ddp_sync once *work has completed, in bucket order on
+// every rank, and may run blocking collectives; when it returns, grad must hold the
+// average over ranks. A start that leaves *work NULL has finished the bucket itself
+// (finish is not called for it).
+typedef struct dt_ddp_comm_hook {
+    dt_status (*start)(void *state, dt_pg *pg, int bucket, float *grad, size_t count,
+                       dt_work **work);
+    dt_status (*finish)(void *state, dt_pg *pg, int bucket, float *grad, size_t count);
+    void *state;
+} dt_ddp_comm_hook;
+
+// PowerSGD (Vogels et al. 2019; PyTorch's powerSGD_hook) as a comm hook. For each
+// parameter matrix of a bucket (ndim >= 2, viewed as shape[0] x the rest, and only when
+// rank r compresses it at least 2x: 2 r (n + m) <= n m), with this rank's error e:
+//   M = grad + e;  P = M Q;  all-reduce P (average);  orthonormalise P's columns;
+//   Q = M^T P;  all-reduce Q (average);  grad = P Q^T;  e = M - grad.
+// Q is kept from step to step (warm start; the first Q is normal random from `seed`,
+// the same on every rank). Vectors (biases) and matrices not worth compressing are
+// all-reduced uncompressed, in the same message as P. The first start_iter steps are
+// plain all-reduces (no error accumulates). Every rank gets the same bits.
+typedef struct dt_powersgd_opts {
+    int      rank;       // r, default 1
+    int      start_iter; // default 0
+    uint64_t seed;       // default 0
+} dt_powersgd_opts;
+
+typedef struct dt_powersgd dt_powersgd;
+
+DT_API dt_powersgd_opts dt_powersgd_opts_default(void);
+// State for the buckets of `params` over a group of `world` ranks (borrowed; params
+// must outlive it). Pass dt_powersgd_hook(ps) as dt_ddp_opts.comm_hook.
+DT_API dt_status               dt_powersgd_new(dt_powersgd **out, dt_params *params, int world,
+                                               const dt_powersgd_opts *opts);
+DT_API const dt_ddp_comm_hook *dt_powersgd_hook(dt_powersgd *ps);
+// Floats on the wire per step (P, Q and the uncompressed part) against the fp32
+// all-reduce's (the gradient count), summed over the last step's buckets.
+DT_API void dt_powersgd_stats(const dt_powersgd *ps, size_t *sent_floats, size_t *full_floats);
+DT_API void dt_powersgd_free(dt_powersgd *ps); // NULL-safe
+
 typedef struct dt_ddp_opts {
-    size_t bucket_cap_bytes;   // 0: 25 MiB (PyTorch's bucket_cap_mb=25)
-    size_t first_bucket_bytes; // 0: 1 MiB when the cap is the default, else the cap
-                               // (PyTorch's _DEFAULT_FIRST_BUCKET_BYTES rule)
-    bool broadcast_params;     // rank 0's parameters to every rank at init (default true)
-    bool overlap;              // reduce buckets during backward (default true); false
-                               // reduces them all in dt_ddp_sync, for measuring overlap
-    bool tree_reduce;          // sum the ranks' gradients by a fixed tree over ranks
-                               // (rank r with r + N/2 first, then r + N/4, ...): with
-                               // the model's gradient shards (dt_model_set_grad_shards)
-                               // N ranks then give bitwise the one-process gradients.
-                               // Buckets then travel by all_gather (each rank receives
-                               // N - 1 copies instead of an all-reduce's 2(N-1)/N) and
-                               // are summed in dt_ddp_sync. 2 ranks need nothing more
-                               // than the all-reduce (a + b), which they keep.
+    size_t bucket_cap_bytes;           // 0: 25 MiB (PyTorch's bucket_cap_mb=25)
+    size_t first_bucket_bytes;         // 0: 1 MiB when the cap is the default, else the cap
+                                       // (PyTorch's _DEFAULT_FIRST_BUCKET_BYTES rule)
+    bool broadcast_params;             // rank 0's parameters to every rank at init (default true)
+    bool overlap;                      // reduce buckets during backward (default true); false
+                                       // reduces them all in dt_ddp_sync, for measuring overlap
+    bool tree_reduce;                  // sum the ranks' gradients by a fixed tree over ranks
+                                       // (rank r with r + N/2 first, then r + N/4, ...): with
+                                       // the model's gradient shards (dt_model_set_grad_shards)
+                                       // N ranks then give bitwise the one-process gradients.
+                                       // Buckets then travel by all_gather (each rank receives
+                                       // N - 1 copies instead of an all-reduce's 2(N-1)/N) and
+                                       // are summed in dt_ddp_sync. 2 ranks need nothing more
+                                       // than the all-reduce (a + b), which they keep.
+    dt_ddp_compress compress;          // 16-bit gradient all-reduce (default NONE); not with
+                                       // tree_reduce
+    const dt_ddp_comm_hook *comm_hook; // a hook of the caller's (borrowed; overrides
+                                       // compress); NULL: none
 } dt_ddp_opts;
 
 DT_API dt_ddp_opts dt_ddp_opts_default(void);
@@ -98,6 +164,11 @@ DT_API void dt_ddp_bucket(const dt_ddp *ddp, int i, size_t *offset, size_t *coun
 // Seconds spent in dt_ddp_sync waiting for reductions (communication not hidden
 // behind backward), summed over calls, and the number of synced steps.
 DT_API void dt_ddp_stats(const dt_ddp *ddp, double *wait_s, int64_t *steps);
+
+// The loss scaler's agreement callback (optim.h, dt_grad_scaler_opts.agree) over a
+// process group: user is the dt_pg; *found_inf becomes the maximum of every rank's flag
+// (one all-reduce of one float). Collective: every rank calls it once per step.
+DT_API dt_status dt_ddp_agree_inf(void *pg, float *found_inf);
 
 // SyncBatchNorm: makes a BatchNorm (layer.h) reduce its batch statistics over `pg`
 // (borrowed: it must outlive the layer) by setting opts->reduce. In training, forward

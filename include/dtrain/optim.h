@@ -188,6 +188,75 @@ DT_API dt_status dt_optim_set_step_count(dt_optim *o, int64_t steps);
 DT_API const char *dt_optim_name(const dt_optim *o);
 DT_API size_t      dt_optim_num_params(const dt_optim *o);
 
+// ------------------------------------------------------------------ loss scaling
+// Dynamic loss scaling for fp16 training, torch.cuda.amp.GradScaler's semantics:
+//
+//     dt_grad_scaler *sc;
+//     dt_grad_scaler_opts so = dt_grad_scaler_opts_default();
+//     so.agree = dt_ddp_agree_inf; so.agree_user = pg;   // ddp.h: agree across ranks
+//     dt_grad_scaler_new(&sc, &so);
+//     per step: dloss *= dt_grad_scaler_scale(sc); backward; dt_ddp_sync;
+//               dt_grad_scaler_unscale(sc, params);   // optional: before clipping
+//               dt_grad_scaler_step(sc, opt, &stepped); // skipped on inf/nan
+//               dt_grad_scaler_update(sc);
+//
+// unscale multiplies every trainable gradient by 1/scale (the reciprocal rounded to
+// float, as PyTorch does) and records whether any gradient was inf or NaN; with an
+// agreement callback the flag becomes the maximum over ranks, so every rank skips the
+// same steps. step unscales first if unscale was not called this step, then steps the
+// optimizer unless inf/NaN was found. update: inf/NaN found -> scale *= backoff and the
+// count of good steps restarts at 0; otherwise the count grows, and when it reaches
+// growth_interval the scale *= growth (kept only if finite) and the count restarts.
+
+// Makes *found_inf (0 or 1 on entry: this rank's flag) the maximum over all ranks.
+// Called once per step by every rank (a collective when it talks to other ranks).
+typedef dt_status (*dt_inf_agree_fn)(void *user, float *found_inf);
+
+typedef struct dt_grad_scaler_opts {
+    float           init_scale;      // default 65536 (2^16)
+    float           growth_factor;   // default 2
+    float           backoff_factor;  // default 0.5
+    int             growth_interval; // default 2000
+    bool            enabled;         // default true; false: scale 1, steps never skipped
+    dt_inf_agree_fn agree;           // NULL: this process decides alone
+    void           *agree_user;
+} dt_grad_scaler_opts;
+
+typedef struct dt_grad_scaler dt_grad_scaler;
+
+// Checkpointable state: the scale and the count of consecutive good steps.
+typedef struct dt_grad_scaler_state {
+    float   scale;
+    int64_t growth_tracker;
+} dt_grad_scaler_state;
+
+DT_API dt_grad_scaler_opts dt_grad_scaler_opts_default(void);
+// DT_ERR_ARG for a scale that is not finite and > 0, growth <= 1, backoff outside
+// (0, 1) or an interval < 1, naming the option.
+DT_API dt_status dt_grad_scaler_new(dt_grad_scaler **out, const dt_grad_scaler_opts *opts);
+DT_API void      dt_grad_scaler_free(dt_grad_scaler *s); // NULL-safe
+// The factor to multiply the loss (or its gradient) by; 1 when disabled.
+DT_API float dt_grad_scaler_scale(const dt_grad_scaler *s);
+// Unscales p's trainable gradients and agrees on inf/NaN (see above). Once per step:
+// a second call before update is DT_ERR_STATE. An error of the agreement callback is
+// returned as is (the step must then not be taken).
+DT_API dt_status dt_grad_scaler_unscale(dt_grad_scaler *s, dt_params *p);
+// Whether this step's (agreed) gradients held inf or NaN; false before unscale.
+DT_API bool dt_grad_scaler_found_inf(const dt_grad_scaler *s);
+// Unscales o's parameters if not done this step, then dt_optim_step(o) unless inf/NaN
+// was found; *stepped (may be NULL) says which.
+DT_API dt_status dt_grad_scaler_step(dt_grad_scaler *s, dt_optim *o, bool *stepped);
+// Adjusts the scale for the next step; DT_ERR_STATE if this step was never unscaled.
+DT_API dt_status dt_grad_scaler_update(dt_grad_scaler *s);
+DT_API void      dt_grad_scaler_get_state(const dt_grad_scaler *s, dt_grad_scaler_state *st);
+// DT_ERR_ARG for a scale not finite and > 0 or a tracker outside [0, growth_interval).
+DT_API dt_status dt_grad_scaler_set_state(dt_grad_scaler *s, const dt_grad_scaler_state *st);
+// The state as text for a checkpoint's key/values (ckpt.h), exact (hexadecimal float):
+// "scale=0x1p+16 growth_tracker=12". Returns the length snprintf would; n >= 64 suffices.
+DT_API int dt_grad_scaler_state_str(const dt_grad_scaler *s, char *buf, size_t n);
+// Parses that text back; DT_ERR_FORMAT naming what was expected and found.
+DT_API dt_status dt_grad_scaler_load_str(dt_grad_scaler *s, const char *text);
+
 #ifdef __cplusplus
 }
 #endif

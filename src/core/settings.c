@@ -31,6 +31,9 @@ static const dt_setting table[] = {
      "wherever it fits (1)"},
     {"DT_CONV_2ROWS", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0",
      "7-wide stride-2 convolutions two output rows at a time (auto) or one (0)"},
+    {"DT_PRECISION_PATH", "nn", DT_SETTING_STRING, 0, 0, 0, NULL,
+     "16-bit matrix products: auto (AVX512-BF16 where the CPU has it, else fp32), "
+     "avx512bf16, amx (opt-in: never run on real tiles yet) or fp32 (the fallback)"},
     {"DT_NO_POOL_FUSION", "nn", DT_SETTING_INT, 0, 1, 0, NULL,
      "1: do not fuse ReLU and 2x2 max-pool into the convolution before them"},
     // data

@@ -3,6 +3,8 @@
 #include "dtrain/ddp.h"
 #include "dtrain/trace.h"
 
+#include "ddp/compress.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -35,6 +37,9 @@ struct dt_ddp {
     int64_t     steps;
     int         world;
     float      *gathered; // tree_reduce: world copies of each bucket, bucket-major
+
+    dt_ddp_comm_hook hook;     // start == NULL: plain fp32 all-reduce
+    void            *own_hook; // the compression state this wrapper made (compress.h)
 };
 
 dt_ddp_opts dt_ddp_opts_default(void) {
@@ -122,9 +127,12 @@ static void launch_ready(dt_ddp *d) {
     while (d->next_launch < d->nbuckets && d->b[d->next_launch].pending == 0) {
         bucket *bk = &d->b[d->next_launch];
         float  *g  = dt_params_grads(d->p) + bk->offset;
+        bk->work   = NULL;
         DT_TRACE_BEGIN(tr);
         dt_status s =
-            d->gathered
+            d->hook.start
+                ? d->hook.start(d->hook.state, d->pg, d->next_launch, g, bk->count, &bk->work)
+            : d->gathered
                 ? dt_pg_all_gather_async(d->pg, g, d->gathered + (size_t)d->world * bk->offset,
                                          bk->count, DT_FLOAT32, &bk->work)
                 : dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG,
@@ -301,6 +309,7 @@ dt_status dt_ddp_broadcast_buffers(dt_ddp *d) {
 }
 
 static void ddp_destroy(dt_ddp *d) {
+    ddp_compress_free(d->own_hook);
     dt_free(d->gathered);
     dt_free(d->b);
     dt_free(d->tensor_bucket);
@@ -328,6 +337,13 @@ dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *o
     d->ready         = dt_alloc_zero(sizeof(bool) * nt);
     d->world         = dt_pg_size(pg);
     dt_status s      = !d->tensor_bucket || !d->ready ? DT_ERR_NOMEM : DT_OK;
+    if (!s && (d->o.comm_hook || d->o.compress != DT_DDP_COMPRESS_NONE) && d->o.tree_reduce)
+        s = dt_fail(DT_ERR_ARG, "ddp: tree_reduce and gradient compression (or a comm hook) "
+                                "both set: expected one of them");
+    if (!s && d->o.comm_hook)
+        d->hook = *d->o.comm_hook;
+    else if (!s && d->o.compress != DT_DDP_COMPRESS_NONE)
+        s = ddp_compress_new(&d->own_hook, &d->hook, d->o.compress, dt_pg_size(pg));
     // With 2 ranks every backend's all-reduce adds a + b (= b + a), already the tree.
     if (!s && d->o.tree_reduce && d->world > 2 &&
         !(d->gathered = dt_alloc(sizeof(float) * (size_t)d->world * dt_params_numel(p))))
@@ -421,6 +437,9 @@ dt_status dt_ddp_sync(dt_ddp *d) {
         DT_TRACE_BEGIN(tr);
         dt_status ws = dt_work_wait(d->b[i].work);
         DT_TRACE_END(tr, "ddp", "bucket wait", "bucket", i);
+        if (ws == DT_OK && d->hook.finish && d->err == DT_OK)
+            ws = d->hook.finish(d->hook.state, d->pg, i, dt_params_grads(d->p) + d->b[i].offset,
+                                d->b[i].count);
         if (ws != DT_OK && s == DT_OK) {
             s = ws;
             dt_fail_context("ddp: all-reduce of bucket %d (%zu floats)", i, d->b[i].count);

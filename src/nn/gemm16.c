@@ -1,0 +1,415 @@
+// gemm16.c: C (fp32) (+)= op(A) op(B) with A, B in bf16 (prec.h), on the path chosen at
+// run time.
+//
+// avx512bf16 path. VDPBF16PS multiplies pairs of bf16 along k and adds both products to
+// one fp32 lane: lane j of the result gains a[2p] * b[2p][j] + a[2p+1] * b[2p+1][j]. So
+// both operands are packed in k-pairs:
+//   B block (KC x NC) -> panels of NR = 48 columns; inside a panel, for each k-pair p,
+//     48 (b[2p][j], b[2p+1][j]) pairs = three 64-byte vectors;
+//   A block (MC x KC) -> micro-panels of MR = 8 rows; for each k-pair p, 8 32-bit words
+//     (a[i][2p], a[i][2p+1]), each broadcast to all lanes.
+// The micro-kernel keeps an 8 x 48 tile of C in 24 of the 32 vector registers; each
+// k-pair loads 3 B vectors and broadcasts 8 A words for 24 VDPBF16PS (as shifted.c does
+// for fp32 FMAs). Blocking (Goto's): a B micro-panel (KC/2 pairs x 48 x 4 bytes = 24 KiB)
+// stays in L1 while the micro-panels of the A block (MC x KC x 2 = 48 KiB) stream from
+// L2; the B block (KC x NC x 2 = 384 KiB) stays in L2 (1 MiB per core on Zen 4).
+// Padding (odd k, rows past m, columns past n) is packed as zeros, and edge tiles go
+// through a small buffer, so any shape is valid.
+//
+// The instruction treats bf16 denormal inputs as zero and flushes denormal results
+// (Intel's definition: DAZ/FTZ implied), and sums the two products of a pair before
+// adding them to the lane: results differ from an fp32 FMA sequence in the last bits,
+// well inside the bf16 tolerance (tests/unit/test_prec.c). The summation order is fixed
+// by the shapes alone, so results are reproducible run to run.
+//
+// fp32 path: the operands are widened to fp32 (exact: bf16 is a truncated fp32) and
+// multiplied by OpenBLAS's sgemm. It runs on any CPU and is the reference the
+// avx512bf16 path is tested against.
+//
+// AMX (TDPBF16PS) is in amx.c: selected only when asked for (DT_PRECISION_PATH=amx),
+// since it has not run on an AMX machine yet.
+#include "nn/blas.h"
+#include "nn/prec.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KC 256 // k per block (even)
+#define MC 96  // rows per A block (a multiple of MR)
+#define NC 768 // columns per B block (a multiple of NR)
+#define MR 8
+#define NR 48
+
+// ------------------------------------------------------------------ packing
+// Each loop walks its source contiguously: a k-pair of an untransposed A row (or of a
+// transposed B's row) is one 32-bit word; otherwise the pair comes from two adjacent
+// rows read side by side. Compiled for AVX-512 (only the avx512bf16 path packs).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+static inline uint32_t pair(uint16_t lo, uint16_t hi) {
+    return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+// Round an fp32 to bf16 (as dt_f32_to_bf16_1, inlined for the packing loops).
+static inline uint16_t rnd16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+// Words w[p * stride + i] = (x[i][2p], x[i][2p+1]) for i < rows, p < kcp, where row i of
+// x is src + i * ld (k contiguous); kc may be odd (the last high half is 0).
+TARGET_BF16 static void pack_rows_k(const uint16_t *src, size_t ld, int rows, int kc, uint32_t *w,
+                                    int stride) {
+    int kp = kc / 2;
+    for (int i = 0; i < rows; i++) {
+        const uint16_t *r = src + (size_t)i * ld;
+        for (int p = 0; p < kp; p++) {
+            uint32_t v;
+            memcpy(&v, r + 2 * p, 4);
+            w[(size_t)p * stride + i] = v;
+        }
+        if (kc & 1)
+            w[(size_t)kp * stride + i] = pair(r[kc - 1], 0);
+    }
+}
+// fp32 row segments are first rounded into this (kc <= KC, or cols <= NR, MR).
+#define ROW_TMP (KC > NR ? KC : NR)
+
+TARGET_BF16 static void round_row(const float *src, uint16_t *dst, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        dt_f32_to_bf16_16(src + i, dst + i);
+    for (; i < n; i++)
+        dst[i] = rnd16(src[i]);
+}
+
+// The same from fp32, rounded to bf16.
+TARGET_BF16 static void pack_rows_k_f32(const float *src, size_t ld, int rows, int kc, uint32_t *w,
+                                        int stride) {
+    uint16_t tmp[ROW_TMP];
+    for (int i = 0; i < rows; i++) {
+        round_row(src + (size_t)i * ld, tmp, kc);
+        pack_rows_k(tmp, 0, 1, kc, w + i, stride);
+    }
+}
+
+// Words w[p * stride + i] = (x[2p][i], x[2p+1][i]) for i < cols, where row kk of x is
+// src + kk * ld (the other index contiguous).
+TARGET_BF16 static void pack_cols_k(const uint16_t *src, size_t ld, int cols, int kc, uint32_t *w,
+                                    int stride) {
+    int kcp = (kc + 1) / 2;
+    for (int p = 0; p < kcp; p++) {
+        const uint16_t *r0 = src + (size_t)(2 * p) * ld;
+        uint32_t       *o  = w + (size_t)p * stride;
+        if (2 * p + 1 < kc) {
+            const uint16_t *r1 = r0 + ld;
+            int             i  = 0;
+            for (; i + 16 <= cols; i += 16) {
+                dt_v16h lo, hi;
+                memcpy(&lo, r0 + i, sizeof lo);
+                memcpy(&hi, r1 + i, sizeof hi);
+                dt_v16u v = __builtin_convertvector(lo, dt_v16u) |
+                            __builtin_convertvector(hi, dt_v16u) << 16;
+                memcpy(o + i, &v, sizeof v);
+            }
+            for (; i < cols; i++)
+                o[i] = pair(r0[i], r1[i]);
+        } else {
+            for (int i = 0; i < cols; i++)
+                o[i] = pair(r0[i], 0);
+        }
+    }
+}
+TARGET_BF16 static void pack_cols_k_f32(const float *src, size_t ld, int cols, int kc, uint32_t *w,
+                                        int stride) {
+    uint16_t tmp[2][ROW_TMP];
+    int      kcp = (kc + 1) / 2;
+    for (int p = 0; p < kcp; p++) {
+        int two = 2 * p + 1 < kc ? 2 : 1;
+        round_row(src + (size_t)(2 * p) * ld, tmp[0], cols);
+        if (two == 2)
+            round_row(src + (size_t)(2 * p + 1) * ld, tmp[1], cols);
+        pack_cols_k(tmp[0], (size_t)(tmp[1] - tmp[0]), cols, two, w + (size_t)p * stride, stride);
+    }
+}
+
+// One operand: bf16 or fp32 (rounded to bf16 as it is packed).
+typedef dt_gemm_opnd opnd;
+
+// Rows [r0, ...) of an operand stored with k contiguous, from column k0.
+TARGET_BF16 static void pack_rows(opnd x, size_t r0, int k0, int rows, int kc, uint32_t *w,
+                                  int stride) {
+    if (x.f32)
+        pack_rows_k_f32((const float *)x.p + r0 * x.ld + k0, x.ld, rows, kc, w, stride);
+    else
+        pack_rows_k((const uint16_t *)x.p + r0 * x.ld + k0, x.ld, rows, kc, w, stride);
+}
+// Rows k0.. (k) of an operand stored with the other index contiguous, from column c0.
+TARGET_BF16 static void pack_cols(opnd x, int k0, size_t c0, int cols, int kc, uint32_t *w,
+                                  int stride) {
+    if (x.f32)
+        pack_cols_k_f32((const float *)x.p + (size_t)k0 * x.ld + c0, x.ld, cols, kc, w, stride);
+    else
+        pack_cols_k((const uint16_t *)x.p + (size_t)k0 * x.ld + c0, x.ld, cols, kc, w, stride);
+}
+
+// Zero words [from, to) of each of kcp rows of w.
+static void zero_tail(uint32_t *w, int kcp, int stride, int from, int to) {
+    if (from < to)
+        for (int p = 0; p < kcp; p++)
+            memset(w + (size_t)p * stride + from, 0, sizeof(uint32_t) * (size_t)(to - from));
+}
+
+// B rows [k0, k0 + kc), columns [n0, n0 + nc) into panels of NR columns (the last one
+// rounded up to a multiple of 16), zero-padded.
+TARGET_BF16 static void pack_b(bool tb, opnd b, int k0, int kc, int n0, int nc, uint16_t *out) {
+    int       kcp = (kc + 1) / 2;
+    uint32_t *w   = (uint32_t *)out;
+    for (int jp = 0; jp < nc; jp += NR) {
+        int width = nc - jp < NR ? nc - jp : NR, wpad = (width + 15) / 16 * 16;
+        if (tb) // B stored (N, K): column j of op(B) is a row
+            pack_rows(b, (size_t)(n0 + jp), k0, width, kc, w, wpad);
+        else
+            pack_cols(b, k0, (size_t)(n0 + jp), width, kc, w, wpad);
+        zero_tail(w, kcp, wpad, width, wpad);
+        w += (size_t)kcp * wpad;
+    }
+}
+
+// op(A) = A^T (A stored (K, M)) with fp32 values: each stored row's span [m0, m0 + mc)
+// is rounded once (vectorised) and then dealt out to the micro-panels, rather than
+// rounding MR values at a time.
+TARGET_BF16 static void pack_a_trans_f32(const float *a, size_t lda, int m0, int mc, int k0, int kc,
+                                         uint32_t *w) {
+    uint16_t tmp[2][MC];
+    int      kcp = (kc + 1) / 2;
+    for (int p = 0; p < kcp; p++) {
+        const float *r0 = a + (size_t)(k0 + 2 * p) * lda + m0;
+        round_row(r0, tmp[0], mc);
+        if (2 * p + 1 < kc)
+            round_row(r0 + lda, tmp[1], mc);
+        else
+            memset(tmp[1], 0, sizeof tmp[1]);
+        for (int ip = 0; ip < mc; ip += MR) {
+            int       rows = mc - ip < MR ? mc - ip : MR;
+            uint32_t *o    = w + (size_t)(ip / MR) * kcp * MR + (size_t)p * MR;
+            for (int i = 0; i < rows; i++)
+                o[i] = pair(tmp[0][ip + i], tmp[1][ip + i]);
+            for (int i = rows; i < MR; i++)
+                o[i] = 0;
+        }
+    }
+}
+
+// A rows [m0, m0 + mc), columns [k0, k0 + kc) into micro-panels of MR rows.
+TARGET_BF16 static void pack_a(bool ta, opnd a, int m0, int mc, int k0, int kc, uint16_t *out) {
+    int       kcp = (kc + 1) / 2;
+    uint32_t *w   = (uint32_t *)out;
+    if (ta && a.f32) {
+        pack_a_trans_f32(a.p, a.ld, m0, mc, k0, kc, w);
+        return;
+    }
+    for (int ip = 0; ip < mc; ip += MR) {
+        int rows = mc - ip < MR ? mc - ip : MR;
+        if (ta) // A stored (K, M)
+            pack_cols(a, k0, (size_t)(m0 + ip), rows, kc, w, MR);
+        else
+            pack_rows(a, (size_t)(m0 + ip), k0, rows, kc, w, MR);
+        zero_tail(w, kcp, MR, rows, MR);
+        w += (size_t)kcp * MR;
+    }
+}
+#endif
+
+// ------------------------------------------------------------------ micro-kernels
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PRAGMA_(x) _Pragma(#x)
+#define UNROLL(n)  PRAGMA_(GCC unroll n)
+
+// C tile (MR x 16 NV) at c (row stride ldc) (+)= packed A micro-panel x B micro-panel.
+// clang-format off
+#define DEFINE_KERNEL(name, NV)                                                              \
+    TARGET_BF16 static inline __attribute__((always_inline)) void name(                      \
+        int kcp, const uint16_t *restrict ap, const uint16_t *restrict bp, float *restrict c, \
+        size_t ldc, bool add) {                                                              \
+        __m512 acc[MR][NV];                                                                  \
+        UNROLL(8) for (int o = 0; o < MR; o++) UNROLL(3) for (int v = 0; v < NV; v++)       \
+            acc[o][v] = add ? _mm512_loadu_ps(c + (size_t)o * ldc + 16 * v)                  \
+                            : _mm512_setzero_ps();                                           \
+        const uint32_t *aw = (const uint32_t *)ap;                                           \
+        for (int p = 0; p < kcp; p++) {                                                      \
+            __m512i bv[NV];                                                                  \
+            UNROLL(3) for (int v = 0; v < NV; v++)                                           \
+                bv[v] = _mm512_loadu_si512(bp + ((size_t)p * NV + v) * 32);                  \
+            UNROLL(8) for (int o = 0; o < MR; o++) {                                         \
+                __m512i av = _mm512_set1_epi32((int)aw[(size_t)p * MR + o]);                 \
+                UNROLL(3) for (int v = 0; v < NV; v++)                                       \
+                    acc[o][v] = _mm512_dpbf16_ps(acc[o][v], (__m512bh)av, (__m512bh)bv[v]);  \
+            }                                                                                \
+        }                                                                                    \
+        UNROLL(8) for (int o = 0; o < MR; o++) UNROLL(3) for (int v = 0; v < NV; v++)       \
+            _mm512_storeu_ps(c + (size_t)o * ldc + 16 * v, acc[o][v]);                       \
+    }
+// clang-format on
+DEFINE_KERNEL(kernel3, 3)
+DEFINE_KERNEL(kernel2, 2)
+DEFINE_KERNEL(kernel1, 1)
+
+TARGET_BF16 static void kernel(int nv, int kcp, const uint16_t *ap, const uint16_t *bp, float *c,
+                               size_t ldc, bool add) {
+    if (nv == 3)
+        kernel3(kcp, ap, bp, c, ldc, add);
+    else if (nv == 2)
+        kernel2(kcp, ap, bp, c, ldc, add);
+    else
+        kernel1(kcp, ap, bp, c, ldc, add);
+}
+
+// Per-thread packing buffers, kept for the thread's life (fresh pages cost ~2.4 us each).
+static pthread_key_t  buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+static void           buf_make_key(void) {
+              (void)pthread_key_create(&buf_key, free);
+}
+#define PACK_B_ELEMS ((size_t)KC * NC)
+#define PACK_A_ELEMS ((size_t)KC * MC)
+
+static uint16_t *pack_buffers(void) {
+    pthread_once(&buf_once, buf_make_key);
+    uint16_t *p = pthread_getspecific(buf_key);
+    if (!p) {
+        p = aligned_alloc(64, (PACK_B_ELEMS + PACK_A_ELEMS) * sizeof(uint16_t));
+        if (p && pthread_setspecific(buf_key, p) != 0) {
+            free(p);
+            p = NULL;
+        }
+    }
+    return p;
+}
+
+TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int k, opnd a, opnd b,
+                                             float *c, int ldc, bool accumulate) {
+    uint16_t *buf = pack_buffers();
+    if (!buf)
+        return dt_fail(DT_ERR_NOMEM,
+                       "bf16 GEMM: expected %zu bytes of packing buffers, found "
+                       "none free",
+                       (PACK_B_ELEMS + PACK_A_ELEMS) * 2);
+    uint16_t *pb = buf, *pa = buf + PACK_B_ELEMS;
+    float     tile[MR * NR];
+    for (int k0 = 0; k0 < k; k0 += KC) {
+        int  kc = k - k0 < KC ? k - k0 : KC, kcp = (kc + 1) / 2;
+        bool add = accumulate || k0 > 0;
+        for (int n0 = 0; n0 < n; n0 += NC) {
+            int nc = n - n0 < NC ? n - n0 : NC;
+            pack_b(tb, b, k0, kc, n0, nc, pb);
+            for (int m0 = 0; m0 < m; m0 += MC) {
+                int mc = m - m0 < MC ? m - m0 : MC;
+                pack_a(ta, a, m0, mc, k0, kc, pa);
+                const uint16_t *bpanel = pb;
+                for (int jp = 0; jp < nc; jp += NR) {
+                    int w = nc - jp < NR ? nc - jp : NR, nv = (w + 15) / 16;
+                    for (int ip = 0; ip < mc; ip += MR) {
+                        int             rows   = mc - ip < MR ? mc - ip : MR;
+                        const uint16_t *apanel = pa + (size_t)(ip / MR) * kcp * MR * 2;
+                        float          *cp     = c + (size_t)(m0 + ip) * ldc + n0 + jp;
+                        if (rows == MR && w == nv * 16) {
+                            kernel(nv, kcp, apanel, bpanel, cp, (size_t)ldc, add);
+                            continue;
+                        }
+                        for (int i = 0; i < MR; i++)
+                            for (int j = 0; j < nv * 16; j++)
+                                tile[i * NR + j] =
+                                    add && i < rows && j < w ? cp[(size_t)i * ldc + j] : 0.0f;
+                        kernel(nv, kcp, apanel, bpanel, tile, NR, true);
+                        for (int i = 0; i < rows; i++)
+                            memcpy(cp + (size_t)i * ldc, tile + i * NR, sizeof(float) * (size_t)w);
+                    }
+                    bpanel += (size_t)kcp * nv * 16 * 2;
+                }
+            }
+        }
+    }
+    return DT_OK;
+}
+#endif
+
+// ------------------------------------------------------------------ fp32 path
+// Row i of an operand (rows x cols, stride ld) as fp32 values of bf16 numbers.
+static void widen_rows(opnd x, int rows, int cols, float *dst) {
+    for (int i = 0; i < rows; i++) {
+        float *d = dst + (size_t)i * cols;
+        if (x.f32)
+            dt_f32_round_bf16((const float *)x.p + (size_t)i * x.ld, d, (size_t)cols);
+        else
+            dt_bf16_to_f32((const uint16_t *)x.p + (size_t)i * x.ld, d, (size_t)cols);
+    }
+}
+
+static dt_status gemm_fp32(bool ta, bool tb, int m, int n, int k, opnd a, opnd b, float *c, int ldc,
+                           bool accumulate) {
+    int    ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    float *fa = dt_alloc(sizeof(float) * ((size_t)ar * ac + (size_t)br * bc));
+    if (!fa)
+        return dt_fail(DT_ERR_NOMEM, "bf16 GEMM (fp32 path): expected room for %zu floats",
+                       (size_t)ar * ac + (size_t)br * bc);
+    float *fb = fa + (size_t)ar * ac;
+    widen_rows(a, ar, ac, fa);
+    widen_rows(b, br, bc, fb);
+    dt_blas_init();
+    dt_sgemm(ta, tb, m, n, k, 1.0f, fa, ac, fb, bc, accumulate ? 1.0f : 0.0f, c, ldc);
+    dt_free(fa);
+    return DT_OK;
+}
+
+static dt_status gemm_any(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                          opnd a, opnd b, float *c, int ldc, bool accumulate) {
+    if (m <= 0 || n <= 0)
+        return DT_OK;
+    if (k <= 0) {
+        if (!accumulate)
+            for (int i = 0; i < m; i++)
+                memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
+        return DT_OK;
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (path == DT_PATH_AVX512BF16 && dt_prec_path_supported(DT_PATH_AVX512BF16))
+        return gemm_avx512bf16(trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
+#endif
+    if (path == DT_PATH_AMX && dt_amx_usable()) // opt-in only (amx.c)
+        return dt_gemm_amx(false, trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
+    (void)path;
+    return gemm_fp32(trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
+}
+
+dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                            const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
+                            int ldc, bool accumulate) {
+    return gemm_any(path, trans_a, trans_b, m, n, k, (opnd){a, (size_t)lda, false},
+                    (opnd){b, (size_t)ldb, false}, c, ldc, accumulate);
+}
+
+dt_status dt_gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const uint16_t *a, int lda,
+                       const uint16_t *b, int ldb, float *c, int ldc, bool accumulate) {
+    return dt_gemm_bf16_path(dt_prec_path_get(), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+                             accumulate);
+}
+
+dt_status dt_gemm_bf16_mixed(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                             const void *a, int lda, bool a_f32, const void *b, int ldb, bool b_f32,
+                             float *c, int ldc, bool accumulate) {
+    return gemm_any(path, trans_a, trans_b, m, n, k, (opnd){a, (size_t)lda, a_f32},
+                    (opnd){b, (size_t)ldb, b_f32}, c, ldc, accumulate);
+}
+
+dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+                              int lda, const float *b, int ldb, float *c, int ldc,
+                              bool accumulate) {
+    return dt_gemm_bf16_mixed(dt_prec_path_get(), trans_a, trans_b, m, n, k, a, lda, true, b, ldb,
+                              true, c, ldc, accumulate);
+}

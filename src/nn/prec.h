@@ -1,0 +1,134 @@
+// prec.h: 16-bit floating-point formats and the bf16 matrix product, for mixed precision
+// (issue 14: "precision is a policy"). fp32 master weights stay in fp32; these kernels
+// move data into bf16 / fp16 and multiply bf16 matrices with fp32 accumulation.
+//
+// Formats are stored as uint16_t bit patterns:
+//   bf16: the upper half of an IEEE fp32 (8 exponent bits, 7 mantissa bits);
+//   fp16: IEEE binary16 (5 exponent bits, 10 mantissa bits).
+// Every fp32 -> 16-bit conversion rounds to nearest, ties to even; NaN stays NaN (quiet,
+// sign kept), infinities stay infinities, overflow gives infinity, fp32 denormals are
+// rounded like any other number (no flush to zero). Every path (vector or scalar) gives
+// the same bits, so results do not depend on the CPU.
+//
+// Paths of the GEMM, chosen once at run time (dt_prec_path) or forced with the
+// environment variable DT_PRECISION_PATH=auto|avx512bf16|amx|fp32:
+//   avx512bf16: VDPBF16PS on packed panels (needs AVX512F + AVX512BW + AVX512-BF16);
+//   amx:        TDPBF16PS tiles (amx.c). Never chosen by auto: it has run on no AMX
+//               machine yet, so only DT_PRECISION_PATH=amx selects it (an error where
+//               the CPU or the kernel does not allow AMX);
+//   fp32:       widen bf16 to fp32 (exact) and multiply with OpenBLAS sgemm; runs anywhere.
+#ifndef DTRAIN_NN_PREC_H
+#define DTRAIN_NN_PREC_H
+
+#include "core/simd.h"
+#include "dtrain/core.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Sixteen lanes of bit patterns (simd.h's conventions: always inlined, memcpy loads).
+typedef uint32_t dt_v16u __attribute__((vector_size(64)));
+typedef uint16_t dt_v16h __attribute__((vector_size(32)));
+
+// fp32 bit patterns rounded to bf16 (to nearest even; NaN made quiet), returned as fp32
+// patterns whose low 16 bits are zero: >> 16 gives the bf16 bits.
+DT_VINLINE dt_v16u dt_round_bf16_v16(dt_v16u u) {
+    dt_v16u r   = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    dt_v16u q   = (u & 0xffff0000u) | 0x400000u;
+    dt_v16u nan = (dt_v16u)((u & 0x7fffffffu) > 0x7f800000u); // all ones where NaN
+    return (q & nan) | (r & ~nan);
+}
+// Sixteen floats at src to bf16 at dst.
+DT_VINLINE void dt_f32_to_bf16_16(const float *src, uint16_t *dst) {
+    dt_v16u u;
+    __builtin_memcpy(&u, src, sizeof u);
+    dt_v16h h = __builtin_convertvector(dt_round_bf16_v16(u) >> 16, dt_v16h);
+    __builtin_memcpy(dst, &h, sizeof h);
+}
+
+// ------------------------------------------------------------------ conversions
+uint16_t dt_f32_to_bf16_1(float x);
+float    dt_bf16_to_f32_1(uint16_t h);
+uint16_t dt_f32_to_f16_1(float x); // scalar reference (software), any CPU
+float    dt_f16_to_f32_1(uint16_t h);
+
+// Vectorised over n elements (AVX-512 / F16C where the CPU has them, scalar otherwise);
+// the same bits as the scalar functions above. src and dst may not overlap.
+void dt_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
+void dt_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
+void dt_f32_to_f16(const float *src, uint16_t *dst, size_t n);
+void dt_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+// dst = src rounded to bf16 and widened back (the value a bf16 operand would have).
+void dt_f32_round_bf16(const float *src, float *dst, size_t n);
+// The scalar loops, for tests and for comparing paths.
+void dt_f32_to_f16_scalar(const float *src, uint16_t *dst, size_t n);
+void dt_f16_to_f32_scalar(const uint16_t *src, float *dst, size_t n);
+// What the vectorised fp16 conversions use here: "avx512f", "f16c" or "scalar".
+const char *dt_f16_conv_path(void);
+// Forces "scalar", "f16c" or "avx512f" (tests; DT_ERR_ARG if this CPU lacks it), or
+// "auto" / NULL to choose again.
+dt_status dt_f16_conv_set(const char *name);
+
+// ------------------------------------------------------------------ bf16 GEMM
+typedef enum dt_prec_path {
+    DT_PATH_FP32 = 0,   // widen to fp32, OpenBLAS sgemm
+    DT_PATH_AVX512BF16, // VDPBF16PS
+    DT_PATH_AMX,        // TDPBF16PS, opt-in only (see above)
+    DT_PATH_COUNT_
+} dt_prec_path;
+
+const char *dt_prec_path_name(dt_prec_path p);
+// Whether this CPU (and this build) can run path p.
+bool dt_prec_path_supported(dt_prec_path p);
+// The path in use: DT_PRECISION_PATH if set (read once), else the best supported one.
+// A forced path the CPU lacks, or an unknown name, is an error reported by
+// dt_prec_path_init; dt_prec_path then falls back to fp32 (never to an unsupported path).
+dt_prec_path dt_prec_path_get(void);
+// Reads DT_PRECISION_PATH now and fixes the path; DT_ERR_ARG naming the value and the
+// accepted ones if it is unknown or unsupported here.
+dt_status dt_prec_path_init(void);
+// Forces a path for this process (tests, benchmarks); DT_ERR_ARG if unsupported here.
+dt_status dt_prec_path_set(dt_prec_path p);
+
+// Row-major C (M, N) (+)= op(A) (M, K) * op(B) (K, N), A and B bf16, C fp32, products
+// summed in fp32. op(A) = A, or A^T when trans_a (A stored (K, M)); likewise B. The
+// layers need NN (forward: x W^T is NT), NT and TN (weight gradient). accumulate=false
+// overwrites C. lda/ldb/ldc are row strides in elements. Runs on the current path.
+// DT_ERR_NOMEM if its buffers cannot be had (nothing else fails; shapes are trusted).
+dt_status dt_gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const uint16_t *a, int lda,
+                       const uint16_t *b, int ldb, float *c, int ldc, bool accumulate);
+// The same on an explicit path (must be supported; tests and benchmarks).
+dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                            const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
+                            int ldc, bool accumulate);
+
+// Either operand in bf16 (x_f32 false: uint16_t) or fp32 (x_f32 true: float, rounded
+// to bf16 to nearest even as it is packed, so no converted copy is needed): the result
+// is the same as converting the fp32 operand with dt_f32_to_bf16 first. On the given
+// path (dt_prec_path_get() for the current one).
+dt_status dt_gemm_bf16_mixed(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
+                             const void *a, int lda, bool a_f32, const void *b, int ldb, bool b_f32,
+                             float *c, int ldc, bool accumulate);
+// Both operands fp32, multiplied as bf16 on the current path (autocast's matmul).
+dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+                              int lda, const float *b, int ldb, float *c, int ldc, bool accumulate);
+
+// ------------------------------------------------------------------ AMX (amx.c)
+// Not selected by auto: only DT_PRECISION_PATH=amx (or dt_prec_path_set) uses it, since
+// it has run on no machine with AMX yet. Its driver and packing are tested here through
+// a software model of the tiles (dt_gemm_amx with emulate = true).
+typedef struct dt_gemm_opnd {
+    const void *p;
+    size_t      ld;  // row stride in elements
+    bool        f32; // float (rounded to bf16 when packed) or uint16_t bf16
+} dt_gemm_opnd;
+
+// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel let this process use tile
+// data (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
+bool dt_amx_usable(void);
+// C (+)= op(A) op(B) through 16 x 16 x 32 bf16 tiles (TDPBF16PS), or through the
+// software model of the same tile operations when emulate is true (any CPU).
+dt_status dt_gemm_amx(bool emulate, bool trans_a, bool trans_b, int m, int n, int k, dt_gemm_opnd a,
+                      dt_gemm_opnd b, float *c, int ldc, bool accumulate);
+
+#endif // DTRAIN_NN_PREC_H
