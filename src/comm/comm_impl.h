@@ -67,6 +67,11 @@ uint64_t dt_pg_progress_count(const dt_pg *pg);
 uint64_t dt_pg_current_op(const dt_pg *pg);
 bool     dt_pg_reports_progress(const dt_pg *pg);
 
+// Called by tcp init (when set) after this rank published its address and before it
+// connects to the lower ranks: tests hold a rank there to order its connections
+// against a stranger's. Process-wide; NULL (the default) in every program.
+extern void (*dt_tcp_init_hook)(int rank);
+
 // ------------------------------------------------------------------ store internals
 
 // A 64-bit hash of a job token (FNV-1a), shown in messages instead of the token.

@@ -819,6 +819,8 @@ static dt_status handshake_accept(tcp_ctx *c, int fd, uint64_t deadline, int *fr
     return DT_OK;
 }
 
+void (*dt_tcp_init_hook)(int rank);
+
 static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **out) {
     tcp_ctx *c = dt_alloc_zero(sizeof *c);
     if (!c)
@@ -855,6 +857,8 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     snprintf(key, sizeof key, "addr/%d", c->rank);
     if ((st = dt_store_set(store, key, addr, strlen(addr))) != DT_OK)
         goto fail;
+    if (dt_tcp_init_hook)
+        dt_tcp_init_hook(c->rank);
     // Connect to every lower rank; the higher ones connect to us.
     for (int r = 0; r < c->rank; r++) {
         snprintf(key, sizeof key, "addr/%d", r);

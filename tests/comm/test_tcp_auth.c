@@ -1,6 +1,7 @@
 // test_tcp_auth.c: the tcp backend's peer handshake against a stranger who knows a
-// rank's address but not the job token. Three ranks; while rank 2 is late, a thread of
-// rank 0 calls rank 1's port twice: once with the old hello that carried the token's
+// rank's address but not the job token. Three ranks; while rank 2 waits for it in tcp
+// init (a hook holds it until the stranger sets a key in the store, so the order holds
+// however slow the machine is), a thread of rank 0 calls rank 1's port twice: once with the old hello that carried the token's
 // hash (accepted as proof of membership before), once with a fresh nonce claiming to
 // be rank 2 and, for its proof, the bytes rank 1 sent it (a reflection). Rank 1 must
 // close both connections and still take the real rank 2; the group's all_reduce sums
@@ -47,18 +48,28 @@ static bool closes(int fd) {
     }
 }
 
-static void *stranger_main(void *arg) {
-    stranger     *s  = arg;
-    dt_store_opts o  = {.timeout_ms = 10000};
+// A client of the job's store (rank 0 starts it), retried while it comes up.
+static dt_store *store_client(void) {
+    dt_store_opts o  = {.timeout_ms = 30000};
     dt_store     *st = NULL;
-    for (int i = 0; i < 100 && !st; i++) {
+    for (int i = 0; i < 400 && !st; i++) {
         dt_store_new_tcp(&st, "127.0.0.1", atoi(getenv("MASTER_PORT")), false, &o);
         if (!st)
             sleep_ms(50);
     }
-    void *v = NULL;
-    if (!st || dt_store_get(st, "dt/tcp/addr/1", &v, NULL) != DT_OK)
+    return st;
+}
+
+static void *stranger_main(void *arg) {
+    stranger *s  = arg;
+    dt_store *st = store_client();
+    void     *v  = NULL;
+    if (!st || dt_store_get(st, "dt/tcp/addr/1", &v, NULL) != DT_OK) {
+        if (st)
+            dt_store_set(st, "test/stranger_done", "1", 1);
+        dt_store_free(st);
         return NULL;
+    }
     char *colon = strrchr(v, ':');
     *colon      = '\0';
     int port    = atoi(colon + 1);
@@ -86,8 +97,21 @@ static void *stranger_main(void *arg) {
         close(fd);
     }
     dt_free(v);
+    dt_store_set(st, "test/stranger_done", "1", 1);
     dt_store_free(st);
     return NULL;
+}
+
+// Rank 2's tcp init waits here, after the rendezvous, until the stranger is done.
+static void wait_for_stranger(int rank) {
+    (void)rank;
+    dt_store *st   = store_client();
+    void     *done = NULL;
+    CHECK(st && dt_store_get(st, "test/stranger_done", &done, NULL) == DT_OK);
+    if (!done)
+        fprintf(stderr, "     rank 2: %s\n", dt_last_error());
+    dt_free(done);
+    dt_store_free(st);
 }
 
 static void ranks(int rank, int world, void *arg) {
@@ -96,8 +120,8 @@ static void ranks(int rank, int world, void *arg) {
     stranger  s = {0};
     if (rank == 0)
         pthread_create(&t, NULL, stranger_main, &s);
-    if (rank == 2)
-        sleep_ms(1500); // late: the stranger calls rank 1 first
+    if (rank == 2) // late: the stranger calls rank 1 first
+        dt_tcp_init_hook = wait_for_stranger;
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "tcp";
     o.timeout_ms = 20000;
