@@ -1,0 +1,106 @@
+// test_groups.c: sub-groups (dt_pg_new_group, dt_pg_split) in 4 forked processes over
+// the backend named by DT_TEST_BACKEND (tcp by default; test_shm_groups.c runs shm):
+// the sub-group suite (tests/lib/group_suite.h: every collective on pairs, a split, a
+// group of 3, singletons and a split of a split against serial references; world and
+// groups interleaved; async on two groups at once; errors), then a rank SIGKILLed
+// while every rank works in a sub-group: every rank of the world must stop within the
+// liveness bound, also those whose group does not contain the dead rank.
+#include "../lib/group_suite.h"
+#include "../lib/mp.h"
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct shared {
+    _Atomic uint64_t kill_ns; // when the victim killed itself
+} shared;
+
+static void suite_ranks(int rank, int world, void *arg) {
+    (void)rank, (void)world;
+    dt_pg *pg = mp_pg_init(30000);
+    CHECK(pg != NULL);
+    if (!pg)
+        return;
+    GROUP_SUITE_RUN(pg, *(const uint64_t *)arg);
+    GROUP_SUITE_ERRORS(pg);
+    dt_pg_free(pg);
+}
+
+static void test_group_suite(void) {
+    uint64_t seed = dt_now_ns();
+    mp_opts  o    = {.world = 4, .timeout_ms = 120000};
+    fprintf(stderr, "  backend %s\n", mp_backend());
+    MP_RUN(&o, suite_ranks, &seed);
+}
+
+// Liveness bound of this test (DT_LIVENESS_MS) and the time every rank must stop in.
+#define LIVE_MS 1500
+#define BOUND_S 8.0
+#define VICTIM  3
+
+static void kill_ranks(int rank, int world, void *arg) {
+    (void)world, (void)arg;
+    shared *sh = mp_shared();
+    dt_pg  *pg = mp_pg_init(30000);
+    CHECK(pg != NULL);
+    if (!pg)
+        return;
+    dt_pg *pair = NULL; // {0,1}, {2,3}: ranks 0 and 1 never talk to the victim
+    CHECK_OK(dt_pg_split(&pair, pg, rank / 2, rank, NULL));
+    if (!pair)
+        return;
+    float     buf[256];
+    dt_status st = DT_OK;
+    for (int i = 0; i < 256; i++)
+        buf[i] = 1;
+    for (int i = 0; i < 20 && st == DT_OK; i++)
+        st = dt_pg_all_reduce(pair, buf, buf, 256, DT_FLOAT32, DT_REDUCE_MAX);
+    CHECK_OK(st);
+    CHECK_OK(dt_pg_barrier(pg));
+    if (rank == VICTIM) {
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+        atomic_store(&sh->kill_ns, dt_now_ns());
+        raise(SIGKILL);
+    }
+    uint64_t t0 = dt_now_ns();
+    while (st == DT_OK && dt_now_ns() - t0 < 30ull * 1000000000ull)
+        st = dt_pg_all_reduce(pair, buf, buf, 256, DT_FLOAT32, DT_REDUCE_MAX);
+    uint64_t now = dt_now_ns(), kill = atomic_load(&sh->kill_ns);
+    double   secs = kill ? (double)(now - kill) / 1e9 : -1;
+    char     msg[1024];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    CHECK(st == DT_ERR_PEER);
+    // The dead rank, named by its world rank or by its group rank with the group's
+    // world ranks listed (shm's group segment knows group ranks only).
+    bool named =
+        strstr(msg, "rank 3") || (strstr(msg, "rank 1 ") && strstr(msg, "world ranks 2, 3"));
+    CHECK(named);
+    CHECK(kill != 0 && secs < BOUND_S);
+    if (st != DT_ERR_PEER || !named || secs >= BOUND_S)
+        fprintf(stderr, "     rank %d after %.2f s: %s: %s\n", rank, secs, dt_status_str(st), msg);
+    // Every group of the process is stopped: the world too, at once.
+    CHECK(dt_pg_barrier(pg) != DT_OK);
+    dt_pg_free(pair);
+    dt_pg_free(pg);
+}
+
+static void test_killed_rank_in_group(void) {
+    char live[16];
+    snprintf(live, sizeof live, "%d", LIVE_MS);
+    setenv("DT_LIVENESS_MS", live, 1);
+    setenv("DT_HEARTBEAT_MS", "200", 1);
+    mp_opts o = {.world = 4, .may_die = 1u << VICTIM, .timeout_ms = 60000};
+    MP_RUN(&o, kill_ranks, NULL);
+    unsetenv("DT_LIVENESS_MS");
+    unsetenv("DT_HEARTBEAT_MS");
+}
+
+int main(void) {
+    RUN(test_group_suite);
+    RUN(test_killed_rank_in_group);
+    return check_summary();
+}
