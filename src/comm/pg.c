@@ -2,7 +2,8 @@
 // backend selection, the progress thread and its work queue, argument checks,
 // sequence numbers and fingerprints, deadlines, AVG, world size 1, poisoning and
 // abort. Transport details live in the backends (tcp.c, shm*.c); algorithms over
-// point-to-point messages in algo.c.
+// point-to-point messages in algo.c; sub-groups in group.c (they run on the world
+// group's lane and share its poison: pg_impl.h).
 #include "comm/backends.h"
 #include "comm/pg_impl.h"
 #include "comm/reduce.h"
