@@ -254,6 +254,7 @@ bench: deps
 GOLDEN_PYTHON ?= /usr/bin/python3
 golden:
 	$(Q)$(GOLDEN_PYTHON) tests/golden/gen.py
+	$(Q)$(GOLDEN_PYTHON) tests/golden/gen_graph.py
 
 # ---------------------------------------------------------------- install
 install: lib programs

@@ -31,6 +31,7 @@
 #define DTRAIN_DDP_H
 
 #include "dtrain/comm.h"
+#include "dtrain/layer.h"
 #include "dtrain/nn.h"
 #include "dtrain/params.h"
 
@@ -91,6 +92,18 @@ DT_API void dt_ddp_bucket(const dt_ddp *ddp, int i, size_t *offset, size_t *coun
 // Seconds spent in dt_ddp_sync waiting for reductions (communication not hidden
 // behind backward), summed over calls, and the number of synced steps.
 DT_API void dt_ddp_stats(const dt_ddp *ddp, double *wait_s, int64_t *steps);
+
+// SyncBatchNorm: makes a BatchNorm (layer.h) reduce its batch statistics over `pg`
+// (borrowed: it must outlive the layer) by setting opts->reduce. In training, forward
+// all-reduces each channel's sum, sum of squares and count, and backward the sums of
+// dy and dy * xhat, so N ranks with batch B/N normalise as one rank with batch B; the
+// weight and bias gradients stay local sums, which DDP then averages. Every forward
+// and backward of such a layer is collective: all ranks must run them together.
+// Evaluation uses the running statistics and talks to nobody.
+//     dt_batchnorm_opts o = dt_batchnorm_opts_default();
+//     dt_syncbn_opts(&o, pg);
+//     dt_layer_batchnorm2d_new(&layer, 64, &o);
+DT_API dt_status dt_syncbn_opts(dt_batchnorm_opts *opts, dt_pg *pg);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,8 @@
 #include "dtrain/core.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
+#include "dtrain/graph.h"
+#include "dtrain/layer.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/params.h"

@@ -261,11 +261,14 @@ static void test_link_cut(void) {
             n0.rc, n0.end - t_cut, n1.rc, n1.end - t_cut);
     CHECK(n0.end - t_cut < 15);
     CHECK(n1.end - t_cut < 15);
-    // Each side names the other: node 0 the silent node 1 at 10.200.0.2, node 1 the
-    // unreachable store of node 0 at 10.200.0.1.
+    // Each side names the other: node 0 the silent node 1 at 10.200.0.2; node 1 either
+    // the unreachable store of node 0 at 10.200.0.1 (dtrun's node timeout) or, when its
+    // worker's own bound (the same 3 s, since the abort path no longer waits on the
+    // store) ends first, that worker timing out on rank 0, node 0's only rank.
     CHECK(strstr(n0.err, "node 1 (host ") != NULL);
     CHECK(strstr(n0.err, "address 10.200.0.2") != NULL);
-    CHECK(strstr(n1.err, "lost contact with the store of node 0 at 10.200.0.1:29500") != NULL);
+    CHECK(strstr(n1.err, "lost contact with the store of node 0 at 10.200.0.1:29500") != NULL ||
+          strstr(n1.err, "waiting for rank 0") != NULL);
     CHECK(none_left(3));
     if (check_failed || getenv("DTRUN_TEST_VERBOSE")) {
         run_dump(&n0, "node 0");

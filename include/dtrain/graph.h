@@ -1,0 +1,123 @@
+// graph.h: models as graphs of named nodes. Each node applies one layer (layer.h) to
+// one or more named inputs: graph inputs or earlier nodes. Nodes can only name what
+// exists already, so the order of dt_graph_add is a topological order and the graph is
+// acyclic by construction. A residual block adds two nodes, a concatenation takes
+// several; an activation read by several nodes (fan-out) gets the sum of their
+// gradients; dt_graph_tie makes two nodes share one parameter tensor (a GPT's head and
+// its token embedding), whose gradient is the sum of both uses.
+//
+//     dt_graph *g;  dt_graph_new(&g, NULL);
+//     dt_graph_input(g, "x", &(dt_shape){3, {16, 8, 8}});
+//     dt_layer *l;
+//     dt_layer_conv2d_new(&l, 16, 16, 3, 3, &conv_opts);  dt_graph_add(g, "c1", l, "x");
+//     dt_layer_batchnorm2d_new(&l, 16, NULL);             dt_graph_add(g, "bn1", l, "c1");
+//     ...
+//     dt_layer_add_new(&l, NULL);                         dt_graph_add(g, "sum", l, "bn2", "x");
+//     dt_graph_finalize(g, seed);      // dt_params: "c1.weight", "bn1.running_mean", ...
+//     dt_graph_forward(g, (const void *[]){x}, batch);
+//     dt_loss_mse(dt_graph_output(g), t, n, &loss, dout);
+//     dt_params_zero_grad(dt_graph_params(g));  dt_graph_backward(g, dout);
+//
+// The parameters and buffers (BatchNorm running statistics) live in a dt_params
+// (params.h): "<node>.<tensor>" in node order, so DDP (dt_ddp_new), optimizers and
+// checkpoints (dt_ckpt_save_params) take a graph as they take any provider. Backward
+// runs the nodes in reverse and reports each parameter tensor with
+// dt_params_grad_ready as soon as its gradient is final: after its node, or for a tied
+// tensor after the earliest node using it.
+//
+// Runs on the calling thread; the layers' kernels are single-threaded.
+#ifndef DTRAIN_GRAPH_H
+#define DTRAIN_GRAPH_H
+
+#include "dtrain/layer.h"
+#include "dtrain/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_graph dt_graph;
+
+#define DT_GRAPH_NAME_MAX 47 // bytes of a node or input name
+
+typedef struct dt_graph_opts {
+    int max_nodes; // 0: 1024
+} dt_graph_opts;
+DT_API dt_graph_opts dt_graph_opts_default(void);
+
+DT_API dt_status dt_graph_new(dt_graph **out, const dt_graph_opts *opts);
+DT_API void      dt_graph_free(dt_graph *g); // NULL-safe; frees its layers
+
+// A graph input of per-sample shape `shape` (dtype DT_ELEM_F32, or DT_ELEM_I32 for indices).
+DT_API dt_status dt_graph_input(dt_graph *g, const char *name, const dt_shape *shape);
+// Node `name` applying `layer` (owned by the graph from now on, even on failure) to the
+// named inputs, in order. Fails naming the node when an input is unknown, the name is
+// taken, or the layer's setup rejects the input shapes.
+DT_API dt_status dt_graph_add_node(dt_graph *g, const char *name, dt_layer *layer, int nin,
+                                   const char *const *inputs);
+#define dt_graph_add(g, name, layer, ...)                                                          \
+    dt_graph_add_node((g), (name), (layer),                                                        \
+                      (int)(sizeof((const char *[]){__VA_ARGS__}) / sizeof(const char *)),         \
+                      (const char *[]){__VA_ARGS__})
+// Makes parameter `param` ("head.weight") an alias of `owner` ("wte.weight"), declared
+// by an earlier node, before dt_graph_finalize. Shapes must be equal. The tensor keeps
+// the owner's name, flags and initialisation; its gradient sums both uses.
+DT_API dt_status dt_graph_tie(dt_graph *g, const char *param, const char *owner);
+// The node whose output dt_graph_output returns and dt_graph_backward takes a gradient
+// for (default: the last node added).
+DT_API dt_status dt_graph_set_output(dt_graph *g, const char *node);
+
+// Registers the tensors in a dt_params, allocates it and initialises every layer from
+// dt_rng_split(dt_rng_init(seed), l), l the node's position among the layer nodes (0
+// for the first dt_graph_add; graph inputs do not count). No node can be added
+// afterwards.
+DT_API dt_status dt_graph_finalize(dt_graph *g, uint64_t seed);
+
+DT_API dt_params  *dt_graph_params(dt_graph *g); // NULL before finalize
+DT_API int         dt_graph_num_nodes(const dt_graph *g);
+DT_API const char *dt_graph_node_name(const dt_graph *g, int node);
+DT_API const char *dt_graph_node_kind(const dt_graph *g, int node);
+// Index of the node named `name`, or -1.
+DT_API int dt_graph_find(const dt_graph *g, const char *name);
+// Per-sample output shape of a node (-1: the output node).
+DT_API const dt_shape *dt_graph_node_shape(const dt_graph *g, int node);
+
+// Training (dropout on, BatchNorm batch statistics; the default) or evaluation.
+DT_API void dt_graph_train(dt_graph *g, bool training);
+// The dropout stream: the l-th layer node (as above), sample s, draws from
+// split(split(rng, l), key_s), key_s the sample's key (below) or its position: what
+// layer l of a dt_model draws (dt_model_set_rng / _set_sample_keys), so a chain of
+// nodes draws the masks of the Sequential model it mirrors.
+DT_API void      dt_graph_set_rng(dt_graph *g, const dt_rng *rng);
+DT_API dt_status dt_graph_set_sample_keys(dt_graph *g, const uint64_t *keys, int n);
+// Whether backward also computes the gradients of the graph's float inputs.
+DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
+
+// Runs the graph on one buffer per graph input (in dt_graph_input order; float or
+// int32 as declared), each (batch, shape). Inputs are borrowed until backward returns.
+DT_API dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch);
+// The output node's (or any node's) output of the last forward, (batch, shape).
+DT_API const float *dt_graph_output(const dt_graph *g);
+DT_API const float *dt_graph_node_output(const dt_graph *g, int node);
+// Back-propagates dout (batch, output shape) and ADDS the parameter gradients into the
+// dt_params gradient buffer (zero it first unless accumulating).
+DT_API dt_status dt_graph_backward(dt_graph *g, const float *dout);
+// Gradient of graph input i of the last backward (with dt_graph_set_input_grad).
+DT_API const float *dt_graph_input_grad(const dt_graph *g, int input);
+
+// --------------------------------------------------------------------------- losses
+// Over a graph's output: each returns the mean loss in *loss and writes d loss / d x
+// into dx when not NULL (PyTorch's reduction='mean').
+DT_API dt_status dt_loss_mse(const float *x, const float *t, size_t n, float *loss, float *dx);
+DT_API dt_status dt_loss_l1(const float *x, const float *t, size_t n, float *loss, float *dx);
+DT_API dt_status dt_loss_bce_logits(const float *x, const float *t, size_t n, float *loss,
+                                    float *dx);
+// nn.CrossEntropyLoss(ignore_index, label_smoothing) over logits (n, k).
+DT_API dt_status dt_loss_cross_entropy_ex(const float *logits, const int32_t *target, int n, int k,
+                                          int ignore_index, float label_smoothing, float *loss,
+                                          float *dlogits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DTRAIN_GRAPH_H

@@ -1,0 +1,212 @@
+// layer.h: the public layer interface. A layer is a vtable (dt_layer_ops) plus its
+// configuration; the model graph (graph.h) owns its parameters, buffers, saved state
+// and scratch, and calls the vtable with all of them, so a layer keeps no per-batch
+// state of its own and a user writes a layer by filling five functions:
+//
+//   setup     from the per-sample input shape(s) to the output shape, and declares the
+//             parameter and buffer tensors (name, shape, flags) and how many floats
+//             forward saves for backward and how much scratch it needs;
+//   init      PyTorch's default initialisation of the parameters and buffers, drawn
+//             from the dt_rng it is handed;
+//   forward   inputs -> output over a batch, saving what backward needs;
+//   backward  WRITES the input gradients (a NULL dx[i]: nobody needs it) and ADDS the
+//             parameter gradients (several calls accumulate, as torch's .grad does);
+//   free      releases the configuration (NULL: dt_free of it).
+//
+// Shapes here are per sample: the batch is the leading dimension the graph adds. A
+// tensor of batch n and per-sample shape s is n * dt_shape_numel(s) floats, row-major.
+// Inputs of dtype DT_ELEM_I32 (token ids, class indices) hold int32_t values: cast x[i]
+// to (const int32_t *).
+//
+// Every built-in layer (dt_layer_<kind>_new below) follows the PyTorch module of the
+// same name (torch 1.13): semantics, default initialisation, parameter names
+// ("weight", "bias"; BatchNorm's buffers "running_mean", "running_var").
+#ifndef DTRAIN_LAYER_H
+#define DTRAIN_LAYER_H
+
+#include "dtrain/core.h"
+#include "dtrain/params.h"
+#include "dtrain/rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_LAYER_MAX_INPUTS  8 // inputs of one node
+#define DT_LAYER_MAX_TENSORS 4 // parameters of one layer; buffers likewise
+#define DT_SHAPE_MAX_DIMS    4 // per-sample dimensions
+
+typedef enum dt_elem { DT_ELEM_F32 = 0, DT_ELEM_I32 = 1 } dt_elem; // element types of graph values
+
+// A per-sample shape: ndim 0 (a scalar per sample) .. 4; dims >= 1.
+typedef struct dt_shape {
+    int     ndim;
+    int64_t d[DT_SHAPE_MAX_DIMS];
+    dt_elem dtype;
+} dt_shape;
+
+DT_API size_t dt_shape_numel(const dt_shape *s); // product of the dims (1 when ndim 0)
+// "(3,32,32)" into buf; returns buf.
+DT_API const char *dt_shape_str(const dt_shape *s, char *buf, size_t n);
+
+// A tensor a layer declares: "weight" becomes "<node>.weight" in the graph's dt_params.
+typedef struct dt_layer_tensor {
+    char     name[32];
+    int      ndim;
+    int64_t  shape[DT_PARAM_MAX_DIMS];
+    uint32_t flags; // DT_PARAM_* (DT_PARAM_NO_DECAY for biases and norms)
+} dt_layer_tensor;
+
+// What setup fills in (zeroed by the caller).
+typedef struct dt_layer_setup {
+    dt_shape        out;
+    int             nparams, nbuffers;
+    dt_layer_tensor params[DT_LAYER_MAX_TENSORS];
+    dt_layer_tensor buffers[DT_LAYER_MAX_TENSORS];
+    size_t          saved_per_sample; // floats forward saves for backward, per sample
+    size_t          saved_fixed;      // and independent of the batch (per-channel stats)
+    size_t          scratch_per_sample, scratch_fixed; // floats of scratch (forward, backward)
+    bool            no_input_grad;                     // inputs are indices: dx is never asked for
+    double          flops_per_sample;                  // forward, multiply-add = 2 (0: unknown)
+} dt_layer_setup;
+
+typedef struct dt_layer dt_layer;
+
+// Everything one forward or backward call sees.
+typedef struct dt_layer_args {
+    int                 batch;
+    bool                training;
+    int                 nin;
+    const dt_shape     *in;      // nin per-sample input shapes
+    const dt_shape     *out;     // the per-sample output shape
+    const float *const *x;       // nin inputs, (batch, in[i])
+    float              *y;       // forward: written; backward: the forward's output (read only)
+    const float        *dy;      // backward: gradient of the output
+    float *const       *dx;      // backward: input gradients to WRITE; dx[i] NULL: not needed
+    float *const       *w;       // parameters, in setup's order
+    float *const       *dw;      // backward: parameter gradients to ADD
+    float *const       *buf;     // buffers, in setup's order
+    float              *saved;   // saved_per_sample * batch + saved_fixed floats
+    float              *scratch; // scratch_per_sample * batch + scratch_fixed floats
+    // Random draws (dropout): sample s draws from dt_rng_split(rng, keys ? keys[s] : s);
+    // rng is the graph's stream already split by the node's layer position (graph.h).
+    const dt_rng   *rng;
+    const uint64_t *keys;
+} dt_layer_args;
+
+typedef struct dt_layer_ops {
+    const char *kind; // "conv2d", "my_layer", ...
+    dt_status (*setup)(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s);
+    // Parameters then buffers, in setup's order; NULL: all zero.
+    void (*init)(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf);
+    dt_status (*forward)(const dt_layer *l, const dt_layer_args *a);
+    dt_status (*backward)(const dt_layer *l, const dt_layer_args *a);
+    void (*free_config)(void *config); // NULL: dt_free(config)
+} dt_layer_ops;
+
+struct dt_layer {
+    const dt_layer_ops *ops;
+    void               *config; // the layer's own, owned
+};
+
+typedef struct dt_layer_opts {
+    int reserved; // none yet
+} dt_layer_opts;
+
+DT_API dt_layer_opts dt_layer_opts_default(void);
+
+// A layer of `ops` taking ownership of `config` (dt_alloc'ed, or freed by
+// ops->free_config) even on failure. *out stays NULL on failure.
+DT_API dt_status dt_layer_new(dt_layer **out, const dt_layer_ops *ops, void *config,
+                              const dt_layer_opts *opts);
+DT_API void      dt_layer_free(dt_layer *l); // NULL-safe
+
+// ------------------------------------------------------------------- built-in layers
+
+// nn.Conv2d(cin, cout, (kh, kw), stride, padding, groups, bias) on (cin, h, w).
+typedef struct dt_conv2d_opts {
+    int  sh, sw, ph, pw, groups; // default stride 1, padding 0, groups 1
+    bool bias;                   // default true
+} dt_conv2d_opts;
+DT_API dt_conv2d_opts dt_conv2d_opts_default(void);
+DT_API dt_status      dt_layer_conv2d_new(dt_layer **out, int cin, int cout, int kh, int kw,
+                                          const dt_conv2d_opts *opts);
+
+// nn.Linear(in, out, bias) over the last dimension of any input (..., in).
+typedef struct dt_linear_opts {
+    bool bias; // default true
+} dt_linear_opts;
+DT_API dt_linear_opts dt_linear_opts_default(void);
+DT_API dt_status      dt_layer_linear_new(dt_layer **out, int in, int out_features,
+                                          const dt_linear_opts *opts);
+
+// Per-channel statistics reducer of a SyncBatchNorm: sums `v[0..n)` over the process
+// group in place (forward: sum, sum of squares per channel and the count; backward:
+// the sums of dy and dy*xhat per channel). Returns nonzero on failure.
+typedef dt_status (*dt_bn_reduce_fn)(void *user, float *v, size_t n);
+
+// nn.BatchNorm1d(c) on (c) or (c, l), nn.BatchNorm2d(c) on (c, h, w): training uses
+// batch statistics and updates the running ones (buffers), evaluation the running ones.
+typedef struct dt_batchnorm_opts {
+    float           eps;      // default 1e-5
+    float           momentum; // default 0.1
+    bool            affine;   // default true
+    dt_bn_reduce_fn reduce;   // NULL: local statistics (BatchNorm); else SyncBatchNorm
+    void           *reduce_user;
+} dt_batchnorm_opts;
+DT_API dt_batchnorm_opts dt_batchnorm_opts_default(void);
+DT_API dt_status dt_layer_batchnorm1d_new(dt_layer **out, int c, const dt_batchnorm_opts *opts);
+DT_API dt_status dt_layer_batchnorm2d_new(dt_layer **out, int c, const dt_batchnorm_opts *opts);
+
+// nn.LayerNorm(d, eps, elementwise_affine) over the last dimension.
+typedef struct dt_layernorm_opts {
+    float eps;    // default 1e-5
+    bool  affine; // default true
+} dt_layernorm_opts;
+DT_API dt_layernorm_opts dt_layernorm_opts_default(void);
+DT_API dt_status dt_layer_layernorm_new(dt_layer **out, int d, const dt_layernorm_opts *opts);
+
+// nn.Embedding(num, d): DT_ELEM_I32 input of any shape s -> (s..., d).
+DT_API dt_status dt_layer_embedding_new(dt_layer **out, int num, int d, const dt_layer_opts *opts);
+
+// Element-wise activations (nn.ReLU, nn.GELU(), nn.GELU('tanh'), nn.Tanh, nn.Sigmoid,
+// nn.SiLU), any shape.
+typedef enum dt_act {
+    DT_ACT_RELU,
+    DT_ACT_GELU,
+    DT_ACT_GELU_TANH,
+    DT_ACT_TANH,
+    DT_ACT_SIGMOID,
+    DT_ACT_SILU,
+} dt_act;
+DT_API dt_status dt_layer_act_new(dt_layer **out, dt_act act, const dt_layer_opts *opts);
+// nn.Softmax(dim=-1).
+DT_API dt_status dt_layer_softmax_new(dt_layer **out, const dt_layer_opts *opts);
+// nn.Dropout(p): masks keyed per sample (dt_graph_set_sample_keys), identity in eval.
+DT_API dt_status dt_layer_dropout_new(dt_layer **out, float p, const dt_layer_opts *opts);
+
+// nn.AvgPool2d / nn.MaxPool2d((kh, kw), stride, padding) on (c, h, w); stride 0 is the
+// kernel. AvgPool2d counts padding in the divisor (count_include_pad).
+typedef struct dt_pool2d_opts {
+    int sh, sw, ph, pw; // default stride = kernel, padding 0
+} dt_pool2d_opts;
+DT_API dt_pool2d_opts dt_pool2d_opts_default(void);
+DT_API dt_status dt_layer_avgpool2d_new(dt_layer **out, int kh, int kw, const dt_pool2d_opts *opts);
+DT_API dt_status dt_layer_maxpool2d_new(dt_layer **out, int kh, int kw, const dt_pool2d_opts *opts);
+// nn.AdaptiveAvgPool2d((ho, wo)).
+DT_API dt_status dt_layer_adaptive_avgpool2d_new(dt_layer **out, int ho, int wo,
+                                                 const dt_layer_opts *opts);
+// nn.Flatten(): any shape -> (numel).
+DT_API dt_status dt_layer_flatten_new(dt_layer **out, const dt_layer_opts *opts);
+// a + b (+ ...) of equal shapes: the residual add.
+DT_API dt_status dt_layer_add_new(dt_layer **out, const dt_layer_opts *opts);
+// torch.cat along per-sample dimension `dim` (0: channels of (c, h, w) images).
+DT_API dt_status dt_layer_concat_new(dt_layer **out, int dim, const dt_layer_opts *opts);
+// Causal multi-head self-attention on packed (T, 3C) q|k|v rows (the output of a qkv
+// Linear) -> (T, C), heads dividing C; flash-style, one tile of scores at a time.
+DT_API dt_status dt_layer_attention_new(dt_layer **out, int heads, const dt_layer_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DTRAIN_LAYER_H

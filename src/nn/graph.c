@@ -1,0 +1,638 @@
+// graph.c: the model graph (graph.h). Values are graph inputs and nodes in one array,
+// in the order they were declared: since a node may only name earlier values, that
+// order is topological and forward walks it, backward walks it in reverse.
+//
+// Memory per value: its output y and the gradient dy (batch x numel each), the layer's
+// saved state; scratch and the temporaries for fan-out are shared by all nodes.
+//
+// Gradients of fan-out: a value's dy is WRITTEN by the first consumer that backward
+// reaches (the last in forward order) and every later consumer writes into a
+// temporary that is then added (dt_nn_accumulate), so a value read k times gets the
+// sum of k gradients without zeroing anything first.
+//
+// Fusion passes (next step: porting the Sequential model onto the graph) fit between
+// dt_graph_add and dt_graph_finalize: a pass walks `vals`, finds a conv node whose only
+// consumer is a ReLU whose only consumer is a 2x2 max pool (nconsumers == 1 on both),
+// and replaces the three by one node of a fused layer reading the conv's inputs and
+// exposing the pool's output under the pool's name: the names of parameters and of the
+// values later nodes read stay as they were.
+#include "dtrain/graph.h"
+
+#include "nn/ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct gval {
+    char           name[DT_GRAPH_NAME_MAX + 1];
+    dt_layer      *layer; // NULL: a graph input
+    int            nin;
+    int            in[DT_LAYER_MAX_INPUTS];
+    dt_shape       shape; // per-sample output
+    dt_layer_setup su;
+    int            nconsumers;
+    int            layer_no; // position among the layer nodes (0 = the first added): its
+                             // random streams, as a Sequential model's layer index
+    // After finalize: tensor indices into the dt_params tables; alias_of: -1 or the
+    // (value, tensor) this node's parameter k is tied to.
+    int          pidx[DT_LAYER_MAX_TENSORS], bidx[DT_LAYER_MAX_TENSORS];
+    int          tie_val[DT_LAYER_MAX_TENSORS], tie_k[DT_LAYER_MAX_TENSORS];
+    float       *w[DT_LAYER_MAX_TENSORS], *dw[DT_LAYER_MAX_TENSORS], *buf[DT_LAYER_MAX_TENSORS];
+    float       *y, *dy, *saved;
+    const float *ext;     // graph input: the caller's buffer
+    bool         written; // backward: dy holds a gradient
+    bool         fwd_training;
+} gval;
+
+struct dt_graph {
+    gval      *vals;
+    int        nvals, cap, output;
+    bool       finalized, training, input_grad;
+    dt_params *params;
+    int       *first_user; // per parameter tensor: the earliest node using it
+    dt_rng     rng;
+    uint64_t  *keys;
+    int        nkeys;
+    int        reserved; // batch the buffers hold
+    int        batch;    // of the last forward
+    float     *scratch, *tmp;
+    size_t     scratch_n, tmp_n;
+};
+
+dt_graph_opts dt_graph_opts_default(void) {
+    return (dt_graph_opts){.max_nodes = 1024};
+}
+
+dt_status dt_graph_new(dt_graph **out, const dt_graph_opts *opts) {
+    if (!out)
+        return dt_fail(DT_ERR_ARG, "dt_graph_new: expected an output pointer, found NULL");
+    *out            = NULL;
+    dt_graph_opts o = opts ? *opts : dt_graph_opts_default();
+    if (o.max_nodes <= 0)
+        o.max_nodes = 1024;
+    dt_graph *g = dt_alloc_zero(sizeof *g);
+    if (!g)
+        return DT_ERR_NOMEM;
+    g->vals = dt_alloc_zero(sizeof(gval) * (size_t)o.max_nodes);
+    if (!g->vals) {
+        dt_free(g);
+        return DT_ERR_NOMEM;
+    }
+    g->cap      = o.max_nodes;
+    g->output   = -1;
+    g->training = true;
+    g->rng      = dt_rng_init(0);
+    *out        = g;
+    return DT_OK;
+}
+
+static void free_buffers(dt_graph *g) {
+    for (int i = 0; i < g->nvals; i++) {
+        gval *v = &g->vals[i];
+        dt_free(v->y);
+        dt_free(v->dy);
+        dt_free(v->saved);
+        v->y = v->dy = v->saved = NULL;
+    }
+    dt_free(g->scratch);
+    dt_free(g->tmp);
+    g->scratch = g->tmp = NULL;
+    g->reserved         = 0;
+}
+
+void dt_graph_free(dt_graph *g) {
+    if (!g)
+        return;
+    free_buffers(g);
+    for (int i = 0; i < g->nvals; i++)
+        dt_layer_free(g->vals[i].layer);
+    dt_params_free(g->params);
+    dt_free(g->first_user);
+    dt_free(g->keys);
+    dt_free(g->vals);
+    dt_free(g);
+}
+
+static int find_val(const dt_graph *g, const char *name) {
+    for (int i = 0; i < g->nvals; i++)
+        if (strcmp(g->vals[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+static dt_status check_new_name(dt_graph *g, const char *name) {
+    if (g->finalized)
+        return dt_fail(DT_ERR_STATE, "graph: '%s' added after dt_graph_finalize", name ? name : "");
+    if (!name || !name[0] || strlen(name) > DT_GRAPH_NAME_MAX)
+        return dt_fail(DT_ERR_ARG, "graph: expected a name of 1..%d bytes, found '%s'",
+                       DT_GRAPH_NAME_MAX, name ? name : "(null)");
+    if (find_val(g, name) >= 0)
+        return dt_fail(DT_ERR_ARG, "graph: the name '%s' is taken", name);
+    if (g->nvals == g->cap)
+        return dt_fail(DT_ERR_ARG, "graph: more than %d nodes (dt_graph_opts.max_nodes)", g->cap);
+    return DT_OK;
+}
+
+static dt_status check_shape(const char *what, const dt_shape *s) {
+    if (s->ndim < 0 || s->ndim > DT_SHAPE_MAX_DIMS ||
+        (s->dtype != DT_ELEM_F32 && s->dtype != DT_ELEM_I32))
+        return dt_fail(DT_ERR_ARG, "%s: expected ndim 0..%d and dtype f32 or i32, found ndim %d",
+                       what, DT_SHAPE_MAX_DIMS, s->ndim);
+    for (int i = 0; i < s->ndim; i++)
+        if (s->d[i] < 1 || s->d[i] > INT32_MAX)
+            return dt_fail(DT_ERR_ARG, "%s: expected dimensions >= 1, found %lld at %d", what,
+                           (long long)s->d[i], i);
+    return DT_OK;
+}
+
+dt_status dt_graph_input(dt_graph *g, const char *name, const dt_shape *shape) {
+    if (!g || !shape)
+        return dt_fail(DT_ERR_ARG, "dt_graph_input: expected a graph and a shape, found NULL");
+    DT_TRY(check_new_name(g, name));
+    DT_TRY(check_shape(name, shape));
+    gval *v = &g->vals[g->nvals];
+    memset(v, 0, sizeof *v);
+    snprintf(v->name, sizeof v->name, "%s", name);
+    v->shape = *shape;
+    g->nvals++;
+    return DT_OK;
+}
+
+dt_status dt_graph_add_node(dt_graph *g, const char *name, dt_layer *layer, int nin,
+                            const char *const *inputs) {
+    if (!g || !layer) {
+        dt_layer_free(layer);
+        return dt_fail(DT_ERR_ARG, "dt_graph_add_node: expected a graph and a layer, found NULL");
+    }
+    dt_status st = check_new_name(g, name);
+    if (st == DT_OK && (nin < 1 || nin > DT_LAYER_MAX_INPUTS || !inputs))
+        st = dt_fail(DT_ERR_ARG, "node '%s': expected 1..%d inputs, found %d", name,
+                     DT_LAYER_MAX_INPUTS, nin);
+    gval v = {0};
+    for (int i = 0; st == DT_OK && i < nin; i++) {
+        v.in[i] = inputs[i] ? find_val(g, inputs[i]) : -1;
+        if (v.in[i] < 0)
+            st = dt_fail(DT_ERR_ARG,
+                         "node '%s': input %d '%s' is neither a graph input nor an "
+                         "earlier node",
+                         name, i, inputs[i] ? inputs[i] : "(null)");
+    }
+    if (st != DT_OK) {
+        dt_layer_free(layer);
+        return st;
+    }
+    snprintf(v.name, sizeof v.name, "%s", name);
+    v.layer = layer;
+    v.nin   = nin;
+    dt_shape in[DT_LAYER_MAX_INPUTS];
+    for (int i = 0; i < nin; i++)
+        in[i] = g->vals[v.in[i]].shape;
+    st = layer->ops->setup(layer, nin, in, &v.su);
+    if (st == DT_OK)
+        st = check_shape(name, &v.su.out);
+    if (st == DT_OK && (v.su.nparams < 0 || v.su.nparams > DT_LAYER_MAX_TENSORS ||
+                        v.su.nbuffers < 0 || v.su.nbuffers > DT_LAYER_MAX_TENSORS))
+        st = dt_fail(DT_ERR_ARG, "node '%s': expected 0..%d parameters and buffers, found %d, %d",
+                     name, DT_LAYER_MAX_TENSORS, v.su.nparams, v.su.nbuffers);
+    if (st != DT_OK) {
+        const char *kind = layer->ops->kind;
+        dt_layer_free(layer);
+        return dt_fail_context("node '%s' (%s)", name, kind);
+    }
+    v.shape = v.su.out;
+    for (int k = 0; k < DT_LAYER_MAX_TENSORS; k++)
+        v.tie_val[k] = -1;
+    for (int i = 0; i < nin; i++)
+        g->vals[v.in[i]].nconsumers++;
+    v.layer_no = 0;
+    for (int i = 0; i < g->nvals; i++)
+        v.layer_no += g->vals[i].layer != NULL;
+    g->vals[g->nvals++] = v;
+    g->output           = g->nvals - 1;
+    return DT_OK;
+}
+
+// "node.tensor" -> (value, parameter index).
+static dt_status find_param(const dt_graph *g, const char *full, int *val, int *k) {
+    const char *dot = strrchr(full, '.');
+    if (dot && (size_t)(dot - full) <= DT_GRAPH_NAME_MAX) {
+        char node[DT_GRAPH_NAME_MAX + 1];
+        memcpy(node, full, (size_t)(dot - full));
+        node[dot - full] = 0;
+        int v            = find_val(g, node);
+        if (v >= 0 && g->vals[v].layer)
+            for (int i = 0; i < g->vals[v].su.nparams; i++)
+                if (strcmp(g->vals[v].su.params[i].name, dot + 1) == 0) {
+                    *val = v;
+                    *k   = i;
+                    return DT_OK;
+                }
+    }
+    return dt_fail(DT_ERR_ARG, "graph: no parameter named '%s' (expected '<node>.<tensor>')", full);
+}
+
+dt_status dt_graph_tie(dt_graph *g, const char *param, const char *owner) {
+    if (!g || !param || !owner)
+        return dt_fail(DT_ERR_ARG, "dt_graph_tie: expected a graph and two names, found NULL");
+    if (g->finalized)
+        return dt_fail(DT_ERR_STATE, "dt_graph_tie: '%s' tied after dt_graph_finalize", param);
+    int pv, pk, ov, ok;
+    DT_TRY(find_param(g, param, &pv, &pk));
+    DT_TRY(find_param(g, owner, &ov, &ok));
+    if (ov >= pv)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_graph_tie: expected the owner '%s' declared by an earlier "
+                       "node than '%s'",
+                       owner, param);
+    if (g->vals[ov].tie_val[ok] >= 0)
+        return dt_fail(DT_ERR_ARG, "dt_graph_tie: the owner '%s' is itself tied", owner);
+    const dt_layer_tensor *a = &g->vals[pv].su.params[pk], *b = &g->vals[ov].su.params[ok];
+    bool                   same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++)
+        same = a->shape[i] == b->shape[i];
+    if (!same)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_graph_tie: '%s' and '%s' differ in shape (%lld x %lld vs "
+                       "%lld x %lld)",
+                       param, owner, (long long)a->shape[0],
+                       (long long)(a->ndim > 1 ? a->shape[1] : 1), (long long)b->shape[0],
+                       (long long)(b->ndim > 1 ? b->shape[1] : 1));
+    g->vals[pv].tie_val[pk] = ov;
+    g->vals[pv].tie_k[pk]   = ok;
+    return DT_OK;
+}
+
+dt_status dt_graph_set_output(dt_graph *g, const char *node) {
+    int v = g && node ? find_val(g, node) : -1;
+    if (v < 0 || !g->vals[v].layer)
+        return dt_fail(DT_ERR_ARG, "dt_graph_set_output: no node named '%s'", node ? node : "");
+    g->output = v;
+    return DT_OK;
+}
+
+static dt_status full_name(char *buf, const char *node, const char *t) {
+    int n = snprintf(buf, DT_PARAM_NAME_MAX + 1, "%s.%s", node, t);
+    if (n < 0 || n > DT_PARAM_NAME_MAX)
+        return dt_fail(DT_ERR_ARG, "graph: tensor name '%s.%s' is longer than %d bytes", node, t,
+                       DT_PARAM_NAME_MAX);
+    return DT_OK;
+}
+
+dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
+    if (!g)
+        return dt_fail(DT_ERR_ARG, "dt_graph_finalize: expected a graph, found NULL");
+    if (g->finalized)
+        return dt_fail(DT_ERR_STATE, "dt_graph_finalize: called twice");
+    if (g->output < 0)
+        return dt_fail(DT_ERR_ARG, "dt_graph_finalize: the graph has no node");
+    dt_params_free(g->params); // what a failed earlier call left
+    dt_free(g->first_user);
+    g->params     = NULL;
+    g->first_user = NULL;
+    DT_TRY(dt_params_new(&g->params, NULL));
+    char name[DT_PARAM_NAME_MAX + 1];
+    int  np = 0;
+    for (int i = 0; i < g->nvals; i++) {
+        gval *v = &g->vals[i];
+        if (!v->layer)
+            continue;
+        for (int k = 0; k < v->su.nparams; k++) {
+            if (v->tie_val[k] >= 0) {
+                v->pidx[k] = g->vals[v->tie_val[k]].pidx[v->tie_k[k]];
+                continue;
+            }
+            const dt_layer_tensor *t = &v->su.params[k];
+            DT_TRY(full_name(name, v->name, t->name));
+            DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, i, false));
+            v->pidx[k] = np++;
+        }
+        for (int k = 0; k < v->su.nbuffers; k++) {
+            const dt_layer_tensor *t = &v->su.buffers[k];
+            DT_TRY(full_name(name, v->name, t->name));
+            DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, i, true));
+            v->bidx[k] = dt_params_buffer_count(g->params) - 1;
+        }
+    }
+    DT_TRY(dt_params_alloc(g->params));
+    g->first_user = dt_alloc(sizeof(int) * (size_t)(np ? np : 1));
+    if (!g->first_user)
+        return DT_ERR_NOMEM;
+    for (int t = 0; t < np; t++)
+        g->first_user[t] = -1;
+    float *data = dt_params_data(g->params), *grads = dt_params_grads(g->params);
+    float *bufs   = dt_params_buffers(g->params);
+    size_t junk_n = 0;
+    for (int i = 0; i < g->nvals; i++) {
+        gval *v = &g->vals[i];
+        if (!v->layer)
+            continue;
+        for (int k = 0; k < v->su.nparams; k++) {
+            const dt_param_info *t = dt_params_info(g->params, v->pidx[k]);
+            v->w[k]                = data + t->offset;
+            v->dw[k]               = grads + t->offset;
+            if (g->first_user[v->pidx[k]] < 0)
+                g->first_user[v->pidx[k]] = i;
+            if (v->tie_val[k] >= 0 && t->count > junk_n)
+                junk_n = t->count;
+        }
+        for (int k = 0; k < v->su.nbuffers; k++)
+            v->buf[k] = bufs + dt_params_buffer_info(g->params, v->bidx[k])->offset;
+    }
+    // Initialise: a tied parameter keeps its owner's values (its node's init writes a
+    // throwaway copy, so every node draws the same stream as untied).
+    float *junk = dt_alloc(sizeof(float) * (junk_n ? junk_n : 1));
+    if (!junk)
+        return DT_ERR_NOMEM;
+    dt_rng root = dt_rng_init(seed);
+    for (int i = 0; i < g->nvals; i++) {
+        gval *v = &g->vals[i];
+        if (!v->layer || !v->layer->ops->init)
+            continue;
+        float *w[DT_LAYER_MAX_TENSORS];
+        for (int k = 0; k < v->su.nparams; k++)
+            w[k] = v->tie_val[k] >= 0 ? junk : v->w[k];
+        dt_rng r = dt_rng_split(&root, (uint64_t)v->layer_no);
+        v->layer->ops->init(v->layer, &r, w, v->buf);
+    }
+    dt_free(junk);
+    g->finalized = true;
+    return DT_OK;
+}
+
+dt_params *dt_graph_params(dt_graph *g) {
+    return g && g->finalized ? g->params : NULL;
+}
+int dt_graph_num_nodes(const dt_graph *g) {
+    return g ? g->nvals : 0;
+}
+const char *dt_graph_node_name(const dt_graph *g, int node) {
+    return g && node >= 0 && node < g->nvals ? g->vals[node].name : NULL;
+}
+const char *dt_graph_node_kind(const dt_graph *g, int node) {
+    if (!g || node < 0 || node >= g->nvals)
+        return NULL;
+    return g->vals[node].layer ? g->vals[node].layer->ops->kind : "input";
+}
+int dt_graph_find(const dt_graph *g, const char *name) {
+    return g && name ? find_val(g, name) : -1;
+}
+const dt_shape *dt_graph_node_shape(const dt_graph *g, int node) {
+    if (!g)
+        return NULL;
+    if (node == -1)
+        node = g->output;
+    return node >= 0 && node < g->nvals ? &g->vals[node].shape : NULL;
+}
+
+void dt_graph_train(dt_graph *g, bool training) {
+    if (g)
+        g->training = training;
+}
+void dt_graph_set_rng(dt_graph *g, const dt_rng *rng) {
+    if (g && rng)
+        g->rng = *rng;
+}
+dt_status dt_graph_set_sample_keys(dt_graph *g, const uint64_t *keys, int n) {
+    if (!g || n < 0)
+        return dt_fail(DT_ERR_ARG, "dt_graph_set_sample_keys: expected a graph and n >= 0");
+    dt_free(g->keys);
+    g->keys  = NULL;
+    g->nkeys = 0;
+    if (!keys || n == 0)
+        return DT_OK;
+    g->keys = dt_alloc(sizeof(uint64_t) * (size_t)n);
+    if (!g->keys)
+        return DT_ERR_NOMEM;
+    memcpy(g->keys, keys, sizeof(uint64_t) * (size_t)n);
+    g->nkeys = n;
+    return DT_OK;
+}
+void dt_graph_set_input_grad(dt_graph *g, bool on) {
+    if (g)
+        g->input_grad = on;
+}
+
+static size_t val_floats(const gval *v, int batch) {
+    return dt_shape_numel(&v->shape) * (size_t)batch;
+}
+
+static dt_status reserve(dt_graph *g, int batch) {
+    if (batch <= g->reserved)
+        return DT_OK;
+    free_buffers(g);
+    size_t scratch = 1, tmp = 1;
+    for (int i = 0; i < g->nvals; i++) {
+        gval  *v = &g->vals[i];
+        size_t n = val_floats(v, batch);
+        v->dy    = dt_alloc(sizeof(float) * (n ? n : 1));
+        if (!v->dy)
+            return DT_ERR_NOMEM;
+        if (!v->layer)
+            continue;
+        size_t s = v->su.saved_per_sample * (size_t)batch + v->su.saved_fixed;
+        v->y     = dt_alloc(sizeof(float) * (n ? n : 1));
+        v->saved = dt_alloc(sizeof(float) * (s ? s : 1));
+        if (!v->y || !v->saved)
+            return DT_ERR_NOMEM;
+        size_t sc = v->su.scratch_per_sample * (size_t)batch + v->su.scratch_fixed, t = 0;
+        if (sc > scratch)
+            scratch = sc;
+        for (int j = 0; j < v->nin; j++)
+            t += val_floats(&g->vals[v->in[j]], batch);
+        if (t > tmp)
+            tmp = t;
+    }
+    g->scratch = dt_alloc(sizeof(float) * scratch);
+    g->tmp     = dt_alloc(sizeof(float) * tmp);
+    if (!g->scratch || !g->tmp)
+        return DT_ERR_NOMEM;
+    g->scratch_n = scratch;
+    g->tmp_n     = tmp;
+    g->reserved  = batch;
+    return DT_OK;
+}
+
+static const float *val_data(const gval *v) {
+    return v->layer ? v->y : v->ext;
+}
+
+static void make_args(dt_graph *g, gval *v, dt_layer_args *a, dt_shape *in, const float **x,
+                      dt_rng *rng) {
+    for (int j = 0; j < v->nin; j++) {
+        in[j] = g->vals[v->in[j]].shape;
+        x[j]  = val_data(&g->vals[v->in[j]]);
+    }
+    *rng = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
+    *a   = (dt_layer_args){
+          .batch    = g->batch,
+          .training = v->fwd_training,
+          .nin      = v->nin,
+          .in       = in,
+          .out      = &v->shape,
+          .x        = x,
+          .y        = v->y,
+          .w        = v->w,
+          .dw       = v->dw,
+          .buf      = v->buf,
+          .saved    = v->saved,
+          .scratch  = g->scratch,
+          .rng      = rng,
+          .keys     = g->keys,
+    };
+}
+
+dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
+    if (!g || !g->finalized)
+        return dt_fail(DT_ERR_STATE, "dt_graph_forward: expected a finalized graph");
+    if (batch < 1 || !inputs)
+        return dt_fail(DT_ERR_ARG, "dt_graph_forward: expected inputs and batch >= 1, found %d",
+                       batch);
+    if (g->training && g->keys && g->nkeys != batch)
+        return dt_fail(DT_ERR_ARG, "dt_graph_forward: %d sample keys set, batch is %d", g->nkeys,
+                       batch);
+    DT_TRY(reserve(g, batch));
+    g->batch = batch;
+    int ni   = 0;
+    for (int i = 0; i < g->nvals; i++) {
+        gval *v = &g->vals[i];
+        if (!v->layer) {
+            v->ext = inputs[ni];
+            if (!v->ext)
+                return dt_fail(DT_ERR_ARG, "dt_graph_forward: input '%s' is NULL", v->name);
+            ni++;
+            continue;
+        }
+        v->fwd_training = g->training;
+        dt_layer_args a;
+        dt_shape      in[DT_LAYER_MAX_INPUTS];
+        const float  *x[DT_LAYER_MAX_INPUTS];
+        dt_rng        rng;
+        make_args(g, v, &a, in, x, &rng);
+        dt_status st = v->layer->ops->forward(v->layer, &a);
+        if (st != DT_OK)
+            return dt_fail_context("node '%s' (%s) forward", v->name, v->layer->ops->kind);
+    }
+    return DT_OK;
+}
+
+const float *dt_graph_output(const dt_graph *g) {
+    return g && g->output >= 0 ? val_data(&g->vals[g->output]) : NULL;
+}
+const float *dt_graph_node_output(const dt_graph *g, int node) {
+    return g && node >= 0 && node < g->nvals ? val_data(&g->vals[node]) : NULL;
+}
+const float *dt_graph_input_grad(const dt_graph *g, int input) {
+    if (!g || !g->input_grad)
+        return NULL;
+    for (int i = 0, k = 0; i < g->nvals; i++)
+        if (!g->vals[i].layer && k++ == input)
+            return g->vals[i].written ? g->vals[i].dy : NULL;
+    return NULL;
+}
+
+static bool wants_grad(const dt_graph *g, const gval *v) {
+    if (v->shape.dtype != DT_ELEM_F32)
+        return false;
+    return v->layer ? true : g->input_grad;
+}
+
+dt_status dt_graph_backward(dt_graph *g, const float *dout) {
+    if (!g || !g->finalized || g->batch < 1)
+        return dt_fail(DT_ERR_STATE, "dt_graph_backward: expected a forward first");
+    if (!dout)
+        return dt_fail(DT_ERR_ARG, "dt_graph_backward: expected dout, found NULL");
+    int batch = g->batch;
+    for (int i = 0; i < g->nvals; i++)
+        g->vals[i].written = false;
+    gval *o = &g->vals[g->output];
+    memcpy(o->dy, dout, sizeof(float) * val_floats(o, batch));
+    o->written = true;
+    int np     = dt_params_count(g->params);
+    for (int i = g->nvals - 1; i >= 0; i--) {
+        gval *v = &g->vals[i];
+        if (!v->layer)
+            continue;
+        if (!v->written) { // feeds nothing that reaches the output: a zero gradient
+            memset(v->dy, 0, sizeof(float) * val_floats(v, batch));
+            v->written = true;
+        }
+        dt_layer_args a;
+        dt_shape      in[DT_LAYER_MAX_INPUTS];
+        const float  *x[DT_LAYER_MAX_INPUTS];
+        float        *dx[DT_LAYER_MAX_INPUTS];
+        bool          direct[DT_LAYER_MAX_INPUTS];
+        dt_rng        rng;
+        make_args(g, v, &a, in, x, &rng);
+        size_t toff = 0;
+        for (int j = 0; j < v->nin; j++) {
+            gval *u   = &g->vals[v->in[j]];
+            dx[j]     = NULL;
+            direct[j] = false;
+            if (v->su.no_input_grad || !wants_grad(g, u))
+                continue;
+            bool taken = u->written;
+            for (int k = 0; k < j; k++)
+                taken = taken || (v->in[k] == v->in[j] && direct[k]);
+            if (!taken) {
+                dx[j]     = u->dy;
+                direct[j] = true;
+            } else {
+                dx[j] = g->tmp + toff;
+                toff += val_floats(u, batch);
+            }
+        }
+        a.dy         = v->dy;
+        a.dx         = dx;
+        dt_status st = v->layer->ops->backward(v->layer, &a);
+        if (st != DT_OK)
+            return dt_fail_context("node '%s' (%s) backward", v->name, v->layer->ops->kind);
+        for (int j = 0; j < v->nin; j++) {
+            gval *u = &g->vals[v->in[j]];
+            if (!dx[j])
+                continue;
+            if (!direct[j])
+                dt_nn_accumulate(val_floats(u, batch), dx[j], u->dy);
+            u->written = true;
+        }
+        for (int k = 0; k < v->su.nparams; k++) {
+            int t = v->pidx[k];
+            if (g->first_user[t] != i || t >= np)
+                continue;
+            const dt_param_info *info = dt_params_info(g->params, t);
+            DT_TRY(dt_params_grad_ready(g->params, info->offset, info->count));
+        }
+    }
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------------ losses
+
+dt_status dt_loss_mse(const float *x, const float *t, size_t n, float *loss, float *dx) {
+    if (!x || !t || !loss || n == 0)
+        return dt_fail(DT_ERR_ARG, "dt_loss_mse: expected x, t, loss and n >= 1");
+    *loss = dt_nn_mse_loss(n, x, t, dx);
+    return DT_OK;
+}
+dt_status dt_loss_l1(const float *x, const float *t, size_t n, float *loss, float *dx) {
+    if (!x || !t || !loss || n == 0)
+        return dt_fail(DT_ERR_ARG, "dt_loss_l1: expected x, t, loss and n >= 1");
+    *loss = dt_nn_l1_loss(n, x, t, dx);
+    return DT_OK;
+}
+dt_status dt_loss_bce_logits(const float *x, const float *t, size_t n, float *loss, float *dx) {
+    if (!x || !t || !loss || n == 0)
+        return dt_fail(DT_ERR_ARG, "dt_loss_bce_logits: expected x, t, loss and n >= 1");
+    *loss = dt_nn_bce_logits_loss(n, x, t, dx);
+    return DT_OK;
+}
+dt_status dt_loss_cross_entropy_ex(const float *logits, const int32_t *target, int n, int k,
+                                   int ignore_index, float label_smoothing, float *loss,
+                                   float *dlogits) {
+    if (!logits || !target || !loss || n < 1 || k < 1 ||
+        !(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+        return dt_fail(DT_ERR_ARG,
+                       "dt_loss_cross_entropy_ex: expected logits, targets, n, k >= 1 "
+                       "and label smoothing in [0, 1], found n %d k %d ls %g",
+                       n, k, (double)label_smoothing);
+    return dt_nn_cross_entropy(n, k, logits, target, ignore_index, label_smoothing, loss, dlogits);
+}

@@ -1,0 +1,483 @@
+// layers.c: the layer interface (layer.h) and the built-in layers with parameters:
+// Conv2d, Linear, BatchNorm1d/2d (and its SyncBatchNorm hook), LayerNorm, Embedding.
+// Each wraps the kernels of ops.h; the element-wise, pooling and structural layers are
+// in layers_misc.c.
+#include "nn/layers_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+size_t dt_shape_numel(const dt_shape *s) {
+    size_t n = 1;
+    for (int i = 0; i < s->ndim; i++)
+        n *= (size_t)s->d[i];
+    return n;
+}
+
+const char *dt_shape_str(const dt_shape *s, char *buf, size_t n) {
+    size_t o = 0;
+    if (n == 0)
+        return buf;
+    buf[0] = 0;
+    o += (size_t)snprintf(buf, n, "(");
+    for (int i = 0; i < s->ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? "," : "", (long long)s->d[i]);
+    if (o < n)
+        snprintf(buf + o, n - o, ")%s", s->dtype == DT_ELEM_I32 ? " i32" : "");
+    return buf;
+}
+
+dt_layer_opts dt_layer_opts_default(void) {
+    return (dt_layer_opts){0};
+}
+
+dt_status dt_layer_new(dt_layer **out, const dt_layer_ops *ops, void *config,
+                       const dt_layer_opts *opts) {
+    (void)opts;
+    if (out)
+        *out = NULL;
+    if (!out || !ops || !ops->kind || !ops->setup || !ops->forward || !ops->backward) {
+        if (ops && ops->free_config)
+            ops->free_config(config);
+        else
+            dt_free(config);
+        return dt_fail(DT_ERR_ARG, "dt_layer_new: expected an output pointer and ops with kind, "
+                                   "setup, forward and backward");
+    }
+    dt_layer *l = dt_alloc_zero(sizeof *l);
+    if (!l) {
+        if (ops->free_config)
+            ops->free_config(config);
+        else
+            dt_free(config);
+        return DT_ERR_NOMEM;
+    }
+    l->ops    = ops;
+    l->config = config;
+    *out      = l;
+    return DT_OK;
+}
+
+void dt_layer_free(dt_layer *l) {
+    if (!l)
+        return;
+    if (l->ops && l->ops->free_config)
+        l->ops->free_config(l->config);
+    else
+        dt_free(l->config);
+    dt_free(l);
+}
+
+dt_status lay_new(dt_layer **out, const dt_layer_ops *ops, const void *cfg, size_t size) {
+    if (!out)
+        return dt_fail(DT_ERR_ARG, "%s: expected an output pointer, found NULL", ops->kind);
+    *out    = NULL;
+    void *c = dt_alloc(size ? size : 1);
+    if (!c)
+        return DT_ERR_NOMEM;
+    memcpy(c, cfg, size);
+    return dt_layer_new(out, ops, c, NULL);
+}
+
+void lay_tensor(dt_layer_tensor *t, const char *name, uint32_t flags, int ndim, int64_t d0,
+                int64_t d1, int64_t d2, int64_t d3) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim     = ndim;
+    t->flags    = flags;
+    int64_t d[] = {d0, d1, d2, d3};
+    for (int i = 0; i < DT_PARAM_MAX_DIMS; i++)
+        t->shape[i] = i < ndim ? d[i] : 1;
+}
+
+dt_status lay_expect(const char *kind, int nin, const dt_shape *in, int want_nin, int ndim_lo,
+                     int ndim_hi) {
+    if (nin != want_nin)
+        return dt_fail(DT_ERR_ARG, "%s: expected %d input(s), found %d", kind, want_nin, nin);
+    for (int i = 0; i < nin; i++) {
+        char b[64];
+        if (in[i].dtype != DT_ELEM_F32)
+            return dt_fail(DT_ERR_ARG, "%s: expected a float input, found %s", kind,
+                           dt_shape_str(&in[i], b, sizeof b));
+        if (in[i].ndim < ndim_lo || in[i].ndim > ndim_hi)
+            return dt_fail(DT_ERR_ARG,
+                           "%s: expected a per-sample shape of %d..%d dimensions, "
+                           "found %s",
+                           kind, ndim_lo, ndim_hi, dt_shape_str(&in[i], b, sizeof b));
+    }
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------------------ Conv2d
+
+static dt_status conv_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    const dt_nn_conv2d *p = l->config;
+    DT_TRY(lay_expect("conv2d", nin, in, 1, 3, 3));
+    char b[64];
+    if (in[0].d[0] != p->cin)
+        return dt_fail(DT_ERR_ARG, "conv2d: expected %d input channels, found %s", p->cin,
+                       dt_shape_str(&in[0], b, sizeof b));
+    int h = (int)in[0].d[1], w = (int)in[0].d[2], ho, wo;
+    DT_TRY(dt_nn_conv2d_check(p, h, w, &ho, &wo));
+    s->out = (dt_shape){3, {p->cout, ho, wo, 1}, DT_ELEM_F32};
+    lay_tensor(&s->params[0], "weight", 0, 4, p->cout, p->cin / p->groups, p->kh, p->kw);
+    s->nparams = 1;
+    if (p->bias)
+        lay_tensor(&s->params[s->nparams++], "bias", DT_PARAM_NO_DECAY, 1, p->cout, 0, 0, 0);
+    s->scratch_fixed    = dt_nn_conv2d_scratch(p, h, w);
+    s->flops_per_sample = 2.0 * (double)dt_nn_conv2d_weight_count(p) * ho * wo;
+    return DT_OK;
+}
+
+static void conv_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    (void)buf;
+    const dt_nn_conv2d *p = l->config;
+    dt_nn_conv2d_init(p, rng, w[0], p->bias ? w[1] : NULL);
+}
+
+static dt_status conv_forward(const dt_layer *l, const dt_layer_args *a) {
+    const dt_nn_conv2d *p = l->config;
+    dt_nn_conv2d_forward(p, a->batch, (int)a->in[0].d[1], (int)a->in[0].d[2], a->x[0], a->w[0],
+                         p->bias ? a->w[1] : NULL, a->y, a->scratch);
+    return DT_OK;
+}
+
+static dt_status conv_backward(const dt_layer *l, const dt_layer_args *a) {
+    const dt_nn_conv2d *p = l->config;
+    dt_nn_conv2d_backward(p, a->batch, (int)a->in[0].d[1], (int)a->in[0].d[2], a->x[0], a->w[0],
+                          a->dy, a->dx[0], a->dw[0], p->bias ? a->dw[1] : NULL, a->scratch);
+    return DT_OK;
+}
+
+static const dt_layer_ops conv_ops = {"conv2d",     conv_setup,    conv_init,
+                                      conv_forward, conv_backward, NULL};
+
+dt_conv2d_opts dt_conv2d_opts_default(void) {
+    return (dt_conv2d_opts){.sh = 1, .sw = 1, .groups = 1, .bias = true};
+}
+
+dt_status dt_layer_conv2d_new(dt_layer **out, int cin, int cout, int kh, int kw,
+                              const dt_conv2d_opts *opts) {
+    dt_conv2d_opts o = opts ? *opts : dt_conv2d_opts_default();
+    dt_nn_conv2d   p = {cin, cout, kh, kw, o.sh, o.sw, o.ph, o.pw, o.groups, o.bias};
+    int            ho, wo; // checks everything but the input size with a kernel-sized input
+    if (cin < 1 || cout < 1 || kh < 1 || kw < 1 || o.groups < 1 || o.sh < 1 || o.sw < 1 ||
+        o.ph < 0 || o.pw < 0)
+        return dt_fail(DT_ERR_ARG,
+                       "conv2d: expected positive sizes, strides and groups and "
+                       "padding >= 0, found cin %d cout %d kernel %dx%d stride %dx%d groups %d",
+                       cin, cout, kh, kw, o.sh, o.sw, o.groups);
+    DT_TRY(dt_nn_conv2d_check(&p, kh, kw, &ho, &wo));
+    return lay_new(out, &conv_ops, &p, sizeof p);
+}
+
+// ------------------------------------------------------------------------------ Linear
+
+typedef struct linear_cfg {
+    int  in, out;
+    bool bias;
+} linear_cfg;
+
+static dt_status linear_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    const linear_cfg *p = l->config;
+    DT_TRY(lay_expect("linear", nin, in, 1, 1, DT_SHAPE_MAX_DIMS));
+    char b[64];
+    if (in[0].d[in[0].ndim - 1] != p->in)
+        return dt_fail(DT_ERR_ARG, "linear: expected %d input features (last dimension), found %s",
+                       p->in, dt_shape_str(&in[0], b, sizeof b));
+    s->out                   = in[0];
+    s->out.d[in[0].ndim - 1] = p->out;
+    lay_tensor(&s->params[0], "weight", 0, 2, p->out, p->in, 0, 0);
+    s->nparams = 1;
+    if (p->bias)
+        lay_tensor(&s->params[s->nparams++], "bias", DT_PARAM_NO_DECAY, 1, p->out, 0, 0, 0);
+    s->flops_per_sample = 2.0 * (double)dt_shape_numel(&in[0]) * p->out;
+    return DT_OK;
+}
+
+static void linear_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    (void)buf;
+    const linear_cfg *p = l->config;
+    dt_nn_linear_init(p->in, p->out, rng, w[0], p->bias ? w[1] : NULL);
+}
+
+static int rows_of(const dt_layer_args *a, int last) {
+    return (int)((size_t)a->batch * dt_shape_numel(&a->in[0]) / (size_t)last);
+}
+
+static dt_status linear_forward(const dt_layer *l, const dt_layer_args *a) {
+    const linear_cfg *p = l->config;
+    dt_nn_linear_forward(rows_of(a, p->in), p->in, p->out, a->x[0], a->w[0],
+                         p->bias ? a->w[1] : NULL, a->y);
+    return DT_OK;
+}
+
+static dt_status linear_backward(const dt_layer *l, const dt_layer_args *a) {
+    const linear_cfg *p = l->config;
+    dt_nn_linear_backward(rows_of(a, p->in), p->in, p->out, a->x[0], a->w[0], a->dy, a->dx[0],
+                          a->dw[0], p->bias ? a->dw[1] : NULL);
+    return DT_OK;
+}
+
+static const dt_layer_ops linear_ops = {"linear",       linear_setup,    linear_init,
+                                        linear_forward, linear_backward, NULL};
+
+dt_linear_opts dt_linear_opts_default(void) {
+    return (dt_linear_opts){.bias = true};
+}
+
+dt_status dt_layer_linear_new(dt_layer **out, int in, int out_features,
+                              const dt_linear_opts *opts) {
+    dt_linear_opts o = opts ? *opts : dt_linear_opts_default();
+    if (in < 1 || out_features < 1)
+        return dt_fail(DT_ERR_ARG, "linear: expected positive sizes, found in %d out %d", in,
+                       out_features);
+    linear_cfg p = {in, out_features, o.bias};
+    return lay_new(out, &linear_ops, &p, sizeof p);
+}
+
+// --------------------------------------------------------------------------- BatchNorm
+
+typedef struct bn_cfg {
+    dt_nn_bn        p;
+    int             dims; // 1 or 2
+    dt_bn_reduce_fn reduce;
+    void           *reduce_user;
+} bn_cfg;
+
+static dt_status bn_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    const bn_cfg *p    = l->config;
+    const char   *kind = p->dims == 1 ? "batchnorm1d" : "batchnorm2d";
+    DT_TRY(lay_expect(kind, nin, in, 1, p->dims == 1 ? 1 : 3, p->dims == 1 ? 2 : 3));
+    char b[64];
+    if (in[0].d[0] != p->p.c)
+        return dt_fail(DT_ERR_ARG, "%s: expected %d channels, found %s", kind, p->p.c,
+                       dt_shape_str(&in[0], b, sizeof b));
+    s->out = in[0];
+    if (p->p.affine) {
+        lay_tensor(&s->params[0], "weight", DT_PARAM_NO_DECAY, 1, p->p.c, 0, 0, 0);
+        lay_tensor(&s->params[1], "bias", DT_PARAM_NO_DECAY, 1, p->p.c, 0, 0, 0);
+        s->nparams = 2;
+    }
+    lay_tensor(&s->buffers[0], "running_mean", 0, 1, p->p.c, 0, 0, 0);
+    lay_tensor(&s->buffers[1], "running_var", 0, 1, p->p.c, 0, 0, 0);
+    s->nbuffers      = 2;
+    s->saved_fixed   = 2 * (size_t)p->p.c + 1; // mean, invstd, the (global) count
+    s->scratch_fixed = 2 * (size_t)p->p.c + 1;
+    return DT_OK;
+}
+
+static void bn_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    (void)rng;
+    const bn_cfg *p = l->config;
+    dt_nn_bn_init(&p->p, p->p.affine ? w[0] : NULL, p->p.affine ? w[1] : NULL, buf[0], buf[1]);
+}
+
+static int bn_l(const bn_cfg *p, const dt_layer_args *a) {
+    return (int)(dt_shape_numel(&a->in[0]) / (size_t)p->p.c);
+}
+
+static dt_status bn_forward(const dt_layer *l, const dt_layer_args *a) {
+    const bn_cfg *p = l->config;
+    int           c = p->p.c, n = a->batch, len = bn_l(p, a);
+    float        *mean = a->saved, *invstd = a->saved + c;
+    float        *gamma = p->p.affine ? a->w[0] : NULL, *beta = p->p.affine ? a->w[1] : NULL;
+    double        count = (double)n * len;
+    if (a->training && p->reduce) {
+        float *v = a->scratch; // sum, sumsq, count: reduced over the group
+        dt_nn_bn_stats(n, c, len, a->x[0], v, v + c);
+        v[2 * c] = (float)count;
+        DT_TRY(p->reduce(p->reduce_user, v, 2 * (size_t)c + 1));
+        count = (double)v[2 * c];
+        if (count < 2)
+            return dt_fail(DT_ERR_ARG,
+                           "syncbatchnorm: expected more than 1 value per channel "
+                           "over the group, found %g",
+                           count);
+        dt_nn_bn_moments(&p->p, count, v, v + c, mean, invstd, a->buf[0], a->buf[1]);
+        dt_nn_bn_apply(n, c, len, a->x[0], mean, invstd, gamma, beta, a->y);
+    } else {
+        if (a->training && count < 2)
+            return dt_fail(DT_ERR_ARG,
+                           "batchnorm: expected more than 1 value per channel in "
+                           "training, found %g",
+                           count);
+        dt_nn_bn_forward(&p->p, n, len, a->training, a->x[0], gamma, beta, a->buf[0], a->buf[1],
+                         mean, invstd, a->y);
+    }
+    a->saved[2 * c] = (float)count;
+    return DT_OK;
+}
+
+static dt_status bn_backward(const dt_layer *l, const dt_layer_args *a) {
+    const bn_cfg *p = l->config;
+    int           c = p->p.c, n = a->batch, len = bn_l(p, a);
+    const float  *mean = a->saved, *invstd = a->saved + c;
+    float        *gamma = p->p.affine ? a->w[0] : NULL;
+    if (!(a->training && p->reduce)) {
+        dt_nn_bn_backward(&p->p, n, len, a->training, a->x[0], a->dy, mean, invstd, gamma, a->dx[0],
+                          p->p.affine ? a->dw[0] : NULL, p->p.affine ? a->dw[1] : NULL, a->scratch);
+        return DT_OK;
+    }
+    // SyncBatchNorm: the parameter gradients are local sums (DDP averages them); dx
+    // needs the sums over the group.
+    float *sum_dy = a->scratch, *sum_dyx = a->scratch + c;
+    dt_nn_bn_backward_stats(n, c, len, a->x[0], a->dy, mean, invstd, sum_dy, sum_dyx);
+    if (p->p.affine)
+        for (int ch = 0; ch < c; ch++) {
+            a->dw[0][ch] += sum_dyx[ch];
+            a->dw[1][ch] += sum_dy[ch];
+        }
+    DT_TRY(p->reduce(p->reduce_user, a->scratch, 2 * (size_t)c));
+    if (a->dx[0])
+        dt_nn_bn_backward_apply(n, c, len, a->x[0], a->dy, mean, invstd, gamma, sum_dy, sum_dyx,
+                                (double)a->saved[2 * c], a->dx[0]);
+    return DT_OK;
+}
+
+static const dt_layer_ops bn1d_ops = {"batchnorm1d", bn_setup,    bn_init,
+                                      bn_forward,    bn_backward, NULL};
+static const dt_layer_ops bn2d_ops = {"batchnorm2d", bn_setup,    bn_init,
+                                      bn_forward,    bn_backward, NULL};
+
+dt_batchnorm_opts dt_batchnorm_opts_default(void) {
+    return (dt_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .affine = true};
+}
+
+static dt_status bn_new(dt_layer **out, int c, int dims, const dt_batchnorm_opts *opts) {
+    dt_batchnorm_opts o = opts ? *opts : dt_batchnorm_opts_default();
+    if (c < 1 || !(o.eps > 0.0f) || !(o.momentum >= 0.0f && o.momentum <= 1.0f))
+        return dt_fail(DT_ERR_ARG,
+                       "batchnorm: expected c >= 1, eps > 0 and momentum in [0, 1], "
+                       "found %d, %g, %g",
+                       c, (double)o.eps, (double)o.momentum);
+    bn_cfg p = {{c, o.eps, o.momentum, o.affine}, dims, o.reduce, o.reduce_user};
+    return lay_new(out, dims == 1 ? &bn1d_ops : &bn2d_ops, &p, sizeof p);
+}
+
+dt_status dt_layer_batchnorm1d_new(dt_layer **out, int c, const dt_batchnorm_opts *opts) {
+    return bn_new(out, c, 1, opts);
+}
+dt_status dt_layer_batchnorm2d_new(dt_layer **out, int c, const dt_batchnorm_opts *opts) {
+    return bn_new(out, c, 2, opts);
+}
+
+// --------------------------------------------------------------------------- LayerNorm
+
+typedef struct ln_cfg {
+    int   d;
+    float eps;
+    bool  affine;
+} ln_cfg;
+
+static dt_status ln_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    const ln_cfg *p = l->config;
+    DT_TRY(lay_expect("layernorm", nin, in, 1, 1, DT_SHAPE_MAX_DIMS));
+    char b[64];
+    if (in[0].d[in[0].ndim - 1] != p->d)
+        return dt_fail(DT_ERR_ARG, "layernorm: expected a last dimension of %d, found %s", p->d,
+                       dt_shape_str(&in[0], b, sizeof b));
+    s->out = in[0];
+    if (p->affine) {
+        lay_tensor(&s->params[0], "weight", DT_PARAM_NO_DECAY, 1, p->d, 0, 0, 0);
+        lay_tensor(&s->params[1], "bias", DT_PARAM_NO_DECAY, 1, p->d, 0, 0, 0);
+        s->nparams = 2;
+    }
+    s->saved_per_sample = 2 * dt_shape_numel(&in[0]) / (size_t)p->d; // mean, rstd per row
+    return DT_OK;
+}
+
+static void ln_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    (void)rng;
+    (void)buf;
+    const ln_cfg *p = l->config;
+    if (p->affine)
+        dt_nn_layernorm_init(p->d, w[0], w[1]);
+}
+
+static dt_status ln_forward(const dt_layer *l, const dt_layer_args *a) {
+    const ln_cfg *p    = l->config;
+    int           rows = rows_of(a, p->d);
+    dt_nn_layernorm_forward(rows, p->d, p->eps, a->x[0], p->affine ? a->w[0] : NULL,
+                            p->affine ? a->w[1] : NULL, a->y, a->saved, a->saved + rows);
+    return DT_OK;
+}
+
+static dt_status ln_backward(const dt_layer *l, const dt_layer_args *a) {
+    const ln_cfg *p    = l->config;
+    int           rows = rows_of(a, p->d);
+    dt_nn_layernorm_backward(rows, p->d, a->x[0], p->affine ? a->w[0] : NULL, a->saved,
+                             a->saved + rows, a->dy, a->dx[0], p->affine ? a->dw[0] : NULL,
+                             p->affine ? a->dw[1] : NULL);
+    return DT_OK;
+}
+
+static const dt_layer_ops ln_ops = {"layernorm", ln_setup, ln_init, ln_forward, ln_backward, NULL};
+
+dt_layernorm_opts dt_layernorm_opts_default(void) {
+    return (dt_layernorm_opts){.eps = 1e-5f, .affine = true};
+}
+
+dt_status dt_layer_layernorm_new(dt_layer **out, int d, const dt_layernorm_opts *opts) {
+    dt_layernorm_opts o = opts ? *opts : dt_layernorm_opts_default();
+    if (d < 1 || !(o.eps > 0.0f))
+        return dt_fail(DT_ERR_ARG, "layernorm: expected d >= 1 and eps > 0, found %d, %g", d,
+                       (double)o.eps);
+    ln_cfg p = {d, o.eps, o.affine};
+    return lay_new(out, &ln_ops, &p, sizeof p);
+}
+
+// --------------------------------------------------------------------------- Embedding
+
+typedef struct emb_cfg {
+    int num, d;
+} emb_cfg;
+
+static dt_status emb_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    const emb_cfg *p = l->config;
+    char           b[64];
+    if (nin != 1 || in[0].dtype != DT_ELEM_I32 || in[0].ndim >= DT_SHAPE_MAX_DIMS)
+        return dt_fail(DT_ERR_ARG,
+                       "embedding: expected one int32 input of at most %d "
+                       "dimensions, found %d inputs, the first %s",
+                       DT_SHAPE_MAX_DIMS - 1, nin,
+                       nin > 0 ? dt_shape_str(&in[0], b, sizeof b) : "none");
+    s->out               = in[0];
+    s->out.dtype         = DT_ELEM_F32;
+    s->out.d[in[0].ndim] = p->d;
+    s->out.ndim          = in[0].ndim + 1;
+    lay_tensor(&s->params[0], "weight", 0, 2, p->num, p->d, 0, 0);
+    s->nparams       = 1;
+    s->no_input_grad = true;
+    return DT_OK;
+}
+
+static void emb_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    (void)buf;
+    const emb_cfg *p = l->config;
+    dt_nn_embedding_init(p->num, p->d, rng, w[0]);
+}
+
+static dt_status emb_forward(const dt_layer *l, const dt_layer_args *a) {
+    const emb_cfg *p = l->config;
+    return dt_nn_embedding_forward((int)((size_t)a->batch * dt_shape_numel(&a->in[0])), p->num,
+                                   p->d, (const int32_t *)(const void *)a->x[0], a->w[0], a->y);
+}
+
+static dt_status emb_backward(const dt_layer *l, const dt_layer_args *a) {
+    const emb_cfg *p = l->config;
+    dt_nn_embedding_backward((int)((size_t)a->batch * dt_shape_numel(&a->in[0])), p->d,
+                             (const int32_t *)(const void *)a->x[0], a->dy, a->dw[0]);
+    return DT_OK;
+}
+
+static const dt_layer_ops emb_ops = {"embedding", emb_setup,    emb_init,
+                                     emb_forward, emb_backward, NULL};
+
+dt_status dt_layer_embedding_new(dt_layer **out, int num, int d, const dt_layer_opts *opts) {
+    (void)opts;
+    if (num < 1 || d < 1)
+        return dt_fail(DT_ERR_ARG, "embedding: expected num >= 1 and d >= 1, found %d, %d", num, d);
+    emb_cfg p = {num, d};
+    return lay_new(out, &emb_ops, &p, sizeof p);
+}
