@@ -99,8 +99,54 @@ static void test_killed_rank_in_group(void) {
     unsetenv("DT_HEARTBEAT_MS");
 }
 
+// A group's own timeout: rank 1 of a pair comes 2 s late to a group with a 400 ms
+// timeout (the world's is 30 s): rank 0 times out in the group's bound, naming it, and
+// every rank's world fails after.
+static void timeout_ranks(int rank, int world, void *arg) {
+    (void)world, (void)arg;
+    dt_pg *pg = mp_pg_init(30000);
+    CHECK(pg != NULL);
+    if (!pg)
+        return;
+    dt_pg     *pair = NULL;
+    dt_pg_opts o    = dt_pg_opts_default();
+    o.timeout_ms    = 400;
+    CHECK_OK(dt_pg_split(&pair, pg, rank / 2, rank, &o));
+    if (!pair)
+        return;
+    float x = 1;
+    if (rank == 0) {
+        uint64_t t0 = dt_now_ns();
+        CHECK_ERR(dt_pg_all_reduce(pair, &x, &x, 1, DT_FLOAT32, DT_REDUCE_SUM), DT_ERR_TIMEOUT,
+                  "on group");
+        double secs = (double)(dt_now_ns() - t0) / 1e9;
+        CHECK(secs > 0.3 && secs < 3.0);
+        if (!(secs > 0.3 && secs < 3.0))
+            fprintf(stderr, "     timed out after %.2f s\n", secs);
+    } else if (rank == 1) {
+        // Its all_reduce may still complete (rank 0's data waits in the socket) or
+        // fail (rank 0's abort came first): either is right.
+        struct timespec ts = {2, 0};
+        nanosleep(&ts, NULL);
+        dt_pg_all_reduce(pair, &x, &x, 1, DT_FLOAT32, DT_REDUCE_SUM);
+    } else {
+        CHECK_OK(dt_pg_all_reduce(pair, &x, &x, 1, DT_FLOAT32, DT_REDUCE_SUM));
+        CHECK_EQ(x, 2.0f);
+    }
+    // The timeout stopped rank 0's world too, and its peers learn it.
+    CHECK(dt_pg_barrier(pg) != DT_OK);
+    dt_pg_free(pair);
+    dt_pg_free(pg);
+}
+
+static void test_group_timeout(void) {
+    mp_opts o = {.world = 4, .timeout_ms = 60000};
+    MP_RUN(&o, timeout_ranks, NULL);
+}
+
 int main(void) {
     RUN(test_group_suite);
+    RUN(test_group_timeout);
     RUN(test_killed_rank_in_group);
     return check_summary();
 }
