@@ -134,7 +134,8 @@ static dt_status group_fill(dt_pg *g, const dt_pg *parent, const member *m, int 
 }
 
 static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, int64_t check,
-                              const dt_pg_opts *opts, const char *what) {
+                              const dt_pg_opts *opts, const dt_backend_ops *force,
+                              const char *what) {
     *out = NULL;
     if (!parent)
         return dt_fail(DT_ERR_ARG, "%s: the parent group is NULL", what);
@@ -211,7 +212,7 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
         }
         g->root       = R;
         g->gid        = (uint32_t)gid;
-        g->be         = parent->be;
+        g->be         = force ? force : parent->be;
         g->timeout_ms = timeout;
         g->store      = R->store;
         st            = group_fill(g, parent, m, n, me);
@@ -234,7 +235,11 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
 
     // The backend's part, on the lane (it may use the parent's transport).
     uint64_t deadline = timeout < 0 ? UINT64_MAX : dt_deadline_ns(timeout);
-    if (parent->be->group_new) {
+    if (force) {
+        // A fresh backend state among the members, through the store.
+        if (g && g->world > 1 && (st = force->init(g, g->be_store, deadline, &g->be_ctx)) != DT_OK)
+            dt_fail_context("%s: backend %s", what, force->name);
+    } else if (parent->be->group_new) {
         st = dt_pg_lane_take(R, deadline, what);
         if (st == DT_OK) {
             void *ctx = NULL;
@@ -291,7 +296,7 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
 dt_status dt_pg_split(dt_pg **out, dt_pg *parent, int color, int key, const dt_pg_opts *opts) {
     if (!out)
         return dt_fail(DT_ERR_ARG, "dt_pg_split: out is NULL");
-    return group_create(out, parent, color, key, 0, opts, "dt_pg_split");
+    return group_create(out, parent, color, key, 0, opts, NULL, "dt_pg_split");
 }
 
 dt_status dt_pg_new_group(dt_pg **out, dt_pg *parent, const int *ranks, int n,
@@ -326,6 +331,10 @@ dt_status dt_pg_new_group(dt_pg **out, dt_pg *parent, const int *ranks, int n,
     }
     dt_free(sorted);
     // Group ranks follow parent ranks (torch sorts the list too).
-    return group_create(out, parent, in_list ? 0 : -1, parent->rank, (int64_t)(h >> 1), opts,
+    return group_create(out, parent, in_list ? 0 : -1, parent->rank, (int64_t)(h >> 1), opts, NULL,
                         "dt_pg_new_group");
+}
+
+dt_status dt_pg_split_on(dt_pg **out, dt_pg *parent, int color, int key, const dt_backend_ops *be) {
+    return group_create(out, parent, color, key, 0, NULL, be, "hybrid set-up");
 }

@@ -141,6 +141,8 @@ int dt_pg_local_size(const dt_pg *pg) {
     return pg ? pg->local_world : 0;
 }
 const char *dt_pg_backend(const dt_pg *pg) {
+    if (pg && pg->hybrid)
+        return "hybrid";
     return pg && pg->be ? pg->be->name : "none";
 }
 dt_store *dt_pg_store(dt_pg *pg) {
@@ -341,7 +343,7 @@ dt_status dt_pg_group_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
 }
 
 // Runs one operation; only one runs at a time (pg->busy). Message in `msg`.
-static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
+dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
     msg[0]   = '\0';
     dt_pg *R = pg->root;
     if (atomic_load(&R->poisoned)) {
@@ -360,7 +362,9 @@ static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         slot_fn fn = backend_slot(pg->be, op->kind);
         atomic_store_explicit(&R->cur_op, op->fp.seq << 8 | ((uint64_t)op->kind + 1),
                               memory_order_relaxed);
-        if (pg->shared)
+        if (dt_hybrid_takes(pg, op))
+            st = dt_hybrid_all_reduce(pg, op);
+        else if (pg->shared)
             st = dt_algo_run(&pg->xlate, pg, &pg->algo, pg->rank, pg->world, op);
         else if (fn)
             st = fn(pg->be_ctx, op);
@@ -446,7 +450,7 @@ static void work_release(dt_work *w) {
 
 static void work_run(dt_pg *pg, dt_work *w) {
     char      msg[MSG_LEN];
-    dt_status st = exec_op(pg, &w->op, msg);
+    dt_status st = dt_pg_exec(pg, &w->op, msg);
     pthread_mutex_lock(&w->mu);
     w->status = st;
     memcpy(w->msg, msg, sizeof msg);
@@ -661,6 +665,14 @@ static void op_set_name(dt_op *op) {
 
 // Fills in what depends on the group's order: sequence numbers and the deadline.
 // Caller holds pg->mu.
+static void op_stamp(dt_pg *pg, dt_op *op);
+
+void dt_pg_stamp(dt_pg *pg, dt_op *op) {
+    pthread_mutex_lock(&pg->root->mu);
+    op_stamp(pg, op);
+    pthread_mutex_unlock(&pg->root->mu);
+}
+
 static void op_stamp(dt_pg *pg, dt_op *op) {
     if (op->kind == DT_COLL_SEND)
         op->fp.seq = ++pg->send_seq[op->peer];
@@ -702,7 +714,7 @@ dt_status dt_pg_submit(dt_pg *pg, dt_op *op, dt_work **out) {
         L->busy = true;
         pthread_mutex_unlock(&L->mu);
         char      msg[MSG_LEN];
-        dt_status st = exec_op(pg, op, msg);
+        dt_status st = dt_pg_exec(pg, op, msg);
         pthread_mutex_lock(&L->mu);
         L->busy = false;
         pg->pending--;
@@ -1102,14 +1114,17 @@ static dt_status rendezvous(dt_pg *pg, uint64_t deadline) {
 }
 
 static dt_status choose_backend(dt_pg *pg, const char *want) {
+    const dt_backend_ops *shm    = dt_backend_find("shm");
+    bool                  shm_ok = shm && shm->built;
     if (!want || !*want || strcmp(want, "auto") == 0) {
-        const dt_backend_ops *shm = dt_backend_find("shm");
-        if (pg->all_local && shm && shm->built && (!shm->usable || shm->usable(pg)))
+        if (pg->all_local && shm_ok && (!shm->usable || shm->usable(pg)))
             pg->be = shm;
         else
             pg->be = &dt_backend_tcp;
+        // Ranks on several hosts, more than one on a host: shm inside, tcp between.
+        pg->hybrid = !pg->all_local && shm_ok && dt_hybrid_fits(pg, NULL, 0);
         if (pg->rank == 0)
-            DT_INFO("comm", "backend auto: chose %s (%d ranks, %s%s)", pg->be->name, pg->world,
+            DT_INFO("comm", "backend auto: chose %s (%d ranks, %s%s)", dt_pg_backend(pg), pg->world,
                     pg->all_local ? "all on one host" : "on more than one host",
                     pg->store_via_mpi ? "; store address through MPI" : "");
         return DT_OK;
@@ -1119,11 +1134,23 @@ static dt_status choose_backend(dt_pg *pg, const char *want) {
     // accepted as its alias and the group reports "tcp".
     if (strcmp(want, "gloo") == 0)
         want = "tcp";
+    if (strcmp(want, "hybrid") == 0) {
+        char why[160];
+        if (!shm_ok)
+            return dt_fail(DT_ERR_UNSUPPORTED, "init: backend hybrid needs shm, which is not "
+                                               "built into this library");
+        if (!dt_hybrid_fits(pg, why, sizeof why))
+            return dt_fail(DT_ERR_UNSUPPORTED, "init: backend hybrid cannot serve this group: %s",
+                           why);
+        pg->be     = &dt_backend_tcp;
+        pg->hybrid = true;
+        return DT_OK;
+    }
     const dt_backend_ops *be = dt_backend_find(want);
     if (!be)
         return dt_fail(DT_ERR_ARG,
-                       "init: expected backend \"auto\", \"shm\", \"tcp\" (alias \"gloo\") or "
-                       "\"mpi\", found \"%s\"",
+                       "init: expected backend \"auto\", \"shm\", \"tcp\" (alias \"gloo\"), "
+                       "\"hybrid\" or \"mpi\", found \"%s\"",
                        want);
     if (!be->built)
         return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s is not built into this library", want);
@@ -1156,11 +1183,6 @@ void dt_pg_free(dt_pg *pg) {
         dt_pg_group_free(pg);
         return;
     }
-    if (pg->next_group)
-        DT_WARN("comm",
-                "dt_pg_free: the world group is freed before its sub-groups (group %u "
-                "is still alive); free sub-groups first",
-                pg->next_group->gid);
     if (pg->thread_started) {
         pthread_mutex_lock(&pg->mu);
         pg->stop = true;
@@ -1168,6 +1190,12 @@ void dt_pg_free(dt_pg *pg) {
         pthread_mutex_unlock(&pg->mu);
         pthread_join(pg->thread, NULL);
     }
+    dt_hybrid_free(pg);
+    if (pg->next_group)
+        DT_WARN("comm",
+                "dt_pg_free: the world group is freed before its sub-groups (group %u "
+                "is still alive); free sub-groups first",
+                pg->next_group->gid);
     // Liveness first: its "bye" tells the peers this rank leaves on purpose.
     dt_live_free(pg->live);
     if (pg->be && pg->be_ctx)
@@ -1413,6 +1441,10 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
     }
     if (dt_live_wait_peers(pg->live, deadline) != DT_OK)
         goto fail;
+    if (pg->hybrid && dt_hybrid_setup(pg, deadline) != DT_OK) {
+        dt_fail_context("init: backend hybrid");
+        goto fail;
+    }
     return pg;
 fail:;
     dt_status st = dt_last_status();

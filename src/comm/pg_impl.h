@@ -44,6 +44,14 @@ struct dt_pg {
     int            pending;     // this group's operations queued or running (root->mu)
     uint32_t       next_gid;    // root only: the least id this rank may propose (root->mu)
 
+    // The hybrid backend (hybrid.c; world group only): tcp between all ranks, plus
+    bool   hybrid;   // chosen (set up after the world's init)
+    dt_pg *hy_node;  // the ranks of this host (shm)
+    dt_pg *hy_cross; // the ranks of this local index on every host (tcp, shared)
+    void  *hy_buf;   // grow-only scratch
+    size_t hy_cap;
+    size_t hy_min_bytes; // all_reduce from this size is hierarchical
+
     // The lane (used on the world group only), guarded by mu:
     pthread_mutex_t mu;
     pthread_cond_t  cv;
@@ -68,6 +76,11 @@ struct dt_pg {
     bool        thread_started;
 };
 
+// Runs one operation of `pg` now (the caller holds the lane): the backend dispatch,
+// poisoning and AVG of pg.c. The message of a failure goes to msg.
+dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[DT_PG_MSG_LEN]);
+// Gives `op` the group's next sequence number, its name and a deadline.
+void dt_pg_stamp(dt_pg *pg, dt_op *op);
 // Queues or runs one operation of `pg` (any group) on the lane; see pg.c.
 dt_status dt_pg_submit(dt_pg *pg, dt_op *op, struct dt_work **out);
 // Takes the lane of `root` for the calling thread (waits until no operation runs or is
@@ -84,6 +97,20 @@ void dt_pg_group_describe(const dt_pg *g, char *buf, size_t n);
 // hand the transfer to the world's backend. ctx is the group.
 dt_status dt_pg_group_xfer_post(void *ctx, const dt_op *op, dt_xfer *x);
 dt_status dt_pg_group_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x);
+// A sub-group as dt_pg_split makes it, but on backend `be` set up afresh through the
+// parent's store (be->init by the members) instead of the parent's: the hybrid
+// backend's shm groups.
+dt_status dt_pg_split_on(dt_pg **out, dt_pg *parent, int color, int key, const dt_backend_ops *be);
+
+// hybrid.c. True when the world's hosts have one number of ranks each (why: else a
+// reason, when why != NULL).
+bool dt_hybrid_fits(const dt_pg *pg, char *why, size_t n);
+// COLLECTIVE after the world's init: the node and cross groups.
+dt_status dt_hybrid_setup(dt_pg *pg, uint64_t deadline_ns);
+void      dt_hybrid_free(dt_pg *pg);
+// True when `op` of `pg` runs hierarchically; then dt_hybrid_all_reduce runs it.
+bool      dt_hybrid_takes(const dt_pg *pg, const dt_op *op);
+dt_status dt_hybrid_all_reduce(dt_pg *pg, const dt_op *op);
 // Frees a sub-group (group.c), called by dt_pg_free.
 void dt_pg_group_free(dt_pg *g);
 
