@@ -73,8 +73,10 @@ static const char usage[] =
     "                      Without it, one machine draws a random token; several derive\n"
     "                      one from the port and sizes, which keeps other jobs out but\n"
     "                      is no secret (trusted networks only). Never sent on the wire.\n"
-    "  --backend NAME      auto (default: shm on one host, tcp across hosts), shm, tcp,\n"
-    "                      gloo (an alias of tcp, the name PyTorch scripts use),\n"
+    "  --backend NAME      auto (default: shm on one host, tcp across hosts, hybrid\n"
+    "                      when hosts run several processes each), shm, tcp, hybrid\n"
+    "                      (shm inside a host, tcp between), gloo (an alias of tcp,\n"
+    "                      the name PyTorch scripts use),\n"
     "                      mpi (MPI's collectives; under mpirun or srun)\n"
     "  --no-overlap        reduce gradients after backward instead of during it\n"
     "                      (for measuring how much communication overlap hides)\n"
@@ -236,11 +238,11 @@ static int parse_args(int argc, char **argv, args *a) {
         case BACKEND:
             a->backend = optarg;
             if (strcmp(optarg, "auto") && strcmp(optarg, "shm") && strcmp(optarg, "tcp") &&
-                strcmp(optarg, "gloo") && strcmp(optarg, "mpi"))
-                st = dt_fail(
-                    DT_ERR_ARG,
-                    "--backend expects auto, shm, tcp or mpi (gloo: an alias of tcp), found \"%s\"",
-                    optarg);
+                strcmp(optarg, "hybrid") && strcmp(optarg, "gloo") && strcmp(optarg, "mpi"))
+                st = dt_fail(DT_ERR_ARG,
+                             "--backend expects auto, shm, tcp, hybrid or mpi (gloo: an alias of "
+                             "tcp), found \"%s\"",
+                             optarg);
             break;
         case NO_OVERLAP:
             a->no_overlap = true;

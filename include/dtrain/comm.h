@@ -184,8 +184,11 @@ DT_API dt_status dt_launch_env_read(dt_launch_env *out /* out */);
 
 typedef struct dt_pg_opts {
     const char *backend; // "auto" (NULL = auto): shm when every rank is on this host
-                         // and shm is built, tcp otherwise; or "shm", "tcp" ("gloo"
-                         // is its alias, as PyTorch scripts name it), "mpi"
+                         // and shm is built; hybrid when the ranks span hosts and
+                         // every host runs the same number (> 1) of them; tcp
+                         // otherwise; or "shm", "tcp" ("gloo" is its alias, as
+                         // PyTorch scripts name it), "hybrid" (shm inside a host,
+                         // tcp between, hierarchical all_reduce), "mpi"
                          // (MPI's collectives; only when built with MPI and started
                          // by an MPI launcher; see docs/mpi.md)
     int64_t timeout_ms;  // per operation; 0 = default: DT_TIMEOUT_MS env, else 30 min
@@ -227,7 +230,8 @@ DT_API int dt_pg_rank(const dt_pg *pg);
 DT_API int dt_pg_size(const dt_pg *pg);
 DT_API int dt_pg_local_rank(const dt_pg *pg); // rank among the ranks on this host
 DT_API int dt_pg_local_size(const dt_pg *pg); // number of ranks on this host
-// Name of the backend in use ("shm", "tcp", "mpi"); owned by the group.
+// Name of the backend in use ("shm", "tcp", "hybrid", "mpi"; a sub-group: "tcp" for a hybrid
+// world); owned by the group.
 DT_API const char *dt_pg_backend(const dt_pg *pg);
 // The group's store (borrowed; lives until dt_pg_free; in ranks other than 0 it needs
 // rank 0 alive). Keys under "dt/" are the group's own: use another prefix.
