@@ -91,6 +91,11 @@ static void group_destroy(dt_pg *g, bool linked) {
 
 void dt_pg_group_free(dt_pg *g) {
     dt_pg *R = g->root;
+    // Freeing does not change the caller's last error (dt_pg_free of the world frees
+    // the hybrid backend's groups after its lane stopped: the take below fails there).
+    dt_status saved_st = dt_last_status();
+    char      saved[DT_PG_MSG_LEN];
+    snprintf(saved, sizeof saved, "%s", dt_last_error());
     // Wait for the group's queued operations (each bounded by its own deadline).
     pthread_mutex_lock(&R->mu);
     while (g->pending > 0)
@@ -102,6 +107,10 @@ void dt_pg_group_free(dt_pg *g) {
     group_destroy(g, true);
     if (lane)
         dt_pg_lane_give(R);
+    if (saved_st != DT_OK)
+        dt_fail(saved_st, "%s", saved);
+    else
+        dt_clear_error();
 }
 
 // Fills the group's ranks, hosts and local ranks from the parent's.
