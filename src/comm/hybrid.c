@@ -14,11 +14,14 @@
 //                recursive doubling by size; H = hosts)
 //   3     node   all_gather of the blocks                             (L-1)/L * n  (memory)
 //
-// so each host sends 2(H-1)/H * n over the network in all, split over its L ranks
-// (L parallel streams), against the flat ring's 2(P-1)/P * n per rank, L ranks a host:
-// L times less traffic through each host's link. Blocks are ceil(n/L) elements; the
-// buffer is copied into a padded scratch (the padding is reduced and dropped). Smaller
-// all_reduces and every other collective run flat on the world's tcp (below
+// so each host's link carries 2(H-1)/H * n each way, in L parallel streams, where the
+// flat ring over all P = H*L ranks (placed host by host) carries 2(P-1)/P * n in one
+// stream: (P-1)H / (P(H-1)) times more (1.5x for 2 hosts of 2 ranks, nearly 2x for 2
+// hosts of many). The ranks of a host exchange through memory, not loopback tcp, and
+// the latency is 2(L-1) shm steps plus 2(H-1) network steps instead of 2(P-1). The
+// buffer is copied into a padded scratch of L blocks of ceil(n/L) elements (the padding
+// is reduced and dropped). Smaller all_reduces and every other collective run flat on
+// the world's tcp (below
 // DT_HYBRID_MIN_BYTES the extra steps cost more latency than the link time they save).
 // The result is reduced once per element and all-gathered, so it is bitwise equal on
 // every rank; it equals the flat backends' to float rounding (another order).
