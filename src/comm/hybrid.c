@@ -21,8 +21,8 @@
 // the latency is 2(L-1) shm steps plus 2(H-1) network steps instead of 2(P-1). The
 // buffer is copied into a padded scratch of L blocks of ceil(n/L) elements (the padding
 // is reduced and dropped). Smaller all_reduces and every other collective run flat on
-// the world's tcp (below
-// DT_HYBRID_MIN_BYTES the extra steps cost more latency than the link time they save).
+// the world's tcp (below DT_HYBRID_MIN_BYTES the extra steps cost more latency than the
+// link time they save).
 // The result is reduced once per element and all-gathered, so it is bitwise equal on
 // every rank; it equals the flat backends' to float rounding (another order).
 //
