@@ -29,6 +29,8 @@
 #include "dtrain/ddp.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/trace.h"
+#include "dtrain/watch.h"
 #include "guard.h"
 
 #include <getopt.h>
@@ -44,7 +46,7 @@ typedef struct args {
     long        checkpoint_every, keep, max_steps;
     double      lr;
     const char *data_dir, *backend, *master_addr;
-    const char *checkpoint_dir, *save_model, *load;
+    const char *checkpoint_dir, *save_model, *load, *trace, *plot;
     bool        no_test, stats, profile, no_overlap, resume, fallback, eval_only;
 } args;
 
@@ -97,10 +99,15 @@ static const char usage[] =
     "                      checkpoint, or a checkpoint directory: its newest)\n"
     "  --eval-only         with --load: evaluate on the test set, no training\n"
     "output:\n"
-    "  --log-every K       print the loss every K batches (default 10)\n"
+    "  --log-every K       print the loss every K batches (default 10); on a terminal,\n"
+    "                      a progress bar (rate, ETA, loss) instead\n"
     "  --no-test           skip the test-set evaluation\n"
     "  --stats             print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)\n"
     "  --profile           print forward and backward time per layer (rank 0)\n"
+    "  --trace FILE        write a Chrome-trace JSON of training, all ranks in one file\n"
+    "                      (open it in https://ui.perfetto.dev or chrome://tracing)\n"
+    "  --plot FILE.svg     write the loss curves (training, and test after each epoch)\n"
+    "                      as an SVG chart (rank 0)\n"
     "  --help              this text\n"
     "The sampler advances its epoch by itself every pass (and is told the epoch each\n"
     "epoch anyway), so no two epochs repeat an order. Every rank must be given the same\n"
@@ -126,6 +133,8 @@ static int parse_args(int argc, char **argv, args *a) {
         NO_TEST,
         STATS,
         PROFILE,
+        TRACE,
+        PLOT,
         NPROC,
         NMACH,
         MACHID,
@@ -156,6 +165,8 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"no-test", no_argument, 0, NO_TEST},
                                          {"stats", no_argument, 0, STATS},
                                          {"profile", no_argument, 0, PROFILE},
+                                         {"trace", required_argument, 0, TRACE},
+                                         {"plot", required_argument, 0, PLOT},
                                          {"num-processes", required_argument, 0, NPROC},
                                          {"num-machines", required_argument, 0, NMACH},
                                          {"machine-id", required_argument, 0, MACHID},
@@ -209,6 +220,12 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case STATS:
             a->stats = true;
+            break;
+        case TRACE:
+            a->trace = optarg;
+            break;
+        case PLOT:
+            a->plot = optarg;
             break;
         case PROFILE:
             a->profile = true;
@@ -493,19 +510,21 @@ static int train_worker(job *j, dt_pg *pg) {
     bool        lead = rank == 0;
     // The first process of each machine prints the summary lines, as the seed's script
     // does on every machine (LOCAL_RANK from the launcher, else by host).
-    bool        local_lead = !pg || dt_pg_local_rank(pg) == 0;
-    bool        preempted  = false; // SIGTERM seen by some rank: stop at this step
-    dt_model   *m          = NULL;
-    dt_ddp     *ddp        = NULL;
-    dt_optim   *opt        = NULL;
-    dt_sampler *smp        = NULL;
-    dt_loader  *ld         = NULL;
-    float      *dlogp      = NULL;
-    uint64_t   *keys       = NULL; // dropout keys of a batch: its samples' dataset indices
-    int         rc         = 1;
-    double      accuracy = -1, ckpt_secs = 0;
-    int64_t     step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
-    long        first_epoch = 0;
+    bool         local_lead = !pg || dt_pg_local_rank(pg) == 0;
+    bool         preempted  = false; // SIGTERM seen by some rank: stop at this step
+    dt_model    *m          = NULL;
+    dt_ddp      *ddp        = NULL;
+    dt_optim    *opt        = NULL;
+    dt_sampler  *smp        = NULL;
+    dt_loader   *ld         = NULL;
+    float       *dlogp      = NULL;
+    uint64_t    *keys       = NULL; // dropout keys of a batch: its samples' dataset indices
+    dt_progress *bar        = NULL; // rank 0's bar on a terminal, log lines elsewhere
+    dt_plot     *plot       = NULL; // rank 0's loss curves (--plot)
+    int          rc         = 1;
+    double       accuracy = -1, ckpt_secs = 0;
+    int64_t      step = 0, last_saved = -1, ckpt_saves = 0, samples_seen = 0;
+    long         first_epoch = 0;
 
     if (check_shared_flags(j, pg))
         goto done;
@@ -596,6 +615,12 @@ static int train_worker(job *j, dt_pg *pg) {
     size_t nbatches =
         (dt_sampler_num_samples(smp) + (size_t)a->batch_size - 1) / (size_t)a->batch_size;
     dt_model_set_profile(m, a->profile);
+    dt_progress_opts po = dt_progress_opts_default();
+    po.log_every        = a->log_every;
+    if (lead && (dt_progress_new(&bar, &po) || (a->plot && dt_plot_new(&plot, NULL))))
+        goto done;
+    if (a->trace && dt_trace_start(NULL))
+        goto done;
     double train_start = dt_now();
     mnist_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
     bool stop = a->eval_only || (a->max_steps && step >= a->max_steps);
@@ -604,6 +629,7 @@ static int train_worker(job *j, dt_pg *pg) {
         dt_rng   er = dt_rng_split(&root, (uint64_t)epoch);
         dt_batch b;
         dt_model_set_rng(m, &er);
+        dt_progress_begin_epoch(bar, epoch, nbatches);
         while (!stop && dt_loader_next(ld, &b)) {
             float loss;
             for (size_t i = 0; i < b.size; i++)
@@ -618,11 +644,10 @@ static int train_worker(job *j, dt_pg *pg) {
             dt_optim_step(opt);
             step++;
             samples_seen += (int64_t)b.size;
-            if (lead && b.index % (size_t)a->log_every == 0) {
-                printf("epoch: %ld [%zu/%zu (%.0f%%)]\t training loss: %.6f\n", epoch, b.index,
-                       nbatches, 100.0 * (double)b.index / (double)nbatches, (double)loss);
-                fflush(stdout);
-            }
+            dt_progress_step(bar, b.index, b.size * (size_t)world, loss);
+            if (plot && b.index % (size_t)a->log_every == 0 &&
+                dt_plot_add(plot, DT_PLOT_TRAIN, (double)step, loss))
+                goto done;
             if (a->checkpoint_every && step % a->checkpoint_every == 0) {
                 double t0 = dt_now();
                 cs.step   = step;
@@ -636,8 +661,16 @@ static int train_worker(job *j, dt_pg *pg) {
                 goto done;
             stop = preempted || (a->max_steps && step >= a->max_steps);
         }
+        dt_progress_end_epoch(bar);
         if (dt_loader_status(ld))
             goto done;
+        if (a->plot && !a->no_test && !stop && epoch + 1 < a->epochs) { // a test-loss point
+            int64_t c;
+            double  vl;
+            if (evaluate(m, pg, &j->test, (size_t)a->batch_size, &c, &vl) ||
+                (plot && dt_plot_add(plot, DT_PLOT_VAL, (double)step, vl)))
+                goto done;
+        }
     }
     // A last checkpoint where training stopped, so a resume after the end (or after a
     // failure during evaluation) has nothing to redo.
@@ -667,6 +700,10 @@ static int train_worker(job *j, dt_pg *pg) {
         if (lead && a->profile)
             print_profile(m, finished - train_start);
     }
+    if (a->trace && dt_trace_save(pg, a->trace))
+        goto done;
+    if (lead && a->trace)
+        printf("Wrote the trace to %s\n", a->trace);
     uint32_t crc;
     if (check_replicas(m, pg, &crc))
         goto done;
@@ -683,9 +720,16 @@ static int train_worker(job *j, dt_pg *pg) {
         if (evaluate(m, pg, &j->test, (size_t)a->batch_size, &correct, &mean_loss))
             goto done;
         accuracy = 100.0 * (double)correct / (double)j->test.n;
+        if (plot && dt_plot_add(plot, DT_PLOT_VAL, (double)step, mean_loss))
+            goto done;
         if (local_lead)
             printf("Test accuracy: %.2f%% (%lld/%zu), average loss %.4f\n", accuracy,
                    (long long)correct, j->test.n, mean_loss);
+    }
+    if (plot) {
+        if (dt_plot_write_svg(plot, a->plot))
+            goto done;
+        printf("Wrote the loss curves to %s\n", a->plot);
     }
     if (a->stats) {
         struct rusage ru;
@@ -722,6 +766,8 @@ done:
     fflush(stdout);
     dt_free(dlogp);
     dt_free(keys);
+    dt_progress_free(bar);
+    dt_plot_free(plot);
     dt_loader_free(ld);
     dt_sampler_free(smp);
     dt_optim_free(opt);

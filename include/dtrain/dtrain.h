@@ -14,5 +14,6 @@
 #include "dtrain/params.h"
 #include "dtrain/rng.h"
 #include "dtrain/tensor.h"
+#include "dtrain/trace.h"
 
 #endif // DTRAIN_DTRAIN_H

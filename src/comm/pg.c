@@ -7,6 +7,7 @@
 #include "comm/backends.h"
 #include "comm/pg_impl.h"
 #include "comm/reduce.h"
+#include "dtrain/trace.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -355,6 +356,7 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         return st;
     }
     dt_status st = DT_OK;
+    DT_TRACE_BEGIN(tr);
     if (pg->world == 1) {
         run_local(op);
     } else {
@@ -392,6 +394,7 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
             return st;
         }
     }
+    DT_TRACE_END(tr, "comm", dt_coll_name(op->kind), "count", op->count);
     if (op->fp.op == DT_REDUCE_AVG && op->dst) {
         size_t n = op->kind == DT_COLL_REDUCE && pg->rank != op->root ? 0 : op->count;
         dt_reduce_div(op->dtype, op->dst, n, pg->world);

@@ -17,6 +17,7 @@
 // the caller only while the worker is idle and the loader inactive, and read by the
 // worker only after it saw `active` under mu.
 #include "data_impl.h"
+#include "dtrain/trace.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -98,6 +99,7 @@ static bool has_work(const dt_loader *l) {
 
 static void *worker(void *arg) {
     dt_loader *l = arg;
+    pthread_setname_np(pthread_self(), "dt-loader"); // for top -H, gdb and traces
     pthread_mutex_lock(&l->mu);
     for (;;) {
         // Idle until there is work or a stop; both are signalled, so this wait needs
@@ -113,7 +115,9 @@ static void *worker(void *arg) {
         l->busy      = true;
         pthread_mutex_unlock(&l->mu);
 
+        DT_TRACE_BEGIN(tr);
         fill_slot(l, sl, k);
+        DT_TRACE_END(tr, "data", "prepare batch", "batch", k);
 
         pthread_mutex_lock(&l->mu);
         l->busy   = false;
@@ -312,6 +316,7 @@ bool dt_loader_next(dt_loader *l, dt_batch *b) {
 
     size_t k  = l->next_take;
     slot  *sl = &l->slots[k % 2];
+    DT_TRACE_BEGIN(tr);
     if (l->thread_started) {
         pthread_mutex_lock(&l->mu);
         bool ok = true;
@@ -341,6 +346,7 @@ bool dt_loader_next(dt_loader *l, dt_batch *b) {
         fill_slot(l, sl, k);
         sl->state = SLOT_HELD;
     }
+    DT_TRACE_END(tr, "data", "wait for batch", "batch", k);
     l->holding = true;
     if (sl->st) { // the batch is not handed out, and the position does not move
         l->status = dt_fail(sl->st, "loader: batch %zu: %s", k, sl->msg);

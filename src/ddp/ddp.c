@@ -1,6 +1,7 @@
 // ddp.c: gradient buckets over the flat gradient buffer, reduced on the progress
 // thread while backward goes on (see ddp.h for the contract).
 #include "dtrain/ddp.h"
+#include "dtrain/trace.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -117,10 +118,12 @@ static void record_error(dt_ddp *d, dt_status s) {
 // Starts every bucket, in index order, whose gradients are all final.
 static void launch_ready(dt_ddp *d) {
     while (d->next_launch < d->nbuckets && d->b[d->next_launch].pending == 0) {
-        bucket   *bk = &d->b[d->next_launch];
-        float    *g  = dt_params_grads(d->p) + bk->offset;
+        bucket *bk = &d->b[d->next_launch];
+        float  *g  = dt_params_grads(d->p) + bk->offset;
+        DT_TRACE_BEGIN(tr);
         dt_status s =
             dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG, &bk->work);
+        DT_TRACE_END(tr, "ddp", "bucket start", "bucket", d->next_launch);
         if (s != DT_OK) {
             record_error(d, dt_fail_context("ddp: bucket %d", d->next_launch));
             bk->work = NULL;
@@ -389,10 +392,13 @@ dt_status dt_ddp_sync(dt_ddp *d) {
     }
     uint64_t  t0 = dt_now_ns();
     dt_status s  = DT_OK;
+    DT_TRACE_BEGIN(tr_sync);
     for (int i = 0; i < d->nbuckets; i++) {
         if (!d->b[i].work)
             continue;
+        DT_TRACE_BEGIN(tr);
         dt_status ws = dt_work_wait(d->b[i].work);
+        DT_TRACE_END(tr, "ddp", "bucket wait", "bucket", i);
         if (ws != DT_OK && s == DT_OK) {
             s = ws;
             dt_fail_context("ddp: all-reduce of bucket %d (%zu floats)", i, d->b[i].count);
@@ -401,6 +407,7 @@ dt_status dt_ddp_sync(dt_ddp *d) {
         dt_work_free(d->b[i].work);
         d->b[i].work = NULL;
     }
+    DT_TRACE_END(tr_sync, "ddp", "ddp sync", "buckets", d->nbuckets);
     d->wait_s += (double)(dt_now_ns() - t0) * 1e-9;
     d->steps++;
     reset_step(d);

@@ -17,6 +17,7 @@
 // exposing the pool's output under the pool's name: the names of parameters and of the
 // values later nodes read stay as they were.
 #include "dtrain/graph.h"
+#include "dtrain/trace.h"
 
 #include "nn/ops.h"
 
@@ -508,7 +509,9 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
         const float  *x[DT_LAYER_MAX_INPUTS];
         dt_rng        rng;
         make_args(g, v, &a, in, x, &rng);
+        DT_TRACE_BEGIN(tr);
         dt_status st = v->layer->ops->forward(v->layer, &a);
+        DT_TRACE_END(tr, "forward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) forward", v->name, v->layer->ops->kind);
     }
@@ -581,9 +584,11 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
                 toff += val_floats(u, batch);
             }
         }
-        a.dy         = v->dy;
-        a.dx         = dx;
+        a.dy = v->dy;
+        a.dx = dx;
+        DT_TRACE_BEGIN(tr);
         dt_status st = v->layer->ops->backward(v->layer, &a);
+        DT_TRACE_END(tr, "backward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) backward", v->name, v->layer->ops->kind);
         for (int j = 0; j < v->nin; j++) {

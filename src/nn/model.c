@@ -1,5 +1,6 @@
 // model.c: the Sequential model: building, flat parameter and gradient buffers,
 // PyTorch's default initialisation, and forward/backward over the threads of a pool.
+#include "dtrain/trace.h"
 #include "nn/blas.h"
 #include "nn/nn_impl.h"
 
@@ -478,7 +479,9 @@ static void forward_task(void *arg, int ith, int nth) {
         uint64_t t0 = m->profile && ith == 0 ? dt_now_ns() : 0;
         dt_rng   r  = dt_rng_split(&m->rng, (uint64_t)i);
         nn_ctx   c  = make_ctx(m, ith, nth, &r);
+        DT_TRACE_BEGIN(tr);
         l->ops->forward(l, &c, layer_input(m, i), layer_output(m, i));
+        DT_TRACE_END(tr, "forward", l->ops->kind, "layer", i);
         if (t0)
             l->fwd_ns += dt_now_ns() - t0;
     }
@@ -505,7 +508,9 @@ dt_status dt_model_forward(dt_model *m, const float *x, int batch) {
         l->last_training = m->training;
     }
     run_args a = {.m = m};
+    DT_TRACE_BEGIN(tr);
     dt_pool_run(m->pool, forward_task, &a);
+    DT_TRACE_END(tr, "model", "forward", "batch", batch);
     return DT_OK;
 }
 
@@ -552,7 +557,9 @@ static void backward_task(void *arg, int ith, int nth) {
             if (own)
                 memset(dparams, 0, sizeof(float) * l->param_count);
         }
+        DT_TRACE_BEGIN(tr);
         l->ops->backward(l, &c, layer_input(m, i), layer_output(m, i), dout, din, dparams);
+        DT_TRACE_END(tr, "backward", l->ops->kind, "layer", i);
         if (l->ops->in_place && i == 0 && m->want_input_grad)
             memcpy(m->dx + (size_t)c.s0 * nn_shape_size(l->in),
                    din + (size_t)c.s0 * nn_shape_size(l->in),
@@ -585,6 +592,8 @@ dt_status dt_model_backward(dt_model *m, const float *dout) {
     if (m->want_input_grad && !m->dx)
         DT_TRY(dt_model_reserve(m, m->capacity));
     run_args a = {.m = m, .dout = dout};
+    DT_TRACE_BEGIN(tr);
     dt_pool_run(m->pool, backward_task, &a);
+    DT_TRACE_END(tr, "model", "backward", "batch", m->batch);
     return DT_OK;
 }

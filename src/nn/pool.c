@@ -68,6 +68,7 @@ static void *worker_main(void *p) {
     dt_pool    *pool = wa->pool;
     int         ith  = wa->ith;
     dt_free(wa);
+    pthread_setname_np(pthread_self(), "dt-compute"); // for top -H, gdb and traces
     unsigned seen = 0;
     for (;;) {
         wait_change(&pool->gen, seen);

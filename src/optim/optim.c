@@ -1,5 +1,6 @@
 // optim.c: construction with PyTorch's option checks, and what every optimizer shares
 // (step counting, zero_grad, learning rate, checkpoint access).
+#include "dtrain/trace.h"
 #include "optim_impl.h"
 
 #include <math.h>
@@ -315,12 +316,14 @@ void dt_optim_free(dt_optim *o) {
 }
 
 void dt_optim_step(dt_optim *o) {
+    DT_TRACE_BEGIN(tr);
     o->steps++;
     for (int i = 0; i < o->nranges; i++) {
         const optim_range *r = &o->ranges[i];
         const optim_group *g = &o->groups[r->group];
         o->step(o, r->off, r->n, g->lr, g->weight_decay);
     }
+    DT_TRACE_END(tr, "optim", "optimizer step", NULL, 0);
 }
 
 void dt_optim_zero_grad(dt_optim *o) {
