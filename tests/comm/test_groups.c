@@ -139,6 +139,44 @@ static void timeout_ranks(int rank, int world, void *arg) {
     dt_pg_free(pg);
 }
 
+// tcp: groups share the world's connections, so a rank that runs a group collective
+// while its partner runs a world collective is told at once: a mismatch naming the
+// group (shm and mpi keep groups apart and time out instead: docs/comm.md).
+static void cross_ranks(int rank, int world, void *arg) {
+    (void)world, (void)arg;
+    dt_pg *pg = mp_pg_init(10000);
+    CHECK(pg != NULL);
+    if (!pg)
+        return;
+    // Ranks 2 and 3 may learn of the failure while still splitting: only ranks 0 and 1
+    // are checked.
+    dt_pg    *pair = NULL;
+    dt_status sst  = dt_pg_split(&pair, pg, rank / 2, rank, NULL);
+    if (rank < 2)
+        CHECK_OK(sst);
+    float     x  = 1;
+    uint64_t  t0 = dt_now_ns();
+    dt_status st = rank == 0 ? dt_pg_all_reduce(pair, &x, &x, 1, DT_FLOAT32, DT_REDUCE_SUM)
+                             : dt_pg_all_reduce(pg, &x, &x, 1, DT_FLOAT32, DT_REDUCE_SUM);
+    if (rank < 2) {
+        CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_PEER);
+        CHECK((dt_now_ns() - t0) / 1000000 < 5000);
+        bool named = strstr(dt_last_error(), "on group") != NULL;
+        CHECK(named);
+        if (!named)
+            fprintf(stderr, "     rank %d: %s\n", rank, dt_last_error());
+    }
+    dt_pg_free(pair);
+    dt_pg_free(pg);
+}
+
+static void test_group_against_world(void) {
+    if (strcmp(mp_backend(), "tcp") != 0)
+        return;
+    mp_opts o = {.world = 4, .timeout_ms = 60000};
+    MP_RUN(&o, cross_ranks, NULL);
+}
+
 static void test_group_timeout(void) {
     mp_opts o = {.world = 4, .timeout_ms = 60000};
     MP_RUN(&o, timeout_ranks, NULL);
@@ -147,6 +185,7 @@ static void test_group_timeout(void) {
 int main(void) {
     RUN(test_group_suite);
     RUN(test_group_timeout);
+    RUN(test_group_against_world);
     RUN(test_killed_rank_in_group);
     return check_summary();
 }
