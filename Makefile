@@ -6,7 +6,8 @@
 #   make test            install what is missing, build, run every test
 #   make asan|ubsan      the tests under AddressSanitizer / UndefinedBehaviorSanitizer
 #   make tsan            the threaded tests under ThreadSanitizer
-#   make test-slow       the long fault matrices (hung peers, cut links; ~10 min)
+#   make test-slow       the long fault matrices (hung peers, cut links; ~10 min), and
+#                        world invariance with --invariant 0 for comparison
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
 #   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
@@ -192,7 +193,8 @@ test: deps
 # the sanitizers.
 test-slow: deps
 	$(Q)$(MAKE) --no-print-directory tests
-	$(Q)DT_TEST_SLOW=1 DT_TEST_TIMEOUT=1800 tests/run.sh $(OUT)/tests/comm/test_liveness
+	$(Q)DT_TEST_SLOW=1 DT_TEST_TIMEOUT=1800 tests/run.sh $(OUT)/tests/comm/test_liveness \
+	    $(OUT)/tests/e2e/test_world_invariance
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory programs

@@ -44,6 +44,7 @@ typedef struct args {
     long        epochs, batch_size, limit, seed, threads, log_every;
     long        num_machines, num_processes, machine_id, master_port;
     long        checkpoint_every, keep, max_steps;
+    long        invariant; // --invariant V: the virtual world of gradient shards
     double      lr;
     const char *data_dir, *backend, *master_addr;
     const char *checkpoint_dir, *save_model, *load, *trace, *plot;
@@ -61,6 +62,15 @@ static const char usage[] =
     "                      (default $DT_DATA_DIR, else " DT_DATA_DIR_DEFAULT ")\n"
     "  --limit N           train on the first N samples only (default all)\n"
     "  --threads T         threads splitting each batch (default: cores / local processes)\n"
+    "  --invariant V       sum gradients as V shards of the global batch, by one fixed\n"
+    "                      tree (V a power of two, up to 64; 0: off, each thread sums its\n"
+    "                      samples): any thread count and any P processes (P dividing V,\n"
+    "                      batch B/P each) then train bitwise the model of one process\n"
+    "                      with batch B. Default: the cores rounded up to a power of two,\n"
+    "                      at least 8 (a thread per shard in backward); with P not\n"
+    "                      dividing it, each process is one shard (thread-invariant only).\n"
+    "                      It cost 0-3% of CPU time on the seed's ConvNet\n"
+    "                      (bench/RESULTS.md); 0 turns it off\n"
     "distributed (the seed's flags):\n"
     "  --num-processes P   fork P worker processes on this machine (default: none, or\n"
     "                      one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -121,6 +131,7 @@ static const char usage[] =
 static int parse_args(int argc, char **argv, args *a) {
     *a      = (args){.epochs = 1, .batch_size = 128, .lr = 0.5, .log_every = 10, .num_machines = 1};
     a->keep = 3;
+    a->invariant = -1;
     enum {
         EPOCHS = 1000,
         BATCH,
@@ -152,7 +163,8 @@ static int parse_args(int argc, char **argv, args *a) {
         SAVE_MODEL,
         LOAD,
         EVAL_ONLY,
-        JOB_TOKEN
+        JOB_TOKEN,
+        INVARIANT
     };
     static const struct option opts[] = {{"epochs", required_argument, 0, EPOCHS},
                                          {"batch-size", required_argument, 0, BATCH},
@@ -184,6 +196,7 @@ static int parse_args(int argc, char **argv, args *a) {
                                          {"save-model", required_argument, 0, SAVE_MODEL},
                                          {"load", required_argument, 0, LOAD},
                                          {"eval-only", no_argument, 0, EVAL_ONLY},
+                                         {"invariant", required_argument, 0, INVARIANT},
                                          {"help", no_argument, 0, HELP},
                                          {0, 0, 0, 0}};
     int                        c;
@@ -290,6 +303,14 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case EVAL_ONLY:
             a->eval_only = true;
+            break;
+        case INVARIANT:
+            st = dt_parse_long(optarg, 0, 64, "--invariant", &a->invariant);
+            if (!st && a->invariant & (a->invariant - 1))
+                st = dt_fail(DT_ERR_ARG,
+                             "--invariant: expected 0 or a power of two up to 64, "
+                             "found %ld",
+                             a->invariant);
             break;
         case HELP:
             fputs(usage, stdout);
@@ -535,8 +556,27 @@ static int train_worker(job *j, dt_pg *pg) {
         if (threads < 1)
             threads = 1;
     }
+    // Gradient shards (--invariant V): this rank holds shards rank + world * k of the
+    // global batch's V, so its local positions j = k (mod V / world) form local shard k
+    // (the sampler gives rank r global positions r + world * j); DDP continues the tree
+    // over ranks. A world that does not divide the default V gets one shard per rank.
+    long v = a->invariant, shards = 0;
+    if (v < 0) { // the default: at least 8, and at least the cores, so that threads have
+                 // a shard each in the convolutions' backward
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        for (v = 8; v < cores && v < 64; v *= 2)
+            ;
+    }
+    if (v > 0 && v % world == 0)
+        shards = v / world;
+    else if (v > 0 && a->invariant > 0) {
+        dt_fail(DT_ERR_ARG,
+                "--invariant %ld: expected a world size dividing it, found %d processes", v, world);
+        goto done;
+    } else if (v > 0)
+        shards = 1;
     if (dt_model_init_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f) ||
-        dt_model_set_threads(m, (int)threads))
+        dt_model_set_threads(m, (int)threads) || dt_model_set_grad_shards(m, (int)shards))
         goto done;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = (float)a->lr;
@@ -608,6 +648,7 @@ static int train_worker(job *j, dt_pg *pg) {
     if (pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
+        o.tree_reduce = shards > 0 && v % world == 0;
         if (dt_ddp_init(&ddp, m, pg, &o))
             goto done;
     }

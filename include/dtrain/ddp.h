@@ -48,6 +48,14 @@ typedef struct dt_ddp_opts {
     bool broadcast_params;     // rank 0's parameters to every rank at init (default true)
     bool overlap;              // reduce buckets during backward (default true); false
                                // reduces them all in dt_ddp_sync, for measuring overlap
+    bool tree_reduce;          // sum the ranks' gradients by a fixed tree over ranks
+                               // (rank r with r + N/2 first, then r + N/4, ...): with
+                               // the model's gradient shards (dt_model_set_grad_shards)
+                               // N ranks then give bitwise the one-process gradients.
+                               // Buckets then travel by all_gather (each rank receives
+                               // N - 1 copies instead of an all-reduce's 2(N-1)/N) and
+                               // are summed in dt_ddp_sync. 2 ranks need nothing more
+                               // than the all-reduce (a + b), which they keep.
 } dt_ddp_opts;
 
 DT_API dt_ddp_opts dt_ddp_opts_default(void);

@@ -109,6 +109,20 @@ DT_API void dt_model_describe(const dt_model *m, char *buf, size_t n);
 // thread is one of them. Results do not depend on timing; they depend on the thread
 // count only through float rounding of summed weight gradients.
 DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
+// Gradient shards, for results that do not depend on how a batch is split (DESIGN.md,
+// "World-size invariance"). 0 (the default): threads sum their partial gradients, so
+// the thread count changes the rounding. S >= 1 (a power of two up to 64): sample s of
+// a batch belongs to shard s % S; each shard's gradient is summed over its samples in
+// increasing order, then the shards are combined by a fixed tree (shard k with k + S/2
+// first, then k + S/4, ...) before being added into the gradient buffer. Gradients are
+// then bitwise the same for any thread count. Across processes: one process with S = V
+// and N processes (N dividing V, both powers of two) with S = V/N each, batch B/N and
+// a DistributedSampler, plus a DDP that continues the tree over ranks
+// (dt_ddp_opts.tree_reduce), give bitwise the same averaged gradients. Threads share
+// the work of a convolution's weight gradient by shards, so S should be at least the
+// thread count. DT_ERR_ARG for other values; DT_ERR_NOMEM (S parameter-sized buffers).
+DT_API dt_status dt_model_set_grad_shards(dt_model *m, int shards);
+DT_API int       dt_model_grad_shards(const dt_model *m);
 // Training mode (dropout active; the default) or evaluation mode.
 DT_API void dt_model_train(dt_model *m, bool training);
 // The random stream of the dropout masks. Sample i of the batch in layer l draws from

@@ -33,6 +33,8 @@ struct dt_ddp {
     char        errmsg[512];
     double      wait_s;
     int64_t     steps;
+    int         world;
+    float      *gathered; // tree_reduce: world copies of each bucket, bucket-major
 };
 
 dt_ddp_opts dt_ddp_opts_default(void) {
@@ -122,7 +124,11 @@ static void launch_ready(dt_ddp *d) {
         float  *g  = dt_params_grads(d->p) + bk->offset;
         DT_TRACE_BEGIN(tr);
         dt_status s =
-            dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG, &bk->work);
+            d->gathered
+                ? dt_pg_all_gather_async(d->pg, g, d->gathered + (size_t)d->world * bk->offset,
+                                         bk->count, DT_FLOAT32, &bk->work)
+                : dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG,
+                                         &bk->work);
         DT_TRACE_END(tr, "ddp", "bucket start", "bucket", d->next_launch);
         if (s != DT_OK) {
             record_error(d, dt_fail_context("ddp: bucket %d", d->next_launch));
@@ -295,6 +301,7 @@ dt_status dt_ddp_broadcast_buffers(dt_ddp *d) {
 }
 
 static void ddp_destroy(dt_ddp *d) {
+    dt_free(d->gathered);
     dt_free(d->b);
     dt_free(d->tensor_bucket);
     dt_free(d->ready);
@@ -319,7 +326,12 @@ dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *o
     size_t nt        = (size_t)(d->ntensors ? d->ntensors : 1);
     d->tensor_bucket = dt_alloc_zero(sizeof(int) * nt);
     d->ready         = dt_alloc_zero(sizeof(bool) * nt);
+    d->world         = dt_pg_size(pg);
     dt_status s      = !d->tensor_bucket || !d->ready ? DT_ERR_NOMEM : DT_OK;
+    // With 2 ranks every backend's all-reduce adds a + b (= b + a), already the tree.
+    if (!s && d->o.tree_reduce && d->world > 2 &&
+        !(d->gathered = dt_alloc(sizeof(float) * (size_t)d->world * dt_params_numel(p))))
+        s = DT_ERR_NOMEM;
     if (s || (s = form_buckets(d)) || (s = verify_shapes(d)) ||
         (d->o.broadcast_params &&
          ((s = dt_pg_broadcast(pg, dt_params_data(p), dt_params_numel(p), DT_FLOAT32, 0)) ||
@@ -366,6 +378,27 @@ void dt_ddp_set_sync(dt_ddp *d, bool sync) {
     d->sync = sync;
 }
 
+// tree_reduce: the world copies of bucket bk (rank r's at r * count) summed by the fixed
+// tree over ranks, highest bit first (r with r + h for h = N/2, N/4, ... 1 when N is a
+// power of two), divided by N, into the gradient buffer. The same on every rank.
+static void tree_combine(dt_ddp *d, const bucket *bk) {
+    float *blk = d->gathered + (size_t)d->world * bk->offset;
+    float *g   = dt_params_grads(d->p) + bk->offset;
+    int    h   = 1;
+    while (2 * h < d->world)
+        h *= 2;
+    for (; h >= 1; h /= 2)
+        for (int k = 0; k < h && k + h < d->world; k++) {
+            float       *a = blk + (size_t)k * bk->count;
+            const float *b = blk + (size_t)(k + h) * bk->count;
+            for (size_t j = 0; j < bk->count; j++)
+                a[j] += b[j];
+        }
+    float n = (float)d->world;
+    for (size_t j = 0; j < bk->count; j++)
+        g[j] = blk[j] / n;
+}
+
 dt_status dt_ddp_sync(dt_ddp *d) {
     if (!d->sync)
         return DT_OK;
@@ -404,6 +437,8 @@ dt_status dt_ddp_sync(dt_ddp *d) {
             dt_fail_context("ddp: all-reduce of bucket %d (%zu floats)", i, d->b[i].count);
             record_error(d, s);
         }
+        if (ws == DT_OK && d->gathered)
+            tree_combine(d, &d->b[i]);
         dt_work_free(d->b[i].work);
         d->b[i].work = NULL;
     }

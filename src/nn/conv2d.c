@@ -389,7 +389,7 @@ static void wide_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
     int    kk   = (int)l->fan_in;
     float *xp = c->scratch, *col = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
     float *ext = col + l->fan_in * (size_t)g.n;
-    for (int s = c->s0; s < c->s1; s++) {
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
         const float *x = in + (size_t)s * insz;
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
@@ -407,7 +407,7 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
     float *xp = c->scratch, *col = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
     float *ext = col + l->fan_in * (size_t)g.n;
     float *dw = dparams, *db = dparams + l->wcount;
-    for (int s = c->s0; s < c->s1; s++) {
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
         const float *x = in + (size_t)s * insz;
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
@@ -434,7 +434,7 @@ static void direct_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
     wide   g    = wide_geom(l);
     size_t insz = nn_shape_size(l->in);
     float *xp = c->scratch, *ext = xp + (l->pad ? (size_t)l->in.c * g.plane : 0);
-    for (int s = c->s0; s < c->s1; s++) {
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
         const float *x = in + (size_t)s * insz;
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
@@ -464,7 +464,7 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
             for (int ic = 0; ic < l->in.c; ic++)
                 memcpy(wt + (size_t)ic * rb + (size_t)oc * kk2,
                        l->w + ((size_t)oc * l->in.c + ic) * kk2, sizeof(float) * (size_t)kk2);
-    for (int s = c->s0; s < c->s1; s++) {
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
         const float *x = in + (size_t)s * insz;
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
@@ -489,7 +489,7 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
 static void strided_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
     size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
     int    hw = l->out.h * l->out.w, kk = (int)l->fan_in;
-    for (int s = c->s0; s < c->s1; s++) {
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
         const float *x = in + (size_t)s * insz;
         float       *y = out + (size_t)s * outsz;
         dt_nn_im2col(x, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h, l->out.w,
@@ -507,7 +507,7 @@ static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
     size_t insz = nn_shape_size(l->in), outsz = nn_shape_size(l->out);
     int    hw = l->out.h * l->out.w, kk = (int)l->fan_in;
     float *dw = dparams, *db = dparams + l->wcount;
-    for (int s = c->s0; s < c->s1; s++) {
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
         const float *x  = in + (size_t)s * insz;
         float       *dy = dout + (size_t)s * outsz;
         if (l->fuse_relu)

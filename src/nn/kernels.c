@@ -116,3 +116,13 @@ DT_CLONES void dt_nn_row_sums_add(const float *y, int rows, int cols, float *s) 
         s[r] += total;
     }
 }
+
+DT_CLONES void dt_nn_shard_tree(float *buf, size_t ld, int shards, size_t n) {
+    for (int h = shards / 2; h >= 1; h /= 2)
+        for (int k = 0; k < h; k++) {
+            float       *a = buf + (size_t)k * ld;
+            const float *b = buf + (size_t)(k + h) * ld;
+            for (size_t j = 0; j < n; j++)
+                a[j] += b[j];
+        }
+}

@@ -33,16 +33,16 @@ static dt_status linear_setup(nn_layer *l) {
     l->bcount    = l->out_c;
     l->flops     = 2.0 * (double)l->wcount;
     l->direct    = dt_nn_want_direct();
-    if (l->direct) {
-        // Row offsets of W (out rows of `in` floats), and per sample of a batch of x
-        // (filled per call); the transposed output gradient (out, batch) lives in aux.
-        dt_free(l->offsets);
-        if (!(l->offsets = dt_alloc(sizeof(int) * (size_t)l->out_c)))
-            return DT_ERR_NOMEM;
-        for (int o = 0; o < l->out_c; o++)
-            l->offsets[o] = o * l->in.c;
-        l->aux_per_sample = sizeof(float) * (size_t)l->out_c + sizeof(int);
-    }
+    // Row offsets of W (out rows of `in` floats), and per sample of a batch of x
+    // (filled per call); the transposed output gradient (out, batch) lives in aux.
+    // Needed by the shifted kernels: always on AVX-512, and with gradient shards.
+    dt_free(l->offsets);
+    if (!(l->offsets = dt_alloc(sizeof(int) * (size_t)l->out_c)))
+        return DT_ERR_NOMEM;
+    for (int o = 0; o < l->out_c; o++)
+        l->offsets[o] = o * l->in.c;
+    l->aux_per_sample = sizeof(float) * (size_t)l->out_c + sizeof(int);
+    l->shard_scratch  = (size_t)NN_SHARD_ROWS * NN_SHARD_COLS;
     return DT_OK;
 }
 
@@ -53,7 +53,9 @@ static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
     float *y = out + (size_t)c->s0 * fout;
     for (int s = 0; s < n; s++)
         memcpy(y + (size_t)s * fout, l->b, sizeof(float) * (size_t)fout);
-    if (l->direct) { // y[s][o] += sum_i x[s][i] W[o][i]
+    // With gradient shards the shifted kernel runs everywhere: each y[s][o] is summed in
+    // one fixed order whatever the number of rows n (a GEMM library may not promise it).
+    if (l->direct || c->shards) { // y[s][o] += sum_i x[s][i] W[o][i]
         dt_nn_shifted_gemm_nt(in + (size_t)c->s0 * fin, (size_t)fin, n, l->w, l->offsets, fout, fin,
                               y);
         return;
@@ -63,9 +65,74 @@ static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
              fout);
 }
 
+// Gradient shards (nn_impl.h): shard m holds samples m, m + S, ... of the batch. Its
+// slice of the transposed output gradient is (out, n_m) at column start_m of a
+// shard-major layout, so that dW_m = dy_m^T x_m is one shifted GEMM over its samples in
+// increasing order. Each thread forms whole column chunks of NN_SHARD_COLS (at fixed
+// places, so a column takes the same kernel path, vector block or scalar edge, whatever
+// the thread count: they may round differently, FMA or not), with
+// dt_nn_shifted_gemm_shards: per band of rows, every shard's tile in L1, the fixed tree
+// over shards, added into dW.
+static int shard_len(int batch, int shards, int m) {
+    return m < batch ? (batch - m + shards - 1) / shards : 0;
+}
+static int shard_start(int batch, int shards, int m) {
+    int q = batch / shards, r = batch % shards; // shards below r hold q + 1 samples
+    return m * q + (m < r ? m : r);
+}
+
+static void linear_backward_sharded(nn_layer *l, const nn_ctx *c, const float *in, float *dout,
+                                    float *din, float *dparams) {
+    int    fin = l->in.c, fout = l->out_c, batch = c->batch, S = c->shards;
+    float *dw = dparams, *db = dparams + l->wcount;
+    float *dyt  = (float *)(void *)l->aux; // shard-major (out, n_m) blocks, then offsets
+    int   *xoff = (int *)(void *)(dyt + (size_t)fout * (size_t)batch);
+    for (int s = c->s0; s < c->s1; s++) {
+        int m = s % S, i = s / S, st = shard_start(batch, S, m), n = shard_len(batch, S, m);
+        for (int o = 0; o < fout; o++)
+            dyt[(size_t)fout * st + (size_t)o * n + i] = dout[(size_t)s * fout + o];
+        xoff[st + i] = s * fin;
+    }
+    dt_pool_barrier(c->pool); // every thread's rows of dout are written
+    // Chunks of columns at fixed places, whole chunks per thread: a column is computed by
+    // the same kernel path (vector block or scalar edge, which may round differently:
+    // FMA or not) whatever the thread count.
+    int st[NN_MAX_SHARDS], len[NN_MAX_SHARDS];
+    for (int m = 0; m < S; m++) {
+        st[m]  = shard_start(batch, S, m);
+        len[m] = shard_len(batch, S, m);
+    }
+    int nch = (fin + NN_SHARD_COLS - 1) / NN_SHARD_COLS;
+    int k0 = (int)((long)nch * c->ith / c->nth), k1 = (int)((long)nch * (c->ith + 1) / c->nth);
+    for (int k = k0; k < k1; k++) {
+        int jc = k * NN_SHARD_COLS, cw = fin - jc < NN_SHARD_COLS ? fin - jc : NN_SHARD_COLS;
+        dt_nn_shifted_gemm_shards(in + jc, xoff, st, len, S, dyt, fout, cw, c->scratch, dw + jc,
+                                  (size_t)fin);
+    }
+    int o0 = (int)((long)fout * c->ith / c->nth), o1 = (int)((long)fout * (c->ith + 1) / c->nth);
+    for (int o = o0; o < o1; o++) {
+        float acc[NN_MAX_SHARDS];
+        for (int m = 0; m < S; m++) {
+            acc[m] = 0.0f;
+            for (int s = m; s < batch; s += S)
+                acc[m] += dout[(size_t)s * fout + o];
+        }
+        dt_nn_shard_tree(acc, 1, S, 1);
+        db[o] += acc[0];
+    }
+    int n = c->s1 - c->s0;
+    if (din && n > 0) // dx[s][i] = sum_o dy[s][o] W[o][i]
+        dt_nn_shifted_gemm(l->w, l->offsets, fout, dout + (size_t)c->s0 * fout, n, fin,
+                           din + (size_t)c->s0 * fin, (size_t)fin, false);
+}
+
 static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                             float *dout, float *din, float *dparams) {
     (void)out;
+    if (c->shards) {
+        linear_backward_sharded(l, c, in, dout, din, dparams);
+        return;
+    }
     int    fin = l->in.c, fout = l->out_c, batch = c->batch;
     float *dw = dparams, *db = dparams + l->wcount;
     float *dyt  = (float *)(void *)l->aux; // (out, batch), then `batch` sample offsets

@@ -26,6 +26,9 @@ struct dt_model {
     float  **partial; // [thread] gradient buffers of threads 1.. (thread 0 adds into grads)
     float  **scratch; // [thread] scratch, max over layers
     size_t   scratch_floats;
+    // gradient shards (dt_model_set_grad_shards): 0 off, else S buffers of nparams
+    int    shards;
+    float *shard_buf;
     // activations: act[i] is layer i's input, act[nlayers] the output; in-place layers
     // share their input's buffer. Owned buffers are listed in act_own.
     int              capacity; // batch the buffers are sized for
@@ -122,6 +125,20 @@ static dt_status add_pinfo(dt_model *m, int layer, const char *what, int ndim, c
     return dt_params_add_ex(m->pv, name, ndim, shape, flags, layer, false);
 }
 
+// Per-thread scratch: the largest of the layers' needs, with gradient shards included.
+static size_t scratch_need(const dt_model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        const nn_layer *l = &m->layers[i];
+        size_t          f = l->scratch_floats;
+        if (m->shards && l->shard_scratch * (size_t)m->shards > f)
+            f = l->shard_scratch * (size_t)m->shards;
+        if (f > n)
+            n = f;
+    }
+    return n;
+}
+
 // Scratch and per-thread gradient buffers for `n` threads.
 static dt_status alloc_thread_buffers(dt_model *m, int n) {
     m->partial = dt_alloc_zero(sizeof(float *) * (size_t)n);
@@ -190,12 +207,11 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
             p->skip = true;
         }
     }
-    size_t off = 0;
+    size_t off        = 0;
+    m->scratch_floats = scratch_need(m);
     DT_TRY(dt_params_new(&m->pv, NULL));
     for (int i = 0; i < m->nlayers; i++) {
         nn_layer *l = &m->layers[i];
-        if (l->scratch_floats > m->scratch_floats)
-            m->scratch_floats = l->scratch_floats;
         if (!l->nparams)
             continue;
         l->param_off   = off;
@@ -227,6 +243,9 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
             l->b[j] = dt_rng_uniform_range(&rb, -bound, bound);
     }
     DT_TRY(alloc_thread_buffers(m, m->nthreads));
+    if (m->shards &&
+        !(m->shard_buf = dt_alloc_zero(sizeof(float) * (size_t)m->shards * (off ? off : 1))))
+        return DT_ERR_NOMEM;
     m->finalized = true;
     return DT_OK;
 }
@@ -258,6 +277,7 @@ void dt_model_free(dt_model *m) {
     for (int i = 0; i < m->nlayers; i++)
         dt_free(m->layers[i].offsets);
     dt_params_free(m->pv);
+    dt_free(m->shard_buf);
     dt_free(m->keys);
     dt_free(m);
 }
@@ -348,6 +368,32 @@ dt_status dt_model_set_threads(dt_model *m, int threads) {
     if (m->finalized)
         DT_TRY(alloc_thread_buffers(m, threads));
     return DT_OK;
+}
+
+dt_status dt_model_set_grad_shards(dt_model *m, int shards) {
+    if (shards < 0 || shards > NN_MAX_SHARDS || (shards & (shards - 1)))
+        return dt_fail(DT_ERR_ARG,
+                       "model: expected 0 gradient shards (off) or a power of two up to %d, "
+                       "found %d",
+                       NN_MAX_SHARDS, shards);
+    if (shards == m->shards)
+        return DT_OK;
+    dt_free(m->shard_buf);
+    m->shard_buf = NULL;
+    m->shards    = shards;
+    if (!m->finalized)
+        return DT_OK;
+    free_thread_buffers(m);
+    m->scratch_floats = scratch_need(m);
+    DT_TRY(alloc_thread_buffers(m, m->nthreads));
+    if (shards && !(m->shard_buf = dt_alloc_zero(sizeof(float) * (size_t)shards *
+                                                 (m->nparams ? m->nparams : 1))))
+        return DT_ERR_NOMEM;
+    return DT_OK;
+}
+
+int dt_model_grad_shards(const dt_model *m) {
+    return m->shards;
 }
 
 void dt_model_train(dt_model *m, bool training) {
@@ -454,6 +500,8 @@ static nn_ctx make_ctx(dt_model *m, int ith, int nth, const dt_rng *rng) {
         .nth      = nth,
         .s0       = (int)((long)m->batch * ith / nth),
         .s1       = (int)((long)m->batch * (ith + 1) / nth),
+        .sstep    = 1,
+        .shards   = m->shards,
         .batch    = m->batch,
         .training = m->training,
         .pool     = m->pool,
@@ -530,6 +578,35 @@ static void reduce_partials(dt_model *m, const nn_layer *l, int ith, int nth) {
     }
 }
 
+// Combines this thread's slice of layer l's shard buffers by the fixed tree and adds
+// the result into the model's gradient buffer.
+static void reduce_shards(dt_model *m, const nn_layer *l, int ith, int nth) {
+    size_t lo = l->param_off + l->param_count * (size_t)ith / (size_t)nth;
+    size_t hi = l->param_off + l->param_count * (size_t)(ith + 1) / (size_t)nth;
+    if (hi <= lo)
+        return;
+    dt_nn_shard_tree(m->shard_buf + lo, m->nparams, m->shards, hi - lo);
+    for (size_t j = lo; j < hi; j++)
+        m->grads[j] += m->shard_buf[j];
+}
+
+// A PARTIAL layer's backward with gradient shards: this thread takes shards ith,
+// ith + nth, ...; each is one backward call over its samples into its own buffer.
+static void backward_shards(dt_model *m, nn_layer *l, int i, const nn_ctx *c, float *dout,
+                            float *din) {
+    if (c->nth > 1) // the rows of a shard were written by every thread
+        dt_pool_barrier(m->pool);
+    for (int sh = c->ith; sh < m->shards; sh += c->nth) {
+        nn_ctx cs = *c;
+        cs.s0     = sh;
+        cs.s1     = m->batch;
+        cs.sstep  = m->shards;
+        float *dp = m->shard_buf + (size_t)sh * m->nparams + l->param_off;
+        memset(dp, 0, sizeof(float) * l->param_count);
+        l->ops->backward(l, &cs, layer_input(m, i), layer_output(m, i), dout, din, dp);
+    }
+}
+
 static void backward_task(void *arg, int ith, int nth) {
     run_args *a  = arg;
     dt_model *m  = a->m;
@@ -550,15 +627,19 @@ static void backward_task(void *arg, int ith, int nth) {
             din = dout;
         else if (need_din)
             din = i > 0 ? m->gbuf[1 - g] : m->dx;
+        bool   sharded = m->shards && l->nparams && l->ops->grad_mode == NN_GRAD_PARTIAL;
         float *dparams = NULL;
-        if (l->nparams) {
+        if (!sharded && l->nparams) {
             bool own = l->ops->grad_mode == NN_GRAD_PARTIAL && ith > 0;
             dparams  = (own ? m->partial[ith] : m->grads) + l->param_off;
             if (own)
                 memset(dparams, 0, sizeof(float) * l->param_count);
         }
         DT_TRACE_BEGIN(tr);
-        l->ops->backward(l, &c, layer_input(m, i), layer_output(m, i), dout, din, dparams);
+        if (sharded)
+            backward_shards(m, l, i, &c, dout, din);
+        else
+            l->ops->backward(l, &c, layer_input(m, i), layer_output(m, i), dout, din, dparams);
         DT_TRACE_END(tr, "backward", l->ops->kind, "layer", i);
         if (l->ops->in_place && i == 0 && m->want_input_grad)
             memcpy(m->dx + (size_t)c.s0 * nn_shape_size(l->in),
@@ -567,12 +648,15 @@ static void backward_task(void *arg, int ith, int nth) {
         // Meet after every layer that wrote a new gradient buffer: the two ping-pong
         // buffers hold each layer's rows at that layer's stride, so the next layer's
         // rows of one thread can overlap another thread's rows of this one.
-        if (nth > 1 && (l->nparams || !l->ops->in_place)) {
+        if (nth > 1 && (l->nparams || !l->ops->in_place))
             dt_pool_barrier(m->pool);
-            if (l->nparams && l->ops->grad_mode == NN_GRAD_PARTIAL) {
-                reduce_partials(m, l, ith, nth);
+        if (sharded) {
+            reduce_shards(m, l, ith, nth);
+            if (nth > 1)
                 dt_pool_barrier(m->pool);
-            }
+        } else if (nth > 1 && l->nparams && l->ops->grad_mode == NN_GRAD_PARTIAL) {
+            reduce_partials(m, l, ith, nth);
+            dt_pool_barrier(m->pool);
         }
         if (l->nparams && ith == 0) {
             if (m->hook)

@@ -23,7 +23,9 @@ typedef struct nn_layer nn_layer;
 // What a layer's forward or backward sees, per thread.
 typedef struct nn_ctx {
     int             ith, nth; // this thread, of nth
-    int             s0, s1;   // the samples this thread owns
+    int             s0, s1;   // the samples this thread owns: s0, s0 + sstep, ... < s1
+    int             sstep;    // 1, or (conv backward with gradient shards) the shard count
+    int             shards;   // gradient shards (dt_model_set_grad_shards), 0: off
     int             batch;
     bool            training;
     dt_pool        *pool;    // for layers that must meet inside backward
@@ -40,6 +42,17 @@ typedef enum nn_grad_mode {
     NN_GRAD_SHARED,  // the layer splits the gradient itself so threads write disjoint
                      // parts of the one gradient buffer (after meeting inside backward)
 } nn_grad_mode;
+// With gradient shards on (dt_model_set_grad_shards), sample s of a batch belongs to
+// shard s % S. A PARTIAL layer's backward is then called once per shard, with s0 = the
+// shard, sstep = S, and its own zeroed dparams: it must add the shard's samples in
+// increasing order. A SHARED layer sees c->shards = S and must form each shard's sum
+// over its samples in increasing order, then combine the shards by the tree of
+// dt_nn_shard_tree, whatever the thread split. The model combines PARTIAL shards.
+#define NN_MAX_SHARDS 64
+// Tiles of a linear weight gradient formed per shard at a time (scratch per shard:
+// rows x cols floats; one vector block of shifted.c).
+#define NN_SHARD_ROWS 8
+#define NN_SHARD_COLS 48
 
 typedef struct nn_layer_ops {
     const char  *kind;
@@ -77,6 +90,7 @@ struct nn_layer {
     // per-thread scratch and per-sample saved state
     size_t    scratch_floats;
     size_t    aux_per_sample; // bytes
+    size_t    shard_scratch;  // floats of scratch per gradient shard (linear), when sharded
     uint8_t  *aux;            // batch * aux_per_sample, owned by the model
     bool      last_training;  // the mode of the last forward (dropout backward uses it)
     bool      fuse_relu;      // conv: applies the next layer's ReLU itself
@@ -112,9 +126,19 @@ bool dt_nn_want_direct(void);
 // out[o][j] (+)= sum_r w[o][r] * src[off[r] + j]   (o < rows, j < n; shifted.c)
 void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w, int rows, int n,
                         float *out, size_t out_ld, bool add);
+// With gradient shards: out[o][j] += tree over shards m of the sum over shard m's
+// samples (shifted.c, linear.c); n <= NN_SHARD_COLS, tile S x ROWS x COLS floats.
+void dt_nn_shifted_gemm_shards(const float *src, const int *off, const int *start, const int *len,
+                               int S, const float *w, int rows, int n, float *tile, float *out,
+                               size_t out_ld);
 // dw[o][r] += sum_j a[o][j] * src[off[r] + j]   (o < rows, r < R, j < n; shifted.c)
 void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *src, const int *off,
                            int R, int n, float *dw);
+// The fixed combination of S (a power of two) shard buffers of n floats, rows `ld`
+// apart: highest bit first, buf[k] += buf[k + h] for h = S/2, S/4, ... 1, k < h; the
+// sum ends in buf[0]. The same tree continues across ranks (ddp.c), so one process
+// with S shards and N processes with S/N each add the same numbers in the same order.
+void dt_nn_shard_tree(float *buf, size_t ld, int shards, size_t n);
 // y[i] = max(y[i], 0)
 void dt_nn_relu_inplace(float *y, size_t n);
 // d[i] = y[i] > 0 ? d[i] : 0

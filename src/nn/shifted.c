@@ -19,6 +19,7 @@
 
 #define OB 8 // output rows per block
 #define JB 3 // 16-wide column vectors per block
+_Static_assert(OB == NN_SHARD_ROWS && 16 * JB == NN_SHARD_COLS, "shard tiles are one block");
 
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL(n)  PRAGMA_(GCC unroll n)
@@ -202,5 +203,63 @@ DT_CLONES void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, cons
             block_nt_1x6(a, a_ld, o0, src, off, r0, n, &t, dw, R);
         for (; r0 < R; r0++)
             block_nt_1x1(a, a_ld, o0, src, off, r0, n, &t, dw, R);
+    }
+}
+
+// a[x] += b[x] for x < n, sixteen lanes at a time (element-wise: no reassociation).
+static inline __attribute__((always_inline)) void add_row(float *restrict a,
+                                                          const float *restrict b, int n) {
+    int x = 0;
+    for (; x + 16 <= n; x += 16)
+        dt_store16(a + x, dt_load16(a + x) + dt_load16(b + x));
+    for (; x < n; x++)
+        a[x] += b[x];
+}
+
+// Gradient shards (linear.c): out[o][j] += the fixed tree over shards m < S of
+// sum_{r < len[m]} w_m[o][r] * src[off[start[m] + r] + j], where w_m = w + rows * start[m]
+// is shard m's (rows, len[m]) block, for o < rows and j < n <= NN_SHARD_COLS. Each band
+// of rows goes through the shards' tiles in `tile` (S x NN_SHARD_ROWS x NN_SHARD_COLS
+// floats, in L1), so no per-shard product ever reaches memory; the kernels are the same
+// blocks as dt_nn_shifted_gemm, and a column takes the same path for a given n.
+DT_CLONES void dt_nn_shifted_gemm_shards(const float *src, const int *off, const int *start,
+                                         const int *len, int S, const float *w, int rows, int n,
+                                         float *tile, float *out, size_t out_ld) {
+    const size_t tl = (size_t)NN_SHARD_ROWS * NN_SHARD_COLS, ld = NN_SHARD_COLS;
+    for (int o0 = 0; o0 < rows;) {
+        bool full = rows - o0 >= OB;
+        int  nr   = full ? OB : 1;
+        for (int m = 0; m < S; m++) {
+            float *t = tile + (size_t)m * tl;
+            int    R = len[m], j = 0;
+            if (!R) {
+                for (int o = 0; o < nr; o++)
+                    for (int x = 0; x < n; x++)
+                        t[(size_t)o * ld + x] = 0.0f;
+                continue;
+            }
+            const int   *om = off + start[m];
+            const float *wm = w + (size_t)rows * start[m] + (size_t)o0 * R;
+            for (; j + 16 * JB <= n; j += 16 * JB)
+                if (full)
+                    block_8x3(src, om, R, wm, 0, j, t, ld, false);
+                else
+                    block_1x3(src, om, R, wm, 0, j, t, ld, false);
+            for (; j + 16 <= n; j += 16)
+                if (full)
+                    block_8x1(src, om, R, wm, 0, j, t, ld, false);
+                else
+                    block_1x1(src, om, R, wm, 0, j, t, ld, false);
+            if (j < n)
+                narrow_columns(src, om, R, wm, 0, nr, j, n - j, t, ld, false);
+        }
+        for (int h = S / 2; h >= 1; h /= 2)
+            for (int k = 0; k < h; k++)
+                for (int o = 0; o < nr; o++)
+                    add_row(tile + (size_t)k * tl + (size_t)o * ld,
+                            tile + (size_t)(k + h) * tl + (size_t)o * ld, n);
+        for (int o = 0; o < nr; o++)
+            add_row(out + (size_t)(o0 + o) * out_ld, tile + (size_t)o * ld, n);
+        o0 += nr;
     }
 }

@@ -400,6 +400,62 @@ static void test_shape_mismatch(void) {
     MP_RUN(&o, mismatch_rank, NULL);
 }
 
+// tree_reduce: every element is ((g0 + g2) + (g1 + g3)) / 4 on every rank, bit for bit:
+// the tree that continues the model's gradient shards over ranks. The values are
+// chosen so that rank order ((g0 + g1) + g2) + g3 rounds differently.
+static float tree_value(int rank, size_t i) {
+    static const float v[4] = {1.0f, 3e-8f, -1.0f, 3e-8f}; // rank order: 0; tree: 6e-8
+    return v[rank] * (float)(1 + i % 3);
+}
+
+static void tree_rank(int rank, int world, void *arg) {
+    (void)arg;
+    dt_pg *pg = mp_pg_init(10000);
+    if (!pg)
+        return;
+    dt_model   *m      = small_model(1, 8);
+    dt_ddp_opts o      = dt_ddp_opts_default();
+    o.tree_reduce      = true;
+    o.bucket_cap_bytes = 512; // several buckets
+    dt_ddp *d          = NULL;
+    CHECK_OK(dt_ddp_init(&d, m, pg, &o));
+    if (!d)
+        return;
+    size_t n = dt_model_num_params(m);
+    float *g = dt_model_grads(m);
+    for (int step = 0; step < 2; step++) {
+        for (size_t i = 0; i < n; i++)
+            g[i] = tree_value(rank, i);
+        for (int t = dt_model_num_param_tensors(m) - 1; t >= 0; t--) {
+            const dt_param_info *p = dt_model_param_info(m, t);
+            CHECK_OK(dt_ddp_mark_ready(d, p->offset, p->count));
+        }
+        CHECK_OK(dt_ddp_sync(d));
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; i++) {
+            float x[4];
+            for (int r = 0; r < world; r++)
+                x[r] = tree_value(r, i);
+            float want = ((x[0] + x[2]) + (x[1] + x[3])) / 4.0f;
+            wrong += memcmp(&g[i], &want, sizeof want) != 0;
+        }
+        if (!CHECK(wrong == 0))
+            fprintf(stderr, "     rank %d: %zu of %zu elements off the tree sum\n", rank, wrong, n);
+    }
+    float rank_order =
+        ((tree_value(0, 0) + tree_value(1, 0)) + tree_value(2, 0)) + tree_value(3, 0);
+    CHECK(rank_order !=
+          (tree_value(0, 0) + tree_value(2, 0)) + (tree_value(1, 0) + tree_value(3, 0)));
+    dt_ddp_free(d);
+    dt_model_free(m);
+    dt_pg_free(pg);
+}
+
+static void test_tree_reduce(void) {
+    mp_opts o = {.world = 4};
+    MP_RUN(&o, tree_rank, NULL);
+}
+
 int main(void) {
     dt_dataset_opts lim = dt_dataset_opts_default();
     lim.limit           = 1280;
@@ -412,6 +468,7 @@ int main(void) {
     RUN(test_no_sync);
     RUN(test_unused_parameter);
     RUN(test_shape_mismatch);
+    RUN(test_tree_reduce);
     dt_dataset_free(&g_data);
     return check_summary();
 }
