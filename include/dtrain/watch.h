@@ -2,8 +2,8 @@
 // elsewhere) and loss curves as an SVG chart. The Chrome trace is in trace.h.
 //
 //     dt_progress *bar;
-//     dt_progress_new(&bar, NULL);                 // stdout; a bar when it is a terminal
-//     for (epoch...) {
+//     dt_progress_new(&bar, NULL);                 // stdout; a bar on a terminal (lines under
+//     mpirun/srun) for (epoch...) {
 //         dt_progress_begin_epoch(bar, epoch, nbatches);
 //         for (batch...) { ...; dt_progress_step(bar, b.index, b.size, loss); }
 //         dt_progress_end_epoch(bar);

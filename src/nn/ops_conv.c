@@ -13,8 +13,15 @@
 // positions indexed over the padded input's width wp) each im2col row is the slice
 // xp + c*plane + ki*wp + kj of the padded input, so forward, weight gradient and input
 // gradient are dtrain's shifted GEMMs (shifted.c) reading the input in place.
+//
+// Before both, on AVX-512 CPUs, conv_cl.c takes convolutions without groups whose
+// output channels are a multiple of 16 (the ResNet's, except its 1x1 shortcuts): 3x3
+// stride 1 forward and input gradient as Winograd F(2x2, 3x3), the 1-channel stem
+// with its own kernel, the rest (stride 2, weight gradients) with channels in the
+// vector lanes. DT_CONV_CL=0 declines them; DT_CONV_WINO=0 keeps Winograd out.
 #include "core/simd.h"
 #include "nn/blas.h"
+#include "nn/conv_cl.h"
 #include "nn/nn_impl.h"
 #include "nn/ops.h"
 
@@ -75,6 +82,32 @@ static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
 // over rows of 16+ (2x faster at 28x28 16->16, but 2.5x slower on the stem and 1.5x on
 // 64->64 at 7x7, where im2col + OpenBLAS stays). DT_CONV=direct forces the kernels,
 // DT_CONV=gemm declines them.
+static bool want_kernels(void) {
+    const char *e = getenv("DT_CONV");
+    if (e && strcmp(e, "direct") == 0)
+        return true;
+    return dt_nn_want_direct();
+}
+
+static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad) {
+    const char *e = getenv("DT_CONV_CL"); // 0: never these kernels; 1: also 28 wide
+    if (e && strcmp(e, "0") == 0)
+        return false;
+    if (!(backward ? dt_nn_conv_cl_backward_ok(p, input_grad) : dt_nn_conv_cl_forward_ok(p)))
+        return false;
+    if (p->kh * p->kw == 1)
+        return false; // 1x1: one GEMM over the strided pixels is faster
+    int wo = out_len(w, p->pw, p->kw, p->sw);
+    // Rows wider than 14 at stride 1 take the channels-in-lanes kernels only for 3x3
+    // (Winograd forward and input gradient; 16->16 at 28x28: 4.4 ms forward, 10 ms
+    // backward, against 5.2 and 12.2 on the shifted GEMMs); other kernel sizes there
+    // were not measured and keep the shifted GEMMs.
+    if (p->sh == 1 && p->sw == 1 && wo > 14 && p->cin > 1 && (p->kh != 3 || p->kw != 3) &&
+        !(e && strcmp(e, "1") == 0))
+        return false;
+    return want_kernels();
+}
+
 static bool use_direct(const dt_nn_conv2d *p, int w, bool backward) {
     if (p->sh != 1 || p->sw != 1 || p->groups != 1)
         return false;
@@ -116,7 +149,11 @@ size_t dt_nn_conv2d_scratch(const dt_nn_conv2d *p, int h, int w) {
     size_t cols = batched_scratch(p, (int)(ho * wo));
     if (p->sh == 1 && p->sw == 1 && p->groups == 1) { // either path, whatever DT_CONV says
         size_t d = direct_scratch(p, h, w);
-        return d > cols ? d : cols;
+        cols     = d > cols ? d : cols;
+    }
+    if (dt_nn_conv_cl_forward_ok(p)) {
+        size_t c = dt_nn_conv_cl_scratch(p, h, w);
+        cols     = c > cols ? c : cols;
     }
     return cols;
 }
@@ -312,6 +349,10 @@ static void direct_backward(const dt_nn_conv2d *p, int n, int h, int w, const fl
 
 void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                           const float *wt, const float *b, float *y, float *scratch) {
+    if (use_cl(p, w, false, false)) {
+        dt_nn_conv_cl_forward(p, n, h, w, x, wt, b, y, scratch);
+        return;
+    }
     if (use_direct(p, w, false)) {
         direct_forward(p, n, h, w, x, wt, b, y, scratch);
         return;
@@ -347,6 +388,10 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
 void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                            const float *wt, const float *dy, float *dx, float *dw, float *db,
                            float *scratch) {
+    if (use_cl(p, w, true, dx != NULL)) {
+        dt_nn_conv_cl_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        return;
+    }
     if (use_direct(p, w, true)) {
         direct_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return;

@@ -1,5 +1,6 @@
 // The progress display (include/dtrain/watch.h): a bar redrawn in place on a terminal,
 // the seed's periodic log lines elsewhere (pipes, files, CI logs).
+#include "dtrain/comm.h"
 #include "dtrain/watch.h"
 
 #include <math.h>
@@ -26,6 +27,21 @@ dt_progress_opts dt_progress_opts_default(void) {
     return o;
 }
 
+// Auto mode draws a bar only on a terminal, and not under mpirun or srun: their
+// output forwarding gives each rank a pseudo-terminal even when the job's output goes
+// to a file or a pipe, where the seed's plain lines are what readers (and log
+// scrapers) expect.
+static bool auto_bar(FILE *out) {
+    if (isatty(fileno(out)) != 1)
+        return false;
+    dt_launch_env env;
+    if (dt_launch_env_read(&env) != DT_OK) {
+        dt_clear_error();
+        return false;
+    }
+    return !env.is_mpi;
+}
+
 dt_status dt_progress_new(dt_progress **out, const dt_progress_opts *opts) {
     *out               = NULL;
     dt_progress_opts o = opts ? *opts : dt_progress_opts_default();
@@ -46,7 +62,7 @@ dt_status dt_progress_new(dt_progress **out, const dt_progress_opts *opts) {
     if (!p)
         return dt_fail_context("progress");
     p->o   = o;
-    p->bar = o.bar == -1 ? isatty(fileno(o.out)) == 1 : o.bar == 1;
+    p->bar = o.bar == -1 ? auto_bar(o.out) : o.bar == 1;
     *out   = p;
     return DT_OK;
 }

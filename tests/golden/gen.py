@@ -225,6 +225,23 @@ def main():
     conv2d("conv2d_s1_5x5", 1, 2, 17, 9, 20, (5, 5), (1, 1), (2, 2), 1, False)
     # 18x18 outputs: im2col takes 4 samples per GEMM, so 6 make a full and a partial chunk
     conv2d("conv2d_chunks", 6, 2, 3, 18, 18, (3, 3), (1, 1), (1, 1), 1, True)
+    # channels-in-lanes kernels (conv_cl.c, cout a multiple of 16): stride-2 phases with
+    # two 16-lane vectors, odd widths (blocks of 7, 4, 2, 1 pixels), a 1-channel stem,
+    # rectangular kernels with mixed strides, rows longer than one 28-pixel block, and
+    # stride 3 over a 2x2 kernel (input pixels that no tap reaches)
+    conv2d("conv2d_cl_s2", 2, 16, 32, 9, 10, (3, 3), (2, 2), (1, 1), 1, True)
+    conv2d("conv2d_cl_s1", 3, 16, 16, 7, 9, (3, 3), (1, 1), (1, 1), 1, False)
+    conv2d("conv2d_cl_stem", 2, 1, 16, 6, 5, (3, 3), (1, 1), (1, 1), 1, True)
+    conv2d("conv2d_cl_stem_wide", 2, 1, 32, 5, 20, (3, 3), (1, 1), (1, 0), 1, False)
+    conv2d("conv2d_cl_rect", 2, 32, 64, 8, 7, (3, 2), (2, 1), (1, 0), 1, True)
+    conv2d("conv2d_cl_wide", 1, 16, 48, 5, 31, (3, 3), (1, 1), (1, 1), 1, False)
+    # Winograd F(2x2, 3x3) (3x3 stride 1, 16+ input channels): odd output sizes leave
+    # partial tiles
+    conv2d("conv2d_cl_wino", 2, 32, 32, 13, 12, (3, 3), (1, 1), (1, 1), 1, True)
+    conv2d("conv2d_cl_wino_wide", 1, 48, 16, 9, 33, (3, 3), (1, 1), (1, 1), 1, False)
+    # 7x7 outputs with 32 channels: the direct kernel's two-row blocks (3 pairs + 1 row)
+    conv2d("conv2d_cl_s2_7", 2, 16, 32, 14, 13, (3, 3), (2, 2), (1, 1), 1, True)
+    conv2d("conv2d_cl_s3", 2, 16, 16, 8, 8, (2, 2), (3, 3), (0, 0), 1, True)
     linear("linear_bias", 5, 7, 3, True)
     linear("linear_nobias", 4, 9, 6, False)
     linear("linear_wide", 19, 37, 21, True)  # full and partial 8x48 blocks of the kernels

@@ -199,11 +199,19 @@ static void conv_case(const char *name) {
 // Every case on both paths: im2col + OpenBLAS, and (stride 1 without groups) the
 // shifted-GEMM kernels that AVX-512 CPUs take by default.
 static void test_conv2d(void) {
-    const char *cases[] = {"conv2d_rect",    "conv2d_groups", "conv2d_depthwise", "conv2d_1x1_s2",
-                           "conv2d_s1_rect", "conv2d_s1_5x5", "conv2d_chunks"};
-    const char *saved   = getenv("DT_CONV");
-    for (int path = 0; path < 2; path++) {
+    const char *cases[] = {"conv2d_rect",         "conv2d_groups",       "conv2d_depthwise",
+                           "conv2d_1x1_s2",       "conv2d_s1_rect",      "conv2d_s1_5x5",
+                           "conv2d_chunks",       "conv2d_cl_s2",        "conv2d_cl_s1",
+                           "conv2d_cl_stem",      "conv2d_cl_rect",      "conv2d_cl_wide",
+                           "conv2d_cl_s3",        "conv2d_cl_stem_wide", "conv2d_cl_wino",
+                           "conv2d_cl_wino_wide", "conv2d_cl_s2_7"};
+    const char *saved = getenv("DT_CONV"), *saved_wino = getenv("DT_CONV_WINO");
+    // im2col + OpenBLAS; dtrain's kernels; and those without Winograd (the direct
+    // channels-in-lanes kernel then takes the stride-1 3x3 shapes)
+    for (int path = 0; path < 3; path++) {
         setenv("DT_CONV", path ? "direct" : "gemm", 1);
+        if (path == 2)
+            setenv("DT_CONV_WINO", "0", 1);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             conv_case(cases[i]);
     }
@@ -211,6 +219,10 @@ static void test_conv2d(void) {
         setenv("DT_CONV", saved, 1);
     else
         unsetenv("DT_CONV");
+    if (saved_wino)
+        setenv("DT_CONV_WINO", saved_wino, 1);
+    else
+        unsetenv("DT_CONV_WINO");
 }
 
 static void linear_case(const char *name) {

@@ -127,6 +127,16 @@ static void test_pty_detect(void) {
     CHECK_OK(dt_progress_new(&p, &o));
     CHECK(p && dt_progress_is_bar(p));
     dt_progress_free(p);
+    // Under mpirun every rank's stdout is a pseudo-terminal whatever the job's output
+    // is: auto mode prints lines there.
+    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+    p = NULL;
+    CHECK_OK(dt_progress_new(&p, &o));
+    CHECK(p && !dt_progress_is_bar(p));
+    dt_progress_free(p);
+    unsetenv("OMPI_COMM_WORLD_RANK");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
     fclose(f);
     close(master);
 }
