@@ -44,9 +44,10 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     pid_t pid = fork();
     if (pid == 0) {
-        dt_store_opts o    = {.timeout_ms = 600000, .token = "secret"};
-        dt_store     *s    = dt_store_init_tcp(NULL, 0, true, &o);
-        int           port = s ? dt_store_port(s) : -1;
+        dt_store_opts o = {.timeout_ms = 600000, .token = "secret"};
+        dt_store     *s = NULL;
+        dt_store_new_tcp(&s, NULL, 0, true, &o);
+        int port = s ? dt_store_port(s) : -1;
         if (write(p[1], &port, sizeof port) != sizeof port)
             _exit(1);
         for (;;)

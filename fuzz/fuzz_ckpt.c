@@ -15,7 +15,7 @@ static dt_model *model(void) {
     static dt_model *m;
     if (!m) {
         // The seed corpus was written from this model: 8 inputs, linear(3).
-        m = dt_model_init(8, 1, 1);
+        dt_model_new(&m, 8, 1, 1);
         if (!m || dt_model_add_linear(m, 3) || dt_model_finalize(m, 1))
             abort();
     }

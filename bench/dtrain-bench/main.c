@@ -83,8 +83,8 @@ static int rank_main(int local_rank, void *arg) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = a->backend;
     o.timeout_ms = 120000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
-    if (!pg) {
+    dt_pg *pg    = NULL;
+    if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
         fprintf(stderr, "dtrain-bench: rank %d: %s\n", local_rank, dt_last_error());
         return 1;
     }

@@ -139,9 +139,8 @@ static int worker(opts *a, dt_pg *pg) {
     so.num_replicas = world, so.rank = rank, so.seed = 1;
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = (size_t)a->batch;
-    if (!st &&
-        (!(smp = dt_sampler_init(a->train.n, &so)) || !(ld = dt_loader_init(&a->train, smp, &lo))))
-        st = dt_last_status();
+    if (!st && !(st = dt_sampler_new(&smp, a->train.n, &so)))
+        st = dt_loader_new(&ld, &a->train, smp, &lo);
     int64_t       steps = ld ? a->epochs * (int64_t)dt_loader_num_batches(ld) : 1, step = 0;
     dt_sched_opts sc = dt_sched_opts_default();
     sc.kind = DT_SCHED_COSINE, sc.warmup_steps = steps / 10, sc.total_steps = steps - steps / 10;
@@ -178,8 +177,8 @@ static int worker(opts *a, dt_pg *pg) {
 
 static int from_env(int local_rank, void *arg) {
     (void)local_rank;
-    dt_pg *pg = dt_pg_init_from_env(NULL);
-    if (!pg) {
+    dt_pg *pg = NULL;
+    if (dt_pg_new_from_env(&pg, NULL) != DT_OK) {
         fprintf(stderr, "dtrain-custom: %s\n", dt_last_error());
         return 1;
     }
@@ -200,7 +199,11 @@ int main(int argc, char **argv) {
         snprintf(pad, sizeof pad, " %.60s ", f);
         if (!strcmp(f, "--help")) {
             puts("usage: dtrain-custom [--num-processes P] [--epochs E] [--batch-size B] "
-                 "[--lr X] [--limit N] [--data-dir D] [--save PATH]");
+                 "[--lr X] [--limit N] [--data-dir D] [--save PATH]\n"
+                 "       dtrain-custom --help-env   (every DT_* environment variable)");
+            return 0;
+        } else if (!strcmp(f, "--help-env")) {
+            dt_settings_print(stdout);
             return 0;
         } else if (strncmp(f, "--", 2) != 0 || !strstr(flags, pad)) {
             s = dt_fail(DT_ERR_ARG, "unknown option \"%s\" (see --help)", f);

@@ -78,11 +78,11 @@ DT_API dt_store_opts dt_store_opts_default(void);
 // 127.0.0.1 with opts->loopback_only), and
 // the returned handle is also a client of it. Without, connects to host:port,
 // retrying until the timeout (so clients may start before the server).
-// Returns an owned handle (free with dt_store_free) or NULL with dt_last_error():
-// DT_ERR_IO "port 29500 is already in use", DT_ERR_TIMEOUT "could not reach
-// host:port ...", DT_ERR_MISMATCH "job token ...", DT_ERR_ARG bad host or port.
-DT_API dt_store *dt_store_init_tcp(const char *host, int port, bool is_server,
-                                   const dt_store_opts *opts);
+// *out: an owned handle (free with dt_store_free); NULL on failure, with DT_ERR_IO
+// "port 29500 is already in use", DT_ERR_TIMEOUT "could not reach host:port ...",
+// DT_ERR_MISMATCH "job token ...", DT_ERR_ARG bad host or port.
+DT_API dt_status dt_store_new_tcp(dt_store **out, const char *host, int port, bool is_server,
+                                  const dt_store_opts *opts);
 // The port the server listens on (the one chosen when 0 was asked), or the port a
 // client connected to; -1 for other stores.
 DT_API int dt_store_port(const dt_store *store);
@@ -90,13 +90,13 @@ DT_API int dt_store_port(const dt_store *store);
 // A store kept in one file (for a shared file system): an append-only log of records,
 // read back under an advisory lock. The file is created if missing; use a fresh file
 // per job (with a token, a stale file of another job is refused with DT_ERR_MISMATCH).
-// Blocking gets poll the file. Returns an owned handle or NULL (DT_ERR_IO names the
-// path and the system error; DT_ERR_FORMAT a corrupt file).
-DT_API dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts);
+// Blocking gets poll the file. *out: an owned handle, NULL on failure (DT_ERR_IO names
+// the path and the system error; DT_ERR_FORMAT a corrupt file).
+DT_API dt_status dt_store_new_file(dt_store **out, const char *path, const dt_store_opts *opts);
 
 // A view of `base` that puts "<prefix>/" before every key (PyTorch's PrefixStore).
 // Borrows `base`, which must outlive the view; free the view with dt_store_free.
-DT_API dt_store *dt_store_init_prefix(dt_store *base, const char *prefix);
+DT_API dt_status dt_store_new_prefix(dt_store **out, dt_store *base, const char *prefix);
 
 // Sets key to the `nbytes` bytes at `value` (overwrites; wakes waiters).
 DT_API dt_status dt_store_set(dt_store *store, const char *key, const void *value, size_t nbytes);
@@ -132,7 +132,7 @@ DT_API void dt_store_free(dt_store *store);
 
 // -------------------------------------------------------------- launcher environment
 //
-// Which launcher started this process, read from the variables it sets. dt_pg_init
+// Which launcher started this process, read from the variables it sets. dt_pg_new
 // ("env://") uses the first launcher found in this order (docs/mpi.md says why):
 //   1. RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE    torchrun, dtrun, dt_spawn, by hand
 //   2. OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE            Open MPI's mpirun
@@ -211,15 +211,17 @@ DT_API dt_pg_opts dt_pg_opts_default(void);
 // a free port and broadcasts its address and a job token (MPI_Bcast); data then moves
 // through the chosen backend ("auto": shm or tcp). MPI is initialised only then or when
 // backend is "mpi"; it is finalised at exit.
-// Returns an owned group (dt_pg_free) or NULL with dt_last_error(): DT_ERR_ARG naming a
-// missing or malformed variable or a rank out of range, DT_ERR_MISMATCH for a world
-// size that differs between ranks or a wrong token, DT_ERR_IO for a port in use,
-// DT_ERR_TIMEOUT for an unreachable master or ranks that never came.
-DT_API dt_pg *dt_pg_init_from_env(const dt_pg_opts *opts);
+// *out: an owned group (dt_pg_free), NULL on failure: DT_ERR_ARG naming a missing or
+// malformed variable or a rank out of range, DT_ERR_MISMATCH for a world size that
+// differs between ranks or a wrong token, DT_ERR_IO for a port in use, DT_ERR_TIMEOUT
+// for an unreachable master or ranks that never came. The first group of a process
+// warns about DT_* variables that are not settings (a typo), naming the nearest one.
+DT_API dt_status dt_pg_new_from_env(dt_pg **out, const dt_pg_opts *opts);
 // Same from an explicit method: "env://" (rank/world < 0 mean "from the environment"),
 // "tcp://host:port" (rank 0 serves the store on port) or "file:///path" (a file store
 // on a shared file system; the file must be fresh for each job).
-DT_API dt_pg *dt_pg_init(const char *init_method, int rank, int world, const dt_pg_opts *opts);
+DT_API dt_status dt_pg_new(dt_pg **out, const char *init_method, int rank, int world,
+                           const dt_pg_opts *opts);
 // Leaves the group (a sub-group: see "sub-groups" below): waits for queued async operations (each
 // bounded by its timeout), joins the progress thread, closes connections, and in rank 0's process
 // stops the store. Not collective, but a rank that leaves early makes the others' next collectives

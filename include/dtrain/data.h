@@ -231,11 +231,11 @@ typedef struct dt_sampler_opts {
 
 DT_API dt_sampler_opts dt_sampler_opts_default(void);
 
-// A sampler over n samples (n <= UINT32_MAX). Returns NULL with DT_ERR_ARG (rank out
-// of range, R < 1, n too large) or DT_ERR_NOMEM. Allocates its lists here; passes
-// allocate nothing. Free with dt_sampler_free.
-DT_API dt_sampler *dt_sampler_init(size_t n, const dt_sampler_opts *opts);
-DT_API void        dt_sampler_free(dt_sampler *s); // NULL is a no-op
+// A sampler over n samples (n <= UINT32_MAX) into *out (NULL on failure: DT_ERR_ARG for
+// a rank out of range, R < 1 or n too large; DT_ERR_NOMEM). Allocates its lists here;
+// passes allocate nothing. Free with dt_sampler_free.
+DT_API dt_status dt_sampler_new(dt_sampler **out, size_t n, const dt_sampler_opts *opts);
+DT_API void      dt_sampler_free(dt_sampler *s); // NULL is a no-op
 
 // Per-rank count of one pass (len() of the PyTorch sampler) and R * that count.
 // In evaluation mode num_samples is this rank's count and total_size is N.
@@ -279,7 +279,7 @@ DT_API dt_status dt_sampler_resume(dt_sampler *s, uint64_t epoch, size_t positio
 // With prefetch on, a background thread prepares the next batch while the caller
 // trains on the current one (two buffers); dt_loader_next blocks only when that batch
 // is not ready yet. The batches depend only on the sampler's order,
-// never on thread timing. All buffers are allocated by dt_loader_init; an epoch
+// never on thread timing. All buffers are allocated by dt_loader_new; an epoch
 // allocates nothing.
 
 typedef struct dt_loader dt_loader;
@@ -317,10 +317,10 @@ typedef struct dt_batch {
 // A loader over `ds` in the order of `sampler`; both are borrowed (they must outlive
 // the loader) and the loader drives the sampler (begin and position). `sampler` NULL
 // means a sequential pass over the whole dataset (owned by the loader). The sampler
-// must cover ds->n samples, else DT_ERR_ARG. Returns NULL on failure (DT_ERR_ARG,
+// must cover ds->n samples, else DT_ERR_ARG. *out stays NULL on failure (DT_ERR_ARG,
 // DT_ERR_NOMEM, DT_ERR_IO if the thread cannot start). Free with dt_loader_free.
-DT_API dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler,
-                                 const dt_loader_opts *opts);
+DT_API dt_status dt_loader_new(dt_loader **out, const dt_dataset *ds, dt_sampler *sampler,
+                               const dt_loader_opts *opts);
 
 // Stops the background thread (waiting for the batch it is preparing) and frees.
 // NULL is a no-op.

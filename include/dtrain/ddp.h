@@ -5,7 +5,7 @@
 //
 //     dt_ddp *ddp;
 //     dt_ddp_new(&ddp, params, pg, NULL);        // collective: checks shapes, broadcasts
-//     (or dt_ddp_init(&ddp, model, pg, NULL) for a dt_model)
+//     (params = dt_model_as_params(model) for a dt_model)
 //     for each step:
 //         dt_model_forward(...); loss ...; dt_model_zero_grad(model);
 //         dt_model_backward(model, dloss);       // buckets start reducing during backward
@@ -68,8 +68,6 @@ DT_API dt_ddp_opts dt_ddp_opts_default(void);
 // consumer on `params`. Frozen tensors (DT_PARAM_FROZEN) are broadcast but get no
 // bucket and are never waited for. *out is NULL on failure.
 DT_API dt_status dt_ddp_new(dt_ddp **out, dt_params *params, dt_pg *pg, const dt_ddp_opts *opts);
-// The same for a finalized dt_model: dt_ddp_new(out, dt_model_as_params(model), ...).
-DT_API dt_status dt_ddp_init(dt_ddp **out, dt_model *model, dt_pg *pg, const dt_ddp_opts *opts);
 // Rank 0's non-trainable buffers (running statistics) to every rank. Collective. What
 // dt_ddp_new does at start; PyTorch's broadcast_buffers=True does it every forward.
 DT_API dt_status dt_ddp_broadcast_buffers(dt_ddp *ddp);

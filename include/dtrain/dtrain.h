@@ -15,5 +15,6 @@
 #include "dtrain/rng.h"
 #include "dtrain/tensor.h"
 #include "dtrain/trace.h"
+#include "dtrain/train.h"
 
 #endif // DTRAIN_DTRAIN_H

@@ -9,7 +9,7 @@
 // Tensors are row-major (B, C, H, W) per batch; a flat layer input is (B, F).
 // Semantics and initialisation follow PyTorch's torch.nn modules of the same name.
 //
-//     dt_model *m = dt_model_init(1, 28, 28);
+//     dt_model *m;  dt_model_new(&m, 1, 28, 28);
 //     dt_model_add_conv2d(m, 16, 3, 1, 0);  dt_model_add_relu(m);  ...
 //     dt_model_finalize(m, seed);
 //     dt_model_forward(m, x, batch);                    // x: (B, 1, 28, 28)
@@ -37,8 +37,10 @@ typedef struct dt_model dt_model;
 // ------------------------------------------------------------------ building a model
 
 // A new empty model taking per-sample inputs of shape (c, h, w); use (f, 1, 1) for
-// flat inputs. Returns an owned model (free with dt_model_free) or NULL on failure.
-DT_API dt_model *dt_model_init(int c, int h, int w);
+// flat inputs, into *out (free with dt_model_free); *out stays NULL on failure
+// (DT_ERR_ARG for a shape that is not positive). A model has no options: they are
+// its layers.
+DT_API dt_status dt_model_new(dt_model **out, int c, int h, int w);
 DT_API void      dt_model_free(dt_model *m); // NULL-safe
 
 // Layers, appended in order. Each checks its input shape and fails with DT_ERR_ARG
@@ -72,8 +74,8 @@ DT_API dt_status dt_model_finalize(dt_model *m, uint64_t seed);
 //   conv(1->16, 3x3) ReLU conv(16->32, 3x3) ReLU maxpool(2) Dropout2d(drop2d) flatten
 //   linear(4608->64) ReLU dropout(drop) linear(64->10) log_softmax
 // The seed uses drop2d = 0.10 and drop = 0.25. Free with dt_model_free.
-DT_API dt_status dt_model_init_mnist_convnet(dt_model **out, uint64_t seed, float drop2d,
-                                             float drop);
+DT_API dt_status dt_model_new_mnist_convnet(dt_model **out, uint64_t seed, float drop2d,
+                                            float drop);
 
 // ----------------------------------------------------------------------- inspecting
 
@@ -92,7 +94,7 @@ DT_API const char *dt_model_layer_kind(const dt_model *m, int layer);
 // Per-sample output size of the last layer (the number of classes for a classifier).
 DT_API size_t dt_model_output_size(const dt_model *m);
 DT_API size_t dt_model_input_size(const dt_model *m);
-// The per-sample input shape (c, h, w) given to dt_model_init; any pointer may be NULL.
+// The per-sample input shape (c, h, w) given to dt_model_new; any pointer may be NULL.
 DT_API void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w);
 // Forward FLOPs per sample (multiply-add = 2), for throughput reports.
 DT_API double dt_model_flops_per_sample(const dt_model *m);

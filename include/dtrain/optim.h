@@ -5,7 +5,8 @@
 //
 // The update rules are PyTorch's documented ones (torch.optim.SGD, Adam, AdamW,
 // Adadelta), computed in float32 element by element as PyTorch's CPU kernels do.
-// Knows nothing about layers: any float buffer can be optimised.
+// Knows nothing about layers: any float buffer can be optimised (bind it to a
+// one-tensor dt_params with dt_params_bind).
 //
 //     dt_optim *opt;
 //     dt_adamw_new(&opt, dt_model_as_params(m), &(dt_adam_opts){...});
@@ -75,18 +76,7 @@ DT_API dt_status dt_adam_new(dt_optim **out, dt_params *p, const dt_adam_opts *o
 DT_API dt_status dt_adamw_new(dt_optim **out, dt_params *p, const dt_adam_opts *opts);
 DT_API dt_status dt_adadelta_new(dt_optim **out, dt_params *p, const dt_adadelta_opts *opts);
 
-// Optimizers over params[0..n) with gradients grads[0..n), both borrowed (they must
-// outlive the optimizer and must not overlap). `opts` NULL means the defaults. The
-// state is allocated and zeroed here. Returns NULL with DT_ERR_ARG (an option out of
-// range, as PyTorch rejects it) or DT_ERR_NOMEM. Free with dt_optim_free.
-DT_API dt_optim *dt_optim_init_sgd(float *params, float *grads, size_t n, const dt_sgd_opts *opts);
-DT_API dt_optim *dt_optim_init_adam(float *params, float *grads, size_t n,
-                                    const dt_adam_opts *opts);
-DT_API dt_optim *dt_optim_init_adamw(float *params, float *grads, size_t n,
-                                     const dt_adam_opts *opts);
-DT_API dt_optim *dt_optim_init_adadelta(float *params, float *grads, size_t n,
-                                        const dt_adadelta_opts *opts);
-DT_API void      dt_optim_free(dt_optim *o); // NULL is a no-op
+DT_API void dt_optim_free(dt_optim *o); // NULL is a no-op
 
 // One update of params from grads; increments the step count. Allocates nothing.
 DT_API void dt_optim_step(dt_optim *o);
@@ -121,8 +111,7 @@ DT_API float     dt_optim_group_initial_lr(const dt_optim *o, int g);
 DT_API float     dt_optim_group_weight_decay(const dt_optim *o, int g);
 DT_API dt_status dt_optim_set_group_lr(dt_optim *o, int g, float lr);
 DT_API dt_status dt_optim_set_group_weight_decay(dt_optim *o, int g, float wd);
-// The parameters it updates (for the raw-buffer constructors: a table of one tensor
-// named "params", owned by the optimizer).
+// The parameters it updates (the table it was created over).
 DT_API dt_params *dt_optim_params(dt_optim *o);
 
 // ------------------------------------------------------------------------- clipping

@@ -10,42 +10,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Default ring segment: small enough that a segment is on the wire while the previous
-// one is reduced (the pipeline needs >= 2 segments per chunk to overlap), large
-// enough that per-message costs (header, syscalls, wake-ups) stay small. Measured on
-// loopback with bench/dtrain-bench; override with DT_SEGMENT_BYTES.
-#define DEFAULT_SEGMENT_BYTES (1u << 20)
-// Below this, all_reduce uses recursive doubling and broadcast/reduce a binomial tree:
-// log2(P) latency-bound steps beat the ring's 2(P-1). DT_SMALL_BYTES overrides.
-#define DEFAULT_SMALL_BYTES (64u << 10)
+// The tunables and their defaults are rows of the settings table (src/core/settings.c):
+// DT_SEGMENT_BYTES, the ring segment (1 MiB: small enough that a segment is on the wire
+// while the previous one is reduced, the pipeline needing >= 2 segments per chunk,
+// large enough that per-message costs stay small; measured with bench/dtrain-bench);
+// DT_SMALL_BYTES (64 KiB: below it all_reduce uses recursive doubling and
+// broadcast/reduce a binomial tree, log2(P) latency-bound steps beating the ring's
+// 2(P-1)); DT_RING_LAG (2: see ring_run; a lag >= the segment count is the plain
+// step-by-step order); DT_ALLREDUCE_ALGO.
 // Receive slots the ring keeps in flight.
 #define DEFAULT_SLOTS 4
-// Ring wire order (see ring_run): how many segments of a step go out before the first
-// segment of the next step. DT_RING_LAG overrides; a lag >= the segment count is the
-// plain step-by-step order.
-#define DEFAULT_RING_LAG 2
 
 dt_status dt_algo_cfg_init(dt_algo_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
-    const char *a = getenv("DT_ALLREDUCE_ALGO");
-    if (!a || !*a || strcmp(a, "auto") == 0)
-        cfg->allreduce_algo = 0;
-    else if (strcmp(a, "ring") == 0)
-        cfg->allreduce_algo = DT_ALGO_RING;
-    else if (strcmp(a, "rdouble") == 0)
-        cfg->allreduce_algo = DT_ALGO_RDOUBLE;
-    else
-        return dt_fail(DT_ERR_ARG,
-                       "environment variable DT_ALLREDUCE_ALGO: expected auto, ring or rdouble, "
-                       "found \"%s\"",
-                       a);
+    int algo; // auto|ring|rdouble
+    DT_TRY(dt_setting_choice("DT_ALLREDUCE_ALGO", &algo));
+    cfg->allreduce_algo = algo == 1 ? DT_ALGO_RING : algo == 2 ? DT_ALGO_RDOUBLE : 0;
     long v;
-    DT_TRY(dt_env_int("DT_SEGMENT_BYTES", 8, 1L << 30, DEFAULT_SEGMENT_BYTES, &v));
+    DT_TRY(dt_setting_int("DT_SEGMENT_BYTES", &v));
     cfg->segment_bytes = (size_t)v;
-    DT_TRY(dt_env_int("DT_SMALL_BYTES", 0, 1L << 30, DEFAULT_SMALL_BYTES, &v));
+    DT_TRY(dt_setting_int("DT_SMALL_BYTES", &v));
     cfg->small_bytes = (size_t)v;
     cfg->slots       = DEFAULT_SLOTS;
-    DT_TRY(dt_env_int("DT_RING_LAG", 0, 1L << 30, DEFAULT_RING_LAG, &v));
+    DT_TRY(dt_setting_int("DT_RING_LAG", &v));
     cfg->ring_lag = (size_t)v;
     return DT_OK;
 }

@@ -24,7 +24,7 @@ typedef enum dt_coll {
     DT_COLL_BARRIER,
     DT_COLL_SEND,
     DT_COLL_RECV,
-    DT_COLL_INIT, // the barrier that ends dt_pg_init (sequence number 0)
+    DT_COLL_INIT, // the barrier that ends dt_pg_new (sequence number 0)
     DT_COLL_COUNT_
 } dt_coll;
 
@@ -109,7 +109,7 @@ typedef struct dt_backend_ops {
     // get the same answer from the same inputs. (optional: NULL = always)
     bool (*usable)(const dt_pg *pg);
 
-    // COLLECTIVE: every rank calls it once, from the thread inside dt_pg_init. Sets up
+    // COLLECTIVE: every rank calls it once, from the thread inside dt_pg_new. Sets up
     // connections or shared segments through `store` (a view private to this backend
     // and group: key names need no prefix) and returns the backend's state in *ctx.
     // Must give up by deadline_ns with DT_ERR_TIMEOUT naming the ranks it waited for.

@@ -232,8 +232,8 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
         char prefix[64];
         snprintf(prefix, sizeof prefix, "dt/g%" PRId64 "/%d/%s", gid, g->world_ranks[0],
                  g->be->name);
-        if (st == DT_OK && !(g->be_store = dt_store_init_prefix(R->store, prefix)))
-            st = dt_last_status() ? dt_last_status() : DT_ERR_NOMEM;
+        if (st == DT_OK)
+            st = dt_store_new_prefix(&g->be_store, R->store, prefix);
         if (st != DT_OK) {
             dt_free(m);
             group_destroy(g, false);

@@ -35,8 +35,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define DEFAULT_MIN_BYTES (256 << 10)
-
 bool dt_hybrid_fits(const dt_pg *pg, char *why, size_t n) {
     int first_count = -1, hosts = 0;
     for (int r = 0; r < pg->world; r++) {
@@ -69,7 +67,7 @@ bool dt_hybrid_fits(const dt_pg *pg, char *why, size_t n) {
 dt_status dt_hybrid_setup(dt_pg *pg, uint64_t deadline_ns) {
     (void)deadline_ns;
     long min_bytes;
-    DT_TRY(dt_env_int("DT_HYBRID_MIN_BYTES", 0, 1L << 40, DEFAULT_MIN_BYTES, &min_bytes));
+    DT_TRY(dt_setting_int("DT_HYBRID_MIN_BYTES", &min_bytes));
     pg->hy_min_bytes = (size_t)min_bytes;
     // Host index: the first rank on this host; local index: rank order on the host.
     int host = -1, local = 0;

@@ -44,13 +44,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define MAGIC        0x314c5444u // "DTL1"
-#define VERSION      1
-#define HDR_BYTES    48
-#define FLAG_BYE     1
-#define FLAG_FAILED  2
-#define DEFAULT_HB   500
-#define DEFAULT_LIVE 5000
+#define MAGIC       0x314c5444u // "DTL1"
+#define VERSION     1
+#define HDR_BYTES   48
+#define FLAG_BYE    1
+#define FLAG_FAILED 2
 
 typedef struct live_peer {
     struct sockaddr_in addr;
@@ -84,14 +82,10 @@ struct dt_live {
     int             heard_count;
 };
 
-static dt_status env_ms(const char *name, long lo, long def, long *out) {
-    return dt_env_int(name, lo, 24L * 3600 * 1000, def, out);
-}
-
 dt_status dt_live_config(int64_t *heartbeat_ms, int64_t *liveness_ms) {
     long hb, live;
-    DT_TRY(env_ms("DT_HEARTBEAT_MS", 10, DEFAULT_HB, &hb));
-    DT_TRY(env_ms("DT_LIVENESS_MS", 0, DEFAULT_LIVE, &live));
+    DT_TRY(dt_setting_int("DT_HEARTBEAT_MS", &hb));
+    DT_TRY(dt_setting_int("DT_LIVENESS_MS", &live));
     if (live > 0 && live < 2 * hb)
         return dt_fail(DT_ERR_ARG,
                        "DT_LIVENESS_MS=%ld must be 0 (off) or at least twice DT_HEARTBEAT_MS=%ld",

@@ -682,30 +682,6 @@ static dt_status dup_world(MPI_Comm *out, uint64_t deadline_ns) {
     return DT_OK;
 }
 
-// Reads a variable whose value is one of `names` (the first is the default); *out is
-// its index.
-static dt_status read_choice(const char *name, const char *const *names, int n, int *out) {
-    const char *v = getenv(name);
-    *out          = 0;
-    if (!v || !*v)
-        return DT_OK;
-    for (int i = 0; i < n; i++)
-        if (strcmp(v, names[i]) == 0) {
-            *out = i;
-            return DT_OK;
-        }
-    char   want[96];
-    size_t off = 0;
-    for (int i = 0; i < n; i++)
-        off += (size_t)snprintf(want + off, sizeof want - off, "%s\"%s\"",
-                                i == 0       ? ""
-                                : i == n - 1 ? " or "
-                                             : ", ",
-                                names[i]);
-    return dt_fail(DT_ERR_ARG, "mpi backend: environment variable %s expects %s, found \"%s\"",
-                   name, want, v);
-}
-
 static dt_status make_ctx(dt_pg *pg, MPI_Comm coll, MPI_Comm p2p, uint64_t deadline_ns, void **out);
 
 static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **out) {
@@ -734,16 +710,15 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
 // the library's world), taking them over (freed with the state, also on failure).
 static dt_status make_ctx(dt_pg *pg, MPI_Comm coll, MPI_Comm p2p, uint64_t deadline_ns,
                           void **out) {
-    int                      level = dt_mpi_thread_level();
-    int                      mrank = dt_pg_rank(pg), mworld = dt_pg_size(pg);
-    static const char *const waits[] = {"block", "poll"}, *const onoff[] = {"on", "off"};
-    int       wait, fp_off;
+    int       level = dt_mpi_thread_level();
+    int       mrank = dt_pg_rank(pg), mworld = dt_pg_size(pg);
+    int       wait, fp_off; // block|poll, on|off
     long      chunk;
-    dt_status st = read_choice("DT_MPI_WAIT", waits, 2, &wait);
+    dt_status st = dt_setting_choice("DT_MPI_WAIT", &wait);
     if (st == DT_OK)
-        st = read_choice("DT_MPI_FINGERPRINT", onoff, 2, &fp_off);
+        st = dt_setting_choice("DT_MPI_FINGERPRINT", &fp_off);
     if (st == DT_OK)
-        st = dt_env_int("DT_MPI_CHUNK_COUNT", 1, INT_MAX, 1L << 30, &chunk);
+        st = dt_setting_int("DT_MPI_CHUNK_COUNT", &chunk);
     mpi_ctx *c = st == DT_OK ? dt_alloc_zero(sizeof *c) : NULL;
     if (!c) {
         dt_mpi_lock();
@@ -793,7 +768,7 @@ static dt_status make_ctx(dt_pg *pg, MPI_Comm coll, MPI_Comm p2p, uint64_t deadl
     }
     if (mrank == 0 && fresh)
         DT_INFO("comm", "mpi backend: %d ranks, wait %s, fingerprints %s, thread level %d", mworld,
-                waits[c->wait], c->fingerprint ? "on" : "off", level);
+                c->wait == WAIT_POLL ? "poll" : "block", c->fingerprint ? "on" : "off", level);
     *out = c;
     return DT_OK;
 }

@@ -205,7 +205,7 @@ typedef struct boot_msg {
 // tcp backend uses it), else the first IPv4 address of an interface that is up and not
 // loopback, else the host name.
 static void pick_address(char *buf, size_t n) {
-    const char *o = getenv("DT_SOCKET_IFADDR");
+    const char *o = dt_setting_str("DT_SOCKET_IFADDR");
     if (o && *o) {
         snprintf(buf, n, "%s", o);
         return;
@@ -282,8 +282,7 @@ dt_status dt_mpi_bootstrap(const dt_mpi_boot_req *req, dt_mpi_boot_res *res) {
         else
             make_token(m->token, sizeof m->token);
         dt_store_opts so = {.timeout_ms = req->timeout_ms, .token = m->token};
-        res->store       = dt_store_init_tcp("127.0.0.1", req->port, true, &so);
-        if (res->store) {
+        if (dt_store_new_tcp(&res->store, "127.0.0.1", req->port, true, &so) == DT_OK) {
             m->port = dt_store_port(res->store);
             if (req->addr)
                 snprintf(m->addr, sizeof m->addr, "%s", req->addr);
@@ -322,8 +321,7 @@ dt_status dt_mpi_bootstrap(const dt_mpi_boot_req *req, dt_mpi_boot_res *res) {
         const char   *host = same ? "127.0.0.1" : m->addr;
         const char   *tok  = req->no_token ? "" : req->token ? req->token : m->token;
         dt_store_opts so   = {.timeout_ms = req->timeout_ms, .token = tok};
-        res->store         = dt_store_init_tcp(host, m->port, false, &so);
-        if (!res->store) {
+        if (dt_store_new_tcp(&res->store, host, m->port, false, &so) != DT_OK) {
             st = dt_fail_context("rank 0's store at %s:%d (address from the MPI bootstrap%s)", host,
                                  (int)m->port, same ? ", same host" : "");
         }

@@ -981,7 +981,7 @@ void dt_pg_abort(dt_pg *pg, const char *reason) {
 // ------------------------------------------------------------------ init and free
 
 static void host_identity(char *buf, size_t n) {
-    const char *o = getenv("DT_HOST_ID"); // tests: pretend ranks are on other hosts
+    const char *o = dt_setting_str("DT_HOST_ID"); // tests: pretend ranks are on other hosts
     if (o && *o) {
         snprintf(buf, n, "%s", o);
         return;
@@ -1222,11 +1222,8 @@ void dt_pg_free(dt_pg *pg) {
     dt_free(pg);
 }
 
-dt_pg *dt_pg_init_from_env(const dt_pg_opts *opts) {
-    return dt_pg_init("env://", -1, -1, opts);
-}
-
-dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opts) {
+// Creates the group; NULL with the error recorded (every failure path calls dt_fail).
+static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opts *opts) {
     dt_pg_opts o = opts ? *opts : dt_pg_opts_default();
     if (!method || !*method)
         method = "env://";
@@ -1374,14 +1371,12 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         // Clients that reach rank 0 at a loopback address are all on this host: the
         // store need not listen anywhere else.
         so.loopback_only = rank == 0 && dt_sock_is_loopback(host);
-        pg->store        = dt_store_init_tcp(host, port, rank == 0, &so);
-        if (!pg->store) {
+        if (dt_store_new_tcp(&pg->store, host, port, rank == 0, &so) != DT_OK) {
             dt_fail_context("init (rank %d of %d)", rank, world);
             goto fail;
         }
     } else if (strncmp(method, "file://", 7) == 0) {
-        pg->store = dt_store_init_file(method + 7, &so);
-        if (!pg->store) {
+        if (dt_store_new_file(&pg->store, method + 7, &so) != DT_OK) {
             dt_fail_context("init (rank %d of %d)", rank, world);
             goto fail;
         }
@@ -1422,7 +1417,7 @@ dt_pg *dt_pg_init(const char *method, int rank, int world, const dt_pg_opts *opt
         goto fail;
     char prefix[64];
     snprintf(prefix, sizeof prefix, "dt/%s", pg->be->name);
-    if (!(pg->be_store = dt_store_init_prefix(pg->store, prefix)))
+    if (dt_store_new_prefix(&pg->be_store, pg->store, prefix) != DT_OK)
         goto fail;
     if (pg->be->init(pg, pg->be_store, deadline, &pg->be_ctx) != DT_OK) {
         dt_fail_context("init: backend %s", pg->be->name);
@@ -1458,4 +1453,29 @@ fail:;
     dt_pg_free(pg);
     dt_fail(st, "%s", msg);
     return NULL;
+}
+
+// DT_* variables that are not settings (a typo: DT_TIMOUT_MS) are named once per
+// process, with the nearest setting, when the first group is created.
+static void warn_unknown_settings(void) {
+    static atomic_bool said;
+    if (atomic_exchange(&said, true))
+        return;
+    char msg[1024];
+    if (dt_settings_check_unknown(msg, sizeof msg) > 0)
+        DT_WARN("comm", "%s (dtrain-mnist --help-env lists every setting)", msg);
+}
+
+dt_status dt_pg_new(dt_pg **out, const char *init_method, int rank, int world,
+                    const dt_pg_opts *opts) {
+    warn_unknown_settings();
+    *out = pg_create(init_method, rank, world, opts);
+    if (*out)
+        return DT_OK;
+    dt_status st = dt_last_status();
+    return st != DT_OK ? st : dt_fail(DT_ERR_STATE, "init: failed without a message");
+}
+
+dt_status dt_pg_new_from_env(dt_pg **out, const dt_pg_opts *opts) {
+    return dt_pg_new(out, "env://", -1, -1, opts);
 }

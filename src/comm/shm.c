@@ -1092,9 +1092,10 @@ static dt_status init_wait(dt_shm *s, shm_word *w, uint32_t target, uint64_t dea
     }
 }
 
+// A size setting whose 0 (the table's default) means `def`.
 static dt_status env_size(const char *name, size_t def, size_t *out) {
     long v;
-    DT_TRY(dt_env_int(name, 0, 1L << 40, (long)def, &v));
+    DT_TRY(dt_setting_int(name, &v));
     *out = v > 0 ? (size_t)v : def;
     return DT_OK;
 }
@@ -1291,22 +1292,23 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     // 1 ms of spinning and yielding before sleeping: longer than a futex wake-up on a
     // VM (tens of microseconds, which would otherwise be paid at every step), short
     // enough not to matter when a peer is really late.
-    long      spin_us;
-    long      def_spin = 1000;
-    dt_status st       = dt_env_int("DT_SHM_SPIN_US", 0, 1000000, def_spin, &spin_us);
-    s->spin_ns         = spin_us * 1000;
+    // (The table's default DT_SHM_SPIN_US is 1000.)
+    long      spin_us = 0;
+    dt_status st      = dt_setting_int("DT_SHM_SPIN_US", &spin_us);
+    s->spin_ns        = spin_us * 1000;
     // More ranks than CPUs: some peer is always descheduled, so yield from the start.
-    long yield_us  = 0;
-    long def_yield = o->world > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : 50;
+    long yield_us = -1; // -1, the default: automatic
     if (st == DT_OK)
-        st = dt_env_int("DT_SHM_YIELD_AFTER_US", 0, 1000000, def_yield, &yield_us);
+        st = dt_setting_int("DT_SHM_YIELD_AFTER_US", &yield_us);
+    if (yield_us < 0)
+        yield_us = o->world > sysconf(_SC_NPROCESSORS_ONLN) ? 0 : 50;
     s->yield_ns = yield_us * 1000;
     // Non-temporal stores for results of at least DT_SHM_NT_KIB: off by default, since
     // plain stores were as fast or faster at every size here, in place or not (A/B in
     // docs/shm.md); kept as a knob for machines where writing around the cache pays.
     long nt_kib = 0;
     if (st == DT_OK)
-        st = dt_env_int("DT_SHM_NT_KIB", 0, 1L << 30, 0, &nt_kib);
+        st = dt_setting_int("DT_SHM_NT_KIB", &nt_kib);
     s->nt_bytes = nt_kib > 0 ? (size_t)nt_kib << 10 : SIZE_MAX;
     int fd      = -1;
     if (st == DT_OK)

@@ -363,7 +363,7 @@ static bool address_towards(const char *host, char *buf, size_t n) {
 }
 
 void dt_sock_public_addr(dt_store *store, int rank, bool all_local, char *buf, size_t n) {
-    const char *o = getenv("DT_SOCKET_IFADDR");
+    const char *o = dt_setting_str("DT_SOCKET_IFADDR");
     if (o && *o) {
         snprintf(buf, n, "%s", o);
         return;

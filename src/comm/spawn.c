@@ -20,10 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_GRACE_MS 3000
-// After a SIGTERM forwarded to the workers (a preemption notice): how long they get to
-// reach a step boundary and save before SIGKILL (DT_SPAWN_TERM_GRACE_MS).
-#define DEFAULT_TERM_GRACE_MS 30000
 // Local processes allowed without DT_MAX_LOCAL_PROCS: 4 per online CPU, at most 256.
 // Beyond that the workers only time-share the cores, and the shm segment (which grows
 // with the square of the local world) eats /dev/shm: 1000 ranks take about 8 GiB.
@@ -58,7 +54,9 @@ static dt_status check_local_bound(int nprocs) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN), bound = MAX_LOCAL_PROCS, v;
     if (cpus > 0 && cpus * PROCS_PER_CPU < bound)
         bound = cpus * PROCS_PER_CPU;
-    DT_TRY(dt_env_int("DT_MAX_LOCAL_PROCS", 1, 4096, bound, &v));
+    DT_TRY(dt_setting_int("DT_MAX_LOCAL_PROCS", &v));
+    if (v == 0) // the default: the automatic bound
+        v = bound;
     if (nprocs <= v)
         return DT_OK;
     double         seg = (double)dt_shm_segment_bytes(nprocs) / 1048576.0;
@@ -124,9 +122,8 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
         return dt_fail(DT_ERR_ARG, "spawn: the worker function is NULL");
     DT_TRY(check_local_bound(nprocs));
     long grace, term_grace;
-    DT_TRY(dt_env_int("DT_SPAWN_GRACE_MS", 0, 3600L * 1000, DEFAULT_GRACE_MS, &grace));
-    DT_TRY(
-        dt_env_int("DT_SPAWN_TERM_GRACE_MS", 0, 3600L * 1000, DEFAULT_TERM_GRACE_MS, &term_grace));
+    DT_TRY(dt_setting_int("DT_SPAWN_GRACE_MS", &grace));
+    DT_TRY(dt_setting_int("DT_SPAWN_TERM_GRACE_MS", &term_grace));
 
     // Ranks: a node of a multi-node job, or a job of its own.
     long        base = 0, world = nprocs, v;
@@ -165,7 +162,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
     } else if ((!ma || !*ma) && alone) {
         addr = "127.0.0.1";
     }
-    const char *tk = getenv("DT_JOB_TOKEN");
+    const char *tk = dt_setting_str("DT_JOB_TOKEN");
     if ((!tk || !*tk) && alone) {
         unsigned char rnd[16];
         dt_random_bytes(rnd, sizeof rnd);

@@ -37,14 +37,14 @@ uint64_t dt_token_hash(const char *token) {
 }
 
 const char *dt_token_resolve(const char *opt) {
-    const char *t = opt ? opt : getenv("DT_JOB_TOKEN");
+    const char *t = opt ? opt : dt_setting_str("DT_JOB_TOKEN");
     return (t && *t) ? t : NULL;
 }
 
 dt_status dt_default_timeout_ms(int64_t *out) {
     long v;
-    // 30 minutes, PyTorch's default for CPU backends (Gloo, MPI).
-    DT_TRY(dt_env_int("DT_TIMEOUT_MS", -1, 100L * 24 * 3600 * 1000, 30L * 60 * 1000, &v));
+    // The table's default: 30 minutes, PyTorch's for CPU backends (Gloo, MPI).
+    DT_TRY(dt_setting_int("DT_TIMEOUT_MS", &v));
     *out = v == 0 ? 30L * 60 * 1000 : v;
     return DT_OK;
 }
@@ -234,18 +234,19 @@ dt_store_opts dt_store_opts_default(void) {
     return (dt_store_opts){0};
 }
 
-static dt_store *store_new(store_kind kind, const dt_store_opts *o) {
+static dt_status store_new(store_kind kind, const dt_store_opts *o, dt_store **out) {
     int64_t timeout = o ? o->timeout_ms : 0;
-    if (timeout == 0 && dt_default_timeout_ms(&timeout) != DT_OK)
-        return NULL;
+    if (timeout == 0)
+        DT_TRY(dt_default_timeout_ms(&timeout));
     dt_store *s = dt_alloc_zero(sizeof *s);
     if (!s)
-        return NULL;
+        return DT_ERR_NOMEM;
     s->kind       = kind;
     s->timeout_ms = timeout;
     s->fd = s->ffd = -1;
     pthread_mutex_init(&s->mu, NULL);
-    return s;
+    *out = s;
+    return DT_OK;
 }
 
 int dt_store_port(const dt_store *s) {
@@ -419,24 +420,22 @@ static dt_status client_handshake(dt_store *s, const char *token) {
     return DT_OK;
 }
 
-dt_store *dt_store_init_tcp(const char *host, int port, bool is_server, const dt_store_opts *opts) {
-    if (!is_server && (!host || !*host)) {
-        dt_fail(DT_ERR_ARG, "store: expected the server's host name or address, found %s",
-                host ? "an empty string" : "NULL");
-        return NULL;
-    }
-    if (port < 0 || port > 65535 || (!is_server && port == 0)) {
-        dt_fail(DT_ERR_ARG, "store: expected a port in [%d, 65535], found %d", is_server ? 0 : 1,
-                port);
-        return NULL;
-    }
-    dt_store *s = store_new(STORE_TCP, opts);
-    if (!s)
-        return NULL;
+dt_status dt_store_new_tcp(dt_store **out, const char *host, int port, bool is_server,
+                           const dt_store_opts *opts) {
+    *out = NULL;
+    if (!is_server && (!host || !*host))
+        return dt_fail(DT_ERR_ARG, "store: expected the server's host name or address, found %s",
+                       host ? "an empty string" : "NULL");
+    if (port < 0 || port > 65535 || (!is_server && port == 0))
+        return dt_fail(DT_ERR_ARG, "store: expected a port in [%d, 65535], found %d",
+                       is_server ? 0 : 1, port);
+    dt_store *s = NULL;
+    DT_TRY(store_new(STORE_TCP, opts, &s));
     const char *token = dt_token_resolve(opts ? opts->token : NULL);
+    dt_status   st    = DT_OK;
     if (is_server) {
-        if (dt_store_server_start(port, token, opts && opts->loopback_only, &s->server, &s->port) !=
-            DT_OK)
+        st = dt_store_server_start(port, token, opts && opts->loopback_only, &s->server, &s->port);
+        if (st != DT_OK)
             goto fail;
         // The server's own process talks to it over loopback like any client.
         snprintf(s->host, sizeof s->host, "127.0.0.1");
@@ -444,14 +443,16 @@ dt_store *dt_store_init_tcp(const char *host, int port, bool is_server, const dt
         snprintf(s->host, sizeof s->host, "%s", host);
         s->port = port;
     }
-    if (dt_sock_connect(s->host, s->port, deadline_for(s->timeout_ms), "store", &s->fd) != DT_OK)
+    if ((st = dt_sock_connect(s->host, s->port, deadline_for(s->timeout_ms), "store", &s->fd)) !=
+        DT_OK)
         goto fail;
-    if (client_handshake(s, token) != DT_OK)
+    if ((st = client_handshake(s, token)) != DT_OK)
         goto fail;
-    return s;
+    *out = s;
+    return DT_OK;
 fail:
     dt_store_free(s);
-    return NULL;
+    return st;
 }
 
 // ------------------------------------------------------------------------ file store
@@ -597,19 +598,18 @@ static void file_unlock(dt_store *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts) {
-    if (!path || !*path) {
-        dt_fail(DT_ERR_ARG, "file store: expected a path, found %s", path ? "\"\"" : "NULL");
-        return NULL;
-    }
-    dt_store *s = store_new(STORE_FILE, opts);
-    if (!s)
-        return NULL;
+dt_status dt_store_new_file(dt_store **out, const char *path, const dt_store_opts *opts) {
+    *out = NULL;
+    if (!path || !*path)
+        return dt_fail(DT_ERR_ARG, "file store: expected a path, found %s", path ? "\"\"" : "NULL");
+    dt_store *s = NULL;
+    DT_TRY(store_new(STORE_FILE, opts, &s));
+    dt_status st = DT_ERR_NOMEM;
     if (!(s->path = dt_strdup(path)))
         goto fail;
     s->ffd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (s->ffd < 0) {
-        dt_fail_errno(DT_ERR_IO, "file store %s: open", path);
+        st = dt_fail_errno(DT_ERR_IO, "file store %s: open", path);
         goto fail;
     }
     const char *token = dt_token_resolve(opts ? opts->token : NULL);
@@ -623,10 +623,10 @@ dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts) {
         char want[2 * DT_SHA256_BYTES + 1];
         for (int i = 0; i < DT_SHA256_BYTES; i++)
             snprintf(want + 2 * i, 3, "%02x", mac[i]);
-        if (file_lock(s) != DT_OK)
+        if ((st = file_lock(s)) != DT_OK)
             goto fail;
-        dt_kv_entry *e  = dt_kv_find(&s->kv, FILE_TOKEN_KEY);
-        dt_status    st = DT_OK;
+        dt_kv_entry *e = dt_kv_find(&s->kv, FILE_TOKEN_KEY);
+        st             = DT_OK;
         if (!e)
             st = file_append(s, FILE_REC_SET, FILE_TOKEN_KEY, want, strlen(want));
         else if (e->len != strlen(want) || memcmp(e->val, want, e->len) != 0)
@@ -638,29 +638,29 @@ dt_store *dt_store_init_file(const char *path, const dt_store_opts *opts) {
         if (st != DT_OK)
             goto fail;
     }
-    return s;
+    *out = s;
+    return DT_OK;
 fail:
     dt_store_free(s);
-    return NULL;
+    return st;
 }
 
 // ----------------------------------------------------------------------- prefix views
 
-dt_store *dt_store_init_prefix(dt_store *base, const char *prefix) {
-    if (!base || !prefix || !*prefix) {
-        dt_fail(DT_ERR_ARG, "store prefix: expected a store and a non-empty prefix");
-        return NULL;
-    }
-    dt_store *s = store_new(STORE_PREFIX, NULL);
-    if (!s)
-        return NULL;
+dt_status dt_store_new_prefix(dt_store **out, dt_store *base, const char *prefix) {
+    *out = NULL;
+    if (!base || !prefix || !*prefix)
+        return dt_fail(DT_ERR_ARG, "store prefix: expected a store and a non-empty prefix");
+    dt_store *s = NULL;
+    DT_TRY(store_new(STORE_PREFIX, NULL, &s));
     s->base       = base;
     s->timeout_ms = base->timeout_ms;
     if (!(s->prefix = dt_strdup(prefix))) {
         dt_store_free(s);
-        return NULL;
+        return DT_ERR_NOMEM;
     }
-    return s;
+    *out = s;
+    return DT_OK;
 }
 
 // Resolves a prefix chain: *root = the real store, full key in buf.

@@ -28,7 +28,6 @@
 #define PREAUTH_LIMIT   (2 * (DT_STORE_HEADER_BYTES + PREAUTH_PAYLOAD))
 #define MAX_PREAUTH     64
 #define MAX_CONNS       65536
-#define AUTH_MS         10000
 // A proven client whose message stops half-way for this long is dropped.
 #define STALL_MS 60000
 
@@ -593,7 +592,7 @@ dt_status dt_store_server_start(int port, const char *token, bool loopback, dt_s
     s->listen_fd = s->wake[0] = s->wake[1] = -1;
     s->spare_fd                            = open("/dev/null", O_RDONLY | O_CLOEXEC);
     long      auth_ms;
-    dt_status st = dt_env_int("DT_STORE_AUTH_MS", 1, 3600L * 1000, AUTH_MS, &auth_ms);
+    dt_status st = dt_setting_int("DT_STORE_AUTH_MS", &auth_ms);
     if (st != DT_OK)
         goto fail;
     s->auth_ns  = (uint64_t)auth_ms * 1000000ull;

@@ -36,8 +36,6 @@
 #define STORE_BUDGET_MS 1000
 // Time dt_pg_free spends saying bye.
 #define BYE_BUDGET_MS 200
-// Bytes per send/recv system call (see tcp_init).
-#define DEFAULT_CHUNK_BYTES (128 << 10)
 
 typedef struct peer {
     int  rank;
@@ -924,9 +922,9 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     // Socket buffers: 0 leaves Linux's autotuning, which measured as well as fixed
     // sizes on loopback; DT_SOCKET_BUF_BYTES overrides for other networks.
     long bufsz = 0, spin_us = 0;
-    if ((st = dt_env_int("DT_SOCKET_BUF_BYTES", 0, 1L << 30, 0, &bufsz)) != DT_OK)
+    if ((st = dt_setting_int("DT_SOCKET_BUF_BYTES", &bufsz)) != DT_OK)
         goto fail;
-    if ((st = dt_env_int("DT_TCP_SPIN_US", 0, 1000000, 0, &spin_us)) != DT_OK)
+    if ((st = dt_setting_int("DT_TCP_SPIN_US", &spin_us)) != DT_OK)
         goto fail;
     c->spin_ns = (uint64_t)spin_us * 1000;
     // Bytes per send and receive call. Small enough that what the sender copies into
@@ -934,14 +932,13 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
     // doubled large-message bandwidth against whole-message calls), large enough to
     // keep the syscall count low.
     long chunk = 0;
-    if ((st = dt_env_int("DT_TCP_CHUNK_BYTES", 4096, 1L << 30, DEFAULT_CHUNK_BYTES, &chunk)) !=
-        DT_OK)
+    if ((st = dt_setting_int("DT_TCP_CHUNK_BYTES", &chunk)) != DT_OK) // default 128 KiB
         goto fail;
     c->chunk = (size_t)chunk;
     // Congestion control: DT_TCP_CONGESTION for every connection when set. Otherwise a
     // connection to a rank on this host leaves BBR (a common system default) for reno:
     // BBR paces its sends, which on loopback only costs throughput (measured: ~25%).
-    const char *cc_env = getenv("DT_TCP_CONGESTION");
+    const char *cc_env = dt_setting_str("DT_TCP_CONGESTION");
     for (int r = 0; r < c->world; r++) {
         if (r == c->rank)
             continue;

@@ -16,14 +16,21 @@
 // Sorted by module, then name. Defaults of 0 that mean "automatic" say so in the help.
 static const dt_setting table[] = {
     // core
-    {"DT_LOG_LEVEL", "core", DT_SETTING_CHOICE, 0, 0, 2, "debug|info|warn|error|off",
-     "log level (default warn)"},
+    {"DT_LOG_LEVEL", "core", DT_SETTING_CHOICE, 0, 0, 2, "debug|info|warn|error|off", "log level"},
     {"DT_FAIL_ALLOC_AFTER", "core", DT_SETTING_INT, -1, 1L << 40, -1, NULL,
      "tests: the allocation after this many fails (-1: never)"},
     // nn
     {"DT_CONV", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|direct|gemm",
      "convolution kernels: dtrain's AVX-512 ones (direct) or im2col + OpenBLAS (gemm); auto "
      "picks direct where the CPU has AVX-512"},
+    {"DT_CONV_CL", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
+     "new layers' convolutions: channels-in-lanes AVX-512 kernels where measured faster "
+     "(auto), never (0), or also for rows wider than 14 (1)"},
+    {"DT_CONV_WINO", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
+     "Winograd F(2x2,3x3) for stride-1 3x3 convolutions: where it pays (auto), never (0), "
+     "wherever it fits (1)"},
+    {"DT_CONV_2ROWS", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0",
+     "7-wide stride-2 convolutions two output rows at a time (auto) or one (0)"},
     {"DT_NO_POOL_FUSION", "nn", DT_SETTING_INT, 0, 1, 0, NULL,
      "1: do not fuse ReLU and 2x2 max-pool into the convolution before them"},
     // data
@@ -39,6 +46,19 @@ static const dt_setting table[] = {
      "overrides this host's identity (tests use it to fake several hosts)"},
     {"DT_SPAWN_GRACE_MS", "comm", DT_SETTING_INT, 0, 3600L * 1000, 3000, NULL,
      "dt_spawn: milliseconds between SIGTERM and SIGKILL when stopping workers"},
+    {"DT_SPAWN_TERM_GRACE_MS", "comm", DT_SETTING_INT, 0, 3600L * 1000, 30000, NULL,
+     "dt_spawn: after a SIGTERM forwarded to the workers (a preemption notice), how long they "
+     "get to reach a step boundary and save before SIGKILL"},
+    {"DT_MAX_LOCAL_PROCS", "comm", DT_SETTING_INT, 0, 4096, 0, NULL,
+     "dt_spawn: local processes allowed (0: 4 per online CPU, at most 256; beyond, the "
+     "workers only time-share the cores and the shm segment grows with the square)"},
+    {"DT_STORE_AUTH_MS", "comm", DT_SETTING_INT, 1, 3600L * 1000, 10000, NULL,
+     "store server: a client must prove the job token within this time"},
+    {"DT_HEARTBEAT_MS", "comm", DT_SETTING_INT, 10, 24L * 3600 * 1000, 500, NULL,
+     "liveness: interval of the peer-to-peer heartbeats"},
+    {"DT_LIVENESS_MS", "comm", DT_SETTING_INT, 0, 24L * 3600 * 1000, 5000, NULL,
+     "liveness: a peer silent (or a rank without progress) this long fails the group (0: off; "
+     "else at least twice DT_HEARTBEAT_MS)"},
     {"DT_RESTART_COUNT", "comm", DT_SETTING_INT, 0, 1L << 30, 0, NULL,
      "set by dtrun: restarts of the group so far"},
     // comm: algorithms

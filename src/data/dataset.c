@@ -172,8 +172,8 @@ dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
                                 const dt_dataset_opts *opts) {
     memset(ds, 0, sizeof *ds);
     if (!dir || !*dir) {
-        const char *env = getenv("DT_DATA_DIR");
-        dir             = env && *env ? env : DT_DATA_DIR_DEFAULT;
+        const char *env = dt_setting_str("DT_DATA_DIR");
+        dir             = env ? env : DT_DATA_DIR_DEFAULT;
     }
     const char *set = train ? "train" : "t10k";
     char        stem[64], images[4096], labels[4096];

@@ -148,7 +148,8 @@ static bool alloc_slots(dt_loader *l) {
     return true;
 }
 
-dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_loader_opts *opts) {
+static dt_loader *loader_create(const dt_dataset *ds, dt_sampler *sampler,
+                                const dt_loader_opts *opts) {
     dt_loader_opts o = opts ? *opts : dt_loader_opts_default();
     if (o.batch_size < 1 || o.batch_size > (1u << 24)) {
         dt_fail(DT_ERR_ARG, "loader: expected a batch size in [1, %u], found %zu", 1u << 24,
@@ -180,9 +181,8 @@ dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_lo
     if (!sampler) {
         dt_sampler_opts so = dt_sampler_opts_default();
         so.shuffle         = false;
-        l->sampler         = dt_sampler_init(ds->n, &so);
         l->own_sampler     = true;
-        if (!l->sampler)
+        if (dt_sampler_new(&l->sampler, ds->n, &so) != DT_OK)
             goto fail;
     }
     if (!alloc_slots(l))
@@ -209,6 +209,15 @@ dt_loader *dt_loader_init(const dt_dataset *ds, dt_sampler *sampler, const dt_lo
 fail:
     dt_loader_free(l); // records no error: the failure's message survives
     return NULL;
+}
+
+dt_status dt_loader_new(dt_loader **out, const dt_dataset *ds, dt_sampler *sampler,
+                        const dt_loader_opts *opts) {
+    *out = loader_create(ds, sampler, opts);
+    if (*out)
+        return DT_OK;
+    dt_status st = dt_last_status();
+    return st != DT_OK ? st : dt_fail(DT_ERR_STATE, "loader_create: failed without a message");
 }
 
 void dt_loader_free(dt_loader *l) {

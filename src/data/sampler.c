@@ -38,7 +38,7 @@ dt_sampler_opts dt_sampler_opts_default(void) {
     };
 }
 
-dt_sampler *dt_sampler_init(size_t n, const dt_sampler_opts *opts) {
+static dt_sampler *sampler_create(size_t n, const dt_sampler_opts *opts) {
     dt_sampler_opts o = opts ? *opts : dt_sampler_opts_default();
     if (o.num_replicas < 1) {
         dt_fail(DT_ERR_ARG, "sampler: expected num_replicas >= 1, found %d", o.num_replicas);
@@ -80,6 +80,14 @@ dt_sampler *dt_sampler_init(size_t n, const dt_sampler_opts *opts) {
         return NULL;
     }
     return s;
+}
+
+dt_status dt_sampler_new(dt_sampler **out, size_t n, const dt_sampler_opts *opts) {
+    *out = sampler_create(n, opts);
+    if (*out)
+        return DT_OK;
+    dt_status st = dt_last_status();
+    return st != DT_OK ? st : dt_fail(DT_ERR_STATE, "sampler_create: failed without a message");
 }
 
 void dt_sampler_free(dt_sampler *s) {

@@ -345,17 +345,6 @@ dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *o
     return DT_OK;
 }
 
-dt_status dt_ddp_init(dt_ddp **out, dt_model *m, dt_pg *pg, const dt_ddp_opts *opts) {
-    *out = NULL;
-    if (!m || !pg)
-        return dt_fail(DT_ERR_ARG, "ddp: expected a model and a process group, found NULL");
-    dt_params *p = dt_model_as_params(m);
-    if (!p)
-        return dt_fail(DT_ERR_STATE,
-                       "ddp: expected a finalized model, found one still being built");
-    return dt_ddp_new(out, p, pg, opts);
-}
-
 // Waits for every started bucket (failures are already recorded elsewhere).
 static void drain(dt_ddp *d) {
     for (int i = 0; i < d->nbuckets; i++)

@@ -51,9 +51,16 @@
 #define BCAST(ptr) dt_splat16(*(ptr))
 #endif
 
+// True when choice setting `name` (auto|0|1) holds `value` ("0" or "1"); a bad value
+// warns once per call site's setting and counts as auto.
 static bool getenv_is(const char *name, const char *value) {
-    const char *e = getenv(name);
-    return e && strcmp(e, value) == 0;
+    int c = 0;
+    if (dt_setting_choice(name, &c) != DT_OK) {
+        DT_WARN("nn", "%s; using auto", dt_last_error());
+        dt_clear_error();
+        return false;
+    }
+    return (c == 1 && strcmp(value, "0") == 0) || (c == 2 && strcmp(value, "1") == 0);
 }
 
 static bool cpu_ok(void) {

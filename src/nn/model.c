@@ -50,20 +50,21 @@ struct dt_model {
 
 // ------------------------------------------------------------------------ building
 
-dt_model *dt_model_init(int c, int h, int w) {
-    if (c < 1 || h < 1 || w < 1) {
-        dt_fail(DT_ERR_ARG, "model: expected a positive input shape (c, h, w), found (%d, %d, %d)",
-                c, h, w);
-        return NULL;
-    }
+dt_status dt_model_new(dt_model **out, int c, int h, int w) {
+    *out = NULL;
+    if (c < 1 || h < 1 || w < 1)
+        return dt_fail(DT_ERR_ARG,
+                       "model: expected a positive input shape (c, h, w), found (%d, %d, %d)", c, h,
+                       w);
     dt_model *m = dt_alloc_zero(sizeof *m);
     if (!m)
-        return NULL;
+        return DT_ERR_NOMEM;
     m->input    = (nn_shape){c, h, w};
     m->nthreads = 1;
     m->training = true;
     m->rng      = dt_rng_init(0);
-    return m;
+    *out        = m;
+    return DT_OK;
 }
 
 static nn_shape current_shape(const dt_model *m) {

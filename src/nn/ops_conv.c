@@ -83,15 +83,22 @@ static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
 // 64->64 at 7x7, where im2col + OpenBLAS stays). DT_CONV=direct forces the kernels,
 // DT_CONV=gemm declines them.
 static bool want_kernels(void) {
-    const char *e = getenv("DT_CONV");
-    if (e && strcmp(e, "direct") == 0)
-        return true;
-    return dt_nn_want_direct();
+    return dt_nn_want_direct(); // DT_CONV=direct forces them, gemm declines them
+}
+
+// DT_CONV_CL: 0 auto, 1 never, 2 also 28 wide (src/core/settings.c).
+static int conv_cl_setting(void) {
+    int c = 0;
+    if (dt_setting_choice("DT_CONV_CL", &c) != DT_OK) {
+        DT_WARN("nn", "%s; using auto", dt_last_error());
+        dt_clear_error();
+    }
+    return c;
 }
 
 static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad) {
-    const char *e = getenv("DT_CONV_CL"); // 0: never these kernels; 1: also 28 wide
-    if (e && strcmp(e, "0") == 0)
+    int cl = conv_cl_setting(); // "0": never these kernels; "1": also 28 wide
+    if (cl == 1)
         return false;
     if (!(backward ? dt_nn_conv_cl_backward_ok(p, input_grad) : dt_nn_conv_cl_forward_ok(p)))
         return false;
@@ -102,8 +109,7 @@ static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad)
     // (Winograd forward and input gradient; 16->16 at 28x28: 4.4 ms forward, 10 ms
     // backward, against 5.2 and 12.2 on the shifted GEMMs); other kernel sizes there
     // were not measured and keep the shifted GEMMs.
-    if (p->sh == 1 && p->sw == 1 && wo > 14 && p->cin > 1 && (p->kh != 3 || p->kw != 3) &&
-        !(e && strcmp(e, "1") == 0))
+    if (p->sh == 1 && p->sw == 1 && wo > 14 && p->cin > 1 && (p->kh != 3 || p->kw != 3) && cl != 2)
         return false;
     return want_kernels();
 }
@@ -111,8 +117,8 @@ static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad)
 static bool use_direct(const dt_nn_conv2d *p, int w, bool backward) {
     if (p->sh != 1 || p->sw != 1 || p->groups != 1)
         return false;
-    const char *e = getenv("DT_CONV");
-    if (e && strcmp(e, "direct") == 0)
+    int conv = 0; // auto|direct|gemm; a bad value is reported by dt_nn_want_direct
+    if (dt_setting_choice("DT_CONV", &conv) == DT_OK && conv == 1)
         return true;
     if (!dt_nn_want_direct())
         return false;

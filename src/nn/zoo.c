@@ -2,11 +2,10 @@
 // and the benchmarks so that all of them train the same network.
 #include "dtrain/nn.h"
 
-dt_status dt_model_init_mnist_convnet(dt_model **out, uint64_t seed, float drop2d, float drop) {
+dt_status dt_model_new_mnist_convnet(dt_model **out, uint64_t seed, float drop2d, float drop) {
     *out        = NULL;
-    dt_model *m = dt_model_init(1, 28, 28);
-    if (!m)
-        return dt_last_status();
+    dt_model *m = NULL;
+    DT_TRY(dt_model_new(&m, 1, 28, 28));
     dt_status st;
     if ((st = dt_model_add_conv2d(m, 16, 3, 1, 0)) || (st = dt_model_add_relu(m)) ||
         (st = dt_model_add_conv2d(m, 32, 3, 1, 0)) || (st = dt_model_add_relu(m)) ||

@@ -41,21 +41,6 @@ static dt_status check_range(const char *opt, const char *what, float v, double 
                    hi_open ? ")" : "]", (double)v);
 }
 
-static dt_status check_buffers(const char *opt, const float *params, const float *grads, size_t n) {
-    if (n == 0)
-        return DT_OK;
-    if (!params || !grads)
-        return dt_fail(DT_ERR_ARG, "%s: expected parameter and gradient buffers, found NULL", opt);
-    if (params < grads + n && grads < params + n)
-        return dt_fail(DT_ERR_ARG,
-                       "%s: expected separate parameter and gradient buffers, found "
-                       "overlapping ones",
-                       opt);
-    if (n > SIZE_MAX / sizeof(float) / 4)
-        return dt_fail(DT_ERR_ARG, "%s: %zu parameters is too many", opt, n);
-    return DT_OK;
-}
-
 static dt_status check_params(const char *opt, dt_params *p) {
     if (!p || !dt_params_ready(p))
         return dt_fail(DT_ERR_ARG,
@@ -175,56 +160,6 @@ dt_status dt_adadelta_new(dt_optim **out, dt_params *p, const dt_adadelta_opts *
     return DT_OK;
 }
 
-// The raw-buffer constructors: a one-tensor table ("params", shape (n)) bound to the
-// caller's buffers, owned by the optimizer.
-typedef dt_status (*new_fn)(dt_optim **out, dt_params *p, const void *opts);
-
-static dt_optim *init_raw(const char *name, new_fn fn, float *params, float *grads, size_t n,
-                          const void *opts) {
-    if (check_buffers(name, params, grads, n))
-        return NULL;
-    dt_params *p        = NULL;
-    dt_optim  *o        = NULL;
-    int64_t    shape[1] = {(int64_t)n};
-    if (dt_params_new(&p, NULL) || (n && dt_params_add(p, "params", 1, shape, 0)) ||
-        dt_params_bind(p, params, grads, NULL) || fn(&o, p, opts)) {
-        dt_params_free(p);
-        return NULL;
-    }
-    o->own_p = p;
-    return o;
-}
-
-static dt_status new_sgd_v(dt_optim **out, dt_params *p, const void *opts) {
-    return dt_sgd_new(out, p, opts);
-}
-static dt_status new_adam_v(dt_optim **out, dt_params *p, const void *opts) {
-    return dt_adam_new(out, p, opts);
-}
-static dt_status new_adamw_v(dt_optim **out, dt_params *p, const void *opts) {
-    return dt_adamw_new(out, p, opts);
-}
-static dt_status new_adadelta_v(dt_optim **out, dt_params *p, const void *opts) {
-    return dt_adadelta_new(out, p, opts);
-}
-
-dt_optim *dt_optim_init_sgd(float *params, float *grads, size_t n, const dt_sgd_opts *opts) {
-    return init_raw("sgd", new_sgd_v, params, grads, n, opts);
-}
-
-dt_optim *dt_optim_init_adam(float *params, float *grads, size_t n, const dt_adam_opts *opts) {
-    return init_raw("adam", new_adam_v, params, grads, n, opts);
-}
-
-dt_optim *dt_optim_init_adamw(float *params, float *grads, size_t n, const dt_adam_opts *opts) {
-    return init_raw("adamw", new_adamw_v, params, grads, n, opts);
-}
-
-dt_optim *dt_optim_init_adadelta(float *params, float *grads, size_t n,
-                                 const dt_adadelta_opts *opts) {
-    return init_raw("adadelta", new_adadelta_v, params, grads, n, opts);
-}
-
 // ------------------------------------------------------------------------ groups
 
 dt_param_group_opts dt_param_group_opts_default(void) {
@@ -311,7 +246,6 @@ void dt_optim_free(dt_optim *o) {
     dt_free(o->state);
     dt_free(o->tgroup);
     dt_free(o->ranges);
-    dt_params_free(o->own_p);
     dt_free(o);
 }
 

@@ -32,8 +32,7 @@ struct dt_optim {
     // The update rule over floats [off, off + n) with a group's lr and weight decay;
     // the step count is already incremented.
     void (*step)(dt_optim *o, size_t off, size_t n, float lr, float wd);
-    dt_params   *p;      // borrowed, or own_p
-    dt_params   *own_p;  // the one-tensor table of the raw-buffer constructors
+    dt_params   *p;      // borrowed
     float       *params; // (n) dt_params_data(p)
     float       *grads;  // (n) dt_params_grads(p)
     size_t       n;

@@ -97,7 +97,8 @@ static inline int ct_sections(const unsigned char *p, size_t n, ct_section *out,
 
 // A small model: conv(1->3, 3x3) ReLU flatten linear(hidden) ReLU linear(4).
 static inline dt_model *ct_model(uint64_t seed, int hidden) {
-    dt_model *m = dt_model_init(1, 6, 6);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 6, 6);
     if (!m || dt_model_add_conv2d(m, 3, 3, 1, 0) || dt_model_add_relu(m) ||
         dt_model_add_flatten(m) || dt_model_add_linear(m, hidden) || dt_model_add_relu(m) ||
         dt_model_add_linear(m, 4) || dt_model_add_log_softmax(m) || dt_model_finalize(m, seed)) {

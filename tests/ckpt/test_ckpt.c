@@ -28,15 +28,14 @@ typedef struct fixture {
 static void fx_init(fixture *f, uint64_t seed, int hidden) {
     f->m = ct_model(seed, hidden);
     ct_fill(dt_model_params(f->m), dt_model_num_params(f->m), seed * 3 + 1);
-    f->o         = dt_optim_init_adam(dt_model_params(f->m), dt_model_grads(f->m),
-                                      dt_model_num_params(f->m), NULL);
+    dt_adam_new(&f->o, dt_model_as_params(f->m), NULL);
     size_t nf    = 0;
     float *state = dt_optim_state(f->o, &nf);
     ct_fill(state, nf, seed * 5 + 2);
     dt_optim_set_step_count(f->o, (int64_t)(seed % 97) + 1);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.seed            = 1234; // configuration, not state: the same in every fixture
-    f->s               = dt_sampler_init(100, &so);
+    dt_sampler_new(&f->s, 100, &so);
     dt_sampler_set_epoch(f->s, seed % 7);
     dt_sampler_begin(f->s);
     size_t idx;
@@ -480,7 +479,8 @@ static void test_mismatch(void) {
               "model's), found \"3.weight\" of shape (8, 48)");
     CHECK_ERR(dt_ckpt_load_model(dir, other.m), DT_ERR_MISMATCH, "model mismatch");
     // Fewer tensors: a model without the last linear layer.
-    dt_model *small = dt_model_init(1, 6, 6);
+    dt_model *small = NULL;
+    dt_model_new(&small, 1, 6, 6);
     dt_model_add_conv2d(small, 3, 3, 1, 0);
     dt_model_add_flatten(small);
     dt_model_add_linear(small, 8);
@@ -495,8 +495,8 @@ static void test_mismatch(void) {
     fx_init(&r, 2, 8);
     dt_sgd_opts so = dt_sgd_opts_default();
     so.momentum    = 0.9f;
-    dt_optim *sgd =
-        dt_optim_init_sgd(dt_model_params(r.m), dt_model_grads(r.m), dt_model_num_params(r.m), &so);
+    dt_optim *sgd  = NULL;
+    CHECK_OK(dt_sgd_new(&sgd, dt_model_as_params(r.m), &so));
     st       = fx_state(&r, 0, NULL, 0);
     st.optim = sgd;
     CHECK_ERR(dt_ckpt_load(dir, NULL, &st, NULL, NULL), DT_ERR_MISMATCH,
@@ -504,9 +504,10 @@ static void test_mismatch(void) {
     dt_optim_free(sgd);
 
     // Another dataset size for the sampler.
-    dt_sampler *s90 = dt_sampler_init(90, NULL);
-    st              = fx_state(&r, 0, NULL, 0);
-    st.sampler      = s90;
+    dt_sampler *s90 = NULL;
+    dt_sampler_new(&s90, 90, NULL);
+    st         = fx_state(&r, 0, NULL, 0);
+    st.sampler = s90;
     CHECK_ERR(dt_ckpt_load(dir, NULL, &st, NULL, NULL), DT_ERR_MISMATCH,
               "sampler mismatch: expected a dataset of 90 samples");
     dt_sampler_free(s90);
@@ -679,10 +680,11 @@ static void measure_convnet(void) {
     char dir[128], cdir[256];
     ct_tmpdir(dir, sizeof dir, "ckpt-bench");
     dt_model *m;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, 1, 0.1f, 0.25f));
-    dt_optim *o =
-        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), NULL);
-    dt_sampler   *s    = dt_sampler_init(60000, NULL);
+    CHECK_OK(dt_model_new_mnist_convnet(&m, 1, 0.1f, 0.25f));
+    dt_optim *o = NULL;
+    CHECK_OK(dt_adadelta_new(&o, dt_model_as_params(m), NULL));
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, 60000, NULL);
     dt_rng        g    = dt_rng_init(0);
     dt_ckpt_rng   rg[] = {{"dropout", &g}};
     dt_ckpt_state st   = {.model = m, .optim = o, .sampler = s, .rngs = rg, .nrngs = 1};

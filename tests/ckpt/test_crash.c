@@ -28,9 +28,8 @@ typedef struct saver {
 } saver;
 
 static void saver_init(saver *s) {
-    s->m       = ct_model(1, 1024); // ~55k parameters: saves of ~0.7 MB
-    s->o       = dt_optim_init_adam(dt_model_params(s->m), dt_model_grads(s->m),
-                                    dt_model_num_params(s->m), NULL);
+    s->m = ct_model(1, 1024); // ~55k parameters: saves of ~0.7 MB
+    dt_adam_new(&s->o, dt_model_as_params(s->m), NULL);
     s->rngs[0] = (dt_ckpt_rng){"g", &s->g};
 }
 

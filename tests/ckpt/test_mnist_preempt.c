@@ -133,8 +133,8 @@ static pid_t child_of(pid_t pid, const char *comm, int which) {
 static bool same_model(const char *a, const char *b) {
     dt_model *x = NULL, *y = NULL;
     bool      same = false;
-    if (!dt_model_init_mnist_convnet(&x, 99, 0.1f, 0.25f) &&
-        !dt_model_init_mnist_convnet(&y, 98, 0.1f, 0.25f) && !dt_ckpt_load_model(a, x) &&
+    if (!dt_model_new_mnist_convnet(&x, 99, 0.1f, 0.25f) &&
+        !dt_model_new_mnist_convnet(&y, 98, 0.1f, 0.25f) && !dt_ckpt_load_model(a, x) &&
         !dt_ckpt_load_model(b, y))
         same = memcmp(dt_model_params(x), dt_model_params(y), dt_model_num_params(x) * 4) == 0;
     dt_model_free(x);

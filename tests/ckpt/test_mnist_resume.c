@@ -55,7 +55,7 @@ static int run(char **out, const char *fmt, ...) {
 // Parameters of a --save-model file, in a fresh ConvNet.
 static dt_model *load_params(const char *path) {
     dt_model *m;
-    if (dt_model_init_mnist_convnet(&m, 99, 0.1f, 0.25f))
+    if (dt_model_new_mnist_convnet(&m, 99, 0.1f, 0.25f))
         return NULL;
     dt_status st = dt_ckpt_load_model(path, m);
     CHECK_OK(st);

@@ -37,7 +37,8 @@ static void make_data(void) {
 }
 
 static dt_model *dropout_model(void) {
-    dt_model *m = dt_model_init(1, 6, 6);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 6, 6);
     if (dt_model_add_conv2d(m, 4, 3, 1, 0) || dt_model_add_relu(m) ||
         dt_model_add_dropout2d(m, 0.2f) || dt_model_add_flatten(m) || dt_model_add_linear(m, 12) ||
         dt_model_add_relu(m) || dt_model_add_dropout(m, 0.3f) || dt_model_add_linear(m, 4) ||
@@ -69,14 +70,16 @@ static dt_status train(dt_pg *pg, const run_opts *ro, result *res) {
     dt_status    st  = DT_OK;
     dt_adam_opts ao  = dt_adam_opts_default();
     ao.lr            = 0.01f;
-    dt_optim *opt =
-        dt_optim_init_adam(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
+    dt_optim *opt    = NULL;
+    dt_adam_new(&opt, dt_model_as_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
-    dt_sampler    *s     = dt_sampler_init(g_data.n, &so);
-    dt_loader_opts lo    = dt_loader_opts_default();
-    lo.batch_size        = BATCH;
-    dt_loader    *l      = dt_loader_init(&g_data, s, &lo);
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, g_data.n, &so);
+    dt_loader_opts lo = dt_loader_opts_default();
+    lo.batch_size     = BATCH;
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &g_data, s, &lo);
     float        *dlogp  = malloc(sizeof(float) * 4 * BATCH);
     float        *x      = malloc(sizeof(float) * 36 * BATCH);
     dt_rng        base   = dt_rng_init(23);
@@ -100,7 +103,7 @@ static dt_status train(dt_pg *pg, const run_opts *ro, result *res) {
             noise = dt_rng_split(&base, 100 + (uint64_t)rank);
         dt_ckpt_info_free(&info);
     }
-    if (pg && (st = dt_ddp_init(&ddp, m, pg, NULL)))
+    if (pg && (st = dt_ddp_new(&ddp, dt_model_as_params(m), pg, NULL)))
         goto out;
     for (int64_t epoch = epoch0; epoch < EPOCHS; epoch++) {
         dt_loader_begin_epoch(l, epoch);

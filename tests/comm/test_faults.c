@@ -461,10 +461,10 @@ static void bad_env_ranks(int rank, int world, void *arg) {
     po.backend    = "carrier-pigeon";
     setenv("RANK", "0", 1);
     setenv("WORLD_SIZE", "1", 1);
-    CHECK(dt_pg_init_from_env(&po) == NULL);
+    CHECK(dt_pg_new_from_env(&(dt_pg *){NULL}, &po) != DT_OK);
     CHECK_EQ(dt_last_status(), DT_ERR_ARG);
     CHECK(contains(dt_last_error(), "\"carrier-pigeon\""));
-    CHECK(dt_pg_init("udp://x", 0, 1, NULL) == NULL);
+    CHECK(dt_pg_new(&(dt_pg *){NULL}, "udp://x", 0, 1, NULL) != DT_OK);
     CHECK(contains(dt_last_error(), "\"udp://x\""));
 }
 
@@ -504,7 +504,8 @@ static void auto_ranks(int rank, int world, void *arg) {
         setenv("DT_HOST_ID", rank < 2 ? "host-a" : "host-b", 1);
     dt_pg_opts o = dt_pg_opts_default();
     o.timeout_ms = 20000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     CHECK(pg != NULL);
     if (!pg)
         return;

@@ -29,7 +29,9 @@ static dt_pg *join(int rank, const cfg *c, const char *backend) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = backend;
     o.timeout_ms = 30000;
-    return dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
+    return pg;
 }
 
 static void suite_ranks(int rank, int world, void *arg) {

@@ -318,7 +318,8 @@ static void ranks_from_launcher(int rank, int world, void *arg) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "tcp";
     o.timeout_ms = 20000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     CHECK(pg != NULL);
     if (!pg) {
         fprintf(stderr, "     %s: %s\n", which, dt_last_error());
@@ -334,6 +335,38 @@ static void ranks_from_launcher(int rank, int world, void *arg) {
     dt_pg_free(pg);
 }
 
+// A DT_* variable that is not a setting (a typo) is named, with the nearest setting,
+// by the first group the process creates, and only once.
+static char g_warned[2048];
+static int  g_warnings;
+static void warn_sink(dt_log_level level, const char *line, void *user) {
+    (void)user;
+    if (level == DT_LOG_WARN && strstr(line, "is not a dtrain setting")) {
+        snprintf(g_warned, sizeof g_warned, "%s", line);
+        g_warnings++;
+    }
+}
+
+static void test_unknown_setting_warned(void) {
+    setenv("DT_TIMOUT_MS", "5000", 1);
+    dt_log_set_sink(warn_sink, NULL);
+    dt_pg_opts o = dt_pg_opts_default();
+    o.backend    = "tcp";
+    o.timeout_ms = 20000;
+    for (int i = 0; i < 2; i++) {
+        char method[64];
+        snprintf(method, sizeof method, "tcp://127.0.0.1:%d", mp_free_port());
+        dt_pg *pg = NULL;
+        CHECK_OK(dt_pg_new(&pg, method, 0, 1, &o));
+        dt_pg_free(pg);
+    }
+    dt_log_set_sink(NULL, NULL);
+    unsetenv("DT_TIMOUT_MS");
+    CHECK_EQ(g_warnings, 1);
+    CHECK(strstr(g_warned, "DT_TIMOUT_MS is not a dtrain setting (did you mean DT_TIMEOUT_MS?)"));
+    CHECK(strstr(g_warned, "--help-env"));
+}
+
 static void test_group_from_launchers(void) {
     mp_opts o = {.world = 3, .timeout_ms = 60000};
     MP_RUN(&o, ranks_from_launcher, "openmpi");
@@ -341,6 +374,7 @@ static void test_group_from_launchers(void) {
 }
 
 int main(void) {
+    RUN(test_unknown_setting_warned); // first: the warning is once per process
     RUN(test_each_launcher);
     RUN(test_errors);
     RUN(test_precedence_random);

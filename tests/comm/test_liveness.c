@@ -331,7 +331,8 @@ static void settings_ranks(int rank, int world, void *arg) {
     dt_pg_opts o  = dt_pg_opts_default();
     o.backend     = mp_backend();
     o.timeout_ms  = 20000;
-    dt_pg *pg     = dt_pg_init_from_env(&o);
+    dt_pg *pg     = NULL;
+    dt_pg_new_from_env(&pg, &o);
     CHECK(pg == NULL);
     CHECK_ERR(dt_last_status(), DT_ERR_MISMATCH, "set them alike on every rank");
     CHECK(strstr(dt_last_error(), "DT_LIVENESS_MS=0") && strstr(dt_last_error(), "=5000"));
@@ -339,7 +340,7 @@ static void settings_ranks(int rank, int world, void *arg) {
     dt_pg_free(pg);
     setenv("DT_LIVENESS_MS", "100", 1);
     setenv("DT_HEARTBEAT_MS", "80", 1);
-    CHECK(dt_pg_init_from_env(&o) == NULL);
+    CHECK(dt_pg_new_from_env(&(dt_pg *){NULL}, &o) != DT_OK);
     CHECK_ERR(dt_last_status(), DT_ERR_ARG, "at least twice DT_HEARTBEAT_MS=80");
     unsetenv("DT_LIVENESS_MS");
     unsetenv("DT_HEARTBEAT_MS");

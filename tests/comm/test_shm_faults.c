@@ -23,9 +23,10 @@ static dt_pg *pg_shm(int64_t timeout_ms) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "shm";
     o.timeout_ms = timeout_ms;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!pg)
-        fprintf(stderr, "dt_pg_init_from_env: %s\n", dt_last_error());
+        fprintf(stderr, "dt_pg_new_from_env: %s\n", dt_last_error());
     return pg;
 }
 
@@ -239,7 +240,8 @@ static void ranks_auto(int rank, int world, void *arg) {
     (void)arg;
     dt_pg_opts o = dt_pg_opts_default();
     o.timeout_ms = 20000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!CHECK(pg != NULL))
         return;
     CHECK(strcmp(dt_pg_backend(pg), "shm") == 0);

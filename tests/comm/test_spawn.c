@@ -62,7 +62,8 @@ static int worker_ok(int local_rank, void *arg) {
     dt_pg_opts o   = dt_pg_opts_default();
     o.backend      = mp_backend();
     o.timeout_ms   = 20000;
-    dt_pg *pg      = dt_pg_init_from_env(&o);
+    dt_pg *pg      = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!pg)
         return 10;
     float x = (float)(local_rank + 1);
@@ -136,7 +137,8 @@ static int worker_rank_sum(int local_rank, void *arg) {
     dt_pg_opts o    = dt_pg_opts_default();
     o.backend       = mp_backend();
     o.timeout_ms    = 15000;
-    dt_pg *pg       = dt_pg_init_from_env(&o);
+    dt_pg *pg       = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!pg) {
         fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
         return 10;
@@ -239,8 +241,10 @@ static void test_local_bound(void) {
     CHECK_ERR(dt_spawn((int)bound + 1, worker_ok, NULL, NULL), DT_ERR_ARG, "exceed the bound");
     setenv("DT_MAX_LOCAL_PROCS", "1", 1);
     CHECK_ERR(dt_spawn(2, worker_ok, NULL, NULL), DT_ERR_ARG, "the bound of 1 ");
-    setenv("DT_MAX_LOCAL_PROCS", "0", 1);
+    setenv("DT_MAX_LOCAL_PROCS", "5000", 1);
     CHECK_ERR(dt_spawn(2, worker_ok, NULL, NULL), DT_ERR_ARG, "DT_MAX_LOCAL_PROCS");
+    setenv("DT_MAX_LOCAL_PROCS", "0", 1); // the automatic bound
+    CHECK_ERR(dt_spawn(1000, worker_ok, NULL, NULL), DT_ERR_ARG, "exceed the bound of");
     setenv("DT_MAX_LOCAL_PROCS", "3", 1);
     CHECK_OK(dt_spawn(3, worker_ok, NULL, NULL));
     unsetenv("DT_MAX_LOCAL_PROCS");

@@ -27,7 +27,8 @@ static bool contains(const char *hay, const char *needle) {
 
 static dt_store *server(int *port, const char *token, int64_t timeout_ms) {
     dt_store_opts o = {.timeout_ms = timeout_ms, .token = token};
-    dt_store     *s = dt_store_init_tcp(NULL, 0, true, &o);
+    dt_store     *s = NULL;
+    dt_store_new_tcp(&s, NULL, 0, true, &o);
     if (!s)
         fprintf(stderr, "     server: %s\n", dt_last_error());
     *port = dt_store_port(s);
@@ -36,7 +37,9 @@ static dt_store *server(int *port, const char *token, int64_t timeout_ms) {
 
 static dt_store *client(int port, const char *token, int64_t timeout_ms) {
     dt_store_opts o = {.timeout_ms = timeout_ms, .token = token};
-    return dt_store_init_tcp("127.0.0.1", port, false, &o);
+    dt_store     *s = NULL;
+    dt_store_new_tcp(&s, "127.0.0.1", port, false, &o);
+    return s;
 }
 
 // The same checks for any store: `s` and `t` are two handles on one store.
@@ -114,8 +117,10 @@ static void exercise(dt_store *s, dt_store *t) {
     CHECK(ms >= 290 && ms < 2000);
     CHECK(!contains(dt_last_error(), "\"alpha\""));
     // prefix views
-    dt_store *p  = dt_store_init_prefix(s, "job7");
-    dt_store *pp = dt_store_init_prefix(p, "inner");
+    dt_store *p = NULL;
+    dt_store_new_prefix(&p, s, "job7");
+    dt_store *pp = NULL;
+    dt_store_new_prefix(&pp, p, "inner");
     CHECK_OK(dt_store_set(pp, "k", "x", 1));
     CHECK_OK(dt_store_get(t, "job7/inner/k", &v, NULL));
     CHECK(strcmp(v, "x") == 0);
@@ -155,8 +160,10 @@ static void test_file_operations(void) {
     int  fd     = mkstemp(path);
     close(fd);
     dt_store_opts o = {.timeout_ms = 5000, .token = "tok"};
-    dt_store     *s = dt_store_init_file(path, &o);
-    dt_store     *t = dt_store_init_file(path, &o);
+    dt_store     *s = NULL;
+    dt_store_new_file(&s, path, &o);
+    dt_store *t = NULL;
+    dt_store_new_file(&t, path, &o);
     CHECK(s && t);
     if (s && t)
         exercise(s, t);
@@ -164,14 +171,15 @@ static void test_file_operations(void) {
     dt_store_free(s);
     // A stale file of another job is refused.
     dt_store_opts o2 = {.timeout_ms = 5000, .token = "another"};
-    CHECK(dt_store_init_file(path, &o2) == NULL);
+    CHECK(dt_store_new_file(&(dt_store *){NULL}, path, &o2) != DT_OK);
     CHECK_EQ(dt_last_status(), DT_ERR_MISMATCH);
     CHECK(contains(dt_last_error(), "job token mismatch"));
     // A corrupt file is a format error naming the offset.
     int w = open(path, O_WRONLY | O_APPEND);
     CHECK(write(w, "garbage-garbage-garbage", 23) == 23);
     close(w);
-    dt_store *u = dt_store_init_file(path, &o);
+    dt_store *u = NULL;
+    dt_store_new_file(&u, path, &o);
     CHECK(u == NULL);
     CHECK_EQ(dt_last_status(), DT_ERR_FORMAT);
     CHECK(contains(dt_last_error(), path));
@@ -188,8 +196,11 @@ typedef struct conc_cfg {
 enum { CLIENTS = 12, ADDS = 150 };
 
 static dt_store *conc_open(const conc_cfg *cfg) {
-    return cfg->path[0] ? dt_store_init_file(cfg->path, &(dt_store_opts){.timeout_ms = 20000})
-                        : client(cfg->port, NULL, 20000);
+    dt_store *s = NULL;
+    if (!cfg->path[0])
+        return client(cfg->port, NULL, 20000);
+    dt_store_new_file(&s, cfg->path, &(dt_store_opts){.timeout_ms = 20000});
+    return s;
 }
 
 static void conc_client(int rank, int world, void *arg) {
@@ -288,8 +299,9 @@ static void test_server_dies(void) {
     pid_t pid = fork();
     if (pid == 0) {
         dt_store_opts o = {.timeout_ms = 20000};
-        dt_store     *s = dt_store_init_tcp(NULL, port, true, &o);
-        char          b = s ? 1 : 0;
+        dt_store     *s = NULL;
+        dt_store_new_tcp(&s, NULL, port, true, &o);
+        char b = s ? 1 : 0;
         CHECK(write(p[1], &b, 1) == 1);
         sleep_ms(60000);
         _exit(0);
@@ -352,7 +364,7 @@ static void test_port_in_use(void) {
     int           port;
     dt_store     *s = server(&port, NULL, 1000);
     dt_store_opts o = {.timeout_ms = 1000};
-    CHECK(dt_store_init_tcp(NULL, port, true, &o) == NULL);
+    CHECK(dt_store_new_tcp(&(dt_store *){NULL}, NULL, port, true, &o) != DT_OK);
     char want[64];
     snprintf(want, sizeof want, "port %d is already in use by pid %d", port, (int)getpid());
     CHECK_EQ(dt_last_status(), DT_ERR_IO);

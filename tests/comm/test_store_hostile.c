@@ -115,7 +115,8 @@ static int auth(int fd, const uint8_t *proof) {
 
 static void test_replay_refused(void) {
     dt_store_opts o = {.timeout_ms = 5000, .token = "secret-token"};
-    dt_store     *s = dt_store_init_tcp(NULL, 0, true, &o);
+    dt_store     *s = NULL;
+    dt_store_new_tcp(&s, NULL, 0, true, &o);
     CHECK(s != NULL);
     int     port = dt_store_port(s);
     uint8_t cn[32], sn[32], proof[32];
@@ -163,7 +164,7 @@ static void test_client_checks_server(void) {
     }
     close(lfd);
     dt_store_opts o = {.timeout_ms = 3000, .token = "tok"};
-    CHECK(dt_store_init_tcp("127.0.0.1", port, false, &o) == NULL);
+    CHECK(dt_store_new_tcp(&(dt_store *){NULL}, "127.0.0.1", port, false, &o) != DT_OK);
     CHECK_EQ(dt_last_status(), DT_ERR_MISMATCH);
     CHECK(strstr(dt_last_error(), "could not prove") != NULL);
     kill(pid, SIGKILL);
@@ -181,9 +182,10 @@ static pid_t server_child(const char *token, const char *auth_ms, int nofile, in
         close(p[0]);
         if (auth_ms)
             setenv("DT_STORE_AUTH_MS", auth_ms, 1);
-        dt_store_opts o  = {.timeout_ms = 20000, .token = token};
-        dt_store     *s  = dt_store_init_tcp(NULL, 0, true, &o);
-        int           pt = s ? dt_store_port(s) : -1;
+        dt_store_opts o = {.timeout_ms = 20000, .token = token};
+        dt_store     *s = NULL;
+        dt_store_new_tcp(&s, NULL, 0, true, &o);
+        int pt = s ? dt_store_port(s) : -1;
         if (nofile > 0) {
             // Use every descriptor but a few: the next accept gets EMFILE.
             struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
@@ -307,7 +309,8 @@ static void test_idle_and_half_sent(void) {
     for (int i = 0; i < N; i++)
         fds[i] = raw_connect(port);
     dt_store_opts o = {.timeout_ms = 5000, .token = "tok"};
-    dt_store     *c = dt_store_init_tcp("127.0.0.1", port, false, &o);
+    dt_store     *c = NULL;
+    dt_store_new_tcp(&c, "127.0.0.1", port, false, &o);
     CHECK(c != NULL);
     if (c)
         CHECK_OK(dt_store_set(c, "k", "v", 1));
@@ -330,11 +333,12 @@ static void sink(dt_log_level l, const char *line, void *u) {
 
 static void test_refusal_logged(void) {
     dt_log_set_sink(sink, NULL);
-    dt_store_opts o  = {.timeout_ms = 3000, .token = "right"};
-    dt_store     *s  = dt_store_init_tcp(NULL, 0, true, &o);
+    dt_store_opts o = {.timeout_ms = 3000, .token = "right"};
+    dt_store     *s = NULL;
+    dt_store_new_tcp(&s, NULL, 0, true, &o);
     dt_store_opts w  = {.timeout_ms = 3000, .token = "wrong"};
     uint64_t      t0 = dt_now_ns();
-    CHECK(dt_store_init_tcp("127.0.0.1", dt_store_port(s), false, &w) == NULL);
+    CHECK(dt_store_new_tcp(&(dt_store *){NULL}, "127.0.0.1", dt_store_port(s), false, &w) != DT_OK);
     CHECK(strstr(dt_last_error(), "job token mismatch") != NULL);
     for (int i = 0; i < 100 && !strstr(logged, "refused"); i++)
         sleep_ms(10);
@@ -351,7 +355,7 @@ static void test_emfile(void) {
     CHECK(port > 0);
     dt_store_opts o  = {.timeout_ms = 3000, .token = ""};
     uint64_t      t0 = dt_now_ns();
-    CHECK(dt_store_init_tcp("127.0.0.1", port, false, &o) == NULL);
+    CHECK(dt_store_new_tcp(&(dt_store *){NULL}, "127.0.0.1", port, false, &o) != DT_OK);
     CHECK(strstr(dt_last_error(), "Too many open files") != NULL);
     if (!strstr(dt_last_error(), "Too many open files"))
         fprintf(stderr, "     \"%s\"\n", dt_last_error());
@@ -386,11 +390,12 @@ static bool listens_on(int port, const char *hexaddr) {
 
 static void test_loopback_only(void) {
     dt_store_opts o = {.timeout_ms = 3000, .token = "", .loopback_only = true};
-    dt_store     *s = dt_store_init_tcp(NULL, 0, true, &o);
+    dt_store     *s = NULL;
+    dt_store_new_tcp(&s, NULL, 0, true, &o);
     CHECK(s && listens_on(dt_store_port(s), "0100007F"));
     dt_store_free(s);
     o.loopback_only = false;
-    s               = dt_store_init_tcp(NULL, 0, true, &o);
+    dt_store_new_tcp(&s, NULL, 0, true, &o);
     CHECK(s && listens_on(dt_store_port(s), "00000000"));
     dt_store_free(s);
     CHECK(dt_sock_is_loopback("127.0.0.1") && dt_sock_is_loopback("localhost") &&

@@ -52,7 +52,7 @@ static void *stranger_main(void *arg) {
     dt_store_opts o  = {.timeout_ms = 10000};
     dt_store     *st = NULL;
     for (int i = 0; i < 100 && !st; i++) {
-        st = dt_store_init_tcp("127.0.0.1", atoi(getenv("MASTER_PORT")), false, &o);
+        dt_store_new_tcp(&st, "127.0.0.1", atoi(getenv("MASTER_PORT")), false, &o);
         if (!st)
             sleep_ms(50);
     }
@@ -101,7 +101,8 @@ static void ranks(int rank, int world, void *arg) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "tcp";
     o.timeout_ms = 20000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     CHECK(pg != NULL);
     if (!pg)
         fprintf(stderr, "     rank %d: %s\n", rank, dt_last_error());

@@ -51,7 +51,9 @@ static dt_sampler *make_sampler(size_t n, int R, int r, uint64_t seed) {
     o.num_replicas    = R;
     o.rank            = r;
     o.seed            = seed;
-    return dt_sampler_init(n, &o);
+    dt_sampler *s     = NULL;
+    dt_sampler_new(&s, n, &o);
+    return s;
 }
 
 // ---------------------------------------------------------------- NPY datasets
@@ -106,7 +108,8 @@ static void test_npy_dataset_loader(void) {
             dt_sampler    *s  = make_sampler(NS, 2, r, 5);
             dt_loader_opts lo = dt_loader_opts_default();
             lo.batch_size     = 4;
-            dt_loader *l      = dt_loader_init(&ds, s, &lo);
+            dt_loader *l      = NULL;
+            dt_loader_new(&l, &ds, s, &lo);
             CHECK(l != NULL);
             if (!l)
                 break;
@@ -146,7 +149,8 @@ static void test_npy_dataset_loader(void) {
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = 5;
     lo.prefetch       = false;
-    dt_loader *l      = dt_loader_init(&ds, NULL, &lo);
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &ds, NULL, &lo);
     CHECK(l != NULL);
     size_t bad = 0, seen = 0;
     if (l) {
@@ -256,7 +260,8 @@ static void test_callback_dataset(void) {
         dt_loader_opts lo = dt_loader_opts_default();
         lo.batch_size     = 4;
         lo.prefetch       = prefetch;
-        dt_loader *l      = dt_loader_init(&ds, s, &lo);
+        dt_loader *l      = NULL;
+        dt_loader_new(&l, &ds, s, &lo);
         CHECK(l != NULL);
         if (!l)
             return;
@@ -480,7 +485,8 @@ static void test_world_size_invariance(void) {
             dt_sampler    *s  = make_sampler(AN, worlds[wi], r, 11);
             dt_loader_opts lo = dt_loader_opts_default();
             lo.batch_size     = (size_t)batches[wi];
-            dt_loader *l      = dt_loader_init(&ds, s, &lo);
+            dt_loader *l      = NULL;
+            dt_loader_new(&l, &ds, s, &lo);
             if (!CHECK(l != NULL))
                 return;
             dt_loader_begin_epoch(l, 2);
@@ -505,7 +511,8 @@ static void test_world_size_invariance(void) {
     dt_sampler    *s  = make_sampler(AN, 2, 1, 11);
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = 3;
-    dt_loader *l      = dt_loader_init(&ds, s, &lo);
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &ds, s, &lo);
     CHECK(l != NULL);
     CHECK_OK(dt_sampler_resume(s, 2, 6));
     dt_loader_begin_epoch(l, DT_EPOCH_AUTO);

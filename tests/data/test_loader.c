@@ -32,7 +32,9 @@ static dt_sampler *make_sampler(size_t n, int R, int r, uint64_t seed) {
     o.num_replicas    = R;
     o.rank            = r;
     o.seed            = seed;
-    return dt_sampler_init(n, &o);
+    dt_sampler *s     = NULL;
+    dt_sampler_new(&s, n, &o);
+    return s;
 }
 
 // Checks one batch against the dataset directly: x = (p / 255 - mean) / std.
@@ -67,7 +69,8 @@ static void test_order_and_content(void) {
         o.drop_last      = drop_last;
         o.prefetch       = prefetch;
         o.caller_helps   = variant < 8;
-        dt_loader *l     = dt_loader_init(&ds, s, &o);
+        dt_loader *l     = NULL;
+        dt_loader_new(&l, &ds, s, &o);
         CHECK(l != NULL);
         size_t ns = dt_sampler_num_samples(s);
         CHECK_EQ(ns, 68);
@@ -134,8 +137,9 @@ static void test_prefetch_identical(void) {
         o.batch_size     = 8;
         o.prefetch       = run > 0;
         o.caller_helps   = run % 2 == 1;
-        dt_loader *l     = dt_loader_init(&ds, s, &o);
-        size_t     n     = record(l, 3, run == 0 ? a : b, cap, run >= 3 ? 77 + run : 0);
+        dt_loader *l     = NULL;
+        dt_loader_new(&l, &ds, s, &o);
+        size_t n = record(l, 3, run == 0 ? a : b, cap, run >= 3 ? 77 + run : 0);
         CHECK_EQ(n, 3 * 75 * (H * W + 1));
         if (run > 0)
             CHECK(memcmp(a, b, n * sizeof *a) == 0);
@@ -152,9 +156,10 @@ static void test_no_allocation(void) {
     dt_sampler    *s  = make_sampler(500, 1, 0, 1);
     dt_loader_opts o  = dt_loader_opts_default();
     o.batch_size      = 32;
-    dt_loader *l      = dt_loader_init(&ds, s, &o);
-    dt_batch   b;
-    size_t     before = dt_alloc_total_count(), nb = 0;
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &ds, s, &o);
+    dt_batch b;
+    size_t   before = dt_alloc_total_count(), nb = 0;
     for (int e = 0; e < 3; e++) {
         dt_loader_begin_epoch(l, DT_EPOCH_AUTO);
         while (dt_loader_next(l, &b))
@@ -178,9 +183,10 @@ static void test_restart_and_resume(void) {
         o.caller_helps   = mode == 1;
         // Reference: epoch 2 uninterrupted.
         dt_sampler *s = make_sampler(N, 2, 1, 8); // 151 per rank: 16 batches
-        dt_loader  *l = dt_loader_init(&ds, s, &o);
-        uint32_t    full[151];
-        size_t      k = 0;
+        dt_loader  *l = NULL;
+        dt_loader_new(&l, &ds, s, &o);
+        uint32_t full[151];
+        size_t   k = 0;
         dt_loader_begin_epoch(l, 2);
         while (dt_loader_next(l, &b))
             for (size_t i = 0; i < b.size; i++)
@@ -210,7 +216,7 @@ static void test_restart_and_resume(void) {
         // A new process resumes: the remaining batches equal the uninterrupted ones.
         s = make_sampler(N, 2, 1, 8);
         CHECK_OK(dt_sampler_resume(s, epoch, pos));
-        l = dt_loader_init(&ds, s, &o);
+        dt_loader_new(&l, &ds, s, &o);
         dt_loader_begin_epoch(l, DT_EPOCH_AUTO);
         k         = 60;
         size_t nb = 0;
@@ -242,7 +248,8 @@ static void test_sequential_and_errors(void) {
     // No sampler: the whole dataset in order.
     dt_loader_opts o = dt_loader_opts_default();
     o.batch_size     = 10;
-    dt_loader *l     = dt_loader_init(&ds, NULL, &o);
+    dt_loader *l     = NULL;
+    dt_loader_new(&l, &ds, NULL, &o);
     CHECK(l != NULL);
     CHECK(!dt_loader_next(l, &b)); // not begun
     CHECK(dt_loader_status(l) == DT_ERR_STATE);
@@ -258,19 +265,19 @@ static void test_sequential_and_errors(void) {
 
     // A sampler over another dataset size.
     dt_sampler *s = make_sampler(26, 1, 0, 0);
-    CHECK(dt_loader_init(&ds, s, &o) == NULL);
+    CHECK(dt_loader_new(&(dt_loader *){NULL}, &ds, s, &o) != DT_OK);
     CHECK(dt_last_status() == DT_ERR_ARG);
     CHECK(strstr(dt_last_error(),
                  "expected a sampler over the dataset's 25 samples, found one over 26") != NULL);
     dt_sampler_free(s);
     o.batch_size = 0;
-    CHECK(dt_loader_init(&ds, NULL, &o) == NULL);
+    CHECK(dt_loader_new(&(dt_loader *){NULL}, &ds, NULL, &o) != DT_OK);
     CHECK(strstr(dt_last_error(), "expected a batch size in [1, 16777216], found 0") != NULL);
     // Loaders freed without an epoch, and in the middle of one.
     o.batch_size = 4;
-    l            = dt_loader_init(&ds, NULL, &o);
+    dt_loader_new(&l, &ds, NULL, &o);
     dt_loader_free(l);
-    l = dt_loader_init(&ds, NULL, &o);
+    dt_loader_new(&l, &ds, NULL, &o);
     dt_loader_begin_epoch(l, 0);
     CHECK(dt_loader_next(l, &b));
     dt_loader_free(l);
@@ -292,7 +299,8 @@ static void test_timeout(void) {
     o.batch_size     = 2048; // 32 MB of floats per batch: milliseconds of work
     o.timeout_ms     = 1;
     o.caller_helps   = false; // always wait for the thread
-    dt_loader *l     = dt_loader_init(&ds, NULL, &o);
+    dt_loader *l     = NULL;
+    dt_loader_new(&l, &ds, NULL, &o);
     CHECK(l != NULL);
     dt_batch b;
     dt_loader_begin_epoch(l, 0);

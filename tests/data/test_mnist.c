@@ -88,15 +88,17 @@ static void check_loader(const char *dir) {
     dt_dataset ds;
     CHECK_OK(dt_dataset_load_mnist(&ds, dir, true, NULL));
     for (int prefetch = 0; prefetch < 2; prefetch++) {
-        dt_sampler    *s = dt_sampler_init(ds.n, NULL);
+        dt_sampler *s = NULL;
+        dt_sampler_new(&s, ds.n, NULL);
         dt_loader_opts o = dt_loader_opts_default();
         o.batch_size     = 128;
         o.prefetch       = prefetch;
-        dt_loader *l     = dt_loader_init(&ds, s, &o);
-        uint8_t   *seen  = calloc(ds.n, 1);
-        size_t     nb = 0, bad = 0;
-        double     in_next = 0;
-        dt_batch   b;
+        dt_loader *l     = NULL;
+        dt_loader_new(&l, &ds, s, &o);
+        uint8_t *seen = calloc(ds.n, 1);
+        size_t   nb = 0, bad = 0;
+        double   in_next = 0;
+        dt_batch b;
         dt_loader_begin_epoch(l, 0);
         for (;;) {
             double t0 = dt_now();

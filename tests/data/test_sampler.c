@@ -16,7 +16,8 @@ static dt_sampler *make(size_t n, int R, int r, bool shuffle, bool drop_last, ui
     o.shuffle         = shuffle;
     o.drop_last       = drop_last;
     o.seed            = seed;
-    dt_sampler *s     = dt_sampler_init(n, &o);
+    dt_sampler *s     = NULL;
+    dt_sampler_new(&s, n, &o);
     CHECK(s != NULL);
     return s;
 }
@@ -185,7 +186,8 @@ static void test_eval_mode(void) {
                 o.eval            = true;
                 o.shuffle         = (N + (size_t)R) % 2;
                 o.drop_last       = true; // ignored in evaluation mode
-                dt_sampler *s     = dt_sampler_init(N, &o);
+                dt_sampler *s     = NULL;
+                dt_sampler_new(&s, N, &o);
                 dt_sampler_begin(s);
                 size_t          cnt;
                 const uint32_t *ix = dt_sampler_indices(s, &cnt);
@@ -262,7 +264,7 @@ static void test_auto_epoch(void) {
     o.rank            = 1;
     o.seed            = 42;
     o.auto_epoch      = false;
-    s                 = dt_sampler_init(N, &o);
+    dt_sampler_new(&s, N, &o);
     dt_sampler_begin(s);
     dt_sampler_begin(s);
     CHECK_EQ(dt_sampler_epoch(s), 0);
@@ -397,22 +399,23 @@ static void test_bad_args(void) {
     dt_sampler_opts o = dt_sampler_opts_default();
     o.num_replicas    = 4;
     o.rank            = 4;
-    CHECK(dt_sampler_init(10, &o) == NULL);
+    CHECK(dt_sampler_new(&(dt_sampler *){NULL}, 10, &o) != DT_OK);
     CHECK(dt_last_status() == DT_ERR_ARG);
     CHECK(strstr(dt_last_error(), "expected a rank in [0, 4), found 4") != NULL);
     o.rank = -1;
-    CHECK(dt_sampler_init(10, &o) == NULL);
+    CHECK(dt_sampler_new(&(dt_sampler *){NULL}, 10, &o) != DT_OK);
     CHECK(strstr(dt_last_error(), "found -1") != NULL);
     o.num_replicas = 0;
     o.rank         = 0;
-    CHECK(dt_sampler_init(10, &o) == NULL);
+    CHECK(dt_sampler_new(&(dt_sampler *){NULL}, 10, &o) != DT_OK);
     CHECK(strstr(dt_last_error(), "expected num_replicas >= 1, found 0") != NULL);
     o.num_replicas = 1;
-    CHECK(dt_sampler_init((size_t)UINT32_MAX + 1, &o) == NULL);
+    CHECK(dt_sampler_new(&(dt_sampler *){NULL}, (size_t)UINT32_MAX + 1, &o) != DT_OK);
     CHECK(strstr(dt_last_error(), "expected at most 4294967295 samples") != NULL);
     // Before the first begin there is nothing to take.
-    dt_sampler *s = dt_sampler_init(5, NULL);
-    size_t      idx;
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, 5, NULL);
+    size_t idx;
     CHECK(!dt_sampler_next(s, &idx));
     dt_sampler_free(s);
     dt_sampler_free(NULL);

@@ -17,7 +17,7 @@ static void set_of(dt_dataset *ds, int h, int w) {
 
 static void test_check_shape(void) {
     dt_model *m = NULL;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, 1, 0.1f, 0.25f));
+    CHECK_OK(dt_model_new_mnist_convnet(&m, 1, 0.1f, 0.25f));
     int c = 0, h = 0, w = 0;
     dt_model_input_shape(m, &c, &h, &w);
     CHECK_EQ(c, 1);
@@ -55,7 +55,8 @@ static void test_check_shape(void) {
     CHECK_ERR(dt_dataset_check_shape(NULL, NULL, 1, 28, 28), DT_ERR_ARG, "dataset: expected");
 
     // A model of another input shape: its own shape is the one asked for.
-    dt_model *m2 = dt_model_init(1, 14, 14);
+    dt_model *m2 = NULL;
+    dt_model_new(&m2, 1, 14, 14);
     CHECK(m2 != NULL);
     CHECK_OK(dt_model_add_flatten(m2));
     CHECK_OK(dt_model_add_linear(m2, 10));

@@ -26,7 +26,8 @@ static dt_dataset g_data; // inherited by the forked ranks
 
 // A small model for fast checks: 1x8x8 inputs.
 static dt_model *small_model(uint64_t seed, int hidden) {
-    dt_model *m = dt_model_init(1, 8, 8);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 8, 8);
     CHECK_OK(dt_model_add_conv2d(m, 3, 3, 1, 1));
     CHECK_OK(dt_model_add_relu(m));
     CHECK_OK(dt_model_add_flatten(m));
@@ -57,19 +58,21 @@ static dt_status train(dt_model *m, dt_pg *pg, const dt_dataset *ds, size_t batc
     int       world = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
     dt_ddp   *ddp = NULL;
     dt_status st  = DT_OK;
-    if (pg && (st = dt_ddp_init(&ddp, m, pg, o)))
+    if (pg && (st = dt_ddp_new(&ddp, dt_model_as_params(m), pg, o)))
         return st;
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = 0.5f;
-    dt_optim *opt =
-        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
+    dt_optim *opt       = NULL;
+    dt_adadelta_new(&opt, dt_model_as_params(m), &ao);
     dt_sampler_opts so = dt_sampler_opts_default();
     so.num_replicas = world, so.rank = rank, so.seed = 3;
-    dt_sampler    *s  = dt_sampler_init(ds->n, &so);
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, ds->n, &so);
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = batch;
-    dt_loader *l      = dt_loader_init(ds, s, &lo);
-    float     *dlogp  = malloc(sizeof(float) * 10 * batch);
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, ds, s, &lo);
+    float *dlogp = malloc(sizeof(float) * 10 * batch);
     dt_loader_begin_epoch(l, 0);
     dt_batch b;
     for (int i = 0; (steps < 0 || i < steps) && st == DT_OK && dt_loader_next(l, &b); i++) {
@@ -146,7 +149,7 @@ static void buckets_rank(int rank, int world, void *arg) {
     if (!pg)
         return;
     dt_model *m = NULL;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, 0, 0, 0));
+    CHECK_OK(dt_model_new_mnist_convnet(&m, 0, 0, 0));
     struct {
         size_t first, cap;
     } cases[] = {{0, 0}, {16 << 10, 64 << 10}, {1, 1}, {4096, 4096}};
@@ -155,7 +158,7 @@ static void buckets_rank(int rank, int world, void *arg) {
         o.first_bucket_bytes = cases[k].first;
         o.bucket_cap_bytes   = cases[k].cap;
         dt_ddp *d            = NULL;
-        CHECK_OK(dt_ddp_init(&d, m, pg, &o));
+        CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
         if (!d)
             continue;
         size_t eo[64], ec[64];
@@ -175,7 +178,7 @@ static void buckets_rank(int rank, int world, void *arg) {
     // The defaults on the ConvNet: [7.bias, 8.*] then everything up to 7.weight, which
     // crosses 1 MiB (PyTorch's 2 buckets for this model).
     dt_ddp *d = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, NULL));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL));
     size_t off, cnt;
     dt_ddp_bucket(d, 0, &off, &cnt);
     CHECK_EQ(off, dt_model_param_info(m, 5)->offset);
@@ -210,8 +213,8 @@ static void equivalence_rank(int rank, int world, void *arg) {
     const dt_dataset *ds  = e->convnet ? &g_data : &small;
     dt_model         *ref = NULL, *m = NULL;
     if (e->convnet) {
-        CHECK_OK(dt_model_init_mnist_convnet(&ref, 5, 0, 0));
-        CHECK_OK(dt_model_init_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
+        CHECK_OK(dt_model_new_mnist_convnet(&ref, 5, 0, 0));
+        CHECK_OK(dt_model_new_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
     } else {
         ref = small_model(5, 16);
         m   = small_model(5 + (uint64_t)rank, 16);
@@ -285,7 +288,7 @@ static void no_sync_rank(int rank, int world, void *arg) {
         return;
     dt_model *m = small_model(4, 8);
     dt_ddp   *d = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, NULL));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL));
     if (!d)
         return;
     size_t  n = dt_model_num_params(m);
@@ -351,7 +354,8 @@ static void unused_rank(int rank, int world, void *arg) {
     dt_pg *pg = mp_pg_init(10000);
     if (!pg)
         return;
-    dt_model *m = dt_model_init(6, 1, 1);
+    dt_model *m = NULL;
+    dt_model_new(&m, 6, 1, 1);
     CHECK_OK(dt_model_add_linear(m, 5));
     CHECK_OK(dt_model_add_linear(m, 3));
     CHECK_OK(dt_model_finalize(m, 1));
@@ -359,7 +363,7 @@ static void unused_rank(int rank, int world, void *arg) {
     o.bucket_cap_bytes   = 16; // one bucket per tensor
     o.first_bucket_bytes = 16;
     dt_ddp *d            = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, &o));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
     if (!d)
         return;
     const dt_param_info *w1 = dt_model_param_info(m, 2);
@@ -388,7 +392,7 @@ static void mismatch_rank(int rank, int world, void *arg) {
         return;
     dt_model *m = small_model(1, rank == 1 ? 12 : 16); // rank 1 has a narrower hidden layer
     dt_ddp   *d = NULL;
-    CHECK_ERR(dt_ddp_init(&d, m, pg, NULL), DT_ERR_MISMATCH,
+    CHECK_ERR(dt_ddp_new(&d, dt_model_as_params(m), pg, NULL), DT_ERR_MISMATCH,
               "parameter 3.weight has shape (16, 192) on rank 0 but (12, 192) on rank 1");
     CHECK(d == NULL);
     dt_model_free(m);
@@ -418,7 +422,7 @@ static void tree_rank(int rank, int world, void *arg) {
     o.tree_reduce      = true;
     o.bucket_cap_bytes = 512; // several buckets
     dt_ddp *d          = NULL;
-    CHECK_OK(dt_ddp_init(&d, m, pg, &o));
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
     if (!d)
         return;
     size_t n = dt_model_num_params(m);

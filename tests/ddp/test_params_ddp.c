@@ -4,10 +4,10 @@
 //   buffers with dt_params, reports each layer's gradients with dt_params_grad_ready,
 //   and trains under dt_ddp_new on 2 ranks with different data per rank. It must end
 //   with the weights of the same network built as a dt_model and trained under
-//   dt_ddp_init with the same initial weights and the same batches (to float rounding:
-//   the model's GEMMs sum in another order; one missed, doubled or unaveraged
-//   gradient moves the weights by ~1e-2, far beyond the 1e-4 asserted), and the
-//   replicas must be bitwise equal.
+//   dt_ddp_new over dt_model_as_params with the same initial weights and the same batches (to float
+//   rounding: the model's GEMMs sum in another order; one missed, doubled or unaveraged gradient
+//   moves the weights by ~1e-2, far beyond the 1e-4 asserted), and the replicas must be bitwise
+//   equal.
 // - Buffers are broadcast from rank 0 at start; frozen tensors are broadcast but never
 //   waited for; a tensor never reported is named by dt_ddp_sync.
 #include "../check.h"
@@ -120,7 +120,8 @@ static void mlp_backward(mlp *m, const float *x, const float *dlogp, int b) {
 }
 
 static dt_model *reference_model(uint64_t seed) {
-    dt_model *m = dt_model_init(1, 8, 8);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 8, 8);
     CHECK_OK(dt_model_add_flatten(m));
     CHECK_OK(dt_model_add_linear(m, HID));
     CHECK_OK(dt_model_add_relu(m));
@@ -141,19 +142,21 @@ static void train(dt_pg *pg, dt_model *model, mlp *h) {
     if (h)
         CHECK_OK(dt_ddp_new(&ddp, p, pg, NULL));
     else
-        CHECK_OK(dt_ddp_init(&ddp, model, pg, NULL));
+        CHECK_OK(dt_ddp_new(&ddp, dt_model_as_params(model), pg, NULL));
     dt_sgd_opts so = dt_sgd_opts_default();
     so.lr = 0.05f, so.momentum = 0.9f;
     dt_optim *opt = NULL;
     CHECK_OK(dt_sgd_new(&opt, p, &so));
     dt_sampler_opts smo = dt_sampler_opts_default();
     smo.num_replicas = world, smo.rank = rank, smo.seed = 11;
-    dt_sampler    *s  = dt_sampler_init(g_data.n, &smo);
+    dt_sampler *s = NULL;
+    dt_sampler_new(&s, g_data.n, &smo);
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = BATCH;
-    dt_loader *l      = dt_loader_init(&g_data, s, &lo);
-    float      dlogp[BATCH * OUT];
-    dt_batch   b;
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &g_data, s, &lo);
+    float    dlogp[BATCH * OUT];
+    dt_batch b;
     dt_loader_begin_epoch(l, 0);
     for (int i = 0; ddp && i < STEPS && dt_loader_next(l, &b); i++) {
         float loss;

@@ -167,6 +167,26 @@ static void test_gloo(void) {
     free(out);
 }
 
+// --help-env prints the settings table (src/core/settings.c) with the current values,
+// from the training program and from dtrun alike.
+static void test_help_env(void) {
+    char *out;
+    int   f0 = check_failed;
+    CHECK_EQ(run(&out, "DT_RING_LAG=3 %s --help-env", bin), 0);
+    CHECK(strstr(out, "DT_TIMEOUT_MS") && strstr(out, "default 1800000"));
+    CHECK(strstr(out, "DT_LIVENESS_MS") && strstr(out, "DT_STORE_AUTH_MS"));
+    CHECK(strstr(out, "DT_RING_LAG") && strstr(out, "[set: 3]"));
+    CHECK(!strstr(out, "DT_TEST_")); // the test suite's own variables are not settings
+    show_on_failure(f0, out);
+    free(out);
+    CHECK_EQ(run(&out, "%s --help", bin), 0);
+    CHECK(strstr(out, "--help-env") != NULL);
+    free(out);
+    CHECK_EQ(run(&out, "%s --help-env", dtrun), 0);
+    CHECK(strstr(out, "DT_MAX_LOCAL_PROCS") != NULL);
+    free(out);
+}
+
 static void test_flag_mismatch(void) {
     struct {
         const char *flags1, *want;
@@ -211,6 +231,7 @@ int main(void) {
     RUN(test_output_paths);
     RUN(test_process_bound);
     RUN(test_gloo);
+    RUN(test_help_env);
     RUN(test_flag_mismatch);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

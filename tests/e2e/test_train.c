@@ -18,24 +18,26 @@ static dt_dataset train_set, test_set;
 // One epoch over the first `limit` training samples; returns the model (caller frees).
 static dt_model *train(size_t limit, size_t batch, uint64_t seed, int threads, float drop) {
     dt_model *m = NULL;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, seed, drop, drop));
+    CHECK_OK(dt_model_new_mnist_convnet(&m, seed, drop, drop));
     if (!m)
         return NULL;
     CHECK_OK(dt_model_set_threads(m, threads));
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = 0.5f;
-    dt_optim *opt =
-        dt_optim_init_adadelta(dt_model_params(m), dt_model_grads(m), dt_model_num_params(m), &ao);
+    dt_optim *opt       = NULL;
+    CHECK_OK(dt_adadelta_new(&opt, dt_model_as_params(m), &ao));
     dt_dataset sub     = train_set; // a view of the first `limit` samples
     sub.n              = limit;
     dt_sampler_opts so = dt_sampler_opts_default();
     so.seed            = seed;
-    dt_sampler    *s   = dt_sampler_init(sub.n, &so);
-    dt_loader_opts lo  = dt_loader_opts_default();
-    lo.batch_size      = batch;
-    dt_loader *l       = dt_loader_init(&sub, s, &lo);
-    float     *dlogp   = malloc(sizeof(float) * 10 * batch);
-    dt_rng     root    = dt_rng_init(seed);
+    dt_sampler *s      = NULL;
+    dt_sampler_new(&s, sub.n, &so);
+    dt_loader_opts lo = dt_loader_opts_default();
+    lo.batch_size     = batch;
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &sub, s, &lo);
+    float *dlogp = malloc(sizeof(float) * 10 * batch);
+    dt_rng root  = dt_rng_init(seed);
     dt_loader_begin_epoch(l, 0);
     dt_batch b;
     while (dt_loader_next(l, &b)) {
@@ -59,7 +61,8 @@ static dt_model *train(size_t limit, size_t batch, uint64_t seed, int threads, f
 static double accuracy(dt_model *m) {
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = 500;
-    dt_loader *l      = dt_loader_init(&test_set, NULL, &lo);
+    dt_loader *l      = NULL;
+    dt_loader_new(&l, &test_set, NULL, &lo);
     dt_model_train(m, false);
     dt_loader_begin_epoch(l, DT_EPOCH_AUTO);
     dt_batch b;

@@ -94,7 +94,7 @@ static void train(long limit, int world, int threads, int invariant, run_result 
     free(out);
 
     dt_model *m = NULL;
-    CHECK_OK(dt_model_init_mnist_convnet(&m, 0, 0.10f, 0.25f));
+    CHECK_OK(dt_model_new_mnist_convnet(&m, 0, 0.10f, 0.25f));
     if (!m)
         return;
     CHECK_OK(dt_ckpt_load_model(path, m));

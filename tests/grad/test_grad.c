@@ -189,7 +189,8 @@ static double ref_objective(const net *nt, const double *params, const double *x
 // --------------------------------------------------------------------------- harness
 
 static dt_model *build(const spec *specs, int n, shape3 in, uint64_t seed) {
-    dt_model *m = dt_model_init(in.c, in.h, in.w);
+    dt_model *m = NULL;
+    dt_model_new(&m, in.c, in.h, in.w);
     for (int i = 0; i < n; i++) {
         const spec *s  = &specs[i];
         dt_status   st = DT_OK;

@@ -60,9 +60,9 @@ dt_pg *mp_pg_init(int64_t timeout_ms) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = mp_backend();
     o.timeout_ms = timeout_ms ? timeout_ms : 30000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
-    if (!pg)
-        fprintf(stderr, "rank %s: dt_pg_init_from_env failed: %s\n", getenv("RANK"),
+    dt_pg *pg    = NULL;
+    if (dt_pg_new_from_env(&pg, &o) != DT_OK)
+        fprintf(stderr, "rank %s: dt_pg_new_from_env failed: %s\n", getenv("RANK"),
                 dt_last_error());
     return pg;
 }

@@ -37,7 +37,7 @@ void *mp_shared(void);
 // A port that was free a moment ago (from 20000..32767, below the ephemeral range).
 int mp_free_port(void);
 
-// dt_pg_init_from_env with the backend named by DT_TEST_BACKEND (default: auto) and
+// dt_pg_new_from_env with the backend named by DT_TEST_BACKEND (default: auto) and
 // the given timeout (0 = 30000 ms). Returns NULL after printing the error.
 dt_pg *mp_pg_init(int64_t timeout_ms);
 

@@ -23,7 +23,8 @@ static dt_pg *group(int64_t timeout_ms) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "mpi";
     o.timeout_ms = timeout_ms;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!pg)
         fprintf(stderr, "rank %d: init: %s\n", mpirun_child_rank(), dt_last_error());
     return pg;
@@ -226,7 +227,7 @@ static void child_settings_differ(void) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "mpi";
     o.timeout_ms = 20000;
-    CHECK(dt_pg_init_from_env(&o) == NULL);
+    CHECK(dt_pg_new_from_env(&(dt_pg *){NULL}, &o) != DT_OK);
     CHECK_EQ(dt_last_status(), DT_ERR_MISMATCH);
     CHECK(contains(dt_last_error(), mpirun_child_rank() == 1
                                         ? "DT_MPI_WAIT differs between ranks (this rank: poll)"
@@ -237,10 +238,10 @@ static void child_bad_wait(void) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "mpi";
     o.timeout_ms = 10000;
-    CHECK(dt_pg_init_from_env(&o) == NULL);
+    CHECK(dt_pg_new_from_env(&(dt_pg *){NULL}, &o) != DT_OK);
     CHECK_EQ(dt_last_status(), DT_ERR_ARG);
     CHECK(contains(dt_last_error(),
-                   "environment variable DT_MPI_WAIT expects \"block\" or \"poll\", found "
+                   "environment variable DT_MPI_WAIT expects one of block|poll, found "
                    "\"sometimes\""));
 }
 
@@ -249,7 +250,7 @@ static void child_not_mpi_world(void) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "mpi";
     o.timeout_ms = 10000;
-    CHECK(dt_pg_init_from_env(&o) == NULL);
+    CHECK(dt_pg_new_from_env(&(dt_pg *){NULL}, &o) != DT_OK);
     CHECK_EQ(dt_last_status(), DT_ERR_MISMATCH);
     CHECK(contains(dt_last_error(), "MPI sees rank 0 of 1, but RANK=0 and WORLD_SIZE=2 say rank "
                                     "0 of 2"));

@@ -14,7 +14,8 @@ static void child_suite(void) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = "mpi";
     o.timeout_ms = 60000;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     CHECK(pg != NULL);
     if (!pg) {
         fprintf(stderr, "rank %d: %s\n", mpirun_child_rank(), dt_last_error());

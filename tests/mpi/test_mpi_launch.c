@@ -31,7 +31,8 @@ static dt_pg *group(const char *backend, int64_t timeout_ms) {
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = backend;
     o.timeout_ms = timeout_ms;
-    dt_pg *pg    = dt_pg_init_from_env(&o);
+    dt_pg *pg    = NULL;
+    dt_pg_new_from_env(&pg, &o);
     if (!pg)
         fprintf(stderr, "rank %d: init: %s\n", mpirun_child_rank(), dt_last_error());
     return pg;
@@ -44,7 +45,8 @@ static bool shm_built(void) {
     o.timeout_ms = 10000;
     char method[64];
     snprintf(method, sizeof method, "tcp://127.0.0.1:%d", mp_free_port());
-    dt_pg *pg = dt_pg_init(method, 0, 1, &o);
+    dt_pg *pg = NULL;
+    dt_pg_new(&pg, method, 0, 1, &o);
     if (!pg && dt_last_status() != DT_ERR_UNSUPPORTED) {
         fprintf(stderr, "     probing for shm: %s\n", dt_last_error());
         CHECK(pg != NULL);

@@ -13,7 +13,8 @@
 #define CLASSES 10
 
 static dt_model *convnet(int threads, int shards) {
-    dt_model *m = dt_model_init(1, 12, 12);
+    dt_model *m = NULL;
+    CHECK_OK(dt_model_new(&m, 1, 12, 12));
     CHECK_OK(dt_model_add_conv2d(m, 4, 3, 1, 0));
     CHECK_OK(dt_model_add_relu(m));
     CHECK_OK(dt_model_add_conv2d(m, 8, 3, 1, 1));

@@ -29,7 +29,8 @@ static dt_graph *chain(void) {
 
 static void masks(void) {
     check_current = "dropout masks";
-    dt_model *m   = dt_model_init(F, 1, 1);
+    dt_model *m   = NULL;
+    dt_model_new(&m, F, 1, 1);
     CHECK(m != NULL);
     CHECK_OK(dt_model_add_flatten(m));
     CHECK_OK(dt_model_add_dropout(m, 0.4f));

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 
 static dt_model *convnet(int threads, uint64_t seed, float p2d, float p) {
-    dt_model *m = dt_model_init(1, 12, 12);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 12, 12);
     CHECK_OK(dt_model_add_conv2d(m, 4, 3, 1, 0));
     CHECK_OK(dt_model_add_relu(m));
     CHECK_OK(dt_model_add_conv2d(m, 8, 3, 1, 1));
@@ -36,7 +37,8 @@ static float *random_input(int batch, uint64_t seed) {
 
 static void test_init(void) {
     // Linear 4608 -> 64: 294,912 weights uniform in +-1/sqrt(4608) (PyTorch's default).
-    dt_model *m = dt_model_init(4608, 1, 1);
+    dt_model *m = NULL;
+    dt_model_new(&m, 4608, 1, 1);
     CHECK_OK(dt_model_add_linear(m, 64));
     CHECK_OK(dt_model_finalize(m, 3));
     const dt_param_info *w = dt_model_param_info(m, 0), *b = dt_model_param_info(m, 1);
@@ -123,7 +125,8 @@ static void test_threads(void) {
 
 static void test_dropout_masks(void) {
     // Element dropout: the fraction dropped is p; evaluation is the identity.
-    dt_model *m = dt_model_init(1000, 1, 1);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1000, 1, 1);
     CHECK_OK(dt_model_add_dropout(m, 0.3f));
     CHECK_OK(dt_model_finalize(m, 1));
     float *x = malloc(sizeof(float) * 1000 * 20);
@@ -155,7 +158,7 @@ static void test_dropout_masks(void) {
     CHECK(memcmp(x, dt_model_output(m), sizeof(float) * 20000) == 0);
     dt_model_free(m);
     // Channel dropout: every channel is all zero or all kept.
-    m = dt_model_init(64, 5, 4);
+    dt_model_new(&m, 64, 5, 4);
     CHECK_OK(dt_model_add_dropout2d(m, 0.5f));
     CHECK_OK(dt_model_finalize(m, 1));
     dt_model_set_rng(m, &step);
@@ -180,7 +183,8 @@ static void test_dropout_masks(void) {
 // batch of 6 split into batches of 3 in another order gives each sample the same
 // output, dropout and dropout2d on, on 1 and 2 threads.
 static void test_sample_keys(void) {
-    dt_model *m = dt_model_init(8, 4, 4);
+    dt_model *m = NULL;
+    dt_model_new(&m, 8, 4, 4);
     CHECK_OK(dt_model_add_dropout2d(m, 0.4f));
     CHECK_OK(dt_model_add_flatten(m));
     CHECK_OK(dt_model_add_dropout(m, 0.3f));
@@ -298,7 +302,8 @@ static void test_hook_and_accumulation(void) {
 }
 
 static void test_errors(void) {
-    dt_model *m = dt_model_init(1, 8, 8);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 8, 8);
     CHECK_OK(dt_model_add_conv2d(m, 2, 3, 1, 0));
     CHECK_ERR(dt_model_add_linear(m, 4), DT_ERR_ARG,
               "layer 1 linear: expected a flat input (features, 1, 1), found (2, 6, 6)");
@@ -317,7 +322,7 @@ static void test_errors(void) {
     char buf[256];
     dt_model_describe(m, buf, sizeof buf);
     CHECK(strstr(buf, "conv2d") && strstr(buf, "(1, 8, 8) -> (2, 6, 6) 20 params"));
-    CHECK(dt_model_init(0, 1, 1) == NULL);
+    CHECK(dt_model_new(&(dt_model *){NULL}, 0, 1, 1) != DT_OK);
     CHECK(strstr(dt_last_error(), "found (0, 1, 1)") != NULL);
     dt_model_free(m);
 }

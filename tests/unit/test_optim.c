@@ -23,6 +23,44 @@ typedef struct ref {
     long    t;
 } ref;
 
+// The optimizers over raw buffers: a one-tensor dt_params ("params", shape (n)) bound
+// to them, which the optimizer borrows; the tables are freed at the end of main.
+static dt_params **g_bound;
+static int         g_nbound;
+
+static dt_params *bound(float *p, float *g, size_t n) {
+    dt_params  *t     = NULL;
+    int64_t     shape = (int64_t)n;
+    dt_params **grown = realloc(g_bound, (size_t)(g_nbound + 1) * sizeof *g_bound);
+    if (!grown || dt_params_new(&t, NULL) != DT_OK)
+        return NULL;
+    g_bound             = grown;
+    g_bound[g_nbound++] = t;
+    if ((n && dt_params_add(t, "params", 1, &shape, 0) != DT_OK) ||
+        dt_params_bind(t, p, g, NULL) != DT_OK)
+        return NULL;
+    return t;
+}
+
+#define RAW_NEW(fn, type)                                                                          \
+    static dt_optim *fn##_raw(float *p, float *g, size_t n, const type *o) {                       \
+        dt_optim  *r = NULL;                                                                       \
+        dt_params *t = bound(p, g, n);                                                             \
+        if (t)                                                                                     \
+            dt_##fn##_new(&r, t, o);                                                               \
+        return r;                                                                                  \
+    }
+RAW_NEW(sgd, dt_sgd_opts)
+RAW_NEW(adam, dt_adam_opts)
+RAW_NEW(adamw, dt_adam_opts)
+RAW_NEW(adadelta, dt_adadelta_opts)
+
+static void free_bound(void) {
+    for (int i = 0; i < g_nbound; i++)
+        dt_params_free(g_bound[i]);
+    free(g_bound);
+}
+
 static void ref_init(ref *r, const float *p, size_t n) {
     r->n  = n;
     r->p  = calloc(n + 1, sizeof(double));
@@ -111,7 +149,7 @@ static dt_optim *make(const ref *r, float *p, float *g, size_t n) {
         o.dampening    = (float)r->dampening;
         o.weight_decay = (float)r->wd;
         o.nesterov     = r->nesterov;
-        return dt_optim_init_sgd(p, g, n, &o);
+        return sgd_raw(p, g, n, &o);
     }
     case 1:
     case 2: {
@@ -122,7 +160,7 @@ static dt_optim *make(const ref *r, float *p, float *g, size_t n) {
         o.eps          = (float)r->eps;
         o.weight_decay = (float)r->wd;
         o.amsgrad      = r->amsgrad;
-        return r->kind == 1 ? dt_optim_init_adam(p, g, n, &o) : dt_optim_init_adamw(p, g, n, &o);
+        return r->kind == 1 ? adam_raw(p, g, n, &o) : adamw_raw(p, g, n, &o);
     }
     default: {
         dt_adadelta_opts o = dt_adadelta_opts_default();
@@ -130,7 +168,7 @@ static dt_optim *make(const ref *r, float *p, float *g, size_t n) {
         o.rho              = (float)r->rho;
         o.eps              = (float)r->eps;
         o.weight_decay     = (float)r->wd;
-        return dt_optim_init_adadelta(p, g, n, &o);
+        return adadelta_raw(p, g, n, &o);
     }
     }
 }
@@ -287,16 +325,16 @@ static void run_torch_case(dt_optim *(*init)(float *, float *, size_t, const voi
 }
 
 static dt_optim *init_sgd(float *p, float *g, size_t n, const void *o) {
-    return dt_optim_init_sgd(p, g, n, o);
+    return sgd_raw(p, g, n, o);
 }
 static dt_optim *init_adam(float *p, float *g, size_t n, const void *o) {
-    return dt_optim_init_adam(p, g, n, o);
+    return adam_raw(p, g, n, o);
 }
 static dt_optim *init_adamw(float *p, float *g, size_t n, const void *o) {
-    return dt_optim_init_adamw(p, g, n, o);
+    return adamw_raw(p, g, n, o);
 }
 static dt_optim *init_adadelta(float *p, float *g, size_t n, const void *o) {
-    return dt_optim_init_adadelta(p, g, n, o);
+    return adadelta_raw(p, g, n, o);
 }
 
 static void test_against_pytorch(void) {
@@ -407,7 +445,7 @@ static void test_checkpoint_restore(void) {
 
 static void test_misc(void) {
     float     p[40], g[40];
-    dt_optim *o = dt_optim_init_adadelta(p, g, 40, NULL);
+    dt_optim *o = adadelta_raw(p, g, 40, NULL);
     CHECK(strcmp(dt_optim_name(o), "adadelta") == 0);
     CHECK_EQ(dt_optim_num_params(o), 40);
     CHECK_NEAR(dt_optim_lr(o), 1.0, 0);
@@ -430,16 +468,16 @@ static void test_misc(void) {
     CHECK_ERR(dt_optim_set_lr(o, NAN), DT_ERR_ARG, "found nan");
     CHECK_NEAR(dt_optim_lr(o), 1.0, 0);
     dt_optim_free(o);
-    o = dt_optim_init_sgd(p, g, 40, NULL);
+    o = sgd_raw(p, g, 40, NULL);
     CHECK(strcmp(dt_optim_name(o), "sgd") == 0);
     CHECK(dt_optim_state(o, &ns) == NULL);
     CHECK_EQ(ns, 0);
     CHECK_NEAR(dt_optim_lr(o), 1e-3, 1e-9);
     dt_optim_free(o);
-    o = dt_optim_init_adamw(p, g, 40, NULL);
+    o = adamw_raw(p, g, 40, NULL);
     CHECK(strcmp(dt_optim_name(o), "adamw") == 0);
     dt_optim_free(o);
-    o = dt_optim_init_adam(p, g, 40, NULL);
+    o = adam_raw(p, g, 40, NULL);
     CHECK(strcmp(dt_optim_name(o), "adam") == 0);
     dt_optim_free(o);
     dt_optim_free(NULL);
@@ -455,41 +493,41 @@ static void test_bad_options(void) {
     float       p[8], g[8];
     dt_sgd_opts s = dt_sgd_opts_default();
     s.nesterov    = true;
-    CHECK(dt_optim_init_sgd(p, g, 8, &s) == NULL);
+    CHECK(sgd_raw(p, g, 8, &s) == NULL);
     CHECK(strstr(dt_last_error(),
                  "sgd: expected momentum > 0 and dampening 0 with nesterov, found momentum 0") !=
           NULL);
     s.momentum  = 0.9f;
     s.dampening = 0.1f;
-    CHECK(dt_optim_init_sgd(p, g, 8, &s) == NULL);
+    CHECK(sgd_raw(p, g, 8, &s) == NULL);
     CHECK(strstr(dt_last_error(), "dampening 0.1") != NULL);
     s    = dt_sgd_opts_default();
     s.lr = -1;
-    CHECK(dt_optim_init_sgd(p, g, 8, &s) == NULL);
+    CHECK(sgd_raw(p, g, 8, &s) == NULL);
     CHECK(dt_last_status() == DT_ERR_ARG);
     CHECK(strstr(dt_last_error(), "sgd: expected lr in [0, inf], found -1") != NULL);
     dt_adam_opts a = dt_adam_opts_default();
     a.beta1        = 1.0f;
-    CHECK(dt_optim_init_adam(p, g, 8, &a) == NULL);
+    CHECK(adam_raw(p, g, 8, &a) == NULL);
     CHECK(strstr(dt_last_error(), "adam: expected beta1 in [0, 1), found 1") != NULL);
     a     = dt_adam_opts_default();
     a.eps = -1e-8f;
-    CHECK(dt_optim_init_adamw(p, g, 8, &a) == NULL);
+    CHECK(adamw_raw(p, g, 8, &a) == NULL);
     CHECK(strstr(dt_last_error(), "adamw: expected eps") != NULL);
     dt_adadelta_opts d = dt_adadelta_opts_default();
     d.rho              = 1.5f;
-    CHECK(dt_optim_init_adadelta(p, g, 8, &d) == NULL);
+    CHECK(adadelta_raw(p, g, 8, &d) == NULL);
     CHECK(strstr(dt_last_error(), "adadelta: expected rho in [0, 1], found 1.5") != NULL);
     d              = dt_adadelta_opts_default();
     d.weight_decay = -0.1f;
-    CHECK(dt_optim_init_adadelta(p, g, 8, &d) == NULL);
+    CHECK(adadelta_raw(p, g, 8, &d) == NULL);
     CHECK(strstr(dt_last_error(), "weight_decay") != NULL);
     // Buffers.
-    CHECK(dt_optim_init_sgd(p, p + 2, 4, NULL) == NULL);
+    CHECK(sgd_raw(p, p + 2, 4, NULL) == NULL);
     CHECK(strstr(dt_last_error(), "overlapping") != NULL);
-    CHECK(dt_optim_init_adam(NULL, g, 4, NULL) == NULL);
-    CHECK(strstr(dt_last_error(), "found NULL") != NULL);
-    dt_optim *o = dt_optim_init_sgd(NULL, NULL, 0, NULL); // an empty model is fine
+    CHECK(adam_raw(NULL, g, 4, NULL) == NULL);
+    CHECK(strstr(dt_last_error(), "found a NULL pointer") != NULL);
+    dt_optim *o = sgd_raw(NULL, NULL, 0, NULL); // an empty model is fine
     CHECK(o != NULL);
     dt_optim_step(o);
     dt_optim_zero_grad(o);
@@ -504,8 +542,8 @@ static void report_speed(void) {
     dt_sgd_opts s     = dt_sgd_opts_default();
     s.momentum        = 0.9f;
     s.weight_decay    = 1e-4f;
-    dt_optim *opts[4] = {dt_optim_init_sgd(p, g, n, &s), dt_optim_init_adam(p, g, n, NULL),
-                         dt_optim_init_adamw(p, g, n, NULL), dt_optim_init_adadelta(p, g, n, NULL)};
+    dt_optim *opts[4] = {sgd_raw(p, g, n, &s), adam_raw(p, g, n, NULL), adamw_raw(p, g, n, NULL),
+                         adadelta_raw(p, g, n, NULL)};
     for (int k = 0; k < 4; k++) {
         double best = 1e9;
         for (int r = 0; r < 5; r++) {
@@ -531,5 +569,6 @@ int main(void) {
     RUN(test_misc);
     RUN(test_bad_options);
     report_speed();
+    free_bound();
     return check_summary();
 }

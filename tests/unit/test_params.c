@@ -111,7 +111,8 @@ static void test_hook(void) {
 
 // A dt_model is a provider: its tables, its buffers, its backward's reports.
 static void test_model_provider(void) {
-    dt_model *m = dt_model_init(1, 4, 4);
+    dt_model *m = NULL;
+    dt_model_new(&m, 1, 4, 4);
     CHECK(dt_model_as_params(m) == NULL); // not finalized
     CHECK_OK(dt_model_add_conv2d(m, 2, 3, 1, 0));
     CHECK_OK(dt_model_add_relu(m));

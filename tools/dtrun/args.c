@@ -28,6 +28,7 @@ enum {
     OPT_STOP_GRACE,
     OPT_TERM_GRACE,
     OPT_HELP,
+    OPT_HELP_ENV,
     OPT_VERSION,
 };
 
@@ -76,6 +77,8 @@ static const flag flags[] = {
      "get, after it is forwarded, to reach a step boundary and save a checkpoint before SIGKILL "
      "(default 30; at least --stop-grace)"},
     {"help", OPT_HELP, NULL, "this text"},
+    {"help-env", OPT_HELP_ENV, NULL,
+     "every DT_* environment variable the workers' library reads: meaning, default, range"},
     {"version", OPT_VERSION, NULL, "print the version"},
 };
 #define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
@@ -278,6 +281,9 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         case OPT_HELP:
             print_help(stdout);
             return 1;
+        case OPT_HELP_ENV:
+            dt_settings_print(stdout);
+            return 1;
         case OPT_VERSION:
             printf("dtrun (dtrain) %s\n", DT_VERSION_STRING);
             return 1;
@@ -359,7 +365,7 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
 
     if (a->node_timeout_ms < 0) {
         long t;
-        if (dt_env_int("DT_TIMEOUT_MS", -1, 100L * 24 * 3600 * 1000, 0, &t) != DT_OK)
+        if (dt_setting_int("DT_TIMEOUT_MS", &t) != DT_OK)
             return usage_error(dt_last_error());
         a->node_timeout_ms = 15000;
         if (t > 0 && t < a->node_timeout_ms)

@@ -310,8 +310,8 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
     for (char *p = r->host; *p; p++)
         if (*p == ' ')
             *p = '_';
-    const char *env_token = getenv("DT_JOB_TOKEN");
-    bool        have_env  = env_token && *env_token;
+    const char *env_token = dt_setting_str("DT_JOB_TOKEN");
+    bool        have_env  = env_token != NULL;
     if (!r->multi) {
         if (have_env)
             snprintf(r->token, sizeof r->token, "%.79s", env_token);
@@ -334,8 +334,7 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
     uint64_t deadline = dt_deadline_ns(a->rdzv_timeout_ms);
     if (r->node == 0) {
         so.timeout_ms = a->node_timeout_ms;
-        r->store      = dt_store_init_tcp(NULL, a->master_port, true, &so);
-        if (!r->store)
+        if (dt_store_new_tcp(&r->store, NULL, a->master_port, true, &so) != DT_OK)
             return join_fail("node 0 cannot serve the store: %s", dt_last_error());
         snprintf(r->addr, sizeof r->addr, "%s", a->master_addr);
     } else {
@@ -346,10 +345,9 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
             int sig = dtrun_take_signal(sig_fd);
             if (sig)
                 return 128 + sig;
-            r->store = dt_store_init_tcp(a->master_addr, a->master_port, false, &so);
-            if (r->store)
+            dt_status st = dt_store_new_tcp(&r->store, a->master_addr, a->master_port, false, &so);
+            if (st == DT_OK)
                 break;
-            dt_status st = dt_last_status();
             snprintf(last, sizeof last, "%s", dt_last_error());
             if (st == DT_ERR_MISMATCH || st == DT_ERR_ARG)
                 return join_fail("cannot join the store of node 0: %s", last);

@@ -1,6 +1,6 @@
-// guard.c: dtrain-mnist's start-up checks (output paths, settings shared by every rank)
-// and the SIGTERM stop at an agreed step boundary (see guard.h).
-#include "guard.h"
+// guard.c: the trainer's start-up checks (output paths, settings shared by every rank)
+// and the SIGTERM stop at an agreed step boundary (see train_impl.h).
+#include "train_impl.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -20,7 +20,7 @@
 // ACLs and root on a file system that refuses it. `what` is the flag, for the message.
 static dt_status probe_dir(const char *dir, const char *what, const char *shown) {
     char tmpl[PATH_MAX];
-    if (snprintf(tmpl, sizeof tmpl, "%s/.dtrain-mnist-probe-XXXXXX", dir) >= (int)sizeof tmpl)
+    if (snprintf(tmpl, sizeof tmpl, "%s/.dtrain-probe-XXXXXX", dir) >= (int)sizeof tmpl)
         return dt_fail(DT_ERR_ARG, "%s %s: path too long", what, shown);
     int fd = mkstemp(tmpl);
     if (fd < 0)
@@ -30,7 +30,7 @@ static dt_status probe_dir(const char *dir, const char *what, const char *shown)
     return DT_OK;
 }
 
-dt_status mnist_check_save_model(const char *path) {
+dt_status dt_train_check_save_model(const char *path) {
     if (!path)
         return DT_OK;
     if (!*path)
@@ -72,7 +72,7 @@ static dt_status make_dirs(const char *dir) {
     }
 }
 
-dt_status mnist_check_checkpoint_dir(const char *dir) {
+dt_status dt_train_check_checkpoint_dir(const char *dir) {
     if (!dir)
         return DT_OK;
     if (!*dir)
@@ -90,7 +90,7 @@ dt_status mnist_check_checkpoint_dir(const char *dir) {
     return probe_dir(dir, "--checkpoint-dir", dir);
 }
 
-static void format_setting(const mnist_setting *s, int64_t v, char *buf, size_t n) {
+static void format_setting(const dt_train_setting *s, int64_t v, char *buf, size_t n) {
     if (s->is_double) {
         double d;
         memcpy(&d, &v, sizeof d);
@@ -102,7 +102,7 @@ static void format_setting(const mnist_setting *s, int64_t v, char *buf, size_t 
     }
 }
 
-dt_status mnist_check_settings(dt_pg *pg, const mnist_setting *s, int n) {
+dt_status dt_train_check_settings(dt_pg *pg, const dt_train_setting *s, int n) {
     if (!pg || n <= 0)
         return DT_OK;
     int      world = dt_pg_size(pg);
@@ -134,7 +134,7 @@ dt_status mnist_check_settings(dt_pg *pg, const mnist_setting *s, int n) {
 
 // SIGTERM is blocked in every thread the program starts (they inherit the mask). Where
 // it lands:
-//   - a watcher thread (mnist_preempt_watch) takes it with sigwait: while training is
+//   - a watcher thread (dt_train_preempt_watch) takes it with sigwait: while training is
 //     armed it becomes a stop request for the next step boundary; otherwise the process
 //     ends at once, by the signal, as it would without any of this (a rank stuck in its
 //     rendezvous can still be stopped with kill);
@@ -168,7 +168,7 @@ static void die_by_sigterm(void) {
     _exit(128 + SIGTERM); // not reached
 }
 
-void mnist_preempt_block(void) {
+void dt_train_preempt_block(void) {
     sigset_t set;
     term_set(&set);
     target_tid           = (pid_t)syscall(SYS_gettid);
@@ -202,7 +202,7 @@ static void *watch(void *arg) {
     return NULL;
 }
 
-void mnist_preempt_watch(void) {
+void dt_train_preempt_watch(void) {
     pthread_t      t;
     pthread_attr_t attr;
     atomic_store(&watcher_tid, 0);
@@ -218,11 +218,11 @@ void mnist_preempt_watch(void) {
     pthread_attr_destroy(&attr);
 }
 
-void mnist_preempt_arm(void) {
+void dt_train_preempt_arm(void) {
     atomic_store(&armed, 1);
 }
 
-bool mnist_preempt_pending(void) {
+bool dt_train_preempt_pending(void) {
     if (atomic_exchange(&requested, 0))
         return true;
     // Without a watcher the signal waits, blocked, for this thread.
@@ -232,16 +232,16 @@ bool mnist_preempt_pending(void) {
     return sigtimedwait(&set, NULL, &zero) == SIGTERM;
 }
 
-dt_status mnist_preempt_agree(dt_pg *pg, bool *stop) {
-    int64_t flag = *stop || mnist_preempt_pending();
+dt_status dt_train_preempt_agree(dt_pg *pg, bool *stop) {
+    int64_t flag = *stop || dt_train_preempt_pending();
     if (pg)
         DT_TRY(dt_pg_all_reduce(pg, &flag, &flag, 1, DT_INT64, DT_REDUCE_MAX));
     *stop = flag != 0;
     return DT_OK;
 }
 
-void mnist_preempt_release(void) {
+void dt_train_preempt_release(void) {
     atomic_store(&armed, 0);
-    if (mnist_preempt_pending())
+    if (dt_train_preempt_pending())
         die_by_sigterm(); // came after the last step's agreement: as without a watcher
 }

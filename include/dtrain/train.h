@@ -1,0 +1,264 @@
+// train.h: the one object a training loop creates (dt_trainer, Accelerate's Accelerator
+// in C). It parses the common flags from one table (plus the program's own), reads the
+// launcher's environment (dtrun, torchrun-style RANK/WORLD_SIZE, mpirun, srun, or forks
+// --num-processes workers itself), joins the group, wraps the parameters in DDP, shards
+// the data, accumulates and clips gradients, steps the optimizer and its schedule,
+// saves and resumes the whole state (parameters, buffers, optimizer, schedule step,
+// RNG, loader position) with the atomic checkpoints, stops at an agreed step on
+// SIGTERM, prints on rank 0 (summaries on each machine's local rank 0), and checks
+// and reports at the end (replica checksum, STATS).
+//
+//     static dt_status train(dt_trainer *t, void *user) {      // every worker runs this
+//         ... build the model, the optimizer (and a schedule) ...
+//         dt_loader *ld;
+//         DT_TRY(dt_trainer_loader(t, &ds, batch, DT_SPLIT_TRAIN, &ld));  // sharded
+//         DT_TRY(dt_trainer_prepare_model(t, model, opt, NULL));  // --load, --resume, DDP
+//         dt_batch b;
+//         while (dt_trainer_next(t, &b)) {                       // epochs, steps, stops
+//             forward, loss, backward (gradients are zeroed by the trainer);
+//             DT_TRY(dt_trainer_step(t, loss));                   // sync, clip, step, ckpt
+//         }
+//         return dt_trainer_finish(t);                           // last ckpt, checks
+//     }
+//     int main(int argc, char **argv) {
+//         dt_trainer *t;
+//         dt_status   st = dt_trainer_new(&t, argc, argv, &opts);
+//         if (st || !t) return st == DT_ERR_ARG ? 2 : st ? 1 : 0;   // usage, --help
+//         ... load the data (once, shared by forked workers) ...
+//         int rc = dt_trainer_run(t, train, &job);                // 0, 1 or 75
+//         dt_trainer_free(t);
+//         return rc;
+//     }
+//
+// The single-process program is the same text: without a launcher and without
+// --num-processes, dt_trainer_run calls `train` in this process with no group, and
+// every collective of the trainer is a no-op. docs/trainer.md lists the few lines that
+// separate a plain loop from this one.
+//
+// Watching (watch.h, trace.h): rank 0's progress bar on a terminal, or the seed's loss
+// lines elsewhere (every --log-every batches), is drawn by dt_trainer_step; --trace
+// FILE records from dt_trainer_prepare to dt_trainer_finish, which writes one
+// Chrome-trace file for all ranks; --plot FILE.svg collects the training loss in
+// dt_trainer_step, a validation loss per epoch (dt_trainer_set_eval) and at the end
+// (dt_trainer_log_val), and dt_trainer_report writes it. DataParallel threads (later)
+// replace the DDP wrapper inside dt_trainer_prepare.
+#ifndef DTRAIN_TRAIN_H
+#define DTRAIN_TRAIN_H
+
+#include "dtrain/comm.h"
+#include "dtrain/core.h"
+#include "dtrain/data.h"
+#include "dtrain/ddp.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "dtrain/params.h"
+#include "dtrain/rng.h"
+#include "dtrain/watch.h"
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Exit status of a run stopped by SIGTERM at a step boundary agreed by every rank
+// (EX_TEMPFAIL: "run again with --resume"). dtrun ends the job without a restart.
+#define DT_EXIT_PREEMPTED 75
+
+// ------------------------------------------------------------------------ flag tables
+
+typedef enum dt_flag_type {
+    DT_FLAG_BOOL,   // no value; target: bool
+    DT_FLAG_LONG,   // target: long, value in [lo, hi]
+    DT_FLAG_DOUBLE, // target: double, value in [lo, hi]
+    DT_FLAG_STRING, // target: const char * (points into argv or at def)
+} dt_flag_type;
+
+enum {
+    DT_FLAG_SHARED = 1u << 0,      // every rank must have rank 0's value (compared at
+                                   // start; strings by presence)
+    DT_FLAG_CKPT_KEEP   = 1u << 1, // saved in checkpoints as a key/value
+    DT_FLAG_CKPT_REFUSE = 1u << 2, // saved; a resume with another value is refused
+    DT_FLAG_CKPT_WARN   = 1u << 3, // saved; a resume with another value warns
+};
+
+// One flag: "--name VALUE". A table is an array ending with {0} (name NULL).
+typedef struct dt_flag {
+    const char  *name; // without the dashes: "batch-size"
+    dt_flag_type type;
+    void        *target;  // where the value goes (the default is written first)
+    const char  *def;     // the default, as text (NULL: 0, false or NULL)
+    double       lo, hi;  // accepted range of numbers (both 0: any long / double)
+    const char  *metavar; // "N" in the help ("" for booleans)
+    const char  *help;    // its text; lines after the first are indented to match
+    const char  *section; // a heading in the help, printed where it changes
+    unsigned     flags;   // DT_FLAG_SHARED, DT_FLAG_CKPT_*
+    const char  *choices; // strings: the accepted words, space-separated ("a b c")
+    const char  *expects; // strings: how a refusal names them ("a, b or c")
+} dt_flag;
+
+// Parses argv[1..argc) against the tables (NULL-terminated list of tables): writes every
+// default first, then the values given. "--help" sets *help and stops. Errors
+// (DT_ERR_ARG) name the flag and the value: "--batch-size expects an integer in [1,
+// 65536], found \"zero\"", "unknown option \"--frob\"", "unexpected argument \"x\"".
+// tools/dtrun's parser can take the same tables.
+DT_API dt_status dt_flags_parse(const dt_flag *const *tables, int argc, char **argv,
+                                bool *help /* out */);
+// The help text of the tables, flags grouped under their sections, into f.
+DT_API void dt_flags_print_help(const dt_flag *const *tables, FILE *f);
+// The flag named `name` in the tables, or NULL.
+DT_API const dt_flag *dt_flags_find(const dt_flag *const *tables, const char *name);
+
+// ------------------------------------------------------------------------ the trainer
+
+// The common flags, as parsed (the trainer's table; programs read them here).
+typedef struct dt_train_args {
+    long        epochs, seed, threads, log_every;
+    long        num_processes, num_machines, machine_id, master_port;
+    const char *master_addr, *backend, *job_token;
+    bool        no_overlap;
+    const char *checkpoint_dir;
+    long        checkpoint_every, keep, max_steps;
+    bool        resume, fallback;
+    const char *save_model, *load, *trace, *plot;
+    bool        eval_only, no_test, stats, profile;
+    long        accumulate; // micro-batches per optimizer step (default 1)
+    double      clip_grad;  // max gradient norm (0: no clipping)
+    long        invariant;  // gradient shards of a dt_model (-1: the default, see --help)
+} dt_train_args;
+
+typedef struct dt_trainer dt_trainer;
+
+typedef struct dt_trainer_opts {
+    const char    *program;                // "dtrain-mnist": messages, the checkpoints' "program"
+    const char    *summary;                // printed after the usage line of --help (may be NULL)
+    const char    *epilogue;               // printed after the flags (may be NULL)
+    const dt_flag *flags;                  // the program's own flags (ends with {0}), or NULL
+    long           default_epochs;         // 0: 1
+    bool           hide_accumulate;        // leave --accumulate and --clip-grad out
+    double         train_flops_per_sample; // for STATS' gflops (0: the dt_model's, if any)
+} dt_trainer_opts;
+
+DT_API dt_trainer_opts dt_trainer_opts_default(void);
+
+// Parses the flags, checks them (--machine-id below --num-machines, --resume needs
+// --checkpoint-dir ...), blocks SIGTERM for the preemption stop (call it before any
+// thread starts), and checks the output paths (--save-model's folder takes a file,
+// --checkpoint-dir is created and writable) before any data is read. Usage errors are
+// printed and returned as DT_ERR_ARG (exit 2); output-path errors are printed and
+// returned as DT_ERR_IO (exit 1). --help prints the help and returns DT_OK with *out
+// NULL (exit 0).
+DT_API dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv,
+                                const dt_trainer_opts *opts);
+DT_API void      dt_trainer_free(dt_trainer *t); // NULL-safe
+
+DT_API const dt_train_args *dt_trainer_args(const dt_trainer *t);
+
+// A value every rank must share, compared at start with the shared flags (a data set's
+// size, say). Call before dt_trainer_run; at most 16.
+DT_API dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value);
+
+// The training function of every worker. Its status decides the exit code.
+typedef dt_status (*dt_trainer_fn)(dt_trainer *t, void *user);
+
+// Starts the job and runs fn in every worker: with --num-processes P, forks P workers
+// here (rank = machine * P + local rank) and waits for them; under a launcher
+// (RANK/WORLD_SIZE, mpirun, srun), joins its group; otherwise runs fn in this process
+// without a group. Before fn, the shared flags and settings are compared across
+// ranks. Returns the exit code: 0, 1 (a failure, printed as "<program>: rank R: ..."),
+// or DT_EXIT_PREEMPTED.
+DT_API int dt_trainer_run(dt_trainer *t, dt_trainer_fn fn, void *user);
+
+// Inside fn.
+DT_API dt_pg *dt_trainer_pg(dt_trainer *t); // NULL in a single process
+DT_API int    dt_trainer_rank(const dt_trainer *t);
+DT_API int    dt_trainer_world(const dt_trainer *t);
+DT_API int    dt_trainer_local_rank(const dt_trainer *t);
+DT_API bool   dt_trainer_is_main(const dt_trainer *t);       // rank 0
+DT_API bool   dt_trainer_is_local_main(const dt_trainer *t); // local rank 0 (per machine)
+DT_API int    dt_trainer_threads(const dt_trainer *t);       // --threads, else cores / local ranks
+DT_API double dt_trainer_start_time(const dt_trainer *t);    // dt_now() at dt_trainer_new
+
+// printf on rank 0 (dt_trainer_print) or on each machine's local rank 0
+// (dt_trainer_print_local), flushed.
+DT_API void dt_trainer_print(const dt_trainer *t, const char *fmt, ...) DT_PRINTF(2, 3);
+DT_API void dt_trainer_print_local(const dt_trainer *t, const char *fmt, ...) DT_PRINTF(2, 3);
+
+// Collective helpers (no-ops without a group): a barrier; rank 0 first (the others
+// wait at _begin until rank 0 reaches _end: downloads, caches); a reduction in place.
+DT_API dt_status dt_trainer_wait_for_everyone(dt_trainer *t);
+DT_API dt_status dt_trainer_main_first_begin(dt_trainer *t);
+DT_API dt_status dt_trainer_main_first_end(dt_trainer *t);
+DT_API dt_status dt_trainer_all_reduce(dt_trainer *t, void *buf, size_t count, dt_dtype dtype,
+                                       dt_reduce_op op);
+// Accelerate's gather_for_metrics: every rank's `count` elements (counts may differ),
+// concatenated in rank order into *out (owned: dt_free), *total elements. With the
+// evaluation loader (no padding), each test sample is counted exactly once.
+DT_API dt_status dt_trainer_gather_for_metrics(dt_trainer *t, const void *src, size_t count,
+                                               dt_dtype dtype, void **out, size_t *total);
+
+typedef enum dt_split {
+    DT_SPLIT_TRAIN, // shuffled with --seed, padded to equal shares, epoch-aware;
+                    // the loader dt_trainer_next drives and checkpoints save
+    DT_SPLIT_EVAL,  // in order, no padding: every sample once across ranks
+} dt_split;
+
+// A loader over this rank's share of ds (owned by the trainer; valid until fn returns).
+DT_API dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch,
+                                   dt_split split, dt_loader **out);
+
+// Registers the parameters (and an optimizer over them, and optionally a schedule)
+// after the training loader: applies --load, --resume (the whole state; prints where it
+// resumed), and wraps the parameters in DDP over the group. Collective.
+DT_API dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sched *sched);
+// The same for a dt_model, which the trainer also gives its threads, its dropout
+// stream (per epoch) and its per-sample keys (per batch), and profiles with --profile.
+DT_API dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt,
+                                          dt_sched *sched);
+
+// The next micro-batch of this rank; false when training is over (epochs done,
+// --max-steps, an agreed SIGTERM, --eval-only, or an error, which dt_trainer_finish
+// returns). Begins epochs, zeroes the gradients at the start of each accumulation
+// window, and turns DDP's reduction off for all but the window's last micro-batch.
+DT_API bool dt_trainer_next(dt_trainer *t, dt_batch *b);
+// After the micro-batch's backward: draws rank 0's progress (bar or loss line), and at
+// the end of an accumulation window averages the
+// gradients over ranks (and over the window's micro-batches), clips (--clip-grad),
+// sets the schedule's rate, steps the optimizer, saves a checkpoint every
+// --checkpoint-every steps, and agrees on a SIGTERM stop. Collective.
+DT_API dt_status dt_trainer_step(dt_trainer *t, float loss);
+
+DT_API int64_t dt_trainer_step_count(const dt_trainer *t);  // optimizer steps so far
+DT_API long    dt_trainer_epoch(const dt_trainer *t);       // of the current batch
+DT_API size_t  dt_trainer_num_batches(const dt_trainer *t); // per epoch, this rank
+DT_API float   dt_trainer_grad_norm(const dt_trainer *t);   // before clipping, last step
+DT_API bool    dt_trainer_sync_step(const dt_trainer *t);   // this micro-batch steps
+// Random streams derived from --seed alone: the epoch's (what a dt_model's dropout
+// gets) and one per optimizer step and `id` (the same on every rank).
+DT_API dt_rng dt_trainer_epoch_rng(const dt_trainer *t);
+DT_API dt_rng dt_trainer_step_rng(const dt_trainer *t, uint64_t id);
+
+// After the loop: the last checkpoint; on an agreed SIGTERM, prints where it stopped and
+// returns DT_ERR_STATE (fn returns it; dt_trainer_run exits 75); else a barrier,
+// "Finished training in S secs" (each machine), the --profile table, the replica
+// checksum ("Parameters identical on all N ranks (CRC32C ...)") and --save-model.
+DT_API dt_status dt_trainer_finish(dt_trainer *t);
+DT_API bool      dt_trainer_preempted(const dt_trainer *t);
+
+// A validation loss, for --plot: called at the end of every epoch but the last (not
+// with --no-test), its loss added to the chart's validation series. Inside fn.
+typedef dt_status (*dt_trainer_eval_fn)(dt_trainer *t, void *user, double *loss);
+DT_API void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user);
+// A validation loss at the current step (--plot's validation series; rank 0 keeps it).
+DT_API dt_status dt_trainer_log_val(dt_trainer *t, double loss);
+
+// The end-of-run reports: --plot's SVG (rank 0, "Wrote the loss curves to PATH") and,
+// with --stats, the STATS line (rank 0; collective for the peak RSS): time,
+// samples/s, GFLOP/s, peak RSS, world, threads, backend, DDP wait, `metric` as
+// "accuracy", checkpoints. Collective with --stats.
+DT_API dt_status dt_trainer_report(dt_trainer *t, double metric);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DTRAIN_TRAIN_H

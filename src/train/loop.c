@@ -1,0 +1,421 @@
+// loop.c: the trainer's loop (train.h): preparation (--load, --resume, DDP), batches and
+// accumulation windows, the optimizer step with checkpoints and the SIGTERM stop, and
+// the end of a run (last checkpoint, replica checksum, --save-model, STATS).
+#include "train_impl.h"
+
+#include "dtrain/trace.h"
+
+#include <string.h>
+#include <sys/resource.h>
+
+// ------------------------------------------------------------------ checkpoint config
+
+// The configuration a resumed run must share with the checkpoint to continue the same
+// computation: the flags marked DT_FLAG_CKPT_*, saved as key/values named like the
+// flag ("batch-size" -> "batch_size"). REFUSE flags change what a step computes (seed,
+// batch size: sampler order, dropout masks, which samples a step sees): a mismatch is
+// refused. WARN flags (learning rate, threads) may change deliberately: a warning says
+// the run will not be bitwise equal to an uninterrupted one. The world size and the data
+// set size are checked by the checkpoints (the header and the sampler's state).
+static void build_kvs(dt_trainer *t) {
+    int n       = 0;
+    t->kvs[n++] = (dt_ckpt_kv){"program", t->o.program};
+    for (int k = 0; t->tables[k]; k++)
+        for (const dt_flag *f = t->tables[k]; f->name && n < MAX_KVS; f++) {
+            unsigned pol = f->flags & (DT_FLAG_CKPT_KEEP | DT_FLAG_CKPT_REFUSE | DT_FLAG_CKPT_WARN);
+            if (!pol || !f->target)
+                continue;
+            snprintf(t->kvkey[n], sizeof t->kvkey[n], "%s", f->name);
+            for (char *c = t->kvkey[n]; *c; c++)
+                *c = *c == '-' ? '_' : *c;
+            char *v = t->kvval[n];
+            if (!strcmp(f->name, "threads")) // as resolved
+                snprintf(v, sizeof t->kvval[n], "%d", t->threads);
+            else if (!strcmp(f->name, "invariant"))
+                snprintf(v, sizeof t->kvval[n], "%ld", t->inv_v);
+            else if (f->type == DT_FLAG_LONG)
+                snprintf(v, sizeof t->kvval[n], "%ld", *(long *)f->target);
+            else if (f->type == DT_FLAG_DOUBLE)
+                snprintf(v, sizeof t->kvval[n], "%.9g", *(double *)f->target);
+            else if (f->type == DT_FLAG_BOOL)
+                snprintf(v, sizeof t->kvval[n], "%d", *(bool *)f->target);
+            else
+                snprintf(v, sizeof t->kvval[n], "%s",
+                         *(const char **)f->target ? *(const char **)f->target : "");
+            t->kvpolicy[n] = pol;
+            t->kvflag[n]   = f->name;
+            t->kvs[n]      = (dt_ckpt_kv){t->kvkey[n], v};
+            n++;
+        }
+    t->nkvs = n;
+}
+
+static dt_status check_config(const dt_trainer *t, const dt_ckpt_info *info) {
+    for (int pass = 0; pass < 2; pass++) // refusals first, then warnings
+        for (int i = 1; i < t->nkvs; i++) {
+            const char *saved = dt_ckpt_info_get(info, t->kvs[i].key);
+            if (!saved || strcmp(saved, t->kvs[i].value) == 0)
+                continue;
+            if (pass == 0 && (t->kvpolicy[i] & DT_FLAG_CKPT_REFUSE))
+                return dt_fail(DT_ERR_MISMATCH,
+                               "--resume: %s was written with --%s %s, expected the same, found "
+                               "--%s %s in this run (hint: resume with the first run's flags, "
+                               "or use another --checkpoint-dir)",
+                               info->path, t->kvflag[i], saved, t->kvflag[i], t->kvs[i].value);
+            if (pass == 1 && (t->kvpolicy[i] & DT_FLAG_CKPT_WARN) && t->rank == 0)
+                fprintf(stderr,
+                        "%s: warning: %s was written with --%s %s, this run has --%s %s; the "
+                        "result will differ from an uninterrupted run\n",
+                        t->o.program, info->path, t->kvflag[i], saved, t->kvflag[i],
+                        t->kvs[i].value);
+        }
+    return DT_OK;
+}
+
+static dt_ckpt_state ckpt_state(dt_trainer *t) {
+    return (dt_ckpt_state){.params  = t->p,
+                           .optim   = t->opt,
+                           .sampler = t->smp,
+                           .step    = t->step,
+                           .rngs    = t->rngs,
+                           .nrngs   = 1,
+                           .kvs     = t->kvs,
+                           .nkvs    = t->nkvs};
+}
+
+static dt_ckpt_opts ckpt_opts(const dt_trainer *t) {
+    dt_ckpt_opts o = dt_ckpt_opts_default();
+    o.keep         = (int)t->a.keep;
+    o.fallback     = t->a.fallback;
+    return o;
+}
+
+static dt_status save(dt_trainer *t) {
+    double        t0 = dt_now();
+    dt_ckpt_state cs = ckpt_state(t);
+    dt_ckpt_opts  co = ckpt_opts(t);
+    DT_TRY(dt_ckpt_save(t->a.checkpoint_dir, t->pg, &cs, &co));
+    t->ckpt_secs += dt_now() - t0;
+    t->ckpt_saves++;
+    t->last_saved = t->step;
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------------- prepare
+
+dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sched *sched) {
+    const dt_train_args *a = &t->a;
+    if (t->prepared)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_prepare: expected one call, found a second");
+    t->prepared = true;
+    t->p = p, t->opt = opt, t->sched = sched; // owned from here on
+    if (!p || !opt)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_prepare: expected parameters and an optimizer, "
+                       "found %s (%s)",
+                       p ? "no optimizer" : "no parameters", dt_last_error());
+    if (a->load) {
+        DT_TRY(dt_ckpt_load_params(a->load, p));
+        dt_trainer_print(t, "Loaded parameters from %s\n", a->load);
+    }
+    build_kvs(t);
+    if (a->resume && !a->eval_only) {
+        dt_ckpt_info  info;
+        dt_ckpt_state cs = ckpt_state(t);
+        dt_ckpt_opts  co = ckpt_opts(t);
+        dt_status     st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
+        if (!st && info.found)
+            st = check_config(t, &info);
+        if (!st && info.found) {
+            t->step = t->last_saved = info.step;
+            t->epoch                = (long)info.epoch;
+            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu)%s\n", info.path,
+                             (unsigned long long)info.epoch,
+                             t->batch ? info.position / t->batch : (size_t)0,
+                             info.refused ? " after refusing newer checkpoints" : "");
+        } else if (!st) {
+            dt_trainer_print(t, "no checkpoint in %s: starting fresh\n", a->checkpoint_dir);
+        }
+        dt_ckpt_info_free(&info);
+        DT_TRY(st);
+        fflush(stdout);
+    }
+    if (t->pg) {
+        dt_ddp_opts o = dt_ddp_opts_default();
+        o.overlap     = !a->no_overlap;
+        o.tree_reduce = t->tree_reduce;
+        DT_TRY(dt_ddp_new(&t->ddp, p, t->pg, &o));
+    }
+    if (t->m)
+        dt_model_set_profile(t->m, a->profile);
+    dt_progress_opts po = dt_progress_opts_default();
+    po.log_every        = a->log_every;
+    if (t->rank == 0) {
+        DT_TRY(dt_progress_new(&t->bar, &po));
+        if (a->plot)
+            DT_TRY(dt_plot_new(&t->plot, NULL));
+    }
+    if (a->trace)
+        DT_TRY(dt_trace_start(NULL));
+    t->train_start = dt_now();
+    dt_train_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
+    t->stop = a->eval_only || (a->max_steps && t->step >= a->max_steps);
+    return DT_OK;
+}
+
+dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt_sched *sched) {
+    t->m = m, t->opt = opt, t->sched = sched, t->prepared = true; // owned from here on
+    if (!m || !opt)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_prepare_model: expected a model and an optimizer, "
+                       "found %s (%s)",
+                       m ? "no optimizer" : "no model", dt_last_error());
+    // Gradient shards (--invariant V): this rank holds shards rank + world * k of the
+    // global batch's V, so its local positions j = k (mod V / world) form local shard k
+    // (the sampler gives rank r global positions r + world * j); DDP continues the tree
+    // over ranks. A world that does not divide the default V gets one shard per rank.
+    long v = t->inv_v, shards = 0;
+    if (v > 0 && v % t->world == 0)
+        shards = v / t->world;
+    else if (v > 0 && t->a.invariant > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--invariant %ld: expected a world size dividing it, found %d processes", v,
+                       t->world);
+    else if (v > 0)
+        shards = 1;
+    t->tree_reduce = shards > 0 && v % t->world == 0;
+    dt_status st   = dt_model_set_threads(m, t->threads);
+    if (!st)
+        st = dt_model_set_grad_shards(m, (int)shards);
+    if (!st && t->batch)
+        st = dt_model_reserve(m, (int)t->batch);
+    if (st)
+        return st;
+    t->prepared = false;
+    return dt_trainer_prepare(t, dt_model_as_params(m), opt, sched);
+}
+
+// ------------------------------------------------------------------------- the loop
+
+// The end of an epoch's pass (exhausted, or stopped): the bar's newline, and for --plot a
+// validation point after every epoch but the last.
+static dt_status end_epoch(dt_trainer *t, bool exhausted) {
+    t->in_epoch = false;
+    dt_progress_end_epoch(t->bar);
+    if (exhausted)
+        DT_TRY(dt_loader_status(t->ld));
+    if (t->a.plot && !t->a.no_test && t->eval_fn && exhausted && t->epoch + 1 < t->a.epochs) {
+        double loss;
+        DT_TRY(t->eval_fn(t, t->eval_user, &loss));
+        DT_TRY(dt_trainer_log_val(t, loss));
+    }
+    return DT_OK;
+}
+
+bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
+    if (t->err || !t->ld || !t->prepared)
+        return false;
+    if (t->stop) {
+        if (t->in_epoch)
+            t->err = end_epoch(t, false);
+        return false;
+    }
+    for (;;) {
+        if (!t->in_epoch) {
+            if (t->epoch >= t->a.epochs) {
+                t->stop = true;
+                return false;
+            }
+            dt_loader_begin_epoch(t->ld, t->epoch);
+            t->er = dt_rng_split(&t->root, (uint64_t)t->epoch);
+            if (t->m)
+                dt_model_set_rng(t->m, &t->er);
+            dt_progress_begin_epoch(t->bar, t->epoch, t->nbatches);
+            t->in_epoch = true;
+        }
+        if (dt_loader_next(t->ld, b))
+            break;
+        if ((t->err = end_epoch(t, true)) != DT_OK)
+            return false;
+        t->epoch++;
+    }
+    long k = t->a.accumulate > 1 ? t->a.accumulate : 1;
+    if (t->micro == 0) {
+        // A window of k micro-batches, cut short by the end of the epoch; checkpoints
+        // fall on window ends, so a resume starts a window where it started.
+        size_t left = t->nbatches > b->index ? t->nbatches - b->index : 1;
+        t->window   = (int)(left < (size_t)k ? left : (size_t)k);
+        dt_params_zero_grad(t->p);
+    }
+    t->sync = t->micro == t->window - 1;
+    if (t->ddp && k > 1)
+        dt_ddp_set_sync(t->ddp, t->sync);
+    if (t->m) {
+        for (size_t i = 0; i < b->size; i++)
+            t->keys[i] = b->indices[i];
+        if ((t->err = dt_model_set_sample_keys(t->m, t->keys, (int)b->size)) != DT_OK)
+            return false;
+    }
+    t->cur_size  = b->size;
+    t->cur_index = b->index;
+    return true;
+}
+
+static void scale_grads(dt_params *p, float s) {
+    float *g = dt_params_grads(p);
+    size_t n = dt_params_numel(p);
+    for (size_t i = 0; i < n; i++)
+        g[i] *= s;
+}
+
+dt_status dt_trainer_step(dt_trainer *t, float loss) {
+    t->last_loss = loss;
+    t->samples_seen += (int64_t)t->cur_size;
+    if (t->sync) {
+        t->micro = 0;
+        if (t->ddp)
+            DT_TRY(dt_ddp_sync(t->ddp));
+        if (t->window > 1) // the mean over the window's micro-batches, like one big batch
+            scale_grads(t->p, 1.0f / (float)t->window);
+        if (t->a.clip_grad > 0)
+            DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
+        if (t->sched && t->opt)
+            DT_TRY(dt_sched_apply(t->sched, t->opt, t->step));
+        if (t->opt)
+            dt_optim_step(t->opt);
+        t->step++;
+    } else {
+        t->micro++;
+    }
+    // Rank 0's bar or loss line, and the training curve (every --log-every batches).
+    dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)t->world, loss);
+    if (t->plot && t->cur_index % (size_t)t->a.log_every == 0)
+        DT_TRY(dt_plot_add(t->plot, DT_PLOT_TRAIN, (double)t->step, loss));
+    if (!t->sync)
+        return DT_OK;
+    if (t->a.checkpoint_every && t->step % t->a.checkpoint_every == 0)
+        DT_TRY(save(t));
+    DT_TRY(dt_train_preempt_agree(t->pg, &t->preempted));
+    t->stop = t->preempted || (t->a.max_steps && t->step >= t->a.max_steps);
+    return DT_OK;
+}
+
+void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user) {
+    t->eval_fn = fn, t->eval_user = user;
+}
+
+dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
+    return t->plot ? dt_plot_add(t->plot, DT_PLOT_VAL, (double)t->step, loss) : DT_OK;
+}
+
+// ---------------------------------------------------------------------- the end
+
+static void print_profile(const dt_model *m, double train_secs) {
+    double total = 0;
+    printf("%-4s %-12s %10s %10s %7s\n", "layer", "kind", "forward_s", "backward_s", "share");
+    for (int i = 0; i < dt_model_num_layers(m); i++) {
+        double f, b;
+        dt_model_profile(m, i, &f, &b);
+        total += f + b;
+        printf("%-4d %-12s %10.3f %10.3f %6.1f%%\n", i, dt_model_layer_kind(m, i), f, b,
+               100.0 * (f + b) / train_secs);
+    }
+    printf("%-17s %21.3f %6.1f%%  (the rest: data, loss, optimizer, gradient sync)\n", "all layers",
+           total, 100.0 * total / train_secs);
+}
+
+// Every replica must end with the same weights; a difference is a bug, said loudly.
+static dt_status check_replicas(dt_trainer *t, uint32_t *crc_out) {
+    uint32_t crc = dt_crc32c(0, dt_params_data(t->p), dt_params_numel(t->p) * sizeof(float));
+    *crc_out     = crc;
+    if (!t->pg)
+        return DT_OK;
+    int32_t *all  = dt_alloc(sizeof(int32_t) * (size_t)t->world);
+    int32_t  mine = (int32_t)crc;
+    if (!all)
+        return DT_ERR_NOMEM;
+    dt_status st = dt_pg_all_gather(t->pg, &mine, all, 1, DT_INT32);
+    for (int r = 1; st == DT_OK && r < t->world; r++)
+        if (all[r] != all[0])
+            st = dt_fail(DT_ERR_INTERNAL,
+                         "replicas diverged: rank 0's parameters have CRC32C %08x, rank %d's %08x",
+                         (uint32_t)all[0], r, (uint32_t)all[r]);
+    dt_free(all);
+    return st;
+}
+
+dt_status dt_trainer_finish(dt_trainer *t) {
+    const dt_train_args *a = &t->a;
+    if (t->err)
+        return t->err;
+    if (!t->prepared || !t->p)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_finish: expected dt_trainer_prepare first");
+    // A last checkpoint where training stopped, so a resume after the end (or after a
+    // failure during evaluation) has nothing to redo.
+    if (a->checkpoint_dir && !a->eval_only && t->step != t->last_saved)
+        DT_TRY(save(t));
+    if (t->preempted) {
+        dt_trainer_print_local(t, "Stopped by SIGTERM at step %lld: %s\n", (long long)t->step,
+                               a->checkpoint_dir
+                                   ? "checkpoint saved, run again with --resume to continue"
+                                   : "nothing saved (no --checkpoint-dir)");
+        return dt_fail(DT_ERR_STATE, "stopped by SIGTERM at step %lld", (long long)t->step);
+    }
+    dt_train_preempt_release(); // from here on, SIGTERM ends the process at once
+    DT_TRY(dt_trainer_wait_for_everyone(t));
+    t->finished = dt_now();
+    if (t->local_rank == 0 && !a->eval_only) {
+        printf("Finished training in %.2f secs\n", t->finished - t->start);
+        fflush(stdout);
+        if (t->rank == 0 && a->profile && t->m)
+            print_profile(t->m, t->finished - t->train_start);
+    }
+    if (a->trace) {
+        DT_TRY(dt_trace_save(t->pg, a->trace));
+        dt_trainer_print(t, "Wrote the trace to %s\n", a->trace);
+    }
+    uint32_t crc;
+    DT_TRY(check_replicas(t, &crc));
+    if (t->pg)
+        dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world, crc);
+    if (t->rank == 0 && a->save_model) {
+        DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
+        dt_trainer_print(t, "Saved the model to %s\n", a->save_model);
+    }
+    return DT_OK;
+}
+
+dt_status dt_trainer_report(dt_trainer *t, double metric) {
+    if (t->plot) {
+        DT_TRY(dt_plot_write_svg(t->plot, t->a.plot));
+        printf("Wrote the loss curves to %s\n", t->a.plot);
+        fflush(stdout);
+    }
+    if (!t->a.stats)
+        return DT_OK;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    int64_t rss = ru.ru_maxrss; // KiB; the largest over ranks is reported
+    DT_TRY(dt_trainer_all_reduce(t, &rss, 1, DT_INT64, DT_REDUCE_MAX));
+    double  wait_s = 0;
+    int64_t steps  = 0;
+    if (t->ddp)
+        dt_ddp_stats(t->ddp, &wait_s, &steps);
+    double per = t->o.train_flops_per_sample;
+    if (per <= 0 && t->m)
+        per = dt_model_train_flops_per_sample(t->m);
+    // Samples trained by this run (a resumed run trains fewer), padding included.
+    double samples = (double)t->samples_seen * t->world;
+    double flops   = samples * per;
+    double loop    = t->finished - t->train_start;
+    dt_trainer_print(t,
+                     "STATS {\"secs\": %.3f, \"train_loop_secs\": %.3f, \"samples_per_sec\": %.1f, "
+                     "\"gflops\": %.1f, \"peak_rss_mib\": %.1f, \"world\": %d, \"threads\": %d, "
+                     "\"backend\": \"%s\", \"ddp_wait_secs\": %.3f, \"accuracy\": %.2f, "
+                     "\"checkpoints\": %lld, \"checkpoint_secs\": %.3f, \"blas\": \"%s\"}\n",
+                     t->finished - t->start, loop, loop > 0 ? samples / loop : 0.0,
+                     loop > 0 ? flops / loop * 1e-9 : 0.0, (double)rss / 1024.0, t->world,
+                     t->threads, t->pg ? dt_pg_backend(t->pg) : "none", wait_s, metric,
+                     (long long)t->ckpt_saves, t->ckpt_secs, dt_blas_info());
+    return DT_OK;
+}

@@ -1,0 +1,107 @@
+// train_impl.h: what the trainer's files share (not public): the start-up checks of
+// output paths and shared settings, and the SIGTERM stop at an agreed step boundary.
+#ifndef DTRAIN_TRAIN_IMPL_H
+#define DTRAIN_TRAIN_IMPL_H
+
+#include "dtrain/ckpt.h"
+#include "dtrain/train.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+// --save-model PATH: its directory exists and takes a new file (probed with a temporary
+// file, removed at once; PATH itself is not touched), and PATH, when it exists, is a
+// regular file. --checkpoint-dir DIR: created when missing (with its parents), a
+// directory, and writable. Errors name the path and the errno text.
+dt_status dt_train_check_save_model(const char *path);
+dt_status dt_train_check_checkpoint_dir(const char *dir);
+
+// A setting every rank must share, as a 64-bit value (doubles by their bits: is_double).
+typedef struct dt_train_setting {
+    const char *flag; // "--batch-size"
+    int64_t     value;
+    bool        is_double, is_bool; // printed as a number, or as "on"/"off"
+} dt_train_setting;
+
+// Collective: every rank sends its settings to every other; on any difference every
+// rank fails with the same message naming the flag, rank 0's value and the first
+// differing rank's value. n must be the same on every rank (it is the program's table).
+dt_status dt_train_check_settings(dt_pg *pg, const dt_train_setting *s, int n);
+
+// SIGTERM handling (guard.c). _block: blocks SIGTERM in the calling (main) thread before
+// any other starts, so they all inherit the mask; call first. _watch: in a process that
+// trains (not the parent of --num-processes, whose dt_spawn forwards the signal), starts
+// the thread that takes SIGTERM: before _arm and after _release it ends the process at
+// once, as usual; in between it is a request to stop at the next step boundary.
+void dt_train_preempt_block(void);
+void dt_train_preempt_watch(void);
+void dt_train_preempt_arm(void);
+// Whether a SIGTERM came since the last call (consumed: reported once).
+bool dt_train_preempt_pending(void);
+// Collective (pg may be NULL): whether any rank has seen a SIGTERM so far; every rank
+// gets the same answer for the same step. *stop is sticky (true stays true).
+dt_status dt_train_preempt_agree(dt_pg *pg, bool *stop);
+// Training is over: a SIGTERM that came after the last agreement, or any later one,
+// ends the process at once.
+void dt_train_preempt_release(void);
+
+// The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
+#define MAX_SETTINGS 16
+#define MAX_EVAL     8
+#define MAX_COMMON   32
+#define MAX_KVS      24
+
+struct dt_trainer {
+    dt_trainer_opts o;
+    dt_train_args   a;
+    dt_flag         common[MAX_COMMON];
+    const dt_flag  *tables[3];
+    char            def_epochs[24];
+    double          start;
+    struct {
+        char    what[96];
+        int64_t value;
+    } extra[MAX_SETTINGS];
+    int nextra;
+
+    // A worker's state (from dt_trainer_run to the end of fn).
+    dt_pg      *pg;
+    int         rank, world, local_rank, local_size, threads;
+    dt_params  *p;
+    dt_model   *m;
+    dt_optim   *opt;
+    dt_sched   *sched;
+    dt_ddp     *ddp;
+    dt_sampler *smp, *esmp[MAX_EVAL];
+    dt_loader  *ld, *eld[MAX_EVAL];
+    int         neval;
+    size_t      batch, nbatches, cur_size;
+    uint64_t   *keys;
+    dt_rng      base, root, er;
+    long        epoch;
+    bool        in_epoch, stop, preempted, prepared, sync;
+    int         micro, window;
+    long        inv_v;       // --invariant as resolved (the default from the cores)
+    bool        tree_reduce; // DDP continues the model's shard tree over ranks
+    int64_t     step, last_saved, ckpt_saves, samples_seen;
+    double      ckpt_secs, train_start, finished;
+    float       grad_norm, last_loss;
+    dt_status   err;
+    // Checkpoint key/values: the flags marked DT_FLAG_CKPT_*, by their values.
+    char        kvkey[MAX_KVS][64], kvval[MAX_KVS][48];
+    dt_ckpt_kv  kvs[MAX_KVS];
+    unsigned    kvpolicy[MAX_KVS];
+    const char *kvflag[MAX_KVS];
+    int         nkvs;
+    dt_ckpt_rng rngs[1];
+    // Watching: rank 0's progress and loss curves; the evaluation for --plot.
+    dt_progress       *bar;
+    dt_plot           *plot;
+    dt_trainer_eval_fn eval_fn;
+    void              *eval_user;
+    size_t             cur_index;
+    const dt_dataset  *eds[MAX_EVAL];
+    size_t             ebatch[MAX_EVAL];
+};
+
+#endif

@@ -1,0 +1,611 @@
+// trainer.c: dt_trainer (train.h): the common flags, the launch (spawn, launcher's
+// environment or one process), and the training loop's plumbing: preparation (--load,
+// --resume, DDP), batches, accumulation windows, the optimizer step, checkpoints,
+// the SIGTERM stop, and the end-of-run checks and reports.
+#include "train_impl.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+dt_trainer_opts dt_trainer_opts_default(void) {
+    return (dt_trainer_opts){.program = "dtrain"};
+}
+
+const dt_train_args *dt_trainer_args(const dt_trainer *t) {
+    return &t->a;
+}
+
+// ------------------------------------------------------------------ the common table
+
+static void build_common(dt_trainer *t) {
+    dt_train_args *a = &t->a;
+    const unsigned S = DT_FLAG_SHARED;
+    snprintf(t->def_epochs, sizeof t->def_epochs, "%ld",
+             t->o.default_epochs > 0 ? t->o.default_epochs : 1);
+    const char *T = "training", *D = "distributed (the seed's flags)", *C = "checkpoints",
+               *O = "output";
+    dt_flag f[]   = {
+          {"epochs", DT_FLAG_LONG, &a->epochs, t->def_epochs, 1, 100000, "N",
+           "passes over the training set (default 1)", T, S | DT_FLAG_CKPT_KEEP, 0, 0},
+          {"seed", DT_FLAG_LONG, &a->seed, "0", 0, 0x7fffffffffffffffL, "S",
+           "seed of initialisation, shuffling and dropout (default 0)", T, S | DT_FLAG_CKPT_REFUSE, 0,
+           0},
+          {"threads", DT_FLAG_LONG, &a->threads, NULL, 1, 256, "T",
+           "threads splitting each batch (default: cores / local processes)", T, DT_FLAG_CKPT_WARN, 0,
+           0},
+          {"accumulate", DT_FLAG_LONG, &a->accumulate, "1", 1, 65536, "K",
+           "micro-batches per optimizer step: gradients are summed locally and\n"
+             "reduced over ranks on the K-th only (default 1)",
+           T, S | DT_FLAG_CKPT_REFUSE, 0, 0},
+          {"clip-grad", DT_FLAG_DOUBLE, &a->clip_grad, NULL, 0, 1e30, "X",
+           "clip the gradients' global norm to X (default: no clipping)", T, S | DT_FLAG_CKPT_WARN, 0,
+           0},
+          {"invariant", DT_FLAG_LONG, &a->invariant, "-1", 0, 64, "V",
+           "sum gradients as V shards of the global batch, by one fixed\n"
+             "tree (V a power of two, up to 64; 0: off, each thread sums its\n"
+             "samples): any thread count and any P processes (P dividing V,\n"
+             "batch B/P each) then train bitwise the model of one process\n"
+             "with batch B. Default: the cores rounded up to a power of two,\n"
+             "at least 8 (a thread per shard in backward); with P not\n"
+             "dividing it, each process is one shard (thread-invariant only).\n"
+             "It cost 0-3% of CPU time on the seed's ConvNet\n"
+             "(bench/RESULTS.md); 0 turns it off",
+           T, DT_FLAG_CKPT_WARN, 0, 0},
+          {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
+           "fork P worker processes on this machine (default: none, or\n"
+             "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
+             "or when started by mpirun or srun)",
+           D, 0, 0, 0},
+          {"num-machines", DT_FLAG_LONG, &a->num_machines, "1", 1, 65536, "M",
+           "machines taking part, P processes each (default 1)", D, 0, 0, 0},
+          {"machine-id", DT_FLAG_LONG, &a->machine_id, NULL, 0, 65535, "K",
+           "this machine's index in [0, M) (default 0)", D, 0, 0, 0},
+          {"master-addr", DT_FLAG_STRING, &a->master_addr, NULL, 0, 0, "A",
+           "host of rank 0 (default $MASTER_ADDR, else 127.0.0.1)", D, 0, 0, 0},
+          {"master-port", DT_FLAG_LONG, &a->master_port, NULL, 1, 65535, "N",
+           "port of rank 0's store (default $MASTER_PORT, else a free\n"
+             "port on one machine and 29500 on several)",
+           D, 0, 0, 0},
+          {"job-token", DT_FLAG_STRING, &a->job_token, NULL, 0, 0, "T",
+           "the job's shared secret (default $DT_JOB_TOKEN): give every\n"
+             "machine the same one where strangers can reach the port.\n"
+             "Without it, one machine draws a random token; several derive\n"
+             "one from the port and sizes, which keeps other jobs out but\n"
+             "is no secret (trusted networks only). Never sent on the wire.",
+           D, 0, 0, 0},
+          {"backend", DT_FLAG_STRING, &a->backend, NULL, 0, 0, "NAME",
+           "auto (default: shm on one host, tcp across hosts, hybrid\n"
+             "when hosts run several processes each), shm, tcp, hybrid\n"
+             "(shm inside a host, tcp between), gloo (an alias of tcp,\n"
+             "the name PyTorch scripts use),\n"
+             "mpi (MPI's collectives; under mpirun or srun)",
+           D, 0, "auto shm tcp hybrid gloo mpi",
+           "auto, shm, tcp, hybrid or mpi (gloo: an alias of tcp)"},
+          {"no-overlap", DT_FLAG_BOOL, &a->no_overlap, NULL, 0, 0, "",
+           "reduce gradients after backward instead of during it\n"
+             "(for measuring how much communication overlap hides)",
+           D, S, 0, 0},
+          {"checkpoint-dir", DT_FLAG_STRING, &a->checkpoint_dir, NULL, 0, 0, "D",
+           "save checkpoints under D (at the end, and see below)", C, S, 0, 0},
+          {"checkpoint-every", DT_FLAG_LONG, &a->checkpoint_every, NULL, 1, 1L << 40, "N",
+           "also save every N steps (optimizer updates)", C, S, 0, 0},
+          {"keep", DT_FLAG_LONG, &a->keep, "3", 1, 1000000, "K",
+           "keep the K newest checkpoints (default 3)", C, 0, 0, 0},
+          {"resume", DT_FLAG_BOOL, &a->resume, NULL, 0, 0, "",
+           "continue from the newest complete checkpoint in D, or start\n"
+             "fresh when D holds none (one command line for every restart)",
+           C, S, 0, 0},
+          {"fallback", DT_FLAG_BOOL, &a->fallback, NULL, 0, 0, "",
+           "with --resume: when the newest checkpoint is refused (corrupt,\n"
+             "truncated...), warn and resume from the previous complete one",
+           C, S, 0, 0},
+          {"max-steps", DT_FLAG_LONG, &a->max_steps, NULL, 1, 1L << 40, "N",
+           "stop after N steps in all (steps before a resume count)", C, S, 0, 0},
+          {"save-model", DT_FLAG_STRING, &a->save_model, NULL, 0, 0, "PATH",
+           "write the final parameters to PATH (rank 0); its folder must\n"
+             "exist and be writable (checked at start, like --checkpoint-dir,\n"
+             "which is created when missing)",
+           C, 0, 0, 0},
+          {"load", DT_FLAG_STRING, &a->load, NULL, 0, 0, "PATH",
+           "start from the parameters in PATH (a --save-model file, a\n"
+             "checkpoint, or a checkpoint directory: its newest)",
+           C, S, 0, 0},
+          {"eval-only", DT_FLAG_BOOL, &a->eval_only, NULL, 0, 0, "",
+           "with --load: evaluate on the test set, no training", C, S, 0, 0},
+          {"log-every", DT_FLAG_LONG, &a->log_every, "10", 1, 1L << 30, "K",
+           "print the loss every K batches (default 10); on a terminal,\n"
+             "a progress bar (rate, ETA, loss) instead",
+           O, 0, 0, 0},
+          {"no-test", DT_FLAG_BOOL, &a->no_test, NULL, 0, 0, "", "skip the test-set evaluation", O, S,
+           0, 0},
+          {"stats", DT_FLAG_BOOL, &a->stats, NULL, 0, 0, "",
+           "print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)", O, S, 0, 0},
+          {"profile", DT_FLAG_BOOL, &a->profile, NULL, 0, 0, "",
+           "print forward and backward time per layer (rank 0)", O, 0, 0, 0},
+          {"trace", DT_FLAG_STRING, &a->trace, NULL, 0, 0, "FILE",
+           "write a Chrome-trace JSON of training, all ranks in one file\n"
+             "(open it in https://ui.perfetto.dev or chrome://tracing)",
+           O, 0, 0, 0},
+          {"plot", DT_FLAG_STRING, &a->plot, NULL, 0, 0, "FILE.svg",
+           "write the loss curves (training, and test after each epoch)\n"
+             "as an SVG chart (rank 0)",
+           O, 0, 0, 0},
+          {0},
+    };
+    int n = 0;
+    for (int i = 0; f[i].name; i++) {
+        if (t->o.hide_accumulate &&
+            (!strcmp(f[i].name, "accumulate") || !strcmp(f[i].name, "clip-grad")))
+            continue;
+        t->common[n++] = f[i];
+    }
+    t->common[n]  = (dt_flag){0};
+    a->accumulate = 1; // also when hidden
+}
+
+static dt_status check_args(const dt_train_args *a) {
+    if (a->job_token && !*a->job_token)
+        return dt_fail(DT_ERR_ARG, "--job-token expects a non-empty token");
+    if (a->invariant > 0 && (a->invariant & (a->invariant - 1)))
+        return dt_fail(DT_ERR_ARG, "--invariant: expected 0 or a power of two up to 64, found %ld",
+                       a->invariant);
+    if (a->machine_id >= a->num_machines)
+        return dt_fail(DT_ERR_ARG,
+                       "--machine-id expects a value below --num-machines (%ld), found %ld",
+                       a->num_machines, a->machine_id);
+    const char *needs = NULL;
+    if (a->num_machines > 1 && a->num_processes == 0)
+        needs = "--num-machines needs --num-processes";
+    else if (a->checkpoint_every && !a->checkpoint_dir)
+        needs = "--checkpoint-every needs --checkpoint-dir";
+    else if (a->resume && !a->checkpoint_dir)
+        needs = "--resume needs --checkpoint-dir";
+    else if (a->fallback && !a->resume)
+        needs = "--fallback needs --resume";
+    else if (a->eval_only && !a->load)
+        needs = "--eval-only needs --load PATH";
+    else if (a->eval_only && a->no_test)
+        needs = "--eval-only evaluates on the test set; it cannot go with --no-test";
+    return needs ? dt_fail(DT_ERR_ARG, "%s", needs) : DT_OK;
+}
+
+// Output paths are checked before any data is read or any process started, so a typo
+// costs seconds, not a training run. The model file is written by rank 0: checked where
+// rank 0 runs. Checkpoints are written by every rank: checked everywhere.
+static dt_status check_outputs(const dt_train_args *a) {
+    dt_launch_env le;
+    bool          env_ok    = dt_launch_env_read(&le) == DT_OK;
+    bool          has_rank0 = a->num_processes > 0
+                                  ? a->machine_id == 0
+                                  : !env_ok || le.launcher == DT_LAUNCHER_NONE || le.rank == 0;
+    if (has_rank0 && !a->eval_only)
+        DT_TRY(dt_train_check_save_model(a->save_model));
+    if (!a->eval_only)
+        DT_TRY(dt_train_check_checkpoint_dir(a->checkpoint_dir));
+    return DT_OK;
+}
+
+dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv, const dt_trainer_opts *opts) {
+    *out          = NULL;
+    dt_trainer *t = dt_alloc_zero(sizeof *t);
+    if (!t)
+        return DT_ERR_NOMEM;
+    t->o     = opts ? *opts : dt_trainer_opts_default();
+    t->start = dt_now();
+    if (!t->o.program)
+        t->o.program = "dtrain";
+    build_common(t);
+    int n = 0;
+    if (t->o.flags)
+        t->tables[n++] = t->o.flags;
+    t->tables[n++] = t->common;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help-env") == 0) { // like --help: print, *out stays NULL
+            printf("%s reads these environment variables (DT_* settings):\n", t->o.program);
+            dt_settings_print(stdout);
+            fflush(stdout);
+            dt_free(t);
+            return DT_OK;
+        }
+    bool      help = false;
+    dt_status st   = dt_flags_parse(t->tables, argc, argv, &help);
+    if (!st && !help)
+        st = check_args(&t->a);
+    if (st) {
+        fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+        dt_free(t);
+        return DT_ERR_ARG;
+    }
+    if (help) {
+        printf("usage: %s [options]\n", t->o.program);
+        if (t->o.summary)
+            fputs(t->o.summary, stdout);
+        dt_flags_print_help(t->tables, stdout);
+        printf("  --help              this text\n");
+        printf("  --help-env          every DT_* environment setting, its default and value\n");
+        if (t->o.epilogue)
+            fputs(t->o.epilogue, stdout);
+        fflush(stdout);
+        dt_free(t);
+        return DT_OK;
+    }
+    if (t->a.job_token)
+        setenv("DT_JOB_TOKEN", t->a.job_token, 1); // read by dt_spawn and dt_pg_init
+    // SIGTERM waits for a step boundary while training; blocked before any thread or
+    // worker starts, so they all inherit it. dt_spawn forwards it to its workers;
+    // elsewhere a watcher thread takes it.
+    dt_train_preempt_block();
+    if (t->a.num_processes == 0)
+        dt_train_preempt_watch();
+    if ((st = check_outputs(&t->a)) != DT_OK) {
+        fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+        dt_free(t);
+        return dt_fail(DT_ERR_IO, "%s", dt_last_error());
+    }
+    *out = t;
+    return DT_OK;
+}
+
+void dt_trainer_free(dt_trainer *t) {
+    dt_free(t);
+}
+
+dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value) {
+    if (t->nextra >= MAX_SETTINGS)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_add_setting: expected at most %d settings, found "
+                       "more (\"%s\")",
+                       MAX_SETTINGS, what);
+    snprintf(t->extra[t->nextra].what, sizeof t->extra[0].what, "%s", what);
+    t->extra[t->nextra++].value = value;
+    return DT_OK;
+}
+
+// The flags that change what a collective or a step computes, and the program's
+// settings: every rank must have rank 0's values, checked once at start-up instead of a
+// mismatch (or a silent difference) later.
+static dt_status check_shared(dt_trainer *t) {
+    if (!t->pg)
+        return DT_OK;
+    dt_train_setting s[2 * MAX_COMMON + MAX_SETTINGS];
+    char             names[2 * MAX_COMMON][72];
+    int              n = 0;
+    for (int k = 0; t->tables[k]; k++)
+        for (const dt_flag *f = t->tables[k]; f->name && n < 2 * MAX_COMMON; f++) {
+            if (!(f->flags & DT_FLAG_SHARED) || !f->target)
+                continue;
+            snprintf(names[n], sizeof names[n], "--%s", f->name);
+            dt_train_setting x = {.flag = names[n]};
+            if (f->type == DT_FLAG_BOOL)
+                x.value = *(bool *)f->target, x.is_bool = true;
+            else if (f->type == DT_FLAG_LONG)
+                x.value = *(long *)f->target;
+            else if (f->type == DT_FLAG_DOUBLE)
+                memcpy(&x.value, f->target, sizeof x.value), x.is_double = true;
+            else
+                x.value = *(const char **)f->target != NULL, x.is_bool = true;
+            s[n++] = x;
+        }
+    // The resolved --invariant: its default follows the cores, so machines of different
+    // sizes would otherwise sum gradients by different trees.
+    s[n++] = (dt_train_setting){.flag  = "--invariant (its default follows the cores: give it "
+                                         "explicitly on machines of different sizes)",
+                                .value = t->inv_v};
+    for (int i = 0; i < t->nextra; i++)
+        s[n++] = (dt_train_setting){.flag = t->extra[i].what, .value = t->extra[i].value};
+    return dt_train_check_settings(t->pg, s, n);
+}
+
+// ------------------------------------------------------------------------- launching
+
+static void release_worker(dt_trainer *t) {
+    dt_ddp_free(t->ddp);
+    dt_sched_free(t->sched);
+    dt_optim_free(t->opt);
+    if (t->m)
+        dt_model_free(t->m);
+    else
+        dt_params_free(t->p);
+    for (int i = 0; i < t->neval; i++) {
+        dt_loader_free(t->eld[i]);
+        dt_sampler_free(t->esmp[i]);
+    }
+    dt_loader_free(t->ld);
+    dt_sampler_free(t->smp);
+    dt_free(t->keys);
+    dt_progress_free(t->bar);
+    dt_plot_free(t->plot);
+    t->bar = NULL, t->plot = NULL;
+    t->ddp = NULL, t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL;
+    t->ld = NULL, t->smp = NULL, t->keys = NULL, t->neval = 0;
+}
+
+// One worker: rank `rank` of a group (pg), or the only process (pg NULL).
+static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
+    t->pg         = pg;
+    t->world      = pg ? dt_pg_size(pg) : 1;
+    t->rank       = pg ? dt_pg_rank(pg) : 0;
+    t->local_rank = pg ? dt_pg_local_rank(pg) : 0;
+    t->local_size = pg ? dt_pg_local_size(pg) : 1;
+    t->threads    = (int)t->a.threads;
+    if (!t->threads) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        t->threads = (int)(cores / (t->local_size > 0 ? t->local_size : 1));
+        if (t->threads < 1)
+            t->threads = 1;
+    }
+    t->inv_v = t->a.invariant;
+    if (t->inv_v < 0) { // the default: at least 8, and at least the cores, so that threads
+                        // have a shard each in the convolutions' backward
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        for (t->inv_v = 8; t->inv_v < cores && t->inv_v < 64; t->inv_v *= 2)
+            ;
+    }
+    // The trainer's random streams: one of their own under the seed, split by epoch
+    // (then, in a dt_model, by layer and by the sample's dataset index), so a sample
+    // gets the same dropout masks whichever rank and batch it lands in and a run can
+    // be replayed exactly. Checkpoints carry the root's state. The name is the one
+    // dtrain-mnist's checkpoints have always used.
+    t->base       = dt_rng_init((uint64_t)t->a.seed);
+    t->root       = dt_rng_split(&t->base, 0x64726f70 /* "drop" */);
+    t->rngs[0]    = (dt_ckpt_rng){"dropout", &t->root};
+    t->last_saved = -1;
+    dt_status st  = check_shared(t);
+    if (!st)
+        st = fn(t, user);
+    int rc = 0;
+    if (st && t->preempted)
+        rc = DT_EXIT_PREEMPTED;
+    else if (st) {
+        rc = 1;
+        if (pg)
+            fprintf(stderr, "%s: rank %d: %s\n", t->o.program, t->rank, dt_last_error());
+        else
+            fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+    }
+    fflush(stdout);
+    release_worker(t);
+    return rc;
+}
+
+typedef struct launch {
+    dt_trainer   *t;
+    dt_trainer_fn fn;
+    void         *user;
+} launch;
+
+static int worker_from_env(launch *l) {
+    dt_pg_opts o = dt_pg_opts_default();
+    o.backend    = l->t->a.backend;
+    dt_pg *pg    = NULL;
+    if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
+        fprintf(stderr, "%s: %s\n", l->t->o.program, dt_last_error());
+        return 1;
+    }
+    int rc = run_worker(l->t, pg, l->fn, l->user);
+    if (rc && rc != DT_EXIT_PREEMPTED)
+        dt_pg_abort(pg, "a worker failed");
+    dt_pg_free(pg);
+    return rc;
+}
+
+static int spawned(int local_rank, void *arg) {
+    (void)local_rank;         // dt_spawn has set RANK, LOCAL_RANK and the rest
+    dt_train_preempt_watch(); // the parent's watcher did not survive the fork
+    return worker_from_env(arg);
+}
+
+static void setenv_long(const char *name, long v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", v);
+    setenv(name, buf, 1);
+}
+
+int dt_trainer_run(dt_trainer *t, dt_trainer_fn fn, void *user) {
+    const dt_train_args *a = &t->a;
+    launch               l = {t, fn, user};
+    dt_launch_env        le;
+    bool                 env_ok = dt_launch_env_read(&le) == DT_OK;
+    if (a->num_processes > 0) {
+        // The seed's launch: this process forks the local workers of machine K.
+        if (a->master_addr)
+            setenv("MASTER_ADDR", a->master_addr, 1);
+        if (a->master_port)
+            setenv_long("MASTER_PORT", a->master_port);
+        else if (a->num_machines > 1 && !getenv("MASTER_PORT"))
+            setenv("MASTER_PORT", "29500", 1); // torchrun's default, the same everywhere
+        setenv_long("GROUP_RANK", a->machine_id);
+        setenv_long("WORLD_SIZE", a->num_machines * a->num_processes);
+        dt_spawn_result res;
+        if (dt_spawn((int)a->num_processes, spawned, &l, &res) == DT_OK)
+            return 0;
+        // Workers stopped by SIGTERM have said so; their status is the job's.
+        if (res.exit_code == DT_EXIT_PREEMPTED)
+            return DT_EXIT_PREEMPTED;
+        fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+        return 1;
+    }
+    if (!env_ok || le.launcher != DT_LAUNCHER_NONE) // bad values: reported by dt_pg_init
+        return worker_from_env(&l);
+    return run_worker(t, NULL, fn, user);
+}
+
+// ----------------------------------------------------------------------- accessors
+
+dt_pg *dt_trainer_pg(dt_trainer *t) {
+    return t->pg;
+}
+int dt_trainer_rank(const dt_trainer *t) {
+    return t->rank;
+}
+int dt_trainer_world(const dt_trainer *t) {
+    return t->world;
+}
+int dt_trainer_local_rank(const dt_trainer *t) {
+    return t->local_rank;
+}
+bool dt_trainer_is_main(const dt_trainer *t) {
+    return t->rank == 0;
+}
+bool dt_trainer_is_local_main(const dt_trainer *t) {
+    return t->local_rank == 0;
+}
+int dt_trainer_threads(const dt_trainer *t) {
+    return t->threads;
+}
+double dt_trainer_start_time(const dt_trainer *t) {
+    return t->start;
+}
+int64_t dt_trainer_step_count(const dt_trainer *t) {
+    return t->step;
+}
+long dt_trainer_epoch(const dt_trainer *t) {
+    return t->epoch;
+}
+size_t dt_trainer_num_batches(const dt_trainer *t) {
+    return t->nbatches;
+}
+float dt_trainer_grad_norm(const dt_trainer *t) {
+    return t->grad_norm;
+}
+bool dt_trainer_sync_step(const dt_trainer *t) {
+    return t->sync;
+}
+bool dt_trainer_preempted(const dt_trainer *t) {
+    return t->preempted;
+}
+dt_rng dt_trainer_epoch_rng(const dt_trainer *t) {
+    return dt_rng_split(&t->root, (uint64_t)t->epoch);
+}
+dt_rng dt_trainer_step_rng(const dt_trainer *t, uint64_t id) {
+    dt_rng s = dt_rng_split(&t->base, 0x73746570 /* "step" */);
+    s        = dt_rng_split(&s, (uint64_t)t->step);
+    return dt_rng_split(&s, id);
+}
+
+void dt_trainer_print(const dt_trainer *t, const char *fmt, ...) {
+    if (t->rank != 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+void dt_trainer_print_local(const dt_trainer *t, const char *fmt, ...) {
+    if (t->local_rank != 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+// ------------------------------------------------------------------ collective helpers
+
+dt_status dt_trainer_wait_for_everyone(dt_trainer *t) {
+    return t->pg ? dt_pg_barrier(t->pg) : DT_OK;
+}
+dt_status dt_trainer_main_first_begin(dt_trainer *t) {
+    return t->pg && t->rank != 0 ? dt_pg_barrier(t->pg) : DT_OK;
+}
+dt_status dt_trainer_main_first_end(dt_trainer *t) {
+    return t->pg && t->rank == 0 ? dt_pg_barrier(t->pg) : DT_OK;
+}
+dt_status dt_trainer_all_reduce(dt_trainer *t, void *buf, size_t count, dt_dtype dtype,
+                                dt_reduce_op op) {
+    return t->pg ? dt_pg_all_reduce(t->pg, buf, buf, count, dtype, op) : DT_OK;
+}
+
+dt_status dt_trainer_gather_for_metrics(dt_trainer *t, const void *src, size_t count,
+                                        dt_dtype dtype, void **out, size_t *total) {
+    size_t es = dt_dtype_size(dtype);
+    *out = NULL, *total = 0;
+    if (!es)
+        return dt_fail(DT_ERR_ARG, "gather_for_metrics: expected a valid dtype, found %d",
+                       (int)dtype);
+    int      world = t->world;
+    int64_t *cnt   = dt_alloc(sizeof(int64_t) * (size_t)world);
+    if (!cnt)
+        return DT_ERR_NOMEM;
+    int64_t   mine = (int64_t)count, most = 0, sum = 0;
+    dt_status st = t->pg ? dt_pg_all_gather(t->pg, &mine, cnt, 1, DT_INT64) : DT_OK;
+    if (!t->pg)
+        cnt[0] = mine;
+    for (int r = 0; r < world; r++)
+        most = cnt[r] > most ? cnt[r] : most, sum += cnt[r];
+    // Padded to the largest share for the gather, then the padding dropped.
+    char *pad = NULL, *all = NULL, *res = NULL;
+    if (!st && (!(pad = dt_alloc_zero(es * (size_t)(most ? most : 1))) ||
+                !(all = dt_alloc(es * (size_t)(most ? most : 1) * (size_t)world)) ||
+                !(res = dt_alloc(es * (size_t)(sum ? sum : 1)))))
+        st = DT_ERR_NOMEM;
+    if (!st) {
+        if (count)
+            memcpy(pad, src, es * count);
+        st = t->pg ? dt_pg_all_gather(t->pg, pad, all, (size_t)most, dtype) : DT_OK;
+        if (!t->pg && count)
+            memcpy(all, pad, es * count);
+    }
+    if (!st) {
+        size_t at = 0;
+        for (int r = 0; r < world; r++) {
+            memcpy(res + at, all + (size_t)r * (size_t)most * es, (size_t)cnt[r] * es);
+            at += (size_t)cnt[r] * es;
+        }
+        *out = res, *total = (size_t)sum, res = NULL;
+    }
+    dt_free(cnt), dt_free(pad), dt_free(all), dt_free(res);
+    return st;
+}
+
+// ---------------------------------------------------------------------- data
+
+dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, dt_split split,
+                            dt_loader **out) {
+    *out = NULL;
+    for (int i = 0; split == DT_SPLIT_EVAL && i < t->neval; i++)
+        if (t->eds[i] == ds && t->ebatch[i] == batch) { // the same evaluation again
+            *out = t->eld[i];
+            return DT_OK;
+        }
+    if (split == DT_SPLIT_TRAIN && t->ld)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected one training loader, found a "
+                                     "second");
+    if (split == DT_SPLIT_EVAL && t->neval >= MAX_EVAL)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected at most %d evaluation loaders",
+                       MAX_EVAL);
+    dt_sampler_opts so = dt_sampler_opts_default();
+    so.num_replicas    = t->world;
+    so.rank            = t->rank;
+    so.seed            = (uint64_t)t->a.seed;
+    if (split == DT_SPLIT_EVAL)
+        so.shuffle = false, so.eval = true;
+    dt_loader_opts lo = dt_loader_opts_default();
+    lo.batch_size     = batch;
+    dt_sampler *s     = NULL;
+    dt_loader  *l     = NULL;
+    dt_status   st    = dt_sampler_new(&s, ds->n, &so);
+    if (st == DT_OK)
+        st = dt_loader_new(&l, ds, s, &lo);
+    if (st != DT_OK) {
+        dt_sampler_free(s);
+        return st;
+    }
+    if (split == DT_SPLIT_TRAIN) {
+        t->smp = s, t->ld = l, t->batch = batch;
+        t->nbatches = dt_loader_num_batches(l);
+        if (!(t->keys = dt_alloc(sizeof *t->keys * batch)))
+            return DT_ERR_NOMEM;
+    } else {
+        t->eds[t->neval] = ds, t->ebatch[t->neval] = batch;
+        t->esmp[t->neval] = s, t->eld[t->neval++] = l;
+    }
+    *out = l;
+    return DT_OK;
+}
