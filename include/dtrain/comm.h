@@ -184,8 +184,11 @@ DT_API dt_status dt_launch_env_read(dt_launch_env *out /* out */);
 
 typedef struct dt_pg_opts {
     const char *backend; // "auto" (NULL = auto): shm when every rank is on this host
-                         // and shm is built, tcp otherwise; or "shm", "tcp" ("gloo"
-                         // is its alias, as PyTorch scripts name it), "mpi"
+                         // and shm is built; hybrid when the ranks span hosts and
+                         // every host runs the same number (> 1) of them; tcp
+                         // otherwise; or "shm", "tcp" ("gloo" is its alias, as
+                         // PyTorch scripts name it), "hybrid" (shm inside a host,
+                         // tcp between, hierarchical all_reduce), "mpi"
                          // (MPI's collectives; only when built with MPI and started
                          // by an MPI launcher; see docs/mpi.md)
     int64_t timeout_ms;  // per operation; 0 = default: DT_TIMEOUT_MS env, else 30 min
@@ -219,17 +222,18 @@ DT_API dt_status dt_pg_new_from_env(dt_pg **out, const dt_pg_opts *opts);
 // on a shared file system; the file must be fresh for each job).
 DT_API dt_status dt_pg_new(dt_pg **out, const char *init_method, int rank, int world,
                            const dt_pg_opts *opts);
-// Leaves the group: waits for queued async operations (each bounded by its timeout),
-// joins the progress thread, closes connections, and in rank 0's process stops the
-// store. Not collective, but a rank that leaves early makes the others' next
-// collectives fail with DT_ERR_PEER. NULL is a no-op. Work handles stay valid.
+// Leaves the group (a sub-group: see "sub-groups" below): waits for queued async operations (each
+// bounded by its timeout), joins the progress thread, closes connections, and in rank 0's process
+// stops the store. Not collective, but a rank that leaves early makes the others' next collectives
+// fail with DT_ERR_PEER. NULL is a no-op. Work handles stay valid.
 DT_API void dt_pg_free(dt_pg *pg);
 
 DT_API int dt_pg_rank(const dt_pg *pg);
 DT_API int dt_pg_size(const dt_pg *pg);
 DT_API int dt_pg_local_rank(const dt_pg *pg); // rank among the ranks on this host
 DT_API int dt_pg_local_size(const dt_pg *pg); // number of ranks on this host
-// Name of the backend in use ("shm", "tcp", "mpi"); owned by the group.
+// Name of the backend in use ("shm", "tcp", "hybrid", "mpi"; a sub-group: "tcp" for a hybrid
+// world); owned by the group.
 DT_API const char *dt_pg_backend(const dt_pg *pg);
 // The group's store (borrowed; lives until dt_pg_free; in ranks other than 0 it needs
 // rank 0 alive). Keys under "dt/" are the group's own: use another prefix.
@@ -237,6 +241,33 @@ DT_API dt_store *dt_pg_store(dt_pg *pg);
 // Poisons the group from any thread: pending and later operations fail with
 // DT_ERR_STATE carrying `reason`, and the other ranks' with DT_ERR_PEER, within seconds.
 DT_API void dt_pg_abort(dt_pg *pg, const char *reason);
+
+// ------------------------------------------------------------------------ sub-groups
+//
+// A sub-group is a dt_pg like the world: every collective, blocking and async, and
+// send/recv work on it with its own ranks [0, size), sequence numbers, fingerprints and
+// timeout. Creating one is COLLECTIVE over the parent (every rank of the parent calls
+// it, in the same order as its other collectives) and cheap: one all_gather on the
+// parent, no new rendezvous; tcp groups use the world's connections, shm groups a small
+// segment of their own, mpi groups MPI_Comm_split (docs/comm.md, "Sub-groups").
+// Every group of a process shares one execution lane: operations of all groups run
+// one at a time in issue order, so ranks must issue the operations they share in an
+// order that cannot deadlock (as with MPI's blocking collectives on overlapping
+// communicators). A failure, a timeout or dt_pg_abort in any group stops every group
+// of the process, and a dead or frozen rank anywhere stops every rank of the world.
+// Free sub-groups (dt_pg_free) before their parent.
+
+// torch.distributed.new_group: `ranks` (n distinct ranks of the parent, any order) form
+// a group whose rank i is the i-th smallest of them. Every rank of the parent calls it
+// with the same list (DT_ERR_MISMATCH otherwise); a rank not in the list gets
+// *out = NULL and DT_OK. opts: timeout_ms (0 = the parent's); backend NULL or the
+// parent's. The group is owned by the caller (dt_pg_free).
+DT_API dt_status dt_pg_new_group(dt_pg **out, dt_pg *parent, const int *ranks, int n,
+                                 const dt_pg_opts *opts);
+// MPI_Comm_split: the ranks of the parent that pass the same color >= 0 form one group,
+// ordered by key, then by parent rank; color < 0: in no group (*out = NULL, DT_OK).
+DT_API dt_status dt_pg_split(dt_pg **out, dt_pg *parent, int color, int key,
+                             const dt_pg_opts *opts);
 
 // ----------------------------------------------------------------------- collectives
 //

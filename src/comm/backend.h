@@ -34,8 +34,11 @@ const char *dt_coll_name(dt_coll c);
 // What every rank taking part must agree on. For collectives `seq` counts the group's
 // collectives from 1 (0 is the init barrier); for send/recv it counts the messages
 // between the two ranks in that direction, from 1, and `root` holds the tag.
+// `seq` also carries the group: bits 0..47 are the sequence number, bits 48..62 the
+// group id (0 = the world group; sub-groups, group.c). A backend that carries and
+// compares the whole fingerprint so tells groups apart without knowing of them.
 typedef struct dt_fingerprint {
-    uint64_t seq;
+    uint64_t seq;   // DT_FP_SEQ | DT_FP_GROUP << 48
     uint64_t count; // elements (per rank for the *_gather/scatter/to_all kinds)
     int32_t  root;  // root rank, the tag for send/recv, -1 when meaningless
     uint8_t  coll;  // dt_coll
@@ -44,11 +47,17 @@ typedef struct dt_fingerprint {
     uint8_t  pad_;
 } dt_fingerprint;
 
+#define DT_FP_GROUP_SHIFT 48
+#define DT_FP_MAX_GROUP   0x7fff
+#define DT_FP_SEQ(fp)     ((fp)->seq & ((UINT64_C(1) << DT_FP_GROUP_SHIFT) - 1))
+#define DT_FP_GROUP(fp)   ((uint32_t)((fp)->seq >> DT_FP_GROUP_SHIFT))
+
 // True when `theirs` (from a peer) describes the same operation as `mine`; a send
 // matches a recv with the same seq, count, dtype and tag.
 bool dt_fp_match(const dt_fingerprint *mine, const dt_fingerprint *theirs);
 // "all_reduce #42 (float32 sum, count 1000)"; "broadcast #7 (int64, count 3, root 1)";
-// "send #2 (float32, count 5, tag 9)". Returns buf.
+// "send #2 (float32, count 5, tag 9)"; on a sub-group "all_reduce #3 on group 2 (...)".
+// Returns buf.
 const char *dt_fp_format(const dt_fingerprint *fp, char *buf, size_t n);
 
 // One operation as the generic layer hands it to a backend. Read-only for backends.
@@ -66,7 +75,8 @@ typedef struct dt_op {
     int      tag;         // send/recv; 0 otherwise
     uint64_t deadline_ns; // dt_now_ns() clock; UINT64_MAX = no limit. Past it the
                           // backend returns DT_ERR_TIMEOUT (dt_op_fail_timeout)
-    char name[48];        // "all_reduce #42", "send #3 to rank 1": message prefix
+    char name[72];        // "all_reduce #42", "send #3 to rank 1", "barrier #2 on
+                          // group 3": message prefix
 } dt_op;
 
 // -------------------------------------------------------------- point-to-point slots
@@ -114,6 +124,20 @@ typedef struct dt_backend_ops {
     // every posted transfer. `st` and `msg` are the failure ("all_reduce #42: rank 3
     // closed the connection"). (optional)
     void (*abort)(void *ctx, dt_status st, const char *msg);
+
+    // A sub-group (dt_pg_new_group, dt_pg_split; group.c). COLLECTIVE over the parent:
+    // every rank of the parent calls it once, on the parent's execution lane (no
+    // operation of any group runs meanwhile), with `group` NULL on ranks that are in
+    // no new group (color < 0). `parent_ctx` is the parent's state (NULL when the
+    // parent has one rank and the backend made none); `store` a view private to the
+    // new group (NULL outside it); the group's ranks are ordered by (key, parent rank)
+    // as MPI_Comm_split orders them. *ctx may stay NULL (nothing needed, e.g. for a
+    // group of one rank). (optional: NULL = the group runs the generic algorithms over
+    // the world's xfer_post / xfer_wait, with its ranks translated to the world's and
+    // its id in every fingerprint: no new connection. Such a backend must then leave
+    // every collective slot below NULL.)
+    dt_status (*group_new)(void *parent_ctx, dt_pg *group, dt_store *store, int color, int key,
+                           uint64_t deadline_ns, void **ctx);
 
     // Point-to-point transfers for the generic algorithms. xfer_post starts a transfer
     // without blocking (the backend keeps the pointer until it completes or abort);

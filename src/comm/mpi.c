@@ -69,7 +69,7 @@ typedef struct mpi_ctx {
     bool            wd_started, stop, inflight;
     uint64_t        gen;         // counts operations, so a late check skips a new one
     uint64_t        deadline_ns; // of the operation in flight
-    char            what[64];    // its name
+    char            what[80];    // its name
     pthread_mutex_t mu;
     pthread_cond_t  cv;
 } mpi_ctx;
@@ -682,6 +682,8 @@ static dt_status dup_world(MPI_Comm *out, uint64_t deadline_ns) {
     return DT_OK;
 }
 
+static dt_status make_ctx(dt_pg *pg, MPI_Comm coll, MPI_Comm p2p, uint64_t deadline_ns, void **out);
+
 static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **out) {
     (void)store;
     DT_TRY(dt_mpi_init(deadline_ns, "mpi backend"));
@@ -701,35 +703,55 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
                        "%d in MPI_COMM_WORLD; the mpi backend needs the group's ranks to be "
                        "MPI's",
                        dt_pg_rank(pg), dt_pg_size(pg), mrank, mworld);
-    int wait, fp_off; // block|poll, on|off
-    DT_TRY(dt_setting_choice("DT_MPI_WAIT", &wait));
-    DT_TRY(dt_setting_choice("DT_MPI_FINGERPRINT", &fp_off));
-    long chunk;
-    DT_TRY(dt_setting_int("DT_MPI_CHUNK_COUNT", &chunk));
+    return make_ctx(pg, MPI_COMM_NULL, MPI_COMM_NULL, deadline_ns, out);
+}
 
-    mpi_ctx *c = dt_alloc_zero(sizeof *c);
-    if (!c)
-        return DT_ERR_NOMEM;
+// The backend state over communicators `coll` and `p2p` (MPI_COMM_NULL: duplicates of
+// the library's world), taking them over (freed with the state, also on failure).
+static dt_status make_ctx(dt_pg *pg, MPI_Comm coll, MPI_Comm p2p, uint64_t deadline_ns,
+                          void **out) {
+    int       level = dt_mpi_thread_level();
+    int       mrank = dt_pg_rank(pg), mworld = dt_pg_size(pg);
+    int       wait, fp_off; // block|poll, on|off
+    long      chunk;
+    dt_status st = dt_setting_choice("DT_MPI_WAIT", &wait);
+    if (st == DT_OK)
+        st = dt_setting_choice("DT_MPI_FINGERPRINT", &fp_off);
+    if (st == DT_OK)
+        st = dt_setting_int("DT_MPI_CHUNK_COUNT", &chunk);
+    mpi_ctx *c = st == DT_OK ? dt_alloc_zero(sizeof *c) : NULL;
+    if (!c) {
+        dt_mpi_lock();
+        if (coll != MPI_COMM_NULL)
+            MPI_Comm_free(&coll);
+        if (p2p != MPI_COMM_NULL)
+            MPI_Comm_free(&p2p);
+        dt_mpi_unlock();
+        return st != DT_OK ? st : DT_ERR_NOMEM;
+    }
     c->pg          = pg;
     c->rank        = mrank;
     c->world       = mworld;
     c->wait        = (wait_mode)wait;
     c->fingerprint = !fp_off;
     c->chunk       = (size_t)chunk;
-    c->coll = c->p2p = MPI_COMM_NULL;
+    c->coll        = coll;
+    c->p2p         = p2p;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     if (c->wait != WAIT_POLL && level < MPI_THREAD_MULTIPLE) {
         // The watchdog would call MPI_Abort beside a blocking call: not allowed here.
         c->wait = WAIT_POLL;
-        if (mrank == 0)
+        if (mrank == 0 && coll == MPI_COMM_NULL)
             DT_INFO("comm",
                     "mpi backend: MPI thread level %d is below MPI_THREAD_MULTIPLE, "
                     "waiting by polling (DT_MPI_WAIT=poll)",
                     level);
     }
-    dt_status st = dup_world(&c->coll, deadline_ns);
-    if (st == DT_OK)
+    bool fresh = coll == MPI_COMM_NULL;
+    if (fresh)
+        st = dup_world(&c->coll, deadline_ns);
+    if (st == DT_OK && fresh)
         st = dup_world(&c->p2p, deadline_ns);
     if (st == DT_OK)
         st = check_settings(c, deadline_ns);
@@ -744,16 +766,67 @@ static dt_status mpi_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
         mpi_free(c);
         return st;
     }
-    if (mrank == 0)
+    if (mrank == 0 && fresh)
         DT_INFO("comm", "mpi backend: %d ranks, wait %s, fingerprints %s, thread level %d", mworld,
                 c->wait == WAIT_POLL ? "poll" : "block", c->fingerprint ? "on" : "off", level);
     *out = c;
     return DT_OK;
 }
 
+// A sub-group: MPI_Comm_split of the parent's two communicators (every rank of the
+// parent calls it; MPI_UNDEFINED outside the group). MPI_Comm_split has no
+// non-blocking form: it runs right after the parent's all_gather that agreed on the
+// groups, so every rank is there; a rank that dies in between is left to MPI.
+static dt_status mpi_group_new(void *parent_ctx, dt_pg *group, dt_store *store, int color, int key,
+                               uint64_t deadline_ns, void **out) {
+    (void)store;
+    mpi_ctx *p = parent_ctx;
+    *out       = NULL;
+    if (!p)
+        return dt_fail(DT_ERR_STATE, "mpi backend: the parent group has no MPI state");
+    if (p->broken)
+        return dt_fail(DT_ERR_STATE, "mpi backend: the parent group's MPI state is broken "
+                                     "(an operation was left unfinished)");
+    MPI_Comm coll = MPI_COMM_NULL, p2p = MPI_COMM_NULL;
+    int      c = color < 0 ? MPI_UNDEFINED : color;
+    char     es[MPI_MAX_ERROR_STRING];
+    dt_mpi_lock();
+    int rc = MPI_Comm_split(p->coll, c, key, &coll);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_split(p->p2p, c, key, &p2p);
+    dt_mpi_unlock();
+    if (rc != MPI_SUCCESS) {
+        dt_mpi_lock();
+        if (coll != MPI_COMM_NULL)
+            MPI_Comm_free(&coll);
+        dt_mpi_unlock();
+        return dt_fail(dt_mpi_status_of(rc), "mpi backend: MPI_Comm_split failed: %s",
+                       dt_mpi_error_string(rc, es, sizeof es));
+    }
+    if (!group)
+        return DT_OK; // MPI_COMM_NULL both
+    MPI_Comm_set_errhandler(coll, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(p2p, MPI_ERRORS_RETURN);
+    int mrank = -1, mworld = 0;
+    MPI_Comm_rank(coll, &mrank);
+    MPI_Comm_size(coll, &mworld);
+    if (mrank != dt_pg_rank(group) || mworld != dt_pg_size(group)) {
+        dt_mpi_lock();
+        MPI_Comm_free(&coll);
+        MPI_Comm_free(&p2p);
+        dt_mpi_unlock();
+        return dt_fail(DT_ERR_MISMATCH,
+                       "mpi backend: MPI_Comm_split made this rank %d of %d, the group expects "
+                       "%d of %d",
+                       mrank, mworld, dt_pg_rank(group), dt_pg_size(group));
+    }
+    return make_ctx(group, coll, p2p, deadline_ns, out);
+}
+
 const dt_backend_ops dt_backend_mpi = {
     .name           = "mpi",
     .init           = mpi_init,
+    .group_new      = mpi_group_new,
     .free           = mpi_free,
     .abort          = mpi_abort,
     .all_reduce     = mpi_run,

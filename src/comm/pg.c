@@ -2,9 +2,10 @@
 // backend selection, the progress thread and its work queue, argument checks,
 // sequence numbers and fingerprints, deadlines, AVG, world size 1, poisoning and
 // abort. Transport details live in the backends (tcp.c, shm*.c); algorithms over
-// point-to-point messages in algo.c.
+// point-to-point messages in algo.c; sub-groups in group.c (they run on the world
+// group's lane and share its poison: pg_impl.h).
 #include "comm/backends.h"
-#include "comm/comm_impl.h"
+#include "comm/pg_impl.h"
 #include "comm/reduce.h"
 #include "dtrain/trace.h"
 
@@ -18,7 +19,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define MSG_LEN 1024
+#define MSG_LEN DT_PG_MSG_LEN
 // After an operation's deadline, dt_work_wait gives the backend this long to report
 // the timeout itself before it aborts the group.
 #define WAIT_GRACE_MS 5000
@@ -84,8 +85,11 @@ bool dt_fp_match(const dt_fingerprint *a, const dt_fingerprint *b) {
 
 const char *dt_fp_format(const dt_fingerprint *fp, char *buf, size_t n) {
     dt_coll c   = (dt_coll)fp->coll;
-    size_t  off = (size_t)snprintf(buf, n, "%s #%" PRIu64 " (%s", dt_coll_name(c), fp->seq,
-                                   dt_dtype_name((dt_dtype)fp->dtype));
+    size_t  off = (size_t)snprintf(buf, n, "%s #%" PRIu64, dt_coll_name(c), DT_FP_SEQ(fp));
+    if (off < n && DT_FP_GROUP(fp))
+        off += (size_t)snprintf(buf + off, n - off, " on group %u", DT_FP_GROUP(fp));
+    if (off < n)
+        off += (size_t)snprintf(buf + off, n - off, " (%s", dt_dtype_name((dt_dtype)fp->dtype));
     if (off < n && has_op(c))
         off += (size_t)snprintf(buf + off, n - off, " %s", dt_reduce_op_name((dt_reduce_op)fp->op));
     if (off < n)
@@ -104,11 +108,11 @@ const char *dt_fp_format(const dt_fingerprint *fp, char *buf, size_t n) {
 // Freed work handles are kept for reuse, so that a training step that issues the same
 // async operations every step allocates nothing. The pool outlives the group while
 // handles are alive (they stay valid after dt_pg_free).
-typedef struct work_pool {
+struct work_pool {
     pthread_mutex_t mu;
     struct dt_work *free; // guarded by mu
     atomic_int      refs; // the group + every live handle
-} work_pool;
+};
 
 struct dt_work {
     pthread_mutex_t mu;
@@ -120,46 +124,9 @@ struct dt_work {
     dt_op           op;
     atomic_int      refs; // the caller's handle + the queue's
     dt_pg          *pg;   // valid while not done
+    dt_pg          *grp;  // the group it belongs to (the lane is grp->root's)
     struct dt_work *next; // queue link (pg->mu), or free-list link (pool->mu)
     work_pool      *pool;
-};
-
-struct dt_pg {
-    int     rank, world, local_rank, local_world;
-    char  **host_ids; // world entries
-    bool    all_local;
-    bool    store_via_mpi; // rank 0's store address came through MPI
-    int64_t timeout_ms;
-    char   *token; // NULL = none
-
-    dt_store             *store;    // owned
-    dt_store             *be_store; // prefix view for the backend
-    const dt_backend_ops *be;
-    void                 *be_ctx;
-    dt_algo_cfg           algo;
-
-    pthread_mutex_t mu;
-    pthread_cond_t  cv;
-    // guarded by mu:
-    uint64_t  seq;                 // last collective sequence number issued
-    uint64_t *send_seq, *recv_seq; // per peer
-    dt_work  *head, *tail;         // queued operations
-    bool      busy;                // an operation is executing (thread or inline)
-    bool      stop;                // dt_pg_free: the progress thread drains and exits
-    dt_status poison_st;
-    char      poison_msg[MSG_LEN];
-    // only while busy:
-    bool be_told; // backend abort() was called
-
-    dt_live         *live;     // heartbeats (liveness.c); NULL when off
-    _Atomic uint64_t progress; // dt_pg_progress calls
-    _Atomic uint64_t cur_op;   // the operation in the backend, dt_pg_current_op
-
-    work_pool  *pool;
-    atomic_bool poisoned;
-    int         abort_fd; // eventfd, readable once poisoned
-    pthread_t   thread;
-    bool        thread_started;
 };
 
 int dt_pg_rank(const dt_pg *pg) {
@@ -175,6 +142,8 @@ int dt_pg_local_size(const dt_pg *pg) {
     return pg ? pg->local_world : 0;
 }
 const char *dt_pg_backend(const dt_pg *pg) {
+    if (pg && pg->hybrid)
+        return "hybrid";
     return pg && pg->be ? pg->be->name : "none";
 }
 dt_store *dt_pg_store(dt_pg *pg) {
@@ -190,23 +159,25 @@ int64_t dt_pg_timeout_ms(const dt_pg *pg) {
     return pg->timeout_ms;
 }
 const char *dt_pg_token(const dt_pg *pg) {
-    return pg->token;
+    return pg->root->token;
 }
+// Poison, abort fd, progress and the operation in flight are the process's (the
+// world group's), whichever group asks: see pg_impl.h.
 bool dt_pg_aborted(const dt_pg *pg) {
-    return atomic_load(&pg->poisoned);
+    return atomic_load(&pg->root->poisoned);
 }
 int dt_pg_abort_fd(const dt_pg *pg) {
-    return pg->abort_fd;
+    return pg->root->abort_fd;
 }
 
 void dt_pg_progress(dt_pg *pg) {
-    atomic_fetch_add_explicit(&pg->progress, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pg->root->progress, 1, memory_order_relaxed);
 }
 uint64_t dt_pg_progress_count(const dt_pg *pg) {
-    return atomic_load_explicit(&pg->progress, memory_order_relaxed);
+    return atomic_load_explicit(&pg->root->progress, memory_order_relaxed);
 }
 uint64_t dt_pg_current_op(const dt_pg *pg) {
-    return atomic_load_explicit(&pg->cur_op, memory_order_relaxed);
+    return atomic_load_explicit(&pg->root->cur_op, memory_order_relaxed);
 }
 bool dt_pg_reports_progress(const dt_pg *pg) {
     return pg->be && pg->be->reports_progress;
@@ -216,8 +187,10 @@ dt_pg_opts dt_pg_opts_default(void) {
     return (dt_pg_opts){0};
 }
 
-// Records the group's first failure (later ones are consequences) and wakes waiters.
+// Records the process's first failure (later ones are consequences) and wakes waiters.
+// Every group of the process shares it (pg_impl.h).
 static void poison(dt_pg *pg, dt_status st, const char *msg) {
+    pg = pg->root;
     pthread_mutex_lock(&pg->mu);
     if (!atomic_load(&pg->poisoned)) {
         pg->poison_st = st;
@@ -337,22 +310,49 @@ static void tell_backend(dt_pg *pg) {
     pg->be_told = true;
     dt_status st;
     char      msg[MSG_LEN];
-    pthread_mutex_lock(&pg->mu);
-    st = pg->poison_st;
-    snprintf(msg, sizeof msg, "%s", pg->poison_msg);
-    pthread_mutex_unlock(&pg->mu);
+    dt_pg    *r = pg->root;
+    pthread_mutex_lock(&r->mu);
+    st = r->poison_st;
+    snprintf(msg, sizeof msg, "%s", r->poison_msg);
+    pthread_mutex_unlock(&r->mu);
     pg->be->abort(pg->be_ctx, st, msg);
 }
 
+void dt_pg_tell_backends(dt_pg *pg) {
+    dt_pg *r = pg->root;
+    tell_backend(pg);
+    tell_backend(r);
+    pthread_mutex_lock(&r->mu);
+    dt_pg *g = r->next_group;
+    pthread_mutex_unlock(&r->mu);
+    // The list only changes on the lane (group creation and free take it), which the
+    // caller holds.
+    for (; g; g = g->next_group)
+        tell_backend(g);
+}
+
+// A sub-group sharing the world's transport: the generic algorithms run in group
+// ranks, the transfers go to the world ranks.
+dt_status dt_pg_group_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
+    dt_pg *g = ctx;
+    x->peer  = g->world_ranks[x->peer];
+    return g->root->be->xfer_post(g->root->be_ctx, op, x);
+}
+dt_status dt_pg_group_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
+    dt_pg *g = ctx;
+    return g->root->be->xfer_wait(g->root->be_ctx, op, x);
+}
+
 // Runs one operation; only one runs at a time (pg->busy). Message in `msg`.
-static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
-    msg[0] = '\0';
-    if (atomic_load(&pg->poisoned)) {
-        tell_backend(pg);
-        pthread_mutex_lock(&pg->mu);
-        dt_status st = pg->poison_st;
-        snprintf(msg, MSG_LEN, "%s", pg->poison_msg);
-        pthread_mutex_unlock(&pg->mu);
+dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
+    msg[0]   = '\0';
+    dt_pg *R = pg->root;
+    if (atomic_load(&R->poisoned)) {
+        dt_pg_tell_backends(pg);
+        pthread_mutex_lock(&R->mu);
+        dt_status st = R->poison_st;
+        snprintf(msg, MSG_LEN, "%s", R->poison_msg);
+        pthread_mutex_unlock(&R->mu);
         return st;
     }
     dt_status st = DT_OK;
@@ -362,28 +362,35 @@ static dt_status exec_op(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
     } else {
         dt_clear_error();
         slot_fn fn = backend_slot(pg->be, op->kind);
-        atomic_store_explicit(&pg->cur_op, op->fp.seq << 8 | ((uint64_t)op->kind + 1),
+        atomic_store_explicit(&R->cur_op, op->fp.seq << 8 | ((uint64_t)op->kind + 1),
                               memory_order_relaxed);
-        if (fn)
+        if (dt_hybrid_takes(pg, op))
+            st = dt_hybrid_all_reduce(pg, op);
+        else if (pg->shared)
+            st = dt_algo_run(&pg->xlate, pg, &pg->algo, pg->rank, pg->world, op);
+        else if (fn)
             st = fn(pg->be_ctx, op);
         else if (pg->be->xfer_post && pg->be->xfer_wait)
             st = dt_algo_run(pg->be, pg->be_ctx, &pg->algo, pg->rank, pg->world, op);
         else
             st = dt_op_fail(op, DT_ERR_UNSUPPORTED, "backend %s cannot run %s", pg->be->name,
                             dt_coll_name(op->kind));
-        atomic_store_explicit(&pg->cur_op, 0, memory_order_relaxed);
+        atomic_store_explicit(&R->cur_op, 0, memory_order_relaxed);
         if (st != DT_OK) {
-            if (st == DT_ERR_STATE && atomic_load(&pg->poisoned)) {
+            if (st == DT_ERR_STATE && atomic_load(&R->poisoned)) {
                 // Aborted from another thread while running: report that reason.
-                pthread_mutex_lock(&pg->mu);
-                st = pg->poison_st;
-                snprintf(msg, MSG_LEN, "%s", pg->poison_msg);
-                pthread_mutex_unlock(&pg->mu);
+                pthread_mutex_lock(&R->mu);
+                st = R->poison_st;
+                snprintf(msg, MSG_LEN, "%s", R->poison_msg);
+                pthread_mutex_unlock(&R->mu);
             } else {
-                snprintf(msg, MSG_LEN, "%s", dt_last_error()[0] ? dt_last_error() : "failed");
+                size_t off = (size_t)snprintf(msg, MSG_LEN, "%s",
+                                              dt_last_error()[0] ? dt_last_error() : "failed");
+                if (pg != R && off < MSG_LEN)
+                    dt_pg_group_describe(pg, msg + off, MSG_LEN - off);
                 poison(pg, st, msg);
             }
-            tell_backend(pg);
+            dt_pg_tell_backends(pg);
             return st;
         }
     }
@@ -446,7 +453,7 @@ static void work_release(dt_work *w) {
 
 static void work_run(dt_pg *pg, dt_work *w) {
     char      msg[MSG_LEN];
-    dt_status st = exec_op(pg, &w->op, msg);
+    dt_status st = dt_pg_exec(pg, &w->op, msg);
     pthread_mutex_lock(&w->mu);
     w->status = st;
     memcpy(w->msg, msg, sizeof msg);
@@ -482,14 +489,54 @@ static void *progress_main(void *arg) {
             pg->tail = NULL;
         pg->busy = true;
         pthread_mutex_unlock(&pg->mu);
-        work_run(pg, w);
+        dt_pg *g = w->grp;
+        work_run(g, w);
         work_release(w);
         pthread_mutex_lock(&pg->mu);
+        g->pending--;
         pg->busy = false;
         pthread_cond_broadcast(&pg->cv);
     }
     pthread_mutex_unlock(&pg->mu);
     return NULL;
+}
+
+// ------------------------------------------------------------------------- the lane
+
+dt_status dt_pg_lane_take(dt_pg *L, uint64_t deadline_ns, const char *what) {
+    pthread_mutex_lock(&L->mu);
+    while ((L->busy || L->head) && !L->stop) {
+        int ms = deadline_ns == UINT64_MAX ? 1000 : dt_ms_left(deadline_ns);
+        if (ms <= 0) {
+            pthread_mutex_unlock(&L->mu);
+            return dt_fail(DT_ERR_TIMEOUT,
+                           "%s: timed out waiting for this rank's earlier operations to finish",
+                           what);
+        }
+        if (ms > 1000)
+            ms = 1000;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += ms / 1000;
+        ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&L->cv, &L->mu, &ts);
+    }
+    if (L->stop) {
+        pthread_mutex_unlock(&L->mu);
+        return dt_fail(DT_ERR_STATE, "%s: the world group is being freed", what);
+    }
+    L->busy = true;
+    pthread_mutex_unlock(&L->mu);
+    return DT_OK;
+}
+
+void dt_pg_lane_give(dt_pg *L) {
+    pthread_mutex_lock(&L->mu);
+    L->busy = false;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
 }
 
 // --------------------------------------------------------------------- submission
@@ -606,16 +653,29 @@ static dt_status validate(const dt_pg *pg, const dt_op *op) {
 }
 
 static void op_set_name(dt_op *op) {
+    uint64_t seq = DT_FP_SEQ(&op->fp);
+    int      off;
     if (op->kind == DT_COLL_SEND)
-        snprintf(op->name, sizeof op->name, "send #%" PRIu64 " to rank %d", op->fp.seq, op->peer);
+        off = snprintf(op->name, sizeof op->name, "send #%" PRIu64 " to rank %d", seq, op->peer);
     else if (op->kind == DT_COLL_RECV)
-        snprintf(op->name, sizeof op->name, "recv #%" PRIu64 " from rank %d", op->fp.seq, op->peer);
+        off = snprintf(op->name, sizeof op->name, "recv #%" PRIu64 " from rank %d", seq, op->peer);
     else
-        snprintf(op->name, sizeof op->name, "%s #%" PRIu64, dt_coll_name(op->kind), op->fp.seq);
+        off = snprintf(op->name, sizeof op->name, "%s #%" PRIu64, dt_coll_name(op->kind), seq);
+    if (DT_FP_GROUP(&op->fp) && off > 0 && (size_t)off < sizeof op->name)
+        snprintf(op->name + off, sizeof op->name - (size_t)off, " on group %u",
+                 DT_FP_GROUP(&op->fp));
 }
 
 // Fills in what depends on the group's order: sequence numbers and the deadline.
 // Caller holds pg->mu.
+static void op_stamp(dt_pg *pg, dt_op *op);
+
+void dt_pg_stamp(dt_pg *pg, dt_op *op) {
+    pthread_mutex_lock(&pg->root->mu);
+    op_stamp(pg, op);
+    pthread_mutex_unlock(&pg->root->mu);
+}
+
 static void op_stamp(dt_pg *pg, dt_op *op) {
     if (op->kind == DT_COLL_SEND)
         op->fp.seq = ++pg->send_seq[op->peer];
@@ -623,14 +683,16 @@ static void op_stamp(dt_pg *pg, dt_op *op) {
         op->fp.seq = ++pg->recv_seq[op->peer];
     else if (op->kind != DT_COLL_INIT)
         op->fp.seq = ++pg->seq;
+    op->fp.seq |= (uint64_t)pg->gid << DT_FP_GROUP_SHIFT;
     op_set_name(op);
     op->deadline_ns = pg->timeout_ms < 0 ? UINT64_MAX : dt_deadline_ns(pg->timeout_ms);
 }
 
-static dt_status submit(dt_pg *pg, dt_op *op, dt_work **out) {
+dt_status dt_pg_submit(dt_pg *pg, dt_op *op, dt_work **out) {
     if (out)
         *out = NULL;
     DT_TRY(check_pg(pg, dt_coll_name(op->kind)));
+    dt_pg *L     = pg->root; // the lane
     op->fp.coll  = (uint8_t)op->kind;
     op->fp.dtype = (uint8_t)op->dtype;
     op->fp.count = op->count;
@@ -642,41 +704,48 @@ static dt_status submit(dt_pg *pg, dt_op *op, dt_work **out) {
     if (!has_op(op->kind))
         op->op = DT_REDUCE_SUM;
 
-    pthread_mutex_lock(&pg->mu);
-    if (pg->stop) {
-        pthread_mutex_unlock(&pg->mu);
+    pthread_mutex_lock(&L->mu);
+    if (L->stop) {
+        pthread_mutex_unlock(&L->mu);
         return dt_fail(DT_ERR_STATE, "%s: the group is being freed", dt_coll_name(op->kind));
     }
     op_stamp(pg, op);
-    if (!out && !pg->busy && !pg->head) {
+    pg->pending++;
+    if (!out && !L->busy && !L->head) {
         // Idle group and a blocking call: run it on this thread, which saves two thread
-        // hand-offs. pg->busy keeps the progress thread out meanwhile.
-        pg->busy = true;
-        pthread_mutex_unlock(&pg->mu);
+        // hand-offs. L->busy keeps the progress thread out meanwhile.
+        L->busy = true;
+        pthread_mutex_unlock(&L->mu);
         char      msg[MSG_LEN];
-        dt_status st = exec_op(pg, op, msg);
-        pthread_mutex_lock(&pg->mu);
-        pg->busy = false;
-        wake_progress_if_needed(pg);
-        pthread_mutex_unlock(&pg->mu);
+        dt_status st = dt_pg_exec(pg, op, msg);
+        pthread_mutex_lock(&L->mu);
+        L->busy = false;
+        pg->pending--;
+        if (pg != L)
+            pthread_cond_broadcast(&L->cv); // dt_pg_free of the group may wait for it
+        else
+            wake_progress_if_needed(L);
+        pthread_mutex_unlock(&L->mu);
         if (st != DT_OK)
             dt_fail(st, "%s", msg);
         return st;
     }
-    dt_work *w = work_get(pg->pool);
+    dt_work *w = work_get(L->pool);
     if (!w) {
-        pthread_mutex_unlock(&pg->mu);
+        pg->pending--;
+        pthread_mutex_unlock(&L->mu);
         return dt_fail_context("%s", op->name);
     }
-    w->op = *op;
-    w->pg = pg;
-    if (pg->tail)
-        pg->tail->next = w;
+    w->op  = *op;
+    w->pg  = pg;
+    w->grp = pg;
+    if (L->tail)
+        L->tail->next = w;
     else
-        pg->head = w;
-    pg->tail = w;
-    pthread_cond_broadcast(&pg->cv);
-    pthread_mutex_unlock(&pg->mu);
+        L->head = w;
+    L->tail = w;
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
     if (out) {
         *out = w;
         return DT_OK;
@@ -765,14 +834,14 @@ dt_status dt_pg_all_reduce_async(dt_pg *pg, const void *src, void *dst, size_t c
     o.src = src, o.dst = dst, o.count = count, o.dtype = dtype, o.fp.op = (uint8_t)op;
     if ((unsigned)op >= DT_REDUCE_COUNT_)
         o.fp.op = 0xff;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root,
                                 dt_work **out) {
     dt_op o = OP_INIT(DT_COLL_BROADCAST);
     o.dst = buf, o.count = count, o.dtype = dtype, o.root = root;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count, dt_dtype dtype,
@@ -782,14 +851,14 @@ dt_status dt_pg_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count
     o.fp.op = (unsigned)op < DT_REDUCE_COUNT_ ? (uint8_t)op : 0xff;
     if (pg && root != pg->rank)
         o.dst = NULL; // not written on other ranks
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_all_gather_async(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
                                  dt_dtype dtype, dt_work **out) {
     dt_op o = OP_INIT(DT_COLL_ALL_GATHER);
     o.src = src, o.dst = dst, o.count = count_per_rank, o.dtype = dtype;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
@@ -797,7 +866,7 @@ dt_status dt_pg_reduce_scatter_async(dt_pg *pg, const void *src, void *dst, size
     dt_op o = OP_INIT(DT_COLL_REDUCE_SCATTER);
     o.src = src, o.dst = dst, o.count = count_per_rank, o.dtype = dtype;
     o.fp.op = (unsigned)op < DT_REDUCE_COUNT_ ? (uint8_t)op : 0xff;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_gather_async(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
@@ -806,7 +875,7 @@ dt_status dt_pg_gather_async(dt_pg *pg, const void *src, void *dst, size_t count
     o.src = src, o.dst = dst, o.count = count_per_rank, o.dtype = dtype, o.root = root;
     if (pg && root != pg->rank)
         o.dst = NULL;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_scatter_async(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
@@ -815,33 +884,33 @@ dt_status dt_pg_scatter_async(dt_pg *pg, const void *src, void *dst, size_t coun
     o.src = src, o.dst = dst, o.count = count_per_rank, o.dtype = dtype, o.root = root;
     if (pg && root != pg->rank)
         o.src = NULL;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_all_to_all_async(dt_pg *pg, const void *src, void *dst, size_t count_per_rank,
                                  dt_dtype dtype, dt_work **out) {
     dt_op o = OP_INIT(DT_COLL_ALL_TO_ALL);
     o.src = src, o.dst = dst, o.count = count_per_rank, o.dtype = dtype;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_barrier_async(dt_pg *pg, dt_work **out) {
     dt_op o = OP_INIT(DT_COLL_BARRIER);
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_send_async(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, int peer,
                            int tag, dt_work **out) {
     dt_op o = OP_INIT(DT_COLL_SEND);
     o.src = buf, o.count = count, o.dtype = dtype, o.peer = peer, o.tag = tag;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_recv_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer, int tag,
                            dt_work **out) {
     dt_op o = OP_INIT(DT_COLL_RECV);
     o.dst = buf, o.count = count, o.dtype = dtype, o.peer = peer, o.tag = tag;
-    return submit(pg, &o, out);
+    return dt_pg_submit(pg, &o, out);
 }
 
 dt_status dt_pg_all_reduce(dt_pg *pg, const void *src, void *dst, size_t count, dt_dtype dtype,
@@ -891,20 +960,22 @@ void dt_pg_abort(dt_pg *pg, const char *reason) {
     char msg[MSG_LEN];
     snprintf(msg, sizeof msg, "the group was aborted: %s", reason ? reason : "no reason given");
     poison(pg, DT_ERR_STATE, msg);
-    // If nothing runs, tell the backend (and so the peers) now; a running operation
-    // sees the abort fd and does it itself.
-    pthread_mutex_lock(&pg->mu);
-    if (pg->busy || !pg->be_ctx) {
-        pthread_mutex_unlock(&pg->mu);
+    // If nothing runs, tell the backends (and so the peers) now; a running operation
+    // sees the abort fd and does it itself. The abort stops every group of the
+    // process: they share one lane and, on tcp, one set of connections.
+    dt_pg *L = pg->root;
+    pthread_mutex_lock(&L->mu);
+    if (L->busy) {
+        pthread_mutex_unlock(&L->mu);
         return;
     }
-    pg->busy = true;
-    pthread_mutex_unlock(&pg->mu);
-    tell_backend(pg);
-    pthread_mutex_lock(&pg->mu);
-    pg->busy = false;
-    wake_progress_if_needed(pg);
-    pthread_mutex_unlock(&pg->mu);
+    L->busy = true;
+    pthread_mutex_unlock(&L->mu);
+    dt_pg_tell_backends(pg);
+    pthread_mutex_lock(&L->mu);
+    L->busy = false;
+    wake_progress_if_needed(L);
+    pthread_mutex_unlock(&L->mu);
 }
 
 // ------------------------------------------------------------------ init and free
@@ -1046,14 +1117,17 @@ static dt_status rendezvous(dt_pg *pg, uint64_t deadline) {
 }
 
 static dt_status choose_backend(dt_pg *pg, const char *want) {
+    const dt_backend_ops *shm    = dt_backend_find("shm");
+    bool                  shm_ok = shm && shm->built;
     if (!want || !*want || strcmp(want, "auto") == 0) {
-        const dt_backend_ops *shm = dt_backend_find("shm");
-        if (pg->all_local && shm && shm->built && (!shm->usable || shm->usable(pg)))
+        if (pg->all_local && shm_ok && (!shm->usable || shm->usable(pg)))
             pg->be = shm;
         else
             pg->be = &dt_backend_tcp;
+        // Ranks on several hosts, more than one on a host: shm inside, tcp between.
+        pg->hybrid = !pg->all_local && shm_ok && dt_hybrid_fits(pg, NULL, 0);
         if (pg->rank == 0)
-            DT_INFO("comm", "backend auto: chose %s (%d ranks, %s%s)", pg->be->name, pg->world,
+            DT_INFO("comm", "backend auto: chose %s (%d ranks, %s%s)", dt_pg_backend(pg), pg->world,
                     pg->all_local ? "all on one host" : "on more than one host",
                     pg->store_via_mpi ? "; store address through MPI" : "");
         return DT_OK;
@@ -1063,11 +1137,23 @@ static dt_status choose_backend(dt_pg *pg, const char *want) {
     // accepted as its alias and the group reports "tcp".
     if (strcmp(want, "gloo") == 0)
         want = "tcp";
+    if (strcmp(want, "hybrid") == 0) {
+        char why[160];
+        if (!shm_ok)
+            return dt_fail(DT_ERR_UNSUPPORTED, "init: backend hybrid needs shm, which is not "
+                                               "built into this library");
+        if (!dt_hybrid_fits(pg, why, sizeof why))
+            return dt_fail(DT_ERR_UNSUPPORTED, "init: backend hybrid cannot serve this group: %s",
+                           why);
+        pg->be     = &dt_backend_tcp;
+        pg->hybrid = true;
+        return DT_OK;
+    }
     const dt_backend_ops *be = dt_backend_find(want);
     if (!be)
         return dt_fail(DT_ERR_ARG,
-                       "init: expected backend \"auto\", \"shm\", \"tcp\" (alias \"gloo\") or "
-                       "\"mpi\", found \"%s\"",
+                       "init: expected backend \"auto\", \"shm\", \"tcp\" (alias \"gloo\"), "
+                       "\"hybrid\" or \"mpi\", found \"%s\"",
                        want);
     if (!be->built)
         return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s is not built into this library", want);
@@ -1096,6 +1182,10 @@ static dt_status parse_tcp_method(const char *m, char *host, size_t n, int *port
 void dt_pg_free(dt_pg *pg) {
     if (!pg)
         return;
+    if (pg->root != pg) {
+        dt_pg_group_free(pg);
+        return;
+    }
     if (pg->thread_started) {
         pthread_mutex_lock(&pg->mu);
         pg->stop = true;
@@ -1103,6 +1193,12 @@ void dt_pg_free(dt_pg *pg) {
         pthread_mutex_unlock(&pg->mu);
         pthread_join(pg->thread, NULL);
     }
+    dt_hybrid_free(pg);
+    if (pg->next_group)
+        DT_WARN("comm",
+                "dt_pg_free: the world group is freed before its sub-groups (group %u "
+                "is still alive); free sub-groups first",
+                pg->next_group->gid);
     // Liveness first: its "bye" tells the peers this rank leaves on purpose.
     dt_live_free(pg->live);
     if (pg->be && pg->be_ctx)
@@ -1215,6 +1311,8 @@ static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opt
     }
     pg->rank       = rank;
     pg->world      = world;
+    pg->root       = pg;
+    pg->next_gid   = 1;
     pg->timeout_ms = timeout;
     pg->abort_fd   = -1;
     pthread_mutex_init(&pg->mu, NULL);
@@ -1335,12 +1433,16 @@ static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opt
     ob.fp.coll  = DT_COLL_INIT;
     ob.fp.dtype = DT_FLOAT32;
     ob.fp.root  = -1;
-    if (submit(pg, &ob, NULL) != DT_OK) {
+    if (dt_pg_submit(pg, &ob, NULL) != DT_OK) {
         dt_fail_context("init");
         goto fail;
     }
     if (dt_live_wait_peers(pg->live, deadline) != DT_OK)
         goto fail;
+    if (pg->hybrid && dt_hybrid_setup(pg, deadline) != DT_OK) {
+        dt_fail_context("init: backend hybrid");
+        goto fail;
+    }
     return pg;
 fail:;
     dt_status st = dt_last_status();

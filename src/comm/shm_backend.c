@@ -139,6 +139,17 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
     return DT_OK;
 }
 
+// A sub-group gets a segment of its own, made like the world's through the group's
+// store view (the engine lays its slots out by rank and world size); one rank needs none.
+static dt_status shm_group_new(void *parent_ctx, dt_pg *group, dt_store *store, int color, int key,
+                               uint64_t deadline_ns, void **ctx) {
+    (void)parent_ctx, (void)color, (void)key;
+    *ctx = NULL;
+    if (!group || dt_pg_size(group) == 1)
+        return DT_OK;
+    return shm_init(group, store, deadline_ns, ctx);
+}
+
 static void shm_free_ctx(void *ctx) {
     dt_shm_free(ctx);
 }
@@ -155,6 +166,7 @@ const dt_backend_ops dt_backend_shm = {
     .name             = "shm",
     .usable           = shm_usable,
     .init             = shm_init,
+    .group_new        = shm_group_new,
     .free             = shm_free_ctx,
     .abort            = shm_abort,
     .all_reduce       = shm_op,

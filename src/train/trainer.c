@@ -77,10 +77,13 @@ static void build_common(dt_trainer *t) {
              "is no secret (trusted networks only). Never sent on the wire.",
            D, 0, 0, 0},
           {"backend", DT_FLAG_STRING, &a->backend, NULL, 0, 0, "NAME",
-           "auto (default: shm on one host, tcp across hosts), shm, tcp,\n"
-             "gloo (an alias of tcp, the name PyTorch scripts use),\n"
+           "auto (default: shm on one host, tcp across hosts, hybrid\n"
+             "when hosts run several processes each), shm, tcp, hybrid\n"
+             "(shm inside a host, tcp between), gloo (an alias of tcp,\n"
+             "the name PyTorch scripts use),\n"
              "mpi (MPI's collectives; under mpirun or srun)",
-           D, 0, "auto shm tcp gloo mpi", "auto, shm, tcp or mpi (gloo: an alias of tcp)"},
+           D, 0, "auto shm tcp hybrid gloo mpi",
+           "auto, shm, tcp, hybrid or mpi (gloo: an alias of tcp)"},
           {"no-overlap", DT_FLAG_BOOL, &a->no_overlap, NULL, 0, 0, "",
            "reduce gradients after backward instead of during it\n"
              "(for measuring how much communication overlap hides)",

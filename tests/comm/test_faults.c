@@ -493,8 +493,9 @@ static void test_duplicate_rank(void) {
     MP_RUN(&o, dup_ranks, NULL);
 }
 
-// "auto" picks shm only when every rank is on this host (and shm is built); local
-// ranks come from the host identities when LOCAL_RANK is not set.
+// "auto" picks shm when every rank is on this host, hybrid for two hosts of two ranks
+// (when shm is built); local ranks come from the host identities when LOCAL_RANK is
+// not set.
 static void auto_ranks(int rank, int world, void *arg) {
     bool two_hosts = *(bool *)arg;
     unsetenv("LOCAL_RANK");
@@ -508,7 +509,8 @@ static void auto_ranks(int rank, int world, void *arg) {
     CHECK(pg != NULL);
     if (!pg)
         return;
-    const char *want = !two_hosts && dt_backend_shm.built ? "shm" : "tcp";
+    // Two hosts of two ranks: shm inside each, tcp between (the hybrid backend).
+    const char *want = !dt_backend_shm.built ? "tcp" : two_hosts ? "hybrid" : "shm";
     CHECK(strcmp(dt_pg_backend(pg), want) == 0);
     CHECK_EQ(dt_pg_local_rank(pg), two_hosts ? rank % 2 : rank);
     CHECK_EQ(dt_pg_local_size(pg), two_hosts ? 2 : world);

@@ -1,0 +1,117 @@
+// pg_impl.h: the process group's insides, shared by pg.c (the world group: rendezvous,
+// the execution lane, submission) and group.c (sub-groups). Not for backends: they see
+// the group only through backend.h.
+//
+// One execution lane per process: the world group's queue, progress thread and `busy`
+// flag serve every group of the process, so the operations of all groups run one at a
+// time in issue order. That is what lets a sub-group share the world's transport (its
+// messages can never interleave with another group's on a connection) and what makes a
+// failure anywhere one failure: the world group holds the poison, the abort fd and the
+// liveness thread for every group of the process.
+#ifndef DTRAIN_COMM_PG_IMPL_H
+#define DTRAIN_COMM_PG_IMPL_H
+
+#include "comm/comm_impl.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define DT_PG_MSG_LEN 1024
+
+typedef struct work_pool work_pool;
+
+struct dt_pg {
+    int     rank, world, local_rank, local_world;
+    char  **host_ids; // world entries (owned copies)
+    bool    all_local;
+    bool    store_via_mpi; // rank 0's store address came through MPI
+    int64_t timeout_ms;
+    char   *token; // NULL = none (world group only; groups ask their root)
+
+    dt_store             *store;    // owned by the world group; borrowed by sub-groups
+    dt_store             *be_store; // prefix view for the backend (owned)
+    const dt_backend_ops *be;
+    void                 *be_ctx; // NULL for a group that shares the world's transport
+    dt_algo_cfg           algo;
+
+    // Sub-groups (group.c). The world group has root == itself, gid 0.
+    dt_pg         *root;        // the world group: lane, poison, liveness
+    uint32_t       gid;         // group id carried in fingerprints (0: the world)
+    int           *world_ranks; // group rank -> world rank; NULL for the world
+    bool           shared;      // runs the generic algorithms over the root's transport
+    dt_backend_ops xlate;       // shared: the root's transfer slots, ranks translated
+    dt_pg         *next_group;  // root's list of live sub-groups (root->mu)
+    int            pending;     // this group's operations queued or running (root->mu)
+    uint32_t       next_gid;    // root only: the least id this rank may propose (root->mu)
+
+    // The hybrid backend (hybrid.c; world group only): tcp between all ranks, plus
+    bool   hybrid;   // chosen (set up after the world's init)
+    dt_pg *hy_node;  // the ranks of this host (shm)
+    dt_pg *hy_cross; // the ranks of this local index on every host (tcp, shared)
+    void  *hy_buf;   // grow-only scratch
+    size_t hy_cap;
+    size_t hy_min_bytes; // all_reduce from this size is hierarchical
+
+    // The lane (used on the world group only), guarded by mu:
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    uint64_t        seq;                 // last collective sequence number issued (per group)
+    uint64_t       *send_seq, *recv_seq; // per peer (per group)
+    struct dt_work *head, *tail;         // queued operations
+    bool            busy;                // an operation is executing (thread or inline)
+    bool            stop;                // dt_pg_free: the progress thread drains and exits
+    dt_status       poison_st;
+    char            poison_msg[DT_PG_MSG_LEN];
+    // only while the lane is busy (per group: its backend state):
+    bool be_told; // backend abort() was called
+
+    dt_live         *live;     // heartbeats (liveness.c); NULL when off
+    _Atomic uint64_t progress; // dt_pg_progress calls
+    _Atomic uint64_t cur_op;   // the operation in the backend, dt_pg_current_op
+
+    work_pool  *pool;
+    atomic_bool poisoned;
+    int         abort_fd; // eventfd, readable once poisoned
+    pthread_t   thread;
+    bool        thread_started;
+};
+
+// Runs one operation of `pg` now (the caller holds the lane): the backend dispatch,
+// poisoning and AVG of pg.c. The message of a failure goes to msg.
+dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[DT_PG_MSG_LEN]);
+// Gives `op` the group's next sequence number, its name and a deadline.
+void dt_pg_stamp(dt_pg *pg, dt_op *op);
+// Queues or runs one operation of `pg` (any group) on the lane; see pg.c.
+dt_status dt_pg_submit(dt_pg *pg, dt_op *op, struct dt_work **out);
+// Takes the lane of `root` for the calling thread (waits until no operation runs or is
+// queued, bounded by deadline_ns), so that it may call into backends directly.
+dt_status dt_pg_lane_take(dt_pg *root, uint64_t deadline_ns, const char *what);
+void      dt_pg_lane_give(dt_pg *root);
+// Tells the backend of `pg` and of every live sub-group of its root that the process
+// failed (once each). Caller holds the lane.
+void dt_pg_tell_backends(dt_pg *pg);
+// Appends " [group G: world ranks a, b, ...; this rank: rank r of the group, world rank
+// w]" to buf (a failure's message names the group and both numberings).
+void dt_pg_group_describe(const dt_pg *g, char *buf, size_t n);
+// A shared sub-group's transfer slots (g->xlate): translate the peer to a world rank and
+// hand the transfer to the world's backend. ctx is the group.
+dt_status dt_pg_group_xfer_post(void *ctx, const dt_op *op, dt_xfer *x);
+dt_status dt_pg_group_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x);
+// A sub-group as dt_pg_split makes it, but on backend `be` set up afresh through the
+// parent's store (be->init by the members) instead of the parent's: the hybrid
+// backend's shm groups.
+dt_status dt_pg_split_on(dt_pg **out, dt_pg *parent, int color, int key, const dt_backend_ops *be);
+
+// hybrid.c. True when the world's hosts have one number of ranks each (why: else a
+// reason, when why != NULL).
+bool dt_hybrid_fits(const dt_pg *pg, char *why, size_t n);
+// COLLECTIVE after the world's init: the node and cross groups.
+dt_status dt_hybrid_setup(dt_pg *pg, uint64_t deadline_ns);
+void      dt_hybrid_free(dt_pg *pg);
+// True when `op` of `pg` runs hierarchically; then dt_hybrid_all_reduce runs it.
+bool      dt_hybrid_takes(const dt_pg *pg, const dt_op *op);
+dt_status dt_hybrid_all_reduce(dt_pg *pg, const dt_op *op);
+// Frees a sub-group (group.c), called by dt_pg_free.
+void dt_pg_group_free(dt_pg *g);
+
+#endif // DTRAIN_COMM_PG_IMPL_H
