@@ -117,7 +117,7 @@ static void gpt_init(dt_params *p, const args *a) {
         size_t               n    = strlen(t->name);
         bool                 bias = n > 5 && !strcmp(t->name + n - 5, ".bias");
         bool                 ln   = strstr(t->name, "ln_") != NULL;
-        double s = strstr(t->name, "c_proj.weight") ? proj_std : std;
+        double               s    = strstr(t->name, "c_proj.weight") ? proj_std : std;
         for (size_t k = 0; k < t->count; k++)
             w[k] = bias ? 0.0f : ln ? 1.0f : (float)(s * dt_rng_normal(&r));
     }
@@ -134,12 +134,12 @@ static double lr_at(int64_t s, void *user) {
 }
 
 typedef struct gpt {
-    dt_graph *g;
+    dt_graph  *g;
     dt_params *p;
-    int        b, T;           // this rank's sequences, context
-    int32_t   *x, *y, *pos;    // (b, T)
-    uint64_t  *offsets;        // (global batch)
-    float     *dlogits;        // (b, T, VOCAB)
+    int        b, T;        // this rank's sequences, context
+    int32_t   *x, *y, *pos; // (b, T)
+    uint64_t  *offsets;     // (global batch)
+    float     *dlogits;     // (b, T, VOCAB)
 } gpt;
 
 static dt_status gpt_new(gpt *m, const args *a, int world) {
@@ -172,8 +172,8 @@ static void gpt_free(gpt *m) {
 // Mean cross-entropy of n sequences in m->x, m->y; with dlogits, its gradient.
 static dt_status gpt_loss(gpt *m, int n, float *loss, float *dlogits) {
     DT_TRY(dt_graph_forward(m->g, (const void *[]){m->x, m->pos}, n));
-    return dt_loss_cross_entropy_ex(dt_graph_output(m->g), m->y, n * m->T, VOCAB, -100, 0.0f,
-                                    loss, dlogits);
+    return dt_loss_cross_entropy_ex(dt_graph_output(m->g), m->y, n * m->T, VOCAB, -100, 0.0f, loss,
+                                    dlogits);
 }
 
 // The peer's evaluation: the first 64 windows of T + 1 bytes of val, in chunks of b.
@@ -197,11 +197,11 @@ static dt_status gpt_eval(gpt *m, const dt_tokens *val, float *out) {
 
 // ------------------------------------------------------------------ plumbing (declared)
 typedef struct job job;
-static void      say(const job *j, const char *fmt, ...);
-static dt_status ckpt_restore(job *j, gpt *m, dt_optim *opt, int64_t *step);
-static dt_status ckpt_maybe_save(job *j, gpt *m, dt_optim *opt, int64_t done);
-static void      print_stats(job *j, int64_t steps, double loop, double evals, float val,
-                             const float *losses, const gpt *m);
+static void        say(const job *j, const char *fmt, ...);
+static dt_status   ckpt_restore(job *j, gpt *m, dt_optim *opt, int64_t *step);
+static dt_status   ckpt_maybe_save(job *j, gpt *m, dt_optim *opt, int64_t done);
+static void        print_stats(job *j, int64_t steps, double loop, double evals, float val,
+                               const float *losses, const gpt *m);
 
 struct job {
     const args *a;
@@ -220,11 +220,11 @@ static double flops_per_token(const args *a) {
 }
 
 static int train(job *j) {
-    const args *a   = j->a;
-    gpt         m   = {0};
-    dt_ddp     *ddp = NULL;
-    dt_optim   *opt = NULL;
-    dt_sched   *sch = NULL;
+    const args *a      = j->a;
+    gpt         m      = {0};
+    dt_ddp     *ddp    = NULL;
+    dt_optim   *opt    = NULL;
+    dt_sched   *sch    = NULL;
     float      *losses = calloc((size_t)a->steps, sizeof(float));
     int64_t     step   = 0;
     dt_status   st     = losses ? gpt_new(&m, a, j->world) : DT_ERR_NOMEM;
@@ -239,27 +239,29 @@ static int train(job *j) {
     if (!st && !(st = dt_adamw_new(&opt, m.p, &ao)))
         st = dt_optim_add_group(opt, dt_param_no_decay, NULL, &nd, NULL);
     dt_sched_opts so = dt_sched_opts_default();
-    args la = *a; // the schedule's copy
+    args          la = *a; // the schedule's copy
     so.kind = DT_SCHED_LAMBDA, so.lambda = lr_at, so.user = &la;
     if (!st)
         st = dt_sched_new(&sch, &so);
     if (!st)
         st = ckpt_restore(j, &m, opt, &step);
     if (!st && j->rank == 0) {
-        say(j, "model: n_layer %ld, n_head %ld, n_embd %ld, block %ld, vocab %d | parameters: %zu "
-               "| %.3f MFLOP per trained token (fwd+bwd) | threads %d",
+        say(j,
+            "model: n_layer %ld, n_head %ld, n_embd %ld, block %ld, vocab %d | parameters: %zu "
+            "| %.3f MFLOP per trained token (fwd+bwd) | threads %d",
             a->n_layer, a->n_head, a->n_embd, a->block, VOCAB, dt_params_numel(m.p),
             flops_per_token(a) / 1e6, dt_graph_threads(m.g));
-        say(j, "data: %zu file(s), train %zu bytes, val %zu bytes | batch %ld x %ld tokens over %d "
-               "rank(s), %ld steps",
+        say(j,
+            "data: %zu file(s), train %zu bytes, val %zu bytes | batch %ld x %ld tokens over %d "
+            "rank(s), %ld steps",
             j->nfiles, j->train.n, j->val.n, a->batch, a->block, j->world, a->steps);
     }
     if (!st && j->pg)
         st = dt_pg_barrier(j->pg);
-    j->setup        = dt_now() - j->start;
-    double  t0      = dt_now(), mark = t0, evals = 0, evals_mark = 0;
-    int64_t step0   = step, mark_step = step;
-    float   val     = NAN;
+    j->setup   = dt_now() - j->start;
+    double  t0 = dt_now(), mark = t0, evals = 0, evals_mark = 0;
+    int64_t step0 = step, mark_step = step;
+    float   val      = NAN;
     double  tok_step = (double)a->batch * (double)a->block;
     for (; !st && step < a->steps; step++) {
         // One step: the global batch's slice, forward, loss, backward (DDP reduces the
@@ -314,10 +316,10 @@ static int train(job *j) {
 // Text from a saved model: the prompt, then n bytes, each the argmax (temperature 0) or
 // a draw from softmax(logits / temperature), the context the last T bytes.
 static int sample(const args *a) {
-    gpt       m = {0};
-    args      one = *a;
-    one.batch     = 1;
-    dt_status st  = gpt_new(&m, &one, 1);
+    gpt  m       = {0};
+    args one     = *a;
+    one.batch    = 1;
+    dt_status st = gpt_new(&m, &one, 1);
     if (!st)
         st = dt_ckpt_load_params(a->load, m.p);
     size_t   plen = strlen(a->prompt), n = plen + (size_t)a->sample;
@@ -388,7 +390,7 @@ static void print_stats(job *j, int64_t steps, double loop, double evals, float 
                         const float *losses, const gpt *m) {
     const args *a      = j->a;
     double      tokens = (double)a->batch * (double)a->block * (double)steps, last10 = 0;
-    int64_t     n10    = steps < 10 ? steps : 10;
+    int64_t     n10 = steps < 10 ? steps : 10;
     for (int64_t i = a->steps - n10; i < a->steps; i++)
         last10 += losses[i] / (double)(n10 ? n10 : 1);
     char v[32] = "null";
@@ -401,17 +403,17 @@ static void print_stats(job *j, int64_t steps, double loop, double evals, float 
             continue;
         char line[1024];
         int  k = snprintf(
-            line, sizeof line,
-            "STATS {\"rank\": %d, \"world\": %d, \"steps\": %lld, \"tokens\": %.0f, \"loop_secs\": "
-             "%.3f, \"tokens_per_sec\": %.1f, \"eval_secs\": %.3f, \"setup_secs\": %.3f, "
-             "\"params\": %zu, \"flops_per_token\": %.0f, \"gflops_per_sec\": %.2f, "
-             "\"last_loss\": %.6f, \"last10_mean_loss\": %.6f, \"val_loss\": %s, "
-             "\"peak_rss_mib\": %.1f, \"threads\": %d}\n",
-            j->rank, j->world, (long long)steps, tokens, loop, loop > 0 ? tokens / loop : 0.0,
-            evals, j->setup, dt_params_numel(m->p), flops_per_token(a),
+             line, sizeof line,
+             "STATS {\"rank\": %d, \"world\": %d, \"steps\": %lld, \"tokens\": %.0f, \"loop_secs\": "
+              "%.3f, \"tokens_per_sec\": %.1f, \"eval_secs\": %.3f, \"setup_secs\": %.3f, "
+              "\"params\": %zu, \"flops_per_token\": %.0f, \"gflops_per_sec\": %.2f, "
+              "\"last_loss\": %.6f, \"last10_mean_loss\": %.6f, \"val_loss\": %s, "
+              "\"peak_rss_mib\": %.1f, \"threads\": %d}\n",
+             j->rank, j->world, (long long)steps, tokens, loop, loop > 0 ? tokens / loop : 0.0,
+             evals, j->setup, dt_params_numel(m->p), flops_per_token(a),
             loop > 0 ? flops_per_token(a) * tokens / loop / 1e9 : 0.0,
-            (double)(a->steps > 0 ? losses[a->steps - 1] : 0), last10, v, peak_rss_mib(),
-            dt_graph_threads(m->g));
+             (double)(a->steps > 0 ? losses[a->steps - 1] : 0), last10, v, peak_rss_mib(),
+             dt_graph_threads(m->g));
         fflush(stdout);
         if (k > 0 && write(STDOUT_FILENO, line, (size_t)k) < 0)
             return;
@@ -465,61 +467,138 @@ static const char usage[] =
     "and a PARENT line (wall_secs: from process start, start-up included).\n";
 
 static int parse_args(int argc, char **argv, args *a) {
-    *a = (args){.steps = 300, .batch = 32, .n_layer = 4, .n_head = 4, .n_embd = 128, .block = 128,
-                .eval_every = 100, .log_every = 10, .warmup = 20, .lr = 1e-3, .min_lr_ratio = 0.1,
-                .weight_decay = 0.1, .grad_clip = 1.0, .num_machines = 1, .prompt = ""};
+    *a = (args){.steps        = 300,
+                .batch        = 32,
+                .n_layer      = 4,
+                .n_head       = 4,
+                .n_embd       = 128,
+                .block        = 128,
+                .eval_every   = 100,
+                .log_every    = 10,
+                .warmup       = 20,
+                .lr           = 1e-3,
+                .min_lr_ratio = 0.1,
+                .weight_decay = 0.1,
+                .grad_clip    = 1.0,
+                .num_machines = 1,
+                .prompt       = ""};
     enum { O_BASE = 256 };
     static const struct option lo[] = {
-        {"steps", 1, 0, 's'},         {"batch-size", 1, 0, 'b'},    {"block-size", 1, 0, 'T'},
-        {"n-layer", 1, 0, 'L'},       {"n-head", 1, 0, 'H'},        {"n-embd", 1, 0, 'C'},
-        {"lr", 1, 0, 'l'},            {"warmup", 1, 0, 'w'},        {"min-lr-ratio", 1, 0, 'm'},
-        {"weight-decay", 1, 0, 'd'},  {"grad-clip", 1, 0, 'g'},     {"seed", 1, 0, 'S'},
-        {"threads", 1, 0, 't'},       {"data", 1, 0, 'D'},          {"limit", 1, 0, 'n'},
-        {"eval-every", 1, 0, 'e'},    {"log-every", 1, 0, 'o'},     {"num-processes", 1, 0, 'P'},
-        {"num-machines", 1, 0, 'M'},  {"machine-id", 1, 0, 'K'},    {"master-addr", 1, 0, 'A'},
-        {"master-port", 1, 0, 'R'},   {"backend", 1, 0, 'B'},       {"save-model", 1, 0, 'V'},
-        {"load", 1, 0, 'I'},          {"checkpoint-dir", 1, 0, 'c'}, {"checkpoint-every", 1, 0, 'E'},
-        {"resume", 0, 0, 'r'},        {"sample", 1, 0, 'X'},        {"prompt", 1, 0, 'p'},
-        {"temperature", 1, 0, 'Y'},   {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+        {"steps", 1, 0, 's'},        {"batch-size", 1, 0, 'b'},     {"block-size", 1, 0, 'T'},
+        {"n-layer", 1, 0, 'L'},      {"n-head", 1, 0, 'H'},         {"n-embd", 1, 0, 'C'},
+        {"lr", 1, 0, 'l'},           {"warmup", 1, 0, 'w'},         {"min-lr-ratio", 1, 0, 'm'},
+        {"weight-decay", 1, 0, 'd'}, {"grad-clip", 1, 0, 'g'},      {"seed", 1, 0, 'S'},
+        {"threads", 1, 0, 't'},      {"data", 1, 0, 'D'},           {"limit", 1, 0, 'n'},
+        {"eval-every", 1, 0, 'e'},   {"log-every", 1, 0, 'o'},      {"num-processes", 1, 0, 'P'},
+        {"num-machines", 1, 0, 'M'}, {"machine-id", 1, 0, 'K'},     {"master-addr", 1, 0, 'A'},
+        {"master-port", 1, 0, 'R'},  {"backend", 1, 0, 'B'},        {"save-model", 1, 0, 'V'},
+        {"load", 1, 0, 'I'},         {"checkpoint-dir", 1, 0, 'c'}, {"checkpoint-every", 1, 0, 'E'},
+        {"resume", 0, 0, 'r'},       {"sample", 1, 0, 'X'},         {"prompt", 1, 0, 'p'},
+        {"temperature", 1, 0, 'Y'},  {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         dt_status   st = DT_OK;
         const char *f  = argv[optind - 1];
         switch (c) {
-        case 's': st = dt_parse_long(optarg, 1, 1L << 40, f, &a->steps); break;
-        case 'b': st = dt_parse_long(optarg, 1, 1 << 20, f, &a->batch); break;
-        case 'T': st = dt_parse_long(optarg, 1, 1 << 16, f, &a->block); break;
-        case 'L': st = dt_parse_long(optarg, 1, 1024, f, &a->n_layer); break;
-        case 'H': st = dt_parse_long(optarg, 1, 1024, f, &a->n_head); break;
-        case 'C': st = dt_parse_long(optarg, 1, 1 << 16, f, &a->n_embd); break;
-        case 'l': st = dt_parse_double(optarg, 0, 10, f, &a->lr); break;
-        case 'w': st = dt_parse_long(optarg, 1, 1L << 40, f, &a->warmup); break;
-        case 'm': st = dt_parse_double(optarg, 0, 1, f, &a->min_lr_ratio); break;
-        case 'd': st = dt_parse_double(optarg, 0, 10, f, &a->weight_decay); break;
-        case 'g': st = dt_parse_double(optarg, 1e-12, 1e12, f, &a->grad_clip); break;
-        case 'S': st = dt_parse_long(optarg, 0, 1L << 40, f, &a->seed); break;
-        case 't': st = dt_parse_long(optarg, 1, 256, f, &a->threads); break;
-        case 'D': a->data = optarg; break;
-        case 'n': st = dt_parse_long(optarg, 0, 1L << 50, f, &a->limit); break;
-        case 'e': st = dt_parse_long(optarg, 0, 1L << 40, f, &a->eval_every); break;
-        case 'o': st = dt_parse_long(optarg, 1, 1L << 40, f, &a->log_every); break;
-        case 'P': st = dt_parse_long(optarg, 1, 256, f, &a->num_processes); break;
-        case 'M': st = dt_parse_long(optarg, 1, 65536, f, &a->num_machines); break;
-        case 'K': st = dt_parse_long(optarg, 0, 65535, f, &a->machine_id); break;
-        case 'A': a->master_addr = optarg; break;
-        case 'R': st = dt_parse_long(optarg, 1, 65535, f, &a->master_port); break;
-        case 'B': a->backend = optarg; break;
-        case 'V': a->save_model = optarg; break;
-        case 'I': a->load = optarg; break;
-        case 'c': a->checkpoint_dir = optarg; break;
-        case 'E': st = dt_parse_long(optarg, 1, 1L << 40, f, &a->checkpoint_every); break;
-        case 'r': a->resume = true; break;
-        case 'X': st = dt_parse_long(optarg, 1, 1 << 24, f, &a->sample); break;
-        case 'p': a->prompt = optarg; break;
-        case 'Y': st = dt_parse_double(optarg, 0, 100, f, &a->temperature); break;
-        case 'h': fputs(usage, stdout); return -1;
-        default: st = dt_fail(DT_ERR_ARG, "unknown option or missing value: \"%s\" (see --help)", f);
+        case 's':
+            st = dt_parse_long(optarg, 1, 1L << 40, f, &a->steps);
+            break;
+        case 'b':
+            st = dt_parse_long(optarg, 1, 1 << 20, f, &a->batch);
+            break;
+        case 'T':
+            st = dt_parse_long(optarg, 1, 1 << 16, f, &a->block);
+            break;
+        case 'L':
+            st = dt_parse_long(optarg, 1, 1024, f, &a->n_layer);
+            break;
+        case 'H':
+            st = dt_parse_long(optarg, 1, 1024, f, &a->n_head);
+            break;
+        case 'C':
+            st = dt_parse_long(optarg, 1, 1 << 16, f, &a->n_embd);
+            break;
+        case 'l':
+            st = dt_parse_double(optarg, 0, 10, f, &a->lr);
+            break;
+        case 'w':
+            st = dt_parse_long(optarg, 1, 1L << 40, f, &a->warmup);
+            break;
+        case 'm':
+            st = dt_parse_double(optarg, 0, 1, f, &a->min_lr_ratio);
+            break;
+        case 'd':
+            st = dt_parse_double(optarg, 0, 10, f, &a->weight_decay);
+            break;
+        case 'g':
+            st = dt_parse_double(optarg, 1e-12, 1e12, f, &a->grad_clip);
+            break;
+        case 'S':
+            st = dt_parse_long(optarg, 0, 1L << 40, f, &a->seed);
+            break;
+        case 't':
+            st = dt_parse_long(optarg, 1, 256, f, &a->threads);
+            break;
+        case 'D':
+            a->data = optarg;
+            break;
+        case 'n':
+            st = dt_parse_long(optarg, 0, 1L << 50, f, &a->limit);
+            break;
+        case 'e':
+            st = dt_parse_long(optarg, 0, 1L << 40, f, &a->eval_every);
+            break;
+        case 'o':
+            st = dt_parse_long(optarg, 1, 1L << 40, f, &a->log_every);
+            break;
+        case 'P':
+            st = dt_parse_long(optarg, 1, 256, f, &a->num_processes);
+            break;
+        case 'M':
+            st = dt_parse_long(optarg, 1, 65536, f, &a->num_machines);
+            break;
+        case 'K':
+            st = dt_parse_long(optarg, 0, 65535, f, &a->machine_id);
+            break;
+        case 'A':
+            a->master_addr = optarg;
+            break;
+        case 'R':
+            st = dt_parse_long(optarg, 1, 65535, f, &a->master_port);
+            break;
+        case 'B':
+            a->backend = optarg;
+            break;
+        case 'V':
+            a->save_model = optarg;
+            break;
+        case 'I':
+            a->load = optarg;
+            break;
+        case 'c':
+            a->checkpoint_dir = optarg;
+            break;
+        case 'E':
+            st = dt_parse_long(optarg, 1, 1L << 40, f, &a->checkpoint_every);
+            break;
+        case 'r':
+            a->resume = true;
+            break;
+        case 'X':
+            st = dt_parse_long(optarg, 1, 1 << 24, f, &a->sample);
+            break;
+        case 'p':
+            a->prompt = optarg;
+            break;
+        case 'Y':
+            st = dt_parse_double(optarg, 0, 100, f, &a->temperature);
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            return -1;
+        default:
+            st = dt_fail(DT_ERR_ARG, "unknown option or missing value: \"%s\" (see --help)", f);
         }
         if (st) {
             fprintf(stderr, "dtrain-gpt: %s\n", dt_last_error());
@@ -544,7 +623,7 @@ static int parse_args(int argc, char **argv, args *a) {
         return 2;
     }
     if (!a->threads) {
-        long cpus  = sysconf(_SC_NPROCESSORS_ONLN), p = a->num_processes ? a->num_processes : 1;
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN), p = a->num_processes ? a->num_processes : 1;
         a->threads = cpus / p > 0 ? cpus / p : 1;
     }
     return 0;
@@ -559,9 +638,10 @@ static int run_in_group(job *j) {
     }
     j->rank  = dt_pg_rank(j->pg);
     j->world = dt_pg_size(j->pg);
-    int rc   = j->a->batch % j->world ? (fprintf(stderr, "dtrain-gpt: --batch-size %ld is not "
-                                                       "divisible by %d ranks\n",
-                                               j->a->batch, j->world),
+    int rc   = j->a->batch % j->world ? (fprintf(stderr,
+                                                 "dtrain-gpt: --batch-size %ld is not "
+                                                   "divisible by %d ranks\n",
+                                                 j->a->batch, j->world),
                                        1)
                                       : train(j);
     if (rc)
@@ -594,7 +674,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     dt_tokens_split(&j.all, &j.train, &j.val);
-    if (j.val.n < (size_t)EVAL_WINDOWS * (size_t)(a.block + 1) || j.train.n <= (size_t)a.block + 1) {
+    if (j.val.n < (size_t)EVAL_WINDOWS * (size_t)(a.block + 1) ||
+        j.train.n <= (size_t)a.block + 1) {
         fprintf(stderr,
                 "dtrain-gpt: expected a validation split of at least %d windows of %ld bytes and "
                 "a training split longer than %ld bytes, found %zu and %zu bytes\n",
