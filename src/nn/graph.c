@@ -69,6 +69,8 @@ struct dt_graph {
     size_t     tscratch_n;
     uint64_t  *pos_keys; // 0, 1, ..: the sample keys of a split batch without keys
     dt_status *tstatus;  // [thread] status of the current task
+    float    **dyslot;   // the buffers the nodes' gradients share (see share_dy)
+    int        ndy;
 };
 
 dt_graph_opts dt_graph_opts_default(void) {
@@ -104,7 +106,8 @@ static void free_buffers(dt_graph *g) {
     for (int i = 0; i < g->nvals; i++) {
         gval *v = &g->vals[i];
         dt_free(v->y);
-        dt_free(v->dy);
+        if (!v->layer) // a node's dy is one of the shared slots
+            dt_free(v->dy);
         dt_free(v->saved);
         v->y = v->dy = v->saved = NULL;
     }
@@ -113,6 +116,11 @@ static void free_buffers(dt_graph *g) {
     g->scratch = g->tmp = NULL;
     dt_free(g->pos_keys);
     g->pos_keys = NULL;
+    for (int k = 0; k < g->ndy; k++)
+        dt_free(g->dyslot[k]);
+    dt_free(g->dyslot);
+    g->dyslot   = NULL;
+    g->ndy      = 0;
     g->reserved = 0;
 }
 
@@ -301,6 +309,8 @@ dt_status dt_graph_set_output(dt_graph *g, const char *node) {
     if (v < 0 || !g->vals[v].layer)
         return dt_fail(DT_ERR_ARG, "dt_graph_set_output: no node named '%s'", node ? node : "");
     g->output = v;
+    free_buffers(g); // the gradients' sharing depends on the output
+    g->batch = 0;
     return DT_OK;
 }
 
@@ -451,19 +461,89 @@ static size_t val_floats(const gval *v, int batch) {
     return dt_shape_numel(&v->shape) * (size_t)batch;
 }
 
+// The gradient of node v is live in backward from its last consumer's backward (which
+// writes it; the output: from the start) to v's own (which reads it last). Nodes whose
+// intervals do not overlap share one buffer: greedily, in backward order, a node takes
+// a slot whose last holder's own backward came before this node's first write (index
+// above it). The live set of a chain of blocks is a few values, not all of them.
+static dt_status share_dy(dt_graph *g, int batch) {
+    int     n    = g->nvals;
+    int    *last = dt_alloc(sizeof(int) * (size_t)n * 3), *order = last + n, *holder = last + 2 * n;
+    size_t *size = dt_alloc_zero(sizeof(size_t) * (size_t)n);
+    if (!last || !size) {
+        dt_free(last);
+        dt_free(size);
+        return DT_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++)
+        last[i] = i == g->output ? n : i;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < g->vals[i].nin; j++)
+            if (last[g->vals[i].in[j]] < i)
+                last[g->vals[i].in[j]] = i;
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (g->vals[i].layer) { // insertion by last consumer, latest first
+            int k = m++;
+            while (k > 0 && last[order[k - 1]] < last[i]) {
+                order[k] = order[k - 1];
+                k--;
+            }
+            order[k] = i;
+        }
+    int *slot_of = dt_alloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!slot_of) {
+        dt_free(last);
+        dt_free(size);
+        return DT_ERR_NOMEM;
+    }
+    int ns = 0;
+    for (int q = 0; q < m; q++) {
+        int v = order[q], s = -1;
+        for (int k = 0; k < ns && s < 0; k++)
+            if (holder[k] > last[v])
+                s = k;
+        if (s < 0)
+            s = ns++;
+        holder[s]  = v;
+        slot_of[v] = s;
+        size_t f   = val_floats(&g->vals[v], batch);
+        if (f > size[s])
+            size[s] = f;
+    }
+    dt_status st = DT_OK;
+    g->dyslot    = dt_alloc_zero(sizeof(float *) * (size_t)(ns ? ns : 1));
+    if (!g->dyslot)
+        st = DT_ERR_NOMEM;
+    for (int k = 0; !st && k < ns; k++) {
+        g->ndy       = k + 1;
+        g->dyslot[k] = dt_alloc(sizeof(float) * (size[k] ? size[k] : 1));
+        if (!g->dyslot[k])
+            st = DT_ERR_NOMEM;
+    }
+    for (int q = 0; !st && q < m; q++)
+        g->vals[order[q]].dy = g->dyslot[slot_of[order[q]]];
+    dt_free(slot_of);
+    dt_free(last);
+    dt_free(size);
+    return st;
+}
+
 static dt_status reserve(dt_graph *g, int batch) {
     if (batch <= g->reserved)
         return DT_OK;
     free_buffers(g);
+    DT_TRY(share_dy(g, batch));
     size_t scratch = 1, tmp = 1;
     for (int i = 0; i < g->nvals; i++) {
         gval  *v = &g->vals[i];
         size_t n = val_floats(v, batch);
-        v->dy    = dt_alloc(sizeof(float) * (n ? n : 1));
-        if (!v->dy)
-            return DT_ERR_NOMEM;
-        if (!v->layer)
+        if (!v->layer) {
+            v->dy = dt_alloc(sizeof(float) * (n ? n : 1));
+            if (!v->dy)
+                return DT_ERR_NOMEM;
             continue;
+        }
         size_t s = v->su.saved_per_sample * (size_t)batch + v->su.saved_fixed;
         v->y     = dt_alloc(sizeof(float) * (n ? n : 1));
         v->saved = dt_alloc(sizeof(float) * (s ? s : 1));
