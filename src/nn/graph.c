@@ -2,8 +2,9 @@
 // in the order they were declared: since a node may only name earlier values, that
 // order is topological and forward walks it, backward walks it in reverse.
 //
-// Memory per value: its output y and the gradient dy (batch x numel each), the layer's
-// saved state; scratch and the temporaries for fan-out are shared by all nodes.
+// Memory per value: its output y (batch x numel), the layer's saved state; the
+// gradients dy of the nodes share buffers by liveness (share_dy); scratch and the
+// temporaries for fan-out are shared by all nodes.
 //
 // Gradients of fan-out: a value's dy is WRITTEN by the first consumer that backward
 // reaches (the last in forward order) and every later consumer writes into a
