@@ -37,7 +37,7 @@
 
 typedef struct args {
     long        steps, batch, n_layer, n_head, n_embd, block, eval_every, log_every, threads;
-    long        warmup, seed, limit, sample;
+    long        warmup, seed, limit, sample, micro;
     double      lr, min_lr_ratio, weight_decay, grad_clip, temperature;
     long        num_processes, num_machines, machine_id, master_port, checkpoint_every;
     const char *data, *backend, *master_addr, *checkpoint_dir, *save_model, *load, *prompt;
@@ -137,6 +137,7 @@ typedef struct gpt {
     dt_graph  *g;
     dt_params *p;
     int        b, T;        // this rank's sequences, context
+    int        mb;          // sequences per forward (micro-batch), dividing b
     int32_t   *x, *y, *pos; // (b, T)
     uint64_t  *offsets;     // (global batch)
     float     *dlogits;     // (b, T, VOCAB)
@@ -146,6 +147,9 @@ static dt_status gpt_new(gpt *m, const args *a, int world) {
     memset(m, 0, sizeof *m);
     m->T = (int)a->block;
     m->b = (int)(a->batch / world);
+    // Default (-1): 16 sequences per forward when 16 divides b, else all of them.
+    long mb = a->micro < 0 ? (m->b % 16 == 0 ? 16 : 0) : a->micro;
+    m->mb   = mb > 0 && mb < m->b ? (int)mb : m->b;
     DT_TRY(dt_graph_new(&m->g, NULL));
     DT_TRY(gpt_build(m->g, a));
     m->p = dt_graph_params(m->g);
@@ -156,7 +160,7 @@ static dt_status gpt_new(gpt *m, const args *a, int world) {
     m->y       = calloc(bt, sizeof(int32_t));
     m->pos     = calloc(bt, sizeof(int32_t));
     m->offsets = calloc((size_t)a->batch, sizeof(uint64_t));
-    m->dlogits = calloc(bt * VOCAB, sizeof(float));
+    m->dlogits = calloc((size_t)m->mb * (size_t)m->T * VOCAB, sizeof(float));
     if (!m->x || !m->y || !m->pos || !m->offsets || !m->dlogits)
         return dt_fail(DT_ERR_NOMEM, "dtrain-gpt: out of memory for a batch of %zu tokens", bt);
     for (size_t i = 0; i < bt; i++)
@@ -169,25 +173,46 @@ static void gpt_free(gpt *m) {
     free(m->x), free(m->y), free(m->pos), free(m->offsets), free(m->dlogits);
 }
 
-// Mean cross-entropy of n sequences in m->x, m->y; with dlogits, its gradient.
-static dt_status gpt_loss(gpt *m, int n, float *loss, float *dlogits) {
-    DT_TRY(dt_graph_forward(m->g, (const void *[]){m->x, m->pos}, n));
-    return dt_loss_cross_entropy_ex(dt_graph_output(m->g), m->y, n * m->T, VOCAB, -100, 0.0f, loss,
-                                    dlogits);
+// Mean cross-entropy of n sequences at m->x + at, m->y + at; with dlogits, its gradient.
+static dt_status gpt_loss(gpt *m, int at, int n, float *loss, float *dlogits) {
+    size_t o = (size_t)at * (size_t)m->T;
+    DT_TRY(dt_graph_forward(m->g, (const void *[]){m->x + o, m->pos}, n));
+    return dt_loss_cross_entropy_ex(dt_graph_output(m->g), m->y + o, n * m->T, VOCAB, -100, 0.0f,
+                                    loss, dlogits);
+}
+
+// Forward and backward of this rank's b sequences, mb at a time (gradient accumulation:
+// DDP reduces after the last); the gradient is that of the mean over all b x T tokens.
+static dt_status gpt_forward_backward(gpt *m, dt_ddp *ddp, float *loss) {
+    double sum = 0;
+    dt_params_zero_grad(m->p);
+    for (int at = 0; at < m->b; at += m->mb) {
+        float l, scale = (float)m->mb / (float)m->b;
+        DT_TRY(gpt_loss(m, at, m->mb, &l, m->dlogits));
+        if (m->mb < m->b)
+            for (size_t i = 0, n = (size_t)m->mb * (size_t)m->T * VOCAB; i < n; i++)
+                m->dlogits[i] *= scale;
+        if (ddp)
+            dt_ddp_set_sync(ddp, at + m->mb >= m->b);
+        DT_TRY(dt_graph_backward(m->g, m->dlogits));
+        sum += (double)l * m->mb;
+    }
+    *loss = (float)(sum / m->b);
+    return DT_OK;
 }
 
 // The peer's evaluation: the first 64 windows of T + 1 bytes of val, in chunks of b.
 static dt_status gpt_eval(gpt *m, const dt_tokens *val, float *out) {
     double sum = 0;
     dt_graph_train(m->g, false);
-    for (int i = 0; i < EVAL_WINDOWS; i += m->b) {
-        int      n = EVAL_WINDOWS - i < m->b ? EVAL_WINDOWS - i : m->b;
+    for (int i = 0; i < EVAL_WINDOWS; i += m->mb) {
+        int      n = EVAL_WINDOWS - i < m->mb ? EVAL_WINDOWS - i : m->mb;
         uint64_t off[EVAL_WINDOWS];
         float    loss;
         for (int k = 0; k < n; k++)
             off[k] = (uint64_t)(i + k) * (uint64_t)(m->T + 1);
         DT_TRY(dt_tokens_windows(val, off, (size_t)n, (size_t)m->T, m->x, m->y));
-        DT_TRY(gpt_loss(m, n, &loss, NULL));
+        DT_TRY(gpt_loss(m, 0, n, &loss, NULL));
         sum += (double)loss * n;
     }
     dt_graph_train(m->g, true);
@@ -269,10 +294,7 @@ static int train(job *j) {
         float loss, norm;
         if ((st = dt_tokens_batch(&j->train, (uint64_t)(a->seed * 1000 + step), (size_t)a->batch,
                                   (size_t)m.T, j->rank, j->world, m.offsets, m.x, m.y)) ||
-            (st = gpt_loss(&m, m.b, &loss, m.dlogits)))
-            break;
-        dt_params_zero_grad(m.p);
-        if ((st = dt_graph_backward(m.g, m.dlogits)) || (ddp && (st = dt_ddp_sync(ddp))) ||
+            (st = gpt_forward_backward(&m, ddp, &loss)) || (ddp && (st = dt_ddp_sync(ddp))) ||
             (st = dt_clip_grad_norm(m.p, (float)a->grad_clip, &norm)) ||
             (st = dt_sched_apply(sch, opt, step)))
             break;
@@ -455,6 +477,9 @@ static const char usage[] =
     "  --data PATH (a file of bytes, or a directory: its files without a dot, sorted;\n"
     "              default /usr/share/games/fortunes)  --limit N (first N bytes; 0 all)\n"
     "  --eval-every N (100; 0 = at the end only)  --log-every N (10)\n"
+    "  --micro-batch N  sequences per forward (gradient accumulation: less memory, the\n"
+    "              same step up to rounding; default 16 when it divides the batch of a\n"
+    "              process, else the whole batch, as 0 does)\n"
     "distributed (as dtrain-mnist; or run under dtrun / mpirun):\n"
     "  --num-processes P  --num-machines M  --machine-id K  --master-addr A\n"
     "  --master-port N  --backend auto|shm|tcp|mpi\n"
@@ -462,40 +487,63 @@ static const char usage[] =
     "  --save-model PATH  --load PATH (a model file: start from it, or sample from it)\n"
     "  --checkpoint-dir D  --checkpoint-every N  --resume (from the newest in D, if any)\n"
     "  --sample N --prompt TEXT [--temperature X (0: greedy)]: print N bytes after TEXT\n"
+    "              (give the model flags the model was trained with)\n"
     "Prints `step N/S | loss X | lr Y | tok/s Z`, `Finished training in X secs` (the\n"
     "training loop only, evaluations excluded), `val loss: X.XXXX`, a STATS line per rank\n"
     "and a PARENT line (wall_secs: from process start, start-up included).\n";
 
 static int parse_args(int argc, char **argv, args *a) {
-    *a = (args){.steps        = 300,
-                .batch        = 32,
-                .n_layer      = 4,
-                .n_head       = 4,
-                .n_embd       = 128,
-                .block        = 128,
-                .eval_every   = 100,
-                .log_every    = 10,
-                .warmup       = 20,
-                .lr           = 1e-3,
-                .min_lr_ratio = 0.1,
-                .weight_decay = 0.1,
-                .grad_clip    = 1.0,
-                .num_machines = 1,
-                .prompt       = ""};
-    enum { O_BASE = 256 };
-    static const struct option lo[] = {
-        {"steps", 1, 0, 's'},        {"batch-size", 1, 0, 'b'},     {"block-size", 1, 0, 'T'},
-        {"n-layer", 1, 0, 'L'},      {"n-head", 1, 0, 'H'},         {"n-embd", 1, 0, 'C'},
-        {"lr", 1, 0, 'l'},           {"warmup", 1, 0, 'w'},         {"min-lr-ratio", 1, 0, 'm'},
-        {"weight-decay", 1, 0, 'd'}, {"grad-clip", 1, 0, 'g'},      {"seed", 1, 0, 'S'},
-        {"threads", 1, 0, 't'},      {"data", 1, 0, 'D'},           {"limit", 1, 0, 'n'},
-        {"eval-every", 1, 0, 'e'},   {"log-every", 1, 0, 'o'},      {"num-processes", 1, 0, 'P'},
-        {"num-machines", 1, 0, 'M'}, {"machine-id", 1, 0, 'K'},     {"master-addr", 1, 0, 'A'},
-        {"master-port", 1, 0, 'R'},  {"backend", 1, 0, 'B'},        {"save-model", 1, 0, 'V'},
-        {"load", 1, 0, 'I'},         {"checkpoint-dir", 1, 0, 'c'}, {"checkpoint-every", 1, 0, 'E'},
-        {"resume", 0, 0, 'r'},       {"sample", 1, 0, 'X'},         {"prompt", 1, 0, 'p'},
-        {"temperature", 1, 0, 'Y'},  {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
-    int c;
+    *a                              = (args){.steps        = 300,
+                                             .batch        = 32,
+                                             .n_layer      = 4,
+                                             .n_head       = 4,
+                                             .n_embd       = 128,
+                                             .block        = 128,
+                                             .eval_every   = 100,
+                                             .log_every    = 10,
+                                             .warmup       = 20,
+                                             .lr           = 1e-3,
+                                             .min_lr_ratio = 0.1,
+                                             .weight_decay = 0.1,
+                                             .grad_clip    = 1.0,
+                                             .num_machines = 1,
+                                             .micro        = -1,
+                                             .prompt       = ""};
+    static const struct option lo[] = {{"steps", 1, 0, 's'},
+                                       {"batch-size", 1, 0, 'b'},
+                                       {"block-size", 1, 0, 'T'},
+                                       {"n-layer", 1, 0, 'L'},
+                                       {"n-head", 1, 0, 'H'},
+                                       {"n-embd", 1, 0, 'C'},
+                                       {"lr", 1, 0, 'l'},
+                                       {"warmup", 1, 0, 'w'},
+                                       {"min-lr-ratio", 1, 0, 'm'},
+                                       {"weight-decay", 1, 0, 'd'},
+                                       {"grad-clip", 1, 0, 'g'},
+                                       {"seed", 1, 0, 'S'},
+                                       {"threads", 1, 0, 't'},
+                                       {"data", 1, 0, 'D'},
+                                       {"limit", 1, 0, 'n'},
+                                       {"eval-every", 1, 0, 'e'},
+                                       {"log-every", 1, 0, 'o'},
+                                       {"num-processes", 1, 0, 'P'},
+                                       {"num-machines", 1, 0, 'M'},
+                                       {"machine-id", 1, 0, 'K'},
+                                       {"master-addr", 1, 0, 'A'},
+                                       {"master-port", 1, 0, 'R'},
+                                       {"backend", 1, 0, 'B'},
+                                       {"save-model", 1, 0, 'V'},
+                                       {"load", 1, 0, 'I'},
+                                       {"checkpoint-dir", 1, 0, 'c'},
+                                       {"checkpoint-every", 1, 0, 'E'},
+                                       {"resume", 0, 0, 'r'},
+                                       {"sample", 1, 0, 'X'},
+                                       {"prompt", 1, 0, 'p'},
+                                       {"temperature", 1, 0, 'Y'},
+                                       {"micro-batch", 1, 0, 'u'},
+                                       {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
+    int                        c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         dt_status   st = DT_OK;
@@ -594,6 +642,9 @@ static int parse_args(int argc, char **argv, args *a) {
         case 'Y':
             st = dt_parse_double(optarg, 0, 100, f, &a->temperature);
             break;
+        case 'u':
+            st = dt_parse_long(optarg, 0, 1 << 20, f, &a->micro);
+            break;
         case 'h':
             fputs(usage, stdout);
             return -1;
@@ -616,6 +667,9 @@ static int parse_args(int argc, char **argv, args *a) {
         bad = "--machine-id must be below --num-machines";
     else if ((a->resume || a->checkpoint_every) && !a->checkpoint_dir)
         bad = "--resume and --checkpoint-every need --checkpoint-dir";
+    else if (a->micro > 0 &&
+             (a->batch / (a->num_processes ? a->num_processes * a->num_machines : 1)) % a->micro)
+        bad = "--micro-batch must divide the batch of each process (--batch-size / processes)";
     else if (a->sample && !a->load)
         bad = "--sample needs --load (a model saved with --save-model)";
     if (bad) {

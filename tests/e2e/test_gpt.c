@@ -5,8 +5,9 @@
 // - It learns: the validation loss after 300 steps is below the unigram entropy of the
 //   training split (computed here), the loss of the best model that ignores context;
 //   the first step's loss is near ln 256 (a uniform guess).
-// - 2 processes (global batch 8, 4 each) end with the model of 1 process up to
-//   rounding (the gradient average over ranks sums in another order).
+// - 2 processes (global batch 8, 4 each), and 1 process in 4 micro-batches of 2
+//   (gradient accumulation), end with the model of 1 process and one batch of 8 up to
+//   rounding (the gradient sums in another order).
 // - Killed (SIGKILL) after its first checkpoint and resumed with --resume, a run with 2
 //   threads ends with the bytes of the model of the same run uninterrupted.
 // - Bad flags exit 2 naming the flag.
@@ -136,11 +137,12 @@ static dt_params *tiny_table(void) {
 }
 
 static void test_world_invariance(void) {
-    char cmd[2 * PATH_MAX + 2048], *out, m1[256], m2[256];
+    char cmd[2 * PATH_MAX + 2048], *out, m1[256], m2[256], m3[256];
     snprintf(m1, sizeof m1, "%s/one.bin", dir);
     snprintf(m2, sizeof m2, "%s/two.bin", dir);
-    const char *extra[] = {"", "--num-processes 2 "}, *files[] = {m1, m2};
-    for (int k = 0; k < 2; k++) {
+    snprintf(m3, sizeof m3, "%s/micro.bin", dir);
+    const char *extra[] = {"", "--num-processes 2 ", "--micro-batch 2 "}, *files[] = {m1, m2, m3};
+    for (int k = 0; k < 3; k++) {
         snprintf(cmd, sizeof cmd,
                  "%s --data %s " TINY
                  "--steps 20 --eval-every 0 --threads 1 %s--save-model %s 2>&1",
@@ -153,18 +155,21 @@ static void test_world_invariance(void) {
                       strstr(out, "\"rank\": 1, \"world\": 2"));
         free(out);
     }
-    dt_params *a = tiny_table(), *b = tiny_table();
-    CHECK_OK(dt_ckpt_load_params(m1, a));
-    CHECK_OK(dt_ckpt_load_params(m2, b));
-    double maxd = 0, moved = 0;
-    for (size_t i = 0; i < dt_params_numel(a); i++) {
-        maxd = fmax(maxd, fabs((double)dt_params_data(a)[i] - dt_params_data(b)[i]));
-        moved += fabs((double)dt_params_data(a)[i]);
+    // 2 processes, and 4 micro-batches of 2 (gradient accumulation), against 1 x 8.
+    for (int k = 1; k < 3; k++) {
+        dt_params *a = tiny_table(), *b = tiny_table();
+        CHECK_OK(dt_ckpt_load_params(m1, a));
+        CHECK_OK(dt_ckpt_load_params(files[k], b));
+        double maxd = 0, moved = 0;
+        for (size_t i = 0; i < dt_params_numel(a); i++) {
+            maxd = fmax(maxd, fabs((double)dt_params_data(a)[i] - dt_params_data(b)[i]));
+            moved += fabs((double)dt_params_data(a)[i]);
+        }
+        CHECK(maxd < 1e-4); // 20 AdamW steps of lr <= 3e-3: rounding, not another batch
+        CHECK(moved > 1);
+        dt_params_free(a);
+        dt_params_free(b);
     }
-    CHECK(maxd < 1e-4); // 20 AdamW steps of lr <= 3e-3: rounding, not another batch
-    CHECK(moved > 1);
-    dt_params_free(a);
-    dt_params_free(b);
 }
 
 static bool exists(const char *p) {
