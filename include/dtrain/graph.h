@@ -25,7 +25,12 @@
 // dt_params_grad_ready as soon as its gradient is final: after its node, or for a tied
 // tensor after the earliest node using it.
 //
-// Runs on the calling thread; the layers' kernels are single-threaded.
+// Threads (dt_graph_set_threads): each node's forward and backward splits the batch in
+// contiguous ranges of samples, one per thread; threads 1.. add their parameter
+// gradients into partial buffers that are summed into the gradient in thread order
+// after the node, so results do not depend on timing, and differ between thread counts
+// only by float rounding. Layers with batch-wide state (BatchNorm) run whole on the
+// calling thread.
 #ifndef DTRAIN_GRAPH_H
 #define DTRAIN_GRAPH_H
 
@@ -90,6 +95,10 @@ DT_API void dt_graph_train(dt_graph *g, bool training);
 // nodes draws the masks of the Sequential model it mirrors.
 DT_API void      dt_graph_set_rng(dt_graph *g, const dt_rng *rng);
 DT_API dt_status dt_graph_set_sample_keys(dt_graph *g, const uint64_t *keys, int n);
+// Threads that split each batch (default 1; the calling thread is one of them). Set it
+// between steps, not between a forward and its backward.
+DT_API dt_status dt_graph_set_threads(dt_graph *g, int threads);
+DT_API int       dt_graph_threads(const dt_graph *g);
 // Whether backward also computes the gradients of the graph's float inputs.
 DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
 

@@ -2,8 +2,9 @@
 // in the order they were declared: since a node may only name earlier values, that
 // order is topological and forward walks it, backward walks it in reverse.
 //
-// Memory per value: its output y and the gradient dy (batch x numel each), the layer's
-// saved state; scratch and the temporaries for fan-out are shared by all nodes.
+// Memory per value: its output y (batch x numel), the layer's saved state; the
+// gradients dy of the nodes share buffers by liveness (share_dy); scratch and the
+// temporaries for fan-out are shared by all nodes.
 //
 // Gradients of fan-out: a value's dy is WRITTEN by the first consumer that backward
 // reaches (the last in forward order) and every later consumer writes into a
@@ -19,7 +20,9 @@
 #include "dtrain/graph.h"
 #include "dtrain/trace.h"
 
+#include "nn/blas.h"
 #include "nn/ops.h"
+#include "nn/pool.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -58,6 +61,18 @@ struct dt_graph {
     int        batch;    // of the last forward
     float     *scratch, *tmp;
     size_t     scratch_n, tmp_n;
+    // Threads (dt_graph_set_threads): samples split in nthreads contiguous ranges.
+    dt_pool   *pool;
+    int        nthreads;
+    int        split;    // the thread count of the last forward (backward reuses it)
+    float    **partial;  // [thread] gradient partials of threads 1.. (0 adds into grads)
+    float    **tscratch; // [thread] scratch of threads 1.. (thread 0 uses `scratch`)
+    int        tbuf_n;   // threads the two arrays above were made for
+    size_t     tscratch_n;
+    uint64_t  *pos_keys; // 0, 1, ..: the sample keys of a split batch without keys
+    dt_status *tstatus;  // [thread] status of the current task
+    float    **dyslot;   // the buffers the nodes' gradients share (see share_dy)
+    int        ndy;
 };
 
 dt_graph_opts dt_graph_opts_default(void) {
@@ -83,6 +98,8 @@ dt_status dt_graph_new(dt_graph **out, const dt_graph_opts *opts) {
     g->output   = -1;
     g->training = true;
     g->rng      = dt_rng_init(0);
+    g->nthreads = 1;
+    g->split    = 1;
     *out        = g;
     return DT_OK;
 }
@@ -91,20 +108,46 @@ static void free_buffers(dt_graph *g) {
     for (int i = 0; i < g->nvals; i++) {
         gval *v = &g->vals[i];
         dt_free(v->y);
-        dt_free(v->dy);
+        if (!v->layer) // a node's dy is one of the shared slots
+            dt_free(v->dy);
         dt_free(v->saved);
         v->y = v->dy = v->saved = NULL;
     }
     dt_free(g->scratch);
     dt_free(g->tmp);
     g->scratch = g->tmp = NULL;
-    g->reserved         = 0;
+    dt_free(g->pos_keys);
+    g->pos_keys = NULL;
+    for (int k = 0; k < g->ndy; k++)
+        dt_free(g->dyslot[k]);
+    dt_free(g->dyslot);
+    g->dyslot   = NULL;
+    g->ndy      = 0;
+    g->reserved = 0;
+}
+
+static void free_thread_buffers(dt_graph *g) {
+    for (int t = 1; t < g->tbuf_n; t++) {
+        if (g->partial)
+            dt_free(g->partial[t]);
+        if (g->tscratch)
+            dt_free(g->tscratch[t]);
+    }
+    dt_free(g->partial);
+    dt_free(g->tscratch);
+    dt_free(g->tstatus);
+    g->partial = g->tscratch = NULL;
+    g->tstatus               = NULL;
+    g->tbuf_n                = 0;
+    g->tscratch_n            = 0;
 }
 
 void dt_graph_free(dt_graph *g) {
     if (!g)
         return;
     free_buffers(g);
+    free_thread_buffers(g);
+    dt_pool_free(g->pool);
     for (int i = 0; i < g->nvals; i++)
         dt_layer_free(g->vals[i].layer);
     dt_params_free(g->params);
@@ -268,6 +311,8 @@ dt_status dt_graph_set_output(dt_graph *g, const char *node) {
     if (v < 0 || !g->vals[v].layer)
         return dt_fail(DT_ERR_ARG, "dt_graph_set_output: no node named '%s'", node ? node : "");
     g->output = v;
+    free_buffers(g); // the gradients' sharing depends on the output
+    g->batch = 0;
     return DT_OK;
 }
 
@@ -290,6 +335,7 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
     dt_free(g->first_user);
     g->params     = NULL;
     g->first_user = NULL;
+    DT_TRY(dt_blas_init());
     DT_TRY(dt_params_new(&g->params, NULL));
     char name[DT_PARAM_NAME_MAX + 1];
     int  np = 0;
@@ -417,19 +463,89 @@ static size_t val_floats(const gval *v, int batch) {
     return dt_shape_numel(&v->shape) * (size_t)batch;
 }
 
+// The gradient of node v is live in backward from its last consumer's backward (which
+// writes it; the output: from the start) to v's own (which reads it last). Nodes whose
+// intervals do not overlap share one buffer: greedily, in backward order, a node takes
+// a slot whose last holder's own backward came before this node's first write (index
+// above it). The live set of a chain of blocks is a few values, not all of them.
+static dt_status share_dy(dt_graph *g, int batch) {
+    int     n    = g->nvals;
+    int    *last = dt_alloc(sizeof(int) * (size_t)n * 3), *order = last + n, *holder = last + 2 * n;
+    size_t *size = dt_alloc_zero(sizeof(size_t) * (size_t)n);
+    if (!last || !size) {
+        dt_free(last);
+        dt_free(size);
+        return DT_ERR_NOMEM;
+    }
+    for (int i = 0; i < n; i++)
+        last[i] = i == g->output ? n : i;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < g->vals[i].nin; j++)
+            if (last[g->vals[i].in[j]] < i)
+                last[g->vals[i].in[j]] = i;
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (g->vals[i].layer) { // insertion by last consumer, latest first
+            int k = m++;
+            while (k > 0 && last[order[k - 1]] < last[i]) {
+                order[k] = order[k - 1];
+                k--;
+            }
+            order[k] = i;
+        }
+    int *slot_of = dt_alloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!slot_of) {
+        dt_free(last);
+        dt_free(size);
+        return DT_ERR_NOMEM;
+    }
+    int ns = 0;
+    for (int q = 0; q < m; q++) {
+        int v = order[q], s = -1;
+        for (int k = 0; k < ns && s < 0; k++)
+            if (holder[k] > last[v])
+                s = k;
+        if (s < 0)
+            s = ns++;
+        holder[s]  = v;
+        slot_of[v] = s;
+        size_t f   = val_floats(&g->vals[v], batch);
+        if (f > size[s])
+            size[s] = f;
+    }
+    dt_status st = DT_OK;
+    g->dyslot    = dt_alloc_zero(sizeof(float *) * (size_t)(ns ? ns : 1));
+    if (!g->dyslot)
+        st = DT_ERR_NOMEM;
+    for (int k = 0; !st && k < ns; k++) {
+        g->ndy       = k + 1;
+        g->dyslot[k] = dt_alloc(sizeof(float) * (size[k] ? size[k] : 1));
+        if (!g->dyslot[k])
+            st = DT_ERR_NOMEM;
+    }
+    for (int q = 0; !st && q < m; q++)
+        g->vals[order[q]].dy = g->dyslot[slot_of[order[q]]];
+    dt_free(slot_of);
+    dt_free(last);
+    dt_free(size);
+    return st;
+}
+
 static dt_status reserve(dt_graph *g, int batch) {
     if (batch <= g->reserved)
         return DT_OK;
     free_buffers(g);
+    DT_TRY(share_dy(g, batch));
     size_t scratch = 1, tmp = 1;
     for (int i = 0; i < g->nvals; i++) {
         gval  *v = &g->vals[i];
         size_t n = val_floats(v, batch);
-        v->dy    = dt_alloc(sizeof(float) * (n ? n : 1));
-        if (!v->dy)
-            return DT_ERR_NOMEM;
-        if (!v->layer)
+        if (!v->layer) {
+            v->dy = dt_alloc(sizeof(float) * (n ? n : 1));
+            if (!v->dy)
+                return DT_ERR_NOMEM;
             continue;
+        }
         size_t s = v->su.saved_per_sample * (size_t)batch + v->su.saved_fixed;
         v->y     = dt_alloc(sizeof(float) * (n ? n : 1));
         v->saved = dt_alloc(sizeof(float) * (s ? s : 1));
@@ -457,29 +573,144 @@ static const float *val_data(const gval *v) {
     return v->layer ? v->y : v->ext;
 }
 
-static void make_args(dt_graph *g, gval *v, dt_layer_args *a, dt_shape *in, const float **x,
-                      dt_rng *rng) {
-    for (int j = 0; j < v->nin; j++) {
-        in[j] = g->vals[v->in[j]].shape;
-        x[j]  = val_data(&g->vals[v->in[j]]);
+dt_status dt_graph_set_threads(dt_graph *g, int threads) {
+    if (!g || threads < 1 || threads > 256)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_graph_set_threads: expected a graph and 1 to 256 threads, found %d",
+                       threads);
+    if (threads == g->nthreads)
+        return DT_OK;
+    dt_pool_free(g->pool);
+    g->pool = NULL;
+    free_thread_buffers(g);
+    g->nthreads = threads;
+    if (threads > 1 && !(g->pool = dt_pool_init(threads))) {
+        g->nthreads = 1;
+        return dt_fail_context("dt_graph_set_threads");
     }
-    *rng = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
-    *a   = (dt_layer_args){
-          .batch    = g->batch,
-          .training = v->fwd_training,
-          .nin      = v->nin,
-          .in       = in,
-          .out      = &v->shape,
-          .x        = x,
-          .y        = v->y,
-          .w        = v->w,
-          .dw       = v->dw,
-          .buf      = v->buf,
-          .saved    = v->saved,
-          .scratch  = g->scratch,
-          .rng      = rng,
-          .keys     = g->keys,
+    return DT_OK;
+}
+
+int dt_graph_threads(const dt_graph *g) {
+    return g ? g->nthreads : 1;
+}
+
+// Scratch and gradient partials of threads 1.., the sample keys 0, 1, .. of a split batch.
+static dt_status thread_buffers(dt_graph *g) {
+    int n = g->nthreads;
+    if (n > 1 && !g->pos_keys) {
+        g->pos_keys = dt_alloc(sizeof(uint64_t) * (size_t)g->reserved);
+        if (!g->pos_keys)
+            return DT_ERR_NOMEM;
+        for (int i = 0; i < g->reserved; i++)
+            g->pos_keys[i] = (uint64_t)i;
+    }
+    if (g->tbuf_n == n && g->tscratch_n >= g->scratch_n)
+        return DT_OK;
+    free_thread_buffers(g);
+    size_t np     = dt_params_numel(g->params);
+    g->partial    = dt_alloc_zero(sizeof(float *) * (size_t)n);
+    g->tscratch   = dt_alloc_zero(sizeof(float *) * (size_t)n);
+    g->tstatus    = dt_alloc_zero(sizeof(dt_status) * (size_t)n);
+    g->tbuf_n     = n;
+    g->tscratch_n = g->scratch_n;
+    if (!g->partial || !g->tscratch || !g->tstatus)
+        return DT_ERR_NOMEM;
+    for (int t = 1; t < n; t++) {
+        g->partial[t]  = dt_alloc_zero(sizeof(float) * (np ? np : 1));
+        g->tscratch[t] = dt_alloc(sizeof(float) * g->scratch_n);
+        if (!g->partial[t] || !g->tscratch[t])
+            return DT_ERR_NOMEM;
+    }
+    return DT_OK;
+}
+
+// A layer whose forward keeps batch-wide state (BatchNorm's statistics: saved_fixed)
+// runs on the whole batch on the calling thread; every other layer is split by samples.
+static bool splittable(const gval *v) {
+    return v->su.saved_fixed == 0;
+}
+
+// One node's forward or backward over the samples of thread `t` of `n`.
+typedef struct node_task {
+    dt_graph *g;
+    gval     *v;
+    bool      backward;
+    float    *dx[DT_LAYER_MAX_INPUTS]; // backward: where the whole batch's dx[j] go
+    bool      direct[DT_LAYER_MAX_INPUTS];
+} node_task;
+
+static dt_status run_range(node_task *k, int t, int n) {
+    dt_graph *g  = k->g;
+    gval     *v  = k->v;
+    int       b0 = (int)((int64_t)g->batch * t / n), b1 = (int)((int64_t)g->batch * (t + 1) / n);
+    if (b1 <= b0)
+        return DT_OK;
+    size_t       off = (size_t)b0;
+    dt_shape     in[DT_LAYER_MAX_INPUTS];
+    const float *x[DT_LAYER_MAX_INPUTS];
+    float       *dx[DT_LAYER_MAX_INPUTS];
+    float       *dw[DT_LAYER_MAX_TENSORS];
+    for (int j = 0; j < v->nin; j++) {
+        const gval *u = &g->vals[v->in[j]];
+        in[j]         = u->shape;
+        x[j]          = val_data(u) + off * dt_shape_numel(&u->shape);
+        dx[j]         = k->dx[j] ? k->dx[j] + off * dt_shape_numel(&u->shape) : NULL;
+    }
+    for (int p = 0; p < v->su.nparams; p++)
+        dw[p] = t == 0 ? v->dw[p] : g->partial[t] + dt_params_info(g->params, v->pidx[p])->offset;
+    size_t          ny   = dt_shape_numel(&v->shape);
+    dt_rng          rng  = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
+    const uint64_t *keys = g->keys ? g->keys + off : (n > 1 ? g->pos_keys + off : NULL);
+    dt_layer_args   a    = {
+             .batch    = b1 - b0,
+             .training = v->fwd_training,
+             .nin      = v->nin,
+             .in       = in,
+             .out      = &v->shape,
+             .x        = x,
+             .y        = v->y + off * ny,
+             .dy       = k->backward ? v->dy + off * ny : NULL,
+             .dx       = dx,
+             .w        = v->w,
+             .dw       = dw,
+             .buf      = v->buf,
+             .saved    = v->saved + off * v->su.saved_per_sample,
+             .scratch  = t == 0 ? g->scratch : g->tscratch[t],
+             .rng      = &rng,
+             .keys     = keys,
     };
+    if (!k->backward)
+        return v->layer->ops->forward(v->layer, &a);
+    DT_TRY(v->layer->ops->backward(v->layer, &a));
+    for (int j = 0; j < v->nin; j++) { // a later consumer's gradient, added in range
+        gval  *u  = &g->vals[v->in[j]];
+        size_t nu = dt_shape_numel(&u->shape);
+        if (dx[j] && !k->direct[j])
+            dt_nn_accumulate((size_t)(b1 - b0) * nu, dx[j], u->dy + off * nu);
+    }
+    return DT_OK;
+}
+
+static void pool_task(void *arg, int ith, int nth) {
+    node_task *k       = arg;
+    k->g->tstatus[ith] = run_range(k, ith, nth);
+}
+
+// Runs the node on the split of the last forward. A failure on another thread than
+// the caller's keeps its status; its message stayed on that thread.
+static dt_status run_node(node_task *k) {
+    dt_graph *g = k->g;
+    int       n = splittable(k->v) ? g->split : 1;
+    if (n == 1)
+        return run_range(k, 0, 1);
+    dt_pool_run(g->pool, pool_task, k);
+    for (int t = 0; t < n; t++)
+        if (g->tstatus[t] != DT_OK)
+            return t == 0 ? g->tstatus[t]
+                          : dt_fail(g->tstatus[t], "thread %d of %d failed (status %d)", t, n,
+                                    (int)g->tstatus[t]);
+    return DT_OK;
 }
 
 dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
@@ -492,7 +723,9 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
         return dt_fail(DT_ERR_ARG, "dt_graph_forward: %d sample keys set, batch is %d", g->nkeys,
                        batch);
     DT_TRY(reserve(g, batch));
+    DT_TRY(thread_buffers(g));
     g->batch = batch;
+    g->split = g->nthreads;
     int ni   = 0;
     for (int i = 0; i < g->nvals; i++) {
         gval *v = &g->vals[i];
@@ -504,13 +737,9 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
             continue;
         }
         v->fwd_training = g->training;
-        dt_layer_args a;
-        dt_shape      in[DT_LAYER_MAX_INPUTS];
-        const float  *x[DT_LAYER_MAX_INPUTS];
-        dt_rng        rng;
-        make_args(g, v, &a, in, x, &rng);
+        node_task k     = {.g = g, .v = v};
         DT_TRACE_BEGIN(tr);
-        dt_status st = v->layer->ops->forward(v->layer, &a);
+        dt_status st = run_node(&k);
         DT_TRACE_END(tr, "forward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) forward", v->name, v->layer->ops->kind);
@@ -539,11 +768,27 @@ static bool wants_grad(const dt_graph *g, const gval *v) {
     return v->layer ? true : g->input_grad;
 }
 
+// Adds the partials of threads 1.. (in thread order) into the gradient of parameter
+// k of node v and clears them.
+static void reduce_partials(dt_graph *g, const gval *v, int k) {
+    const dt_param_info *info  = dt_params_info(g->params, v->pidx[k]);
+    float               *grads = dt_params_grads(g->params) + info->offset;
+    for (int t = 1; t < g->split; t++) {
+        float *p = g->partial[t] + info->offset;
+        dt_nn_accumulate(info->count, p, grads);
+        memset(p, 0, sizeof(float) * info->count);
+    }
+}
+
 dt_status dt_graph_backward(dt_graph *g, const float *dout) {
     if (!g || !g->finalized || g->batch < 1)
         return dt_fail(DT_ERR_STATE, "dt_graph_backward: expected a forward first");
     if (!dout)
         return dt_fail(DT_ERR_ARG, "dt_graph_backward: expected dout, found NULL");
+    if (g->split != g->nthreads)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_graph_backward: the thread count changed since forward (%d, now %d)",
+                       g->split, g->nthreads);
     int batch = g->batch;
     for (int i = 0; i < g->nvals; i++)
         g->vals[i].written = false;
@@ -559,48 +804,36 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
             memset(v->dy, 0, sizeof(float) * val_floats(v, batch));
             v->written = true;
         }
-        dt_layer_args a;
-        dt_shape      in[DT_LAYER_MAX_INPUTS];
-        const float  *x[DT_LAYER_MAX_INPUTS];
-        float        *dx[DT_LAYER_MAX_INPUTS];
-        bool          direct[DT_LAYER_MAX_INPUTS];
-        dt_rng        rng;
-        make_args(g, v, &a, in, x, &rng);
-        size_t toff = 0;
+        node_task k    = {.g = g, .v = v, .backward = true};
+        size_t    toff = 0;
         for (int j = 0; j < v->nin; j++) {
-            gval *u   = &g->vals[v->in[j]];
-            dx[j]     = NULL;
-            direct[j] = false;
+            gval *u = &g->vals[v->in[j]];
             if (v->su.no_input_grad || !wants_grad(g, u))
                 continue;
             bool taken = u->written;
-            for (int k = 0; k < j; k++)
-                taken = taken || (v->in[k] == v->in[j] && direct[k]);
+            for (int q = 0; q < j; q++)
+                taken = taken || (v->in[q] == v->in[j] && k.direct[q]);
             if (!taken) {
-                dx[j]     = u->dy;
-                direct[j] = true;
+                k.dx[j]     = u->dy;
+                k.direct[j] = true;
             } else {
-                dx[j] = g->tmp + toff;
+                k.dx[j] = g->tmp + toff;
                 toff += val_floats(u, batch);
             }
         }
-        a.dy = v->dy;
-        a.dx = dx;
         DT_TRACE_BEGIN(tr);
-        dt_status st = v->layer->ops->backward(v->layer, &a);
+        dt_status st = run_node(&k);
         DT_TRACE_END(tr, "backward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) backward", v->name, v->layer->ops->kind);
-        for (int j = 0; j < v->nin; j++) {
-            gval *u = &g->vals[v->in[j]];
-            if (!dx[j])
-                continue;
-            if (!direct[j])
-                dt_nn_accumulate(val_floats(u, batch), dx[j], u->dy);
-            u->written = true;
-        }
-        for (int k = 0; k < v->su.nparams; k++) {
-            int t = v->pidx[k];
+        for (int j = 0; j < v->nin; j++)
+            if (k.dx[j])
+                g->vals[v->in[j]].written = true;
+        bool split = splittable(v) && g->split > 1;
+        for (int q = 0; q < v->su.nparams; q++) {
+            if (split)
+                reduce_partials(g, v, q);
+            int t = v->pidx[q];
             if (g->first_user[t] != i || t >= np)
                 continue;
             const dt_param_info *info = dt_params_info(g->params, t);

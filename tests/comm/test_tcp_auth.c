@@ -1,11 +1,11 @@
 // test_tcp_auth.c: the tcp backend's peer handshake against a stranger who knows a
 // rank's address but not the job token. Three ranks; while rank 2 waits for it in tcp
 // init (a hook holds it until the stranger sets a key in the store, so the order holds
-// however slow the machine is), a thread of rank 0 calls rank 1's port twice: once with the old hello that carried the token's
-// hash (accepted as proof of membership before), once with a fresh nonce claiming to
-// be rank 2 and, for its proof, the bytes rank 1 sent it (a reflection). Rank 1 must
-// close both connections and still take the real rank 2; the group's all_reduce sums
-// the three real ranks.
+// however slow the machine is), a thread of rank 0 calls rank 1's port twice: once with the old
+// hello that carried the token's hash (accepted as proof of membership before), once with a fresh
+// nonce claiming to be rank 2 and, for its proof, the bytes rank 1 sent it (a reflection). Rank 1
+// must close both connections and still take the real rank 2; the group's all_reduce sums the three
+// real ranks.
 #include "../lib/mp.h"
 #include "comm/comm_impl.h"
 #include "comm/wire.h"

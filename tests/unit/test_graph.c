@@ -6,11 +6,19 @@
 //   is the identity; another key gives another mask.
 // - Batches of several sizes reuse or grow the buffers and give each sample the same
 //   result as a batch of one.
+// - Threads: a GPT with dropout (masks keyed by sample position) and a ResNet block
+//   (BatchNorm runs whole on the calling thread) give with 2 and 3 threads, batches not
+//   divisible by them, the outputs of 1 thread and its gradients up to float rounding;
+//   gradient-ready is still called once per tensor, and a graph's second step (partials
+//   cleared) equals the first.
 #include "../check.h"
+#include "../lib/graphs.h"
 #include "dtrain/graph.h"
 #include "dtrain/nn.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { F = 40, N = 5 };
 
@@ -101,8 +109,134 @@ static void batches(void) {
     dt_graph_free(g);
 }
 
+typedef struct ready_count {
+    size_t off[64];
+    int    calls[64], n;
+} ready_count;
+
+static void on_ready(void *user, size_t offset, size_t count) {
+    (void)count;
+    ready_count *r = user;
+    for (int i = 0; i < r->n; i++)
+        if (r->off[i] == offset) {
+            r->calls[i]++;
+            return;
+        }
+    if (r->n < 64) {
+        r->off[r->n]     = offset;
+        r->calls[r->n++] = 1;
+    }
+}
+
+enum { GT = 8, GC = 16, GV = 24, GB = 7 };
+
+// One forward + backward of a graph at `threads`; returns the output and gradient copies.
+static void run_graph(dt_graph *g, int threads, const void *const *in, int batch, float *out,
+                      size_t nout, float *grad, ready_count *rc) {
+    CHECK_OK(dt_graph_set_threads(g, threads));
+    CHECK_EQ(dt_graph_threads(g), threads);
+    dt_params *p = dt_graph_params(g);
+    if (rc)
+        CHECK_OK(dt_params_add_grad_hook(p, on_ready, rc));
+    for (int step = 0; step < 2; step++) { // the second step must equal the first
+        CHECK_OK(dt_graph_forward(g, in, batch));
+        float *dout = malloc(sizeof(float) * nout);
+        for (size_t i = 0; i < nout; i++)
+            dout[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+        dt_params_zero_grad(p);
+        CHECK_OK(dt_graph_backward(g, dout));
+        free(dout);
+        if (step == 0) {
+            memcpy(out, dt_graph_output(g), sizeof(float) * nout);
+            memcpy(grad, dt_params_grads(p), sizeof(float) * dt_params_numel(p));
+        } else {
+            CHECK(memcmp(out, dt_graph_output(g), sizeof(float) * nout) == 0);
+            CHECK(memcmp(grad, dt_params_grads(p), sizeof(float) * dt_params_numel(p)) == 0);
+        }
+        if (rc && step == 0) {
+            CHECK_EQ(rc->n, dt_params_count(p));
+            int once = 0;
+            for (int i = 0; i < rc->n; i++)
+                once += rc->calls[i] == 1;
+            CHECK_EQ(once, rc->n);
+            dt_params_remove_grad_hook(p, on_ready, rc);
+        }
+    }
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double m = 0, scale = 1e-3;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(a[i]));
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - b[i]) / scale);
+    return m;
+}
+
+static void threads(void) {
+    check_current = "threads: gpt";
+    int32_t idx[GB * GT], pos[GB * GT];
+    for (int i = 0; i < GB * GT; i++) {
+        idx[i] = (i * 7 + 3) % GV;
+        pos[i] = i % GT;
+    }
+    size_t nout = (size_t)GB * GT * GV;
+    float *out[3], *grad[3];
+    size_t np = 0;
+    for (int k = 0; k < 3; k++) {
+        dt_graph *g = NULL;
+        CHECK_OK(dt_graph_new(&g, NULL));
+        CHECK_OK(tg_gpt(g, GT, GC, 2, GV, 0.1f));
+        CHECK_OK(dt_graph_finalize(g, 5));
+        dt_rng r = dt_rng_init(77);
+        dt_graph_set_rng(g, &r);
+        np             = dt_params_numel(dt_graph_params(g));
+        out[k]         = malloc(sizeof(float) * nout);
+        grad[k]        = malloc(sizeof(float) * np);
+        ready_count rc = {0};
+        run_graph(g, k + 1, (const void *[]){idx, pos}, GB, out[k], nout, grad[k], &rc);
+        dt_graph_free(g);
+    }
+    for (int k = 1; k < 3; k++) {
+        CHECK(max_rel(out[0], out[k], nout) < 1e-5);
+        CHECK(max_rel(grad[0], grad[k], np) < 1e-5);
+        // Not trivially equal: the gradients are not all zero.
+        double norm = 0;
+        for (size_t i = 0; i < np; i++)
+            norm += fabs(grad[k][i]);
+        CHECK(norm > 1e-3);
+    }
+    for (int k = 0; k < 3; k++)
+        free(out[k]), free(grad[k]);
+
+    check_current = "threads: resblock (BatchNorm whole)";
+    enum { RC = 4, RH = 6, RB = 5 };
+    float  x[RB * RC * RH * RH];
+    dt_rng r = dt_rng_init(9);
+    for (size_t i = 0; i < sizeof x / sizeof *x; i++)
+        x[i] = dt_rng_normal(&r);
+    nout = sizeof x / sizeof *x;
+    for (int k = 0; k < 2; k++) {
+        dt_graph *g = NULL;
+        CHECK_OK(dt_graph_new(&g, NULL));
+        CHECK_OK(tg_resblock(g, RC, RH, RH, NULL));
+        CHECK_OK(dt_graph_finalize(g, 5));
+        np      = dt_params_numel(dt_graph_params(g));
+        out[k]  = malloc(sizeof(float) * nout);
+        grad[k] = malloc(sizeof(float) * np);
+        run_graph(g, k ? 3 : 1, (const void *[]){x}, RB, out[k], nout, grad[k], NULL);
+        dt_graph_free(g);
+    }
+    CHECK(max_rel(out[0], out[1], nout) < 1e-5);
+    CHECK(max_rel(grad[0], grad[1], np) < 1e-5);
+    for (int k = 0; k < 2; k++)
+        free(out[k]), free(grad[k]);
+    CHECK_ERR(dt_graph_set_threads(NULL, 2), DT_ERR_ARG, "threads");
+}
+
 int main(void) {
     masks();
     batches();
+    threads();
     return check_summary();
 }

@@ -1,0 +1,33 @@
+#!/bin/sh
+# gpt_bench.sh: dtrain-gpt against the PyTorch peer gpt_bytes.py, interleaved (A, B, A,
+# B, ...) so both see the same machine load. One line per run: the configuration, the
+# STATS tokens_per_sec (whole loop), the tok/s of the last printed step line (steady
+# state), peak RSS, the 1-minute load average, and the process CPU seconds.
+#   bench/gpt_bench.sh [ROUNDS] [STEPS]      (defaults 3 rounds of 20 steps)
+# Run from the repository root. Env: DTRAIN_GPT (default build/bin/dtrain-gpt), PEER
+# (the folder of gpt_bytes.py, default ../shared/bench/peer).
+set -u
+ROUNDS=${1:-3}
+STEPS=${2:-20}
+BIN=${DTRAIN_GPT:-build/bin/dtrain-gpt}
+PEER=${PEER:-../shared/bench/peer}            # from the repository root
+[ -f "$PEER/gpt_bytes.py" ] || PEER=/work/shared/bench/peer
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184
+COMMON="--steps $STEPS --eval-every 0 --log-every 10"
+one() { # name, command...
+    name=$1; shift
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    out=$( { /usr/bin/time -f "CPU %U %S" "$@" $COMMON; } 2>&1 )
+    tps=$(echo "$out" | grep '^STATS' | head -1 | sed 's/.*"tokens_per_sec": \([0-9.]*\).*/\1/')
+    last=$(echo "$out" | grep '| tok/s' | tail -1 | sed 's/.*tok\/s //')
+    rss=$(echo "$out" | grep '^STATS' | sed 's/.*"peak_rss_mib": \([0-9.]*\).*/\1/' | tr '\n' '+')
+    cpu=$(echo "$out" | grep '^CPU' | tail -1)
+    echo "$name | tok/s $tps | last $last | rss $rss | load $load | $cpu"
+}
+for r in $(seq "$ROUNDS"); do
+    one "peer-1p-t2" /usr/bin/python3 "$PEER/gpt_bytes.py" --undistributed --threads 2 --blas-threads 1
+    one "dtrain-1p-t2" "$BIN" --threads 2
+    one "peer-2p-t1" /usr/bin/python3 "$PEER/gpt_bytes.py" --num-processes 2 --threads 1
+    one "dtrain-2p-t1" "$BIN" --num-processes 2 --threads 1
+    one "dtrain-1p-t1" "$BIN" --threads 1
+done

@@ -1,0 +1,274 @@
+// test_gpt.c: examples/gpt (dtrain-gpt) as a user runs it, on a tiny model (1 layer,
+// C 32, 2 heads, T 32) and a corpus written here: lines of words drawn from 20, so a
+// byte is well predicted from the bytes before it in its word.
+//
+// - It learns: the validation loss after 300 steps is below the unigram entropy of the
+//   training split (computed here), the loss of the best model that ignores context;
+//   the first step's loss is near ln 256 (a uniform guess).
+// - 2 processes (global batch 8, 4 each), and 1 process in 4 micro-batches of 2
+//   (gradient accumulation), end with the model of 1 process and one batch of 8 up to
+//   rounding (the gradient sums in another order).
+// - Killed (SIGKILL) after its first checkpoint and resumed with --resume, a run with 2
+//   threads ends with the bytes of the model of the same run uninterrupted.
+// - Bad flags exit 2 naming the flag.
+#include "../check.h"
+#include "../lib/prog.h"
+#include "dtrain/ckpt.h"
+
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char bin[PATH_MAX + 64], dir[64] = "/tmp/dtrain-gpt-XXXXXX", corpus[256];
+
+#define TINY "--n-layer 1 --n-embd 32 --n-head 2 --block-size 32 --batch-size 8 --lr 3e-3 "
+
+static int run(const char *cmd, char **out) {
+    FILE  *p   = popen(cmd, "r");
+    size_t cap = 1 << 16, len = 0, k;
+    *out = calloc(cap, 1);
+    if (!p)
+        return -1;
+    while ((k = fread(*out + len, 1, cap - len - 1, p)) > 0)
+        if ((len += k) + 1 >= cap)
+            *out = realloc(*out, cap *= 2);
+    (*out)[len] = '\0';
+    int st      = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// 40,000 bytes of lines of 4..9 words; returns the unigram entropy (nats) of the
+// first 9/10 (the training split).
+static double write_corpus(void) {
+    static const char *w[] = {"the",   "quick", "brown", "fox",    "jumps", "over", "lazy",
+                              "dog",   "and",   "cat",   "sleeps", "under", "warm", "sun",
+                              "while", "birds", "sing",  "songs",  "of",    "old"};
+    enum { N = 40000 };
+    char    *s = malloc(N + 64);
+    size_t   n = 0;
+    uint64_t x = 12345;
+    while (n < N) {
+        x      = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        int nw = 4 + (int)((x >> 33) % 6);
+        for (int i = 0; i < nw && n < N; i++) {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            n += (size_t)snprintf(s + n, 64, "%s%s", i ? " " : "", w[(x >> 33) % 20]);
+        }
+        n += (size_t)snprintf(s + n, 64, ".\n");
+    }
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
+    FILE *f = fopen(corpus, "wb");
+    CHECK(f && fwrite(s, 1, N, f) == N);
+    if (f)
+        fclose(f);
+    double count[256] = {0}, h = 0, ntr = 9 * N / 10;
+    for (int i = 0; i < 9 * N / 10; i++)
+        count[(unsigned char)s[i]]++;
+    for (int c = 0; c < 256; c++)
+        if (count[c] > 0)
+            h -= count[c] / ntr * log(count[c] / ntr);
+    free(s);
+    return h;
+}
+
+static float grab(const char *out, const char *key) {
+    const char *p = strstr(out, key);
+    float       v = NAN;
+    if (p)
+        sscanf(p + strlen(key), "%f", &v);
+    return v;
+}
+
+static double unigram;
+
+static void test_learns(void) {
+    char cmd[4 * PATH_MAX], *out;
+    snprintf(cmd, sizeof cmd, "%s --data %s " TINY "--steps 300 --eval-every 150 --threads 1 2>&1",
+             bin, corpus);
+    CHECK_EQ(run(cmd, &out), 0);
+    float first = grab(out, "step 1/300 | loss "), val = grab(out, "val loss: ");
+    CHECK(fabsf(first - logf(256)) < 0.1f);
+    CHECK(val < unigram - 0.3); // context used: below what unigram statistics give
+    CHECK(strstr(out, "step 150/300 | val loss ") != NULL);
+    CHECK(strstr(out, "Finished training in ") != NULL);
+    CHECK(strstr(out, "STATS {\"rank\": 0, \"world\": 1, \"steps\": 300") != NULL);
+    CHECK(strstr(out, "\"params\": 21984") != NULL);
+    if (!(val < unigram - 0.3))
+        fprintf(stderr, "     unigram %.4f, output:\n%s\n", unigram, out);
+    free(out);
+}
+
+// The 1-layer model's table, as dtrain-gpt names it.
+static dt_params *tiny_table(void) {
+    dt_params *p = NULL;
+    CHECK_OK(dt_params_new(&p, NULL));
+    struct {
+        const char *n;
+        int64_t     d0, d1;
+    } t[] = {{"wte.weight", 256, 32},
+             {"wpe.weight", 32, 32},
+             {"h.0.ln_1.weight", 32, 0},
+             {"h.0.ln_1.bias", 32, 0},
+             {"h.0.attn.c_attn.weight", 96, 32},
+             {"h.0.attn.c_attn.bias", 96, 0},
+             {"h.0.attn.c_proj.weight", 32, 32},
+             {"h.0.attn.c_proj.bias", 32, 0},
+             {"h.0.ln_2.weight", 32, 0},
+             {"h.0.ln_2.bias", 32, 0},
+             {"h.0.mlp.c_fc.weight", 128, 32},
+             {"h.0.mlp.c_fc.bias", 128, 0},
+             {"h.0.mlp.c_proj.weight", 32, 128},
+             {"h.0.mlp.c_proj.bias", 32, 0},
+             {"ln_f.weight", 32, 0},
+             {"ln_f.bias", 32, 0}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        int64_t d[2] = {t[i].d0, t[i].d1};
+        CHECK_OK(dt_params_add(p, t[i].n, t[i].d1 ? 2 : 1, d, 0));
+    }
+    CHECK_OK(dt_params_alloc(p));
+    return p;
+}
+
+static void test_world_invariance(void) {
+    char cmd[2 * PATH_MAX + 2048], *out, m1[256], m2[256], m3[256];
+    snprintf(m1, sizeof m1, "%s/one.bin", dir);
+    snprintf(m2, sizeof m2, "%s/two.bin", dir);
+    snprintf(m3, sizeof m3, "%s/micro.bin", dir);
+    const char *extra[] = {"", "--num-processes 2 ", "--micro-batch 2 "}, *files[] = {m1, m2, m3};
+    for (int k = 0; k < 3; k++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s --data %s " TINY
+                 "--steps 20 --eval-every 0 --threads 1 %s--save-model %s 2>&1",
+                 bin, corpus, extra[k], files[k]);
+        CHECK_EQ(run(cmd, &out), 0);
+        if (k == 1) // one STATS line per rank, in rank order
+            CHECK(strstr(out, "\"rank\": 0, \"world\": 2") &&
+                  strstr(out, "\"rank\": 1, \"world\": 2") &&
+                  strstr(out, "\"rank\": 0, \"world\": 2") <
+                      strstr(out, "\"rank\": 1, \"world\": 2"));
+        free(out);
+    }
+    // 2 processes, and 4 micro-batches of 2 (gradient accumulation), against 1 x 8.
+    for (int k = 1; k < 3; k++) {
+        dt_params *a = tiny_table(), *b = tiny_table();
+        CHECK_OK(dt_ckpt_load_params(m1, a));
+        CHECK_OK(dt_ckpt_load_params(files[k], b));
+        double maxd = 0, moved = 0;
+        for (size_t i = 0; i < dt_params_numel(a); i++) {
+            maxd = fmax(maxd, fabs((double)dt_params_data(a)[i] - dt_params_data(b)[i]));
+            moved += fabs((double)dt_params_data(a)[i]);
+        }
+        CHECK(maxd < 1e-4); // 20 AdamW steps of lr <= 3e-3: rounding, not another batch
+        CHECK(moved > 1);
+        dt_params_free(a);
+        dt_params_free(b);
+    }
+}
+
+static bool exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static void test_resume_after_kill(void) {
+    char cmd[2 * PATH_MAX + 2048], *out, full[256], res[256], ck[256], mark[320];
+    snprintf(full, sizeof full, "%s/full.bin", dir);
+    snprintf(res, sizeof res, "%s/resumed.bin", dir);
+    snprintf(ck, sizeof ck, "%s/ckpt", dir);
+    const char *common = TINY "--steps 400 --eval-every 0 --threads 2 --log-every 100 ";
+    snprintf(cmd, sizeof cmd, "%s --data %s %s--save-model %s 2>&1", bin, corpus, common, full);
+    CHECK_EQ(run(cmd, &out), 0);
+    free(out);
+    // The interrupted run: SIGKILL as soon as its first checkpoint (step 10) is complete.
+    pid_t pid = fork();
+    if (pid == 0) {
+        char a[2 * PATH_MAX + 2048];
+        snprintf(a, sizeof a,
+                 "exec %s --data %s %s--checkpoint-dir %s --checkpoint-every 10 >/dev/null 2>&1",
+                 bin, corpus, common, ck);
+        execl("/bin/sh", "sh", "-c", a, (char *)NULL);
+        _exit(127);
+    }
+    int64_t first = -1;
+    for (int i = 0; i < 6000 && first < 0; i++) { // 30 s at most
+        int64_t *steps = NULL;
+        size_t   n     = 0;
+        if (dt_ckpt_list(ck, &steps, &n) == DT_OK && n > 0)
+            first = steps[0];
+        dt_free(steps);
+        if (first < 0)
+            usleep(5000);
+    }
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL); // stopped mid-run
+    CHECK(first == 10);
+    snprintf(mark, sizeof mark, "%s/step-000400", ck);
+    CHECK(!exists(mark));
+    snprintf(cmd, sizeof cmd,
+             "%s --data %s %s--checkpoint-dir %s --checkpoint-every 10 --resume --save-model %s "
+             "2>&1",
+             bin, corpus, common, ck, res);
+    CHECK_EQ(run(cmd, &out), 0);
+    CHECK(strstr(out, "resumed from ") != NULL);
+    free(out);
+    FILE *fa = fopen(full, "rb"), *fb = fopen(res, "rb");
+    CHECK(fa && fb);
+    if (fa && fb) {
+        int ca, cb, same = 1;
+        do {
+            ca = fgetc(fa), cb = fgetc(fb);
+            same &= ca == cb;
+        } while (ca != EOF && cb != EOF);
+        CHECK(same); // bitwise
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+}
+
+static void test_bad_flags(void) {
+    char cmd[3 * PATH_MAX], *out;
+    snprintf(cmd, sizeof cmd, "%s --bogus 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--bogus") != NULL);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --n-embd 30 --n-head 4 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--n-head") != NULL);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --batch-size 7 --num-processes 2 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--batch-size") != NULL);
+    free(out);
+}
+
+int main(void) {
+    if (!test_program_path("dtrain-gpt", bin, sizeof bin)) {
+        CHECK(!"dtrain-gpt is not built");
+        return check_summary();
+    }
+    if (!mkdtemp(dir)) {
+        CHECK(!"mkdtemp");
+        return check_summary();
+    }
+    unigram = write_corpus();
+    RUN(test_learns);
+    RUN(test_world_invariance);
+    RUN(test_resume_after_kill);
+    RUN(test_bad_flags);
+    char cmd[PATH_MAX];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return check_summary();
+}
