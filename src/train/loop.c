@@ -140,6 +140,12 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         DT_TRY(st);
         fflush(stdout);
     }
+    if (t->pg && a->data_parallel > 1)
+        return dt_fail(DT_ERR_ARG,
+                       "--data-parallel %ld: expected a single process (DataParallel threads "
+                       "replace processes), found a group of %d ranks (hint: --data-parallel 1, "
+                       "or one process)",
+                       a->data_parallel, t->world);
     if (t->pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
@@ -269,6 +275,12 @@ static void scale_grads(dt_params *p, float s) {
 }
 
 dt_status dt_trainer_step(dt_trainer *t, float loss) {
+    if (t->a.data_parallel > 1 && !t->dp)
+        return dt_fail(DT_ERR_ARG,
+                       "--data-parallel %ld: expected a program that trains through "
+                       "dt_trainer_set_replicas and dt_trainer_forward_backward, found one "
+                       "that runs its own forward and backward",
+                       t->a.data_parallel);
     t->last_loss = loss;
     t->samples_seen += (int64_t)t->cur_size;
     if (t->sync) {
@@ -298,6 +310,47 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
     DT_TRY(dt_train_preempt_agree(t->pg, &t->preempted));
     t->stop = t->preempted || (t->a.max_steps && t->step >= t->a.max_steps);
     return DT_OK;
+}
+
+// ------------------------------------------------------------------ DataParallel
+
+dt_status dt_trainer_set_replicas(dt_trainer *t, const dt_dp_ops *ops,
+                                  const dt_dp_replica *master) {
+    if (!ops || !ops->work || !master || (t->a.data_parallel > 1 && !ops->make))
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_set_replicas: expected a work function, a master replica%s, "
+                       "found %s",
+                       t->a.data_parallel > 1 ? " and a factory (--data-parallel)" : "",
+                       !ops || !ops->work ? "no work function"
+                       : !master          ? "no master"
+                                          : "no factory");
+    if (t->has_replicas)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_set_replicas: expected one call, found a second");
+    t->dp_ops = *ops, t->dp_master = *master, t->has_replicas = true;
+    return DT_OK;
+}
+
+int dt_trainer_data_parallel(const dt_trainer *t) {
+    return t->a.data_parallel > 1 ? (int)t->a.data_parallel : 1;
+}
+
+dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *loss) {
+    if (!t->has_replicas)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_trainer_forward_backward: expected dt_trainer_set_replicas first");
+    if (t->a.data_parallel <= 1) // the plain loop: the master on the whole micro-batch
+        return t->dp_ops.work(t->dp_ops.user, &t->dp_master, b, loss);
+    if (!t->p)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_trainer_forward_backward: expected dt_trainer_prepare first");
+    if (!t->dp) {
+        dt_dp_opts o      = dt_dp_opts_default();
+        int        n      = (int)t->a.data_parallel;
+        o.replica_threads = t->threads / n > 1 ? t->threads / n : 1;
+        DT_TRY(dt_dp_new(&t->dp, t->p, n, &t->dp_ops, &o));
+    }
+    dt_dp_set_rng(t->dp, &t->er); // the epoch's dropout stream, as the master's
+    return dt_dp_forward_backward(t->dp, b, loss);
 }
 
 void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user) {

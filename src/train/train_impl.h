@@ -48,7 +48,7 @@ void dt_train_preempt_release(void);
 // The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
-#define MAX_COMMON   32
+#define MAX_COMMON   40
 #define MAX_KVS      24
 
 struct dt_trainer {
@@ -102,6 +102,11 @@ struct dt_trainer {
     size_t             cur_index;
     const dt_dataset  *eds[MAX_EVAL];
     size_t             ebatch[MAX_EVAL];
+    // DataParallel (--data-parallel N, dp.c): the program's replicas.
+    dt_dp        *dp;
+    dt_dp_ops     dp_ops;
+    dt_dp_replica dp_master;
+    bool          has_replicas;
 };
 
 #endif

@@ -54,6 +54,13 @@ static void build_common(dt_trainer *t) {
              "It cost 0-3% of CPU time on the seed's ConvNet\n"
              "(bench/RESULTS.md); 0 turns it off",
            T, DT_FLAG_CKPT_WARN, 0, 0},
+          {"data-parallel", DT_FLAG_LONG, &a->data_parallel, "1", 1, DT_DP_MAX_REPLICAS, "N",
+           "DataParallel: N replicas of the model on N threads of this one\n"
+             "process, each on a slice of every batch, gradients summed in\n"
+             "memory in a fixed order, one optimizer step (default 1: off).\n"
+             "--threads is shared among them. Instead of --num-processes on\n"
+             "one machine; when each wins: docs/trainer.md",
+           T, DT_FLAG_CKPT_WARN, 0, 0},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -302,6 +309,8 @@ static dt_status check_shared(dt_trainer *t) {
 // ------------------------------------------------------------------------- launching
 
 static void release_worker(dt_trainer *t) {
+    dt_dp_free(t->dp);
+    t->dp = NULL, t->has_replicas = false;
     dt_ddp_free(t->ddp);
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
