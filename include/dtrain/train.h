@@ -201,9 +201,21 @@ DT_API dt_status dt_trainer_gather_for_metrics(dt_trainer *t, const void *src, s
                                                dt_dtype dtype, void **out, size_t *total);
 
 typedef enum dt_split {
-    DT_SPLIT_TRAIN, // shuffled with --seed, padded to equal shares, epoch-aware;
-                    // the loader dt_trainer_next drives and checkpoints save
-    DT_SPLIT_EVAL,  // in order, no padding: every sample once across ranks
+    DT_SPLIT_TRAIN,        // shuffled with --seed, padded to equal shares, epoch-aware;
+                           // the loader dt_trainer_next drives and checkpoints save
+    DT_SPLIT_EVAL,         // in order, no padding: every sample once across ranks
+    DT_SPLIT_TRAIN_UNEVEN, // shuffled like DT_SPLIT_TRAIN but not padded: every sample
+                           // exactly once per epoch, so ranks' shares (and batch counts)
+                           // may differ; the trainer then joins (DDP's join):
+                           // a rank whose data runs out shadows the others' steps (zero
+                           // gradient, the same reductions, optimizer steps and
+                           // checkpoints) until every rank's epoch is over, and each
+                           // step's gradient is the mean over the samples all ranks had
+                           // in it (with --accumulate too: samples, not micro-batches,
+                           // weigh equally): the model of one process with batch
+                           // world * B and this split. A dataset of a different size on
+                           // each rank is allowed. Gradients are reduced after backward
+                           // (no overlap with it).
 } dt_split;
 
 // A loader over this rank's share of ds (owned by the trainer; valid until fn returns).

@@ -583,7 +583,7 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
             *out = t->eld[i];
             return DT_OK;
         }
-    if (split == DT_SPLIT_TRAIN && t->ld)
+    if (split != DT_SPLIT_EVAL && t->ld)
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected one training loader, found a "
                                      "second");
     if (split == DT_SPLIT_EVAL && t->neval >= MAX_EVAL)
@@ -595,6 +595,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
     so.seed            = (uint64_t)t->a.seed;
     if (split == DT_SPLIT_EVAL)
         so.shuffle = false, so.eval = true;
+    if (split == DT_SPLIT_TRAIN_UNEVEN) // no padding: every sample once, shares may differ
+        so.eval = true;
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = batch;
     dt_sampler *s     = NULL;
@@ -606,7 +608,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
         dt_sampler_free(s);
         return st;
     }
-    if (split == DT_SPLIT_TRAIN) {
+    if (split != DT_SPLIT_EVAL) {
+        t->join = split == DT_SPLIT_TRAIN_UNEVEN;
         t->smp = s, t->ld = l, t->batch = batch;
         t->nbatches = dt_loader_num_batches(l);
         if (!(t->keys = dt_alloc(sizeof *t->keys * batch)))
