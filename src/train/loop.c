@@ -254,12 +254,15 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
                 dt_model_set_rng(t->m, &t->er);
             dt_progress_begin_epoch(t->bar, t->epoch, t->nbatches);
             t->in_epoch = true;
-            if (t->join) { // the epoch's largest batch count, which every rank runs
-                int64_t nb = (int64_t)t->nbatches;
-                if (t->pg &&
-                    (t->err = dt_pg_all_reduce(t->pg, &nb, &nb, 1, DT_INT64, DT_REDUCE_MAX)))
+            if (t->join) {
+                // The epoch's largest batch count, which every rank runs, and after a
+                // resume the micro-batches done (the ranks with data left have done
+                // them all; a rank that had run out, fewer).
+                size_t  pos  = dt_sampler_position(t->smp);
+                int64_t v[2] = {(int64_t)t->nbatches, (int64_t)((pos + t->batch - 1) / t->batch)};
+                if (t->pg && (t->err = dt_pg_all_reduce(t->pg, v, v, 2, DT_INT64, DT_REDUCE_MAX)))
                     return false;
-                t->nb_all = (size_t)nb, t->mb = 0, t->exhausted = false;
+                t->nb_all = (size_t)v[0], t->mb = (size_t)v[1], t->exhausted = false;
             }
         }
         if (t->join) {

@@ -166,6 +166,28 @@ static void test_very_uneven(void) {
              (int)getpid());
     CHECK_EQ(run_trainer(flags, &r_p), 0);
     CHECK_EQ(r_p.steps, 6);
+    // Stopped at step 9 (in the second epoch, rank 0 already out of data) and resumed:
+    // bitwise the uninterrupted run.
+    result whole;
+    snprintf(flags, sizeof flags,
+             "--epochs 2 --num-processes 4 --checkpoint-dir /tmp/dt-join-%d/a --checkpoint-every 1",
+             (int)getpid());
+    CHECK_EQ(run_trainer(flags, &whole), 0);
+    CHECK_EQ(whole.steps, 14);
+    snprintf(flags, sizeof flags,
+             "--epochs 2 --num-processes 4 --checkpoint-dir /tmp/dt-join-%d/b --checkpoint-every 1 "
+             "--max-steps 9",
+             (int)getpid());
+    CHECK_EQ(run_trainer(flags, &r_p), 0);
+    CHECK_EQ(r_p.steps, 9);
+    snprintf(flags, sizeof flags,
+             "--epochs 2 --num-processes 4 --checkpoint-dir /tmp/dt-join-%d/b --checkpoint-every 1 "
+             "--resume",
+             (int)getpid());
+    CHECK_EQ(run_trainer(flags, &r_p), 0);
+    CHECK_EQ(r_p.steps, 14);
+    CHECK_EQ(r_p.batches, 2 + 4 + 7 - 3 - 1); // the batches left after step 9 (epoch 2)
+    CHECK(whole.n > 0 && memcmp(whole.p, r_p.p, sizeof(float) * (size_t)whole.n) == 0);
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf /tmp/dt-join-%d", (int)getpid());
     CHECK_EQ(system(cmd), 0);
