@@ -250,8 +250,9 @@ DT_API dt_status dt_trainer_step(dt_trainer *t, float loss);
 // of the loop's own forward, loss and backward, runs ops->work on the master for the
 // whole micro-batch (the default: bitwise the plain loop), or with --data-parallel N on
 // N replicas, threads of this process, each on its slice, their gradients summed into
-// the master's in replica order. --data-parallel N > 1 needs a single process (no
-// group) and a program that calls these two. Inside fn, before the first batch.
+// the master's in replica order (with several processes, DDP then reduces the master's
+// over them). --data-parallel N > 1 needs a program that calls these two. Inside fn,
+// before the first batch.
 DT_API dt_status dt_trainer_set_replicas(dt_trainer *t, const dt_dp_ops *ops,
                                          const dt_dp_replica *master);
 // The micro-batch's forward and backward (after dt_trainer_next); *loss its mean loss.

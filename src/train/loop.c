@@ -140,12 +140,6 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         DT_TRY(st);
         fflush(stdout);
     }
-    if (t->pg && a->data_parallel > 1)
-        return dt_fail(DT_ERR_ARG,
-                       "--data-parallel %ld: expected a single process (DataParallel threads "
-                       "replace processes), found a group of %d ranks (hint: --data-parallel 1, "
-                       "or one process)",
-                       a->data_parallel, t->world);
     if (t->pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
@@ -411,7 +405,15 @@ dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *l
         DT_TRY(dt_dp_new(&t->dp, t->p, n, &t->dp_ops, &o));
     }
     dt_dp_set_rng(t->dp, &t->er); // the epoch's dropout stream, as the master's
-    return dt_dp_forward_backward(t->dp, b, loss);
+    DT_TRY(dt_dp_forward_backward(t->dp, b, loss));
+    // Replicas in each of several processes: the master's gradients are final now;
+    // DDP reduces them over the processes (last tensor first, as a backward reports).
+    for (int i = t->ddp ? dt_params_count(t->p) - 1 : -1; i >= 0; i--) {
+        const dt_param_info *pi = dt_params_info(t->p, i);
+        if (pi->trainable)
+            DT_TRY(dt_params_grad_ready(t->p, pi->offset, pi->count));
+    }
+    return DT_OK;
 }
 
 // A micro-batch of a rank whose data ran out (uneven inputs): no samples, the same

@@ -59,7 +59,8 @@ static void build_common(dt_trainer *t) {
              "process, each on a slice of every batch, gradients summed in\n"
              "memory in a fixed order, one optimizer step (default 1: off).\n"
              "--threads is shared among them. Instead of --num-processes on\n"
-             "one machine; when each wins: docs/trainer.md",
+             "one machine, or inside each process (DDP between them); when\n"
+             "threads win and when processes do: docs/trainer.md",
            T, DT_FLAG_CKPT_WARN, 0, 0},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"

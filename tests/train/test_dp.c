@@ -3,7 +3,8 @@
 // included: masks keyed by dataset index), for a dt_model (convolutional, with
 // dropout), a dt_graph and uneven or empty slices; a replica's failure and bad
 // replica counts are refused with clear messages; through the trainer, --data-parallel
-// N trains the model of one thread and of N processes with DDP to rounding.
+// N trains the model of one thread and of N processes with DDP to rounding, and so do
+// replicas inside each of several processes.
 //
 // Tolerance: parameters after the trainer's runs (2 epochs of SGD with momentum on a
 // small MLP, values ~0.1) within 1e-5 absolute, the bound the trainer's tests use for
@@ -389,6 +390,20 @@ static void test_trainer(void) {
                "%.2g\n",
                n, (double)max_diff(&r_dp, &r_one), n, (double)max_diff(&r_dp, &r_ddp));
     }
+    // Replicas inside processes: 2 processes of batch 4, each with 2 replicas of 2
+    // samples (DDP between the processes), against 4 processes of batch 2.
+    t_batch = 4;
+    CHECK_EQ(run_trainer("--epochs 2 --threads 2 --data-parallel 2 --num-processes 2", &f, &r_dp),
+             0);
+    t_batch = 2;
+    CHECK_EQ(run_trainer("--epochs 2 --threads 1 --num-processes 4", &f, &r_ddp), 0);
+    t_batch = 8;
+    CHECK_EQ(r_dp.steps, r_one.steps);
+    CHECK(max_diff(&r_dp, &r_ddp) < 1e-5f);
+    CHECK(max_diff(&r_dp, &r_one) < 1e-5f);
+    printf("     2 processes x --data-parallel 2: max |diff| to 4 processes %.2g, to one thread "
+           "%.2g\n",
+           (double)max_diff(&r_dp, &r_ddp), (double)max_diff(&r_dp, &r_one));
     // The ConvNet with dropout, 3 replicas on batch 8 (slices 2, 3, 3).
     f.kind = 0;
     CHECK_EQ(run_trainer("--epochs 1 --threads 1", &f, &r_one), 0);
@@ -403,9 +418,6 @@ static void test_trainer_refusals(void) {
     CHECK_EQ(run_trainer("--data-parallel 0", &f, &r_dp), 2);
     CHECK_EQ(run_trainer("--data-parallel 257", &f, &r_dp), 2);
     CHECK_EQ(run_trainer("--data-parallel two", &f, &r_dp), 2);
-    // With processes: refused by every rank (exit 1), nothing trained.
-    CHECK_EQ(run_trainer("--data-parallel 2 --num-processes 2 --threads 1", &f, &r_dp), 1);
-    CHECK_EQ(r_dp.steps, 0);
     // A program that runs its own forward and backward: refused, not silently ignored.
     t_own_loop = true;
     CHECK_EQ(run_trainer("--data-parallel 2 --threads 1", &f, &r_dp), 1);
