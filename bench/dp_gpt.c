@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
     float     dummy = 0;
     for (int i = 0; ranks && i < n; i++)
         ranks[i] = (uint32_t)i;
-    dt_batch b = {.x = &dummy, .indices = ranks, .size = (size_t)n};
+    dt_batch b  = {.x = &dummy, .indices = ranks, .size = (size_t)n};
     double   t0 = dt_now(), tok = (double)a.batch * (double)a.block;
     float    loss = 0, norm;
     for (; !st && ranks && dj.step < a.steps; dj.step++) {

@@ -107,7 +107,7 @@ struct dt_trainer {
     dt_dp_ops     dp_ops;
     dt_dp_replica dp_master;
     bool          has_replicas;
-    // Uneven inputs (DT_SPLIT_TRAIN_UNEVEN on a group, loop.c): every rank runs the
+    // Uneven inputs (DT_SPLIT_TRAIN_UNEVEN, loop.c): every rank runs the
     // epoch's largest batch count (nb_all); past its own data, a rank shadows the
     // others' steps with no samples. Windows count micro-batches mb of the epoch, and
     // the gradient of a window is the sum over its samples (win_samples here), reduced
