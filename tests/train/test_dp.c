@@ -282,6 +282,7 @@ typedef struct result {
 static result *shared_result; // MAP_SHARED: written by forked workers
 static long    t_batch;
 static bool    t_own_loop; // train without dt_trainer_forward_backward
+static rep    *t_master;   // the master replica's scratch (its model is the trainer's)
 
 static dt_status train_fn(dt_trainer *t, void *user) {
     factory   *f = user;
@@ -289,7 +290,7 @@ static dt_status train_fn(dt_trainer *t, void *user) {
     DT_TRY(dt_trainer_loader(t, &train_set, (size_t)t_batch, DT_SPLIT_TRAIN, &ld));
     dt_dp_replica master;
     DT_TRY(make_rep(f, -1, &master));
-    rep *r = master.obj;
+    rep *r = t_master = master.obj; // freed by run_trainer, also when training fails
     {
         dt_model *tmp;
         DT_TRY(make_model(&tmp, f->kind, 3)); // the seed's model, whatever make_rep seeded
@@ -321,7 +322,6 @@ static dt_status train_fn(dt_trainer *t, void *user) {
         memcpy(shared_result->p, dt_params_data(master.params),
                sizeof(float) * dt_params_numel(master.params));
     }
-    dt_free(r); // the model is the trainer's
     return DT_OK;
 }
 
@@ -347,7 +347,9 @@ static int run_trainer(const char *flags, factory *f, result *out) {
         return st == DT_ERR_ARG ? 2 : -1;
     int rc = dt_trainer_run(t, train_fn, f);
     dt_trainer_free(t);
-    *out = *shared_result;
+    dt_free(t_master);
+    t_master = NULL;
+    *out     = *shared_result;
     return rc;
 }
 
