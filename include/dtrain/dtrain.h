@@ -7,6 +7,7 @@
 #include "dtrain/core.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
+#include "dtrain/dp.h"
 #include "dtrain/graph.h"
 #include "dtrain/layer.h"
 #include "dtrain/nn.h"

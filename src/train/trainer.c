@@ -54,6 +54,14 @@ static void build_common(dt_trainer *t) {
              "It cost 0-3% of CPU time on the seed's ConvNet\n"
              "(bench/RESULTS.md); 0 turns it off",
            T, DT_FLAG_CKPT_WARN, 0, 0},
+          {"data-parallel", DT_FLAG_LONG, &a->data_parallel, "1", 1, DT_DP_MAX_REPLICAS, "N",
+           "DataParallel: N replicas of the model on N threads of this one\n"
+             "process, each on a slice of every batch, gradients summed in\n"
+             "memory in a fixed order, one optimizer step (default 1: off).\n"
+             "--threads is shared among them. Instead of --num-processes on\n"
+             "one machine, or inside each process (DDP between them); when\n"
+             "threads win and when processes do: docs/trainer.md",
+           T, DT_FLAG_CKPT_WARN, 0, 0},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -302,6 +310,8 @@ static dt_status check_shared(dt_trainer *t) {
 // ------------------------------------------------------------------------- launching
 
 static void release_worker(dt_trainer *t) {
+    dt_dp_free(t->dp);
+    t->dp = NULL, t->has_replicas = false;
     dt_ddp_free(t->ddp);
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
@@ -574,7 +584,7 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
             *out = t->eld[i];
             return DT_OK;
         }
-    if (split == DT_SPLIT_TRAIN && t->ld)
+    if (split != DT_SPLIT_EVAL && t->ld)
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected one training loader, found a "
                                      "second");
     if (split == DT_SPLIT_EVAL && t->neval >= MAX_EVAL)
@@ -586,6 +596,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
     so.seed            = (uint64_t)t->a.seed;
     if (split == DT_SPLIT_EVAL)
         so.shuffle = false, so.eval = true;
+    if (split == DT_SPLIT_TRAIN_UNEVEN) // no padding: every sample once, shares may differ
+        so.eval = true;
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = batch;
     dt_sampler *s     = NULL;
@@ -597,7 +609,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
         dt_sampler_free(s);
         return st;
     }
-    if (split == DT_SPLIT_TRAIN) {
+    if (split != DT_SPLIT_EVAL) {
+        t->join = split == DT_SPLIT_TRAIN_UNEVEN;
         t->smp = s, t->ld = l, t->batch = batch;
         t->nbatches = dt_loader_num_batches(l);
         if (!(t->keys = dt_alloc(sizeof *t->keys * batch)))
