@@ -1,0 +1,357 @@
+// test_pipe.c: pipeline parallelism (pipe.h) in real processes.
+//
+// A 4-block GPT without weight tying (token and position embeddings, dropout, blocks
+// h.0 .. h.3, ln_f, an untied head) trains STEPS steps on cross-entropy, once whole in
+// this process with the whole batch B, and then cut into 2 stages (after h.1.out) and
+// 4 stages (after each of h.0 .. h.2), under GPipe and 1F1B, with M micro-batches
+// (M = 1, an uneven 3, 4, 8). Dropout masks are keyed by the samples' dataset indices,
+// so every layout draws the masks of the whole run. Each stage writes its parameters
+// where the whole graph keeps the same names; together they must equal the whole run's
+// to rounding (1e-5 of scale: a micro-batch missed, weighted wrong or a gradient sent to
+// the wrong stage moves them by ~1e-2), under SGD and AdamW, and GPipe must equal 1F1B
+// bitwise (same backward order). Each run's loss of every step equals the whole one's.
+// Then a stage killed inside its forward: every other stage's step fails within the
+// liveness bound, naming the dead rank.
+#include "../check.h"
+#include "../lib/graphs.h"
+#include "../lib/mp.h"
+#include "dtrain/optim.h"
+#include "dtrain/pipe.h"
+
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+enum { T = 6, C = 8, HEADS = 2, VOCAB = 11, NBLK = 4, B = 8, STEPS = 3, MAXP = 4096 };
+
+static int32_t g_tok[STEPS * B][T + 1];
+
+typedef struct shared {
+    float            w[MAXP];     // parameters by the whole graph's offsets
+    int              seen[MAXP];  // stages that wrote each float
+    float            loss[STEPS]; // every step's loss, from rank 0
+    _Atomic uint64_t kill_ns;
+    double           fail_s[4];
+    int              named[4];
+} shared;
+
+typedef struct cfg {
+    int              stages, micro;
+    dt_pipe_schedule sched;
+    bool             adamw;
+    int              kill; // >= 0: this stage dies in its second step
+} cfg;
+
+// An identity layer that kills its process on the forward of its call `g_bomb`.
+static int       g_bomb = -1;
+static dt_status bomb_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    (void)l;
+    (void)nin;
+    s->out = in[0];
+    return DT_OK;
+}
+static dt_status bomb_forward(const dt_layer *l, const dt_layer_args *a) {
+    (void)l;
+    if (g_bomb >= 0 && g_bomb-- == 0) {
+        atomic_store(&((shared *)mp_shared())->kill_ns, dt_now_ns());
+        raise(SIGKILL);
+    }
+    memcpy(a->y, a->x[0], sizeof(float) * (size_t)a->batch * dt_shape_numel(a->out));
+    return DT_OK;
+}
+static dt_status bomb_backward(const dt_layer *l, const dt_layer_args *a) {
+    (void)l;
+    if (a->dx[0])
+        memcpy(a->dx[0], a->dy, sizeof(float) * (size_t)a->batch * dt_shape_numel(a->out));
+    return DT_OK;
+}
+static const dt_layer_ops bomb_ops = {"bomb", bomb_setup, NULL, bomb_forward, bomb_backward, NULL};
+
+static dt_graph *build(bool bomb) {
+    dt_graph *g = NULL;
+    dt_layer *l;
+    CHECK_OK(dt_graph_new(&g, NULL));
+    CHECK_OK(dt_graph_input(g, "idx", &(dt_shape){1, {T, 1, 1, 1}, DT_ELEM_I32}));
+    CHECK_OK(dt_graph_input(g, "pos", &(dt_shape){1, {T, 1, 1, 1}, DT_ELEM_I32}));
+    CHECK_OK(dt_layer_embedding_new(&l, VOCAB, C, NULL));
+    CHECK_OK(dt_graph_add(g, "wte", l, "idx"));
+    CHECK_OK(dt_layer_embedding_new(&l, T, C, NULL));
+    CHECK_OK(dt_graph_add(g, "wpe", l, "pos"));
+    CHECK_OK(dt_layer_add_new(&l, NULL));
+    CHECK_OK(dt_graph_add(g, "emb", l, "wte", "wpe"));
+    CHECK_OK(dt_layer_dropout_new(&l, 0.2f, NULL));
+    CHECK_OK(dt_graph_add(g, "emb.drop", l, "emb")); // stands for "block -1"'s output
+    char in[32] = "emb.drop", pre[32];
+    for (int b = 0; b < NBLK; b++) {
+        snprintf(pre, sizeof pre, "b%d.", b);
+        CHECK_OK(tg_block(g, pre, in, C, HEADS));
+        snprintf(in, sizeof in, "b%d.out", b);
+        if (bomb && b == 1) { // the first node of stage 2 of 4
+            CHECK_OK(dt_layer_new(&l, &bomb_ops, NULL, NULL));
+            CHECK_OK(dt_graph_add(g, "bomb", l, in));
+            snprintf(in, sizeof in, "bomb");
+        }
+    }
+    CHECK_OK(dt_layer_layernorm_new(&l, C, NULL));
+    CHECK_OK(dt_graph_add(g, "ln_f", l, in));
+    CHECK_OK(dt_layer_linear_new(&l, C, VOCAB, &(dt_linear_opts){.bias = false}));
+    CHECK_OK(dt_graph_add(g, "head", l, "ln_f"));
+    return g;
+}
+
+static void make_data(void) {
+    dt_rng r = dt_rng_init(21);
+    for (int i = 0; i < STEPS * B; i++)
+        for (int t = 0; t <= T; t++)
+            g_tok[i][t] = (int32_t)dt_rng_below(&r, VOCAB);
+}
+
+typedef struct batch {
+    int32_t  idx[B * T], pos[B * T], tgt[B * T];
+    uint64_t keys[B];
+} batch;
+
+static void fill(batch *b, int s) {
+    for (int i = 0; i < B; i++) {
+        int gi     = s * B + i;
+        b->keys[i] = (uint64_t)gi;
+        for (int t = 0; t < T; t++) {
+            b->idx[i * T + t] = g_tok[gi][t];
+            b->pos[i * T + t] = t;
+            b->tgt[i * T + t] = t == 0 ? -1 : g_tok[gi][t + 1];
+        }
+    }
+}
+
+static dt_status ce(void *user, const float *out, int first, int n, float *loss, float *dout) {
+    const batch *b = user;
+    return dt_loss_cross_entropy_ex(out, b->tgt + first * T, n * T, VOCAB, -1, 0.0f, loss, dout);
+}
+
+static dt_optim *make_opt(dt_params *p, bool adamw) {
+    dt_optim *o = NULL;
+    if (adamw) {
+        dt_adam_opts ao = dt_adamw_opts_default();
+        ao.lr           = 0.01f;
+        // Some gradients are zero in exact arithmetic (the key bias: softmax ignores a
+        // shift of all scores) and rounding noise in practice, which Adam's default eps
+        // would blow up to full steps of either sign; 1e-3 keeps those steps tiny.
+        ao.eps = 1e-3f;
+        CHECK_OK(dt_adamw_new(&o, p, &ao));
+    } else {
+        dt_sgd_opts so = dt_sgd_opts_default();
+        so.lr          = 0.3f;
+        CHECK_OK(dt_sgd_new(&o, p, &so));
+    }
+    return o;
+}
+
+// The whole model in one process: final parameters into w, losses into loss.
+static size_t reference(bool adamw, float *w, float *loss) {
+    dt_graph *g = build(false);
+    CHECK_OK(dt_graph_finalize(g, 7));
+    dt_params *p  = dt_graph_params(g);
+    dt_optim  *o  = make_opt(p, adamw);
+    float     *dl = malloc(sizeof(float) * B * T * VOCAB);
+    batch      b;
+    dt_rng     root = dt_rng_init(5);
+    for (int s = 0; s < STEPS; s++) {
+        fill(&b, s);
+        dt_rng r = dt_rng_split(&root, (uint64_t)s);
+        dt_graph_set_rng(g, &r);
+        CHECK_OK(dt_graph_set_sample_keys(g, b.keys, B));
+        CHECK_OK(dt_graph_forward(g, (const void *[]){b.idx, b.pos}, B));
+        CHECK_OK(dt_loss_cross_entropy_ex(dt_graph_output(g), b.tgt, B * T, VOCAB, -1, 0.0f,
+                                          &loss[s], dl));
+        dt_params_zero_grad(p);
+        CHECK_OK(dt_graph_backward(g, dl));
+        dt_optim_step(o);
+    }
+    size_t n = dt_params_numel(p);
+    memcpy(w, dt_params_data(p), sizeof(float) * n);
+    free(dl);
+    dt_optim_free(o);
+    dt_graph_free(g);
+    return n;
+}
+
+static void ranks(int rank, int world, void *arg) {
+    const cfg *c  = arg;
+    shared    *sh = mp_shared();
+    dt_pg     *pg = mp_pg_init(c->kill >= 0 ? 60000 : 0);
+    if (!CHECK(pg != NULL))
+        return;
+    const char  *cuts4[] = {"b0.out", "b1.out", "b2.out"}, *cuts2[] = {"b1.out"};
+    dt_pipe_opts po  = dt_pipe_opts_default();
+    po.schedule      = c->sched;
+    po.micro_batches = c->micro;
+    dt_pipe *pp      = NULL;
+    CHECK_OK(
+        dt_pipe_new(&pp, build(c->kill >= 0), world - 1, world == 4 ? cuts4 : cuts2, pg, 7, &po));
+    if (!CHECK(pp != NULL)) {
+        dt_pg_free(pg);
+        return;
+    }
+    CHECK_EQ(dt_pipe_stage(pp), rank);
+    dt_params *p = dt_pipe_params(pp);
+    dt_optim  *o = make_opt(p, c->adamw);
+    batch      b;
+    dt_rng     root = dt_rng_init(5);
+    for (int s = 0; s < STEPS; s++) {
+        fill(&b, s);
+        dt_rng r = dt_rng_split(&root, (uint64_t)s);
+        dt_graph_set_rng(dt_pipe_graph(pp), &r);
+        dt_params_zero_grad(p);
+        if (c->kill == rank && s == 1)
+            g_bomb = 1; // the second micro-batch's forward of this step
+        float     loss = -1.0f;
+        double    t0   = dt_now();
+        dt_status st   = dt_pipe_step(pp, rank == 0 ? (const void *[]){b.idx, b.pos} : NULL, B,
+                                      b.keys, ce, &b, &loss);
+        if (c->kill >= 0 && s == 1) {
+            CHECK(st != DT_OK);
+            sh->fail_s[rank] = dt_now() - t0;
+            char victim[32];
+            snprintf(victim, sizeof victim, "rank %d", c->kill);
+            sh->named[rank] = strstr(dt_last_error(), victim) != NULL;
+            if (!sh->named[rank])
+                fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
+            break;
+        }
+        CHECK_OK(st);
+        if (rank == 0)
+            sh->loss[s] = loss;
+        dt_optim_step(o);
+    }
+    if (c->kill < 0) { // each tensor where the whole graph keeps it
+        dt_graph *ref = build(false);
+        CHECK_OK(dt_graph_finalize(ref, 7));
+        dt_params *rp = dt_graph_params(ref);
+        for (int t = 0; t < dt_params_count(p); t++) {
+            const dt_param_info *i = dt_params_info(p, t);
+            int                  k = dt_params_find(rp, i->name);
+            if (!CHECK(k >= 0))
+                continue;
+            const dt_param_info *j = dt_params_info(rp, k);
+            CHECK_EQ(j->count, i->count);
+            memcpy(sh->w + j->offset, dt_params_data(p) + i->offset, sizeof(float) * i->count);
+            for (size_t e = 0; e < i->count; e++)
+                sh->seen[j->offset + e]++;
+        }
+        dt_graph_free(ref);
+    }
+    dt_optim_free(o);
+    dt_pipe_free(pp);
+    dt_pg_free(pg);
+}
+
+static float g_ref[2][MAXP], g_ref_loss[2][STEPS], g_prev[MAXP];
+
+static void equality(void) {
+    size_t n = 0;
+    for (int a = 0; a < 2; a++)
+        n = reference(a, g_ref[a], g_ref_loss[a]);
+    if (!CHECK(n <= MAXP && sizeof(shared) <= 65536))
+        return;
+    cfg cases[] = {
+        {2, 1, DT_PIPE_GPIPE, false, -1}, {2, 1, DT_PIPE_1F1B, false, -1},
+        {2, 3, DT_PIPE_GPIPE, false, -1}, {2, 3, DT_PIPE_1F1B, false, -1},
+        {2, 4, DT_PIPE_GPIPE, true, -1},  {2, 4, DT_PIPE_1F1B, true, -1},
+        {4, 2, DT_PIPE_GPIPE, false, -1}, {4, 2, DT_PIPE_1F1B, false, -1},
+        {4, 4, DT_PIPE_GPIPE, true, -1},  {4, 4, DT_PIPE_1F1B, true, -1},
+        {4, 8, DT_PIPE_GPIPE, false, -1}, {4, 8, DT_PIPE_1F1B, false, -1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        cfg    *k = &cases[c];
+        mp_opts o = {.world = k->stages, .timeout_ms = 60000};
+        MP_RUN(&o, ranks, k);
+        const shared *sh  = mp_shared();
+        const float  *w   = g_ref[k->adamw];
+        double        err = 0.0, scale = 0.0, lerr = 0.0;
+        bool          all = true;
+        for (size_t i = 0; i < n; i++) {
+            all   = all && sh->seen[i] == 1;
+            err   = fmax(err, fabs((double)sh->w[i] - w[i]));
+            scale = fmax(scale, fabs(w[i]));
+        }
+        for (int s = 0; s < STEPS; s++)
+            lerr = fmax(lerr, fabs((double)sh->loss[s] - g_ref_loss[k->adamw][s]));
+        CHECK(all); // every parameter on exactly one stage
+        bool ok = CHECK(err <= 1e-5 * scale) && CHECK(lerr <= 1e-5);
+        fprintf(stderr, "%s pp=%d %-5s M=%d %s: max |pipe - whole| %.3g (scale %.3g), loss %.3g\n",
+                ok ? "ok  " : "FAIL", k->stages, dt_pipe_schedule_name(k->sched), k->micro,
+                k->adamw ? "adamw" : "sgd", err, scale, lerr);
+        if (k->sched == DT_PIPE_1F1B) // the GPipe run just before: same backward order
+            CHECK(memcmp(g_prev, sh->w, sizeof(float) * n) == 0);
+        memcpy(g_prev, sh->w, sizeof(float) * n);
+    }
+}
+
+static void killed(void) {
+    cfg     k = {4, 4, DT_PIPE_1F1B, false, 2};
+    mp_opts o = {.world = 4, .timeout_ms = 90000, .may_die = 1u << 2};
+    MP_RUN(&o, ranks, &k);
+    const shared *sh = mp_shared();
+    CHECK(atomic_load(&sh->kill_ns) != 0);
+    for (int r = 0; r < 4; r++) {
+        if (r == 2)
+            continue;
+        // The liveness bound (DT_LIVENESS_MS, 5 s by default) plus slack for a loaded
+        // machine; the group timeout is 60 s, so a hang until it would fail here.
+        CHECK(sh->fail_s[r] > 0 && sh->fail_s[r] < 30.0);
+        CHECK(sh->named[r]);
+        fprintf(stderr, "stage %d stopped %.2f s into the step\n", r, sh->fail_s[r]);
+    }
+}
+
+static void one_rank_cut(int rank, int world, void *arg) {
+    (void)rank;
+    (void)world;
+    (void)arg;
+    dt_pg *pg = mp_pg_init(0);
+    if (!CHECK(pg != NULL))
+        return;
+    dt_pipe *p = NULL;
+    CHECK_ERR(dt_pipe_new(&p, build(false), 1, (const char *[]){"b1.out"}, pg, 7, NULL), DT_ERR_ARG,
+              "expected 0 cuts");
+    CHECK(p == NULL);
+    dt_pg_free(pg);
+}
+
+static void two_rank_cut(int rank, int world, void *arg) {
+    (void)world;
+    (void)arg;
+    dt_pg *pg = mp_pg_init(0);
+    if (!CHECK(pg != NULL))
+        return;
+    dt_pipe *p = NULL;
+    if (rank == 1) // b0.r1 reads emb.drop and b0.proj from before the cut at b0.proj
+        CHECK_ERR(dt_pipe_new(&p, build(false), 1, (const char *[]){"b0.proj"}, pg, 7, NULL),
+                  DT_ERR_ARG, "expected its nodes to read only 'b0.proj'");
+    else
+        CHECK_OK(dt_pipe_new(&p, build(false), 1, (const char *[]){"b0.proj"}, pg, 7, NULL));
+    dt_pipe_free(p);
+    p = NULL;
+    CHECK_ERR(dt_pipe_new(&p, build(false), 1, (const char *[]){"nope"}, pg, 7, NULL), DT_ERR_ARG,
+              "no node named 'nope'");
+    dt_pg_free(pg);
+}
+
+static void errors(void) {
+    mp_opts o = {.world = 1};
+    MP_RUN(&o, one_rank_cut, NULL);
+    o.world = 2;
+    MP_RUN(&o, two_rank_cut, NULL);
+    dt_pipe_schedule s;
+    CHECK_OK(dt_pipe_schedule_parse("1f1b", &s));
+    CHECK(s == DT_PIPE_1F1B);
+    CHECK_ERR(dt_pipe_schedule_parse("zb", &s), DT_ERR_ARG, "gpipe or 1f1b");
+}
+
+int main(void) {
+    make_data();
+    RUN(equality);
+    RUN(errors);
+    RUN(killed);
+    return check_summary();
+}
