@@ -66,10 +66,6 @@ typedef dt_status (*dt_pipe_loss_fn)(void *user, const float *out, int first, in
 typedef struct dt_pipe_opts {
     dt_pipe_schedule schedule;      // default DT_PIPE_GPIPE
     int              micro_batches; // M; 0 = the number of stages
-    // Data parallelism over stage replicas: when set, the pipeline turns its gradient
-    // sync off for every micro-batch's backward but the last (dt_ddp_set_sync), so DDP
-    // reduces each bucket once per step. Call dt_ddp_sync after dt_pipe_step.
-    dt_ddp *ddp;
 } dt_pipe_opts;
 DT_API dt_pipe_opts dt_pipe_opts_default(void);
 
@@ -87,6 +83,12 @@ DT_API dt_params *dt_pipe_params(dt_pipe *p); // = dt_graph_params(dt_pipe_graph
 DT_API int        dt_pipe_stage(const dt_pipe *p);
 DT_API int        dt_pipe_stages(const dt_pipe *p);
 DT_API dt_status  dt_pipe_set_micro_batches(dt_pipe *p, int m); // between steps
+// Data parallelism over replicas of the pipeline (a dt_mesh's dp group): `ddp` wraps
+// this stage's parameters (dt_pipe_params) over the stage's replicas; the pipeline
+// turns its sync off for every micro-batch's backward but the last (dt_ddp_set_sync),
+// so each bucket is reduced once per step. Call dt_ddp_sync after dt_pipe_step. NULL:
+// none. Borrowed.
+DT_API void dt_pipe_set_ddp(dt_pipe *p, dt_ddp *ddp);
 
 // One step: forward and backward of every micro-batch, ADDING the batch's gradients
 // into this stage's dt_params (zero them first). COLLECTIVE over the pipeline group:

@@ -26,6 +26,7 @@ struct dt_pipe {
     dt_pg       *pg; // borrowed
     int          stage, nstages;
     dt_pipe_opts o;
+    dt_ddp      *ddp;                           // borrowed, may be NULL
     int          nslots;                        // activation slots the graph holds
     int          nin;                           // graph inputs (stage 0: the model's; others: 1)
     size_t       in_numel[DT_LAYER_MAX_INPUTS]; // per sample, of each graph input
@@ -46,7 +47,7 @@ struct dt_pipe {
 };
 
 dt_pipe_opts dt_pipe_opts_default(void) {
-    return (dt_pipe_opts){.schedule = DT_PIPE_GPIPE, .micro_batches = 0, .ddp = NULL};
+    return (dt_pipe_opts){.schedule = DT_PIPE_GPIPE, .micro_batches = 0};
 }
 
 dt_status dt_pipe_schedule_parse(const char *name, dt_pipe_schedule *out) {
@@ -197,6 +198,11 @@ dt_status dt_pipe_set_micro_batches(dt_pipe *p, int m) {
     return DT_OK;
 }
 
+void dt_pipe_set_ddp(dt_pipe *p, dt_ddp *ddp) {
+    if (p)
+        p->ddp = ddp;
+}
+
 void dt_pipe_stats(dt_pipe *p, double *compute_s, double *total_s, bool reset) {
     if (!p)
         return;
@@ -285,8 +291,8 @@ static dt_status bwd(dt_pipe *p, int m) {
             p->dout[i] *= wgt;
         p->loss_sum += (double)l * n / p->batch;
     }
-    if (p->o.ddp)
-        dt_ddp_set_sync(p->o.ddp, m == p->o.micro_batches - 1);
+    if (p->ddp)
+        dt_ddp_set_sync(p->ddp, m == p->o.micro_batches - 1);
     dt_status st = dt_graph_backward(p->g, p->dout);
     p->compute_s += dt_now() - t0;
     return st == DT_OK ? DT_OK : dt_fail_context("pipeline stage %d, micro-batch %d", p->stage, m);
@@ -376,8 +382,8 @@ dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch, const u
     dt_status st = prepare(p);
     if (st == DT_OK)
         st = run_schedule(p);
-    if (p->o.ddp)
-        dt_ddp_set_sync(p->o.ddp, true);
+    if (p->ddp)
+        dt_ddp_set_sync(p->ddp, true);
     if (st != DT_OK)
         return st;
     float l = (float)p->loss_sum;

@@ -15,6 +15,7 @@
 #include "../check.h"
 #include "../lib/graphs.h"
 #include "../lib/mp.h"
+#include "dtrain/mesh.h"
 #include "dtrain/optim.h"
 #include "dtrain/pipe.h"
 
@@ -40,6 +41,7 @@ typedef struct cfg {
     dt_pipe_schedule sched;
     bool             adamw;
     int              kill; // >= 0: this stage dies in its second step
+    int              dp;   // > 1: dp replicas of the pipeline on a dp x pp mesh, under DDP
 } cfg;
 
 // An identity layer that kills its process on the forward of its call `g_bomb`.
@@ -124,8 +126,8 @@ static void fill(batch *b, int s) {
 }
 
 static dt_status ce(void *user, const float *out, int first, int n, float *loss, float *dout) {
-    const batch *b = user;
-    return dt_loss_cross_entropy_ex(out, b->tgt + first * T, n * T, VOCAB, -1, 0.0f, loss, dout);
+    const int32_t *tgt = user; // this replica's targets
+    return dt_loss_cross_entropy_ex(out, tgt + first * T, n * T, VOCAB, -1, 0.0f, loss, dout);
 }
 
 static dt_optim *make_opt(dt_params *p, bool adamw) {
@@ -176,25 +178,43 @@ static size_t reference(bool adamw, float *w, float *loss) {
 }
 
 static void ranks(int rank, int world, void *arg) {
+    (void)world;
     const cfg *c  = arg;
     shared    *sh = mp_shared();
     dt_pg     *pg = mp_pg_init(c->kill >= 0 ? 60000 : 0);
     if (!CHECK(pg != NULL))
         return;
+    dt_mesh *mesh = NULL;
+    int      dp = c->dp > 1 ? c->dp : 1, dpi = 0;
+    CHECK_OK(dt_mesh_new(&mesh, pg, &(dt_mesh_opts){.dp = dp, .pp = c->stages}));
+    if (!CHECK(mesh != NULL)) {
+        dt_pg_free(pg);
+        return;
+    }
+    dt_pg *ppg           = dt_mesh_group(mesh, DT_MESH_PP);
+    dpi                  = dt_mesh_coord(mesh, DT_MESH_DP);
+    int          stage   = dt_mesh_coord(mesh, DT_MESH_PP);
     const char  *cuts4[] = {"b0.out", "b1.out", "b2.out"}, *cuts2[] = {"b1.out"};
     dt_pipe_opts po  = dt_pipe_opts_default();
     po.schedule      = c->sched;
     po.micro_batches = c->micro;
     dt_pipe *pp      = NULL;
-    CHECK_OK(
-        dt_pipe_new(&pp, build(c->kill >= 0), world - 1, world == 4 ? cuts4 : cuts2, pg, 7, &po));
+    CHECK_OK(dt_pipe_new(&pp, build(c->kill >= 0), c->stages - 1, c->stages == 4 ? cuts4 : cuts2,
+                         ppg, 7, &po));
     if (!CHECK(pp != NULL)) {
+        dt_mesh_free(mesh);
         dt_pg_free(pg);
         return;
     }
-    CHECK_EQ(dt_pipe_stage(pp), rank);
-    dt_params *p = dt_pipe_params(pp);
-    dt_optim  *o = make_opt(p, c->adamw);
+    dt_ddp *ddp = NULL;
+    if (dp > 1) { // the stage's replicas average their gradients
+        CHECK_OK(dt_ddp_new(&ddp, dt_pipe_params(pp), dt_mesh_group(mesh, DT_MESH_DP), NULL));
+        dt_pipe_set_ddp(pp, ddp);
+    }
+    CHECK_EQ(dt_pipe_stage(pp), stage);
+    dt_params *p  = dt_pipe_params(pp);
+    dt_optim  *o  = make_opt(p, c->adamw);
+    int        nb = B / dp, lo = dpi * nb; // this replica's samples of each step
     batch      b;
     dt_rng     root = dt_rng_init(5);
     for (int s = 0; s < STEPS; s++) {
@@ -204,26 +224,32 @@ static void ranks(int rank, int world, void *arg) {
         dt_params_zero_grad(p);
         if (c->kill == rank && s == 1)
             g_bomb = 1; // the second micro-batch's forward of this step
-        float     loss = -1.0f;
-        double    t0   = dt_now();
-        dt_status st   = dt_pipe_step(pp, rank == 0 ? (const void *[]){b.idx, b.pos} : NULL, B,
-                                      b.keys, ce, &b, &loss);
+        float       loss = -1.0f;
+        double      t0   = dt_now();
+        const void *in[] = {b.idx + lo * T, b.pos + lo * T};
+        dt_status   st =
+            dt_pipe_step(pp, stage == 0 ? in : NULL, nb, b.keys + lo, ce, b.tgt + lo * T, &loss);
         if (c->kill >= 0 && s == 1) {
             CHECK(st != DT_OK);
             sh->fail_s[rank] = dt_now() - t0;
             char victim[32];
             snprintf(victim, sizeof victim, "rank %d", c->kill);
             sh->named[rank] = strstr(dt_last_error(), victim) != NULL;
-            if (!sh->named[rank])
+            if (!sh->named[rank] || rank == 0)
                 fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
             break;
         }
         CHECK_OK(st);
+        if (ddp)
+            CHECK_OK(dt_ddp_sync(ddp));
+        if (dp > 1) // the replicas' mean losses, averaged
+            CHECK_OK(dt_pg_all_reduce(dt_mesh_group(mesh, DT_MESH_DP), &loss, &loss, 1, DT_FLOAT32,
+                                      DT_REDUCE_AVG));
         if (rank == 0)
             sh->loss[s] = loss;
         dt_optim_step(o);
     }
-    if (c->kill < 0) { // each tensor where the whole graph keeps it
+    if (c->kill < 0 && dpi == 0) { // each tensor where the whole graph keeps it
         dt_graph *ref = build(false);
         CHECK_OK(dt_graph_finalize(ref, 7));
         dt_params *rp = dt_graph_params(ref);
@@ -241,7 +267,9 @@ static void ranks(int rank, int world, void *arg) {
         dt_graph_free(ref);
     }
     dt_optim_free(o);
+    dt_ddp_free(ddp);
     dt_pipe_free(pp);
+    dt_mesh_free(mesh);
     dt_pg_free(pg);
 }
 
@@ -254,16 +282,25 @@ static void equality(void) {
     if (!CHECK(n <= MAXP && sizeof(shared) <= 65536))
         return;
     cfg cases[] = {
-        {2, 1, DT_PIPE_GPIPE, false, -1}, {2, 1, DT_PIPE_1F1B, false, -1},
-        {2, 3, DT_PIPE_GPIPE, false, -1}, {2, 3, DT_PIPE_1F1B, false, -1},
-        {2, 4, DT_PIPE_GPIPE, true, -1},  {2, 4, DT_PIPE_1F1B, true, -1},
-        {4, 2, DT_PIPE_GPIPE, false, -1}, {4, 2, DT_PIPE_1F1B, false, -1},
-        {4, 4, DT_PIPE_GPIPE, true, -1},  {4, 4, DT_PIPE_1F1B, true, -1},
-        {4, 8, DT_PIPE_GPIPE, false, -1}, {4, 8, DT_PIPE_1F1B, false, -1},
+        {2, 1, DT_PIPE_GPIPE, false, -1, 1},
+        {2, 1, DT_PIPE_1F1B, false, -1, 1},
+        {2, 3, DT_PIPE_GPIPE, false, -1, 1},
+        {2, 3, DT_PIPE_1F1B, false, -1, 1},
+        {2, 4, DT_PIPE_GPIPE, true, -1, 1},
+        {2, 4, DT_PIPE_1F1B, true, -1, 1},
+        {4, 2, DT_PIPE_GPIPE, false, -1, 1},
+        {4, 2, DT_PIPE_1F1B, false, -1, 1},
+        {4, 4, DT_PIPE_GPIPE, true, -1, 1},
+        {4, 4, DT_PIPE_1F1B, true, -1, 1},
+        {4, 8, DT_PIPE_GPIPE, false, -1, 1},
+        {4, 8, DT_PIPE_1F1B, false, -1, 1},
+        // A 2x2 mesh: 2 replicas of a 2-stage pipeline, B/2 each, under DDP.
+        {2, 2, DT_PIPE_GPIPE, false, -1, 2},
+        {2, 2, DT_PIPE_1F1B, true, -1, 2},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         cfg    *k = &cases[c];
-        mp_opts o = {.world = k->stages, .timeout_ms = 60000};
+        mp_opts o = {.world = k->stages * k->dp, .timeout_ms = 60000};
         MP_RUN(&o, ranks, k);
         const shared *sh  = mp_shared();
         const float  *w   = g_ref[k->adamw];
@@ -278,17 +315,19 @@ static void equality(void) {
             lerr = fmax(lerr, fabs((double)sh->loss[s] - g_ref_loss[k->adamw][s]));
         CHECK(all); // every parameter on exactly one stage
         bool ok = CHECK(err <= 1e-5 * scale) && CHECK(lerr <= 1e-5);
-        fprintf(stderr, "%s pp=%d %-5s M=%d %s: max |pipe - whole| %.3g (scale %.3g), loss %.3g\n",
-                ok ? "ok  " : "FAIL", k->stages, dt_pipe_schedule_name(k->sched), k->micro,
-                k->adamw ? "adamw" : "sgd", err, scale, lerr);
-        if (k->sched == DT_PIPE_1F1B) // the GPipe run just before: same backward order
+        fprintf(stderr,
+                "%s dp=%d pp=%d %-5s M=%d %s: max |pipe - whole| %.3g (scale %.3g), loss %.3g\n",
+                ok ? "ok  " : "FAIL", k->dp > 1 ? k->dp : 1, k->stages,
+                dt_pipe_schedule_name(k->sched), k->micro, k->adamw ? "adamw" : "sgd", err, scale,
+                lerr);
+        if (k->sched == DT_PIPE_1F1B && !k->adamw == !cases[c - 1].adamw) // same order
             CHECK(memcmp(g_prev, sh->w, sizeof(float) * n) == 0);
         memcpy(g_prev, sh->w, sizeof(float) * n);
     }
 }
 
 static void killed(void) {
-    cfg     k = {4, 4, DT_PIPE_1F1B, false, 2};
+    cfg     k = {4, 4, DT_PIPE_1F1B, false, 2, 1};
     mp_opts o = {.world = 4, .timeout_ms = 90000, .may_die = 1u << 2};
     MP_RUN(&o, ranks, &k);
     const shared *sh = mp_shared();
