@@ -6,6 +6,8 @@
 #include "../check.h"
 #include "../lib/mp.h"
 #include "dtrain/mesh.h"
+#include "dtrain/pipe.h"
+#include "dtrain/train.h"
 
 static void ranks(int rank, int world, void *arg) {
     const dt_mesh_opts *mo = arg;
@@ -59,8 +61,37 @@ static void sizes(void) {
     CHECK_ERR(dt_mesh_sizes(8, &(dt_mesh_opts){.dp = 3, .pp = 2}, s), DT_ERR_ARG, "3 x 2 x 1");
 }
 
+// The trainer's flags: offered where the program says it can use them, refused elsewhere.
+static void flags(void) {
+    dt_trainer_opts to = dt_trainer_opts_default();
+    to.program         = "test";
+    to.model_parallel  = true;
+    char       *argv[] = {"test", "--pp",       "2",     "--tp", "2", "--micro-batches",
+                          "8",    "--schedule", "gpipe", NULL};
+    dt_trainer *t      = NULL;
+    CHECK_OK(dt_trainer_new(&t, 9, argv, &to));
+    if (CHECK(t != NULL)) {
+        const dt_train_args *a = dt_trainer_args(t);
+        CHECK(a->pp == 2 && a->tp == 2 && a->dp == 0 && a->micro_batches == 8);
+        dt_pipe_schedule s;
+        CHECK_OK(dt_pipe_schedule_parse(a->schedule, &s));
+        CHECK(s == DT_PIPE_GPIPE);
+        int sz[3];
+        CHECK_OK(dt_mesh_sizes(8, &(dt_mesh_opts){(int)a->dp, (int)a->pp, (int)a->tp}, sz));
+        CHECK(sz[DT_MESH_DP] == 2);
+        dt_trainer_free(t);
+    }
+    t           = NULL;
+    char *bad[] = {"test", "--schedule", "zb", NULL};
+    CHECK_ERR(dt_trainer_new(&t, 3, bad, &to), DT_ERR_ARG, "gpipe or 1f1b");
+    to.model_parallel = false;
+    CHECK_ERR(dt_trainer_new(&t, 3, argv, &to), DT_ERR_ARG, "--pp");
+    CHECK(t == NULL);
+}
+
 int main(void) {
     RUN(sizes);
+    RUN(flags);
     struct {
         int          world;
         dt_mesh_opts o;
