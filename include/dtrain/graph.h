@@ -124,8 +124,15 @@ DT_API const float *dt_graph_input_grad(const dt_graph *g, int input);
 // their first reader); graph inputs inside the range stay inputs. The output is the
 // range's last node. Nodes keep their layer positions, so dt_graph_finalize with the
 // same seed initialises them as `whole` would have, and dropout draws the same masks.
-// DT_ERR_UNSUPPORTED for a parameter tied to a node before the range.
+// A parameter tied to a node before the range becomes a tensor of its own, named as its
+// owner ("wte.weight"), initialised by its own node: the pipeline copies the owner's
+// values into it and sums the two gradients (pipe.h).
 DT_API dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last);
+// The ties (dt_graph_tie) of a graph, in node order: tie t's owner tensor name
+// (DT_PARAM_NAME_MAX + 1 bytes), the owner's node and the tied node.
+DT_API int       dt_graph_num_ties(const dt_graph *g);
+DT_API dt_status dt_graph_tie_at(const dt_graph *g, int t, char *owner, int *owner_node,
+                                 int *param_node);
 
 // Activation slots: n sets of the values and saved state a forward leaves for its
 // backward (default 1). dt_graph_use_slot(g, s) selects the set the next forward writes

@@ -20,7 +20,12 @@
 // first node, the last stage to the end). Each stage after the first must read exactly
 // one value from before it, the output of the previous stage's last node (a residual
 // stream cut between blocks); other cuts fail naming the node and the value. A
-// parameter tied across stages (a GPT head tied to its embedding) is not supported yet.
+// parameter tied across stages (a GPT's head tied to its token embedding) lives on
+// both: the owner's stage keeps it, the other holds a copy under the owner's name
+// ("wte.weight"), which the first step fills with the owner's values; after each
+// step's backwards the two stages exchange the tensor's gradient and both hold
+// owner + copy (Megatron-LM's embedding all-reduce), so the two stay bitwise equal
+// under the same optimizer.
 //
 // Schedules (opts.schedule):
 //   GPipe  every stage runs all M forwards, then all M backwards; each stage keeps M

@@ -47,6 +47,9 @@ typedef struct gval {
     bool         written; // backward: dy holds a gradient
     bool         fwd_training;
     bool         moved; // its layer went to another graph (dt_graph_extract)
+    // dt_graph_extract: parameter k was tied to a node left behind; it is a tensor of
+    // its own here, registered under its owner's name (empty: not such a copy).
+    char copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
 } gval;
 
 // One set of the values a forward leaves for its backward (dt_graph_set_slots): the
@@ -389,7 +392,10 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
                 continue;
             }
             const dt_layer_tensor *t = &v->su.params[k];
-            DT_TRY(full_name(name, v->name, t->name));
+            if (v->copy_of[k][0])
+                snprintf(name, sizeof name, "%s", v->copy_of[k]);
+            else
+                DT_TRY(full_name(name, v->name, t->name));
             DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, i, false));
             v->pidx[k] = np++;
         }
@@ -952,6 +958,30 @@ dt_status dt_graph_use_slot(dt_graph *g, int slot) {
     return DT_OK;
 }
 
+int dt_graph_num_ties(const dt_graph *g) {
+    int n = 0;
+    for (int i = 0; g && i < g->nvals; i++)
+        for (int k = 0; g->vals[i].layer && k < g->vals[i].su.nparams; k++)
+            n += g->vals[i].tie_val[k] >= 0;
+    return n;
+}
+
+dt_status dt_graph_tie_at(const dt_graph *g, int t, char *owner, int *owner_node, int *param_node) {
+    for (int i = 0, n = 0; g && i < g->nvals; i++)
+        for (int k = 0; g->vals[i].layer && k < g->vals[i].su.nparams; k++) {
+            const gval *v = &g->vals[i];
+            if (v->tie_val[k] < 0 || n++ != t)
+                continue;
+            const gval *o = &g->vals[v->tie_val[k]];
+            snprintf(owner, DT_PARAM_NAME_MAX + 1, "%s.%s", o->name,
+                     o->su.params[v->tie_k[k]].name);
+            *owner_node = v->tie_val[k];
+            *param_node = i;
+            return DT_OK;
+        }
+    return dt_fail(DT_ERR_ARG, "dt_graph_tie_at: no tie %d (%d ties)", t, dt_graph_num_ties(g));
+}
+
 dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last) {
     if (!out)
         return dt_fail(DT_ERR_ARG, "dt_graph_extract: expected an output pointer, found NULL");
@@ -966,14 +996,6 @@ dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last)
         if (v->moved)
             return dt_fail(DT_ERR_STATE, "dt_graph_extract: node '%s' was extracted already",
                            v->name);
-        for (int k = 0; v->layer && k < v->su.nparams; k++)
-            if (v->tie_val[k] >= 0 && v->tie_val[k] < first)
-                return dt_fail(DT_ERR_UNSUPPORTED,
-                               "dt_graph_extract: '%s.%s' is tied to '%s.%s' outside nodes "
-                               "'%s'..'%s' (a tie across pipeline stages)",
-                               v->name, v->su.params[k].name, whole->vals[v->tie_val[k]].name,
-                               whole->vals[v->tie_val[k]].su.params[v->tie_k[k]].name,
-                               whole->vals[first].name, whole->vals[last].name);
     }
     int *map = dt_alloc(sizeof(int) * (size_t)whole->nvals);
     if (!map)
@@ -1002,9 +1024,16 @@ dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last)
             n->in[j] = map[v->in[j]];
             g->vals[n->in[j]].nconsumers++;
         }
-        for (int k = 0; v->layer && k < v->su.nparams; k++)
-            if (v->tie_val[k] >= 0)
-                n->tie_val[k] = map[v->tie_val[k]];
+        for (int k = 0; v->layer && k < v->su.nparams; k++) {
+            int ov = v->tie_val[k];
+            if (ov >= 0 && ov >= first) {
+                n->tie_val[k] = map[ov];
+            } else if (ov >= 0) { // the owner stays behind: a copy under its name
+                n->tie_val[k] = -1;
+                snprintf(n->copy_of[k], sizeof n->copy_of[k], "%s.%s", whole->vals[ov].name,
+                         whole->vals[ov].su.params[v->tie_k[k]].name);
+            }
+        }
         map[i] = g->nvals++;
         if (v->layer) {
             g->output = map[i];

@@ -20,6 +20,14 @@
 #include <string.h>
 
 enum { TAG_BASE = 0x5000 }; // + 2m forward, + 2m + 1 backward: a schedule bug mismatches
+enum { TAG_TIE = 0x4000, MAX_TIES = 8 };
+
+// A parameter tied across stages (a GPT's head and its token embedding): the owner's
+// stage keeps the tensor, the other stage a copy under the same name.
+typedef struct pipe_tie {
+    int  owner, copy; // stages
+    char name[DT_PARAM_NAME_MAX + 1];
+} pipe_tie;
 
 struct dt_pipe {
     dt_graph    *g;
@@ -35,6 +43,10 @@ struct dt_pipe {
     float       *dout; // received (or the loss's) output gradient, mb_max x out_numel
     int          cap;  // micro-batch size the two buffers hold
     double       compute_s, total_s;
+    pipe_tie     ties[MAX_TIES]; // ties across stages
+    int          nties;
+    bool         ties_copied; // the copies hold their owners' values
+    float       *tie_tmp;
     // The current step.
     const void *const *inputs;
     int                batch;
@@ -95,6 +107,34 @@ static dt_status stage_range(dt_graph *whole, int ncuts, const char *const *cuts
     return DT_OK;
 }
 
+static int stage_of(dt_graph *whole, int ncuts, const char *const *cuts, int node) {
+    int s = 0;
+    for (int c = 0; c < ncuts; c++)
+        if (node > dt_graph_find(whole, cuts[c]))
+            s = c + 1;
+    return s;
+}
+
+// The ties whose two nodes fall on different stages.
+static dt_status find_ties(dt_graph *whole, int ncuts, const char *const *cuts, pipe_tie *ties,
+                           int *n) {
+    *n = 0;
+    for (int t = 0; t < dt_graph_num_ties(whole); t++) {
+        pipe_tie x;
+        int      on, pn;
+        DT_TRY(dt_graph_tie_at(whole, t, x.name, &on, &pn));
+        x.owner = stage_of(whole, ncuts, cuts, on);
+        x.copy  = stage_of(whole, ncuts, cuts, pn);
+        if (x.owner == x.copy)
+            continue;
+        if (*n == MAX_TIES)
+            return dt_fail(DT_ERR_UNSUPPORTED, "pipeline: more than %d ties across stages",
+                           MAX_TIES);
+        ties[(*n)++] = x;
+    }
+    return DT_OK;
+}
+
 dt_status dt_pipe_new(dt_pipe **out, dt_graph *whole, int ncuts, const char *const *cuts, dt_pg *pg,
                       uint64_t seed, const dt_pipe_opts *opts) {
     if (out)
@@ -119,8 +159,12 @@ dt_status dt_pipe_new(dt_pipe **out, dt_graph *whole, int ncuts, const char *con
     if (o.micro_batches == 0)
         o.micro_batches = P;
     int       first = 0, last = 0;
-    dt_graph *g  = NULL;
-    dt_status st = stage_range(whole, ncuts, cuts, s, &first, &last);
+    dt_graph *g = NULL;
+    pipe_tie  ties[MAX_TIES];
+    int       nties = 0;
+    dt_status st    = find_ties(whole, ncuts, cuts, ties, &nties);
+    if (st == DT_OK)
+        st = stage_range(whole, ncuts, cuts, s, &first, &last);
     if (st == DT_OK)
         st = dt_graph_extract(&g, whole, first, last);
     char prev_out[DT_GRAPH_NAME_MAX + 1] = "";
@@ -139,6 +183,8 @@ dt_status dt_pipe_new(dt_pipe **out, dt_graph *whole, int ncuts, const char *con
     p->stage   = s;
     p->nstages = P;
     p->o       = o;
+    p->nties   = nties;
+    memcpy(p->ties, ties, sizeof ties);
     for (int i = 0; i < dt_graph_num_nodes(g); i++) {
         if (strcmp(dt_graph_node_kind(g, i), "input") != 0)
             continue;
@@ -176,6 +222,7 @@ void dt_pipe_free(dt_pipe *p) {
     dt_free(p->act);
     dt_free(p->dout);
     dt_free(p->pos);
+    dt_free(p->tie_tmp);
     dt_free(p);
 }
 
@@ -298,6 +345,49 @@ static dt_status bwd(dt_pipe *p, int m) {
     return st == DT_OK ? DT_OK : dt_fail_context("pipeline stage %d, micro-batch %d", p->stage, m);
 }
 
+// Ties across stages: `copy` sends the owner's values to the copy (once, before the
+// first step), `sum` makes both gradients owner + copy, in that order on both stages,
+// so the two tensors stay bitwise equal under the same optimizer. The lower stage of a
+// pair sends first.
+static dt_status tie_exchange(dt_pipe *p, bool copy) {
+    dt_params *ps = dt_graph_params(p->g);
+    for (int t = 0; t < p->nties; t++) {
+        const pipe_tie *x = &p->ties[t];
+        if (p->stage != x->owner && p->stage != x->copy)
+            continue;
+        int k = dt_params_find(ps, x->name);
+        if (k < 0)
+            return dt_fail(DT_ERR_INTERNAL, "pipeline stage %d: no tensor '%s'", p->stage, x->name);
+        const dt_param_info *i    = dt_params_info(ps, k);
+        float               *w    = dt_params_data(ps) + i->offset;
+        float               *gr   = dt_params_grads(ps) + i->offset;
+        int                  peer = p->stage == x->owner ? x->copy : x->owner;
+        int                  tag  = TAG_TIE + t;
+        if (copy) {
+            if (p->stage == x->owner)
+                DT_TRY(dt_pg_send(p->pg, w, i->count, DT_FLOAT32, peer, tag));
+            else
+                DT_TRY(dt_pg_recv(p->pg, w, i->count, DT_FLOAT32, peer, tag));
+            continue;
+        }
+        dt_free(p->tie_tmp);
+        p->tie_tmp = dt_alloc(sizeof(float) * i->count);
+        if (!p->tie_tmp)
+            return DT_ERR_NOMEM;
+        if (p->stage < peer) {
+            DT_TRY(dt_pg_send(p->pg, gr, i->count, DT_FLOAT32, peer, tag));
+            DT_TRY(dt_pg_recv(p->pg, p->tie_tmp, i->count, DT_FLOAT32, peer, tag));
+        } else {
+            DT_TRY(dt_pg_recv(p->pg, p->tie_tmp, i->count, DT_FLOAT32, peer, tag));
+            DT_TRY(dt_pg_send(p->pg, gr, i->count, DT_FLOAT32, peer, tag));
+        }
+        bool owner = p->stage == x->owner;
+        for (size_t e = 0; e < i->count; e++)
+            gr[e] = owner ? gr[e] + p->tie_tmp[e] : p->tie_tmp[e] + gr[e];
+    }
+    return DT_OK;
+}
+
 static dt_status run_schedule(dt_pipe *p) {
     int M = p->o.micro_batches, w = M;
     if (p->o.schedule == DT_PIPE_1F1B && p->nstages - 1 - p->stage < M)
@@ -380,8 +470,14 @@ dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch, const u
     p->user      = user;
     p->loss_sum  = 0.0;
     dt_status st = prepare(p);
+    if (st == DT_OK && !p->ties_copied && p->nties > 0) {
+        st             = tie_exchange(p, true);
+        p->ties_copied = st == DT_OK;
+    }
     if (st == DT_OK)
         st = run_schedule(p);
+    if (st == DT_OK && p->nties > 0)
+        st = tie_exchange(p, false);
     if (p->ddp)
         dt_ddp_set_sync(p->ddp, true);
     if (st != DT_OK)

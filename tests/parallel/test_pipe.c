@@ -28,9 +28,10 @@ enum { T = 6, C = 8, HEADS = 2, VOCAB = 11, NBLK = 4, B = 8, STEPS = 3, MAXP = 4
 static int32_t g_tok[STEPS * B][T + 1];
 
 typedef struct shared {
-    float            w[MAXP];     // parameters by the whole graph's offsets
-    int              seen[MAXP];  // stages that wrote each float
-    float            loss[STEPS]; // every step's loss, from rank 0
+    float            w[MAXP];         // parameters by the whole graph's offsets
+    int              seen[MAXP];      // stages that wrote each float
+    float            loss[STEPS];     // every step's loss, from rank 0
+    float            copy[VOCAB * C]; // the last stage's copy of a tied wte.weight
     _Atomic uint64_t kill_ns;
     double           fail_s[4];
     int              named[4];
@@ -42,7 +43,10 @@ typedef struct cfg {
     bool             adamw;
     int              kill; // >= 0: this stage dies in its second step
     int              dp;   // > 1: dp replicas of the pipeline on a dp x pp mesh, under DDP
+    bool             tied; // the head tied to the token embedding, across stages
 } cfg;
+
+static bool g_tied; // build() ties the head to wte
 
 // An identity layer that kills its process on the forward of its call `g_bomb`.
 static int       g_bomb = -1;
@@ -98,6 +102,8 @@ static dt_graph *build(bool bomb) {
     CHECK_OK(dt_graph_add(g, "ln_f", l, in));
     CHECK_OK(dt_layer_linear_new(&l, C, VOCAB, &(dt_linear_opts){.bias = false}));
     CHECK_OK(dt_graph_add(g, "head", l, "ln_f"));
+    if (g_tied)
+        CHECK_OK(dt_graph_tie(g, "head.weight", "wte.weight"));
     return g;
 }
 
@@ -179,9 +185,10 @@ static size_t reference(bool adamw, float *w, float *loss) {
 
 static void ranks(int rank, int world, void *arg) {
     (void)world;
-    const cfg *c  = arg;
-    shared    *sh = mp_shared();
-    dt_pg     *pg = mp_pg_init(c->kill >= 0 ? 60000 : 0);
+    const cfg *c = arg;
+    g_tied       = c->tied;
+    shared *sh   = mp_shared();
+    dt_pg  *pg   = mp_pg_init(c->kill >= 0 ? 60000 : 0);
     if (!CHECK(pg != NULL))
         return;
     dt_mesh *mesh = NULL;
@@ -263,6 +270,8 @@ static void ranks(int rank, int world, void *arg) {
             memcpy(sh->w + j->offset, dt_params_data(p) + i->offset, sizeof(float) * i->count);
             for (size_t e = 0; e < i->count; e++)
                 sh->seen[j->offset + e]++;
+            if (c->tied && stage == c->stages - 1 && !strcmp(i->name, "wte.weight"))
+                memcpy(sh->copy, dt_params_data(p) + i->offset, sizeof(float) * i->count);
         }
         dt_graph_free(ref);
     }
@@ -282,52 +291,64 @@ static void equality(void) {
     if (!CHECK(n <= MAXP && sizeof(shared) <= 65536))
         return;
     cfg cases[] = {
-        {2, 1, DT_PIPE_GPIPE, false, -1, 1},
-        {2, 1, DT_PIPE_1F1B, false, -1, 1},
-        {2, 3, DT_PIPE_GPIPE, false, -1, 1},
-        {2, 3, DT_PIPE_1F1B, false, -1, 1},
-        {2, 4, DT_PIPE_GPIPE, true, -1, 1},
-        {2, 4, DT_PIPE_1F1B, true, -1, 1},
-        {4, 2, DT_PIPE_GPIPE, false, -1, 1},
-        {4, 2, DT_PIPE_1F1B, false, -1, 1},
-        {4, 4, DT_PIPE_GPIPE, true, -1, 1},
-        {4, 4, DT_PIPE_1F1B, true, -1, 1},
-        {4, 8, DT_PIPE_GPIPE, false, -1, 1},
-        {4, 8, DT_PIPE_1F1B, false, -1, 1},
+        {2, 1, DT_PIPE_GPIPE, false, -1, 1, false},
+        {2, 1, DT_PIPE_1F1B, false, -1, 1, false},
+        {2, 3, DT_PIPE_GPIPE, false, -1, 1, false},
+        {2, 3, DT_PIPE_1F1B, false, -1, 1, false},
+        {2, 4, DT_PIPE_GPIPE, true, -1, 1, false},
+        {2, 4, DT_PIPE_1F1B, true, -1, 1, false},
+        {4, 2, DT_PIPE_GPIPE, false, -1, 1, false},
+        {4, 2, DT_PIPE_1F1B, false, -1, 1, false},
+        {4, 4, DT_PIPE_GPIPE, true, -1, 1, false},
+        {4, 4, DT_PIPE_1F1B, true, -1, 1, false},
+        {4, 8, DT_PIPE_GPIPE, false, -1, 1, false},
+        {4, 8, DT_PIPE_1F1B, false, -1, 1, false},
         // A 2x2 mesh: 2 replicas of a 2-stage pipeline, B/2 each, under DDP.
-        {2, 2, DT_PIPE_GPIPE, false, -1, 2},
-        {2, 2, DT_PIPE_1F1B, true, -1, 2},
+        {2, 2, DT_PIPE_GPIPE, false, -1, 2, false},
+        {2, 2, DT_PIPE_1F1B, true, -1, 2, false},
+        // The head tied to wte on the first stage: a copy on the last, gradients summed.
+        {2, 4, DT_PIPE_GPIPE, false, -1, 1, true},
+        {2, 4, DT_PIPE_1F1B, false, -1, 1, true},
+        {4, 4, DT_PIPE_1F1B, true, -1, 1, true},
+        {2, 2, DT_PIPE_1F1B, false, -1, 2, true},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         cfg    *k = &cases[c];
         mp_opts o = {.world = k->stages * k->dp, .timeout_ms = 60000};
+        g_tied    = k->tied;
+        n         = reference(k->adamw, g_ref[k->adamw], g_ref_loss[k->adamw]);
         MP_RUN(&o, ranks, k);
         const shared *sh  = mp_shared();
         const float  *w   = g_ref[k->adamw];
         double        err = 0.0, scale = 0.0, lerr = 0.0;
         bool          all = true;
         for (size_t i = 0; i < n; i++) {
-            all   = all && sh->seen[i] == 1;
+            all   = all && sh->seen[i] == (k->tied && i < VOCAB * C ? 2 : 1);
             err   = fmax(err, fabs((double)sh->w[i] - w[i]));
             scale = fmax(scale, fabs(w[i]));
         }
         for (int s = 0; s < STEPS; s++)
             lerr = fmax(lerr, fabs((double)sh->loss[s] - g_ref_loss[k->adamw][s]));
-        CHECK(all); // every parameter on exactly one stage
+        CHECK(all);  // every parameter on exactly one stage (a tied one: and its copy)
+        if (k->tied) // wte.weight comes first in the whole graph
+            CHECK(memcmp(sh->copy, sh->w, sizeof(float) * VOCAB * C) == 0);
         bool ok = CHECK(err <= 1e-5 * scale) && CHECK(lerr <= 1e-5);
         fprintf(stderr,
-                "%s dp=%d pp=%d %-5s M=%d %s: max |pipe - whole| %.3g (scale %.3g), loss %.3g\n",
+                "%s dp=%d pp=%d %-5s M=%d %s%s: max |pipe - whole| %.3g (scale %.3g), loss "
+                "%.3g\n",
                 ok ? "ok  " : "FAIL", k->dp > 1 ? k->dp : 1, k->stages,
-                dt_pipe_schedule_name(k->sched), k->micro, k->adamw ? "adamw" : "sgd", err, scale,
-                lerr);
-        if (k->sched == DT_PIPE_1F1B && !k->adamw == !cases[c - 1].adamw) // same order
+                dt_pipe_schedule_name(k->sched), k->micro, k->adamw ? "adamw" : "sgd",
+                k->tied ? " tied" : "", err, scale, lerr);
+        const cfg *q = c > 0 ? &cases[c - 1] : k; // GPipe just before, same layout
+        if (k->sched == DT_PIPE_1F1B && q->sched == DT_PIPE_GPIPE && q->stages == k->stages &&
+            q->micro == k->micro && q->dp == k->dp && q->adamw == k->adamw && q->tied == k->tied)
             CHECK(memcmp(g_prev, sh->w, sizeof(float) * n) == 0);
         memcpy(g_prev, sh->w, sizeof(float) * n);
     }
 }
 
 static void killed(void) {
-    cfg     k = {4, 4, DT_PIPE_1F1B, false, 2, 1};
+    cfg     k = {4, 4, DT_PIPE_1F1B, false, 2, 1, false};
     mp_opts o = {.world = 4, .timeout_ms = 90000, .may_die = 1u << 2};
     MP_RUN(&o, ranks, &k);
     const shared *sh = mp_shared();
