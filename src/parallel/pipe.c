@@ -480,8 +480,14 @@ dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch, const u
         st = tie_exchange(p, false);
     if (p->ddp)
         dt_ddp_set_sync(p->ddp, true);
-    if (st != DT_OK)
-        return st;
+    if (st != DT_OK) {
+        // The other stages wait for this one's messages: poison the group so they fail
+        // now, naming this rank, not at the group's timeout.
+        char why[256];
+        snprintf(why, sizeof why, "pipeline stage %d failed: %s", p->stage, dt_last_error());
+        dt_pg_abort(p->pg, why);
+        return dt_fail(st, "%s", why);
+    }
     float l = (float)p->loss_sum;
     if (p->nstages > 1)
         DT_TRY(dt_pg_broadcast(p->pg, &l, 1, DT_FLOAT32, p->nstages - 1));

@@ -397,11 +397,52 @@ static void two_rank_cut(int rank, int world, void *arg) {
     dt_pg_free(pg);
 }
 
+// A loss that fails on the second step: the last stage aborts, the first one's step
+// fails at once (not at the 60 s timeout) naming the failed stage.
+static dt_status bad_loss(void *user, const float *out, int first, int n, float *loss,
+                          float *dout) {
+    int *calls = user;
+    if (++*calls > 2)
+        return dt_fail(DT_ERR_ARG, "the test's loss refuses micro-batch %d", first);
+    return ce(g_tok[0], out, first, n, loss, dout);
+}
+
+static void failed_loss(int rank, int world, void *arg) {
+    (void)world;
+    (void)arg;
+    shared *sh = mp_shared();
+    dt_pg  *pg = mp_pg_init(60000);
+    if (!CHECK(pg != NULL))
+        return;
+    dt_pipe *p = NULL;
+    CHECK_OK(dt_pipe_new(&p, build(false), 1, (const char *[]){"b1.out"}, pg, 7,
+                         &(dt_pipe_opts){DT_PIPE_1F1B, 2}));
+    static int32_t idx[B * T]; // token 0 everywhere; targets: g_tok's first rows
+    int            calls = 0;
+    double         t0    = dt_now();
+    dt_status      st    = DT_OK;
+    for (int s = 0; s < 2 && st == DT_OK; s++)
+        st = dt_pipe_step(p, rank == 0 ? (const void *[]){idx, idx} : NULL, B, NULL, bad_loss,
+                          &calls, NULL);
+    CHECK(st != DT_OK);
+    sh->fail_s[rank] = dt_now() - t0;
+    sh->named[rank]  = strstr(dt_last_error(), "pipeline stage 1 failed") != NULL;
+    if (!sh->named[rank])
+        fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
+    dt_pipe_free(p);
+    dt_pg_free(pg);
+}
+
 static void errors(void) {
     mp_opts o = {.world = 1};
     MP_RUN(&o, one_rank_cut, NULL);
     o.world = 2;
     MP_RUN(&o, two_rank_cut, NULL);
+    o.timeout_ms = 60000;
+    MP_RUN(&o, failed_loss, NULL);
+    const shared *sh = mp_shared();
+    CHECK(sh->named[0] && sh->named[1]);
+    CHECK(sh->fail_s[0] < 20.0); // the group's timeout is 60 s
     dt_pipe_schedule s;
     CHECK_OK(dt_pipe_schedule_parse("1f1b", &s));
     CHECK(s == DT_PIPE_1F1B);
