@@ -106,6 +106,15 @@ DT_API dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch,
                               const uint64_t *keys, dt_pipe_loss_fn loss, void *user,
                               float *loss_out);
 
+// Evaluation: the forwards of every micro-batch (no backward, no gradient), the graph
+// in evaluation mode for the call (dropout off, BatchNorm's running statistics; it is
+// left in training mode), the
+// loss callback's dout ignored (the callback gets a scratch buffer). *loss_out: the
+// batch's mean loss on every stage. COLLECTIVE over the pipeline group, like
+// dt_pipe_step; holds one micro-batch of activations at a time.
+DT_API dt_status dt_pipe_eval(dt_pipe *p, const void *const *inputs, int batch,
+                              dt_pipe_loss_fn loss, void *user, float *loss_out);
+
 // Seconds this stage spent computing (forwards, backwards, the loss) and in whole
 // steps, summed over steps since the last call with reset: 1 - compute / total is the
 // stage's measured bubble (plus communication).

@@ -496,3 +496,66 @@ dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch, const u
     p->total_s += dt_now() - t0;
     return DT_OK;
 }
+
+dt_status dt_pipe_eval(dt_pipe *p, const void *const *inputs, int batch, dt_pipe_loss_fn loss,
+                       void *user, float *loss_out) {
+    if (!p)
+        return dt_fail(DT_ERR_ARG, "dt_pipe_eval: expected a pipeline, found NULL");
+    bool last = p->stage == p->nstages - 1;
+    if (batch < p->o.micro_batches || (p->stage == 0 && !inputs) || (last && !loss))
+        return dt_fail(DT_ERR_ARG,
+                       "dt_pipe_eval (stage %d): expected batch >= %d micro-batches, inputs on "
+                       "stage 0 and a loss on the last stage; found batch %d",
+                       p->stage, p->o.micro_batches, batch);
+    p->inputs    = inputs;
+    p->batch     = batch;
+    p->keys      = NULL;
+    p->loss      = loss;
+    p->user      = user;
+    p->loss_sum  = 0.0;
+    dt_status st = prepare(p);
+    dt_graph_train(p->g, false);
+    // Forwards only, in order: a micro-batch's activations are dropped as soon as the
+    // next stage has them, so slot 0 (and act_buf(0)) serve every micro-batch.
+    for (int m = 0; st == DT_OK && m < p->o.micro_batches; m++) {
+        int saved = p->nslots;
+        p->nslots = 1;
+        st        = recv_fwd(p, m);
+        p->nslots = saved;
+        if (st == DT_OK) {
+            double t0 = dt_now();
+            int    b0 = mb_first(p, m), n = mb_size(p, m);
+            st = dt_graph_use_slot(p->g, 0);
+            if (st == DT_OK)
+                st = dt_graph_set_sample_keys(p->g, NULL, 0);
+            const void *in[DT_LAYER_MAX_INPUTS];
+            for (int i = 0; i < p->nin; i++)
+                in[i] = p->stage == 0 ? (const char *)inputs[i] + (size_t)b0 * p->in_numel[i] * 4
+                                      : (const void *)p->act;
+            if (st == DT_OK)
+                st = dt_graph_forward(p->g, in, n);
+            if (st == DT_OK && last) {
+                float l = 0.0f;
+                st      = loss(user, dt_graph_output(p->g), b0, n, &l, p->dout);
+                p->loss_sum += (double)l * n / batch;
+            }
+            p->compute_s += dt_now() - t0;
+        }
+        if (st == DT_OK && !last)
+            st = dt_pg_send(p->pg, dt_graph_output(p->g), (size_t)mb_size(p, m) * p->out_numel,
+                            DT_FLOAT32, p->stage + 1, TAG_BASE + 2 * m);
+    }
+    dt_graph_train(p->g, true);
+    if (st != DT_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "pipeline stage %d failed: %s", p->stage, dt_last_error());
+        dt_pg_abort(p->pg, why);
+        return dt_fail(st, "%s", why);
+    }
+    float l = (float)p->loss_sum;
+    if (p->nstages > 1)
+        DT_TRY(dt_pg_broadcast(p->pg, &l, 1, DT_FLOAT32, p->nstages - 1));
+    if (loss_out)
+        *loss_out = l;
+    return DT_OK;
+}

@@ -31,6 +31,7 @@ typedef struct shared {
     float            w[MAXP];         // parameters by the whole graph's offsets
     int              seen[MAXP];      // stages that wrote each float
     float            loss[STEPS];     // every step's loss, from rank 0
+    float            eval_loss;       // dt_pipe_eval after training, from rank 0
     float            copy[VOCAB * C]; // the last stage's copy of a tied wte.weight
     _Atomic uint64_t kill_ns;
     double           fail_s[4];
@@ -154,6 +155,8 @@ static dt_optim *make_opt(dt_params *p, bool adamw) {
     return o;
 }
 
+static float g_ref_eval; // the whole model's evaluation loss after training
+
 // The whole model in one process: final parameters into w, losses into loss.
 static size_t reference(bool adamw, float *w, float *loss) {
     dt_graph *g = build(false);
@@ -175,6 +178,11 @@ static size_t reference(bool adamw, float *w, float *loss) {
         CHECK_OK(dt_graph_backward(g, dl));
         dt_optim_step(o);
     }
+    fill(&b, 0); // evaluation of the first batch with the trained weights
+    dt_graph_train(g, false);
+    CHECK_OK(dt_graph_forward(g, (const void *[]){b.idx, b.pos}, B));
+    CHECK_OK(dt_loss_cross_entropy_ex(dt_graph_output(g), b.tgt, B * T, VOCAB, -1, 0.0f,
+                                      &g_ref_eval, dl));
     size_t n = dt_params_numel(p);
     memcpy(w, dt_params_data(p), sizeof(float) * n);
     free(dl);
@@ -256,6 +264,14 @@ static void ranks(int rank, int world, void *arg) {
             sh->loss[s] = loss;
         dt_optim_step(o);
     }
+    if (c->kill < 0 && dp == 1) { // evaluation through the pipeline
+        fill(&b, 0);
+        float       el   = -1.0f;
+        const void *in[] = {b.idx, b.pos};
+        CHECK_OK(dt_pipe_eval(pp, stage == 0 ? in : NULL, B, ce, b.tgt, &el));
+        if (rank == 0)
+            sh->eval_loss = el;
+    }
     if (c->kill < 0 && dpi == 0) { // each tensor where the whole graph keeps it
         dt_graph *ref = build(false);
         CHECK_OK(dt_graph_finalize(ref, 7));
@@ -332,6 +348,8 @@ static void equality(void) {
         CHECK(all);  // every parameter on exactly one stage (a tied one: and its copy)
         if (k->tied) // wte.weight comes first in the whole graph
             CHECK(memcmp(sh->copy, sh->w, sizeof(float) * VOCAB * C) == 0);
+        if (k->dp == 1)
+            lerr = fmax(lerr, fabs((double)sh->eval_loss - g_ref_eval));
         bool ok = CHECK(err <= 1e-5 * scale) && CHECK(lerr <= 1e-5);
         fprintf(stderr,
                 "%s dp=%d pp=%d %-5s M=%d %s%s: max |pipe - whole| %.3g (scale %.3g), loss "
