@@ -4,11 +4,13 @@
 // rank runs one thread. Prints one line per layout: the median step time over STEPS
 // timed steps (after WARM), tokens/s, and for the pipeline each stage's measured
 // bubble (1 - compute / step time, from dt_pipe_stats) beside the theory
-// (P-1)/(M+P-1). Usage: pipe_bench MODE [M] with MODE gpipe, 1f1b, dp or one.
+// (P-1)/(M+P-1). Usage: pipe_bench MODE [M] with MODE gpipe, 1f1b, dp, tp (2-way
+// Megatron tensor parallelism, the whole batch on both ranks) or one.
 // bench/pipe_bench.sh runs the layouts interleaved and takes medians of the runs.
 #include "dtrain/ddp.h"
 #include "dtrain/graph.h"
 #include "dtrain/pipe.h"
+#include "dtrain/tp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +25,7 @@ static dt_status add(dt_graph *g, const char *name, dt_layer *l, const char *a, 
     return b ? dt_graph_add(g, name, l, a, b) : dt_graph_add(g, name, l, a);
 }
 
-static dt_status build(dt_graph **out) {
+static dt_status build(dt_graph **out, dt_pg *tp) {
     dt_graph *g;
     dt_layer *l;
     DT_TRY(dt_graph_new(&g, NULL));
@@ -42,22 +44,32 @@ static dt_status build(dt_graph **out) {
 #define M(s) (snprintf(m, sizeof m, "h.%d.%s", b, s), m)
         DT_TRY(dt_layer_layernorm_new(&l, C, NULL));
         DT_TRY(add(g, N("ln1"), l, x, NULL));
-        DT_TRY(dt_layer_linear_new(&l, C, 3 * C, NULL));
-        DT_TRY(add(g, N("qkv"), l, M("ln1"), NULL));
-        DT_TRY(dt_layer_attention_new(&l, HEADS, NULL));
-        DT_TRY(add(g, N("attn"), l, M("qkv"), NULL));
-        DT_TRY(dt_layer_linear_new(&l, C, C, NULL));
-        DT_TRY(add(g, N("proj"), l, M("attn"), NULL));
+        char pre[32];
+        snprintf(pre, sizeof pre, "h.%d.", b);
+        if (tp) { // Megatron: heads split, one all-reduce each way
+            DT_TRY(dt_tp_attention_add(g, pre, M("ln1"), C, HEADS, tp));
+        } else {
+            DT_TRY(dt_layer_linear_new(&l, C, 3 * C, NULL));
+            DT_TRY(add(g, N("qkv"), l, M("ln1"), NULL));
+            DT_TRY(dt_layer_attention_new(&l, HEADS, NULL));
+            DT_TRY(add(g, N("attn"), l, M("qkv"), NULL));
+            DT_TRY(dt_layer_linear_new(&l, C, C, NULL));
+            DT_TRY(add(g, N("proj"), l, M("attn"), NULL));
+        }
         DT_TRY(dt_layer_add_new(&l, NULL));
         DT_TRY(add(g, N("r1"), l, x, M("proj")));
         DT_TRY(dt_layer_layernorm_new(&l, C, NULL));
         DT_TRY(add(g, N("ln2"), l, M("r1"), NULL));
-        DT_TRY(dt_layer_linear_new(&l, C, 4 * C, NULL));
-        DT_TRY(add(g, N("fc"), l, M("ln2"), NULL));
-        DT_TRY(dt_layer_act_new(&l, DT_ACT_GELU_TANH, NULL));
-        DT_TRY(add(g, N("gelu"), l, M("fc"), NULL));
-        DT_TRY(dt_layer_linear_new(&l, 4 * C, C, NULL));
-        DT_TRY(add(g, N("fc2"), l, M("gelu"), NULL));
+        if (tp) { // column then row
+            DT_TRY(dt_tp_mlp_add(g, pre, M("ln2"), C, 4 * C, true, tp));
+        } else {
+            DT_TRY(dt_layer_linear_new(&l, C, 4 * C, NULL));
+            DT_TRY(add(g, N("fc"), l, M("ln2"), NULL));
+            DT_TRY(dt_layer_act_new(&l, DT_ACT_GELU_TANH, NULL));
+            DT_TRY(add(g, N("gelu"), l, M("fc"), NULL));
+            DT_TRY(dt_layer_linear_new(&l, 4 * C, C, NULL));
+            DT_TRY(add(g, N("fc2"), l, M("gelu"), NULL));
+        }
         DT_TRY(dt_layer_add_new(&l, NULL));
         DT_TRY(add(g, N("out"), l, M("r1"), M("fc2")));
         snprintf(x, sizeof x, "h.%d.out", b);
@@ -90,18 +102,18 @@ static int fail(const char *what) {
 static int worker(int local_rank, void *arg) {
     (void)arg;
     (void)local_rank;
-    bool   one = !strcmp(g_mode, "one"), dp = !strcmp(g_mode, "dp");
+    bool   one = !strcmp(g_mode, "one"), dp = !strcmp(g_mode, "dp"), tp = !strcmp(g_mode, "tp");
     dt_pg *pg = NULL;
     if (!one && dt_pg_new_from_env(&pg, NULL) != DT_OK)
         return fail("group");
     int       rank = pg ? dt_pg_rank(pg) : 0;
     dt_graph *g    = NULL;
-    if (build(&g) != DT_OK)
+    if (build(&g, tp ? pg : NULL) != DT_OK)
         return fail("build");
     dt_pipe *pp  = NULL;
     dt_ddp  *ddp = NULL;
     int      nb = dp ? B / 2 : B, lo = dp ? rank * nb : 0;
-    if (one || dp) {
+    if (one || dp || tp) {
         if (dt_graph_finalize(g, 1) != DT_OK)
             return fail("finalize");
         if (dp && dt_ddp_new(&ddp, dt_graph_params(g), pg, NULL) != DT_OK)
@@ -167,7 +179,7 @@ static int worker(int local_rank, void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: pipe_bench gpipe|1f1b|dp|one [M]\n");
+        fprintf(stderr, "usage: pipe_bench gpipe|1f1b|dp|tp|one [M]\n");
         return 2;
     }
     g_mode = argv[1];

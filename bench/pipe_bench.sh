@@ -2,7 +2,7 @@
 # pipe_bench.sh: a 2-stage pipeline (GPipe, 1F1B) against 2-way data parallelism and one
 # process, on this machine, one thread per rank; ROUNDS interleaved rounds (each layout
 # once per round), so load from other jobs hits every layout alike. Usage:
-#   bench/pipe_bench.sh [ROUNDS] [M]
+#   [MODES="gpipe 1f1b dp tp one"] bench/pipe_bench.sh [ROUNDS] [M]
 set -e
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
@@ -16,7 +16,7 @@ lscpu | sed -n 's/^Model name: *//p' | sed 's/^/# CPU: /'
 echo "# $ROUNDS rounds, M=$M micro-batches; each line: the median of 12 steps"
 export OPENBLAS_NUM_THREADS=1
 for r in $(seq "$ROUNDS"); do
-    for mode in gpipe 1f1b dp one; do
+    for mode in ${MODES:-gpipe 1f1b dp one}; do
         build/bench/pipe_bench $mode "$M"
     done
 done

@@ -18,7 +18,7 @@ for line in sys.stdin:
         bubbles[(mode, "theory")] = [float(theory)]
 n = min(len(v) for v in steps.values())
 print(f"{'layout':8} {'step ms (median)':>17} {'vs dp (median of rounds)':>25} {'bubble s0':>10} {'bubble s1':>10} {'theory':>7}")
-for mode in ["gpipe", "1f1b", "dp", "one"]:
+for mode in ["gpipe", "1f1b", "dp", "tp", "one"]:
     if mode not in steps:
         continue
     ratio = statistics.median(steps[mode][i] / steps["dp"][i] for i in range(n))
