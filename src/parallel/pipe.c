@@ -47,6 +47,7 @@ struct dt_pipe {
     int          nties;
     bool         ties_copied; // the copies hold their owners' values
     float       *tie_tmp;
+    size_t       tie_cap;
     // The current step.
     const void *const *inputs;
     int                batch;
@@ -370,10 +371,14 @@ static dt_status tie_exchange(dt_pipe *p, bool copy) {
                 DT_TRY(dt_pg_recv(p->pg, w, i->count, DT_FLOAT32, peer, tag));
             continue;
         }
-        dt_free(p->tie_tmp);
-        p->tie_tmp = dt_alloc(sizeof(float) * i->count);
-        if (!p->tie_tmp)
-            return DT_ERR_NOMEM;
+        if (i->count > p->tie_cap) { // once: the steady step allocates nothing
+            dt_free(p->tie_tmp);
+            p->tie_cap = 0;
+            p->tie_tmp = dt_alloc(sizeof(float) * i->count);
+            if (!p->tie_tmp)
+                return DT_ERR_NOMEM;
+            p->tie_cap = i->count;
+        }
         if (p->stage < peer) {
             DT_TRY(dt_pg_send(p->pg, gr, i->count, DT_FLOAT32, peer, tag));
             DT_TRY(dt_pg_recv(p->pg, p->tie_tmp, i->count, DT_FLOAT32, peer, tag));
