@@ -18,6 +18,7 @@
 #include "dtrain/mesh.h"
 #include "dtrain/optim.h"
 #include "dtrain/pipe.h"
+#include "dtrain/tp.h"
 
 #include <signal.h>
 #include <stdatomic.h>
@@ -45,9 +46,30 @@ typedef struct cfg {
     int              kill; // >= 0: this stage dies in its second step
     int              dp;   // > 1: dp replicas of the pipeline on a dp x pp mesh, under DDP
     bool             tied; // the head tied to the token embedding, across stages
+    int              tp;   // > 1: the blocks split over tp ranks (a pp x tp mesh)
 } cfg;
 
-static bool g_tied; // build() ties the head to wte
+static bool   g_tied; // build() ties the head to wte
+static dt_pg *g_tp;   // build() splits every block over this tensor-parallel group
+
+// tg_block's nodes, its attention and MLP split over g_tp (tp.h).
+static void tp_block(dt_graph *g, const char *p, const char *in) {
+    dt_layer *l;
+    char      a[48], b[48];
+#define NM(buf, s) (snprintf(buf, sizeof buf, "%s%s", p, s), buf)
+    CHECK_OK(dt_layer_layernorm_new(&l, C, NULL));
+    CHECK_OK(dt_graph_add(g, NM(a, "ln1"), l, in));
+    CHECK_OK(dt_tp_attention_add(g, p, NM(a, "ln1"), C, HEADS, g_tp));
+    CHECK_OK(dt_layer_add_new(&l, NULL));
+    CHECK_OK(dt_graph_add(g, NM(b, "r1"), l, in, NM(a, "proj")));
+    CHECK_OK(dt_layer_layernorm_new(&l, C, NULL));
+    CHECK_OK(dt_graph_add(g, NM(a, "ln2"), l, NM(b, "r1")));
+    CHECK_OK(dt_tp_mlp_add(g, p, NM(a, "ln2"), C, 4 * C, false, g_tp));
+    CHECK_OK(dt_layer_add_new(&l, NULL));
+    char r1[48];
+    CHECK_OK(dt_graph_add(g, NM(b, "out"), l, NM(r1, "r1"), NM(a, "fc2")));
+#undef NM
+}
 
 // An identity layer that kills its process on the forward of its call `g_bomb`.
 static int       g_bomb = -1;
@@ -91,7 +113,10 @@ static dt_graph *build(bool bomb) {
     char in[32] = "emb.drop", pre[32];
     for (int b = 0; b < NBLK; b++) {
         snprintf(pre, sizeof pre, "b%d.", b);
-        CHECK_OK(tg_block(g, pre, in, C, HEADS));
+        if (g_tp)
+            tp_block(g, pre, in);
+        else
+            CHECK_OK(tg_block(g, pre, in, C, HEADS));
         snprintf(in, sizeof in, "b%d.out", b);
         if (bomb && b == 1) { // the first node of stage 2 of 4
             CHECK_OK(dt_layer_new(&l, &bomb_ops, NULL, NULL));
@@ -200,13 +225,14 @@ static void ranks(int rank, int world, void *arg) {
     if (!CHECK(pg != NULL))
         return;
     dt_mesh *mesh = NULL;
-    int      dp = c->dp > 1 ? c->dp : 1, dpi = 0;
-    CHECK_OK(dt_mesh_new(&mesh, pg, &(dt_mesh_opts){.dp = dp, .pp = c->stages}));
+    int      dp = c->dp > 1 ? c->dp : 1, dpi = 0, tp = c->tp > 1 ? c->tp : 1;
+    CHECK_OK(dt_mesh_new(&mesh, pg, &(dt_mesh_opts){.dp = dp, .pp = c->stages, .tp = tp}));
     if (!CHECK(mesh != NULL)) {
         dt_pg_free(pg);
         return;
     }
     dt_pg *ppg           = dt_mesh_group(mesh, DT_MESH_PP);
+    g_tp                 = tp > 1 ? dt_mesh_group(mesh, DT_MESH_TP) : NULL;
     dpi                  = dt_mesh_coord(mesh, DT_MESH_DP);
     int          stage   = dt_mesh_coord(mesh, DT_MESH_PP);
     const char  *cuts4[] = {"b0.out", "b1.out", "b2.out"}, *cuts2[] = {"b1.out"};
@@ -272,7 +298,8 @@ static void ranks(int rank, int world, void *arg) {
         if (rank == 0)
             sh->eval_loss = el;
     }
-    if (c->kill < 0 && dpi == 0) { // each tensor where the whole graph keeps it
+    g_tp = NULL;                              // the reference below is whole
+    if (c->kill < 0 && dpi == 0 && tp == 1) { // each tensor where the whole graph keeps it
         dt_graph *ref = build(false);
         CHECK_OK(dt_graph_finalize(ref, 7));
         dt_params *rp = dt_graph_params(ref);
@@ -307,66 +334,71 @@ static void equality(void) {
     if (!CHECK(n <= MAXP && sizeof(shared) <= 65536))
         return;
     cfg cases[] = {
-        {2, 1, DT_PIPE_GPIPE, false, -1, 1, false},
-        {2, 1, DT_PIPE_1F1B, false, -1, 1, false},
-        {2, 3, DT_PIPE_GPIPE, false, -1, 1, false},
-        {2, 3, DT_PIPE_1F1B, false, -1, 1, false},
-        {2, 4, DT_PIPE_GPIPE, true, -1, 1, false},
-        {2, 4, DT_PIPE_1F1B, true, -1, 1, false},
-        {4, 2, DT_PIPE_GPIPE, false, -1, 1, false},
-        {4, 2, DT_PIPE_1F1B, false, -1, 1, false},
-        {4, 4, DT_PIPE_GPIPE, true, -1, 1, false},
-        {4, 4, DT_PIPE_1F1B, true, -1, 1, false},
-        {4, 8, DT_PIPE_GPIPE, false, -1, 1, false},
-        {4, 8, DT_PIPE_1F1B, false, -1, 1, false},
+        {2, 1, DT_PIPE_GPIPE, false, -1, 1, false, 0},
+        {2, 1, DT_PIPE_1F1B, false, -1, 1, false, 0},
+        {2, 3, DT_PIPE_GPIPE, false, -1, 1, false, 0},
+        {2, 3, DT_PIPE_1F1B, false, -1, 1, false, 0},
+        {2, 4, DT_PIPE_GPIPE, true, -1, 1, false, 0},
+        {2, 4, DT_PIPE_1F1B, true, -1, 1, false, 0},
+        {4, 2, DT_PIPE_GPIPE, false, -1, 1, false, 0},
+        {4, 2, DT_PIPE_1F1B, false, -1, 1, false, 0},
+        {4, 4, DT_PIPE_GPIPE, true, -1, 1, false, 0},
+        {4, 4, DT_PIPE_1F1B, true, -1, 1, false, 0},
+        {4, 8, DT_PIPE_GPIPE, false, -1, 1, false, 0},
+        {4, 8, DT_PIPE_1F1B, false, -1, 1, false, 0},
         // A 2x2 mesh: 2 replicas of a 2-stage pipeline, B/2 each, under DDP.
-        {2, 2, DT_PIPE_GPIPE, false, -1, 2, false},
-        {2, 2, DT_PIPE_1F1B, true, -1, 2, false},
+        {2, 2, DT_PIPE_GPIPE, false, -1, 2, false, 0},
+        {2, 2, DT_PIPE_1F1B, true, -1, 2, false, 0},
         // The head tied to wte on the first stage: a copy on the last, gradients summed.
-        {2, 4, DT_PIPE_GPIPE, false, -1, 1, true},
-        {2, 4, DT_PIPE_1F1B, false, -1, 1, true},
-        {4, 4, DT_PIPE_1F1B, true, -1, 1, true},
-        {2, 2, DT_PIPE_1F1B, false, -1, 2, true},
+        {2, 4, DT_PIPE_GPIPE, false, -1, 1, true, 0},
+        {2, 4, DT_PIPE_1F1B, false, -1, 1, true, 0},
+        {4, 4, DT_PIPE_1F1B, true, -1, 1, true, 0},
+        {2, 2, DT_PIPE_1F1B, false, -1, 2, true, 0},
+        // A pp 2 x tp 2 mesh: each stage's blocks split over 2 ranks (losses compared).
+        {2, 4, DT_PIPE_1F1B, false, -1, 1, false, 2},
+        {2, 2, DT_PIPE_GPIPE, true, -1, 1, true, 2},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        cfg    *k = &cases[c];
-        mp_opts o = {.world = k->stages * k->dp, .timeout_ms = 60000};
-        g_tied    = k->tied;
-        n         = reference(k->adamw, g_ref[k->adamw], g_ref_loss[k->adamw]);
+        cfg    *k  = &cases[c];
+        int     tp = k->tp > 1 ? k->tp : 1;
+        mp_opts o  = {.world = k->stages * k->dp * tp, .timeout_ms = 60000};
+        g_tied     = k->tied;
+        n          = reference(k->adamw, g_ref[k->adamw], g_ref_loss[k->adamw]);
         MP_RUN(&o, ranks, k);
         const shared *sh  = mp_shared();
         const float  *w   = g_ref[k->adamw];
         double        err = 0.0, scale = 0.0, lerr = 0.0;
         bool          all = true;
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; i < n && tp == 1; i++) { // tp: the losses alone
             all   = all && sh->seen[i] == (k->tied && i < VOCAB * C ? 2 : 1);
             err   = fmax(err, fabs((double)sh->w[i] - w[i]));
             scale = fmax(scale, fabs(w[i]));
         }
         for (int s = 0; s < STEPS; s++)
             lerr = fmax(lerr, fabs((double)sh->loss[s] - g_ref_loss[k->adamw][s]));
-        CHECK(all);  // every parameter on exactly one stage (a tied one: and its copy)
-        if (k->tied) // wte.weight comes first in the whole graph
+        CHECK(all);             // every parameter on exactly one stage (a tied one: and its copy)
+        if (k->tied && tp == 1) // wte.weight comes first in the whole graph
             CHECK(memcmp(sh->copy, sh->w, sizeof(float) * VOCAB * C) == 0);
         if (k->dp == 1)
             lerr = fmax(lerr, fabs((double)sh->eval_loss - g_ref_eval));
         bool ok = CHECK(err <= 1e-5 * scale) && CHECK(lerr <= 1e-5);
         fprintf(stderr,
-                "%s dp=%d pp=%d %-5s M=%d %s%s: max |pipe - whole| %.3g (scale %.3g), loss "
+                "%s dp=%d pp=%d tp=%d %-5s M=%d %s%s: max |pipe - whole| %.3g (scale %.3g), loss "
                 "%.3g\n",
-                ok ? "ok  " : "FAIL", k->dp > 1 ? k->dp : 1, k->stages,
+                ok ? "ok  " : "FAIL", k->dp > 1 ? k->dp : 1, k->stages, tp,
                 dt_pipe_schedule_name(k->sched), k->micro, k->adamw ? "adamw" : "sgd",
                 k->tied ? " tied" : "", err, scale, lerr);
         const cfg *q = c > 0 ? &cases[c - 1] : k; // GPipe just before, same layout
         if (k->sched == DT_PIPE_1F1B && q->sched == DT_PIPE_GPIPE && q->stages == k->stages &&
-            q->micro == k->micro && q->dp == k->dp && q->adamw == k->adamw && q->tied == k->tied)
+            q->micro == k->micro && q->dp == k->dp && q->adamw == k->adamw && q->tied == k->tied &&
+            tp == 1)
             CHECK(memcmp(g_prev, sh->w, sizeof(float) * n) == 0);
         memcpy(g_prev, sh->w, sizeof(float) * n);
     }
 }
 
 static void killed(void) {
-    cfg     k = {4, 4, DT_PIPE_1F1B, false, 2, 1, false};
+    cfg     k = {4, 4, DT_PIPE_1F1B, false, 2, 1, false, 0};
     mp_opts o = {.world = 4, .timeout_ms = 90000, .may_die = 1u << 2};
     MP_RUN(&o, ranks, &k);
     const shared *sh = mp_shared();
