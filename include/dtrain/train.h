@@ -128,6 +128,11 @@ typedef struct dt_train_args {
     double      clip_grad;     // max gradient norm (0: no clipping)
     long        invariant;     // gradient shards of a dt_model (-1: the default, see --help)
     long        data_parallel; // DataParallel replicas (threads) in this process (default 1)
+    // Model parallelism (programs with dt_trainer_opts.model_parallel; mesh.h, pipe.h,
+    // tp.h): mesh sizes (0: pp and tp 1, dp the rest), micro-batches per pipeline step
+    // (0: pp) and the pipeline schedule ("gpipe" or "1f1b").
+    long        dp, pp, tp, micro_batches;
+    const char *schedule;
 } dt_train_args;
 
 typedef struct dt_trainer dt_trainer;
@@ -140,6 +145,7 @@ typedef struct dt_trainer_opts {
     long           default_epochs;         // 0: 1
     bool           hide_accumulate;        // leave --accumulate and --clip-grad out
     double         train_flops_per_sample; // for STATS' gflops (0: the dt_model's, if any)
+    bool           model_parallel;         // offer --dp --pp --tp --micro-batches --schedule
 } dt_trainer_opts;
 
 DT_API dt_trainer_opts dt_trainer_opts_default(void);

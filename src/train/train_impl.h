@@ -48,7 +48,7 @@ void dt_train_preempt_release(void);
 // The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
-#define MAX_COMMON   40
+#define MAX_COMMON   48
 #define MAX_KVS      24
 
 struct dt_trainer {

@@ -20,6 +20,8 @@ const dt_train_args *dt_trainer_args(const dt_trainer *t) {
 
 // ------------------------------------------------------------------ the common table
 
+static const char MP[] = "model parallelism"; // the section of the model-parallel flags
+
 static void build_common(dt_trainer *t) {
     dt_train_args *a = &t->a;
     const unsigned S = DT_FLAG_SHARED;
@@ -141,12 +143,29 @@ static void build_common(dt_trainer *t) {
            "write the loss curves (training, and test after each epoch)\n"
              "as an SVG chart (rank 0)",
            O, 0, 0, 0},
+          // Model parallelism: only where the program says it can (model_parallel).
+          {"dp", DT_FLAG_LONG, &a->dp, NULL, 1, 65536, "N",
+           "data-parallel replicas (default: the world size / (pp x tp))", MP, S, 0, 0},
+          {"pp", DT_FLAG_LONG, &a->pp, NULL, 1, 1024, "N",
+           "pipeline stages on consecutive ranks (default 1)", MP, S, 0, 0},
+          {"tp", DT_FLAG_LONG, &a->tp, NULL, 1, 1024, "N",
+           "tensor-parallel ranks per stage (default 1; dp x pp x tp\n"
+             "must be the world size)",
+           MP, S, 0, 0},
+          {"micro-batches", DT_FLAG_LONG, &a->micro_batches, NULL, 1, 65536, "M",
+           "micro-batches per pipeline step (default: pp)", MP, S, 0, 0},
+          {"schedule", DT_FLAG_STRING, &a->schedule, "1f1b", 0, 0, "S",
+           "pipeline schedule: gpipe (all forwards, then all backwards)\n"
+             "or 1f1b (bounded activations; the default)",
+           MP, S, "gpipe 1f1b", "gpipe or 1f1b"},
           {0},
     };
     int n = 0;
     for (int i = 0; f[i].name; i++) {
         if (t->o.hide_accumulate &&
             (!strcmp(f[i].name, "accumulate") || !strcmp(f[i].name, "clip-grad")))
+            continue;
+        if (!t->o.model_parallel && f[i].section == MP)
             continue;
         t->common[n++] = f[i];
     }
