@@ -246,7 +246,69 @@ void dt_optim_free(dt_optim *o) {
     dt_free(o->state);
     dt_free(o->tgroup);
     dt_free(o->ranges);
+    dt_free(o->flat_off);
     dt_free(o);
+}
+
+dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
+                         const size_t *flat_off) {
+    const char *name = kind_names[o->kind];
+    if (o->flat_off)
+        return dt_fail(DT_ERR_STATE,
+                       "%s: expected an optimizer over a whole table, found one "
+                       "already sharded",
+                       name);
+    if (o->steps != 0)
+        return dt_fail(DT_ERR_STATE,
+                       "%s: expected to shard before the first step, found %lld steps taken", name,
+                       (long long)o->steps);
+    DT_TRY(check_params(name, shard));
+    int    nt = dt_params_count(shard), full_nt = dt_params_count(o->p);
+    size_t ns = dt_params_numel(shard), nblocks = o->n ? o->nstate / o->n : 0;
+    for (int i = 0; i < nt; i++) {
+        const dt_param_info *pi  = dt_params_info(shard, i);
+        const dt_param_info *src = src_tensor[i] >= 0 && src_tensor[i] < full_nt
+                                       ? dt_params_info(o->p, src_tensor[i])
+                                       : NULL;
+        if (!src || flat_off[i] < src->offset || flat_off[i] + pi->count > src->offset + src->count)
+            return dt_fail(DT_ERR_ARG,
+                           "%s: shard tensor %s: expected a piece of a tensor of the optimizer's "
+                           "table, found tensor index %d at float %zu (+%zu)",
+                           name, pi->name, src_tensor[i], flat_off[i], pi->count);
+    }
+    float       *state  = nblocks && ns ? dt_alloc_zero(nblocks * ns * sizeof(float)) : NULL;
+    int         *tgroup = dt_alloc(sizeof(int) * (size_t)(nt ? nt : 1));
+    size_t      *off    = dt_alloc(sizeof(size_t) * (size_t)(nt ? nt : 1));
+    optim_range *ranges = dt_alloc(sizeof(optim_range) * (size_t)(nt ? nt : 1));
+    if ((nblocks && ns && !state) || !tgroup || !off || !ranges) {
+        dt_free(state), dt_free(tgroup), dt_free(off), dt_free(ranges);
+        return DT_ERR_NOMEM;
+    }
+    for (int i = 0; i < nt; i++) {
+        tgroup[i] = dt_params_info(shard, i)->trainable ? o->tgroup[src_tensor[i]] : -1;
+        off[i]    = flat_off[i];
+    }
+    dt_free(o->state), dt_free(o->tgroup), dt_free(o->ranges);
+    o->full_n   = o->n;
+    o->state    = state;
+    o->nstate   = nblocks * ns;
+    o->tgroup   = tgroup;
+    o->ranges   = ranges;
+    o->flat_off = off;
+    o->p        = shard;
+    o->params   = dt_params_data(shard);
+    o->grads    = dt_params_grads(shard);
+    o->n        = ns;
+    build_ranges(o);
+    return DT_OK;
+}
+
+bool dt_optim_sharded(const dt_optim *o, size_t *full_numel, const size_t **flat_off) {
+    if (full_numel)
+        *full_numel = o->flat_off ? o->full_n : o->n;
+    if (flat_off)
+        *flat_off = o->flat_off;
+    return o->flat_off != NULL;
 }
 
 void dt_optim_step(dt_optim *o) {

@@ -45,6 +45,10 @@ struct dt_optim {
     int         *tgroup; // [tensors] the group of each tensor, -1 for frozen ones
     optim_range *ranges;
     int          nranges;
+    // Sharded (dt_optim_shard): p is the shard's table; tensor i of it lies at float
+    // flat_off[i] of the full table's buffers (full_n floats).
+    size_t *flat_off; // owned; NULL when not sharded
+    size_t  full_n;
     union {
         dt_sgd_opts      sgd;
         dt_adam_opts     adam;
