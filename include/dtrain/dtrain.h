@@ -16,5 +16,6 @@
 #include "dtrain/tensor.h"
 #include "dtrain/trace.h"
 #include "dtrain/train.h"
+#include "dtrain/zero.h"
 
 #endif // DTRAIN_DTRAIN_H

@@ -190,9 +190,9 @@ DT_API dt_status dt_optim_set_step_count(dt_optim *o, int64_t steps);
 // of that table's flat buffers. Each piece keeps its tensor's group (so create the
 // groups before sharding: predicates then see whole tensors), every later step updates
 // the shard's buffers only, and the state is reallocated for the shard: each block
-// above holds dt_params_numel(shard) floats instead of the table's (zeroed; the old
-// state is freed). dt_optim_params then returns the shard and dt_optim_num_params its
-// numel. DT_ERR_STATE after the first step or when already sharded; DT_ERR_ARG for a
+// above holds dt_params_numel(shard) floats instead of the table's (the pieces' state so
+// far is kept, the rest freed). dt_optim_params then returns the shard and
+// dt_optim_num_params its numel. DT_ERR_STATE when already sharded; DT_ERR_ARG for a
 // piece outside its tensor.
 DT_API dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
                                 const size_t *flat_off);

@@ -125,6 +125,7 @@ typedef struct dt_train_args {
     long        accumulate; // micro-batches per optimizer step (default 1)
     double      clip_grad;  // max gradient norm (0: no clipping)
     long        invariant;  // gradient shards of a dt_model (-1: the default, see --help)
+    long        zero;       // ZeRO stage of the data-parallel group (0: plain DDP; zero.h)
 } dt_train_args;
 
 typedef struct dt_trainer dt_trainer;

@@ -70,7 +70,8 @@ typedef struct dt_zero_opts {
 DT_API dt_zero_opts dt_zero_opts_default(void);
 
 // Wraps `params` (with storage) for ZeRO over `pg` and shards `opt`, an optimizer built
-// over `params` that has taken no step (groups already added); all three are borrowed
+// over `params` (groups already added; its state so far, a loaded checkpoint's say, is
+// kept for this rank's shard and the rest freed); all three are borrowed
 // and must outlive the wrapper. Collective: checks that every rank has the same tensors
 // (DT_ERR_MISMATCH naming the rank and the counts), broadcasts rank 0's parameters and
 // buffers, and, with stage 2, registers a gradient-ready consumer on `params`.

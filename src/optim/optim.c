@@ -258,10 +258,6 @@ dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
                        "%s: expected an optimizer over a whole table, found one "
                        "already sharded",
                        name);
-    if (o->steps != 0)
-        return dt_fail(DT_ERR_STATE,
-                       "%s: expected to shard before the first step, found %lld steps taken", name,
-                       (long long)o->steps);
     DT_TRY(check_params(name, shard));
     int    nt = dt_params_count(shard), full_nt = dt_params_count(o->p);
     size_t ns = dt_params_numel(shard), nblocks = o->n ? o->nstate / o->n : 0;
@@ -285,8 +281,12 @@ dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
         return DT_ERR_NOMEM;
     }
     for (int i = 0; i < nt; i++) {
-        tgroup[i] = dt_params_info(shard, i)->trainable ? o->tgroup[src_tensor[i]] : -1;
-        off[i]    = flat_off[i];
+        const dt_param_info *pi = dt_params_info(shard, i);
+        tgroup[i]               = pi->trainable ? o->tgroup[src_tensor[i]] : -1;
+        off[i]                  = flat_off[i];
+        for (size_t b = 0; b < nblocks; b++) // the state so far (a loaded checkpoint's)
+            memcpy(state + b * ns + pi->offset, o->state + b * o->n + flat_off[i],
+                   pi->count * sizeof(float));
     }
     dt_free(o->state), dt_free(o->tgroup), dt_free(o->ranges);
     o->full_n   = o->n;
