@@ -26,11 +26,13 @@
 // remainder [a + N q, a + c) (fewer than N floats, so nothing is padded on the wire: the
 // remainder is all-reduced and stepped identically on every rank). With one bucket
 // holding the whole model the shard of rank r is the r-th contiguous N-th of the flat
-// buffer. A rank's shard is a table of its own (dt_zero_shard_params): one tensor per
-// piece of a parameter tensor that falls in it, with the tensor's name and flags, in
-// bucket order. The optimizer, sharded by dt_optim_shard, keeps each piece in its
-// tensor's group (weight decay groups see whole tensors) and its element-wise state
-// (Adam's m and v) for the shard's floats alone: element-wise rules need nothing else.
+// buffer. A rank's shard is described by a table of its own (dt_zero_shard_params): one
+// tensor per piece of a parameter tensor that falls in it, with the tensor's name and
+// flags, in bucket order. The parameters are never copied: the optimizer updates the
+// pieces in place in the whole buffer and the all-gather fills in the other ranks'. The optimizer,
+// sharded by dt_optim_shard, keeps each piece in its tensor's group (weight decay groups see whole
+// tensors) and its element-wise state (Adam's m and v) for the shard's floats alone: element-wise
+// rules need nothing else.
 //
 // Stage 1 reduce-scatters every bucket in dt_zero_sync, after backward; stage 2
 // reduce-scatters each bucket as soon as backward reports its last gradient
@@ -104,10 +106,12 @@ DT_API dt_status dt_zero_grad_norm(dt_zero *z, float *norm);
 // the whole parameter buffer of every rank. Collective.
 DT_API dt_status dt_zero_step(dt_zero *z);
 
-// This rank's shard as a table (tensor pieces; buffers of the shard's parameters and
-// averaged gradients): what the optimizer steps, what a loss scaler unscales.
-DT_API dt_params *dt_zero_shard_params(dt_zero *z);
-DT_API int        dt_zero_stage(const dt_zero *z);
+// This rank's shard as a table of tensor pieces (names, flags, offsets into the shard;
+// a description without storage: the parameters stay in the whole buffer) and the
+// shard's averaged gradients (*n floats, piece after piece), valid after dt_zero_sync.
+DT_API const dt_params *dt_zero_shard_params(const dt_zero *z);
+DT_API float           *dt_zero_shard_grads(dt_zero *z, size_t *n);
+DT_API int              dt_zero_stage(const dt_zero *z);
 // Buckets: bucket i covers floats [offset, offset + count) of the whole buffers.
 DT_API int  dt_zero_num_buckets(const dt_zero *z);
 DT_API void dt_zero_bucket(const dt_zero *z, int i, size_t *offset, size_t *count);

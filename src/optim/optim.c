@@ -61,11 +61,13 @@ static void build_ranges(dt_optim *o) {
         int                  g  = o->tgroup[t];
         if (g < 0 || pi->count == 0)
             continue;
+        size_t       poff = o->flat_off ? o->flat_off[t] : pi->offset;
         optim_range *last = o->nranges ? &o->ranges[o->nranges - 1] : NULL;
-        if (last && last->group == g && last->off + last->n == pi->offset)
+        if (last && last->group == g && last->off + last->n == pi->offset &&
+            last->poff + last->n == poff)
             last->n += pi->count;
         else
-            o->ranges[o->nranges++] = (optim_range){pi->offset, pi->count, g};
+            o->ranges[o->nranges++] = (optim_range){pi->offset, poff, pi->count, g};
     }
 }
 
@@ -251,14 +253,16 @@ void dt_optim_free(dt_optim *o) {
 }
 
 dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
-                         const size_t *flat_off) {
+                         const size_t *flat_off, float *grads) {
     const char *name = kind_names[o->kind];
     if (o->flat_off)
         return dt_fail(DT_ERR_STATE,
                        "%s: expected an optimizer over a whole table, found one "
                        "already sharded",
                        name);
-    DT_TRY(check_params(name, shard));
+    if (!shard || (dt_params_numel(shard) && !grads))
+        return dt_fail(DT_ERR_ARG, "%s: expected a shard table and its gradient buffer, found NULL",
+                       name);
     int    nt = dt_params_count(shard), full_nt = dt_params_count(o->p);
     size_t ns = dt_params_numel(shard), nblocks = o->n ? o->nstate / o->n : 0;
     for (int i = 0; i < nt; i++) {
@@ -296,8 +300,7 @@ dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
     o->ranges   = ranges;
     o->flat_off = off;
     o->p        = shard;
-    o->params   = dt_params_data(shard);
-    o->grads    = dt_params_grads(shard);
+    o->grads    = grads; // o->params stays the whole table's
     o->n        = ns;
     build_ranges(o);
     return DT_OK;
@@ -317,7 +320,7 @@ void dt_optim_step(dt_optim *o) {
     for (int i = 0; i < o->nranges; i++) {
         const optim_range *r = &o->ranges[i];
         const optim_group *g = &o->groups[r->group];
-        o->step(o, r->off, r->n, g->lr, g->weight_decay);
+        o->step(o, r->off, r->poff, r->n, g->lr, g->weight_decay);
     }
     DT_TRACE_END(tr, "optim", "optimizer step", NULL, 0);
 }

@@ -31,7 +31,7 @@ struct dt_zero {
     bool         sync, hooked;
     dt_status    err;
     char         errmsg[512];
-    float       *pshard, *gshard; // the shard's parameters and averaged gradients (ns each)
+    float       *gshard; // the shard's averaged gradients (ns floats)
     size_t       ns;
     int          npieces;
     int         *piece_src;     // [npieces] source tensor of each shard tensor
@@ -360,23 +360,18 @@ dt_status dt_zero_clip_grad_norm(dt_zero *z, float max_norm, float *norm) {
 
 dt_status dt_zero_step(dt_zero *z) {
     float *p = dt_params_data(z->p);
-    // The shard's parameters from the whole buffer (what the last gather, a checkpoint
-    // load or the caller left there).
-    for (int k = 0; k < z->npieces; k++) {
-        const dt_param_info *pi = dt_params_info(z->shard, k);
-        memcpy(z->pshard + pi->offset, p + z->piece_flat[k], pi->count * sizeof(float));
-    }
-    dt_optim_step(z->opt);
+    dt_optim_step(z->opt); // this rank's pieces, in place in the whole buffer
     double    t0 = dt_now();
     dt_status s  = DT_OK;
     DT_TRACE_BEGIN(tr);
     for (int i = 0; s == DT_OK && i < z->nbuckets; i++) {
         zbucket *bk = &z->b[i];
+        // In place: this rank's chunk is already where the gather puts it; the
+        // remainder was stepped identically on every rank.
+        float *chunk = p + bk->offset;
         if (bk->q)
-            s = dt_pg_all_gather_async(z->pg, z->pshard + bk->soff, p + bk->offset, bk->q,
+            s = dt_pg_all_gather_async(z->pg, chunk + (size_t)z->rank * bk->q, chunk, bk->q,
                                        DT_FLOAT32, &bk->rs);
-        size_t r0 = bk->q * (size_t)z->world;
-        memcpy(p + bk->offset + r0, z->pshard + bk->soff + bk->q, (bk->count - r0) * sizeof(float));
     }
     for (int i = 0; i < z->nbuckets; i++)
         if (z->b[i].rs) {
@@ -416,14 +411,12 @@ static dt_status zero_init(dt_zero *z) {
     z->piece_src     = dt_alloc(sizeof(int) * np);
     z->piece_flat    = dt_alloc(sizeof(size_t) * np);
     z->piece_primary = dt_alloc(sizeof(bool) * np);
-    z->pshard        = dt_alloc_zero(sizeof(float) * (z->ns ? z->ns : 1));
     z->gshard        = dt_alloc_zero(sizeof(float) * (z->ns ? z->ns : 1));
-    if (!z->piece_src || !z->piece_flat || !z->piece_primary || !z->pshard || !z->gshard)
+    if (!z->piece_src || !z->piece_flat || !z->piece_primary || !z->gshard)
         return DT_ERR_NOMEM;
     DT_TRY(dt_params_new(&z->shard, NULL));
     DT_TRY(build_shard(z, true));
-    DT_TRY(dt_params_bind(z->shard, z->pshard, z->gshard, NULL));
-    DT_TRY(dt_optim_shard(z->opt, z->shard, z->piece_src, z->piece_flat));
+    DT_TRY(dt_optim_shard(z->opt, z->shard, z->piece_src, z->piece_flat, z->gshard));
     reset_step(z);
     if (z->o.stage == 2) {
         DT_TRY(dt_params_add_grad_hook(z->p, on_grad_ready, z));
@@ -483,13 +476,18 @@ void dt_zero_free(dt_zero *z) {
     dt_free(z->piece_flat);
     dt_free(z->piece_primary);
     dt_params_free(z->shard);
-    dt_free(z->pshard);
     dt_free(z->gshard);
     dt_free(z);
 }
 
-dt_params *dt_zero_shard_params(dt_zero *z) {
+const dt_params *dt_zero_shard_params(const dt_zero *z) {
     return z->shard;
+}
+
+float *dt_zero_shard_grads(dt_zero *z, size_t *n) {
+    if (n)
+        *n = z->ns;
+    return z->gshard;
 }
 
 int dt_zero_stage(const dt_zero *z) {

@@ -352,6 +352,10 @@ static void kill_rank(int rank, int world, void *arg) {
     CHECK_OK(dt_zero_new(&z, p, pg, o, NULL));
     if (z) {
         zero_steps(z, p, 0, 2, rank, world);
+        // Once every rank has finished those steps (a rank that dies may be noticed
+        // before its peers have read what it sent: the failure must not come earlier).
+        double    t0 = dt_now();
+        dt_status s  = dt_pg_barrier(pg);
         if (rank == world - 1) {
             // Dies in the middle of the next backward: some buckets started, not all.
             dt_params_zero_grad(p);
@@ -359,8 +363,6 @@ static void kill_rank(int rank, int world, void *arg) {
             CHECK_OK(dt_params_grad_ready(p, pi->offset, pi->count));
             raise(SIGKILL);
         }
-        double    t0 = dt_now();
-        dt_status s  = DT_OK;
         for (int64_t step = 2; step < 50 && s == DT_OK; step++) {
             backward(p, step, rank, world);
             s = dt_zero_sync(z);
