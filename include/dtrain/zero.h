@@ -36,10 +36,11 @@
 //
 // Stage 1 reduce-scatters every bucket in dt_zero_sync, after backward; stage 2
 // reduce-scatters each bucket as soon as backward reports its last gradient
-// (dt_params_grad_ready), overlapping backward as DDP does. Both leave this rank's shard
-// of the averaged gradient in the shard's gradient buffer and nothing else: the whole
-// gradient buffer of `params` is backward's output, which both stages reuse as the
-// send buffer (docs/zero.md says what that means for memory).
+// (dt_params_grad_ready), overlapping backward as DDP does. Both reduce in place: after
+// dt_zero_sync, this rank's shard of the whole gradient buffer holds the average over
+// ranks and the rest holds this rank's own gradients, which nothing reads. No buffer is
+// added: the whole gradient buffer is backward's output and the reduce-scatter's (docs/
+// zero.md says what that means for memory).
 //
 // Checkpoints (ckpt.h) of a sharded optimizer gather the shards into the whole state,
 // written in the same format as DDP's; loading takes this rank's shard out of it, so a
@@ -89,8 +90,8 @@ DT_API void dt_zero_free(dt_zero *z);
 DT_API void dt_zero_set_sync(dt_zero *z, bool sync);
 
 // After backward: starts the reduce-scatters not started yet and waits for all;
-// afterwards the shard's gradient buffer holds this rank's shard of the average over
-// ranks. Collective. Stage 2: a trainable tensor never reported ready is DT_ERR_STATE
+// afterwards this rank's shard of the gradient buffer holds the average over ranks.
+// Collective. Stage 2: a trainable tensor never reported ready is DT_ERR_STATE
 // naming it (the group is aborted).
 DT_API dt_status dt_zero_sync(dt_zero *z);
 
@@ -102,15 +103,15 @@ DT_API dt_status dt_zero_sync(dt_zero *z);
 DT_API dt_status dt_zero_clip_grad_norm(dt_zero *z, float max_norm, float *norm);
 DT_API dt_status dt_zero_grad_norm(dt_zero *z, float *norm);
 
-// Steps the optimizer on this rank's shard, then all-gathers the updated shards into
-// the whole parameter buffer of every rank. Collective.
+// Steps the optimizer on this rank's shard (in place in the whole parameter buffer),
+// then all-gathers the updated shards, so every rank holds the whole new parameters.
+// Collective.
 DT_API dt_status dt_zero_step(dt_zero *z);
 
-// This rank's shard as a table of tensor pieces (names, flags, offsets into the shard;
-// a description without storage: the parameters stay in the whole buffer) and the
-// shard's averaged gradients (*n floats, piece after piece), valid after dt_zero_sync.
+// This rank's shard as a table of tensor pieces (names, flags; a description without
+// storage: parameters and gradients stay in the whole buffers, piece k of the table at
+// the offset dt_optim_sharded gives).
 DT_API const dt_params *dt_zero_shard_params(const dt_zero *z);
-DT_API float           *dt_zero_shard_grads(dt_zero *z, size_t *n);
 DT_API int              dt_zero_stage(const dt_zero *z);
 // Buckets: bucket i covers floats [offset, offset + count) of the whole buffers.
 DT_API int  dt_zero_num_buckets(const dt_zero *z);

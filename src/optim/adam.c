@@ -95,7 +95,7 @@ void dt_optim_step_adam(dt_optim *o, size_t off, size_t poff, size_t n, float lr
     unsigned flags = (unsigned)(k.wd != 0.0f) | (unsigned)a->amsgrad << 1;
     float   *m = o->state + off, *v = o->state + o->n + off;
     float   *vmax = a->amsgrad ? o->state + 2 * o->n + off : NULL;
-    float   *p = o->params + poff, *g = o->grads + off;
+    float   *p = o->params + poff, *g = o->grads + poff;
     float    d[DT_OPTIM_BLOCK];
     for (size_t at = 0; at < n; at += DT_OPTIM_BLOCK) {
         size_t len = n - at < DT_OPTIM_BLOCK ? n - at : DT_OPTIM_BLOCK;

@@ -253,16 +253,15 @@ void dt_optim_free(dt_optim *o) {
 }
 
 dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
-                         const size_t *flat_off, float *grads) {
+                         const size_t *flat_off) {
     const char *name = kind_names[o->kind];
     if (o->flat_off)
         return dt_fail(DT_ERR_STATE,
                        "%s: expected an optimizer over a whole table, found one "
                        "already sharded",
                        name);
-    if (!shard || (dt_params_numel(shard) && !grads))
-        return dt_fail(DT_ERR_ARG, "%s: expected a shard table and its gradient buffer, found NULL",
-                       name);
+    if (!shard || (dt_params_count(shard) && (!src_tensor || !flat_off)))
+        return dt_fail(DT_ERR_ARG, "%s: expected a shard table and its pieces, found NULL", name);
     int    nt = dt_params_count(shard), full_nt = dt_params_count(o->p);
     size_t ns = dt_params_numel(shard), nblocks = o->n ? o->nstate / o->n : 0;
     for (int i = 0; i < nt; i++) {
@@ -299,8 +298,7 @@ dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
     o->tgroup   = tgroup;
     o->ranges   = ranges;
     o->flat_off = off;
-    o->p        = shard;
-    o->grads    = grads; // o->params stays the whole table's
+    o->p        = shard; // o->params and o->grads stay the whole table's
     o->n        = ns;
     build_ranges(o);
     return DT_OK;
@@ -326,8 +324,9 @@ void dt_optim_step(dt_optim *o) {
 }
 
 void dt_optim_zero_grad(dt_optim *o) {
-    if (o->n)
-        memset(o->grads, 0, o->n * sizeof *o->grads);
+    size_t n = o->flat_off ? o->full_n : o->n;
+    if (n)
+        memset(o->grads, 0, n * sizeof *o->grads);
 }
 
 float dt_optim_lr(const dt_optim *o) {

@@ -20,7 +20,7 @@ typedef struct optim_group {
 } optim_group;
 
 // A run of consecutive tensors of one group: one call of the update rule. off indexes
-// the gradients and the state, poff the parameters (the same unless sharded).
+// the state, poff the parameters and gradients (the same unless sharded).
 typedef struct optim_range {
     size_t off, poff, n;
     int    group;
@@ -30,13 +30,13 @@ typedef struct optim_range {
 
 struct dt_optim {
     dt_optim_kind kind;
-    // The update rule over floats [off, off + n) of the gradients and the state and
-    // [poff, poff + n) of the parameters with a group's lr and weight decay; the step
-    // count is already incremented.
+    // The update rule over floats [off, off + n) of the state and [poff, poff + n) of
+    // the parameters and gradients with a group's lr and weight decay; the step count is
+    // already incremented.
     void (*step)(dt_optim *o, size_t off, size_t poff, size_t n, float lr, float wd);
     dt_params   *p;      // borrowed
     float       *params; // (n) dt_params_data(p); sharded: the whole table's (full_n)
-    float       *grads;  // (n) dt_params_grads(p); sharded: the shard's gradients
+    float       *grads;  // (n) dt_params_grads(p); sharded: the whole table's (full_n)
     size_t       n;
     float       *state; // (nstate) owned
     size_t       nstate;

@@ -59,5 +59,5 @@ void dt_optim_step_sgd(dt_optim *o, size_t off, size_t poff, size_t n, float lr,
     bool               mom   = s->momentum != 0.0f;
     unsigned           flags = (unsigned)(wd != 0.0f) | (unsigned)mom << 1 |
                      (unsigned)(mom && s->nesterov) << 2 | (unsigned)(mom && o->steps == 1) << 3;
-    sgd_update(o->params + poff, o->grads + off, o->state ? o->state + off : NULL, n, k, flags);
+    sgd_update(o->params + poff, o->grads + poff, o->state ? o->state + off : NULL, n, k, flags);
 }

@@ -31,7 +31,6 @@ struct dt_zero {
     bool         sync, hooked;
     dt_status    err;
     char         errmsg[512];
-    float       *gshard; // the shard's averaged gradients (ns floats)
     size_t       ns;
     int          npieces;
     int         *piece_src;     // [npieces] source tensor of each shard tensor
@@ -191,7 +190,7 @@ static dt_status start_bucket(dt_zero *z, int i) {
     DT_TRACE_BEGIN(tr);
     dt_status s = DT_OK;
     if (bk->q)
-        s = dt_pg_reduce_scatter_async(z->pg, g, z->gshard + bk->soff, bk->q, DT_FLOAT32,
+        s = dt_pg_reduce_scatter_async(z->pg, g, g + (size_t)z->rank * bk->q, bk->q, DT_FLOAT32,
                                        DT_REDUCE_AVG, &bk->rs);
     if (s == DT_OK && rem)
         s = dt_pg_all_reduce_async(z->pg, g + r0, g + r0, rem, DT_FLOAT32, DT_REDUCE_AVG, &bk->ar);
@@ -273,10 +272,6 @@ static dt_status finish_bucket(dt_zero *z, int i) {
     }
     if (s != DT_OK)
         return dt_fail_context("zero: bucket %d", i);
-    size_t r0 = bk->q * (size_t)z->world;
-    if (bk->count > r0)
-        memcpy(z->gshard + bk->soff + bk->q, dt_params_grads(z->p) + bk->offset + r0,
-               (bk->count - r0) * sizeof(float));
     return DT_OK;
 }
 
@@ -327,7 +322,7 @@ dt_status dt_zero_grad_norm(dt_zero *z, float *norm) {
         const dt_param_info *pi = dt_params_info(z->shard, k);
         if (!pi->trainable || !z->piece_primary[k])
             continue;
-        const float *g = z->gshard + pi->offset;
+        const float *g = dt_params_grads(z->p) + z->piece_flat[k];
         for (size_t i = 0; i < pi->count; i++)
             ss += (double)g[i] * (double)g[i];
     }
@@ -353,7 +348,7 @@ dt_status dt_zero_clip_grad_norm(dt_zero *z, float max_norm, float *norm) {
             const dt_param_info *pi = dt_params_info(z->shard, k);
             if (pi->trainable)
                 for (size_t i = 0; i < pi->count; i++)
-                    z->gshard[pi->offset + i] *= coef;
+                    dt_params_grads(z->p)[z->piece_flat[k] + i] *= coef;
         }
     return DT_OK;
 }
@@ -411,12 +406,11 @@ static dt_status zero_init(dt_zero *z) {
     z->piece_src     = dt_alloc(sizeof(int) * np);
     z->piece_flat    = dt_alloc(sizeof(size_t) * np);
     z->piece_primary = dt_alloc(sizeof(bool) * np);
-    z->gshard        = dt_alloc_zero(sizeof(float) * (z->ns ? z->ns : 1));
-    if (!z->piece_src || !z->piece_flat || !z->piece_primary || !z->gshard)
+    if (!z->piece_src || !z->piece_flat || !z->piece_primary)
         return DT_ERR_NOMEM;
     DT_TRY(dt_params_new(&z->shard, NULL));
     DT_TRY(build_shard(z, true));
-    DT_TRY(dt_optim_shard(z->opt, z->shard, z->piece_src, z->piece_flat, z->gshard));
+    DT_TRY(dt_optim_shard(z->opt, z->shard, z->piece_src, z->piece_flat));
     reset_step(z);
     if (z->o.stage == 2) {
         DT_TRY(dt_params_add_grad_hook(z->p, on_grad_ready, z));
@@ -476,18 +470,11 @@ void dt_zero_free(dt_zero *z) {
     dt_free(z->piece_flat);
     dt_free(z->piece_primary);
     dt_params_free(z->shard);
-    dt_free(z->gshard);
     dt_free(z);
 }
 
 const dt_params *dt_zero_shard_params(const dt_zero *z) {
     return z->shard;
-}
-
-float *dt_zero_shard_grads(dt_zero *z, size_t *n) {
-    if (n)
-        *n = z->ns;
-    return z->gshard;
 }
 
 int dt_zero_stage(const dt_zero *z) {

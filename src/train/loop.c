@@ -288,12 +288,7 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
             DT_TRY(dt_ddp_sync(t->ddp));
         if (t->zero) // this rank's shard of the averaged gradient
             DT_TRY(dt_zero_sync(t->zero));
-        if (t->window > 1 && t->zero) { // the mean over the window's micro-batches
-            size_t n;
-            float *g = dt_zero_shard_grads(t->zero, &n);
-            for (size_t i = 0; i < n; i++)
-                g[i] *= 1.0f / (float)t->window;
-        } else if (t->window > 1) // like one big batch
+        if (t->window > 1) // the mean over the window's micro-batches, like one big batch
             scale_grads(t->p, 1.0f / (float)t->window);
         if (t->a.clip_grad > 0 && t->zero)
             DT_TRY(dt_zero_clip_grad_norm(t->zero, (float)t->a.clip_grad, &t->grad_norm));
