@@ -34,11 +34,12 @@ done
 echo "medians over $ROUNDS rounds:"
 for z in 0 1 2; do
     grep "^zero $z " "$OUT" | awk -v z="$z" '
-        { loop[NR] = $4; tps[NR] = $7; cpu[NR] = $NF; state = $13 }
+        { loop[NR] = $5; tps[NR] = $8; cpu[NR] = $NF; state = $14
+          rss[NR] = $17 > $18 ? $17 : $18 }
         function med(a, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
             if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
             return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-        END { printf "zero %s | loop_s %.3f | tok/s %.0f | cpu_s %.2f | state_mib %s\n", z,
-              med(loop, NR), med(tps, NR), med(cpu, NR), state }'
+        END { printf "zero %s | loop_s %.3f | tok/s %.0f | cpu_s %.2f | peak_rss_mib %.1f | state_mib %s\n",
+              z, med(loop, NR), med(tps, NR), med(cpu, NR), med(rss, NR), state }'
 done
 rm -f "$OUT"
