@@ -47,6 +47,12 @@
 // checkpoint saved at one world size loads at any other (dt_ckpt_opts.reshard), and
 // plain DDP's checkpoints load into ZeRO and back.
 //
+// A loss scaler (optim.h) works on the whole table: after dt_zero_sync,
+// dt_grad_scaler_unscale(sc, params) (with dt_ddp_agree_inf, every rank sees any rank's
+// inf), then dt_zero_step unless dt_grad_scaler_found_inf, then dt_grad_scaler_update.
+// (dt_grad_scaler_step would unscale the optimizer's shard table, which has no storage:
+// DT_ERR_ARG.)
+//
 // Every call that talks to other ranks is collective. A rank that fails in a collective
 // aborts the group, so every other rank fails at once, naming it (comm.h).
 #ifndef DTRAIN_ZERO_H
