@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 static char       bin[PATH_MAX + 64];
@@ -24,26 +23,15 @@ static char       dir[128];
 static const char common[] = "--num-processes 2 --limit 256 --batch-size 16 --threads 1 "
                              "--seed 3 --clip-grad 0.5 --accumulate 2 --no-test";
 
-// Runs `dtrain-mnist <args>`; exit status, output in *out (malloc'd).
+// Runs `dtrain-mnist <common flags> <args>`; exit status, output in *out (malloc'd).
 static int run(char **out, const char *fmt, ...) DT_PRINTF(2, 3);
 static int run(char **out, const char *fmt, ...) {
-    char    args[2048], cmd[PATH_MAX + 2048 + 512];
+    char    args[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", bin, common, args);
-    FILE  *p   = popen(cmd, "r");
-    size_t cap = 1 << 16, len = 0, k;
-    *out = calloc(cap, 1);
-    if (!p)
-        return -1;
-    while ((k = fread(*out + len, 1, cap - len - 1, p)) > 0)
-        if ((len += k) + 1 >= cap)
-            *out = realloc(*out, cap *= 2);
-    (*out)[len] = '\0';
-    int st      = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return test_run(out, "%s %s %s 2>&1", bin, common, args);
 }
 
 static dt_model *load(const char *name) {
