@@ -4,7 +4,9 @@
 // - --zero 1 and --zero 2 end with plain DDP's parameters (--zero 0) to rounding, and
 //   print the optimizer state per rank at half the unsharded size;
 // - --zero 2 stopped by --max-steps and resumed (--resume) ends bitwise equal to the
-//   uninterrupted --zero 2 run, and its checkpoint also resumes under --zero 0.
+//   uninterrupted --zero 2 run, and its checkpoint also resumes under --zero 0;
+// - dtrain-gpt (AdamW, no-decay group, clipping, micro-batches) with --zero 1 and 2 on 2
+//   processes ends with the validation loss of 1 process on the same global batch.
 #include "../check.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
@@ -112,6 +114,41 @@ static void test_resume(void) {
         fprintf(stderr, "     ZeRO-2 checkpoint resumed under DDP: %.3g\n", d);
 }
 
+static double gpt_val(const char *gpt, const char *flags) {
+    char       *out  = NULL;
+    double      v    = NAN;
+    int         rc   = test_run(&out,
+                                "%s --steps 12 --n-layer 2 --n-embd 64 --block-size 64 --batch-size 8 "
+                                          "--micro-batch 2 --eval-every 0 --log-every 100 --threads 1 %s 2>&1",
+                                gpt, flags);
+    const char *line = strstr(out, "val loss:");
+    CHECK_EQ(rc, 0);
+    bool ok = line && sscanf(line, "val loss: %lf", &v) == 1;
+    if (!CHECK(ok))
+        fprintf(stderr, "%s\n", out);
+    free(out);
+    return v;
+}
+
+static void test_gpt(void) {
+    char gpt[PATH_MAX + 64];
+    if (!CHECK(test_program_path("dtrain-gpt", gpt, sizeof gpt)))
+        return;
+    double one = gpt_val(gpt, "");
+    for (int z = 1; z <= 2; z++) {
+        char flags[64];
+        snprintf(flags, sizeof flags, "--num-processes 2 --zero %d", z);
+        double v = gpt_val(gpt, flags);
+        if (!CHECK(fabs(v - one) < 2e-4))
+            fprintf(stderr, "     dtrain-gpt --zero %d: val loss %.4f, 1 process %.4f\n", z, v,
+                    one);
+        else
+            fprintf(stderr,
+                    "     dtrain-gpt --zero %d on 2 processes: val loss %.4f (1 process %.4f)\n", z,
+                    v, one);
+    }
+}
+
 int main(void) {
     if (!CHECK(test_program_path("dtrain-mnist", bin, sizeof bin))) {
         fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
@@ -123,6 +160,7 @@ int main(void) {
     CHECK(system(cmd) == 0);
     test_stages_equal_ddp();
     test_resume();
+    test_gpt();
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
     return check_summary();
