@@ -20,5 +20,6 @@
 #include "dtrain/tp.h"
 #include "dtrain/trace.h"
 #include "dtrain/train.h"
+#include "dtrain/zero.h"
 
 #endif // DTRAIN_DTRAIN_H

@@ -128,6 +128,7 @@ typedef struct dt_train_args {
     double      clip_grad;     // max gradient norm (0: no clipping)
     long        invariant;     // gradient shards of a dt_model (-1: the default, see --help)
     long        data_parallel; // DataParallel replicas (threads) in this process (default 1)
+    long        zero;          // ZeRO stage of the data-parallel group (0: plain DDP; zero.h)
     // Model parallelism (programs with dt_trainer_opts.model_parallel; mesh.h, pipe.h,
     // tp.h): mesh sizes (0: pp and tp 1, dp the rest), micro-batches per pipeline step
     // (0: pp) and the pipeline schedule ("gpipe" or "1f1b").

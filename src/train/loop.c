@@ -140,7 +140,21 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         DT_TRY(st);
         fflush(stdout);
     }
-    if (t->pg) {
+    if (t->pg && a->zero > 0 && t->join)
+        return dt_fail(DT_ERR_ARG,
+                       "--zero %ld: expected even shards (uneven inputs reduce whole "
+                       "gradients after backward), found DT_SPLIT_TRAIN_UNEVEN",
+                       a->zero);
+    if (t->pg && a->zero > 0) {
+        dt_zero_opts zo = dt_zero_opts_default();
+        zo.stage        = (int)a->zero;
+        size_t full = 0, shard = 0;
+        dt_optim_state(opt, &full);
+        DT_TRY(dt_zero_new(&t->zero, p, t->pg, opt, &zo));
+        dt_optim_state(opt, &shard);
+        dt_trainer_print(t, "ZeRO-%d: optimizer state %.3f MiB per rank (%.3f MiB unsharded)\n",
+                         zo.stage, (double)shard * 4 / 1048576, (double)full * 4 / 1048576);
+    } else if (t->pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
         o.tree_reduce = t->tree_reduce;
@@ -297,6 +311,8 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
         t->sync = t->micro == t->window - 1;
     if (t->ddp && k > 1 && !t->join)
         dt_ddp_set_sync(t->ddp, t->sync);
+    if (t->zero && k > 1)
+        dt_zero_set_sync(t->zero, t->sync);
     if (t->m) {
         for (size_t i = 0; i < b->size; i++)
             t->keys[i] = b->indices[i];
@@ -340,14 +356,20 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
                 scale_grads(t->p, 1.0f / (float)total);
         } else if (t->ddp) {
             DT_TRY(dt_ddp_sync(t->ddp));
+        } else if (t->zero) { // this rank's shard of the averaged gradient
+            DT_TRY(dt_zero_sync(t->zero));
         }
         if (t->window > 1 && !t->join) // the mean over the window's micro-batches
             scale_grads(t->p, 1.0f / (float)t->window);
-        if (t->a.clip_grad > 0)
+        if (t->a.clip_grad > 0 && t->zero)
+            DT_TRY(dt_zero_clip_grad_norm(t->zero, (float)t->a.clip_grad, &t->grad_norm));
+        else if (t->a.clip_grad > 0)
             DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
         if (t->sched && t->opt)
             DT_TRY(dt_sched_apply(t->sched, t->opt, t->step));
-        if (t->opt)
+        if (t->zero)
+            DT_TRY(dt_zero_step(t->zero));
+        else if (t->opt)
             dt_optim_step(t->opt);
         t->step++;
     } else {
@@ -528,6 +550,11 @@ dt_status dt_trainer_report(dt_trainer *t, double metric) {
     int64_t steps  = 0;
     if (t->ddp)
         dt_ddp_stats(t->ddp, &wait_s, &steps);
+    if (t->zero) { // the wait for gradients and for the parameters' all-gather
+        double gather_s = 0;
+        dt_zero_stats(t->zero, &wait_s, &gather_s, &steps);
+        wait_s += gather_s;
+    }
     double per = t->o.train_flops_per_sample;
     if (per <= 0 && t->m)
         per = dt_model_train_flops_per_sample(t->m);

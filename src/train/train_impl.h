@@ -5,6 +5,7 @@
 
 #include "dtrain/ckpt.h"
 #include "dtrain/train.h"
+#include "dtrain/zero.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -72,6 +73,7 @@ struct dt_trainer {
     dt_optim   *opt;
     dt_sched   *sched;
     dt_ddp     *ddp;
+    dt_zero    *zero; // instead of ddp with --zero 1 or 2
     dt_sampler *smp, *esmp[MAX_EVAL];
     dt_loader  *ld, *eld[MAX_EVAL];
     int         neval;

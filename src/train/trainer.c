@@ -64,6 +64,11 @@ static void build_common(dt_trainer *t) {
              "one machine, or inside each process (DDP between them); when\n"
              "threads win and when processes do: docs/trainer.md",
            T, DT_FLAG_CKPT_WARN, 0, 0},
+          {"zero", DT_FLAG_LONG, &a->zero, "0", 0, 2, "S",
+           "ZeRO stage over the data-parallel ranks: 0 plain DDP (default),\n"
+             "1 optimizer state sharded (1/P per rank), 2 gradients\n"
+             "reduce-scattered during backward too (docs/zero.md)",
+           D, S | DT_FLAG_CKPT_WARN, 0, 0},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -332,6 +337,8 @@ static void release_worker(dt_trainer *t) {
     dt_dp_free(t->dp);
     t->dp = NULL, t->has_replicas = false;
     dt_ddp_free(t->ddp);
+    dt_zero_free(t->zero);
+    t->zero = NULL;
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
     if (t->m)
