@@ -2,7 +2,10 @@
 // sizes, same iteration counts, same columns), for bench/allreduce.sh:
 //
 //   mpicc -O2 -o build/bench/mpi_allreduce bench/mpi_allreduce.c
-//   mpirun --allow-run-as-root -np 2 build/bench/mpi_allreduce [min_bytes max_bytes]
+//   mpirun --allow-run-as-root -np 2 build/bench/mpi_allreduce [min_bytes max_bytes
+//                                                  [iters [warmup [factor]]]]
+//
+// iters 0 (the default) = by size as dtrain-bench; warmup 5 and factor 2 by default.
 //
 // time_us: median over iterations of the slowest rank's time for one in-place float
 // sum (back-to-back blocking calls, each timed on every rank).
@@ -33,7 +36,14 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     size_t min_b = argc > 1 ? strtoull(argv[1], NULL, 10) : 4096;
     size_t max_b = argc > 2 ? strtoull(argv[2], NULL, 10) : (64u << 20);
-    float *buf   = malloc(max_b);
+    int    fixed = argc > 3 ? atoi(argv[3]) : 0;
+    int    warm  = argc > 4 ? atoi(argv[4]) : 5;
+    size_t fac   = argc > 5 ? strtoull(argv[5], NULL, 10) : 2;
+    if (fixed < 0 || fixed > 1000 || warm < 0 || fac < 2) {
+        fprintf(stderr, "mpi_allreduce: expected iters in 0..1000, warmup >= 0, factor >= 2\n");
+        return 2;
+    }
+    float *buf = malloc(max_b);
     double t[1000], tmax[1000];
     for (size_t i = 0; i < max_b / 4; i++)
         buf[i] = (float)(rank + 1);
@@ -45,9 +55,9 @@ int main(int argc, char **argv) {
                "algbw", "busbw");
         fflush(stdout);
     }
-    for (size_t bytes = min_b; bytes <= max_b; bytes *= 2) {
-        int count = (int)(bytes / 4), iters = iters_for(bytes);
-        for (int w = 0; w < 5; w++)
+    for (size_t bytes = min_b; bytes <= max_b; bytes *= fac) {
+        int count = (int)(bytes / 4), iters = fixed ? fixed : iters_for(bytes);
+        for (int w = 0; w < warm; w++)
             MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
         for (int i = 0; i < iters; i++) {

@@ -28,6 +28,7 @@ typedef struct args {
     size_t      min_bytes, max_bytes;
     int         iters; // 0 = by size
     int         warmup;
+    int         factor; // size step: min, min*factor, ... up to max
     bool        check;
     bool        bind; // pin rank i to CPU i % online CPUs (as mpirun does by default)
 } args;
@@ -108,7 +109,7 @@ static int rank_main(int local_rank, void *arg) {
         fflush(stdout);
     }
     int rc = 0;
-    for (size_t bytes = a->min_bytes; bytes <= a->max_bytes; bytes *= 2) {
+    for (size_t bytes = a->min_bytes; bytes <= a->max_bytes; bytes *= (size_t)a->factor) {
         size_t count = bytes / 4;
         int    iters = a->iters ? a->iters : iters_for(bytes);
         if (iters > cap)
@@ -194,15 +195,15 @@ static int run_under_mpirun(int argc, char **argv, int nprocs) {
 }
 
 static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
-        "                              [--max SIZE] [--iters N] [--warmup N] [--check] [--bind]\n"
-        "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
-        "  --max 64M --warmup 5; iterations by size unless --iters; --bind pins rank i\n"
-        "  to CPU i (as mpirun does by default)\n"
-        "  --backend mpi runs the ranks under mpirun (this program re-executed); started\n"
-        "  by a launcher (mpirun, srun, dtrun), each process is one rank and -n is unused\n");
+    fprintf(f,
+            "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
+            "                              [--max SIZE] [--factor F] [--iters N] [--warmup N]\n"
+            "                              [--check] [--bind]\n"
+            "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
+            "  --max 64M --factor 2 (each size F times the last) --warmup 5; iterations by\n"
+            "  size unless --iters; --bind pins rank i to CPU i (as mpirun does by default)\n"
+            "  --backend mpi runs the ranks under mpirun (this program re-executed); started\n"
+            "  by a launcher (mpirun, srun, dtrun), each process is one rank and -n is unused\n");
 }
 
 int main(int argc, char **argv) {
@@ -210,15 +211,24 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    args a = {
-        .backend = "auto", .nprocs = 2, .min_bytes = 4u << 10, .max_bytes = 64u << 20, .warmup = 5};
-    static const struct option opts[] = {
-        {"backend", required_argument, NULL, 'b'}, {"nprocs", required_argument, NULL, 'n'},
-        {"min", required_argument, NULL, 'm'},     {"max", required_argument, NULL, 'M'},
-        {"iters", required_argument, NULL, 'i'},   {"warmup", required_argument, NULL, 'w'},
-        {"check", no_argument, NULL, 'c'},         {"help", no_argument, NULL, 'h'},
-        {"bind", no_argument, NULL, 'B'},          {NULL, 0, NULL, 0}};
-    int c;
+    args                       a      = {.backend   = "auto",
+                                         .nprocs    = 2,
+                                         .min_bytes = 4u << 10,
+                                         .max_bytes = 64u << 20,
+                                         .warmup    = 5,
+                                         .factor    = 2};
+    static const struct option opts[] = {{"backend", required_argument, NULL, 'b'},
+                                         {"nprocs", required_argument, NULL, 'n'},
+                                         {"min", required_argument, NULL, 'm'},
+                                         {"max", required_argument, NULL, 'M'},
+                                         {"iters", required_argument, NULL, 'i'},
+                                         {"warmup", required_argument, NULL, 'w'},
+                                         {"check", no_argument, NULL, 'c'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"bind", no_argument, NULL, 'B'},
+                                         {"factor", required_argument, NULL, 'f'},
+                                         {NULL, 0, NULL, 0}};
+    int                        c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "b:n:m:M:i:w:ch", opts, NULL)) != -1) {
         long v;
@@ -252,6 +262,13 @@ int main(int argc, char **argv) {
                 return 2;
             }
             a.warmup = (int)v;
+            break;
+        case 'f':
+            if (dt_parse_long(optarg, 2, 1024, "--factor", &v) != DT_OK) {
+                fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
+                return 2;
+            }
+            a.factor = (int)v;
             break;
         case 'c':
             a.check = true;
