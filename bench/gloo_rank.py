@@ -8,8 +8,9 @@ that each rank can live in its own network namespace (bench/netns_scaling.sh).
       /usr/bin/python3 bench/gloo_rank.py --min 4K --max 64M --factor 4
 
 Rank 0 prints the same columns as dtrain-bench allreduce (size count type redop time_us
-algbw busbw): time_us is the median over iterations of the slowest rank's time for one
-call, algbw = size / time, busbw = algbw * 2(n-1)/n, in GB/s.
+algbw busbw cpu_us): time_us is the median over iterations of the slowest rank's time for
+one call, algbw = size / time, busbw = algbw * 2(n-1)/n, in GB/s; cpu_us the CPU time of
+all ranks' processes (every thread) per call.
 """
 import argparse
 import time
@@ -52,7 +53,7 @@ def main():
         print(f"# gloo_rank: torch {torch.__version__} gloo all_reduce, {n} ranks, float32 sum, "
               "in place; time_us = median over iterations of the slowest rank", flush=True)
         print(f"{'size':>12} {'count':>12} {'type':>8} {'redop':>6} {'time_us':>12} "
-              f"{'algbw':>8} {'busbw':>8}", flush=True)
+              f"{'algbw':>8} {'busbw':>8} {'cpu_us':>10}", flush=True)
     nbytes = a.min
     while nbytes <= a.max:
         t = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32)
@@ -66,17 +67,21 @@ def main():
         dist.barrier()
         iters = a.iters or iters_for(nbytes)
         times = np.empty(iters)
+        c0 = time.process_time()  # the whole process: Gloo's I/O threads too
         for i in range(iters):
             t0 = time.perf_counter()
             dist.all_reduce(t)
             times[i] = time.perf_counter() - t0
+        cpu = torch.tensor([time.process_time() - c0], dtype=torch.float64)
         tt = torch.from_numpy(times)
         dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpu)
         if rank == 0:
             med = float(np.median(tt.numpy()))
             alg = nbytes / med / 1e9
             print(f"{nbytes:>12} {nbytes // 4:>12} {'float32':>8} {'sum':>6} {med * 1e6:>12.1f} "
-                  f"{alg:>8.3f} {alg * 2 * (n - 1) / n:>8.3f}", flush=True)
+                  f"{alg:>8.3f} {alg * 2 * (n - 1) / n:>8.3f} {float(cpu) * 1e6 / iters:>10.1f}",
+                  flush=True)
         nbytes *= a.factor
     dist.barrier()
     dist.destroy_process_group()

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int iters_for(size_t bytes) {
     if (bytes <= (64u << 10))
@@ -51,8 +52,8 @@ int main(int argc, char **argv) {
         printf("# mpi_allreduce: Open MPI MPI_Allreduce, %d ranks, float32 sum, in place; time_us "
                "= median over iterations of the slowest rank; algbw and busbw in GB/s\n",
                n);
-        printf("%12s %12s %8s %6s %12s %8s %8s\n", "size", "count", "type", "redop", "time_us",
-               "algbw", "busbw");
+        printf("%12s %12s %8s %6s %12s %8s %8s %10s\n", "size", "count", "type", "redop", "time_us",
+               "algbw", "busbw", "cpu_us");
         fflush(stdout);
     }
     for (size_t bytes = min_b; bytes <= max_b; bytes *= fac) {
@@ -60,17 +61,23 @@ int main(int argc, char **argv) {
         for (int w = 0; w < warm; w++)
             MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
         for (int i = 0; i < iters; i++) {
             double t0 = MPI_Wtime();
             MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             t[i] = MPI_Wtime() - t0;
         }
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9,
+               cpus;
+        MPI_Reduce(&cpu, &cpus, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         MPI_Reduce(t, tmax, iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         if (rank == 0) {
             qsort(tmax, (size_t)iters, sizeof *tmax, cmp_double);
             double med = tmax[iters / 2], algbw = (double)bytes / med / 1e9;
-            printf("%12zu %12d %8s %6s %12.1f %8.3f %8.3f\n", bytes, count, "float32", "sum",
-                   med * 1e6, algbw, algbw * 2.0 * (n - 1) / n);
+            printf("%12zu %12d %8s %6s %12.1f %8.3f %8.3f %10.1f\n", bytes, count, "float32", "sum",
+                   med * 1e6, algbw, algbw * 2.0 * (n - 1) / n, cpus * 1e6 / iters);
             fflush(stdout);
         }
     }

@@ -7,11 +7,13 @@
 // prints one comment line, one header line naming the columns and one row per size,
 // size in bytes first:
 //
-//   size  count  type  redop  time_us  algbw  busbw
+//   size  count  type  redop  time_us  algbw  busbw  cpu_us
 //
 // time_us: median over the timed iterations of the slowest rank's time for one call
 // (back-to-back blocking calls, each timed on every rank); algbw = size / time and
-// busbw = algbw * 2(n-1)/n, both in GB/s (1e9 bytes per second).
+// busbw = algbw * 2(n-1)/n, both in GB/s (1e9 bytes per second); cpu_us: the CPU time
+// (user + system, every thread) of all ranks' processes together per call, over the
+// timed iterations (a link-bound run uses little of it; a CPU-bound one, all it gets).
 #include "dtrain/comm.h"
 
 #include <errno.h>
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct args {
@@ -104,8 +107,8 @@ static int rank_main(int local_rank, void *arg) {
         printf("# dtrain-bench allreduce: backend %s, %d ranks%s, float32 sum, in place; time_us "
                "= median over iterations of the slowest rank; algbw and busbw in GB/s\n",
                dt_pg_backend(pg), n, a->bind ? " bound to CPUs" : "");
-        printf("%12s %12s %8s %6s %12s %8s %8s\n", "size", "count", "type", "redop", "time_us",
-               "algbw", "busbw");
+        printf("%12s %12s %8s %6s %12s %8s %8s %10s\n", "size", "count", "type", "redop", "time_us",
+               "algbw", "busbw", "cpu_us");
         fflush(stdout);
     }
     int rc = 0;
@@ -134,12 +137,18 @@ static int rank_main(int local_rank, void *arg) {
         }
         if (dt_pg_barrier(pg) != DT_OK)
             goto fail;
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
         for (int i = 0; i < iters; i++) {
             uint64_t t0 = dt_now_ns();
             if (dt_pg_all_reduce(pg, buf, buf, count, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
                 goto fail;
             t[i] = (double)(dt_now_ns() - t0) * 1e-9;
         }
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        int64_t cpu_ns = (int64_t)(c1.tv_sec - c0.tv_sec) * 1000000000 + (c1.tv_nsec - c0.tv_nsec);
+        if (dt_pg_all_reduce(pg, &cpu_ns, &cpu_ns, 1, DT_INT64, DT_REDUCE_SUM) != DT_OK)
+            goto fail;
         // The collective is done when its slowest rank is.
         // (Positive doubles order like their bit patterns read as int64.)
         if (dt_pg_all_reduce(pg, t, t, (size_t)iters, DT_INT64, DT_REDUCE_MAX) != DT_OK)
@@ -149,8 +158,8 @@ static int rank_main(int local_rank, void *arg) {
             double med   = t[iters / 2];
             double algbw = (double)bytes / med / 1e9;
             double busbw = algbw * 2.0 * (n - 1) / n;
-            printf("%12zu %12zu %8s %6s %12.1f %8.3f %8.3f\n", bytes, count, "float32", "sum",
-                   med * 1e6, algbw, busbw);
+            printf("%12zu %12zu %8s %6s %12.1f %8.3f %8.3f %10.1f\n", bytes, count, "float32",
+                   "sum", med * 1e6, algbw, busbw, (double)cpu_ns * 1e-3 / iters);
             fflush(stdout);
         }
     }
