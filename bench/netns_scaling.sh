@@ -10,6 +10,8 @@
 #
 #   bench/netns_scaling.sh                    # everything: REPEATS=3 interleaved passes
 #   REPEATS=1 RATES=1gbit TOPOS=2x2 bench/netns_scaling.sh
+#   PASS0=3 REPEATS=1 RATES="1gbit none" bench/netns_scaling.sh   # pass 3, rows appended
+#                                             # (rate "none": no qdisc, the CPU's ceiling)
 #   bench/netns_scaling.sh setup | teardown   # only build / remove the namespaces
 #   bench/netns_scaling.sh exec I CMD...      # run CMD on machine I (after setup)
 #
@@ -72,6 +74,11 @@ set_rate() { # rate: tbf on both ends of every link
     # link): a larger one lets a few small all_reduces in a row pass at the veth's speed,
     # and the median over iterations then reports the burst, not the link.
     for i in $(seq 0 $((NODES - 1))); do
+        if [ "$rate" = none ]; then # unshaped: the veths' own (CPU-bound) speed
+            tc -n "$(ns_host "$i")" qdisc del dev "$P-e$i" root 2>/dev/null || true
+            tc -n "$P-sw" qdisc del dev "$P-s$i" root 2>/dev/null || true
+            continue
+        fi
         shape "$(ns_host "$i")" "$P-e$i" "$rate" "$burst"
         shape "$P-sw" "$P-s$i" "$rate" "$burst"
     done
@@ -144,7 +151,8 @@ esac
 trap teardown EXIT
 trap 'exit 130' INT TERM
 mkdir -p "$OUT"
-: >"$OUT/rows.tsv"
+PASS0=${PASS0:-1}
+[ "$PASS0" -gt 1 ] || : >"$OUT/rows.tsv"
 ROWS=$ROOT/$OUT/rows.tsv
 [ -x build/bin/dtrain-bench ] && [ -x build/bin/dtrain-mnist ] || make -j2 NODEPS=1 programs >/dev/null
 HAVE_MPI=0
@@ -239,11 +247,13 @@ launch() {
     return $rc
 }
 
-# Appends "kind rep topo rate tool size time_us load1" rows from a rank-0 table.
+# Appends "ar rep topo rate tool size time_us load1 cpu_us" rows from a rank-0 table
+# (cpu_us: CPU time of all ranks' processes per operation, when the tool prints it).
 rows_from() {
     local rep=$1 topo=$2 rate=$3 tool=$4 load=$5 file=$6
     awk -v p="ar\t$rep\t$topo\t$rate\t$tool" -v l="$load" \
-        '$1 ~ /^[0-9]+$/ && NF >= 7 {printf "%s\t%s\t%s\t%s\n", p, $1, $5, l}' "$file" >>"$ROWS"
+        '$1 ~ /^[0-9]+$/ && NF >= 7 {printf "%s\t%s\t%s\t%s\t%s\n", p, $1, $5, l, NF >= 8 ? $8 : ""}' \
+        "$file" >>"$ROWS"
 }
 
 tools_for() { # topo
@@ -287,8 +297,8 @@ mnist_run() { # tool rate run
 }
 mtools="hybrid tcp"
 [ $HAVE_TORCH = 1 ] && [ -f $PEER/ddp_convnet.py ] && [ -z "$LIMIT" ] && mtools="$mtools peer"
-rep=1
-while [ $rep -le "$REPEATS" ]; do
+rep=$PASS0
+while [ $rep -lt $((PASS0 + REPEATS)) ]; do
     for topo in $TOPOS; do
         H=${topo%x*} L=${topo#*x}
         for rate in $RATES; do
