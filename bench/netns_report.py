@@ -63,7 +63,7 @@ def main():
         if w[0] == "meta":
             meta = dict(zip(w[1::2], w[2::2]))
         elif w[0] == "ar":
-            _, rep, topo, rate, tool, size, t, load = w
+            _, rep, topo, rate, tool, size, t, load = w[:8]
             ar[topo, rate, tool, int(size)].append(float(t))
             loads[topo, rate, tool].append(float(load))
         elif w[0] == "link":

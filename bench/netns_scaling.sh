@@ -252,7 +252,7 @@ launch() {
 rows_from() {
     local rep=$1 topo=$2 rate=$3 tool=$4 load=$5 file=$6
     awk -v p="ar\t$rep\t$topo\t$rate\t$tool" -v l="$load" \
-        '$1 ~ /^[0-9]+$/ && NF >= 7 {printf "%s\t%s\t%s\t%s\t%s\n", p, $1, $5, l, NF >= 8 ? $8 : ""}' \
+        '$1 ~ /^[0-9]+$/ && NF >= 7 {printf "%s\t%s\t%s\t%s\t%s\n", p, $1, $5, l, (NF >= 8 ? $8 : "")}' \
         "$file" >>"$ROWS"
 }
 
