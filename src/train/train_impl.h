@@ -69,6 +69,7 @@ struct dt_trainer {
     int         rank, world, local_rank, local_size, threads;
     dt_params  *p;
     dt_model   *m;
+    dt_graph   *g; // dt_trainer_prepare_graph's (p is its parameters)
     dt_optim   *opt;
     dt_sched   *sched;
     dt_ddp     *ddp;
@@ -102,6 +103,12 @@ struct dt_trainer {
     size_t             cur_index;
     const dt_dataset  *eds[MAX_EVAL];
     size_t             ebatch[MAX_EVAL];
+    // A step-based run (dt_trainer_set_steps): steps in all, micro-batches per step,
+    // samples per micro-batch; time left out of the loop time.
+    int64_t total_steps;
+    int     step_micro;
+    size_t  step_samples;
+    double  excluded;
 };
 
 #endif
