@@ -202,7 +202,7 @@ typedef struct job {
 } job;
 
 static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t steps, double evals,
-                        float val, float last, double last10);
+                        double setup, float val, float last, double last10);
 
 static dt_status train(dt_trainer *t, void *user) {
     const job           *j     = user;
@@ -259,6 +259,7 @@ static dt_status train(dt_trainer *t, void *user) {
     st             = dt_trainer_wait_for_everyone(t);
     int64_t  step0 = dt_trainer_step_count(t), mark_step = step0;
     double   mark = dt_now(), evals = 0, evals_mark = 0, sum = 0, last10[10] = {0};
+    double   setup = mark - dt_trainer_start_time(t);
     float    val = NAN, last = NAN;
     dt_batch bt;
     while (!st && dt_trainer_next(t, &bt)) {
@@ -311,7 +312,7 @@ static dt_status train(dt_trainer *t, void *user) {
         st = dt_trainer_log_val(t, val);
     }
     if (!st)
-        print_stats(t, j, dt_params_numel(p), steps, evals, val, last, mean10);
+        print_stats(t, j, dt_params_numel(p), steps, evals, setup, val, last, mean10);
     if (!st)
         st = dt_trainer_report(t, NAN); // --plot
     gpt_free_buffers(&m);
@@ -326,7 +327,7 @@ static double peak_rss_mib(void) {
 
 // One STATS line per rank, in rank order, as the peer prints them.
 static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t steps, double evals,
-                        float val, float last, double last10) {
+                        double setup, float val, float last, double last10) {
     const args *a      = &j->a;
     double      tokens = (double)a->batch * (double)a->block * (double)steps,
            loop        = dt_trainer_loop_secs(t);
@@ -338,11 +339,12 @@ static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t step
             continue;
         printf("STATS {\"rank\": %d, \"world\": %d, \"steps\": %lld, \"tokens\": %.0f, "
                "\"loop_secs\": %.3f, \"tokens_per_sec\": %.1f, \"eval_secs\": %.3f, "
+               "\"setup_secs\": %.3f, "
                "\"params\": %zu, \"flops_per_token\": %.0f, \"gflops_per_sec\": %.2f, "
                "\"last_loss\": %.6f, \"last10_mean_loss\": %.6f, \"val_loss\": %s, "
                "\"peak_rss_mib\": %.1f, \"threads\": %d}\n",
                r, dt_trainer_world(t), (long long)steps, tokens, loop,
-               loop > 0 ? tokens / loop : 0.0, evals, params, flops_per_token(a),
+               loop > 0 ? tokens / loop : 0.0, evals, setup, params, flops_per_token(a),
                loop > 0 ? flops_per_token(a) * tokens / loop / 1e9 : 0.0, (double)last, last10, v,
                peak_rss_mib(), dt_trainer_threads(t));
         fflush(stdout);
