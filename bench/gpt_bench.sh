@@ -6,7 +6,8 @@
 #   bench/gpt_bench.sh [ROUNDS] [STEPS]      (defaults 3 rounds of 20 steps)
 #   bench/gpt_bench.sh val [SEEDS]           (validation loss after the default 300
 #       steps at one process, peer and dtrain interleaved per seed; default seeds 0 1 2;
-#       env VAL_THREADS (default 2: the best settings) sets both programs' threads)
+#       env VAL_THREADS (default 2: the best settings) sets both programs' threads,
+#       VAL_STEPS (default 300) the steps)
 # Run from the repository root. Env: DTRAIN_GPT (default build/bin/dtrain-gpt), PEER
 # (the folder of gpt_bytes.py, default ../shared/bench/peer).
 set -u
@@ -36,7 +37,7 @@ if [ "${1:-}" = val ]; then
             else
                 set -- "$BIN" --threads "${VAL_THREADS:-2}"
             fi
-            out=$( { /usr/bin/time -f "CPU %U %S" "$@" --seed "$seed"; } 2>&1 )
+            out=$( { /usr/bin/time -f "CPU %U %S" "$@" --seed "$seed" --steps "${VAL_STEPS:-300}"; } 2>&1 )
             val=$(echo "$out" | grep '^val loss' | tail -1)
             fin=$(echo "$out" | grep '^Finished' | tail -1)
             rss=$(echo "$out" | grep '^STATS' | sed 's/.*"peak_rss_mib": \([0-9.]*\).*/\1/')
