@@ -4,6 +4,10 @@
 # STATS tokens_per_sec (whole loop), the tok/s of the last printed step line (steady
 # state), peak RSS, the 1-minute load average, and the process CPU seconds.
 #   bench/gpt_bench.sh [ROUNDS] [STEPS]      (defaults 3 rounds of 20 steps)
+#   bench/gpt_bench.sh val [SEEDS]           (validation loss after the default 300
+#       steps at one process, peer and dtrain interleaved per seed; default seeds 0 1 2;
+#       env VAL_THREADS (default 2: the best settings) sets both programs' threads,
+#       VAL_STEPS (default 300) the steps)
 # Run from the repository root. Env: DTRAIN_GPT (default build/bin/dtrain-gpt), PEER
 # (the folder of gpt_bytes.py, default ../shared/bench/peer).
 set -u
@@ -24,6 +28,25 @@ one() { # name, command...
     cpu=$(echo "$out" | grep '^CPU' | tail -1)
     echo "$name | tok/s $tps | last $last | rss $rss | load $load | $cpu"
 }
+if [ "${1:-}" = val ]; then
+    shift
+    for seed in ${*:-0 1 2}; do
+        for prog in peer dtrain; do
+            if [ $prog = peer ]; then
+                set -- /usr/bin/python3 "$PEER/gpt_bytes.py" --undistributed --threads "${VAL_THREADS:-2}" --blas-threads 1
+            else
+                set -- "$BIN" --threads "${VAL_THREADS:-2}"
+            fi
+            out=$( { /usr/bin/time -f "CPU %U %S" "$@" --seed "$seed" --steps "${VAL_STEPS:-300}"; } 2>&1 )
+            val=$(echo "$out" | grep '^val loss' | tail -1)
+            fin=$(echo "$out" | grep '^Finished' | tail -1)
+            rss=$(echo "$out" | grep '^STATS' | sed 's/.*"peak_rss_mib": \([0-9.]*\).*/\1/')
+            cpu=$(echo "$out" | grep '^CPU' | tail -1)
+            echo "$prog seed $seed | $val | $fin | rss $rss | $cpu"
+        done
+    done
+    exit 0
+fi
 for r in $(seq "$ROUNDS"); do
     one "peer-1p-t2" /usr/bin/python3 "$PEER/gpt_bytes.py" --undistributed --threads 2 --blas-threads 1
     one "dtrain-1p-t2" "$BIN" --threads 2

@@ -51,6 +51,7 @@
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
 #include "dtrain/dp.h"
+#include "dtrain/graph.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/params.h"
@@ -147,6 +148,13 @@ typedef struct dt_trainer_opts {
     bool           hide_accumulate;        // leave --accumulate and --clip-grad out
     double         train_flops_per_sample; // for STATS' gflops (0: the dt_model's, if any)
     bool           model_parallel;         // offer --dp --pp --tp --micro-batches --schedule
+    const char    *hide_flags;   // common flags left out, space-separated ("epochs stats"), or NULL
+    bool           own_progress; // the program prints its own progress lines: no bar, no
+                                 // loss lines from dt_trainer_step
+    bool loop_time;              // "Finished training in S secs" times the training loop
+                                 // only (from the end of dt_trainer_prepare, less the time
+                                 // given to dt_trainer_exclude_time), as PyTorch peers
+                                 // do, instead of from dt_trainer_new
 } dt_trainer_opts;
 
 DT_API dt_trainer_opts dt_trainer_opts_default(void);
@@ -237,6 +245,10 @@ DT_API dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, 
 // stream (per epoch) and its per-sample keys (per batch), and profiles with --profile.
 DT_API dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt,
                                           dt_sched *sched);
+// The same for a finalized dt_graph (graph.h), which the trainer gives its threads and
+// frees with the rest.
+DT_API dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt,
+                                          dt_sched *sched);
 
 // The next micro-batch of this rank; false when training is over (epochs done,
 // --max-steps, an agreed SIGTERM, --eval-only, or an error, which dt_trainer_finish
@@ -265,6 +277,24 @@ DT_API dt_status dt_trainer_set_replicas(dt_trainer *t, const dt_dp_ops *ops,
 // The micro-batch's forward and backward (after dt_trainer_next); *loss its mean loss.
 DT_API dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *loss);
 DT_API int       dt_trainer_data_parallel(const dt_trainer *t); // replicas (1: none)
+// A step-based run (language models, which draw their own batches; no training loader):
+// after it, dt_trainer_next returns `micro_batches` micro-batches per optimizer step
+// until `steps` steps in all (steps before a resume count; --max-steps may stop
+// sooner). b is zeroed but for b->index (the micro-batch within the step) and b->size
+// (`samples`, this rank's samples per micro-batch, for the statistics); the program
+// fills its own inputs. Gradients are zeroed before a step's first micro-batch, DDP
+// reduces after its last, and dt_trainer_step averages over the micro-batches, as
+// --accumulate does. Call before dt_trainer_prepare.
+DT_API dt_status dt_trainer_set_steps(dt_trainer *t, int64_t steps, int micro_batches,
+                                      size_t samples);
+// The gradient clipping norm (0: none), for programs that name the flag otherwise
+// (the PyTorch peer's --grad-clip); overrides --clip-grad.
+DT_API void dt_trainer_set_clip_grad(dt_trainer *t, double max_norm);
+// Time inside the training loop that is not training (evaluations): left out of the
+// loop time with opts.loop_time.
+DT_API void dt_trainer_exclude_time(dt_trainer *t, double secs);
+// Seconds of the training loop so far (opts.loop_time's measure; final after finish).
+DT_API double dt_trainer_loop_secs(const dt_trainer *t);
 
 DT_API int64_t dt_trainer_step_count(const dt_trainer *t);  // optimizer steps so far
 DT_API long    dt_trainer_epoch(const dt_trainer *t);       // of the current batch

@@ -209,6 +209,22 @@ dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt
     return dt_trainer_prepare(t, dt_model_as_params(m), opt, sched);
 }
 
+dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt_sched *sched) {
+    t->g = g, t->opt = opt, t->sched = sched; // owned from here on
+    if (!g || !opt || !dt_graph_params(g)) {
+        t->prepared = true;
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_prepare_graph: expected a finalized graph and an optimizer, "
+                       "found %s (%s)",
+                       !g     ? "no graph"
+                       : !opt ? "no optimizer"
+                              : "a graph not finalized",
+                       dt_last_error());
+    }
+    DT_TRY(dt_graph_set_threads(g, t->threads));
+    return dt_trainer_prepare(t, dt_graph_params(g), opt, sched);
+}
+
 // ------------------------------------------------------------------------- the loop
 
 // The end of an epoch's pass (exhausted, or stopped): the bar's newline, and for --plot a
@@ -242,7 +258,45 @@ static void join_window(dt_trainer *t, long k) {
     t->mb++;
 }
 
+dt_status dt_trainer_set_steps(dt_trainer *t, int64_t steps, int micro_batches, size_t samples) {
+    if (t->prepared || t->ld)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_set_steps: expected a call before "
+                                     "dt_trainer_prepare and without a training loader");
+    if (steps < 1 || micro_batches < 1)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_set_steps: expected at least one step and one micro-batch, "
+                       "found %lld and %d",
+                       (long long)steps, micro_batches);
+    t->total_steps = steps, t->step_micro = micro_batches, t->step_samples = samples;
+    return DT_OK;
+}
+
+// dt_trainer_next of a step-based run: micro-batch t->micro of step t->step.
+static bool next_step(dt_trainer *t, dt_batch *b) {
+    if (t->stop || t->step >= t->total_steps) {
+        t->stop = true;
+        return false;
+    }
+    if (t->micro == 0) {
+        t->window = t->step_micro;
+        dt_params_zero_grad(t->p);
+    }
+    t->sync = t->micro == t->window - 1;
+    if (t->ddp && t->window > 1)
+        dt_ddp_set_sync(t->ddp, t->sync);
+    if (t->zero && t->window > 1)
+        dt_zero_set_sync(t->zero, t->sync);
+    memset(b, 0, sizeof *b);
+    b->index     = (size_t)t->micro;
+    b->size      = t->step_samples;
+    t->cur_size  = t->step_samples;
+    t->cur_index = (size_t)t->step * (size_t)t->window + (size_t)t->micro;
+    return true;
+}
+
 bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
+    if (t->total_steps > 0 && !t->err && t->prepared)
+        return next_step(t, b);
     if (t->err || !t->ld || !t->prepared)
         return false;
     if (t->stop) {
@@ -376,7 +430,7 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         t->micro++;
     }
     // Rank 0's bar or loss line, and the training curve (every --log-every batches).
-    if (!t->shadow)
+    if (!t->shadow && !t->o.own_progress)
         dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)t->world, loss);
     if (t->plot && !t->shadow && t->cur_index % (size_t)t->a.log_every == 0)
         DT_TRY(dt_plot_add(t->plot, DT_PLOT_TRAIN, (double)t->step, loss));
@@ -514,7 +568,10 @@ dt_status dt_trainer_finish(dt_trainer *t) {
     DT_TRY(dt_trainer_wait_for_everyone(t));
     t->finished = dt_now();
     if (t->local_rank == 0 && !a->eval_only) {
-        printf("Finished training in %.2f secs\n", t->finished - t->start);
+        if (t->o.loop_time)
+            printf("Finished training in %.3f secs\n", dt_trainer_loop_secs(t));
+        else
+            printf("Finished training in %.2f secs\n", t->finished - t->start);
         fflush(stdout);
         if (t->rank == 0 && a->profile && t->m)
             print_profile(t->m, t->finished - t->train_start);

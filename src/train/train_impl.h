@@ -70,6 +70,7 @@ struct dt_trainer {
     int         rank, world, local_rank, local_size, threads;
     dt_params  *p;
     dt_model   *m;
+    dt_graph   *g; // dt_trainer_prepare_graph's (p is its parameters)
     dt_optim   *opt;
     dt_sched   *sched;
     dt_ddp     *ddp;
@@ -117,6 +118,12 @@ struct dt_trainer {
     bool    join, shadow, exhausted;
     size_t  nb_all, mb;
     int64_t win_samples;
+    // A step-based run (dt_trainer_set_steps): steps in all, micro-batches per step,
+    // samples per micro-batch; time left out of the loop time.
+    int64_t total_steps;
+    int     step_micro;
+    size_t  step_samples;
+    double  excluded;
 };
 
 #endif

@@ -22,6 +22,20 @@ const dt_train_args *dt_trainer_args(const dt_trainer *t) {
 
 static const char MP[] = "model parallelism"; // the section of the model-parallel flags
 
+// Whether `name` is a word of the space-separated list.
+static bool hidden(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ')
+            p++;
+        size_t k = strcspn(p, " ");
+        if (k == n && !strncmp(p, name, n))
+            return true;
+        p += k;
+    }
+    return false;
+}
+
 static void build_common(dt_trainer *t) {
     dt_train_args *a = &t->a;
     const unsigned S = DT_FLAG_SHARED;
@@ -170,12 +184,13 @@ static void build_common(dt_trainer *t) {
         if (t->o.hide_accumulate &&
             (!strcmp(f[i].name, "accumulate") || !strcmp(f[i].name, "clip-grad")))
             continue;
-        if (!t->o.model_parallel && f[i].section == MP)
+        if ((!t->o.model_parallel && f[i].section == MP) || hidden(t->o.hide_flags, f[i].name))
             continue;
         t->common[n++] = f[i];
     }
     t->common[n]  = (dt_flag){0};
     a->accumulate = 1; // also when hidden
+    a->epochs     = t->o.default_epochs > 0 ? t->o.default_epochs : 1;
 }
 
 static dt_status check_args(const dt_train_args *a) {
@@ -343,6 +358,8 @@ static void release_worker(dt_trainer *t) {
     dt_optim_free(t->opt);
     if (t->m)
         dt_model_free(t->m);
+    else if (t->g)
+        dt_graph_free(t->g);
     else
         dt_params_free(t->p);
     for (int i = 0; i < t->neval; i++) {
@@ -355,7 +372,7 @@ static void release_worker(dt_trainer *t) {
     dt_progress_free(t->bar);
     dt_plot_free(t->plot);
     t->bar = NULL, t->plot = NULL;
-    t->ddp = NULL, t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL;
+    t->ddp = NULL, t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL, t->g = NULL;
     t->ld = NULL, t->smp = NULL, t->keys = NULL, t->neval = 0;
 }
 
@@ -494,6 +511,15 @@ int dt_trainer_threads(const dt_trainer *t) {
 }
 double dt_trainer_start_time(const dt_trainer *t) {
     return t->start;
+}
+void dt_trainer_set_clip_grad(dt_trainer *t, double max_norm) {
+    t->a.clip_grad = max_norm;
+}
+void dt_trainer_exclude_time(dt_trainer *t, double secs) {
+    t->excluded += secs;
+}
+double dt_trainer_loop_secs(const dt_trainer *t) {
+    return (t->finished > 0 ? t->finished : dt_now()) - t->train_start - t->excluded;
 }
 int64_t dt_trainer_step_count(const dt_trainer *t) {
     return t->step;

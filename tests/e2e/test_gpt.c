@@ -11,6 +11,10 @@
 // - Killed (SIGKILL) after its first checkpoint and resumed with --resume, a run with 2
 //   threads ends with the bytes of the model of the same run uninterrupted.
 // - Bad flags exit 2 naming the flag.
+// - --sample: text from the saved model is the prompt and N more bytes, the same for the
+//   same --seed (drawn with --temperature and --top-k), greedy text does not depend on
+//   the seed, and bad input (no --load, out-of-range flags, a model of another shape) is
+//   refused.
 #include "../check.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
@@ -252,6 +256,52 @@ static void test_bad_flags(void) {
     free(out);
 }
 
+static void test_sample(void) {
+    char cmd[3 * PATH_MAX], *out[4], model[256];
+    snprintf(model, sizeof model, "%s/one.bin", dir); // test_world_invariance's 20 steps
+    const char *how[] = {"--temperature 0.8 --top-k 12 --seed 3",
+                         "--temperature 0.8 --top-k 12 --seed 3", "--seed 3", "--seed 4"};
+    for (int k = 0; k < 4; k++) {
+        snprintf(cmd, sizeof cmd, "%s " TINY "--load %s --sample 40 --prompt 'the fox ' %s", bin,
+                 model, how[k]);
+        CHECK_EQ(run(cmd, &out[k]), 0);
+        CHECK_EQ(strlen(out[k]), strlen("the fox ") + 40 + 1); // and a newline
+        CHECK(strncmp(out[k], "the fox ", 8) == 0);
+    }
+    CHECK(strcmp(out[0], out[1]) == 0); // the same seed, the same draws
+    CHECK(strcmp(out[2], out[3]) == 0); // greedy: the seed is not used
+    CHECK(strcmp(out[0], out[2]) != 0); // drawn text is not the argmax's
+    for (int k = 0; k < 4; k++)
+        free(out[k]);
+    const char *bad[]   = {"--sample 10", "--load M --sample 10 --top-k 300",
+                           "--load M --sample 10 --temperature -1", "--load M --sample 0",
+                           "--load M --sample 10 --num-processes 2"};
+    const char *names[] = {"--load", "--top-k", "--temperature", "--sample", "--num-processes"};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        char flags[512];
+        snprintf(flags, sizeof flags, "%s", bad[k]);
+        char *m = strstr(flags, "M ");
+        if (m) { // the model's path in place of M
+            char rest[256];
+            snprintf(rest, sizeof rest, "%s", m + 1);
+            snprintf(m, sizeof flags - (size_t)(m - flags), "%s%s", model, rest);
+        }
+        snprintf(cmd, sizeof cmd, "%s " TINY "%s 2>&1", bin, flags);
+        char *o;
+        CHECK_EQ(run(cmd, &o), 2);
+        CHECK(strstr(o, names[k]) != NULL);
+        free(o);
+    }
+    // A model file of another shape: refused naming what was expected, exit 1.
+    snprintf(cmd, sizeof cmd,
+             "%s --n-layer 1 --n-embd 64 --n-head 2 --block-size 32 --load %s --sample 5 2>&1", bin,
+             model);
+    char *o;
+    CHECK_EQ(run(cmd, &o), 1);
+    CHECK(strstr(o, "dtrain-gpt: ") != NULL);
+    free(o);
+}
+
 int main(void) {
     if (!test_program_path("dtrain-gpt", bin, sizeof bin)) {
         CHECK(!"dtrain-gpt is not built");
@@ -266,6 +316,7 @@ int main(void) {
     RUN(test_world_invariance);
     RUN(test_resume_after_kill);
     RUN(test_bad_flags);
+    RUN(test_sample);
     char cmd[PATH_MAX];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0)

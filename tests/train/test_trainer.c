@@ -415,6 +415,69 @@ static void test_own_gradients(void) {
     CHECK(max_diff(&r_tr, &r_ref) > 1e-3f);
 }
 
+// The step-based mode (dt_trainer_set_steps): K micro-batches per step without a
+// loader, gradients zeroed per step and averaged over its micro-batches, the clipping
+// norm set by the program, the hidden common flags refused.
+typedef struct steps_seen {
+    int   micro, wrong_index, syncs;
+    float w0;
+} steps_seen;
+
+static dt_status steps_fn(dt_trainer *t, void *user) {
+    steps_seen *s    = user;
+    dt_params  *p    = NULL;
+    int64_t     d[1] = {4};
+    DT_TRY(dt_params_new(&p, NULL));
+    DT_TRY(dt_params_add(p, "w", 1, d, 0));
+    DT_TRY(dt_params_alloc(p));
+    for (int i = 0; i < 4; i++)
+        dt_params_data(p)[i] = 1.0f;
+    dt_sgd_opts o = dt_sgd_opts_default();
+    o.lr          = 0.1f;
+    dt_optim *opt = NULL;
+    DT_TRY(dt_sgd_new(&opt, p, &o));
+    DT_TRY(dt_trainer_set_steps(t, 5, 3, 2));
+    dt_trainer_set_clip_grad(t, 0.5); // the gradient (1, 1, 1, 1) has norm 2
+    DT_TRY(dt_trainer_prepare(t, p, opt, NULL));
+    dt_batch b;
+    while (dt_trainer_next(t, &b)) {
+        s->wrong_index += b.index != (size_t)(s->micro % 3) || b.size != 2;
+        for (int i = 0; i < 4; i++) // 1 on the second micro-batch only
+            dt_params_grads(p)[i] += (float)(b.index == 1);
+        s->micro++;
+        s->syncs += dt_trainer_sync_step(t);
+        DT_TRY(dt_trainer_step(t, 0.0f));
+    }
+    DT_TRY(dt_trainer_finish(t));
+    s->w0 = dt_params_data(p)[0];
+    return dt_trainer_step_count(t) == 5 ? DT_OK : dt_fail(DT_ERR_STATE, "steps");
+}
+
+static void test_steps(void) {
+    // One process: what earlier --num-processes runs set in this process's environment
+    // would make it a launcher's worker.
+    unsetenv("WORLD_SIZE"), unsetenv("GROUP_RANK"), unsetenv("RANK");
+    char           *argv[] = {"test", "--log-every", "100", NULL};
+    dt_trainer_opts o      = dt_trainer_opts_default();
+    o.hide_flags           = "epochs accumulate";
+    o.own_progress         = true;
+    dt_trainer *t          = NULL;
+    CHECK_OK(dt_trainer_new(&t, 3, argv, &o));
+    steps_seen s = {0};
+    CHECK_EQ(dt_trainer_run(t, steps_fn, &s), 0);
+    dt_trainer_free(t);
+    CHECK_EQ(s.micro, 15);
+    CHECK_EQ(s.wrong_index, 0);
+    CHECK_EQ(s.syncs, 5);
+    // Per step: the gradient summed over 3 micro-batches is (1, 1, 1, 1), averaged 1/3,
+    // norm 2/3, clipped to 0.5: each element 0.25, times lr 0.1, over 5 steps.
+    CHECK(fabsf(s.w0 - (1.0f - 5 * 0.1f * 0.25f)) < 1e-6f);
+    char *hidden[] = {"test", "--epochs", "2", NULL};
+    t              = NULL;
+    CHECK_EQ(dt_trainer_new(&t, 3, hidden, &o), DT_ERR_ARG); // hidden: unknown here
+    CHECK(t == NULL);
+}
+
 static void test_invariant(void) {
     // --invariant 8: gradient shards and DDP's tree over ranks make 1 x 8, 2 x 4 and
     // 4 x 2 one model bit for bit (with --invariant 0 they differ by rounding, above).
@@ -492,6 +555,7 @@ int main(void) {
     RUN(test_resume_bitwise);
     RUN(test_own_gradients);
     RUN(test_invariant);
+    RUN(test_steps);
     dt_dataset_free(&train_set);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
