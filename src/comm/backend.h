@@ -65,7 +65,7 @@ typedef struct dt_backend_ops {
     // group of one rank). (optional: NULL = the group runs the generic algorithms over
     // the world's xfer_post / xfer_wait, with its ranks translated to the world's and
     // its id in every fingerprint: no new connection. Such a backend must then leave
-    // every collective slot below NULL.)
+    // run NULL.)
     dt_status (*group_new)(void *parent_ctx, dt_pg *group, dt_store *store, int color, int key,
                            uint64_t deadline_ns, void **ctx);
 
@@ -75,28 +75,20 @@ typedef struct dt_backend_ops {
     // of `op` passes (DT_ERR_TIMEOUT), a peer fails (DT_ERR_PEER) or the fingerprint
     // or size of an incoming message differs (DT_ERR_MISMATCH). Transfers between two
     // ranks in one direction are matched in posting order. Messages must flow even
-    // when nbytes is 0 (they carry the fingerprint). (optional when every collective
-    // slot below is set; the tcp backend has them, shm may not)
+    // when nbytes is 0 (they carry the fingerprint). (optional when run is set; the tcp
+    // backend has them, shm and mpi have run instead)
     dt_status (*xfer_post)(void *ctx, const dt_op *op, dt_xfer *x);
     dt_status (*xfer_wait)(void *ctx, const dt_op *op, dt_xfer *x);
 
-    // Whole collectives (each optional: NULL = the generic algorithm over xfer_*).
-    // Called with world size >= 2 only. Buffers as in comm.h: all_reduce src/dst
-    // count; broadcast dst (= buf); reduce src, dst (root only); all_gather src
-    // (count), dst (world*count); reduce_scatter src (world*count), dst (count);
-    // gather src, dst (root only); scatter src (root only), dst; all_to_all src, dst
-    // (world*count each); barrier none; send src; recv dst. In-place forms as in comm.h.
-    dt_status (*all_reduce)(void *ctx, const dt_op *op);
-    dt_status (*broadcast)(void *ctx, const dt_op *op);
-    dt_status (*reduce)(void *ctx, const dt_op *op);
-    dt_status (*all_gather)(void *ctx, const dt_op *op);
-    dt_status (*reduce_scatter)(void *ctx, const dt_op *op);
-    dt_status (*gather)(void *ctx, const dt_op *op);
-    dt_status (*scatter)(void *ctx, const dt_op *op);
-    dt_status (*all_to_all)(void *ctx, const dt_op *op);
-    dt_status (*barrier)(void *ctx, const dt_op *op);
-    dt_status (*send)(void *ctx, const dt_op *op);
-    dt_status (*recv)(void *ctx, const dt_op *op);
+    // Runs one whole operation (optional: NULL = the generic algorithms of algo.c over
+    // xfer_*). op->kind says which: every collective, send, recv, and DT_COLL_INIT (the
+    // init barrier, run as a barrier). Called with world size >= 2 only. Buffers as in
+    // comm.h: all_reduce src/dst count; broadcast dst (= buf); reduce src, dst (root
+    // only); all_gather src (count), dst (world*count); reduce_scatter src (world*count),
+    // dst (count); gather src, dst (root only); scatter src (root only), dst; all_to_all
+    // src, dst (world*count each); barrier and init none; send src; recv dst. In-place
+    // forms as in comm.h. A backend has either run or both xfer slots.
+    dt_status (*run)(void *ctx, const dt_op *op);
 
     // True when the backend calls dt_pg_progress while it waits inside an operation
     // (at least every ~500 ms): the liveness thread then takes an operation that makes

@@ -74,38 +74,6 @@ static void run_local(const dt_op *op) {
     }
 }
 
-typedef dt_status (*slot_fn)(void *ctx, const dt_op *op);
-
-static slot_fn backend_slot(const dt_backend_ops *be, dt_coll kind) {
-    switch (kind) {
-    case DT_COLL_ALL_REDUCE:
-        return be->all_reduce;
-    case DT_COLL_BROADCAST:
-        return be->broadcast;
-    case DT_COLL_REDUCE:
-        return be->reduce;
-    case DT_COLL_ALL_GATHER:
-        return be->all_gather;
-    case DT_COLL_REDUCE_SCATTER:
-        return be->reduce_scatter;
-    case DT_COLL_GATHER:
-        return be->gather;
-    case DT_COLL_SCATTER:
-        return be->scatter;
-    case DT_COLL_ALL_TO_ALL:
-        return be->all_to_all;
-    case DT_COLL_BARRIER:
-    case DT_COLL_INIT:
-        return be->barrier;
-    case DT_COLL_SEND:
-        return be->send;
-    case DT_COLL_RECV:
-        return be->recv;
-    default:
-        return NULL;
-    }
-}
-
 // Tells the backend about a failure once (it informs the peers). Caller is busy.
 static void tell_backend(dt_pg *pg) {
     if (pg->be_told || !pg->be || !pg->be->abort || !pg->be_ctx)
@@ -164,15 +132,14 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         run_local(op);
     } else {
         dt_clear_error();
-        slot_fn fn = backend_slot(pg->be, op->kind);
         atomic_store_explicit(&R->cur_op, op->fp.seq << 8 | ((uint64_t)op->kind + 1),
                               memory_order_relaxed);
         if (dt_hybrid_takes(pg, op))
             st = dt_hybrid_all_reduce(pg, op);
         else if (pg->shared)
             st = dt_algo_run(&pg->xlate, pg, &pg->algo, pg->rank, pg->world, op);
-        else if (fn)
-            st = fn(pg->be_ctx, op);
+        else if (pg->be->run)
+            st = pg->be->run(pg->be_ctx, op);
         else if (pg->be->xfer_post && pg->be->xfer_wait)
             st = dt_algo_run(pg->be, pg->be_ctx, &pg->algo, pg->rank, pg->world, op);
         else
