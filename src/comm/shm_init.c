@@ -14,10 +14,6 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-
 // ------------------------------------------------------------------ init and free
 
 int dt_shm_rank(const dt_shm *s) {
@@ -74,10 +70,6 @@ static void map_views(dt_shm *s) {
     s->pchunk     = h->p2p_bytes;
 }
 
-static int pidfd_open_(int pid) {
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-}
-
 // Sleeps on the init words (attached / ready), watching `watch` ranks for death.
 static dt_status init_wait(dt_shm *s, shm_word *w, uint32_t target, uint64_t deadline,
                            const char *what) {
@@ -93,7 +85,7 @@ static dt_status init_wait(dt_shm *s, shm_word *w, uint32_t target, uint64_t dea
         for (int r = 0; r < s->world; r++) {
             int pid = atomic_load(&s->slots[r].pid);
             if (r != s->rank && s->pidfds[r] < 0 && pid > 0) {
-                s->pidfds[r] = pidfd_open_(pid);
+                s->pidfds[r] = dt_pidfd_open(pid);
                 if (s->pidfds[r] < 0 && errno == ESRCH)
                     return dt_fail(DT_ERR_PEER,
                                    "shm init: rank %d (process %d) died while "
@@ -326,7 +318,7 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     for (int r = 0; r < o->world; r++) {
         s->pidfds[r] = -1;
         if (o->pids && r != o->rank && o->pids[r] > 0)
-            s->pidfds[r] = pidfd_open_(o->pids[r]);
+            s->pidfds[r] = dt_pidfd_open(o->pids[r]);
     }
     // 1 ms of spinning and yielding before sleeping: longer than a futex wake-up on a
     // VM (tens of microseconds, which would otherwise be paid at every step), short
@@ -391,7 +383,7 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     for (int r = 0; r < o->world; r++) {
         if (r == o->rank || s->pidfds[r] >= 0)
             continue;
-        s->pidfds[r] = pidfd_open_(atomic_load(&s->slots[r].pid));
+        s->pidfds[r] = dt_pidfd_open(atomic_load(&s->slots[r].pid));
         if (s->pidfds[r] < 0 && errno != ESRCH)
             DT_WARN("comm",
                     "shm: cannot watch rank %d (pidfd_open: %s); its death will only "
