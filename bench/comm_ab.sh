@@ -7,6 +7,7 @@
 #
 #   OLD=/tmp/old/build/bin/dtrain-bench bench/comm_ab.sh
 #   OLD=... NEW=build/bin/dtrain-bench REPEATS=7 SIZES="4K 1M 16M" BACKENDS="tcp shm" bench/comm_ab.sh
+#   OLD=... EXTRA=--bind bench/comm_ab.sh     # rank i pinned to CPU i (steadier small sizes)
 #
 # Prints, per backend and size, the median time (us) of each binary over the passes
 # and new/old (< 1: the new one is faster). A build of an older commit for OLD:
@@ -19,6 +20,7 @@ REPEATS=${REPEATS:-5}
 SIZES=${SIZES:-4K 1M 16M}
 BACKENDS=${BACKENDS:-tcp shm}
 NPROCS=${NPROCS:-2}
+EXTRA=${EXTRA:-} # more dtrain-bench flags for both, e.g. EXTRA=--bind (rank i on CPU i)
 OUT=build/bench/comm_ab
 mkdir -p "$OUT"
 rm -f "$OUT"/*.txt
@@ -32,7 +34,7 @@ while [ "$rep" -le "$REPEATS" ]; do
                 if [ "$which" = old ]; then bin=$OLD; else bin=$NEW; fi
                 f="$OUT/$which.$be.$size.$rep.txt"
                 if ! "$bin" allreduce --backend "$be" -n "$NPROCS" --min "$size" --max "$size" \
-                    >"$f" 2>"$f.err"; then
+                    $EXTRA >"$f" 2>"$f.err"; then
                     echo "($which $be $size failed: $(tail -1 "$f.err"))" >&2
                     rm -f "$f"
                 fi
