@@ -101,7 +101,7 @@ typedef struct dt_backend_ops {
     bool built;
 } dt_backend_ops;
 
-// The backends. pg.c lists them; a backend not built into the library is replaced by
+// The backends. backends.c lists them; a backend not built into the library is replaced by
 // a weak placeholder (unbuilt_backends.c).
 extern const dt_backend_ops dt_backend_tcp;
 extern const dt_backend_ops dt_backend_shm;

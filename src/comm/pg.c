@@ -7,7 +7,6 @@
 // what backends read from a group is pg_state.c; sub-groups are group.c. Calls go down
 // only: nothing below calls back into this file, except hybrid.c, which runs its node
 // and cross groups' steps through dt_pg_exec (the dispatcher recursing on a sub-group).
-#include "comm/backends.h"
 #include "comm/pg_impl.h"
 #include "comm/reduce.h"
 #include "dtrain/trace.h"
