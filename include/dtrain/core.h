@@ -116,6 +116,15 @@ DT_API uint64_t dt_deadline_ns(int64_t timeout_ms);
 // Milliseconds left until `deadline_ns` (0 when past; INT32_MAX-ish when never).
 DT_API int dt_ms_left(uint64_t deadline_ns);
 
+// ------------------------------------------------------------------------- processes
+
+// A pidfd for process `pid` (Linux >= 5.3, close-on-exec): poll() finds it readable
+// (POLLIN) once the process has ended, whoever its parent is. -1 with errno set: ESRCH
+// when no such process exists (it already ended), ENOSYS on an older kernel. The one
+// place dtrain opens pidfds: dt_spawn's supervisor, dtrun's workers and the shm
+// backend's watch on its peers.
+DT_API int dt_pidfd_open(int pid);
+
 // ------------------------------------------------------------------------- allocation
 
 // 64-byte aligned allocation. Returns NULL and records DT_ERR_NOMEM naming the size

@@ -1,5 +1,5 @@
-// backends.h: what pg.c asks of the list of backends (backends.c). See backends.c for
-// why the list and the MPI bootstrap are reached only through that file.
+// backends.h: what pg_init.c and hybrid.c ask of the list of backends (backends.c). See
+// backends.c for why the list and the MPI bootstrap are reached only through that file.
 #ifndef DTRAIN_COMM_BACKENDS_H
 #define DTRAIN_COMM_BACKENDS_H
 

@@ -26,6 +26,15 @@ dt_status dt_sock_set_nonblocking(int fd, bool on);
 dt_status dt_sock_write_all(int fd, const void *buf, size_t n, uint64_t deadline_ns,
                             const char *what);
 dt_status dt_sock_read_all(int fd, void *buf, size_t n, uint64_t deadline_ns, const char *what);
+// The one loop that writes to a socket (dt_sock_write_all, tcp's transfers and control
+// frames, the store server's replies): a frame of `hlen` header bytes and `blen` body
+// bytes, from byte *done on (advanced as bytes leave), with MSG_DONTWAIT | MSG_NOSIGNAL,
+// offering at most `cap` body bytes per call (0: no cap). When the socket is full it
+// returns 0 if deadline_ns is 0, else waits with poll() until deadline_ns. Records no
+// message (abort paths must keep theirs): 1 when the whole frame is written, -1 with
+// errno (ETIMEDOUT past the deadline; EPIPE or ECONNRESET when the peer is gone).
+int dt_sock_send_frame(int fd, const void *hdr, size_t hlen, const void *body, size_t blen,
+                       size_t *done, size_t cap, uint64_t deadline_ns);
 // dt_sock_listen on 127.0.0.1 only when loopback_only, else on every interface.
 dt_status dt_sock_listen_on(bool loopback_only, int port, int backlog, const char *what,
                             int *fd /* out */, int *bound_port /* out, may be NULL */);

@@ -262,9 +262,7 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
         }
     } else if (g && g->world > 1) {
         const dt_backend_ops *be = parent->be;
-        if (!be->xfer_post || !be->xfer_wait || be->all_reduce || be->broadcast || be->reduce ||
-            be->all_gather || be->reduce_scatter || be->gather || be->scatter || be->all_to_all ||
-            be->barrier || be->send || be->recv)
+        if (!be->xfer_post || !be->xfer_wait || be->run)
             st = dt_fail(DT_ERR_UNSUPPORTED, "%s: backend %s cannot serve sub-groups", what,
                          be->name);
         g->shared          = true;

@@ -1,4 +1,4 @@
-// mpi_hook.h: what the process group (pg.c) asks of MPI, without <mpi.h>. mpi_boot.c
+// mpi_hook.h: what the process group (pg_init.c) asks of MPI, without <mpi.h>. mpi_boot.c
 // implements it when the library is built with MPI; otherwise unbuilt_backends.c stands
 // in and refuses with DT_ERR_UNSUPPORTED. docs/mpi.md describes the bootstrap.
 #ifndef DTRAIN_COMM_MPI_HOOK_H

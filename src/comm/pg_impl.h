@@ -1,5 +1,6 @@
-// pg_impl.h: the process group's insides, shared by pg.c (the world group: rendezvous,
-// the execution lane, submission) and group.c (sub-groups). Not for backends: they see
+// pg_impl.h: the process group's insides, shared by pg.c (the dispatcher: the execution
+// lane, submission), pg_init.c (the world group's rendezvous and set-up), pg_state.c
+// (accessors and poison) and group.c (sub-groups). Not for backends: they see
 // the group only through backend.h.
 //
 // One execution lane per process: the world group's queue, progress thread and `busy`
@@ -75,6 +76,22 @@ struct dt_pg {
     pthread_t   thread;
     bool        thread_started;
 };
+
+// An operation of kind k with no root and no peer, before dt_pg_submit fills it in.
+#define DT_OP_INIT(k)                                                                              \
+    (dt_op) {                                                                                      \
+        .kind = (k), .root = -1, .peer = -1                                                        \
+    }
+
+// pg_state.c: records the process's first failure (later ones are consequences) in the
+// world group of `pg` and wakes every waiter (the abort fd). Any thread.
+void dt_pg_poison(dt_pg *pg, dt_status st, const char *msg);
+
+// pg.c: the reusable work handles (the group holds one reference, every live handle
+// another) and the progress thread's body (arg: the world group), started by pg_init.c.
+work_pool *dt_work_pool_new(void);
+void       dt_work_pool_unref(work_pool *p);
+void      *dt_pg_progress_main(void *arg);
 
 // Runs one operation of `pg` now (the caller holds the lane): the backend dispatch,
 // poisoning and AVG of pg.c. The message of a failure goes to msg.

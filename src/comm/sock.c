@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -284,31 +285,63 @@ static int poll_one(int fd, short events, uint64_t deadline_ns) {
     }
 }
 
-dt_status dt_sock_write_all(int fd, const void *buf, size_t n, uint64_t deadline_ns,
-                            const char *what) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+int dt_sock_send_frame(int fd, const void *hdr, size_t hlen, const void *body, size_t blen,
+                       size_t *done, size_t cap, uint64_t deadline_ns) {
+    size_t total = hlen + blen;
+    while (*done < total) {
+        size_t       d = *done;
+        struct iovec iov[2];
+        int          niov = 0;
+        if (d < hlen)
+            iov[niov++] = (struct iovec){(char *)(uintptr_t)hdr + d, hlen - d};
+        size_t boff = d > hlen ? d - hlen : 0;
+        if (blen > boff) {
+            size_t n    = blen - boff;
+            iov[niov++] = (struct iovec){(char *)(uintptr_t)body + boff, cap && n > cap ? cap : n};
+        }
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t       k  = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (k > 0) {
-            p += k;
-            n -= (size_t)k;
+            *done += (size_t)k;
             continue;
         }
         if (k < 0 && errno == EINTR)
             continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = poll_one(fd, POLLOUT, deadline_ns);
-            if (rc == 0)
-                return dt_fail(DT_ERR_TIMEOUT, "%s: timed out sending", what);
-            if (rc < 0)
-                return dt_fail_errno(DT_ERR_IO, "%s: poll", what);
+            if (deadline_ns == 0)
+                return 0;
+            int ms = dt_ms_left(deadline_ns);
+            if (ms <= 0) {
+                errno = ETIMEDOUT;
+                return -1;
+            }
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            int           rc = poll(&pf, 1, ms);
+            if (rc == 0) {
+                errno = ETIMEDOUT;
+                return -1;
+            }
+            if (rc < 0 && errno != EINTR)
+                return -1;
             continue;
         }
-        if (k < 0 && (errno == EPIPE || errno == ECONNRESET))
-            return dt_fail(DT_ERR_PEER, "%s closed the connection", what);
-        return dt_fail_errno(DT_ERR_IO, "%s: send", what);
+        if (k == 0)
+            errno = EPIPE; // nothing written of a non-empty frame: treat as closed
+        return -1;
     }
-    return DT_OK;
+    return 1;
+}
+
+dt_status dt_sock_write_all(int fd, const void *buf, size_t n, uint64_t deadline_ns,
+                            const char *what) {
+    size_t done = 0;
+    if (dt_sock_send_frame(fd, buf, n, NULL, 0, &done, 0, deadline_ns ? deadline_ns : 1) == 1)
+        return DT_OK;
+    if (errno == ETIMEDOUT)
+        return dt_fail(DT_ERR_TIMEOUT, "%s: timed out sending", what);
+    if (errno == EPIPE || errno == ECONNRESET)
+        return dt_fail(DT_ERR_PEER, "%s closed the connection", what);
+    return dt_fail_errno(DT_ERR_IO, "%s: send", what);
 }
 
 dt_status dt_sock_read_all(int fd, void *buf, size_t n, uint64_t deadline_ns, const char *what) {

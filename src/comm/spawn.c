@@ -15,7 +15,6 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,16 +24,6 @@
 // with the square of the local world) eats /dev/shm: 1000 ranks take about 8 GiB.
 #define PROCS_PER_CPU   4
 #define MAX_LOCAL_PROCS 256
-
-static int pidfd_open_(pid_t pid) {
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
 
 // A SIGTERM for the caller, when the caller blocks it (a program that stops at its own
 // step boundaries does): consumed, so that it is forwarded once.
@@ -200,7 +189,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
             break;
         }
         pids[i]   = pid;
-        pidfds[i] = pidfd_open_(pid);
+        pidfds[i] = dt_pidfd_open(pid);
         alive[i]  = true;
         nalive++;
     }

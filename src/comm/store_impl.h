@@ -1,7 +1,9 @@
-// store_impl.h: what the pieces of the TCP and file stores share: the key-value table
-// (store_kv.c), the growable message buffer, and the TCP server (store_server.c). The
-// handles, the client and the file store are in store.c; the token proofs in
-// store_auth.c. Internal to src/comm.
+// store_impl.h: what the pieces of the stores share. store.c is the handle every caller
+// holds: it checks arguments, prepends prefix views' prefixes, and calls the store's
+// kind through one table of operations (dt_store_ops below): the TCP client
+// (store_tcp.c, which speaks the protocol of store_proto.c to store_server.c) or the
+// file store (store_file.c). Below them: the key-value table (store_kv.c) and the token
+// proofs (store_auth.c). Internal to src/comm.
 #ifndef DTRAIN_COMM_STORE_IMPL_H
 #define DTRAIN_COMM_STORE_IMPL_H
 
@@ -11,6 +13,50 @@
 #define DT_STORE_PROTOCOL_VERSION 2
 #define DT_STORE_PROOF_CLIENT     "dtrain store client"
 #define DT_STORE_PROOF_SERVER     "dtrain store server"
+
+// ------------------------------------------------------------------ store kinds
+
+// One kind of store. store.c calls these after checking the arguments, with full keys
+// (every prefix view's prefix prepended, at most DT_STORE_MAX_KEY bytes) and values
+// within DT_STORE_MAX_VALUE; `s` is the kind's own handle (its struct starts with a
+// dt_store). Each returns a dt_status with the message recorded, as the public calls do.
+typedef struct dt_store_ops {
+    const char *kind; // "tcp", "file"
+    dt_status (*set)(dt_store *s, const char *key, const void *val, size_t n);
+    // Waits up to timeout_ms (< 0: no limit) for the key; *val as dt_store_get gives it.
+    dt_status (*get)(dt_store *s, const char *key, int64_t timeout_ms, void **val, size_t *n);
+    dt_status (*wait)(dt_store *s, const char *const *keys, size_t nkeys, int64_t timeout_ms);
+    // timeout_ms: the handle's (the TCP request carries it; nothing waits).
+    dt_status (*check)(dt_store *s, const char *const *keys, size_t nkeys, int64_t timeout_ms,
+                       bool *all_exist);
+    dt_status (*add)(dt_store *s, const char *key, int64_t delta, int64_t *value);
+    // expected NULL: swap only when the key is absent.
+    dt_status (*compare_set)(dt_store *s, const char *key, const void *expected, size_t en,
+                             const void *desired, size_t dn, bool *swapped);
+    dt_status (*del)(dt_store *s, const char *key, bool *deleted);
+    // The TCP store's port, and the local address of its connection (optional: -1, false).
+    int (*port)(const dt_store *s);
+    bool (*local_addr)(dt_store *s, char *buf, size_t n);
+    // Frees the kind's handle (the dt_store in it included).
+    void (*free)(dt_store *s);
+} dt_store_ops;
+
+// The handle. A kind's handle starts with one (struct tcp_store { dt_store h; ... });
+// a prefix view is a bare one with ops NULL.
+struct dt_store {
+    const dt_store_ops *ops;        // NULL for a prefix view
+    int64_t             timeout_ms; // resolved: < 0 = none
+    dt_store           *base;       // prefix view: the store it views
+    char               *prefix;     // prefix view: prepended with '/'
+};
+
+// Fills the common part of a new handle: ops and the timeout of `o` (0 or o NULL:
+// dt_default_timeout_ms).
+dt_status dt_store_init_base(dt_store *s, const dt_store_ops *ops, const dt_store_opts *o);
+// The dt_now_ns() deadline of a timeout in ms (< 0: UINT64_MAX).
+static inline uint64_t dt_store_deadline(int64_t timeout_ms) {
+    return timeout_ms < 0 ? UINT64_MAX : dt_deadline_ns(timeout_ms);
+}
 
 // ---------------------------------------------------------------- key-value table
 

@@ -1,5 +1,5 @@
 // store_kv.c: the key-value table of the store server and the file store (a chained
-// hash table of byte strings), and the growable buffer messages are built in.
+// hash table of byte strings).
 #include "comm/store_impl.h"
 #include "core/le.h"
 
@@ -171,48 +171,5 @@ dt_status dt_kv_cas(dt_kv_map *m, const char *key, bool expect_present, const ui
     if (dt_kv_set(m, key, strlen(key), des, deslen) != DT_OK)
         return dt_fail(DT_ERR_NOMEM, "compare_set \"%s\": out of memory", key);
     *swapped = true;
-    return DT_OK;
-}
-
-// Appends header + parts of a message to a growable buffer.
-
-dt_status dt_buf_reserve(dt_buf *b, size_t more) {
-    if (b->len + more <= b->cap)
-        return DT_OK;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + more)
-        cap *= 2;
-    uint8_t *np = dt_alloc(cap);
-    if (!np)
-        return DT_ERR_NOMEM;
-    if (b->len)
-        memcpy(np, b->p, b->len);
-    dt_free(b->p);
-    b->p   = np;
-    b->cap = cap;
-    return DT_OK;
-}
-
-dt_status dt_buf_message(dt_buf *b, uint8_t code, int64_t arg, int nparts, const void *const *parts,
-                         const size_t *lens) {
-    size_t payload = 0;
-    for (int i = 0; i < nparts; i++)
-        payload += 4 + lens[i];
-    DT_TRY(dt_buf_reserve(b, DT_STORE_HEADER_BYTES + payload));
-    uint8_t *h = b->p + b->len;
-    memset(h, 0, DT_STORE_HEADER_BYTES);
-    dt_put_le32(h, DT_STORE_MAGIC);
-    h[4] = code;
-    dt_put_le16(h + 6, (uint16_t)nparts);
-    dt_put_le64(h + 8, (uint64_t)arg);
-    dt_put_le32(h + 16, (uint32_t)payload);
-    uint8_t *p = h + DT_STORE_HEADER_BYTES;
-    for (int i = 0; i < nparts; i++) {
-        dt_put_le32(p, (uint32_t)lens[i]);
-        if (lens[i])
-            memcpy(p + 4, parts[i], lens[i]);
-        p += 4 + lens[i];
-    }
-    b->len += DT_STORE_HEADER_BYTES + payload;
     return DT_OK;
 }

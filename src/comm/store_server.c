@@ -437,17 +437,11 @@ static bool srv_read(srv_conn *c) {
 }
 
 static bool srv_write(srv_conn *c) {
-    while (c->out_off < c->out.len) {
-        ssize_t k = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0) {
-            c->out_off += (size_t)k;
-            continue;
-        }
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-            return true;
+    int k = dt_sock_send_frame(c->fd, c->out.p, c->out.len, NULL, 0, &c->out_off, 0, 0);
+    if (k == 0)
+        return true; // the socket is full: go on when poll says it has room
+    if (k < 0)
         return false;
-    }
     c->out.len = c->out_off = 0;
     return !c->closing;
 }

@@ -368,32 +368,17 @@ static dt_status pump_out(tcp_ctx *c, const dt_op *op, peer *p) {
             encode_data_header(c, op, x, p->out_hdr);
             p->out_hdr_ready = true;
         }
-        size_t       total = DT_WIRE_HEADER_BYTES + x->nbytes, sent = x->done_bytes_;
-        struct iovec iov[2];
-        int          niov = 0;
-        if (sent < DT_WIRE_HEADER_BYTES)
-            iov[niov++] = (struct iovec){p->out_hdr + sent, DT_WIRE_HEADER_BYTES - sent};
-        size_t poff = sent > DT_WIRE_HEADER_BYTES ? sent - DT_WIRE_HEADER_BYTES : 0;
-        if (x->nbytes > poff)
-            iov[niov++] = (struct iovec){(char *)x->buf + poff,
-                                         x->nbytes - poff < c->chunk ? x->nbytes - poff : c->chunk};
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-        ssize_t       k  = sendmsg(p->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return DT_OK;
+        int k = dt_sock_send_frame(p->fd, p->out_hdr, DT_WIRE_HEADER_BYTES, x->buf, x->nbytes,
+                                   &x->done_bytes_, c->chunk, 0);
+        if (k == 0)
+            return DT_OK; // the socket is full
+        if (k < 0)
             return on_write_error(c, op, p, errno);
-        }
-        x->done_bytes_ += (size_t)k;
-        if (x->done_bytes_ == total) {
-            x->done          = true;
-            p->out_hdr_ready = false;
-            p->sq_head       = x->next_;
-            if (!p->sq_head)
-                p->sq_tail = NULL;
-        }
+        x->done          = true;
+        p->out_hdr_ready = false;
+        p->sq_head       = x->next_;
+        if (!p->sq_head)
+            p->sq_tail = NULL;
     }
     return DT_OK;
 }
@@ -569,33 +554,9 @@ static dt_status tcp_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
 // Writes the rest of a half-written message; false if the peer does not take it by
 // the deadline.
 static bool finish_pending(peer *p, uint64_t deadline) {
-    while (p->pend_done < p->pend_total) {
-        struct iovec iov[2];
-        int          niov = 0;
-        size_t       d    = p->pend_done;
-        if (d < DT_WIRE_HEADER_BYTES)
-            iov[niov++] = (struct iovec){p->pend_hdr + d, DT_WIRE_HEADER_BYTES - d};
-        size_t poff  = d > DT_WIRE_HEADER_BYTES ? d - DT_WIRE_HEADER_BYTES : 0;
-        size_t nbody = p->pend_total - DT_WIRE_HEADER_BYTES;
-        if (nbody > poff)
-            iov[niov++] = (struct iovec){(char *)(uintptr_t)p->pend_buf + poff, nbody - poff};
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-        ssize_t       k  = sendmsg(p->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (k > 0) {
-            p->pend_done += (size_t)k;
-            continue;
-        }
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pf = {.fd = p->fd, .events = POLLOUT};
-            int           ms = dt_ms_left(deadline);
-            if (ms <= 0 || poll(&pf, 1, ms) <= 0)
-                return false;
-            continue;
-        }
+    if (dt_sock_send_frame(p->fd, p->pend_hdr, DT_WIRE_HEADER_BYTES, p->pend_buf,
+                           p->pend_total - DT_WIRE_HEADER_BYTES, &p->pend_done, 0, deadline) != 1)
         return false;
-    }
     p->pend = false;
     return true;
 }
@@ -618,25 +579,9 @@ static bool send_control(tcp_ctx *c, peer *p, uint8_t kind, dt_status st, const 
     dt_wire_encode(&h, buf);
     if (len)
         memcpy(buf + DT_WIRE_HEADER_BYTES, text, len);
-    size_t total = DT_WIRE_HEADER_BYTES + len, sent = 0;
-    while (sent < total) {
-        ssize_t k = send(p->fd, buf + sent, total - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (k > 0) {
-            sent += (size_t)k;
-            continue;
-        }
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pf = {.fd = p->fd, .events = POLLOUT};
-            int           ms = dt_ms_left(deadline);
-            if (ms <= 0 || poll(&pf, 1, ms) <= 0)
-                return false;
-            continue;
-        }
-        return false;
-    }
-    return true;
+    size_t sent = 0;
+    return dt_sock_send_frame(p->fd, buf, DT_WIRE_HEADER_BYTES + len, NULL, 0, &sent, 0,
+                              deadline) == 1;
 }
 
 static void tcp_abort(void *ctx, dt_status st, const char *msg) {

@@ -1,5 +1,5 @@
 // unbuilt_backends.c: weak stand-ins for backends whose source is not part of this
-// build. pg.c lists every backend by name; when a backend's own file is linked, its
+// build. backends.c lists every backend by name; when a backend's own file is linked, its
 // strong definition replaces the stand-in here (docs/comm-backend.md). A stand-in has
 // .built = false: "auto" skips it and asking for it by name is DT_ERR_UNSUPPORTED.
 #include "comm/backend.h"

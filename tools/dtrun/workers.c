@@ -18,23 +18,12 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 extern char **environ;
-
-static int pidfd_open_(pid_t pid) {
-#ifdef SYS_pidfd_open
-    return (int)syscall(SYS_pidfd_open, pid, 0);
-#else
-    (void)pid;
-    errno = ENOSYS;
-    return -1;
-#endif
-}
 
 int64_t dtrun_wall_ms(void) {
     struct timespec ts;
@@ -260,7 +249,7 @@ dt_status dtrun_group_start(dtrun_group *g, const dtrun_launch *l) {
                 // Kernels before 5.3 have no pidfd: the loop then polls every 100 ms
                 // (DTRUN_NO_PIDFD=1 exercises that path).
                 const char *no = getenv("DTRUN_NO_PIDFD");
-                w->pidfd       = no && *no == '1' ? -1 : pidfd_open_(pid);
+                w->pidfd       = no && *no == '1' ? -1 : dt_pidfd_open(pid);
                 if (w->pidfd >= 0)
                     fcntl(w->pidfd, F_SETFD, FD_CLOEXEC);
                 dtrun_reaper_add(g->reaper_fd, pid);
