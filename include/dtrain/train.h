@@ -49,6 +49,7 @@
 #include "dtrain/core.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
+#include "dtrain/graph.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/params.h"
@@ -137,6 +138,12 @@ typedef struct dt_trainer_opts {
     long           default_epochs;         // 0: 1
     bool           hide_accumulate;        // leave --accumulate and --clip-grad out
     double         train_flops_per_sample; // for STATS' gflops (0: the dt_model's, if any)
+    bool           time_loop;              // "Finished training in S secs" times the training
+                                           // loop (from dt_trainer_prepare) and adds the time
+                                           // from start-up; default: from start-up (the seed's)
+    bool broadcast_buffers;                // PyTorch DDP's broadcast_buffers: rank 0's buffers
+                                           // (BatchNorm running statistics) to every rank at
+                                           // each step's first micro-batch and at the finish
 } dt_trainer_opts;
 
 DT_API dt_trainer_opts dt_trainer_opts_default(void);
@@ -214,6 +221,11 @@ DT_API dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, 
 // The same for a dt_model, which the trainer also gives its threads, its dropout
 // stream (per epoch) and its per-sample keys (per batch), and profiles with --profile.
 DT_API dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt,
+                                          dt_sched *sched);
+// The same for a dt_graph (graph.h), owned by the trainer from here on (freed with the
+// worker, parameters included), which the trainer also gives its threads, its dropout
+// stream (per epoch) and its per-sample keys (per batch).
+DT_API dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt,
                                           dt_sched *sched);
 
 // The next micro-batch of this rank; false when training is over (epochs done,

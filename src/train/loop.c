@@ -195,6 +195,18 @@ dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt
     return dt_trainer_prepare(t, dt_model_as_params(m), opt, sched);
 }
 
+dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt_sched *sched) {
+    t->g = g, t->opt = opt, t->sched = sched, t->prepared = true; // owned from here on
+    if (!g || !opt)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_prepare_graph: expected a graph and an optimizer, "
+                       "found %s (%s)",
+                       g ? "no optimizer" : "no graph", dt_last_error());
+    DT_TRY(dt_graph_set_threads(g, t->threads));
+    t->prepared = false;
+    return dt_trainer_prepare(t, dt_graph_params(g), opt, sched);
+}
+
 // ------------------------------------------------------------------------- the loop
 
 // The end of an epoch's pass (exhausted, or stopped): the bar's newline, and for --plot a
@@ -230,6 +242,8 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
             t->er = dt_rng_split(&t->root, (uint64_t)t->epoch);
             if (t->m)
                 dt_model_set_rng(t->m, &t->er);
+            if (t->g)
+                dt_graph_set_rng(t->g, &t->er);
             dt_progress_begin_epoch(t->bar, t->epoch, t->nbatches);
             t->in_epoch = true;
         }
@@ -246,6 +260,9 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
         size_t left = t->nbatches > b->index ? t->nbatches - b->index : 1;
         t->window   = (int)(left < (size_t)k ? left : (size_t)k);
         dt_params_zero_grad(t->p);
+        if (t->ddp && t->o.broadcast_buffers &&
+            (t->err = dt_ddp_broadcast_buffers(t->ddp)) != DT_OK)
+            return false;
     }
     t->sync = t->micro == t->window - 1;
     if (t->ddp && k > 1)
@@ -254,6 +271,12 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
         for (size_t i = 0; i < b->size; i++)
             t->keys[i] = b->indices[i];
         if ((t->err = dt_model_set_sample_keys(t->m, t->keys, (int)b->size)) != DT_OK)
+            return false;
+    }
+    if (t->g) {
+        for (size_t i = 0; i < b->size; i++)
+            t->keys[i] = b->indices[i];
+        if ((t->err = dt_graph_set_sample_keys(t->g, t->keys, (int)b->size)) != DT_OK)
             return false;
     }
     t->cur_size  = b->size;
@@ -364,8 +387,14 @@ dt_status dt_trainer_finish(dt_trainer *t) {
     dt_train_preempt_release(); // from here on, SIGTERM ends the process at once
     DT_TRY(dt_trainer_wait_for_everyone(t));
     t->finished = dt_now();
+    if (t->ddp && t->o.broadcast_buffers) // every rank evaluates and saves rank 0's
+        DT_TRY(dt_ddp_broadcast_buffers(t->ddp));
     if (t->local_rank == 0 && !a->eval_only) {
-        printf("Finished training in %.2f secs\n", t->finished - t->start);
+        if (t->o.time_loop)
+            printf("Finished training in %.2f secs (the training loop; %.2f secs from start-up)\n",
+                   t->finished - t->train_start, t->finished - t->start);
+        else
+            printf("Finished training in %.2f secs\n", t->finished - t->start);
         fflush(stdout);
         if (t->rank == 0 && a->profile && t->m)
             print_profile(t->m, t->finished - t->train_start);

@@ -69,6 +69,7 @@ struct dt_trainer {
     int         rank, world, local_rank, local_size, threads;
     dt_params  *p;
     dt_model   *m;
+    dt_graph   *g; // dt_trainer_prepare_graph's (owns p)
     dt_optim   *opt;
     dt_sched   *sched;
     dt_ddp     *ddp;

@@ -307,6 +307,8 @@ static void release_worker(dt_trainer *t) {
     dt_optim_free(t->opt);
     if (t->m)
         dt_model_free(t->m);
+    else if (t->g)
+        dt_graph_free(t->g);
     else
         dt_params_free(t->p);
     for (int i = 0; i < t->neval; i++) {
@@ -319,7 +321,7 @@ static void release_worker(dt_trainer *t) {
     dt_progress_free(t->bar);
     dt_plot_free(t->plot);
     t->bar = NULL, t->plot = NULL;
-    t->ddp = NULL, t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL;
+    t->ddp = NULL, t->sched = NULL, t->opt = NULL, t->m = NULL, t->g = NULL, t->p = NULL;
     t->ld = NULL, t->smp = NULL, t->keys = NULL, t->neval = 0;
 }
 
