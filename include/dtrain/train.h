@@ -154,7 +154,11 @@ typedef struct dt_trainer_opts {
     bool loop_time;              // "Finished training in S secs" times the training loop
                                  // only (from the end of dt_trainer_prepare, less the time
                                  // given to dt_trainer_exclude_time), as PyTorch peers
-                                 // do, instead of from dt_trainer_new
+                                 // do, and adds the time from start-up; default: from
+                                 // start-up (the seed's)
+    bool broadcast_buffers;      // PyTorch DDP's broadcast_buffers: rank 0's buffers
+                                 // (BatchNorm running statistics) to every rank at
+                                 // each step's first micro-batch and at the finish
 } dt_trainer_opts;
 
 DT_API dt_trainer_opts dt_trainer_opts_default(void);
@@ -245,8 +249,9 @@ DT_API dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, 
 // stream (per epoch) and its per-sample keys (per batch), and profiles with --profile.
 DT_API dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt,
                                           dt_sched *sched);
-// The same for a finalized dt_graph (graph.h), which the trainer gives its threads and
-// frees with the rest.
+// The same for a finalized dt_graph (graph.h), owned by the trainer from here on (freed
+// with the worker, parameters included), which the trainer also gives its threads, its
+// dropout stream (per epoch) and its per-sample keys (per batch).
 DT_API dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt,
                                           dt_sched *sched);
 

@@ -314,6 +314,8 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
             t->er = dt_rng_split(&t->root, (uint64_t)t->epoch);
             if (t->m)
                 dt_model_set_rng(t->m, &t->er);
+            if (t->g)
+                dt_graph_set_rng(t->g, &t->er);
             dt_progress_begin_epoch(t->bar, t->epoch, t->nbatches);
             t->in_epoch = true;
             if (t->join) {
@@ -360,6 +362,9 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
         size_t left = t->nbatches > b->index ? t->nbatches - b->index : 1;
         t->window   = (int)(left < (size_t)k ? left : (size_t)k);
         dt_params_zero_grad(t->p);
+        if (t->ddp && t->o.broadcast_buffers &&
+            (t->err = dt_ddp_broadcast_buffers(t->ddp)) != DT_OK)
+            return false;
     }
     if (!t->join)
         t->sync = t->micro == t->window - 1;
@@ -371,6 +376,12 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
         for (size_t i = 0; i < b->size; i++)
             t->keys[i] = b->indices[i];
         if ((t->err = dt_model_set_sample_keys(t->m, t->keys, (int)b->size)) != DT_OK)
+            return false;
+    }
+    if (t->g) {
+        for (size_t i = 0; i < b->size; i++)
+            t->keys[i] = b->indices[i];
+        if ((t->err = dt_graph_set_sample_keys(t->g, t->keys, (int)b->size)) != DT_OK)
             return false;
     }
     t->cur_size  = b->size;
@@ -567,9 +578,12 @@ dt_status dt_trainer_finish(dt_trainer *t) {
     dt_train_preempt_release(); // from here on, SIGTERM ends the process at once
     DT_TRY(dt_trainer_wait_for_everyone(t));
     t->finished = dt_now();
+    if (t->ddp && t->o.broadcast_buffers) // every rank evaluates and saves rank 0's
+        DT_TRY(dt_ddp_broadcast_buffers(t->ddp));
     if (t->local_rank == 0 && !a->eval_only) {
         if (t->o.loop_time)
-            printf("Finished training in %.3f secs\n", dt_trainer_loop_secs(t));
+            printf("Finished training in %.3f secs (the training loop; %.2f secs from start-up)\n",
+                   dt_trainer_loop_secs(t), t->finished - t->start);
         else
             printf("Finished training in %.2f secs\n", t->finished - t->start);
         fflush(stdout);
