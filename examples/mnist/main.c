@@ -120,8 +120,12 @@ static dt_status train(dt_trainer *t, void *user) {
     while (!st && dt_trainer_next(t, &b)) { // the loss lines (or a bar) are the trainer's
         float loss;
         if ((st = dt_model_forward(m, b.x, (int)b.size)) ||
-            (st = dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, dlogp)) ||
-            (st = dt_model_backward(m, dlogp)) || (st = dt_trainer_step(t, loss)))
+            (st = dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, dlogp)))
+            break;
+        float scale = dt_trainer_loss_scale(t); // --precision fp16: the loss scaler's
+        for (size_t i = 0; scale != 1.0f && i < 10 * b.size; i++)
+            dlogp[i] *= scale;
+        if ((st = dt_model_backward(m, dlogp)) || (st = dt_trainer_step(t, loss)))
             break;
     }
     dt_free(dlogp);

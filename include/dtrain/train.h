@@ -125,6 +125,7 @@ typedef struct dt_train_args {
     long        accumulate; // micro-batches per optimizer step (default 1)
     double      clip_grad;  // max gradient norm (0: no clipping)
     long        invariant;  // gradient shards of a dt_model (-1: the default, see --help)
+    const char *precision;  // "fp32", "bf16" or "fp16" (--precision)
 } dt_train_args;
 
 typedef struct dt_trainer dt_trainer;
@@ -228,6 +229,16 @@ DT_API bool dt_trainer_next(dt_trainer *t, dt_batch *b);
 // --checkpoint-every steps, and agrees on a SIGTERM stop. Collective.
 DT_API dt_status dt_trainer_step(dt_trainer *t, float loss);
 
+// --precision: what dt_trainer_prepare_model sets on the dt_model; a program on a
+// dt_graph passes it to dt_graph_set_precision itself. With fp16 the trainer keeps a
+// GradScaler (optim.h): multiply the loss gradient by dt_trainer_loss_scale before
+// backward; dt_trainer_step unscales, agrees on inf/NaN across ranks and skips the
+// optimizer step (the step still counts) when any rank saw one; its state is in the
+// checkpoints. The scale is 1 in fp32 and bf16.
+DT_API dt_precision dt_trainer_precision(const dt_trainer *t);
+DT_API float        dt_trainer_loss_scale(const dt_trainer *t);
+// Optimizer steps skipped by the fp16 scaler so far.
+DT_API int64_t dt_trainer_skipped_steps(const dt_trainer *t);
 DT_API int64_t dt_trainer_step_count(const dt_trainer *t);  // optimizer steps so far
 DT_API long    dt_trainer_epoch(const dt_trainer *t);       // of the current batch
 DT_API size_t  dt_trainer_num_batches(const dt_trainer *t); // per epoch, this rank

@@ -48,8 +48,8 @@ void dt_train_preempt_release(void);
 // The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
-#define MAX_COMMON   32
-#define MAX_KVS      24
+#define MAX_COMMON   40
+#define MAX_KVS      26
 
 struct dt_trainer {
     dt_trainer_opts o;
@@ -94,6 +94,11 @@ struct dt_trainer {
     const char *kvflag[MAX_KVS];
     int         nkvs;
     dt_ckpt_rng rngs[1];
+    // --precision; fp16's loss scaler and its checkpoint text (key "grad_scaler")
+    dt_precision    prec;
+    dt_grad_scaler *scaler;
+    char            scaler_kv[64];
+    int64_t         skipped;
     // Watching: rank 0's progress and loss curves; the evaluation for --plot.
     dt_progress       *bar;
     dt_plot           *plot;

@@ -54,6 +54,12 @@ static void build_common(dt_trainer *t) {
              "It cost 0-3% of CPU time on the seed's ConvNet\n"
              "(bench/RESULTS.md); 0 turns it off",
            T, DT_FLAG_CKPT_WARN, 0, 0},
+          {"precision", DT_FLAG_STRING, &a->precision, "fp32", 0, 0, "P",
+           "arithmetic of the convolutions and linear layers: fp32, or bf16 /\n"
+             "fp16 operands with fp32 sums and fp32 master weights, as\n"
+             "torch.autocast (docs/precision.md); fp16 adds dynamic loss\n"
+             "scaling (default fp32)",
+           T, S | DT_FLAG_CKPT_WARN, "fp32 bf16 fp16", "fp32, bf16 or fp16"},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -302,6 +308,8 @@ static dt_status check_shared(dt_trainer *t) {
 // ------------------------------------------------------------------------- launching
 
 static void release_worker(dt_trainer *t) {
+    dt_grad_scaler_free(t->scaler);
+    t->scaler = NULL;
     dt_ddp_free(t->ddp);
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
@@ -459,6 +467,19 @@ int dt_trainer_threads(const dt_trainer *t) {
 double dt_trainer_start_time(const dt_trainer *t) {
     return t->start;
 }
+dt_precision dt_trainer_precision(const dt_trainer *t) {
+    dt_precision p = DT_PREC_FP32;
+    if (t->a.precision && dt_precision_parse(t->a.precision, &p) != DT_OK)
+        p = DT_PREC_FP32; // not reached: the flag table accepts only the three words
+    return p;
+}
+float dt_trainer_loss_scale(const dt_trainer *t) {
+    return t->scaler ? dt_grad_scaler_scale(t->scaler) : 1.0f;
+}
+int64_t dt_trainer_skipped_steps(const dt_trainer *t) {
+    return t->skipped;
+}
+
 int64_t dt_trainer_step_count(const dt_trainer *t) {
     return t->step;
 }
