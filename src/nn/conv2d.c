@@ -129,7 +129,7 @@ static void lowp_gemm(nn_layer *l, bool ta, bool tb, int m, int n, int k, const 
     if (l->prec == DT_PREC_FP32)
         dt_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
     else if (dt_ac_gemm(l->prec, ta, tb, m, n, k, a, a16, lda, b, NULL, ldb, c, ldc, accumulate))
-        l->lowp_failed = true;
+        __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
 }
 
 // ------------------------------------------------------------ stride 1: wide rows

@@ -57,7 +57,7 @@ static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
     if (l->prec != DT_PREC_FP32) { // y += x W^T with 16-bit operands (prec.h)
         if (dt_ac_gemm(l->prec, false, true, n, fout, fin, in + (size_t)c->s0 * fin, NULL, fin,
                        l->w, l->w16, fin, y, fout, true))
-            l->lowp_failed = true;
+            __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
         return;
     }
     // With gradient shards the shifted kernel runs everywhere: each y[s][o] is summed in
@@ -93,7 +93,7 @@ static void lowp_dx(nn_layer *l, const nn_ctx *c, const float *dout, float *din)
     int fin = l->in.c, fout = l->out_c, n = c->s1 - c->s0;
     if (dt_ac_gemm(l->prec, false, false, n, fin, fout, dout + (size_t)c->s0 * fout, NULL, fout,
                    l->w, l->w16, fin, din + (size_t)c->s0 * fin, fin, false))
-        l->lowp_failed = true;
+        __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
 }
 
 static void linear_backward_sharded(nn_layer *l, const nn_ctx *c, const float *in, float *dout,
@@ -168,7 +168,7 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     if (j1 > j0 && lowp) { // dW (out, in) += dy^T x, 16-bit operands
         if (dt_ac_gemm(l->prec, true, false, fout, j1 - j0, batch, dout, NULL, fout, in + j0, NULL,
                        fin, dw + j0, fin, true))
-            l->lowp_failed = true;
+            __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
     } else if (j1 > j0 && l->direct) // dW[o][i] += sum_s dy^T[o][s] x[s][i]
         dt_nn_shifted_gemm(in + j0, xoff, batch, dyt, fout, j1 - j0, dw + j0, (size_t)fin, true);
     else if (j1 > j0)

@@ -243,8 +243,36 @@ static void errors(void) {
     CHECK(strcmp(dt_precision_name(DT_PREC_FP16), "fp16") == 0);
 }
 
+// fp16's range, which the loss scaler exists for: a product past 65504 is inf (bf16's
+// range is fp32's: finite), and gradients below fp16's smallest denormal (2^-24) vanish.
+static void fp16_range(void) {
+    check_current = "fp16 range";
+    layer_case c  = graph_cases[0];
+    for (int p = DT_PREC_BF16; p <= DT_PREC_FP16; p++) {
+        dt_graph *g = graph_of(&c);
+        CHECK_OK(dt_graph_set_precision(g, (dt_precision)p));
+        dt_params *ps = dt_graph_params(g);
+        float     *w  = dt_params_data(ps);
+        for (size_t i = 0; i < dt_params_numel(ps); i++)
+            w[i] = 100.0f; // sum of 37 products of 100 x 100: 370,000
+        float x[3 * 37], dy[3 * 29];
+        for (int i = 0; i < 3 * 37; i++)
+            x[i] = 100.0f;
+        for (int i = 0; i < 3 * 29; i++)
+            dy[i] = 1e-10f; // times w = 100: 1e-8 per product, below 2^-24
+        CHECK_OK(dt_graph_forward(g, (const void *[]){x}, 1));
+        CHECK(p == DT_PREC_FP16 ? isinf(dt_graph_output(g)[0]) : isfinite(dt_graph_output(g)[0]));
+        dt_params_zero_grad(ps);
+        CHECK_OK(dt_graph_backward(g, dy));
+        const float *dx = dt_graph_input_grad(g, 0);
+        CHECK(p == DT_PREC_FP16 ? dx[0] == 0.0f : dx[0] > 0.0f);
+        dt_graph_free(g);
+    }
+}
+
 int main(void) {
     errors();
+    fp16_range();
     dt_prec_path paths[] = {DT_PATH_AVX512BF16, DT_PATH_FP32};
     for (int pi = 0; pi < 2; pi++) {
         if (!dt_prec_path_supported(paths[pi])) {
