@@ -4,7 +4,8 @@
 #   make                 library (static + shared) and programs into build/bin/
 #   make run             install what is missing, build, train the ConvNet on 2 processes
 #   make test            install what is missing, build, run every test
-#   make asan|ubsan      the tests under AddressSanitizer / UndefinedBehaviorSanitizer
+#   make asan            the tests under AddressSanitizer and UBSan together (CI)
+#   make ubsan           the tests under UndefinedBehaviorSanitizer alone
 #   make tsan            the threaded tests under ThreadSanitizer
 #   make test-slow       the long fault matrices (hung peers, cut links; ~10 min), and
 #                        world invariance with --invariant 0 for comparison
@@ -48,8 +49,9 @@ else ifeq ($(BUILD),debug)
 else ifeq ($(BUILD),asan)
   OUT := build/asan
   BIN := build/asan/bin
-  OPT := -O1 -fsanitize=address -fno-omit-frame-pointer -DDT_SANITIZE=1
-  SAN_LDFLAGS := -fsanitize=address
+  OPT := -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+         -DDT_SANITIZE=1
+  SAN_LDFLAGS := -fsanitize=address,undefined
 else ifeq ($(BUILD),ubsan)
   OUT := build/ubsan
   BIN := build/ubsan/bin

@@ -7,11 +7,13 @@
 // prints one comment line, one header line naming the columns and one row per size,
 // size in bytes first:
 //
-//   size  count  type  redop  time_us  algbw  busbw
+//   size  count  type  redop  time_us  algbw  busbw  cpu_us
 //
 // time_us: median over the timed iterations of the slowest rank's time for one call
 // (back-to-back blocking calls, each timed on every rank); algbw = size / time and
-// busbw = algbw * 2(n-1)/n, both in GB/s (1e9 bytes per second).
+// busbw = algbw * 2(n-1)/n, both in GB/s (1e9 bytes per second); cpu_us: the CPU time
+// (user + system, every thread) of all ranks' processes together per call, over the
+// timed iterations (a link-bound run uses little of it; a CPU-bound one, all it gets).
 #include "dtrain/comm.h"
 
 #include <errno.h>
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct args {
@@ -28,6 +31,7 @@ typedef struct args {
     size_t      min_bytes, max_bytes;
     int         iters; // 0 = by size
     int         warmup;
+    int         factor; // size step: min, min*factor, ... up to max
     bool        check;
     bool        bind; // pin rank i to CPU i % online CPUs (as mpirun does by default)
 } args;
@@ -103,12 +107,12 @@ static int rank_main(int local_rank, void *arg) {
         printf("# dtrain-bench allreduce: backend %s, %d ranks%s, float32 sum, in place; time_us "
                "= median over iterations of the slowest rank; algbw and busbw in GB/s\n",
                dt_pg_backend(pg), n, a->bind ? " bound to CPUs" : "");
-        printf("%12s %12s %8s %6s %12s %8s %8s\n", "size", "count", "type", "redop", "time_us",
-               "algbw", "busbw");
+        printf("%12s %12s %8s %6s %12s %8s %8s %10s\n", "size", "count", "type", "redop", "time_us",
+               "algbw", "busbw", "cpu_us");
         fflush(stdout);
     }
     int rc = 0;
-    for (size_t bytes = a->min_bytes; bytes <= a->max_bytes; bytes *= 2) {
+    for (size_t bytes = a->min_bytes; bytes <= a->max_bytes; bytes *= (size_t)a->factor) {
         size_t count = bytes / 4;
         int    iters = a->iters ? a->iters : iters_for(bytes);
         if (iters > cap)
@@ -133,12 +137,18 @@ static int rank_main(int local_rank, void *arg) {
         }
         if (dt_pg_barrier(pg) != DT_OK)
             goto fail;
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
         for (int i = 0; i < iters; i++) {
             uint64_t t0 = dt_now_ns();
             if (dt_pg_all_reduce(pg, buf, buf, count, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
                 goto fail;
             t[i] = (double)(dt_now_ns() - t0) * 1e-9;
         }
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        int64_t cpu_ns = (int64_t)(c1.tv_sec - c0.tv_sec) * 1000000000 + (c1.tv_nsec - c0.tv_nsec);
+        if (dt_pg_all_reduce(pg, &cpu_ns, &cpu_ns, 1, DT_INT64, DT_REDUCE_SUM) != DT_OK)
+            goto fail;
         // The collective is done when its slowest rank is.
         // (Positive doubles order like their bit patterns read as int64.)
         if (dt_pg_all_reduce(pg, t, t, (size_t)iters, DT_INT64, DT_REDUCE_MAX) != DT_OK)
@@ -148,8 +158,8 @@ static int rank_main(int local_rank, void *arg) {
             double med   = t[iters / 2];
             double algbw = (double)bytes / med / 1e9;
             double busbw = algbw * 2.0 * (n - 1) / n;
-            printf("%12zu %12zu %8s %6s %12.1f %8.3f %8.3f\n", bytes, count, "float32", "sum",
-                   med * 1e6, algbw, busbw);
+            printf("%12zu %12zu %8s %6s %12.1f %8.3f %8.3f %10.1f\n", bytes, count, "float32",
+                   "sum", med * 1e6, algbw, busbw, (double)cpu_ns * 1e-3 / iters);
             fflush(stdout);
         }
     }
@@ -194,15 +204,15 @@ static int run_under_mpirun(int argc, char **argv, int nprocs) {
 }
 
 static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
-        "                              [--max SIZE] [--iters N] [--warmup N] [--check] [--bind]\n"
-        "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
-        "  --max 64M --warmup 5; iterations by size unless --iters; --bind pins rank i\n"
-        "  to CPU i (as mpirun does by default)\n"
-        "  --backend mpi runs the ranks under mpirun (this program re-executed); started\n"
-        "  by a launcher (mpirun, srun, dtrun), each process is one rank and -n is unused\n");
+    fprintf(f,
+            "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
+            "                              [--max SIZE] [--factor F] [--iters N] [--warmup N]\n"
+            "                              [--check] [--bind]\n"
+            "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
+            "  --max 64M --factor 2 (each size F times the last) --warmup 5; iterations by\n"
+            "  size unless --iters; --bind pins rank i to CPU i (as mpirun does by default)\n"
+            "  --backend mpi runs the ranks under mpirun (this program re-executed); started\n"
+            "  by a launcher (mpirun, srun, dtrun), each process is one rank and -n is unused\n");
 }
 
 int main(int argc, char **argv) {
@@ -210,15 +220,24 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    args a = {
-        .backend = "auto", .nprocs = 2, .min_bytes = 4u << 10, .max_bytes = 64u << 20, .warmup = 5};
-    static const struct option opts[] = {
-        {"backend", required_argument, NULL, 'b'}, {"nprocs", required_argument, NULL, 'n'},
-        {"min", required_argument, NULL, 'm'},     {"max", required_argument, NULL, 'M'},
-        {"iters", required_argument, NULL, 'i'},   {"warmup", required_argument, NULL, 'w'},
-        {"check", no_argument, NULL, 'c'},         {"help", no_argument, NULL, 'h'},
-        {"bind", no_argument, NULL, 'B'},          {NULL, 0, NULL, 0}};
-    int c;
+    args                       a      = {.backend   = "auto",
+                                         .nprocs    = 2,
+                                         .min_bytes = 4u << 10,
+                                         .max_bytes = 64u << 20,
+                                         .warmup    = 5,
+                                         .factor    = 2};
+    static const struct option opts[] = {{"backend", required_argument, NULL, 'b'},
+                                         {"nprocs", required_argument, NULL, 'n'},
+                                         {"min", required_argument, NULL, 'm'},
+                                         {"max", required_argument, NULL, 'M'},
+                                         {"iters", required_argument, NULL, 'i'},
+                                         {"warmup", required_argument, NULL, 'w'},
+                                         {"check", no_argument, NULL, 'c'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"bind", no_argument, NULL, 'B'},
+                                         {"factor", required_argument, NULL, 'f'},
+                                         {NULL, 0, NULL, 0}};
+    int                        c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "b:n:m:M:i:w:ch", opts, NULL)) != -1) {
         long v;
@@ -252,6 +271,13 @@ int main(int argc, char **argv) {
                 return 2;
             }
             a.warmup = (int)v;
+            break;
+        case 'f':
+            if (dt_parse_long(optarg, 2, 1024, "--factor", &v) != DT_OK) {
+                fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
+                return 2;
+            }
+            a.factor = (int)v;
             break;
         case 'c':
             a.check = true;

@@ -22,6 +22,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/graph.h"
 #include "dtrain/optim.h"
+#include "dtrain/zero.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -37,7 +38,7 @@
 
 typedef struct args {
     long        steps, batch, n_layer, n_head, n_embd, block, eval_every, log_every, threads;
-    long        warmup, seed, limit, sample, micro;
+    long        warmup, seed, limit, sample, micro, zero;
     double      lr, min_lr_ratio, weight_decay, grad_clip, temperature;
     long        num_processes, num_machines, machine_id, master_port, checkpoint_every;
     const char *data, *backend, *master_addr, *checkpoint_dir, *save_model, *load, *prompt;
@@ -183,7 +184,7 @@ static dt_status gpt_loss(gpt *m, int at, int n, float *loss, float *dlogits) {
 
 // Forward and backward of this rank's b sequences, mb at a time (gradient accumulation:
 // DDP reduces after the last); the gradient is that of the mean over all b x T tokens.
-static dt_status gpt_forward_backward(gpt *m, dt_ddp *ddp, float *loss) {
+static dt_status gpt_forward_backward(gpt *m, dt_ddp *ddp, dt_zero *zero, float *loss) {
     double sum = 0;
     dt_params_zero_grad(m->p);
     for (int at = 0; at < m->b; at += m->mb) {
@@ -194,6 +195,8 @@ static dt_status gpt_forward_backward(gpt *m, dt_ddp *ddp, float *loss) {
                 m->dlogits[i] *= scale;
         if (ddp)
             dt_ddp_set_sync(ddp, at + m->mb >= m->b);
+        if (zero)
+            dt_zero_set_sync(zero, at + m->mb >= m->b);
         DT_TRY(dt_graph_backward(m->g, m->dlogits));
         sum += (double)l * m->mb;
     }
@@ -248,6 +251,7 @@ static int train(job *j) {
     const args *a      = j->a;
     gpt         m      = {0};
     dt_ddp     *ddp    = NULL;
+    dt_zero    *zero   = NULL; // instead of ddp with --zero 1 or 2
     dt_optim   *opt    = NULL;
     dt_sched   *sch    = NULL;
     float      *losses = calloc((size_t)a->steps, sizeof(float));
@@ -255,7 +259,7 @@ static int train(job *j) {
     dt_status   st     = losses ? gpt_new(&m, a, j->world) : DT_ERR_NOMEM;
     if (!st && a->load)
         st = dt_ckpt_load_params(a->load, m.p);
-    if (!st && j->pg)
+    if (!st && j->pg && !a->zero)
         st = dt_ddp_new(&ddp, m.p, j->pg, NULL); // same tables everywhere, rank 0's weights
     dt_adam_opts ao = dt_adamw_opts_default();
     ao.lr = (float)a->lr, ao.beta2 = 0.95f, ao.weight_decay = (float)a->weight_decay;
@@ -270,6 +274,18 @@ static int train(job *j) {
         st = dt_sched_new(&sch, &so);
     if (!st)
         st = ckpt_restore(j, &m, opt, &step);
+    size_t full_state = 0, rank_state = 0;
+    dt_optim_state(opt, &full_state);
+    if (!st && j->pg && a->zero) { // shards the optimizer (and its restored state)
+        dt_zero_opts zo = dt_zero_opts_default();
+        zo.stage        = (int)a->zero;
+        st              = dt_zero_new(&zero, m.p, j->pg, opt, &zo);
+    }
+    dt_optim_state(opt, &rank_state);
+    if (!st && j->pg)
+        say(j, "optimizer state: %.3f MiB per rank (ZeRO-%ld; %.3f MiB unsharded)",
+            (double)rank_state * 4 / 1048576, zero ? a->zero : 0L,
+            (double)full_state * 4 / 1048576);
     if (!st && j->rank == 0) {
         say(j,
             "model: n_layer %ld, n_head %ld, n_embd %ld, block %ld, vocab %d | parameters: %zu "
@@ -294,11 +310,16 @@ static int train(job *j) {
         float loss, norm;
         if ((st = dt_tokens_batch(&j->train, (uint64_t)(a->seed * 1000 + step), (size_t)a->batch,
                                   (size_t)m.T, j->rank, j->world, m.offsets, m.x, m.y)) ||
-            (st = gpt_forward_backward(&m, ddp, &loss)) || (ddp && (st = dt_ddp_sync(ddp))) ||
-            (st = dt_clip_grad_norm(m.p, (float)a->grad_clip, &norm)) ||
+            (st = gpt_forward_backward(&m, ddp, zero, &loss)) || (ddp && (st = dt_ddp_sync(ddp))) ||
+            (zero && (st = dt_zero_sync(zero))) ||
+            (st = zero ? dt_zero_clip_grad_norm(zero, (float)a->grad_clip, &norm)
+                       : dt_clip_grad_norm(m.p, (float)a->grad_clip, &norm)) ||
             (st = dt_sched_apply(sch, opt, step)))
             break;
-        dt_optim_step(opt);
+        if (zero && (st = dt_zero_step(zero))) // the shard's step, then the all-gather
+            break;
+        if (!zero)
+            dt_optim_step(opt);
         if (j->pg && (st = dt_pg_all_reduce(j->pg, &loss, &loss, 1, DT_FLOAT32, DT_REDUCE_AVG)))
             break;
         losses[step] = loss;
@@ -331,7 +352,8 @@ static int train(job *j) {
         print_stats(j, step - step0, loop, evals, val, losses, &m);
     if (st)
         fprintf(stderr, "dtrain-gpt: rank %d: %s\n", j->rank, dt_last_error());
-    dt_sched_free(sch), dt_optim_free(opt), dt_ddp_free(ddp), gpt_free(&m), free(losses);
+    dt_sched_free(sch), dt_zero_free(zero), dt_optim_free(opt), dt_ddp_free(ddp);
+    gpt_free(&m), free(losses);
     return st ? 1 : 0;
 }
 
@@ -483,6 +505,8 @@ static const char usage[] =
     "distributed (as dtrain-mnist; or run under dtrun / mpirun):\n"
     "  --num-processes P  --num-machines M  --machine-id K  --master-addr A\n"
     "  --master-port N  --backend auto|shm|tcp|mpi\n"
+    "  --zero S  ZeRO stage (docs/zero.md): 0 plain DDP (default), 1 AdamW state sharded\n"
+    "              over the ranks, 2 gradients reduce-scattered during backward too\n"
     "models and checkpoints:\n"
     "  --save-model PATH  --load PATH (a model file: start from it, or sample from it)\n"
     "  --checkpoint-dir D  --checkpoint-every N  --resume (from the newest in D, if any)\n"
@@ -541,6 +565,7 @@ static int parse_args(int argc, char **argv, args *a) {
                                        {"prompt", 1, 0, 'p'},
                                        {"temperature", 1, 0, 'Y'},
                                        {"micro-batch", 1, 0, 'u'},
+                                       {"zero", 1, 0, 'Z'},
                                        {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
     int                        c;
@@ -608,6 +633,9 @@ static int parse_args(int argc, char **argv, args *a) {
             break;
         case 'K':
             st = dt_parse_long(optarg, 0, 65535, f, &a->machine_id);
+            break;
+        case 'Z':
+            st = dt_parse_long(optarg, 0, 2, f, &a->zero);
             break;
         case 'A':
             a->master_addr = optarg;

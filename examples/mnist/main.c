@@ -97,6 +97,58 @@ static dt_status evaluate(dt_trainer *t, void *user, double *mean_loss) {
 }
 
 // One worker: rank r of the job, or the only process.
+// A replica of the model (dt_trainer_forward_backward; --data-parallel N builds N more):
+// the ConvNet and its loss gradient's buffer.
+typedef struct replica {
+    dt_model *m;
+    float    *dlogp;
+} replica;
+
+// What the replicas' functions see: the job, and the trainer (--precision, the fp16
+// loss scale).
+typedef struct fb_ctx {
+    const job  *j;
+    dt_trainer *t;
+} fb_ctx;
+
+static dt_status make_replica(void *user, int index, dt_dp_replica *out) {
+    (void)index; // its parameters are the master's, copied every step
+    const fb_ctx *c = user;
+    const job    *j = c->j;
+    replica      *r = dt_alloc_zero(sizeof *r);
+    if (!r || !(r->dlogp = dt_alloc(sizeof(float) * 10 * (size_t)j->a.batch_size)) ||
+        dt_model_new_mnist_convnet(&r->m, 0, 0.10f, 0.25f) ||
+        dt_model_set_precision(r->m, dt_trainer_precision(c->t))) {
+        if (r && r->m)
+            dt_model_free(r->m);
+        if (r)
+            dt_free(r->dlogp);
+        dt_free(r);
+        return dt_last_status() ? dt_last_status() : DT_ERR_NOMEM;
+    }
+    *out = (dt_dp_replica){.obj = r, .params = dt_model_as_params(r->m), .model = r->m};
+    return DT_OK;
+}
+
+static void drop_replica(void *user, dt_dp_replica *d) {
+    (void)user;
+    replica *r = d->obj;
+    dt_model_free(r->m);
+    dt_free(r->dlogp);
+    dt_free(r);
+}
+
+static dt_status forward_backward(void *user, dt_dp_replica *d, const dt_batch *b, float *loss) {
+    const fb_ctx *c = user;
+    replica      *r = d->obj;
+    DT_TRY(dt_model_forward(r->m, b->x, (int)b->size));
+    DT_TRY(dt_loss_nll(dt_model_output(r->m), b->y, (int)b->size, 10, loss, r->dlogp));
+    float scale = dt_trainer_loss_scale(c->t); // --precision fp16: the loss scaler's
+    for (size_t i = 0; scale != 1.0f && i < 10 * b->size; i++)
+        r->dlogp[i] *= scale;
+    return dt_model_backward(r->m, r->dlogp);
+}
+
 static dt_status train(dt_trainer *t, void *user) {
     const job           *j = user;
     const dt_train_args *a = dt_trainer_args(t);
@@ -112,23 +164,20 @@ static dt_status train(dt_trainer *t, void *user) {
                                                        // --resume, DDP
     worker w = {j, m, 0};
     dt_trainer_set_eval(t, evaluate, &w); // --plot's test loss after each epoch
-    float *dlogp = dt_alloc(sizeof(float) * 10 * (size_t)j->a.batch_size);
-    if (!dlogp)
+    replica master = {m, dt_alloc(sizeof(float) * 10 * (size_t)j->a.batch_size)};
+    if (!master.dlogp)
         return DT_ERR_NOMEM;
-    dt_status st = DT_OK;
-    dt_batch  b;
+    fb_ctx    ctx = {j, t};
+    dt_dp_ops ops = {make_replica, drop_replica, forward_backward, &ctx};
+    dt_status st  = dt_trainer_set_replicas(
+         t, &ops, &(dt_dp_replica){.obj = &master, .params = dt_model_as_params(m), .model = m});
+    dt_batch b;
     while (!st && dt_trainer_next(t, &b)) { // the loss lines (or a bar) are the trainer's
-        float loss;
-        if ((st = dt_model_forward(m, b.x, (int)b.size)) ||
-            (st = dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, dlogp)))
-            break;
-        float scale = dt_trainer_loss_scale(t); // --precision fp16: the loss scaler's
-        for (size_t i = 0; scale != 1.0f && i < 10 * b.size; i++)
-            dlogp[i] *= scale;
-        if ((st = dt_model_backward(m, dlogp)) || (st = dt_trainer_step(t, loss)))
+        float loss;                         // forward, loss, backward (or N replicas')
+        if ((st = dt_trainer_forward_backward(t, &b, &loss)) || (st = dt_trainer_step(t, loss)))
             break;
     }
-    dt_free(dlogp);
+    dt_free(master.dlogp);
     double accuracy = -1, loss;
     if (st || (st = dt_trainer_finish(t)))
         return st;

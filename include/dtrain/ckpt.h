@@ -67,9 +67,11 @@ typedef struct dt_ckpt_kv {
 // position only takes effect at that begin). Its shuffle seed and options are
 // configuration, not state: the program must create the sampler with the same ones.
 typedef struct dt_ckpt_state {
-    dt_params         *params;  // the parameters and buffers (params.h), or NULL and:
-    dt_model          *model;   // a finalized model (its dt_model_as_params); one is required
-    dt_optim          *optim;   // optional: its flat state and step count
+    dt_params *params;          // the parameters and buffers (params.h), or NULL and:
+    dt_model  *model;           // a finalized model (its dt_model_as_params); one is required
+    dt_optim  *optim;           // optional: its flat state and step count; a sharded one
+                                // (zero.h) is saved whole, gathered over pg, and loads
+                                // its shard (pg must be the group it is sharded over)
     dt_sampler        *sampler; // optional: this rank's epoch and position
     int64_t            step;    // saving: the step that names the checkpoint (>= 0)
     const dt_ckpt_rng *rngs;    // this rank's generators (may be NULL when nrngs is 0)
@@ -84,6 +86,11 @@ typedef struct dt_ckpt_opts {
                    // are deleted, and leftovers of interrupted saves with them.
     bool fallback; // loading: when the newest complete checkpoint is refused, warn
                    // and try the next older one instead of failing
+    bool reshard;  // loading: accept a checkpoint saved at another world size and load its
+                   // shared state (parameters, buffers, optimizer, key/values); the saving
+                   // ranks' samplers and generators do not apply (st->sampler and st->rngs
+                   // must be absent: DT_ERR_MISMATCH otherwise). A sharded optimizer
+                   // (zero.h) takes its shard of the whole saved state at any world size.
 } dt_ckpt_opts;
 
 // Zeroed options: keep 3, no fallback.
@@ -93,7 +100,7 @@ DT_API dt_ckpt_opts dt_ckpt_opts_default(void);
 typedef struct dt_ckpt_info {
     bool        found;       // false: no complete checkpoint in the directory (nothing loaded)
     int64_t     step;        // the step loaded (-1 when none)
-    int         world;       // the world size that wrote it
+    int         world;       // the world size that wrote it (this job's unless resharded)
     char        path[4096];  // the checkpoint's directory, "<dir>/step-000120"
     int         refused;     // newer complete checkpoints refused first (with fallback)
     bool        has_sampler; // this rank's sampler state was saved and restored

@@ -122,6 +122,36 @@ DT_API dt_status dt_graph_backward(dt_graph *g, const float *dout);
 // Gradient of graph input i of the last backward (with dt_graph_set_input_grad).
 DT_API const float *dt_graph_input_grad(const dt_graph *g, int input);
 
+// ------------------------------------------------------------------ pipeline support
+// (pipe.h builds on these; a user rarely calls them.)
+
+// A new graph of nodes first..last (positions in dt_graph_add order, graph inputs
+// counted) of `whole`, which must not be finalized: their layers MOVE to it (`whole`
+// can then only be extracted from again, over other nodes, or freed). Values the range
+// reads from before `first` become its inputs (same names and shapes, in the order of
+// their first reader); graph inputs inside the range stay inputs. The output is the
+// range's last node. Nodes keep their layer positions, so dt_graph_finalize with the
+// same seed initialises them as `whole` would have, and dropout draws the same masks.
+// A parameter tied to a node before the range becomes a tensor of its own, named as its
+// owner ("wte.weight"), initialised by its own node: the pipeline copies the owner's
+// values into it and sums the two gradients (pipe.h).
+DT_API dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last);
+// The ties (dt_graph_tie) of a graph, in node order: tie t's owner tensor name
+// (DT_PARAM_NAME_MAX + 1 bytes), the owner's node and the tied node.
+DT_API int       dt_graph_num_ties(const dt_graph *g);
+DT_API dt_status dt_graph_tie_at(const dt_graph *g, int t, char *owner, int *owner_node,
+                                 int *param_node);
+
+// Activation slots: n sets of the values and saved state a forward leaves for its
+// backward (default 1). dt_graph_use_slot(g, s) selects the set the next forward writes
+// and the next backward reads (with its batch and sample keys), so several forwards
+// (micro-batches) can wait for their backwards. Gradients of the values stay shared:
+// backwards run one at a time. The buffers are sized by the first forward after
+// dt_graph_set_slots, for all slots at once: run the largest batch first (a larger one
+// later reallocates and loses the slots' values). After dt_graph_finalize.
+DT_API dt_status dt_graph_set_slots(dt_graph *g, int n);
+DT_API dt_status dt_graph_use_slot(dt_graph *g, int slot);
+
 // --------------------------------------------------------------------------- losses
 // Over a graph's output: each returns the mean loss in *loss and writes d loss / d x
 // into dx when not NULL (PyTorch's reduction='mean').

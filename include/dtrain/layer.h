@@ -150,6 +150,31 @@ DT_API dt_linear_opts dt_linear_opts_default(void);
 DT_API dt_status      dt_layer_linear_new(dt_layer **out, int in, int out_features,
                                           const dt_linear_opts *opts);
 
+// Tensor (intra-layer) parallelism, Megatron-LM style: shard `part` of `parts` of
+// nn.Linear(in, out). A column shard holds output features [part*out/parts, ...) (rows
+// of the weight) and reads the whole input; a row shard holds input features
+// [part*in/parts, ...) (columns of the weight) and the whole bias, and writes the whole
+// output. Column then row (an MLP; qkv then proj around attention) needs one sum in
+// forward (the row shards' partial outputs, before the bias) and one in backward (the
+// column shards' partial input gradients): `reduce` does them, an all-reduce over the
+// shards' group (tp.h fills it in). The layers run whole on the calling thread.
+// groups > 1 (column only): the outputs are `groups` equal blocks, each sharded alike,
+// so a qkv projection's shard holds q, k and v of its heads ((T, 3C/parts) packed as
+// the attention layer reads). Init draws the whole layer's weight and bias as
+// dt_layer_linear_new does and keeps this shard's part: the shards of a seed are the
+// slices of the unsplit layer of that seed.
+typedef dt_status (*dt_sum_fn)(void *user, float *v, size_t n); // v = sum over the shards
+typedef enum dt_tp_mode { DT_TP_COLUMN = 0, DT_TP_ROW = 1 } dt_tp_mode;
+typedef struct dt_linear_tp_opts {
+    bool      bias;   // default true
+    int       groups; // column only; default 1
+    dt_sum_fn reduce; // required when parts > 1
+    void     *reduce_user;
+} dt_linear_tp_opts;
+DT_API dt_linear_tp_opts dt_linear_tp_opts_default(void);
+DT_API dt_status dt_layer_linear_tp_new(dt_layer **out, int in, int out_features, dt_tp_mode mode,
+                                        int parts, int part, const dt_linear_tp_opts *opts);
+
 // Per-channel statistics reducer of a SyncBatchNorm: sums `v[0..n)` over the process
 // group in place (forward: sum, sum of squares per channel and the count; backward:
 // the sums of dy and dy*xhat per channel). Returns nonzero on failure.

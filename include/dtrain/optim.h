@@ -184,6 +184,25 @@ DT_API float    *dt_optim_state(dt_optim *o, size_t *nfloats);
 DT_API int64_t   dt_optim_step_count(const dt_optim *o);
 DT_API dt_status dt_optim_set_step_count(dt_optim *o, int64_t steps);
 
+// Sharding (ZeRO, zero.h, which calls this; a user rarely does): restricts the optimizer
+// to a shard. `shard` (borrowed; a description: it needs no storage) is a table whose
+// tensor i is a piece of tensor src_tensor[i] of the table the optimizer was built over,
+// lying at float flat_off[i] of that table's flat buffers. Each piece keeps its tensor's
+// group (so create the groups before sharding: predicates then see whole tensors);
+// every later step reads the pieces' gradients and updates their parameters in place
+// in the whole table's buffers, and nothing else; the state is reallocated for the
+// shard: each block above holds dt_params_numel(shard) floats instead of the table's
+// (the pieces' state so far, a loaded checkpoint's, is kept; the rest is freed).
+// dt_optim_params then returns the shard table and dt_optim_num_params its numel.
+// DT_ERR_STATE when already sharded; DT_ERR_ARG for a piece outside its tensor.
+DT_API dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
+                                const size_t *flat_off);
+// Whether o is sharded; *full_numel (may be NULL) gets the whole table's numel (the
+// shard's when not sharded) and *flat_off (may be NULL) the shard tensors' offsets into
+// the whole table (NULL when not sharded). Checkpoints use it to save and load whole
+// state from shards (ckpt.h).
+DT_API bool dt_optim_sharded(const dt_optim *o, size_t *full_numel, const size_t **flat_off);
+
 // "sgd", "adam", "adamw" or "adadelta".
 DT_API const char *dt_optim_name(const dt_optim *o);
 DT_API size_t      dt_optim_num_params(const dt_optim *o);

@@ -41,7 +41,8 @@
 // Chrome-trace file for all ranks; --plot FILE.svg collects the training loss in
 // dt_trainer_step, a validation loss per epoch (dt_trainer_set_eval) and at the end
 // (dt_trainer_log_val), and dt_trainer_report writes it. DataParallel threads (later)
-// replace the DDP wrapper inside dt_trainer_prepare.
+// replace processes with --data-parallel N (dt_trainer_set_replicas and
+// dt_trainer_forward_backward below; dp.h).
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
 
@@ -49,6 +50,7 @@
 #include "dtrain/core.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
+#include "dtrain/dp.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/params.h"
@@ -122,10 +124,17 @@ typedef struct dt_train_args {
     bool        resume, fallback;
     const char *save_model, *load, *trace, *plot;
     bool        eval_only, no_test, stats, profile;
-    long        accumulate; // micro-batches per optimizer step (default 1)
-    double      clip_grad;  // max gradient norm (0: no clipping)
-    long        invariant;  // gradient shards of a dt_model (-1: the default, see --help)
-    const char *precision;  // "fp32", "bf16" or "fp16" (--precision)
+    long        accumulate;    // micro-batches per optimizer step (default 1)
+    double      clip_grad;     // max gradient norm (0: no clipping)
+    long        invariant;     // gradient shards of a dt_model (-1: the default, see --help)
+    long        data_parallel; // DataParallel replicas (threads) in this process (default 1)
+    long        zero;          // ZeRO stage of the data-parallel group (0: plain DDP; zero.h)
+    // Model parallelism (programs with dt_trainer_opts.model_parallel; mesh.h, pipe.h,
+    // tp.h): mesh sizes (0: pp and tp 1, dp the rest), micro-batches per pipeline step
+    // (0: pp) and the pipeline schedule ("gpipe" or "1f1b").
+    long        dp, pp, tp, micro_batches;
+    const char *schedule;
+    const char *precision; // "fp32", "bf16" or "fp16" (--precision)
 } dt_train_args;
 
 typedef struct dt_trainer dt_trainer;
@@ -138,6 +147,7 @@ typedef struct dt_trainer_opts {
     long           default_epochs;         // 0: 1
     bool           hide_accumulate;        // leave --accumulate and --clip-grad out
     double         train_flops_per_sample; // for STATS' gflops (0: the dt_model's, if any)
+    bool           model_parallel;         // offer --dp --pp --tp --micro-batches --schedule
 } dt_trainer_opts;
 
 DT_API dt_trainer_opts dt_trainer_opts_default(void);
@@ -199,9 +209,21 @@ DT_API dt_status dt_trainer_gather_for_metrics(dt_trainer *t, const void *src, s
                                                dt_dtype dtype, void **out, size_t *total);
 
 typedef enum dt_split {
-    DT_SPLIT_TRAIN, // shuffled with --seed, padded to equal shares, epoch-aware;
-                    // the loader dt_trainer_next drives and checkpoints save
-    DT_SPLIT_EVAL,  // in order, no padding: every sample once across ranks
+    DT_SPLIT_TRAIN,        // shuffled with --seed, padded to equal shares, epoch-aware;
+                           // the loader dt_trainer_next drives and checkpoints save
+    DT_SPLIT_EVAL,         // in order, no padding: every sample once across ranks
+    DT_SPLIT_TRAIN_UNEVEN, // shuffled like DT_SPLIT_TRAIN but not padded: every sample
+                           // exactly once per epoch, so ranks' shares (and batch counts)
+                           // may differ; the trainer then joins (DDP's join):
+                           // a rank whose data runs out shadows the others' steps (zero
+                           // gradient, the same reductions, optimizer steps and
+                           // checkpoints) until every rank's epoch is over, and each
+                           // step's gradient is the mean over the samples all ranks had
+                           // in it (with --accumulate too: samples, not micro-batches,
+                           // weigh equally): the model of one process with batch
+                           // world * B and this split. A dataset of a different size on
+                           // each rank is allowed. Gradients are reduced after backward
+                           // (no overlap with it).
 } dt_split;
 
 // A loader over this rank's share of ds (owned by the trainer; valid until fn returns).
@@ -239,6 +261,22 @@ DT_API dt_precision dt_trainer_precision(const dt_trainer *t);
 DT_API float        dt_trainer_loss_scale(const dt_trainer *t);
 // Optimizer steps skipped by the fp16 scaler so far.
 DT_API int64_t dt_trainer_skipped_steps(const dt_trainer *t);
+// DataParallel (dp.h): the program describes its model as a replica (`master`: the
+// object it trains, whose parameters are the ones given to dt_trainer_prepare) and how
+// to build more (ops->make) and to run forward and backward on a slice (ops->work; the
+// gradient of the slice's mean loss, added). Then dt_trainer_forward_backward, in place
+// of the loop's own forward, loss and backward, runs ops->work on the master for the
+// whole micro-batch (the default: bitwise the plain loop), or with --data-parallel N on
+// N replicas, threads of this process, each on its slice, their gradients summed into
+// the master's in replica order (with several processes, DDP then reduces the master's
+// over them). --data-parallel N > 1 needs a program that calls these two. Inside fn,
+// before the first batch.
+DT_API dt_status dt_trainer_set_replicas(dt_trainer *t, const dt_dp_ops *ops,
+                                         const dt_dp_replica *master);
+// The micro-batch's forward and backward (after dt_trainer_next); *loss its mean loss.
+DT_API dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *loss);
+DT_API int       dt_trainer_data_parallel(const dt_trainer *t); // replicas (1: none)
+
 DT_API int64_t dt_trainer_step_count(const dt_trainer *t);  // optimizer steps so far
 DT_API long    dt_trainer_epoch(const dt_trainer *t);       // of the current batch
 DT_API size_t  dt_trainer_num_batches(const dt_trainer *t); // per epoch, this rank

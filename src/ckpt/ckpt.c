@@ -404,20 +404,24 @@ static dt_status check_state(const dt_ckpt_state *st, bool saving) {
     return DT_OK;
 }
 
+// full: a sharded optimizer's gathered state (nfull floats), else NULL.
 static dt_status write_state_file(const char *cdir, const dt_ckpt_state *st, int world,
-                                  uint64_t *size, uint32_t *crc) {
+                                  const float *full, size_t nfull, uint64_t *size, uint32_t *crc) {
     char path[PATH_CAP];
     DT_TRY(dt_ckpt_join(path, cdir, CK_STATE_FILE));
     ck_section secs[CK_MODEL_SECTIONS + 2];
     int        n = CK_MODEL_SECTIONS;
     dt_ckpt_model_sections(secs, state_params(st));
     if (st->optim) {
-        size_t nf = 0;
-        float *sf = dt_optim_state(st->optim, &nf);
-        secs[n]   = (ck_section){.tag = CK_TAG_OPTM, .data = sf, .data_len = nf * sizeof(float)};
+        size_t       nf = 0, np;
+        const float *sf = dt_optim_state(st->optim, &nf);
+        dt_optim_sharded(st->optim, &np, NULL);
+        if (full)
+            sf = full, nf = nfull;
+        secs[n] = (ck_section){.tag = CK_TAG_OPTM, .data = sf, .data_len = nf * sizeof(float)};
         dt_ckpt_buf_str(&secs[n].head, dt_optim_name(st->optim));
         dt_ckpt_buf_u64(&secs[n].head, (uint64_t)dt_optim_step_count(st->optim));
-        dt_ckpt_buf_u64(&secs[n].head, dt_optim_num_params(st->optim));
+        dt_ckpt_buf_u64(&secs[n].head, np);
         dt_ckpt_buf_u64(&secs[n].head, nf);
         n++;
     }
@@ -596,10 +600,16 @@ dt_status dt_ckpt_save(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
         memcpy(wdir, cdir, sizeof wdir);
     uint64_t size = 0, ssize = 0;
     uint32_t crc = 0, scrc = 0;
+    // A sharded optimizer (ZeRO) is saved whole: every rank sends rank 0 its shard.
+    float *full  = NULL;
+    size_t nfull = 0;
+    if (!s && st->optim && dt_optim_sharded(st->optim, NULL, NULL))
+        s = dt_ckpt_gather_optim(pg, st->optim, &full, &nfull);
     if (!s)
         s = write_rank_file(wdir, st, rank, world, &size, &crc);
     if (!s && rank == 0)
-        s = write_state_file(wdir, st, world, &ssize, &scrc);
+        s = write_state_file(wdir, st, world, full, nfull, &ssize, &scrc);
+    dt_free(full);
     if ((s = agree(pg, s, (int64_t)size, (int64_t)crc, tab)))
         goto out;
 
@@ -690,13 +700,20 @@ dt_status dt_ckpt_read_marker(const char *cdir, int64_t step, char *path, uint8_
 }
 
 static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, int rank, int world,
-                       staged *g) {
+                       bool allow_reshard, staged *g) {
     char path[PATH_CAP], rname[32];
     DT_TRY(dt_ckpt_read_marker(cdir, step, path, &g->mbuf, &g->mf));
-    if (g->mf.world != (uint32_t)world)
+    bool reshard = g->mf.world != (uint32_t)world;
+    if (reshard && !allow_reshard)
         return dt_fail(DT_ERR_MISMATCH,
                        "%s: expected a checkpoint of world size %d (this job's), found world size "
-                       "%u",
+                       "%u (dt_ckpt_opts.reshard loads the shared state at another size)",
+                       path, world, g->mf.world);
+    if (reshard && (st->sampler || st->nrngs))
+        return dt_fail(DT_ERR_MISMATCH,
+                       "%s: expected a checkpoint of world size %d to restore a sampler and "
+                       "generators per rank, found world size %u (resharding loads the shared "
+                       "state only)",
                        path, world, g->mf.world);
 
     // Shared state: parameters, optimizer, key/values.
@@ -705,8 +722,10 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
     DT_TRY(dt_ckpt_check_params(&g->sf, state_params(st), &g->parm, &g->bufs));
     const ck_sec *s = dt_ckpt_find(&g->sf, CK_TAG_OPTM);
     if (st->optim) {
-        size_t nf = 0;
+        size_t nf = 0, np = dt_optim_num_params(st->optim), full_n;
         dt_optim_state(st->optim, &nf);
+        if (dt_optim_sharded(st->optim, &full_n, NULL)) // the whole state is saved
+            nf = np ? nf / np * full_n : 0, np = full_n;
         const char *want = dt_optim_name(st->optim);
         if (!s)
             return dt_fail(DT_ERR_MISMATCH,
@@ -719,18 +738,19 @@ static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, 
                            "%s: optimizer mismatch: expected %s state (the "
                            "program's optimizer), found %s state",
                            path, want, g->optm.name);
-        if (g->optm.nfloats != nf || g->optm.num_params != dt_optim_num_params(st->optim))
+        if (g->optm.nfloats != nf || g->optm.num_params != np)
             return dt_fail(DT_ERR_MISMATCH,
                            "%s: optimizer mismatch: expected %s state of %zu floats for %zu "
                            "parameters (the program's), found %llu floats for %llu",
-                           path, want, nf, dt_optim_num_params(st->optim),
-                           (unsigned long long)g->optm.nfloats,
+                           path, want, nf, np, (unsigned long long)g->optm.nfloats,
                            (unsigned long long)g->optm.num_params);
         g->has_optm = true;
     }
     DT_TRY(dt_ckpt_need(&g->sf, CK_TAG_KVAL, &s));
     DT_TRY(dt_ckpt_decode_kval(&g->sf, s, &g->kvs, &g->nkvs));
 
+    if (reshard)
+        return DT_OK; // this rank's sampler and generators belong to the saving world size
     // This rank's own state: sampler and generators.
     rank_file_name(rank, rname);
     DT_TRY(dt_ckpt_read_member(cdir, rname, CK_KIND_RANK, &g->mf, step, path, &g->rbuf, &g->rf));
@@ -779,7 +799,9 @@ static void apply(const staged *g, const dt_ckpt_state *st) {
     if (g->has_optm) {
         size_t nf;
         float *sf = dt_optim_state(st->optim, &nf);
-        if (nf)
+        if (dt_optim_sharded(st->optim, NULL, NULL))
+            dt_ckpt_scatter_optim(st->optim, g->optm.floats);
+        else if (nf)
             memcpy(sf, g->optm.floats, nf * sizeof(float));
         dt_optim_set_step_count(st->optim, g->optm.steps);
     }
@@ -828,13 +850,13 @@ dt_status dt_ckpt_load(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
         staged g = {0};
         s        = dt_ckpt_path(dir, cand, cdir, sizeof cdir);
         if (!s)
-            s = stage(cdir, cand, st, rank, world, &g);
+            s = stage(cdir, cand, st, rank, world, o.reshard, &g);
         s = agree(pg, s, 0, 0, tab);
         if (!s) {
             apply(&g, st);
             info->found       = true;
             info->step        = cand;
-            info->world       = world;
+            info->world       = (int)g.mf.world;
             info->has_sampler = g.has_smpl;
             info->epoch       = g.smpl.epoch;
             info->position    = (size_t)g.smpl.position;

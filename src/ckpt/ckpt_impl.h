@@ -179,4 +179,11 @@ void dt_ckpt_copy_params(dt_params *p, const ck_parm *parm, const ck_parm *bufs)
 // Every check dt_ckpt_verify_bytes makes, on a parsed file.
 dt_status dt_ckpt_check_file(const ck_file *f);
 
+// A sharded optimizer's whole state (shard.c): COLLECTIVE over pg; rank 0's *full (owned)
+// gets every block at the whole table's size (*nfull floats), NULL elsewhere.
+dt_status dt_ckpt_gather_optim(dt_pg *pg, dt_optim *o, float **full, size_t *nfull);
+// This rank's pieces of the whole state `full` (floats, unaligned) into the sharded
+// optimizer's state.
+void dt_ckpt_scatter_optim(dt_optim *o, const uint8_t *full);
+
 #endif // DTRAIN_CKPT_IMPL_H

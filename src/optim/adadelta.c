@@ -66,11 +66,11 @@ DT_CLONES static void adadelta_delta(float *restrict p, const float *restrict g,
     }
 }
 
-void dt_optim_step_adadelta(dt_optim *o, size_t off, size_t n, float lr, float wd) {
+void dt_optim_step_adadelta(dt_optim *o, size_t off, size_t poff, size_t n, float lr, float wd) {
     const dt_adadelta_opts *a  = &o->opts.adadelta;
     adadelta_consts         k  = {lr, a->rho, 1.0f - a->rho, a->eps, wd};
     float                  *sq = o->state + off, *acc = o->state + o->n + off;
-    float                  *p = o->params + off, *g = o->grads + off;
+    float                  *p = o->params + poff, *g = o->grads + poff;
     float                   s[2 * DT_OPTIM_BLOCK];
     for (size_t at = 0; at < n; at += DT_OPTIM_BLOCK) {
         size_t len = n - at < DT_OPTIM_BLOCK ? n - at : DT_OPTIM_BLOCK;

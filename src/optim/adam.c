@@ -75,7 +75,7 @@ DT_CLONES static void adam_apply(float *restrict p, const float *restrict m,
     apply_range(p, m, s, n16, n, k);
 }
 
-void dt_optim_step_adam(dt_optim *o, size_t off, size_t n, float lr, float wd) {
+void dt_optim_step_adam(dt_optim *o, size_t off, size_t poff, size_t n, float lr, float wd) {
     const dt_adam_opts *a   = &o->opts.adam;
     double              t   = (double)o->steps;
     double              bc1 = 1.0 - pow((double)a->beta1, t);
@@ -95,7 +95,7 @@ void dt_optim_step_adam(dt_optim *o, size_t off, size_t n, float lr, float wd) {
     unsigned flags = (unsigned)(k.wd != 0.0f) | (unsigned)a->amsgrad << 1;
     float   *m = o->state + off, *v = o->state + o->n + off;
     float   *vmax = a->amsgrad ? o->state + 2 * o->n + off : NULL;
-    float   *p = o->params + off, *g = o->grads + off;
+    float   *p = o->params + poff, *g = o->grads + poff;
     float    d[DT_OPTIM_BLOCK];
     for (size_t at = 0; at < n; at += DT_OPTIM_BLOCK) {
         size_t len = n - at < DT_OPTIM_BLOCK ? n - at : DT_OPTIM_BLOCK;

@@ -61,11 +61,13 @@ static void build_ranges(dt_optim *o) {
         int                  g  = o->tgroup[t];
         if (g < 0 || pi->count == 0)
             continue;
+        size_t       poff = o->flat_off ? o->flat_off[t] : pi->offset;
         optim_range *last = o->nranges ? &o->ranges[o->nranges - 1] : NULL;
-        if (last && last->group == g && last->off + last->n == pi->offset)
+        if (last && last->group == g && last->off + last->n == pi->offset &&
+            last->poff + last->n == poff)
             last->n += pi->count;
         else
-            o->ranges[o->nranges++] = (optim_range){pi->offset, pi->count, g};
+            o->ranges[o->nranges++] = (optim_range){pi->offset, poff, pi->count, g};
     }
 }
 
@@ -246,7 +248,68 @@ void dt_optim_free(dt_optim *o) {
     dt_free(o->state);
     dt_free(o->tgroup);
     dt_free(o->ranges);
+    dt_free(o->flat_off);
     dt_free(o);
+}
+
+dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
+                         const size_t *flat_off) {
+    const char *name = kind_names[o->kind];
+    if (o->flat_off)
+        return dt_fail(DT_ERR_STATE,
+                       "%s: expected an optimizer over a whole table, found one "
+                       "already sharded",
+                       name);
+    if (!shard || (dt_params_count(shard) && (!src_tensor || !flat_off)))
+        return dt_fail(DT_ERR_ARG, "%s: expected a shard table and its pieces, found NULL", name);
+    int    nt = dt_params_count(shard), full_nt = dt_params_count(o->p);
+    size_t ns = dt_params_numel(shard), nblocks = o->n ? o->nstate / o->n : 0;
+    for (int i = 0; i < nt; i++) {
+        const dt_param_info *pi  = dt_params_info(shard, i);
+        const dt_param_info *src = src_tensor[i] >= 0 && src_tensor[i] < full_nt
+                                       ? dt_params_info(o->p, src_tensor[i])
+                                       : NULL;
+        if (!src || flat_off[i] < src->offset || flat_off[i] + pi->count > src->offset + src->count)
+            return dt_fail(DT_ERR_ARG,
+                           "%s: shard tensor %s: expected a piece of a tensor of the optimizer's "
+                           "table, found tensor index %d at float %zu (+%zu)",
+                           name, pi->name, src_tensor[i], flat_off[i], pi->count);
+    }
+    float       *state  = nblocks && ns ? dt_alloc_zero(nblocks * ns * sizeof(float)) : NULL;
+    int         *tgroup = dt_alloc(sizeof(int) * (size_t)(nt ? nt : 1));
+    size_t      *off    = dt_alloc(sizeof(size_t) * (size_t)(nt ? nt : 1));
+    optim_range *ranges = dt_alloc(sizeof(optim_range) * (size_t)(nt ? nt : 1));
+    if ((nblocks && ns && !state) || !tgroup || !off || !ranges) {
+        dt_free(state), dt_free(tgroup), dt_free(off), dt_free(ranges);
+        return DT_ERR_NOMEM;
+    }
+    for (int i = 0; i < nt; i++) {
+        const dt_param_info *pi = dt_params_info(shard, i);
+        tgroup[i]               = pi->trainable ? o->tgroup[src_tensor[i]] : -1;
+        off[i]                  = flat_off[i];
+        for (size_t b = 0; b < nblocks; b++) // the state so far (a loaded checkpoint's)
+            memcpy(state + b * ns + pi->offset, o->state + b * o->n + flat_off[i],
+                   pi->count * sizeof(float));
+    }
+    dt_free(o->state), dt_free(o->tgroup), dt_free(o->ranges);
+    o->full_n   = o->n;
+    o->state    = state;
+    o->nstate   = nblocks * ns;
+    o->tgroup   = tgroup;
+    o->ranges   = ranges;
+    o->flat_off = off;
+    o->p        = shard; // o->params and o->grads stay the whole table's
+    o->n        = ns;
+    build_ranges(o);
+    return DT_OK;
+}
+
+bool dt_optim_sharded(const dt_optim *o, size_t *full_numel, const size_t **flat_off) {
+    if (full_numel)
+        *full_numel = o->flat_off ? o->full_n : o->n;
+    if (flat_off)
+        *flat_off = o->flat_off;
+    return o->flat_off != NULL;
 }
 
 void dt_optim_step(dt_optim *o) {
@@ -255,14 +318,15 @@ void dt_optim_step(dt_optim *o) {
     for (int i = 0; i < o->nranges; i++) {
         const optim_range *r = &o->ranges[i];
         const optim_group *g = &o->groups[r->group];
-        o->step(o, r->off, r->n, g->lr, g->weight_decay);
+        o->step(o, r->off, r->poff, r->n, g->lr, g->weight_decay);
     }
     DT_TRACE_END(tr, "optim", "optimizer step", NULL, 0);
 }
 
 void dt_optim_zero_grad(dt_optim *o) {
-    if (o->n)
-        memset(o->grads, 0, o->n * sizeof *o->grads);
+    size_t n = o->flat_off ? o->full_n : o->n;
+    if (n)
+        memset(o->grads, 0, n * sizeof *o->grads);
 }
 
 float dt_optim_lr(const dt_optim *o) {

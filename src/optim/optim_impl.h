@@ -19,9 +19,10 @@ typedef struct optim_group {
     float lr, weight_decay, initial_lr;
 } optim_group;
 
-// A run of consecutive tensors of one group: one call of the update rule.
+// A run of consecutive tensors of one group: one call of the update rule. off indexes
+// the state, poff the parameters and gradients (the same unless sharded).
 typedef struct optim_range {
-    size_t off, n;
+    size_t off, poff, n;
     int    group;
 } optim_range;
 
@@ -29,12 +30,13 @@ typedef struct optim_range {
 
 struct dt_optim {
     dt_optim_kind kind;
-    // The update rule over floats [off, off + n) with a group's lr and weight decay;
-    // the step count is already incremented.
-    void (*step)(dt_optim *o, size_t off, size_t n, float lr, float wd);
+    // The update rule over floats [off, off + n) of the state and [poff, poff + n) of
+    // the parameters and gradients with a group's lr and weight decay; the step count is
+    // already incremented.
+    void (*step)(dt_optim *o, size_t off, size_t poff, size_t n, float lr, float wd);
     dt_params   *p;      // borrowed
-    float       *params; // (n) dt_params_data(p)
-    float       *grads;  // (n) dt_params_grads(p)
+    float       *params; // (n) dt_params_data(p); sharded: the whole table's (full_n)
+    float       *grads;  // (n) dt_params_grads(p); sharded: the whole table's (full_n)
     size_t       n;
     float       *state; // (nstate) owned
     size_t       nstate;
@@ -45,6 +47,11 @@ struct dt_optim {
     int         *tgroup; // [tensors] the group of each tensor, -1 for frozen ones
     optim_range *ranges;
     int          nranges;
+    // Sharded (dt_optim_shard): p is the shard's table (a description without storage);
+    // tensor i of it lies at float flat_off[i] of the full table's buffers (full_n
+    // floats).
+    size_t *flat_off; // owned; NULL when not sharded
+    size_t  full_n;
     union {
         dt_sgd_opts      sgd;
         dt_adam_opts     adam;
@@ -68,8 +75,9 @@ dt_status dt_optim_alloc(dt_optim **out, dt_optim_kind kind, dt_params *p, size_
 // x[i] = sqrtf(x[i]) for i < n, with the widest vector instructions the CPU has.
 void dt_optim_sqrt(float *x, size_t n);
 
-void dt_optim_step_sgd(dt_optim *o, size_t off, size_t n, float lr, float wd);
-void dt_optim_step_adam(dt_optim *o, size_t off, size_t n, float lr, float wd); // and AdamW
-void dt_optim_step_adadelta(dt_optim *o, size_t off, size_t n, float lr, float wd);
+void dt_optim_step_sgd(dt_optim *o, size_t off, size_t poff, size_t n, float lr, float wd);
+void dt_optim_step_adam(dt_optim *o, size_t off, size_t poff, size_t n, float lr,
+                        float wd); // and AdamW
+void dt_optim_step_adadelta(dt_optim *o, size_t off, size_t poff, size_t n, float lr, float wd);
 
 #endif // DTRAIN_OPTIM_IMPL_H

@@ -53,11 +53,11 @@ DT_CLONES static void sgd_update(float *restrict p, const float *restrict g, flo
     }
 }
 
-void dt_optim_step_sgd(dt_optim *o, size_t off, size_t n, float lr, float wd) {
+void dt_optim_step_sgd(dt_optim *o, size_t off, size_t poff, size_t n, float lr, float wd) {
     const dt_sgd_opts *s     = &o->opts.sgd;
     sgd_consts         k     = {lr, wd, s->momentum, 1.0f - s->dampening};
     bool               mom   = s->momentum != 0.0f;
     unsigned           flags = (unsigned)(wd != 0.0f) | (unsigned)mom << 1 |
                      (unsigned)(mom && s->nesterov) << 2 | (unsigned)(mom && o->steps == 1) << 3;
-    sgd_update(o->params + off, o->grads + off, o->state ? o->state + off : NULL, n, k, flags);
+    sgd_update(o->params + poff, o->grads + poff, o->state ? o->state + off : NULL, n, k, flags);
 }

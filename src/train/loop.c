@@ -122,6 +122,11 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     }
     build_kvs(t);
     t->prec = dt_trainer_precision(t);
+    if (t->prec == DT_PREC_FP16 && a->zero > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--precision fp16 with --zero %ld: not supported yet (the loss "
+                       "scaler would check each rank's gradient shard)",
+                       a->zero);
     if (t->prec == DT_PREC_FP16) { // GradScaler, its inf check agreed over the group
         dt_grad_scaler_opts so = dt_grad_scaler_opts_default();
         if (t->pg)
@@ -154,7 +159,21 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         DT_TRY(st);
         fflush(stdout);
     }
-    if (t->pg) {
+    if (t->pg && a->zero > 0 && t->join)
+        return dt_fail(DT_ERR_ARG,
+                       "--zero %ld: expected even shards (uneven inputs reduce whole "
+                       "gradients after backward), found DT_SPLIT_TRAIN_UNEVEN",
+                       a->zero);
+    if (t->pg && a->zero > 0) {
+        dt_zero_opts zo = dt_zero_opts_default();
+        zo.stage        = (int)a->zero;
+        size_t full = 0, shard = 0;
+        dt_optim_state(opt, &full);
+        DT_TRY(dt_zero_new(&t->zero, p, t->pg, opt, &zo));
+        dt_optim_state(opt, &shard);
+        dt_trainer_print(t, "ZeRO-%d: optimizer state %.3f MiB per rank (%.3f MiB unsharded)\n",
+                         zo.stage, (double)shard * 4 / 1048576, (double)full * 4 / 1048576);
+    } else if (t->pg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
         o.tree_reduce = t->tree_reduce;
@@ -228,6 +247,22 @@ static dt_status end_epoch(dt_trainer *t, bool exhausted) {
     return DT_OK;
 }
 
+static void      scale_grads(dt_params *p, float s);
+static dt_status shadow_step(dt_trainer *t);
+
+// Uneven inputs: the window of micro-batch mb of the epoch, by the epoch's largest batch
+// count, so that every rank cuts the same windows.
+static void join_window(dt_trainer *t, long k) {
+    if (t->micro == 0) {
+        size_t left    = t->nb_all > t->mb ? t->nb_all - t->mb : 1;
+        t->window      = (int)(left < (size_t)k ? left : (size_t)k);
+        t->win_samples = 0;
+        dt_params_zero_grad(t->p);
+    }
+    t->sync = t->micro == t->window - 1;
+    t->mb++;
+}
+
 bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
     if (t->err || !t->ld || !t->prepared)
         return false;
@@ -248,24 +283,57 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
                 dt_model_set_rng(t->m, &t->er);
             dt_progress_begin_epoch(t->bar, t->epoch, t->nbatches);
             t->in_epoch = true;
+            if (t->join) {
+                // The epoch's largest batch count, which every rank runs, and after a
+                // resume the micro-batches done (the ranks with data left have done
+                // them all; a rank that had run out, fewer).
+                size_t  pos  = dt_sampler_position(t->smp);
+                int64_t v[2] = {(int64_t)t->nbatches, (int64_t)((pos + t->batch - 1) / t->batch)};
+                if (t->pg && (t->err = dt_pg_all_reduce(t->pg, v, v, 2, DT_INT64, DT_REDUCE_MAX)))
+                    return false;
+                t->nb_all = (size_t)v[0], t->mb = (size_t)v[1], t->exhausted = false;
+            }
         }
-        if (dt_loader_next(t->ld, b))
+        if (t->join) {
+            if (!t->exhausted && t->mb < t->nb_all && dt_loader_next(t->ld, b))
+                break;
+            t->exhausted = true;
+            if (t->mb < t->nb_all) { // out of data: shadow the others' micro-batch
+                if ((t->err = shadow_step(t)) != DT_OK)
+                    return false;
+                if (t->stop) {
+                    t->err = end_epoch(t, false);
+                    return false;
+                }
+                continue;
+            }
+        } else if (dt_loader_next(t->ld, b)) {
             break;
+        }
         if ((t->err = end_epoch(t, true)) != DT_OK)
             return false;
         t->epoch++;
     }
     long k = t->a.accumulate > 1 ? t->a.accumulate : 1;
-    if (t->micro == 0) {
+    if (t->join) {
+        join_window(t, k);
+        if (t->ddp) // reduced in dt_trainer_step, after the counts are known
+            dt_ddp_set_sync(t->ddp, false);
+        if (t->micro > 0) // the window's sum so far, over this batch's size (see the step)
+            scale_grads(t->p, 1.0f / (float)b->size);
+    } else if (t->micro == 0) {
         // A window of k micro-batches, cut short by the end of the epoch; checkpoints
         // fall on window ends, so a resume starts a window where it started.
         size_t left = t->nbatches > b->index ? t->nbatches - b->index : 1;
         t->window   = (int)(left < (size_t)k ? left : (size_t)k);
         dt_params_zero_grad(t->p);
     }
-    t->sync = t->micro == t->window - 1;
-    if (t->ddp && k > 1)
+    if (!t->join)
+        t->sync = t->micro == t->window - 1;
+    if (t->ddp && k > 1 && !t->join)
         dt_ddp_set_sync(t->ddp, t->sync);
+    if (t->zero && k > 1)
+        dt_zero_set_sync(t->zero, t->sync);
     if (t->m) {
         for (size_t i = 0; i < b->size; i++)
             t->keys[i] = b->indices[i];
@@ -285,13 +353,34 @@ static void scale_grads(dt_params *p, float s) {
 }
 
 dt_status dt_trainer_step(dt_trainer *t, float loss) {
+    if (t->a.data_parallel > 1 && !t->dp)
+        return dt_fail(DT_ERR_ARG,
+                       "--data-parallel %ld: expected a program that trains through "
+                       "dt_trainer_set_replicas and dt_trainer_forward_backward, found one "
+                       "that runs its own forward and backward",
+                       t->a.data_parallel);
     t->last_loss = loss;
     t->samples_seen += (int64_t)t->cur_size;
+    if (t->join && !t->shadow) { // the gradient as a sum over the window's samples
+        if (t->cur_size != 1)
+            scale_grads(t->p, (float)t->cur_size);
+        t->win_samples += (int64_t)t->cur_size;
+    }
     if (t->sync) {
         t->micro = 0;
-        if (t->ddp)
+        if (t->join) { // the mean over every rank's samples of the window
+            int64_t total = t->win_samples;
+            DT_TRY(dt_trainer_all_reduce(t, &total, 1, DT_INT64, DT_REDUCE_SUM));
+            DT_TRY(dt_trainer_all_reduce(t, dt_params_grads(t->p), dt_params_numel(t->p),
+                                         DT_FLOAT32, DT_REDUCE_SUM));
+            if (total > 0)
+                scale_grads(t->p, 1.0f / (float)total);
+        } else if (t->ddp) {
             DT_TRY(dt_ddp_sync(t->ddp));
-        if (t->window > 1) // the mean over the window's micro-batches, like one big batch
+        } else if (t->zero) { // this rank's shard of the averaged gradient
+            DT_TRY(dt_zero_sync(t->zero));
+        }
+        if (t->window > 1 && !t->join) // the mean over the window's micro-batches
             scale_grads(t->p, 1.0f / (float)t->window);
         // fp16: unscale, agree on inf/NaN over the ranks; a bad step is skipped by all
         bool skip = false;
@@ -301,19 +390,26 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
             DT_TRY(dt_grad_scaler_update(t->scaler));
             t->skipped += skip;
         }
-        if (t->a.clip_grad > 0 && !skip)
+        if (t->a.clip_grad > 0 && !skip && t->zero)
+            DT_TRY(dt_zero_clip_grad_norm(t->zero, (float)t->a.clip_grad, &t->grad_norm));
+        else if (t->a.clip_grad > 0 && !skip)
             DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
         if (t->sched && t->opt)
             DT_TRY(dt_sched_apply(t->sched, t->opt, t->step));
-        if (t->opt && !skip)
+        if (skip)
+            ; // the optimizer step is skipped on every rank
+        else if (t->zero)
+            DT_TRY(dt_zero_step(t->zero));
+        else if (t->opt)
             dt_optim_step(t->opt);
         t->step++;
     } else {
         t->micro++;
     }
     // Rank 0's bar or loss line, and the training curve (every --log-every batches).
-    dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)t->world, loss);
-    if (t->plot && t->cur_index % (size_t)t->a.log_every == 0)
+    if (!t->shadow)
+        dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)t->world, loss);
+    if (t->plot && !t->shadow && t->cur_index % (size_t)t->a.log_every == 0)
         DT_TRY(dt_plot_add(t->plot, DT_PLOT_TRAIN, (double)t->step, loss));
     if (!t->sync)
         return DT_OK;
@@ -322,6 +418,66 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
     DT_TRY(dt_train_preempt_agree(t->pg, &t->preempted));
     t->stop = t->preempted || (t->a.max_steps && t->step >= t->a.max_steps);
     return DT_OK;
+}
+
+// ------------------------------------------------------------------ DataParallel
+
+dt_status dt_trainer_set_replicas(dt_trainer *t, const dt_dp_ops *ops,
+                                  const dt_dp_replica *master) {
+    if (!ops || !ops->work || !master || (t->a.data_parallel > 1 && !ops->make))
+        return dt_fail(DT_ERR_ARG,
+                       "dt_trainer_set_replicas: expected a work function, a master replica%s, "
+                       "found %s",
+                       t->a.data_parallel > 1 ? " and a factory (--data-parallel)" : "",
+                       !ops || !ops->work ? "no work function"
+                       : !master          ? "no master"
+                                          : "no factory");
+    if (t->has_replicas)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_set_replicas: expected one call, found a second");
+    t->dp_ops = *ops, t->dp_master = *master, t->has_replicas = true;
+    return DT_OK;
+}
+
+int dt_trainer_data_parallel(const dt_trainer *t) {
+    return t->a.data_parallel > 1 ? (int)t->a.data_parallel : 1;
+}
+
+dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *loss) {
+    if (!t->has_replicas)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_trainer_forward_backward: expected dt_trainer_set_replicas first");
+    if (t->a.data_parallel <= 1) // the plain loop: the master on the whole micro-batch
+        return t->dp_ops.work(t->dp_ops.user, &t->dp_master, b, loss);
+    if (!t->p)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_trainer_forward_backward: expected dt_trainer_prepare first");
+    if (!t->dp) {
+        dt_dp_opts o      = dt_dp_opts_default();
+        int        n      = (int)t->a.data_parallel;
+        o.replica_threads = t->threads / n > 1 ? t->threads / n : 1;
+        DT_TRY(dt_dp_new(&t->dp, t->p, n, &t->dp_ops, &o));
+    }
+    dt_dp_set_rng(t->dp, &t->er); // the epoch's dropout stream, as the master's
+    DT_TRY(dt_dp_forward_backward(t->dp, b, loss));
+    // Replicas in each of several processes: the master's gradients are final now;
+    // DDP reduces them over the processes (last tensor first, as a backward reports).
+    for (int i = t->ddp ? dt_params_count(t->p) - 1 : -1; i >= 0; i--) {
+        const dt_param_info *pi = dt_params_info(t->p, i);
+        if (pi->trainable)
+            DT_TRY(dt_params_grad_ready(t->p, pi->offset, pi->count));
+    }
+    return DT_OK;
+}
+
+// A micro-batch of a rank whose data ran out (uneven inputs): no samples, the same
+// reductions, optimizer step, checkpoints and stop agreement as the others'.
+static dt_status shadow_step(dt_trainer *t) {
+    join_window(t, t->a.accumulate > 1 ? t->a.accumulate : 1);
+    t->cur_size  = 0;
+    t->shadow    = true;
+    dt_status st = dt_trainer_step(t, 0.0f);
+    t->shadow    = false;
+    return st;
 }
 
 void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user) {
@@ -425,6 +581,11 @@ dt_status dt_trainer_report(dt_trainer *t, double metric) {
     int64_t steps  = 0;
     if (t->ddp)
         dt_ddp_stats(t->ddp, &wait_s, &steps);
+    if (t->zero) { // the wait for gradients and for the parameters' all-gather
+        double gather_s = 0;
+        dt_zero_stats(t->zero, &wait_s, &gather_s, &steps);
+        wait_s += gather_s;
+    }
     double per = t->o.train_flops_per_sample;
     if (per <= 0 && t->m)
         per = dt_model_train_flops_per_sample(t->m);

@@ -5,6 +5,7 @@
 
 #include "dtrain/ckpt.h"
 #include "dtrain/train.h"
+#include "dtrain/zero.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -48,7 +49,7 @@ void dt_train_preempt_release(void);
 // The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
-#define MAX_COMMON   40
+#define MAX_COMMON   48
 #define MAX_KVS      26
 
 struct dt_trainer {
@@ -72,6 +73,7 @@ struct dt_trainer {
     dt_optim   *opt;
     dt_sched   *sched;
     dt_ddp     *ddp;
+    dt_zero    *zero; // instead of ddp with --zero 1 or 2
     dt_sampler *smp, *esmp[MAX_EVAL];
     dt_loader  *ld, *eld[MAX_EVAL];
     int         neval;
@@ -107,6 +109,19 @@ struct dt_trainer {
     size_t             cur_index;
     const dt_dataset  *eds[MAX_EVAL];
     size_t             ebatch[MAX_EVAL];
+    // DataParallel (--data-parallel N, dp.c): the program's replicas.
+    dt_dp        *dp;
+    dt_dp_ops     dp_ops;
+    dt_dp_replica dp_master;
+    bool          has_replicas;
+    // Uneven inputs (DT_SPLIT_TRAIN_UNEVEN, loop.c): every rank runs the
+    // epoch's largest batch count (nb_all); past its own data, a rank shadows the
+    // others' steps with no samples. Windows count micro-batches mb of the epoch, and
+    // the gradient of a window is the sum over its samples (win_samples here), reduced
+    // and divided by the window's samples over all ranks.
+    bool    join, shadow, exhausted;
+    size_t  nb_all, mb;
+    int64_t win_samples;
 };
 
 #endif

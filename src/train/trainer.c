@@ -20,6 +20,8 @@ const dt_train_args *dt_trainer_args(const dt_trainer *t) {
 
 // ------------------------------------------------------------------ the common table
 
+static const char MP[] = "model parallelism"; // the section of the model-parallel flags
+
 static void build_common(dt_trainer *t) {
     dt_train_args *a = &t->a;
     const unsigned S = DT_FLAG_SHARED;
@@ -60,6 +62,19 @@ static void build_common(dt_trainer *t) {
              "torch.autocast (docs/precision.md); fp16 adds dynamic loss\n"
              "scaling (default fp32)",
            T, S | DT_FLAG_CKPT_WARN, "fp32 bf16 fp16", "fp32, bf16 or fp16"},
+          {"data-parallel", DT_FLAG_LONG, &a->data_parallel, "1", 1, DT_DP_MAX_REPLICAS, "N",
+           "DataParallel: N replicas of the model on N threads of this one\n"
+             "process, each on a slice of every batch, gradients summed in\n"
+             "memory in a fixed order, one optimizer step (default 1: off).\n"
+             "--threads is shared among them. Instead of --num-processes on\n"
+             "one machine, or inside each process (DDP between them); when\n"
+             "threads win and when processes do: docs/trainer.md",
+           T, DT_FLAG_CKPT_WARN, 0, 0},
+          {"zero", DT_FLAG_LONG, &a->zero, "0", 0, 2, "S",
+           "ZeRO stage over the data-parallel ranks: 0 plain DDP (default),\n"
+             "1 optimizer state sharded (1/P per rank), 2 gradients\n"
+             "reduce-scattered during backward too (docs/zero.md)",
+           D, S | DT_FLAG_CKPT_WARN, 0, 0},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -139,12 +154,29 @@ static void build_common(dt_trainer *t) {
            "write the loss curves (training, and test after each epoch)\n"
              "as an SVG chart (rank 0)",
            O, 0, 0, 0},
+          // Model parallelism: only where the program says it can (model_parallel).
+          {"dp", DT_FLAG_LONG, &a->dp, NULL, 1, 65536, "N",
+           "data-parallel replicas (default: the world size / (pp x tp))", MP, S, 0, 0},
+          {"pp", DT_FLAG_LONG, &a->pp, NULL, 1, 1024, "N",
+           "pipeline stages on consecutive ranks (default 1)", MP, S, 0, 0},
+          {"tp", DT_FLAG_LONG, &a->tp, NULL, 1, 1024, "N",
+           "tensor-parallel ranks per stage (default 1; dp x pp x tp\n"
+             "must be the world size)",
+           MP, S, 0, 0},
+          {"micro-batches", DT_FLAG_LONG, &a->micro_batches, NULL, 1, 65536, "M",
+           "micro-batches per pipeline step (default: pp)", MP, S, 0, 0},
+          {"schedule", DT_FLAG_STRING, &a->schedule, "1f1b", 0, 0, "S",
+           "pipeline schedule: gpipe (all forwards, then all backwards)\n"
+             "or 1f1b (bounded activations; the default)",
+           MP, S, "gpipe 1f1b", "gpipe or 1f1b"},
           {0},
     };
     int n = 0;
     for (int i = 0; f[i].name; i++) {
         if (t->o.hide_accumulate &&
             (!strcmp(f[i].name, "accumulate") || !strcmp(f[i].name, "clip-grad")))
+            continue;
+        if (!t->o.model_parallel && f[i].section == MP)
             continue;
         t->common[n++] = f[i];
     }
@@ -310,7 +342,11 @@ static dt_status check_shared(dt_trainer *t) {
 static void release_worker(dt_trainer *t) {
     dt_grad_scaler_free(t->scaler);
     t->scaler = NULL;
+    dt_dp_free(t->dp);
+    t->dp = NULL, t->has_replicas = false;
     dt_ddp_free(t->ddp);
+    dt_zero_free(t->zero);
+    t->zero = NULL;
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
     if (t->m)
@@ -595,7 +631,7 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
             *out = t->eld[i];
             return DT_OK;
         }
-    if (split == DT_SPLIT_TRAIN && t->ld)
+    if (split != DT_SPLIT_EVAL && t->ld)
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected one training loader, found a "
                                      "second");
     if (split == DT_SPLIT_EVAL && t->neval >= MAX_EVAL)
@@ -607,6 +643,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
     so.seed            = (uint64_t)t->a.seed;
     if (split == DT_SPLIT_EVAL)
         so.shuffle = false, so.eval = true;
+    if (split == DT_SPLIT_TRAIN_UNEVEN) // no padding: every sample once, shares may differ
+        so.eval = true;
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = batch;
     dt_sampler *s     = NULL;
@@ -618,7 +656,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
         dt_sampler_free(s);
         return st;
     }
-    if (split == DT_SPLIT_TRAIN) {
+    if (split != DT_SPLIT_EVAL) {
+        t->join = split == DT_SPLIT_TRAIN_UNEVEN;
         t->smp = s, t->ld = l, t->batch = batch;
         t->nbatches = dt_loader_num_batches(l);
         if (!(t->keys = dt_alloc(sizeof *t->keys * batch)))

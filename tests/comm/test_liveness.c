@@ -18,6 +18,7 @@
 // `test_liveness --slow` or DT_TEST_SLOW=1 (make test-slow) runs the matrices instead: 2 and 4
 // ranks, shm and tcp, every victim position, and 10 link cuts; it prints the detection times.
 #include "../lib/mp.h"
+#include "../lib/netns.h"
 #include "comm/backend.h"
 
 #include <arpa/inet.h>
@@ -385,73 +386,11 @@ static void test_freeze_matrix(void) {
 
 // ------------------------------------------------------------------ network namespaces
 
-static char ns[2][64], veth[2][16];
-static bool ns_made;
-
-static int sh(const char *fmt, ...) DT_PRINTF(1, 2);
-static int sh(const char *fmt, ...) {
-    char    cmd[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void ns_teardown(void) {
-    if (!ns_made)
-        return;
-    for (int i = 0; i < 2; i++)
-        sh("ip netns del %s 2>/dev/null", ns[i]);
-    ns_made = false;
-}
-
-// Namespaces of earlier runs that died before cleaning up (their pid is gone).
-static void remove_stale_namespaces(void) {
-    DIR *d = opendir("/var/run/netns");
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int pid;
-        if (sscanf(e->d_name, "dtlive-%d-", &pid) == 1 && pid != (int)getpid() && kill(pid, 0) != 0)
-            sh("ip netns del %s 2>/dev/null", e->d_name);
-    }
-    closedir(d);
-}
-
-static bool ns_setup(char *why, size_t n) {
-    if (geteuid() != 0) {
-        snprintf(why, n, "not root (network namespaces need CAP_SYS_ADMIN)");
-        return false;
-    }
-    remove_stale_namespaces();
-    for (int i = 0; i < 2; i++) {
-        snprintf(ns[i], sizeof ns[i], "dtlive-%d-%c", (int)getpid(), 'a' + i);
-        snprintf(veth[i], sizeof veth[i], "dtl%d%c", (int)getpid() % 100000, 'a' + i);
-    }
-    if (sh("ip netns add %s 2>/dev/null", ns[0]) != 0) {
-        snprintf(why, n, "\"ip netns add\" failed (no iproute2, or no namespace support)");
-        return false;
-    }
-    ns_made = true;
-    if (sh("ip netns add %s", ns[1]) ||
-        sh("ip link add %s type veth peer name %s", veth[0], veth[1]) ||
-        sh("ip link set %s netns %s", veth[0], ns[0]) ||
-        sh("ip link set %s netns %s", veth[1], ns[1]) ||
-        sh("ip -n %s addr add 10.201.0.1/24 dev %s", ns[0], veth[0]) ||
-        sh("ip -n %s addr add 10.201.0.2/24 dev %s", ns[1], veth[1]))
-        return snprintf(why, n, "could not create the veth pair"), false;
-    for (int i = 0; i < 2; i++)
-        if (sh("ip -n %s link set lo up", ns[i]) || sh("ip -n %s link set %s up", ns[i], veth[i]))
-            return snprintf(why, n, "could not bring the links up"), false;
-    return true;
-}
+static netns_pair np;
 
 static bool ns_link_up(void) {
-    return sh("ip -n %s link set %s up", ns[0], veth[0]) == 0 &&
-           sh("ip -n %s link set %s up", ns[1], veth[1]) == 0;
+    return netns_sh("ip -n %s link set %s up", np.ns[0], np.veth[0]) == 0 &&
+           netns_sh("ip -n %s link set %s up", np.ns[1], np.veth[1]) == 0;
 }
 
 typedef struct cut_cfg {
@@ -464,7 +403,7 @@ static void cut_ranks(int rank, int world, void *arg) {
     const cut_cfg *cfg = arg;
     shared        *shd = mp_shared();
     char           path[128];
-    snprintf(path, sizeof path, "/var/run/netns/%s", ns[rank]);
+    snprintf(path, sizeof path, "/var/run/netns/%s", np.ns[rank]);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (!CHECK(fd >= 0 && setns(fd, CLONE_NEWNET) == 0))
         return;
@@ -488,7 +427,7 @@ static void cut_ranks(int rank, int world, void *arg) {
     for (int i = 0; st == DT_OK && i < 100000; i++) {
         if (rank == 0 && i == 5) {
             atomic_store(&shd->event_ns, dt_now_ns());
-            if (sh("ip -n %s link set %s down", ns[0], veth[0]) != 0)
+            if (netns_sh("ip -n %s link set %s down", np.ns[0], np.veth[0]) != 0)
                 CHECK(!"link cut");
         }
         st = dt_pg_all_reduce(pg, buf, buf, n, DT_FLOAT32, DT_REDUCE_AVG);
@@ -580,12 +519,12 @@ int main(int argc, char **argv) {
         RUN(test_settings_must_agree);
     }
     char why[200];
-    if (!ns_setup(why, sizeof why)) {
-        if (ns_made)
+    if (!netns_pair_setup(&np, "dtlive", "dtl", "10.201.0", why, sizeof why)) {
+        if (np.made)
             CHECK(!"veth pair set up");
         else
             printf("SKIP the link cut tests: %s\n", why);
-        ns_teardown();
+        netns_pair_teardown(&np);
         return check_summary();
     }
     if (slow_mode) {
@@ -594,6 +533,6 @@ int main(int argc, char **argv) {
         RUN(test_link_cut);
         RUN(test_link_cut_timeout_bounded);
     }
-    ns_teardown();
+    netns_pair_teardown(&np);
     return check_summary();
 }

@@ -10,79 +10,17 @@
 //
 // Needs root (ip netns). Without it, or when namespaces cannot be created, the test
 // prints why and skips (counting neither a pass nor a failure).
+#include "../lib/netns.h"
 #include "test_dtrun_lib.h"
 
 #include <sched.h>
 
-static char ns[2][64], veth[2][16];
-static bool ns_made;
-
-static int sh(const char *fmt, ...) {
-    char    cmd[4 * PATH_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void ns_teardown(void) {
-    for (int i = 0; i < 2; i++)
-        sh("ip netns del %s 2>/dev/null", ns[i]); // takes its end of the veth pair along
-}
-
-// Namespaces of earlier runs that died before cleaning up (their pid is gone).
-static void remove_stale_namespaces(void) {
-    DIR *d = opendir("/var/run/netns");
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int pid;
-        if (sscanf(e->d_name, "dtrun-test-%d-", &pid) == 1 && pid != (int)getpid() &&
-            kill(pid, 0) != 0)
-            sh("ip netns del %s 2>/dev/null", e->d_name);
-    }
-    closedir(d);
-}
-
-static bool ns_setup(char *why, size_t n) {
-    if (geteuid() != 0) {
-        snprintf(why, n, "not root (network namespaces need CAP_SYS_ADMIN)");
-        return false;
-    }
-    remove_stale_namespaces();
-    for (int i = 0; i < 2; i++) {
-        snprintf(ns[i], sizeof ns[i], "dtrun-test-%d-%c", (int)getpid(), 'a' + i);
-        snprintf(veth[i], sizeof veth[i], "dtv%d%c", (int)getpid() % 100000, 'a' + i);
-    }
-    if (sh("ip netns add %s 2>/dev/null", ns[0]) != 0) {
-        snprintf(why, n, "\"ip netns add\" failed (no iproute2, or no namespace support)");
-        return false;
-    }
-    ns_made = true;
-    if (sh("ip netns add %s", ns[1]) ||
-        sh("ip link add %s type veth peer name %s", veth[0], veth[1]) ||
-        sh("ip link set %s netns %s", veth[0], ns[0]) ||
-        sh("ip link set %s netns %s", veth[1], ns[1]) ||
-        sh("ip -n %s addr add 10.200.0.1/24 dev %s", ns[0], veth[0]) ||
-        sh("ip -n %s addr add 10.200.0.2/24 dev %s", ns[1], veth[1])) {
-        snprintf(why, n, "could not create the veth pair between the namespaces");
-        return false;
-    }
-    for (int i = 0; i < 2; i++)
-        if (sh("ip -n %s link set lo up", ns[i]) || sh("ip -n %s link set %s up", ns[i], veth[i])) {
-            snprintf(why, n, "could not bring the links up");
-            return false;
-        }
-    return true;
-}
+static netns_pair np;
 
 static long veth_tx_bytes(int i) {
     char cmd[256];
-    snprintf(cmd, sizeof cmd, "ip netns exec %s cat /sys/class/net/%s/statistics/tx_bytes", ns[i],
-             veth[i]);
+    snprintf(cmd, sizeof cmd, "ip netns exec %s cat /sys/class/net/%s/statistics/tx_bytes",
+             np.ns[i], np.veth[i]);
     FILE *p = popen(cmd, "r");
     long  v = -1;
     if (p) {
@@ -116,7 +54,7 @@ static void start_node(run *r, const char *dir, int i, const char *const *mnist_
     snprintf(r->out_path, sizeof r->out_path, "%s/%s.out", dir, tag);
     snprintf(r->err_path, sizeof r->err_path, "%s/%s.err", dir, tag);
     char nspath[128];
-    snprintf(nspath, sizeof nspath, "/var/run/netns/%s", ns[i]);
+    snprintf(nspath, sizeof nspath, "/var/run/netns/%s", np.ns[i]);
     fflush(NULL);
     r->start = mono_s();
     r->pid   = fork();
@@ -208,7 +146,7 @@ static void test_train_two_namespaces(void) {
         "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE %s --limit 2048 "
         "--batch-size 32 --no-test --backend tcp --threads 1 --num-processes 2 > %s/local.out 2>&1",
         mnist_path, dir);
-    CHECK_EQ(sh("%s", cmd), 0);
+    CHECK_EQ(netns_sh("%s", cmd), 0);
     char path[PATH_MAX + 16], crc_ns[16], crc_local[16];
     snprintf(path, sizeof path, "%s/local.out", dir);
     char *local = read_file(path);
@@ -250,7 +188,7 @@ static void test_link_cut(void) {
     }
     CHECK(going);
     double t_cut = mono_s();
-    CHECK_EQ(sh("ip -n %s link set %s down", ns[0], veth[0]), 0);
+    CHECK_EQ(netns_sh("ip -n %s link set %s down", np.ns[0], np.veth[0]), 0);
     run_wait(&n0, 60);
     run_wait(&n1, 60);
     CHECK(n0.rc != 0 && n0.rc != -1);
@@ -286,11 +224,11 @@ int main(int argc, char **argv) {
         return check_summary();
     }
     char why[200];
-    if (!ns_setup(why, sizeof why)) {
-        if (ns_made) { // namespaces exist, but the network between them could not be built
+    if (!netns_pair_setup(&np, "dtrun-test", "dtv", "10.200.0", why, sizeof why)) {
+        if (np.made) { // namespaces exist, but the network between them could not be built
             CHECK(!"veth pair set up");
             fprintf(stderr, "     %s\n", why);
-            ns_teardown();
+            netns_pair_teardown(&np);
         } else {
             printf("SKIP test_dtrun_netns: %s\n", why);
         }
@@ -299,7 +237,7 @@ int main(int argc, char **argv) {
     make_tmp_root("dtrun-netns-test");
     RUN(test_train_two_namespaces);
     RUN(test_link_cut);
-    ns_teardown();
+    netns_pair_teardown(&np);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();

@@ -24,20 +24,7 @@ static bool find_bin(void) {
 
 // Runs a shell command; returns its exit status and its output in *out (malloc'd).
 static int run(const char *cmd, char **out) {
-    FILE  *p   = popen(cmd, "r");
-    size_t cap = 1 << 16, len = 0;
-    *out = calloc(cap, 1);
-    if (!p)
-        return -1;
-    size_t k;
-    while ((k = fread(*out + len, 1, cap - len - 1, p)) > 0) {
-        len += k;
-        if (len + 1 >= cap)
-            *out = realloc(*out, cap *= 2);
-    }
-    (*out)[len] = '\0';
-    int st      = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return test_run(out, "%s", cmd);
 }
 
 static int count(const char *hay, const char *needle) {

@@ -12,58 +12,12 @@
 // - --master-port alone (or MASTER_PORT exported) on one machine: 127.0.0.1.
 //
 // Needs root (ip netns) for the first two; skips them otherwise, like test_dtrun_netns.
+#include "../lib/netns.h"
 #include "test_dtrun_lib.h"
 
 #include <sched.h>
 
-static char ns[2][64], veth[2][16];
-static bool ns_made;
-
-static int sh(const char *fmt, ...) {
-    char    cmd[3 * PATH_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void ns_teardown(void) {
-    for (int i = 0; i < 2; i++)
-        sh("ip netns del %s 2>/dev/null", ns[i]);
-}
-
-static bool ns_setup(char *why, size_t n) {
-    if (geteuid() != 0) {
-        snprintf(why, n, "not root (network namespaces need CAP_SYS_ADMIN)");
-        return false;
-    }
-    for (int i = 0; i < 2; i++) {
-        snprintf(ns[i], sizeof ns[i], "mnist-test-%d-%c", (int)getpid(), 'a' + i);
-        snprintf(veth[i], sizeof veth[i], "dmv%d%c", (int)getpid() % 100000, 'a' + i);
-    }
-    if (sh("ip netns add %s 2>/dev/null", ns[0]) != 0) {
-        snprintf(why, n, "\"ip netns add\" failed (no iproute2, or no namespace support)");
-        return false;
-    }
-    ns_made = true;
-    if (sh("ip netns add %s", ns[1]) ||
-        sh("ip link add %s type veth peer name %s", veth[0], veth[1]) ||
-        sh("ip link set %s netns %s", veth[0], ns[0]) ||
-        sh("ip link set %s netns %s", veth[1], ns[1]) ||
-        sh("ip -n %s addr add 10.201.0.1/24 dev %s", ns[0], veth[0]) ||
-        sh("ip -n %s addr add 10.201.0.2/24 dev %s", ns[1], veth[1])) {
-        snprintf(why, n, "could not create the veth pair between the namespaces");
-        return false;
-    }
-    for (int i = 0; i < 2; i++)
-        if (sh("ip -n %s link set lo up", ns[i]) || sh("ip -n %s link set %s up", ns[i], veth[i])) {
-            snprintf(why, n, "could not bring the links up");
-            return false;
-        }
-    return true;
-}
+static netns_pair np;
 
 // Machine i: the README's command line (plus a small run), inside namespace i.
 static void start_machine(run *r, const char *dir, int i, const char *token) {
@@ -87,7 +41,7 @@ static void start_machine(run *r, const char *dir, int i, const char *token) {
     snprintf(r->out_path, sizeof r->out_path, "%s/m%d.out", dir, i);
     snprintf(r->err_path, sizeof r->err_path, "%s/m%d.err", dir, i);
     char nspath[128];
-    snprintf(nspath, sizeof nspath, "/var/run/netns/%s", ns[i]);
+    snprintf(nspath, sizeof nspath, "/var/run/netns/%s", np.ns[i]);
     fflush(NULL);
     r->start = mono_s();
     r->pid   = fork();
@@ -177,7 +131,7 @@ static void test_master_port_alone(void) {
                  "2 %s --limit 256 --no-test --threads 1 >/dev/null 2>&1",
                  exported ? "MASTER_PORT=29512" : "-u MASTER_PORT", mnist_path,
                  exported ? "" : "--master-port 29513");
-        CHECK_EQ(sh("%s", cmd), 0);
+        CHECK_EQ(netns_sh("%s", cmd), 0);
     }
 }
 
@@ -188,11 +142,11 @@ int main(void) {
     }
     RUN(test_master_port_alone);
     char why[200];
-    if (!ns_setup(why, sizeof why)) {
-        if (ns_made) {
+    if (!netns_pair_setup(&np, "mnist-test", "dmv", "10.201.0", why, sizeof why)) {
+        if (np.made) {
             CHECK(!"veth pair set up");
             fprintf(stderr, "     %s\n", why);
-            ns_teardown();
+            netns_pair_teardown(&np);
         } else {
             printf("SKIP test_mnist_netns: %s\n", why);
         }
@@ -201,7 +155,7 @@ int main(void) {
     make_tmp_root("mnist-netns-test");
     RUN(test_readme_lines);
     RUN(test_token_mismatch);
-    ns_teardown();
+    netns_pair_teardown(&np);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();

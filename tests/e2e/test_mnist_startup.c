@@ -24,27 +24,6 @@
 
 static char bin[PATH_MAX + 64], dtrun[PATH_MAX + 64], tmp[128];
 
-// Runs a shell command; exit status, output in *out (malloc'd).
-static int run(char **out, const char *fmt, ...) DT_PRINTF(2, 3);
-static int run(char **out, const char *fmt, ...) {
-    char    cmd[4 * PATH_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    FILE  *p   = popen(cmd, "r");
-    size_t cap = 1 << 16, len = 0, k;
-    *out = calloc(cap, 1);
-    if (!p)
-        return -1;
-    while ((k = fread(*out + len, 1, cap - len - 1, p)) > 0)
-        if ((len += k) + 1 >= cap)
-            *out = realloc(*out, cap *= 2);
-    (*out)[len] = '\0';
-    int st      = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static int count(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = hay; (p = strstr(p, needle)); p++)
@@ -61,7 +40,8 @@ static void test_two_machines_print(void) {
     char *out;
     int   f0 = check_failed, port = mp_free_port();
     // Machine 1's output goes to a file; machine 0's to the pipe.
-    int rc = run(&out,
+    int rc =
+        test_run(&out,
                  "export DT_JOB_TOKEN=startup-test; "
                  "%s --num-machines 2 --num-processes 1 --machine-id 1 --master-addr 127.0.0.1 "
                  "--master-port %d --limit 256 --batch-size 32 >%s/m1.log 2>&1 & "
@@ -88,8 +68,9 @@ static void test_output_paths(void) {
     char *out, model[256];
     int   f0 = check_failed;
     // A missing folder: refused before the first step (no loss line with --log-every 1).
-    CHECK_EQ(run(&out, "%s --limit 64 --log-every 1 --no-test --save-model %s/no/such/m.dtck 2>&1",
-                 bin, tmp),
+    CHECK_EQ(test_run(&out,
+                      "%s --limit 64 --log-every 1 --no-test --save-model %s/no/such/m.dtck 2>&1",
+                      bin, tmp),
              1);
     CHECK(strstr(out, "--save-model ") && strstr(out, "/no/such/m.dtck: its directory ") &&
           strstr(out, "No such file or directory"));
@@ -97,7 +78,7 @@ static void test_output_paths(void) {
     show_on_failure(f0, out);
     free(out);
     // A folder given as the model file.
-    CHECK_EQ(run(&out, "%s --limit 64 --no-test --save-model %s 2>&1", bin, tmp), 1);
+    CHECK_EQ(test_run(&out, "%s --limit 64 --no-test --save-model %s 2>&1", bin, tmp), 1);
     CHECK(strstr(out, "expected a file path, found a directory") != NULL);
     free(out);
     // A checkpoint folder that cannot be created (its parent is a file), with an
@@ -109,10 +90,11 @@ static void test_output_paths(void) {
         fputs("precious", f);
         fclose(f);
     }
-    CHECK_EQ(run(&out,
+    CHECK_EQ(
+        test_run(&out,
                  "%s --limit 64 --log-every 1 --no-test --save-model %s --checkpoint-dir %s/x 2>&1",
                  bin, model, model),
-             1);
+        1);
     CHECK(strstr(out, "--checkpoint-dir ") && strstr(out, "/keep.dtck/x") &&
           strstr(out, "Not a directory"));
     CHECK(strstr(out, "training loss") == NULL);
@@ -127,9 +109,9 @@ static void test_output_paths(void) {
     CHECK(strcmp(buf, "precious") == 0);
     CHECK(stat(model, &st) == 0 && st.st_size == 8);
     // A missing checkpoint folder is created, parents included, before training.
-    CHECK_EQ(
-        run(&out, "%s --limit 64 --no-test --max-steps 1 --checkpoint-dir %s/a/b/c 2>&1", bin, tmp),
-        0);
+    CHECK_EQ(test_run(&out, "%s --limit 64 --no-test --max-steps 1 --checkpoint-dir %s/a/b/c 2>&1",
+                      bin, tmp),
+             0);
     free(out);
     char made[256];
     snprintf(made, sizeof made, "%s/a/b/c/step-000001", tmp);
@@ -139,7 +121,7 @@ static void test_output_paths(void) {
 static void test_process_bound(void) {
     char *out;
     int   f0 = check_failed;
-    CHECK_EQ(run(&out, "%s --limit 64 --no-test --num-processes 1000 2>&1", bin), 1);
+    CHECK_EQ(test_run(&out, "%s --limit 64 --no-test --num-processes 1000 2>&1", bin), 1);
     CHECK(strstr(out, "1000 local processes exceed the bound of") != NULL);
     CHECK(strstr(out, "DT_MAX_LOCAL_PROCS") != NULL);
     CHECK(strstr(out, "8244.4 MiB of /dev/shm") != NULL);
@@ -150,19 +132,19 @@ static void test_process_bound(void) {
 static void test_gloo(void) {
     char *out;
     int   f0 = check_failed;
-    CHECK_EQ(run(&out, "%s --help", bin), 0);
+    CHECK_EQ(test_run(&out, "%s --help", bin), 0);
     CHECK(strstr(out, "gloo (an alias of tcp") != NULL);
     CHECK(strstr(out, "75") != NULL);
     free(out);
-    CHECK_EQ(run(&out,
-                 "%s --limit 256 --batch-size 32 --no-test --stats --num-processes 2 "
-                 "--backend gloo 2>&1",
-                 bin),
+    CHECK_EQ(test_run(&out,
+                      "%s --limit 256 --batch-size 32 --no-test --stats --num-processes 2 "
+                      "--backend gloo 2>&1",
+                      bin),
              0);
     CHECK(strstr(out, "\"backend\": \"tcp\"") != NULL);
     show_on_failure(f0, out);
     free(out);
-    CHECK_EQ(run(&out, "%s --help", dtrun), 0);
+    CHECK_EQ(test_run(&out, "%s --help", dtrun), 0);
     CHECK(strstr(out, "--term-grace") != NULL);
     free(out);
 }
@@ -172,17 +154,17 @@ static void test_gloo(void) {
 static void test_help_env(void) {
     char *out;
     int   f0 = check_failed;
-    CHECK_EQ(run(&out, "DT_RING_LAG=3 %s --help-env", bin), 0);
+    CHECK_EQ(test_run(&out, "DT_RING_LAG=3 %s --help-env", bin), 0);
     CHECK(strstr(out, "DT_TIMEOUT_MS") && strstr(out, "default 1800000"));
     CHECK(strstr(out, "DT_LIVENESS_MS") && strstr(out, "DT_STORE_AUTH_MS"));
     CHECK(strstr(out, "DT_RING_LAG") && strstr(out, "[set: 3]"));
     CHECK(!strstr(out, "DT_TEST_")); // the test suite's own variables are not settings
     show_on_failure(f0, out);
     free(out);
-    CHECK_EQ(run(&out, "%s --help", bin), 0);
+    CHECK_EQ(test_run(&out, "%s --help", bin), 0);
     CHECK(strstr(out, "--help-env") != NULL);
     free(out);
-    CHECK_EQ(run(&out, "%s --help-env", dtrun), 0);
+    CHECK_EQ(test_run(&out, "%s --help-env", dtrun), 0);
     CHECK(strstr(out, "DT_MAX_LOCAL_PROCS") != NULL);
     free(out);
 }
@@ -201,14 +183,15 @@ static void test_flag_mismatch(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
         int   f0 = check_failed, port = mp_free_port();
-        int   rc = run(&out,
-                       "export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 DT_JOB_TOKEN=mm "
-                         "DT_TIMEOUT_MS=60000; "
-                         "RANK=1 LOCAL_RANK=1 %s --limit 256 --no-test %s >%s/r1.log 2>&1 & "
-                         "RANK=0 LOCAL_RANK=0 %s --limit 256 --no-test --batch-size 32 2>&1; "
-                         "r=$?; wait $!; r1=$?; echo \"==== rank 1 exit $r1\"; cat %s/r1.log; "
-                         "exit $r",
-                       port, bin, cases[i].flags1, tmp, bin, tmp);
+        int   rc =
+            test_run(&out,
+                     "export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 DT_JOB_TOKEN=mm "
+                     "DT_TIMEOUT_MS=60000; "
+                     "RANK=1 LOCAL_RANK=1 %s --limit 256 --no-test %s >%s/r1.log 2>&1 & "
+                     "RANK=0 LOCAL_RANK=0 %s --limit 256 --no-test --batch-size 32 2>&1; "
+                     "r=$?; wait $!; r1=$?; echo \"==== rank 1 exit $r1\"; cat %s/r1.log; "
+                     "exit $r",
+                     port, bin, cases[i].flags1, tmp, bin, tmp);
         CHECK_EQ(rc, 1);
         CHECK_EQ(count(out, "==== rank 1 exit 1"), 1);
         CHECK_EQ(count(out, cases[i].want), 2); // rank 0 and rank 1 say the same

@@ -9,7 +9,7 @@
 // whose blockwise softmax rescales partial sums a few more times than torch's one pass;
 // it needs no looser bound at these sizes, T = 70 over two 64-row blocks).
 // The fixtures' directory: DT_GOLDEN_DIR, else tests/golden/data beside this source.
-#include "../check.h"
+#include "fixture.h"
 #include "nn/ops.h"
 
 #include <stdint.h>
@@ -17,145 +17,6 @@
 #include <stdlib.h>
 
 #define TOL 1e-5
-
-// --------------------------------------------------------------- the fixture reader
-
-typedef struct gtensor {
-    char   name[32];
-    int    dtype; // 0 float32, 1 int32
-    int    ndim;
-    int    shape[8];
-    size_t count;
-    void  *data;
-} gtensor;
-
-typedef struct fixture {
-    char    name[64];
-    int     n;
-    gtensor t[24];
-} fixture;
-
-static uint32_t rd_u32(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void fixture_free(fixture *f) {
-    for (int i = 0; i < f->n; i++)
-        free(f->t[i].data);
-    f->n = 0;
-}
-
-// Reads <dir>/<name>.bin; false (with a failed check naming the problem) when absent or
-// malformed.
-static bool fixture_load(fixture *f, const char *name) {
-    memset(f, 0, sizeof *f);
-    snprintf(f->name, sizeof f->name, "%s", name);
-    const char *env = getenv("DT_GOLDEN_DIR");
-    char        dir[512], path[640];
-    if (env) {
-        snprintf(dir, sizeof dir, "%s", env);
-    } else { // the directory of this source file, then data/
-        snprintf(dir, sizeof dir, "%s", __FILE__);
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            snprintf(slash, sizeof dir - (size_t)(slash - dir), "/data");
-        else
-            snprintf(dir, sizeof dir, "data");
-    }
-    snprintf(path, sizeof path, "%s/%s.bin", dir, name);
-    FILE *fp = fopen(path, "rb");
-    if (!CHECK(fp != NULL)) {
-        fprintf(stderr, "     cannot open %s\n", path);
-        return false;
-    }
-    fseek(fp, 0, SEEK_END);
-    long size = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)size);
-    bool           ok  = buf && fread(buf, 1, (size_t)size, fp) == (size_t)size;
-    fclose(fp);
-    size_t pos = 12;
-    ok         = ok && size >= 12 && memcmp(buf, "DTGF", 4) == 0 && rd_u32(buf + 4) == 1;
-    int count  = ok ? (int)rd_u32(buf + 8) : 0;
-    ok         = ok && count <= 24;
-    for (int i = 0; ok && i < count; i++) {
-        gtensor *t  = &f->t[i];
-        ok          = pos + 4 <= (size_t)size;
-        uint32_t nl = ok ? rd_u32(buf + pos) : 0;
-        ok          = ok && nl < sizeof t->name && pos + 12 + nl <= (size_t)size;
-        if (!ok)
-            break;
-        memcpy(t->name, buf + pos + 4, nl);
-        pos += 4 + nl;
-        t->dtype = (int)rd_u32(buf + pos);
-        t->ndim  = (int)rd_u32(buf + pos + 4);
-        pos += 8;
-        ok       = t->dtype <= 1 && t->ndim <= 8 && pos + 4 * (size_t)t->ndim <= (size_t)size;
-        t->count = 1;
-        for (int d = 0; ok && d < t->ndim; d++) {
-            t->shape[d] = (int)rd_u32(buf + pos + 4 * (size_t)d);
-            t->count *= (size_t)t->shape[d];
-        }
-        pos += 4 * (size_t)t->ndim;
-        ok = ok && pos + 4 * t->count <= (size_t)size;
-        if (!ok)
-            break;
-        t->data = malloc(4 * t->count + 4);
-        for (size_t j = 0; j < t->count; j++) { // little-endian on disk, host order here
-            uint32_t v = rd_u32(buf + pos + 4 * j);
-            memcpy((char *)t->data + 4 * j, &v, 4);
-        }
-        pos += 4 * t->count;
-        f->n = i + 1;
-    }
-    free(buf);
-    if (!CHECK(ok && pos == (size_t)size)) {
-        fprintf(stderr, "     %s: malformed fixture (at byte %zu of %ld)\n", path, pos, size);
-        fixture_free(f);
-        return false;
-    }
-    return true;
-}
-
-static gtensor *get(fixture *f, const char *name) {
-    for (int i = 0; i < f->n; i++)
-        if (strcmp(f->t[i].name, name) == 0)
-            return &f->t[i];
-    fprintf(stderr, "     %s: no tensor \"%s\"\n", f->name, name);
-    abort(); // a fixture/test mismatch is a bug in the test
-}
-
-static float *fl(fixture *f, const char *name) {
-    return get(f, name)->data;
-}
-static int32_t *in32(fixture *f, const char *name) {
-    return get(f, name)->data;
-}
-static int cfg(fixture *f, int i) {
-    gtensor *t = get(f, "cfg");
-    DT_ASSERT((size_t)i < t->count);
-    return ((int32_t *)t->data)[i];
-}
-
-// max|got - want| <= tol * max|want|, reported with the tensor's name.
-static void expect(fixture *f, const char *name, const float *got, double tol) {
-    gtensor     *t      = get(f, name);
-    double       maxref = 0.0, maxerr = 0.0;
-    size_t       worst = 0;
-    const float *want  = t->data;
-    for (size_t i = 0; i < t->count; i++) {
-        double r = fabs(want[i]), e = fabs((double)got[i] - want[i]);
-        maxref = r > maxref ? r : maxref;
-        if (e > maxerr || isnan(got[i])) {
-            maxerr = isnan(got[i]) ? INFINITY : e;
-            worst  = i;
-        }
-    }
-    double bound = tol * (maxref > 0 ? maxref : 1.0);
-    if (!check_report(maxerr <= bound, name, __FILE__, __LINE__))
-        fprintf(stderr, "     %s/%s: max error %.3g > %.3g (element %zu: %.9g, torch %.9g)\n",
-                f->name, name, maxerr, bound, worst, (double)got[worst], (double)want[worst]);
-}
 
 static float *zeros(size_t n) {
     return calloc(n ? n : 1, sizeof(float));
@@ -165,35 +26,36 @@ static float *zeros(size_t n) {
 
 static void conv_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    dt_nn_conv2d p = {.cin    = cfg(&f, 0),
-                      .cout   = cfg(&f, 1),
-                      .kh     = cfg(&f, 2),
-                      .kw     = cfg(&f, 3),
-                      .sh     = cfg(&f, 4),
-                      .sw     = cfg(&f, 5),
-                      .ph     = cfg(&f, 6),
-                      .pw     = cfg(&f, 7),
-                      .groups = cfg(&f, 8),
-                      .bias   = cfg(&f, 9)};
-    int          n = cfg(&f, 10), h = cfg(&f, 11), w = cfg(&f, 12), ho, wo;
+    dt_nn_conv2d p = {.cin    = fx_cfg(&f, 0),
+                      .cout   = fx_cfg(&f, 1),
+                      .kh     = fx_cfg(&f, 2),
+                      .kw     = fx_cfg(&f, 3),
+                      .sh     = fx_cfg(&f, 4),
+                      .sw     = fx_cfg(&f, 5),
+                      .ph     = fx_cfg(&f, 6),
+                      .pw     = fx_cfg(&f, 7),
+                      .groups = fx_cfg(&f, 8),
+                      .bias   = fx_cfg(&f, 9)};
+    int          n = fx_cfg(&f, 10), h = fx_cfg(&f, 11), w = fx_cfg(&f, 12), ho, wo;
     CHECK_OK(dt_nn_conv2d_check(&p, h, w, &ho, &wo));
-    CHECK_EQ(get(&f, "y")->count, (size_t)n * p.cout * ho * wo);
-    CHECK_EQ(get(&f, "w")->count, dt_nn_conv2d_weight_count(&p));
+    CHECK_EQ(fx_get(&f, "y")->count, (size_t)n * p.cout * ho * wo);
+    CHECK_EQ(fx_get(&f, "w")->count, dt_nn_conv2d_weight_count(&p));
     float       *scratch = zeros(dt_nn_conv2d_scratch(&p, h, w));
-    float       *y = zeros(get(&f, "y")->count), *dx = zeros(get(&f, "dx")->count);
-    float       *dw = zeros(get(&f, "dw")->count), *db = zeros((size_t)p.cout);
-    const float *b = p.bias ? fl(&f, "b") : NULL;
-    dt_nn_conv2d_forward(&p, n, h, w, fl(&f, "x"), fl(&f, "w"), b, y, scratch);
-    expect(&f, "y", y, TOL);
-    dt_nn_conv2d_backward(&p, n, h, w, fl(&f, "x"), fl(&f, "w"), fl(&f, "dy"), dx, dw, db, scratch);
-    expect(&f, "dx", dx, TOL);
-    expect(&f, "dw", dw, TOL);
+    float       *y = zeros(fx_get(&f, "y")->count), *dx = zeros(fx_get(&f, "dx")->count);
+    float       *dw = zeros(fx_get(&f, "dw")->count), *db = zeros((size_t)p.cout);
+    const float *b = p.bias ? fx_f32(&f, "b") : NULL;
+    dt_nn_conv2d_forward(&p, n, h, w, fx_f32(&f, "x"), fx_f32(&f, "w"), b, y, scratch);
+    fx_expect(&f, "y", y, TOL);
+    dt_nn_conv2d_backward(&p, n, h, w, fx_f32(&f, "x"), fx_f32(&f, "w"), fx_f32(&f, "dy"), dx, dw,
+                          db, scratch);
+    fx_expect(&f, "dx", dx, TOL);
+    fx_expect(&f, "dw", dw, TOL);
     if (p.bias)
-        expect(&f, "db", db, TOL);
+        fx_expect(&f, "db", db, TOL);
     free(scratch), free(y), free(dx), free(dw), free(db);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 // Every case on both paths: im2col + OpenBLAS, and (stride 1 without groups) the
@@ -227,23 +89,23 @@ static void test_conv2d(void) {
 
 static void linear_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    int          n = cfg(&f, 0), in = cfg(&f, 1), out = cfg(&f, 2);
-    bool         bias = cfg(&f, 3);
+    int          n = fx_cfg(&f, 0), in = fx_cfg(&f, 1), out = fx_cfg(&f, 2);
+    bool         bias = fx_cfg(&f, 3);
     float       *y = zeros((size_t)n * out), *dx = zeros((size_t)n * in);
     float       *dw = zeros((size_t)out * in), *db = zeros((size_t)out);
-    const float *b = bias ? fl(&f, "b") : NULL;
-    dt_nn_linear_forward(n, in, out, fl(&f, "x"), fl(&f, "w"), b, y);
-    expect(&f, "y", y, TOL);
-    dt_nn_linear_backward(n, in, out, fl(&f, "x"), fl(&f, "w"), fl(&f, "dy"), dx, dw,
+    const float *b = bias ? fx_f32(&f, "b") : NULL;
+    dt_nn_linear_forward(n, in, out, fx_f32(&f, "x"), fx_f32(&f, "w"), b, y);
+    fx_expect(&f, "y", y, TOL);
+    dt_nn_linear_backward(n, in, out, fx_f32(&f, "x"), fx_f32(&f, "w"), fx_f32(&f, "dy"), dx, dw,
                           bias ? db : NULL);
-    expect(&f, "dx", dx, TOL);
-    expect(&f, "dw", dw, TOL);
+    fx_expect(&f, "dx", dx, TOL);
+    fx_expect(&f, "dw", dw, TOL);
     if (bias)
-        expect(&f, "db", db, TOL);
+        fx_expect(&f, "db", db, TOL);
     free(y), free(dx), free(dw), free(db);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void test_linear(void) {
@@ -254,41 +116,42 @@ static void test_linear(void) {
 
 static void bn_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    int      n = cfg(&f, 0), c = cfg(&f, 1), l = cfg(&f, 2);
-    bool     training = cfg(&f, 3);
+    int      n = fx_cfg(&f, 0), c = fx_cfg(&f, 1), l = fx_cfg(&f, 2);
+    bool     training = fx_cfg(&f, 3);
     dt_nn_bn p        = dt_nn_bn_default(c);
     size_t   total    = (size_t)n * c * l;
     float   *rm = zeros((size_t)c), *rv = zeros((size_t)c), *mean = zeros((size_t)c);
     float   *invstd = zeros((size_t)c), *y = zeros(total), *dx = zeros(total);
     float   *dg = zeros((size_t)c), *dbt = zeros((size_t)c), *scratch = zeros(2 * (size_t)c);
-    memcpy(rm, fl(&f, "running_mean0"), sizeof(float) * (size_t)c);
-    memcpy(rv, fl(&f, "running_var0"), sizeof(float) * (size_t)c);
-    dt_nn_bn_forward(&p, n, l, training, fl(&f, "x"), fl(&f, "gamma"), fl(&f, "beta"), rm, rv, mean,
-                     invstd, y);
-    expect(&f, "y", y, TOL);
-    expect(&f, "running_mean", rm, TOL);
-    expect(&f, "running_var", rv, TOL);
-    dt_nn_bn_backward(&p, n, l, training, fl(&f, "x"), fl(&f, "dy"), mean, invstd, fl(&f, "gamma"),
-                      dx, dg, dbt, scratch);
-    expect(&f, "dx", dx, TOL);
-    expect(&f, "dgamma", dg, TOL);
-    expect(&f, "dbeta", dbt, TOL);
+    memcpy(rm, fx_f32(&f, "running_mean0"), sizeof(float) * (size_t)c);
+    memcpy(rv, fx_f32(&f, "running_var0"), sizeof(float) * (size_t)c);
+    dt_nn_bn_forward(&p, n, l, training, fx_f32(&f, "x"), fx_f32(&f, "gamma"), fx_f32(&f, "beta"),
+                     rm, rv, mean, invstd, y);
+    fx_expect(&f, "y", y, TOL);
+    fx_expect(&f, "running_mean", rm, TOL);
+    fx_expect(&f, "running_var", rv, TOL);
+    dt_nn_bn_backward(&p, n, l, training, fx_f32(&f, "x"), fx_f32(&f, "dy"), mean, invstd,
+                      fx_f32(&f, "gamma"), dx, dg, dbt, scratch);
+    fx_expect(&f, "dx", dx, TOL);
+    fx_expect(&f, "dgamma", dg, TOL);
+    fx_expect(&f, "dbeta", dbt, TOL);
     if (training) { // the split path (as SyncBatchNorm calls it) gives the same
         float *s = zeros((size_t)c), *q = zeros((size_t)c), *y2 = zeros(total);
-        memcpy(rm, fl(&f, "running_mean0"), sizeof(float) * (size_t)c);
-        memcpy(rv, fl(&f, "running_var0"), sizeof(float) * (size_t)c);
-        dt_nn_bn_stats(n, c, l, fl(&f, "x"), s, q);
+        memcpy(rm, fx_f32(&f, "running_mean0"), sizeof(float) * (size_t)c);
+        memcpy(rv, fx_f32(&f, "running_var0"), sizeof(float) * (size_t)c);
+        dt_nn_bn_stats(n, c, l, fx_f32(&f, "x"), s, q);
         dt_nn_bn_moments(&p, (double)n * l, s, q, mean, invstd, rm, rv);
-        dt_nn_bn_apply(n, c, l, fl(&f, "x"), mean, invstd, fl(&f, "gamma"), fl(&f, "beta"), y2);
-        expect(&f, "y", y2, TOL);
-        expect(&f, "running_var", rv, TOL);
+        dt_nn_bn_apply(n, c, l, fx_f32(&f, "x"), mean, invstd, fx_f32(&f, "gamma"),
+                       fx_f32(&f, "beta"), y2);
+        fx_expect(&f, "y", y2, TOL);
+        fx_expect(&f, "running_var", rv, TOL);
         free(s), free(q), free(y2);
     }
     free(rm), free(rv), free(mean), free(invstd), free(y), free(dx), free(dg), free(dbt);
     free(scratch);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void test_batchnorm(void) {
@@ -300,22 +163,22 @@ static void test_batchnorm(void) {
 
 static void layernorm_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    int    rows = cfg(&f, 0), d = cfg(&f, 1);
+    int    rows = fx_cfg(&f, 0), d = fx_cfg(&f, 1);
     size_t total = (size_t)rows * d;
     float *y = zeros(total), *dx = zeros(total), *mean = zeros((size_t)rows);
     float *rstd = zeros((size_t)rows), *dg = zeros((size_t)d), *dbt = zeros((size_t)d);
-    dt_nn_layernorm_forward(rows, d, 1e-5f, fl(&f, "x"), fl(&f, "gamma"), fl(&f, "beta"), y, mean,
-                            rstd);
-    expect(&f, "y", y, TOL);
-    dt_nn_layernorm_backward(rows, d, fl(&f, "x"), fl(&f, "gamma"), mean, rstd, fl(&f, "dy"), dx,
-                             dg, dbt);
-    expect(&f, "dx", dx, TOL);
-    expect(&f, "dgamma", dg, TOL);
-    expect(&f, "dbeta", dbt, TOL);
+    dt_nn_layernorm_forward(rows, d, 1e-5f, fx_f32(&f, "x"), fx_f32(&f, "gamma"),
+                            fx_f32(&f, "beta"), y, mean, rstd);
+    fx_expect(&f, "y", y, TOL);
+    dt_nn_layernorm_backward(rows, d, fx_f32(&f, "x"), fx_f32(&f, "gamma"), mean, rstd,
+                             fx_f32(&f, "dy"), dx, dg, dbt);
+    fx_expect(&f, "dx", dx, TOL);
+    fx_expect(&f, "dgamma", dg, TOL);
+    fx_expect(&f, "dbeta", dbt, TOL);
     free(y), free(dx), free(mean), free(rstd), free(dg), free(dbt);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void test_layernorm(void) {
@@ -325,28 +188,29 @@ static void test_layernorm(void) {
 
 static void test_embedding(void) {
     fixture f;
-    if (!fixture_load(&f, "embedding"))
+    if (!fx_load(&f, "embedding"))
         return;
-    int    num = cfg(&f, 0), d = cfg(&f, 1), count = cfg(&f, 2);
+    int    num = fx_cfg(&f, 0), d = fx_cfg(&f, 1), count = fx_cfg(&f, 2);
     float *y = zeros((size_t)count * d), *dw = zeros((size_t)num * d);
-    CHECK_OK(dt_nn_embedding_forward(count, num, d, in32(&f, "idx"), fl(&f, "w"), y));
-    expect(&f, "y", y, TOL);
-    dt_nn_embedding_backward(count, d, in32(&f, "idx"), fl(&f, "dy"), dw);
-    expect(&f, "dw", dw, TOL);
+    CHECK_OK(dt_nn_embedding_forward(count, num, d, fx_i32(&f, "idx"), fx_f32(&f, "w"), y));
+    fx_expect(&f, "y", y, TOL);
+    dt_nn_embedding_backward(count, d, fx_i32(&f, "idx"), fx_f32(&f, "dy"), dw);
+    fx_expect(&f, "dw", dw, TOL);
     int32_t bad[2] = {0, num};
-    CHECK_ERR(dt_nn_embedding_forward(2, num, d, bad, fl(&f, "w"), y), DT_ERR_ARG, "position 1");
+    CHECK_ERR(dt_nn_embedding_forward(2, num, d, bad, fx_f32(&f, "w"), y), DT_ERR_ARG,
+              "position 1");
     free(y), free(dw);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 typedef enum { ACT_GELU, ACT_GELU_TANH, ACT_TANH, ACT_SIGMOID, ACT_SILU } act_kind;
 
 static void act_case(const char *name, act_kind kind) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    size_t       n = (size_t)cfg(&f, 0);
-    const float *x = fl(&f, "x"), *dy = fl(&f, "dy");
+    size_t       n = (size_t)fx_cfg(&f, 0);
+    const float *x = fx_f32(&f, "x"), *dy = fx_f32(&f, "dy");
     float       *y = zeros(n), *dx = zeros(n);
     switch (kind) {
     case ACT_GELU:
@@ -367,10 +231,10 @@ static void act_case(const char *name, act_kind kind) {
         dt_nn_silu_backward(n, x, dy, dx);
         break;
     }
-    expect(&f, "y", y, TOL);
-    expect(&f, "dx", dx, TOL);
+    fx_expect(&f, "y", y, TOL);
+    fx_expect(&f, "dx", dx, TOL);
     free(y), free(dx);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void test_activations(void) {
@@ -383,48 +247,49 @@ static void test_activations(void) {
 
 static void test_softmax(void) {
     fixture f;
-    if (!fixture_load(&f, "softmax"))
+    if (!fx_load(&f, "softmax"))
         return;
-    int    rows = cfg(&f, 0), d = cfg(&f, 1);
+    int    rows = fx_cfg(&f, 0), d = fx_cfg(&f, 1);
     float *y = zeros((size_t)rows * d), *dx = zeros((size_t)rows * d);
-    dt_nn_softmax_forward(rows, d, fl(&f, "x"), y);
-    expect(&f, "y", y, TOL);
-    dt_nn_softmax_backward(rows, d, y, fl(&f, "dy"), dx);
-    expect(&f, "dx", dx, TOL);
+    dt_nn_softmax_forward(rows, d, fx_f32(&f, "x"), y);
+    fx_expect(&f, "y", y, TOL);
+    dt_nn_softmax_backward(rows, d, y, fx_f32(&f, "dy"), dx);
+    fx_expect(&f, "dx", dx, TOL);
     free(y), free(dx);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void avgpool_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    dt_nn_avgpool2d p = {cfg(&f, 0), cfg(&f, 1), cfg(&f, 2), cfg(&f, 3), cfg(&f, 4), cfg(&f, 5)};
-    int             n = cfg(&f, 6), c = cfg(&f, 7), h = cfg(&f, 8), w = cfg(&f, 9), ho, wo;
+    dt_nn_avgpool2d p = {fx_cfg(&f, 0), fx_cfg(&f, 1), fx_cfg(&f, 2),
+                         fx_cfg(&f, 3), fx_cfg(&f, 4), fx_cfg(&f, 5)};
+    int n = fx_cfg(&f, 6), c = fx_cfg(&f, 7), h = fx_cfg(&f, 8), w = fx_cfg(&f, 9), ho, wo;
     CHECK_OK(dt_nn_avgpool2d_check(&p, h, w, &ho, &wo));
-    CHECK_EQ(get(&f, "y")->count, (size_t)n * c * ho * wo);
+    CHECK_EQ(fx_get(&f, "y")->count, (size_t)n * c * ho * wo);
     float *y = zeros((size_t)n * c * ho * wo), *dx = zeros((size_t)n * c * h * w);
-    dt_nn_avgpool2d_forward(&p, n, c, h, w, fl(&f, "x"), y);
-    expect(&f, "y", y, TOL);
-    dt_nn_avgpool2d_backward(&p, n, c, h, w, fl(&f, "dy"), dx);
-    expect(&f, "dx", dx, TOL);
+    dt_nn_avgpool2d_forward(&p, n, c, h, w, fx_f32(&f, "x"), y);
+    fx_expect(&f, "y", y, TOL);
+    dt_nn_avgpool2d_backward(&p, n, c, h, w, fx_f32(&f, "dy"), dx);
+    fx_expect(&f, "dx", dx, TOL);
     free(y), free(dx);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void adaptive_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    int    n = cfg(&f, 0), c = cfg(&f, 1), h = cfg(&f, 2), w = cfg(&f, 3);
-    int    ho = cfg(&f, 4), wo = cfg(&f, 5);
+    int    n = fx_cfg(&f, 0), c = fx_cfg(&f, 1), h = fx_cfg(&f, 2), w = fx_cfg(&f, 3);
+    int    ho = fx_cfg(&f, 4), wo = fx_cfg(&f, 5);
     float *y = zeros((size_t)n * c * ho * wo), *dx = zeros((size_t)n * c * h * w);
-    dt_nn_adaptive_avgpool2d_forward(n, c, h, w, ho, wo, fl(&f, "x"), y);
-    expect(&f, "y", y, TOL);
-    dt_nn_adaptive_avgpool2d_backward(n, c, h, w, ho, wo, fl(&f, "dy"), dx);
-    expect(&f, "dx", dx, TOL);
+    dt_nn_adaptive_avgpool2d_forward(n, c, h, w, ho, wo, fx_f32(&f, "x"), y);
+    fx_expect(&f, "y", y, TOL);
+    dt_nn_adaptive_avgpool2d_backward(n, c, h, w, ho, wo, fx_f32(&f, "dy"), dx);
+    fx_expect(&f, "dx", dx, TOL);
     free(y), free(dx);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void test_pooling(void) {
@@ -439,20 +304,20 @@ static void test_pooling(void) {
 
 static void attn_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    int          B = cfg(&f, 0), T = cfg(&f, 1), C = cfg(&f, 2), H = cfg(&f, 3);
-    const float *qkv = fl(&f, "qkv");
+    int          B = fx_cfg(&f, 0), T = fx_cfg(&f, 1), C = fx_cfg(&f, 2), H = fx_cfg(&f, 3);
+    const float *qkv = fx_f32(&f, "qkv");
     float       *y = zeros((size_t)B * T * C), *lse = zeros((size_t)B * H * T);
     float       *dqkv    = zeros((size_t)B * T * 3 * C);
     float       *scratch = zeros(dt_nn_attn_scratch(C / H));
     dt_nn_attn_forward(B, T, C, H, 3 * C, qkv, qkv + C, qkv + 2 * C, y, lse, scratch);
-    expect(&f, "y", y, TOL);
-    dt_nn_attn_backward(B, T, C, H, 3 * C, qkv, qkv + C, qkv + 2 * C, y, lse, fl(&f, "dy"), dqkv,
-                        dqkv + C, dqkv + 2 * C, scratch);
-    expect(&f, "dqkv", dqkv, TOL);
+    fx_expect(&f, "y", y, TOL);
+    dt_nn_attn_backward(B, T, C, H, 3 * C, qkv, qkv + C, qkv + 2 * C, y, lse, fx_f32(&f, "dy"),
+                        dqkv, dqkv + C, dqkv + 2 * C, scratch);
+    fx_expect(&f, "dqkv", dqkv, TOL);
     free(y), free(lse), free(dqkv), free(scratch);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void test_attention(void) {
@@ -465,29 +330,30 @@ typedef float (*pointwise_loss)(size_t, const float *, const float *, float *);
 
 static void loss_case(const char *name, pointwise_loss fn) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    size_t n    = (size_t)cfg(&f, 0);
+    size_t n    = (size_t)fx_cfg(&f, 0);
     float *dx   = zeros(n);
-    float  loss = fn(n, fl(&f, "x"), fl(&f, "t"), dx);
-    expect(&f, "loss", &loss, TOL);
-    expect(&f, "dx", dx, TOL);
+    float  loss = fn(n, fx_f32(&f, "x"), fx_f32(&f, "t"), dx);
+    fx_expect(&f, "loss", &loss, TOL);
+    fx_expect(&f, "dx", dx, TOL);
     free(dx);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void ce_case(const char *name) {
     fixture f;
-    if (!fixture_load(&f, name))
+    if (!fx_load(&f, name))
         return;
-    int    n = cfg(&f, 0), k = cfg(&f, 1), ignore = cfg(&f, 2);
-    float  ls = fl(&f, "ls")[0], loss = 0.0f;
+    int    n = fx_cfg(&f, 0), k = fx_cfg(&f, 1), ignore = fx_cfg(&f, 2);
+    float  ls = fx_f32(&f, "ls")[0], loss = 0.0f;
     float *dx = zeros((size_t)n * k);
-    CHECK_OK(dt_nn_cross_entropy(n, k, fl(&f, "x"), in32(&f, "target"), ignore, ls, &loss, dx));
-    expect(&f, "loss", &loss, TOL);
-    expect(&f, "dx", dx, TOL);
+    CHECK_OK(
+        dt_nn_cross_entropy(n, k, fx_f32(&f, "x"), fx_i32(&f, "target"), ignore, ls, &loss, dx));
+    fx_expect(&f, "loss", &loss, TOL);
+    fx_expect(&f, "dx", dx, TOL);
     free(dx);
-    fixture_free(&f);
+    fx_free(&f);
 }
 
 static void test_losses(void) {

@@ -1,0 +1,131 @@
+// linear_tp.c: the column- and row-parallel Linear shards of layer.h (Megatron-LM's
+// ColumnParallelLinear and RowParallelLinear). The products are dt_nn_linear_*'s on the
+// shard; the sums across shards go through the caller's reducer, so src/nn stays free
+// of process groups (as SyncBatchNorm's statistics do).
+#include "nn/layers_impl.h"
+
+#include <math.h>
+
+typedef struct tp_cfg {
+    int       in, out; // the unsplit layer's
+    int       mode, parts, part, groups;
+    bool      bias;
+    dt_sum_fn reduce;
+    void     *user;
+} tp_cfg;
+
+// Local sizes: column: in x out/parts; row: in/parts x out.
+static int loc_in(const tp_cfg *p) {
+    return p->mode == DT_TP_ROW ? p->in / p->parts : p->in;
+}
+static int loc_out(const tp_cfg *p) {
+    return p->mode == DT_TP_COLUMN ? p->out / p->parts : p->out;
+}
+
+static dt_status tp_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    const tp_cfg *p = l->config;
+    DT_TRY(lay_expect("linear_tp", nin, in, 1, 1, DT_SHAPE_MAX_DIMS));
+    char b[64];
+    if (in[0].d[in[0].ndim - 1] != loc_in(p))
+        return dt_fail(DT_ERR_ARG,
+                       "linear_tp (%s shard %d of %d): expected %d input features, found %s",
+                       p->mode == DT_TP_ROW ? "row" : "column", p->part, p->parts, loc_in(p),
+                       dt_shape_str(&in[0], b, sizeof b));
+    s->out                   = in[0];
+    s->out.d[in[0].ndim - 1] = loc_out(p);
+    lay_tensor(&s->params[0], "weight", 0, 2, loc_out(p), loc_in(p), 0, 0);
+    s->nparams = 1;
+    if (p->bias)
+        lay_tensor(&s->params[s->nparams++], "bias", DT_PARAM_NO_DECAY, 1, loc_out(p), 0, 0, 0);
+    // A batch-wide part of the saved state keeps the layer whole on the calling thread
+    // (graph.h): its sums are collectives, one per call.
+    s->saved_fixed      = 1;
+    s->flops_per_sample = 2.0 * (double)dt_shape_numel(&in[0]) * loc_out(p);
+    return DT_OK;
+}
+
+// Draws the unsplit weight (out, in) and bias in dt_nn_linear_init's order and keeps
+// this shard's elements.
+static void tp_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    (void)buf;
+    const tp_cfg *p     = l->config;
+    float         bound = 1.0f / sqrtf((float)p->in);
+    int           blk = p->out / p->groups, lo = blk / p->parts; // column: rows per block
+    size_t        k = 0;
+    for (int o = 0; o < p->out; o++)
+        for (int i = 0; i < p->in; i++) {
+            float v    = dt_rng_uniform_range(rng, -bound, bound);
+            bool  keep = p->mode == DT_TP_ROW ? i / (p->in / p->parts) == p->part
+                                              : (o % blk) / lo == p->part;
+            if (keep)
+                w[0][k++] = v;
+        }
+    if (!p->bias)
+        return;
+    for (int o = 0, j = 0; o < p->out; o++) {
+        float v = dt_rng_uniform_range(rng, -bound, bound);
+        if (p->mode == DT_TP_ROW || (o % blk) / lo == p->part)
+            w[1][j++] = v;
+    }
+}
+
+static int rows_of(const dt_layer_args *a, int last) {
+    return (int)((size_t)a->batch * dt_shape_numel(&a->in[0]) / (size_t)last);
+}
+
+static dt_status tp_forward(const dt_layer *l, const dt_layer_args *a) {
+    const tp_cfg *p = l->config;
+    int           n = rows_of(a, loc_in(p));
+    if (p->mode == DT_TP_COLUMN) {
+        dt_nn_linear_forward(n, loc_in(p), loc_out(p), a->x[0], a->w[0], p->bias ? a->w[1] : NULL,
+                             a->y);
+        return DT_OK;
+    }
+    // Row: the partial products, summed over the shards, then the (replicated) bias.
+    dt_nn_linear_forward(n, loc_in(p), p->out, a->x[0], a->w[0], NULL, a->y);
+    if (p->parts > 1)
+        DT_TRY(p->reduce(p->user, a->y, (size_t)n * (size_t)p->out));
+    if (p->bias)
+        for (int r = 0; r < n; r++)
+            for (int o = 0; o < p->out; o++)
+                a->y[(size_t)r * p->out + o] += a->w[1][o];
+    return DT_OK;
+}
+
+static dt_status tp_backward(const dt_layer *l, const dt_layer_args *a) {
+    const tp_cfg *p = l->config;
+    int           n = rows_of(a, loc_in(p));
+    dt_nn_linear_backward(n, loc_in(p), loc_out(p), a->x[0], a->w[0], a->dy, a->dx[0], a->dw[0],
+                          p->bias ? a->dw[1] : NULL);
+    // Column: every shard's dx is a partial sum of the whole input's gradient.
+    if (p->mode == DT_TP_COLUMN && p->parts > 1 && a->dx[0])
+        DT_TRY(p->reduce(p->user, a->dx[0], (size_t)n * (size_t)p->in));
+    return DT_OK;
+}
+
+static const dt_layer_ops tp_ops = {"linear_tp", tp_setup, tp_init, tp_forward, tp_backward, NULL};
+
+dt_linear_tp_opts dt_linear_tp_opts_default(void) {
+    return (dt_linear_tp_opts){.bias = true, .groups = 1};
+}
+
+dt_status dt_layer_linear_tp_new(dt_layer **out, int in, int out_features, dt_tp_mode mode,
+                                 int parts, int part, const dt_linear_tp_opts *opts) {
+    dt_linear_tp_opts o = opts ? *opts : dt_linear_tp_opts_default();
+    if (o.groups == 0)
+        o.groups = 1;
+    int split = mode == DT_TP_ROW ? in : out_features / (o.groups > 0 ? o.groups : 1);
+    if (in < 1 || out_features < 1 || parts < 1 || part < 0 || part >= parts || o.groups < 1 ||
+        (mode != DT_TP_COLUMN && mode != DT_TP_ROW) || (mode == DT_TP_ROW && o.groups != 1) ||
+        out_features % o.groups != 0 || split % parts != 0)
+        return dt_fail(DT_ERR_ARG,
+                       "linear_tp: expected positive sizes, 0 <= part %d < parts %d, and the %s "
+                       "features (%d, in %d groups) divisible by the parts; found in %d out %d",
+                       part, parts, mode == DT_TP_ROW ? "input" : "output",
+                       mode == DT_TP_ROW ? in : out_features, o.groups, in, out_features);
+    if (parts > 1 && !o.reduce)
+        return dt_fail(DT_ERR_ARG, "linear_tp: %d shards need a reducer (tp.h fills it in)", parts);
+    tp_cfg p = {in,       out_features, (int)mode, parts,        part,
+                o.groups, o.bias,       o.reduce,  o.reduce_user};
+    return lay_new(out, &tp_ops, &p, sizeof p);
+}

@@ -1,0 +1,500 @@
+// zero.c: ZeRO stages 1 and 2 over the parameter contract (see zero.h for the contract
+// and the shard layout).
+#include "dtrain/zero.h"
+#include "dtrain/trace.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct zbucket {
+    size_t   offset, count; // floats of the whole buffers
+    size_t   q;             // floor(count / world): each rank's chunk
+    size_t   soff;          // this rank's chunk in the shard, then the remainder
+    int      first, ntensors;
+    int      ntrain, pending; // stage 2: trainable tensors not yet ready
+    dt_work *rs, *ar;         // the reduce-scatter and the remainder's all-reduce in flight
+    bool     started;
+} zbucket;
+
+struct dt_zero {
+    dt_params   *p, *shard;
+    dt_pg       *pg;
+    dt_optim    *opt;
+    dt_zero_opts o;
+    int          world, rank;
+    int          ntensors, nbuckets;
+    zbucket     *b;
+    int         *tensor_bucket; // [ntensors], -1 for frozen tensors outside every bucket
+    bool        *ready;         // [ntensors]
+    int          next_launch;
+    bool         sync, hooked;
+    dt_status    err;
+    char         errmsg[512];
+    size_t       ns;
+    int          npieces;
+    int         *piece_src;     // [npieces] source tensor of each shard tensor
+    size_t      *piece_flat;    // [npieces] its float offset in the whole buffers
+    bool        *piece_primary; // [npieces] counted in the norm (remainders: last rank only)
+    double       wait_s, gather_s;
+    int64_t      steps;
+};
+
+dt_zero_opts dt_zero_opts_default(void) {
+    return (dt_zero_opts){.stage = 2, .broadcast_params = true};
+}
+
+// ------------------------------------------------------------------------ layout
+
+// DDP's buckets (PyTorch's compute_bucket_assignment_by_size): trainable tensors in
+// definition order, a bucket closes at the limit (the first at first_bucket_bytes),
+// reversed at the end so bucket 0 holds the tensors backward finishes first.
+static dt_status form_buckets(dt_zero *z) {
+    size_t   cap   = z->o.bucket_cap_bytes ? z->o.bucket_cap_bytes : (size_t)25 << 20;
+    size_t   first = z->o.first_bucket_bytes ? z->o.first_bucket_bytes
+                     : z->o.bucket_cap_bytes ? cap
+                                             : (size_t)1 << 20;
+    int      n     = z->ntensors;
+    zbucket *tmp   = dt_alloc_zero(sizeof(zbucket) * (size_t)(n ? n : 1));
+    z->b           = dt_alloc_zero(sizeof(zbucket) * (size_t)(n ? n : 1));
+    if (!tmp || !z->b) {
+        dt_free(tmp);
+        return DT_ERR_NOMEM;
+    }
+    int last = -1;
+    for (int t = 0; t < n; t++)
+        if (dt_params_info(z->p, t)->trainable)
+            last = t;
+    int    nb = 0, start = -1, ntrain = 0;
+    size_t bytes = 0, limit = first;
+    for (int t = 0; t <= last; t++) {
+        const dt_param_info *pi = dt_params_info(z->p, t);
+        if (!pi->trainable)
+            continue;
+        if (start < 0)
+            start = t;
+        ntrain++;
+        bytes += pi->count * sizeof(float);
+        if (bytes >= limit || t == last) {
+            const dt_param_info *p0 = dt_params_info(z->p, start);
+            tmp[nb++]               = (zbucket){.offset   = p0->offset,
+                                                .count    = pi->offset + pi->count - p0->offset,
+                                                .first    = start,
+                                                .ntensors = t - start + 1,
+                                                .ntrain   = ntrain};
+            start = -1, ntrain = 0, bytes = 0, limit = cap;
+        }
+    }
+    z->nbuckets = nb;
+    for (int t = 0; t < n; t++)
+        z->tensor_bucket[t] = -1;
+    size_t soff = 0;
+    for (int i = 0; i < nb; i++) {
+        zbucket *bk = &z->b[i];
+        *bk         = tmp[nb - 1 - i];
+        bk->q       = bk->count / (size_t)z->world;
+        bk->soff    = soff;
+        soff += bk->q + (bk->count - bk->q * (size_t)z->world);
+        for (int t = bk->first; t < bk->first + bk->ntensors; t++)
+            z->tensor_bucket[t] = dt_params_info(z->p, t)->trainable ? i : -1;
+    }
+    z->ns = soff;
+    dt_free(tmp);
+    return DT_OK;
+}
+
+// Adds the pieces of tensors that floats [lo, hi) of the whole buffers hold to the shard
+// table (or only counts them when add is false).
+static dt_status add_pieces(dt_zero *z, size_t lo, size_t hi, bool primary, bool add) {
+    for (int t = 0; t < z->ntensors && lo < hi; t++) {
+        const dt_param_info *pi = dt_params_info(z->p, t);
+        size_t               a  = pi->offset > lo ? pi->offset : lo;
+        size_t               e  = pi->offset + pi->count < hi ? pi->offset + pi->count : hi;
+        if (a >= e)
+            continue;
+        int k = z->npieces++;
+        if (!add)
+            continue;
+        // A tensor cut into two pieces of one shard (a chunk and the remainder) needs a
+        // second, unique name.
+        char name[DT_PARAM_NAME_MAX + 1];
+        snprintf(name, sizeof name, "%s", pi->name);
+        if (dt_params_find(z->shard, name) >= 0)
+            snprintf(name, sizeof name, "%.56s#%d", pi->name, k);
+        int64_t shape[1] = {(int64_t)(e - a)};
+        DT_TRY(dt_params_add(z->shard, name, 1, shape, pi->flags));
+        z->piece_src[k]     = t;
+        z->piece_flat[k]    = a;
+        z->piece_primary[k] = primary;
+    }
+    return DT_OK;
+}
+
+// The shard table: per bucket, this rank's chunk, then the remainder (primary on the
+// last rank, where it continues the chunk).
+static dt_status build_shard(dt_zero *z, bool add) {
+    z->npieces = 0;
+    for (int i = 0; i < z->nbuckets; i++) {
+        const zbucket *bk = &z->b[i];
+        size_t c0 = bk->offset + (size_t)z->rank * bk->q, r0 = bk->offset + bk->q * z->world;
+        DT_TRY(add_pieces(z, c0, c0 + bk->q, true, add));
+        DT_TRY(add_pieces(z, r0, bk->offset + bk->count, z->rank == z->world - 1, add));
+    }
+    return DT_OK;
+}
+
+// Every rank must describe the same table: numel, tensors and a checksum of names,
+// shapes and trainability.
+static dt_status check_tables(dt_zero *z) {
+    uint32_t crc = 0;
+    for (int t = 0; t < z->ntensors; t++) {
+        const dt_param_info *pi = dt_params_info(z->p, t);
+        crc                     = dt_crc32c(crc, pi->name, strlen(pi->name));
+        crc                     = dt_crc32c(crc, pi->shape, sizeof pi->shape);
+        crc                     = dt_crc32c(crc, &pi->trainable, sizeof pi->trainable);
+    }
+    int64_t  mine[4] = {(int64_t)dt_params_numel(z->p), z->ntensors,
+                        (int64_t)dt_params_buffer_numel(z->p), crc};
+    int64_t *all     = dt_alloc(sizeof(int64_t) * 4 * (size_t)z->world);
+    if (!all)
+        return DT_ERR_NOMEM;
+    dt_status s = dt_pg_all_gather(z->pg, mine, all, 4, DT_INT64);
+    for (int r = 0; s == DT_OK && r < z->world; r++)
+        if (memcmp(all + 4 * r, mine, sizeof mine) != 0)
+            s = dt_fail(DT_ERR_MISMATCH,
+                        "zero: expected the same parameter table on every rank, found %lld floats "
+                        "in %lld tensors (%lld buffer floats, names and shapes CRC32C %08llx) on "
+                        "rank %d and %lld in %lld (%lld, %08llx) on rank %d",
+                        (long long)mine[0], (long long)mine[1], (long long)mine[2],
+                        (unsigned long long)mine[3], z->rank, (long long)all[4 * r],
+                        (long long)all[4 * r + 1], (long long)all[4 * r + 2],
+                        (unsigned long long)all[4 * r + 3], r);
+    dt_free(all);
+    return s;
+}
+
+// ------------------------------------------------------------- gradient reduction
+
+static void record_error(dt_zero *z, dt_status s) {
+    if (z->err == DT_OK) {
+        z->err = s;
+        snprintf(z->errmsg, sizeof z->errmsg, "%s", dt_last_error());
+    }
+}
+
+static dt_status start_bucket(dt_zero *z, int i) {
+    zbucket *bk = &z->b[i];
+    float   *g  = dt_params_grads(z->p) + bk->offset;
+    size_t   r0 = bk->q * (size_t)z->world, rem = bk->count - r0;
+    bk->started = true;
+    DT_TRACE_BEGIN(tr);
+    dt_status s = DT_OK;
+    if (bk->q)
+        s = dt_pg_reduce_scatter_async(z->pg, g, g + (size_t)z->rank * bk->q, bk->q, DT_FLOAT32,
+                                       DT_REDUCE_AVG, &bk->rs);
+    if (s == DT_OK && rem)
+        s = dt_pg_all_reduce_async(z->pg, g + r0, g + r0, rem, DT_FLOAT32, DT_REDUCE_AVG, &bk->ar);
+    DT_TRACE_END(tr, "zero", "bucket start", "bucket", i);
+    return s == DT_OK ? DT_OK : dt_fail_context("zero: bucket %d", i);
+}
+
+static void launch_ready(dt_zero *z) {
+    while (z->next_launch < z->nbuckets && z->b[z->next_launch].pending == 0) {
+        dt_status s = start_bucket(z, z->next_launch);
+        if (s != DT_OK)
+            record_error(z, s);
+        z->next_launch++;
+    }
+}
+
+static dt_status mark(dt_zero *z, size_t offset, size_t count) {
+    size_t end = offset + count;
+    for (int t = 0; t < z->ntensors; t++) {
+        const dt_param_info *pi = dt_params_info(z->p, t);
+        if (pi->offset >= end || pi->offset + pi->count <= offset || !pi->trainable)
+            continue;
+        if (pi->offset < offset || pi->offset + pi->count > end)
+            return dt_fail(DT_ERR_ARG,
+                           "zero: range [%zu, %zu) cuts parameter %s [%zu, %zu); expected whole "
+                           "tensors",
+                           offset, end, pi->name, pi->offset, pi->offset + pi->count);
+        if (z->ready[t])
+            return dt_fail(DT_ERR_STATE,
+                           "zero: parameter %s was marked ready twice in one step: call "
+                           "dt_zero_sync after each backward, or turn sync off to accumulate",
+                           pi->name);
+    }
+    for (int t = 0; t < z->ntensors; t++) {
+        const dt_param_info *pi = dt_params_info(z->p, t);
+        if (pi->trainable && pi->offset >= offset && pi->offset + pi->count <= end) {
+            z->ready[t] = true;
+            z->b[z->tensor_bucket[t]].pending--;
+        }
+    }
+    launch_ready(z);
+    return DT_OK;
+}
+
+static void on_grad_ready(void *user, size_t offset, size_t count) {
+    dt_zero *z = user;
+    if (!z->sync)
+        return;
+    dt_status s = mark(z, offset, count);
+    if (s != DT_OK)
+        record_error(z, s);
+}
+
+static void reset_step(dt_zero *z) {
+    for (int i = 0; i < z->nbuckets; i++) {
+        z->b[i].pending = z->b[i].ntrain;
+        z->b[i].started = false;
+        z->b[i].rs = z->b[i].ar = NULL;
+    }
+    memset(z->ready, 0, sizeof(bool) * (size_t)(z->ntensors ? z->ntensors : 1));
+    z->next_launch = 0;
+}
+
+// Waits for and frees a bucket's operations; copies the remainder into the shard.
+static dt_status finish_bucket(dt_zero *z, int i) {
+    zbucket  *bk = &z->b[i];
+    dt_status s  = DT_OK;
+    if (bk->rs) {
+        s = dt_work_wait(bk->rs);
+        dt_work_free(bk->rs);
+        bk->rs = NULL;
+    }
+    if (bk->ar) {
+        dt_status s2 = dt_work_wait(bk->ar);
+        dt_work_free(bk->ar);
+        bk->ar = NULL;
+        if (s == DT_OK)
+            s = s2;
+    }
+    if (s != DT_OK)
+        return dt_fail_context("zero: bucket %d", i);
+    return DT_OK;
+}
+
+dt_status dt_zero_sync(dt_zero *z) {
+    if (!z->sync)
+        return DT_OK;
+    double    t0 = dt_now();
+    dt_status s  = z->err;
+    if (s == DT_OK && z->o.stage == 2)
+        for (int t = 0; t < z->ntensors; t++)
+            if (dt_params_info(z->p, t)->trainable && !z->ready[t]) {
+                s = dt_fail(DT_ERR_STATE,
+                            "zero: parameter %s received no gradient in this backward (every "
+                            "trainable tensor must be reported with dt_params_grad_ready)",
+                            dt_params_info(z->p, t)->name);
+                break;
+            }
+    if (s != DT_OK && z->err != DT_OK)
+        dt_fail(s, "%s", z->errmsg);
+    for (int i = 0; s == DT_OK && i < z->nbuckets; i++)
+        if (!z->b[i].started)
+            s = start_bucket(z, i);
+    for (int i = 0; i < z->nbuckets; i++) {
+        dt_status s2 = z->b[i].started ? finish_bucket(z, i) : DT_OK;
+        if (s == DT_OK)
+            s = s2;
+    }
+    if (s != DT_OK) {
+        dt_pg_abort(z->pg, dt_last_error());
+        z->err = DT_OK;
+        reset_step(z);
+        return s;
+    }
+    reset_step(z);
+    z->wait_s += dt_now() - t0;
+    return DT_OK;
+}
+
+void dt_zero_set_sync(dt_zero *z, bool sync) {
+    z->sync = sync;
+}
+
+// ---------------------------------------------------------------- norm and step
+
+dt_status dt_zero_grad_norm(dt_zero *z, float *norm) {
+    double ss = 0;
+    for (int k = 0; k < z->npieces; k++) {
+        const dt_param_info *pi = dt_params_info(z->shard, k);
+        if (!pi->trainable || !z->piece_primary[k])
+            continue;
+        const float *g = dt_params_grads(z->p) + z->piece_flat[k];
+        for (size_t i = 0; i < pi->count; i++)
+            ss += (double)g[i] * (double)g[i];
+    }
+    float part = (float)ss, total = 0;
+    DT_TRY(dt_pg_all_reduce(z->pg, &part, &total, 1, DT_FLOAT32, DT_REDUCE_SUM));
+    *norm = sqrtf(total);
+    return DT_OK;
+}
+
+dt_status dt_zero_clip_grad_norm(dt_zero *z, float max_norm, float *norm) {
+    if (!(max_norm > 0) || !isfinite(max_norm))
+        return dt_fail(DT_ERR_ARG, "zero: expected a finite max_norm > 0, found %g",
+                       (double)max_norm);
+    float total;
+    DT_TRY(dt_zero_grad_norm(z, &total));
+    if (norm)
+        *norm = total;
+    if (!isfinite(total))
+        return DT_OK;
+    float coef = (float)((double)max_norm / ((double)total + 1e-6));
+    if (coef < 1.0f)
+        for (int k = 0; k < z->npieces; k++) {
+            const dt_param_info *pi = dt_params_info(z->shard, k);
+            if (pi->trainable)
+                for (size_t i = 0; i < pi->count; i++)
+                    dt_params_grads(z->p)[z->piece_flat[k] + i] *= coef;
+        }
+    return DT_OK;
+}
+
+dt_status dt_zero_step(dt_zero *z) {
+    float *p = dt_params_data(z->p);
+    dt_optim_step(z->opt); // this rank's pieces, in place in the whole buffer
+    double    t0 = dt_now();
+    dt_status s  = DT_OK;
+    DT_TRACE_BEGIN(tr);
+    for (int i = 0; s == DT_OK && i < z->nbuckets; i++) {
+        zbucket *bk = &z->b[i];
+        // In place: this rank's chunk is already where the gather puts it; the
+        // remainder was stepped identically on every rank.
+        float *chunk = p + bk->offset;
+        if (bk->q)
+            s = dt_pg_all_gather_async(z->pg, chunk + (size_t)z->rank * bk->q, chunk, bk->q,
+                                       DT_FLOAT32, &bk->rs);
+    }
+    for (int i = 0; i < z->nbuckets; i++)
+        if (z->b[i].rs) {
+            dt_status s2 = dt_work_wait(z->b[i].rs);
+            dt_work_free(z->b[i].rs);
+            z->b[i].rs = NULL;
+            if (s == DT_OK && s2 != DT_OK)
+                s = dt_fail_context("zero: all_gather of bucket %d", i);
+        }
+    DT_TRACE_END(tr, "zero", "all_gather", NULL, 0);
+    z->gather_s += dt_now() - t0;
+    z->steps++;
+    if (s != DT_OK)
+        dt_pg_abort(z->pg, dt_last_error());
+    return s;
+}
+
+// ----------------------------------------------------------------- construction
+
+static dt_status zero_init(dt_zero *z) {
+    z->ntensors      = dt_params_count(z->p);
+    size_t nt        = (size_t)(z->ntensors ? z->ntensors : 1);
+    z->tensor_bucket = dt_alloc(sizeof(int) * nt);
+    z->ready         = dt_alloc_zero(sizeof(bool) * nt);
+    if (!z->tensor_bucket || !z->ready)
+        return DT_ERR_NOMEM;
+    DT_TRY(check_tables(z));
+    if (z->o.broadcast_params) {
+        DT_TRY(dt_pg_broadcast(z->pg, dt_params_data(z->p), dt_params_numel(z->p), DT_FLOAT32, 0));
+        if (dt_params_buffer_numel(z->p))
+            DT_TRY(dt_pg_broadcast(z->pg, dt_params_buffers(z->p), dt_params_buffer_numel(z->p),
+                                   DT_FLOAT32, 0));
+    }
+    DT_TRY(form_buckets(z));
+    DT_TRY(build_shard(z, false));
+    size_t np        = (size_t)(z->npieces ? z->npieces : 1);
+    z->piece_src     = dt_alloc(sizeof(int) * np);
+    z->piece_flat    = dt_alloc(sizeof(size_t) * np);
+    z->piece_primary = dt_alloc(sizeof(bool) * np);
+    if (!z->piece_src || !z->piece_flat || !z->piece_primary)
+        return DT_ERR_NOMEM;
+    DT_TRY(dt_params_new(&z->shard, NULL));
+    DT_TRY(build_shard(z, true));
+    DT_TRY(dt_optim_shard(z->opt, z->shard, z->piece_src, z->piece_flat));
+    reset_step(z);
+    if (z->o.stage == 2) {
+        DT_TRY(dt_params_add_grad_hook(z->p, on_grad_ready, z));
+        z->hooked = true;
+    }
+    return DT_OK;
+}
+
+dt_status dt_zero_new(dt_zero **out, dt_params *params, dt_pg *pg, dt_optim *opt,
+                      const dt_zero_opts *opts) {
+    *out           = NULL;
+    dt_zero_opts o = opts ? *opts : dt_zero_opts_default();
+    if (o.stage != 1 && o.stage != 2)
+        return dt_fail(DT_ERR_ARG,
+                       "zero: expected stage 1 or 2 (stage 0 is plain DDP: dt_ddp_new), found %d",
+                       o.stage);
+    if (!params || !dt_params_ready(params) || !pg || !opt)
+        return dt_fail(DT_ERR_ARG,
+                       "zero: expected parameters with storage, a group and an optimizer, found "
+                       "%s",
+                       !params || !dt_params_ready(params) ? "no parameter storage"
+                       : !pg                               ? "a NULL group"
+                                                           : "a NULL optimizer");
+    if (dt_optim_params(opt) != params)
+        return dt_fail(DT_ERR_ARG, "zero: expected an optimizer over the wrapped parameters, "
+                                   "found one over another table");
+    dt_zero *z = dt_alloc_zero(sizeof *z);
+    if (!z)
+        return DT_ERR_NOMEM;
+    z->p = params, z->pg = pg, z->opt = opt, z->o = o, z->sync = true;
+    z->world = dt_pg_size(pg), z->rank = dt_pg_rank(pg);
+    dt_status s = zero_init(z);
+    if (s != DT_OK) {
+        dt_zero_free(z);
+        return s;
+    }
+    *out = z;
+    return DT_OK;
+}
+
+void dt_zero_free(dt_zero *z) {
+    if (!z)
+        return;
+    for (int i = 0; z->b && i < z->nbuckets; i++) {
+        if (z->b[i].rs)
+            dt_work_wait(z->b[i].rs), dt_work_free(z->b[i].rs);
+        if (z->b[i].ar)
+            dt_work_wait(z->b[i].ar), dt_work_free(z->b[i].ar);
+    }
+    if (z->hooked)
+        dt_params_remove_grad_hook(z->p, on_grad_ready, z);
+    // The optimizer keeps pointing at the shard table: it is only safe to free after it.
+    dt_free(z->b);
+    dt_free(z->tensor_bucket);
+    dt_free(z->ready);
+    dt_free(z->piece_src);
+    dt_free(z->piece_flat);
+    dt_free(z->piece_primary);
+    dt_params_free(z->shard);
+    dt_free(z);
+}
+
+const dt_params *dt_zero_shard_params(const dt_zero *z) {
+    return z->shard;
+}
+
+int dt_zero_stage(const dt_zero *z) {
+    return z->o.stage;
+}
+
+int dt_zero_num_buckets(const dt_zero *z) {
+    return z->nbuckets;
+}
+
+void dt_zero_bucket(const dt_zero *z, int i, size_t *offset, size_t *count) {
+    *offset = i >= 0 && i < z->nbuckets ? z->b[i].offset : 0;
+    *count  = i >= 0 && i < z->nbuckets ? z->b[i].count : 0;
+}
+
+void dt_zero_stats(const dt_zero *z, double *sync_wait_s, double *gather_s, int64_t *steps) {
+    if (sync_wait_s)
+        *sync_wait_s = z->wait_s;
+    if (gather_s)
+        *gather_s = z->gather_s;
+    if (steps)
+        *steps = z->steps;
+}
