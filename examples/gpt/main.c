@@ -274,7 +274,9 @@ static dt_status train(dt_trainer *t, void *user) {
                                   (size_t)m.T, rank, world, m.offsets, m.x, m.y)))
             break;
         if ((st = gpt_loss(&m, at, m.mb, &l, m.dlogits)) ||
-            (st = dt_graph_backward(m.g, m.dlogits)) || (st = dt_trainer_step(t, l)))
+            (dt_trainer_scale_loss_grad(t, m.dlogits, (size_t)m.mb * (size_t)m.T * VOCAB),
+             (st = dt_graph_backward(m.g, m.dlogits))) ||
+            (st = dt_trainer_step(t, l)))
             break;
         sum += (double)l * m.mb;
         if (!dt_trainer_sync_step(t))

@@ -104,12 +104,23 @@ typedef struct replica {
     float    *dlogp;
 } replica;
 
+// What the replicas' functions see: the job, and the trainer (--precision, the fp16
+// loss scale).
+typedef struct fb_ctx {
+    const job  *j;
+    dt_trainer *t;
+} fb_ctx;
+
 static dt_status make_replica(void *user, int index, dt_dp_replica *out) {
     (void)index; // its parameters are the master's, copied every step
-    const job *j = user;
-    replica   *r = dt_alloc_zero(sizeof *r);
+    const fb_ctx *c = user;
+    const job    *j = c->j;
+    replica      *r = dt_alloc_zero(sizeof *r);
     if (!r || !(r->dlogp = dt_alloc(sizeof(float) * 10 * (size_t)j->a.batch_size)) ||
-        dt_model_new_mnist_convnet(&r->m, 0, 0.10f, 0.25f)) {
+        dt_model_new_mnist_convnet(&r->m, 0, 0.10f, 0.25f) ||
+        dt_model_set_precision(r->m, dt_trainer_precision(c->t))) {
+        if (r && r->m)
+            dt_model_free(r->m);
         if (r)
             dt_free(r->dlogp);
         dt_free(r);
@@ -128,10 +139,13 @@ static void drop_replica(void *user, dt_dp_replica *d) {
 }
 
 static dt_status forward_backward(void *user, dt_dp_replica *d, const dt_batch *b, float *loss) {
-    (void)user;
-    replica *r = d->obj;
+    const fb_ctx *c = user;
+    replica      *r = d->obj;
     DT_TRY(dt_model_forward(r->m, b->x, (int)b->size));
     DT_TRY(dt_loss_nll(dt_model_output(r->m), b->y, (int)b->size, 10, loss, r->dlogp));
+    float scale = dt_trainer_loss_scale(c->t); // --precision fp16: the loss scaler's
+    for (size_t i = 0; scale != 1.0f && i < 10 * b->size; i++)
+        r->dlogp[i] *= scale;
     return dt_model_backward(r->m, r->dlogp);
 }
 
@@ -153,7 +167,8 @@ static dt_status train(dt_trainer *t, void *user) {
     replica master = {m, dt_alloc(sizeof(float) * 10 * (size_t)j->a.batch_size)};
     if (!master.dlogp)
         return DT_ERR_NOMEM;
-    dt_dp_ops ops = {make_replica, drop_replica, forward_backward, user};
+    fb_ctx    ctx = {j, t};
+    dt_dp_ops ops = {make_replica, drop_replica, forward_backward, &ctx};
     dt_status st  = dt_trainer_set_replicas(
          t, &ops, &(dt_dp_replica){.obj = &master, .params = dt_model_as_params(m), .model = m});
     dt_batch b;

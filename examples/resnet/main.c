@@ -228,7 +228,9 @@ static dt_status train(dt_trainer *t, void *user) {
         if ((st = dt_graph_forward(w.g, (const void *[]){b.x}, (int)b.size)) ||
             (st = dt_loss_cross_entropy_ex(dt_graph_output(w.g), b.y, (int)b.size, 10, -100, 0.0f,
                                            &loss, dlogits)) ||
-            (st = dt_graph_backward(w.g, dlogits)) || (st = dt_trainer_step(t, loss)))
+            (dt_trainer_scale_loss_grad(t, dlogits, 10 * b.size),
+             (st = dt_graph_backward(w.g, dlogits))) ||
+            (st = dt_trainer_step(t, loss)))
             break;
     }
     dt_free(dlogits);

@@ -197,6 +197,22 @@ DT_API size_t dt_settings_check_unknown(char *msg, size_t n);
 // The table, grouped by module, with each variable's current value when set.
 DT_API void dt_settings_print(FILE *f);
 
+// --------------------------------------------------------------------------- precision
+
+// The arithmetic of a model's matrix products (Linear, Conv2d), as torch.autocast picks
+// it: fp32 everywhere, or bf16 / fp16 operands with fp32 accumulation and fp32 master
+// weights (docs/precision.md). Norms, softmax and losses stay fp32 in every mode.
+typedef enum dt_precision {
+    DT_PREC_FP32 = 0,
+    DT_PREC_BF16 = 1,
+    DT_PREC_FP16 = 2,
+} dt_precision;
+
+// "fp32", "bf16", "fp16" ("?" for anything else).
+DT_API const char *dt_precision_name(dt_precision p);
+// The reverse (case-sensitive); DT_ERR_ARG naming the accepted words and what was found.
+DT_API dt_status dt_precision_parse(const char *s, dt_precision *out);
+
 // --------------------------------------------------------------------------- checksum
 
 // CRC32C (Castagnoli), as used by iSCSI/ext4: crc = dt_crc32c(0, buf, n) for a whole

@@ -99,6 +99,14 @@ DT_API dt_status dt_graph_set_sample_keys(dt_graph *g, const uint64_t *keys, int
 // between steps, not between a forward and its backward.
 DT_API dt_status dt_graph_set_threads(dt_graph *g, int threads);
 DT_API int       dt_graph_threads(const dt_graph *g);
+// Mixed precision (torch.autocast): in DT_PREC_BF16 or DT_PREC_FP16, Linear and Conv2d
+// multiply 16-bit operands with fp32 accumulation (docs/precision.md); parameters,
+// gradients, norms, softmax, attention and losses stay fp32. Each forward first rounds
+// the Linear/Conv2d weights into shadow copies (once per forward, shared by all threads
+// and by the backward). fp16 needs loss scaling (optim.h's dt_grad_scaler). Set it
+// between steps; DT_ERR_ARG for an unknown mode.
+DT_API dt_status    dt_graph_set_precision(dt_graph *g, dt_precision p);
+DT_API dt_precision dt_graph_precision(const dt_graph *g);
 // Whether backward also computes the gradients of the graph's float inputs.
 DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
 

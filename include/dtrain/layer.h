@@ -68,6 +68,10 @@ typedef struct dt_layer_setup {
     size_t          scratch_per_sample, scratch_fixed; // floats of scratch (forward, backward)
     bool            no_input_grad;                     // inputs are indices: dx is never asked for
     double          flops_per_sample;                  // forward, multiply-add = 2 (0: unknown)
+    // Bit k set: parameter k is a matrix-product weight that a 16-bit precision mode
+    // (dt_graph_set_precision) reads rounded: the graph then hands the layer a shadow
+    // copy, converted once per forward (dt_layer_args.w16). Linear and Conv2d set bit 0.
+    uint32_t lowp_params;
 } dt_layer_setup;
 
 typedef struct dt_layer dt_layer;
@@ -92,6 +96,12 @@ typedef struct dt_layer_args {
     // rng is the graph's stream already split by the node's layer position (graph.h).
     const dt_rng   *rng;
     const uint64_t *keys;
+    // The graph's precision (dt_graph_set_precision). When not DT_PREC_FP32, w16[k] is
+    // the shadow of parameter k for each bit of setup's lowp_params (NULL otherwise):
+    // bf16 bits (uint16_t) in bf16, fp16-rounded floats in fp16. A layer that ignores
+    // the precision runs in fp32, which is always correct.
+    dt_precision       precision;
+    const void *const *w16;
 } dt_layer_args;
 
 typedef struct dt_layer_ops {

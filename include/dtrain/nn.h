@@ -125,6 +125,15 @@ DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
 // thread count. DT_ERR_ARG for other values; DT_ERR_NOMEM (S parameter-sized buffers).
 DT_API dt_status dt_model_set_grad_shards(dt_model *m, int shards);
 DT_API int       dt_model_grad_shards(const dt_model *m);
+// Mixed precision (torch.autocast; graph.h's dt_graph_set_precision): in DT_PREC_BF16
+// or DT_PREC_FP16 the convolutions and linear layers multiply 16-bit operands with fp32
+// accumulation (convolutions on the im2col path); parameters, gradients, dropout,
+// log-softmax and the loss stay fp32. Weights are rounded into a shadow copy once per
+// forward. With gradient shards the linear layers' weight gradients stay fp32 (the
+// shards' fixed tree); the bitwise thread invariance is only promised in fp32. After
+// dt_model_finalize, between steps. DT_ERR_ARG for an unknown mode.
+DT_API dt_status    dt_model_set_precision(dt_model *m, dt_precision p);
+DT_API dt_precision dt_model_precision(const dt_model *m);
 // Training mode (dropout active; the default) or evaluation mode.
 DT_API void dt_model_train(dt_model *m, bool training);
 // The random stream of the dropout masks. Sample i of the batch in layer l draws from

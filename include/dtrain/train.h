@@ -135,6 +135,7 @@ typedef struct dt_train_args {
     // (0: pp) and the pipeline schedule ("gpipe" or "1f1b").
     long        dp, pp, tp, micro_batches;
     const char *schedule;
+    const char *precision; // "fp32", "bf16" or "fp16" (--precision)
 } dt_train_args;
 
 typedef struct dt_trainer dt_trainer;
@@ -267,6 +268,19 @@ DT_API bool dt_trainer_next(dt_trainer *t, dt_batch *b);
 // --checkpoint-every steps, and agrees on a SIGTERM stop. Collective.
 DT_API dt_status dt_trainer_step(dt_trainer *t, float loss);
 
+// --precision: what dt_trainer_prepare_model sets on the dt_model; a program on a
+// dt_graph passes it to dt_graph_set_precision itself. With fp16 the trainer keeps a
+// GradScaler (optim.h): multiply the loss gradient by dt_trainer_loss_scale before
+// Multiplies the loss gradient dloss[0..n) by that scale before backward (nothing in
+// fp32 and bf16): what a program on dt_trainer_prepare_graph does with its loss.
+DT_API void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n);
+// backward; dt_trainer_step unscales, agrees on inf/NaN across ranks and skips the
+// optimizer step (the step still counts) when any rank saw one; its state is in the
+// checkpoints. The scale is 1 in fp32 and bf16.
+DT_API dt_precision dt_trainer_precision(const dt_trainer *t);
+DT_API float        dt_trainer_loss_scale(const dt_trainer *t);
+// Optimizer steps skipped by the fp16 scaler so far.
+DT_API int64_t dt_trainer_skipped_steps(const dt_trainer *t);
 // DataParallel (dp.h): the program describes its model as a replica (`master`: the
 // object it trains, whose parameters are the ones given to dt_trainer_prepare) and how
 // to build more (ops->make) and to run forward and backward on a slice (ops->work; the

@@ -34,6 +34,7 @@
 #include "core/simd.h"
 #include "nn/blas.h"
 #include "nn/nn_impl.h"
+#include "nn/prec.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -83,7 +84,8 @@ static dt_status conv_setup(nn_layer *l) {
     l->wcount    = (size_t)l->out_c * l->fan_in;
     l->bcount    = l->out_c;
     size_t hw    = (size_t)l->out.h * l->out.w;
-    l->direct    = l->stride == 1 && dt_nn_want_direct();
+    // 16-bit products (dt_model_set_precision) run on the GEMM paths below
+    l->direct = l->stride == 1 && l->prec == DT_PREC_FP32 && dt_nn_want_direct();
     if (l->direct) {
         wide   g  = wide_geom(l);
         size_t rf = l->fan_in, rb = (size_t)l->out_c * l->k * l->k;
@@ -116,6 +118,18 @@ static dt_status conv_setup(nn_layer *l) {
     }
     l->flops = 2.0 * (double)l->wcount * (double)hw;
     return DT_OK;
+}
+
+// The GEMM of the im2col paths: dt_sgemm in fp32, else the layer's 16-bit mode (prec.h;
+// a16: the weight's shadow when A is the weight). A failure (fp16 temporaries) is
+// reported by dt_model_forward / _backward.
+static void lowp_gemm(nn_layer *l, bool ta, bool tb, int m, int n, int k, const float *a,
+                      const void *a16, int lda, const float *b, int ldb, float *c, int ldc,
+                      bool accumulate) {
+    if (l->prec == DT_PREC_FP32)
+        dt_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+    else if (dt_ac_gemm(l->prec, ta, tb, m, n, k, a, a16, lda, b, NULL, ldb, c, ldc, accumulate))
+        __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
 }
 
 // ------------------------------------------------------------ stride 1: wide rows
@@ -394,7 +408,7 @@ static void wide_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
         if (l->pad)
             pad_input(x, l->in.c, l->in.h, l->in.w, l->pad, xp);
         wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
-        dt_sgemm(false, false, l->out_c, g.n, kk, 1.0f, l->w, kk, col, g.n, 0.0f, ext, g.n);
+        lowp_gemm(l, false, false, l->out_c, g.n, kk, l->w, l->w16, kk, col, g.n, ext, g.n, false);
         emit_output(l, ext, (size_t)g.n, g, out, s);
     }
 }
@@ -414,12 +428,12 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
         wide_im2col(l->pad ? xp : x, l->in.c, l->k, g, col);
         gather_grad(l, dout, out, g, ext, (size_t)g.n, s);
         // dW (Cout, Cin*k*k) += dy (Cout, n) x col^T (n, Cin*k*k)
-        dt_sgemm(false, true, l->out_c, kk, g.n, 1.0f, ext, g.n, col, g.n, 1.0f, dw, kk);
+        lowp_gemm(l, false, true, l->out_c, kk, g.n, ext, NULL, g.n, col, g.n, dw, kk, true);
         dt_nn_row_sums_add(ext, l->out_c, g.n, db); // dropped columns hold zeros
         if (!din)
             continue;
         // dcol (Cin*k*k, n) = W^T x dy, added back onto the (padded) input gradient
-        dt_sgemm(true, false, kk, g.n, l->out_c, 1.0f, l->w, kk, ext, g.n, 0.0f, col, g.n);
+        lowp_gemm(l, true, false, kk, g.n, l->out_c, l->w, l->w16, kk, ext, g.n, col, g.n, false);
         float *dx  = din + (size_t)s * insz;
         float *dxp = l->pad ? xp : dx;
         wide_col2im(col, l->in.c, l->k, g, dxp);
@@ -495,7 +509,8 @@ static void strided_forward(nn_layer *l, const nn_ctx *c, const float *in, float
         dt_nn_im2col(x, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h, l->out.w,
                      c->scratch);
         // y (Cout, HW) = W (Cout, Cin*k*k) x col (Cin*k*k, HW), then + bias per channel
-        dt_sgemm(false, false, l->out_c, hw, kk, 1.0f, l->w, kk, c->scratch, hw, 0.0f, y, hw);
+        lowp_gemm(l, false, false, l->out_c, hw, kk, l->w, l->w16, kk, c->scratch, hw, y, hw,
+                  false);
         dt_nn_add_row_bias(y, l->b, l->out_c, hw);
         if (l->fuse_relu)
             dt_nn_relu_inplace(y, outsz);
@@ -515,13 +530,14 @@ static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
         dt_nn_im2col(x, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h, l->out.w,
                      c->scratch);
         // dW (Cout, Cin*k*k) += dy (Cout, HW) x col^T (HW, Cin*k*k)
-        dt_sgemm(false, true, l->out_c, kk, hw, 1.0f, dy, hw, c->scratch, hw, 1.0f, dw, kk);
+        lowp_gemm(l, false, true, l->out_c, kk, hw, dy, NULL, hw, c->scratch, hw, dw, kk, true);
         dt_nn_row_sums_add(dy, l->out_c, hw, db);
         if (!din)
             continue;
         float *dx = din + (size_t)s * insz;
         // dcol (Cin*k*k, HW) = W^T x dy, then scattered back onto the image
-        dt_sgemm(true, false, kk, hw, l->out_c, 1.0f, l->w, kk, dy, hw, 0.0f, c->scratch, hw);
+        lowp_gemm(l, true, false, kk, hw, l->out_c, l->w, l->w16, kk, dy, hw, c->scratch, hw,
+                  false);
         memset(dx, 0, sizeof(float) * insz);
         dt_nn_col2im(c->scratch, l->in.c, l->in.h, l->in.w, l->k, l->stride, l->pad, l->out.h,
                      l->out.w, dx);

@@ -23,6 +23,7 @@
 #include "nn/blas.h"
 #include "nn/ops.h"
 #include "nn/pool.h"
+#include "nn/prec.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -49,7 +50,8 @@ typedef struct gval {
     bool         moved; // its layer went to another graph (dt_graph_extract)
     // dt_graph_extract: parameter k was tied to a node left behind; it is a tensor of
     // its own here, registered under its owner's name (empty: not such a copy).
-    char copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
+    char  copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
+    void *w16[DT_LAYER_MAX_TENSORS]; // 16-bit shadows (su.lowp_params), per precision
 } gval;
 
 // One set of the values a forward leaves for its backward (dt_graph_set_slots): the
@@ -77,19 +79,21 @@ struct dt_graph {
     float     *scratch, *tmp;
     size_t     scratch_n, tmp_n;
     // Threads (dt_graph_set_threads): samples split in nthreads contiguous ranges.
-    dt_pool   *pool;
-    int        nthreads;
-    int        split;    // the thread count of the last forward (backward reuses it)
-    float    **partial;  // [thread] gradient partials of threads 1.. (0 adds into grads)
-    float    **tscratch; // [thread] scratch of threads 1.. (thread 0 uses `scratch`)
-    int        tbuf_n;   // threads the two arrays above were made for
-    size_t     tscratch_n;
-    uint64_t  *pos_keys; // 0, 1, ..: the sample keys of a split batch without keys
-    dt_status *tstatus;  // [thread] status of the current task
-    float    **dyslot;   // the buffers the nodes' gradients share (see share_dy)
-    int        ndy;
-    gslot     *slots; // dt_graph_set_slots: nslots sets of values, `slot` selected
-    int        nslots, slot;
+    dt_pool     *pool;
+    int          nthreads;
+    int          split;    // the thread count of the last forward (backward reuses it)
+    float      **partial;  // [thread] gradient partials of threads 1.. (0 adds into grads)
+    float      **tscratch; // [thread] scratch of threads 1.. (thread 0 uses `scratch`)
+    int          tbuf_n;   // threads the two arrays above were made for
+    size_t       tscratch_n;
+    uint64_t    *pos_keys; // 0, 1, ..: the sample keys of a split batch without keys
+    dt_status   *tstatus;  // [thread] status of the current task
+    float      **dyslot;   // the buffers the nodes' gradients share (see share_dy)
+    int          ndy;
+    gslot       *slots; // dt_graph_set_slots: nslots sets of values, `slot` selected
+    int          nslots, slot;
+    dt_precision prec;     // dt_graph_set_precision
+    dt_precision w16_prec; // the format the shadows (gval.w16) were made for
 };
 
 dt_graph_opts dt_graph_opts_default(void) {
@@ -178,9 +182,18 @@ static void free_thread_buffers(dt_graph *g) {
     g->tscratch_n            = 0;
 }
 
+static void free_shadows(dt_graph *g) {
+    for (int i = 0; i < g->nvals; i++)
+        for (int k = 0; k < DT_LAYER_MAX_TENSORS; k++) {
+            dt_free(g->vals[i].w16[k]);
+            g->vals[i].w16[k] = NULL;
+        }
+}
+
 void dt_graph_free(dt_graph *g) {
     if (!g)
         return;
+    free_shadows(g);
     free_buffers(g);
     free_slots(g);
     free_thread_buffers(g);
@@ -719,22 +732,24 @@ static dt_status run_range(node_task *k, int t, int n) {
     dt_rng          rng  = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
     const uint64_t *keys = g->keys ? g->keys + off : (n > 1 ? g->pos_keys + off : NULL);
     dt_layer_args   a    = {
-             .batch    = b1 - b0,
-             .training = v->fwd_training,
-             .nin      = v->nin,
-             .in       = in,
-             .out      = &v->shape,
-             .x        = x,
-             .y        = v->y + off * ny,
-             .dy       = k->backward ? v->dy + off * ny : NULL,
-             .dx       = dx,
-             .w        = v->w,
-             .dw       = dw,
-             .buf      = v->buf,
-             .saved    = v->saved + off * v->su.saved_per_sample,
-             .scratch  = t == 0 ? g->scratch : g->tscratch[t],
-             .rng      = &rng,
-             .keys     = keys,
+             .batch     = b1 - b0,
+             .training  = v->fwd_training,
+             .nin       = v->nin,
+             .in        = in,
+             .out       = &v->shape,
+             .x         = x,
+             .y         = v->y + off * ny,
+             .dy        = k->backward ? v->dy + off * ny : NULL,
+             .dx        = dx,
+             .w         = v->w,
+             .dw        = dw,
+             .buf       = v->buf,
+             .saved     = v->saved + off * v->su.saved_per_sample,
+             .scratch   = t == 0 ? g->scratch : g->tscratch[t],
+             .rng       = &rng,
+             .keys      = keys,
+             .precision = g->prec,
+             .w16       = (const void *const *)v->w16,
     };
     if (!k->backward)
         return v->layer->ops->forward(v->layer, &a);
@@ -769,6 +784,44 @@ static dt_status run_node(node_task *k) {
     return DT_OK;
 }
 
+dt_status dt_graph_set_precision(dt_graph *g, dt_precision p) {
+    if (!g || (p != DT_PREC_FP32 && p != DT_PREC_BF16 && p != DT_PREC_FP16))
+        return dt_fail(DT_ERR_ARG,
+                       "dt_graph_set_precision: expected a graph and fp32, bf16 or "
+                       "fp16, found mode %d",
+                       (int)p);
+    g->prec = p;
+    return DT_OK;
+}
+
+dt_precision dt_graph_precision(const dt_graph *g) {
+    return g ? g->prec : DT_PREC_FP32;
+}
+
+// The weights' 16-bit shadows, made once per forward from the fp32 masters (the
+// optimizer changes them between steps); backward reads the same copies.
+static dt_status fill_shadows(dt_graph *g) {
+    if (g->prec == DT_PREC_FP32)
+        return DT_OK;
+    if (g->w16_prec != g->prec)
+        free_shadows(g);
+    g->w16_prec = g->prec;
+    for (int i = 0; i < g->nvals; i++) {
+        gval *v = &g->vals[i];
+        if (!v->layer)
+            continue;
+        for (int k = 0; k < v->su.nparams; k++) {
+            if (!(v->su.lowp_params & (1u << k)))
+                continue;
+            size_t n = dt_params_info(g->params, v->pidx[k])->count;
+            if (!v->w16[k] && !(v->w16[k] = dt_alloc(dt_ac_shadow_bytes(g->prec, n))))
+                return DT_ERR_NOMEM;
+            dt_ac_shadow_fill(g->prec, v->w[k], n, v->w16[k]);
+        }
+    }
+    return DT_OK;
+}
+
 dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
     if (!g || !g->finalized)
         return dt_fail(DT_ERR_STATE, "dt_graph_forward: expected a finalized graph");
@@ -780,6 +833,7 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
                        batch);
     DT_TRY(reserve(g, batch));
     DT_TRY(thread_buffers(g));
+    DT_TRY(fill_shadows(g));
     g->batch = batch;
     g->split = g->nthreads;
     int ni   = 0;

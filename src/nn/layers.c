@@ -125,6 +125,7 @@ static dt_status conv_setup(const dt_layer *l, int nin, const dt_shape *in, dt_l
     if (p->bias)
         lay_tensor(&s->params[s->nparams++], "bias", DT_PARAM_NO_DECAY, 1, p->cout, 0, 0, 0);
     s->scratch_fixed    = dt_nn_conv2d_scratch(p, h, w);
+    s->lowp_params      = 1u; // the weight, in a 16-bit precision mode
     s->flops_per_sample = 2.0 * (double)dt_nn_conv2d_weight_count(p) * ho * wo;
     return DT_OK;
 }
@@ -137,16 +138,17 @@ static void conv_init(const dt_layer *l, dt_rng *rng, float *const *w, float *co
 
 static dt_status conv_forward(const dt_layer *l, const dt_layer_args *a) {
     const dt_nn_conv2d *p = l->config;
-    dt_nn_conv2d_forward(p, a->batch, (int)a->in[0].d[1], (int)a->in[0].d[2], a->x[0], a->w[0],
-                         p->bias ? a->w[1] : NULL, a->y, a->scratch);
-    return DT_OK;
+    return dt_nn_conv2d_forward_prec(p, a->precision, a->w16 ? a->w16[0] : NULL, a->batch,
+                                     (int)a->in[0].d[1], (int)a->in[0].d[2], a->x[0], a->w[0],
+                                     p->bias ? a->w[1] : NULL, a->y, a->scratch);
 }
 
 static dt_status conv_backward(const dt_layer *l, const dt_layer_args *a) {
     const dt_nn_conv2d *p = l->config;
-    dt_nn_conv2d_backward(p, a->batch, (int)a->in[0].d[1], (int)a->in[0].d[2], a->x[0], a->w[0],
-                          a->dy, a->dx[0], a->dw[0], p->bias ? a->dw[1] : NULL, a->scratch);
-    return DT_OK;
+    return dt_nn_conv2d_backward_prec(p, a->precision, a->w16 ? a->w16[0] : NULL, a->batch,
+                                      (int)a->in[0].d[1], (int)a->in[0].d[2], a->x[0], a->w[0],
+                                      a->dy, a->dx[0], a->dw[0], p->bias ? a->dw[1] : NULL,
+                                      a->scratch);
 }
 
 static const dt_layer_ops conv_ops = {"conv2d",     conv_setup,    conv_init,
@@ -192,6 +194,7 @@ static dt_status linear_setup(const dt_layer *l, int nin, const dt_shape *in, dt
     if (p->bias)
         lay_tensor(&s->params[s->nparams++], "bias", DT_PARAM_NO_DECAY, 1, p->out, 0, 0, 0);
     s->flops_per_sample = 2.0 * (double)dt_shape_numel(&in[0]) * p->out;
+    s->lowp_params      = 1u;
     return DT_OK;
 }
 
@@ -207,16 +210,16 @@ static int rows_of(const dt_layer_args *a, int last) {
 
 static dt_status linear_forward(const dt_layer *l, const dt_layer_args *a) {
     const linear_cfg *p = l->config;
-    dt_nn_linear_forward(rows_of(a, p->in), p->in, p->out, a->x[0], a->w[0],
-                         p->bias ? a->w[1] : NULL, a->y);
-    return DT_OK;
+    return dt_nn_linear_forward_prec(a->precision, a->w16 ? a->w16[0] : NULL, rows_of(a, p->in),
+                                     p->in, p->out, a->x[0], a->w[0], p->bias ? a->w[1] : NULL,
+                                     a->y);
 }
 
 static dt_status linear_backward(const dt_layer *l, const dt_layer_args *a) {
     const linear_cfg *p = l->config;
-    dt_nn_linear_backward(rows_of(a, p->in), p->in, p->out, a->x[0], a->w[0], a->dy, a->dx[0],
-                          a->dw[0], p->bias ? a->dw[1] : NULL);
-    return DT_OK;
+    return dt_nn_linear_backward_prec(a->precision, a->w16 ? a->w16[0] : NULL, rows_of(a, p->in),
+                                      p->in, p->out, a->x[0], a->w[0], a->dy, a->dx[0], a->dw[0],
+                                      p->bias ? a->dw[1] : NULL);
 }
 
 static const dt_layer_ops linear_ops = {"linear",       linear_setup,    linear_init,

@@ -10,6 +10,7 @@
 // Matches torch.nn.Linear (weight (out, in), bias (out)).
 #include "nn/blas.h"
 #include "nn/nn_impl.h"
+#include "nn/prec.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,12 @@ static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
     float *y = out + (size_t)c->s0 * fout;
     for (int s = 0; s < n; s++)
         memcpy(y + (size_t)s * fout, l->b, sizeof(float) * (size_t)fout);
+    if (l->prec != DT_PREC_FP32) { // y += x W^T with 16-bit operands (prec.h)
+        if (dt_ac_gemm(l->prec, false, true, n, fout, fin, in + (size_t)c->s0 * fin, NULL, fin,
+                       l->w, l->w16, fin, y, fout, true))
+            __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
+        return;
+    }
     // With gradient shards the shifted kernel runs everywhere: each y[s][o] is summed in
     // one fixed order whatever the number of rows n (a GEMM library may not promise it).
     if (l->direct || c->shards) { // y[s][o] += sum_i x[s][i] W[o][i]
@@ -79,6 +86,14 @@ static int shard_len(int batch, int shards, int m) {
 static int shard_start(int batch, int shards, int m) {
     int q = batch / shards, r = batch % shards; // shards below r hold q + 1 samples
     return m * q + (m < r ? m : r);
+}
+
+// dx (n, in) = dy (n, out) x W (out, in) with 16-bit operands, this thread's rows.
+static void lowp_dx(nn_layer *l, const nn_ctx *c, const float *dout, float *din) {
+    int fin = l->in.c, fout = l->out_c, n = c->s1 - c->s0;
+    if (dt_ac_gemm(l->prec, false, false, n, fin, fout, dout + (size_t)c->s0 * fout, NULL, fout,
+                   l->w, l->w16, fin, din + (size_t)c->s0 * fin, fin, false))
+        __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
 }
 
 static void linear_backward_sharded(nn_layer *l, const nn_ctx *c, const float *in, float *dout,
@@ -121,7 +136,9 @@ static void linear_backward_sharded(nn_layer *l, const nn_ctx *c, const float *i
         db[o] += acc[0];
     }
     int n = c->s1 - c->s0;
-    if (din && n > 0) // dx[s][i] = sum_o dy[s][o] W[o][i]
+    if (din && n > 0 && l->prec != DT_PREC_FP32) // the weight gradient above stays fp32
+        lowp_dx(l, c, dout, din);
+    else if (din && n > 0) // dx[s][i] = sum_o dy[s][o] W[o][i]
         dt_nn_shifted_gemm(l->w, l->offsets, fout, dout + (size_t)c->s0 * fout, n, fin,
                            din + (size_t)c->s0 * fin, (size_t)fin, false);
 }
@@ -137,7 +154,8 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     float *dw = dparams, *db = dparams + l->wcount;
     float *dyt  = (float *)(void *)l->aux; // (out, batch), then `batch` sample offsets
     int   *xoff = (int *)(void *)(dyt + (size_t)fout * (size_t)batch);
-    if (l->direct) { // this thread's rows of dy, transposed, for dW = dy^T x
+    bool   lowp = l->prec != DT_PREC_FP32;
+    if (l->direct && !lowp) { // this thread's rows of dy, transposed, for dW = dy^T x
         for (int s = c->s0; s < c->s1; s++) {
             for (int o = 0; o < fout; o++)
                 dyt[(size_t)o * batch + s] = dout[(size_t)s * fout + o];
@@ -147,7 +165,11 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     dt_pool_barrier(c->pool); // every thread's rows of dout are written
     // This thread's input columns [j0, j1) of dW (out, in) += dy^T (out, B) x x (B, in)
     int j0 = (int)((long)fin * c->ith / c->nth), j1 = (int)((long)fin * (c->ith + 1) / c->nth);
-    if (j1 > j0 && l->direct) // dW[o][i] += sum_s dy^T[o][s] x[s][i]
+    if (j1 > j0 && lowp) { // dW (out, in) += dy^T x, 16-bit operands
+        if (dt_ac_gemm(l->prec, true, false, fout, j1 - j0, batch, dout, NULL, fout, in + j0, NULL,
+                       fin, dw + j0, fin, true))
+            __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
+    } else if (j1 > j0 && l->direct) // dW[o][i] += sum_s dy^T[o][s] x[s][i]
         dt_nn_shifted_gemm(in + j0, xoff, batch, dyt, fout, j1 - j0, dw + j0, (size_t)fin, true);
     else if (j1 > j0)
         dt_sgemm(true, false, fout, j1 - j0, batch, 1.0f, dout, fout, in + j0, fin, 1.0f, dw + j0,
@@ -160,7 +182,9 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
             db[o] += dy[o];
     }
     int n = c->s1 - c->s0;
-    if (din && n > 0 && l->direct) // dx[s][i] = sum_o dy[s][o] W[o][i]
+    if (din && n > 0 && lowp)
+        lowp_dx(l, c, dout, din);
+    else if (din && n > 0 && l->direct) // dx[s][i] = sum_o dy[s][o] W[o][i]
         dt_nn_shifted_gemm(l->w, l->offsets, fout, dout + (size_t)c->s0 * fout, n, fin,
                            din + (size_t)c->s0 * fin, (size_t)fin, false);
     else if (din && n > 0) // dx (n, in) = dy (n, out) x W (out, in)

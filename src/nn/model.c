@@ -3,6 +3,7 @@
 #include "dtrain/trace.h"
 #include "nn/blas.h"
 #include "nn/nn_impl.h"
+#include "nn/prec.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -46,6 +47,7 @@ struct dt_model {
     int              nkeys, keys_cap;
     dt_grad_ready_fn hook;
     void            *hook_user;
+    dt_precision     prec; // dt_model_set_precision
 };
 
 // ------------------------------------------------------------------------ building
@@ -275,8 +277,10 @@ void dt_model_free(dt_model *m) {
     dt_pool_free(m->pool);
     free_activations(m);
     free_thread_buffers(m);
-    for (int i = 0; i < m->nlayers; i++)
+    for (int i = 0; i < m->nlayers; i++) {
         dt_free(m->layers[i].offsets);
+        dt_free(m->layers[i].w16);
+    }
     dt_params_free(m->pv);
     dt_free(m->shard_buf);
     dt_free(m->keys);
@@ -395,6 +399,55 @@ dt_status dt_model_set_grad_shards(dt_model *m, int shards) {
 
 int dt_model_grad_shards(const dt_model *m) {
     return m->shards;
+}
+
+dt_status dt_model_set_precision(dt_model *m, dt_precision p) {
+    if (!m || !m->finalized || (p != DT_PREC_FP32 && p != DT_PREC_BF16 && p != DT_PREC_FP16))
+        return dt_fail(DT_ERR_ARG,
+                       "model: dt_model_set_precision expects a finalized model and fp32, bf16 "
+                       "or fp16, found %s and mode %d",
+                       m && m->finalized ? "a finalized model" : "none", (int)p);
+    if (p == m->prec)
+        return DT_OK;
+    // The layers' kernels depend on the mode (a 16-bit convolution takes the im2col
+    // path): set them up again, then the scratch they need.
+    for (int i = 0; i < m->nlayers; i++) {
+        nn_layer *l = &m->layers[i];
+        if (l->ops != &dt_nn_conv2d_ops && l->ops != &dt_nn_linear_ops)
+            continue;
+        l->prec = p;
+        dt_free(l->w16);
+        l->w16 = NULL;
+        DT_TRY(l->ops->setup(l));
+        if (p != DT_PREC_FP32 && !(l->w16 = dt_alloc(dt_ac_shadow_bytes(p, l->wcount))))
+            return DT_ERR_NOMEM;
+    }
+    m->prec = p;
+    free_thread_buffers(m);
+    m->scratch_floats = scratch_need(m);
+    return alloc_thread_buffers(m, m->nthreads);
+}
+
+dt_precision dt_model_precision(const dt_model *m) {
+    return m ? m->prec : DT_PREC_FP32;
+}
+
+// The 16-bit shadows of the weights, once per forward; DT_ERR_NOMEM if a layer's
+// 16-bit product failed for want of memory in the last pass.
+static dt_status lowp_begin(dt_model *m, bool forward) {
+    dt_status st = DT_OK;
+    for (int i = 0; i < m->nlayers; i++) {
+        nn_layer *l = &m->layers[i];
+        if (l->lowp_failed)
+            st = dt_fail(DT_ERR_NOMEM,
+                         "model: layer %d (%s) could not get memory for a %s "
+                         "product",
+                         i, l->ops->kind, dt_precision_name(l->prec));
+        l->lowp_failed = false;
+        if (forward && l->w16)
+            dt_ac_shadow_fill(l->prec, l->w, l->wcount, l->w16);
+    }
+    return st;
 }
 
 void dt_model_train(dt_model *m, bool training) {
@@ -556,11 +609,13 @@ dt_status dt_model_forward(dt_model *m, const float *x, int batch) {
         }
         l->last_training = m->training;
     }
+    if (m->prec != DT_PREC_FP32)
+        (void)lowp_begin(m, true);
     run_args a = {.m = m};
     DT_TRACE_BEGIN(tr);
     dt_pool_run(m->pool, forward_task, &a);
     DT_TRACE_END(tr, "model", "forward", "batch", batch);
-    return DT_OK;
+    return m->prec != DT_PREC_FP32 ? lowp_begin(m, false) : DT_OK;
 }
 
 const float *dt_model_output(const dt_model *m) {
@@ -680,5 +735,5 @@ dt_status dt_model_backward(dt_model *m, const float *dout) {
     DT_TRACE_BEGIN(tr);
     dt_pool_run(m->pool, backward_task, &a);
     DT_TRACE_END(tr, "model", "backward", "batch", m->batch);
-    return DT_OK;
+    return m->prec != DT_PREC_FP32 ? lowp_begin(m, false) : DT_OK;
 }

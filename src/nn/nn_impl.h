@@ -89,19 +89,22 @@ struct nn_layer {
     size_t  fan_in;
     // per-thread scratch and per-sample saved state
     size_t    scratch_floats;
-    size_t    aux_per_sample; // bytes
-    size_t    shard_scratch;  // floats of scratch per gradient shard (linear), when sharded
-    uint8_t  *aux;            // batch * aux_per_sample, owned by the model
-    bool      last_training;  // the mode of the last forward (dropout backward uses it)
-    bool      fuse_relu;      // conv: applies the next layer's ReLU itself
-    nn_layer *pool;           // conv: the 2x2/2 max pool after that ReLU, computed by the
-                              // convolution itself (NULL: none); its output and winner
-                              // indices are the pool layer's
-    bool     direct;          // conv: shifted-GEMM kernels instead of im2col + OpenBLAS
-    int     *offsets;         // conv (direct): row offsets of the shifted operands, owned
-    bool     skip;            // done by an earlier layer (fusion): the model never calls it
-    double   flops;           // forward, per sample
-    uint64_t fwd_ns, bwd_ns;  // profile, thread 0
+    size_t    aux_per_sample;    // bytes
+    size_t    shard_scratch;     // floats of scratch per gradient shard (linear), when sharded
+    uint8_t  *aux;               // batch * aux_per_sample, owned by the model
+    bool      last_training;     // the mode of the last forward (dropout backward uses it)
+    bool      fuse_relu;         // conv: applies the next layer's ReLU itself
+    nn_layer *pool;              // conv: the 2x2/2 max pool after that ReLU, computed by the
+                                 // convolution itself (NULL: none); its output and winner
+                                 // indices are the pool layer's
+    bool         direct;         // conv: shifted-GEMM kernels instead of im2col + OpenBLAS
+    int         *offsets;        // conv (direct): row offsets of the shifted operands, owned
+    bool         skip;           // done by an earlier layer (fusion): the model never calls it
+    dt_precision prec;           // conv, linear: dt_model_set_precision's mode
+    void        *w16;            // its weight shadow (prec.h), made once per forward; owned
+    bool         lowp_failed;    // a 16-bit product could not get memory (forward, backward)
+    double       flops;          // forward, per sample
+    uint64_t     fwd_ns, bwd_ns; // profile, thread 0
 };
 
 extern const nn_layer_ops dt_nn_conv2d_ops;

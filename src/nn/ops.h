@@ -47,6 +47,17 @@ void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const flo
                            const float *wt, const float *dy, float *dx, float *dw, float *db,
                            float *scratch);
 
+// The same in a 16-bit precision mode (prec.h's autocast: wt16 is the weight's shadow,
+// or NULL to round it per call), on the im2col path; fp32 is the functions above.
+// DT_ERR_NOMEM when an fp16 temporary cannot be had.
+dt_status dt_nn_conv2d_forward_prec(const dt_nn_conv2d *p, dt_precision prec, const void *wt16,
+                                    int n, int h, int w, const float *x, const float *wt,
+                                    const float *b, float *y, float *scratch);
+dt_status dt_nn_conv2d_backward_prec(const dt_nn_conv2d *p, dt_precision prec, const void *wt16,
+                                     int n, int h, int w, const float *x, const float *wt,
+                                     const float *dy, float *dx, float *dw, float *db,
+                                     float *scratch);
+
 // ------------------------------------------------------------------------------ Linear
 
 // torch.nn.Linear(in, out, bias): y (n, out) = x (n, in) W^T + b, W (out, in), b (out).
@@ -57,6 +68,12 @@ void dt_nn_linear_forward(int n, int in, int out, const float *x, const float *w
 // dx = dy W (written, may be NULL); dw += dy^T x; db += sum over rows of dy (db NULL: none).
 void dt_nn_linear_backward(int n, int in, int out, const float *x, const float *w, const float *dy,
                            float *dx, float *dw, float *db);
+// The same in a 16-bit precision mode (w16: the weight's shadow, or NULL).
+dt_status dt_nn_linear_forward_prec(dt_precision prec, const void *w16, int n, int in, int out,
+                                    const float *x, const float *w, const float *b, float *y);
+dt_status dt_nn_linear_backward_prec(dt_precision prec, const void *w16, int n, int in, int out,
+                                     const float *x, const float *w, const float *dy, float *dx,
+                                     float *dw, float *db);
 
 // --------------------------------------------------------------------------- BatchNorm
 

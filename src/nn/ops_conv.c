@@ -24,6 +24,7 @@
 #include "nn/conv_cl.h"
 #include "nn/nn_impl.h"
 #include "nn/ops.h"
+#include "nn/prec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -353,19 +354,15 @@ static void direct_backward(const dt_nn_conv2d *p, int n, int h, int w, const fl
 
 // ------------------------------------------------------------------ any shape: im2col
 
-void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
-                          const float *wt, const float *b, float *y, float *scratch) {
-    if (use_cl(p, w, false, false)) {
-        dt_nn_conv_cl_forward(p, n, h, w, x, wt, b, y, scratch);
-        return;
-    }
-    if (use_direct(p, w, false)) {
-        direct_forward(p, n, h, w, x, wt, b, y, scratch);
-        return;
-    }
-    int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
-    int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
-    int S = chunk_samples(hw);
+// The im2col path in precision `prec` (prec.h's autocast; wt16 the weights' shadow,
+// NULL in fp32): every product through dt_ac_gemm, which is dt_sgemm in fp32.
+static dt_status im2col_forward(const dt_nn_conv2d *p, dt_precision prec, const void *wt16, int n,
+                                int h, int w, const float *x, const float *wt, const float *b,
+                                float *y, float *scratch) {
+    size_t esz = prec == DT_PREC_BF16 ? sizeof(uint16_t) : sizeof(float);
+    int    ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
+    int    hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
+    int    S = chunk_samples(hw);
     for (int s0 = 0; s0 < n; s0 += S) {
         int    ns  = n - s0 < S ? n - s0 : S;
         size_t ldc = (size_t)ns * hw; // this chunk's columns
@@ -377,9 +374,10 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
         // writes y directly
         float *out = ns == 1 ? y + (size_t)s0 * p->cout * hw : stage;
         for (int gi = 0; gi < g; gi++)
-            dt_sgemm(false, false, cog, (int)ldc, kg, 1.0f, wt + (size_t)gi * cog * kg, kg,
-                     col + (size_t)gi * kg * ldc, (int)ldc, 0.0f, out + (size_t)gi * cog * ldc,
-                     (int)ldc);
+            DT_TRY(dt_ac_gemm(prec, false, false, cog, (int)ldc, kg, wt + (size_t)gi * cog * kg,
+                              wt16 ? (const char *)wt16 + (size_t)gi * cog * kg * esz : NULL, kg,
+                              col + (size_t)gi * kg * ldc, NULL, (int)ldc,
+                              out + (size_t)gi * cog * ldc, (int)ldc, false));
         for (int j = 0; j < ns; j++)
             for (int o = 0; o < p->cout; o++) {
                 float       *yr = y + ((size_t)(s0 + j) * p->cout + o) * hw;
@@ -389,22 +387,39 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
                     yr[q] = sr[q] + bo;
             }
     }
+    return DT_OK;
 }
 
-void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
-                           const float *wt, const float *dy, float *dx, float *dw, float *db,
-                           float *scratch) {
-    if (use_cl(p, w, true, dx != NULL)) {
-        dt_nn_conv_cl_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                          const float *wt, const float *b, float *y, float *scratch) {
+    if (use_cl(p, w, false, false)) {
+        dt_nn_conv_cl_forward(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
-    if (use_direct(p, w, true)) {
-        direct_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+    if (use_direct(p, w, false)) {
+        direct_forward(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
-    int ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
-    int hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
-    int S = chunk_samples(hw);
+    (void)im2col_forward(p, DT_PREC_FP32, NULL, n, h, w, x, wt, b, y, scratch); // cannot fail
+}
+
+dt_status dt_nn_conv2d_forward_prec(const dt_nn_conv2d *p, dt_precision prec, const void *wt16,
+                                    int n, int h, int w, const float *x, const float *wt,
+                                    const float *b, float *y, float *scratch) {
+    if (prec == DT_PREC_FP32) {
+        dt_nn_conv2d_forward(p, n, h, w, x, wt, b, y, scratch);
+        return DT_OK;
+    }
+    return im2col_forward(p, prec, wt16, n, h, w, x, wt, b, y, scratch);
+}
+
+static dt_status im2col_backward(const dt_nn_conv2d *p, dt_precision prec, const void *wt16, int n,
+                                 int h, int w, const float *x, const float *wt, const float *dy,
+                                 float *dx, float *dw, float *db, float *scratch) {
+    size_t esz = prec == DT_PREC_BF16 ? sizeof(uint16_t) : sizeof(float);
+    int    ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
+    int    hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
+    int    S = chunk_samples(hw);
     for (int s0 = 0; s0 < n; s0 += S) {
         int    ns  = n - s0 < S ? n - s0 : S;
         size_t ldc = (size_t)ns * hw;
@@ -430,19 +445,47 @@ void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const flo
                    ldc);
         // dW_g (cog, kg) += dy_g (cog, ns*hw) x col_g^T (ns*hw, kg)
         for (int gi = 0; gi < g; gi++)
-            dt_sgemm(false, true, cog, kg, (int)ldc, 1.0f, dyc + (size_t)gi * cog * ldc, (int)ldc,
-                     col + (size_t)gi * kg * ldc, (int)ldc, 1.0f, dw + (size_t)gi * cog * kg, kg);
+            DT_TRY(dt_ac_gemm(prec, false, true, cog, kg, (int)ldc, dyc + (size_t)gi * cog * ldc,
+                              NULL, (int)ldc, col + (size_t)gi * kg * ldc, NULL, (int)ldc,
+                              dw + (size_t)gi * cog * kg, kg, true));
         if (!dx)
             continue;
         // dcol_g (kg, ns*hw) = W_g^T (kg, cog) x dy_g (cog, ns*hw), scattered back
         for (int gi = 0; gi < g; gi++)
-            dt_sgemm(true, false, kg, (int)ldc, cog, 1.0f, wt + (size_t)gi * cog * kg, kg,
-                     dyc + (size_t)gi * cog * ldc, (int)ldc, 0.0f, col + (size_t)gi * kg * ldc,
-                     (int)ldc);
+            DT_TRY(dt_ac_gemm(prec, true, false, kg, (int)ldc, cog, wt + (size_t)gi * cog * kg,
+                              wt16 ? (const char *)wt16 + (size_t)gi * cog * kg * esz : NULL, kg,
+                              dyc + (size_t)gi * cog * ldc, NULL, (int)ldc,
+                              col + (size_t)gi * kg * ldc, (int)ldc, false));
         for (int j = 0; j < ns; j++)
             col2im(p, col + (size_t)j * hw, ldc, h, w, ho, wo,
                    dx + (size_t)(s0 + j) * p->cin * h * w);
     }
+    return DT_OK;
+}
+
+void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                           const float *wt, const float *dy, float *dx, float *dw, float *db,
+                           float *scratch) {
+    if (use_cl(p, w, true, dx != NULL)) {
+        dt_nn_conv_cl_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        return;
+    }
+    if (use_direct(p, w, true)) {
+        direct_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        return;
+    }
+    (void)im2col_backward(p, DT_PREC_FP32, NULL, n, h, w, x, wt, dy, dx, dw, db, scratch);
+}
+
+dt_status dt_nn_conv2d_backward_prec(const dt_nn_conv2d *p, dt_precision prec, const void *wt16,
+                                     int n, int h, int w, const float *x, const float *wt,
+                                     const float *dy, float *dx, float *dw, float *db,
+                                     float *scratch) {
+    if (prec == DT_PREC_FP32) {
+        dt_nn_conv2d_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        return DT_OK;
+    }
+    return im2col_backward(p, prec, wt16, n, h, w, x, wt, dy, dx, dw, db, scratch);
 }
 
 // ------------------------------------------------------------------------------ Linear
@@ -465,25 +508,60 @@ void dt_nn_linear_forward(int n, int in, int out, const float *x, const float *w
     dt_sgemm(false, true, n, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
 }
 
+static void linear_bias_grad(int n, int out, const float *dy, float *db);
+
 void dt_nn_linear_backward(int n, int in, int out, const float *x, const float *w, const float *dy,
                            float *dx, float *dw, float *db) {
     if (n < 1)
         return;
     // dW (out, in) += dy^T (out, n) x x (n, in)
     dt_sgemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
-    if (db) // column sums of dy, row by row (contiguous), 256 columns at a time in double
-        for (int o0 = 0; o0 < out; o0 += 256) {
-            int    no = out - o0 < 256 ? out - o0 : 256;
-            double acc[256];
-            memset(acc, 0, sizeof acc);
-            for (int s = 0; s < n; s++) {
-                const float *row = dy + (size_t)s * out + o0;
-                for (int o = 0; o < no; o++)
-                    acc[o] += row[o];
-            }
-            for (int o = 0; o < no; o++)
-                db[o0 + o] += (float)acc[o];
-        }
+    if (db)
+        linear_bias_grad(n, out, dy, db);
     if (dx) // dx (n, in) = dy (n, out) x W (out, in)
         dt_sgemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}
+
+// db += column sums of dy, row by row (contiguous), 256 columns at a time in double.
+static void linear_bias_grad(int n, int out, const float *dy, float *db) {
+    for (int o0 = 0; o0 < out; o0 += 256) {
+        int    no = out - o0 < 256 ? out - o0 : 256;
+        double acc[256];
+        memset(acc, 0, sizeof acc);
+        for (int s = 0; s < n; s++) {
+            const float *row = dy + (size_t)s * out + o0;
+            for (int o = 0; o < no; o++)
+                acc[o] += row[o];
+        }
+        for (int o = 0; o < no; o++)
+            db[o0 + o] += (float)acc[o];
+    }
+}
+
+dt_status dt_nn_linear_forward_prec(dt_precision prec, const void *w16, int n, int in, int out,
+                                    const float *x, const float *w, const float *b, float *y) {
+    if (prec == DT_PREC_FP32 || n < 1) {
+        dt_nn_linear_forward(n, in, out, x, w, b, y);
+        return DT_OK;
+    }
+    if (b)
+        for (int s = 0; s < n; s++)
+            memcpy(y + (size_t)s * out, b, sizeof(float) * (size_t)out);
+    return dt_ac_gemm(prec, false, true, n, out, in, x, NULL, in, w, w16, in, y, out, b != NULL);
+}
+
+dt_status dt_nn_linear_backward_prec(dt_precision prec, const void *w16, int n, int in, int out,
+                                     const float *x, const float *w, const float *dy, float *dx,
+                                     float *dw, float *db) {
+    if (prec == DT_PREC_FP32 || n < 1) {
+        dt_nn_linear_backward(n, in, out, x, w, dy, dx, dw, db);
+        return DT_OK;
+    }
+    DT_TRY(dt_ac_gemm(prec, true, false, out, in, n, dy, NULL, out, x, NULL, in, dw, in, true));
+    if (db)
+        linear_bias_grad(n, out, dy, db);
+    if (dx)
+        DT_TRY(
+            dt_ac_gemm(prec, false, false, n, in, out, dy, NULL, out, w, w16, in, dx, in, false));
+    return DT_OK;
 }

@@ -131,4 +131,30 @@ bool dt_amx_usable(void);
 dt_status dt_gemm_amx(bool emulate, bool trans_a, bool trans_b, int m, int n, int k, dt_gemm_opnd a,
                       dt_gemm_opnd b, float *c, int ldc, bool accumulate);
 
+// ------------------------------------------------------------------ autocast (autocast.c)
+// What Linear and Conv2d (graph layers and the Sequential model) use in a 16-bit
+// precision mode (core.h's dt_precision), as torch.autocast does for mm/conv:
+//   bf16: operands rounded to bf16 (the weights once per step into a shadow copy, the
+//         activations as they are packed), products summed in fp32 on the current GEMM
+//         path (avx512bf16, amx or the fp32 fallback); the result stays fp32.
+//   fp16: operands rounded to fp16 (no fp16 GEMM here: the rounded values are exact in
+//         fp32 and their products too, so OpenBLAS's sgemm sums them as an fp16 GEMM
+//         with fp32 accumulation would), and the product rounded to fp16, so that
+//         overflow gives inf and tiny gradients flush as they would in fp16: what the
+//         GradScaler is for.
+//   fp32: dt_sgemm, bitwise what the layers did before.
+
+// Bytes of the shadow of n weights (0 for fp32).
+size_t dt_ac_shadow_bytes(dt_precision p, size_t n);
+// Fills the shadow: bf16 bits (uint16_t) for bf16, fp16-rounded floats for fp16.
+void dt_ac_shadow_fill(dt_precision p, const float *w, size_t n, void *shadow);
+// C (m, n) (+)= op(A) op(B), A and B fp32 row-major with strides lda/ldb (op: transpose
+// when trans_*); a16 / b16: the operand's shadow (same layout and stride) or NULL to
+// round A / B on the fly. DT_ERR_NOMEM if a temporary cannot be had.
+dt_status dt_ac_gemm(dt_precision p, bool trans_a, bool trans_b, int m, int n, int k,
+                     const float *a, const void *a16, int lda, const float *b, const void *b16,
+                     int ldb, float *c, int ldc, bool accumulate);
+// x rounded to fp16 and back, in place (overflow: inf).
+void dt_f32_round_f16_inplace(float *x, size_t n);
+
 #endif // DTRAIN_NN_PREC_H

@@ -91,6 +91,8 @@ static dt_ckpt_opts ckpt_opts(const dt_trainer *t) {
 }
 
 static dt_status save(dt_trainer *t) {
+    if (t->scaler) // the scaler's state as of this step (its key/value)
+        dt_grad_scaler_state_str(t->scaler, t->scaler_kv, sizeof t->scaler_kv);
     double        t0 = dt_now();
     dt_ckpt_state cs = ckpt_state(t);
     dt_ckpt_opts  co = ckpt_opts(t);
@@ -119,6 +121,20 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_trainer_print(t, "Loaded parameters from %s\n", a->load);
     }
     build_kvs(t);
+    t->prec = dt_trainer_precision(t);
+    if (t->prec == DT_PREC_FP16 && a->zero > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--precision fp16 with --zero %ld: not supported yet (the loss "
+                       "scaler would check each rank's gradient shard)",
+                       a->zero);
+    if (t->prec == DT_PREC_FP16) { // GradScaler, its inf check agreed over the group
+        dt_grad_scaler_opts so = dt_grad_scaler_opts_default();
+        if (t->pg)
+            so.agree = dt_ddp_agree_inf, so.agree_user = t->pg;
+        DT_TRY(dt_grad_scaler_new(&t->scaler, &so));
+        dt_grad_scaler_state_str(t->scaler, t->scaler_kv, sizeof t->scaler_kv);
+        t->kvs[t->nkvs++] = (dt_ckpt_kv){"grad_scaler", t->scaler_kv};
+    }
     if (a->resume && !a->eval_only) {
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
@@ -126,6 +142,9 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_status     st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
         if (!st && info.found)
             st = check_config(t, &info);
+        const char *sc = info.found ? dt_ckpt_info_get(&info, "grad_scaler") : NULL;
+        if (!st && t->scaler && sc) // a checkpoint of another precision has none: fresh
+            st = dt_grad_scaler_load_str(t->scaler, sc);
         if (!st && info.found) {
             t->step = t->last_saved = info.step;
             t->epoch                = (long)info.epoch;
@@ -201,6 +220,8 @@ dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt
     dt_status st   = dt_model_set_threads(m, t->threads);
     if (!st)
         st = dt_model_set_grad_shards(m, (int)shards);
+    if (!st)
+        st = dt_model_set_precision(m, dt_trainer_precision(t));
     if (!st && t->batch)
         st = dt_model_reserve(m, (int)t->batch);
     if (st)
@@ -222,6 +243,7 @@ dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt
                        dt_last_error());
     }
     DT_TRY(dt_graph_set_threads(g, t->threads));
+    DT_TRY(dt_graph_set_precision(g, dt_trainer_precision(t))); // --precision
     return dt_trainer_prepare(t, dt_graph_params(g), opt, sched);
 }
 
@@ -426,13 +448,23 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         }
         if (t->window > 1 && !t->join) // the mean over the window's micro-batches
             scale_grads(t->p, 1.0f / (float)t->window);
-        if (t->a.clip_grad > 0 && t->zero)
+        // fp16: unscale, agree on inf/NaN over the ranks; a bad step is skipped by all
+        bool skip = false;
+        if (t->scaler) {
+            DT_TRY(dt_grad_scaler_unscale(t->scaler, t->p));
+            skip = dt_grad_scaler_found_inf(t->scaler);
+            DT_TRY(dt_grad_scaler_update(t->scaler));
+            t->skipped += skip;
+        }
+        if (t->a.clip_grad > 0 && !skip && t->zero)
             DT_TRY(dt_zero_clip_grad_norm(t->zero, (float)t->a.clip_grad, &t->grad_norm));
-        else if (t->a.clip_grad > 0)
+        else if (t->a.clip_grad > 0 && !skip)
             DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
         if (t->sched && t->opt)
             DT_TRY(dt_sched_apply(t->sched, t->opt, t->step));
-        if (t->zero)
+        if (skip)
+            ; // the optimizer step is skipped on every rank
+        else if (t->zero)
             DT_TRY(dt_zero_step(t->zero));
         else if (t->opt)
             dt_optim_step(t->opt);

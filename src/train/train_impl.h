@@ -50,7 +50,7 @@ void dt_train_preempt_release(void);
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
 #define MAX_COMMON   48
-#define MAX_KVS      24
+#define MAX_KVS      26
 
 struct dt_trainer {
     dt_trainer_opts o;
@@ -97,6 +97,11 @@ struct dt_trainer {
     const char *kvflag[MAX_KVS];
     int         nkvs;
     dt_ckpt_rng rngs[1];
+    // --precision; fp16's loss scaler and its checkpoint text (key "grad_scaler")
+    dt_precision    prec;
+    dt_grad_scaler *scaler;
+    char            scaler_kv[64];
+    int64_t         skipped;
     // Watching: rank 0's progress and loss curves; the evaluation for --plot.
     dt_progress       *bar;
     dt_plot           *plot;

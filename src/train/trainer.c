@@ -70,6 +70,12 @@ static void build_common(dt_trainer *t) {
              "It cost 0-3% of CPU time on the seed's ConvNet\n"
              "(bench/RESULTS.md); 0 turns it off",
            T, DT_FLAG_CKPT_WARN, 0, 0},
+          {"precision", DT_FLAG_STRING, &a->precision, "fp32", 0, 0, "P",
+           "arithmetic of the convolutions and linear layers: fp32, or bf16 /\n"
+             "fp16 operands with fp32 sums and fp32 master weights, as\n"
+             "torch.autocast (docs/precision.md); fp16 adds dynamic loss\n"
+             "scaling (default fp32)",
+           T, S | DT_FLAG_CKPT_WARN, "fp32 bf16 fp16", "fp32, bf16 or fp16"},
           {"data-parallel", DT_FLAG_LONG, &a->data_parallel, "1", 1, DT_DP_MAX_REPLICAS, "N",
            "DataParallel: N replicas of the model on N threads of this one\n"
              "process, each on a slice of every batch, gradients summed in\n"
@@ -349,6 +355,8 @@ static dt_status check_shared(dt_trainer *t) {
 // ------------------------------------------------------------------------- launching
 
 static void release_worker(dt_trainer *t) {
+    dt_grad_scaler_free(t->scaler);
+    t->scaler = NULL;
     dt_dp_free(t->dp);
     t->dp = NULL, t->has_replicas = false;
     dt_ddp_free(t->ddp);
@@ -521,6 +529,25 @@ void dt_trainer_exclude_time(dt_trainer *t, double secs) {
 double dt_trainer_loop_secs(const dt_trainer *t) {
     return (t->finished > 0 ? t->finished : dt_now()) - t->train_start - t->excluded;
 }
+dt_precision dt_trainer_precision(const dt_trainer *t) {
+    dt_precision p = DT_PREC_FP32;
+    if (t->a.precision && dt_precision_parse(t->a.precision, &p) != DT_OK)
+        p = DT_PREC_FP32; // not reached: the flag table accepts only the three words
+    return p;
+}
+float dt_trainer_loss_scale(const dt_trainer *t) {
+    return t->scaler ? dt_grad_scaler_scale(t->scaler) : 1.0f;
+}
+void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n) {
+    float s = dt_trainer_loss_scale(t);
+    if (s != 1.0f)
+        for (size_t i = 0; i < n; i++)
+            dloss[i] *= s;
+}
+int64_t dt_trainer_skipped_steps(const dt_trainer *t) {
+    return t->skipped;
+}
+
 int64_t dt_trainer_step_count(const dt_trainer *t) {
     return t->step;
 }
