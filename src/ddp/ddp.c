@@ -3,6 +3,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/trace.h"
 
+#include "ddp/buckets.h"
 #include "ddp/compress.h"
 
 #include <stdio.h>
@@ -48,60 +49,24 @@ dt_ddp_opts dt_ddp_opts_default(void) {
 
 // --------------------------------------------------------------------------- buckets
 
-// PyTorch's compute_bucket_assignment_by_size for one dtype: walk the trainable
-// tensors in definition order, close a bucket once it holds at least the current limit
-// (so a bucket can exceed it by one tensor), then move to the next limit; reverse at
-// the end. Frozen tensors get no bucket (PyTorch leaves requires_grad=False parameters
-// out); one lying between two trainable tensors of a bucket is inside its range and
-// reduced with it, harmlessly.
+// The buckets (buckets.h: PyTorch's assignment by size), in reduction order.
 static dt_status form_buckets(dt_ddp *d) {
-    size_t  cap   = d->o.bucket_cap_bytes ? d->o.bucket_cap_bytes : (size_t)25 << 20;
-    size_t  first = d->o.first_bucket_bytes ? d->o.first_bucket_bytes
-                    : d->o.bucket_cap_bytes ? cap
-                                            : (size_t)1 << 20;
-    int     n     = d->ntensors;
-    bucket *tmp   = dt_alloc_zero(sizeof(bucket) * (size_t)(n ? n : 1));
-    d->b          = dt_alloc_zero(sizeof(bucket) * (size_t)(n ? n : 1));
-    if (!tmp || !d->b) {
-        dt_free(tmp);
+    int             n     = d->ntensors;
+    dt_bucket_span *spans = dt_alloc_zero(sizeof *spans * (size_t)(n ? n : 1));
+    d->b                  = dt_alloc_zero(sizeof(bucket) * (size_t)(n ? n : 1));
+    if (!spans || !d->b) {
+        dt_free(spans);
         return DT_ERR_NOMEM;
     }
-    int last = -1; // the last trainable tensor
-    for (int t = 0; t < n; t++)
-        if (dt_params_info(d->p, t)->trainable)
-            last = t;
-    int    nb = 0, start = -1, ntrain = 0;
-    size_t bytes = 0, limit = first;
-    for (int t = 0; t <= last; t++) {
-        const dt_param_info *pi = dt_params_info(d->p, t);
-        if (!pi->trainable)
-            continue;
-        if (start < 0)
-            start = t;
-        ntrain++;
-        bytes += pi->count * sizeof(float);
-        if (bytes >= limit || t == last) {
-            const dt_param_info *p0 = dt_params_info(d->p, start);
-            tmp[nb++]               = (bucket){.offset   = p0->offset,
-                                               .count    = pi->offset + pi->count - p0->offset,
-                                               .first    = start,
-                                               .ntensors = t - start + 1,
-                                               .ntrain   = ntrain};
-            start                   = -1;
-            ntrain                  = 0;
-            bytes                   = 0;
-            limit                   = cap;
-        }
-    }
-    d->nbuckets = nb;
-    for (int t = 0; t < n; t++)
-        d->tensor_bucket[t] = -1;
-    for (int i = 0; i < nb; i++) {
-        d->b[i] = tmp[nb - 1 - i];
-        for (int t = d->b[i].first; t < d->b[i].first + d->b[i].ntensors; t++)
-            d->tensor_bucket[t] = dt_params_info(d->p, t)->trainable ? i : -1;
-    }
-    dt_free(tmp);
+    dt_bucket_plan(d->p, d->o.bucket_cap_bytes, d->o.first_bucket_bytes, spans, &d->nbuckets,
+                   d->tensor_bucket);
+    for (int i = 0; i < d->nbuckets; i++)
+        d->b[i] = (bucket){.offset   = spans[i].offset,
+                           .count    = spans[i].count,
+                           .first    = spans[i].first,
+                           .ntensors = spans[i].ntensors,
+                           .ntrain   = spans[i].ntrain};
+    dt_free(spans);
     return DT_OK;
 }
 

@@ -3,6 +3,8 @@
 #include "dtrain/zero.h"
 #include "dtrain/trace.h"
 
+#include "ddp/buckets.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -46,60 +48,32 @@ dt_zero_opts dt_zero_opts_default(void) {
 
 // ------------------------------------------------------------------------ layout
 
-// DDP's buckets (PyTorch's compute_bucket_assignment_by_size): trainable tensors in
-// definition order, a bucket closes at the limit (the first at first_bucket_bytes),
-// reversed at the end so bucket 0 holds the tensors backward finishes first.
+// DDP's buckets (src/ddp/buckets.h), each cut into world chunks of q floats and a
+// remainder; this rank's chunk and the remainder lie at soff in the shard.
 static dt_status form_buckets(dt_zero *z) {
-    size_t   cap   = z->o.bucket_cap_bytes ? z->o.bucket_cap_bytes : (size_t)25 << 20;
-    size_t   first = z->o.first_bucket_bytes ? z->o.first_bucket_bytes
-                     : z->o.bucket_cap_bytes ? cap
-                                             : (size_t)1 << 20;
-    int      n     = z->ntensors;
-    zbucket *tmp   = dt_alloc_zero(sizeof(zbucket) * (size_t)(n ? n : 1));
-    z->b           = dt_alloc_zero(sizeof(zbucket) * (size_t)(n ? n : 1));
-    if (!tmp || !z->b) {
-        dt_free(tmp);
+    int             n     = z->ntensors;
+    dt_bucket_span *spans = dt_alloc_zero(sizeof *spans * (size_t)(n ? n : 1));
+    z->b                  = dt_alloc_zero(sizeof(zbucket) * (size_t)(n ? n : 1));
+    if (!spans || !z->b) {
+        dt_free(spans);
         return DT_ERR_NOMEM;
     }
-    int last = -1;
-    for (int t = 0; t < n; t++)
-        if (dt_params_info(z->p, t)->trainable)
-            last = t;
-    int    nb = 0, start = -1, ntrain = 0;
-    size_t bytes = 0, limit = first;
-    for (int t = 0; t <= last; t++) {
-        const dt_param_info *pi = dt_params_info(z->p, t);
-        if (!pi->trainable)
-            continue;
-        if (start < 0)
-            start = t;
-        ntrain++;
-        bytes += pi->count * sizeof(float);
-        if (bytes >= limit || t == last) {
-            const dt_param_info *p0 = dt_params_info(z->p, start);
-            tmp[nb++]               = (zbucket){.offset   = p0->offset,
-                                                .count    = pi->offset + pi->count - p0->offset,
-                                                .first    = start,
-                                                .ntensors = t - start + 1,
-                                                .ntrain   = ntrain};
-            start = -1, ntrain = 0, bytes = 0, limit = cap;
-        }
-    }
-    z->nbuckets = nb;
-    for (int t = 0; t < n; t++)
-        z->tensor_bucket[t] = -1;
+    dt_bucket_plan(z->p, z->o.bucket_cap_bytes, z->o.first_bucket_bytes, spans, &z->nbuckets,
+                   z->tensor_bucket);
     size_t soff = 0;
-    for (int i = 0; i < nb; i++) {
+    for (int i = 0; i < z->nbuckets; i++) {
         zbucket *bk = &z->b[i];
-        *bk         = tmp[nb - 1 - i];
+        *bk         = (zbucket){.offset   = spans[i].offset,
+                                .count    = spans[i].count,
+                                .first    = spans[i].first,
+                                .ntensors = spans[i].ntensors,
+                                .ntrain   = spans[i].ntrain};
         bk->q       = bk->count / (size_t)z->world;
         bk->soff    = soff;
         soff += bk->q + (bk->count - bk->q * (size_t)z->world);
-        for (int t = bk->first; t < bk->first + bk->ntensors; t++)
-            z->tensor_bucket[t] = dt_params_info(z->p, t)->trainable ? i : -1;
     }
     z->ns = soff;
-    dt_free(tmp);
+    dt_free(spans);
     return DT_OK;
 }
 
