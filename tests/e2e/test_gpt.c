@@ -35,17 +35,7 @@ static char bin[PATH_MAX + 64], dir[64] = "/tmp/dtrain-gpt-XXXXXX", corpus[256];
 #define TINY "--n-layer 1 --n-embd 32 --n-head 2 --block-size 32 --batch-size 8 --lr 3e-3 "
 
 static int run(const char *cmd, char **out) {
-    FILE  *p   = popen(cmd, "r");
-    size_t cap = 1 << 16, len = 0, k;
-    *out = calloc(cap, 1);
-    if (!p)
-        return -1;
-    while ((k = fread(*out + len, 1, cap - len - 1, p)) > 0)
-        if ((len += k) + 1 >= cap)
-            *out = realloc(*out, cap *= 2);
-    (*out)[len] = '\0';
-    int st      = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return test_run(out, "%s", cmd);
 }
 
 // 40,000 bytes of lines of 4..9 words; returns the unigram entropy (nats) of the

@@ -144,23 +144,12 @@ static const char *common = "--limit 512 --batch-size 32 --threads 1 --seed 3";
 
 static int run(char **out, const char *fmt, ...) DT_PRINTF(2, 3);
 static int run(char **out, const char *fmt, ...) {
-    char    args[2048], cmd[PATH_MAX + 2048 + 128];
+    char    args[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
-    FILE  *p   = popen(cmd, "r");
-    size_t cap = 1 << 16, len = 0, k;
-    *out = calloc(cap, 1);
-    if (!p)
-        return -1;
-    while ((k = fread(*out + len, 1, cap - len - 1, p)) > 0)
-        if ((len += k) + 1 >= cap)
-            *out = realloc(*out, cap *= 2);
-    (*out)[len] = '\0';
-    int st      = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return test_run(out, "%s %s 2>&1", bin, args);
 }
 
 // "Test accuracy: 63.33% (6333/10000), average loss 1.0901"
