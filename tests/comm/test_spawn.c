@@ -161,7 +161,7 @@ static void test_two_nodes_without_token(void) {
     for (int k = 0; k < 2; k++) {
         node[k] = fork();
         if (node[k] == 0) {
-            char gr[4];
+            char gr[16];
             snprintf(gr, sizeof gr, "%d", k);
             setenv("GROUP_RANK", gr, 1);
             setenv("WORLD_SIZE", "4", 1);

@@ -21,7 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char bin[PATH_MAX + 64], tool[PATH_MAX + 64], peer[PATH_MAX],
+static char bin[PATH_MAX + 64], tool[PATH_MAX + 64], peer[PATH_MAX + 64],
     dir[64] = "/tmp/dt-torch-XXXXXX";
 
 #define TINY "--n-layer 1 --n-embd 32 --n-head 2 --block-size 32 --batch-size 8 --lr 3e-3 "
@@ -168,8 +168,6 @@ int main(void) {
         cwd[0] = '\0';
     snprintf(tool, sizeof tool, "%s/tools/dt_torch.py", cwd);
     snprintf(peer, sizeof peer, "%s/../shared/bench/peer/gpt_bytes.py", cwd);
-    if (!exists(peer))
-        snprintf(peer, sizeof peer, "/work/shared/bench/peer/gpt_bytes.py");
     *strrchr(peer, '/') = '\0'; // its folder
     if (!exists(tool)) {
         CHECK(!"tools/dt_torch.py not found: run the test from the repository root");

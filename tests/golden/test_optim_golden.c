@@ -95,7 +95,7 @@ static void run_optim(const char *file, bool adamw) {
     g.lr = h->v[2], g.weight_decay = 0;
     CHECK_OK(dt_optim_add_group(o, is_b, NULL, &g, NULL));
     for (int k = 0; o && k < 3; k++) {
-        char gn[16], nn[16], pn[16];
+        char gn[24], nn[24], pn[24];
         snprintf(gn, sizeof gn, "grad%d", k);
         snprintf(nn, sizeof nn, "norm%d", k);
         snprintf(pn, sizeof pn, "param%d", k);
