@@ -46,7 +46,7 @@ static void build_common(dt_trainer *t) {
     dt_flag f[]   = {
           {"epochs", DT_FLAG_LONG, &a->epochs, t->def_epochs, 1, 100000, "N",
            "passes over the training set (default 1)", T, S | DT_FLAG_CKPT_KEEP, 0, 0},
-          {"seed", DT_FLAG_LONG, &a->seed, "0", 0, 0x7fffffffffffffffL, "S",
+          {"seed", DT_FLAG_LONG, &a->seed, "0", 0, 9.3e18 /* LONG_MAX */, "S",
            "seed of initialisation, shuffling and dropout (default 0)", T, S | DT_FLAG_CKPT_REFUSE, 0,
            0},
           {"threads", DT_FLAG_LONG, &a->threads, NULL, 1, 256, "T",
