@@ -37,7 +37,7 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
 else
     echo "note: mpicc/mpirun not found (apt-get install libopenmpi-dev openmpi-bin): Open MPI skipped"
 fi
-GLOO=/work/shared/bench/peer/gloo_allreduce.py
+GLOO=${PEER:-../shared/bench/peer}/gloo_allreduce.py
 [ -n "${GLOO_SCRIPT:-}" ] && GLOO=$GLOO_SCRIPT
 HAVE_GLOO=0
 if [ -f "$GLOO" ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then HAVE_GLOO=1

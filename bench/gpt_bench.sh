@@ -15,7 +15,6 @@ ROUNDS=${1:-3}
 STEPS=${2:-20}
 BIN=${DTRAIN_GPT:-build/bin/dtrain-gpt}
 PEER=${PEER:-../shared/bench/peer}            # from the repository root
-[ -f "$PEER/gpt_bytes.py" ] || PEER=/work/shared/bench/peer
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184
 COMMON="--steps $STEPS --eval-every 0 --log-every 10"
 one() { # name, command...

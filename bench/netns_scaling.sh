@@ -42,7 +42,7 @@ DELAY=${DELAY:-}
 OUT=${OUT:-build/bench/netns}
 NODES=4
 P=nbx
-PEER=/work/shared/bench/peer
+PEER=${PEER:-$(cd .. && pwd)/shared/bench/peer}
 PORT=29650
 
 ns_host() { echo "$P-h$1"; }

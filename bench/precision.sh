@@ -12,7 +12,7 @@
 # --limit trains dtrain on the first N samples only (the peer has no such flag: its
 # rows are then left out).
 set -eu
-reps=3 limit="" fp16=0 peer=/work/shared/bench/peer
+reps=3 limit="" fp16=0 peer=${PEER:-../shared/bench/peer}
 while [ $# -gt 0 ]; do
     case $1 in
     --reps) reps=$2; shift 2 ;;

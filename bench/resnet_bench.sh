@@ -19,7 +19,7 @@ set -eu
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-"0 1 2"}
 LIMIT=${LIMIT:-12000}
-PEER=${PEER:-/work/shared/bench/peer/resnet_fmnist.py}
+PEER=${PEER:-../shared/bench/peer/resnet_fmnist.py}
 OUT=build/bench/resnet
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/runs.tsv

@@ -1,0 +1,35 @@
+#!/bin/sh
+# gpt_precision.sh: dtrain-gpt in fp32 and bf16 against the PyTorch peer gpt_bytes.py in
+# fp32 and under --autocast-bf16, interleaved per round (dtrain fp32, dtrain bf16, peer
+# fp32, peer bf16, ...), one process with 2 threads each (the peer's best setting, its
+# README). One line per run: STATS tokens_per_sec (the whole loop), the last step
+# line's tok/s (steady state), the final training loss, the 1-minute load average and
+# the process CPU seconds.
+#   bench/gpt_precision.sh [ROUNDS] [STEPS]      (defaults 3 rounds of 20 steps)
+# Run from the repository root. Env: DTRAIN_GPT (default build/bin/dtrain-gpt), PEER
+# (the folder of gpt_bytes.py, default ../shared/bench/peer).
+set -u
+ROUNDS=${1:-3}
+STEPS=${2:-20}
+BIN=${DTRAIN_GPT:-build/bin/dtrain-gpt}
+PEER=${PEER:-../shared/bench/peer}
+export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184
+COMMON="--steps $STEPS --eval-every 0 --log-every 10"
+one() { # name, command...
+    name=$1; shift
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    out=$( { /usr/bin/time -f "CPU %U %S" "$@" $COMMON; } 2>&1 )
+    tps=$(echo "$out" | grep '^STATS' | head -1 | sed 's/.*"tokens_per_sec": \([0-9.]*\).*/\1/')
+    last=$(echo "$out" | grep '| tok/s' | tail -1 | sed 's/.*tok\/s //')
+    loss=$(echo "$out" | grep '| tok/s' | tail -1 | sed 's/.*| loss \([0-9.]*\).*/\1/')
+    cpu=$(echo "$out" | grep '^CPU' | tail -1)
+    echo "$name | tok/s $tps | last $last | loss $loss | load $load | $cpu"
+}
+r=1
+while [ $r -le "$ROUNDS" ]; do
+    one dtrain-fp32 "$BIN" --threads 2 --precision fp32
+    one dtrain-bf16 "$BIN" --threads 2 --precision bf16
+    one peer-fp32 /usr/bin/python3 "$PEER/gpt_bytes.py" --undistributed --threads 2 --blas-threads 1
+    one peer-bf16 /usr/bin/python3 "$PEER/gpt_bytes.py" --undistributed --threads 2 --blas-threads 1 --autocast-bf16
+    r=$((r + 1))
+done
