@@ -20,6 +20,8 @@
 #include "dtrain/graph.h"
 #include "dtrain/trace.h"
 
+#include "nn/graph_impl.h"
+
 #include "nn/blas.h"
 #include "nn/ops.h"
 #include "nn/pool.h"
@@ -27,74 +29,6 @@
 
 #include <stdio.h>
 #include <string.h>
-
-typedef struct gval {
-    char           name[DT_GRAPH_NAME_MAX + 1];
-    dt_layer      *layer; // NULL: a graph input
-    int            nin;
-    int            in[DT_LAYER_MAX_INPUTS];
-    dt_shape       shape; // per-sample output
-    dt_layer_setup su;
-    int            nconsumers;
-    int            layer_no; // position among the layer nodes (0 = the first added): its
-                             // random streams, as a Sequential model's layer index
-    // After finalize: tensor indices into the dt_params tables; alias_of: -1 or the
-    // (value, tensor) this node's parameter k is tied to.
-    int          pidx[DT_LAYER_MAX_TENSORS], bidx[DT_LAYER_MAX_TENSORS];
-    int          tie_val[DT_LAYER_MAX_TENSORS], tie_k[DT_LAYER_MAX_TENSORS];
-    float       *w[DT_LAYER_MAX_TENSORS], *dw[DT_LAYER_MAX_TENSORS], *buf[DT_LAYER_MAX_TENSORS];
-    float       *y, *dy, *saved;
-    const float *ext;     // graph input: the caller's buffer
-    bool         written; // backward: dy holds a gradient
-    bool         fwd_training;
-    bool         moved; // its layer went to another graph (dt_graph_extract)
-    // dt_graph_extract: parameter k was tied to a node left behind; it is a tensor of
-    // its own here, registered under its owner's name (empty: not such a copy).
-    char  copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
-    void *w16[DT_LAYER_MAX_TENSORS]; // 16-bit shadows (su.lowp_params), per precision
-} gval;
-
-// One set of the values a forward leaves for its backward (dt_graph_set_slots): the
-// selected slot's are in the gvals, the others wait here.
-typedef struct gslot {
-    float       **y, **saved; // [nvals], owned
-    const float **ext;        // [nvals]
-    bool         *fwd_training;
-    int           batch;
-    uint64_t     *keys; // owned
-    int           nkeys;
-} gslot;
-
-struct dt_graph {
-    gval      *vals;
-    int        nvals, cap, output;
-    bool       finalized, training, input_grad;
-    dt_params *params;
-    int       *first_user; // per parameter tensor: the earliest node using it
-    dt_rng     rng;
-    uint64_t  *keys;
-    int        nkeys;
-    int        reserved; // batch the buffers hold
-    int        batch;    // of the last forward
-    float     *scratch, *tmp;
-    size_t     scratch_n, tmp_n;
-    // Threads (dt_graph_set_threads): samples split in nthreads contiguous ranges.
-    dt_pool     *pool;
-    int          nthreads;
-    int          split;    // the thread count of the last forward (backward reuses it)
-    float      **partial;  // [thread] gradient partials of threads 1.. (0 adds into grads)
-    float      **tscratch; // [thread] scratch of threads 1.. (thread 0 uses `scratch`)
-    int          tbuf_n;   // threads the two arrays above were made for
-    size_t       tscratch_n;
-    uint64_t    *pos_keys; // 0, 1, ..: the sample keys of a split batch without keys
-    dt_status   *tstatus;  // [thread] status of the current task
-    float      **dyslot;   // the buffers the nodes' gradients share (see share_dy)
-    int          ndy;
-    gslot       *slots; // dt_graph_set_slots: nslots sets of values, `slot` selected
-    int          nslots, slot;
-    dt_precision prec;     // dt_graph_set_precision
-    dt_precision w16_prec; // the format the shadows (gval.w16) were made for
-};
 
 dt_graph_opts dt_graph_opts_default(void) {
     return (dt_graph_opts){.max_nodes = 1024};
@@ -125,7 +59,7 @@ dt_status dt_graph_new(dt_graph **out, const dt_graph_opts *opts) {
     return DT_OK;
 }
 
-static void free_buffers(dt_graph *g) {
+void dt_graph_release_buffers(dt_graph *g) {
     for (int i = 0; i < g->nvals; i++) {
         gval *v = &g->vals[i];
         if (!g->nslots) { // else the slots own them
@@ -155,7 +89,7 @@ static void free_buffers(dt_graph *g) {
     g->reserved = 0;
 }
 
-static void free_slots(dt_graph *g) {
+void dt_graph_release_slots(dt_graph *g) {
     for (int s = 0; s < g->nslots; s++) {
         dt_free(g->slots[s].y);
         if (s != g->slot)
@@ -194,8 +128,8 @@ void dt_graph_free(dt_graph *g) {
     if (!g)
         return;
     free_shadows(g);
-    free_buffers(g);
-    free_slots(g);
+    dt_graph_release_buffers(g);
+    dt_graph_release_slots(g);
     free_thread_buffers(g);
     dt_pool_free(g->pool);
     for (int i = 0; i < g->nvals; i++)
@@ -361,7 +295,7 @@ dt_status dt_graph_set_output(dt_graph *g, const char *node) {
     if (v < 0 || !g->vals[v].layer)
         return dt_fail(DT_ERR_ARG, "dt_graph_set_output: no node named '%s'", node ? node : "");
     g->output = v;
-    free_buffers(g); // the gradients' sharing depends on the output
+    dt_graph_release_buffers(g); // the gradients' sharing depends on the output
     g->batch = 0;
     return DT_OK;
 }
@@ -593,7 +527,7 @@ static dt_status share_dy(dt_graph *g, int batch) {
 static dt_status reserve(dt_graph *g, int batch) {
     if (batch <= g->reserved)
         return DT_OK;
-    free_buffers(g);
+    dt_graph_release_buffers(g);
     DT_TRY(share_dy(g, batch));
     size_t scratch = 1, tmp = 1;
     for (int i = 0; i < g->nvals; i++) {
@@ -950,159 +884,6 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
             DT_TRY(dt_params_grad_ready(g->params, info->offset, info->count));
         }
     }
-    return DT_OK;
-}
-
-// ------------------------------------------------------------------- pipeline support
-
-dt_status dt_graph_set_slots(dt_graph *g, int n) {
-    if (!g || !g->finalized || n < 1)
-        return dt_fail(DT_ERR_ARG,
-                       "dt_graph_set_slots: expected a finalized graph and n >= 1, "
-                       "found n = %d",
-                       n);
-    free_buffers(g); // before the slots that own them go
-    free_slots(g);   // keeps the selected slot's keys in g->keys
-    g->batch = 0;
-    if (n == 1)
-        return DT_OK;
-    size_t nv = (size_t)g->nvals;
-    g->slots  = dt_alloc_zero(sizeof(gslot) * (size_t)n);
-    if (!g->slots)
-        return DT_ERR_NOMEM;
-    g->nslots = n;
-    for (int s = 0; s < n; s++) { // one block per slot: y, saved, ext, fwd_training
-        void **blk = dt_alloc_zero(nv * (3 * sizeof(void *) + sizeof(bool)) + 1);
-        if (!blk)
-            return DT_ERR_NOMEM;
-        g->slots[s].y            = (float **)blk;
-        g->slots[s].saved        = (float **)blk + nv;
-        g->slots[s].ext          = (const float **)blk + 2 * nv;
-        g->slots[s].fwd_training = (bool *)(blk + 3 * nv);
-    }
-    return DT_OK;
-}
-
-dt_status dt_graph_use_slot(dt_graph *g, int slot) {
-    if (!g || slot < 0 || slot >= (g->nslots ? g->nslots : 1))
-        return dt_fail(DT_ERR_ARG, "dt_graph_use_slot: expected a slot in [0, %d), found %d",
-                       g && g->nslots ? g->nslots : 1, slot);
-    if (!g->nslots || slot == g->slot)
-        return DT_OK;
-    gslot *a = &g->slots[g->slot], *b = &g->slots[slot];
-    for (int i = 0; i < g->nvals; i++) {
-        gval *v            = &g->vals[i];
-        a->ext[i]          = v->ext;
-        a->fwd_training[i] = v->fwd_training;
-        v->ext             = b->ext[i];
-        v->fwd_training    = b->fwd_training[i];
-        if (v->layer) {
-            v->y     = b->y[i];
-            v->saved = b->saved[i];
-        }
-    }
-    a->batch = g->batch;
-    a->keys  = g->keys;
-    a->nkeys = g->nkeys;
-    g->batch = b->batch;
-    g->keys  = b->keys;
-    g->nkeys = b->nkeys;
-    b->keys  = NULL;
-    g->slot  = slot;
-    return DT_OK;
-}
-
-int dt_graph_num_ties(const dt_graph *g) {
-    int n = 0;
-    for (int i = 0; g && i < g->nvals; i++)
-        for (int k = 0; g->vals[i].layer && k < g->vals[i].su.nparams; k++)
-            n += g->vals[i].tie_val[k] >= 0;
-    return n;
-}
-
-dt_status dt_graph_tie_at(const dt_graph *g, int t, char *owner, int *owner_node, int *param_node) {
-    for (int i = 0, n = 0; g && i < g->nvals; i++)
-        for (int k = 0; g->vals[i].layer && k < g->vals[i].su.nparams; k++) {
-            const gval *v = &g->vals[i];
-            if (v->tie_val[k] < 0 || n++ != t)
-                continue;
-            const gval *o = &g->vals[v->tie_val[k]];
-            snprintf(owner, DT_PARAM_NAME_MAX + 1, "%s.%s", o->name,
-                     o->su.params[v->tie_k[k]].name);
-            *owner_node = v->tie_val[k];
-            *param_node = i;
-            return DT_OK;
-        }
-    return dt_fail(DT_ERR_ARG, "dt_graph_tie_at: no tie %d (%d ties)", t, dt_graph_num_ties(g));
-}
-
-dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last) {
-    if (!out)
-        return dt_fail(DT_ERR_ARG, "dt_graph_extract: expected an output pointer, found NULL");
-    *out = NULL;
-    if (!whole || whole->finalized)
-        return dt_fail(DT_ERR_STATE, "dt_graph_extract: expected a graph not yet finalized");
-    if (first < 0 || last < first || last >= whole->nvals)
-        return dt_fail(DT_ERR_ARG, "dt_graph_extract: expected nodes 0 <= %d <= %d < %d", first,
-                       last, whole->nvals);
-    for (int i = first; i <= last; i++) {
-        const gval *v = &whole->vals[i];
-        if (v->moved)
-            return dt_fail(DT_ERR_STATE, "dt_graph_extract: node '%s' was extracted already",
-                           v->name);
-    }
-    int *map = dt_alloc(sizeof(int) * (size_t)whole->nvals);
-    if (!map)
-        return DT_ERR_NOMEM;
-    for (int i = 0; i < whole->nvals; i++)
-        map[i] = -1;
-    dt_graph     *g  = NULL;
-    dt_graph_opts o  = {.max_nodes = whole->cap};
-    dt_status     st = dt_graph_new(&g, &o);
-    // The values read from before the range become inputs, in the order of their first
-    // reader; graph inputs inside the range stay inputs.
-    for (int i = first; st == DT_OK && i <= last; i++) {
-        const gval *v = &whole->vals[i];
-        for (int j = 0; j < v->nin && st == DT_OK; j++)
-            if (v->in[j] < first && map[v->in[j]] < 0) {
-                map[v->in[j]] = g->nvals;
-                st = dt_graph_input(g, whole->vals[v->in[j]].name, &whole->vals[v->in[j]].shape);
-            }
-    }
-    for (int i = first; st == DT_OK && i <= last; i++) {
-        gval *v       = &whole->vals[i];
-        gval *n       = &g->vals[g->nvals];
-        *n            = *v;
-        n->nconsumers = 0;
-        for (int j = 0; j < v->nin; j++) {
-            n->in[j] = map[v->in[j]];
-            g->vals[n->in[j]].nconsumers++;
-        }
-        for (int k = 0; v->layer && k < v->su.nparams; k++) {
-            int ov = v->tie_val[k];
-            if (ov >= 0 && ov >= first) {
-                n->tie_val[k] = map[ov];
-            } else if (ov >= 0) { // the owner stays behind: a copy under its name
-                n->tie_val[k] = -1;
-                snprintf(n->copy_of[k], sizeof n->copy_of[k], "%s.%s", whole->vals[ov].name,
-                         whole->vals[ov].su.params[v->tie_k[k]].name);
-            }
-        }
-        map[i] = g->nvals++;
-        if (v->layer) {
-            g->output = map[i];
-            v->layer  = NULL; // the new graph owns it now
-            v->moved  = true;
-        }
-    }
-    dt_free(map);
-    if (st == DT_OK && g->output < 0)
-        st = dt_fail(DT_ERR_ARG, "dt_graph_extract: nodes %d..%d hold no layer", first, last);
-    if (st != DT_OK) {
-        dt_graph_free(g);
-        return st;
-    }
-    *out = g;
     return DT_OK;
 }
 
