@@ -58,6 +58,8 @@ void dt_sha256_init(dt_sha256 *s) {
 }
 
 void dt_sha256_update(dt_sha256 *s, const void *data, size_t n) {
+    if (n == 0) // data may be NULL then, which memcpy must not see
+        return;
     const uint8_t *p = data;
     s->total += n;
     if (s->nbuf) {
