@@ -191,8 +191,9 @@ test: deps
 	$(Q)tests/run.sh $(TEST_BIN)
 
 # The long matrices (hung peers: 10 trials each of 2 and 4 ranks, shm and tcp, and 10
-# link cuts between network namespaces; about 10 minutes). CI runs it once, not under
-# the sanitizers.
+# link cuts between network namespaces; about 10 minutes), by hand and not under the
+# sanitizers: CI's 30 minutes go to the regular suite, whose test_liveness covers each
+# case once, and the sanitizers.
 test-slow: deps
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)DT_TEST_SLOW=1 DT_TEST_TIMEOUT=1800 tests/run.sh $(OUT)/tests/comm/test_liveness \
