@@ -121,10 +121,11 @@ dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last)
             }
     }
     for (int i = first; st == DT_OK && i <= last; i++) {
-        gval *v       = &whole->vals[i];
-        gval *n       = &g->vals[g->nvals];
-        *n            = *v;
-        n->nconsumers = 0;
+        gval *v        = &whole->vals[i];
+        gval *n        = &g->vals[g->nvals];
+        *n             = *v;
+        n->nconsumers  = 0;
+        n->param_layer = g->nvals;
         for (int j = 0; j < v->nin; j++) {
             n->in[j] = map[v->in[j]];
             g->vals[n->in[j]].nconsumers++;
