@@ -29,8 +29,10 @@
 // contiguous ranges of samples, one per thread; threads 1.. add their parameter
 // gradients into partial buffers that are summed into the gradient in thread order
 // after the node, so results do not depend on timing, and differ between thread counts
-// only by float rounding. Layers with batch-wide state (BatchNorm) run whole on the
-// calling thread.
+// only by float rounding (dt_graph_set_grad_shards removes that too). Layers with
+// batch-wide state (BatchNorm) run whole on the calling thread.
+//
+// nn.h's Sequential dt_model is a graph of this kind underneath (docs/graph.md).
 #ifndef DTRAIN_GRAPH_H
 #define DTRAIN_GRAPH_H
 

@@ -111,13 +111,13 @@ void dt_graph_release_buffers(dt_graph *g);
 void dt_graph_release_slots(dt_graph *g);
 void dt_graph_free_thread_buffers(dt_graph *g);
 
-// The passes of dt_graph_finalize (graph_pass.c), before the tensors are registered:
+// The pass of dt_graph_finalize (graph_pass.c), before the tensors are registered:
 // fusion (conv2d + ReLU (+ 2x2 max pool) into one node of the Sequential kind; nodes
-// removed, the rest renumbered), then in-place aliases (Sequential ReLU, dropout and
-// flatten nodes that are their input's only reader share its buffers).
+// removed, the rest renumbered).
 dt_status dt_graph_run_passes(dt_graph *g);
-// In-place nodes are planned with the buffers (graph_run.c's reserve): whether an
-// input is the output may change until then (dt_graph_set_output).
+// In-place nodes (Sequential ReLU, dropout and flatten nodes that are their input's
+// only reader share its buffers), planned with the buffers (graph_run.c's reserve):
+// whether an input is the output may change until then (dt_graph_set_output).
 void dt_graph_plan_aliases(dt_graph *g);
 void dt_graph_free_shadows(dt_graph *g);
 // The value whose buffers node i's output lives in (itself unless an alias).

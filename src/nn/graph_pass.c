@@ -102,6 +102,7 @@ static dt_status take_over(dt_graph *g, int i, int last, int *into) {
     gval          *v  = &g->vals[i];
     dt_shape       in = g->vals[v->in[0]].shape;
     dt_layer_setup su = {0};
+    dt_seq_set_precision(v->layer, g->prec); // a mode set before finalize
     DT_TRY(v->layer->ops->setup(v->layer, 1, &in, &su));
     const dt_shape *want = &g->vals[last].shape;
     if (su.out.ndim != want->ndim || dt_shape_numel(&su.out) != dt_shape_numel(want))
