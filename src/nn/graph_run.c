@@ -11,16 +11,17 @@
 // temporary that is then added (dt_nn_accumulate), so a value read k times gets the
 // sum of k gradients without zeroing anything first.
 //
-// Threads: a forward or a backward is one task on the pool, every thread walking all
-// the nodes. Thread t of n owns samples [B t / n, B (t + 1) / n) of every value, so a
-// node's range only reads what the same thread wrote before, and the threads meet only
-// where that is not so: around a node that runs whole on thread 0 (batch-wide state:
-// BatchNorm), around a node summing gradient shards, before a node that writes a
-// gradient buffer other threads may still use with another layout (the buffers are
-// shared by liveness), and after a node with parameters, whose per-thread partial
-// gradients are then summed in thread order, each thread a slice, before thread 0
-// reports them ready. Sequential nodes (seq.h) are called on every thread with the
-// whole batch's buffers and split the work themselves.
+// Threads: a forward or a backward is one task on the pool per run of nodes, every
+// thread walking all of them. Thread t of n owns samples [B t / n, B (t + 1) / n) of
+// every value, so a node's range only reads what the same thread wrote before, and the
+// threads meet only where that is not so: around a node summing gradient shards, before
+// a node that writes a gradient buffer other threads may still use with another layout
+// (the buffers are shared by liveness), and after a node with parameters, whose
+// per-thread partial gradients are then summed in thread order, each thread a slice,
+// before thread 0 reports them ready. A node with batch-wide state (BatchNorm) ends the
+// run: it runs whole on the calling thread between two tasks (free to use the pool
+// itself). Sequential nodes (seq.h) are called on every thread with the whole batch's
+// buffers and split the work themselves.
 //
 // Gradient shards (dt_graph_set_grad_shards): sample s belongs to shard s % S. The
 // backward of a node with parameters then runs per shard, each adding its samples in
@@ -509,10 +510,20 @@ static void meet(dt_graph *g, int nth) {
 
 // ------------------------------------------------------------------------- forward
 
+// What one pool task runs: nodes [lo, hi) of a forward, or hi-1 down to lo of a
+// backward, none of them whole (those run on the calling thread between tasks).
+typedef struct task {
+    dt_graph    *g;
+    int          lo, hi;
+    const float *dout; // backward's first task: the output's gradient to copy in
+} task;
+
 static void forward_task(void *arg, int ith, int nth) {
-    dt_graph *g = arg;
-    int b0 = (int)((int64_t)g->batch * ith / nth), b1 = (int)((int64_t)g->batch * (ith + 1) / nth);
-    for (int i = 0; i < g->nvals; i++) {
+    task     *k  = arg;
+    dt_graph *g  = k->g;
+    int       b0 = (int)((int64_t)g->batch * ith / nth);
+    int       b1 = (int)((int64_t)g->batch * (ith + 1) / nth);
+    for (int i = k->lo; i < k->hi; i++) {
         gval *v = &g->vals[i];
         if (!v->layer)
             continue;
@@ -522,11 +533,6 @@ static void forward_task(void *arg, int ith, int nth) {
             dt_rng r = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
             nn_ctx c = seq_ctx(g, v, ith, nth, &r);
             dt_seq_forward(v->layer, &c, val_data(&g->vals[v->in[0]]), v->y);
-        } else if (whole(v)) {
-            meet(g, nth);
-            if (ith == 0 && !failed(g))
-                record(g, 0, i, call_layer(g, v, false, 0, g->batch, 0, NULL));
-            meet(g, nth);
         } else if (!failed(g)) {
             record(g, ith, i, call_layer(g, v, false, b0, b1, ith, NULL));
         }
@@ -536,7 +542,7 @@ static void forward_task(void *arg, int ith, int nth) {
     }
 }
 
-// The outcome of a task: the first failing thread's, named by node and pass; 16-bit
+// The outcome of a pass: the first failing thread's, named by node and pass; 16-bit
 // products of Sequential nodes that found no memory.
 static dt_status task_status(dt_graph *g, int nth, const char *pass) {
     for (int t = 0; t < nth; t++) {
@@ -557,7 +563,7 @@ static dt_status task_status(dt_graph *g, int nth, const char *pass) {
     return st;
 }
 
-static void begin_task(dt_graph *g, int nth, bool backward) {
+static void begin_pass(dt_graph *g, int nth, bool backward) {
     for (int t = 0; t < nth; t++) {
         g->tstatus[t] = DT_OK;
         g->tfail[t]   = -1;
@@ -569,6 +575,19 @@ static void begin_task(dt_graph *g, int nth, bool backward) {
             dt_seq_prepare(v->layer, v->w, v->saved, (const void *const *)v->w16,
                            backward ? v->fwd_training : g->training);
     }
+}
+
+// A node that runs whole, on the calling thread between two tasks.
+static void run_whole(dt_graph *g, int i, bool backward) {
+    gval    *v  = &g->vals[i];
+    uint64_t t0 = g->profile ? dt_now_ns() : 0;
+    DT_TRACE_BEGIN(tr);
+    if (backward && v->bzero)
+        memset(v->dy, 0, sizeof(float) * val_floats(v, g->batch));
+    record(g, 0, i, call_layer(g, v, backward, 0, g->batch, 0, NULL));
+    DT_TRACE_END(tr, backward ? "backward" : "forward", v->layer->ops->kind, "node", i);
+    if (t0)
+        *(backward ? &v->bwd_ns : &v->fwd_ns) += dt_now_ns() - t0;
 }
 
 dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
@@ -599,9 +618,19 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
         }
         v->fwd_training = g->training;
     }
-    begin_task(g, g->split, false);
+    begin_pass(g, g->split, false);
     DT_TRACE_BEGIN(tr);
-    dt_pool_run(g->pool, forward_task, g);
+    for (int i = 0; i < g->nvals && !failed(g);) {
+        if (g->vals[i].layer && whole(&g->vals[i])) {
+            run_whole(g, i++, false);
+            continue;
+        }
+        task k = {g, i, i, NULL};
+        while (k.hi < g->nvals && !(g->vals[k.hi].layer && whole(&g->vals[k.hi])))
+            k.hi++;
+        dt_pool_run(g->pool, forward_task, &k);
+        i = k.hi;
+    }
     DT_TRACE_END(tr, "graph", "forward", "batch", batch);
     return task_status(g, g->split, "forward");
 }
@@ -790,20 +819,18 @@ static dt_status report_ready(dt_graph *g, int i) {
     return b > a ? dt_params_grad_ready(g->params, a, b - a) : DT_OK;
 }
 
-typedef struct bwd_arg {
-    dt_graph    *g;
-    const float *dout;
-} bwd_arg;
-
 static void backward_task(void *arg, int ith, int nth) {
-    dt_graph *g  = ((bwd_arg *)arg)->g;
+    task     *k  = arg;
+    dt_graph *g  = k->g;
     int       b0 = (int)((int64_t)g->batch * ith / nth);
     int       b1 = (int)((int64_t)g->batch * (ith + 1) / nth);
-    gval     *o  = &g->vals[g->output];
-    size_t    no = dt_shape_numel(&o->shape);
-    memcpy(o->dy + (size_t)b0 * no, ((bwd_arg *)arg)->dout + (size_t)b0 * no,
-           sizeof(float) * (size_t)(b1 - b0) * no);
-    for (int i = g->nvals - 1; i >= 0; i--) {
+    if (k->dout) {
+        gval  *o  = &g->vals[g->output];
+        size_t no = dt_shape_numel(&o->shape);
+        memcpy(o->dy + (size_t)b0 * no, k->dout + (size_t)b0 * no,
+               sizeof(float) * (size_t)(b1 - b0) * no);
+    }
+    for (int i = k->hi - 1; i >= k->lo; i--) {
         gval *v = &g->vals[i];
         if (!v->layer)
             continue;
@@ -829,11 +856,6 @@ static void backward_task(void *arg, int ith, int nth) {
                 dp = (own ? g->partial[ith] : dt_params_grads(g->params)) + param_off(g, v, 0);
             }
             dt_seq_backward(v->layer, &c, val_data(&g->vals[v->in[0]]), v->y, v->dy, v->bdx[0], dp);
-        } else if (whole(v)) {
-            meet(g, nth);
-            if (ith == 0 && !failed(g))
-                record(g, 0, i, call_layer(g, v, true, 0, g->batch, 0, NULL));
-            meet(g, nth);
         } else if (!failed(g)) {
             record(g, ith, i, call_layer(g, v, true, b0, b1, ith, NULL));
         }
@@ -845,8 +867,8 @@ static void backward_task(void *arg, int ith, int nth) {
                              u->dy + (size_t)b0 * nu);
         }
         if (v->su.nparams) {
-            bool partials = !shards && !whole(v) && nth > 1 &&
-                            (!v->seq || dt_seq_grad_mode(v->layer) == NN_GRAD_PARTIAL);
+            bool partials =
+                !shards && nth > 1 && (!v->seq || dt_seq_grad_mode(v->layer) == NN_GRAD_PARTIAL);
             if (!shards)
                 meet(g, nth);
             if (partials || shards) {
@@ -873,10 +895,29 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
                        g->split, g->nthreads);
     DT_TRY(thread_buffers(g));
     plan_backward(g);
-    begin_task(g, g->split, true);
-    bwd_arg a = {g, dout};
+    begin_pass(g, g->split, true);
     DT_TRACE_BEGIN(tr);
-    dt_pool_run(g->pool, backward_task, &a);
+    const float *first = dout; // copied in by the first task, or here
+    for (int i = g->nvals; i > 0 && !failed(g);) {
+        const gval *v = &g->vals[i - 1];
+        if (v->layer && whole(v)) {
+            if (first) {
+                gval *o = &g->vals[g->output];
+                memcpy(o->dy, first, sizeof(float) * val_floats(o, g->batch));
+                first = NULL;
+            }
+            run_whole(g, --i, true);
+            if (v->su.nparams && !failed(g))
+                record(g, 0, i, report_ready(g, i));
+            continue;
+        }
+        task k = {g, i, i, first};
+        while (k.lo > 0 && !(g->vals[k.lo - 1].layer && whole(&g->vals[k.lo - 1])))
+            k.lo--;
+        dt_pool_run(g->pool, backward_task, &k);
+        first = NULL;
+        i     = k.lo;
+    }
     DT_TRACE_END(tr, "graph", "backward", "batch", g->batch);
     return task_status(g, g->split, "backward");
 }
