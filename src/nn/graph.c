@@ -114,7 +114,6 @@ dt_status dt_graph_input(dt_graph *g, const char *name, const dt_shape *shape) {
     gval *v = &g->vals[g->nvals];
     memset(v, 0, sizeof *v);
     snprintf(v->name, sizeof v->name, "%s", name);
-    snprintf(v->pname, sizeof v->pname, "%s", name);
     v->shape       = *shape;
     v->alias       = -1;
     v->param_layer = g->nvals;
@@ -146,7 +145,6 @@ dt_status dt_graph_add_node(dt_graph *g, const char *name, dt_layer *layer, int 
         return st;
     }
     snprintf(v.name, sizeof v.name, "%s", name);
-    snprintf(v.pname, sizeof v.pname, "%s", name);
     v.layer       = layer;
     v.nin         = nin;
     v.seq         = dt_seq_is(layer);
@@ -283,14 +281,14 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
             if (v->copy_of[k][0])
                 snprintf(name, sizeof name, "%s", v->copy_of[k]);
             else
-                DT_TRY(full_name(name, v->pname, t->name));
+                DT_TRY(full_name(name, dt_graph_tensor_node(v), t->name));
             DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, v->param_layer,
                                     false));
             v->pidx[k] = np++;
         }
         for (int k = 0; k < v->su.nbuffers; k++) {
             const dt_layer_tensor *t = &v->su.buffers[k];
-            DT_TRY(full_name(name, v->pname, t->name));
+            DT_TRY(full_name(name, dt_graph_tensor_node(v), t->name));
             DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, v->param_layer,
                                     true));
             v->bidx[k] = dt_params_buffer_count(g->params) - 1;

@@ -11,10 +11,8 @@
 #include "nn/pool.h"
 
 typedef struct gval {
-    char name[DT_GRAPH_NAME_MAX + 1];
-    char pname[DT_GRAPH_NAME_MAX + 1]; // prefix of its tensors' names: the name,
-                                       // or a fused node's first node's name
-    dt_layer      *layer;              // NULL: a graph input
+    char           name[DT_GRAPH_NAME_MAX + 1];
+    dt_layer      *layer; // NULL: a graph input
     int            nin;
     int            in[DT_LAYER_MAX_INPUTS];
     dt_shape       shape; // per-sample output
@@ -39,7 +37,10 @@ typedef struct gval {
     bool         moved; // its layer went to another graph (dt_graph_extract)
     // dt_graph_extract: parameter k was tied to a node left behind; it is a tensor of
     // its own here, registered under its owner's name (empty: not such a copy).
-    char  copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
+    char copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
+    // The node whose name its tensors are registered under (a node the fusion pass
+    // made: the convolution's); empty: its own.
+    char  tensor_node[DT_GRAPH_NAME_MAX + 1];
     void *w16[DT_LAYER_MAX_TENSORS]; // 16-bit shadows (su.lowp_params), per precision
     // The backward plan (graph_run.c, made before the threads start): where each input's
     // gradient goes (dx[j]: the input's dy, or a temporary added into it after), whether
@@ -120,6 +121,10 @@ dt_status dt_graph_run_passes(dt_graph *g);
 // whether an input is the output may change until then (dt_graph_set_output).
 void dt_graph_plan_aliases(dt_graph *g);
 void dt_graph_free_shadows(dt_graph *g);
+// The name node v's tensors are registered under ("<it>.weight").
+static inline const char *dt_graph_tensor_node(const gval *v) {
+    return v->tensor_node[0] ? v->tensor_node : v->name;
+}
 // The value whose buffers node i's output lives in (itself unless an alias).
 static inline int dt_graph_root(const dt_graph *g, int i) {
     while (g->vals[i].alias >= 0)

@@ -110,6 +110,8 @@ static dt_status take_over(dt_graph *g, int i, int last, int *into) {
                        v->name, g->vals[last].name);
     v->su    = su;
     v->shape = *want;
+    if (!v->tensor_node[0])
+        snprintf(v->tensor_node, sizeof v->tensor_node, "%s", v->name);
     snprintf(v->name, sizeof v->name, "%s", g->vals[last].name);
     for (int j = i + 1; j <= last; j++)
         if (into[j] == i) {

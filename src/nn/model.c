@@ -125,7 +125,7 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
     for (int i = 0; i < m->g->nvals; i++) {
         const gval *v = &m->g->vals[i];
         int         l = -1;
-        if (v->layer && sscanf(v->pname, "%d", &l) == 1 && l >= 0 && l < m->nlayers)
+        if (v->layer && sscanf(dt_graph_tensor_node(v), "%d", &l) == 1 && l >= 0 && l < m->nlayers)
             m->layers[l].node = i;
     }
     if (m->hook)
