@@ -2,7 +2,7 @@
 // their rank variables, watch them through pidfds, and when one fails stop the
 // others (SIGTERM, then SIGKILL after a grace period) and report the first failure.
 #include "comm/comm_impl.h"
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 #include "core/hmac.h"
 
 #include <errno.h>

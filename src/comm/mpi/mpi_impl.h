@@ -4,7 +4,7 @@
 #ifndef DTRAIN_COMM_MPI_IMPL_H
 #define DTRAIN_COMM_MPI_IMPL_H
 
-#include "comm/mpi_hook.h"
+#include "comm/mpi/mpi_hook.h"
 
 #include <mpi.h>
 

@@ -12,7 +12,7 @@
 // connection still holds tells the three apart: abort (adopt the reason), bye (fine
 // unless we needed more data), nothing (the rank died: "rank 3 closed the connection").
 #include "comm/comm_impl.h"
-#include "comm/wire.h"
+#include "comm/tcp/wire.h"
 #include "core/hmac.h"
 #include "core/le.h"
 

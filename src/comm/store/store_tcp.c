@@ -3,7 +3,7 @@
 // one request/reply exchange per operation in the protocol of store_proto.c. Requests
 // on one handle are serialised by its lock; a stream that went out of step (an I/O
 // error, a cap, a bad reply) leaves the handle failing with the first reason.
-#include "comm/store_impl.h"
+#include "comm/store/store_impl.h"
 #include "core/hmac.h"
 #include "core/le.h"
 
