@@ -72,6 +72,7 @@ struct dt_graph {
     int          ndy;
     gslot       *slots; // dt_graph_set_slots: nslots sets of values, `slot` selected
     int          nslots, slot;
+    double      *times;    // dt_graph_set_timing: forward and backward seconds per value
     dt_precision prec;     // dt_graph_set_precision
     dt_precision w16_prec; // the format the shadows (gval.w16) were made for
 };
