@@ -8,7 +8,10 @@
 // Megatron tensor parallelism, the whole batch on both ranks) or one. CUT (pipelines):
 // the node after which stage 0 ends (default h.1.out: two blocks each), or auto: the
 // stages' nodes timed (dt_pipe_time_nodes) and the cut that makes the slower stage
-// fastest (dt_pipe_balance), as the trainer's --cuts auto does. Beside the theory
+// fastest (dt_pipe_balance), as the trainer's --cuts auto does, among the residual
+// stream's nodes after the embeddings and each block's two adds. VOCAB (default 256)
+// widens the head: a real tokenizer's head weighs blocks, which is what balancing
+// moves. Beside the theory
 // (P-1)/(M+P-1) of equal stages, the theory of the measured ones: with a and b a
 // micro-batch's forward + backward on stages 0 and 1, a step of either schedule takes
 // a + b + (M-1) max(a, b), and stage s idles 1 - M t_s / step of it.
@@ -22,7 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { T = 64, C = 128, HEADS = 4, VOCAB = 256, NBLK = 4, B = 16, WARM = 2, STEPS = 12 };
+enum { T = 64, C = 128, HEADS = 4, NBLK = 4, B = 16, WARM = 2, STEPS = 12 };
+static int g_vocab = 256; // the head's width: argv[4]
 
 static const char *g_mode  = "1f1b";
 static int         g_micro = 4;
@@ -39,7 +43,7 @@ static dt_status build(dt_graph **out, dt_pg *tp) {
     *out = g;
     DT_TRY(dt_graph_input(g, "idx", &(dt_shape){1, {T, 1, 1, 1}, DT_ELEM_I32}));
     DT_TRY(dt_graph_input(g, "pos", &(dt_shape){1, {T, 1, 1, 1}, DT_ELEM_I32}));
-    DT_TRY(dt_layer_embedding_new(&l, VOCAB, C, NULL));
+    DT_TRY(dt_layer_embedding_new(&l, g_vocab, C, NULL));
     DT_TRY(add(g, "wte", l, "idx", NULL));
     DT_TRY(dt_layer_embedding_new(&l, T, C, NULL));
     DT_TRY(add(g, "wpe", l, "pos", NULL));
@@ -85,7 +89,7 @@ static dt_status build(dt_graph **out, dt_pg *tp) {
     }
     DT_TRY(dt_layer_layernorm_new(&l, C, NULL));
     DT_TRY(add(g, "ln_f", l, x, NULL));
-    DT_TRY(dt_layer_linear_new(&l, C, VOCAB, &(dt_linear_opts){.bias = false}));
+    DT_TRY(dt_layer_linear_new(&l, C, g_vocab, &(dt_linear_opts){.bias = false}));
     return add(g, "head", l, "ln_f", NULL);
 }
 
@@ -94,7 +98,7 @@ static char    g_cut_used[48];
 
 static dt_status ce(void *user, const float *out, int first, int n, float *loss, float *dout) {
     (void)user;
-    return dt_loss_cross_entropy_ex(out, g_tgt + first * T, n * T, VOCAB, -1, 0.0f, loss, dout);
+    return dt_loss_cross_entropy_ex(out, g_tgt + first * T, n * T, g_vocab, -1, 0.0f, loss, dout);
 }
 
 static int cmp(const void *a, const void *b) {
@@ -132,15 +136,21 @@ static int worker(int local_rank, void *arg) {
         const char *cut  = g_cut;
         char        best[32];
         if (!strcmp(cut, "auto")) { // time a first cut's stages, then cut where they say
-            const char *cand[NBLK + 1];
-            char        names[NBLK + 1][16];
-            int         cn[NBLK + 1], ch = 0, n = dt_graph_num_nodes(g);
+            // The residual stream: after the embeddings and each block's two adds.
+            enum { NC = 2 * NBLK + 1 };
+            const char *cand[NC];
+            char        names[NC][16];
+            int         cn[NC], ch = 0, n = dt_graph_num_nodes(g);
             double     *cost = calloc((size_t)n, sizeof(double));
             float      *sum  = calloc((size_t)n, sizeof(float));
-            for (int b = -1; b < NBLK; b++) {
-                snprintf(names[b + 1], sizeof names[0], b < 0 ? "h.-1" : "h.%d.out", b);
-                cand[b + 1] = names[b + 1];
-                cn[b + 1]   = dt_graph_find(g, names[b + 1]);
+            for (int i = 0; i < NC; i++) {
+                if (i == 0)
+                    snprintf(names[i], sizeof names[0], "h.-1");
+                else
+                    snprintf(names[i], sizeof names[0], "h.%d.%s", (i - 1) / 2,
+                             i % 2 ? "r1" : "out");
+                cand[i] = names[i];
+                cn[i]   = dt_graph_find(g, names[i]);
             }
             if (dt_pipe_new(&pp, g, 1, (const char *[]){"h.1.out"}, pg, 1, &po) != DT_OK ||
                 dt_pipe_time_nodes(pp, B / g_micro, 3, n, cost) != DT_OK)
@@ -151,7 +161,7 @@ static int worker(int local_rank, void *arg) {
                 return fail("timing");
             for (int i = 0; i < n; i++)
                 cost[i] = sum[i];
-            if (dt_pipe_balance(n, cost, NBLK + 1, cn, 2, &ch, NULL) != DT_OK)
+            if (dt_pipe_balance(n, cost, NC, cn, 2, &ch, NULL) != DT_OK)
                 return fail("balance");
             snprintf(best, sizeof best, "%s", cand[ch]);
             cut = best;
@@ -165,11 +175,11 @@ static int worker(int local_rank, void *arg) {
             return fail("pipeline");
         g = dt_pipe_graph(pp);
         if (rank == 0) // "auto:" and the cut it chose
-            snprintf(g_cut_used, sizeof g_cut_used, "%s%s", strcmp(g_cut, "auto") ? "" : "auto:",
-                     cut);
+            snprintf(g_cut_used, sizeof g_cut_used, "%s%s",
+                     strcmp(g_cut, "auto") ? "" : "auto:", cut);
     }
     dt_params *p  = dt_graph_params(g);
-    float     *dl = malloc(sizeof(float) * B * T * VOCAB);
+    float     *dl = malloc(sizeof(float) * B * T * g_vocab);
     double     t[WARM + STEPS], comp = 0, tot = 0;
     for (int s = 0; s < WARM + STEPS; s++) {
         if (s == WARM && pp)
@@ -212,8 +222,8 @@ static int worker(int local_rank, void *arg) {
     }
     double step_th = mb[0] + mb[1] + (g_micro - 1) * (mb[0] > mb[1] ? mb[0] : mb[1]);
     if (rank == 0 || pp)
-        printf("%s M=%d rank %d: step %.2f ms, %.0f tokens/s%s", g_mode, pp ? g_micro : 1, rank,
-               med * 1e3, B * T / med, pp ? "" : "\n");
+        printf("%s M=%d V=%d rank %d: step %.2f ms, %.0f tokens/s%s", g_mode, pp ? g_micro : 1,
+               g_vocab, rank, med * 1e3, B * T / med, pp ? "" : "\n");
     if (pp)
         printf(", bubble %.3f (theory %.3f), stage %.3f ms per micro-batch, these stages' "
                "theory %.3f, cut %s\n",
@@ -232,7 +242,7 @@ static int worker(int local_rank, void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: pipe_bench gpipe|1f1b|dp|tp|one [M [CUT|auto]]\n");
+        fprintf(stderr, "usage: pipe_bench gpipe|1f1b|dp|tp|one [M [CUT|auto [g_vocab]]]\n");
         return 2;
     }
     g_mode = argv[1];
@@ -240,10 +250,12 @@ int main(int argc, char **argv) {
         g_micro = atoi(argv[2]);
     if (argc > 3)
         g_cut = argv[3];
+    if (argc > 4)
+        g_vocab = atoi(argv[4]);
     dt_rng r = dt_rng_init(3);
     for (int i = 0; i < B * T; i++) {
-        g_idx[i] = (int32_t)dt_rng_below(&r, VOCAB);
-        g_tgt[i] = (int32_t)dt_rng_below(&r, VOCAB);
+        g_idx[i] = (int32_t)dt_rng_below(&r, g_vocab);
+        g_tgt[i] = (int32_t)dt_rng_below(&r, g_vocab);
         g_pos[i] = i % T;
     }
     if (!strcmp(g_mode, "one"))

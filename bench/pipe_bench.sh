@@ -3,8 +3,10 @@
 # balanced by measured layer cost) against 2-way data and tensor parallelism and one
 # process, on this machine, one thread per rank; ROUNDS interleaved rounds (each layout
 # once per round), so load from other jobs hits every layout alike. Usage:
-#   [MODES="gpipe 1f1b dp tp one"] [MS="4 8"] [CUTS="h.1.out auto"] bench/pipe_bench.sh [ROUNDS]
-# then: bench/pipe_summary.py < the output.
+#   [MODES="gpipe 1f1b dp tp one"] [MS="4 8"] [CUTS="h.1.out auto"] [VOCABS="256 2048"]
+#   bench/pipe_bench.sh [ROUNDS]     then: bench/pipe_summary.py < the output.
+# The pipelines run with the model's 256-byte head and with a 2048-wide one (a real
+# tokenizer's head outweighs a block here: what the balanced cut moves; 1F1B only).
 set -e
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
@@ -20,9 +22,12 @@ for r in $(seq "$ROUNDS"); do
     for mode in ${MODES:-gpipe 1f1b dp tp one}; do
         case $mode in
         gpipe | 1f1b)
-            for m in ${MS:-4 8}; do
-                for cut in ${CUTS:-h.1.out auto}; do
-                    build/bench/pipe_bench "$mode" "$m" "$cut"
+            for v in ${VOCABS:-256 2048}; do
+                [ "$v" != 256 ] && [ "$mode" = gpipe ] && continue
+                for m in ${MS:-4 8}; do
+                    for cut in ${CUTS:-h.1.out auto}; do
+                        build/bench/pipe_bench "$mode" "$m" "$cut" "$v"
+                    done
                 done
             done
             ;;

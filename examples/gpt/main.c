@@ -16,9 +16,9 @@
 // on the number of processes.
 //
 // Every layout is one program (docs/parallel.md): --dp x --pp x --tp ranks, the model
-// cut into --pp stages between blocks (after "emb" or a block's "h.i.res_2"; the head,
-// tied to wte, on the last stage) and each block's attention and MLP split over --tp
-// ranks (Megatron: c_attn and c_fc by columns, the c_proj by rows), with the embedding,
+// cut into --pp stages on the residual stream (after "emb" or a block's "h.i.res_1" or
+// "h.i.res_2"; the head, tied to wte, on the last stage) and each block's attention and MLP split
+// over --tp ranks (Megatron: c_attn and c_fc by columns, the c_proj by rows), with the embedding,
 // the head and the cross-entropy split over the vocabulary. The initial weights are
 // drawn in the whole model's order, so every layout trains the model of one process.
 //
@@ -277,8 +277,9 @@ static dt_status train(dt_trainer *t, void *user) {
     gpt m = {.t = t, .tp = dt_trainer_mesh_group(t, DT_MESH_TP)};
     DT_TRY(gpt_buffers(&m, a, b));
     m.tgt = m.y;
-    // Where a stage may end: after the embeddings or after any block.
-    int ncand         = (int)a->n_layer + 1;
+    // Where a stage may end: after the embeddings, and after each block's two residual
+    // adds (the stream is all a later stage reads): half blocks, for balance.
+    int ncand         = 2 * (int)a->n_layer + 1;
     char(*cn)[24]     = calloc((size_t)ncand, sizeof *cn);
     const char **cand = calloc((size_t)ncand, sizeof *cand);
     dt_status    st   = cn && cand ? DT_OK : DT_ERR_NOMEM;
@@ -286,7 +287,7 @@ static dt_status train(dt_trainer *t, void *user) {
         if (i == 0)
             snprintf(cn[i], sizeof cn[i], "emb");
         else
-            snprintf(cn[i], sizeof cn[i], "h.%d.res_2", i - 1);
+            snprintf(cn[i], sizeof cn[i], "h.%d.res_%d", (i - 1) / 2, 2 - i % 2);
         cand[i] = cn[i];
     }
     builder   bd  = {a, m.tp};
@@ -583,8 +584,9 @@ int main(int argc, char **argv) {
         bad = "--n-embd must be divisible by --n-head";
     else if (ta->tp > 1 && (a->n_head % ta->tp || VOCAB % ta->tp))
         bad = "--tp must divide --n-head and the vocabulary (256)";
-    else if (ta->pp > a->n_layer + 1)
-        bad = "--pp can be at most --n-layer + 1 (cuts after the embeddings and the blocks)";
+    else if (ta->pp > 2 * a->n_layer + 1)
+        bad = "--pp can be at most 2 x --n-layer + 1 (cuts after the embeddings and after each "
+              "block's two residual adds)";
     else if (a->batch % dp)
         bad = "--batch-size (global) must be divisible by the data-parallel replicas (--dp)";
     else if (a->micro > 0 && (a->batch / dp) % a->micro)

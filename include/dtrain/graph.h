@@ -152,7 +152,9 @@ DT_API dt_status dt_graph_param_table(const dt_graph *g, bool whole, dt_params *
 
 // Per-node timing (pipeline balancing measures layer cost with it): on, every forward
 // and backward adds each node's seconds to its counters (off: none kept; on again:
-// reset to 0). dt_graph_node_seconds reads them (0 when off).
+// reset to 0). dt_graph_node_seconds reads them (0 when off). The seconds are this
+// process's CPU time (every thread's) during the node: what the node costs, which other
+// jobs on the machine do not inflate; with one thread and an idle machine, its wall time.
 DT_API dt_status dt_graph_set_timing(dt_graph *g, bool on);
 DT_API void dt_graph_node_seconds(const dt_graph *g, int node, double *forward, double *backward);
 

@@ -131,8 +131,8 @@ DT_API bool dt_pipe_is_tie_copy(const dt_pipe *p, int tensor);
 // Times this stage's nodes: one untimed round, then `reps` forwards and backwards of
 // `micro_batch` samples of zeros (layer cost does not depend on the values), nothing
 // sent to other stages. cost[nwhole] (nwhole: the whole graph's node count) gets, for
-// this stage's nodes, their forward + backward seconds per micro-batch (the fastest of
-// the rounds: a round the scheduler interrupted is slower, never faster); the others
+// this stage's nodes, their forward + backward CPU seconds per micro-batch (graph.h's
+// timing; the fastest of the rounds); the others
 // are left as they are. Gradients are zeroed after. Collective over the groups of the
 // stage's own layers (a tensor-parallel stage's ranks time together), not over the
 // pipeline.

@@ -786,10 +786,10 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
         v->fwd_training = g->training;
         node_task k     = {.g = g, .v = v};
         DT_TRACE_BEGIN(tr);
-        uint64_t  t0 = g->times ? dt_now_ns() : 0;
+        uint64_t  t0 = g->times ? dt_graph_cpu_ns() : 0;
         dt_status st = run_node(&k);
         if (g->times) // dt_graph_set_timing
-            g->times[2 * i] += (double)(dt_now_ns() - t0) * 1e-9;
+            g->times[2 * i] += (double)(dt_graph_cpu_ns() - t0) * 1e-9;
         DT_TRACE_END(tr, "forward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) forward", v->name, v->layer->ops->kind);
@@ -872,10 +872,10 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
             }
         }
         DT_TRACE_BEGIN(tr);
-        uint64_t  t0 = g->times ? dt_now_ns() : 0;
+        uint64_t  t0 = g->times ? dt_graph_cpu_ns() : 0;
         dt_status st = run_node(&k);
         if (g->times)
-            g->times[2 * i + 1] += (double)(dt_now_ns() - t0) * 1e-9;
+            g->times[2 * i + 1] += (double)(dt_graph_cpu_ns() - t0) * 1e-9;
         DT_TRACE_END(tr, "backward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) backward", v->name, v->layer->ops->kind);

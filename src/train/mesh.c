@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { TAG_GATHER = 0x6000, TIMING_REPS = 3, LAYOUT_MAX = 4096 };
+enum { TAG_GATHER = 0x6000, TIMING_REPS = 5, LAYOUT_MAX = 4096 };
 
 static dt_mesh_opts mesh_opts(const dt_trainer *t) {
     return (dt_mesh_opts){(int)t->a.dp, (int)t->a.pp, (int)t->a.tp};

@@ -7,7 +7,8 @@
 //   the 1-process model's file, equal to it to rounding (1e-5 after 8 AdamW steps of
 //   lr 3e-3, seen: 7e-7; a part out of place, a tied copy counted twice or a wrong
 //   slice moves it by ~1e-2).
-// - The cuts: named by --cuts, spread evenly, balanced by measured cost: the same model.
+// - The cuts: named by --cuts (one in the middle of a block, after its attention),
+//   spread evenly, balanced by measured cost: the same model.
 //   A whole model file (--load) is cut into a layout's parts: --eval-only there gives
 //   the 1-process evaluation of it.
 // - A pipeline stage killed (SIGKILL) mid-run under dtrun --max-restarts 1: dtrun names
@@ -174,8 +175,10 @@ static void test_layouts(void) {
         {4, {"--pp", "2", "--tp", "2", NULL}, "mesh: dp 1 x pp 2 x tp 2"},
         {4, {"--dp", "2", "--pp", "2", "--zero", "1", NULL}, "mesh: dp 2 x pp 2 x tp 1"},
         {4, {"--dp", "2", "--tp", "2", "--zero", "2", NULL}, "mesh: dp 2 x pp 1 x tp 2"},
-        {3, {"--pp", "3", "--cuts", "h.0.res_2,h.1.res_2", NULL}, "cuts after h.0.res_2,h.1.res_2"},
-        {2, {"--pp", "2", "--cuts", "uniform", "--micro-batches", "3", NULL}, "cuts after h.0"},
+        {3, {"--pp", "3", "--cuts", "h.0.res_1,h.1.res_2", NULL}, "cuts after h.0.res_1,h.1.res_2"},
+        {2,
+         {"--pp", "2", "--cuts", "uniform", "--micro-batches", "3", NULL},
+         "cuts after h.1.res_1"},
     };
     for (size_t i = 0; i < sizeof lay / sizeof *lay; i++) {
         char        model[PATH_MAX + 32], tag[16];
