@@ -178,7 +178,9 @@ static void build_common(dt_trainer *t) {
              "must be the world size)",
            MP, S, 0, 0},
           {"micro-batches", DT_FLAG_LONG, &a->micro_batches, NULL, 1, 65536, "M",
-           "micro-batches per pipeline step (default: pp)", MP, S, 0, 0},
+           "micro-batches per pipeline step (default: the program's, else\n"
+             "pp)",
+           MP, S, 0, 0},
           {"schedule", DT_FLAG_STRING, &a->schedule, "1f1b", 0, 0, "S",
            "pipeline schedule: gpipe (all forwards, then all backwards)\n"
              "or 1f1b (bounded activations; the default)",
@@ -202,11 +204,17 @@ static void build_common(dt_trainer *t) {
                 continue;
             if (!strcmp(f[i].name, "pp") || !strcmp(f[i].name, "tp")) {
                 char *h = t->mp_help[f[i].name[0] == 't'];
-                snprintf(h, sizeof t->mp_help[0], "%s: 1 only in %s: %s",
+                snprintf(h, sizeof t->mp_help[0], "%s: only 1 in %s: %s",
                          f[i].name[0] == 'p' ? "pipeline stages" : "tensor-parallel ranks",
                          t->o.program, t->o.no_model_split);
-                for (char *c = h + 48; (c = strchr(c, ' ')) && c < h + strlen(h); c += 48)
-                    *c = '\n'; // the help's lines: about 60 columns
+                // The help's lines: a break at the first space past every 48 columns.
+                for (size_t at = 48, len = strlen(h); at < len; at += 48) {
+                    char *c = strchr(h + at, ' ');
+                    if (!c)
+                        break;
+                    *c = '\n';
+                    at = (size_t)(c - h);
+                }
                 f[i].help = h;
             }
         }

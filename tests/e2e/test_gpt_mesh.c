@@ -318,7 +318,7 @@ static void test_kill_stage(void) {
     snprintf(dead, sizeof dead, "(process %d ended", pid);
     int named = 0;
     for (int q = 0; q < 4; q++) {
-        char who[32];
+        char who[64];
         snprintf(who, sizeof who, "[rank %d] dtrain-gpt: rank %d: ", q, q);
         const char *l = strstr(r.err, who), *e = l ? strchr(l, '\n') : NULL;
         named += l && e && memmem(l, (size_t)(e - l), dead, strlen(dead)) != NULL;
