@@ -70,6 +70,7 @@ void dt_graph_free(dt_graph *g) {
     dt_free(g->first_user);
     dt_free(g->shard_buf);
     dt_free(g->keys);
+    dt_free(g->times);
     dt_free(g->vals);
     dt_free(g);
 }
@@ -284,6 +285,8 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
                 DT_TRY(full_name(name, dt_graph_tensor_node(v), t->name));
             DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, v->param_layer,
                                     false));
+            if (dt_param_split_on(&t->split))
+                DT_TRY(dt_params_set_split(g->params, np, &t->split));
             v->pidx[k] = np++;
         }
         for (int k = 0; k < v->su.nbuffers; k++) {

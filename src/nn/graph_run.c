@@ -528,6 +528,7 @@ static void forward_task(void *arg, int ith, int nth) {
         if (!v->layer)
             continue;
         uint64_t t0 = g->profile && ith == 0 ? dt_now_ns() : 0;
+        uint64_t c0 = g->times && ith == 0 ? dt_graph_cpu_ns() : 0;
         DT_TRACE_BEGIN(tr);
         if (v->seq) { // never fails; runs on to keep the threads together
             dt_rng r = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
@@ -539,6 +540,8 @@ static void forward_task(void *arg, int ith, int nth) {
         DT_TRACE_END(tr, "forward", v->layer->ops->kind, "node", i);
         if (t0)
             v->fwd_ns += dt_now_ns() - t0;
+        if (c0) // dt_graph_set_timing: the process's CPU time (every thread's) meanwhile
+            g->times[2 * i] += (double)(dt_graph_cpu_ns() - c0) * 1e-9;
     }
 }
 
@@ -581,6 +584,7 @@ static void begin_pass(dt_graph *g, int nth, bool backward) {
 static void run_whole(dt_graph *g, int i, bool backward) {
     gval    *v  = &g->vals[i];
     uint64_t t0 = g->profile ? dt_now_ns() : 0;
+    uint64_t c0 = g->times ? dt_graph_cpu_ns() : 0;
     DT_TRACE_BEGIN(tr);
     if (backward && v->bzero)
         memset(v->dy, 0, sizeof(float) * val_floats(v, g->batch));
@@ -588,6 +592,8 @@ static void run_whole(dt_graph *g, int i, bool backward) {
     DT_TRACE_END(tr, backward ? "backward" : "forward", v->layer->ops->kind, "node", i);
     if (t0)
         *(backward ? &v->bwd_ns : &v->fwd_ns) += dt_now_ns() - t0;
+    if (c0)
+        g->times[2 * i + backward] += (double)(dt_graph_cpu_ns() - c0) * 1e-9;
 }
 
 dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
@@ -835,6 +841,7 @@ static void backward_task(void *arg, int ith, int nth) {
         if (!v->layer)
             continue;
         uint64_t t0 = g->profile && ith == 0 ? dt_now_ns() : 0;
+        uint64_t c0 = g->times && ith == 0 ? dt_graph_cpu_ns() : 0;
         DT_TRACE_BEGIN(tr);
         if (v->bmeet)
             meet(g, nth);
@@ -881,6 +888,8 @@ static void backward_task(void *arg, int ith, int nth) {
         DT_TRACE_END(tr, "backward", v->layer->ops->kind, "node", i);
         if (t0)
             v->bwd_ns += dt_now_ns() - t0;
+        if (c0)
+            g->times[2 * i + 1] += (double)(dt_graph_cpu_ns() - c0) * 1e-9;
     }
 }
 
