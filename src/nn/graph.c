@@ -101,9 +101,10 @@ void dt_graph_release_slots(dt_graph *g) {
 }
 
 static void free_thread_buffers(dt_graph *g) {
+    size_t np = g->params ? dt_params_numel(g->params) : 0;
     for (int t = 1; t < g->tbuf_n; t++) {
         if (g->partial)
-            dt_free(g->partial[t]);
+            dt_free_pages(g->partial[t], sizeof(float) * (np ? np : 1));
         if (g->tscratch)
             dt_free(g->tscratch[t]);
     }
@@ -354,6 +355,7 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
         }
     }
     DT_TRY(dt_params_alloc(g->params));
+    dt_params_set_announces_use(g->params, true); // forward and backward call dt_params_use
     g->first_user = dt_alloc(sizeof(int) * (size_t)(np ? np : 1));
     if (!g->first_user)
         return DT_ERR_NOMEM;
@@ -620,7 +622,7 @@ static dt_status thread_buffers(dt_graph *g) {
     if (!g->partial || !g->tscratch || !g->tstatus)
         return DT_ERR_NOMEM;
     for (int t = 1; t < n; t++) {
-        g->partial[t]  = dt_alloc_zero(sizeof(float) * (np ? np : 1));
+        g->partial[t]  = dt_alloc_pages(sizeof(float) * (np ? np : 1)); // zeroed
         g->tscratch[t] = dt_alloc(sizeof(float) * g->scratch_n);
         if (!g->partial[t] || !g->tscratch[t])
             return DT_ERR_NOMEM;
@@ -732,28 +734,89 @@ dt_precision dt_graph_precision(const dt_graph *g) {
     return g ? g->prec : DT_PREC_FP32;
 }
 
+// Adds the partials of threads 1.. (in thread order) into the gradient of parameter
+// k of node v and clears them (under a use consumer, giving their pages back: the
+// partials of the whole table would otherwise stay written).
+static void reduce_partials(dt_graph *g, const gval *v, int k) {
+    const dt_param_info *info  = dt_params_info(g->params, v->pidx[k]);
+    float               *grads = dt_params_grads(g->params) + info->offset;
+    for (int t = 1; t < g->split; t++) {
+        float *p = g->partial[t] + info->offset;
+        dt_nn_accumulate(info->count, p, grads);
+        if (g->hooked)
+            dt_discard(p, sizeof(float) * info->count);
+        else
+            memset(p, 0, sizeof(float) * info->count);
+    }
+}
+
+static dt_status fill_node_shadows(dt_graph *g, gval *v) {
+    for (int k = 0; g->prec != DT_PREC_FP32 && k < v->su.nparams; k++) {
+        if (!(v->su.lowp_params & (1u << k)))
+            continue;
+        size_t n = dt_params_info(g->params, v->pidx[k])->count;
+        if (!v->w16[k] && !(v->w16[k] = dt_alloc(dt_ac_shadow_bytes(g->prec, n))))
+            return DT_ERR_NOMEM;
+        dt_ac_shadow_fill(g->prec, v->w[k], n, v->w16[k]);
+    }
+    return DT_OK;
+}
+
 // The weights' 16-bit shadows, made once per forward from the fp32 masters (the
-// optimizer changes them between steps); backward reads the same copies.
+// optimizer changes them between steps); backward reads the same copies. With a
+// parameter-use consumer the weights are only there while their node runs: each
+// node's shadows are made then (again in backward: the same rounding, the same
+// copies) and freed with the weights (node_use).
 static dt_status fill_shadows(dt_graph *g) {
     if (g->prec == DT_PREC_FP32)
         return DT_OK;
     if (g->w16_prec != g->prec)
         free_shadows(g);
     g->w16_prec = g->prec;
-    for (int i = 0; i < g->nvals; i++) {
-        gval *v = &g->vals[i];
-        if (!v->layer)
-            continue;
-        for (int k = 0; k < v->su.nparams; k++) {
-            if (!(v->su.lowp_params & (1u << k)))
-                continue;
-            size_t n = dt_params_info(g->params, v->pidx[k])->count;
-            if (!v->w16[k] && !(v->w16[k] = dt_alloc(dt_ac_shadow_bytes(g->prec, n))))
-                return DT_ERR_NOMEM;
-            dt_ac_shadow_fill(g->prec, v->w[k], n, v->w16[k]);
-        }
-    }
+    for (int i = 0; !g->hooked && i < g->nvals; i++)
+        if (g->vals[i].layer)
+            DT_TRY(fill_node_shadows(g, &g->vals[i]));
     return DT_OK;
+}
+
+// Node v's step of a pass under a parameter-use consumer: the tensors it reads (a tied
+// one under its owner's index), each once, announced before and after (params.h).
+static dt_status node_use(dt_graph *g, gval *v, dt_param_use what, bool backward) {
+    int t[DT_LAYER_MAX_TENSORS], n = 0;
+    for (int k = 0; k < v->su.nparams; k++) {
+        bool dup = false;
+        for (int j = 0; j < n; j++)
+            dup = dup || t[j] == v->pidx[k];
+        if (!dup)
+            t[n++] = v->pidx[k];
+    }
+    if (what == DT_USE_RELEASE)
+        for (int k = 0; k < DT_LAYER_MAX_TENSORS; k++) {
+            dt_free(v->w16[k]);
+            v->w16[k] = NULL;
+        }
+    dt_status st = n ? dt_params_use(g->params, what, backward, t, n) : DT_OK;
+    return st == DT_OK && what == DT_USE_ACQUIRE ? fill_node_shadows(g, v) : st;
+}
+
+// A pass's beginning or end, announced when the parameters have a use consumer.
+static dt_status pass_use(dt_graph *g, dt_param_use what, bool backward) {
+    if (what == DT_USE_BEGIN)
+        g->hooked = dt_params_has_use_hook(g->params);
+    return g->hooked ? dt_params_use(g->params, what, backward, NULL, 0) : DT_OK;
+}
+
+// Runs node v's forward or backward between its use announcements.
+static dt_status run_used(node_task *k) {
+    dt_graph *g  = k->g;
+    dt_status st = g->hooked ? node_use(g, k->v, DT_USE_ACQUIRE, k->backward) : DT_OK;
+    if (st == DT_OK)
+        st = run_node(k);
+    if (st == DT_OK && k->backward && splittable(k->v) && g->split > 1)
+        for (int q = 0; q < k->v->su.nparams; q++)
+            reduce_partials(g, k->v, q);
+    dt_status s2 = g->hooked ? node_use(g, k->v, DT_USE_RELEASE, k->backward) : DT_OK;
+    return st != DT_OK ? st : s2;
 }
 
 dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
@@ -767,6 +830,7 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
                        batch);
     DT_TRY(reserve(g, batch));
     DT_TRY(thread_buffers(g));
+    DT_TRY(pass_use(g, DT_USE_BEGIN, false));
     DT_TRY(fill_shadows(g));
     g->batch = batch;
     g->split = g->nthreads;
@@ -783,12 +847,12 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
         v->fwd_training = g->training;
         node_task k     = {.g = g, .v = v};
         DT_TRACE_BEGIN(tr);
-        dt_status st = run_node(&k);
+        dt_status st = run_used(&k);
         DT_TRACE_END(tr, "forward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) forward", v->name, v->layer->ops->kind);
     }
-    return DT_OK;
+    return pass_use(g, DT_USE_END, false);
 }
 
 const float *dt_graph_output(const dt_graph *g) {
@@ -812,18 +876,6 @@ static bool wants_grad(const dt_graph *g, const gval *v) {
     return v->layer ? true : g->input_grad;
 }
 
-// Adds the partials of threads 1.. (in thread order) into the gradient of parameter
-// k of node v and clears them.
-static void reduce_partials(dt_graph *g, const gval *v, int k) {
-    const dt_param_info *info  = dt_params_info(g->params, v->pidx[k]);
-    float               *grads = dt_params_grads(g->params) + info->offset;
-    for (int t = 1; t < g->split; t++) {
-        float *p = g->partial[t] + info->offset;
-        dt_nn_accumulate(info->count, p, grads);
-        memset(p, 0, sizeof(float) * info->count);
-    }
-}
-
 dt_status dt_graph_backward(dt_graph *g, const float *dout) {
     if (!g || !g->finalized || g->batch < 1)
         return dt_fail(DT_ERR_STATE, "dt_graph_backward: expected a forward first");
@@ -840,6 +892,7 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
     memcpy(o->dy, dout, sizeof(float) * val_floats(o, batch));
     o->written = true;
     int np     = dt_params_count(g->params);
+    DT_TRY(pass_use(g, DT_USE_BEGIN, true));
     for (int i = g->nvals - 1; i >= 0; i--) {
         gval *v = &g->vals[i];
         if (!v->layer)
@@ -866,17 +919,14 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
             }
         }
         DT_TRACE_BEGIN(tr);
-        dt_status st = run_node(&k);
+        dt_status st = run_used(&k); // the thread partials summed too
         DT_TRACE_END(tr, "backward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) backward", v->name, v->layer->ops->kind);
         for (int j = 0; j < v->nin; j++)
             if (k.dx[j])
                 g->vals[v->in[j]].written = true;
-        bool split = splittable(v) && g->split > 1;
         for (int q = 0; q < v->su.nparams; q++) {
-            if (split)
-                reduce_partials(g, v, q);
             int t = v->pidx[q];
             if (g->first_user[t] != i || t >= np)
                 continue;
@@ -884,7 +934,7 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
             DT_TRY(dt_params_grad_ready(g->params, info->offset, info->count));
         }
     }
-    return DT_OK;
+    return pass_use(g, DT_USE_END, true);
 }
 
 // ------------------------------------------------------------------------ losses

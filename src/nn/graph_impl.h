@@ -74,6 +74,8 @@ struct dt_graph {
     int          nslots, slot;
     dt_precision prec;     // dt_graph_set_precision
     dt_precision w16_prec; // the format the shadows (gval.w16) were made for
+    bool         hooked;   // the parameters have a use consumer (ZeRO-3): this pass
+                           // announces each node's tensors (params.h)
 };
 
 // Frees the values' buffers (outputs, saved state, gradients, scratch) and the slots
