@@ -202,13 +202,14 @@ typedef struct job {
 } job;
 
 static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t steps, double evals,
-                        double setup, float val, float last, double last10);
+                        double setup, float val, float last, double last10, const double *mem);
 
 static dt_status train(dt_trainer *t, void *user) {
     const job           *j     = user;
     const args          *a     = &j->a;
     const dt_train_args *ta    = dt_trainer_args(t);
     int                  world = dt_trainer_world(t), rank = dt_trainer_rank(t);
+    bool sharded = ta->zero == 3 && world > 1; // every rank takes part in each forward
     if (a->batch % world)
         return dt_fail(DT_ERR_ARG, "--batch-size %ld (global) is not divisible by %d ranks",
                        a->batch, world);
@@ -293,7 +294,7 @@ static dt_status train(dt_trainer *t, void *user) {
                              (double)a->batch * (double)a->block * (double)(s - mark_step) / dt);
             mark = now, evals_mark = evals, mark_step = s;
         }
-        if (a->eval_every > 0 && s % a->eval_every == 0 && s < a->steps && rank == 0) {
+        if (a->eval_every > 0 && s % a->eval_every == 0 && s < a->steps && (rank == 0 || sharded)) {
             double te = dt_now();
             if ((st = gpt_eval(&m, &j->val, &val)) || (st = dt_trainer_log_val(t, val)))
                 break;
@@ -307,14 +308,16 @@ static dt_status train(dt_trainer *t, void *user) {
     double  mean10 = 0;
     for (int64_t i = 0; i < n10; i++)
         mean10 += last10[(dt_trainer_step_count(t) - 1 - i) % 10] / (double)n10;
+    double mem[2]; // the state's peak and traffic of the training steps (not the final eval)
+    dt_trainer_state_bytes(t, &mem[0], &mem[1]);
     if (!st)
         st = dt_trainer_finish(t); // "Finished training", the checkpoint, --save-model
-    if (!st && rank == 0 && !(st = gpt_eval(&m, &j->val, &val))) {
+    if (!st && (rank == 0 || sharded) && !(st = gpt_eval(&m, &j->val, &val))) {
         dt_trainer_print(t, "val loss: %.4f\n", (double)val);
         st = dt_trainer_log_val(t, val);
     }
     if (!st)
-        print_stats(t, j, dt_params_numel(p), steps, evals, setup, val, last, mean10);
+        print_stats(t, j, dt_params_numel(p), steps, evals, setup, val, last, mean10, mem);
     if (!st)
         st = dt_trainer_report(t, NAN); // --plot
     gpt_free_buffers(&m);
@@ -329,7 +332,7 @@ static double peak_rss_mib(void) {
 
 // One STATS line per rank, in rank order, as the peer prints them.
 static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t steps, double evals,
-                        double setup, float val, float last, double last10) {
+                        double setup, float val, float last, double last10, const double *mem) {
     const args *a      = &j->a;
     double      tokens = (double)a->batch * (double)a->block * (double)steps,
            loop        = dt_trainer_loop_secs(t);
@@ -344,11 +347,12 @@ static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t step
                "\"setup_secs\": %.3f, "
                "\"params\": %zu, \"flops_per_token\": %.0f, \"gflops_per_sec\": %.2f, "
                "\"last_loss\": %.6f, \"last10_mean_loss\": %.6f, \"val_loss\": %s, "
-               "\"peak_rss_mib\": %.1f, \"threads\": %d}\n",
+               "\"peak_rss_mib\": %.1f, \"state_peak_mib\": %.2f, \"moved_mib_per_step\": %.3f, "
+               "\"threads\": %d}\n",
                r, dt_trainer_world(t), (long long)steps, tokens, loop,
                loop > 0 ? tokens / loop : 0.0, evals, setup, params, flops_per_token(a),
                loop > 0 ? flops_per_token(a) * tokens / loop / 1e9 : 0.0, (double)last, last10, v,
-               peak_rss_mib(), dt_trainer_threads(t));
+               peak_rss_mib(), mem[0] / 1048576.0, mem[1] / 1048576.0, dt_trainer_threads(t));
         fflush(stdout);
     }
 }

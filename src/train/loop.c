@@ -96,7 +96,9 @@ static dt_status save(dt_trainer *t) {
     double        t0 = dt_now();
     dt_ckpt_state cs = ckpt_state(t);
     dt_ckpt_opts  co = ckpt_opts(t);
+    DT_TRY(dt_train_gather_params(t)); // --zero 3: the whole parameters on rank 0
     DT_TRY(dt_ckpt_save(t->a.checkpoint_dir, t->pg, &cs, &co));
+    DT_TRY(dt_train_release_params(t));
     t->ckpt_secs += dt_now() - t0;
     t->ckpt_saves++;
     t->last_saved = t->step;
@@ -164,9 +166,16 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "--zero %ld: expected even shards (uneven inputs reduce whole "
                        "gradients after backward), found DT_SPLIT_TRAIN_UNEVEN",
                        a->zero);
+    if (t->pg && a->zero == 3 && a->data_parallel > 1)
+        return dt_fail(DT_ERR_ARG,
+                       "--zero 3 with --data-parallel %ld: not supported (replicas "
+                       "copy the whole parameters, which ZeRO-3 shards)",
+                       a->data_parallel);
+    dt_zero_opts zo   = dt_zero_opts_default();
+    zo.stage          = t->pg ? (int)a->zero : 0;
+    zo.track_resident = zo.stage == 3;            // the peak that dt_trainer_state_bytes reports
+    DT_TRY(dt_train_plan_memory(t, p, opt, &zo)); // --max-rank-memory
     if (t->pg && a->zero > 0) {
-        dt_zero_opts zo = dt_zero_opts_default();
-        zo.stage        = (int)a->zero;
         size_t full = 0, shard = 0;
         dt_optim_state(opt, &full);
         DT_TRY(dt_zero_new(&t->zero, p, t->pg, opt, &zo));
@@ -446,7 +455,9 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         } else if (t->zero) { // this rank's shard of the averaged gradient
             DT_TRY(dt_zero_sync(t->zero));
         }
-        if (t->window > 1 && !t->join) // the mean over the window's micro-batches
+        if (t->window > 1 && !t->join && t->zero) // only this rank's shard is read
+            dt_zero_scale_grad(t->zero, 1.0f / (float)t->window);
+        else if (t->window > 1 && !t->join) // the mean over the window's micro-batches
             scale_grads(t->p, 1.0f / (float)t->window);
         // fp16: unscale, agree on inf/NaN over the ranks; a bad step is skipped by all
         bool skip = false;
@@ -627,11 +638,19 @@ dt_status dt_trainer_finish(dt_trainer *t) {
         dt_trainer_print(t, "Wrote the trace to %s\n", a->trace);
     }
     uint32_t crc;
-    DT_TRY(check_replicas(t, &crc));
-    if (t->pg)
-        dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world, crc);
-    if (t->rank == 0 && a->save_model) {
-        DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
+    if (t->zero && dt_zero_stage(t->zero) == 3) { // no replicas: each rank holds its range
+        dt_trainer_print(t, "Parameters sharded over %d ranks (ZeRO-3)\n", t->world);
+    } else {
+        DT_TRY(check_replicas(t, &crc));
+        if (t->pg)
+            dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world,
+                             crc);
+    }
+    if (a->save_model) {
+        DT_TRY(dt_train_gather_params(t));
+        if (t->rank == 0)
+            DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
+        DT_TRY(dt_train_release_params(t));
         dt_trainer_print(t, "Saved the model to %s\n", a->save_model);
     }
     return DT_OK;

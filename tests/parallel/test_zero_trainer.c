@@ -5,8 +5,13 @@
 //   print the optimizer state per rank at half the unsharded size;
 // - --zero 2 stopped by --max-steps and resumed (--resume) ends bitwise equal to the
 //   uninterrupted --zero 2 run, and its checkpoint also resumes under --zero 0;
-// - dtrain-gpt (AdamW, no-decay group, clipping, micro-batches) with --zero 1 and 2 on 2
-//   processes ends with the validation loss of 1 process on the same global batch.
+// - dtrain-gpt (AdamW, no-decay group, clipping, micro-batches) with --zero 1, 2 and 3
+//   on 2 processes ends with the validation loss of 1 process on the same global batch;
+//   --zero 3 stopped by --max-steps and resumed ends with the uninterrupted run's losses
+//   (its checkpoints gather the sharded parameters on rank 0);
+// - --max-rank-memory: plain DDP over the budget is refused naming both numbers, and
+//   --zero 3 under the same budget runs with its measured peak inside it; --zero 3 on
+//   dtrain-mnist (a Sequential dt_model, which does not announce its reads) is refused.
 #include "../check.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
@@ -21,6 +26,7 @@
 #include <unistd.h>
 
 static char       bin[PATH_MAX + 64];
+static double     g_peak; // the largest "state_peak_mib" of the last dtrain-gpt runs
 static char       dir[128];
 static const char common[] = "--num-processes 2 --limit 256 --batch-size 16 --threads 1 "
                              "--seed 3 --clip-grad 0.5 --accumulate 2 --no-test";
@@ -121,6 +127,10 @@ static double gpt_val(const char *gpt, const char *flags) {
                                 "%s --steps 12 --n-layer 2 --n-embd 64 --block-size 64 --batch-size 8 "
                                           "--micro-batch 2 --eval-every 0 --log-every 100 --threads 1 %s 2>&1",
                                 gpt, flags);
+    const char *peak = strstr(out, "\"state_peak_mib\": ");
+    double      pk   = 0;
+    if (peak && sscanf(peak, "\"state_peak_mib\": %lf", &pk) == 1 && pk > g_peak)
+        g_peak = pk;
     const char *line = strstr(out, "val loss:");
     CHECK_EQ(rc, 0);
     bool ok = line && sscanf(line, "val loss: %lf", &v) == 1;
@@ -130,12 +140,57 @@ static double gpt_val(const char *gpt, const char *flags) {
     return v;
 }
 
+static void test_gpt_zero3(const char *gpt) {
+    // Resumed at the same world size: the uninterrupted run's losses (bitwise: the
+    // printed digits), through checkpoints that gather the shards on rank 0.
+    char       *full = NULL, *part = NULL, *rest = NULL;
+    const char *flags =
+        "--num-processes 2 --zero 3 --steps 6 --n-layer 1 --n-embd 32 --block-size 32 "
+        "--batch-size 4 --eval-every 0 --log-every 1 --threads 1";
+    CHECK_EQ(test_run(&full, "%s %s 2>&1", gpt, flags), 0);
+    CHECK_EQ(test_run(&part, "%s %s --checkpoint-dir %s/g3 --max-steps 3 2>&1", gpt, flags, dir),
+             0);
+    CHECK_EQ(test_run(&rest, "%s %s --checkpoint-dir %s/g3 --resume 2>&1", gpt, flags, dir), 0);
+    const char *a  = full ? strstr(full, "step 6/6 | loss") : NULL;
+    const char *b  = rest ? strstr(rest, "step 6/6 | loss") : NULL;
+    const char *v1 = full ? strstr(full, "val loss:") : NULL,
+               *v2 = rest ? strstr(rest, "val loss:") : NULL;
+    CHECK(rest && strstr(rest, "resumed from") != NULL);
+    if (!CHECK(a && b && !strncmp(a, b, 24) && v1 && v2 && !strncmp(v1, v2, 16)))
+        fprintf(stderr, "     uninterrupted:\n%s\n     resumed:\n%s\n", full, rest);
+    free(full), free(part), free(rest);
+
+    // The budget: DDP needs 4 floats per parameter and is refused; ZeRO-3 fits.
+    const char *model =
+        "--steps 3 --n-layer 2 --n-embd 64 --block-size 64 --batch-size 8 --micro-batch 0 "
+        "--eval-every 0 --threads 1 --num-processes 2 --max-rank-memory 1.2M";
+    char *out = NULL;
+    CHECK(test_run(&out, "%s %s --zero 0 2>&1", gpt, model) != 0);
+    if (!CHECK(out && strstr(out, "plain DDP (--zero 0) needs 1.84 MiB per rank") &&
+               strstr(out, "over the budget of 1.20 MiB") && strstr(out, "--zero 3 needs")))
+        fprintf(stderr, "%s\n", out);
+    free(out);
+    g_peak   = 0;
+    double v = gpt_val(gpt, "--num-processes 2 --zero 3 --max-rank-memory 1.2M");
+    CHECK(isfinite(v));
+    if (!CHECK(g_peak > 0.5 && g_peak <= 1.2))
+        fprintf(stderr, "     --zero 3 under 1.2 MiB: peak %.3f MiB\n", g_peak);
+    else
+        fprintf(stderr, "     --max-rank-memory 1.2M: DDP refused, ZeRO-3 peaked at %.3f MiB\n",
+                g_peak);
+    // A dt_model does not announce its reads: stage 3 is refused, saying so.
+    CHECK(run(&out, "--zero 3") != 0);
+    if (!CHECK(out && strstr(out, "announces each use")))
+        fprintf(stderr, "%s\n", out);
+    free(out);
+}
+
 static void test_gpt(void) {
     char gpt[PATH_MAX + 64];
     if (!CHECK(test_program_path("dtrain-gpt", gpt, sizeof gpt)))
         return;
     double one = gpt_val(gpt, "");
-    for (int z = 1; z <= 2; z++) {
+    for (int z = 1; z <= 3; z++) {
         char flags[64];
         snprintf(flags, sizeof flags, "--num-processes 2 --zero %d", z);
         double v = gpt_val(gpt, flags);
@@ -147,6 +202,7 @@ static void test_gpt(void) {
                     "     dtrain-gpt --zero %d on 2 processes: val loss %.4f (1 process %.4f)\n", z,
                     v, one);
     }
+    test_gpt_zero3(gpt);
 }
 
 int main(void) {
