@@ -141,7 +141,12 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
         dt_ckpt_opts  co = ckpt_opts(t);
-        dt_status     st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
+        // A step-based run without a sampler (dtrain-gpt) resumes at any world size: its
+        // batches follow the seed and the step, and the trainer's stream is the seed's
+        // (restoring it changes nothing), so only the shared state is loaded.
+        if (t->total_steps > 0 && !t->smp)
+            co.reshard = true, cs.nrngs = 0;
+        dt_status st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
         if (!st && info.found)
             st = check_config(t, &info);
         const char *sc = info.found ? dt_ckpt_info_get(&info, "grad_scaler") : NULL;
@@ -150,9 +155,12 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         if (!st && info.found) {
             t->step = t->last_saved = info.step;
             t->epoch                = (long)info.epoch;
-            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu)%s\n", info.path,
+            char by[48]             = "";
+            if (info.world != t->world)
+                snprintf(by, sizeof by, ", saved by %d ranks", info.world);
+            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu%s)%s\n", info.path,
                              (unsigned long long)info.epoch,
-                             t->batch ? info.position / t->batch : (size_t)0,
+                             t->batch ? info.position / t->batch : (size_t)0, by,
                              info.refused ? " after refusing newer checkpoints" : "");
         } else if (!st) {
             dt_trainer_print(t, "no checkpoint in %s: starting fresh\n", a->checkpoint_dir);

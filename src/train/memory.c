@@ -77,13 +77,15 @@ dt_status dt_train_plan_memory(dt_trainer *t, dt_params *p, dt_optim *opt, dt_ze
     }
     if (zo->stage == 3 && t->budget) // what the shard leaves to the gathered units
         zo->max_live_bytes = t->budget - (m.total - m.working);
+    char budget[48] = "";
+    if (t->budget)
+        snprintf(budget, sizeof budget, " (budget %.2f MiB)", mib(t->budget));
     if (zo->stage == 3 || t->budget)
         dt_trainer_print(t,
                          "memory per rank: parameters %.2f + gradients %.2f + %s state %.2f%s = "
-                         "%.2f MiB%s%.2f%s\n",
+                         "%.2f MiB%s\n",
                          mib(m.params), mib(m.grads), dt_optim_name(opt), mib(m.optim), work,
-                         mib(m.total), t->budget ? " (budget " : "",
-                         t->budget ? mib(t->budget) : 0.0, t->budget ? " MiB)" : "");
+                         mib(m.total), budget);
     return DT_OK;
 }
 

@@ -160,6 +160,43 @@ static void test_gpt_zero3(const char *gpt) {
         fprintf(stderr, "     uninterrupted:\n%s\n     resumed:\n%s\n", full, rest);
     free(full), free(part), free(rest);
 
+    // Saved at 4 ranks, resumed at 2 (ZeRO-3) and in 1 process: the same next step, to
+    // rounding, as the uninterrupted run at 4.
+    const char *m4 = "--zero 3 --steps 5 --n-layer 1 --n-embd 32 --block-size 32 --batch-size 4 "
+                     "--eval-every 0 --log-every 1 --threads 1";
+    char       *u4 = NULL, *s4 = NULL, *r2 = NULL, *r1 = NULL;
+    CHECK_EQ(test_run(&u4, "%s %s --num-processes 4 2>&1", gpt, m4), 0);
+    CHECK_EQ(test_run(&s4, "%s %s --num-processes 4 --checkpoint-dir %s/w4 --max-steps 3 2>&1", gpt,
+                      m4, dir),
+             0);
+    char cp[400];
+    snprintf(cp, sizeof cp, "cp -r %s/w4 %s/w4b", dir, dir);
+    CHECK(system(cp) == 0);
+    CHECK_EQ(
+        test_run(&r2, "%s %s --num-processes 2 --checkpoint-dir %s/w4 --resume 2>&1", gpt, m4, dir),
+        0);
+    CHECK_EQ(test_run(&r1, "%s %s --checkpoint-dir %s/w4b --resume 2>&1", gpt, m4, dir), 0);
+    double      l4 = NAN, l2 = NAN, l1 = NAN;
+    const char *p4 = u4 ? strstr(u4, "step 4/5 | loss") : NULL;
+    const char *p2 = r2 ? strstr(r2, "step 4/5 | loss") : NULL;
+    const char *p1 = r1 ? strstr(r1, "step 4/5 | loss") : NULL;
+    if (p4)
+        sscanf(p4, "step 4/5 | loss %lf", &l4);
+    if (p2)
+        sscanf(p2, "step 4/5 | loss %lf", &l2);
+    if (p1)
+        sscanf(p1, "step 4/5 | loss %lf", &l1);
+    CHECK(r2 && strstr(r2, "saved by 4 ranks") && r1 && strstr(r1, "saved by 4 ranks"));
+    if (!CHECK(fabs(l2 - l4) < 2e-5 * fabs(l4) && fabs(l1 - l4) < 2e-5 * fabs(l4)))
+        fprintf(stderr, "     step 4 after 4 -> 2 -> 1: %.6f, %.6f, uninterrupted %.6f\n%s\n%s\n",
+                l2, l1, l4, r2 ? r2 : "", r1 ? r1 : "");
+    else
+        fprintf(stderr,
+                "     --zero 3 saved at 4 ranks: next step's loss %.6f at 2 ranks, %.6f in 1 "
+                "process, %.6f uninterrupted\n",
+                l2, l1, l4);
+    free(u4), free(s4), free(r2), free(r1);
+
     // The budget: DDP needs 4 floats per parameter and is refused; ZeRO-3 fits.
     const char *model =
         "--steps 3 --n-layer 2 --n-embd 64 --block-size 64 --batch-size 8 --micro-batch 0 "
