@@ -90,12 +90,8 @@ char *dt_strdup(const char *s) {
 // ------------------------------------------------------------------ page-backed blocks
 
 size_t dt_page_bytes(void) {
-    static size_t page;
-    if (!page) {
-        long v = sysconf(_SC_PAGESIZE);
-        page   = v > 0 ? (size_t)v : 4096;
-    }
-    return page;
+    long v = sysconf(_SC_PAGESIZE); // from the auxiliary vector: cheap, and no shared state
+    return v > 0 ? (size_t)v : 4096;
 }
 
 static size_t round_pages(size_t nbytes) {
