@@ -159,22 +159,33 @@ static dt_status gpt_loss(gpt *m, int at, int n, float *loss, float *dlogits) {
                                     loss, dlogits);
 }
 
-// The peer's evaluation: the first 64 windows of T + 1 bytes of val, mb at a time.
-static dt_status gpt_eval(gpt *m, const dt_tokens *val, float *out) {
+// The peer's evaluation: the first 64 windows of T + 1 bytes of val, mb at a time. Under
+// ZeRO-3 (sharded) every rank takes part in each forward's gathers, so the windows are
+// split over the ranks, each running the same number of forwards (a rank out of windows
+// runs one more on window 0, not counted), and the sums are added over the ranks.
+static dt_status gpt_eval(dt_trainer *t, gpt *m, const dt_tokens *val, bool sharded, float *out) {
+    int    world = sharded ? dt_trainer_world(t) : 1, rank = sharded ? dt_trainer_rank(t) : 0;
+    int    lo = EVAL_WINDOWS * rank / world, hi = EVAL_WINDOWS * (rank + 1) / world;
+    int    most = (EVAL_WINDOWS + world - 1) / world, passes = (most + m->mb - 1) / m->mb;
     double sum = 0;
     dt_graph_train(m->g, false);
-    for (int i = 0; i < EVAL_WINDOWS; i += m->mb) {
-        int      n = EVAL_WINDOWS - i < m->mb ? EVAL_WINDOWS - i : m->mb;
+    for (int p = 0; p < passes; p++) {
+        int      i = lo + p * m->mb, n = hi - i < m->mb ? hi - i : m->mb, use = n > 0;
         uint64_t off[EVAL_WINDOWS];
         float    loss;
+        if (!use)
+            i = 0, n = 1;
         for (int k = 0; k < n; k++)
             off[k] = (uint64_t)(i + k) * (uint64_t)(m->T + 1);
         DT_TRY(dt_tokens_windows(val, off, (size_t)n, (size_t)m->T, m->x, m->y));
         DT_TRY(gpt_loss(m, 0, n, &loss, NULL));
-        sum += (double)loss * n;
+        sum += use ? (double)loss * n : 0.0;
     }
     dt_graph_train(m->g, true);
-    *out = (float)(sum / EVAL_WINDOWS);
+    float part = (float)sum;
+    if (sharded)
+        DT_TRY(dt_trainer_all_reduce(t, &part, 1, DT_FLOAT32, DT_REDUCE_SUM));
+    *out = sharded ? part / EVAL_WINDOWS : (float)(sum / EVAL_WINDOWS);
     return DT_OK;
 }
 
@@ -296,7 +307,7 @@ static dt_status train(dt_trainer *t, void *user) {
         }
         if (a->eval_every > 0 && s % a->eval_every == 0 && s < a->steps && (rank == 0 || sharded)) {
             double te = dt_now();
-            if ((st = gpt_eval(&m, &j->val, &val)) || (st = dt_trainer_log_val(t, val)))
+            if ((st = gpt_eval(t, &m, &j->val, sharded, &val)) || (st = dt_trainer_log_val(t, val)))
                 break;
             dt_trainer_print(t, "step %lld/%ld | val loss %.4f\n", (long long)s, a->steps,
                              (double)val);
@@ -312,7 +323,7 @@ static dt_status train(dt_trainer *t, void *user) {
     dt_trainer_state_bytes(t, &mem[0], &mem[1]);
     if (!st)
         st = dt_trainer_finish(t); // "Finished training", the checkpoint, --save-model
-    if (!st && (rank == 0 || sharded) && !(st = gpt_eval(&m, &j->val, &val))) {
+    if (!st && (rank == 0 || sharded) && !(st = gpt_eval(t, &m, &j->val, sharded, &val))) {
         dt_trainer_print(t, "val loss: %.4f\n", (double)val);
         st = dt_trainer_log_val(t, val);
     }
