@@ -215,6 +215,10 @@ static void test_gpt_zero3(const char *gpt) {
     else
         fprintf(stderr, "     --max-rank-memory 1.2M: DDP refused, ZeRO-3 peaked at %.3f MiB\n",
                 g_peak);
+    // A size it cannot read is a usage error naming what it expects.
+    CHECK_EQ(test_run(&out, "%s --max-rank-memory 12Q 2>&1", gpt), 2);
+    CHECK(out && strstr(out, "expects a size in bytes") && strstr(out, "\"12Q\""));
+    free(out);
     // A dt_model does not announce its reads: stage 3 is refused, saying so.
     CHECK(run(&out, "--zero 3") != 0);
     if (!CHECK(out && strstr(out, "announces each use")))
