@@ -229,6 +229,9 @@ int main(int argc, char **argv) {
     o.program               = "dtrain-mnist";
     o.flags                 = flags;
     o.epilogue              = epilogue;
+    o.model_parallel        = true; // --dp and --zero; --pp and --tp refused, saying why
+    o.no_model_split        = "the seed's ConvNet is one Sequential model, with no cut between "
+                              "pipeline stages and no layer split over ranks";
     dt_trainer *t;
     dt_status   st = dt_trainer_new(&t, argc, argv, &o);
     if (st || !t)

@@ -287,6 +287,10 @@ int main(int argc, char **argv) {
     o.loop_time              = true; // the peer's "Finished training" line
     o.broadcast_buffers      = true; // the peer's DDP default
     o.train_flops_per_sample = train_flops_per_sample();
+    o.model_parallel         = true; // --dp and --zero; --pp and --tp refused, saying why
+    o.no_model_split = "its BatchNorm layers need whole batches (a pipeline's micro-batches would "
+                       "change their statistics) and its convolutions have no tensor-parallel "
+                       "split";
     dt_trainer *t;
     dt_status   st = dt_trainer_new(&t, argc, argv, &o);
     if (st || !t)

@@ -142,6 +142,22 @@ DT_API int       dt_graph_num_ties(const dt_graph *g);
 DT_API dt_status dt_graph_tie_at(const dt_graph *g, int t, char *owner, int *owner_node,
                                  int *param_node);
 
+// The table of tensors dt_graph_finalize registers (or registered), without storage:
+// names, shapes, flags, each tensor's node (dt_param_info.layer) and its tensor-parallel
+// split, in the same order, ties once; buffers too. Works before finalize (a whole
+// model's layout before it is cut into stages). whole: the unsplit shapes of split
+// tensors (dt_param_info.split still says which part this graph's layer holds).
+// Free with dt_params_free.
+DT_API dt_status dt_graph_param_table(const dt_graph *g, bool whole, dt_params **out);
+
+// Per-node timing (pipeline balancing measures layer cost with it): on, every forward
+// and backward adds each node's seconds to its counters (off: none kept; on again:
+// reset to 0). dt_graph_node_seconds reads them (0 when off). The seconds are this
+// process's CPU time (every thread's) during the node: what the node costs, which other
+// jobs on the machine do not inflate; with one thread and an idle machine, its wall time.
+DT_API dt_status dt_graph_set_timing(dt_graph *g, bool on);
+DT_API void dt_graph_node_seconds(const dt_graph *g, int node, double *forward, double *backward);
+
 // Activation slots: n sets of the values and saved state a forward leaves for its
 // backward (default 1). dt_graph_use_slot(g, s) selects the set the next forward writes
 // and the next backward reads (with its batch and sample keys), so several forwards

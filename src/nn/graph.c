@@ -138,6 +138,7 @@ void dt_graph_free(dt_graph *g) {
     dt_params_free(g->params);
     dt_free(g->first_user);
     dt_free(g->keys);
+    dt_free(g->times);
     dt_free(g->vals);
     dt_free(g);
 }
@@ -345,6 +346,8 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
             else
                 DT_TRY(full_name(name, v->name, t->name));
             DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, i, false));
+            if (dt_param_split_on(&t->split))
+                DT_TRY(dt_params_set_split(g->params, np, &t->split));
             v->pidx[k] = np++;
         }
         for (int k = 0; k < v->su.nbuffers; k++) {
@@ -847,7 +850,10 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
         v->fwd_training = g->training;
         node_task k     = {.g = g, .v = v};
         DT_TRACE_BEGIN(tr);
+        uint64_t  t0 = g->times ? dt_graph_cpu_ns() : 0;
         dt_status st = run_used(&k);
+        if (g->times) // dt_graph_set_timing
+            g->times[2 * i] += (double)(dt_graph_cpu_ns() - t0) * 1e-9;
         DT_TRACE_END(tr, "forward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) forward", v->name, v->layer->ops->kind);
@@ -919,7 +925,10 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
             }
         }
         DT_TRACE_BEGIN(tr);
+        uint64_t  t0 = g->times ? dt_graph_cpu_ns() : 0;
         dt_status st = run_used(&k); // the thread partials summed too
+        if (g->times)
+            g->times[2 * i + 1] += (double)(dt_graph_cpu_ns() - t0) * 1e-9;
         DT_TRACE_END(tr, "backward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) backward", v->name, v->layer->ops->kind);

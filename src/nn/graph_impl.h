@@ -8,6 +8,8 @@
 
 #include "nn/pool.h"
 
+#include <time.h>
+
 typedef struct gval {
     char           name[DT_GRAPH_NAME_MAX + 1];
     dt_layer      *layer; // NULL: a graph input
@@ -72,11 +74,20 @@ struct dt_graph {
     int          ndy;
     gslot       *slots; // dt_graph_set_slots: nslots sets of values, `slot` selected
     int          nslots, slot;
+    double      *times;    // dt_graph_set_timing: forward and backward seconds per value
     dt_precision prec;     // dt_graph_set_precision
     dt_precision w16_prec; // the format the shadows (gval.w16) were made for
     bool         hooked;   // the parameters have a use consumer (ZeRO-3): this pass
                            // announces each node's tensors (params.h)
 };
+
+// The clock of dt_graph_set_timing: this process's CPU time (all its threads), which
+// other jobs sharing the machine do not inflate as they do the wall time.
+static inline uint64_t dt_graph_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 // Frees the values' buffers (outputs, saved state, gradients, scratch) and the slots
 // of dt_graph_set_slots; both leave the graph ready for another reserve.

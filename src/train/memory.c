@@ -49,7 +49,8 @@ static double mib(size_t b) {
 
 dt_status dt_train_plan_memory(dt_trainer *t, dt_params *p, dt_optim *opt, dt_zero_opts *zo) {
     dt_zero_memory m;
-    DT_TRY(dt_zero_plan_memory(p, opt, t->world, zo, &m));
+    int            world = dt_train_dp_size(t); // the ranks ZeRO shards over (the mesh's dp)
+    DT_TRY(dt_zero_plan_memory(p, opt, world, zo, &m));
     t->plan_bytes = m.total;
     char work[64] = "";
     if (zo->stage == 3)
@@ -59,14 +60,14 @@ dt_status dt_train_plan_memory(dt_trainer *t, dt_params *p, dt_optim *opt, dt_ze
         snprintf(name, sizeof name, "ZeRO-%d", zo->stage);
     if (t->budget && m.total > t->budget) {
         char hint[160] = "";
-        if (zo->stage < 3 && t->world > 1) {
+        if (zo->stage < 3 && world > 1) {
             dt_zero_opts   z3 = *zo;
             dt_zero_memory m3;
             z3.stage = 3;
-            if (dt_zero_plan_memory(p, opt, t->world, &z3, &m3) == DT_OK)
+            if (dt_zero_plan_memory(p, opt, world, &z3, &m3) == DT_OK)
                 snprintf(hint, sizeof hint, "; --zero 3 needs %.2f MiB per rank at %d ranks%s",
-                         mib(m3.total), t->world, m3.total <= t->budget ? " and fits" : "");
-        } else if (t->world == 1) {
+                         mib(m3.total), world, m3.total <= t->budget ? " and fits" : "");
+        } else if (world == 1) {
             snprintf(hint, sizeof hint, "; more ranks with --zero 3 share it");
         }
         return dt_fail(DT_ERR_ARG,
@@ -110,7 +111,8 @@ void dt_trainer_state_bytes(const dt_trainer *t, double *peak, double *moved_per
             dt_optim_state(t->opt, &nf);
         pk = 4.0 * (double)(2 * n + nf);
         // A ring all-reduce: each rank receives 2 (N - 1) / N of the gradients.
-        mv = t->ddp ? 4.0 * 2.0 * (double)(t->world - 1) / t->world * (double)n : 0;
+        int w = dt_train_dp_size(t);
+        mv    = t->ddp ? 4.0 * 2.0 * (double)(w - 1) / w * (double)n : 0;
     }
     if (peak)
         *peak = pk;
