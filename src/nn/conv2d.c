@@ -33,6 +33,7 @@
 // Matches torch.nn.Conv2d (weight (Cout, Cin, k, k), bias (Cout)).
 #include "core/simd.h"
 #include "nn/blas.h"
+#include "nn/conv16.h"
 #include "nn/nn_impl.h"
 #include "nn/prec.h"
 
@@ -84,9 +85,44 @@ static dt_status conv_setup(nn_layer *l) {
     l->wcount    = (size_t)l->out_c * l->fan_in;
     l->bcount    = l->out_c;
     size_t hw    = (size_t)l->out.h * l->out.w;
-    // 16-bit products (dt_model_set_precision) run on the GEMM paths below
-    l->direct = l->stride == 1 && l->prec == DT_PREC_FP32 && dt_nn_want_direct();
-    if (l->direct) {
+    // 16-bit products (dt_model_set_precision) run on the GEMM paths below, bf16 ones
+    // with stride 1 on conv16.c's kernels (direct16) when the GEMM path is avx512bf16;
+    // a bf16 layer with a reduction too small to gain (DT_C16_MIN_K) stays fp32.
+    bool lowp   = l->prec != DT_PREC_FP32 && !(l->prec == DT_PREC_BF16 && l->stride == 1 &&
+                                             l->fan_in < DT_C16_MIN_K && dt_nn_want_direct());
+    l->direct   = l->stride == 1 && !lowp && dt_nn_want_direct();
+    l->direct16 = l->stride == 1 && l->prec == DT_PREC_BF16 && lowp;
+    if (l->direct16) {
+        wide   g  = wide_geom(l);
+        int    kk = l->k * l->k, c2 = (l->in.c + 1) / 2, o2 = (l->out_c + 1) / 2;
+        size_t fwd = (size_t)c2 * g.plane + (size_t)l->out_c * c2 * kk + (size_t)l->out_c * g.n;
+        size_t bwd = ((size_t)l->in.c * g.plane + 1) / 2 + (size_t)l->out_c * g.n +
+                     ((size_t)l->out_c * g.n + 1) / 2 + (size_t)o2 * g.ld +
+                     (size_t)l->in.c * o2 * kk + (l->pad ? (size_t)l->in.c * g.plane : 0);
+        // or the wide im2col path, when the GEMM path is not avx512bf16 at the call
+        size_t im = (l->pad ? (size_t)l->in.c * g.plane : 0) + l->fan_in * (size_t)g.n +
+                    (size_t)l->out_c * (size_t)g.n;
+        l->scratch_floats = fwd > bwd ? fwd : bwd;
+        if (im > l->scratch_floats)
+            l->scratch_floats = im;
+        // offsets: forward (channel pair, ki, kj), input gradient (output channel pair,
+        // ki, kj), weight gradient (channel, ki, kj)
+        dt_free(l->offsets);
+        size_t nf = (size_t)c2 * kk, nb = (size_t)o2 * kk;
+        if (!(l->offsets = dt_alloc(sizeof(int) * (nf + nb + l->fan_in))))
+            return DT_ERR_NOMEM;
+        for (int ch = 0; ch < l->in.c; ch++)
+            for (int t = 0; t < kk; t++) {
+                int sh = t / l->k * g.wp + t % l->k;
+                if (ch % 2 == 0)
+                    l->offsets[(size_t)(ch / 2) * kk + t] = (int)((size_t)(ch / 2) * g.plane) + sh;
+                l->offsets[nf + nb + (size_t)ch * kk + t] = (int)((size_t)ch * g.plane) + sh;
+            }
+        for (int op = 0; op < o2; op++)
+            for (int t = 0; t < kk; t++)
+                l->offsets[nf + (size_t)op * kk + t] =
+                    (int)((size_t)op * g.ld) + g.margin - (t / l->k * g.wp + t % l->k);
+    } else if (l->direct) {
         wide   g  = wide_geom(l);
         size_t rf = l->fan_in, rb = (size_t)l->out_c * l->k * l->k;
         // padded input (also its gradient), wide output/gradient with margins,
@@ -498,6 +534,59 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     }
 }
 
+// ------------------------------------------- stride 1, bf16: conv16.c's kernels
+// The forward reads the input's pair words (channel pairs) at the shifts of (pair, ki,
+// kj); the input gradient reads the output gradient's pair words (output channel pairs,
+// zero margins) at negative shifts with the weights transposed; the weight gradient
+// reads both in plain bf16 rows. Weights come from the layer's bf16 shadow; every
+// activation and gradient is rounded as it is repacked; sums and the outputs are fp32.
+
+static void direct16_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    wide      g  = wide_geom(l);
+    int       kk = l->k * l->k, c2 = (l->in.c + 1) / 2, r2 = c2 * kk;
+    size_t    insz = nn_shape_size(l->in);
+    uint32_t *x2   = (uint32_t *)(void *)c->scratch;
+    uint32_t *w2   = x2 + (size_t)c2 * g.plane;
+    float    *ext  = (float *)(void *)(w2 + (size_t)l->out_c * r2);
+    dt_c16_weight_pairs(l->w16, l->out_c, l->in.c, kk, w2);
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
+        dt_c16_pack_pairs(in + (size_t)s * insz, l->in.c, l->in.h, l->in.w, l->pad, x2);
+        dt_c16_shifted(x2, l->offsets, r2, w2, l->out_c, g.n, ext, (size_t)g.n);
+        emit_output(l, ext, (size_t)g.n, g, out, s);
+    }
+}
+
+static void direct16_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                              float *dout, float *din, float *dparams) {
+    wide      g  = wide_geom(l);
+    int       kk = l->k * l->k, ci = l->in.c, co = l->out_c, o2 = (co + 1) / 2;
+    size_t    insz = nn_shape_size(l->in), nf = (size_t)(ci + 1) / 2 * kk, nb = (size_t)o2 * kk;
+    uint16_t *xb  = (uint16_t *)(void *)c->scratch;
+    float    *ext = c->scratch + ((size_t)ci * g.plane + 1) / 2;
+    uint16_t *gb  = (uint16_t *)(void *)(ext + (size_t)co * g.n);
+    uint32_t *g2  = (uint32_t *)(void *)(ext + (size_t)co * g.n + ((size_t)co * g.n + 1) / 2);
+    uint32_t *wt2 = g2 + (size_t)o2 * g.ld;
+    float    *dxp = (float *)(void *)(wt2 + (size_t)ci * nb);
+    float    *dw = dparams, *db = dparams + l->wcount;
+    if (din)
+        dt_c16_weight_pairs_t(l->w16, co, ci, kk, wt2);
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
+        gather_grad(l, dout, out, g, ext, (size_t)g.n, s);
+        dt_nn_row_sums_add(ext, co, g.n, db); // dropped columns hold zeros
+        dt_c16_pack_plain(in + (size_t)s * insz, ci, l->in.h, l->in.w, l->pad, xb);
+        dt_c16_rows_to_bf16(ext, (size_t)g.n, co, g.n, gb, (size_t)g.n);
+        dt_c16_shifted_nt(gb, (size_t)g.n, co, xb, l->offsets + nf + nb, (int)l->fan_in, g.n, dw);
+        if (!din)
+            continue;
+        float *dx = din + (size_t)s * insz;
+        dt_c16_rows_to_pairs(ext, (size_t)g.n, co, g.n, g.margin, g.ld, g2);
+        dt_c16_shifted(g2, l->offsets + nf, (int)nb, wt2, ci, (int)g.plane, l->pad ? dxp : dx,
+                       g.plane);
+        if (l->pad)
+            crop_padded(dxp, ci, l->in.h, l->in.w, l->pad, dx);
+    }
+}
+
 // ------------------------------------------------------------- any stride: im2col
 
 static void strided_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
@@ -545,7 +634,9 @@ static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
 }
 
 static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
-    if (l->direct)
+    if (l->direct16 && dt_c16_usable())
+        direct16_forward(l, c, in, out);
+    else if (l->direct)
         direct_forward(l, c, in, out);
     else if (l->stride == 1)
         wide_forward(l, c, in, out);
@@ -555,7 +646,9 @@ static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
 
 static void conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                           float *dout, float *din, float *dparams) {
-    if (l->direct)
+    if (l->direct16 && dt_c16_usable())
+        direct16_backward(l, c, in, out, dout, din, dparams);
+    else if (l->direct)
         direct_backward(l, c, in, out, dout, din, dparams);
     else if (l->stride == 1)
         wide_backward(l, c, in, out, dout, din, dparams);
