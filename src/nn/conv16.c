@@ -7,11 +7,13 @@
 // ki, kj); its input gradient is the same kernel over the output gradient's pair words
 // (with zero margins) at negative shifts, with the weights transposed (conv2d.c).
 //
-// dt_c16_shifted_nt (weight gradient) sums over positions: a 4 x 6 block of dw keeps 24
-// accumulators, each VDPBF16PS takes 32 consecutive positions of a gradient row and of a
-// shifted input row (both plain bf16: neighbouring positions are the pair), the last
-// partial step through masked loads; at the end each block's 24 vectors are reduced in a
-// fixed tree (reduce8) and added to dw.
+// dt_c16_shifted_tn (weight gradient) sums over positions, so it pairs neighbouring
+// positions: the transposed gradient dwt[r][o] keeps 12 rows r x 32 output channels in
+// 24 accumulators; each position pair m broadcasts the 32-bit word of two neighbouring
+// input values at each of the 12 shifts and loads 2 vectors of the output gradient's
+// position-pair words (channels across the lanes, dt_c16_rows_to_pair_cols: rounded,
+// paired and transposed 16 x 16 words at a time) for 24 VDPBF16PS; no reduction across
+// lanes is needed, and every input load is a broadcast, whatever its alignment.
 #include "nn/conv16.h"
 #include "nn/prec.h"
 
@@ -115,12 +117,6 @@ TARGET void dt_c16_rows_to_pairs(const float *g, size_t g_ld, int rows, int n, i
     }
 }
 
-TARGET void dt_c16_rows_to_bf16(const float *g, size_t g_ld, int rows, int n, uint16_t *gb,
-                                size_t ldb) {
-    for (int r = 0; r < rows; r++)
-        bf16_row(g + (size_t)r * g_ld, n, gb + (size_t)r * ldb);
-}
-
 void dt_c16_weight_pairs(const uint16_t *w16, int o, int c, int kk, uint32_t *w2) {
     int r2 = (c + 1) / 2 * kk;
     for (int oc = 0; oc < o; oc++)
@@ -218,93 +214,142 @@ TARGET void dt_c16_shifted(const uint32_t *src, const int *off, int R, const uin
     }
 }
 
-// The sums of v[0..7], in a fixed tree: 512 -> 256 -> 128 bits per vector across pairs
-// of vectors, then within 128-bit lanes. Sum k lands in lane 4k (k < 4) or 4(k-4) + 1.
-TARGET static inline __attribute__((always_inline)) __m512 reduce8(const __m512 *v) {
-    __m512 s[4], u[2];
-    for (int p = 0; p < 4; p++)
-        s[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int q = 0; q < 2; q++)
-        u[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * q], s[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(s[2 * q], s[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm512_add_ps(_mm512_shuffle_ps(w, w, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_ps(w, w, _MM_SHUFFLE(3, 1, 3, 1)));
+// Sixteen rows of 16 words -> sixteen columns: r[i] lane j -> out[j] lane i. Interleaves
+// 32-bit then 64-bit elements inside 128-bit lanes (u[4g + c] lane k then holds column
+// 4k + c of rows 4g..4g+3), then gathers the lanes across registers.
+TARGET static inline __attribute__((always_inline)) void transpose16(__m512i *r) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i]     = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; g++) {
+        u[4 * g]     = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
+        __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+        __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c]       = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        r[8 + c]   = _mm512_shuffle_i32x4(v0, w0, 0xdd);
+        r[4 + c]   = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        r[12 + c]  = _mm512_shuffle_i32x4(v1, w1, 0xdd);
+    }
 }
 
-// dw rows [o0, o0 + NO) x columns [r0, r0 + NR) of dt_c16_shifted_nt; NO * NR a
-// multiple of 8 or less than 8.
+// 16 floats rounded to bf16, each in the high half of its 32-bit lane (prec.h's rounding).
+TARGET static inline __attribute__((always_inline)) __m512i round_hi(__m512 x) {
+    dt_v16u u;
+    __builtin_memcpy(&u, &x, sizeof u);
+    u = dt_round_bf16_v16(u);
+    __m512i r;
+    __builtin_memcpy(&r, &u, sizeof r);
+    return r;
+}
+
+TARGET void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int n, uint32_t *gt,
+                                     int ldt) {
+    // 16-bit lanes of (lo, hi), 32 floats' bf16 halves: word i = (lane 4i+1, lane 4i+3)
+    __m512i pick;
+    {
+        uint16_t ix[32];
+        for (int i = 0; i < 16; i++) {
+            ix[2 * i]     = (uint16_t)(4 * i + 1);
+            ix[2 * i + 1] = (uint16_t)(4 * i + 3);
+        }
+        memcpy(&pick, ix, sizeof pick);
+    }
+    int mp = (n + 1) / 2;
+    for (int o0 = 0; o0 < ldt; o0 += 16)
+        for (int m0 = 0; m0 < mp; m0 += 16) {
+            int       p0 = 2 * m0, left = n - p0;
+            __mmask16 k0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            __mmask16 k1 = left >= 32   ? 0xffff
+                           : left <= 16 ? 0
+                                        : (__mmask16)((1u << (left - 16)) - 1);
+            __m512i   r[16];
+            for (int i = 0; i < 16; i++) {
+                if (o0 + i >= rows) {
+                    r[i] = _mm512_setzero_si512();
+                    continue;
+                }
+                const float *row = g + (size_t)(o0 + i) * g_ld + p0;
+                __m512i      lo  = round_hi(_mm512_maskz_loadu_ps(k0, row));
+                __m512i      hi  = round_hi(_mm512_maskz_loadu_ps(k1, row + 16));
+                r[i]             = _mm512_permutex2var_epi16(lo, pick, hi);
+            }
+            transpose16(r);
+            int nm = mp - m0 < 16 ? mp - m0 : 16;
+            for (int i = 0; i < nm; i++)
+                _mm512_storeu_si512(gt + (size_t)(m0 + i) * ldt + o0, r[i]);
+        }
+}
+
+// dwt rows [r0, r0 + RB) x columns [o0, o0 + 16 NV) of dt_c16_shifted_tn.
 // clang-format off
-#define DEFINE_NT(name, NO, NR)                                                               \
+#define DEFINE_TN(name, NV, RB)                                                               \
     TARGET static inline __attribute__((always_inline)) void name(                           \
-        const uint16_t *restrict a, size_t a_ld, int o0, const uint16_t *restrict src,       \
-        const int *restrict off, int r0, int n, float *restrict dw, int R) {                 \
-        __m512          acc[NO * NR];                                                        \
-        const uint16_t *ar[NO], *xr[NR];                                                     \
-        UNROLL(4) for (int o = 0; o < NO; o++) ar[o] = a + (size_t)(o0 + o) * a_ld;          \
-        UNROLL(6) for (int q = 0; q < NR; q++) xr[q] = src + off[r0 + q];                    \
-        UNROLL(24) for (int i = 0; i < NO * NR; i++) acc[i] = _mm512_setzero_ps();           \
-        int j = 0;                                                                           \
-        for (; j + 32 <= n; j += 32) {                                                       \
-            __m512i av[NO], xv[NR];                                                          \
-            UNROLL(4) for (int o = 0; o < NO; o++) av[o] = _mm512_loadu_si512(ar[o] + j);    \
-            UNROLL(6) for (int q = 0; q < NR; q++) xv[q] = _mm512_loadu_si512(xr[q] + j);    \
-            UNROLL(4) for (int o = 0; o < NO; o++) UNROLL(6) for (int q = 0; q < NR; q++)   \
-                acc[o * NR + q] = _mm512_dpbf16_ps(acc[o * NR + q], (__m512bh)av[o],         \
-                                                   (__m512bh)xv[q]);                         \
+        const uint16_t *restrict src, const int *restrict off, int r0, int n,                \
+        const uint32_t *restrict gt, int ldt, int o0, float *restrict dwt) {                 \
+        __m512          acc[RB][NV];                                                         \
+        const uint16_t *xr[RB];                                                              \
+        UNROLL(12) for (int q = 0; q < RB; q++) xr[q] = src + off[r0 + q];                   \
+        UNROLL(12) for (int q = 0; q < RB; q++) UNROLL(2) for (int v = 0; v < NV; v++)      \
+            acc[q][v] = _mm512_setzero_ps();                                                 \
+        int m = 0;                                                                           \
+        for (; 2 * m + 1 < n; m++) {                                                         \
+            const uint32_t *gr = gt + (size_t)m * ldt + o0;                                  \
+            __m512i         gv[NV];                                                          \
+            UNROLL(2) for (int v = 0; v < NV; v++) gv[v] = _mm512_loadu_si512(gr + 16 * v);  \
+            UNROLL(12) for (int q = 0; q < RB; q++) {                                        \
+                uint32_t wd;                                                                 \
+                memcpy(&wd, xr[q] + 2 * m, sizeof wd);                                       \
+                __m512i xv = _mm512_set1_epi32((int)wd);                                     \
+                UNROLL(2) for (int v = 0; v < NV; v++)                                       \
+                    acc[q][v] = _mm512_dpbf16_ps(acc[q][v], (__m512bh)xv, (__m512bh)gv[v]);  \
+            }                                                                                \
         }                                                                                    \
-        if (j < n) {                                                                         \
-            __mmask32 m = (__mmask32)((1ull << (n - j)) - 1);                                \
-            __m512i   av[NO], xv[NR];                                                        \
-            UNROLL(4) for (int o = 0; o < NO; o++) av[o] = _mm512_maskz_loadu_epi16(m, ar[o] + j); \
-            UNROLL(6) for (int q = 0; q < NR; q++) xv[q] = _mm512_maskz_loadu_epi16(m, xr[q] + j); \
-            UNROLL(4) for (int o = 0; o < NO; o++) UNROLL(6) for (int q = 0; q < NR; q++)   \
-                acc[o * NR + q] = _mm512_dpbf16_ps(acc[o * NR + q], (__m512bh)av[o],         \
-                                                   (__m512bh)xv[q]);                         \
+        if (n & 1) { /* the last position alone: the high halves are zero */                \
+            const uint32_t *gr = gt + (size_t)m * ldt + o0;                                  \
+            __m512i         gv[NV];                                                          \
+            UNROLL(2) for (int v = 0; v < NV; v++) gv[v] = _mm512_loadu_si512(gr + 16 * v);  \
+            UNROLL(12) for (int q = 0; q < RB; q++) {                                        \
+                __m512i xv = _mm512_set1_epi32((int)xr[q][2 * m]);                           \
+                UNROLL(2) for (int v = 0; v < NV; v++)                                       \
+                    acc[q][v] = _mm512_dpbf16_ps(acc[q][v], (__m512bh)xv, (__m512bh)gv[v]);  \
+            }                                                                                \
         }                                                                                    \
-        nt_store(acc, NO, NR, o0, r0, dw, R);                                                \
+        UNROLL(12) for (int q = 0; q < RB; q++) UNROLL(2) for (int v = 0; v < NV; v++) {    \
+            float *d = dwt + (size_t)(r0 + q) * ldt + o0 + 16 * v;                            \
+            _mm512_storeu_ps(d, _mm512_add_ps(_mm512_loadu_ps(d), acc[q][v]));               \
+        }                                                                                    \
     }
 // clang-format on
+DEFINE_TN(tn_2x12, 2, 12)
+DEFINE_TN(tn_2x1, 2, 1)
+DEFINE_TN(tn_1x12, 1, 12)
+DEFINE_TN(tn_1x1, 1, 1)
 
-// Adds the sums of the block's accumulators (index o * nr + q) into dw[o0 + o][r0 + q].
-TARGET static inline __attribute__((always_inline)) void
-nt_store(const __m512 *acc, int no, int nr, int o0, int r0, float *dw, int R) {
-    int   n = no * nr, i = 0;
-    float s[16];
-    for (; i + 8 <= n; i += 8) {
-        _mm512_storeu_ps(s, reduce8(acc + i));
-        for (int k = 0; k < 8; k++) {
-            int e = i + k;
-            dw[(size_t)(o0 + e / nr) * R + r0 + e % nr] += s[k < 4 ? 4 * k : 4 * (k - 4) + 1];
-        }
-    }
-    for (; i < n; i++)
-        dw[(size_t)(o0 + i / nr) * R + r0 + i % nr] += _mm512_reduce_add_ps(acc[i]);
-}
-
-DEFINE_NT(nt_4x6, 4, 6)
-DEFINE_NT(nt_4x1, 4, 1)
-DEFINE_NT(nt_1x6, 1, 6)
-DEFINE_NT(nt_1x1, 1, 1)
-
-TARGET void dt_c16_shifted_nt(const uint16_t *a, size_t a_ld, int rows, const uint16_t *src,
-                              const int *off, int R, int n, float *dw) {
-    int o0 = 0;
-    for (; o0 + 4 <= rows; o0 += 4) {
-        int r0 = 0;
-        for (; r0 + 6 <= R; r0 += 6)
-            nt_4x6(a, a_ld, o0, src, off, r0, n, dw, R);
+TARGET void dt_c16_shifted_tn(const uint16_t *src, const int *off, int R, int n, const uint32_t *gt,
+                              int ldt, float *dwt) {
+    for (int o0 = 0; o0 < ldt;) {
+        bool two = ldt - o0 >= 32;
+        int  r0  = 0;
+        for (; r0 + 12 <= R; r0 += 12)
+            if (two)
+                tn_2x12(src, off, r0, n, gt, ldt, o0, dwt);
+            else
+                tn_1x12(src, off, r0, n, gt, ldt, o0, dwt);
         for (; r0 < R; r0++)
-            nt_4x1(a, a_ld, o0, src, off, r0, n, dw, R);
-    }
-    for (; o0 < rows; o0++) {
-        int r0 = 0;
-        for (; r0 + 6 <= R; r0 += 6)
-            nt_1x6(a, a_ld, o0, src, off, r0, n, dw, R);
-        for (; r0 < R; r0++)
-            nt_1x1(a, a_ld, o0, src, off, r0, n, dw, R);
+            if (two)
+                tn_2x1(src, off, r0, n, gt, ldt, o0, dwt);
+            else
+                tn_1x1(src, off, r0, n, gt, ldt, o0, dwt);
+        o0 += two ? 32 : 16;
     }
 }
 
@@ -316,15 +361,27 @@ void dt_c16_shifted(const uint32_t *src, const int *off, int R, const uint32_t *
     narrow_columns(src, off, R, w2, 0, rows, 0, n, out, out_ld);
 }
 
-void dt_c16_shifted_nt(const uint16_t *a, size_t a_ld, int rows, const uint16_t *src,
-                       const int *off, int R, int n, float *dw) {
-    for (int o = 0; o < rows; o++)
-        for (int r = 0; r < R; r++) {
+void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int n, uint32_t *gt, int ldt) {
+    for (int m = 0; m < (n + 1) / 2; m++)
+        for (int o = 0; o < ldt; o++) {
+            const float *r          = g + (size_t)o * g_ld;
+            gt[(size_t)m * ldt + o] = o < rows
+                                          ? pair(dt_f32_to_bf16_1(r[2 * m]),
+                                                 2 * m + 1 < n ? dt_f32_to_bf16_1(r[2 * m + 1]) : 0)
+                                          : 0;
+        }
+}
+
+void dt_c16_shifted_tn(const uint16_t *src, const int *off, int R, int n, const uint32_t *gt,
+                       int ldt, float *dwt) {
+    for (int r = 0; r < R; r++)
+        for (int o = 0; o < ldt; o++) {
             float acc = 0.0f;
-            for (int j = 0; j < n; j++)
-                acc +=
-                    dt_bf16_to_f32_1(a[(size_t)o * a_ld + j]) * dt_bf16_to_f32_1(src[off[r] + j]);
-            dw[(size_t)o * R + r] += acc;
+            for (int j = 0; j < n; j++) {
+                uint32_t w = gt[(size_t)(j / 2) * ldt + o];
+                acc += dt_bf16_to_f32_1(src[off[r] + j]) * (j & 1 ? hi_f(w) : lo_f(w));
+            }
+            dwt[(size_t)r * ldt + o] += acc;
         }
 }
 #endif

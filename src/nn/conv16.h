@@ -8,8 +8,9 @@
 // channels: an operand of "pair words" holds, at each position p, the 32-bit word
 // (x[2c][p], x[2c+1][p]) (channel 2c in the low half; a missing odd channel is zero), so
 // the shifted slice of every (channel pair, ki, kj) is still one contiguous load. The
-// weight gradient sums over positions instead, so it pairs neighbouring positions and
-// reads plain bf16 rows (consecutive positions are consecutive halves of a word).
+// weight gradient sums over positions instead, so it pairs neighbouring positions: the
+// input in plain bf16 rows (two neighbours are one 32-bit word, broadcast), the output
+// gradient as position-pair words with the output channels across the lanes.
 //
 // Numerics: operands are rounded to bf16 (nearest even, prec.h's conversions), products
 // are exact in fp32 and summed in fp32 in an order fixed by the shapes (reproducible run
@@ -44,8 +45,10 @@ void dt_c16_pack_plain(const float *x, int c, int h, int w, int pad, uint16_t *x
 // [margin + n, ld2).
 void dt_c16_rows_to_pairs(const float *g, size_t g_ld, int rows, int n, int margin, size_t ld2,
                           uint32_t *g2);
-// Rows (rows, n) of g (stride g_ld) -> bf16 rows of stride ldb.
-void dt_c16_rows_to_bf16(const float *g, size_t g_ld, int rows, int n, uint16_t *gb, size_t ldb);
+// Rows (rows, n) of g (stride g_ld) -> words of position pairs with the rows across:
+// gt[m][o] = (g[o][2m], g[o][2m+1]) rounded to bf16 for m < (n + 1) / 2 and o < ldt, zero
+// for o >= rows and at position n when n is odd; ldt a multiple of 16, >= rows.
+void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int n, uint32_t *gt, int ldt);
 // Weights w16 (o, c, kk) in bf16 -> w2[oc][cp * kk + t] = (w[oc][2cp][t], w[oc][2cp+1][t]).
 void dt_c16_weight_pairs(const uint16_t *w16, int o, int c, int kk, uint32_t *w2);
 // Transposed, for the input gradient: wt2[ic][op * kk + t] = (w[2op][ic][t], w[2op+1][ic][t]).
@@ -57,9 +60,10 @@ void dt_c16_weight_pairs_t(const uint16_t *w16, int o, int c, int kk, uint32_t *
 // Reads src[off[r] + j] for j < n only.
 void dt_c16_shifted(const uint32_t *src, const int *off, int R, const uint32_t *w2, int rows, int n,
                     float *out, size_t out_ld);
-// dw[o][r] += sum_{j < n} a[o][j] src[off[r] + j]   (o < rows, r < R), a and src bf16,
-// a's rows a_ld apart, dw (rows, R) row-major. Reads nothing at or past column n.
-void dt_c16_shifted_nt(const uint16_t *a, size_t a_ld, int rows, const uint16_t *src,
-                       const int *off, int R, int n, float *dw);
+// dwt[r][o] += sum_{j < n} src[off[r] + j] g[o][j]   (r < R, o < ldt), src bf16, g given
+// as dt_c16_rows_to_pair_cols's gt (ldt a multiple of 16), dwt (R, ldt) row-major: the
+// transposed weight gradient. Reads src[off[r] + j] for j < n only.
+void dt_c16_shifted_tn(const uint16_t *src, const int *off, int R, int n, const uint32_t *gt,
+                       int ldt, float *dwt);
 
 #endif // DTRAIN_NN_CONV16_H

@@ -96,9 +96,10 @@ static dt_status conv_setup(nn_layer *l) {
         wide   g  = wide_geom(l);
         int    kk = l->k * l->k, c2 = (l->in.c + 1) / 2, o2 = (l->out_c + 1) / 2;
         size_t fwd = (size_t)c2 * g.plane + (size_t)l->out_c * c2 * kk + (size_t)l->out_c * g.n;
+        size_t ldt = (size_t)(l->out_c + 15) / 16 * 16;
         size_t bwd = ((size_t)l->in.c * g.plane + 1) / 2 + (size_t)l->out_c * g.n +
-                     ((size_t)l->out_c * g.n + 1) / 2 + (size_t)o2 * g.ld +
-                     (size_t)l->in.c * o2 * kk + (l->pad ? (size_t)l->in.c * g.plane : 0);
+                     (size_t)(g.n + 1) / 2 * ldt + (size_t)o2 * g.ld + (size_t)l->in.c * o2 * kk +
+                     l->fan_in * ldt + (l->pad ? (size_t)l->in.c * g.plane : 0);
         // or the wide im2col path, when the GEMM path is not avx512bf16 at the call
         size_t im = (l->pad ? (size_t)l->in.c * g.plane : 0) + l->fan_in * (size_t)g.n +
                     (size_t)l->out_c * (size_t)g.n;
@@ -300,7 +301,10 @@ DT_VINLINE dt_v16f sel_f(dt_v16i m, dt_v16f x, dt_v16f y) {
 }
 
 static const dt_v16i PAIR_SWAP = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-static const dt_v16i EVENS     = {0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14};
+// Eight lanes (half a dt_v16f), for the pooled rows.
+typedef float   dt_v8f __attribute__((vector_size(32)));
+typedef int32_t dt_v8i __attribute__((vector_size(32)));
+typedef uint8_t dt_v8u8 __attribute__((vector_size(8)));
 
 // Wide (Cout, n) GEMM output -> the fused ReLU + 2x2/2 max pool: y (Cout, Ho/2, Wo/2)
 // and the winner of each window (0..3, row-major; the first maximum on ties, as
@@ -348,11 +352,11 @@ DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
                 m          = sel_f(w, v3, m);
                 k          = sel_i(w, (dt_v16i){0} + 3, k);
                 m          = dt_keep_positive16(m, m);
-                dt_v16f mo = dt_shuffle16f(m, EVENS);
-                dt_v16i ko = dt_shuffle16i(k, EVENS);
-                __builtin_memcpy(yo + j, &mo, 8 * sizeof(float));
-                for (int t = 0; t < 8; t++)
-                    ao[j + t] = (uint8_t)ko[t];
+                dt_v8f  mo = __builtin_shufflevector(m, m, 0, 2, 4, 6, 8, 10, 12, 14);
+                dt_v8u8 ko = __builtin_convertvector(
+                    __builtin_shufflevector(k, k, 0, 2, 4, 6, 8, 10, 12, 14), dt_v8u8);
+                __builtin_memcpy(yo + j, &mo, sizeof mo);
+                __builtin_memcpy(ao + j, &ko, sizeof ko);
             }
         }
     }
@@ -363,8 +367,6 @@ DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
 // output is duplicated into two lanes, so lane 2t+q of a row's vector is window t's
 // column q, and each window position takes the gradient where it is the winner.
 // The windows cover every position but the k-1 dropped columns, zeroed apart.
-typedef uint8_t      dt_v16u8 __attribute__((vector_size(16)));
-static const dt_v16i DUP    = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
 static const dt_v16i PARITY = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
 
 DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *restrict y,
@@ -391,14 +393,20 @@ DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *r
                 continue;
             }
             for (int j0 = 0; j0 < pw; j0 += 8) {
-                int      j  = j0 + 8 > pw ? pw - 8 : j0;
-                dt_v16f  gv = {0}, yv = {0};
-                dt_v16u8 kb = {0};
-                __builtin_memcpy(&gv, dy + o + j, 8 * sizeof(float));
-                __builtin_memcpy(&yv, y + o + j, 8 * sizeof(float));
-                __builtin_memcpy(&kb, arg + o + j, 8);
-                dt_v16f v = dt_shuffle16f(dt_keep_positive16(yv, gv), DUP);
-                dt_v16i k = dt_shuffle16i(__builtin_convertvector(kb, dt_v16i), DUP);
+                int j = j0 + 8 > pw ? pw - 8 : j0;
+                // eight-lane loads widened by shuffles: a partial copy into a 16-lane
+                // variable went through the stack and cost most of this loop
+                dt_v8f  gv, yv;
+                dt_v8u8 kb;
+                __builtin_memcpy(&gv, dy + o + j, sizeof gv);
+                __builtin_memcpy(&yv, y + o + j, sizeof yv);
+                __builtin_memcpy(&kb, arg + o + j, sizeof kb);
+                dt_v8f  g8 = (dt_v8f)((dt_v8i)gv & (yv > 0.0f));
+                dt_v8i  k8 = __builtin_convertvector(kb, dt_v8i);
+                dt_v16f v =
+                    __builtin_shufflevector(g8, g8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+                dt_v16i k =
+                    __builtin_shufflevector(k8, k8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
                 dt_store16(w0 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY)));
                 dt_store16(w1 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY + 2)));
             }
@@ -560,22 +568,25 @@ static void direct16_backward(nn_layer *l, const nn_ctx *c, const float *in, con
                               float *dout, float *din, float *dparams) {
     wide      g  = wide_geom(l);
     int       kk = l->k * l->k, ci = l->in.c, co = l->out_c, o2 = (co + 1) / 2;
+    int       ldt = (co + 15) / 16 * 16, R = (int)l->fan_in;
     size_t    insz = nn_shape_size(l->in), nf = (size_t)(ci + 1) / 2 * kk, nb = (size_t)o2 * kk;
     uint16_t *xb  = (uint16_t *)(void *)c->scratch;
     float    *ext = c->scratch + ((size_t)ci * g.plane + 1) / 2;
-    uint16_t *gb  = (uint16_t *)(void *)(ext + (size_t)co * g.n);
-    uint32_t *g2  = (uint32_t *)(void *)(ext + (size_t)co * g.n + ((size_t)co * g.n + 1) / 2);
+    uint32_t *gt  = (uint32_t *)(void *)(ext + (size_t)co * g.n);
+    uint32_t *g2  = gt + (size_t)(g.n + 1) / 2 * ldt;
     uint32_t *wt2 = g2 + (size_t)o2 * g.ld;
-    float    *dxp = (float *)(void *)(wt2 + (size_t)ci * nb);
+    float    *dwt = (float *)(void *)(wt2 + (size_t)ci * nb);
+    float    *dxp = dwt + (size_t)R * ldt;
     float    *dw = dparams, *db = dparams + l->wcount;
     if (din)
         dt_c16_weight_pairs_t(l->w16, co, ci, kk, wt2);
+    memset(dwt, 0, sizeof(float) * (size_t)R * ldt);
     for (int s = c->s0; s < c->s1; s += c->sstep) {
         gather_grad(l, dout, out, g, ext, (size_t)g.n, s);
         dt_nn_row_sums_add(ext, co, g.n, db); // dropped columns hold zeros
         dt_c16_pack_plain(in + (size_t)s * insz, ci, l->in.h, l->in.w, l->pad, xb);
-        dt_c16_rows_to_bf16(ext, (size_t)g.n, co, g.n, gb, (size_t)g.n);
-        dt_c16_shifted_nt(gb, (size_t)g.n, co, xb, l->offsets + nf + nb, (int)l->fan_in, g.n, dw);
+        dt_c16_rows_to_pair_cols(ext, (size_t)g.n, co, g.n, gt, ldt);
+        dt_c16_shifted_tn(xb, l->offsets + nf + nb, R, g.n, gt, ldt, dwt);
         if (!din)
             continue;
         float *dx = din + (size_t)s * insz;
@@ -585,6 +596,9 @@ static void direct16_backward(nn_layer *l, const nn_ctx *c, const float *in, con
         if (l->pad)
             crop_padded(dxp, ci, l->in.h, l->in.w, l->pad, dx);
     }
+    for (int o = 0; o < co; o++) // the transposed sums, once per call
+        for (int r = 0; r < R; r++)
+            dw[(size_t)o * R + r] += dwt[(size_t)r * ldt + o];
 }
 
 // ------------------------------------------------------------- any stride: im2col

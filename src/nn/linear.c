@@ -146,7 +146,10 @@ static void linear_backward_sharded(nn_layer *l, const nn_ctx *c, const float *i
 static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                             float *dout, float *din, float *dparams) {
     (void)out;
-    if (c->shards) {
+    // bf16 takes the unsharded path with gradient shards too: its weight gradient is one
+    // bf16 product over the batch (invariance is promised in fp32 only), where the
+    // shards' fixed tree would keep it in fp32 (as fp16 does)
+    if (c->shards && l->prec != DT_PREC_BF16) {
         linear_backward_sharded(l, c, in, dout, din, dparams);
         return;
     }

@@ -73,35 +73,44 @@ static void shifted_case(int rows, int R, int n) {
     free(src), free(w2), free(off), free(out);
 }
 
-// dt_c16_shifted_nt: dw starts non-zero (it adds).
-static void shifted_nt_case(int rows, int R, int n) {
-    int       span = n + 40;
-    uint16_t *a    = malloc(sizeof(uint16_t) * (size_t)rows * (n + 1));
-    uint16_t *src  = malloc(sizeof(uint16_t) * (size_t)span);
-    int      *off  = malloc(sizeof(int) * (size_t)R);
-    float    *dw   = malloc(sizeof(float) * (size_t)rows * R);
-    size_t    ald  = (size_t)n + 1;
-    for (size_t i = 0; i < (size_t)rows * ald; i++)
-        a[i] = rnd_bf16();
+// dt_c16_shifted_tn over dt_c16_rows_to_pair_cols's words; dwt starts non-zero (it adds).
+static void shifted_tn_case(int rows, int R, int n) {
+    int       span = n + 40, ldt = (rows + 15) / 16 * 16;
+    float    *g   = malloc(sizeof(float) * (size_t)rows * (n + 1));
+    uint16_t *src = malloc(sizeof(uint16_t) * (size_t)span);
+    uint32_t *gt  = malloc(sizeof(uint32_t) * (size_t)(n + 1) / 2 * ldt);
+    int      *off = malloc(sizeof(int) * (size_t)R);
+    float    *dwt = malloc(sizeof(float) * (size_t)R * ldt);
+    size_t    gld = (size_t)n + 1;
+    for (size_t i = 0; i < (size_t)rows * gld; i++)
+        g[i] = dt_bf16_to_f32_1(rnd_bf16());
     for (int i = 0; i < span; i++)
         src[i] = rnd_bf16();
     for (int r = 0; r < R; r++)
         off[r] = (int)((uint32_t)(rng_state = rng_state * 6364136223846793005ull + 1) >> 27) % 41;
-    for (int i = 0; i < rows * R; i++)
-        dw[i] = 0.5f * (float)(i % 3);
-    dt_c16_shifted_nt(a, ald, rows, src, off, R, n, dw);
+    for (int i = 0; i < R * ldt; i++)
+        dwt[i] = 0.5f * (float)(i % 3);
+    dt_c16_rows_to_pair_cols(g, gld, rows, n, gt, ldt);
     int bad = check_failed;
-    for (int o = 0; o < rows && check_failed == bad; o++)
-        for (int r = 0; r < R && check_failed == bad; r++) {
-            double e = 0.5 * ((o * R + r) % 3), s = fabs(e);
-            for (int j = 0; j < n; j++) {
-                double p = bf(a[(size_t)o * ald + j]) * bf(src[off[r] + j]);
+    for (int m = 0; m < (n + 1) / 2 && check_failed == bad; m++) // the words, bit for bit
+        for (int o = 0; o < ldt; o++) {
+            uint32_t w  = gt[(size_t)m * ldt + o];
+            uint16_t lo = o < rows ? dt_f32_to_bf16_1(g[o * gld + 2 * m]) : 0;
+            uint16_t hi = o < rows && 2 * m + 1 < n ? dt_f32_to_bf16_1(g[o * gld + 2 * m + 1]) : 0;
+            CHECK_EQ(w, (uint32_t)lo | (uint32_t)hi << 16);
+        }
+    dt_c16_shifted_tn(src, off, R, n, gt, ldt, dwt);
+    for (int r = 0; r < R && check_failed == bad; r++)
+        for (int o = 0; o < ldt && check_failed == bad; o++) {
+            double e = 0.5 * ((r * ldt + o) % 3), s = fabs(e);
+            for (int j = 0; j < n && o < rows; j++) {
+                double p = (double)g[o * gld + j] * bf(src[off[r] + j]);
                 e += p;
                 s += fabs(p);
             }
-            near_sum("shifted_nt", dw[(size_t)o * R + r], e, s, n + 1);
+            near_sum("shifted_tn", dwt[(size_t)r * ldt + o], e, s, n + 1);
         }
-    free(a), free(src), free(off), free(dw);
+    free(g), free(src), free(gt), free(off), free(dwt);
 }
 
 static void test_kernels(void) {
@@ -111,7 +120,7 @@ static void test_kernels(void) {
         for (size_t k = 0; k < sizeof Rs / sizeof *Rs; k++)
             for (size_t m = 0; m < sizeof ns / sizeof *ns; m++) {
                 shifted_case(rows[i], Rs[k], ns[m]);
-                shifted_nt_case(rows[i] > 9 ? 6 : rows[i], Rs[k], ns[m]);
+                shifted_tn_case(rows[i], Rs[k], ns[m]);
             }
 }
 
@@ -137,15 +146,13 @@ static void test_packing(void) {
                 if (c == C - 1) // the missing odd channel is zero
                     CHECK_EQ(word >> 16, 0);
             }
-    // rows to pairs with margins, and to plain bf16 rows
+    // rows to pairs with margins
     enum { ROWS = 5, N = 37, M = 9, LD2 = M + N + 4, GLD = N + 2 };
     float g[ROWS * GLD];
     for (int i = 0; i < ROWS * GLD; i++)
         g[i] = rndf();
     uint32_t g2[3 * LD2];
-    uint16_t gb[ROWS * N];
     dt_c16_rows_to_pairs(g, GLD, ROWS, N, M, LD2, g2);
-    dt_c16_rows_to_bf16(g, GLD, ROWS, N, gb, N);
     for (int r = 0; r < ROWS; r++)
         for (int p = 0; p < LD2; p++) {
             bool     in   = p >= M && p < M + N;
@@ -154,8 +161,6 @@ static void test_packing(void) {
             CHECK_EQ(r % 2 ? word >> 16 : word & 0xffff, v);
             if (r == ROWS - 1)
                 CHECK_EQ(word >> 16, 0);
-            if (in)
-                CHECK_EQ(gb[r * N + p - M], v);
         }
     // weights (o, c, kk): pairs of channels, and transposed pairs of output channels
     enum { O = 3, CI = 5, KK = 4 };
@@ -195,9 +200,12 @@ static void conv_case(int ci, int co, int h, int w, int k, int p) {
     for (int i = 0; i < co * ci * kk; i++)
         wf[i] = dt_bf16_to_f32_1(w16[i] = rnd_bf16());
     // kernels
-    uint32_t *x2 = malloc(sizeof(uint32_t) * c2 * plane),
-             *w2 = malloc(sizeof(uint32_t) * co * c2 * kk);
-    uint16_t *xb = malloc(sizeof(uint16_t) * ci * plane), *gb = malloc(sizeof(uint16_t) * co * n);
+    uint32_t *x2  = malloc(sizeof(uint32_t) * c2 * plane),
+             *w2  = malloc(sizeof(uint32_t) * co * c2 * kk);
+    int       ldt = (co + 15) / 16 * 16;
+    uint16_t *xb  = malloc(sizeof(uint16_t) * ci * plane);
+    uint32_t *gt  = malloc(sizeof(uint32_t) * (n + 1) / 2 * ldt);
+    float    *dwt = calloc((size_t)ci * kk * ldt, sizeof(float));
     uint32_t *g2  = malloc(sizeof(uint32_t) * o2 * ld),
              *wt2 = malloc(sizeof(uint32_t) * ci * o2 * kk);
     float *y = malloc(sizeof(float) * co * n), *dyw = calloc((size_t)co * n, sizeof(float));
@@ -222,8 +230,11 @@ static void conv_case(int ci, int co, int h, int w, int k, int p) {
     dt_c16_pack_pairs(x, ci, h, w, p, x2);
     dt_c16_shifted(x2, of, c2 * kk, w2, co, n, y, (size_t)n);
     dt_c16_pack_plain(x, ci, h, w, p, xb);
-    dt_c16_rows_to_bf16(dyw, (size_t)n, co, n, gb, (size_t)n);
-    dt_c16_shifted_nt(gb, (size_t)n, co, xb, op, ci * kk, n, dw);
+    dt_c16_rows_to_pair_cols(dyw, (size_t)n, co, n, gt, ldt);
+    dt_c16_shifted_tn(xb, op, ci * kk, n, gt, ldt, dwt);
+    for (int o = 0; o < co; o++)
+        for (int r = 0; r < ci * kk; r++)
+            dw[o * ci * kk + r] = dwt[r * ldt + o];
     dt_c16_weight_pairs_t(w16, co, ci, kk, wt2);
     dt_c16_rows_to_pairs(dyw, (size_t)n, co, n, margin, ld, g2);
     dt_c16_shifted(g2, ob, o2 * kk, wt2, ci, (int)plane, dxp, plane);
@@ -272,14 +283,15 @@ static void conv_case(int ci, int co, int h, int w, int k, int p) {
                 near_sum("conv dx", dxp[(size_t)c * plane + i * wp + j], e, a, 2 * o2 * kk);
             }
 #undef XP
-    free(x), free(dyc), free(wf), free(w16), free(x2), free(w2), free(xb), free(gb), free(g2);
-    free(wt2), free(y), free(dyw), free(dxp), free(dw), free(of), free(ob), free(op);
+    free(x), free(dyc), free(wf), free(w16), free(x2), free(w2), free(xb), free(gt), free(g2);
+    free(wt2), free(y), free(dyw), free(dxp), free(dw), free(dwt), free(of), free(ob), free(op);
 }
 
 static void test_conv(void) {
     conv_case(16, 32, 26, 26, 3, 0); // the seed ConvNet's second convolution
     conv_case(5, 7, 9, 11, 3, 1);    // odd channels both sides, padding
     conv_case(3, 17, 12, 13, 3, 0);  // 17 rows: two 8-row blocks and a single row
+    conv_case(6, 40, 8, 9, 3, 1);    // 40 output channels: 32 + 16 lanes of the weight gradient
     conv_case(2, 9, 6, 5, 2, 0);     // even kernel, narrow rows (n < 16)
     conv_case(4, 3, 7, 20, 5, 2);    // 5x5, padding 2
 }
