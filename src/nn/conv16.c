@@ -16,6 +16,7 @@
 // lanes is needed, and every input load is a broadcast, whatever its alignment.
 #include "nn/conv16.h"
 #include "nn/prec.h"
+#include "nn/simd16.h"
 
 #include <string.h>
 
@@ -214,43 +215,6 @@ TARGET void dt_c16_shifted(const uint32_t *src, const int *off, int R, const uin
     }
 }
 
-// Sixteen rows of 16 words -> sixteen columns: r[i] lane j -> out[j] lane i. Interleaves
-// 32-bit then 64-bit elements inside 128-bit lanes (u[4g + c] lane k then holds column
-// 4k + c of rows 4g..4g+3), then gathers the lanes across registers.
-TARGET static inline __attribute__((always_inline)) void transpose16(__m512i *r) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i]     = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int g = 0; g < 4; g++) {
-        u[4 * g]     = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
-        __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
-        __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
-        __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
-        r[c]       = _mm512_shuffle_i32x4(v0, w0, 0x88);
-        r[8 + c]   = _mm512_shuffle_i32x4(v0, w0, 0xdd);
-        r[4 + c]   = _mm512_shuffle_i32x4(v1, w1, 0x88);
-        r[12 + c]  = _mm512_shuffle_i32x4(v1, w1, 0xdd);
-    }
-}
-
-// 16 floats rounded to bf16, each in the high half of its 32-bit lane (prec.h's rounding).
-TARGET static inline __attribute__((always_inline)) __m512i round_hi(__m512 x) {
-    dt_v16u u;
-    __builtin_memcpy(&u, &x, sizeof u);
-    u = dt_round_bf16_v16(u);
-    __m512i r;
-    __builtin_memcpy(&r, &u, sizeof r);
-    return r;
-}
-
 TARGET void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int n, uint32_t *gt,
                                      int ldt) {
     // 16-bit lanes of (lo, hi), 32 floats' bf16 halves: word i = (lane 4i+1, lane 4i+3)
@@ -278,11 +242,11 @@ TARGET void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int 
                     continue;
                 }
                 const float *row = g + (size_t)(o0 + i) * g_ld + p0;
-                __m512i      lo  = round_hi(_mm512_maskz_loadu_ps(k0, row));
-                __m512i      hi  = round_hi(_mm512_maskz_loadu_ps(k1, row + 16));
+                __m512i      lo  = dt_round_bf16_hi(_mm512_maskz_loadu_ps(k0, row));
+                __m512i      hi  = dt_round_bf16_hi(_mm512_maskz_loadu_ps(k1, row + 16));
                 r[i]             = _mm512_permutex2var_epi16(lo, pick, hi);
             }
-            transpose16(r);
+            dt_transpose16_epi32(r);
             int nm = mp - m0 < 16 ? mp - m0 : 16;
             for (int i = 0; i < nm; i++)
                 _mm512_storeu_si512(gt + (size_t)(m0 + i) * ldt + o0, r[i]);

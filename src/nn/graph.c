@@ -524,8 +524,22 @@ static dt_status share_dy(dt_graph *g, int batch) {
     return st;
 }
 
+// The 16-bit saved state (su.saved16_per_sample), after the float state: in 16-bit
+// precision modes only. dt_graph_set_precision re-reserves when that changes.
+static size_t saved16_floats(const dt_graph *g, const gval *v, int batch) {
+    return g->prec == DT_PREC_FP32 ? 0 : (v->su.saved16_per_sample * (size_t)batch + 1) / 2;
+}
+// NULL unless the buffers were reserved with it and the mode is 16-bit (a precision
+// changed between forward and backward leaves the layer its fallback).
+static uint16_t *saved16_at(const dt_graph *g, const gval *v, size_t off) {
+    if (!g->reserved16 || g->prec == DT_PREC_FP32 || !v->su.saved16_per_sample)
+        return NULL;
+    float *end = v->saved + v->su.saved_per_sample * (size_t)g->reserved + v->su.saved_fixed;
+    return (uint16_t *)(void *)end + off * v->su.saved16_per_sample;
+}
+
 static dt_status reserve(dt_graph *g, int batch) {
-    if (batch <= g->reserved)
+    if (batch <= g->reserved && g->reserved16 == (g->prec != DT_PREC_FP32))
         return DT_OK;
     dt_graph_release_buffers(g);
     DT_TRY(share_dy(g, batch));
@@ -539,7 +553,8 @@ static dt_status reserve(dt_graph *g, int batch) {
                 return DT_ERR_NOMEM;
             continue;
         }
-        size_t s = v->su.saved_per_sample * (size_t)batch + v->su.saved_fixed;
+        size_t s = v->su.saved_per_sample * (size_t)batch + v->su.saved_fixed +
+                   saved16_floats(g, v, batch);
         for (int k = 0; k < (g->nslots ? g->nslots : 1); k++) {
             v->y     = dt_alloc(sizeof(float) * (n ? n : 1));
             v->saved = dt_alloc(sizeof(float) * (s ? s : 1));
@@ -566,9 +581,10 @@ static dt_status reserve(dt_graph *g, int batch) {
     g->tmp     = dt_alloc(sizeof(float) * tmp);
     if (!g->scratch || !g->tmp)
         return DT_ERR_NOMEM;
-    g->scratch_n = scratch;
-    g->tmp_n     = tmp;
-    g->reserved  = batch;
+    g->scratch_n  = scratch;
+    g->tmp_n      = tmp;
+    g->reserved   = batch;
+    g->reserved16 = g->prec != DT_PREC_FP32;
     return DT_OK;
 }
 
@@ -684,6 +700,7 @@ static dt_status run_range(node_task *k, int t, int n) {
              .keys      = keys,
              .precision = g->prec,
              .w16       = (const void *const *)v->w16,
+             .saved16   = saved16_at(g, v, off),
     };
     if (!k->backward)
         return v->layer->ops->forward(v->layer, &a);
@@ -724,7 +741,7 @@ dt_status dt_graph_set_precision(dt_graph *g, dt_precision p) {
                        "dt_graph_set_precision: expected a graph and fp32, bf16 or "
                        "fp16, found mode %d",
                        (int)p);
-    g->prec = p;
+    g->prec = p; // the next forward reserves again if the 16-bit saved state must change
     return DT_OK;
 }
 

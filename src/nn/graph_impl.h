@@ -54,8 +54,9 @@ struct dt_graph {
     dt_rng     rng;
     uint64_t  *keys;
     int        nkeys;
-    int        reserved; // batch the buffers hold
-    int        batch;    // of the last forward
+    int        reserved;   // batch the buffers hold
+    bool       reserved16; // and whether they hold the 16-bit saved state (saved16)
+    int        batch;      // of the last forward
     float     *scratch, *tmp;
     size_t     scratch_n, tmp_n;
     // Threads (dt_graph_set_threads): samples split in nthreads contiguous ranges.

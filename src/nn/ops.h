@@ -74,6 +74,18 @@ dt_status dt_nn_linear_forward_prec(dt_precision prec, const void *w16, int n, i
 dt_status dt_nn_linear_backward_prec(dt_precision prec, const void *w16, int n, int in, int out,
                                      const float *x, const float *w, const float *dy, float *dx,
                                      float *dw, float *db);
+// db += the column sums of dy (n, out), summed in double.
+void dt_nn_linear_bias_grad(int n, int out, const float *dy, float *db);
+// bf16 with bf16 copies of the activations (linear16.c): forward rounds x into x16 (n, in)
+// and multiplies that; backward reads the same x16 and rounds dy into dy16 (chunk * out
+// values) chunk rows at a time, for both products of the chunk.
+dt_status dt_nn_linear16_forward(const uint16_t *w16, int n, int in, int out, const float *x,
+                                 uint16_t *x16, const float *b, float *y);
+dt_status dt_nn_linear16_backward(const uint16_t *w16, int n, int in, int out, const uint16_t *x16,
+                                  const float *dy, uint16_t *dy16, int chunk, float *dx, float *dw,
+                                  float *db);
+// The rows of output gradient linear16 rounds at a time (its scratch: that many x out).
+#define DT_NN_LINEAR16_CHUNK 1024
 
 // --------------------------------------------------------------------------- BatchNorm
 

@@ -247,6 +247,43 @@ static void errors(void) {
     CHECK(strcmp(dt_precision_name(DT_PREC_FP16), "fp16") == 0);
 }
 
+// The 16-bit saved state (Linear's bf16 copy of its input) exists only in 16-bit modes:
+// a graph that ran in fp32 first reserves again when set to bf16, and then trains
+// bitwise as one in bf16 from the start; back in fp32 it is bitwise fp32 again.
+static void precision_switch(void) {
+    check_current = "precision switch";
+    layer_case c  = graph_cases[0];
+    dt_graph  *g1 = graph_of(&c), *g2 = graph_of(&c), *g3 = graph_of(&c);
+    enum { B = 4 };
+    size_t   nx = B * dt_shape_numel(&c.in), ny = B * 3 * 29;
+    float   *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * ny);
+    uint64_t s = 11;
+    for (size_t i = 0; i < nx; i++)
+        x[i] = urand(&s);
+    for (size_t i = 0; i < ny; i++)
+        dy[i] = urand(&s);
+    CHECK_OK(dt_graph_forward(g1, (const void *[]){x}, B)); // fp32 buffers
+    CHECK_OK(dt_graph_set_precision(g1, DT_PREC_BF16));
+    CHECK_OK(dt_graph_set_precision(g2, DT_PREC_BF16));
+    dt_graph *gs[2] = {g1, g2};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(dt_graph_forward(gs[i], (const void *[]){x}, B));
+        dt_params_zero_grad(dt_graph_params(gs[i]));
+        CHECK_OK(dt_graph_backward(gs[i], dy));
+    }
+    size_t np = dt_params_numel(dt_graph_params(g1));
+    CHECK(!memcmp(dt_graph_output(g1), dt_graph_output(g2), sizeof(float) * ny));
+    CHECK(!memcmp(dt_params_grads(dt_graph_params(g1)), dt_params_grads(dt_graph_params(g2)),
+                  sizeof(float) * np));
+    CHECK(!memcmp(dt_graph_input_grad(g1, 0), dt_graph_input_grad(g2, 0), sizeof(float) * nx));
+    CHECK_OK(dt_graph_set_precision(g1, DT_PREC_FP32));
+    CHECK_OK(dt_graph_forward(g1, (const void *[]){x}, B));
+    CHECK_OK(dt_graph_forward(g3, (const void *[]){x}, B));
+    CHECK(!memcmp(dt_graph_output(g1), dt_graph_output(g3), sizeof(float) * ny));
+    free(x), free(dy);
+    dt_graph_free(g1), dt_graph_free(g2), dt_graph_free(g3);
+}
+
 // A bf16 convolution whose reduction is below DT_C16_MIN_K (the seed's first, K = 9)
 // stays fp32 where the fp32 shifted kernels run: bitwise the fp32 model, forward and
 // backward, whatever the GEMM path.
@@ -323,8 +360,10 @@ int main(void) {
             for (size_t i = 0; i < sizeof graph_cases / sizeof *graph_cases; i++)
                 for (int t = 1; t <= 2; t++)
                     graph_case(&graph_cases[i], (dt_precision)prec, t);
-            if (prec == DT_PREC_BF16)
+            if (prec == DT_PREC_BF16) {
                 small_k_stays_fp32();
+                precision_switch();
+            }
             for (size_t i = 0; i < sizeof model_cases / sizeof *model_cases; i++) {
                 model_case_run(&model_cases[i], (dt_precision)prec, 1, 0);
                 model_case_run(&model_cases[i], (dt_precision)prec, 2, 4);
