@@ -235,6 +235,17 @@ void dt_nn_attn_backward(int B, int T, int C, int H, int ld, const float *q, con
                          const float *v, const float *y, const float *lse, const float *dy,
                          float *dq, float *dk, float *dv, float *scratch);
 
+// The same with the products in bf16 (attn16.c; torch.autocast's bmm): on the
+// avx512bf16 path when d = C/H is a multiple of 16 (dt_nn_attn16_ok), scratch of
+// dt_nn_attn16_scratch(T, d) floats; the softmax, lse and gradients stay fp32.
+bool   dt_nn_attn16_ok(int C, int H);
+size_t dt_nn_attn16_scratch(int T, int d);
+void   dt_nn_attn16_forward(int B, int T, int C, int H, int ld, const float *q, const float *k,
+                            const float *v, float *y, float *lse, float *scratch);
+void   dt_nn_attn16_backward(int B, int T, int C, int H, int ld, const float *q, const float *k,
+                             const float *v, const float *y, const float *lse, const float *dy,
+                             float *dq, float *dk, float *dv, float *scratch);
+
 // ------------------------------------------------------------------------------ Losses
 
 // Each returns the mean loss and writes its gradient (d loss / d x) into dx when not
