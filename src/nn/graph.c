@@ -524,20 +524,6 @@ static dt_status share_dy(dt_graph *g, int batch) {
     return st;
 }
 
-// The 16-bit saved state (su.saved16_per_sample), after the float state: in 16-bit
-// precision modes only. dt_graph_set_precision re-reserves when that changes.
-static size_t saved16_floats(const dt_graph *g, const gval *v, int batch) {
-    return g->prec == DT_PREC_FP32 ? 0 : (v->su.saved16_per_sample * (size_t)batch + 1) / 2;
-}
-// NULL unless the buffers were reserved with it and the mode is 16-bit (a precision
-// changed between forward and backward leaves the layer its fallback).
-static uint16_t *saved16_at(const dt_graph *g, const gval *v, size_t off) {
-    if (!g->reserved16 || g->prec == DT_PREC_FP32 || !v->su.saved16_per_sample)
-        return NULL;
-    float *end = v->saved + v->su.saved_per_sample * (size_t)g->reserved + v->su.saved_fixed;
-    return (uint16_t *)(void *)end + off * v->su.saved16_per_sample;
-}
-
 static dt_status reserve(dt_graph *g, int batch) {
     if (batch <= g->reserved && g->reserved16 == (g->prec != DT_PREC_FP32))
         return DT_OK;
@@ -554,7 +540,7 @@ static dt_status reserve(dt_graph *g, int batch) {
             continue;
         }
         size_t s = v->su.saved_per_sample * (size_t)batch + v->su.saved_fixed +
-                   saved16_floats(g, v, batch);
+                   dt_graph_saved16_floats(g, v, batch);
         for (int k = 0; k < (g->nslots ? g->nslots : 1); k++) {
             v->y     = dt_alloc(sizeof(float) * (n ? n : 1));
             v->saved = dt_alloc(sizeof(float) * (s ? s : 1));
@@ -700,7 +686,7 @@ static dt_status run_range(node_task *k, int t, int n) {
              .keys      = keys,
              .precision = g->prec,
              .w16       = (const void *const *)v->w16,
-             .saved16   = saved16_at(g, v, off),
+             .saved16   = dt_graph_saved16_at(g, v, off),
     };
     if (!k->backward)
         return v->layer->ops->forward(v->layer, &a);

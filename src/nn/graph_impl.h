@@ -77,6 +77,21 @@ struct dt_graph {
     dt_precision w16_prec; // the format the shadows (gval.w16) were made for
 };
 
+// The 16-bit saved state of a value (su.saved16_per_sample, dt_layer_args.saved16): after
+// its float state, in the same buffer, in 16-bit precision modes only; a forward after
+// dt_graph_set_precision reserves again when that changes (reserved16). Floats it takes
+// for `batch` samples, and its samples from `off` (NULL in fp32, or when the buffers were
+// reserved without it: the layer then takes its fp32-operand fallback).
+static inline size_t dt_graph_saved16_floats(const dt_graph *g, const gval *v, int batch) {
+    return g->prec == DT_PREC_FP32 ? 0 : (v->su.saved16_per_sample * (size_t)batch + 1) / 2;
+}
+static inline uint16_t *dt_graph_saved16_at(const dt_graph *g, const gval *v, size_t off) {
+    if (!g->reserved16 || g->prec == DT_PREC_FP32 || !v->su.saved16_per_sample)
+        return NULL;
+    float *end = v->saved + v->su.saved_per_sample * (size_t)g->reserved + v->su.saved_fixed;
+    return (uint16_t *)(void *)end + off * v->su.saved16_per_sample;
+}
+
 // Frees the values' buffers (outputs, saved state, gradients, scratch) and the slots
 // of dt_graph_set_slots; both leave the graph ready for another reserve.
 void dt_graph_release_buffers(dt_graph *g);
