@@ -15,6 +15,7 @@ BIN=${DTRAIN_GPT:-build/bin/dtrain-gpt}
 PEER=${PEER:-../shared/bench/peer}
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184
 COMMON="--steps $STEPS --eval-every 0 --log-every 10"
+OUT=$(mktemp -d)
 one() { # name, command...
     name=$1; shift
     load=$(cut -d' ' -f1 /proc/loadavg)
@@ -24,7 +25,9 @@ one() { # name, command...
     loss=$(echo "$out" | grep '| tok/s' | tail -1 | sed 's/.*| loss \([0-9.]*\).*/\1/')
     cpu=$(echo "$out" | grep '^CPU' | tail -1)
     echo "$name | tok/s $tps | last $last | loss $loss | load $load | $cpu"
+    echo "$tps" >> "$OUT/$name"
 }
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 r=1
 while [ $r -le "$ROUNDS" ]; do
     one dtrain-fp32 "$BIN" --threads 2 --precision fp32
@@ -33,3 +36,10 @@ while [ $r -le "$ROUNDS" ]; do
     one peer-bf16 /usr/bin/python3 "$PEER/gpt_bytes.py" --undistributed --threads 2 --blas-threads 1 --autocast-bf16
     r=$((r + 1))
 done
+for c in dtrain-fp32 dtrain-bf16 peer-fp32 peer-bf16; do
+    eval "m_$(echo $c | tr - _)=$(median < "$OUT/$c")"
+done
+echo "medians of tok/s (whole loop): dtrain fp32 $m_dtrain_fp32, dtrain bf16 $m_dtrain_bf16, peer fp32 $m_peer_fp32, peer bf16 $m_peer_bf16"
+awk -v d="$m_dtrain_bf16" -v f="$m_peer_fp32" -v b="$m_peer_bf16" -v d32="$m_dtrain_fp32" 'BEGIN {
+    printf "dtrain bf16 / peer fp32 = %.2fx (goal >= 3), / peer bf16 = %.2fx (goal >= 1.5), / dtrain fp32 = %.2fx\n", d / f, d / b, d / d32 }'
+rm -rf "$OUT"

@@ -62,3 +62,11 @@ for c in $configs; do
     f=$out/$c.txt
     echo "| $c | $(cut -d' ' -f1 $f | median) | $(cut -d' ' -f2 $f | median) | $(cut -d' ' -f3 $f | median) | $(cut -d' ' -f4 $f | median) |"
 done
+if [ -z "$limit" ]; then # the goals of issue 14 (train-loop wall time)
+    bf=$(cut -d' ' -f1 $out/dtrain-bf16.txt | median)
+    pf=$(cut -d' ' -f1 $out/peer-fp32.txt | median)
+    pb=$(cut -d' ' -f1 $out/peer-bf16.txt | median)
+    df=$(cut -d' ' -f1 $out/dtrain-fp32.txt | median)
+    awk -v b="$bf" -v f="$pf" -v p="$pb" -v d="$df" 'BEGIN {
+        printf "dtrain bf16 / peer fp32 = %.3fx (goal <= 0.35 on Zen 4, 0.25 with AMX), / peer bf16 = %.3fx (goal <= 0.5), / dtrain fp32 = %.3fx\n", b / f, b / p, b / d }'
+fi

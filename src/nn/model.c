@@ -423,6 +423,7 @@ dt_status dt_model_set_precision(dt_model *m, dt_precision p) {
             return DT_ERR_NOMEM;
     }
     m->prec = p;
+    free_activations(m); // a layer's aux may have changed size (bf16 Linear's copies)
     free_thread_buffers(m);
     m->scratch_floats = scratch_need(m);
     return alloc_thread_buffers(m, m->nthreads);
