@@ -215,8 +215,11 @@ TARGET void dt_c16_shifted(const uint32_t *src, const int *off, int R, const uin
     }
 }
 
-TARGET void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int n, uint32_t *gt,
-                                     int ldt) {
+// dt_c16_rows_to_pair_cols, and with g2 also dt_c16_rows_to_pairs' words from the same
+// loads and roundings: the words of row pair (2i, 2i+1) are the first row's bf16 in the
+// low halves and the second's in the high halves.
+TARGET static void pair_cols_and_pairs(const float *g, size_t g_ld, int rows, int n, uint32_t *gt,
+                                       int ldt, uint32_t *g2, int margin, size_t ld2) {
     // 16-bit lanes of (lo, hi), 32 floats' bf16 halves: word i = (lane 4i+1, lane 4i+3)
     __m512i pick;
     {
@@ -235,7 +238,7 @@ TARGET void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int 
             __mmask16 k1 = left >= 32   ? 0xffff
                            : left <= 16 ? 0
                                         : (__mmask16)((1u << (left - 16)) - 1);
-            __m512i   r[16];
+            __m512i   r[16], rlo = _mm512_setzero_si512(), rhi = rlo;
             for (int i = 0; i < 16; i++) {
                 if (o0 + i >= rows) {
                     r[i] = _mm512_setzero_si512();
@@ -244,13 +247,45 @@ TARGET void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int 
                 const float *row = g + (size_t)(o0 + i) * g_ld + p0;
                 __m512i      lo  = dt_round_bf16_hi(_mm512_maskz_loadu_ps(k0, row));
                 __m512i      hi  = dt_round_bf16_hi(_mm512_maskz_loadu_ps(k1, row + 16));
-                r[i]             = _mm512_permutex2var_epi16(lo, pick, hi);
+                if (g2 && i % 2 == 0) {
+                    rlo = lo, rhi = hi;
+                } else if (g2) { // rows o0 + i - 1 and o0 + i: pair row (o0 + i) / 2
+                    uint32_t *o  = g2 + (size_t)((o0 + i) / 2) * ld2 + margin + p0;
+                    __m512i   hm = _mm512_set1_epi32((int)0xffff0000u);
+                    _mm512_mask_storeu_epi32(
+                        o, k0,
+                        _mm512_or_si512(_mm512_srli_epi32(rlo, 16), _mm512_and_si512(lo, hm)));
+                    _mm512_mask_storeu_epi32(
+                        o + 16, k1,
+                        _mm512_or_si512(_mm512_srli_epi32(rhi, 16), _mm512_and_si512(hi, hm)));
+                }
+                r[i] = _mm512_permutex2var_epi16(lo, pick, hi);
+            }
+            if (g2 && rows - o0 > 0 && rows - o0 < 16 && (rows - o0) % 2) { // a lone last row
+                uint32_t *o = g2 + (size_t)((rows - 1) / 2) * ld2 + margin + p0;
+                _mm512_mask_storeu_epi32(o, k0, _mm512_srli_epi32(rlo, 16));
+                _mm512_mask_storeu_epi32(o + 16, k1, _mm512_srli_epi32(rhi, 16));
             }
             dt_transpose16_epi32(r);
             int nm = mp - m0 < 16 ? mp - m0 : 16;
             for (int i = 0; i < nm; i++)
                 _mm512_storeu_si512(gt + (size_t)(m0 + i) * ldt + o0, r[i]);
         }
+    for (int rp = 0; g2 && rp < (rows + 1) / 2; rp++) { // the margins
+        uint32_t *o = g2 + (size_t)rp * ld2;
+        memset(o, 0, sizeof(uint32_t) * (size_t)margin);
+        memset(o + margin + n, 0, sizeof(uint32_t) * (ld2 - (size_t)margin - (size_t)n));
+    }
+}
+
+TARGET void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int n, uint32_t *gt,
+                                     int ldt) {
+    pair_cols_and_pairs(g, g_ld, rows, n, gt, ldt, NULL, 0, 0);
+}
+
+TARGET void dt_c16_rows_to_both(const float *g, size_t g_ld, int rows, int n, uint32_t *gt, int ldt,
+                                int margin, size_t ld2, uint32_t *g2) {
+    pair_cols_and_pairs(g, g_ld, rows, n, gt, ldt, g2, margin, ld2);
 }
 
 // dwt rows [r0, r0 + RB) x columns [o0, o0 + 16 NV) of dt_c16_shifted_tn.
@@ -334,6 +369,12 @@ void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int n, uint
                                                  2 * m + 1 < n ? dt_f32_to_bf16_1(r[2 * m + 1]) : 0)
                                           : 0;
         }
+}
+
+void dt_c16_rows_to_both(const float *g, size_t g_ld, int rows, int n, uint32_t *gt, int ldt,
+                         int margin, size_t ld2, uint32_t *g2) {
+    dt_c16_rows_to_pair_cols(g, g_ld, rows, n, gt, ldt);
+    dt_c16_rows_to_pairs(g, g_ld, rows, n, margin, ld2, g2);
 }
 
 void dt_c16_shifted_tn(const uint16_t *src, const int *off, int R, int n, const uint32_t *gt,

@@ -49,6 +49,10 @@ void dt_c16_rows_to_pairs(const float *g, size_t g_ld, int rows, int n, int marg
 // gt[m][o] = (g[o][2m], g[o][2m+1]) rounded to bf16 for m < (n + 1) / 2 and o < ldt, zero
 // for o >= rows and at position n when n is odd; ldt a multiple of 16, >= rows.
 void dt_c16_rows_to_pair_cols(const float *g, size_t g_ld, int rows, int n, uint32_t *gt, int ldt);
+// Both of the above from one pass over g (the input gradient's and the weight
+// gradient's operands in one).
+void dt_c16_rows_to_both(const float *g, size_t g_ld, int rows, int n, uint32_t *gt, int ldt,
+                         int margin, size_t ld2, uint32_t *g2);
 // Weights w16 (o, c, kk) in bf16 -> w2[oc][cp * kk + t] = (w[oc][2cp][t], w[oc][2cp+1][t]).
 void dt_c16_weight_pairs(const uint16_t *w16, int o, int c, int kk, uint32_t *w2);
 // Transposed, for the input gradient: wt2[ic][op * kk + t] = (w[2op][ic][t], w[2op+1][ic][t]).

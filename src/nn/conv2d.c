@@ -585,12 +585,14 @@ static void direct16_backward(nn_layer *l, const nn_ctx *c, const float *in, con
         gather_grad(l, dout, out, g, ext, (size_t)g.n, s);
         dt_nn_row_sums_add(ext, co, g.n, db); // dropped columns hold zeros
         dt_c16_pack_plain(in + (size_t)s * insz, ci, l->in.h, l->in.w, l->pad, xb);
-        dt_c16_rows_to_pair_cols(ext, (size_t)g.n, co, g.n, gt, ldt);
+        if (din) // the operands of both products from one pass over the gradient
+            dt_c16_rows_to_both(ext, (size_t)g.n, co, g.n, gt, ldt, g.margin, g.ld, g2);
+        else
+            dt_c16_rows_to_pair_cols(ext, (size_t)g.n, co, g.n, gt, ldt);
         dt_c16_shifted_tn(xb, l->offsets + nf + nb, R, g.n, gt, ldt, dwt);
         if (!din)
             continue;
         float *dx = din + (size_t)s * insz;
-        dt_c16_rows_to_pairs(ext, (size_t)g.n, co, g.n, g.margin, g.ld, g2);
         dt_c16_shifted(g2, l->offsets + nf, (int)nb, wt2, ci, (int)g.plane, l->pad ? dxp : dx,
                        g.plane);
         if (l->pad)

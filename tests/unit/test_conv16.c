@@ -162,6 +162,26 @@ static void test_packing(void) {
             if (r == ROWS - 1)
                 CHECK_EQ(word >> 16, 0);
         }
+    // both layouts from one pass: the same words as the two functions apart
+    static const int both_rows[] = {1, 5, 16, 17, 33}, both_n[] = {1, 31, 32, 33, 70};
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 5; b++) {
+            int       rows = both_rows[a], n = both_n[b], ldt = (rows + 15) / 16 * 16, mg = 3;
+            size_t    l2 = (size_t)mg + n + 2, ng = (size_t)(rows + 1) / 2 * l2;
+            size_t    nt  = (size_t)(n + 1) / 2 * ldt;
+            float    *src = malloc(sizeof(float) * (size_t)rows * (n + 1));
+            uint32_t *g2a = malloc(4 * ng), *g2b = malloc(4 * ng), *gta = malloc(4 * nt),
+                     *gtb = malloc(4 * nt);
+            for (int i = 0; i < rows * (n + 1); i++)
+                src[i] = rndf();
+            dt_c16_rows_to_pairs(src, (size_t)n + 1, rows, n, mg, l2, g2a);
+            dt_c16_rows_to_pair_cols(src, (size_t)n + 1, rows, n, gta, ldt);
+            memset(g2b, 0xab, 4 * ng);
+            dt_c16_rows_to_both(src, (size_t)n + 1, rows, n, gtb, ldt, mg, l2, g2b);
+            CHECK(memcmp(g2a, g2b, 4 * ng) == 0);
+            CHECK(memcmp(gta, gtb, 4 * nt) == 0);
+            free(src), free(g2a), free(g2b), free(gta), free(gtb);
+        }
     // weights (o, c, kk): pairs of channels, and transposed pairs of output channels
     enum { O = 3, CI = 5, KK = 4 };
     uint16_t w[O * CI * KK];
