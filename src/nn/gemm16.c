@@ -177,6 +177,13 @@ TARGET_BF16 static void pack_cols(opnd x, int k0, size_t c0, int cols, int kc, u
         pack_cols_k((const uint16_t *)x.p + (size_t)k0 * x.ld + c0, x.ld, cols, kc, w, stride);
 }
 
+// The width of the next B panel when `left` columns remain: NR, except that the last 64
+// go as two panels of 32 rather than 48 + 16 (a one-vector panel keeps a third of the
+// micro-kernel busy: 8 products per 9 loads).
+static int panel_width(int left) {
+    return left == 64 ? 32 : left < NR ? left : NR;
+}
+
 // Zero words [from, to) of each of kcp rows of w.
 static void zero_tail(uint32_t *w, int kcp, int stride, int from, int to) {
     if (from < to)
@@ -189,8 +196,9 @@ static void zero_tail(uint32_t *w, int kcp, int stride, int from, int to) {
 TARGET_BF16 static void pack_b(bool tb, opnd b, int k0, int kc, int n0, int nc, uint16_t *out) {
     int       kcp = (kc + 1) / 2;
     uint32_t *w   = (uint32_t *)out;
-    for (int jp = 0; jp < nc; jp += NR) {
-        int width = nc - jp < NR ? nc - jp : NR, wpad = (width + 15) / 16 * 16;
+    for (int jp = 0, width; jp < nc; jp += width) {
+        width    = panel_width(nc - jp);
+        int wpad = (width + 15) / 16 * 16;
         if (tb) // B stored (N, K): column j of op(B) is a row
             pack_rows(b, (size_t)(n0 + jp), k0, width, kc, w, wpad);
         else
@@ -420,8 +428,9 @@ TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int
                 if (!in_place)
                     pack_a(ta, a, m0, mc, k0, kc, pa);
                 const uint16_t *bpanel = pb;
-                for (int jp = 0; jp < nc; jp += NR) {
-                    int w = nc - jp < NR ? nc - jp : NR, nv = (w + 15) / 16;
+                for (int jp = 0, w; jp < nc; jp += w) {
+                    w      = panel_width(nc - jp);
+                    int nv = (w + 15) / 16;
                     for (int ip = 0; ip < mc; ip += MR) {
                         int             rows = mc - ip < MR ? mc - ip : MR;
                         const uint16_t *apanel =

@@ -213,7 +213,8 @@ static int gemm_case(dt_prec_path path, bool ta, bool tb, int m, int n, int k, b
 static void test_gemm_paths(void) {
     static const int shapes[][3] = {{1, 1, 1},      {17, 33, 65},   {8, 48, 2},     {9, 49, 3},
                                     {3, 5, 7},      {96, 768, 256}, {97, 769, 257}, {130, 17, 600},
-                                    {64, 128, 384}, {33, 100, 1},   {5, 200, 513}};
+                                    {64, 128, 384}, {33, 100, 1},   {5, 200, 513},  {7, 64, 40},
+                                    {20, 112, 6}}; // n 64, 112: 32 + 32 panels
     int              nshapes     = (int)(sizeof shapes / sizeof shapes[0]);
     for (int p = 0; p < DT_PATH_COUNT_; p++) {
         if (!dt_prec_path_supported((dt_prec_path)p)) {
