@@ -381,6 +381,16 @@ TARGET_BF16 static void tile(int nv, int kcp, const uint16_t *ap, const uint16_t
         kernel_da1(kcp, a, lda, rows, bp, c, ldc, add, bias);
 }
 
+// Asks for the lines of a rows x w block of C (row stride ldc) ahead of the tile that
+// stores or accumulates into it: C is written once per block, usually far from the
+// cache (the GPT's activations), and the tile's 24 cold stores or loads otherwise wait
+// on memory one after another.
+static inline void prefetch_c(const float *c, size_t ldc, int rows, int w) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < w; j += 16)
+            __builtin_prefetch(c + (size_t)i * ldc + j, 1, 3);
+}
+
 // Per-thread packing buffers, kept for the thread's life (fresh pages cost ~2.4 us each).
 static pthread_key_t  buf_key;
 static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
@@ -431,8 +441,13 @@ TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int
                 for (int jp = 0, w; jp < nc; jp += w) {
                     w      = panel_width(nc - jp);
                     int nv = (w + 15) / 16;
+                    // C's first lines of this panel are likely cold: ask for them now
+                    prefetch_c(c + (size_t)m0 * ldc + n0 + jp, (size_t)ldc, mc < MR ? mc : MR, w);
                     for (int ip = 0; ip < mc; ip += MR) {
-                        int             rows = mc - ip < MR ? mc - ip : MR;
+                        int rows = mc - ip < MR ? mc - ip : MR;
+                        if (ip + MR < mc) // the next tile's C while this one computes
+                            prefetch_c(c + (size_t)(m0 + ip + MR) * ldc + n0 + jp, (size_t)ldc,
+                                       mc - ip - MR < MR ? mc - ip - MR : MR, w);
                         const uint16_t *apanel =
                             in_place ? NULL : pa + (size_t)(ip / MR) * kcp * MR * 2;
                         const uint16_t *arow =
