@@ -79,9 +79,10 @@ DEFINE_MM(mm_1x1, 1, 1)
 
 // out[r][j] (+)= sum_{p < np} A(r, p) . b[p * bps + j] for r < rows, j < cols (a multiple
 // of 16), A(r, p) = a[r * ars + p * aps] (pair words); overwriting stores scale * sum.
-TARGET static void mm16(const uint32_t *a, size_t ars, size_t aps, int rows, const uint32_t *b,
-                        size_t bps, int cols, int np, float *out, size_t ldo, bool add,
-                        float scale) {
+TARGET __attribute__((noinline)) static void mm16(const uint32_t *a, size_t ars, size_t aps,
+                                                  int rows, const uint32_t *b, size_t bps, int cols,
+                                                  int np, float *out, size_t ldo, bool add,
+                                                  float scale) {
     for (int r0 = 0; r0 < rows;) {
         bool full = rows - r0 >= 8;
         int  j    = 0;
@@ -148,8 +149,11 @@ static int min_int(int a, int b) {
     return a < b ? a : b;
 }
 
-TARGET static void head_forward16(int T, int d, int ld, int yld, const float *q, const float *k,
-                                  const float *v, float *y, float *lse, const lay *L) {
+// The tile loops are multiversioned (DT_CLONES) rather than compiled for AVX-512 BF16:
+// their sixteen-lane helpers (simd.h, ops_math.h) carry no target of their own, and only
+// mm16 needs the instructions.
+DT_CLONES static void head_forward16(int T, int d, int ld, int yld, const float *q, const float *k,
+                                     const float *v, float *y, float *lse, const lay *L) {
     int   tp = tiles_of(T), dh = d / 2;
     float scale = 1.0f / sqrtf((float)d);
     rows16(q, T, tp, d, (size_t)ld, L->q16);
@@ -199,9 +203,10 @@ TARGET static void head_forward16(int T, int d, int ld, int yld, const float *q,
     }
 }
 
-TARGET static void head_backward16(int T, int d, int ld, int yld, const float *q, const float *k,
-                                   const float *v, const float *y, const float *lse,
-                                   const float *dy, float *dq, float *dk, float *dv, const lay *L) {
+DT_CLONES static void head_backward16(int T, int d, int ld, int yld, const float *q, const float *k,
+                                      const float *v, const float *y, const float *lse,
+                                      const float *dy, float *dq, float *dk, float *dv,
+                                      const lay *L) {
     int   tp = tiles_of(T), dh = d / 2;
     float scale = 1.0f / sqrtf((float)d);
     rows16(q, T, tp, d, (size_t)ld, L->q16);

@@ -46,18 +46,15 @@ static inline float hi_f(uint32_t w) {
 
 // ---------------------------------------------------------------------- packing
 
+#if C16_X86
 // n floats of a and b (b NULL: zeros) -> n pair words (a low, b high), rounded to bf16.
 TARGET static void pair_row(const float *a, const float *b, int n, uint32_t *out) {
     int j = 0;
     for (; j + 16 <= n; j += 16) {
-        dt_v16u ua, ub = {0};
-        __builtin_memcpy(&ua, a + j, sizeof ua);
+        __m512i w = _mm512_srli_epi32(dt_round_bf16_hi(_mm512_loadu_ps(a + j)), 16);
         if (b)
-            __builtin_memcpy(&ub, b + j, sizeof ub);
-        dt_v16u w = dt_round_bf16_v16(ua) >> 16;
-        if (b)
-            w |= dt_round_bf16_v16(ub);
-        __builtin_memcpy(out + j, &w, sizeof w);
+            w = _mm512_or_si512(w, dt_round_bf16_hi(_mm512_loadu_ps(b + j)));
+        _mm512_storeu_si512(out + j, w);
     }
     for (; j < n; j++)
         out[j] = pair(dt_f32_to_bf16_1(a[j]), b ? dt_f32_to_bf16_1(b[j]) : 0);
@@ -65,11 +62,22 @@ TARGET static void pair_row(const float *a, const float *b, int n, uint32_t *out
 
 TARGET static void bf16_row(const float *a, int n, uint16_t *out) {
     int j = 0;
-    for (; j + 16 <= n; j += 16)
-        dt_f32_to_bf16_16(a + j, out + j);
+    for (; j + 16 <= n; j += 16) {
+        __m512i r = _mm512_srli_epi32(dt_round_bf16_hi(_mm512_loadu_ps(a + j)), 16);
+        _mm256_storeu_si256((__m256i *)(void *)(out + j), _mm512_cvtepi32_epi16(r));
+    }
     for (; j < n; j++)
         out[j] = dt_f32_to_bf16_1(a[j]);
 }
+#else
+static void pair_row(const float *a, const float *b, int n, uint32_t *out) {
+    for (int j = 0; j < n; j++)
+        out[j] = pair(dt_f32_to_bf16_1(a[j]), b ? dt_f32_to_bf16_1(b[j]) : 0);
+}
+static void bf16_row(const float *a, int n, uint16_t *out) {
+    dt_f32_to_bf16(a, out, (size_t)n);
+}
+#endif
 
 TARGET void dt_c16_pack_pairs(const float *x, int c, int h, int w, int pad, uint32_t *x2) {
     int    hp = h + 2 * pad, wp = w + 2 * pad;

@@ -38,15 +38,19 @@ DT_SIMD16_INLINE void dt_transpose16_epi32(__m512i *r) {
     }
 }
 
-// 16 floats rounded to bf16 (prec.h's rounding, to nearest even), each in the high half
-// of its 32-bit lane (the low half zero).
+// 16 floats rounded to bf16 (prec.h's dt_round_bf16_v16 in intrinsics: to nearest even,
+// NaN made quiet), each in the high half of its 32-bit lane (the low half zero). In
+// intrinsics because clang refuses 64-byte generic vectors passed between a function
+// with AVX-512 and one without (prec.h's helpers have no target of their own).
 DT_SIMD16_INLINE __m512i dt_round_bf16_hi(__m512 x) {
-    dt_v16u u;
-    __builtin_memcpy(&u, &x, sizeof u);
-    u = dt_round_bf16_v16(u);
-    __m512i r;
-    __builtin_memcpy(&r, &u, sizeof r);
-    return r;
+    __m512i u = _mm512_castps_si512(x), hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r =
+        _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), hi);
+    __m512i   q     = _mm512_or_si512(_mm512_and_si512(u, hi), _mm512_set1_epi32(0x400000));
+    __mmask16 isnan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                              _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_blend_epi32(isnan, r, q);
 }
 #endif
 
