@@ -121,8 +121,8 @@ DT_API int dt_ms_left(uint64_t deadline_ns);
 // A pidfd for process `pid` (Linux >= 5.3, close-on-exec): poll() finds it readable
 // (POLLIN) once the process has ended, whoever its parent is. -1 with errno set: ESRCH
 // when no such process exists (it already ended), ENOSYS on an older kernel. The one
-// place dtrain opens pidfds: dt_spawn's supervisor, dtrun's workers and the shm
-// backend's watch on its peers.
+// place dtrain opens pidfds: the process supervisor (dt_procs, launch.h: the workers of
+// dt_spawn and of dtrun) and the shm backend's watch on its peers.
 DT_API int dt_pidfd_open(int pid);
 
 // ------------------------------------------------------------------------- allocation

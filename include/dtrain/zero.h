@@ -109,6 +109,12 @@ DT_API dt_status dt_zero_sync(dt_zero *z);
 DT_API dt_status dt_zero_clip_grad_norm(dt_zero *z, float max_norm, float *norm);
 DT_API dt_status dt_zero_grad_norm(dt_zero *z, float *norm);
 
+// This rank's share of the sum of squares of the averaged gradient, each tensor's
+// weighted by weight[tensor] (an index of the wrapped table; NULL: all 1): summed over
+// the ranks it gives the weighted norm squared. Not collective (a model split further
+// over other groups sums it over those too: the trainer's mesh, docs/parallel.md).
+DT_API double dt_zero_shard_sumsq(const dt_zero *z, const float *weight);
+
 // Steps the optimizer on this rank's shard (in place in the whole parameter buffer),
 // then all-gathers the updated shards, so every rank holds the whole new parameters.
 // Collective.

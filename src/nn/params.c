@@ -136,6 +136,68 @@ dt_status dt_params_add_buffer(dt_params *p, const char *name, int ndim, const i
     return dt_params_add_ex(p, name, ndim, shape, flags, -1, true);
 }
 
+dt_status dt_params_set_split(dt_params *p, int i, const dt_param_split *split) {
+    if (!p || !split || i < 0 || i >= p->par.n)
+        return dt_fail(DT_ERR_ARG,
+                       "params: expected a table, a split and a parameter index below "
+                       "%d, found index %d",
+                       p ? p->par.n : 0, i);
+    if (p->ready)
+        return dt_fail(DT_ERR_STATE, "params: cannot split \"%s\" after the storage is set",
+                       p->par.t[i].name);
+    dt_param_info *e = &p->par.t[i];
+    dt_param_split s = *split;
+    int            g = s.groups ? s.groups : 1;
+    if (s.parts < 0 || (s.parts > 1 && (s.part < 0 || s.part >= s.parts || s.axis < 0 ||
+                                        s.axis >= e->ndim || g < 1 || e->shape[s.axis] % g)))
+        return dt_fail(DT_ERR_ARG,
+                       "params: \"%s\": expected 0 <= part < parts, an axis below %d and its "
+                       "dimension divisible by the groups; found part %d of %d, axis %d, %d groups",
+                       e->name, e->ndim, s.part, s.parts, s.axis, g);
+    e->split = s.parts > 1 ? s : (dt_param_split){0};
+    return DT_OK;
+}
+
+bool dt_param_split_on(const dt_param_split *s) {
+    return s && s->parts > 1;
+}
+
+void dt_param_split_whole_shape(const dt_param_split *s, int ndim, const int64_t *part,
+                                int64_t *whole) {
+    for (int d = 0; d < ndim; d++)
+        whole[d] = part[d] * (dt_param_split_on(s) && d == s->axis ? s->parts : 1);
+}
+
+void dt_param_split_copy(const dt_param_split *s, int ndim, const int64_t *part_shape, float *whole,
+                         float *part, bool to_whole) {
+    size_t outer = 1, inner = 1;
+    for (int d = 0; d < ndim; d++)
+        if (!dt_param_split_on(s) || d < s->axis)
+            outer *= (size_t)part_shape[d];
+        else if (d > s->axis)
+            inner *= (size_t)part_shape[d];
+    if (!dt_param_split_on(s)) { // the part is the whole
+        if (to_whole)
+            memcpy(whole, part, sizeof(float) * outer);
+        else
+            memcpy(part, whole, sizeof(float) * outer);
+        return;
+    }
+    // Along the axis: the part's index j is piece row j % lo of block j / lo; in the
+    // whole, that block starts at (j / lo) * blk and the piece at part * lo within it.
+    size_t ax = (size_t)part_shape[s->axis], groups = (size_t)(s->groups ? s->groups : 1);
+    size_t lo = ax / groups, blk = lo * (size_t)s->parts, wax = ax * (size_t)s->parts;
+    for (size_t o = 0; o < outer; o++)
+        for (size_t j = 0; j < ax; j++) {
+            size_t wj = (j / lo) * blk + (size_t)s->part * lo + j % lo;
+            float *w = whole + (o * wax + wj) * inner, *q = part + (o * ax + j) * inner;
+            if (to_whole)
+                memcpy(w, q, sizeof(float) * inner);
+            else
+                memcpy(q, w, sizeof(float) * inner);
+        }
+}
+
 dt_status dt_params_alloc(dt_params *p) {
     if (!p || p->ready)
         return dt_fail(DT_ERR_STATE, "params: storage already set (or NULL table)");

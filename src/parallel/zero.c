@@ -306,6 +306,22 @@ dt_status dt_zero_grad_norm(dt_zero *z, float *norm) {
     return DT_OK;
 }
 
+double dt_zero_shard_sumsq(const dt_zero *z, const float *weight) {
+    double ss = 0;
+    for (int k = 0; z && k < z->npieces; k++) {
+        const dt_param_info *pi = dt_params_info(z->shard, k);
+        float                w  = weight ? weight[z->piece_src[k]] : 1.0f;
+        if (!pi->trainable || !z->piece_primary[k] || w == 0.0f)
+            continue;
+        const float *g = dt_params_grads(z->p) + z->piece_flat[k];
+        double       s = 0;
+        for (size_t i = 0; i < pi->count; i++)
+            s += (double)g[i] * (double)g[i];
+        ss += w * s;
+    }
+    return ss;
+}
+
 dt_status dt_zero_clip_grad_norm(dt_zero *z, float max_norm, float *norm) {
     if (!(max_norm > 0) || !isfinite(max_norm))
         return dt_fail(DT_ERR_ARG, "zero: expected a finite max_norm > 0, found %g",

@@ -96,7 +96,10 @@ static dt_status save(dt_trainer *t) {
     double        t0 = dt_now();
     dt_ckpt_state cs = ckpt_state(t);
     dt_ckpt_opts  co = ckpt_opts(t);
-    DT_TRY(dt_ckpt_save(t->a.checkpoint_dir, t->pg, &cs, &co));
+    if (dt_train_mesh_on(t)) // each model part's own checkpoints
+        DT_TRY(dt_train_mesh_save(t, &cs, &co));
+    else
+        DT_TRY(dt_ckpt_save(t->a.checkpoint_dir, t->pg, &cs, &co));
     t->ckpt_secs += dt_now() - t0;
     t->ckpt_saves++;
     t->last_saved = t->step;
@@ -117,7 +120,10 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "found %s (%s)",
                        p ? "no optimizer" : "no parameters", dt_last_error());
     if (a->load) {
-        DT_TRY(dt_ckpt_load_params(a->load, p));
+        if (dt_train_mesh_on(t)) // the whole model's file, cut into this rank's part
+            DT_TRY(dt_train_mesh_load_model(t, a->load));
+        else
+            DT_TRY(dt_ckpt_load_params(a->load, p));
         dt_trainer_print(t, "Loaded parameters from %s\n", a->load);
     }
     build_kvs(t);
@@ -139,7 +145,11 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
         dt_ckpt_opts  co = ckpt_opts(t);
-        dt_status     st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
+        dt_status     st = dt_train_mesh_check_layout(t);
+        if (!st && dt_train_mesh_on(t))
+            st = dt_train_mesh_load(t, &cs, &co, &info);
+        else if (!st)
+            st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
         if (!st && info.found)
             st = check_config(t, &info);
         const char *sc = info.found ? dt_ckpt_info_get(&info, "grad_scaler") : NULL;
@@ -164,16 +174,17 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "--zero %ld: expected even shards (uneven inputs reduce whole "
                        "gradients after backward), found DT_SPLIT_TRAIN_UNEVEN",
                        a->zero);
-    if (t->pg && a->zero > 0) {
+    dt_pg *dpg = dt_train_dp_group(t); // the world's group without a mesh
+    if (dpg && a->zero > 0) {
         dt_zero_opts zo = dt_zero_opts_default();
         zo.stage        = (int)a->zero;
         size_t full = 0, shard = 0;
         dt_optim_state(opt, &full);
-        DT_TRY(dt_zero_new(&t->zero, p, t->pg, opt, &zo));
+        DT_TRY(dt_zero_new(&t->zero, p, dpg, opt, &zo));
         dt_optim_state(opt, &shard);
         dt_trainer_print(t, "ZeRO-%d: optimizer state %.3f MiB per rank (%.3f MiB unsharded)\n",
                          zo.stage, (double)shard * 4 / 1048576, (double)full * 4 / 1048576);
-    } else if (t->pg) {
+    } else if (dpg) {
         dt_ddp_opts o  = dt_ddp_opts_default();
         o.overlap      = !a->no_overlap;
         o.tree_reduce  = t->tree_reduce;
@@ -181,7 +192,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         if (!strcmp(cm, "powersgd")) { // a comm hook (ddp.h), the same on every rank
             dt_powersgd_opts po = dt_powersgd_opts_default();
             po.rank             = (int)a->powersgd_rank;
-            DT_TRY(dt_powersgd_new(&t->psgd, p, t->world, &po));
+            DT_TRY(dt_powersgd_new(&t->psgd, p, dt_pg_size(dpg), &po));
             o.comm_hook   = dt_powersgd_hook(t->psgd);
             o.tree_reduce = false;
         } else {
@@ -189,7 +200,8 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
             if (o.compress != DT_DDP_COMPRESS_NONE)
                 o.tree_reduce = false; // compression sums ranks its own way
         }
-        DT_TRY(dt_ddp_new(&t->ddp, p, t->pg, &o));
+        DT_TRY(dt_ddp_new(&t->ddp, p, dpg, &o));
+        dt_pipe_set_ddp(t->pipe, t->ddp); // reduced in the last micro-batch's backward
     }
     if (t->m)
         dt_model_set_profile(t->m, a->profile);
@@ -468,7 +480,9 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
             DT_TRY(dt_grad_scaler_update(t->scaler));
             t->skipped += skip;
         }
-        if (t->a.clip_grad > 0 && !skip && t->zero)
+        if (t->a.clip_grad > 0 && !skip && dt_train_mesh_on(t)) // over the model's parts
+            DT_TRY(dt_train_mesh_clip(t, (float)t->a.clip_grad, &t->grad_norm));
+        else if (t->a.clip_grad > 0 && !skip && t->zero)
             DT_TRY(dt_zero_clip_grad_norm(t->zero, (float)t->a.clip_grad, &t->grad_norm));
         else if (t->a.clip_grad > 0 && !skip)
             DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
@@ -486,7 +500,7 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
     }
     // Rank 0's bar or loss line, and the training curve (every --log-every batches).
     if (!t->shadow && !t->o.own_progress)
-        dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)t->world, loss);
+        dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)dt_train_dp_size(t), loss);
     if (t->plot && !t->shadow && t->cur_index % (size_t)t->a.log_every == 0)
         DT_TRY(dt_plot_add(t->plot, DT_PLOT_TRAIN, (double)t->step, loss));
     if (!t->sync)
@@ -639,13 +653,24 @@ dt_status dt_trainer_finish(dt_trainer *t) {
         dt_trainer_print(t, "Wrote the trace to %s\n", a->trace);
     }
     uint32_t crc;
-    DT_TRY(check_replicas(t, &crc));
-    if (t->pg)
-        dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world, crc);
-    if (t->rank == 0 && a->save_model) {
-        DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
-        dt_trainer_print(t, "Saved the model to %s\n", a->save_model);
+    if (dt_train_mesh_on(t)) {
+        DT_TRY(dt_train_mesh_check_replicas(t, &crc));
+        dt_trainer_print(t,
+                         "Parameters identical on the %d replicas of each of the %d model parts "
+                         "(rank 0's CRC32C %08x)\n",
+                         dt_train_dp_size(t), t->world / dt_train_dp_size(t), crc);
+    } else {
+        DT_TRY(check_replicas(t, &crc));
+        if (t->pg)
+            dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world,
+                             crc);
     }
+    if (a->save_model && dt_train_mesh_on(t)) // the parts gathered: the whole model's file
+        DT_TRY(dt_train_mesh_save_model(t, a->save_model));
+    else if (t->rank == 0 && a->save_model)
+        DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
+    if (a->save_model)
+        dt_trainer_print(t, "Saved the model to %s\n", a->save_model);
     return DT_OK;
 }
 
@@ -674,7 +699,7 @@ dt_status dt_trainer_report(dt_trainer *t, double metric) {
     if (per <= 0 && t->m)
         per = dt_model_train_flops_per_sample(t->m);
     // Samples trained by this run (a resumed run trains fewer), padding included.
-    double samples = (double)t->samples_seen * t->world;
+    double samples = (double)t->samples_seen * dt_train_dp_size(t);
     double flops   = samples * per;
     double loop    = t->finished - t->train_start;
     dt_trainer_print(t,

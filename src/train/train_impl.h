@@ -4,6 +4,8 @@
 #define DTRAIN_TRAIN_IMPL_H
 
 #include "dtrain/ckpt.h"
+#include "dtrain/mesh.h"
+#include "dtrain/pipe.h"
 #include "dtrain/train.h"
 #include "dtrain/zero.h"
 
@@ -130,6 +132,44 @@ struct dt_trainer {
     int     step_micro;
     size_t  step_samples;
     double  excluded;
+    // Model parallelism (mesh.c): the mesh (NULL: data parallelism over the whole
+    // group), its sizes, the pipeline of dt_trainer_pipeline (g is its stage graph,
+    // which it owns), the whole model's table (unsplit, no storage) and the cuts.
+    dt_mesh   *mesh;
+    int        msize[DT_MESH_DIM_COUNT_];
+    dt_pipe   *pipe;
+    dt_params *whole;
+    int       *cut_node, ncuts; // positions in the whole graph
+    char       cut_names[1024]; // "a,b" for messages and the layout file
+    char       mp_help[2][256]; // --pp's and --tp's help where the model has no cut
 };
+
+// mesh.c: model parallelism in the trainer (train.h's "model parallelism").
+// The checks of --dp --pp --tp against a world of `world` ranks (usage errors).
+dt_status dt_train_mesh_check(const dt_trainer *t, int world);
+// In a worker, before fn: the checks, and the mesh's groups when pp x tp > 1. Collective.
+dt_status dt_train_mesh_start(dt_trainer *t);
+void      dt_train_mesh_release(dt_trainer *t); // the pipeline, its graph, the mesh
+// Whether the model is cut or split (pp x tp > 1): checkpoints per part, the norm over
+// the parts, whole model files gathered and cut.
+bool dt_train_mesh_on(const dt_trainer *t);
+// The group DDP and ZeRO reduce over (NULL: none), and its size (1 without one).
+dt_pg *dt_train_dp_group(dt_trainer *t);
+int    dt_train_dp_size(const dt_trainer *t);
+// Checkpoints of this rank's part (<dir>/pp<S>-tp<R>), by its dp group; loading agrees
+// on the newest step every part has. Collective over the world.
+dt_status dt_train_mesh_save(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co);
+dt_status dt_train_mesh_load(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co,
+                             dt_ckpt_info *info);
+// --resume without a mesh into a checkpoint directory a mesh wrote: refused, naming it.
+dt_status dt_train_mesh_check_layout(const dt_trainer *t);
+// The global gradient norm over the parts (each tensor once), clipped to max_norm.
+dt_status dt_train_mesh_clip(dt_trainer *t, float max_norm, float *norm);
+// The whole model: gathered to rank 0 and saved (--save-model), or loaded on every rank
+// and cut into this rank's part (--load). Collective.
+dt_status dt_train_mesh_save_model(dt_trainer *t, const char *path);
+dt_status dt_train_mesh_load_model(dt_trainer *t, const char *path);
+// The replicas of each part (the dp group) hold the same parameters; crc: this rank's.
+dt_status dt_train_mesh_check_replicas(dt_trainer *t, uint32_t *crc);
 
 #endif

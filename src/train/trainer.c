@@ -186,15 +186,46 @@ static void build_common(dt_trainer *t) {
              "must be the world size)",
            MP, S, 0, 0},
           {"micro-batches", DT_FLAG_LONG, &a->micro_batches, NULL, 1, 65536, "M",
-           "micro-batches per pipeline step (default: pp)", MP, S, 0, 0},
+           "micro-batches per pipeline step (default: the program's, else\n"
+             "pp)",
+           MP, S, 0, 0},
           {"schedule", DT_FLAG_STRING, &a->schedule, "1f1b", 0, 0, "S",
            "pipeline schedule: gpipe (all forwards, then all backwards)\n"
              "or 1f1b (bounded activations; the default)",
            MP, S, "gpipe 1f1b", "gpipe or 1f1b"},
+          {"cuts", DT_FLAG_STRING, &a->cuts, "auto", 0, 0, "C",
+           "where the pipeline cuts the model: auto (each stage's layers\n"
+             "timed on a few micro-batches at start, the cuts that make the\n"
+             "slowest stage fastest; the default), uniform (the model's cut\n"
+             "points spread evenly) or the cut points' names, a,b,...\n"
+             "(a resumed run keeps its checkpoints' cuts)",
+           MP, S, 0, 0},
           {0},
     };
     int n = 0;
     for (int i = 0; f[i].name; i++) {
+        // A program whose model has no cut or split: --dp alone is meaningful, --pp and
+        // --tp say why they are refused, the pipeline's own flags are left out.
+        if (t->o.no_model_split && f[i].section == MP) {
+            if (!strcmp(f[i].name, "micro-batches") || !strcmp(f[i].name, "schedule") ||
+                !strcmp(f[i].name, "cuts"))
+                continue;
+            if (!strcmp(f[i].name, "pp") || !strcmp(f[i].name, "tp")) {
+                char *h = t->mp_help[f[i].name[0] == 't'];
+                snprintf(h, sizeof t->mp_help[0], "%s: only 1 in %s: %s",
+                         f[i].name[0] == 'p' ? "pipeline stages" : "tensor-parallel ranks",
+                         t->o.program, t->o.no_model_split);
+                // The help's lines: a break at the first space past every 48 columns.
+                for (size_t at = 48, len = strlen(h); at < len; at += 48) {
+                    char *c = strchr(h + at, ' ');
+                    if (!c)
+                        break;
+                    *c = '\n';
+                    at = (size_t)(c - h);
+                }
+                f[i].help = h;
+            }
+        }
         if (t->o.hide_accumulate &&
             (!strcmp(f[i].name, "accumulate") || !strcmp(f[i].name, "clip-grad")))
             continue;
@@ -275,6 +306,15 @@ dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv, const dt_train
     dt_status st   = dt_flags_parse(t->tables, argc, argv, &help);
     if (!st && !help)
         st = check_args(&t->a);
+    if (!st && !help) { // --dp --pp --tp against the world size, when it is known here
+        dt_launch_env le;
+        int           world = 1;
+        if (t->a.num_processes > 0)
+            world = (int)(t->a.num_processes * t->a.num_machines);
+        else if (dt_launch_env_read(&le) == DT_OK && le.launcher != DT_LAUNCHER_NONE)
+            world = le.world;
+        st = dt_train_mesh_check(t, world);
+    }
     if (st) {
         fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
         dt_free(t);
@@ -374,6 +414,7 @@ static void release_worker(dt_trainer *t) {
     t->zero = NULL;
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
+    dt_train_mesh_release(t); // before the graph: a pipeline owns its stage's
     if (t->m)
         dt_model_free(t->m);
     else if (t->g)
@@ -425,6 +466,8 @@ static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
     t->rngs[0]    = (dt_ckpt_rng){"dropout", &t->root};
     t->last_saved = -1;
     dt_status st  = check_shared(t);
+    if (!st)
+        st = dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
     if (!st)
         st = fn(t, user);
     int rc = 0;
@@ -680,8 +723,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected at most %d evaluation loaders",
                        MAX_EVAL);
     dt_sampler_opts so = dt_sampler_opts_default();
-    so.num_replicas    = t->world;
-    so.rank            = t->rank;
+    so.num_replicas    = dt_train_dp_size(t); // the replicas: the world without a mesh
+    so.rank            = dt_trainer_mesh_coord(t, DT_MESH_DP);
     so.seed            = (uint64_t)t->a.seed;
     if (split == DT_SPLIT_EVAL)
         so.shuffle = false, so.eval = true;

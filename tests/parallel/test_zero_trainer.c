@@ -8,6 +8,7 @@
 // - dtrain-gpt (AdamW, no-decay group, clipping, micro-batches) with --zero 1 and 2 on 2
 //   processes ends with the validation loss of 1 process on the same global batch.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/nn.h"
@@ -40,7 +41,7 @@ static dt_model *load(const char *name) {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     dt_model *m = NULL;
-    if (dt_model_new_mnist_convnet(&m, 99, 0.1f, 0.25f))
+    if (mnist_convnet_new(&m, 99, 0.1f, 0.25f))
         return NULL;
     dt_status st = dt_ckpt_load_model(path, m);
     CHECK_OK(st);

@@ -3,13 +3,13 @@
 // kind through one table of operations (dt_store_ops below): the TCP client
 // (store_tcp.c, which speaks the protocol of store_proto.c to store_server.c) or the
 // file store (store_file.c). Below them: the key-value table (store_kv.c) and the token
-// proofs (store_auth.c). Internal to src/comm.
+// proofs (auth.c). Internal to src/comm.
 #ifndef DTRAIN_COMM_STORE_IMPL_H
 #define DTRAIN_COMM_STORE_IMPL_H
 
 #include "comm/comm_impl.h"
 
-// 2: challenge-response (store_auth.c) instead of the token in the hello.
+// 2: challenge-response (auth.c) instead of the token in the hello.
 #define DT_STORE_PROTOCOL_VERSION 2
 #define DT_STORE_PROOF_CLIENT     "dtrain store client"
 #define DT_STORE_PROOF_SERVER     "dtrain store server"

@@ -3,7 +3,7 @@
 // client (store_tcp.c; its server is store_server.c, its protocol store_proto.c) or the
 // file store (store_file.c). Also the token and timeout defaults the stores share.
 // What this file does not do: anything about ranks; pg_init.c builds rendezvous on top.
-#include "comm/store_impl.h"
+#include "comm/store/store_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

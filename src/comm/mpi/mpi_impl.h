@@ -1,10 +1,10 @@
 // mpi_impl.h: what mpi.c (the backend) and mpi_boot.c (MPI's life in this process and
-// the bootstrap) share. Included only by src/comm/mpi*.c, the files compiled with
-// mpicc's flags.
+// the bootstrap) share. Included only by src/comm/mpi/*.c, the files compiled
+// with mpicc's flags (the Makefile's MPI_SRC).
 #ifndef DTRAIN_COMM_MPI_IMPL_H
 #define DTRAIN_COMM_MPI_IMPL_H
 
-#include "comm/mpi_hook.h"
+#include "comm/mpi/mpi_hook.h"
 
 #include <mpi.h>
 

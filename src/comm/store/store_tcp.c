@@ -1,9 +1,9 @@
 // store_tcp.c: the TCP store's client: one connection to the server (store_server.c,
-// run by rank 0), the handshake that proves the job token both ways (store_auth.c), and
+// run by rank 0), the handshake that proves the job token both ways (auth.c), and
 // one request/reply exchange per operation in the protocol of store_proto.c. Requests
 // on one handle are serialised by its lock; a stream that went out of step (an I/O
 // error, a cap, a bad reply) leaves the handle failing with the first reason.
-#include "comm/store_impl.h"
+#include "comm/store/store_impl.h"
 #include "core/hmac.h"
 #include "core/le.h"
 
@@ -131,7 +131,7 @@ static dt_status tcp_exchange(tcp_store *s, uint8_t cmd, int64_t arg, int nparts
     return DT_OK;
 }
 
-// The client's half of the handshake (store_auth.c): nonces both ways, then each side
+// The client's half of the handshake (auth.c): nonces both ways, then each side
 // proves the token. Neither the token nor anything replayable crosses the wire.
 static dt_status client_handshake(tcp_store *s, const char *token) {
     uint8_t cnonce[DT_NONCE_BYTES], snonce[DT_NONCE_BYTES], proof[DT_SHA256_BYTES];

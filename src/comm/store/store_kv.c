@@ -1,6 +1,6 @@
 // store_kv.c: the key-value table of the store server and the file store (a chained
 // hash table of byte strings).
-#include "comm/store_impl.h"
+#include "comm/store/store_impl.h"
 #include "core/le.h"
 
 #include <errno.h>

@@ -1,7 +1,7 @@
 // shm_backend.c: the "shm" backend: the engine of shm.c behind comm's backend table.
 // This file only does the rendezvous through the store (who runs where, the segment's
 // name); every operation slot hands its dt_op to the engine as it is.
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <fcntl.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 // per rank, a channel per ordered pair, the working buffers), created by rank 0 in
 // /dev/shm and attached by the others (init words watched with pidfds so that a rank that
 // dies while attaching is named), and freeing it. The operations are in shm.c.
-#include "comm/shm_impl.h"
+#include "comm/shm/shm_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>

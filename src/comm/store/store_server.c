@@ -1,8 +1,8 @@
 // store_server.c: the TCP store's server: one thread with a poll loop, inside the
 // process that creates it (rank 0). It serves the protocol of comm_impl.h to clients
-// that have proven the job token (store_auth.c) and treats everyone else as hostile:
+// that have proven the job token (auth.c) and treats everyone else as hostile:
 // small messages, few connections and little time before the proof.
-#include "comm/store_impl.h"
+#include "comm/store/store_impl.h"
 #include "core/hmac.h"
 #include "core/le.h"
 

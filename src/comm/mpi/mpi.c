@@ -20,7 +20,7 @@
 //   becomes a dt_status with MPI's own message.
 // AVG arrives here as SUM (the generic layer divides), world size 1 never arrives.
 #include "comm/comm_impl.h"
-#include "comm/mpi_impl.h"
+#include "comm/mpi/mpi_impl.h"
 
 #include <limits.h>
 #include <pthread.h>

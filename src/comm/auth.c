@@ -1,7 +1,8 @@
-// store_auth.c: how a process proves it holds the job token without sending it or
-// anything a listener could replay, for the store handshake (store_tcp.c,
-// store_server.c) and the tcp backend's peer handshake (tcp.c); and the rate-limited
-// log of refused connections.
+// auth.c: how a process proves it holds the job token without sending it or
+// anything a listener could replay, for the store handshake (store/store_tcp.c,
+// store/store_server.c) and the tcp backend's peer handshake (tcp/tcp.c); and the
+// rate-limited log of refused connections. Shared by both folders, so it sits above
+// them, beside sock.c.
 //
 // Each side draws a fresh 32-byte random nonce and sends it in the clear; each then
 // sends HMAC-SHA256(token, label | its peer's nonce | its own nonce | context). The

@@ -2,7 +2,7 @@
 // L1-sized blocks through a scratch block so that any number of inputs is combined in
 // rank order with one vectorised two-operand loop, and so that an output may alias an
 // input (in-place collectives) without restrict lying to the compiler.
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 #include "core/simd.h"
 
 #include <string.h>

@@ -2,7 +2,7 @@
 // system but cannot reach each other's ports: an append-only log of checksummed records
 // under flock, replayed into a key-value table (store_kv.c) before every operation.
 // Waiting is polling the file with a growing sleep (1 to 50 ms).
-#include "comm/store_impl.h"
+#include "comm/store/store_impl.h"
 #include "core/hmac.h"
 #include "core/le.h"
 

@@ -5,7 +5,7 @@
 // so a job started by mpirun or srun needs no MASTER_ADDR / MASTER_PORT. The backend
 // itself is mpi.c.
 #include "comm/comm_impl.h"
-#include "comm/mpi_impl.h"
+#include "comm/mpi/mpi_impl.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 // wire.c: encoding and validation of the tcp message header (layout in wire.h).
-#include "comm/wire.h"
+#include "comm/tcp/wire.h"
 #include "core/le.h"
 
 #include <string.h>

@@ -4,7 +4,7 @@
 #ifndef DTRAIN_COMM_SHM_IMPL_H
 #define DTRAIN_COMM_SHM_IMPL_H
 
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <limits.h>
 #include <linux/futex.h>

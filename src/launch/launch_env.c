@@ -1,8 +1,8 @@
 // launch_env.c: which launcher started this process (torchrun-style variables, Open MPI,
 // MVAPICH2, PMI, srun) and what it says about rank, world size and local rank. A pure
 // function of the variables it looks up, so every launcher is tested without launching
-// anything. The order of precedence is in comm.h; docs/mpi.md gives the reasons.
-#include "dtrain/comm.h"
+// anything. The order of precedence is in launch.h; docs/mpi.md gives the reasons.
+#include "dtrain/launch.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
 // means the same thing on every rank.
 //
 // The segment's layout and its set-up are shm_init.c; what both share, shm_impl.h.
-#include "comm/shm_impl.h"
+#include "comm/shm/shm_impl.h"
 
 #include <errno.h>
 #include <poll.h>

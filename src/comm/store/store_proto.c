@@ -2,7 +2,7 @@
 // bytes: every length is checked before it is used), walking its parts, checking a
 // request's parts for its command, and building a message in a growable buffer. Used by
 // the client (store_tcp.c), the server (store_server.c) and the fuzz target.
-#include "comm/store_impl.h"
+#include "comm/store/store_impl.h"
 #include "core/le.h"
 
 #include <string.h>

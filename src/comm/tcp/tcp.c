@@ -12,7 +12,7 @@
 // connection still holds tells the three apart: abort (adopt the reason), bye (fine
 // unless we needed more data), nothing (the rank died: "rank 3 closed the connection").
 #include "comm/comm_impl.h"
-#include "comm/wire.h"
+#include "comm/tcp/wire.h"
 #include "core/hmac.h"
 #include "core/le.h"
 
@@ -658,7 +658,7 @@ static void local_address(tcp_ctx *c, char *buf, size_t n) {
     dt_sock_public_addr(c->store, c->rank, dt_pg_all_local(c->pg), buf, n);
 }
 
-// The handshake of a new connection, by challenge-response (store_auth.c): the
+// The handshake of a new connection, by challenge-response (auth.c): the
 // connecting rank sends its nonce (step 1); the accepting rank answers with its own
 // nonce and its proof of the job token over both (step 2); the connecting rank checks
 // it and sends its proof (step 3). Neither the token nor anything a listener could
