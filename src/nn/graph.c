@@ -298,6 +298,7 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
         }
     }
     DT_TRY(dt_params_alloc(g->params));
+    dt_params_set_announces_use(g->params, true); // forward and backward call dt_params_use
     g->first_user = dt_alloc(sizeof(int) * (size_t)(np ? np : 1));
     if (!g->first_user)
         return DT_ERR_NOMEM;

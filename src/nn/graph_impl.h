@@ -104,6 +104,8 @@ struct dt_graph {
     double      *times;    // dt_graph_set_timing: forward and backward seconds per value
     dt_precision prec;     // dt_graph_set_precision
     dt_precision w16_prec; // the format the shadows (gval.w16) were made for
+    bool         hooked;   // the parameters have a use consumer (ZeRO-3): this pass
+                           // announces each node's tensors (params.h)
     // Gradient shards (dt_graph_set_grad_shards): 0 off, else `shards` buffers of the
     // parameters' size, shard k at k * numel.
     int    shards;

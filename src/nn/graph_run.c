@@ -87,9 +87,10 @@ void dt_graph_release_buffers(dt_graph *g) {
 }
 
 void dt_graph_free_thread_buffers(dt_graph *g) {
+    size_t np = g->params ? dt_params_numel(g->params) : 0;
     for (int t = 1; t < g->tbuf_n; t++) {
         if (g->partial)
-            dt_free(g->partial[t]);
+            dt_free_pages(g->partial[t], sizeof(float) * (np ? np : 1));
         if (g->tscratch)
             dt_free(g->tscratch[t]);
     }
@@ -293,7 +294,7 @@ static dt_status thread_buffers(dt_graph *g) {
     if (!g->partial || !g->tscratch || !g->tstatus || !g->tfail)
         return DT_ERR_NOMEM;
     for (int t = 1; t < n; t++) {
-        g->partial[t]  = dt_alloc_zero(sizeof(float) * (np ? np : 1));
+        g->partial[t]  = dt_alloc_pages(sizeof(float) * (np ? np : 1)); // zeroed
         g->tscratch[t] = dt_alloc(sizeof(float) * g->scratch_n);
         if (!g->partial[t] || !g->tscratch[t])
             return DT_ERR_NOMEM;
@@ -371,28 +372,67 @@ void dt_graph_free_shadows(dt_graph *g) {
     free_shadows(g);
 }
 
+static dt_status fill_node_shadows(dt_graph *g, gval *v) {
+    for (int k = 0; g->prec != DT_PREC_FP32 && k < v->su.nparams; k++) {
+        if (!(v->su.lowp_params & (1u << k)))
+            continue;
+        size_t n = dt_params_info(g->params, v->pidx[k])->count;
+        if (!v->w16[k] && !(v->w16[k] = dt_alloc(dt_ac_shadow_bytes(g->prec, n))))
+            return DT_ERR_NOMEM;
+        dt_ac_shadow_fill(g->prec, v->w[k], n, v->w16[k]);
+    }
+    return DT_OK;
+}
+
 // The weights' 16-bit shadows, made once per forward from the fp32 masters (the
-// optimizer changes them between steps); backward reads the same copies.
+// optimizer changes them between steps); backward reads the same copies. With a
+// parameter-use consumer the weights are only there while their node runs: each
+// node's shadows are made then (again in backward: the same rounding, the same
+// copies) and freed with the weights (node_use).
 static dt_status fill_shadows(dt_graph *g) {
     if (g->prec == DT_PREC_FP32)
         return DT_OK;
     if (g->w16_prec != g->prec)
         free_shadows(g);
     g->w16_prec = g->prec;
-    for (int i = 0; i < g->nvals; i++) {
-        gval *v = &g->vals[i];
-        if (!v->layer)
-            continue;
-        for (int k = 0; k < v->su.nparams; k++) {
-            if (!(v->su.lowp_params & (1u << k)))
-                continue;
-            size_t n = dt_params_info(g->params, v->pidx[k])->count;
-            if (!v->w16[k] && !(v->w16[k] = dt_alloc(dt_ac_shadow_bytes(g->prec, n))))
-                return DT_ERR_NOMEM;
-            dt_ac_shadow_fill(g->prec, v->w[k], n, v->w16[k]);
-        }
-    }
+    for (int i = 0; !g->hooked && i < g->nvals; i++)
+        if (g->vals[i].layer)
+            DT_TRY(fill_node_shadows(g, &g->vals[i]));
     return DT_OK;
+}
+
+// Node v's step of a pass under a parameter-use consumer (ZeRO-3): the tensors it reads
+// (a tied one under its owner's index), each once, announced before and after
+// (params.h), on the calling thread while no task runs.
+static dt_status node_use(dt_graph *g, gval *v, dt_param_use what, bool backward) {
+    int t[DT_LAYER_MAX_TENSORS], n = 0;
+    for (int k = 0; k < v->su.nparams; k++) {
+        bool dup = false;
+        for (int j = 0; j < n; j++)
+            dup = dup || t[j] == v->pidx[k];
+        if (!dup)
+            t[n++] = v->pidx[k];
+    }
+    if (what == DT_USE_RELEASE)
+        for (int k = 0; k < DT_LAYER_MAX_TENSORS; k++) {
+            dt_free(v->w16[k]);
+            v->w16[k] = NULL;
+        }
+    dt_status st = n ? dt_params_use(g->params, what, backward, t, n) : DT_OK;
+    return st == DT_OK && what == DT_USE_ACQUIRE ? fill_node_shadows(g, v) : st;
+}
+
+// A pass's beginning or end, announced when the parameters have a use consumer.
+static dt_status pass_use(dt_graph *g, dt_param_use what, bool backward) {
+    if (what == DT_USE_BEGIN)
+        g->hooked = dt_params_has_use_hook(g->params);
+    return g->hooked ? dt_params_use(g->params, what, backward, NULL, 0) : DT_OK;
+}
+
+// Under a use consumer a node with tensors runs as a task of its own, between its
+// announcements (its tensors are there only meanwhile).
+static bool used_alone(const dt_graph *g, const gval *v) {
+    return g->hooked && v->layer && v->su.nparams > 0;
 }
 
 void dt_graph_set_profile(dt_graph *g, bool on) {
@@ -612,6 +652,7 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
                        g->nkeys, batch);
     DT_TRY(reserve(g, batch));
     DT_TRY(thread_buffers(g));
+    DT_TRY(pass_use(g, DT_USE_BEGIN, false));
     DT_TRY(fill_shadows(g));
     g->batch = batch;
     g->split = g->nthreads;
@@ -630,18 +671,34 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
     begin_pass(g, g->split, false);
     DT_TRACE_BEGIN(tr);
     for (int i = 0; i < g->nvals && !failed(g);) {
-        if (g->vals[i].layer && whole(&g->vals[i])) {
+        gval *v = &g->vals[i];
+        if (used_alone(g, v)) {
+            record(g, 0, i, node_use(g, v, DT_USE_ACQUIRE, false));
+            if (!failed(g) && whole(v)) {
+                run_whole(g, i, false);
+            } else if (!failed(g)) {
+                task k = {g, i, i + 1, NULL};
+                dt_pool_run(g->pool, forward_task, &k);
+            }
+            if (!failed(g))
+                record(g, 0, i, node_use(g, v, DT_USE_RELEASE, false));
+            i++;
+            continue;
+        }
+        if (v->layer && whole(v)) {
             run_whole(g, i++, false);
             continue;
         }
         task k = {g, i, i, NULL};
-        while (k.hi < g->nvals && !(g->vals[k.hi].layer && whole(&g->vals[k.hi])))
+        while (k.hi < g->nvals && !(g->vals[k.hi].layer && whole(&g->vals[k.hi])) &&
+               !used_alone(g, &g->vals[k.hi]))
             k.hi++;
         dt_pool_run(g->pool, forward_task, &k);
         i = k.hi;
     }
     DT_TRACE_END(tr, "graph", "forward", "batch", batch);
-    return task_status(g, g->split, "forward");
+    DT_TRY(task_status(g, g->split, "forward"));
+    return pass_use(g, DT_USE_END, false);
 }
 
 const float *dt_graph_output(const dt_graph *g) {
@@ -801,7 +858,10 @@ static void reduce_node(dt_graph *g, const gval *v, int ith, int nth, bool shard
         for (int th = 1; th < nth; th++) {
             float *p = g->partial[th];
             dt_nn_accumulate(hi - lo, p + lo, grads + lo);
-            memset(p + lo, 0, sizeof(float) * (hi - lo));
+            if (g->hooked) // under ZeRO-3 the partials' pages go back too
+                dt_discard(p + lo, sizeof(float) * (hi - lo));
+            else
+                memset(p + lo, 0, sizeof(float) * (hi - lo));
         }
     }
 }
@@ -908,10 +968,16 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
     DT_TRY(thread_buffers(g));
     plan_backward(g);
     begin_pass(g, g->split, true);
+    DT_TRY(pass_use(g, DT_USE_BEGIN, true));
     DT_TRACE_BEGIN(tr);
     const float *first = dout; // copied in by the first task, or here
     for (int i = g->nvals; i > 0 && !failed(g);) {
-        const gval *v = &g->vals[i - 1];
+        gval *v     = &g->vals[i - 1];
+        bool  alone = used_alone(g, v);
+        if (alone)
+            record(g, 0, i - 1, node_use(g, v, DT_USE_ACQUIRE, true));
+        if (failed(g))
+            break;
         if (v->layer && whole(v)) {
             if (first) {
                 gval *o = &g->vals[g->output];
@@ -921,15 +987,21 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
             run_whole(g, --i, true);
             if (v->su.nparams && !failed(g))
                 record(g, 0, i, report_ready(g, i));
-            continue;
+        } else {
+            task k = {g, i, i, first};
+            while (!alone && k.lo > 0 && !(g->vals[k.lo - 1].layer && whole(&g->vals[k.lo - 1])) &&
+                   !used_alone(g, &g->vals[k.lo - 1]))
+                k.lo--;
+            if (alone)
+                k.lo = i - 1;
+            dt_pool_run(g->pool, backward_task, &k);
+            first = NULL;
+            i     = k.lo;
         }
-        task k = {g, i, i, first};
-        while (k.lo > 0 && !(g->vals[k.lo - 1].layer && whole(&g->vals[k.lo - 1])))
-            k.lo--;
-        dt_pool_run(g->pool, backward_task, &k);
-        first = NULL;
-        i     = k.lo;
+        if (alone && !failed(g))
+            record(g, 0, i, node_use(g, v, DT_USE_RELEASE, true));
     }
     DT_TRACE_END(tr, "graph", "backward", "batch", g->batch);
-    return task_status(g, g->split, "backward");
+    DT_TRY(task_status(g, g->split, "backward"));
+    return pass_use(g, DT_USE_END, true);
 }
