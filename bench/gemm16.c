@@ -10,9 +10,15 @@
 // best of 15 runs of 2^24 instructions. GEMMs: median of --reps timings, each a loop of
 // calls lasting >= 50 ms; GFLOP/s = 2 M N K / time. Shapes are M x K x N with the
 // transposes a layer uses: forward x W^T is NT, the input gradient dY W is NN, the
-// weight gradient dY^T X is TN.
+// weight gradient dY^T X is TN. Then the convolution kernels without a column matrix
+// on the seed ConvNet's second convolution (16 -> 32, 3x3 on 26x26), one sample: the
+// bf16 ones (conv16.c) against the fp32 shifted GEMMs (shifted.c), kernel alone (packed
+// operands) and with the repacking of that sample's operands; GFLOP/s over the useful
+// 2 x 32 x 144 x 576 products (the wide layout computes 8% more).
 #include "dtrain/nn.h"
 #include "nn/blas.h"
+#include "nn/conv16.h"
+#include "nn/nn_impl.h"
 #include "nn/prec.h"
 
 #include <immintrin.h>
@@ -109,6 +115,145 @@ static double time_one(gemm_fn fn, const shape *s, void *a, void *b, float *c) {
     return t / calls;
 }
 
+// ---------------------------------------------------------------- convolution kernels
+enum { CI = 16, CO = 32, HW = 26, KS = 3, WP = HW, PLANE = HW * HW, HO = HW - KS + 1 };
+enum { NW = HO * WP - (KS - 1), KK = KS * KS, MARGIN = (KS - 1) * (WP + 1), LD = MARGIN + PLANE };
+typedef struct conv_bufs {
+    float    *x, *w, *wt, *g, *y, *dw, *dxp, *gw; // fp32: input, weights, wide gradient, ...
+    uint16_t *w16, *xb;
+    uint32_t *x2, *w2, *g2, *wt2, *gt;
+    float    *dwt;
+    int       of[CI * KK], ob[CO * KK], op[CI * KK], o2f[CI / 2 * KK], o2b[CO / 2 * KK];
+} conv_bufs;
+typedef void (*conv_fn)(conv_bufs *b);
+
+static void c16_fwd(conv_bufs *b) {
+    dt_c16_shifted(b->x2, b->o2f, CI / 2 * KK, b->w2, CO, NW, b->y, NW);
+}
+static void c16_fwd_pack(conv_bufs *b) {
+    dt_c16_pack_pairs(b->x, CI, HW, HW, 0, b->x2);
+    c16_fwd(b);
+}
+static void c16_dx(conv_bufs *b) {
+    dt_c16_shifted(b->g2, b->o2b, CO / 2 * KK, b->wt2, CI, PLANE, b->dxp, PLANE);
+}
+static void c16_dx_pack(conv_bufs *b) {
+    dt_c16_rows_to_pairs(b->g, NW, CO, NW, MARGIN, LD, b->g2);
+    c16_dx(b);
+}
+static void c16_dw(conv_bufs *b) {
+    dt_c16_shifted_tn(b->xb, b->op, CI * KK, NW, b->gt, CO, b->dwt);
+}
+static void c16_dw_pack(conv_bufs *b) {
+    dt_c16_pack_plain(b->x, CI, HW, HW, 0, b->xb);
+    dt_c16_rows_to_pair_cols(b->g, NW, CO, NW, b->gt, CO);
+    c16_dw(b);
+}
+static void f32_fwd(conv_bufs *b) {
+    dt_nn_shifted_gemm(b->x, b->of, CI * KK, b->w, CO, NW, b->y, NW, false);
+}
+static void f32_dx(conv_bufs *b) {
+    dt_nn_shifted_gemm(b->gw, b->ob, CO * KK, b->wt, CI, PLANE, b->dxp, PLANE, false);
+}
+static void f32_dw(conv_bufs *b) {
+    dt_nn_shifted_gemm_nt(b->g, NW, CO, b->x, b->of, CI * KK, NW, b->dw);
+}
+
+static double time_conv(conv_fn fn, conv_bufs *b) {
+    fn(b);
+    int    calls = 0;
+    double t0    = now(), t;
+    do {
+        fn(b);
+        calls++;
+    } while ((t = now() - t0) < 0.05);
+    return t / calls;
+}
+
+static void conv_kernels(int reps, double pk_bf) {
+    if (!dt_c16_usable()) {
+        printf("# conv kernels: no avx512bf16 path here, skipped\n");
+        return;
+    }
+    conv_bufs b;
+    b.x   = malloc(sizeof(float) * CI * PLANE);
+    b.w   = malloc(sizeof(float) * CO * CI * KK);
+    b.wt  = malloc(sizeof(float) * CO * CI * KK);
+    b.g   = malloc(sizeof(float) * CO * NW);
+    b.gw  = calloc((size_t)CO * LD, sizeof(float));
+    b.y   = malloc(sizeof(float) * CO * NW);
+    b.dw  = calloc((size_t)CO * CI * KK, sizeof(float));
+    b.dxp = malloc(sizeof(float) * CI * PLANE);
+    b.w16 = malloc(2 * CO * CI * KK);
+    b.xb  = malloc(2 * CI * PLANE);
+    b.gt  = malloc(4 * (NW + 1) / 2 * CO);
+    b.dwt = calloc((size_t)CO * CI * KK, sizeof(float));
+    b.x2  = malloc(4 * CI / 2 * PLANE);
+    b.w2  = malloc(4 * CO * CI / 2 * KK);
+    b.g2  = malloc(4 * CO / 2 * LD);
+    b.wt2 = malloc(4 * CI * CO / 2 * KK);
+    for (int i = 0; i < CI * PLANE; i++)
+        b.x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
+    for (int i = 0; i < CO * CI * KK; i++)
+        b.w[i] = (float)((i * 40503u) % 997) / 997.0f - 0.5f;
+    for (int i = 0; i < CO * NW; i++)
+        b.g[i] = (float)((i * 7919u) % 991) / 991.0f - 0.5f;
+    for (int o = 0; o < CO; o++)
+        memcpy(b.gw + (size_t)o * LD + MARGIN, b.g + (size_t)o * NW, sizeof(float) * NW);
+    for (int o = 0; o < CO; o++)
+        for (int c = 0; c < CI; c++)
+            memcpy(b.wt + (size_t)c * CO * KK + o * KK, b.w + ((size_t)o * CI + c) * KK,
+                   sizeof(float) * KK);
+    dt_f32_to_bf16(b.w, b.w16, CO * CI * KK);
+    dt_c16_weight_pairs(b.w16, CO, CI, KK, b.w2);
+    dt_c16_weight_pairs_t(b.w16, CO, CI, KK, b.wt2);
+    dt_c16_pack_pairs(b.x, CI, HW, HW, 0, b.x2);
+    dt_c16_pack_plain(b.x, CI, HW, HW, 0, b.xb);
+    dt_c16_rows_to_pair_cols(b.g, NW, CO, NW, b.gt, CO);
+    dt_c16_rows_to_pairs(b.g, NW, CO, NW, MARGIN, LD, b.g2);
+    for (int c = 0; c < CI; c++)
+        for (int t = 0; t < KK; t++) {
+            int sh                = t / KS * WP + t % KS;
+            b.of[c * KK + t]      = c * PLANE + sh;
+            b.op[c * KK + t]      = c * PLANE + sh;
+            b.o2f[c / 2 * KK + t] = c / 2 * PLANE + sh;
+        }
+    for (int o = 0; o < CO; o++)
+        for (int t = 0; t < KK; t++) {
+            int sh           = t / KS * WP + t % KS;
+            b.ob[o * KK + t] = o * LD + MARGIN - sh;
+            if (o < CO / 2)
+                b.o2b[o * KK + t] = o * LD + MARGIN - sh;
+        }
+    static const struct {
+        const char *name;
+        conv_fn     bf, bf_pack, f32;
+    } ks[] = {{"conv2 forward", c16_fwd, c16_fwd_pack, f32_fwd},
+              {"conv2 input gradient", c16_dx, c16_dx_pack, f32_dx},
+              {"conv2 weight gradient", c16_dw, c16_dw_pack, f32_dw}};
+    printf("# seed conv2 (16->32, 3x3, 26x26), one sample, median of %d: GFLOP/s of "
+           "2*32*144*576\n",
+           reps);
+    printf("%-24s %9s %8s %12s %9s %9s\n", "kernel", "bf16_GF", "of_peak", "bf16+pack_GF",
+           "fp32_GF", "bf16/fp32");
+    double flop = 2.0 * CO * CI * KK * HO * HO;
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        double t1[101], t2[101], t3[101];
+        for (int r = 0; r < reps; r++) {
+            t1[r] = time_conv(ks[i].bf, &b);
+            t2[r] = time_conv(ks[i].bf_pack, &b);
+            t3[r] = time_conv(ks[i].f32, &b);
+        }
+        qsort(t1, (size_t)reps, sizeof(double), cmp_d);
+        qsort(t2, (size_t)reps, sizeof(double), cmp_d);
+        qsort(t3, (size_t)reps, sizeof(double), cmp_d);
+        double g1 = flop / t1[reps / 2] / 1e9, g2 = flop / t2[reps / 2] / 1e9,
+               g3 = flop / t3[reps / 2] / 1e9;
+        printf("%-24s %9.1f %7.0f%% %12.1f %9.1f %8.2fx\n", ks[i].name, g1, 100 * g1 / pk_bf, g2,
+               g3, g2 / g3);
+    }
+}
+
 int main(int argc, char **argv) {
     int reps = 7;
     for (int i = 1; i < argc; i++)
@@ -193,5 +338,6 @@ int main(int argc, char **argv) {
                pk_bf > 0 ? 100 * gb / pk_bf : 0, gi, gf, gs, gb / gs);
         free(fa), free(fb), free(c), free(ha), free(hb);
     }
+    conv_kernels(reps, pk_bf);
     return 0;
 }

@@ -75,6 +75,10 @@ typedef struct dt_layer_setup {
     // (dt_graph_set_precision) reads rounded: the graph then hands the layer a shadow
     // copy, converted once per forward (dt_layer_args.w16). Linear and Conv2d set bit 0.
     uint32_t lowp_params;
+    // 16-bit values (uint16_t) forward saves per sample for backward in a 16-bit precision
+    // mode only, e.g. Linear's bf16 copy of its input: the graph hands them over as
+    // dt_layer_args.saved16 when its precision is not fp32, and allocates none in fp32.
+    size_t saved16_per_sample;
 } dt_layer_setup;
 
 typedef struct dt_layer dt_layer;
@@ -105,6 +109,7 @@ typedef struct dt_layer_args {
     // the precision runs in fp32, which is always correct.
     dt_precision       precision;
     const void *const *w16;
+    uint16_t          *saved16; // saved16_per_sample * batch values in a 16-bit mode, else NULL
 } dt_layer_args;
 
 typedef struct dt_layer_ops {

@@ -140,6 +140,10 @@ typedef struct dt_train_args {
     const char *schedule;
     const char *cuts;      // "auto" (balanced by measured cost), "uniform" or node names, a,b,...
     const char *precision; // "fp32", "bf16" or "fp16" (--precision)
+    // DDP's gradient compression (--ddp-compress "none", "bf16", "fp16" or "powersgd";
+    // ddp.h) and PowerSGD's rank (--powersgd-rank)
+    const char *ddp_compress;
+    long        powersgd_rank;
 } dt_train_args;
 
 typedef struct dt_trainer dt_trainer;

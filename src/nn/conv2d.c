@@ -33,6 +33,7 @@
 // Matches torch.nn.Conv2d (weight (Cout, Cin, k, k), bias (Cout)).
 #include "core/simd.h"
 #include "nn/blas.h"
+#include "nn/conv16.h"
 #include "nn/nn_impl.h"
 #include "nn/prec.h"
 
@@ -84,9 +85,45 @@ static dt_status conv_setup(nn_layer *l) {
     l->wcount    = (size_t)l->out_c * l->fan_in;
     l->bcount    = l->out_c;
     size_t hw    = (size_t)l->out.h * l->out.w;
-    // 16-bit products (dt_model_set_precision) run on the GEMM paths below
-    l->direct = l->stride == 1 && l->prec == DT_PREC_FP32 && dt_nn_want_direct();
-    if (l->direct) {
+    // 16-bit products (dt_model_set_precision) run on the GEMM paths below, bf16 ones
+    // with stride 1 on conv16.c's kernels (direct16) when the GEMM path is avx512bf16;
+    // a bf16 layer with a reduction too small to gain (DT_C16_MIN_K) stays fp32.
+    bool lowp   = l->prec != DT_PREC_FP32 && !(l->prec == DT_PREC_BF16 && l->stride == 1 &&
+                                             l->fan_in < DT_C16_MIN_K && dt_nn_want_direct());
+    l->direct   = l->stride == 1 && !lowp && dt_nn_want_direct();
+    l->direct16 = l->stride == 1 && l->prec == DT_PREC_BF16 && lowp;
+    if (l->direct16) {
+        wide   g  = wide_geom(l);
+        int    kk = l->k * l->k, c2 = (l->in.c + 1) / 2, o2 = (l->out_c + 1) / 2;
+        size_t fwd = (size_t)c2 * g.plane + (size_t)l->out_c * c2 * kk + (size_t)l->out_c * g.n;
+        size_t ldt = (size_t)(l->out_c + 15) / 16 * 16;
+        size_t bwd = ((size_t)l->in.c * g.plane + 1) / 2 + (size_t)l->out_c * g.n +
+                     (size_t)(g.n + 1) / 2 * ldt + (size_t)o2 * g.ld + (size_t)l->in.c * o2 * kk +
+                     l->fan_in * ldt + (l->pad ? (size_t)l->in.c * g.plane : 0);
+        // or the wide im2col path, when the GEMM path is not avx512bf16 at the call
+        size_t im = (l->pad ? (size_t)l->in.c * g.plane : 0) + l->fan_in * (size_t)g.n +
+                    (size_t)l->out_c * (size_t)g.n;
+        l->scratch_floats = fwd > bwd ? fwd : bwd;
+        if (im > l->scratch_floats)
+            l->scratch_floats = im;
+        // offsets: forward (channel pair, ki, kj), input gradient (output channel pair,
+        // ki, kj), weight gradient (channel, ki, kj)
+        dt_free(l->offsets);
+        size_t nf = (size_t)c2 * kk, nb = (size_t)o2 * kk;
+        if (!(l->offsets = dt_alloc(sizeof(int) * (nf + nb + l->fan_in))))
+            return DT_ERR_NOMEM;
+        for (int ch = 0; ch < l->in.c; ch++)
+            for (int t = 0; t < kk; t++) {
+                int sh = t / l->k * g.wp + t % l->k;
+                if (ch % 2 == 0)
+                    l->offsets[(size_t)(ch / 2) * kk + t] = (int)((size_t)(ch / 2) * g.plane) + sh;
+                l->offsets[nf + nb + (size_t)ch * kk + t] = (int)((size_t)ch * g.plane) + sh;
+            }
+        for (int op = 0; op < o2; op++)
+            for (int t = 0; t < kk; t++)
+                l->offsets[nf + (size_t)op * kk + t] =
+                    (int)((size_t)op * g.ld) + g.margin - (t / l->k * g.wp + t % l->k);
+    } else if (l->direct) {
         wide   g  = wide_geom(l);
         size_t rf = l->fan_in, rb = (size_t)l->out_c * l->k * l->k;
         // padded input (also its gradient), wide output/gradient with margins,
@@ -264,7 +301,11 @@ DT_VINLINE dt_v16f sel_f(dt_v16i m, dt_v16f x, dt_v16f y) {
 }
 
 static const dt_v16i PAIR_SWAP = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-static const dt_v16i EVENS     = {0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14};
+// Eight lanes (half a dt_v16f), for the pooled rows.
+typedef float   dt_v8f __attribute__((vector_size(32)));
+typedef int32_t dt_v8i __attribute__((vector_size(32)));
+typedef uint8_t dt_v8u8 __attribute__((vector_size(8)));
+typedef uint8_t dt_v16u8 __attribute__((vector_size(16)));
 
 // Wide (Cout, n) GEMM output -> the fused ReLU + 2x2/2 max pool: y (Cout, Ho/2, Wo/2)
 // and the winner of each window (0..3, row-major; the first maximum on ties, as
@@ -302,21 +343,25 @@ DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
                 dt_v16f m  = a;
                 dt_v16i k  = {0};
                 dt_v16f v1 = dt_shuffle16f(a, PAIR_SWAP), v3 = dt_shuffle16f(c, PAIR_SWAP);
-                dt_v16i w  = v1 > m;
-                m          = sel_f(w, v1, m);
-                k          = sel_i(w, (dt_v16i){0} + 1, k);
-                w          = c > m;
-                m          = sel_f(w, c, m);
-                k          = sel_i(w, (dt_v16i){0} + 2, k);
-                w          = v3 > m;
-                m          = sel_f(w, v3, m);
-                k          = sel_i(w, (dt_v16i){0} + 3, k);
-                m          = dt_keep_positive16(m, m);
-                dt_v16f mo = dt_shuffle16f(m, EVENS);
-                dt_v16i ko = dt_shuffle16i(k, EVENS);
-                __builtin_memcpy(yo + j, &mo, 8 * sizeof(float));
-                for (int t = 0; t < 8; t++)
-                    ao[j + t] = (uint8_t)ko[t];
+                dt_v16i w = v1 > m;
+                m         = sel_f(w, v1, m);
+                k         = sel_i(w, (dt_v16i){0} + 1, k);
+                w         = c > m;
+                m         = sel_f(w, c, m);
+                k         = sel_i(w, (dt_v16i){0} + 2, k);
+                w         = v3 > m;
+                m         = sel_f(w, v3, m);
+                k         = sel_i(w, (dt_v16i){0} + 3, k);
+                m         = dt_keep_positive16(m, m);
+                // the even lanes: values as 8 floats, winners narrowed 16 lanes at once
+                // (one VPMOVDB) of which the first 8 bytes are stored
+                dt_v8f   mo = __builtin_shufflevector(m, m, 0, 2, 4, 6, 8, 10, 12, 14);
+                dt_v16u8 ko =
+                    __builtin_convertvector(__builtin_shufflevector(k, k, 0, 2, 4, 6, 8, 10, 12, 14,
+                                                                    0, 2, 4, 6, 8, 10, 12, 14),
+                                            dt_v16u8);
+                __builtin_memcpy(yo + j, &mo, sizeof mo);
+                __builtin_memcpy(ao + j, &ko, 8);
             }
         }
     }
@@ -327,8 +372,6 @@ DT_CLONES static void wide_to_pool(const float *restrict ext, size_t ext_ld,
 // output is duplicated into two lanes, so lane 2t+q of a row's vector is window t's
 // column q, and each window position takes the gradient where it is the winner.
 // The windows cover every position but the k-1 dropped columns, zeroed apart.
-typedef uint8_t      dt_v16u8 __attribute__((vector_size(16)));
-static const dt_v16i DUP    = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
 static const dt_v16i PARITY = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
 
 DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *restrict y,
@@ -355,14 +398,20 @@ DT_CLONES static void pool_grad_to_wide(const float *restrict dy, const float *r
                 continue;
             }
             for (int j0 = 0; j0 < pw; j0 += 8) {
-                int      j  = j0 + 8 > pw ? pw - 8 : j0;
-                dt_v16f  gv = {0}, yv = {0};
-                dt_v16u8 kb = {0};
-                __builtin_memcpy(&gv, dy + o + j, 8 * sizeof(float));
-                __builtin_memcpy(&yv, y + o + j, 8 * sizeof(float));
-                __builtin_memcpy(&kb, arg + o + j, 8);
-                dt_v16f v = dt_shuffle16f(dt_keep_positive16(yv, gv), DUP);
-                dt_v16i k = dt_shuffle16i(__builtin_convertvector(kb, dt_v16i), DUP);
+                int j = j0 + 8 > pw ? pw - 8 : j0;
+                // eight-lane loads widened by shuffles: a partial copy into a 16-lane
+                // variable went through the stack and cost most of this loop
+                dt_v8f  gv, yv;
+                dt_v8u8 kb;
+                __builtin_memcpy(&gv, dy + o + j, sizeof gv);
+                __builtin_memcpy(&yv, y + o + j, sizeof yv);
+                __builtin_memcpy(&kb, arg + o + j, sizeof kb);
+                dt_v8f  g8 = (dt_v8f)((dt_v8i)gv & (yv > 0.0f));
+                dt_v8i  k8 = __builtin_convertvector(kb, dt_v8i);
+                dt_v16f v =
+                    __builtin_shufflevector(g8, g8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+                dt_v16i k =
+                    __builtin_shufflevector(k8, k8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
                 dt_store16(w0 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY)));
                 dt_store16(w1 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY + 2)));
             }
@@ -498,6 +547,67 @@ static void direct_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     }
 }
 
+// ------------------------------------------- stride 1, bf16: conv16.c's kernels
+// The forward reads the input's pair words (channel pairs) at the shifts of (pair, ki,
+// kj); the input gradient reads the output gradient's pair words (output channel pairs,
+// zero margins) at negative shifts with the weights transposed; the weight gradient
+// reads both in plain bf16 rows. Weights come from the layer's bf16 shadow; every
+// activation and gradient is rounded as it is repacked; sums and the outputs are fp32.
+
+static void direct16_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    wide      g  = wide_geom(l);
+    int       kk = l->k * l->k, c2 = (l->in.c + 1) / 2, r2 = c2 * kk;
+    size_t    insz = nn_shape_size(l->in);
+    uint32_t *x2   = (uint32_t *)(void *)c->scratch;
+    uint32_t *w2   = x2 + (size_t)c2 * g.plane;
+    float    *ext  = (float *)(void *)(w2 + (size_t)l->out_c * r2);
+    dt_c16_weight_pairs(l->w16, l->out_c, l->in.c, kk, w2);
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
+        dt_c16_pack_pairs(in + (size_t)s * insz, l->in.c, l->in.h, l->in.w, l->pad, x2);
+        dt_c16_shifted(x2, l->offsets, r2, w2, l->out_c, g.n, ext, (size_t)g.n);
+        emit_output(l, ext, (size_t)g.n, g, out, s);
+    }
+}
+
+static void direct16_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                              float *dout, float *din, float *dparams) {
+    wide      g  = wide_geom(l);
+    int       kk = l->k * l->k, ci = l->in.c, co = l->out_c, o2 = (co + 1) / 2;
+    int       ldt = (co + 15) / 16 * 16, R = (int)l->fan_in;
+    size_t    insz = nn_shape_size(l->in), nf = (size_t)(ci + 1) / 2 * kk, nb = (size_t)o2 * kk;
+    uint16_t *xb  = (uint16_t *)(void *)c->scratch;
+    float    *ext = c->scratch + ((size_t)ci * g.plane + 1) / 2;
+    uint32_t *gt  = (uint32_t *)(void *)(ext + (size_t)co * g.n);
+    uint32_t *g2  = gt + (size_t)(g.n + 1) / 2 * ldt;
+    uint32_t *wt2 = g2 + (size_t)o2 * g.ld;
+    float    *dwt = (float *)(void *)(wt2 + (size_t)ci * nb);
+    float    *dxp = dwt + (size_t)R * ldt;
+    float    *dw = dparams, *db = dparams + l->wcount;
+    if (din)
+        dt_c16_weight_pairs_t(l->w16, co, ci, kk, wt2);
+    memset(dwt, 0, sizeof(float) * (size_t)R * ldt);
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
+        gather_grad(l, dout, out, g, ext, (size_t)g.n, s);
+        dt_nn_row_sums_add(ext, co, g.n, db); // dropped columns hold zeros
+        dt_c16_pack_plain(in + (size_t)s * insz, ci, l->in.h, l->in.w, l->pad, xb);
+        if (din) // the operands of both products from one pass over the gradient
+            dt_c16_rows_to_both(ext, (size_t)g.n, co, g.n, gt, ldt, g.margin, g.ld, g2);
+        else
+            dt_c16_rows_to_pair_cols(ext, (size_t)g.n, co, g.n, gt, ldt);
+        dt_c16_shifted_tn(xb, l->offsets + nf + nb, R, g.n, gt, ldt, dwt);
+        if (!din)
+            continue;
+        float *dx = din + (size_t)s * insz;
+        dt_c16_shifted(g2, l->offsets + nf, (int)nb, wt2, ci, (int)g.plane, l->pad ? dxp : dx,
+                       g.plane);
+        if (l->pad)
+            crop_padded(dxp, ci, l->in.h, l->in.w, l->pad, dx);
+    }
+    for (int o = 0; o < co; o++) // the transposed sums, once per call
+        for (int r = 0; r < R; r++)
+            dw[(size_t)o * R + r] += dwt[(size_t)r * ldt + o];
+}
+
 // ------------------------------------------------------------- any stride: im2col
 
 static void strided_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
@@ -545,7 +655,9 @@ static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
 }
 
 static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
-    if (l->direct)
+    if (l->direct16 && dt_c16_usable())
+        direct16_forward(l, c, in, out);
+    else if (l->direct)
         direct_forward(l, c, in, out);
     else if (l->stride == 1)
         wide_forward(l, c, in, out);
@@ -555,7 +667,9 @@ static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
 
 static void conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                           float *dout, float *din, float *dparams) {
-    if (l->direct)
+    if (l->direct16 && dt_c16_usable())
+        direct16_backward(l, c, in, out, dout, din, dparams);
+    else if (l->direct)
         direct_backward(l, c, in, out, dout, din, dparams);
     else if (l->stride == 1)
         wide_backward(l, c, in, out, dout, din, dparams);

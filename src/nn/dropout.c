@@ -5,6 +5,7 @@
 // index, set with dt_model_set_sample_keys) or else its position s in the batch: it
 // does not depend on which thread runs the sample, nor, with keys, on which batch or
 // process holds it.
+#include "core/simd.h"
 #include "nn/nn_impl.h"
 
 static dt_status dropout_setup(nn_layer *l) {
@@ -22,30 +23,33 @@ static dt_status dropout2d_setup(nn_layer *l) {
     return DT_OK;
 }
 
+// v[i] *= f for i < n, sixteen lanes at a time (the same products as the scalar loop).
+DT_VINLINE void scale_run(float *v, size_t n, float f) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        dt_store16(v + i, dt_load16(v + i) * f);
+    for (; i < n; i++)
+        v[i] *= f;
+}
+
 // Draws the keep mask of `n` units of sample s (keep with probability 1 - p, the
 // Bernoulli(1 - p) of PyTorch), then scales `per_unit` values of each unit.
-static void apply_mask(nn_layer *l, const nn_ctx *c, float *y, int s, size_t n, size_t per_unit) {
+DT_CLONES static void apply_mask(nn_layer *l, const nn_ctx *c, float *y, int s, size_t n,
+                                 size_t per_unit) {
     uint8_t *mask  = l->aux + (size_t)s * l->aux_per_sample;
     dt_rng   r     = dt_rng_split(c->rng, c->keys ? c->keys[s] : (uint64_t)s);
     float    scale = 1.0f / (1.0f - l->p);
     for (size_t u = 0; u < n; u++) {
-        mask[u]  = dt_rng_uniform(&r) >= l->p;
-        float  f = mask[u] ? scale : 0.0f;
-        float *v = y + u * per_unit;
-        for (size_t i = 0; i < per_unit; i++)
-            v[i] *= f;
+        mask[u] = dt_rng_uniform(&r) >= l->p;
+        scale_run(y + u * per_unit, per_unit, mask[u] ? scale : 0.0f);
     }
 }
 
-static void scale_by_mask(nn_layer *l, float *d, int s, size_t n, size_t per_unit) {
+DT_CLONES static void scale_by_mask(nn_layer *l, float *d, int s, size_t n, size_t per_unit) {
     const uint8_t *mask  = l->aux + (size_t)s * l->aux_per_sample;
     float          scale = 1.0f / (1.0f - l->p);
-    for (size_t u = 0; u < n; u++) {
-        float  f = mask[u] ? scale : 0.0f;
-        float *v = d + u * per_unit;
-        for (size_t i = 0; i < per_unit; i++)
-            v[i] *= f;
-    }
+    for (size_t u = 0; u < n; u++)
+        scale_run(d + u * per_unit, per_unit, mask[u] ? scale : 0.0f);
 }
 
 static size_t units(const nn_layer *l) {

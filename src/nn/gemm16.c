@@ -30,6 +30,7 @@
 // since it has not run on an AMX machine yet.
 #include "nn/blas.h"
 #include "nn/prec.h"
+#include "nn/simd16.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -62,13 +63,31 @@ static inline uint16_t rnd16(float x) {
 }
 
 // Words w[p * stride + i] = (x[i][2p], x[i][2p+1]) for i < rows, p < kcp, where row i of
-// x is src + i * ld (k contiguous); kc may be odd (the last high half is 0).
+// x is src + i * ld (k contiguous); kc may be odd (the last high half is 0). With a
+// stride of whole vectors (B's panels) sixteen rows go at a time through a 16 x 16
+// transpose of words (a last partial group stores its rows' lanes only).
 TARGET_BF16 static void pack_rows_k(const uint16_t *src, size_t ld, int rows, int kc, uint32_t *w,
                                     int stride) {
-    int kp = kc / 2;
+    int kp = kc / 2, done = 0; // pairs packed by the vector loop
+    if (stride % 16 == 0 && kp >= 16 && rows >= 8) {
+        done = kp / 16 * 16;
+        for (int g0 = 0; g0 < rows; g0 += 16) {
+            __mmask16 keep = rows - g0 >= 16 ? 0xffff : (__mmask16)((1u << (rows - g0)) - 1);
+            for (int p0 = 0; p0 < done; p0 += 16) {
+                __m512i r[16];
+                for (int i = 0; i < 16; i++)
+                    r[i] = g0 + i < rows
+                               ? _mm512_loadu_si512(src + (size_t)(g0 + i) * ld + 2 * (size_t)p0)
+                               : _mm512_setzero_si512();
+                dt_transpose16_epi32(r);
+                for (int j = 0; j < 16; j++)
+                    _mm512_mask_storeu_epi32(w + (size_t)(p0 + j) * stride + g0, keep, r[j]);
+            }
+        }
+    }
     for (int i = 0; i < rows; i++) {
         const uint16_t *r = src + (size_t)i * ld;
-        for (int p = 0; p < kp; p++) {
+        for (int p = done; p < kp; p++) {
             uint32_t v;
             memcpy(&v, r + 2 * p, 4);
             w[(size_t)p * stride + i] = v;
@@ -158,6 +177,13 @@ TARGET_BF16 static void pack_cols(opnd x, int k0, size_t c0, int cols, int kc, u
         pack_cols_k((const uint16_t *)x.p + (size_t)k0 * x.ld + c0, x.ld, cols, kc, w, stride);
 }
 
+// The width of the next B panel when `left` columns remain: NR, except that the last 64
+// go as two panels of 32 rather than 48 + 16 (a one-vector panel keeps a third of the
+// micro-kernel busy: 8 products per 9 loads).
+static int panel_width(int left) {
+    return left == 64 ? 32 : left < NR ? left : NR;
+}
+
 // Zero words [from, to) of each of kcp rows of w.
 static void zero_tail(uint32_t *w, int kcp, int stride, int from, int to) {
     if (from < to)
@@ -170,8 +196,9 @@ static void zero_tail(uint32_t *w, int kcp, int stride, int from, int to) {
 TARGET_BF16 static void pack_b(bool tb, opnd b, int k0, int kc, int n0, int nc, uint16_t *out) {
     int       kcp = (kc + 1) / 2;
     uint32_t *w   = (uint32_t *)out;
-    for (int jp = 0; jp < nc; jp += NR) {
-        int width = nc - jp < NR ? nc - jp : NR, wpad = (width + 15) / 16 * 16;
+    for (int jp = 0, width; jp < nc; jp += width) {
+        width    = panel_width(nc - jp);
+        int wpad = (width + 15) / 16 * 16;
         if (tb) // B stored (N, K): column j of op(B) is a row
             pack_rows(b, (size_t)(n0 + jp), k0, width, kc, w, wpad);
         else
@@ -206,12 +233,44 @@ TARGET_BF16 static void pack_a_trans_f32(const float *a, size_t lda, int m0, int
     }
 }
 
+// op(A) = A^T with bf16 values: per k-pair, sixteen columns (two micro-panels) of the two
+// stored rows interleaved into words at once; the last columns of the block one by one.
+TARGET_BF16 static void pack_a_trans_bf16(const uint16_t *a, size_t lda, int m0, int mc, int k0,
+                                          int kc, uint32_t *w) {
+    int kcp = (kc + 1) / 2;
+    for (int p = 0; p < kcp; p++) {
+        const uint16_t *r0 = a + (size_t)(k0 + 2 * p) * lda + m0;
+        const uint16_t *r1 = 2 * p + 1 < kc ? r0 + lda : NULL;
+        int             ip = 0;
+        for (; ip + 16 <= mc; ip += 16) {
+            dt_v16h lo, hi = {0};
+            memcpy(&lo, r0 + ip, sizeof lo);
+            if (r1)
+                memcpy(&hi, r1 + ip, sizeof hi);
+            dt_v16u v = __builtin_convertvector(lo, dt_v16u) | __builtin_convertvector(hi, dt_v16u)
+                                                                   << 16;
+            uint32_t *o = w + (size_t)(ip / MR) * kcp * MR + (size_t)p * MR;
+            memcpy(o, &v, 8 * sizeof(uint32_t));                                    // panel ip / MR
+            memcpy(o + (size_t)kcp * MR, (uint32_t *)&v + 8, 8 * sizeof(uint32_t)); // the next
+        }
+        for (; ip < mc; ip += MR) {
+            uint32_t *o = w + (size_t)(ip / MR) * kcp * MR + (size_t)p * MR;
+            for (int i = 0; i < MR; i++)
+                o[i] = ip + i < mc ? pair(r0[ip + i], r1 ? r1[ip + i] : 0) : 0;
+        }
+    }
+}
+
 // A rows [m0, m0 + mc), columns [k0, k0 + kc) into micro-panels of MR rows.
 TARGET_BF16 static void pack_a(bool ta, opnd a, int m0, int mc, int k0, int kc, uint16_t *out) {
     int       kcp = (kc + 1) / 2;
     uint32_t *w   = (uint32_t *)out;
     if (ta && a.f32) {
         pack_a_trans_f32(a.p, a.ld, m0, mc, k0, kc, w);
+        return;
+    }
+    if (ta) {
+        pack_a_trans_bf16(a.p, a.ld, m0, mc, k0, kc, w);
         return;
     }
     for (int ip = 0; ip < mc; ip += MR) {
@@ -236,11 +295,12 @@ TARGET_BF16 static void pack_a(bool ta, opnd a, int m0, int mc, int k0, int kc, 
 #define DEFINE_KERNEL(name, NV)                                                              \
     TARGET_BF16 static inline __attribute__((always_inline)) void name(                      \
         int kcp, const uint16_t *restrict ap, const uint16_t *restrict bp, float *restrict c, \
-        size_t ldc, bool add) {                                                              \
+        size_t ldc, bool add, const float *bias) {                                           \
         __m512 acc[MR][NV];                                                                  \
         UNROLL(8) for (int o = 0; o < MR; o++) UNROLL(3) for (int v = 0; v < NV; v++)       \
-            acc[o][v] = add ? _mm512_loadu_ps(c + (size_t)o * ldc + 16 * v)                  \
-                            : _mm512_setzero_ps();                                           \
+            acc[o][v] = add    ? _mm512_loadu_ps(c + (size_t)o * ldc + 16 * v)               \
+                        : bias ? _mm512_loadu_ps(bias + 16 * v)                              \
+                               : _mm512_setzero_ps();                                        \
         const uint32_t *aw = (const uint32_t *)ap;                                           \
         for (int p = 0; p < kcp; p++) {                                                      \
             __m512i bv[NV];                                                                  \
@@ -260,14 +320,75 @@ DEFINE_KERNEL(kernel3, 3)
 DEFINE_KERNEL(kernel2, 2)
 DEFINE_KERNEL(kernel1, 1)
 
+// The same with A read in place: untransposed bf16 A with an even k, so that each
+// (a[i][2p], a[i][2p+1]) is the 32-bit word at a + i * lda + 2p (any alignment) and no
+// A block is packed. Rows past `rows` read row 0 (their results are dropped).
+// clang-format off
+#define DEFINE_KERNEL_DA(name, NV)                                                           \
+    TARGET_BF16 static inline __attribute__((always_inline)) void name(                      \
+        int kcp, const uint16_t *restrict a, size_t lda, int rows,                           \
+        const uint16_t *restrict bp, float *restrict c, size_t ldc, bool add,                \
+        const float *bias) {                                                                 \
+        __m512          acc[MR][NV];                                                         \
+        const uint16_t *ar[MR];                                                              \
+        UNROLL(8) for (int o = 0; o < MR; o++) ar[o] = a + (size_t)(o < rows ? o : 0) * lda; \
+        UNROLL(8) for (int o = 0; o < MR; o++) UNROLL(3) for (int v = 0; v < NV; v++)       \
+            acc[o][v] = add    ? _mm512_loadu_ps(c + (size_t)o * ldc + 16 * v)               \
+                        : bias ? _mm512_loadu_ps(bias + 16 * v)                              \
+                               : _mm512_setzero_ps();                                        \
+        for (int p = 0; p < kcp; p++) {                                                      \
+            __m512i bv[NV];                                                                  \
+            UNROLL(3) for (int v = 0; v < NV; v++)                                           \
+                bv[v] = _mm512_loadu_si512(bp + ((size_t)p * NV + v) * 32);                  \
+            UNROLL(8) for (int o = 0; o < MR; o++) {                                         \
+                uint32_t wd;                                                                 \
+                memcpy(&wd, ar[o] + 2 * p, sizeof wd);                                       \
+                __m512i av = _mm512_set1_epi32((int)wd);                                     \
+                UNROLL(3) for (int v = 0; v < NV; v++)                                       \
+                    acc[o][v] = _mm512_dpbf16_ps(acc[o][v], (__m512bh)av, (__m512bh)bv[v]);  \
+            }                                                                                \
+        }                                                                                    \
+        UNROLL(8) for (int o = 0; o < MR; o++) UNROLL(3) for (int v = 0; v < NV; v++)       \
+            _mm512_storeu_ps(c + (size_t)o * ldc + 16 * v, acc[o][v]);                       \
+    }
+// clang-format on
+DEFINE_KERNEL_DA(kernel_da3, 3)
+DEFINE_KERNEL_DA(kernel_da2, 2)
+DEFINE_KERNEL_DA(kernel_da1, 1)
+
 TARGET_BF16 static void kernel(int nv, int kcp, const uint16_t *ap, const uint16_t *bp, float *c,
-                               size_t ldc, bool add) {
+                               size_t ldc, bool add, const float *bias) {
     if (nv == 3)
-        kernel3(kcp, ap, bp, c, ldc, add);
+        kernel3(kcp, ap, bp, c, ldc, add, bias);
     else if (nv == 2)
-        kernel2(kcp, ap, bp, c, ldc, add);
+        kernel2(kcp, ap, bp, c, ldc, add, bias);
     else
-        kernel1(kcp, ap, bp, c, ldc, add);
+        kernel1(kcp, ap, bp, c, ldc, add, bias);
+}
+
+// One micro-tile: A packed (ap) or, when ap is NULL, read in place at a (row stride lda);
+// without `add`, the sums start from the row vector `bias` (NULL: zero).
+TARGET_BF16 static void tile(int nv, int kcp, const uint16_t *ap, const uint16_t *a, size_t lda,
+                             int rows, const uint16_t *bp, float *c, size_t ldc, bool add,
+                             const float *bias) {
+    if (ap)
+        kernel(nv, kcp, ap, bp, c, ldc, add, bias);
+    else if (nv == 3)
+        kernel_da3(kcp, a, lda, rows, bp, c, ldc, add, bias);
+    else if (nv == 2)
+        kernel_da2(kcp, a, lda, rows, bp, c, ldc, add, bias);
+    else
+        kernel_da1(kcp, a, lda, rows, bp, c, ldc, add, bias);
+}
+
+// Asks for the lines of a rows x w block of C (row stride ldc) ahead of the tile that
+// stores or accumulates into it: C is written once per block, usually far from the
+// cache (the GPT's activations), and the tile's 24 cold stores or loads otherwise wait
+// on memory one after another.
+static inline void prefetch_c(const float *c, size_t ldc, int rows, int w) {
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < w; j += 16)
+            __builtin_prefetch(c + (size_t)i * ldc + j, 1, 3);
 }
 
 // Per-thread packing buffers, kept for the thread's life (fresh pages cost ~2.4 us each).
@@ -293,7 +414,8 @@ static uint16_t *pack_buffers(void) {
 }
 
 TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int k, opnd a, opnd b,
-                                             float *c, int ldc, bool accumulate) {
+                                             const float *bias, float *c, int ldc,
+                                             bool accumulate) {
     uint16_t *buf = pack_buffers();
     if (!buf)
         return dt_fail(DT_ERR_NOMEM,
@@ -301,34 +423,52 @@ TARGET_BF16 static dt_status gemm_avx512bf16(bool ta, bool tb, int m, int n, int
                        "none free",
                        (PACK_B_ELEMS + PACK_A_ELEMS) * 2);
     uint16_t *pb = buf, *pa = buf + PACK_B_ELEMS;
-    float     tile[MR * NR];
+    float     tbuf[MR * NR];
+    // untransposed bf16 A with an even k is read in place (kernel_da*): no A packing
+    bool in_place = !ta && !a.f32 && k % 2 == 0;
     for (int k0 = 0; k0 < k; k0 += KC) {
-        int  kc = k - k0 < KC ? k - k0 : KC, kcp = (kc + 1) / 2;
-        bool add = accumulate || k0 > 0;
+        int          kc = k - k0 < KC ? k - k0 : KC, kcp = (kc + 1) / 2;
+        bool         add = accumulate || k0 > 0;
+        const float *bi  = add ? NULL : bias; // the first block starts from the bias
         for (int n0 = 0; n0 < n; n0 += NC) {
             int nc = n - n0 < NC ? n - n0 : NC;
             pack_b(tb, b, k0, kc, n0, nc, pb);
             for (int m0 = 0; m0 < m; m0 += MC) {
                 int mc = m - m0 < MC ? m - m0 : MC;
-                pack_a(ta, a, m0, mc, k0, kc, pa);
+                if (!in_place)
+                    pack_a(ta, a, m0, mc, k0, kc, pa);
                 const uint16_t *bpanel = pb;
-                for (int jp = 0; jp < nc; jp += NR) {
-                    int w = nc - jp < NR ? nc - jp : NR, nv = (w + 15) / 16;
+                for (int jp = 0, w; jp < nc; jp += w) {
+                    w      = panel_width(nc - jp);
+                    int nv = (w + 15) / 16;
+                    // C's first lines of this panel are likely cold: ask for them now
+                    prefetch_c(c + (size_t)m0 * ldc + n0 + jp, (size_t)ldc, mc < MR ? mc : MR, w);
                     for (int ip = 0; ip < mc; ip += MR) {
-                        int             rows   = mc - ip < MR ? mc - ip : MR;
-                        const uint16_t *apanel = pa + (size_t)(ip / MR) * kcp * MR * 2;
-                        float          *cp     = c + (size_t)(m0 + ip) * ldc + n0 + jp;
+                        int rows = mc - ip < MR ? mc - ip : MR;
+                        if (ip + MR < mc) // the next tile's C while this one computes
+                            prefetch_c(c + (size_t)(m0 + ip + MR) * ldc + n0 + jp, (size_t)ldc,
+                                       mc - ip - MR < MR ? mc - ip - MR : MR, w);
+                        const uint16_t *apanel =
+                            in_place ? NULL : pa + (size_t)(ip / MR) * kcp * MR * 2;
+                        const uint16_t *arow =
+                            in_place ? (const uint16_t *)a.p + (size_t)(m0 + ip) * a.ld + k0 : NULL;
+                        float       *cp = c + (size_t)(m0 + ip) * ldc + n0 + jp;
+                        const float *bj = bi ? bi + n0 + jp : NULL;
                         if (rows == MR && w == nv * 16) {
-                            kernel(nv, kcp, apanel, bpanel, cp, (size_t)ldc, add);
+                            tile(nv, kcp, apanel, arow, a.ld, rows, bpanel, cp, (size_t)ldc, add,
+                                 bj);
                             continue;
                         }
                         for (int i = 0; i < MR; i++)
                             for (int j = 0; j < nv * 16; j++)
-                                tile[i * NR + j] =
-                                    add && i < rows && j < w ? cp[(size_t)i * ldc + j] : 0.0f;
-                        kernel(nv, kcp, apanel, bpanel, tile, NR, true);
+                                tbuf[i * NR + j] = j >= w ? 0.0f
+                                                   : add
+                                                       ? (i < rows ? cp[(size_t)i * ldc + j] : 0.0f)
+                                                   : bj ? bj[j]
+                                                        : 0.0f;
+                        tile(nv, kcp, apanel, arow, a.ld, rows, bpanel, tbuf, NR, true, NULL);
                         for (int i = 0; i < rows; i++)
-                            memcpy(cp + (size_t)i * ldc, tile + i * NR, sizeof(float) * (size_t)w);
+                            memcpy(cp + (size_t)i * ldc, tbuf + i * NR, sizeof(float) * (size_t)w);
                     }
                     bpanel += (size_t)kcp * nv * 16 * 2;
                 }
@@ -368,9 +508,16 @@ static dt_status gemm_fp32(bool ta, bool tb, int m, int n, int k, opnd a, opnd b
 }
 
 static dt_status gemm_any(dt_prec_path path, bool trans_a, bool trans_b, int m, int n, int k,
-                          opnd a, opnd b, float *c, int ldc, bool accumulate) {
+                          opnd a, opnd b, const float *bias, float *c, int ldc, bool accumulate) {
     if (m <= 0 || n <= 0)
         return DT_OK;
+    if (bias && !accumulate &&
+        (k <= 0 || path != DT_PATH_AVX512BF16 || !dt_prec_path_supported(DT_PATH_AVX512BF16))) {
+        for (int i = 0; i < m; i++) // the other paths add the product to C = bias
+            memcpy(c + (size_t)i * ldc, bias, sizeof(float) * (size_t)n);
+        accumulate = true;
+        bias       = NULL;
+    }
     if (k <= 0) {
         if (!accumulate)
             for (int i = 0; i < m; i++)
@@ -379,7 +526,7 @@ static dt_status gemm_any(dt_prec_path path, bool trans_a, bool trans_b, int m, 
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     if (path == DT_PATH_AVX512BF16 && dt_prec_path_supported(DT_PATH_AVX512BF16))
-        return gemm_avx512bf16(trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
+        return gemm_avx512bf16(trans_a, trans_b, m, n, k, a, b, bias, c, ldc, accumulate);
 #endif
     if (path == DT_PATH_AMX && dt_amx_usable()) // opt-in only (amx.c)
         return dt_gemm_amx(false, trans_a, trans_b, m, n, k, a, b, c, ldc, accumulate);
@@ -391,7 +538,7 @@ dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m
                             const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
                             int ldc, bool accumulate) {
     return gemm_any(path, trans_a, trans_b, m, n, k, (opnd){a, (size_t)lda, false},
-                    (opnd){b, (size_t)ldb, false}, c, ldc, accumulate);
+                    (opnd){b, (size_t)ldb, false}, NULL, c, ldc, accumulate);
 }
 
 dt_status dt_gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const uint16_t *a, int lda,
@@ -404,7 +551,14 @@ dt_status dt_gemm_bf16_mixed(dt_prec_path path, bool trans_a, bool trans_b, int 
                              const void *a, int lda, bool a_f32, const void *b, int ldb, bool b_f32,
                              float *c, int ldc, bool accumulate) {
     return gemm_any(path, trans_a, trans_b, m, n, k, (opnd){a, (size_t)lda, a_f32},
-                    (opnd){b, (size_t)ldb, b_f32}, c, ldc, accumulate);
+                    (opnd){b, (size_t)ldb, b_f32}, NULL, c, ldc, accumulate);
+}
+
+dt_status dt_gemm_bf16_bias(bool trans_a, bool trans_b, int m, int n, int k, const uint16_t *a,
+                            int lda, const uint16_t *b, int ldb, const float *bias, float *c,
+                            int ldc) {
+    return gemm_any(dt_prec_path_get(), trans_a, trans_b, m, n, k, (opnd){a, (size_t)lda, false},
+                    (opnd){b, (size_t)ldb, false}, bias, c, ldc, false);
 }
 
 dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a,

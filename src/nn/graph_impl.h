@@ -78,8 +78,9 @@ struct dt_graph {
     dt_rng     rng;
     uint64_t  *keys;
     int        nkeys;
-    int        reserved; // batch the buffers hold
-    int        batch;    // of the last forward
+    int        reserved;   // batch the buffers hold
+    bool       reserved16; // and whether they hold the 16-bit saved state (saved16)
+    int        batch;      // of the last forward
     float     *scratch, *tmp;
     size_t     scratch_n, tmp_n;
     // Threads (dt_graph_set_threads): samples split in nthreads contiguous ranges.
@@ -110,6 +111,21 @@ struct dt_graph {
     int    shards;
     float *shard_buf;
 };
+
+// The 16-bit saved state of a value (su.saved16_per_sample, dt_layer_args.saved16): after
+// its float state, in the same buffer, in 16-bit precision modes only; a forward after
+// dt_graph_set_precision reserves again when that changes (reserved16). Floats it takes
+// for `batch` samples, and its samples from `off` (NULL in fp32, or when the buffers were
+// reserved without it: the layer then takes its fp32-operand fallback).
+static inline size_t dt_graph_saved16_floats(const dt_graph *g, const gval *v, int batch) {
+    return g->prec == DT_PREC_FP32 ? 0 : (v->su.saved16_per_sample * (size_t)batch + 1) / 2;
+}
+static inline uint16_t *dt_graph_saved16_at(const dt_graph *g, const gval *v, size_t off) {
+    if (!g->reserved16 || g->prec == DT_PREC_FP32 || !v->su.saved16_per_sample)
+        return NULL;
+    float *end = v->saved + v->su.saved_per_sample * (size_t)g->reserved + v->su.saved_fixed;
+    return (uint16_t *)(void *)end + off * v->su.saved16_per_sample;
+}
 
 // The clock of dt_graph_set_timing: this process's CPU time (all its threads), which
 // other jobs sharing the machine do not inflate as they do the wall time.

@@ -185,7 +185,7 @@ static size_t node_scratch(const dt_graph *g, const gval *v, int batch) {
 }
 
 static dt_status reserve(dt_graph *g, int batch) {
-    if (batch <= g->reserved)
+    if (batch <= g->reserved && g->reserved16 == (g->prec != DT_PREC_FP32))
         return DT_OK;
     dt_graph_release_buffers(g);
     dt_graph_plan_aliases(g);
@@ -200,8 +200,9 @@ static dt_status reserve(dt_graph *g, int batch) {
                 return DT_ERR_NOMEM;
             continue;
         }
-        size_t s = v->su.saved_per_sample * (size_t)batch + v->su.saved_fixed;
-        int    r = dt_graph_root(g, i);
+        size_t s = v->su.saved_per_sample * (size_t)batch + v->su.saved_fixed +
+                   dt_graph_saved16_floats(g, v, batch);
+        int r = dt_graph_root(g, i);
         for (int k = 0; k < (g->nslots ? g->nslots : 1); k++) {
             v->y     = v->alias >= 0 ? (g->nslots ? g->slots[k].y[r] : g->vals[r].y)
                                      : dt_alloc(sizeof(float) * (n ? n : 1));
@@ -234,9 +235,10 @@ static dt_status reserve(dt_graph *g, int batch) {
         return DT_ERR_NOMEM;
     for (int i = 0; i < batch; i++)
         g->pos_keys[i] = (uint64_t)i;
-    g->scratch_n = scratch;
-    g->tmp_n     = tmp;
-    g->reserved  = batch;
+    g->scratch_n  = scratch;
+    g->tmp_n      = tmp;
+    g->reserved   = batch;
+    g->reserved16 = g->prec != DT_PREC_FP32;
     return DT_OK;
 }
 
@@ -501,6 +503,7 @@ static dt_status call_layer(dt_graph *g, gval *v, bool backward, int b0, int b1,
           .keys      = (g->keys ? g->keys : g->pos_keys) + off,
           .precision = g->prec,
           .w16       = (const void *const *)v->w16,
+          .saved16   = dt_graph_saved16_at(g, v, off),
     };
     if (!backward)
         return v->layer->ops->forward(v->layer, &a);

@@ -202,6 +202,10 @@ static dt_status linear_setup(const dt_layer *l, int nin, const dt_shape *in, dt
         lay_tensor(&s->params[s->nparams++], "bias", DT_PARAM_NO_DECAY, 1, p->out, 0, 0, 0);
     s->flops_per_sample = 2.0 * (double)dt_shape_numel(&in[0]) * p->out;
     s->lowp_params      = 1u;
+    // bf16 (linear16.c): a bf16 copy of the input, kept for backward, and the output
+    // gradient rounded a chunk of rows at a time
+    s->saved16_per_sample = dt_shape_numel(&in[0]);
+    s->scratch_fixed      = ((size_t)DT_NN_LINEAR16_CHUNK * (size_t)p->out + 1) / 2;
     return DT_OK;
 }
 
@@ -217,6 +221,9 @@ static int rows_of(const dt_layer_args *a, int last) {
 
 static dt_status linear_forward(const dt_layer *l, const dt_layer_args *a) {
     const linear_cfg *p = l->config;
+    if (a->precision == DT_PREC_BF16 && a->saved16)
+        return dt_nn_linear16_forward(a->w16[0], rows_of(a, p->in), p->in, p->out, a->x[0],
+                                      a->saved16, p->bias ? a->w[1] : NULL, a->y);
     return dt_nn_linear_forward_prec(a->precision, a->w16 ? a->w16[0] : NULL, rows_of(a, p->in),
                                      p->in, p->out, a->x[0], a->w[0], p->bias ? a->w[1] : NULL,
                                      a->y);
@@ -224,6 +231,10 @@ static dt_status linear_forward(const dt_layer *l, const dt_layer_args *a) {
 
 static dt_status linear_backward(const dt_layer *l, const dt_layer_args *a) {
     const linear_cfg *p = l->config;
+    if (a->precision == DT_PREC_BF16 && a->saved16)
+        return dt_nn_linear16_backward(a->w16[0], rows_of(a, p->in), p->in, p->out, a->saved16,
+                                       a->dy, (uint16_t *)(void *)a->scratch, DT_NN_LINEAR16_CHUNK,
+                                       a->dx[0], a->dw[0], p->bias ? a->dw[1] : NULL);
     return dt_nn_linear_backward_prec(a->precision, a->w16 ? a->w16[0] : NULL, rows_of(a, p->in),
                                       p->in, p->out, a->x[0], a->w[0], a->dy, a->dx[0], a->dw[0],
                                       p->bias ? a->dw[1] : NULL);

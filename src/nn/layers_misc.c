@@ -500,6 +500,8 @@ static dt_status attn_setup(const dt_layer *l, int nin, const dt_shape *in, dt_l
     s->out              = (dt_shape){2, {T, C, 1, 1}, DT_ELEM_F32};
     s->saved_per_sample = (size_t)heads * (size_t)T; // log-sum-exp per (head, row)
     s->scratch_fixed    = dt_nn_attn_scratch(C / heads);
+    if (dt_nn_attn16_scratch(T, C / heads) > s->scratch_fixed) // bf16 (attn16.c)
+        s->scratch_fixed = dt_nn_attn16_scratch(T, C / heads);
     s->flops_per_sample = 2.0 * T * (double)T * C; // q k^T and p v, causal half each
     return DT_OK;
 }
@@ -508,7 +510,12 @@ static dt_status attn_forward(const dt_layer *l, const dt_layer_args *a) {
     int          H = *(const int *)l->config;
     int          T = (int)a->out->d[0], C = (int)a->out->d[1];
     const float *q = a->x[0];
-    dt_nn_attn_forward(a->batch, T, C, H, 3 * C, q, q + C, q + 2 * C, a->y, a->saved, a->scratch);
+    if (a->precision == DT_PREC_BF16 && dt_nn_attn16_ok(C, H))
+        dt_nn_attn16_forward(a->batch, T, C, H, 3 * C, q, q + C, q + 2 * C, a->y, a->saved,
+                             a->scratch);
+    else
+        dt_nn_attn_forward(a->batch, T, C, H, 3 * C, q, q + C, q + 2 * C, a->y, a->saved,
+                           a->scratch);
     return DT_OK;
 }
 
@@ -517,7 +524,10 @@ static dt_status attn_backward(const dt_layer *l, const dt_layer_args *a) {
     int          T = (int)a->out->d[0], C = (int)a->out->d[1];
     const float *q = a->x[0];
     float       *d = a->dx[0];
-    if (d)
+    if (d && a->precision == DT_PREC_BF16 && dt_nn_attn16_ok(C, H))
+        dt_nn_attn16_backward(a->batch, T, C, H, 3 * C, q, q + C, q + 2 * C, a->y, a->saved, a->dy,
+                              d, d + C, d + 2 * C, a->scratch);
+    else if (d)
         dt_nn_attn_backward(a->batch, T, C, H, 3 * C, q, q + C, q + 2 * C, a->y, a->saved, a->dy, d,
                             d + C, d + 2 * C, a->scratch);
     return DT_OK;

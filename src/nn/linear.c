@@ -6,7 +6,8 @@
 // with no per-thread copy of the (large) weight gradient to sum afterwards.
 // On AVX-512 CPUs the three products run on the shifted-GEMM kernels (shifted.c) with
 // plain row offsets, as the convolutions do: forward as y += x W^T with rows of x and W
-// both contiguous; dW = dy^T x over the batch; dx = dy W. Elsewhere, OpenBLAS.
+// both contiguous; dW = dy^T x over the batch; dx = dy W. Elsewhere, OpenBLAS. In bf16
+// the three are bf16 GEMMs (gemm16.c) over bf16 copies of x and dy (lin16 below).
 // Matches torch.nn.Linear (weight (out, in), bias (out)).
 #include "nn/blas.h"
 #include "nn/nn_impl.h"
@@ -43,8 +44,28 @@ static dt_status linear_setup(nn_layer *l) {
     for (int o = 0; o < l->out_c; o++)
         l->offsets[o] = o * l->in.c;
     l->aux_per_sample = sizeof(float) * (size_t)l->out_c + sizeof(int);
-    l->shard_scratch  = (size_t)NN_SHARD_ROWS * NN_SHARD_COLS;
+    // bf16: the batch's input and output gradient rounded once, after the above (lin16)
+    if (l->prec == DT_PREC_BF16)
+        l->aux_per_sample += sizeof(uint16_t) * ((size_t)l->in.c + (size_t)l->out_c);
+    l->shard_scratch = (size_t)NN_SHARD_ROWS * NN_SHARD_COLS;
     return DT_OK;
+}
+
+// bf16 (as the graph's Linear, linear16.c): forward rounds this thread's rows of x into
+// x16 once and multiplies that; backward rounds its rows of dy into dy16 once, and both
+// products read the two copies (no fp32 operand is rounded again while packed). Both
+// live in aux after the transposed gradient and the offsets, for the whole batch.
+static uint16_t *lin16_x(const nn_layer *l, int batch) {
+    float *dyt  = (float *)(void *)l->aux;
+    int   *xoff = (int *)(void *)(dyt + (size_t)l->out_c * (size_t)batch);
+    return (uint16_t *)(void *)(xoff + batch);
+}
+static uint16_t *lin16_dy(const nn_layer *l, int batch) {
+    return lin16_x(l, batch) + (size_t)l->in.c * (size_t)batch;
+}
+static void lin16_failed(nn_layer *l, dt_status st) {
+    if (st)
+        __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
 }
 
 static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
@@ -52,6 +73,13 @@ static void linear_forward(nn_layer *l, const nn_ctx *c, const float *in, float 
     if (n <= 0)
         return;
     float *y = out + (size_t)c->s0 * fout;
+    if (l->prec == DT_PREC_BF16) { // y = x16 W16^T + b
+        uint16_t *x16 = lin16_x(l, c->batch) + (size_t)c->s0 * fin;
+        dt_f32_to_bf16(in + (size_t)c->s0 * fin, x16, (size_t)n * fin);
+        lin16_failed(
+            l, dt_gemm_bf16_bias(false, true, n, fout, fin, x16, fin, l->w16, fin, l->b, y, fout));
+        return;
+    }
     for (int s = 0; s < n; s++)
         memcpy(y + (size_t)s * fout, l->b, sizeof(float) * (size_t)fout);
     if (l->prec != DT_PREC_FP32) { // y += x W^T with 16-bit operands (prec.h)
@@ -146,7 +174,10 @@ static void linear_backward_sharded(nn_layer *l, const nn_ctx *c, const float *i
 static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
                             float *dout, float *din, float *dparams) {
     (void)out;
-    if (c->shards) {
+    // bf16 takes the unsharded path with gradient shards too: its weight gradient is one
+    // bf16 product over the batch (invariance is promised in fp32 only), where the
+    // shards' fixed tree would keep it in fp32 (as fp16 does)
+    if (c->shards && l->prec != DT_PREC_BF16) {
         linear_backward_sharded(l, c, in, dout, din, dparams);
         return;
     }
@@ -154,7 +185,10 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     float *dw = dparams, *db = dparams + l->wcount;
     float *dyt  = (float *)(void *)l->aux; // (out, batch), then `batch` sample offsets
     int   *xoff = (int *)(void *)(dyt + (size_t)fout * (size_t)batch);
-    bool   lowp = l->prec != DT_PREC_FP32;
+    bool   lowp = l->prec != DT_PREC_FP32, bf16 = l->prec == DT_PREC_BF16;
+    if (bf16 && c->s1 > c->s0) // this thread's rows of dy, rounded once for both products
+        dt_f32_to_bf16(dout + (size_t)c->s0 * fout, lin16_dy(l, batch) + (size_t)c->s0 * fout,
+                       (size_t)(c->s1 - c->s0) * fout);
     if (l->direct && !lowp) { // this thread's rows of dy, transposed, for dW = dy^T x
         for (int s = c->s0; s < c->s1; s++) {
             for (int o = 0; o < fout; o++)
@@ -165,7 +199,10 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
     dt_pool_barrier(c->pool); // every thread's rows of dout are written
     // This thread's input columns [j0, j1) of dW (out, in) += dy^T (out, B) x x (B, in)
     int j0 = (int)((long)fin * c->ith / c->nth), j1 = (int)((long)fin * (c->ith + 1) / c->nth);
-    if (j1 > j0 && lowp) { // dW (out, in) += dy^T x, 16-bit operands
+    if (j1 > j0 && bf16) // dW (out, in) += dy16^T x16
+        lin16_failed(l, dt_gemm_bf16(true, false, fout, j1 - j0, batch, lin16_dy(l, batch), fout,
+                                     lin16_x(l, batch) + j0, fin, dw + j0, fin, true));
+    else if (j1 > j0 && lowp) { // dW (out, in) += dy^T x, 16-bit operands
         if (dt_ac_gemm(l->prec, true, false, fout, j1 - j0, batch, dout, NULL, fout, in + j0, NULL,
                        fin, dw + j0, fin, true))
             __atomic_store_n(&l->lowp_failed, true, __ATOMIC_RELAXED); // any thread
@@ -182,7 +219,11 @@ static void linear_backward(nn_layer *l, const nn_ctx *c, const float *in, const
             db[o] += dy[o];
     }
     int n = c->s1 - c->s0;
-    if (din && n > 0 && lowp)
+    if (din && n > 0 && bf16) // dx = dy16 W16, this thread's rows
+        lin16_failed(l, dt_gemm_bf16(false, false, n, fin, fout,
+                                     lin16_dy(l, batch) + (size_t)c->s0 * fout, fout, l->w16, fin,
+                                     din + (size_t)c->s0 * fin, fin, false));
+    else if (din && n > 0 && lowp)
         lowp_dx(l, c, dout, din);
     else if (din && n > 0 && l->direct) // dx[s][i] = sum_o dy[s][o] W[o][i]
         dt_nn_shifted_gemm(l->w, l->offsets, fout, dout + (size_t)c->s0 * fout, n, fin,

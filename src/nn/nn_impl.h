@@ -100,6 +100,7 @@ struct nn_layer {
                                  // convolution itself (NULL: none); its output and winner
                                  // indices are the pool layer's
     bool         direct;         // conv: shifted-GEMM kernels instead of im2col + OpenBLAS
+    bool         direct16;       // conv in bf16: conv16.c's kernels (on the avx512bf16 path)
     int         *offsets;        // conv (direct): row offsets of the shifted operands, owned
     bool         skip;           // done by an earlier layer (fusion): the model never calls it
     dt_precision prec;           // conv, linear: dt_model_set_precision's mode

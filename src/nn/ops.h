@@ -74,6 +74,18 @@ dt_status dt_nn_linear_forward_prec(dt_precision prec, const void *w16, int n, i
 dt_status dt_nn_linear_backward_prec(dt_precision prec, const void *w16, int n, int in, int out,
                                      const float *x, const float *w, const float *dy, float *dx,
                                      float *dw, float *db);
+// db += the column sums of dy (n, out), summed in double.
+void dt_nn_linear_bias_grad(int n, int out, const float *dy, float *db);
+// bf16 with bf16 copies of the activations (linear16.c): forward rounds x into x16 (n, in)
+// and multiplies that; backward reads the same x16 and rounds dy into dy16 (chunk * out
+// values) chunk rows at a time, for both products of the chunk.
+dt_status dt_nn_linear16_forward(const uint16_t *w16, int n, int in, int out, const float *x,
+                                 uint16_t *x16, const float *b, float *y);
+dt_status dt_nn_linear16_backward(const uint16_t *w16, int n, int in, int out, const uint16_t *x16,
+                                  const float *dy, uint16_t *dy16, int chunk, float *dx, float *dw,
+                                  float *db);
+// The rows of output gradient linear16 rounds at a time (its scratch: that many x out).
+#define DT_NN_LINEAR16_CHUNK 1024
 
 // --------------------------------------------------------------------------- BatchNorm
 
@@ -222,6 +234,17 @@ void      dt_nn_attn_forward(int B, int T, int C, int H, int ld, const float *q,
 void dt_nn_attn_backward(int B, int T, int C, int H, int ld, const float *q, const float *k,
                          const float *v, const float *y, const float *lse, const float *dy,
                          float *dq, float *dk, float *dv, float *scratch);
+
+// The same with the products in bf16 (attn16.c; torch.autocast's bmm): on the
+// avx512bf16 path when d = C/H is a multiple of 16 (dt_nn_attn16_ok), scratch of
+// dt_nn_attn16_scratch(T, d) floats; the softmax, lse and gradients stay fp32.
+bool   dt_nn_attn16_ok(int C, int H);
+size_t dt_nn_attn16_scratch(int T, int d);
+void   dt_nn_attn16_forward(int B, int T, int C, int H, int ld, const float *q, const float *k,
+                            const float *v, float *y, float *lse, float *scratch);
+void   dt_nn_attn16_backward(int B, int T, int C, int H, int ld, const float *q, const float *k,
+                             const float *v, const float *y, const float *lse, const float *dy,
+                             float *dq, float *dk, float *dv, float *scratch);
 
 // ------------------------------------------------------------------------------ Losses
 

@@ -508,8 +508,6 @@ void dt_nn_linear_forward(int n, int in, int out, const float *x, const float *w
     dt_sgemm(false, true, n, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
 }
 
-static void linear_bias_grad(int n, int out, const float *dy, float *db);
-
 void dt_nn_linear_backward(int n, int in, int out, const float *x, const float *w, const float *dy,
                            float *dx, float *dw, float *db) {
     if (n < 1)
@@ -517,20 +515,31 @@ void dt_nn_linear_backward(int n, int in, int out, const float *x, const float *
     // dW (out, in) += dy^T (out, n) x x (n, in)
     dt_sgemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
     if (db)
-        linear_bias_grad(n, out, dy, db);
+        dt_nn_linear_bias_grad(n, out, dy, db);
     if (dx) // dx (n, in) = dy (n, out) x W (out, in)
         dt_sgemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
-// db += column sums of dy, row by row (contiguous), 256 columns at a time in double.
-static void linear_bias_grad(int n, int out, const float *dy, float *db) {
+// db += column sums of dy, row by row (contiguous), 256 columns at a time in double,
+// eight columns per vector step (the same sums, in the same order, as the scalar loop).
+typedef float  lin_v8f __attribute__((vector_size(32)));
+typedef double lin_v8d __attribute__((vector_size(64)));
+DT_CLONES void dt_nn_linear_bias_grad(int n, int out, const float *dy, float *db) {
     for (int o0 = 0; o0 < out; o0 += 256) {
-        int    no = out - o0 < 256 ? out - o0 : 256;
+        int    no = out - o0 < 256 ? out - o0 : 256, nv = no / 8 * 8;
         double acc[256];
         memset(acc, 0, sizeof acc);
         for (int s = 0; s < n; s++) {
             const float *row = dy + (size_t)s * out + o0;
-            for (int o = 0; o < no; o++)
+            for (int o = 0; o < nv; o += 8) {
+                lin_v8f r;
+                lin_v8d a;
+                memcpy(&r, row + o, sizeof r);
+                memcpy(&a, acc + o, sizeof a);
+                a += __builtin_convertvector(r, lin_v8d);
+                memcpy(acc + o, &a, sizeof a);
+            }
+            for (int o = nv; o < no; o++)
                 acc[o] += row[o];
         }
         for (int o = 0; o < no; o++)
@@ -559,7 +568,7 @@ dt_status dt_nn_linear_backward_prec(dt_precision prec, const void *w16, int n, 
     }
     DT_TRY(dt_ac_gemm(prec, true, false, out, in, n, dy, NULL, out, x, NULL, in, dw, in, true));
     if (db)
-        linear_bias_grad(n, out, dy, db);
+        dt_nn_linear_bias_grad(n, out, dy, db);
     if (dx)
         DT_TRY(
             dt_ac_gemm(prec, false, false, n, in, out, dy, NULL, out, w, w16, in, dx, in, false));

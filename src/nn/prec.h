@@ -102,6 +102,12 @@ dt_status dt_gemm_bf16_path(dt_prec_path path, bool trans_a, bool trans_b, int m
                             const uint16_t *a, int lda, const uint16_t *b, int ldb, float *c,
                             int ldc, bool accumulate);
 
+// C = op(A) op(B) + bias (a row of n floats added to every row; NULL: none), on the
+// current path; the avx512bf16 path starts its sums from the bias instead of zero.
+dt_status dt_gemm_bf16_bias(bool trans_a, bool trans_b, int m, int n, int k, const uint16_t *a,
+                            int lda, const uint16_t *b, int ldb, const float *bias, float *c,
+                            int ldc);
+
 // Either operand in bf16 (x_f32 false: uint16_t) or fp32 (x_f32 true: float, rounded
 // to bf16 to nearest even as it is packed, so no converted copy is needed): the result
 // is the same as converting the fp32 operand with dt_f32_to_bf16 first. On the given

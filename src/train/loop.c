@@ -206,9 +206,21 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_trainer_print(t, "ZeRO-%d: optimizer state %.3f MiB per rank (%.3f MiB unsharded)\n",
                          zo.stage, (double)shard * 4 / 1048576, (double)full * 4 / 1048576);
     } else if (dpg) {
-        dt_ddp_opts o = dt_ddp_opts_default();
-        o.overlap     = !a->no_overlap;
-        o.tree_reduce = t->tree_reduce;
+        dt_ddp_opts o  = dt_ddp_opts_default();
+        o.overlap      = !a->no_overlap;
+        o.tree_reduce  = t->tree_reduce;
+        const char *cm = a->ddp_compress ? a->ddp_compress : "none";
+        if (!strcmp(cm, "powersgd")) { // a comm hook (ddp.h), the same on every rank
+            dt_powersgd_opts po = dt_powersgd_opts_default();
+            po.rank             = (int)a->powersgd_rank;
+            DT_TRY(dt_powersgd_new(&t->psgd, p, dt_pg_size(dpg), &po));
+            o.comm_hook   = dt_powersgd_hook(t->psgd);
+            o.tree_reduce = false;
+        } else {
+            DT_TRY(dt_ddp_compress_parse(cm, &o.compress));
+            if (o.compress != DT_DDP_COMPRESS_NONE)
+                o.tree_reduce = false; // compression sums ranks its own way
+        }
         DT_TRY(dt_ddp_new(&t->ddp, p, dpg, &o));
         dt_pipe_set_ddp(t->pipe, t->ddp); // reduced in the last micro-batch's backward
     }

@@ -79,30 +79,31 @@ struct dt_trainer {
     int nextra;
 
     // A worker's state (from dt_trainer_run to the end of fn).
-    dt_pg      *pg;
-    int         rank, world, local_rank, local_size, threads;
-    dt_params  *p;
-    dt_model   *m;
-    dt_graph   *g; // dt_trainer_prepare_graph's (p is its parameters)
-    dt_optim   *opt;
-    dt_sched   *sched;
-    dt_ddp     *ddp;
-    dt_zero    *zero; // instead of ddp with --zero 1 or 2
-    dt_sampler *smp, *esmp[MAX_EVAL];
-    dt_loader  *ld, *eld[MAX_EVAL];
-    int         neval;
-    size_t      batch, nbatches, cur_size;
-    uint64_t   *keys;
-    dt_rng      base, root, er;
-    long        epoch;
-    bool        in_epoch, stop, preempted, prepared, sync;
-    int         micro, window;
-    long        inv_v;       // --invariant as resolved (the default from the cores)
-    bool        tree_reduce; // DDP continues the model's shard tree over ranks
-    int64_t     step, last_saved, ckpt_saves, samples_seen;
-    double      ckpt_secs, train_start, finished;
-    float       grad_norm, last_loss;
-    dt_status   err;
+    dt_pg       *pg;
+    int          rank, world, local_rank, local_size, threads;
+    dt_params   *p;
+    dt_model    *m;
+    dt_graph    *g; // dt_trainer_prepare_graph's (p is its parameters)
+    dt_optim    *opt;
+    dt_sched    *sched;
+    dt_ddp      *ddp;
+    dt_powersgd *psgd; // --ddp-compress powersgd: DDP's comm hook
+    dt_zero     *zero; // instead of ddp with --zero 1 or 2
+    dt_sampler  *smp, *esmp[MAX_EVAL];
+    dt_loader   *ld, *eld[MAX_EVAL];
+    int          neval;
+    size_t       batch, nbatches, cur_size;
+    uint64_t    *keys;
+    dt_rng       base, root, er;
+    long         epoch;
+    bool         in_epoch, stop, preempted, prepared, sync;
+    int          micro, window;
+    long         inv_v;       // --invariant as resolved (the default from the cores)
+    bool         tree_reduce; // DDP continues the model's shard tree over ranks
+    int64_t      step, last_saved, ckpt_saves, samples_seen;
+    double       ckpt_secs, train_start, finished;
+    float        grad_norm, last_loss;
+    dt_status    err;
     // Checkpoint key/values: the flags marked DT_FLAG_CKPT_*, by their values.
     char        kvkey[MAX_KVS][64], kvval[MAX_KVS][48];
     dt_ckpt_kv  kvs[MAX_KVS];

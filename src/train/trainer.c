@@ -131,6 +131,14 @@ static void build_common(dt_trainer *t) {
            "reduce gradients after backward instead of during it\n"
              "(for measuring how much communication overlap hides)",
            D, S, 0, 0},
+          {"ddp-compress", DT_FLAG_STRING, &a->ddp_compress, "none", 0, 0, "MODE",
+           "compress DDP's gradient all-reduce: none (default), bf16 or\n"
+             "fp16 (PyTorch's bf16/fp16_compress_hook: half the bytes), or\n"
+             "powersgd (low-rank, error feedback; --powersgd-rank). The\n"
+             "ranks' sum is then no longer --invariant's tree (docs/precision.md)",
+           D, S, "none bf16 fp16 powersgd", "none, bf16, fp16 or powersgd"},
+          {"powersgd-rank", DT_FLAG_LONG, &a->powersgd_rank, "4", 1, 1024, "R",
+           "PowerSGD's rank with --ddp-compress powersgd (default 4)", D, S, 0, 0},
           {"checkpoint-dir", DT_FLAG_STRING, &a->checkpoint_dir, NULL, 0, 0, "D",
            "save checkpoints under D (at the end, and see below)", C, S, 0, 0},
           {"checkpoint-every", DT_FLAG_LONG, &a->checkpoint_every, NULL, 1, 1L << 40, "N",
@@ -412,6 +420,8 @@ static void release_worker(dt_trainer *t) {
     dt_dp_free(t->dp);
     t->dp = NULL, t->has_replicas = false;
     dt_ddp_free(t->ddp);
+    dt_powersgd_free(t->psgd);
+    t->psgd = NULL;
     dt_zero_free(t->zero);
     t->zero = NULL;
     dt_sched_free(t->sched);

@@ -5,6 +5,7 @@
 // - The same job started as two workers with a launcher's environment (RANK,
 //   WORLD_SIZE, MASTER_ADDR, MASTER_PORT) ends with the same parameter checksum as
 //   the forked job: both launch styles are one computation.
+// - --ddp-compress bf16 and powersgd train a 2-process job with identical replicas.
 // - Bad flags are refused with exit code 2 and a message naming the flag.
 #include "../check.h"
 #include "../lib/mp.h"
@@ -76,6 +77,36 @@ static void test_spawned(void) {
     free(out);
 }
 
+// --ddp-compress: bf16 and PowerSGD each train a 2-process job to the end, the replicas
+// identical (every rank gets the same bits from either), and a loss line that differs
+// from the uncompressed job's (the compression really ran). Two steps a rank: under
+// ASan a longer job costs seconds per mode.
+static void test_compressed(void) {
+    char               cmd[3 * PATH_MAX], *out, first[3][160] = {{0}};
+    static const char *modes[] = {"none", "bf16", "powersgd --powersgd-rank 2"};
+    for (int m = 0; m < 3; m++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s --limit 128 --batch-size 32 --num-processes 2 --no-test --log-every 1 "
+                 "--ddp-compress %s 2>&1",
+                 bin, modes[m]);
+        int rc = run(cmd, &out);
+        CHECK_EQ(rc, 0);
+        CHECK_EQ(count(out, "Parameters identical on all 2 ranks"), 1);
+        const char *l = strstr(out, "training loss");
+        l             = l ? strstr(l + 1, "training loss") : NULL; // the second: after steps
+        if (CHECK(l != NULL))
+            snprintf(first[m], sizeof first[m], "%.40s", l);
+        if (rc)
+            fprintf(stderr, "%s\n", out);
+        free(out);
+    }
+    CHECK(strcmp(first[0], first[1]) != 0 && strcmp(first[0], first[2]) != 0);
+    snprintf(cmd, sizeof cmd, "%s --ddp-compress zip 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--ddp-compress expects none, bf16, fp16 or powersgd") != NULL);
+    free(out);
+}
+
 static void test_bad_flags(void) {
     char cmd[2 * PATH_MAX], *out;
     snprintf(cmd, sizeof cmd, "%s --batch-size zero 2>&1", bin);
@@ -102,6 +133,7 @@ int main(void) {
         return check_summary();
     }
     RUN(test_spawned);
+    RUN(test_compressed);
     RUN(test_bad_flags);
     return check_summary();
 }

@@ -18,6 +18,7 @@
 #include "../check.h"
 #include "dtrain/graph.h"
 #include "dtrain/nn.h"
+#include "nn/nn_impl.h"
 #include "nn/prec.h"
 
 #include <math.h>
@@ -222,7 +223,10 @@ static void model_case_run(const model_case *c, dt_precision p, int threads, int
 
 static const model_case model_cases[] = {
     {"model linear 37->29", 37, 1, 1, 0, 29, 0, 0, 0, 37, 29, 1},
-    {"model conv 3->7 k3 s1 p1 (wide path)", 3, 9, 11, 1, 7, 3, 1, 1, 27, 63, 99},
+    // stride 1 in bf16: conv16.c's kernels on the avx512bf16 path, im2col on the fp32 one
+    {"model conv 3->7 k3 s1 p1 (bf16 kernels / wide path)", 3, 9, 11, 1, 7, 3, 1, 1, 27, 63, 99},
+    {"model conv 5->17 k3 s1 p0 (8-row blocks, odd channels)", 5, 12, 13, 1, 17, 3, 1, 0, 45, 153,
+     110},
     {"model conv 2->5 k3 s2 (strided path)", 2, 10, 9, 1, 5, 3, 2, 0, 18, 45, 16},
 };
 
@@ -241,6 +245,75 @@ static void errors(void) {
     CHECK(p == DT_PREC_BF16);
     CHECK_ERR(dt_precision_parse("half", &p), DT_ERR_ARG, "\"half\"");
     CHECK(strcmp(dt_precision_name(DT_PREC_FP16), "fp16") == 0);
+}
+
+// The 16-bit saved state (Linear's bf16 copy of its input) exists only in 16-bit modes:
+// a graph that ran in fp32 first reserves again when set to bf16, and then trains
+// bitwise as one in bf16 from the start; back in fp32 it is bitwise fp32 again.
+static void precision_switch(void) {
+    check_current = "precision switch";
+    layer_case c  = graph_cases[0];
+    dt_graph  *g1 = graph_of(&c), *g2 = graph_of(&c), *g3 = graph_of(&c);
+    enum { B = 4 };
+    size_t   nx = B * dt_shape_numel(&c.in), ny = B * 3 * 29;
+    float   *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * ny);
+    uint64_t s = 11;
+    for (size_t i = 0; i < nx; i++)
+        x[i] = urand(&s);
+    for (size_t i = 0; i < ny; i++)
+        dy[i] = urand(&s);
+    CHECK_OK(dt_graph_forward(g1, (const void *[]){x}, B)); // fp32 buffers
+    CHECK_OK(dt_graph_set_precision(g1, DT_PREC_BF16));
+    CHECK_OK(dt_graph_set_precision(g2, DT_PREC_BF16));
+    dt_graph *gs[2] = {g1, g2};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(dt_graph_forward(gs[i], (const void *[]){x}, B));
+        dt_params_zero_grad(dt_graph_params(gs[i]));
+        CHECK_OK(dt_graph_backward(gs[i], dy));
+    }
+    size_t np = dt_params_numel(dt_graph_params(g1));
+    CHECK(!memcmp(dt_graph_output(g1), dt_graph_output(g2), sizeof(float) * ny));
+    CHECK(!memcmp(dt_params_grads(dt_graph_params(g1)), dt_params_grads(dt_graph_params(g2)),
+                  sizeof(float) * np));
+    CHECK(!memcmp(dt_graph_input_grad(g1, 0), dt_graph_input_grad(g2, 0), sizeof(float) * nx));
+    CHECK_OK(dt_graph_set_precision(g1, DT_PREC_FP32));
+    CHECK_OK(dt_graph_forward(g1, (const void *[]){x}, B));
+    CHECK_OK(dt_graph_forward(g3, (const void *[]){x}, B));
+    CHECK(!memcmp(dt_graph_output(g1), dt_graph_output(g3), sizeof(float) * ny));
+    free(x), free(dy);
+    dt_graph_free(g1), dt_graph_free(g2), dt_graph_free(g3);
+}
+
+// A bf16 convolution whose reduction is below DT_C16_MIN_K (the seed's first, K = 9)
+// stays fp32 where the fp32 shifted kernels run: bitwise the fp32 model, forward and
+// backward, whatever the GEMM path.
+static void small_k_stays_fp32(void) {
+    check_current  = "small K stays fp32";
+    model_case c   = {"conv 1->6 k3", 1, 10, 12, 1, 6, 3, 1, 0, 9, 54, 80};
+    dt_model  *m16 = model_of(&c), *m32 = model_of(&c);
+    bool       fp32k = dt_nn_want_direct();
+    CHECK_OK(dt_model_set_precision(m16, DT_PREC_BF16));
+    enum { B = 3 };
+    size_t   nx = B * dt_model_input_size(m32), ny = B * dt_model_output_size(m32);
+    float   *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * ny);
+    uint64_t s = 5;
+    for (size_t i = 0; i < nx; i++)
+        x[i] = urand(&s);
+    for (size_t i = 0; i < ny; i++)
+        dy[i] = urand(&s);
+    dt_model *ms[2] = {m16, m32};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(dt_model_forward(ms[i], x, B));
+        dt_model_zero_grad(ms[i]);
+        CHECK_OK(dt_model_backward(ms[i], dy));
+    }
+    bool same =
+        !memcmp(dt_model_output(m16), dt_model_output(m32), sizeof(float) * ny) &&
+        !memcmp(dt_model_grads(m16), dt_model_grads(m32), sizeof(float) * dt_model_num_params(m32));
+    CHECK(same == fp32k); // without the fp32 kernels it runs in bf16 on the GEMM path
+    free(x), free(dy);
+    dt_model_free(m16);
+    dt_model_free(m32);
 }
 
 // fp16's range, which the loss scaler exists for: a product past 65504 is inf (bf16's
@@ -287,6 +360,10 @@ int main(void) {
             for (size_t i = 0; i < sizeof graph_cases / sizeof *graph_cases; i++)
                 for (int t = 1; t <= 2; t++)
                     graph_case(&graph_cases[i], (dt_precision)prec, t);
+            if (prec == DT_PREC_BF16) {
+                small_k_stays_fp32();
+                precision_switch();
+            }
             for (size_t i = 0; i < sizeof model_cases / sizeof *model_cases; i++) {
                 model_case_run(&model_cases[i], (dt_precision)prec, 1, 0);
                 model_case_run(&model_cases[i], (dt_precision)prec, 2, 4);

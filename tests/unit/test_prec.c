@@ -213,7 +213,8 @@ static int gemm_case(dt_prec_path path, bool ta, bool tb, int m, int n, int k, b
 static void test_gemm_paths(void) {
     static const int shapes[][3] = {{1, 1, 1},      {17, 33, 65},   {8, 48, 2},     {9, 49, 3},
                                     {3, 5, 7},      {96, 768, 256}, {97, 769, 257}, {130, 17, 600},
-                                    {64, 128, 384}, {33, 100, 1},   {5, 200, 513}};
+                                    {64, 128, 384}, {33, 100, 1},   {5, 200, 513},  {7, 64, 40},
+                                    {20, 112, 6}}; // n 64, 112: 32 + 32 panels
     int              nshapes     = (int)(sizeof shapes / sizeof shapes[0]);
     for (int p = 0; p < DT_PATH_COUNT_; p++) {
         if (!dt_prec_path_supported((dt_prec_path)p)) {
@@ -303,6 +304,40 @@ static int child_path(const char *value, int *path, int *status) {
                : -1;
 }
 
+// dt_gemm_bf16_bias: bitwise C = bias, then C += op(A) op(B), on every path this CPU has
+// (the avx512bf16 path starts its sums from the bias; the others add to a copy of it).
+static void test_gemm_bias(void) {
+    static const int shapes[][3] = {{1, 1, 1}, {9, 49, 3}, {17, 33, 64}, {130, 100, 256}};
+    for (int p = 0; p < DT_PATH_COUNT_; p++) {
+        if (p == DT_PATH_AMX || !dt_prec_path_supported((dt_prec_path)p))
+            continue;
+        CHECK_OK(dt_prec_path_set((dt_prec_path)p));
+        for (int s = 0; s < 4; s++)
+            for (int t = 0; t < 4; t++) {
+                int       m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+                bool      ta = t & 1, tb = t & 2;
+                int       lda = ta ? m : k, ldb = tb ? k : n;
+                uint16_t *a = malloc(2 * (size_t)m * k), *b = malloc(2 * (size_t)k * n);
+                float    *bias = malloc(4 * (size_t)n), *c1 = malloc(4 * (size_t)m * n),
+                      *c2 = malloc(4 * (size_t)m * n);
+                for (int i = 0; i < m * k; i++)
+                    a[i] = dt_f32_to_bf16_1(rndf());
+                for (int i = 0; i < k * n; i++)
+                    b[i] = dt_f32_to_bf16_1(rndf());
+                for (int j = 0; j < n; j++)
+                    bias[j] = rndf() * 4;
+                for (int i = 0; i < m; i++)
+                    memcpy(c2 + (size_t)i * n, bias, 4 * (size_t)n);
+                CHECK_OK(dt_gemm_bf16_bias(ta, tb, m, n, k, a, lda, b, ldb, bias, c1, n));
+                CHECK_OK(dt_gemm_bf16(ta, tb, m, n, k, a, lda, b, ldb, c2, n, true));
+                CHECK(memcmp(c1, c2, 4 * (size_t)m * n) == 0);
+                free(a), free(b), free(bias), free(c1), free(c2);
+            }
+    }
+    CHECK_OK(dt_prec_path_set(dt_prec_path_supported(DT_PATH_AVX512BF16) ? DT_PATH_AVX512BF16
+                                                                         : DT_PATH_FP32));
+}
+
 static void test_env_forcing(void) {
     int path, st;
     CHECK_EQ(child_path("fp32", &path, &st), 0);
@@ -352,6 +387,7 @@ int main(int argc, char **argv) {
     RUN(test_gemm_amx_model);
     RUN(test_gemm_reproducible);
     RUN(test_gemm_empty_k);
+    RUN(test_gemm_bias);
     RUN(test_env_forcing);
     return check_summary();
 }
