@@ -161,6 +161,10 @@ void dt_nn_embedding_backward(int count, int d, const int32_t *idx, const float 
 // x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Backward from x.
 void dt_nn_gelu_forward(size_t n, bool tanh_approx, const float *x, float *y);
 void dt_nn_gelu_backward(size_t n, bool tanh_approx, const float *x, const float *dy, float *dx);
+// torch.nn.ReLU: y = x > 0 ? x : 0; backward from the output y:
+// dx = y > 0 ? dy : 0. Both may run in place (y == x, dx == dy).
+void dt_nn_relu_forward(size_t n, const float *x, float *y);
+void dt_nn_relu_grad(size_t n, const float *y, const float *dy, float *dx);
 // torch.nn.Tanh, torch.nn.Sigmoid: backward from the output y.
 void dt_nn_tanh_forward(size_t n, const float *x, float *y);
 void dt_nn_tanh_backward(size_t n, const float *y, const float *dy, float *dx);
