@@ -232,9 +232,10 @@ dt_status dt_graph_add_node(dt_graph *g, const char *name, dt_layer *layer, int 
         v.tie_val[k] = -1;
     for (int i = 0; i < nin; i++)
         g->vals[v.in[i]].nconsumers++;
-    v.layer_no = 0;
+    v.layer_no = 0; // one past the last (dt_graph_fuse leaves gaps)
     for (int i = 0; i < g->nvals; i++)
-        v.layer_no += g->vals[i].layer != NULL;
+        if (g->vals[i].layer && g->vals[i].layer_no >= v.layer_no)
+            v.layer_no = g->vals[i].layer_no + 1;
     g->vals[g->nvals++] = v;
     g->output           = g->nvals - 1;
     return DT_OK;
@@ -308,6 +309,40 @@ static dt_status full_name(char *buf, const char *node, const char *t) {
     return DT_OK;
 }
 
+static const char *tensor_node(const gval *v) { // dt_graph_fuse's fused nodes
+    return v->tensor_node[0] ? v->tensor_node : v->name;
+}
+
+// Registers the parameters and buffers of the layer nodes order[0..m) in that order.
+static dt_status register_tensors(dt_graph *g, const int *order, int m) {
+    char name[DT_PARAM_NAME_MAX + 1];
+    int  np = 0;
+    for (int q = 0; q < m; q++) {
+        int   i = order[q];
+        gval *v = &g->vals[i];
+        for (int k = 0; k < v->su.nparams; k++) {
+            if (v->tie_val[k] >= 0) {
+                v->pidx[k] = g->vals[v->tie_val[k]].pidx[v->tie_k[k]];
+                continue;
+            }
+            const dt_layer_tensor *t = &v->su.params[k];
+            if (v->copy_of[k][0])
+                snprintf(name, sizeof name, "%s", v->copy_of[k]);
+            else
+                DT_TRY(full_name(name, tensor_node(v), t->name));
+            DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, i, false));
+            v->pidx[k] = np++;
+        }
+        for (int k = 0; k < v->su.nbuffers; k++) {
+            const dt_layer_tensor *t = &v->su.buffers[k];
+            DT_TRY(full_name(name, tensor_node(v), t->name));
+            DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, i, true));
+            v->bidx[k] = dt_params_buffer_count(g->params) - 1;
+        }
+    }
+    return DT_OK;
+}
+
 dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
     if (!g)
         return dt_fail(DT_ERR_ARG, "dt_graph_finalize: expected a graph, found NULL");
@@ -327,33 +362,24 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
     g->first_user = NULL;
     DT_TRY(dt_blas_init());
     DT_TRY(dt_params_new(&g->params, NULL));
-    char name[DT_PARAM_NAME_MAX + 1];
-    int  np = 0;
+    // Tensors in layer position order: node order, but for the nodes of dt_graph_fuse,
+    // which keep their BatchNorm's place (and so the unfused model's parameter order).
+    int *order = dt_alloc(sizeof(int) * (size_t)g->nvals), m = 0;
+    if (!order)
+        return DT_ERR_NOMEM;
     for (int i = 0; i < g->nvals; i++) {
-        gval *v = &g->vals[i];
-        if (!v->layer)
+        if (!g->vals[i].layer)
             continue;
-        for (int k = 0; k < v->su.nparams; k++) {
-            if (v->tie_val[k] >= 0) {
-                v->pidx[k] = g->vals[v->tie_val[k]].pidx[v->tie_k[k]];
-                continue;
-            }
-            const dt_layer_tensor *t = &v->su.params[k];
-            if (v->copy_of[k][0])
-                snprintf(name, sizeof name, "%s", v->copy_of[k]);
-            else
-                DT_TRY(full_name(name, v->name, t->name));
-            DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, i, false));
-            v->pidx[k] = np++;
-        }
-        for (int k = 0; k < v->su.nbuffers; k++) {
-            const dt_layer_tensor *t = &v->su.buffers[k];
-            DT_TRY(full_name(name, v->name, t->name));
-            DT_TRY(dt_params_add_ex(g->params, name, t->ndim, t->shape, t->flags, i, true));
-            v->bidx[k] = dt_params_buffer_count(g->params) - 1;
-        }
+        int k = m++;
+        for (; k > 0 && g->vals[order[k - 1]].layer_no > g->vals[i].layer_no; k--)
+            order[k] = order[k - 1];
+        order[k] = i;
     }
+    dt_status st = register_tensors(g, order, m);
+    dt_free(order);
+    DT_TRY(st);
     DT_TRY(dt_params_alloc(g->params));
+    int np        = dt_params_count(g->params);
     g->first_user = dt_alloc(sizeof(int) * (size_t)(np ? np : 1));
     if (!g->first_user)
         return DT_ERR_NOMEM;
@@ -684,6 +710,7 @@ static dt_status run_range(node_task *k, int t, int n) {
              .keys      = keys,
              .precision = g->prec,
              .w16       = (const void *const *)v->w16,
+             .pool      = n == 1 && g->split > 1 ? g->pool : NULL, // a node run whole
     };
     if (!k->backward)
         return v->layer->ops->forward(v->layer, &a);

@@ -30,7 +30,10 @@ typedef struct gval {
     bool         moved; // its layer went to another graph (dt_graph_extract)
     // dt_graph_extract: parameter k was tied to a node left behind; it is a tensor of
     // its own here, registered under its owner's name (empty: not such a copy).
-    char  copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
+    char copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
+    // dt_graph_fuse: the node whose name its tensors are registered under (the fused
+    // BatchNorm's); empty: its own.
+    char  tensor_node[DT_GRAPH_NAME_MAX + 1];
     void *w16[DT_LAYER_MAX_TENSORS]; // 16-bit shadows (su.lowp_params), per precision
 } gval;
 

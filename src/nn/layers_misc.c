@@ -78,6 +78,10 @@ static const dt_layer_ops act_ops[] = {
     {"silu", act_setup, NULL, act_forward, act_backward, NULL},
 };
 
+bool lay_is_relu(const dt_layer *l) {
+    return l && l->ops == &act_ops[DT_ACT_RELU];
+}
+
 dt_status dt_layer_act_new(dt_layer **out, dt_act act, const dt_layer_opts *opts) {
     (void)opts;
     if ((int)act < 0 || (int)act > DT_ACT_SILU)
@@ -400,6 +404,10 @@ static dt_status add_backward(const dt_layer *l, const dt_layer_args *a) {
 }
 
 static const dt_layer_ops add_ops = {"add", add_setup, NULL, add_forward, add_backward, NULL};
+
+bool lay_is_add(const dt_layer *l) {
+    return l && l->ops == &add_ops;
+}
 
 dt_status dt_layer_add_new(dt_layer **out, const dt_layer_opts *opts) {
     (void)opts;
