@@ -16,9 +16,9 @@
 // of input channels, a reduction over the output pixels with the output channels in
 // the lanes, reading channels-last copies of the input and of the output gradient.
 //
-// Stride-1 3x3 convolutions (forward, and the input gradient as a convolution of dy)
-// go through Winograd F(2x2, 3x3) instead, on the same register blocks (see below); a
-// 1-channel 3x3 stem has its own kernel with pixels in the lanes.
+// Stride-1 3x3 convolutions (forward, the input gradient as a convolution of dy, and
+// the weight gradient) go through Winograd F(2x2, 3x3) instead (conv_wino.c), on the
+// same register blocks; a 1-channel 3x3 stem has its own kernel with pixels in the lanes.
 //
 // Sums run in a fixed order (taps, then channels, then pixels row by row; per sample,
 // then over samples), so results do not vary from run to run.
@@ -93,6 +93,10 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
                        (size_t)g.hp * g.wp * p->cin + dt_nn_wino_scratch(&t, g.ho, g.wo);
             bwd = bwd > d ? bwd : d;
         }
+    }
+    if (dt_nn_wino_fits(p)) {
+        size_t d = dt_nn_wino_dw_scratch(p, h, w);
+        bwd      = bwd > d ? bwd : d;
     }
     size_t stem = (size_t)g.hp * STEM_LD;
     if (dt_nn_wino_fits(p)) {
@@ -297,6 +301,10 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
                         wt[((size_t)o * cin + c) * kk + kk - 1 - t2];
         dt_nn_wino_forward(&t, n, g.ho, g.wo, dy, wf, NULL, dx, ws);
         dx = NULL;
+    }
+    if (!dx && dt_nn_wino_dw_ok(p, h, w)) { // the weight gradient alone, as Winograd too
+        dt_nn_wino_dw(p, n, h, w, x, dy, dw, db, scratch);
+        return;
     }
     if (dx) {
         // wdx[(t*cout + o)*cin + c] = w[o][c][t]

@@ -277,4 +277,12 @@ size_t dt_nn_wino_scratch(const dt_nn_conv2d *p, int h, int w);
 void dt_nn_wino_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x, const float *wt,
                         const float *b, float *y, float *scratch);
 
+// The weight gradient of a convolution dt_nn_wino_fits takes, through the same
+// transforms (and db += the sums of dy when p->bias and db): whether it is taken
+// (cin a multiple of 8; DT_CONV_WINO_DW), its scratch floats, the call (dw ADDED to).
+bool   dt_nn_wino_dw_ok(const dt_nn_conv2d *p, int h, int w);
+size_t dt_nn_wino_dw_scratch(const dt_nn_conv2d *p, int h, int w);
+void   dt_nn_wino_dw(const dt_nn_conv2d *p, int n, int h, int w, const float *x, const float *dy,
+                     float *dw, float *db, float *scratch);
+
 #endif // DTRAIN_NN_CONV_CL_IMPL_H

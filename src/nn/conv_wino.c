@@ -73,6 +73,61 @@ bool dt_nn_wino_dx(const dt_nn_conv2d *p, int h, int w) {
 }
 
 #if CL_KERNELS
+// V[xi][c][tile] = (B^T d B)[xi] of sample xs's 4x4 patches (planes vst floats apart,
+// channels T apart), through the padded input xp (zero margins, z.lx floats a row).
+CL_TARGET static inline __attribute__((always_inline)) void wino_input(const dt_nn_conv2d *p,
+                                                                       const wino *zp, int h, int w,
+                                                                       const float *xs, float *xp,
+                                                                       float *Vt, size_t vst) {
+    const wino    z   = *zp;
+    int           cin = p->cin, T = z.T;
+    const __m512i i0 = _mm512_set_epi32(0, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0),
+                  i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(1)),
+                  i2 = _mm512_add_epi32(i0, _mm512_set1_epi32(2)),
+                  i3 = _mm512_add_epi32(i0, _mm512_set1_epi32(3));
+    for (int c = 0; c < cin; c++)
+        for (int i = 0; i < h; i++)
+            copy_row(xp + ((size_t)c * z.hx + i + p->ph) * z.lx + p->pw,
+                     xs + ((size_t)c * h + i) * w, w);
+    // V[xi][c][tile] = (B^T d B)[xi], 16 tiles of a tile row at a time
+    for (int c = 0; c < cin; c++)
+        for (int ti = 0; ti < z.th; ti++) {
+            // columns 2tj..2tj+3 of the patch rows as vectors over 15 tiles (their 32
+            // floats are one window; lane 15 is never stored), permuted in registers
+            for (int tj0 = 0; tj0 < z.tw; tj0 += 15) {
+                int       len = z.tw - tj0 < 15 ? z.tw - tj0 : 15;
+                __mmask16 m   = (__mmask16)((1u << len) - 1);
+                __m512    cr[4][4];
+                UNROLL(4) for (int r = 0; r < 4; r++) {
+                    const float *row = xp + ((size_t)c * z.hx + 2 * ti + r) * z.lx + 2 * tj0;
+                    __m512       lo = _mm512_loadu_ps(row), hi = _mm512_loadu_ps(row + 16);
+                    __m512       d0 = _mm512_permutex2var_ps(lo, i0, hi),
+                           d1       = _mm512_permutex2var_ps(lo, i1, hi),
+                           d2       = _mm512_permutex2var_ps(lo, i2, hi),
+                           d3       = _mm512_permutex2var_ps(lo, i3, hi);
+                    cr[r][0]        = _mm512_sub_ps(d0, d2);
+                    cr[r][1]        = _mm512_add_ps(d1, d2);
+                    cr[r][2]        = _mm512_sub_ps(d2, d1);
+                    cr[r][3]        = _mm512_sub_ps(d1, d3);
+                }
+                float *dst  = Vt + (size_t)c * T + (size_t)ti * z.tw + tj0;
+                size_t xs16 = vst; // between xi planes
+                UNROLL(4) for (int bb = 0; bb < 4; bb++) {
+                    _mm512_mask_storeu_ps(dst + (0 * 4 + bb) * xs16, m,
+                                          _mm512_sub_ps(cr[0][bb], cr[2][bb]));
+                    _mm512_mask_storeu_ps(dst + (1 * 4 + bb) * xs16, m,
+                                          _mm512_add_ps(cr[1][bb], cr[2][bb]));
+                    _mm512_mask_storeu_ps(dst + (2 * 4 + bb) * xs16, m,
+                                          _mm512_sub_ps(cr[2][bb], cr[1][bb]));
+                    _mm512_mask_storeu_ps(dst + (3 * 4 + bb) * xs16, m,
+                                          _mm512_sub_ps(cr[1][bb], cr[3][bb]));
+                }
+            }
+        }
+}
+#endif
+
+#if CL_KERNELS
 CL_TARGET void dt_nn_wino_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                                   const float *wt, const float *b, float *y, float *scratch) {
     wino   z   = wino_of(p, h, w);
@@ -95,53 +150,10 @@ CL_TARGET void dt_nn_wino_forward(const dt_nn_conv2d *p, int n, int h, int w, co
                         (float)(t[a][0] * G[bb][0] + t[a][1] * G[bb][1] + t[a][2] * G[bb][2]);
         }
     memset(xp, 0, sizeof(float) * ((size_t)cin * z.hx * z.lx + 32));
-    int           V = cout % 32 == 0 ? 2 : 1, lanes = 16 * V;
-    const int     zero[1] = {0};
-    const __m512i i0 = _mm512_set_epi32(0, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0),
-                  i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(1)),
-                  i2 = _mm512_add_epi32(i0, _mm512_set1_epi32(2)),
-                  i3 = _mm512_add_epi32(i0, _mm512_set1_epi32(3));
+    int       V = cout % 32 == 0 ? 2 : 1, lanes = 16 * V;
+    const int zero[1] = {0};
     for (int s = 0; s < n; s++) {
-        const float *xs = x + (size_t)s * cin * h * w;
-        for (int c = 0; c < cin; c++)
-            for (int i = 0; i < h; i++)
-                copy_row(xp + ((size_t)c * z.hx + i + p->ph) * z.lx + p->pw,
-                         xs + ((size_t)c * h + i) * w, w);
-        // V[xi][c][tile] = (B^T d B)[xi], 16 tiles of a tile row at a time
-        for (int c = 0; c < cin; c++)
-            for (int ti = 0; ti < z.th; ti++) {
-                // columns 2tj..2tj+3 of the patch rows as vectors over 15 tiles (their 32
-                // floats are one window; lane 15 is never stored), permuted in registers
-                for (int tj0 = 0; tj0 < z.tw; tj0 += 15) {
-                    int       len = z.tw - tj0 < 15 ? z.tw - tj0 : 15;
-                    __mmask16 m   = (__mmask16)((1u << len) - 1);
-                    __m512    cr[4][4];
-                    UNROLL(4) for (int r = 0; r < 4; r++) {
-                        const float *row = xp + ((size_t)c * z.hx + 2 * ti + r) * z.lx + 2 * tj0;
-                        __m512       lo = _mm512_loadu_ps(row), hi = _mm512_loadu_ps(row + 16);
-                        __m512       d0 = _mm512_permutex2var_ps(lo, i0, hi),
-                               d1       = _mm512_permutex2var_ps(lo, i1, hi),
-                               d2       = _mm512_permutex2var_ps(lo, i2, hi),
-                               d3       = _mm512_permutex2var_ps(lo, i3, hi);
-                        cr[r][0]        = _mm512_sub_ps(d0, d2);
-                        cr[r][1]        = _mm512_add_ps(d1, d2);
-                        cr[r][2]        = _mm512_sub_ps(d2, d1);
-                        cr[r][3]        = _mm512_sub_ps(d1, d3);
-                    }
-                    float *dst  = Vt + (size_t)c * T + (size_t)ti * z.tw + tj0;
-                    size_t xs16 = vst; // between xi planes
-                    UNROLL(4) for (int bb = 0; bb < 4; bb++) {
-                        _mm512_mask_storeu_ps(dst + (0 * 4 + bb) * xs16, m,
-                                              _mm512_sub_ps(cr[0][bb], cr[2][bb]));
-                        _mm512_mask_storeu_ps(dst + (1 * 4 + bb) * xs16, m,
-                                              _mm512_add_ps(cr[1][bb], cr[2][bb]));
-                        _mm512_mask_storeu_ps(dst + (2 * 4 + bb) * xs16, m,
-                                              _mm512_sub_ps(cr[2][bb], cr[1][bb]));
-                        _mm512_mask_storeu_ps(dst + (3 * 4 + bb) * xs16, m,
-                                              _mm512_sub_ps(cr[1][bb], cr[3][bb]));
-                    }
-                }
-            }
+        wino_input(p, &z, h, w, x + (size_t)s * cin * h * w, xp, Vt, vst);
         // M[xi][og][tile][lane] = sum_c V[xi][c][tile] * U[xi][c][og*lanes + lane]: the
         // register blocks write their tiles straight into M
         for (int xi = 0; xi < 16; xi++)
@@ -185,5 +197,168 @@ CL_TARGET void dt_nn_wino_forward(const dt_nn_conv2d *p, int n, int h, int w, co
                                 ys + ((size_t)c0 * ho + i) * wo + j0, (size_t)ho * wo,
                                 p->bias ? b + c0 : NULL, wo - j0);
     }
+}
+#endif
+
+// ------------------------------------------------------ weight gradient, Winograd
+
+// The weight gradient through the same transforms: with M = U .* V per tile and
+// transformed position xi, and Y = A^T M A, the gradient reaching U[xi][c][o] is the
+// sum over tiles of V[xi][c][tile] * dM[xi][tile][o], where dM = A dY A^T is the tile's
+// 2x2 output gradient spread over the 4x4 positions (outputs past the image count 0);
+// and dW[o][c] = G^T dU[.][c][o] G. So the per-sample reduction is 16 products per tile
+// (4 outputs) where the direct kernels take 36: 16 GEMMs (cin x tiles) x (tiles x cout)
+// on register blocks of R input channels x 16*V output channels (a dM vector loaded, R
+// V values broadcast), summed in dU over the samples; G^T dU G once per call, in double.
+// (DT_CONV_WINO_DW=0: the direct kernels; 1: wherever it fits.)
+bool dt_nn_wino_dw_ok(const dt_nn_conv2d *p, int h, int w) {
+    int tiles = ((h + 2 * p->ph - 1) / 2) * ((w + 2 * p->pw - 1) / 2);
+    if (!dt_nn_wino_fits(p) || p->cin % 8 || getenv_is("DT_CONV_WINO_DW", "0") ||
+        getenv_is("DT_CONV_WINO", "0"))
+        return false;
+    return getenv_is("DT_CONV_WINO_DW", "1") || (p->cin >= 16 && tiles >= 16);
+}
+
+// Scratch: dU, the padded input, V, dy channels-last (+ one row of slack), dM.
+typedef struct wino_dw_layout {
+    size_t du, xp, v, dycl, dm;
+} wino_dw_layout;
+
+static wino_dw_layout wino_dw_of(const dt_nn_conv2d *p, int h, int w, const wino *z) {
+    wino_dw_layout d;
+    size_t         ho = (size_t)h + 2 * p->ph - 2, wo = (size_t)w + 2 * p->pw - 2;
+    d.du   = 0;
+    d.xp   = d.du + (size_t)16 * p->cin * p->cout;
+    d.v    = d.xp + (size_t)p->cin * z->hx * z->lx + 32;
+    d.dycl = d.v + 16 * wino_vst(p, z->T);
+    d.dm   = d.dycl + (ho * wo + 16) * p->cout;
+    return d;
+}
+
+size_t dt_nn_wino_dw_scratch(const dt_nn_conv2d *p, int h, int w) {
+    wino z = wino_of(p, h, w);
+    return wino_dw_of(p, h, w, &z).dm + 16 * wino_mst(p, z.T);
+}
+
+#if CL_KERNELS
+// dst[(c0 + r)*cout + o0 + 16v] += sum over tiles t of v[(c0 + r)*T + t] *
+// dm[t*cout + o0 + 16v], r < R, v < V.
+// clang-format off
+#define DEFINE_WDW(name, R, V)                                                                \
+    CL_TARGET static inline __attribute__((always_inline)) void name(                        \
+        const float *restrict v, const float *restrict dm, int T, int cout, int c0, int o0,  \
+        float *restrict dst) {                                                               \
+        dt_v16f acc[R][V];                                                                   \
+        UNROLL(16) for (int r = 0; r < R; r++) UNROLL(4) for (int q = 0; q < V; q++)         \
+            acc[r][q] = ZERO16();                                                            \
+        const float *vs = v + (size_t)c0 * T, *gs = dm + o0;                                 \
+        for (int t = 0; t < T; t++, vs++, gs += cout) {                                      \
+            dt_v16f gv[V];                                                                   \
+            UNROLL(4) for (int q = 0; q < V; q++) gv[q] = LOAD16(gs + 16 * q);               \
+            UNROLL(16) for (int r = 0; r < R; r++) {                                         \
+                dt_v16f xb = BCAST(vs + (size_t)r * T);                                      \
+                UNROLL(4) for (int q = 0; q < V; q++) acc[r][q] += xb * gv[q];               \
+            }                                                                                \
+        }                                                                                    \
+        UNROLL(16) for (int r = 0; r < R; r++) UNROLL(4) for (int q = 0; q < V; q++) {       \
+            float *d = dst + (size_t)(c0 + r) * cout + o0 + 16 * q;                          \
+            STORE16(d, LOAD16(d) + acc[r][q]);                                               \
+        }                                                                                    \
+    }
+
+// clang-format on
+DEFINE_WDW(wdw_16x1, 16, 1)
+DEFINE_WDW(wdw_8x1, 8, 1)
+DEFINE_WDW(wdw_8x2, 8, 2)
+
+CL_TARGET void dt_nn_wino_dw(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                             const float *dy, float *dw, float *db, float *scratch) {
+    wino           z   = wino_of(p, h, w);
+    wino_dw_layout d   = wino_dw_of(p, h, w, &z);
+    int            cin = p->cin, cout = p->cout, ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2;
+    int            T   = z.T;
+    size_t         vst = wino_vst(p, T), mst = wino_mst(p, T), hwo = (size_t)ho * wo;
+    float *dU = scratch + d.du, *xp = scratch + d.xp, *Vt = scratch + d.v, *dycl = scratch + d.dycl,
+          *dM = scratch + d.dm;
+    memset(dU, 0, sizeof(float) * 16 * cin * cout);
+    memset(xp, 0, sizeof(float) * ((size_t)cin * z.hx * z.lx + 32));
+    int          Vw = cout % 32 == 0 ? 2 : 1, R = Vw == 1 && cin % 16 == 0 ? 16 : 8;
+    const __m512 zero = _mm512_setzero_ps();
+    for (int s = 0; s < n; s++) {
+        const float *dys = dy + (size_t)s * cout * hwo;
+        wino_input(p, &z, h, w, x + (size_t)s * cin * h * w, xp, Vt, vst);
+        if (p->bias && db)
+            for (int o = 0; o < cout; o++) {
+                double acc = 0.0;
+                for (size_t q = 0; q < hwo; q++)
+                    acc += dys[(size_t)o * hwo + q];
+                db[o] += (float)acc;
+            }
+        // dy channels-last: 16x16 transposes, the last pixels one by one
+        size_t qf = hwo & ~(size_t)15;
+        for (int o0 = 0; o0 < cout; o0 += 16) {
+            for (size_t q0 = 0; q0 < qf; q0 += 16)
+                transpose16(dys + (size_t)o0 * hwo + q0, hwo, dycl + q0 * cout + o0, (size_t)cout,
+                            NULL, 16);
+            for (int o = o0; o < o0 + 16; o++)
+                for (size_t q = qf; q < hwo; q++)
+                    dycl[q * cout + o] = dys[(size_t)o * hwo + q];
+        }
+        // dM[xi][tile][o] = (A dY A^T)[xi]: rows (y0, y0 + y1, y0 - y1, -y1), then the
+        // same down the columns
+        for (int ti = 0; ti < z.th; ti++)
+            for (int tj = 0; tj < z.tw; tj++) {
+                int          i = 2 * ti, j = 2 * tj;
+                bool         right = j + 1 < wo, down = i + 1 < ho;
+                const float *y0 = dycl + ((size_t)i * wo + j) * cout, *y1 = y0 + (size_t)wo * cout;
+                float       *dst = dM + ((size_t)ti * z.tw + tj) * cout;
+                for (int o0 = 0; o0 < cout; o0 += 16) {
+                    __m512 a     = _mm512_loadu_ps(y0 + o0),
+                           b     = right ? _mm512_loadu_ps(y0 + cout + o0) : zero;
+                    __m512 c     = down ? _mm512_loadu_ps(y1 + o0) : zero,
+                           e     = down && right ? _mm512_loadu_ps(y1 + cout + o0) : zero;
+                    __m512 r0[4] = {a, _mm512_add_ps(a, b), _mm512_sub_ps(a, b),
+                                    _mm512_sub_ps(zero, b)};
+                    __m512 r1[4] = {c, _mm512_add_ps(c, e), _mm512_sub_ps(c, e),
+                                    _mm512_sub_ps(zero, e)};
+                    UNROLL(4) for (int bb = 0; bb < 4; bb++) {
+                        float *q = dst + o0 + (size_t)bb * mst;
+                        _mm512_storeu_ps(q, r0[bb]);
+                        _mm512_storeu_ps(q + 4 * mst, _mm512_add_ps(r0[bb], r1[bb]));
+                        _mm512_storeu_ps(q + 8 * mst, _mm512_sub_ps(r0[bb], r1[bb]));
+                        _mm512_storeu_ps(q + 12 * mst, _mm512_sub_ps(zero, r1[bb]));
+                    }
+                }
+            }
+        for (int xi = 0; xi < 16; xi++) {
+            const float *v = Vt + (size_t)xi * vst, *m = dM + (size_t)xi * mst;
+            float       *u = dU + (size_t)xi * cin * cout;
+            for (int c0 = 0; c0 < cin; c0 += R)
+                for (int o0 = 0; o0 < cout; o0 += 16 * Vw) {
+                    if (Vw == 2)
+                        wdw_8x2(v, m, T, cout, c0, o0, u);
+                    else if (R == 16)
+                        wdw_16x1(v, m, T, cout, c0, o0, u);
+                    else
+                        wdw_8x1(v, m, T, cout, c0, o0, u);
+                }
+        }
+    }
+    // dw[o][c] += G^T dU[.][c][o] G
+    static const double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+    for (int o = 0; o < cout; o++)
+        for (int c = 0; c < cin; c++) {
+            double t[4][3] = {{0}};
+            for (int a = 0; a < 4; a++)
+                for (int kj = 0; kj < 3; kj++)
+                    for (int bb = 0; bb < 4; bb++)
+                        t[a][kj] +=
+                            (double)dU[((size_t)(a * 4 + bb) * cin + c) * cout + o] * G[bb][kj];
+            float *g = dw + ((size_t)o * cin + c) * 9;
+            for (int ki = 0; ki < 3; ki++)
+                for (int kj = 0; kj < 3; kj++)
+                    g[ki * 3 + kj] += (float)(G[0][ki] * t[0][kj] + G[1][ki] * t[1][kj] +
+                                              G[2][ki] * t[2][kj] + G[3][ki] * t[3][kj]);
+        }
 }
 #endif
