@@ -81,8 +81,11 @@ static void bn_run(void *arg, int i, int nth) {
     int                  c0 = (int)((int64_t)c * i / nth), c1 = (int)((int64_t)c * (i + 1) / nth);
     int                  rows = n * c;
     int          r0 = (int)((int64_t)rows * i / nth), r1 = (int)((int64_t)rows * (i + 1) / nth);
-    const float *res    = t->p->residual ? a->x[1] : NULL;
-    const float *relu_y = t->p->relu ? a->y : NULL; // backward: the forward's output
+    const float *res = t->p->residual ? a->x[1] : NULL;
+    // backward behind the ReLU: the mask from x again (the forward's affine; x is read
+    // anyway), or with a residual from the forward's output
+    dt_nn_bn_relu        mask = {t->p->residual ? a->y : NULL, t->gamma, t->beta};
+    const dt_nn_bn_relu *relu = t->p->relu ? &mask : NULL;
     switch (t->phase) {
     case STATS:
         dt_nn_bn_stats_range(n, c, c0, c1, len, a->x[0], t->s1, t->s2);
@@ -92,11 +95,11 @@ static void bn_run(void *arg, int i, int nth) {
                             t->p->relu, a->y);
         break;
     case GRAD_STATS:
-        dt_nn_bn_backward_stats_ex(n, c, c0, c1, len, a->x[0], a->dy, relu_y, t->mean, t->invstd,
+        dt_nn_bn_backward_stats_ex(n, c, c0, c1, len, a->x[0], a->dy, relu, t->mean, t->invstd,
                                    t->s1, t->s2, t->p->residual ? a->dx[1] : NULL);
         break;
     case GRAD_APPLY:
-        dt_nn_bn_backward_apply_rows(n, c, len, r0, r1, a->x[0], a->dy, relu_y, t->mean, t->invstd,
+        dt_nn_bn_backward_apply_rows(n, c, len, r0, r1, a->x[0], a->dy, relu, t->mean, t->invstd,
                                      t->gamma, t->s1, t->s2, t->count, a->dx[0]);
         break;
     }
@@ -167,6 +170,7 @@ static dt_status bn_backward(const dt_layer *l, const dt_layer_args *a) {
                        .mean   = a->saved,
                        .invstd = a->saved + c,
                        .gamma  = p->p.affine ? a->w[0] : NULL,
+                       .beta   = p->p.affine ? a->w[1] : NULL,
                        .s1     = a->scratch,
                        .s2     = a->scratch + c};
     bn_pass(&t, GRAD_STATS); // sum of dy and of dy * xhat (and the residual's gradient)

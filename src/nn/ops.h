@@ -133,19 +133,27 @@ void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const floa
 // sum_dy[c] = sum of dy, sum_dyx[c] = sum of dy * (x - mean) * invstd, over (n, l).
 void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *dy,
                              const float *mean, const float *invstd, float *sum_dy, float *sum_dyx);
-// Channels [c0, c1) of it, behind a ReLU of output y (NULL: none); dres (NULL: not
-// wanted) receives the gradient reaching the normalisation (a residual's gradient).
+// A ReLU after the normalisation (the fused forms): its mask y > 0 comes from the
+// forward's output y, or, with y NULL, from x again: x * scale + shift > 0 with the
+// forward's gamma and beta and the forward's own multiply-add (x is read anyway, so
+// one stream fewer; only without a residual, which would have to be read instead).
+typedef struct dt_nn_bn_relu {
+    const float *y;
+    const float *gamma, *beta;
+} dt_nn_bn_relu;
+// Channels [c0, c1) of it, behind a ReLU (NULL: none); dres (NULL: not wanted) receives
+// the gradient reaching the normalisation (a residual's gradient).
 void dt_nn_bn_backward_stats_ex(int n, int c, int c0, int c1, int l, const float *x,
-                                const float *dy, const float *y, const float *mean,
+                                const float *dy, const dt_nn_bn_relu *relu, const float *mean,
                                 const float *invstd, float *sum_dy, float *sum_dyx, float *dres);
 // Training: dx = gamma invstd (dy - sum_dy/count - xhat sum_dyx/count);
 // evaluation (count 0): dx = gamma invstd dy, the statistics being constants.
 void dt_nn_bn_backward_apply(int n, int c, int l, const float *x, const float *dy,
                              const float *mean, const float *invstd, const float *gamma,
                              const float *sum_dy, const float *sum_dyx, double count, float *dx);
-// Rows [r0, r1) of it, behind a ReLU of output y (NULL: none).
+// Rows [r0, r1) of it, behind a ReLU (NULL: none).
 void dt_nn_bn_backward_apply_rows(int n, int c, int l, int r0, int r1, const float *x,
-                                  const float *dy, const float *y, const float *mean,
+                                  const float *dy, const dt_nn_bn_relu *relu, const float *mean,
                                   const float *invstd, const float *gamma, const float *sum_dy,
                                   const float *sum_dyx, double count, float *dx);
 // Local backward: dx written (may be NULL), dgamma += sum_dyx, dbeta += sum_dy.

@@ -90,6 +90,13 @@ void dt_nn_bn_eval_moments(const dt_nn_bn *p, const float *running_mean, const f
     }
 }
 
+// The normalisation as one multiply-add, y = x * scale + shift, for channel ch.
+DT_VINLINE void scale_shift(int ch, const float *mean, const float *invstd, const float *gamma,
+                            const float *beta, float *scale, float *shift) {
+    *scale = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
+    *shift = (beta ? beta[ch] : 0.0f) - mean[ch] * *scale;
+}
+
 // y = x * scale + shift (+ r) (then max(0, .)), one row of l values.
 DT_VINLINE void apply_row(const float *x, const float *r, bool relu, float scale, float shift,
                           int l, float *y) {
@@ -114,11 +121,10 @@ DT_CLONES void dt_nn_bn_apply_rows(int n, int c, int l, int r0, int r1, const fl
                                    const float *beta, const float *res, bool relu, float *y) {
     (void)n;
     for (int row = r0; row < r1; row++) {
-        int ch = row % c;
-        // y = x * scale + shift, one multiply-add per value
-        float  scale = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
-        float  shift = (beta ? beta[ch] : 0.0f) - mean[ch] * scale;
-        size_t o     = (size_t)row * l;
+        int   ch = row % c;
+        float scale, shift; // y = x * scale + shift, one multiply-add per value
+        scale_shift(ch, mean, invstd, gamma, beta, &scale, &shift);
+        size_t o = (size_t)row * l;
         apply_row(x + o, res ? res + o : NULL, relu, scale, shift, l, y + o);
     }
 }
@@ -142,47 +148,75 @@ void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const floa
                    y);
 }
 
-// The gradient reaching the normalisation: dy, or behind a ReLU whose output was y,
-// y > 0 ? dy : 0.
-DT_VINLINE dt_v16f grad_in16(const float *dy, const float *y, int j) {
-    dt_v16f d = dt_load16(dy + j);
-    return y ? dt_keep_positive16(dt_load16(y + j), d) : d;
+// The gradient reaching the normalisation in one row: dy, or behind a ReLU, dy where
+// the ReLU's input was positive: from its output y, or recomputed from x with the
+// forward's own multiply-add (so the same lanes pass).
+typedef struct grad_row {
+    const float *dy, *y, *x;
+    int          mode; // 0: no ReLU; 1: mask from y; 2: from x * sc + sh
+    float        sc, sh;
+} grad_row;
+
+static grad_row grad_row_of(const dt_nn_bn_relu *relu, size_t o, int ch, const float *x,
+                            const float *dy, const float *mean, const float *invstd) {
+    grad_row g = {dy + o, NULL, x + o, 0, 0.0f, 0.0f};
+    if (relu && relu->y) {
+        g.y    = relu->y + o;
+        g.mode = 1;
+    } else if (relu) {
+        g.mode = 2;
+        scale_shift(ch, mean, invstd, relu->gamma, relu->beta, &g.sc, &g.sh);
+    }
+    return g;
 }
-DT_VINLINE float grad_in(const float *dy, const float *y, int j) {
-    return y && !(y[j] > 0.0f) ? 0.0f : dy[j];
+
+DT_VINLINE dt_v16f grad_in16(const grad_row *g, int j) {
+    dt_v16f d = dt_load16(g->dy + j);
+    if (g->mode == 1)
+        return dt_keep_positive16(dt_load16(g->y + j), d);
+    if (g->mode == 2)
+        return dt_keep_positive16(dt_load16(g->x + j) * dt_splat16(g->sc) + dt_splat16(g->sh), d);
+    return d;
+}
+DT_VINLINE float grad_in(const grad_row *g, int j) {
+    if (g->mode == 1)
+        return g->y[j] > 0.0f ? g->dy[j] : 0.0f;
+    if (g->mode == 2)
+        return g->x[j] * g->sc + g->sh > 0.0f ? g->dy[j] : 0.0f;
+    return g->dy[j];
 }
 
 DT_CLONES void dt_nn_bn_backward_stats_ex(int n, int c, int c0, int c1, int l, const float *x,
-                                          const float *dy, const float *y, const float *mean,
-                                          const float *invstd, float *sum_dy, float *sum_dyx,
-                                          float *dres) {
+                                          const float *dy, const dt_nn_bn_relu *relu,
+                                          const float *mean, const float *invstd, float *sum_dy,
+                                          float *sum_dyx, float *dres) {
     for (int ch = c0; ch < c1; ch++) {
         double s = 0.0, q = 0.0;
         float  m = mean[ch];
         for (int i = 0; i < n; i++) {
-            size_t       o  = ((size_t)i * c + ch) * l;
-            const float *xr = x + o, *dr = dy + o, *yr = y ? y + o : NULL;
-            if (!yr && !dres) { // the plain BatchNorm
-                row_moments(dr, xr, m, l, &s, &q);
+            size_t o = ((size_t)i * c + ch) * l;
+            if (!relu && !dres) { // the plain BatchNorm
+                row_moments(dy + o, x + o, m, l, &s, &q);
                 continue;
             }
             // as row_moments, on the gradient behind the ReLU, which goes to dres too
-            dt_v16f sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(m);
-            int     j = 0;
+            grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
+            dt_v16f  sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(m);
+            int      j = 0;
             for (; j + 16 <= l; j += 16) {
-                dt_v16f d = grad_in16(dr, yr, j);
+                dt_v16f d = grad_in16(&g, j);
                 if (dres)
                     dt_store16(dres + o + j, d);
                 sa += d;
-                sq += d * (dt_load16(xr + j) - mv);
+                sq += d * (dt_load16(g.x + j) - mv);
             }
             float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
             for (; j < l; j++) {
-                float d = grad_in(dr, yr, j);
+                float d = grad_in(&g, j);
                 if (dres)
                     dres[o + j] = d;
                 ts += d;
-                tq += d * (xr[j] - m);
+                tq += d * (g.x[j] - m);
             }
             s += ts;
             q += tq;
@@ -199,17 +233,17 @@ void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *d
 }
 
 DT_CLONES void dt_nn_bn_backward_apply_rows(int n, int c, int l, int r0, int r1, const float *x,
-                                            const float *dy, const float *y, const float *mean,
-                                            const float *invstd, const float *gamma,
-                                            const float *sum_dy, const float *sum_dyx, double count,
-                                            float *dx) {
+                                            const float *dy, const dt_nn_bn_relu *relu,
+                                            const float *mean, const float *invstd,
+                                            const float *gamma, const float *sum_dy,
+                                            const float *sum_dyx, double count, float *dx) {
     (void)n;
     for (int row = r0; row < r1; row++) {
-        int          ch = row % c;
-        size_t       o  = (size_t)row * l;
-        const float *xr = x + o, *dr = dy + o, *yr = y ? y + o : NULL;
-        float       *gr = dx + o;
-        float        gs = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
+        int      ch = row % c;
+        size_t   o  = (size_t)row * l;
+        grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
+        float   *gr = dx + o;
+        float    gs = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
         // dx = gs (dy - a - (x - mean) b): a = mean of dy, b = invstd * mean of dy xhat
         // (evaluation, count 0: the statistics are constants, dx = gs dy)
         float   a  = count > 0 ? (float)(sum_dy[ch] / count) : 0.0f;
@@ -218,9 +252,9 @@ DT_CLONES void dt_nn_bn_backward_apply_rows(int n, int c, int l, int r0, int r1,
         dt_v16f av = dt_splat16(a), bv = dt_splat16(b), mv = dt_splat16(m), gv = dt_splat16(gs);
         int     j = 0;
         for (; j + 16 <= l; j += 16)
-            dt_store16(gr + j, gv * (grad_in16(dr, yr, j) - av - (dt_load16(xr + j) - mv) * bv));
+            dt_store16(gr + j, gv * (grad_in16(&g, j) - av - (dt_load16(g.x + j) - mv) * bv));
         for (; j < l; j++)
-            gr[j] = gs * (grad_in(dr, yr, j) - a - (xr[j] - m) * b);
+            gr[j] = gs * (grad_in(&g, j) - a - (g.x[j] - m) * b);
     }
 }
 
