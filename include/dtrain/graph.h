@@ -120,6 +120,17 @@ DT_API int       dt_graph_threads(const dt_graph *g);
 // between steps; DT_ERR_ARG for an unknown mode.
 DT_API dt_status    dt_graph_set_precision(dt_graph *g, dt_precision p);
 DT_API dt_precision dt_graph_precision(const dt_graph *g);
+// Per-node profile (the trainer's --profile): with `on`, every forward and backward adds
+// each node's wall time (as the calling thread sees it: a node split over threads counts
+// once) and the floating-point operations its layer declares (setup's flops_per_sample
+// per sample in forward; in backward once for the parameters' gradient and once for
+// the inputs', where each is computed). Turning it on or off clears the sums.
+typedef struct dt_graph_profile {
+    double fwd_s, bwd_s;       // seconds
+    double fwd_flop, bwd_flop; // operations (a multiply-add is 2; 0: the layer did not say)
+} dt_graph_profile;
+DT_API void      dt_graph_set_profile(dt_graph *g, bool on);
+DT_API dt_status dt_graph_node_profile(const dt_graph *g, int node, dt_graph_profile *out);
 // Whether backward also computes the gradients of the graph's float inputs.
 DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
 

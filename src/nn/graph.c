@@ -745,6 +745,24 @@ static dt_status run_node(node_task *k) {
     return DT_OK;
 }
 
+void dt_graph_set_profile(dt_graph *g, bool on) {
+    if (!g)
+        return;
+    g->profile = on;
+    for (int i = 0; i < g->nvals; i++)
+        g->vals[i].prof = (dt_graph_profile){0};
+}
+
+dt_status dt_graph_node_profile(const dt_graph *g, int node, dt_graph_profile *out) {
+    if (!g || !out || node < 0 || node >= g->nvals)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_graph_node_profile: expected a graph, a node in [0, %d) "
+                       "and an output, found node %d",
+                       g ? g->nvals : 0, node);
+    *out = g->vals[node].prof;
+    return DT_OK;
+}
+
 dt_status dt_graph_set_precision(dt_graph *g, dt_precision p) {
     if (!g || (p != DT_PREC_FP32 && p != DT_PREC_BF16 && p != DT_PREC_FP16))
         return dt_fail(DT_ERR_ARG,
@@ -810,7 +828,12 @@ dt_status dt_graph_forward(dt_graph *g, const void *const *inputs, int batch) {
         v->fwd_training = g->training;
         node_task k     = {.g = g, .v = v};
         DT_TRACE_BEGIN(tr);
+        uint64_t  t0 = g->profile ? dt_now_ns() : 0;
         dt_status st = run_node(&k);
+        if (g->profile) {
+            v->prof.fwd_s += (double)(dt_now_ns() - t0) * 1e-9;
+            v->prof.fwd_flop += v->su.flops_per_sample * batch;
+        }
         DT_TRACE_END(tr, "forward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) forward", v->name, v->layer->ops->kind);
@@ -893,7 +916,15 @@ dt_status dt_graph_backward(dt_graph *g, const float *dout) {
             }
         }
         DT_TRACE_BEGIN(tr);
+        uint64_t  t0 = g->profile ? dt_now_ns() : 0;
         dt_status st = run_node(&k);
+        if (g->profile) { // the weight gradient and the input gradient: a forward each
+            bool dx = false;
+            for (int j = 0; j < v->nin; j++)
+                dx = dx || k.dx[j];
+            v->prof.bwd_s += (double)(dt_now_ns() - t0) * 1e-9;
+            v->prof.bwd_flop += v->su.flops_per_sample * batch * ((v->su.nparams > 0) + dx);
+        }
         DT_TRACE_END(tr, "backward", v->layer->ops->kind, "node", i);
         if (st != DT_OK)
             return dt_fail_context("node '%s' (%s) backward", v->name, v->layer->ops->kind);

@@ -33,8 +33,9 @@ typedef struct gval {
     char copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
     // dt_graph_fuse: the node whose name its tensors are registered under (the fused
     // BatchNorm's); empty: its own.
-    char  tensor_node[DT_GRAPH_NAME_MAX + 1];
-    void *w16[DT_LAYER_MAX_TENSORS]; // 16-bit shadows (su.lowp_params), per precision
+    char             tensor_node[DT_GRAPH_NAME_MAX + 1];
+    void            *w16[DT_LAYER_MAX_TENSORS]; // 16-bit shadows (su.lowp_params), per precision
+    dt_graph_profile prof;                      // dt_graph_set_profile's sums
 } gval;
 
 // One set of the values a forward leaves for its backward (dt_graph_set_slots): the
@@ -77,6 +78,7 @@ struct dt_graph {
     int          nslots, slot;
     dt_precision prec;     // dt_graph_set_precision
     dt_precision w16_prec; // the format the shadows (gval.w16) were made for
+    bool         profile;  // dt_graph_set_profile
 };
 
 // Frees the values' buffers (outputs, saved state, gradients, scratch) and the slots
