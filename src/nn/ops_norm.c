@@ -48,16 +48,25 @@ DT_VINLINE void row_moments(const float *a, const float *b, float bm, int l, dou
     *q += tq;
 }
 
+// The per-channel sums below walk the batch in memory order (sample by sample, the
+// channels of a sample in turn) rather than channel by channel, which would jump a
+// sample's size between rows: the same additions in the same order per channel.
+enum { CH_BLOCK = 64 }; // channels whose double sums stay on the stack at a time
+
 DT_CLONES void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x, float *sum,
                                     float *sumsq) {
-    for (int ch = c0; ch < c1; ch++) {
-        double s = 0.0, q = 0.0;
-        for (int i = 0; i < n; i++) {
-            const float *row = x + ((size_t)i * c + ch) * l;
-            row_moments(row, row, 0.0f, l, &s, &q);
+    for (int b0 = c0; b0 < c1; b0 += CH_BLOCK) {
+        int    b1          = b0 + CH_BLOCK < c1 ? b0 + CH_BLOCK : c1;
+        double s[CH_BLOCK] = {0}, q[CH_BLOCK] = {0};
+        for (int i = 0; i < n; i++)
+            for (int ch = b0; ch < b1; ch++) {
+                const float *row = x + ((size_t)i * c + ch) * l;
+                row_moments(row, row, 0.0f, l, &s[ch - b0], &q[ch - b0]);
+            }
+        for (int ch = b0; ch < b1; ch++) {
+            sum[ch]   = (float)s[ch - b0];
+            sumsq[ch] = (float)q[ch - b0];
         }
-        sum[ch]   = (float)s;
-        sumsq[ch] = (float)q;
     }
 }
 
@@ -190,39 +199,43 @@ DT_CLONES void dt_nn_bn_backward_stats_ex(int n, int c, int c0, int c1, int l, c
                                           const float *dy, const dt_nn_bn_relu *relu,
                                           const float *mean, const float *invstd, float *sum_dy,
                                           float *sum_dyx, float *dres) {
-    for (int ch = c0; ch < c1; ch++) {
-        double s = 0.0, q = 0.0;
-        float  m = mean[ch];
-        for (int i = 0; i < n; i++) {
-            size_t o = ((size_t)i * c + ch) * l;
-            if (!relu && !dres) { // the plain BatchNorm
-                row_moments(dy + o, x + o, m, l, &s, &q);
-                continue;
+    for (int b0 = c0; b0 < c1; b0 += CH_BLOCK) {
+        int    b1          = b0 + CH_BLOCK < c1 ? b0 + CH_BLOCK : c1;
+        double s[CH_BLOCK] = {0}, q[CH_BLOCK] = {0};
+        for (int i = 0; i < n; i++)
+            for (int ch = b0; ch < b1; ch++) {
+                size_t o = ((size_t)i * c + ch) * l;
+                float  m = mean[ch];
+                if (!relu && !dres) { // the plain BatchNorm
+                    row_moments(dy + o, x + o, m, l, &s[ch - b0], &q[ch - b0]);
+                    continue;
+                }
+                // as row_moments, on the gradient behind the ReLU, which goes to dres too
+                grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
+                dt_v16f  sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(m);
+                int      j = 0;
+                for (; j + 16 <= l; j += 16) {
+                    dt_v16f d = grad_in16(&g, j);
+                    if (dres)
+                        dt_store16(dres + o + j, d);
+                    sa += d;
+                    sq += d * (dt_load16(g.x + j) - mv);
+                }
+                float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
+                for (; j < l; j++) {
+                    float d = grad_in(&g, j);
+                    if (dres)
+                        dres[o + j] = d;
+                    ts += d;
+                    tq += d * (g.x[j] - m);
+                }
+                s[ch - b0] += ts;
+                q[ch - b0] += tq;
             }
-            // as row_moments, on the gradient behind the ReLU, which goes to dres too
-            grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
-            dt_v16f  sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(m);
-            int      j = 0;
-            for (; j + 16 <= l; j += 16) {
-                dt_v16f d = grad_in16(&g, j);
-                if (dres)
-                    dt_store16(dres + o + j, d);
-                sa += d;
-                sq += d * (dt_load16(g.x + j) - mv);
-            }
-            float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
-            for (; j < l; j++) {
-                float d = grad_in(&g, j);
-                if (dres)
-                    dres[o + j] = d;
-                ts += d;
-                tq += d * (g.x[j] - m);
-            }
-            s += ts;
-            q += tq;
+        for (int ch = b0; ch < b1; ch++) {
+            sum_dy[ch]  = (float)s[ch - b0];
+            sum_dyx[ch] = (float)(q[ch - b0] * invstd[ch]);
         }
-        sum_dy[ch]  = (float)s;
-        sum_dyx[ch] = (float)(q * invstd[ch]);
     }
 }
 
