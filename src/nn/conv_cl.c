@@ -38,9 +38,13 @@ bool dt_nn_conv_cl_forward_ok(const dt_nn_conv2d *p) {
     return p->groups == 1 && p->cout % 16 == 0 && cpu_ok();
 }
 
-bool dt_nn_conv_cl_backward_ok(const dt_nn_conv2d *p, bool input_grad) {
-    return p->groups == 1 && p->cout % 16 == 0 && p->cin % 8 == 0 &&
-           (!input_grad || p->cin % 16 == 0) && cpu_ok();
+static bool stem_ok(const dt_nn_conv2d *p, int w);
+
+bool dt_nn_conv_cl_backward_ok(const dt_nn_conv2d *p, int w, bool input_grad) {
+    return ((p->groups == 1 && p->cout % 16 == 0 && p->cin % 8 == 0 &&
+             (!input_grad || p->cin % 16 == 0)) ||
+            (stem_ok(p, w) && !input_grad)) &&
+           cpu_ok();
 }
 
 #define STEM_LD 48 // the stem's padded rows: 32 lanes + the kernel's 2 extra columns, rounded up
@@ -98,7 +102,7 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
         size_t d = dt_nn_wino_dw_scratch(p, h, w);
         bwd      = bwd > d ? bwd : d;
     }
-    size_t stem = (size_t)g.hp * STEM_LD;
+    size_t stem = (size_t)g.hp * STEM_LD + (size_t)p->cout * 9 * 16; // + the backward's sums
     if (dt_nn_wino_fits(p)) {
         size_t z = dt_nn_wino_scratch(p, h, w);
         stem     = stem > z ? stem : z;
@@ -154,6 +158,55 @@ CL_TARGET static void stem_forward(const dt_nn_conv2d *p, int n, int h, int w, c
                 }
             }
         }
+    }
+}
+
+// The stem's weight gradient (its input gradient is never needed: the input is the
+// data): dw[o][t] = sum over samples and output pixels of the input shifted by tap t
+// times dy[o], with the pixels of an output row in the lanes, as its forward. Each
+// (channel, tap) keeps sixteen lane sums over a sample's rows, added into `acc` per
+// sample; the lanes are added up once, in double, at the end.
+CL_TARGET static void stem_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                                    const float *dy, float *dw, float *db, float *scratch) {
+    int       ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2, hp = h + 2 * p->ph;
+    __mmask16 m0 = wo >= 16 ? 0xFFFF : (__mmask16)((1u << wo) - 1),
+              m1 = wo > 16 ? (__mmask16)((1u << (wo - 16)) - 1) : 0;
+    float *xp = scratch, *acc = xp + (size_t)hp * STEM_LD; // acc[(o*9 + t)*16 + lane]
+    memset(xp, 0, sizeof(float) * ((size_t)hp * STEM_LD + (size_t)p->cout * 9 * 16));
+    for (int s = 0; s < n; s++) {
+        for (int i = 0; i < h; i++)
+            copy_row(xp + (size_t)(i + p->ph) * STEM_LD + p->pw, x + ((size_t)s * h + i) * w, w);
+        const float *dys = dy + (size_t)s * p->cout * ho * wo;
+        for (int o = 0; o < p->cout; o++) {
+            __m512 a[9];
+            UNROLL(9) for (int t = 0; t < 9; t++) a[t] = _mm512_setzero_ps();
+            for (int i = 0; i < ho; i++) {
+                const float *d = dys + ((size_t)o * ho + i) * wo;
+                __m512 d0 = _mm512_maskz_loadu_ps(m0, d), d1 = _mm512_maskz_loadu_ps(m1, d + 16);
+                UNROLL(9) for (int t = 0; t < 9; t++) {
+                    const float *r = xp + (size_t)(i + t / 3) * STEM_LD + t % 3;
+                    a[t]           = _mm512_fmadd_ps(_mm512_loadu_ps(r), d0, a[t]);
+                    a[t]           = _mm512_fmadd_ps(_mm512_loadu_ps(r + 16), d1, a[t]);
+                }
+            }
+            float *ac = acc + (size_t)o * 9 * 16;
+            UNROLL(9)
+            for (int t = 0; t < 9; t++)
+                _mm512_storeu_ps(ac + 16 * t, _mm512_add_ps(_mm512_loadu_ps(ac + 16 * t), a[t]));
+        }
+        if (p->bias && db)
+            for (int o = 0; o < p->cout; o++) {
+                double sum = 0.0;
+                for (int q = 0; q < ho * wo; q++)
+                    sum += dys[(size_t)o * ho * wo + q];
+                db[o] += (float)sum;
+            }
+    }
+    for (int k = 0; k < p->cout * 9; k++) {
+        double sum = 0.0;
+        for (int l = 0; l < 16; l++)
+            sum += acc[(size_t)k * 16 + l];
+        dw[k] += (float)sum;
     }
 }
 #endif
@@ -280,6 +333,10 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
                                       const float *wt, const float *dy, float *dx, float *dw,
                                       float *db, float *scratch) {
 #if CL_KERNELS
+    if (stem_ok(p, w) && !dx) {
+        stem_backward(p, n, h, w, x, dy, dw, db, scratch);
+        return;
+    }
     geom   g  = geom_of(p, h, w);
     int    kk = g.kk, cin = p->cin, cout = p->cout, sh = p->sh, sw = p->sw;
     size_t wsize = (size_t)kk * cin * cout, hwo = (size_t)g.ho * g.wo;
