@@ -99,8 +99,9 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
         }
     }
     if (dt_nn_wino_fits(p)) {
-        size_t d = dt_nn_wino_dw_scratch(p, h, w);
-        bwd      = bwd > d ? bwd : d;
+        size_t d = dt_nn_wino_dw_scratch(p, h, w), e = dt_nn_wino_backward_scratch(p, h, w);
+        bwd = bwd > d ? bwd : d;
+        bwd = bwd > e ? bwd : e;
     }
     size_t stem = (size_t)g.hp * STEM_LD + (size_t)p->cout * 9 * 16; // + the backward's sums
     if (dt_nn_wino_fits(p)) {
@@ -346,6 +347,10 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
         *ph0 = tw + kk; // taps of phase f: [ph0[f], ph0[f + 1])
     // strided input gradient, channels-last (16 pixels of slack for the transposes)
     float *dxcl = (float *)(void *)(ph0 + sh * sw + 1);
+    if (dx && dt_nn_wino_dx(p, h, w) && dt_nn_wino_dw_ok(p, h, w)) {
+        dt_nn_wino_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        return;
+    }
     if (dx && dt_nn_wino_dx(p, h, w)) {
         // dx first, as one Winograd convolution of dy; then dw alone below. Scratch:
         // the weight gradient's buffers, the flipped weights, Winograd's.

@@ -285,4 +285,11 @@ size_t dt_nn_wino_dw_scratch(const dt_nn_conv2d *p, int h, int w);
 void   dt_nn_wino_dw(const dt_nn_conv2d *p, int n, int h, int w, const float *x, const float *dy,
                      float *dw, float *db, float *scratch);
 
+// Both gradients of a stride-1 3x3 convolution for which dt_nn_wino_dx and
+// dt_nn_wino_dw_ok hold, in one pass over the samples (dx written, dw and db added).
+size_t dt_nn_wino_backward_scratch(const dt_nn_conv2d *p, int h, int w);
+void   dt_nn_wino_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+                           const float *wt, const float *dy, float *dx, float *dw, float *db,
+                           float *scratch);
+
 #endif // DTRAIN_NN_CONV_CL_IMPL_H
