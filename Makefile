@@ -1,5 +1,6 @@
-# dtrain: one GNU Makefile. Sources are found by wildcard, so a new file in src/<module>/,
-# tests/<group>/test_*.c, fuzz/fuzz_*.c or bench/ needs no edit here.
+# dtrain: one GNU Makefile. Sources are found by wildcard, so a new file in src/<module>/
+# or one folder below it (src/comm/tcp/), tests/<group>/test_*.c, fuzz/fuzz_*.c or bench/
+# needs no edit here. The MPI backend's files are those under src/comm/mpi/.
 #
 #   make                 library (static + shared) and programs into build/bin/
 #   make run             install what is missing, build, train the ConvNet on 2 processes
@@ -103,9 +104,12 @@ ifeq ($(HAVE_MPI),1)
 endif
 
 # ---------------------------------------------------------------- sources
-LIB_SRC  := $(sort $(wildcard src/*/*.c))
+# Sorted by path, which fixes the archive's member order (src/comm/backends.c says why
+# that order matters).
+LIB_SRC  := $(sort $(wildcard src/*/*.c src/*/*/*.c))
+MPI_SRC  := $(filter src/comm/mpi/%.c,$(LIB_SRC))
 ifneq ($(HAVE_MPI),1)
-  LIB_SRC := $(filter-out src/comm/mpi%.c,$(LIB_SRC))
+  LIB_SRC := $(filter-out $(MPI_SRC),$(LIB_SRC))
 endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/obj/%.o)
 LIB_A    := $(OUT)/lib/libdtrain.a
@@ -123,7 +127,7 @@ TEST_BIN    := $(TEST_SRC:tests/%.c=$(OUT)/tests/%)
 # Tests with threads of their own, run again under ThreadSanitizer.
 TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data/% \
                  $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model% \
-                 $(OUT)/tests/unit/test_graph%,$(TEST_BIN))
+                 $(OUT)/tests/unit/test_graph% $(OUT)/tests/parallel/test_zero3,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
 # Every folder of examples/, tools/ and bench/ with C files is a program: examples/NAME
@@ -153,7 +157,7 @@ $(OUT)/flags: FORCE
 $(OUT)/obj/%.o: %.c $(OUT)/flags
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(if $(filter src/comm/mpi%,$<),$(MPI_CFLAGS)) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(if $(filter $(MPI_SRC),$<),$(MPI_CFLAGS)) -c $< -o $@
 
 $(LIB_A): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -219,7 +223,7 @@ FUZZ_CC      ?= clang
 FUZZ_SRC     := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN     := $(FUZZ_SRC:fuzz/%.c=build/fuzz/%)
 # The fuzzers exercise parsers: they link the library without the MPI backend.
-FUZZ_LIB_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out src/comm/mpi%.c,$(LIB_SRC)))
+FUZZ_LIB_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(MPI_SRC),$(LIB_SRC)))
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -pthread -DDT_NO_CLONES \
                 -DDT_FUZZ=1 -fsanitize=fuzzer-no-link,address,undefined $(filter-out -Wcast-qual,$(WARN))
 FUZZ_SECONDS ?= 20

@@ -5,7 +5,16 @@
 // timed steps (after WARM), tokens/s, and for the pipeline each stage's measured
 // bubble (1 - compute / step time, from dt_pipe_stats) beside the theory
 // (P-1)/(M+P-1). Usage: pipe_bench MODE [M] with MODE gpipe, 1f1b, dp, tp (2-way
-// Megatron tensor parallelism, the whole batch on both ranks) or one.
+// Megatron tensor parallelism, the whole batch on both ranks) or one. CUT (pipelines):
+// the node after which stage 0 ends (default h.1.out: two blocks each), or auto: the
+// stages' nodes timed (dt_pipe_time_nodes) and the cut that makes the slower stage
+// fastest (dt_pipe_balance), as the trainer's --cuts auto does, among the residual
+// stream's nodes after the embeddings and each block's two adds. VOCAB (default 256)
+// widens the head: a real tokenizer's head weighs blocks, which is what balancing
+// moves. Beside the theory
+// (P-1)/(M+P-1) of equal stages, the theory of the measured ones: with a and b a
+// micro-batch's forward + backward on stages 0 and 1, a step of either schedule takes
+// a + b + (M-1) max(a, b), and stage s idles 1 - M t_s / step of it.
 // bench/pipe_bench.sh runs the layouts interleaved and takes medians of the runs.
 #include "dtrain/ddp.h"
 #include "dtrain/graph.h"
@@ -16,10 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { T = 64, C = 128, HEADS = 4, VOCAB = 256, NBLK = 4, B = 16, WARM = 2, STEPS = 12 };
+enum { T = 64, C = 128, HEADS = 4, NBLK = 4, B = 16, WARM = 2, STEPS = 12 };
+static int g_vocab = 256; // the head's width: argv[4]
 
 static const char *g_mode  = "1f1b";
 static int         g_micro = 4;
+static const char *g_cut   = "h.1.out";
 
 static dt_status add(dt_graph *g, const char *name, dt_layer *l, const char *a, const char *b) {
     return b ? dt_graph_add(g, name, l, a, b) : dt_graph_add(g, name, l, a);
@@ -32,7 +43,7 @@ static dt_status build(dt_graph **out, dt_pg *tp) {
     *out = g;
     DT_TRY(dt_graph_input(g, "idx", &(dt_shape){1, {T, 1, 1, 1}, DT_ELEM_I32}));
     DT_TRY(dt_graph_input(g, "pos", &(dt_shape){1, {T, 1, 1, 1}, DT_ELEM_I32}));
-    DT_TRY(dt_layer_embedding_new(&l, VOCAB, C, NULL));
+    DT_TRY(dt_layer_embedding_new(&l, g_vocab, C, NULL));
     DT_TRY(add(g, "wte", l, "idx", NULL));
     DT_TRY(dt_layer_embedding_new(&l, T, C, NULL));
     DT_TRY(add(g, "wpe", l, "pos", NULL));
@@ -78,15 +89,16 @@ static dt_status build(dt_graph **out, dt_pg *tp) {
     }
     DT_TRY(dt_layer_layernorm_new(&l, C, NULL));
     DT_TRY(add(g, "ln_f", l, x, NULL));
-    DT_TRY(dt_layer_linear_new(&l, C, VOCAB, &(dt_linear_opts){.bias = false}));
+    DT_TRY(dt_layer_linear_new(&l, C, g_vocab, &(dt_linear_opts){.bias = false}));
     return add(g, "head", l, "ln_f", NULL);
 }
 
 static int32_t g_idx[B * T], g_pos[B * T], g_tgt[B * T];
+static char    g_cut_used[48];
 
 static dt_status ce(void *user, const float *out, int first, int n, float *loss, float *dout) {
     (void)user;
-    return dt_loss_cross_entropy_ex(out, g_tgt + first * T, n * T, VOCAB, -1, 0.0f, loss, dout);
+    return dt_loss_cross_entropy_ex(out, g_tgt + first * T, n * T, g_vocab, -1, 0.0f, loss, dout);
 }
 
 static int cmp(const void *a, const void *b) {
@@ -121,13 +133,53 @@ static int worker(int local_rank, void *arg) {
     } else {
         dt_pipe_opts po  = dt_pipe_opts_default();
         po.micro_batches = g_micro;
+        const char *cut  = g_cut;
+        char        best[32];
+        if (!strcmp(cut, "auto")) { // time a first cut's stages, then cut where they say
+            // The residual stream: after the embeddings and each block's two adds.
+            enum { NC = 2 * NBLK + 1 };
+            const char *cand[NC];
+            char        names[NC][16];
+            int         cn[NC], ch = 0, n = dt_graph_num_nodes(g);
+            double     *cost = calloc((size_t)n, sizeof(double));
+            float      *sum  = calloc((size_t)n, sizeof(float));
+            for (int i = 0; i < NC; i++) {
+                if (i == 0)
+                    snprintf(names[i], sizeof names[0], "h.-1");
+                else
+                    snprintf(names[i], sizeof names[0], "h.%d.%s", (i - 1) / 2,
+                             i % 2 ? "r1" : "out");
+                cand[i] = names[i];
+                cn[i]   = dt_graph_find(g, names[i]);
+            }
+            if (dt_pipe_new(&pp, g, 1, (const char *[]){"h.1.out"}, pg, 1, &po) != DT_OK ||
+                dt_pipe_time_nodes(pp, B / g_micro, 3, n, cost) != DT_OK)
+                return fail("timing");
+            for (int i = 0; i < n; i++)
+                sum[i] = (float)cost[i];
+            if (dt_pg_all_reduce(pg, sum, sum, (size_t)n, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
+                return fail("timing");
+            for (int i = 0; i < n; i++)
+                cost[i] = sum[i];
+            if (dt_pipe_balance(n, cost, NC, cn, 2, &ch, NULL) != DT_OK)
+                return fail("balance");
+            snprintf(best, sizeof best, "%s", cand[ch]);
+            cut = best;
+            dt_pipe_free(pp);
+            free(cost), free(sum);
+            if (build(&g, NULL) != DT_OK)
+                return fail("build");
+        }
         if (dt_pipe_schedule_parse(g_mode, &po.schedule) != DT_OK ||
-            dt_pipe_new(&pp, g, 1, (const char *[]){"h.1.out"}, pg, 1, &po) != DT_OK)
+            dt_pipe_new(&pp, g, 1, (const char *[]){cut}, pg, 1, &po) != DT_OK)
             return fail("pipeline");
         g = dt_pipe_graph(pp);
+        if (rank == 0) // "auto:" and the cut it chose
+            snprintf(g_cut_used, sizeof g_cut_used, "%s%s",
+                     strcmp(g_cut, "auto") ? "" : "auto:", cut);
     }
     dt_params *p  = dt_graph_params(g);
-    float     *dl = malloc(sizeof(float) * B * T * VOCAB);
+    float     *dl = malloc(sizeof(float) * B * T * g_vocab);
     double     t[WARM + STEPS], comp = 0, tot = 0;
     for (int s = 0; s < WARM + STEPS; s++) {
         if (s == WARM && pp)
@@ -161,11 +213,22 @@ static int worker(int local_rank, void *arg) {
         dt_pipe_stats(pp, &comp, &tot, false);
     qsort(t + WARM, STEPS, sizeof(double), cmp);
     double med = t[WARM + STEPS / 2];
+    // Both stages' compute per micro-batch: the theory of these stages (see the top).
+    float mb[2] = {0, 0};
+    if (pp) {
+        float mine = (float)(comp / STEPS / g_micro);
+        if (dt_pg_all_gather(pg, &mine, mb, 1, DT_FLOAT32) != DT_OK)
+            return fail("gather");
+    }
+    double step_th = mb[0] + mb[1] + (g_micro - 1) * (mb[0] > mb[1] ? mb[0] : mb[1]);
     if (rank == 0 || pp)
-        printf("%s M=%d rank %d: step %.2f ms, %.0f tokens/s%s", g_mode, pp ? g_micro : 1, rank,
-               med * 1e3, B * T / med, pp ? "" : "\n");
+        printf("%s M=%d V=%d rank %d: step %.2f ms, %.0f tokens/s%s", g_mode, pp ? g_micro : 1,
+               g_vocab, rank, med * 1e3, B * T / med, pp ? "" : "\n");
     if (pp)
-        printf(", bubble %.3f (theory %.3f)\n", 1.0 - comp / tot, 1.0 / (g_micro + 1));
+        printf(", bubble %.3f (theory %.3f), stage %.3f ms per micro-batch, these stages' "
+               "theory %.3f, cut %s\n",
+               1.0 - comp / tot, 1.0 / (g_micro + 1), mb[rank] * 1e3,
+               1.0 - g_micro * mb[rank] / step_th, rank == 0 ? g_cut_used : "(rank 0's)");
     fflush(stdout);
     free(dl);
     dt_ddp_free(ddp);
@@ -179,16 +242,20 @@ static int worker(int local_rank, void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: pipe_bench gpipe|1f1b|dp|tp|one [M]\n");
+        fprintf(stderr, "usage: pipe_bench gpipe|1f1b|dp|tp|one [M [CUT|auto [g_vocab]]]\n");
         return 2;
     }
     g_mode = argv[1];
     if (argc > 2)
         g_micro = atoi(argv[2]);
+    if (argc > 3)
+        g_cut = argv[3];
+    if (argc > 4)
+        g_vocab = atoi(argv[4]);
     dt_rng r = dt_rng_init(3);
     for (int i = 0; i < B * T; i++) {
-        g_idx[i] = (int32_t)dt_rng_below(&r, VOCAB);
-        g_tgt[i] = (int32_t)dt_rng_below(&r, VOCAB);
+        g_idx[i] = (int32_t)dt_rng_below(&r, g_vocab);
+        g_tgt[i] = (int32_t)dt_rng_below(&r, g_vocab);
         g_pos[i] = i % T;
     }
     if (!strcmp(g_mode, "one"))

@@ -9,7 +9,7 @@
 //
 // The DT_SHM_* knobs of docs/shm.md apply. Comparing it with `dtrain-bench allreduce
 // --backend shm` shows what the process group adds per call.
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
 // Prints GB/s of bytes copied per process (median of 15 copies) and summed over the
 // processes. An all_reduce of B bytes in place must at least read B and write B per
 // rank: its bus bandwidth with 2 ranks cannot exceed the per-process copy rate.
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 // fuzz_wire_header.c: arbitrary bytes as a tcp message header: decoding must fail with
 // DT_ERR_FORMAT or succeed, never read past the input; what decodes re-encodes to the
 // same bytes.
-#include "comm/wire.h"
+#include "comm/tcp/wire.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -91,6 +91,9 @@ typedef struct dt_ckpt_opts {
                    // ranks' samplers and generators do not apply (st->sampler and st->rngs
                    // must be absent: DT_ERR_MISMATCH otherwise). A sharded optimizer
                    // (zero.h) takes its shard of the whole saved state at any world size.
+    int64_t below; // loading: consider only checkpoints of steps below this one (0: all):
+                   // the trainer's mesh keeps checkpoints per model part and loads the
+                   // newest step every part has
 } dt_ckpt_opts;
 
 // Zeroed options: keep 3, no fallback.

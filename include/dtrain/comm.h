@@ -1,5 +1,7 @@
 // comm.h: rendezvous stores, process groups and collectives over plain buffers, and
 // dt_spawn. Knows nothing about models: it moves and reduces bytes between processes.
+// Launcher detection (dt_launch_env) and the process supervisor are launch.h, included
+// here.
 //
 // Rules that hold for the whole header:
 // - Every collective (dt_pg_all_reduce ... dt_pg_barrier and their _async forms) is
@@ -19,6 +21,7 @@
 #define DTRAIN_COMM_H
 
 #include "dtrain/core.h"
+#include "dtrain/launch.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -129,56 +132,6 @@ DT_API void dt_store_set_timeout(dt_store *store, int64_t timeout_ms);
 // Closes the connection (and, in the server's process, stops the server: every client
 // then gets DT_ERR_PEER). NULL is a no-op. Free prefix views before their base.
 DT_API void dt_store_free(dt_store *store);
-
-// -------------------------------------------------------------- launcher environment
-//
-// Which launcher started this process, read from the variables it sets. dt_pg_new
-// ("env://") uses the first launcher found in this order (docs/mpi.md says why):
-//   1. RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE    torchrun, dtrun, dt_spawn, by hand
-//   2. OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE            Open MPI's mpirun
-//   3. MV2_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE                       MVAPICH2
-//   4. PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS   MPICH/Intel MPI (Hydra), PMI-2
-//   5. SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID, and the
-//      local size from SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE) at
-//      SLURM_NODEID, else SLURM_NTASKS_PER_NODE                        srun (a job step)
-// Rank and world size always come from one launcher, never mixed. Slurm counts only
-// inside a job step (SLURM_STEP_ID set, as srun does): a batch script's own shell has
-// SLURM_PROCID=0 and the allocation's SLURM_NTASKS but is not rank 0 of a job.
-
-typedef enum dt_launcher {
-    DT_LAUNCHER_NONE,    // no launcher variables: a process on its own
-    DT_LAUNCHER_ENV,     // RANK / WORLD_SIZE
-    DT_LAUNCHER_OPENMPI, // OMPI_COMM_WORLD_*
-    DT_LAUNCHER_MVAPICH, // MV2_COMM_WORLD_*
-    DT_LAUNCHER_PMI,     // PMI_RANK / PMI_SIZE
-    DT_LAUNCHER_SLURM,   // SLURM_* in an srun step
-    DT_LAUNCHER_COUNT_
-} dt_launcher;
-
-// "none", "env", "openmpi", "mvapich", "pmi", "slurm"; "invalid" otherwise. Never NULL.
-DT_API const char *dt_launcher_name(dt_launcher l);
-
-typedef struct dt_launch_env {
-    dt_launcher launcher;
-    int         rank, world;             // -1 when launcher is DT_LAUNCHER_NONE
-    int         local_rank, local_world; // -1 when the launcher does not say
-    bool        is_mpi;                  // an MPI launcher or srun: MPI_Init can join this job
-    const char *rank_var;  // the variables read ("OMPI_COMM_WORLD_RANK"), for messages;
-    const char *world_var; // static strings, NULL when launcher is DT_LAUNCHER_NONE
-} dt_launch_env;
-
-// Looks up one environment variable: its value, or NULL when unset. Empty values are
-// treated as unset.
-typedef const char *(*dt_env_lookup)(const char *name, void *user);
-
-// Detects the launcher from `lookup` (a pure function of what lookup returns: tests
-// pass a table). DT_ERR_ARG names the variable when a value is not an integer in range,
-// when a launcher's rank is set without its world size (or the reverse), or when a
-// rank is outside [0, world) or a local rank outside [0, local world).
-DT_API dt_status dt_launch_env_parse(dt_env_lookup lookup, void *user,
-                                     dt_launch_env *out /* out */);
-// The same from this process's environment (getenv).
-DT_API dt_status dt_launch_env_read(dt_launch_env *out /* out */);
 
 // ---------------------------------------------------------------------- process group
 

@@ -9,6 +9,7 @@
 #include "dtrain/ddp.h"
 #include "dtrain/dp.h"
 #include "dtrain/graph.h"
+#include "dtrain/launch.h"
 #include "dtrain/layer.h"
 #include "dtrain/mesh.h"
 #include "dtrain/nn.h"

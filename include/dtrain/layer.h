@@ -55,6 +55,9 @@ typedef struct dt_layer_tensor {
     int      ndim;
     int64_t  shape[DT_PARAM_MAX_DIMS];
     uint32_t flags; // DT_PARAM_* (DT_PARAM_NO_DECAY for biases and norms)
+    // A part of a tensor split over tensor-parallel ranks (params.h; zeroed: whole).
+    // The graph records it in its dt_params (dt_param_info.split).
+    dt_param_split split;
 } dt_layer_tensor;
 
 // What setup fills in (zeroed by the caller).
@@ -185,6 +188,16 @@ typedef struct dt_linear_tp_opts {
 DT_API dt_linear_tp_opts dt_linear_tp_opts_default(void);
 DT_API dt_status dt_layer_linear_tp_new(dt_layer **out, int in, int out_features, dt_tp_mode mode,
                                         int parts, int part, const dt_linear_tp_opts *opts);
+// Megatron's VocabParallelEmbedding: shard `part` of `parts` of nn.Embedding(num, d),
+// holding rows [part*num/parts, ...) of the weight. An index outside them looks up a
+// zero row and opts->reduce sums the shards' outputs, so every shard writes the whole
+// lookup, exactly (one shard adds its row to zeros). The weight gradient is this
+// shard's rows of the unsplit one. With a column shard of Linear(d, num, bias false)
+// over the same parts as the head, the two tie (dt_graph_tie: the same rows) and the
+// logits come out split over the vocabulary, as dt_tp_cross_entropy (tp.h) reads them.
+// opts: its reducer (bias and groups do not apply). Init draws the unsplit layer's.
+DT_API dt_status dt_layer_embedding_tp_new(dt_layer **out, int num, int d, int parts, int part,
+                                           const dt_linear_tp_opts *opts);
 
 // Per-channel statistics reducer of a SyncBatchNorm: sums `v[0..n)` over the process
 // group in place (forward: sum, sum of squares per channel and the count; backward:

@@ -43,17 +43,30 @@ enum {
                                  // decay (dt_param_no_decay selects these)
 };
 
+// A tensor that is one rank's part of a larger one split over ranks (tensor
+// parallelism, tp.h): the whole tensor's dimension `axis` is cut into `groups` equal
+// blocks, each block into `parts` equal pieces, and this tensor is piece `part` of every
+// block, concatenated in block order. Megatron's column-parallel Linear holds rows (axis
+// 0) of the weight, its fused q|k|v weight piece `part` of each of its 3 blocks
+// (groups 3), a row-parallel one columns (axis 1). parts 0 or 1: not split (the
+// zeroed default). Consumers: gradient norms summed over the group, whole models
+// gathered from the parts (--save-model) or cut into them (--load, initialisation).
+typedef struct dt_param_split {
+    int axis, parts, part, groups; // groups 0 means 1
+} dt_param_split;
+
 // One named tensor: a slice of the flat parameter (or buffer) storage. Names of a
 // dt_model follow PyTorch's nn.Sequential state_dict keys: "<layer>.weight".
 typedef struct dt_param_info {
-    char     name[DT_PARAM_NAME_MAX + 1];
-    size_t   offset; // in floats, into dt_params_data / dt_params_grads (or the buffers)
-    size_t   count;  // floats: the product of the shape
-    int      ndim;   // 1..4
-    int64_t  shape[DT_PARAM_MAX_DIMS]; // unused dimensions are 1
-    int      layer;                    // the owning layer of a dt_model; -1 otherwise
-    bool     trainable;                // !(flags & DT_PARAM_FROZEN)
-    uint32_t flags;                    // DT_PARAM_*
+    char           name[DT_PARAM_NAME_MAX + 1];
+    size_t         offset; // in floats, into dt_params_data / dt_params_grads (or the buffers)
+    size_t         count;  // floats: the product of the shape
+    int            ndim;   // 1..4
+    int64_t        shape[DT_PARAM_MAX_DIMS]; // unused dimensions are 1
+    int            layer;                    // the owning layer of a dt_model; -1 otherwise
+    bool           trainable;                // !(flags & DT_PARAM_FROZEN)
+    uint32_t       flags;                    // DT_PARAM_*
+    dt_param_split split;                    // tensor parallelism: this rank's part (parts > 1)
 } dt_param_info;
 
 // Called when floats [offset, offset + count) of the gradient buffer are final for this
@@ -84,6 +97,11 @@ DT_API dt_status dt_params_add_buffer(dt_params *p, const char *name, int ndim,
 DT_API dt_status dt_params_add_ex(dt_params *p, const char *name, int ndim, const int64_t *shape,
                                   uint32_t flags, int layer, bool buffer);
 
+// Marks parameter tensor i as one part of a split tensor (shape: the part's, as declared).
+// DT_ERR_ARG unless 0 <= part < parts, 0 <= axis < ndim and the part's dimension `axis`
+// divides into `groups` blocks. Before the storage is set, like dt_params_add.
+DT_API dt_status dt_params_set_split(dt_params *p, int i, const dt_param_split *split);
+
 // Allocates zeroed parameter, gradient and buffer storage (64-byte aligned), owned.
 DT_API dt_status dt_params_alloc(dt_params *p);
 // Uses the caller's storage instead (borrowed: it must outlive p): params and grads
@@ -107,8 +125,62 @@ DT_API int dt_params_find(const dt_params *p, const char *name);
 // Floats of trainable tensors (the optimizer's work).
 DT_API size_t dt_params_trainable_numel(const dt_params *p);
 
-// Sets every gradient to 0.
+// Sets every gradient to 0 (with dt_params_set_discard_grads, by dt_params_discard).
 DT_API void dt_params_zero_grad(dt_params *p);
+
+// Whether a split describes a tensor cut into parts (parts > 1).
+DT_API bool dt_param_split_on(const dt_param_split *s);
+// The whole tensor's shape from a part's (the split axis times parts) into whole[ndim].
+DT_API void dt_param_split_whole_shape(const dt_param_split *s, int ndim, const int64_t *part,
+                                       int64_t *whole);
+// Copies between a whole tensor (the unsplit shape) and its part `s->part` (shape
+// part_shape, ndim dims): to_whole false takes the part's elements out of `whole`, true
+// writes them into their places in `whole` (the other parts' places untouched).
+DT_API void dt_param_split_copy(const dt_param_split *s, int ndim, const int64_t *part_shape,
+                                float *whole, float *part, bool to_whole);
+// ------------------------------------------------------------------------- pages
+// dt_params_alloc maps the parameter and gradient buffers page by page (core.h's
+// dt_alloc_pages): a page costs memory only once written. Sharding over ranks (ZeRO-3,
+// zero.h) keeps only a rank's share of them written and gives the rest back:
+// dt_params_discard sets floats [offset, offset + count) of the gradients (grads true)
+// or of the parameters to 0 and returns the whole pages among them to the system (a
+// range reaching the end takes the padding after the last float too). With storage
+// bound by dt_params_bind it only writes zeros. DT_ERR_ARG outside the buffer.
+DT_API dt_status dt_params_discard(dt_params *p, bool grads, size_t offset, size_t count);
+// Bytes of the resident pages that floats [offset, offset + count) touch (mincore).
+DT_API size_t dt_params_resident(dt_params *p, bool grads, size_t offset, size_t count);
+// dt_params_zero_grad discards the whole gradient buffer instead of writing zeros over
+// it (ZeRO-3 sets this: writing zeros would bring every page back).
+DT_API void dt_params_set_discard_grads(dt_params *p, bool on);
+
+// ------------------------------------------------------------ parameter-use hook
+// A provider that runs a model (the graph does) announces, around each step of a
+// forward or backward pass, which parameter tensors that step reads (and, in backward,
+// whose gradients it adds to), so that a consumer keeping the parameters elsewhere can
+// bring them in just before and drop them after: ZeRO-3 (zero.h) gathers a tensor
+// from the ranks that own it. A pass is DT_USE_BEGIN, then per step DT_USE_ACQUIRE and
+// DT_USE_RELEASE of its tensors (indices into the table, each once), then DT_USE_END;
+// `backward` tells the passes apart. A consumer's failure (a collective that failed)
+// is returned to the provider, which stops the pass with it.
+typedef enum dt_param_use {
+    DT_USE_BEGIN,   // a pass starts (tensors NULL, n 0)
+    DT_USE_ACQUIRE, // the step about to run reads tensors[0..n)
+    DT_USE_RELEASE, // that step is done with them
+    DT_USE_END,     // the pass is over
+} dt_param_use;
+typedef dt_status (*dt_param_use_fn)(void *user, dt_param_use what, bool backward,
+                                     const int *tensors, int n);
+// Providers: announces an event to the consumer (DT_OK when none is set). DT_ERR_ARG for
+// a tensor index outside the table.
+DT_API dt_status dt_params_use(dt_params *p, dt_param_use what, bool backward, const int *tensors,
+                               int n);
+// Providers that announce every read this way say so once (the graph does when it is
+// finalized); ZeRO-3 needs such a provider.
+DT_API void dt_params_set_announces_use(dt_params *p, bool on);
+DT_API bool dt_params_announces_use(const dt_params *p);
+// Consumers: the one consumer (fn NULL removes it). DT_ERR_STATE when another is set.
+DT_API dt_status dt_params_set_use_hook(dt_params *p, dt_param_use_fn fn, void *user);
+DT_API bool      dt_params_has_use_hook(const dt_params *p);
 
 // A predicate over tensors: parameter groups, selection.
 typedef bool (*dt_param_pred)(const dt_param_info *t, void *user);

@@ -77,8 +77,9 @@ DT_API dt_pipe_opts dt_pipe_opts_default(void);
 // Cuts `whole` (built, NOT finalized; consumed: freed on success and on failure) after
 // each of the ncuts named nodes (in node order; ncuts = size of `pg` - 1) and keeps
 // stage dt_pg_rank(pg), finalized with `seed` (its parameters as `whole` would have
-// initialised them). `pg` is borrowed and must outlive the pipeline. Not collective:
-// every stage cuts alike, nothing is exchanged. *out stays NULL on failure.
+// initialised them). `pg` is borrowed and must outlive the pipeline; NULL: one stage in
+// this process (the micro-batches and the loss weighting alone: gradient accumulation). Not
+// collective: every stage cuts alike, nothing is exchanged. *out stays NULL on failure.
 DT_API dt_status dt_pipe_new(dt_pipe **out, dt_graph *whole, int ncuts, const char *const *cuts,
                              dt_pg *pg, uint64_t seed, const dt_pipe_opts *opts);
 DT_API void      dt_pipe_free(dt_pipe *p); // NULL-safe; frees the stage graph
@@ -114,6 +115,36 @@ DT_API dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch,
 // dt_pipe_step; holds one micro-batch of activations at a time.
 DT_API dt_status dt_pipe_eval(dt_pipe *p, const void *const *inputs, int batch,
                               dt_pipe_loss_fn loss, void *user, float *loss_out);
+
+// This stage's nodes in the whole graph given to dt_pipe_new: positions first..last (in
+// dt_graph_add order, graph inputs counted).
+DT_API void dt_pipe_range(const dt_pipe *p, int *first, int *last);
+// Whether tensor `tensor` of dt_pipe_params is this stage's copy of a tensor tied across
+// stages (the owner's stage holds the original): count it once in norms and whole models.
+DT_API bool dt_pipe_is_tie_copy(const dt_pipe *p, int tensor);
+
+// ------------------------------------------------------------------- balancing
+// Cuts chosen by measured layer cost: time every stage's nodes (dt_pipe_time_nodes on a
+// pipeline cut anyhow), sum the costs over the ranks (every rank must hold the same
+// vector), choose the cuts (dt_pipe_balance), and cut the model again there.
+
+// Times this stage's nodes: one untimed round, then `reps` forwards and backwards of
+// `micro_batch` samples of zeros (layer cost does not depend on the values), nothing
+// sent to other stages. cost[nwhole] (nwhole: the whole graph's node count) gets, for
+// this stage's nodes, their forward + backward CPU seconds per micro-batch (graph.h's
+// timing; the fastest of the rounds); the others
+// are left as they are. Gradients are zeroed after. Collective over the groups of the
+// stage's own layers (a tensor-parallel stage's ranks time together), not over the
+// pipeline.
+DT_API dt_status dt_pipe_time_nodes(dt_pipe *p, int micro_batch, int reps, int nwhole,
+                                    double *cost);
+// The stages - 1 cuts among `ncand` candidate nodes (positions, increasing, each before
+// the last node) that minimise the largest stage cost, a stage's cost the sum of its
+// nodes' cost[0..nnodes): chosen[k] is an index into cand (ties: the earliest cut);
+// *slowest (may be NULL) the largest stage cost. Pure: ranks given the same costs
+// choose the same cuts.
+DT_API dt_status dt_pipe_balance(int nnodes, const double *cost, int ncand, const int *cand,
+                                 int stages, int *chosen, double *slowest);
 
 // Seconds this stage spent computing (forwards, backwards, the loss) and in whole
 // steps, summed over steps since the last call with reset: 1 - compute / total is the

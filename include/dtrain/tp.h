@@ -39,6 +39,18 @@ DT_API dt_status dt_tp_mlp_add(dt_graph *g, const char *prefix, const char *in, 
 DT_API dt_status dt_tp_attention_add(dt_graph *g, const char *prefix, const char *in, int c,
                                      int heads, dt_pg *pg);
 
+// Megatron's vocabulary-parallel cross-entropy: nn.CrossEntropyLoss(ignore_index)
+// (the mean over the rows whose target is not ignored) of logits split over pg by
+// columns. `logits` (n, vocab / size) holds this rank's columns [rank * vocab / size,
+// ...): a column-parallel head's output (dt_layer_linear_tp_new, or the head tied to a
+// dt_layer_embedding_tp_new). Two all-reduces of n and 2n floats (the rows' maximum;
+// their sums of exponentials and the target logits) instead of gathering n x vocab
+// logits. *loss is the same on every rank; dlogits (n, vocab / size; may be NULL) gets
+// this rank's columns of the unsplit loss's gradient. COLLECTIVE over pg (NULL: the
+// whole vocabulary here, as dt_loss_cross_entropy_ex).
+DT_API dt_status dt_tp_cross_entropy(dt_pg *pg, const float *logits, const int32_t *target, int n,
+                                     int vocab, int ignore_index, float *loss, float *dlogits);
+
 #ifdef __cplusplus
 }
 #endif

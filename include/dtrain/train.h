@@ -52,9 +52,11 @@
 #include "dtrain/ddp.h"
 #include "dtrain/dp.h"
 #include "dtrain/graph.h"
+#include "dtrain/mesh.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/params.h"
+#include "dtrain/pipe.h"
 #include "dtrain/rng.h"
 #include "dtrain/watch.h"
 
@@ -125,16 +127,18 @@ typedef struct dt_train_args {
     bool        resume, fallback;
     const char *save_model, *load, *trace, *plot;
     bool        eval_only, no_test, stats, profile;
-    long        accumulate;    // micro-batches per optimizer step (default 1)
-    double      clip_grad;     // max gradient norm (0: no clipping)
-    long        invariant;     // gradient shards of a dt_model (-1: the default, see --help)
-    long        data_parallel; // DataParallel replicas (threads) in this process (default 1)
-    long        zero;          // ZeRO stage of the data-parallel group (0: plain DDP; zero.h)
+    long        accumulate;      // micro-batches per optimizer step (default 1)
+    double      clip_grad;       // max gradient norm (0: no clipping)
+    long        invariant;       // gradient shards of a dt_model (-1: the default, see --help)
+    long        data_parallel;   // DataParallel replicas (threads) in this process (default 1)
+    long        zero;            // ZeRO stage of the data-parallel group (0: plain DDP; zero.h)
+    const char *max_rank_memory; // --max-rank-memory as given (NULL: no budget)
     // Model parallelism (programs with dt_trainer_opts.model_parallel; mesh.h, pipe.h,
     // tp.h): mesh sizes (0: pp and tp 1, dp the rest), micro-batches per pipeline step
     // (0: pp) and the pipeline schedule ("gpipe" or "1f1b").
     long        dp, pp, tp, micro_batches;
     const char *schedule;
+    const char *cuts;      // "auto" (balanced by measured cost), "uniform" or node names, a,b,...
     const char *precision; // "fp32", "bf16" or "fp16" (--precision)
 } dt_train_args;
 
@@ -149,17 +153,22 @@ typedef struct dt_trainer_opts {
     bool           hide_accumulate;        // leave --accumulate and --clip-grad out
     double         train_flops_per_sample; // for STATS' gflops (0: the dt_model's, if any)
     bool           model_parallel;         // offer --dp --pp --tp --micro-batches --schedule
-    const char    *hide_flags;   // common flags left out, space-separated ("epochs stats"), or NULL
-    bool           own_progress; // the program prints its own progress lines: no bar, no
-                                 // loss lines from dt_trainer_step
-    bool loop_time;              // "Finished training in S secs" times the training loop
-                                 // only (from the end of dt_trainer_prepare, less the time
-                                 // given to dt_trainer_exclude_time), as PyTorch peers
-                                 // do, and adds the time from start-up; default: from
-                                 // start-up (the seed's)
-    bool broadcast_buffers;      // PyTorch DDP's broadcast_buffers: rank 0's buffers
-                                 // (BatchNorm running statistics) to every rank at
-                                 // each step's first micro-batch and at the finish
+                                           // --cuts (the mesh; see "model parallelism")
+    const char *no_model_split;            // with model_parallel: why this program's model
+                                           // cannot be cut or split ("its BatchNorm ..."):
+                                           // --dp and --zero apply, --pp/--tp > 1 are
+                                           // refused at start with this reason
+    const char *hide_flags;   // common flags left out, space-separated ("epochs stats"), or NULL
+    bool        own_progress; // the program prints its own progress lines: no bar, no
+                              // loss lines from dt_trainer_step
+    bool loop_time;           // "Finished training in S secs" times the training loop
+                              // only (from the end of dt_trainer_prepare, less the time
+                              // given to dt_trainer_exclude_time), as PyTorch peers
+                              // do, and adds the time from start-up; default: from
+                              // start-up (the seed's)
+    bool broadcast_buffers;   // PyTorch DDP's broadcast_buffers: rank 0's buffers
+                              // (BatchNorm running statistics) to every rank at
+                              // each step's first micro-batch and at the finish
 } dt_trainer_opts;
 
 DT_API dt_trainer_opts dt_trainer_opts_default(void);
@@ -314,6 +323,12 @@ DT_API void dt_trainer_set_clip_grad(dt_trainer *t, double max_norm);
 DT_API void dt_trainer_exclude_time(dt_trainer *t, double secs);
 // Seconds of the training loop so far (opts.loop_time's measure; final after finish).
 DT_API double dt_trainer_loop_secs(const dt_trainer *t);
+// This rank's parameters, gradients and optimizer state in bytes at their peak (--zero
+// 3: the resident pages measured during the steps; otherwise the buffers' sizes), and
+// the collective payload per optimizer step of this rank (bytes received in gathers
+// and sent in reductions; plain DDP: a ring all-reduce's 2 (N - 1) / N of the
+// gradients). Zeros before dt_trainer_prepare.
+DT_API void dt_trainer_state_bytes(const dt_trainer *t, double *peak, double *moved_per_step);
 
 DT_API int64_t dt_trainer_step_count(const dt_trainer *t);  // optimizer steps so far
 DT_API long    dt_trainer_epoch(const dt_trainer *t);       // of the current batch
@@ -331,6 +346,74 @@ DT_API dt_rng dt_trainer_step_rng(const dt_trainer *t, uint64_t id);
 // checksum ("Parameters identical on all N ranks (CRC32C ...)") and --save-model.
 DT_API dt_status dt_trainer_finish(dt_trainer *t);
 DT_API bool      dt_trainer_preempted(const dt_trainer *t);
+
+// ------------------------------------------------------------------ model parallelism
+// Programs with dt_trainer_opts.model_parallel train on a device mesh (mesh.h): --dp x
+// --pp x --tp = the world size (unspecified: pp and tp 1, dp the rest). The trainer
+// builds the mesh's groups when the job starts. Data is sharded over the dp group
+// (dt_trainer_loader; a program that draws its own batches takes slice
+// dt_trainer_mesh_coord(DP) of dt_trainer_mesh_size(DP)), DDP or ZeRO (--zero 1|2)
+// reduce over it, the model is cut into --pp stages on consecutive ranks
+// (dt_trainer_pipeline), and the program splits its layers over the tp group (tp.h).
+// Checkpoints hold each rank's part (<dir>/pp<S>-tp<R>/step-N, one per model part,
+// written by its dp group); --save-model gathers the whole model into one file, --load
+// cuts one into the parts, so model files are the same in every layout. docs/parallel.md.
+//
+//     DT_TRY(dt_trainer_set_steps(t, steps, 1, b));       // the pipeline micro-batches
+//     dt_graph *g;                                        // this rank's stage
+//     DT_TRY(dt_trainer_pipeline(t, build, &cfg, ncand, cand, 16, &g));
+//     DT_TRY(dt_trainer_init_params(t, my_init, &rng));   // optional: the whole model's draws
+//     dt_adamw_new(&opt, dt_graph_params(g), &ao);
+//     DT_TRY(dt_trainer_prepare_graph(t, g, opt, sched));
+//     while (dt_trainer_next(t, &b)) {
+//         DT_TRY(dt_trainer_pipe_step(t, inputs, batch, NULL, loss_fn, &tgt, &loss));
+//         DT_TRY(dt_trainer_step(t, loss));
+//     }
+
+// This rank's coordinate along a dimension of the mesh and the dimension's size;
+// without a mesh (data parallelism alone) dp is the rank and the world, pp and tp 0 and 1.
+DT_API int dt_trainer_mesh_coord(const dt_trainer *t, dt_mesh_dim dim);
+DT_API int dt_trainer_mesh_size(const dt_trainer *t, dt_mesh_dim dim);
+// The group along `dim` (the world group for dp without a mesh); NULL where the
+// dimension has size 1 or there is no group: build whole layers then.
+DT_API dt_pg *dt_trainer_mesh_group(dt_trainer *t, dt_mesh_dim dim);
+
+// Builds the whole model (a graph, not finalized) into *whole; called once, or twice
+// when the cuts are balanced by measured cost (a first cut is timed, then the model is
+// built again and cut where the times say), so it must build the same graph each time.
+typedef dt_status (*dt_trainer_build_fn)(void *user, dt_graph **whole);
+// The model as a pipeline over the mesh's pp group (one stage without one): builds it,
+// chooses pp - 1 cuts among the `ncand` candidate nodes `cand` (in node order: where a
+// stage may end, such as each transformer block's output) as --cuts says: auto (the
+// default: each stage's nodes timed on a few micro-batches, the cuts that minimise the
+// slowest stage, the same on every rank), uniform (candidates spread evenly) or names;
+// a resumed run takes the cuts its checkpoints were written with. *stage: this rank's
+// stage graph, finalized with --seed (owned by the trainer; give it to
+// dt_trainer_prepare_graph). Micro-batches per step: --micro-batches, else
+// `micro_batches` (0: --pp). Call after dt_trainer_set_steps or the training loader
+// (the micro-batch size of the timing), before dt_trainer_prepare_graph. Collective.
+DT_API dt_status dt_trainer_pipeline(dt_trainer *t, dt_trainer_build_fn build, void *user,
+                                     int ncand, const char *const *cand, int micro_batches,
+                                     dt_graph **stage);
+// Initialisation in the whole model's order: fill(user, t, v) is called for every tensor
+// t of the whole model (unsplit, in the order one process would register it) to write
+// its t->count values into v, and this rank keeps its part of those it holds, so every
+// layout starts from the same weights as one process. After dt_trainer_pipeline.
+typedef void (*dt_trainer_fill_fn)(void *user, const dt_param_info *whole, float *values);
+DT_API dt_status dt_trainer_init_params(dt_trainer *t, dt_trainer_fill_fn fill, void *user);
+// One step's forwards and backwards through the pipeline (dt_pipe_step): inputs (the
+// whole local batch, on the first stage; may be given everywhere), loss on the last
+// stage (pipe.h's callback), *loss_out the batch's mean loss on every rank of the
+// pipeline. Then dt_trainer_step(t, *loss_out). COLLECTIVE over the mesh.
+DT_API dt_status dt_trainer_pipe_step(dt_trainer *t, const void *const *inputs, int batch,
+                                      const uint64_t *keys, dt_pipe_loss_fn loss, void *user,
+                                      float *loss_out);
+// The forwards alone in evaluation mode (dt_pipe_eval): *loss_out the batch's mean loss on
+// every stage. COLLECTIVE over the pp and tp groups of this rank's replica.
+DT_API dt_status dt_trainer_pipe_eval(dt_trainer *t, const void *const *inputs, int batch,
+                                      dt_pipe_loss_fn loss, void *user, float *loss_out);
+// The pipeline (NULL before dt_trainer_pipeline): dt_pipe_stats for the bubble.
+DT_API dt_pipe *dt_trainer_pipe(dt_trainer *t);
 
 // A validation loss, for --plot: called at the end of every epoch but the last (not
 // with --no-test), its loss added to the chart's validation series. Inside fn.

@@ -828,7 +828,7 @@ dt_status dt_ckpt_load(const char *dir, dt_pg *pg, const dt_ckpt_state *st,
     if ((s = agree(pg, s, 0, 0, tab)))
         goto out;
 
-    int64_t   below           = INT64_MAX;
+    int64_t   below           = o.below > 0 ? o.below : INT64_MAX;
     dt_status first           = DT_OK;
     char      first_msg[1024] = "";
     for (;;) {

@@ -1,8 +1,9 @@
-// backend.h: the seam between the process group (pg.c) and a transport backend (tcp.c,
-// shm.c, later mpi and hybrid). A backend is one `const dt_backend_ops` table; the
-// generic layer owns argument checks, sequence numbers, fingerprints, deadlines, AVG,
-// world size 1, the progress thread, poisoning and the generic algorithms (ring,
-// recursive doubling, trees) that run over a backend's point-to-point slots.
+// backend.h: the seam between the process group (pg.c) and a transport backend, each in
+// a folder of its own (tcp/, shm/, mpi/; hybrid/ is built from sub-groups of those). A
+// backend is one `const dt_backend_ops` table; the generic layer owns argument checks,
+// sequence numbers, fingerprints, deadlines, AVG, world size 1, the progress thread,
+// poisoning and the generic algorithms (ring, recursive doubling, trees) that run over
+// a backend's point-to-point slots.
 // docs/comm-backend.md explains how a backend plugs in; read it with this file.
 #ifndef DTRAIN_COMM_BACKEND_H
 #define DTRAIN_COMM_BACKEND_H

@@ -3,9 +3,10 @@
 // (unbuilt_backends.c) that the real definitions replace. With the static library
 // that replacement depends on which archive member the linker extracts first: this
 // file is the only one that names the backends, and it sorts before every backend's
-// file (mpi*.c, shm*.c, tcp.c) and after nothing that needs it, so by the time the
-// linker pulls it in (a pass after pg.o), the real definitions come before the
-// stand-ins in the archive and win. Keep backend names out of the other files.
+// folder (mpi/, shm/, tcp/: the Makefile sorts the sources by path) and after nothing
+// that needs it, so by the time the linker pulls it in (a pass after pg.o), the real
+// definitions come before the stand-ins in the archive and win. Keep backend names out
+// of the other files, and backend folders sorting before unbuilt_backends.c.
 #include "comm/backends.h"
 
 #include <string.h>

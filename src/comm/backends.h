@@ -3,7 +3,7 @@
 #ifndef DTRAIN_COMM_BACKENDS_H
 #define DTRAIN_COMM_BACKENDS_H
 
-#include "comm/mpi_hook.h"
+#include "comm/mpi/mpi_hook.h"
 
 // The backend named `name` ("shm", "tcp", "mpi"), built or a stand-in; NULL if unknown.
 const dt_backend_ops *dt_backend_find(const char *name);

@@ -87,7 +87,7 @@ extern void (*dt_tcp_init_hook)(int rank);
 uint64_t dt_token_hash(const char *token);
 // HMAC-SHA256(token or "", label | theirs | mine | ctx): this side's proof that it holds
 // the token, answering the peer's nonce `theirs` (both nonces DT_NONCE_BYTES long). See
-// store_auth.c.
+// auth.c.
 void dt_token_proof(const char *token, const char *label, const uint8_t *theirs,
                     const uint8_t *mine, const void *ctx, size_t ctx_len, uint8_t out[32]);
 // Logs a refused or dropped connection as a warning: the first five, then one in 100.
@@ -133,7 +133,7 @@ typedef enum dt_store_cmd {
     DT_STORE_CAS,       // key, expected, desired; arg bit 0: expected is present
     DT_STORE_DELETE,    // key
     DT_STORE_AUTH,      // client proof (32 bytes, or empty without a token); reply parts:
-                        // server proof (32 bytes, or empty). See store_auth.c.
+                        // server proof (32 bytes, or empty). See auth.c.
     DT_STORE_CMD_COUNT_
 } dt_store_cmd;
 

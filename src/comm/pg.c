@@ -2,11 +2,12 @@
 // checked (arguments, overlaps), stamped (sequence number, fingerprint, name, deadline:
 // op.h) and queued on the process's one execution lane (pg_impl.h), where dt_pg_exec
 // hands each to a backend slot, the generic algorithms (algo.c) or the hybrid path
-// (hybrid.c), records a failure as the process's poison, and divides AVG. Work handles
-// (dt_work) and abort are here too. Creating and freeing the world group is pg_init.c;
-// what backends read from a group is pg_state.c; sub-groups are group.c. Calls go down
-// only: nothing below calls back into this file, except hybrid.c, which runs its node
-// and cross groups' steps through dt_pg_exec (the dispatcher recursing on a sub-group).
+// (hybrid/hybrid.c), records a failure as the process's poison, and divides AVG. Work
+// handles (dt_work) and abort are here too. Creating and freeing the world group is
+// pg_init.c; what backends read from a group is pg_state.c; sub-groups are group.c.
+// Calls go down only: nothing below calls back into this file, except hybrid/hybrid.c,
+// which runs its node and cross groups' steps through dt_pg_exec (the dispatcher
+// recursing on a sub-group).
 #include "comm/pg_impl.h"
 #include "comm/reduce.h"
 #include "dtrain/trace.h"

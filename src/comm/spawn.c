@@ -1,21 +1,18 @@
-// spawn.c: dt_spawn, the C form of torch.multiprocessing.spawn: fork the workers with
-// their rank variables, watch them through pidfds, and when one fails stop the
-// others (SIGTERM, then SIGKILL after a grace period) and report the first failure.
+// spawn.c: dt_spawn, the C form of torch.multiprocessing.spawn. What makes its workers a
+// job is decided here, in comm: their rank variables, the store's port and address, the
+// job token, and the bound on local processes (sized by the shm segment they would
+// share). Forking, watching, stopping (SIGTERM, then SIGKILL after a grace period) and
+// reaping them is src/launch's supervisor (dt_procs, launch.h); the first failure is
+// reported.
 #include "comm/comm_impl.h"
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 #include "core/hmac.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -68,37 +65,52 @@ static void setenv_int(const char *name, long v) {
     setenv(name, buf, 1);
 }
 
-// Runs in the child: never returns.
-static _Noreturn void child_main(int i, int nprocs, long rank_base, long world, pid_t parent,
-                                 const char *addr, const char *port, const char *token,
-                                 dt_spawn_fn fn, void *arg) {
-    // Die with the parent; if it died before prctl took effect, go now.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-        _exit(128 + SIGKILL);
+// What every child needs, prepared before fork.
+typedef struct spawn_child {
+    int         nprocs;
+    long        base, world;
+    const char *addr, *port, *token;
+    dt_spawn_fn fn;
+    void       *arg;
+} spawn_child;
+
+// Runs in child i (the supervisor has made it die with its parent): never returns.
+static void child_main(int i, void *arg) {
+    const spawn_child *c = arg;
     setenv_int("LOCAL_RANK", i);
-    setenv_int("LOCAL_WORLD_SIZE", nprocs);
-    setenv_int("RANK", rank_base + i);
-    setenv_int("WORLD_SIZE", world);
-    if (addr)
-        setenv("MASTER_ADDR", addr, 1);
-    if (port)
-        setenv("MASTER_PORT", port, 1);
-    if (token)
-        setenv("DT_JOB_TOKEN", token, 1);
-    int rc = fn(i, arg);
+    setenv_int("LOCAL_WORLD_SIZE", c->nprocs);
+    setenv_int("RANK", c->base + i);
+    setenv_int("WORLD_SIZE", c->world);
+    if (c->addr)
+        setenv("MASTER_ADDR", c->addr, 1);
+    if (c->port)
+        setenv("MASTER_PORT", c->port, 1);
+    if (c->token)
+        setenv("DT_JOB_TOKEN", c->token, 1);
+    int rc = c->fn(i, c->arg);
     fflush(NULL);
     _exit(rc & 0xff);
 }
 
-static void describe(int status, int *code, int *sig) {
-    if (WIFEXITED(status)) {
-        *code = WEXITSTATUS(status);
-        *sig  = 0;
-    } else {
-        *code = -1;
-        *sig  = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    }
+// The watch: the first child to fail stops the others; after a forwarded SIGTERM, the
+// first that did not end cleanly is how the job ended.
+typedef struct watch {
+    dt_spawn_result *res;
+    long             grace_ms;
+    bool             forwarded; // a SIGTERM for the caller was passed on to the workers
+} watch;
+
+static void on_end(dt_procs *ps, int i, void *ctx) {
+    watch         *w = ctx;
+    const dt_proc *p = dt_procs_at(ps, i);
+    if ((p->exit_code == 0 && p->term_signal == 0) || w->res->failed_rank >= 0)
+        return;
+    if (!w->forwarded && dt_procs_stopping(ps))
+        return; // stopped by us
+    w->res->failed_rank = i;
+    w->res->exit_code   = p->exit_code;
+    w->res->term_signal = p->term_signal;
+    dt_procs_stop(ps, SIGTERM, w->grace_ms);
 }
 
 dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) {
@@ -164,133 +176,48 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
         token = token_buf;
     }
 
-    pid_t *pids   = dt_alloc_zero((size_t)nprocs * sizeof *pids);
-    int   *pidfds = dt_alloc((size_t)nprocs * sizeof *pidfds);
-    bool  *alive  = dt_alloc_zero((size_t)nprocs * sizeof *alive);
-    if (!pids || !pidfds || !alive) {
-        dt_free(pids);
-        dt_free(pidfds);
-        dt_free(alive);
-        return DT_ERR_NOMEM;
-    }
-    pid_t     parent = getpid();
-    dt_status st     = DT_OK;
-    int       nalive = 0;
-    fflush(NULL); // or the children inherit and re-print buffered output
-    for (int i = 0; i < nprocs; i++) {
-        pidfds[i] = -1;
-        pid_t pid = fork();
-        if (pid == 0)
-            child_main(i, nprocs, base, world, parent, addr, port, token, fn, arg);
-        if (pid < 0) {
+    dt_procs *ps;
+    DT_TRY(dt_procs_new(&ps, nprocs, NULL));
+    spawn_child c  = {.nprocs = nprocs,
+                      .base   = base,
+                      .world  = world,
+                      .addr   = addr,
+                      .port   = port,
+                      .token  = token,
+                      .fn     = fn,
+                      .arg    = arg};
+    watch       w  = {.res = &res, .grace_ms = grace};
+    dt_status   st = DT_OK;
+    for (int i = 0; i < nprocs; i++)
+        if (dt_procs_start(ps, i, child_main, &c) != DT_OK) {
             st = dt_fail_errno(DT_ERR_IO, "spawn: fork of local rank %d of %d", i, nprocs);
             res.failed_rank = i;
             res.exit_code   = -1;
+            dt_procs_stop(ps, SIGTERM, grace); // the ones already started
             break;
         }
-        pids[i]   = pid;
-        pidfds[i] = dt_pidfd_open(pid);
-        alive[i]  = true;
-        nalive++;
-    }
-
-    // Watch: a child that exits non-zero or dies stops the job.
-    uint64_t kill_at   = 0; // when stopping: SIGKILL after the grace period
-    bool     stopping  = st != DT_OK;
-    bool     forwarded = false; // a SIGTERM for the caller was passed on to the workers
-    if (stopping) {
-        for (int i = 0; i < nprocs; i++)
-            if (alive[i])
-                kill(pids[i], SIGTERM);
-        kill_at = dt_now_ns() + (uint64_t)grace * 1000000ull;
-    }
-    struct pollfd *pf = dt_alloc((size_t)nprocs * sizeof *pf);
-    while (nalive > 0) {
-        int n = 0;
-        for (int i = 0; i < nprocs && pf; i++)
-            if (alive[i] && pidfds[i] >= 0)
-                pf[n++] = (struct pollfd){.fd = pidfds[i], .events = POLLIN};
-        int ms = -1;
-        if (stopping && kill_at != UINT64_MAX)
-            ms = dt_ms_left(kill_at) + 1;
-        if (n < nalive && (ms < 0 || ms > 50))
-            ms = 50; // children without a pidfd are polled with WNOHANG
-        if (!stopping && (ms < 0 || ms > 100))
-            ms = 100; // a blocked SIGTERM does not wake poll: looked for below
-        if (pf && n > 0)
-            poll(pf, (nfds_t)n, ms);
-        else {
-            struct timespec ts = {0, 20 * 1000000L};
-            nanosleep(&ts, NULL);
-        }
-        for (int i = 0; i < nprocs; i++) {
-            if (!alive[i])
-                continue;
-            int   status;
-            pid_t r = waitpid(pids[i], &status, WNOHANG);
-            if (r == 0 || (r < 0 && errno == EINTR))
-                continue;
-            alive[i] = false;
-            nalive--;
-            int code = 0, sig = 0;
-            if (r > 0)
-                describe(status, &code, &sig);
-            else
-                code = -1; // reaped elsewhere: unknown
-            if ((code != 0 || sig != 0) && res.failed_rank < 0 && forwarded) {
-                res.failed_rank = i; // how the workers ended after the forwarded SIGTERM
-                res.exit_code   = code;
-                res.term_signal = sig;
-            } else if ((code != 0 || sig != 0) && res.failed_rank < 0 && !stopping) {
-                res.failed_rank = i;
-                res.exit_code   = code;
-                res.term_signal = sig;
-                stopping        = true;
-                kill_at         = dt_now_ns() + (uint64_t)grace * 1000000ull;
-                for (int j = 0; j < nprocs; j++)
-                    if (alive[j])
-                        kill(pids[j], SIGTERM);
-            }
-        }
-        if (!stopping && take_blocked_sigterm()) {
+    // Without a time limit (the workers carry their own timeouts), but looking every
+    // 100 ms for a SIGTERM the caller blocks: it does not wake the wait.
+    while (dt_procs_alive(ps) > 0) {
+        dt_procs_wait(ps, dt_procs_stopping(ps) ? -1 : 100, on_end, &w);
+        if (!dt_procs_stopping(ps) && take_blocked_sigterm()) {
             // The caller blocks SIGTERM (its workers inherit the mask and stop at a step
             // boundary of their own): forward it, and give them time to save.
-            stopping  = true;
-            forwarded = true;
-            kill_at   = dt_now_ns() + (uint64_t)term_grace * 1000000ull;
-            for (int j = 0; j < nprocs; j++)
-                if (alive[j])
-                    kill(pids[j], SIGTERM);
-        }
-        if (stopping && nalive > 0 && dt_now_ns() >= kill_at) {
-            for (int j = 0; j < nprocs; j++)
-                if (alive[j])
-                    kill(pids[j], SIGKILL);
-            kill_at = UINT64_MAX; // killed: now just reap
+            w.forwarded = true;
+            dt_procs_stop(ps, SIGTERM, term_grace);
         }
     }
-    for (int i = 0; i < nprocs; i++)
-        if (pidfds[i] >= 0)
-            close(pidfds[i]);
-    dt_free(pf);
-    dt_free(pids);
-    dt_free(pidfds);
-    dt_free(alive);
+    dt_procs_free(ps);
     if (out)
         *out = res;
     if (st != DT_OK)
         return st;
     if (res.failed_rank >= 0) {
-        if (res.term_signal)
-            return dt_fail(DT_ERR_PEER,
-                           "spawn: local rank %d (rank %ld) was killed by signal %d (%s); the "
-                           "other ranks were stopped",
-                           res.failed_rank, base + res.failed_rank, res.term_signal,
-                           strsignal(res.term_signal));
+        char how[80];
+        dt_procs_describe_end(res.exit_code, res.term_signal, how, sizeof how);
         return dt_fail(DT_ERR_PEER,
-                       "spawn: local rank %d (rank %ld) exited with code %d; the other ranks were "
-                       "stopped",
-                       res.failed_rank, base + res.failed_rank, res.exit_code);
+                       "spawn: local rank %d (rank %ld) %s; the other ranks were stopped",
+                       res.failed_rank, base + res.failed_rank, how);
     }
     return DT_OK;
 }

@@ -3,7 +3,7 @@
 // strong definition replaces the stand-in here (docs/comm-backend.md). A stand-in has
 // .built = false: "auto" skips it and asking for it by name is DT_ERR_UNSUPPORTED.
 #include "comm/backend.h"
-#include "comm/mpi_hook.h"
+#include "comm/mpi/mpi_hook.h"
 
 static dt_status unbuilt_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **ctx) {
     (void)pg, (void)store, (void)deadline_ns, (void)ctx;

@@ -121,10 +121,11 @@ dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last)
             }
     }
     for (int i = first; st == DT_OK && i <= last; i++) {
-        gval *v       = &whole->vals[i];
-        gval *n       = &g->vals[g->nvals];
-        *n            = *v;
-        n->nconsumers = 0;
+        gval *v        = &whole->vals[i];
+        gval *n        = &g->vals[g->nvals];
+        *n             = *v;
+        n->nconsumers  = 0;
+        n->param_layer = g->nvals;
         for (int j = 0; j < v->nin; j++) {
             n->in[j] = map[v->in[j]];
             g->vals[n->in[j]].nconsumers++;
@@ -155,4 +156,80 @@ dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last)
     }
     *out = g;
     return DT_OK;
+}
+
+dt_status dt_graph_param_table(const dt_graph *g, bool whole, dt_params **out) {
+    if (!out)
+        return dt_fail(DT_ERR_ARG, "dt_graph_param_table: expected an output pointer");
+    *out = NULL;
+    if (!g)
+        return dt_fail(DT_ERR_ARG, "dt_graph_param_table: expected a graph, found NULL");
+    int *order = dt_alloc(sizeof(int) * (size_t)(g->nvals ? g->nvals : 1));
+    if (!order)
+        return DT_ERR_NOMEM;
+    dt_params *p  = NULL;
+    dt_status  st = dt_params_new(&p, NULL);
+    char       name[DT_PARAM_NAME_MAX + 2];
+    int        np = 0;
+    // The order and names of dt_graph_finalize's registration (graph.c).
+    int m = dt_graph_tensor_order(g, order);
+    for (int q = 0; q < m && st == DT_OK; q++) {
+        const gval *v = &g->vals[order[q]];
+        for (int k = 0; k < v->su.nparams && st == DT_OK; k++) {
+            if (v->tie_val[k] >= 0)
+                continue;
+            const dt_layer_tensor *t = &v->su.params[k];
+            if (v->copy_of[k][0])
+                snprintf(name, sizeof name, "%s", v->copy_of[k]);
+            else if (snprintf(name, sizeof name, "%s.%s", dt_graph_tensor_node(v), t->name) >
+                     DT_PARAM_NAME_MAX)
+                st = dt_fail(DT_ERR_ARG, "graph: tensor name '%s.%s' is longer than %d bytes",
+                             dt_graph_tensor_node(v), t->name, DT_PARAM_NAME_MAX);
+            int64_t shape[DT_PARAM_MAX_DIMS];
+            for (int d = 0; d < DT_PARAM_MAX_DIMS; d++)
+                shape[d] = t->shape[d];
+            if (whole)
+                dt_param_split_whole_shape(&t->split, t->ndim, t->shape, shape);
+            if (st == DT_OK)
+                st = dt_params_add_ex(p, name, t->ndim, shape, t->flags, v->param_layer, false);
+            // whole: the unsplit shape, and the part this graph's layer holds of it
+            if (st == DT_OK && dt_param_split_on(&t->split))
+                st = dt_params_set_split(p, np, &t->split);
+            np++;
+        }
+        for (int k = 0; k < v->su.nbuffers && st == DT_OK; k++) {
+            const dt_layer_tensor *t = &v->su.buffers[k];
+            if (snprintf(name, sizeof name, "%s.%s", dt_graph_tensor_node(v), t->name) >
+                DT_PARAM_NAME_MAX)
+                st = dt_fail(DT_ERR_ARG, "graph: tensor name '%s.%s' is longer than %d bytes",
+                             dt_graph_tensor_node(v), t->name, DT_PARAM_NAME_MAX);
+            else
+                st = dt_params_add_ex(p, name, t->ndim, t->shape, t->flags, v->param_layer, true);
+        }
+    }
+    dt_free(order);
+    if (st != DT_OK) {
+        dt_params_free(p);
+        return st;
+    }
+    *out = p;
+    return DT_OK;
+}
+
+dt_status dt_graph_set_timing(dt_graph *g, bool on) {
+    if (!g)
+        return dt_fail(DT_ERR_ARG, "dt_graph_set_timing: expected a graph, found NULL");
+    dt_free(g->times);
+    g->times = NULL;
+    if (on && !(g->times = dt_alloc_zero(sizeof(double) * 2 * (size_t)(g->cap ? g->cap : 1))))
+        return DT_ERR_NOMEM;
+    return DT_OK;
+}
+
+void dt_graph_node_seconds(const dt_graph *g, int node, double *forward, double *backward) {
+    bool ok = g && g->times && node >= 0 && node < g->nvals;
+    if (forward)
+        *forward = ok ? g->times[2 * node] : 0.0;
+    if (backward)
+        *backward = ok ? g->times[2 * node + 1] : 0.0;
 }

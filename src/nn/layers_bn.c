@@ -1,7 +1,7 @@
-// layers_bn.c: BatchNorm1d/2d (and its SyncBatchNorm hook), and the fused forms the
-// graph's fusion pass (graph_fuse.c) makes of a BatchNorm and what follows it in a
-// ResNet: BatchNorm + ReLU, and BatchNorm + Add (a residual) + ReLU. A fused node saves
-// the passes over memory of the nodes it replaces and their outputs (graph.h).
+// layers_bn.c: BatchNorm1d/2d (and its SyncBatchNorm hook), and the fused forms
+// dt_graph_fuse (graph_pass.c) makes of a BatchNorm and what follows it in a ResNet:
+// BatchNorm + ReLU, and BatchNorm + Add (a residual) + ReLU. A fused node saves the
+// passes over memory of the nodes it replaces and their outputs (graph.h).
 //
 // The graph runs these layers whole on the calling thread (their statistics span the
 // batch) and hands them its threads: the per-channel sums are shared out by channel, so

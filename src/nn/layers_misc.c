@@ -311,6 +311,13 @@ static dt_status pool_new(dt_layer **out, const dt_layer_ops *ops, int kh, int k
     return lay_new(out, ops, &c, sizeof c);
 }
 
+bool lay_as_maxpool2d(const dt_layer *l, dt_nn_avgpool2d *p) {
+    if (!l || l->ops != &maxpool_ops)
+        return false;
+    *p = ((const pool_cfg *)l->config)->p;
+    return true;
+}
+
 dt_status dt_layer_avgpool2d_new(dt_layer **out, int kh, int kw, const dt_pool2d_opts *opts) {
     return pool_new(out, &avgpool_ops, kh, kw, opts);
 }

@@ -5,6 +5,7 @@
 #include "nn/layers_impl.h"
 
 #include <math.h>
+#include <string.h>
 
 typedef struct tp_cfg {
     int       in, out; // the unsplit layer's
@@ -37,6 +38,13 @@ static dt_status tp_setup(const dt_layer *l, int nin, const dt_shape *in, dt_lay
     s->nparams = 1;
     if (p->bias)
         lay_tensor(&s->params[s->nparams++], "bias", DT_PARAM_NO_DECAY, 1, loc_out(p), 0, 0, 0);
+    // The parts of the unsplit tensors this shard holds (the row shard's bias is whole).
+    if (p->parts > 1) {
+        bool col           = p->mode == DT_TP_COLUMN;
+        s->params[0].split = (dt_param_split){col ? 0 : 1, p->parts, p->part, col ? p->groups : 1};
+        if (p->bias && col)
+            s->params[1].split = (dt_param_split){0, p->parts, p->part, p->groups};
+    }
     // A batch-wide part of the saved state keeps the layer whole on the calling thread
     // (graph.h): its sums are collectives, one per call.
     s->saved_fixed      = 1;
@@ -128,4 +136,101 @@ dt_status dt_layer_linear_tp_new(dt_layer **out, int in, int out_features, dt_tp
     tp_cfg p = {in,       out_features, (int)mode, parts,        part,
                 o.groups, o.bias,       o.reduce,  o.reduce_user};
     return lay_new(out, &tp_ops, &p, sizeof p);
+}
+
+// --------------------------------------------------------- the vocabulary-parallel embedding
+
+typedef struct etp_cfg {
+    int       num, d, parts, part; // num: the unsplit vocabulary
+    dt_sum_fn reduce;
+    void     *user;
+} etp_cfg;
+
+static dt_status etp_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    const etp_cfg *p = l->config;
+    char           b[64];
+    if (nin != 1 || in[0].dtype != DT_ELEM_I32 || in[0].ndim >= DT_SHAPE_MAX_DIMS)
+        return dt_fail(DT_ERR_ARG,
+                       "embedding_tp: expected one int32 input of at most %d dimensions, found %d "
+                       "inputs, the first %s",
+                       DT_SHAPE_MAX_DIMS - 1, nin,
+                       nin > 0 ? dt_shape_str(&in[0], b, sizeof b) : "none");
+    s->out               = in[0];
+    s->out.dtype         = DT_ELEM_F32;
+    s->out.d[in[0].ndim] = p->d;
+    s->out.ndim          = in[0].ndim + 1;
+    lay_tensor(&s->params[0], "weight", 0, 2, p->num / p->parts, p->d, 0, 0);
+    if (p->parts > 1)
+        s->params[0].split = (dt_param_split){0, p->parts, p->part, 1};
+    s->nparams       = 1;
+    s->no_input_grad = true;
+    s->saved_fixed   = 1; // whole on the calling thread: its sum is a collective
+    return DT_OK;
+}
+
+// The unsplit nn.Embedding's draws (dt_nn_embedding_init's order), this shard's rows kept.
+static void etp_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    (void)buf;
+    const etp_cfg *p  = l->config;
+    size_t         lo = (size_t)p->part * (size_t)(p->num / p->parts) * (size_t)p->d;
+    size_t         hi = lo + (size_t)(p->num / p->parts) * (size_t)p->d;
+    for (size_t i = 0; i < (size_t)p->num * (size_t)p->d; i++) {
+        float v = dt_rng_normal(rng);
+        if (i >= lo && i < hi)
+            w[0][i - lo] = v;
+    }
+}
+
+static dt_status etp_forward(const dt_layer *l, const dt_layer_args *a) {
+    const etp_cfg *p     = l->config;
+    const int32_t *idx   = (const int32_t *)(const void *)a->x[0];
+    size_t         count = (size_t)a->batch * dt_shape_numel(&a->in[0]), d = (size_t)p->d;
+    int            per = p->num / p->parts, lo = p->part * per;
+    for (size_t i = 0; i < count; i++) {
+        if (idx[i] < 0 || idx[i] >= p->num)
+            return dt_fail(DT_ERR_ARG, "embedding_tp: index %d at position %zu, expected 0 to %d",
+                           (int)idx[i], i, p->num - 1);
+        int r = idx[i] - lo;
+        if (r >= 0 && r < per)
+            memcpy(a->y + i * d, a->w[0] + (size_t)r * d, sizeof(float) * d);
+        else
+            memset(a->y + i * d, 0, sizeof(float) * d);
+    }
+    // One shard holds each row, the others add zeros: the sum is exactly the lookup.
+    return p->parts > 1 ? p->reduce(p->user, a->y, count * d) : DT_OK;
+}
+
+static dt_status etp_backward(const dt_layer *l, const dt_layer_args *a) {
+    const etp_cfg *p     = l->config;
+    const int32_t *idx   = (const int32_t *)(const void *)a->x[0];
+    size_t         count = (size_t)a->batch * dt_shape_numel(&a->in[0]), d = (size_t)p->d;
+    int            per = p->num / p->parts, lo = p->part * per;
+    for (size_t i = 0; i < count; i++) {
+        int r = idx[i] - lo;
+        if (r < 0 || r >= per)
+            continue;
+        float       *row = a->dw[0] + (size_t)r * d;
+        const float *g   = a->dy + i * d;
+        for (size_t j = 0; j < d; j++)
+            row[j] += g[j];
+    }
+    return DT_OK;
+}
+
+static const dt_layer_ops etp_ops = {"embedding_tp", etp_setup,    etp_init,
+                                     etp_forward,    etp_backward, NULL};
+
+dt_status dt_layer_embedding_tp_new(dt_layer **out, int num, int d, int parts, int part,
+                                    const dt_linear_tp_opts *opts) {
+    dt_linear_tp_opts o = opts ? *opts : dt_linear_tp_opts_default();
+    if (num < 1 || d < 1 || parts < 1 || part < 0 || part >= parts || num % parts != 0)
+        return dt_fail(DT_ERR_ARG,
+                       "embedding_tp: expected num >= 1 divisible by parts %d, d >= 1 and 0 <= "
+                       "part < parts; found num %d, d %d, part %d",
+                       parts, num, d, part);
+    if (parts > 1 && !o.reduce)
+        return dt_fail(DT_ERR_ARG, "embedding_tp: %d shards need a reducer (tp.h fills it in)",
+                       parts);
+    etp_cfg p = {num, d, parts, part, o.reduce, o.reduce_user};
+    return lay_new(out, &etp_ops, &p, sizeof p);
 }

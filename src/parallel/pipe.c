@@ -16,6 +16,7 @@
 // M slots for GPipe, w + 1 for 1F1B (micro-batches in flight are consecutive).
 #include "dtrain/pipe.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,6 +34,8 @@ struct dt_pipe {
     dt_graph    *g;
     dt_pg       *pg; // borrowed
     int          stage, nstages;
+    int          first, last; // this stage's nodes in the whole graph
+    int          nwhole;      // nodes of the whole graph
     dt_pipe_opts o;
     dt_ddp      *ddp;                           // borrowed, may be NULL
     int          nslots;                        // activation slots the graph holds
@@ -140,13 +143,12 @@ dt_status dt_pipe_new(dt_pipe **out, dt_graph *whole, int ncuts, const char *con
                       uint64_t seed, const dt_pipe_opts *opts) {
     if (out)
         *out = NULL;
-    if (!out || !whole || !pg || (ncuts > 0 && !cuts)) {
+    if (!out || !whole || (ncuts > 0 && !cuts)) {
         dt_graph_free(whole);
-        return dt_fail(DT_ERR_ARG, "dt_pipe_new: expected an output pointer, a graph, cuts "
-                                   "and a group");
+        return dt_fail(DT_ERR_ARG, "dt_pipe_new: expected an output pointer, a graph and cuts");
     }
     dt_pipe_opts o = opts ? *opts : dt_pipe_opts_default();
-    int          P = dt_pg_size(pg), s = dt_pg_rank(pg);
+    int          P = pg ? dt_pg_size(pg) : 1, s = pg ? dt_pg_rank(pg) : 0;
     if (ncuts != P - 1) {
         dt_graph_free(whole);
         return dt_fail(DT_ERR_ARG, "dt_pipe_new: expected %d cuts for %d stages, found %d", P - 1,
@@ -171,6 +173,7 @@ dt_status dt_pipe_new(dt_pipe **out, dt_graph *whole, int ncuts, const char *con
     char prev_out[DT_GRAPH_NAME_MAX + 1] = "";
     if (st == DT_OK && s > 0)
         snprintf(prev_out, sizeof prev_out, "%s", dt_graph_node_name(whole, first - 1));
+    int nwhole = dt_graph_num_nodes(whole);
     dt_graph_free(whole);
     if (st != DT_OK)
         return dt_fail_context("pipeline stage %d of %d", s, P);
@@ -181,10 +184,13 @@ dt_status dt_pipe_new(dt_pipe **out, dt_graph *whole, int ncuts, const char *con
     }
     p->g       = g;
     p->pg      = pg;
+    p->first   = first;
+    p->last    = last;
     p->stage   = s;
     p->nstages = P;
     p->o       = o;
     p->nties   = nties;
+    p->nwhole  = nwhole;
     memcpy(p->ties, ties, sizeof ties);
     for (int i = 0; i < dt_graph_num_nodes(g); i++) {
         if (strcmp(dt_graph_node_kind(g, i), "input") != 0)
@@ -249,6 +255,21 @@ dt_status dt_pipe_set_micro_batches(dt_pipe *p, int m) {
 void dt_pipe_set_ddp(dt_pipe *p, dt_ddp *ddp) {
     if (p)
         p->ddp = ddp;
+}
+
+void dt_pipe_range(const dt_pipe *p, int *first, int *last) {
+    if (first)
+        *first = p ? p->first : -1;
+    if (last)
+        *last = p ? p->last : -1;
+}
+
+bool dt_pipe_is_tie_copy(const dt_pipe *p, int tensor) {
+    const dt_param_info *i = p ? dt_params_info(dt_graph_params(p->g), tensor) : NULL;
+    for (int t = 0; i && t < p->nties; t++)
+        if (p->ties[t].copy == p->stage && strcmp(p->ties[t].name, i->name) == 0)
+            return true;
+    return false;
 }
 
 void dt_pipe_stats(dt_pipe *p, double *compute_s, double *total_s, bool reset) {
@@ -490,7 +511,8 @@ dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch, const u
         // now, naming this rank, not at the group's timeout.
         char why[256];
         snprintf(why, sizeof why, "pipeline stage %d failed: %s", p->stage, dt_last_error());
-        dt_pg_abort(p->pg, why);
+        if (p->pg)
+            dt_pg_abort(p->pg, why);
         return dt_fail(st, "%s", why);
     }
     float l = (float)p->loss_sum;
@@ -554,7 +576,8 @@ dt_status dt_pipe_eval(dt_pipe *p, const void *const *inputs, int batch, dt_pipe
     if (st != DT_OK) {
         char why[256];
         snprintf(why, sizeof why, "pipeline stage %d failed: %s", p->stage, dt_last_error());
-        dt_pg_abort(p->pg, why);
+        if (p->pg)
+            dt_pg_abort(p->pg, why);
         return dt_fail(st, "%s", why);
     }
     float l = (float)p->loss_sum;
@@ -562,5 +585,106 @@ dt_status dt_pipe_eval(dt_pipe *p, const void *const *inputs, int batch, dt_pipe
         DT_TRY(dt_pg_broadcast(p->pg, &l, 1, DT_FLOAT32, p->nstages - 1));
     if (loss_out)
         *loss_out = l;
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------------ balancing
+
+dt_status dt_pipe_time_nodes(dt_pipe *p, int micro_batch, int reps, int nwhole, double *cost) {
+    if (!p || micro_batch < 1 || reps < 1 || !cost || nwhole != p->nwhole)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_pipe_time_nodes: expected a pipeline, micro_batch >= 1, reps >= 1 and "
+                       "costs for the whole graph's %d nodes; found %d, %d and %d",
+                       p ? p->nwhole : 0, micro_batch, reps, nwhole);
+    // Zeros of each input's shape (token 0 is an index every embedding has) and of the
+    // output gradient: layer cost does not depend on the values.
+    void     *in[DT_LAYER_MAX_INPUTS] = {0};
+    float    *dout                    = dt_alloc_zero(sizeof(float) * p->out_numel * micro_batch);
+    dt_status st                      = dout ? DT_OK : DT_ERR_NOMEM;
+    for (int i = 0; i < p->nin && st == DT_OK; i++)
+        if (!(in[i] = dt_alloc_zero(4 * p->in_numel[i] * (size_t)micro_batch)))
+            st = DT_ERR_NOMEM;
+    if (st == DT_OK)
+        st = dt_graph_set_sample_keys(p->g, NULL, 0);
+    // One untimed round (first-touch allocations, caches), then `reps` timed ones; each
+    // node's fastest round counts (a round the scheduler interrupted is slower, never
+    // faster).
+    int ext = p->stage > 0 ? p->nin : 0; // the stage graph's inputs from earlier stages
+    for (int r = 0; r <= reps && st == DT_OK; r++) {
+        st = dt_graph_set_timing(p->g, r > 0); // on: the counters from 0
+        if (st == DT_OK)
+            st = dt_graph_forward(p->g, (const void *const *)in, micro_batch);
+        if (st == DT_OK)
+            st = dt_graph_backward(p->g, dout);
+        for (int j = ext; r > 0 && j < dt_graph_num_nodes(p->g) && st == DT_OK; j++) {
+            double f, b, *c = &cost[p->first + j - ext];
+            dt_graph_node_seconds(p->g, j, &f, &b);
+            *c = r == 1 || f + b < *c ? f + b : *c;
+        }
+    }
+    dt_graph_set_timing(p->g, false);
+    dt_params_zero_grad(dt_graph_params(p->g));
+    for (int i = 0; i < p->nin; i++)
+        dt_free(in[i]);
+    dt_free(dout);
+    return st == DT_OK ? DT_OK : dt_fail_context("pipeline stage %d: timing its nodes", p->stage);
+}
+
+dt_status dt_pipe_balance(int nnodes, const double *cost, int ncand, const int *cand, int stages,
+                          int *chosen, double *slowest) {
+    if (nnodes < 1 || !cost || stages < 1 || ncand < stages - 1 || (ncand > 0 && !cand) ||
+        (stages > 1 && !chosen))
+        return dt_fail(DT_ERR_ARG,
+                       "dt_pipe_balance: expected costs of %d nodes and at least %d candidate "
+                       "cuts for %d stages, found %d",
+                       nnodes, stages - 1, stages, ncand);
+    for (int i = 0; i < ncand; i++)
+        if (cand[i] < 0 || cand[i] >= nnodes - 1 || (i > 0 && cand[i] <= cand[i - 1]))
+            return dt_fail(DT_ERR_ARG,
+                           "dt_pipe_balance: expected candidate nodes in increasing order below "
+                           "the last node %d, found %d at %d",
+                           nnodes - 1, cand[i], i);
+    double *pre = dt_alloc(sizeof(double) * (size_t)(nnodes + 1));
+    // best[k * ncand + j]: the least largest stage cost of stages 0..k with stage k
+    // ending at (and including) node cand[j]; from[...]: the cut before that stage.
+    size_t  cells = (size_t)(stages > 1 ? stages - 1 : 1) * (size_t)(ncand ? ncand : 1);
+    double *best  = dt_alloc(sizeof(double) * cells);
+    int    *from  = dt_alloc(sizeof(int) * cells);
+    if (!pre || !best || !from) {
+        dt_free(pre), dt_free(best), dt_free(from);
+        return DT_ERR_NOMEM;
+    }
+    pre[0] = 0;
+    for (int i = 0; i < nnodes; i++)
+        pre[i + 1] = pre[i] + (cost[i] > 0 ? cost[i] : 0);
+#define UPTO(j) pre[cand[j] + 1] // the cost of nodes 0..cand[j]
+    for (int k = 0; k < stages - 1; k++)
+        for (int j = 0; j < ncand; j++) {
+            double *b                   = &best[(size_t)k * ncand + j];
+            *b                          = k == 0 ? UPTO(j) : INFINITY;
+            from[(size_t)k * ncand + j] = -1;
+            for (int i = 0; k > 0 && i < j; i++) { // the first minimum: ties cut early
+                double prev = best[(size_t)(k - 1) * ncand + i], mine = UPTO(j) - UPTO(i);
+                double m = prev > mine ? prev : mine;
+                if (m < *b)
+                    *b = m, from[(size_t)k * ncand + j] = i;
+            }
+        }
+    double top = pre[nnodes];
+    int    end = -1;
+    for (int j = 0; stages > 1 && j < ncand; j++) {
+        double b = best[(size_t)(stages - 2) * ncand + j], last = pre[nnodes] - UPTO(j);
+        double m = b > last ? b : last;
+        if (end < 0 || m < top)
+            top = m, end = j;
+    }
+#undef UPTO
+    for (int k = stages - 2; k >= 0; k--) { // back from the last cut
+        chosen[k] = end;
+        end       = from[(size_t)k * ncand + end];
+    }
+    if (slowest)
+        *slowest = top;
+    dt_free(pre), dt_free(best), dt_free(from);
     return DT_OK;
 }

@@ -1,7 +1,9 @@
 // tp.c: the all-reduce of the tensor-parallel shards, and the Megatron blocks of tp.h.
 #include "dtrain/tp.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 static dt_status sum_over(void *user, float *v, size_t n) {
     return dt_pg_all_reduce(user, v, v, n, DT_FLOAT32, DT_REDUCE_SUM);
@@ -72,4 +74,69 @@ dt_status dt_tp_attention_add(dt_graph *g, const char *prefix, const char *in, i
     DT_TRY(dt_layer_linear_tp_new(&l, c, c, DT_TP_ROW, tp, r, &o));
     DT_TRY(name_of(a, sizeof a, prefix, "attn"));
     return node(g, prefix, "proj", l, a);
+}
+
+dt_status dt_tp_cross_entropy(dt_pg *pg, const float *logits, const int32_t *target, int n,
+                              int vocab, int ignore_index, float *loss, float *dlogits) {
+    int size = pg ? dt_pg_size(pg) : 1, rank = pg ? dt_pg_rank(pg) : 0;
+    if (!logits || !target || !loss || n < 1 || vocab < 1 || vocab % size != 0)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_tp_cross_entropy: expected logits, targets, n >= 1 and a vocabulary "
+                       "divisible by the %d ranks, found n %d, vocabulary %d",
+                       size, n, vocab);
+    int    k = vocab / size, lo = rank * k, counted = 0;
+    float *m = dt_alloc(sizeof(float) * 3 * (size_t)n); // max | sum of exp | target logit
+    if (!m)
+        return DT_ERR_NOMEM;
+    float    *z = m + n, *tl = m + 2 * (size_t)n;
+    dt_status st = DT_OK;
+    for (int s = 0; s < n && st == DT_OK; s++) {
+        const float *x  = logits + (size_t)s * k;
+        float        mx = x[0];
+        for (int j = 1; j < k; j++)
+            mx = x[j] > mx ? x[j] : mx;
+        m[s] = mx;
+        if (target[s] != ignore_index && (target[s] < 0 || target[s] >= vocab))
+            st = dt_fail(DT_ERR_ARG,
+                         "dt_tp_cross_entropy: target of row %d is %d, expected 0 to %d or the "
+                         "ignore_index %d",
+                         s, (int)target[s], vocab - 1, ignore_index);
+        counted += target[s] != ignore_index;
+    }
+    if (st == DT_OK && size > 1) // the rows' maximum over the whole vocabulary
+        st = dt_pg_all_reduce(pg, m, m, (size_t)n, DT_FLOAT32, DT_REDUCE_MAX);
+    for (int s = 0; s < n && st == DT_OK; s++) {
+        const float *x   = logits + (size_t)s * k;
+        double       sum = 0;
+        for (int j = 0; j < k; j++)
+            sum += exp((double)x[j] - m[s]);
+        z[s]  = (float)sum;
+        int t = target[s] - lo;
+        tl[s] = target[s] != ignore_index && t >= 0 && t < k ? x[t] : 0.0f;
+    }
+    if (st == DT_OK && size > 1) // the sums of exponentials, and the target logits (one rank's)
+        st = dt_pg_all_reduce(pg, z, z, 2 * (size_t)n, DT_FLOAT32, DT_REDUCE_SUM);
+    double total = 0, inv = counted ? 1.0 / counted : 0.0;
+    for (int s = 0; s < n && st == DT_OK; s++) {
+        float *d = dlogits ? dlogits + (size_t)s * k : NULL;
+        if (target[s] == ignore_index) {
+            if (d)
+                memset(d, 0, sizeof(float) * (size_t)k);
+            continue;
+        }
+        double lse = (double)m[s] + log((double)z[s]); // -log p[t] = lse - x[t]
+        total += lse - tl[s];
+        if (!d)
+            continue;
+        const float *x = logits + (size_t)s * k;
+        for (int j = 0; j < k; j++) // (softmax - onehot) / counted
+            d[j] = (float)(exp((double)x[j] - lse) * inv);
+        int t = target[s] - lo;
+        if (t >= 0 && t < k)
+            d[t] -= (float)inv;
+    }
+    dt_free(m);
+    if (st == DT_OK)
+        *loss = (float)(total * inv);
+    return st;
 }

@@ -96,7 +96,13 @@ static dt_status save(dt_trainer *t) {
     double        t0 = dt_now();
     dt_ckpt_state cs = ckpt_state(t);
     dt_ckpt_opts  co = ckpt_opts(t);
-    DT_TRY(dt_ckpt_save(t->a.checkpoint_dir, t->pg, &cs, &co));
+    if (dt_train_mesh_on(t)) { // each model part's own checkpoints
+        DT_TRY(dt_train_mesh_save(t, &cs, &co));
+    } else {
+        DT_TRY(dt_train_gather_params(t)); // --zero 3: the whole parameters on rank 0
+        DT_TRY(dt_ckpt_save(t->a.checkpoint_dir, t->pg, &cs, &co));
+        DT_TRY(dt_train_release_params(t));
+    }
     t->ckpt_secs += dt_now() - t0;
     t->ckpt_saves++;
     t->last_saved = t->step;
@@ -117,7 +123,10 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "found %s (%s)",
                        p ? "no optimizer" : "no parameters", dt_last_error());
     if (a->load) {
-        DT_TRY(dt_ckpt_load_params(a->load, p));
+        if (dt_train_mesh_on(t)) // the whole model's file, cut into this rank's part
+            DT_TRY(dt_train_mesh_load_model(t, a->load));
+        else
+            DT_TRY(dt_ckpt_load_params(a->load, p));
         dt_trainer_print(t, "Loaded parameters from %s\n", a->load);
     }
     build_kvs(t);
@@ -139,7 +148,17 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
         dt_ckpt_opts  co = ckpt_opts(t);
-        dt_status     st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
+        // A step-based run without a sampler (dtrain-gpt) resumes at any world size: its
+        // batches follow the seed and the step, and the trainer's stream is the seed's
+        // (restoring it changes nothing), so only the shared state is loaded.
+        bool any_world = t->total_steps > 0 && !t->smp && !dt_train_mesh_on(t);
+        if (any_world)
+            co.reshard = true, cs.nrngs = 0;
+        dt_status st = dt_train_mesh_check_layout(t);
+        if (!st && dt_train_mesh_on(t))
+            st = dt_train_mesh_load(t, &cs, &co, &info);
+        else if (!st)
+            st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
         if (!st && info.found)
             st = check_config(t, &info);
         const char *sc = info.found ? dt_ckpt_info_get(&info, "grad_scaler") : NULL;
@@ -148,9 +167,12 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         if (!st && info.found) {
             t->step = t->last_saved = info.step;
             t->epoch                = (long)info.epoch;
-            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu)%s\n", info.path,
+            char by[48]             = "";
+            if (info.world != t->world)
+                snprintf(by, sizeof by, ", saved by %d ranks", info.world);
+            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu%s)%s\n", info.path,
                              (unsigned long long)info.epoch,
-                             t->batch ? info.position / t->batch : (size_t)0,
+                             t->batch ? info.position / t->batch : (size_t)0, by,
                              info.refused ? " after refusing newer checkpoints" : "");
         } else if (!st) {
             dt_trainer_print(t, "no checkpoint in %s: starting fresh\n", a->checkpoint_dir);
@@ -164,20 +186,31 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "--zero %ld: expected even shards (uneven inputs reduce whole "
                        "gradients after backward), found DT_SPLIT_TRAIN_UNEVEN",
                        a->zero);
-    if (t->pg && a->zero > 0) {
-        dt_zero_opts zo = dt_zero_opts_default();
-        zo.stage        = (int)a->zero;
+    dt_pg *dpg = dt_train_dp_group(t); // the world's group without a mesh
+    if (dpg && a->zero == 3 && (a->data_parallel > 1 || dt_train_mesh_on(t)))
+        return dt_fail(DT_ERR_ARG, "--zero 3 with %s: not supported yet (%s)",
+                       a->data_parallel > 1 ? "--data-parallel" : "--pp or --tp",
+                       a->data_parallel > 1 ? "replicas copy the whole parameters, which "
+                                              "ZeRO-3 shards"
+                                            : "a pipeline's micro-batches and a tensor "
+                                              "split's parts are not gathered by units");
+    dt_zero_opts zo   = dt_zero_opts_default();
+    zo.stage          = dpg ? (int)a->zero : 0;
+    zo.track_resident = zo.stage == 3;            // the peak that dt_trainer_state_bytes reports
+    DT_TRY(dt_train_plan_memory(t, p, opt, &zo)); // --max-rank-memory
+    if (dpg && a->zero > 0) {
         size_t full = 0, shard = 0;
         dt_optim_state(opt, &full);
-        DT_TRY(dt_zero_new(&t->zero, p, t->pg, opt, &zo));
+        DT_TRY(dt_zero_new(&t->zero, p, dpg, opt, &zo));
         dt_optim_state(opt, &shard);
         dt_trainer_print(t, "ZeRO-%d: optimizer state %.3f MiB per rank (%.3f MiB unsharded)\n",
                          zo.stage, (double)shard * 4 / 1048576, (double)full * 4 / 1048576);
-    } else if (t->pg) {
+    } else if (dpg) {
         dt_ddp_opts o = dt_ddp_opts_default();
         o.overlap     = !a->no_overlap;
         o.tree_reduce = t->tree_reduce;
-        DT_TRY(dt_ddp_new(&t->ddp, p, t->pg, &o));
+        DT_TRY(dt_ddp_new(&t->ddp, p, dpg, &o));
+        dt_pipe_set_ddp(t->pipe, t->ddp); // reduced in the last micro-batch's backward
     }
     if (t->m)
         dt_model_set_profile(t->m, a->profile);
@@ -448,7 +481,9 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         } else if (t->zero) { // this rank's shard of the averaged gradient
             DT_TRY(dt_zero_sync(t->zero));
         }
-        if (t->window > 1 && !t->join) // the mean over the window's micro-batches
+        if (t->window > 1 && !t->join && t->zero) // only this rank's shard is read
+            dt_zero_scale_grad(t->zero, 1.0f / (float)t->window);
+        else if (t->window > 1 && !t->join) // the mean over the window's micro-batches
             scale_grads(t->p, 1.0f / (float)t->window);
         // fp16: unscale, agree on inf/NaN over the ranks; a bad step is skipped by all
         bool skip = false;
@@ -458,7 +493,9 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
             DT_TRY(dt_grad_scaler_update(t->scaler));
             t->skipped += skip;
         }
-        if (t->a.clip_grad > 0 && !skip && t->zero)
+        if (t->a.clip_grad > 0 && !skip && dt_train_mesh_on(t)) // over the model's parts
+            DT_TRY(dt_train_mesh_clip(t, (float)t->a.clip_grad, &t->grad_norm));
+        else if (t->a.clip_grad > 0 && !skip && t->zero)
             DT_TRY(dt_zero_clip_grad_norm(t->zero, (float)t->a.clip_grad, &t->grad_norm));
         else if (t->a.clip_grad > 0 && !skip)
             DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
@@ -476,7 +513,7 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
     }
     // Rank 0's bar or loss line, and the training curve (every --log-every batches).
     if (!t->shadow && !t->o.own_progress)
-        dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)t->world, loss);
+        dt_progress_step(t->bar, t->cur_index, t->cur_size * (size_t)dt_train_dp_size(t), loss);
     if (t->plot && !t->shadow && t->cur_index % (size_t)t->a.log_every == 0)
         DT_TRY(dt_plot_add(t->plot, DT_PLOT_TRAIN, (double)t->step, loss));
     if (!t->sync)
@@ -672,13 +709,30 @@ dt_status dt_trainer_finish(dt_trainer *t) {
         dt_trainer_print(t, "Wrote the trace to %s\n", a->trace);
     }
     uint32_t crc;
-    DT_TRY(check_replicas(t, &crc));
-    if (t->pg)
-        dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world, crc);
-    if (t->rank == 0 && a->save_model) {
-        DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
-        dt_trainer_print(t, "Saved the model to %s\n", a->save_model);
+    if (dt_train_mesh_on(t)) {
+        DT_TRY(dt_train_mesh_check_replicas(t, &crc));
+        dt_trainer_print(t,
+                         "Parameters identical on the %d replicas of each of the %d model parts "
+                         "(rank 0's CRC32C %08x)\n",
+                         dt_train_dp_size(t), t->world / dt_train_dp_size(t), crc);
+    } else if (t->zero && dt_zero_stage(t->zero) == 3) { // no replicas: each rank its range
+        dt_trainer_print(t, "Parameters sharded over %d ranks (ZeRO-3)\n", t->world);
+    } else {
+        DT_TRY(check_replicas(t, &crc));
+        if (t->pg)
+            dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world,
+                             crc);
     }
+    if (a->save_model && dt_train_mesh_on(t)) { // the parts gathered: the whole model's file
+        DT_TRY(dt_train_mesh_save_model(t, a->save_model));
+    } else if (a->save_model) { // --zero 3: the shards gathered on rank 0 for it
+        DT_TRY(dt_train_gather_params(t));
+        if (t->rank == 0)
+            DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
+        DT_TRY(dt_train_release_params(t));
+    }
+    if (a->save_model)
+        dt_trainer_print(t, "Saved the model to %s\n", a->save_model);
     return DT_OK;
 }
 
@@ -707,7 +761,7 @@ dt_status dt_trainer_report(dt_trainer *t, double metric) {
     if (per <= 0 && t->m)
         per = dt_model_train_flops_per_sample(t->m);
     // Samples trained by this run (a resumed run trains fewer), padding included.
-    double samples = (double)t->samples_seen * t->world;
+    double samples = (double)t->samples_seen * dt_train_dp_size(t);
     double flops   = samples * per;
     double loop    = t->finished - t->train_start;
     dt_trainer_print(t,

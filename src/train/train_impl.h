@@ -4,6 +4,8 @@
 #define DTRAIN_TRAIN_IMPL_H
 
 #include "dtrain/ckpt.h"
+#include "dtrain/mesh.h"
+#include "dtrain/pipe.h"
 #include "dtrain/train.h"
 #include "dtrain/zero.h"
 
@@ -45,6 +47,17 @@ dt_status dt_train_preempt_agree(dt_pg *pg, bool *stop);
 // Training is over: a SIGTERM that came after the last agreement, or any later one,
 // ends the process at once.
 void dt_train_preempt_release(void);
+
+// The memory budget and ZeRO-3's needs (memory.c). _parse_bytes: "512M", "1.5G" (K, M,
+// G, T: powers of 1024). _plan_memory: what a rank holds for zo->stage at this world,
+// refused (DT_ERR_ARG, naming both numbers) over the budget; stage 3's live units get
+// what the shard leaves of it; printed under a budget or with stage 3. _gather_params
+// and _release_params: the whole parameters on rank 0 around a checkpoint or a saved
+// model (no-ops but under --zero 3).
+dt_status dt_train_parse_bytes(const char *s, uint64_t *out);
+dt_status dt_train_plan_memory(dt_trainer *t, dt_params *p, dt_optim *opt, dt_zero_opts *zo);
+dt_status dt_train_gather_params(dt_trainer *t);
+dt_status dt_train_release_params(dt_trainer *t);
 
 // The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
 #define MAX_SETTINGS 16
@@ -129,6 +142,47 @@ struct dt_trainer {
     int     step_micro;
     size_t  step_samples;
     double  excluded;
+    // Model parallelism (mesh.c): the mesh (NULL: data parallelism over the whole
+    // group), its sizes, the pipeline of dt_trainer_pipeline (g is its stage graph,
+    // which it owns), the whole model's table (unsplit, no storage) and the cuts.
+    dt_mesh   *mesh;
+    int        msize[DT_MESH_DIM_COUNT_];
+    dt_pipe   *pipe;
+    dt_params *whole;
+    int       *cut_node, ncuts; // positions in the whole graph
+    char       cut_names[1024]; // "a,b" for messages and the layout file
+    char       mp_help[2][256]; // --pp's and --tp's help where the model has no cut
+    // --max-rank-memory in bytes (0: none) and what the run's stage needs (memory.c).
+    uint64_t budget;
+    size_t   plan_bytes;
 };
+
+// mesh.c: model parallelism in the trainer (train.h's "model parallelism").
+// The checks of --dp --pp --tp against a world of `world` ranks (usage errors).
+dt_status dt_train_mesh_check(const dt_trainer *t, int world);
+// In a worker, before fn: the checks, and the mesh's groups when pp x tp > 1. Collective.
+dt_status dt_train_mesh_start(dt_trainer *t);
+void      dt_train_mesh_release(dt_trainer *t); // the pipeline, its graph, the mesh
+// Whether the model is cut or split (pp x tp > 1): checkpoints per part, the norm over
+// the parts, whole model files gathered and cut.
+bool dt_train_mesh_on(const dt_trainer *t);
+// The group DDP and ZeRO reduce over (NULL: none), and its size (1 without one).
+dt_pg *dt_train_dp_group(dt_trainer *t);
+int    dt_train_dp_size(const dt_trainer *t);
+// Checkpoints of this rank's part (<dir>/pp<S>-tp<R>), by its dp group; loading agrees
+// on the newest step every part has. Collective over the world.
+dt_status dt_train_mesh_save(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co);
+dt_status dt_train_mesh_load(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co,
+                             dt_ckpt_info *info);
+// --resume without a mesh into a checkpoint directory a mesh wrote: refused, naming it.
+dt_status dt_train_mesh_check_layout(const dt_trainer *t);
+// The global gradient norm over the parts (each tensor once), clipped to max_norm.
+dt_status dt_train_mesh_clip(dt_trainer *t, float max_norm, float *norm);
+// The whole model: gathered to rank 0 and saved (--save-model), or loaded on every rank
+// and cut into this rank's part (--load). Collective.
+dt_status dt_train_mesh_save_model(dt_trainer *t, const char *path);
+dt_status dt_train_mesh_load_model(dt_trainer *t, const char *path);
+// The replicas of each part (the dp group) hold the same parameters; crc: this rank's.
+dt_status dt_train_mesh_check_replicas(dt_trainer *t, uint32_t *crc);
 
 #endif

@@ -84,11 +84,19 @@ static void build_common(dt_trainer *t) {
              "one machine, or inside each process (DDP between them); when\n"
              "threads win and when processes do: docs/trainer.md",
            T, DT_FLAG_CKPT_WARN, 0, 0},
-          {"zero", DT_FLAG_LONG, &a->zero, "0", 0, 2, "S",
+          {"zero", DT_FLAG_LONG, &a->zero, "0", 0, 3, "S",
            "ZeRO stage over the data-parallel ranks: 0 plain DDP (default),\n"
              "1 optimizer state sharded (1/P per rank), 2 gradients\n"
-             "reduce-scattered during backward too (docs/zero.md)",
+             "reduce-scattered during backward too, 3 parameters and\n"
+             "gradients sharded as well, each layer gathered just before\n"
+             "use (FSDP; model graphs only; docs/zero.md)",
            D, S | DT_FLAG_CKPT_WARN, 0, 0},
+          {"max-rank-memory", DT_FLAG_STRING, &a->max_rank_memory, NULL, 0, 0, "BYTES",
+           "refuse to start when a rank's parameters, gradients and\n"
+             "optimizer state (for this --zero stage and world size) need\n"
+             "more than BYTES (K, M, G suffixes); --zero 3 keeps its\n"
+             "gathered layers within it",
+           D, S, 0, 0},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -180,15 +188,46 @@ static void build_common(dt_trainer *t) {
              "must be the world size)",
            MP, S, 0, 0},
           {"micro-batches", DT_FLAG_LONG, &a->micro_batches, NULL, 1, 65536, "M",
-           "micro-batches per pipeline step (default: pp)", MP, S, 0, 0},
+           "micro-batches per pipeline step (default: the program's, else\n"
+             "pp)",
+           MP, S, 0, 0},
           {"schedule", DT_FLAG_STRING, &a->schedule, "1f1b", 0, 0, "S",
            "pipeline schedule: gpipe (all forwards, then all backwards)\n"
              "or 1f1b (bounded activations; the default)",
            MP, S, "gpipe 1f1b", "gpipe or 1f1b"},
+          {"cuts", DT_FLAG_STRING, &a->cuts, "auto", 0, 0, "C",
+           "where the pipeline cuts the model: auto (each stage's layers\n"
+             "timed on a few micro-batches at start, the cuts that make the\n"
+             "slowest stage fastest; the default), uniform (the model's cut\n"
+             "points spread evenly) or the cut points' names, a,b,...\n"
+             "(a resumed run keeps its checkpoints' cuts)",
+           MP, S, 0, 0},
           {0},
     };
     int n = 0;
     for (int i = 0; f[i].name; i++) {
+        // A program whose model has no cut or split: --dp alone is meaningful, --pp and
+        // --tp say why they are refused, the pipeline's own flags are left out.
+        if (t->o.no_model_split && f[i].section == MP) {
+            if (!strcmp(f[i].name, "micro-batches") || !strcmp(f[i].name, "schedule") ||
+                !strcmp(f[i].name, "cuts"))
+                continue;
+            if (!strcmp(f[i].name, "pp") || !strcmp(f[i].name, "tp")) {
+                char *h = t->mp_help[f[i].name[0] == 't'];
+                snprintf(h, sizeof t->mp_help[0], "%s: only 1 in %s: %s",
+                         f[i].name[0] == 'p' ? "pipeline stages" : "tensor-parallel ranks",
+                         t->o.program, t->o.no_model_split);
+                // The help's lines: a break at the first space past every 48 columns.
+                for (size_t at = 48, len = strlen(h); at < len; at += 48) {
+                    char *c = strchr(h + at, ' ');
+                    if (!c)
+                        break;
+                    *c = '\n';
+                    at = (size_t)(c - h);
+                }
+                f[i].help = h;
+            }
+        }
         if (t->o.hide_accumulate &&
             (!strcmp(f[i].name, "accumulate") || !strcmp(f[i].name, "clip-grad")))
             continue;
@@ -269,6 +308,17 @@ dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv, const dt_train
     dt_status st   = dt_flags_parse(t->tables, argc, argv, &help);
     if (!st && !help)
         st = check_args(&t->a);
+    if (!st && !help && t->a.max_rank_memory)
+        st = dt_train_parse_bytes(t->a.max_rank_memory, &t->budget);
+    if (!st && !help) { // --dp --pp --tp against the world size, when it is known here
+        dt_launch_env le;
+        int           world = 1;
+        if (t->a.num_processes > 0)
+            world = (int)(t->a.num_processes * t->a.num_machines);
+        else if (dt_launch_env_read(&le) == DT_OK && le.launcher != DT_LAUNCHER_NONE)
+            world = le.world;
+        st = dt_train_mesh_check(t, world);
+    }
     if (st) {
         fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
         dt_free(t);
@@ -325,7 +375,7 @@ dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value)
 static dt_status check_shared(dt_trainer *t) {
     if (!t->pg)
         return DT_OK;
-    dt_train_setting s[2 * MAX_COMMON + MAX_SETTINGS];
+    dt_train_setting s[2 * MAX_COMMON + MAX_SETTINGS + 2];
     char             names[2 * MAX_COMMON][72];
     int              n = 0;
     for (int k = 0; t->tables[k]; k++)
@@ -349,6 +399,8 @@ static dt_status check_shared(dt_trainer *t) {
     s[n++] = (dt_train_setting){.flag  = "--invariant (its default follows the cores: give it "
                                          "explicitly on machines of different sizes)",
                                 .value = t->inv_v};
+    s[n++] =
+        (dt_train_setting){.flag = "--max-rank-memory (in bytes)", .value = (int64_t)t->budget};
     for (int i = 0; i < t->nextra; i++)
         s[n++] = (dt_train_setting){.flag = t->extra[i].what, .value = t->extra[i].value};
     return dt_train_check_settings(t->pg, s, n);
@@ -366,6 +418,7 @@ static void release_worker(dt_trainer *t) {
     t->zero = NULL;
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
+    dt_train_mesh_release(t); // before the graph: a pipeline owns its stage's
     if (t->m)
         dt_model_free(t->m);
     else if (t->g)
@@ -417,6 +470,8 @@ static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
     t->rngs[0]    = (dt_ckpt_rng){"dropout", &t->root};
     t->last_saved = -1;
     dt_status st  = check_shared(t);
+    if (!st)
+        st = dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
     if (!st)
         st = fn(t, user);
     int rc = 0;
@@ -672,8 +727,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected at most %d evaluation loaders",
                        MAX_EVAL);
     dt_sampler_opts so = dt_sampler_opts_default();
-    so.num_replicas    = t->world;
-    so.rank            = t->rank;
+    so.num_replicas    = dt_train_dp_size(t); // the replicas: the world without a mesh
+    so.rank            = dt_trainer_mesh_coord(t, DT_MESH_DP);
     so.seed            = (uint64_t)t->a.seed;
     if (split == DT_SPLIT_EVAL)
         so.shuffle = false, so.eval = true;

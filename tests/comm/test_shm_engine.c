@@ -5,7 +5,7 @@
 // killed with SIGKILL, mismatched collectives, timeouts, a rank that left, bad
 // arguments, a segment of another world size, nothing left behind in /dev/shm.
 #include "../check.h"
-#include "comm/shm.h"
+#include "comm/shm/shm.h"
 
 #include <errno.h>
 #include <poll.h>

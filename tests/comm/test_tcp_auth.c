@@ -8,7 +8,7 @@
 // real ranks.
 #include "../lib/mp.h"
 #include "comm/comm_impl.h"
-#include "comm/wire.h"
+#include "comm/tcp/wire.h"
 #include "core/le.h"
 
 #include <poll.h>

@@ -5,7 +5,7 @@
 #include "../check.h"
 #include "comm/comm_impl.h"
 #include "comm/reduce.h"
-#include "comm/wire.h"
+#include "comm/tcp/wire.h"
 #include "dtrain/rng.h"
 
 #include <string.h>

@@ -61,18 +61,25 @@ static void sizes(void) {
     CHECK_ERR(dt_mesh_sizes(8, &(dt_mesh_opts){.dp = 3, .pp = 2}, s), DT_ERR_ARG, "3 x 2 x 1");
 }
 
-// The trainer's flags: offered where the program says it can use them, refused elsewhere.
+// The trainer's flags: offered where the program says it can use them, refused elsewhere,
+// checked against the world size where it is known (--num-processes) before anything
+// starts; a program whose model cannot be cut refuses --pp and --tp, saying why.
 static void flags(void) {
     dt_trainer_opts to = dt_trainer_opts_default();
     to.program         = "test";
     to.model_parallel  = true;
-    char       *argv[] = {"test", "--pp",       "2",     "--tp", "2", "--micro-batches",
-                          "8",    "--schedule", "gpipe", NULL};
+    char       *argv[] = {"test",  "--pp",
+                          "2",     "--tp",
+                          "2",     "--micro-batches",
+                          "8",     "--schedule",
+                          "gpipe", "--num-processes",
+                          "8",     NULL};
     dt_trainer *t      = NULL;
-    CHECK_OK(dt_trainer_new(&t, 9, argv, &to));
+    CHECK_OK(dt_trainer_new(&t, 11, argv, &to));
     if (CHECK(t != NULL)) {
         const dt_train_args *a = dt_trainer_args(t);
         CHECK(a->pp == 2 && a->tp == 2 && a->dp == 0 && a->micro_batches == 8);
+        CHECK(strcmp(a->cuts, "auto") == 0);
         dt_pipe_schedule s;
         CHECK_OK(dt_pipe_schedule_parse(a->schedule, &s));
         CHECK(s == DT_PIPE_GPIPE);
@@ -84,6 +91,20 @@ static void flags(void) {
     t           = NULL;
     char *bad[] = {"test", "--schedule", "zb", NULL};
     CHECK_ERR(dt_trainer_new(&t, 3, bad, &to), DT_ERR_ARG, "gpipe or 1f1b");
+    char *odd[] = {"test", "--pp", "2", "--num-processes", "3", NULL}; // 2 does not divide 3
+    CHECK_ERR(dt_trainer_new(&t, 5, odd, &to), DT_ERR_ARG, "--pp 2 with 3 rank(s)");
+    char *dp[] = {"test", "--dp", "3", "--pp", "2", "--num-processes", "4", NULL};
+    CHECK_ERR(dt_trainer_new(&t, 7, dp, &to), DT_ERR_ARG, "3 x 2 x 1");
+    char *cuts[] = {"test", "--pp", "3", "--cuts", "a,b,c", "--num-processes", "3", NULL};
+    CHECK_ERR(dt_trainer_new(&t, 7, cuts, &to), DT_ERR_ARG, "expected 2 name(s)");
+    to.no_model_split = "its BatchNorm needs whole batches";
+    char *nosplit[]   = {"test", "--tp", "2", "--num-processes", "2", NULL};
+    CHECK_ERR(dt_trainer_new(&t, 5, nosplit, &to), DT_ERR_ARG,
+              "test cannot be split over tensor-parallel ranks: its BatchNorm");
+    char *dponly[] = {"test", "--dp", "2", "--num-processes", "2", NULL};
+    CHECK_OK(dt_trainer_new(&t, 5, dponly, &to));
+    dt_trainer_free(t);
+    t                 = NULL;
     to.model_parallel = false;
     CHECK_ERR(dt_trainer_new(&t, 3, argv, &to), DT_ERR_ARG, "--pp");
     CHECK(t == NULL);

@@ -10,8 +10,10 @@
 // to rounding (1e-5 of scale: a micro-batch missed, weighted wrong or a gradient sent to
 // the wrong stage moves them by ~1e-2), under SGD and AdamW, and GPipe must equal 1F1B
 // bitwise (same backward order). Each run's loss of every step equals the whole one's.
-// Then a stage killed inside its forward: every other stage's step fails within the
-// liveness bound, naming the dead rank.
+// Then a stage killed, and a stage frozen (SIGSTOP), inside its forward: every other
+// stage's step fails within the liveness bound, naming it. The cuts by measured cost:
+// dt_pipe_balance against every choice on random costs; dt_pipe_time_nodes times
+// exactly its stage's nodes.
 #include "../check.h"
 #include "../lib/graphs.h"
 #include "../lib/mp.h"
@@ -23,6 +25,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 enum { T = 6, C = 8, HEADS = 2, VOCAB = 11, NBLK = 4, B = 8, STEPS = 3, MAXP = 4096 };
 
@@ -37,16 +40,18 @@ typedef struct shared {
     _Atomic uint64_t kill_ns;
     double           fail_s[4];
     int              named[4];
+    pid_t            victim; // the killed or frozen stage's process
 } shared;
 
 typedef struct cfg {
     int              stages, micro;
     dt_pipe_schedule sched;
     bool             adamw;
-    int              kill; // >= 0: this stage dies in its second step
-    int              dp;   // > 1: dp replicas of the pipeline on a dp x pp mesh, under DDP
-    bool             tied; // the head tied to the token embedding, across stages
-    int              tp;   // > 1: the blocks split over tp ranks (a pp x tp mesh)
+    int              kill;   // >= 0: this stage dies in its second step
+    int              dp;     // > 1: dp replicas of the pipeline on a dp x pp mesh, under DDP
+    bool             tied;   // the head tied to the token embedding, across stages
+    int              tp;     // > 1: the blocks split over tp ranks (a pp x tp mesh)
+    bool             freeze; // with kill: the stage stops (SIGSTOP) instead of dying
 } cfg;
 
 static bool   g_tied; // build() ties the head to wte
@@ -73,6 +78,7 @@ static void tp_block(dt_graph *g, const char *p, const char *in) {
 
 // An identity layer that kills its process on the forward of its call `g_bomb`.
 static int       g_bomb = -1;
+static bool      g_freeze; // SIGSTOP instead of SIGKILL: a frozen stage
 static dt_status bomb_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
     (void)l;
     (void)nin;
@@ -82,8 +88,10 @@ static dt_status bomb_setup(const dt_layer *l, int nin, const dt_shape *in, dt_l
 static dt_status bomb_forward(const dt_layer *l, const dt_layer_args *a) {
     (void)l;
     if (g_bomb >= 0 && g_bomb-- == 0) {
-        atomic_store(&((shared *)mp_shared())->kill_ns, dt_now_ns());
-        raise(SIGKILL);
+        shared *sh = mp_shared();
+        sh->victim = getpid();
+        atomic_store(&sh->kill_ns, dt_now_ns());
+        raise(g_freeze ? SIGSTOP : SIGKILL);
     }
     memcpy(a->y, a->x[0], sizeof(float) * (size_t)a->batch * dt_shape_numel(a->out));
     return DT_OK;
@@ -221,7 +229,10 @@ static void ranks(int rank, int world, void *arg) {
     const cfg *c = arg;
     g_tied       = c->tied;
     shared *sh   = mp_shared();
-    dt_pg  *pg   = mp_pg_init(c->kill >= 0 ? 60000 : 0);
+    g_freeze     = c->freeze;
+    if (c->freeze) // a frozen peer is found by its missing heartbeats: 2 s, not 5
+        setenv("DT_LIVENESS_MS", "2000", 1);
+    dt_pg *pg = mp_pg_init(c->kill >= 0 ? 60000 : 0);
     if (!CHECK(pg != NULL))
         return;
     dt_mesh *mesh = NULL;
@@ -278,6 +289,11 @@ static void ranks(int rank, int world, void *arg) {
             sh->named[rank] = strstr(dt_last_error(), victim) != NULL;
             if (!sh->named[rank] || rank == 0)
                 fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
+            if (c->freeze && rank == 0) { // the others have stopped: end the frozen one
+                while (!sh->victim)
+                    usleep(1000);
+                kill(sh->victim, SIGKILL);
+            }
             break;
         }
         CHECK_OK(st);
@@ -334,29 +350,29 @@ static void equality(void) {
     if (!CHECK(n <= MAXP && sizeof(shared) <= 65536))
         return;
     cfg cases[] = {
-        {2, 1, DT_PIPE_GPIPE, false, -1, 1, false, 0},
-        {2, 1, DT_PIPE_1F1B, false, -1, 1, false, 0},
-        {2, 3, DT_PIPE_GPIPE, false, -1, 1, false, 0},
-        {2, 3, DT_PIPE_1F1B, false, -1, 1, false, 0},
-        {2, 4, DT_PIPE_GPIPE, true, -1, 1, false, 0},
-        {2, 4, DT_PIPE_1F1B, true, -1, 1, false, 0},
-        {4, 2, DT_PIPE_GPIPE, false, -1, 1, false, 0},
-        {4, 2, DT_PIPE_1F1B, false, -1, 1, false, 0},
-        {4, 4, DT_PIPE_GPIPE, true, -1, 1, false, 0},
-        {4, 4, DT_PIPE_1F1B, true, -1, 1, false, 0},
-        {4, 8, DT_PIPE_GPIPE, false, -1, 1, false, 0},
-        {4, 8, DT_PIPE_1F1B, false, -1, 1, false, 0},
+        {2, 1, DT_PIPE_GPIPE, false, -1, 1, false, 0, false},
+        {2, 1, DT_PIPE_1F1B, false, -1, 1, false, 0, false},
+        {2, 3, DT_PIPE_GPIPE, false, -1, 1, false, 0, false},
+        {2, 3, DT_PIPE_1F1B, false, -1, 1, false, 0, false},
+        {2, 4, DT_PIPE_GPIPE, true, -1, 1, false, 0, false},
+        {2, 4, DT_PIPE_1F1B, true, -1, 1, false, 0, false},
+        {4, 2, DT_PIPE_GPIPE, false, -1, 1, false, 0, false},
+        {4, 2, DT_PIPE_1F1B, false, -1, 1, false, 0, false},
+        {4, 4, DT_PIPE_GPIPE, true, -1, 1, false, 0, false},
+        {4, 4, DT_PIPE_1F1B, true, -1, 1, false, 0, false},
+        {4, 8, DT_PIPE_GPIPE, false, -1, 1, false, 0, false},
+        {4, 8, DT_PIPE_1F1B, false, -1, 1, false, 0, false},
         // A 2x2 mesh: 2 replicas of a 2-stage pipeline, B/2 each, under DDP.
-        {2, 2, DT_PIPE_GPIPE, false, -1, 2, false, 0},
-        {2, 2, DT_PIPE_1F1B, true, -1, 2, false, 0},
+        {2, 2, DT_PIPE_GPIPE, false, -1, 2, false, 0, false},
+        {2, 2, DT_PIPE_1F1B, true, -1, 2, false, 0, false},
         // The head tied to wte on the first stage: a copy on the last, gradients summed.
-        {2, 4, DT_PIPE_GPIPE, false, -1, 1, true, 0},
-        {2, 4, DT_PIPE_1F1B, false, -1, 1, true, 0},
-        {4, 4, DT_PIPE_1F1B, true, -1, 1, true, 0},
-        {2, 2, DT_PIPE_1F1B, false, -1, 2, true, 0},
+        {2, 4, DT_PIPE_GPIPE, false, -1, 1, true, 0, false},
+        {2, 4, DT_PIPE_1F1B, false, -1, 1, true, 0, false},
+        {4, 4, DT_PIPE_1F1B, true, -1, 1, true, 0, false},
+        {2, 2, DT_PIPE_1F1B, false, -1, 2, true, 0, false},
         // A pp 2 x tp 2 mesh: each stage's blocks split over 2 ranks (losses compared).
-        {2, 4, DT_PIPE_1F1B, false, -1, 1, false, 2},
-        {2, 2, DT_PIPE_GPIPE, true, -1, 1, true, 2},
+        {2, 4, DT_PIPE_1F1B, false, -1, 1, false, 2, false},
+        {2, 2, DT_PIPE_GPIPE, true, -1, 1, true, 2, false},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         cfg    *k  = &cases[c];
@@ -397,21 +413,101 @@ static void equality(void) {
     }
 }
 
+// A stage killed, or frozen (SIGSTOP), inside its forward: every other stage's step
+// fails within the liveness bound, naming it.
 static void killed(void) {
-    cfg     k = {4, 4, DT_PIPE_1F1B, false, 2, 1, false, 0};
-    mp_opts o = {.world = 4, .timeout_ms = 90000, .may_die = 1u << 2};
-    MP_RUN(&o, ranks, &k);
-    const shared *sh = mp_shared();
-    CHECK(atomic_load(&sh->kill_ns) != 0);
-    for (int r = 0; r < 4; r++) {
-        if (r == 2)
-            continue;
-        // The liveness bound (DT_LIVENESS_MS, 5 s by default) plus slack for a loaded
-        // machine; the group timeout is 60 s, so a hang until it would fail here.
-        CHECK(sh->fail_s[r] > 0 && sh->fail_s[r] < 30.0);
-        CHECK(sh->named[r]);
-        fprintf(stderr, "stage %d stopped %.2f s into the step\n", r, sh->fail_s[r]);
+    for (int f = 0; f < 2; f++) {
+        cfg     k     = {4, 4, DT_PIPE_1F1B, false, 2, 1, false, 0, f == 1};
+        mp_opts o     = {.world = 4, .timeout_ms = 90000, .may_die = 1u << 2};
+        check_current = f ? "frozen" : "killed";
+        MP_RUN(&o, ranks, &k);
+        const shared *sh = mp_shared();
+        CHECK(atomic_load(&sh->kill_ns) != 0);
+        for (int r = 0; r < 4; r++) {
+            if (r == 2)
+                continue;
+            // The liveness bound (DT_LIVENESS_MS: 5 s by default, 2 s for the frozen
+            // stage) plus slack for a loaded machine; the group timeout is 60 s, so a
+            // hang until it would fail here.
+            CHECK(sh->fail_s[r] > 0 && sh->fail_s[r] < 30.0);
+            CHECK(sh->named[r]);
+            fprintf(stderr, "%s stage 2: stage %d stopped %.2f s into the step\n",
+                    f ? "frozen" : "killed", r, sh->fail_s[r]);
+        }
     }
+}
+
+// The cuts by cost (dt_pipe_balance) against every choice tried, on hand-made costs and
+// random ones; then a stage's nodes timed (dt_pipe_time_nodes): every node of this
+// stage gets a time, the other stage's nodes none.
+static void balancing(void) {
+    double c[8]   = {0, 1, 1, 1, 1, 1, 1, 5}; // a heavy last node (a head)
+    int    cand[] = {1, 2, 3, 4, 5, 6}, ch[3];
+    double top;
+    CHECK_OK(dt_pipe_balance(8, c, 6, cand, 2, ch, &top));
+    CHECK(ch[0] == 4 && top == 6.0); // 0..5 | 6..7 = 5 | 6: ties cut early
+    CHECK_OK(dt_pipe_balance(8, c, 6, cand, 3, ch, &top));
+    CHECK(top == 5.0 && ch[1] == 5); // the head's stage alone with one node: 4, 2, 5
+    dt_rng r = dt_rng_init(9);
+    for (int trial = 0; trial < 200; trial++) {
+        int    n = 3 + (int)dt_rng_below(&r, 10), nc = 0, cd[16], P = 2 + (int)dt_rng_below(&r, 3);
+        double cost[16];
+        for (int i = 0; i < n; i++)
+            cost[i] = (double)dt_rng_below(&r, 100);
+        for (int i = 0; i < n - 1; i++)
+            if (dt_rng_below(&r, 3))
+                cd[nc++] = i;
+        if (nc < P - 1)
+            continue;
+        int got[4];
+        CHECK_OK(dt_pipe_balance(n, cost, nc, cd, P, got, &top));
+        // Every increasing choice of P - 1 candidates (P <= 4: at most three nested loops).
+        double best = INFINITY;
+        for (int a = 0; a < nc; a++)
+            for (int b = P > 2 ? a + 1 : nc; b < (P > 2 ? nc : nc + 1); b++)
+                for (int e = P > 3 ? b + 1 : nc; e < (P > 3 ? nc : nc + 1); e++) {
+                    int    cut[3] = {cd[a], P > 2 ? cd[b] : n - 1, P > 3 ? cd[e] : n - 1};
+                    double worst = 0, sum = 0;
+                    for (int i = 0, s = 0; i < n; i++) {
+                        sum += cost[i];
+                        if (i == (s < P - 1 ? cut[s] : n - 1)) {
+                            worst = fmax(worst, sum);
+                            sum   = 0;
+                            s++;
+                        }
+                    }
+                    best = fmin(best, worst);
+                }
+        CHECK(top == best);
+    }
+    CHECK_ERR(dt_pipe_balance(8, c, 2, (int[]){3, 2}, 2, ch, NULL), DT_ERR_ARG, "increasing");
+    CHECK_ERR(dt_pipe_balance(8, c, 1, cand, 3, ch, NULL), DT_ERR_ARG, "2 candidate cuts");
+}
+
+static void timed(int rank, int world, void *arg) {
+    (void)world;
+    (void)arg;
+    dt_pg *pg = mp_pg_init(0);
+    if (!CHECK(pg != NULL))
+        return;
+    dt_graph *whole = build(false);
+    int       n = dt_graph_num_nodes(whole), cut = dt_graph_find(whole, "b1.out");
+    dt_pipe  *p = NULL;
+    CHECK_OK(dt_pipe_new(&p, whole, 1, (const char *[]){"b1.out"}, pg, 7, NULL));
+    double cost[256];
+    for (int i = 0; i < n; i++)
+        cost[i] = -1;
+    CHECK_OK(dt_pipe_time_nodes(p, 4, 2, n, cost));
+    int first, last;
+    dt_pipe_range(p, &first, &last);
+    CHECK(first == (rank ? cut + 1 : 0) && last == (rank ? n - 1 : cut));
+    for (int i = 0; i < n; i++) {
+        bool mine = i >= first && i <= last, input = i < 2; // idx, pos: not layers
+        CHECK(mine && !input ? cost[i] > 0 : mine ? cost[i] >= 0 : cost[i] == -1);
+    }
+    CHECK_ERR(dt_pipe_time_nodes(p, 4, 2, n - 1, cost), DT_ERR_ARG, "whole graph's");
+    dt_pipe_free(p);
+    dt_pg_free(pg);
 }
 
 static void one_rank_cut(int rank, int world, void *arg) {
@@ -503,6 +599,10 @@ int main(void) {
     make_data();
     RUN(equality);
     RUN(errors);
+    RUN(balancing);
+    mp_opts o     = {.world = 2, .timeout_ms = 60000};
+    check_current = "timed";
+    MP_RUN(&o, timed, NULL);
     RUN(killed);
     return check_summary();
 }

@@ -8,7 +8,9 @@
 // input gradient must equal the unsplit block's, and every weight gradient must equal
 // its slice of the unsplit gradient, to rounding (1e-5 of scale; a missing all-reduce
 // is off by the other shards' part, ~1e-1; a wrong slice by ~1). The tp graph runs on
-// 2 threads: the shards' sums must still happen once per call.
+// 2 threads: the shards' sums must still happen once per call. Each shard's declared
+// split (dt_param_split) takes exactly its weights out of the unsplit tensor. Then the
+// vocabulary split (embedding, tied head, cross-entropy) against the unsplit ones.
 #include "../check.h"
 #include "../lib/mp.h"
 #include "dtrain/tp.h"
@@ -125,6 +127,22 @@ static void ranks(int rank, int world, void *arg) {
     }
     CHECK(shard > 0);
     CHECK(err_w == 0.0); // init: exact slices
+    // Each shard's declared split (params.h) finds its part of the unsplit tensor:
+    // exactly the weights, and the whole shape back.
+    for (int t = 0; t < dt_params_count(tpp); t++) {
+        const dt_param_info *ti = dt_params_info(tpp, t);
+        const dt_param_info *ri = dt_params_info(rp, dt_params_find(rp, ti->name));
+        int64_t              whole[DT_PARAM_MAX_DIMS];
+        dt_param_split_whole_shape(&ti->split, ti->ndim, ti->shape, whole);
+        for (int d = 0; d < ti->ndim; d++)
+            CHECK_EQ(whole[d], ri->shape[d]);
+        CHECK_EQ(dt_param_split_on(&ti->split), ri->count != ti->count);
+        float *part = malloc(sizeof(float) * ti->count);
+        dt_param_split_copy(&ti->split, ti->ndim, ti->shape, dt_params_data(rp) + ri->offset, part,
+                            false);
+        CHECK(memcmp(part, dt_params_data(tpp) + ti->offset, sizeof(float) * ti->count) == 0);
+        free(part);
+    }
     bool ok = CHECK(err_y <= 1e-5 * sy) && CHECK(err_dx <= 1e-5 * sg) && CHECK(err_g <= 1e-5 * sg);
     if (rank == 0 || !ok)
         fprintf(stderr,
@@ -132,6 +150,108 @@ static void ranks(int rank, int world, void *arg) {
                 ok ? "ok  " : "FAIL", world, rank, err_y, sy, err_dx, err_g, sg);
     free(x);
     free(dy);
+    dt_graph_free(ref);
+    dt_graph_free(tp);
+    dt_pg_free(pg);
+}
+
+// The vocabulary split (Megatron's VocabParallelEmbedding, a column-parallel head tied
+// to it, vocabulary-parallel cross-entropy): tokens -> wte -> LayerNorm -> head (tied to
+// wte) -> logits -> cross-entropy with some targets ignored, unsplit and over the group.
+// The loss is the same on every rank, and the shards' logits, logit gradients and wte
+// gradients (both uses summed) are the unsplit ones' slices, to rounding; the
+// embedding's output is exact (one shard adds its row to zeros).
+enum { V = 12, D = 8, ROWS = 10 };
+
+static void vocab_graph(dt_graph *g, dt_pg *tp) {
+    dt_layer *l;
+    CHECK_OK(dt_graph_input(g, "idx", &(dt_shape){1, {ROWS / 2}, DT_ELEM_I32}));
+    if (tp) {
+        dt_linear_tp_opts o = dt_linear_tp_opts_default();
+        dt_tp_sum_opts(&o, tp);
+        CHECK_OK(dt_layer_embedding_tp_new(&l, V, D, dt_pg_size(tp), dt_pg_rank(tp), &o));
+        CHECK_OK(dt_graph_add(g, "wte", l, "idx"));
+        CHECK_OK(dt_layer_layernorm_new(&l, D, NULL));
+        CHECK_OK(dt_graph_add(g, "ln", l, "wte"));
+        o.bias = false;
+        CHECK_OK(
+            dt_layer_linear_tp_new(&l, D, V, DT_TP_COLUMN, dt_pg_size(tp), dt_pg_rank(tp), &o));
+    } else {
+        CHECK_OK(dt_layer_embedding_new(&l, V, D, NULL));
+        CHECK_OK(dt_graph_add(g, "wte", l, "idx"));
+        CHECK_OK(dt_layer_layernorm_new(&l, D, NULL));
+        CHECK_OK(dt_graph_add(g, "ln", l, "wte"));
+        CHECK_OK(dt_layer_linear_new(&l, D, V, &(dt_linear_opts){.bias = false}));
+    }
+    CHECK_OK(dt_graph_add(g, "head", l, "ln"));
+    CHECK_OK(dt_graph_tie(g, "head.weight", "wte.weight"));
+    CHECK_OK(dt_graph_finalize(g, 5));
+}
+
+static void vocab(int rank, int world, void *arg) {
+    (void)arg;
+    dt_pg *pg = mp_pg_init(0);
+    if (!CHECK(pg != NULL))
+        return;
+    dt_graph *ref = NULL, *tp = NULL;
+    CHECK_OK(dt_graph_new(&ref, NULL));
+    CHECK_OK(dt_graph_new(&tp, NULL));
+    vocab_graph(ref, NULL);
+    vocab_graph(tp, pg);
+    int32_t idx[ROWS], tgt[ROWS];
+    for (int i = 0; i < ROWS; i++) {
+        idx[i] = (i * 5 + 3) % V;
+        tgt[i] = i % 4 == 3 ? -100 : (i * 7 + 1) % V; // every 4th ignored
+    }
+    int   k = V / world, lo = rank * k;
+    float rl = 0, tl = 0, *rd = malloc(sizeof(float) * ROWS * V),
+          *td = malloc(sizeof(float) * ROWS * k);
+    CHECK_OK(dt_graph_forward(ref, (const void *[]){idx}, 2));
+    CHECK_OK(dt_graph_forward(tp, (const void *[]){idx}, 2));
+    double err_e = 0, err_z = 0, err_d = 0, err_w = 0, sz = 0, sd = 0, sw = 0;
+    for (int i = 0; i < ROWS * D; i++) // the embedding: exact
+        err_e = fmax(err_e, fabs(dt_graph_node_output(ref, 1)[i] - dt_graph_node_output(tp, 1)[i]));
+    CHECK_OK(dt_loss_cross_entropy_ex(dt_graph_output(ref), tgt, ROWS, V, -100, 0, &rl, rd));
+    CHECK_OK(dt_tp_cross_entropy(pg, dt_graph_output(tp), tgt, ROWS, V, -100, &tl, td));
+    for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < k; j++) {
+            err_z = fmax(
+                err_z, fabs(dt_graph_output(ref)[r * V + lo + j] - dt_graph_output(tp)[r * k + j]));
+            err_d = fmax(err_d, fabs(rd[r * V + lo + j] - td[r * k + j]));
+            sz    = fmax(sz, fabs(dt_graph_output(ref)[r * V + lo + j]));
+            sd    = fmax(sd, fabs(rd[r * V + lo + j]));
+        }
+    CHECK_OK(dt_graph_backward(ref, rd));
+    CHECK_OK(dt_graph_backward(tp, td));
+    dt_params *rp = dt_graph_params(ref), *tpp = dt_graph_params(tp);
+    for (int t = 0; t < dt_params_count(tpp); t++) { // wte (both uses), LayerNorm
+        const dt_param_info *ti = dt_params_info(tpp, t);
+        const dt_param_info *ri = dt_params_info(rp, dt_params_find(rp, ti->name));
+        float *pw = malloc(sizeof(float) * ti->count), *pg_ = malloc(sizeof(float) * ti->count);
+        dt_param_split_copy(&ti->split, ti->ndim, ti->shape, dt_params_data(rp) + ri->offset, pw,
+                            false);
+        dt_param_split_copy(&ti->split, ti->ndim, ti->shape, dt_params_grads(rp) + ri->offset, pg_,
+                            false);
+        CHECK(memcmp(pw, dt_params_data(tpp) + ti->offset, sizeof(float) * ti->count) == 0);
+        for (size_t e = 0; e < ti->count; e++) {
+            err_w = fmax(err_w, fabs(pg_[e] - dt_params_grads(tpp)[ti->offset + e]));
+            sw    = fmax(sw, fabs(pg_[e]));
+        }
+        free(pw), free(pg_);
+    }
+    CHECK(dt_param_split_on(&dt_params_info(tpp, 0)->split) == (world > 1));
+    bool ok = CHECK(err_e == 0.0) && CHECK(fabs(rl - tl) <= 1e-6 * fabs(rl)) &&
+              CHECK(err_z <= 1e-5 * sz) && CHECK(err_d <= 1e-5 * sd) && CHECK(err_w <= 1e-5 * sw);
+    if (rank == 0 || !ok)
+        fprintf(stderr,
+                "%s vocabulary over %d: loss %.7f vs %.7f, |logits| %.2g, |dlogits| %.2g (scale "
+                "%.2g), |dW| %.2g (scale %.2g)\n",
+                ok ? "ok  " : "FAIL", world, (double)tl, (double)rl, err_z, err_d, sd, err_w, sw);
+    // A target outside the vocabulary: refused on every rank, naming it.
+    tgt[0] = V;
+    CHECK_ERR(dt_tp_cross_entropy(pg, dt_graph_output(tp), tgt, ROWS, V, -100, &tl, td), DT_ERR_ARG,
+              "target of row 0 is 12");
+    free(rd), free(td);
     dt_graph_free(ref);
     dt_graph_free(tp);
     dt_pg_free(pg);
@@ -145,6 +265,22 @@ static void errors(void) {
               "need a reducer");
     CHECK_OK(dt_layer_linear_tp_new(&l, 8, 8, DT_TP_ROW, 1, 0, NULL)); // one shard: a Linear
     dt_layer_free(l);
+    CHECK_ERR(dt_layer_embedding_tp_new(&l, 10, 4, 4, 0, NULL), DT_ERR_ARG, "divisible by parts 4");
+    CHECK_ERR(dt_layer_embedding_tp_new(&l, 8, 4, 2, 0, NULL), DT_ERR_ARG, "need a reducer");
+    float   lg[6] = {0, 1, 2, 3, 4, 5}, loss;
+    int32_t tg[2] = {1, 2};
+    CHECK_ERR(dt_tp_cross_entropy(NULL, lg, tg, 2, 0, -100, &loss, NULL), DT_ERR_ARG, "vocabulary");
+    CHECK_OK(dt_tp_cross_entropy(NULL, lg, tg, 2, 3, -100, &loss, NULL)); // no group: whole
+    float ref;
+    CHECK_OK(dt_loss_cross_entropy_ex(lg, tg, 2, 3, -100, 0, &ref, NULL));
+    CHECK(fabsf(loss - ref) < 1e-6f);
+    // A split's copy puts each part where the whole keeps it: 2 groups of 4 rows over 2
+    // parts, part 1 holds rows 2, 3 and 6, 7.
+    dt_param_split sp    = {0, 2, 1, 2};
+    float          w[16] = {0}, part[8] = {1, 1, 2, 2, 3, 3, 4, 4};
+    dt_param_split_copy(&sp, 2, (int64_t[]){4, 2}, w, part, true);
+    float want[16] = {0, 0, 0, 0, 1, 1, 2, 2, 0, 0, 0, 0, 3, 3, 4, 4};
+    CHECK(memcmp(w, want, sizeof w) == 0);
 }
 
 int main(void) {
@@ -153,6 +289,8 @@ int main(void) {
         check_current = tp == 2 ? "tp=2" : "tp=4";
         mp_opts o     = {.world = tp, .timeout_ms = 60000};
         MP_RUN(&o, ranks, NULL);
+        check_current = tp == 2 ? "vocab tp=2" : "vocab tp=4";
+        MP_RUN(&o, vocab, NULL);
     }
     return check_summary();
 }

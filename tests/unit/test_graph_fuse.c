@@ -9,9 +9,11 @@
 //   statistics, every parameter gradient, the input gradient) and in evaluation, with
 //   1, 2 and 3 threads (BatchNorm shares its channels and rows out over the threads);
 //   gradient-ready comes once per tensor.
-// - A BatchNorm with a tied parameter is not fused (an Add's other BatchNorm then is); calls on a
-// finalized graph or
-//   NULL fail clearly; a node added after the pass gets a layer position of its own.
+// - Under a parameter-use consumer (ZeRO-3's hook), each fused node announces its
+//   BatchNorm's tensors together, every tensor once per pass, and the results stay.
+// - A BatchNorm with a tied parameter is not fused (an Add's other BatchNorm then is);
+//   calls on a finalized graph or NULL fail clearly; a node added after the pass gets
+//   a layer position of its own.
 #include "../check.h"
 #include "dtrain/graph.h"
 
@@ -108,6 +110,8 @@ static void structure(void) {
     CHECK(strcmp(dt_graph_node_kind(g, dt_graph_find(g, "sb")), "batchnorm2d") == 0);
     CHECK(strcmp(dt_graph_node_kind(g, dt_graph_find(g, "b3")), "batchnorm2d") == 0);
     CHECK(strcmp(dt_graph_node_kind(g, dt_graph_find(g, "r3")), "relu") == 0);
+    dt_params *pt = NULL; // the table before finalize: finalize's names and order
+    CHECK_OK(dt_graph_param_table(g, false, &pt));
     CHECK_OK(dt_graph_finalize(g, 11));
     CHECK_OK(dt_graph_finalize(u, 11));
     dt_params *pg = dt_graph_params(g), *pu = dt_graph_params(u);
@@ -121,6 +125,10 @@ static void structure(void) {
         CHECK(strcmp(dt_params_buffer_info(pg, i)->name, dt_params_buffer_info(pu, i)->name) == 0);
     CHECK_EQ(dt_params_numel(pg), dt_params_numel(pu));
     CHECK(memcmp(dt_params_data(pg), dt_params_data(pu), sizeof(float) * dt_params_numel(pu)) == 0);
+    CHECK_EQ(dt_params_count(pt), dt_params_count(pg));
+    for (int i = 0; i < dt_params_count(pt) && i < dt_params_count(pg); i++)
+        CHECK(strcmp(dt_params_info(pt, i)->name, dt_params_info(pg, i)->name) == 0);
+    dt_params_free(pt);
     dt_graph_free(g);
     dt_graph_free(u);
 }
@@ -179,6 +187,69 @@ static void threads_3(void) {
     same_results(3);
 }
 
+// What a use consumer saw: per pass, how often each tensor was acquired, and whether
+// the fused nodes' BatchNorm tensors came in one step.
+typedef struct uses {
+    int count[2][16];
+    int pair_b1, pair_b2; // steps acquiring weight and bias of b1, of b2
+    int ib1, ib2;         // b1.weight's and b2.weight's indices (bias: the next)
+    int open;             // acquired and not yet released
+} uses;
+
+static dt_status on_use(void *user, dt_param_use what, bool backward, const int *t, int n) {
+    uses *u = user;
+    if (what == DT_USE_RELEASE)
+        u->open -= n;
+    if (what != DT_USE_ACQUIRE)
+        return DT_OK;
+    u->open += n;
+    bool w1 = false, b1 = false, w2 = false, b2 = false;
+    for (int i = 0; i < n; i++) {
+        if (t[i] >= 0 && t[i] < 16)
+            u->count[backward][t[i]]++;
+        w1 = w1 || t[i] == u->ib1, b1 = b1 || t[i] == u->ib1 + 1;
+        w2 = w2 || t[i] == u->ib2, b2 = b2 || t[i] == u->ib2 + 1;
+    }
+    u->pair_b1 += w1 && b1;
+    u->pair_b2 += w2 && b2;
+    return DT_OK;
+}
+
+static void announced(void) {
+    dt_graph *g = build(), *h = build();
+    for (dt_graph *m = g; m; m = m == g ? h : NULL) {
+        CHECK_OK(dt_graph_fuse(m, NULL));
+        CHECK_OK(dt_graph_finalize(m, 5));
+        CHECK_OK(dt_graph_set_threads(m, 2));
+    }
+    dt_params *ph = dt_graph_params(h);
+    uses       u = {.ib1 = dt_params_find(ph, "b1.weight"), .ib2 = dt_params_find(ph, "b2.weight")};
+    CHECK(u.ib1 >= 0 && u.ib2 >= 0 && dt_params_find(ph, "b1.bias") == u.ib1 + 1);
+    CHECK(dt_params_count(ph) <= 16);
+    CHECK_OK(dt_params_set_use_hook(ph, on_use, &u));
+    size_t nx = (size_t)B * 4 * H * W, ny = (size_t)B * dt_shape_numel(dt_graph_node_shape(g, -1));
+    float *x = rnd(3, nx), *dy = rnd(4, ny);
+    for (dt_graph *m = g; m; m = m == g ? h : NULL) {
+        CHECK_OK(dt_graph_forward(m, (const void *[]){x}, B));
+        dt_params_zero_grad(dt_graph_params(m));
+        CHECK_OK(dt_graph_backward(m, dy));
+    }
+    for (int t = 0; t < dt_params_count(ph) && t < 16; t++)
+        if (!CHECK(u.count[0][t] == 1 && u.count[1][t] == 1))
+            fprintf(stderr, "     tensor %d acquired %d, %d times\n", t, u.count[0][t],
+                    u.count[1][t]);
+    CHECK_EQ(u.pair_b1, 2); // the fused r1, forward and backward
+    CHECK_EQ(u.pair_b2, 2); // the fused out
+    CHECK_EQ(u.open, 0);
+    dt_params *pg = dt_graph_params(g);
+    CHECK(rel_diff(dt_graph_output(h), dt_graph_output(g), ny) <= 1e-6);
+    CHECK(rel_diff(dt_params_grads(ph), dt_params_grads(pg), dt_params_numel(pg)) <= 1e-6);
+    free(x);
+    free(dy);
+    dt_graph_free(g);
+    dt_graph_free(h);
+}
+
 static void edges(void) {
     dt_graph *g = build();
     CHECK_OK(dt_graph_tie(g, "b2.weight", "b1.weight"));
@@ -225,6 +296,7 @@ int main(void) {
     RUN(threads_1);
     RUN(threads_2);
     RUN(threads_3);
+    RUN(announced);
     RUN(edges);
     return check_summary();
 }

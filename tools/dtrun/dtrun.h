@@ -6,7 +6,8 @@
 // through a store hosted by node 0's dtrun. It uses the public dtrain API only.
 //
 //   args.c     command line (getopt_long; --help printed from the same table)
-//   workers.c  fork/exec of the workers, their output, stopping and reaping them
+//   workers.c  the workers: their environment, exec, output and logs; forking,
+//              stopping and reaping them is the library's supervisor (dt_procs)
 //   reaper.c   the guard process that kills every worker if dtrun itself dies
 //   rdzv.c     multi-node: join, heartbeats, failure news, restarts, exit barrier
 //   report.c   failure records: text form for the store, the summary
@@ -15,6 +16,7 @@
 #define DTRUN_DTRUN_H
 
 #include "dtrain/comm.h"
+#include "dtrain/launch.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -80,8 +82,6 @@ char *dtrun_report_encode(const dtrun_report *r);
 // Parses dtrun_report_encode's text (from another node: checked, never trusted).
 dt_status dtrun_report_decode(const char *text, dtrun_report *r);
 void      dtrun_report_clear(dtrun_report *r);
-// "exited with code 3" / "was killed by signal 9 (SIGKILL)".
-void dtrun_describe_end(int exit_code, int sig, char *buf, size_t n);
 // "2024-05-01 12:00:00.123" in local time.
 void dtrun_format_time(int64_t wall_ms, char *buf, size_t n);
 // The failure summary for the reports of every node, on stderr. Picks the root cause
@@ -110,11 +110,9 @@ typedef struct dtrun_stream {
 
 typedef struct dtrun_worker {
     int          local_rank, rank;
-    pid_t        pid;       // also its process group id
-    int          pidfd;     // readable once it exits; -1 when unavailable or closed
-    bool         alive;     // not reaped yet
+    pid_t        pid;       // also its process group id; -1 until started
     bool         signalled; // dtrun sent it a stop signal before it ended
-    int          exit_code; // valid once !alive
+    int          exit_code; // once it ended (dt_proc's meaning: -1 when killed)
     int          term_signal;
     int64_t      end_wall_ms;
     int          log_fd; // -1 without --log-dir
@@ -136,19 +134,30 @@ typedef struct dtrun_launch {
 typedef struct dtrun_group {
     int           n, nalive;
     dtrun_worker *w;
-    bool          console; // relay output to dtrun's stdout/stderr
-    int           reaper_fd;
+    dt_procs     *procs; // the workers' processes (the library's supervisor); NULL once
+                         // finished
+    bool console;        // relay output to dtrun's stdout/stderr
+    int  reaper_fd;
 } dtrun_group;
 
-// Starts the local workers: each in its own process group, dying with dtrun
-// (PR_SET_PDEATHSIG) and registered with the reaper. On failure the workers already
-// started are killed and reaped, and the error is returned.
+// Starts the local workers under the library's supervisor (dt_procs, launch.h): each in
+// its own process group, dying with dtrun and registered with the reaper. On failure
+// the workers already started are killed and reaped, and the error is returned.
 dt_status dtrun_group_start(dtrun_group *g, const dtrun_launch *l);
-// Sends `sig` to the process group of every live worker (marking them signalled).
-void dtrun_group_signal(dtrun_group *g, int sig);
+// Begins the stop of every live worker: `sig` to its process group now, SIGKILL after
+// grace_ms (sent by dtrun_group_reap once due). Only the first call counts.
+void dtrun_group_stop(dtrun_group *g, int sig, int64_t grace_ms);
+// SIGKILL to every live worker's process group now.
+void dtrun_group_kill(dtrun_group *g);
+// The pidfd of worker i for the poll loop; -1 once it was reaped or without one.
+int dtrun_group_pidfd(const dtrun_group *g, int i);
+// The poll loop's timeout: timeout_ms cut to the stop's SIGKILL, and to 50 ms while a
+// worker has no pidfd.
+int dtrun_group_poll_ms(const dtrun_group *g, int timeout_ms);
 // Reads what is available on a worker's pipe `fd` and relays whole lines.
 void dtrun_group_pump(dtrun_group *g, int fd);
-// Reaps the workers that have exited; calls on_end for each. Returns how many ended.
+// Reaps the workers that have exited; calls on_end for each; sends the stop's SIGKILL
+// when due. Returns how many ended.
 int dtrun_group_reap(dtrun_group *g, void (*on_end)(dtrun_worker *w, void *ctx), void *ctx);
 // After every worker is reaped: kills what is left in their process groups, drains
 // the pipes (at most drain_ms), closes pipes and logs. The workers' records stay.

@@ -25,9 +25,8 @@ typedef struct attempt {
     dtrun_group g;
     bool       *failed; // per local worker: failed on its own (not stopped by us)
     int         nfailed;
-    bool        stopping; // the workers have been told to stop
-    uint64_t    kill_at;  // when stopping: SIGKILL then (UINT64_MAX once sent)
-    int64_t     grace_ms;
+    bool        stopping;      // the workers have been told to stop
+    int64_t     grace_ms;      // from the stop's signal to SIGKILL
     int64_t     term_grace_ms; // --term-grace
     uint64_t    stop_ns;       // when the stop began
     int         sig;           // a stop signal dtrun received (0 if none)
@@ -45,8 +44,7 @@ static void begin_stop(attempt *t, int sig) {
         return;
     t->stopping = true;
     t->stop_ns  = dt_now_ns();
-    t->kill_at  = t->stop_ns + (uint64_t)t->grace_ms * 1000000u;
-    dtrun_group_signal(&t->g, sig);
+    dtrun_group_stop(&t->g, sig, t->grace_ms);
 }
 
 static void on_end(dtrun_worker *w, void *ctx) {
@@ -117,21 +115,18 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
         if (r->multi)
             pf[np++] = (struct pollfd){.fd = r->event_fd, .events = POLLIN};
         for (int i = 0; i < t.g.n; i++) {
-            dtrun_worker *w = &t.g.w[i];
-            if (w->alive && w->pidfd >= 0)
-                pf[np++] = (struct pollfd){.fd = w->pidfd, .events = POLLIN};
+            dtrun_worker *w     = &t.g.w[i];
+            int           pidfd = dtrun_group_pidfd(&t.g, i);
+            if (pidfd >= 0)
+                pf[np++] = (struct pollfd){.fd = pidfd, .events = POLLIN};
             if (w->out.fd >= 0)
                 pf[np++] = (struct pollfd){.fd = w->out.fd, .events = POLLIN};
             if (w->err.fd >= 0)
                 pf[np++] = (struct pollfd){.fd = w->err.fd, .events = POLLIN};
         }
-        // 100 ms at most: workers without a pidfd and the store's silence are checked.
-        int timeout = 100;
-        if (t.stopping && t.kill_at != UINT64_MAX) {
-            int left = dt_ms_left(t.kill_at);
-            timeout  = left < timeout ? left : timeout;
-        }
-        int ready = poll(pf, (nfds_t)np, timeout);
+        // 100 ms at most: the store's silence is checked (and less while the stop's
+        // SIGKILL is due sooner, or workers have no pidfd).
+        int ready = poll(pf, (nfds_t)np, dtrun_group_poll_ms(&t.g, 100));
         if (ready < 0 && errno != EINTR)
             break;
         for (int k = r->multi ? 2 : 1; ready > 0 && k < np; k++)
@@ -142,8 +137,7 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
         if (sig) {
             if (t.sig) {
                 dtrun_say("second signal: killing the workers now");
-                dtrun_group_signal(&t.g, SIGKILL);
-                t.kill_at = UINT64_MAX;
+                dtrun_group_kill(&t.g);
             } else {
                 t.sig = sig;
                 char why[200];
@@ -175,14 +169,10 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
             stop_for(&t, text);
         }
 
-        dtrun_group_reap(&t.g, on_end, &t);
+        dtrun_group_reap(&t.g, on_end, &t); // and the stop's SIGKILL once due
         if (t.g.nalive == 0 && !t.stopping && !t.local_done) {
             t.local_done = true;
             dtrun_rdzv_post_done(r);
-        }
-        if (t.stopping && t.kill_at != UINT64_MAX && dt_now_ns() >= t.kill_at && t.g.nalive > 0) {
-            dtrun_group_signal(&t.g, SIGKILL);
-            t.kill_at = UINT64_MAX;
         }
     }
     uint64_t gone_ns = dt_now_ns();

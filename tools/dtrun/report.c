@@ -27,17 +27,6 @@ void dtrun_say(const char *fmt, ...) {
     (void)w;
 }
 
-void dtrun_describe_end(int exit_code, int sig, char *buf, size_t n) {
-    if (sig > 0) {
-        const char *abbrev = sigabbrev_np(sig);
-        snprintf(buf, n, "was killed by signal %d (SIG%s)", sig, abbrev ? abbrev : "?");
-    } else if (exit_code >= 0) {
-        snprintf(buf, n, "exited with code %d", exit_code);
-    } else {
-        snprintf(buf, n, "ended (status unknown)");
-    }
-}
-
 void dtrun_format_time(int64_t wall_ms, char *buf, size_t n) {
     time_t    t = (time_t)(wall_ms / 1000);
     struct tm tm;
@@ -141,7 +130,7 @@ const dtrun_failure *dtrun_root_cause(const dtrun_report *reports, int nreports)
 
 static void print_failure(const char *label, const dtrun_failure *f) {
     char how[80], when[48];
-    dtrun_describe_end(f->exit_code, f->signal, how, sizeof how);
+    dt_procs_describe_end(f->exit_code, f->signal, how, sizeof how);
     dtrun_format_time(f->wall_ms, when, sizeof when);
     dtrun_say("%s: rank %d (local rank %d on node %d, host %s, pid %d) %s at %s", label, f->rank,
               f->local_rank, f->node, f->host, f->pid, how, when);

@@ -1,12 +1,14 @@
-// workers.c: the local workers of one attempt: fork/exec with torchrun's environment,
-// their output (relayed line by line with a "[rank N] " prefix, written to per-rank
-// log files, the last lines kept for the summary), signalling and reaping them.
+// workers.c: the local workers of one attempt: exec with torchrun's environment, their
+// output (relayed line by line with a "[rank N] " prefix, written to per-rank log
+// files, the last lines kept for the summary), and their records for the summary.
 //
-// Every worker runs in a process group of its own (so a stop reaches what it started
-// too, and the terminal's Ctrl-C reaches dtrun alone, which then stops the job in
-// order), dies with dtrun (PR_SET_PDEATHSIG) and is registered with the reaper.
-// Between fork and exec the child only makes async-signal-safe calls: dtrun has other
-// threads (the store server, the monitor), so everything is prepared before fork.
+// Forking, watching, stopping and reaping them is the library's process supervisor
+// (dt_procs, launch.h), the one dt_spawn uses too. Every worker runs in a process group
+// of its own (so a stop reaches what it started too, and the terminal's Ctrl-C reaches
+// dtrun alone, which then stops the job in order), dies with dtrun (PR_SET_PDEATHSIG)
+// and is registered with the reaper. Between fork and exec the child only makes
+// async-signal-safe calls: dtrun has other threads (the store server, the monitor), so
+// everything is prepared before fork.
 #include "dtrun.h"
 
 #include <errno.h>
@@ -16,10 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -134,13 +134,18 @@ static size_t fmt_int(char *buf, long v) {
     return k;
 }
 
-// In the child between fork and exec: async-signal-safe calls only. Never returns.
-static _Noreturn void child_exec(const char *path, char *const *argv, char *const *env,
-                                 pid_t parent, int in_fd, int out_fd, int err_fd) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) // dtrun died before prctl took effect
-        _exit(128 + SIGKILL);
+// What one worker's child needs, prepared before fork.
+typedef struct exec_args {
+    const char  *path;
+    char *const *argv, *const *env;
+    int in_fd, out_fd, err_fd;
+} exec_args;
+
+// In the child between fork and exec (the supervisor has put it in its own process
+// group and made it die with dtrun): async-signal-safe calls only. Never returns.
+static void child_exec(int index, void *arg) {
+    (void)index;
+    const exec_args *x = arg;
     // dtrun blocks its stop signals and ignores SIGPIPE; both would survive exec.
     struct sigaction dfl    = {.sa_handler = SIG_DFL};
     int              sigs[] = {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
@@ -149,15 +154,15 @@ static _Noreturn void child_exec(const char *path, char *const *argv, char *cons
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+    if (dup2(x->in_fd, 0) < 0 || dup2(x->out_fd, 1) < 0 || dup2(x->err_fd, 2) < 0)
         _exit(127);
-    execve(path, argv, env);
+    execve(x->path, x->argv, x->env);
     char        msg[600];
     size_t      k  = 0;
     const char *p1 = "dtrun: cannot execute ";
     for (const char *p = p1; *p && k < 400; p++)
         msg[k++] = *p;
-    for (const char *p = path; *p && k < 500; p++)
+    for (const char *p = x->path; *p && k < 500; p++)
         msg[k++] = *p;
     const char *p2 = " (errno ";
     for (const char *p = p2; *p; p++)
@@ -204,19 +209,26 @@ dt_status dtrun_group_start(dtrun_group *g, const dtrun_launch *l) {
         return dt_last_status();
     for (int i = 0; i < g->n; i++) {
         dtrun_worker *w = &g->w[i];
-        w->pid = -1, w->pidfd = -1, w->log_fd = -1, w->out.fd = -1, w->err.fd = -1;
+        w->pid = -1, w->log_fd = -1, w->out.fd = -1, w->err.fd = -1;
         w->local_rank = i;
         w->rank       = a->node_rank * a->nproc + i;
         w->err.is_err = true;
     }
-    if (l->attempt_log_dir && mkdir_p(l->attempt_log_dir) != DT_OK)
-        return dt_last_status();
-    int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (null_fd < 0)
-        return dt_fail_errno(DT_ERR_IO, "cannot open /dev/null");
+    // Kernels before 5.3 have no pidfd: the workers are then polled every 50 ms
+    // (DTRUN_NO_PIDFD=1 exercises that path).
+    const char   *no      = getenv("DTRUN_NO_PIDFD");
+    dt_procs_opts popts   = {.own_groups = true, .no_pidfd = no && *no == '1'};
+    dt_status     st      = dt_procs_new(&g->procs, g->n, &popts);
+    int           null_fd = -1;
+    if (st == DT_OK && l->attempt_log_dir)
+        st = mkdir_p(l->attempt_log_dir);
+    if (st == DT_OK && (null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0)
+        st = dt_fail_errno(DT_ERR_IO, "cannot open /dev/null");
+    if (st != DT_OK) {
+        dtrun_group_free(g);
+        return st;
+    }
 
-    dt_status st     = DT_OK;
-    pid_t     parent = getpid();
     for (int i = 0; i < g->n && st == DT_OK; i++) {
         dtrun_worker *w     = &g->w[i];
         int           po[2] = {-1, -1}, pe[2] = {-1, -1};
@@ -235,24 +247,18 @@ dt_status dtrun_group_start(dtrun_group *g, const dtrun_launch *l) {
         if (st == DT_OK && (pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0))
             st = dt_fail_errno(DT_ERR_IO, "cannot create a pipe for rank %d", w->rank);
         if (st == DT_OK) {
-            fflush(NULL); // or the child inherits and could re-print buffered output
-            pid_t pid = fork();
-            if (pid == 0)
-                child_exec(a->prog_path, a->prog_argv, env, parent, null_fd, po[1], pe[1]);
-            if (pid < 0) {
+            exec_args x = {.path   = a->prog_path,
+                           .argv   = a->prog_argv,
+                           .env    = env,
+                           .in_fd  = null_fd,
+                           .out_fd = po[1],
+                           .err_fd = pe[1]};
+            if (dt_procs_start(g->procs, i, child_exec, &x) != DT_OK) {
                 st = dt_fail_errno(DT_ERR_IO, "cannot fork rank %d", w->rank);
             } else {
-                setpgid(pid, pid); // also here: no window where a signal misses the group
-                w->pid   = pid;
-                w->alive = true;
+                w->pid = dt_procs_at(g->procs, i)->pid;
                 g->nalive++;
-                // Kernels before 5.3 have no pidfd: the loop then polls every 100 ms
-                // (DTRUN_NO_PIDFD=1 exercises that path).
-                const char *no = getenv("DTRUN_NO_PIDFD");
-                w->pidfd       = no && *no == '1' ? -1 : dt_pidfd_open(pid);
-                if (w->pidfd >= 0)
-                    fcntl(w->pidfd, F_SETFD, FD_CLOEXEC);
-                dtrun_reaper_add(g->reaper_fd, pid);
+                dtrun_reaper_add(g->reaper_fd, w->pid);
                 w->out.fd = po[0], po[0] = -1;
                 w->err.fd = pe[0], pe[0] = -1;
                 fcntl(w->out.fd, F_SETFL, O_NONBLOCK);
@@ -267,11 +273,7 @@ dt_status dtrun_group_start(dtrun_group *g, const dtrun_launch *l) {
     if (st != DT_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", dt_last_error());
-        dtrun_group_signal(g, SIGKILL);
-        while (g->nalive > 0)
-            if (!dtrun_group_reap(g, NULL, NULL))
-                usleep(1000);
-        dtrun_group_finish(g, 0);
+        dtrun_group_finish(g, 0); // kills and reaps the workers already started
         dtrun_group_free(g);
         return dt_fail(st, "%s", msg);
     }
@@ -371,55 +373,58 @@ void dtrun_group_pump(dtrun_group *g, int fd) {
 
 // ------------------------------------------------------------------ stop and reap
 
-void dtrun_group_signal(dtrun_group *g, int sig) {
-    for (int i = 0; i < g->n; i++) {
-        dtrun_worker *w = &g->w[i];
-        if (!w->alive || w->pid <= 0)
-            continue;
-        w->signalled = true;
-        if (kill(-w->pid, sig) != 0)
-            kill(w->pid, sig); // before its setpgid: the process alone
-    }
+void dtrun_group_stop(dtrun_group *g, int sig, int64_t grace_ms) {
+    dt_procs_stop(g->procs, sig, grace_ms);
+}
+
+void dtrun_group_kill(dtrun_group *g) {
+    dt_procs_kill(g->procs);
+}
+
+int dtrun_group_pidfd(const dtrun_group *g, int i) {
+    const dt_proc *p = dt_procs_at(g->procs, i);
+    return p ? p->pidfd : -1;
+}
+
+int dtrun_group_poll_ms(const dtrun_group *g, int timeout_ms) {
+    return dt_procs_poll_ms(g->procs, timeout_ms);
+}
+
+typedef struct reap_ctx {
+    dtrun_group *g;
+    void (*on_end)(dtrun_worker *w, void *ctx);
+    void *ctx;
+} reap_ctx;
+
+// The supervisor reaped worker i: its record, then the caller's on_end.
+static void worker_ended(dt_procs *ps, int i, void *arg) {
+    reap_ctx      *c = arg;
+    dtrun_worker  *w = &c->g->w[i];
+    const dt_proc *p = dt_procs_at(ps, i);
+    w->signalled     = p->signalled;
+    w->exit_code     = p->exit_code;
+    w->term_signal   = p->term_signal;
+    w->end_wall_ms   = dtrun_wall_ms();
+    c->g->nalive--;
+    if (c->on_end)
+        c->on_end(w, c->ctx);
 }
 
 int dtrun_group_reap(dtrun_group *g, void (*on_end)(dtrun_worker *w, void *ctx), void *ctx) {
-    int ended = 0;
-    for (int i = 0; i < g->n; i++) {
-        dtrun_worker *w = &g->w[i];
-        if (!w->alive)
-            continue;
-        int   status;
-        pid_t r = waitpid(w->pid, &status, WNOHANG);
-        if (r == 0 || (r < 0 && errno == EINTR))
-            continue;
-        w->alive       = false;
-        w->end_wall_ms = dtrun_wall_ms();
-        g->nalive--;
-        ended++;
-        if (r < 0) {
-            w->exit_code = -1; // reaped elsewhere: unknown
-        } else if (WIFEXITED(status)) {
-            w->exit_code = WEXITSTATUS(status);
-        } else {
-            w->exit_code   = -1;
-            w->term_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-        }
-        close_fd(&w->pidfd);
-        if (on_end)
-            on_end(w, ctx);
-    }
-    return ended;
+    reap_ctx c = {.g = g, .on_end = on_end, .ctx = ctx};
+    return dt_procs_reap(g->procs, worker_ended, &c);
 }
 
 void dtrun_group_finish(dtrun_group *g, int drain_ms) {
     if (!g->w)
         return;
-    // Whatever the workers started and left behind goes with them.
+    // Whatever the workers started and left behind goes with them (and a worker still
+    // alive, after a failed start, is killed and reaped).
+    dt_procs_free(g->procs);
+    g->procs = NULL;
     for (int i = 0; i < g->n; i++)
-        if (g->w[i].pid > 0) {
-            kill(-g->w[i].pid, SIGKILL);
+        if (g->w[i].pid > 0)
             dtrun_reaper_remove(g->reaper_fd, g->w[i].pid);
-        }
     // The output still in the pipes.
     uint64_t      deadline = dt_deadline_ns(drain_ms);
     struct pollfd pf[256];
@@ -448,12 +453,13 @@ void dtrun_group_finish(dtrun_group *g, int drain_ms) {
             flush_stream(g, w, &w->err);
         close_fd(&w->out.fd);
         close_fd(&w->err.fd);
-        close_fd(&w->pidfd);
         close_fd(&w->log_fd);
     }
 }
 
 void dtrun_group_free(dtrun_group *g) {
+    dt_procs_free(g->procs);
+    g->procs = NULL;
     dt_free(g->w);
     g->w = NULL;
     g->n = 0;

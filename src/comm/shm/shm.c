@@ -1,0 +1,809 @@
+// shm.c: the shared-memory collective engine (see shm.h for the contract and
+// docs/shm.md for the algorithms with their step tables).
+//
+// Synchronisation in one sentence: every rank owns a 32-bit step counter in its own
+// cache line, raises it after each phase of its work, and waits for the counters of
+// the others (spin, then spin and yield, then futex sleep); a phase's data is published
+// by the release store of the counter and read after the acquire load that sees it.
+// Counters grow across collectives and wrap; all ranks raise them the same number of
+// times per collective (a function of its fingerprint), so "rank j has passed step t"
+// means the same thing on every rank.
+//
+// The segment's layout and its set-up are shm_init.c; what both share, shm_impl.h.
+#include "comm/shm/shm_impl.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ------------------------------------------------------------------ abort and poison
+
+void dt_shm_wake_everyone(dt_shm *s) {
+    for (int r = 0; r < s->world; r++)
+        futex_wake(&s->slots[r].step.value);
+    for (int i = 0; i < s->world * s->world; i++) {
+        futex_wake(&s->chans[i].posted.value);
+        futex_wake(&s->chans[i].consumed.value);
+    }
+    futex_wake(&s->hdr->attached.value);
+    futex_wake(&s->hdr->ready.value);
+}
+
+// Records the group's first failure in the segment for every rank to see, and wakes
+// every sleeper. `msg` is the recording rank's own message; the others repeat it
+// followed by "(reported by rank r)", as the tcp backend does.
+void dt_shm_publish_abort(dt_shm *s, dt_status st, int culprit, const char *msg) {
+    shm_header *h        = s->hdr;
+    uint32_t    expected = 0;
+    if (atomic_compare_exchange_strong(&h->abort_state, &expected, 1)) {
+        h->abort_status = (int32_t)st;
+        h->abort_rank   = culprit;
+        h->abort_by     = s->rank;
+        snprintf(h->abort_msg, sizeof h->abort_msg, "%s", msg);
+        atomic_store_explicit(&h->abort_state, 2, memory_order_release);
+    }
+    dt_shm_wake_everyone(s);
+}
+
+// Records the failure of this rank's current operation; every later call repeats it.
+static dt_status poison(dt_shm *s, dt_status st, const char *fmt, ...) DT_PRINTF(3, 4);
+static dt_status poison(dt_shm *s, dt_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->fail_msg, sizeof s->fail_msg, fmt, ap);
+    va_end(ap);
+    s->failed = st;
+    return dt_fail(st, "%s", s->fail_msg);
+}
+
+static dt_status fail_from_abort(shm_op *o) {
+    dt_shm     *s  = o->s;
+    shm_header *h  = s->hdr;
+    uint64_t    t0 = dt_now_ns();
+    // The writer is between its two stores; if it died right there, say so.
+    while (atomic_load_explicit(&h->abort_state, memory_order_acquire) != 2) {
+        if (dt_now_ns() - t0 > 100000000ull)
+            return poison(s, DT_ERR_PEER, "%s: a rank died while recording a failure", o->op->name);
+        cpu_relax();
+    }
+    if (h->abort_by == s->rank)
+        return poison(s, (dt_status)h->abort_status, "%s", h->abort_msg);
+    return poison(s, (dt_status)h->abort_status, "%s (reported by rank %d)", h->abort_msg,
+                  (int)h->abort_by);
+}
+
+void dt_shm_abort(dt_shm *s, dt_status st, const char *msg) {
+    if (!s)
+        return;
+    // A mismatch or a timeout means the same to everyone; any other failure here (an
+    // abort of this rank's group included) is "this rank is gone" for the others.
+    dt_status theirs = st == DT_ERR_MISMATCH || st == DT_ERR_TIMEOUT ? st : DT_ERR_PEER;
+    dt_shm_publish_abort(s, theirs, s->rank, msg && *msg ? msg : "aborted");
+    if (!s->failed) {
+        s->failed = st == DT_OK ? DT_ERR_STATE : st;
+        snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg ? msg : "aborted");
+    }
+}
+
+// ------------------------------------------------------------------------- liveness
+
+// The first rank whose process has ended (skipping those that left through
+// dt_shm_free when skip_departed), or -1.
+int dt_shm_exited_peer(dt_shm *s, bool skip_departed) {
+    struct pollfd pfd[64];
+    int           idx[64];
+    for (int base = 0; base < s->world; base += 64) {
+        int n = 0;
+        for (int r = base; r < s->world && r < base + 64; r++) {
+            if (s->pidfds[r] < 0)
+                continue;
+            pfd[n].fd      = s->pidfds[r];
+            pfd[n].events  = POLLIN;
+            pfd[n].revents = 0;
+            idx[n++]       = r;
+        }
+        if (n == 0 || poll(pfd, (nfds_t)n, 0) <= 0)
+            continue;
+        for (int i = 0; i < n; i++) {
+            if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            if (skip_departed && atomic_load(&s->slots[idx[i]].departed))
+                continue;
+            return idx[i];
+        }
+    }
+    return -1;
+}
+
+// "rank 2 (last seen in all_reduce #41 (...))"
+static size_t describe_rank(const dt_shm *s, int r, char *buf, size_t n) {
+    uint32_t              nc = atomic_load(&s->slots[r].ncoll);
+    const dt_fingerprint *f  = &s->slots[r].fp[nc & 1];
+    char                  fp[160];
+    if (nc == 0)
+        return (size_t)snprintf(buf, n, "rank %d (no collective yet)", r);
+    return (size_t)snprintf(buf, n, "rank %d (last seen in %s)", r, dt_fp_format(f, fp, sizeof fp));
+}
+
+// Called between sleeps of a wait on rank `peer` (-1 at the start of an operation):
+// a failure published by anyone, an abort of the caller's group, a dead rank, a
+// departed rank we still need, the deadline.
+static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step) {
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
+    if (atomic_load_explicit(&s->hdr->abort_state, memory_order_acquire) != 0)
+        return fail_from_abort(o);
+    if (s->aborted && s->aborted(s->aborted_arg))
+        return poison(s, DT_ERR_STATE, "%s: interrupted: the group was aborted", op->name);
+    s->last_check_ns = dt_now_ns();
+    int dead         = dt_shm_exited_peer(s, true);
+    if (dead >= 0) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s: rank %d died (process %d ended without leaving the group)",
+                 op->name, dead, (int)atomic_load(&s->slots[dead].pid));
+        dt_shm_publish_abort(s, DT_ERR_PEER, dead, msg);
+        return fail_from_abort(o);
+    }
+    if (peer >= 0 && atomic_load(&s->slots[peer].departed)) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "%s: rank %d left the group (dt_pg_free) while rank %d still "
+                 "needed it",
+                 op->name, peer, s->rank);
+        dt_shm_publish_abort(s, DT_ERR_PEER, peer, msg);
+        return fail_from_abort(o);
+    }
+    if (op->deadline_ns != UINT64_MAX && s->last_check_ns >= op->deadline_ns) {
+        char   who[480];
+        size_t at = 0;
+        who[0]    = '\0';
+        for (int r = 0; r < s->world && at < sizeof who - 200; r++) {
+            if (r == s->rank || (!is_step && r != peer))
+                continue;
+            if (is_step && reached(atomic_load(&s->slots[r].step.value), target))
+                continue;
+            if (at)
+                at += (size_t)snprintf(who + at, sizeof who - at, ", ");
+            at += describe_rank(s, r, who + at, sizeof who - at);
+        }
+        double ms = (double)(s->last_check_ns - o->start_ns) / 1e6;
+        char   msg[700];
+        snprintf(msg, sizeof msg, "%s: timed out after %.0f ms waiting for %s", op->name, ms,
+                 who[0] ? who : "its peers");
+        dt_shm_publish_abort(s, DT_ERR_TIMEOUT, s->rank, msg);
+        return poison(s, DT_ERR_TIMEOUT, "%s", msg);
+    }
+    return DT_OK;
+}
+
+// The futex sleep slice: how late an abort of the caller's group (and a death) is seen.
+#define SLICE_NS 10000000ll
+
+// Waits until `w` reaches `target`, in three stages:
+//  1. spin yield_ns (DT_SHM_YIELD_AFTER_US, 50; 0 with more ranks than CPUs): a running
+//     peer answers in well under a microsecond, a chunk of work within this. Skipped
+//     when the peer last ran on this very CPU: it cannot answer until we let it run.
+//  2. up to spin_ns (DT_SHM_SPIN_US), call sched_yield between checks: returns at once
+//     when nobody else wants this CPU (so it answers like a spin), and runs the peer
+//     at once when the peer waits for this very CPU (2 ranks on 1 busy vCPU);
+//  3. sleep on the futex in SLICE_NS slices, checking health between them. A futex
+//     wake-up costs tens of microseconds on a VM, hence stage 2.
+static void push_pending(dt_shm *s);
+
+static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bool is_step) {
+    if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
+        return DT_OK;
+    dt_shm  *s  = o->s;
+    uint64_t t0 = dt_now_ns();
+    // A peer that last ran on this CPU cannot answer before we let it run.
+    int64_t yield_ns =
+        atomic_load_explicit(&w->cpu, memory_order_relaxed) == sched_getcpu() ? 0 : s->yield_ns;
+    for (unsigned i = 1;; i++) {
+        if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
+            return DT_OK;
+        if ((i & 63) == 0) {
+            if (s->npending)
+                push_pending(s);
+            int64_t spent = (int64_t)(dt_now_ns() - t0);
+            if (spent >= s->spin_ns ||
+                atomic_load_explicit(&s->hdr->abort_state, memory_order_relaxed))
+                break;
+            if (spent >= yield_ns)
+                sched_yield();
+        }
+        cpu_relax();
+    }
+    for (;;) {
+        atomic_fetch_add_explicit(&w->waiters, 1, memory_order_seq_cst);
+        uint32_t v = atomic_load_explicit(&w->value, memory_order_seq_cst);
+        if (!reached(v, target) && !atomic_load(&s->hdr->abort_state)) {
+            int64_t slice = SLICE_NS;
+            if (o->op->deadline_ns != UINT64_MAX) {
+                uint64_t now  = dt_now_ns();
+                int64_t  left = now >= o->op->deadline_ns ? 0 : (int64_t)(o->op->deadline_ns - now);
+                if (left < slice)
+                    slice = left;
+            }
+            // Sleeping with messages still to push: wake up often enough to push them.
+            if (s->npending && slice > 200000)
+                slice = 200000;
+            if (slice > 0)
+                futex_wait(&w->value, v, slice);
+        }
+        atomic_fetch_sub_explicit(&w->waiters, 1, memory_order_seq_cst);
+        if (s->npending)
+            push_pending(s);
+        if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
+            return DT_OK;
+        DT_TRY(check_health(o, peer, target, is_step));
+    }
+}
+
+static dt_status wait_step(shm_op *o, int r, uint32_t target) {
+    return wait_word(o, &o->s->slots[r].step, target, r, true);
+}
+
+static dt_status wait_all(shm_op *o, uint32_t target) {
+    dt_shm *s = o->s;
+    for (int r = 0; r < s->world; r++)
+        if (r != s->rank)
+            DT_TRY(wait_step(o, r, target));
+    return DT_OK;
+}
+
+// Before this rank writes its buffer b: everyone has finished reading what it held.
+static dt_status acquire_buf(shm_op *o, uint64_t b) {
+    return wait_all(o, o->s->free_step[b % NBUF]);
+}
+
+static inline unsigned char *buf_of(const dt_shm *s, int r, uint64_t b) {
+    return s->bufs + ((size_t)r * NBUF + b % NBUF) * s->chunk;
+}
+
+static inline size_t min_sz(size_t a, size_t b) {
+    return a < b ? a : b;
+}
+static inline size_t div_up(size_t a, size_t b) {
+    return (a + b - 1) / b;
+}
+
+// Bytes of each of the world slots a buffer is cut into (scatter, reduce_scatter,
+// all_to_all): a multiple of 64 so that slots do not share cache lines.
+static inline size_t slot_bytes(const dt_shm *s) {
+    return (s->chunk / (size_t)s->world) & ~(size_t)63;
+}
+
+// --------------------------------------------------------------------- op framing
+
+static dt_status op_begin(dt_shm *s, shm_op *o, const dt_op *op) {
+    o->s  = s;
+    o->op = op;
+    if ((unsigned)op->kind >= (unsigned)DT_COLL_COUNT_)
+        return dt_fail(DT_ERR_ARG, "%s: unknown operation kind %d", op->name, (int)op->kind);
+    if (s->failed)
+        return dt_fail(s->failed, "%s: the group failed earlier: %s", op->name, s->fail_msg);
+    size_t es = dt_dtype_size(op->dtype);
+    if (es == 0)
+        return dt_fail(DT_ERR_ARG, "%s: expected a dtype in [0, %d), found %d", op->name,
+                       (int)DT_DTYPE_COUNT_, (int)op->dtype);
+    if ((op->kind == DT_COLL_ALL_REDUCE || op->kind == DT_COLL_REDUCE ||
+         op->kind == DT_COLL_REDUCE_SCATTER) &&
+        (unsigned)op->op >= (unsigned)DT_REDUCE_COUNT_)
+        return dt_fail(DT_ERR_ARG, "%s: expected a reduce op in [0, %d), found %d", op->name,
+                       (int)DT_REDUCE_COUNT_, (int)op->op);
+    bool rooted = op->kind == DT_COLL_BROADCAST || op->kind == DT_COLL_REDUCE ||
+                  op->kind == DT_COLL_GATHER || op->kind == DT_COLL_SCATTER;
+    if (rooted && (op->root < 0 || op->root >= s->world))
+        return dt_fail(DT_ERR_ARG, "%s: expected a root rank in [0, %d), found %d", op->name,
+                       s->world, op->root);
+    bool p2p = op->kind == DT_COLL_SEND || op->kind == DT_COLL_RECV;
+    if (p2p && (op->peer < 0 || op->peer >= s->world || op->peer == s->rank))
+        return dt_fail(DT_ERR_ARG, "%s: expected a peer rank in [0, %d) other than %d, found %d",
+                       op->name, s->world, s->rank, op->peer);
+    if (op->count > (SIZE_MAX >> 4) / es / (size_t)s->world)
+        return dt_fail(DT_ERR_ARG, "%s: count %zu is too large", op->name, op->count);
+    o->start_ns = dt_now_ns();
+    if (s->npending)
+        push_pending(s);
+    // A dead rank nobody waits on is still noticed by the next call, at a bounded cost.
+    if (o->start_ns - s->last_check_ns > PEER_CHECK_NS || atomic_load(&s->hdr->abort_state))
+        DT_TRY(check_health(o, -1, 0, false));
+    if (!p2p) {
+        s->ncoll++;
+        s->slots[s->rank].fp[s->ncoll & 1] = op->fp; // published by the next set_step
+        atomic_store_explicit(&s->slots[s->rank].ncoll, s->ncoll, memory_order_relaxed);
+    }
+    return DT_OK;
+}
+
+// After every rank published its fingerprint (all passed the arrival step): compare.
+// Every rank compares every other, so every rank sees a mismatch on its own.
+static dt_status check_fps(shm_op *o) {
+    dt_shm *s = o->s;
+    for (int r = 0; r < s->world; r++) {
+        if (r == s->rank)
+            continue;
+        const dt_fingerprint *f = &s->slots[r].fp[s->ncoll & 1];
+        if (dt_fp_match(&o->op->fp, f))
+            continue;
+        char mine[160], theirs[160], msg[700];
+        dt_fp_format(&o->op->fp, mine, sizeof mine);
+        dt_fp_format(f, theirs, sizeof theirs);
+        snprintf(msg, sizeof msg,
+                 "%s: rank %d called %s but this rank (%d) called %s; every "
+                 "rank must issue the same collectives in the same order",
+                 o->op->name, r, theirs, s->rank, mine);
+        dt_shm_publish_abort(s, DT_ERR_MISMATCH, r, msg);
+        return poison(s, DT_ERR_MISMATCH, "%s", msg);
+    }
+    return DT_OK;
+}
+
+// The first synchronisation of every collective: publish step base+1 (after any data
+// this rank had to stage first), wait until every rank did, compare fingerprints.
+static dt_status arrive(shm_op *o, uint32_t base) {
+    set_step(o->s, base + 1);
+    DT_TRY(wait_all(o, base + 1));
+    return check_fps(o);
+}
+
+// ---------------------------------------------------------------------- all_reduce
+
+// Small buffers: one synchronisation. Every rank stages its whole input, waits for
+// all, and reduces the whole buffer from the world staged copies itself (its own
+// from src), in rank order, so every rank computes the same bits.
+static dt_status all_reduce_small(shm_op *o, const unsigned char *src, unsigned char *dst,
+                                  size_t count, size_t es, int root) {
+    dt_shm      *s    = o->s;
+    const dt_op *op   = o->op;
+    uint32_t     base = s->step;
+    uint64_t     b    = s->next_buf;
+    DT_TRY(acquire_buf(o, b));
+    memcpy(buf_of(s, s->rank, b), src, count * es);
+    DT_TRY(arrive(o, base));
+    if (root < 0 || root == s->rank) {
+        for (int r = 0; r < s->world; r++)
+            s->in[r] = r == s->rank ? (const void *)src : (const void *)buf_of(s, r, b);
+        dt_shm_reduce_kernel(dst, NULL, false, s->in, s->world, count, op->dtype, op->op);
+    }
+    set_step(s, base + 2);
+    s->free_step[b % NBUF] = base + 2;
+    s->next_buf++;
+    return DT_OK;
+}
+
+// Large buffers: chunks of `chunk` bytes stream through the NBUF (3) buffers of every
+// rank. Chunk k is cut into world slices; slice r is rank r's share. Staging chunk k
+// means copying every slice but one's own into one's buffer k % 3. Then, with one
+// synchronisation per chunk (step base+1+k: "staged chunk k, reduced chunk k-1"):
+//
+//   step        every rank r does, between waiting for all at the step and raising it
+//   base+1      stage 0 (and publish the fingerprint)
+//   base+2      reduce slice r of chunk 0 (own part from src) -> dst and buffer; stage 1
+//   base+2+k    reduce slice r of chunk k; gather chunk k-1 (others' reduced slices
+//               from their buffers -> dst); stage chunk k+1
+//   base+2+n    gather chunk n-1
+//
+// Staging chunk k+1 reuses the buffer of chunk k-2, whose last readers (the gathers
+// of step base+1+k) are done once everyone passed base+1+k: the wait that opens the
+// step. Each byte of src is read once and each byte of dst written once.
+static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned char *dst,
+                                  size_t count, size_t es, int root, bool *used_nt) {
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
+    int          me = s->rank, world = s->world;
+    size_t       ce      = s->chunk / es; // elements per chunk
+    size_t       nchunks = div_up(count, ce);
+    size_t       align   = 64 / es;
+    uint32_t     base    = s->step;
+    bool         want    = root < 0 || root == me;
+    bool         nt      = want && count * es >= s->nt_bytes;
+    *used_nt             = nt;
+    const void **in      = s->in;
+    dt_status    st      = DT_OK;
+
+#define CHUNK_LEN(k) min_sz(ce, count - (size_t)(k)*ce)
+#define SLICE(n)     (div_up(div_up((n), (size_t)world), align) * align)
+#define STAGE(k)                                                                                   \
+    do {                                                                                           \
+        size_t               n_ = CHUNK_LEN(k), sl_ = SLICE(n_);                                   \
+        size_t               lo_ = min_sz(n_, (size_t)me * sl_);                                   \
+        size_t               hi_ = min_sz(n_, lo_ + sl_);                                          \
+        uint64_t             b_  = s->next_buf + (uint64_t)(k);                                    \
+        const unsigned char *p_  = src + (size_t)(k)*ce * es;                                      \
+        unsigned char       *q_  = buf_of(s, me, b_);                                              \
+        if ((st = acquire_buf(o, b_)))                                                             \
+            goto out;                                                                              \
+        memcpy(q_, p_, lo_ *es);                                                                   \
+        memcpy(q_ + hi_ * es, p_ + hi_ * es, (n_ - hi_) * es);                                     \
+    } while (0)
+
+    STAGE(0);
+    if ((st = arrive(o, base)))
+        goto out;
+    for (size_t k = 0; k <= nchunks; k++) {
+        uint32_t at = base + 1 + (uint32_t)k; // everyone staged k and reduced k-1
+        if (k > 0 && (st = wait_all(o, at)))
+            goto out;
+        if (k < nchunks) {
+            size_t   n = CHUNK_LEN(k), sl = SLICE(n);
+            size_t   lo = min_sz(n, (size_t)me * sl), hi = min_sz(n, lo + sl);
+            uint64_t b   = s->next_buf + (uint64_t)k;
+            size_t   off = k * ce * es;
+            if (hi > lo) {
+                for (int r = 0; r < world; r++)
+                    in[r] = r == me ? (const void *)(src + off + lo * es)
+                                    : (const void *)(buf_of(s, r, b) + lo * es);
+                dt_shm_reduce_kernel(buf_of(s, me, b) + lo * es, want ? dst + off + lo * es : NULL,
+                                     nt, in, world, hi - lo, op->dtype, op->op);
+            }
+        }
+        if (k > 0 && want) {
+            size_t   n = CHUNK_LEN(k - 1), sl = SLICE(n);
+            uint64_t b   = s->next_buf + (uint64_t)(k - 1);
+            size_t   off = (k - 1) * ce * es;
+            for (int r = 0; r < world; r++) {
+                size_t rlo = min_sz(n, (size_t)r * sl), rhi = min_sz(n, rlo + sl);
+                if (r != me && rhi > rlo)
+                    dt_shm_copy(dst + off + rlo * es, buf_of(s, r, b) + rlo * es, (rhi - rlo) * es,
+                                nt);
+            }
+        }
+        if (k > 0) // chunk k-1 is read by all once they pass this step
+            s->free_step[(s->next_buf + k - 1) % NBUF] = at + 1;
+        if (k + 1 < nchunks)
+            STAGE(k + 1);
+        set_step(s, at + 1);
+    }
+    s->next_buf += nchunks;
+out:
+    return st;
+#undef STAGE
+#undef SLICE
+#undef CHUNK_LEN
+}
+
+static dt_status run_reduce(shm_op *o, int root) {
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
+    size_t       es = dt_dtype_size(op->dtype);
+    bool         nt = false;
+    dt_status    st;
+    // The small algorithm has every rank read all `world` staged copies: keep what it
+    // reads near 2 * small_bytes (the measured 2-rank crossover) whatever the world.
+    size_t nbytes = op->count * es;
+    if (nbytes * (size_t)s->world <= 2 * s->small && nbytes <= s->chunk)
+        st = all_reduce_small(o, op->src, op->dst, op->count, es, root);
+    else
+        st = all_reduce_large(o, op->src, op->dst, op->count, es, root, &nt);
+    if (nt)
+        dt_shm_store_fence(); // the results are read by whichever thread gets them
+    return st;
+}
+
+// -------------------------------------------------------------- one-to-all, all-to-one
+
+// broadcast and scatter: root stages piece k, the others copy it out. Piece k is
+// ready at root's step base+1+k (base+1 is the arrival), and rank r has read it once
+// r passes base+2+k. Broadcast pieces are whole buffers; scatter cuts root's buffer
+// into world slots, slot r carrying piece k of block r.
+static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst, size_t nbytes,
+                         int root, bool scatter) {
+    dt_shm  *s  = o->s;
+    int      me = s->rank, world = s->world;
+    size_t   piece = scatter ? slot_bytes(s) : s->chunk;
+    size_t   n     = div_up(nbytes, piece);
+    uint32_t base  = s->step;
+    bool     nt    = nbytes >= s->nt_bytes;
+    int      nslot = scatter ? world : 1;
+#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
+#define STAGE(k)                                                                                   \
+    do {                                                                                           \
+        uint64_t b_ = s->next_buf + (uint64_t)(k);                                                 \
+        DT_TRY(acquire_buf(o, b_));                                                                \
+        for (int r_ = 0; r_ < nslot; r_++)                                                         \
+            if (!scatter || r_ != me)                                                              \
+                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                                     \
+                       src + (size_t)r_ * nbytes + (size_t)(k)*piece, PIECE(k));                   \
+    } while (0)
+    if (me == root) {
+        if (n > 0)
+            STAGE(0);
+        if (scatter)
+            dt_shm_copy(dst, src + (size_t)me * nbytes, nbytes, false);
+    }
+    DT_TRY(arrive(o, base));
+    for (size_t k = 0; k < n; k++) {
+        uint64_t b = s->next_buf + (uint64_t)(k);
+        if (me == root) {
+            s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
+            if (k + 1 < n)
+                STAGE(k + 1);
+        } else {
+            if (k > 0)
+                DT_TRY(wait_step(o, root, base + 1 + (uint32_t)k));
+            dt_shm_copy(dst + k * piece, buf_of(s, root, b) + (scatter ? (size_t)me * piece : 0),
+                        PIECE(k), nt);
+        }
+        set_step(s, base + 2 + (uint32_t)k);
+    }
+    s->next_buf += n;
+    if (nt)
+        dt_shm_store_fence();
+    return DT_OK;
+#undef STAGE
+#undef PIECE
+}
+
+// gather (root reads) and all_gather (everyone reads): rank r stages piece k of its
+// block, ready at r's step base+1+k; readers pass base+2+k after copying it.
+static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst, size_t nbytes,
+                        int root) {
+    dt_shm  *s  = o->s;
+    int      me = s->rank, world = s->world;
+    size_t   piece = s->chunk;
+    size_t   n     = div_up(nbytes, piece);
+    uint32_t base  = s->step;
+    bool     reads = root < 0 || root == me;
+    bool     stage = root < 0 || root != me;
+    bool     nt    = reads && nbytes * (size_t)world >= s->nt_bytes;
+#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
+    if (stage && n > 0) {
+        DT_TRY(acquire_buf(o, s->next_buf));
+        memcpy(buf_of(s, me, s->next_buf), src, PIECE(0));
+    }
+    if (reads && dst + (size_t)me * nbytes != src)
+        memcpy(dst + (size_t)me * nbytes, src, nbytes);
+    DT_TRY(arrive(o, base));
+    for (size_t k = 0; k < n; k++) {
+        uint64_t b = s->next_buf + (uint64_t)(k);
+        if (reads) {
+            if (k > 0)
+                DT_TRY(wait_all(o, base + 1 + (uint32_t)k));
+            for (int r = 0; r < world; r++)
+                if (r != me)
+                    dt_shm_copy(dst + (size_t)r * nbytes + k * piece, buf_of(s, r, b), PIECE(k),
+                                nt);
+        }
+        if (stage) {
+            s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
+            if (k + 1 < n) {
+                DT_TRY(acquire_buf(o, b + 1));
+                memcpy(buf_of(s, me, b + 1), src + (k + 1) * piece, PIECE(k + 1));
+            }
+        }
+        set_step(s, base + 2 + (uint32_t)k);
+    }
+    s->next_buf += n;
+    if (nt)
+        dt_shm_store_fence();
+    return DT_OK;
+#undef PIECE
+}
+
+// reduce_scatter and all_to_all: every rank stages piece k of each block j != r in
+// slot j of its buffer; rank r then takes slot r of every buffer (reducing them with
+// its own block from src, or copying each to its place in dst). One synchronisation
+// per piece: the next pieces are staged right after this one is taken.
+static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *dst, bool reduce) {
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
+    int          me = s->rank, world = s->world;
+    size_t       es     = dt_dtype_size(op->dtype);
+    size_t       nbytes = op->count * es;
+    size_t       piece  = slot_bytes(s);
+    size_t       n      = div_up(nbytes, piece);
+    uint32_t     base   = s->step;
+    bool         nt     = nbytes * (reduce ? 1 : (size_t)world) >= s->nt_bytes;
+    const void **in     = s->in;
+    dt_status    st     = DT_OK;
+#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
+#define STAGE(k)                                                                                   \
+    do {                                                                                           \
+        uint64_t b_ = s->next_buf + (uint64_t)(k);                                                 \
+        if ((st = acquire_buf(o, b_)))                                                             \
+            goto out;                                                                              \
+        for (int r_ = 0; r_ < world; r_++)                                                         \
+            if (r_ != me)                                                                          \
+                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                                     \
+                       src + (size_t)r_ * nbytes + (size_t)(k)*piece, PIECE(k));                   \
+    } while (0)
+
+    if (n > 0)
+        STAGE(0);
+    // all_to_all keeps its own block (in place, it is already where it belongs).
+    if (!reduce)
+        dt_shm_copy(dst + (size_t)me * nbytes, src + (size_t)me * nbytes, nbytes, false);
+    if ((st = arrive(o, base)))
+        goto out;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t b   = s->next_buf + (uint64_t)(k);
+        size_t   off = k * piece;
+        if (k > 0 && (st = wait_all(o, base + 1 + (uint32_t)k)))
+            goto out;
+        if (reduce) {
+            for (int r = 0; r < world; r++)
+                in[r] = r == me ? (const void *)(src + (size_t)me * nbytes + off)
+                                : (const void *)(buf_of(s, r, b) + (size_t)me * piece);
+            dt_shm_reduce_kernel(dst + off, NULL, false, in, world, PIECE(k) / es, op->dtype,
+                                 op->op);
+        } else {
+            for (int r = 0; r < world; r++)
+                if (r != me)
+                    dt_shm_copy(dst + (size_t)r * nbytes + off,
+                                buf_of(s, r, b) + (size_t)me * piece, PIECE(k), nt);
+        }
+        s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
+        if (k + 1 < n)
+            STAGE(k + 1);
+        set_step(s, base + 2 + (uint32_t)k);
+    }
+    s->next_buf += n;
+out:
+    if (nt)
+        dt_shm_store_fence();
+    return st;
+#undef STAGE
+#undef PIECE
+}
+
+// ------------------------------------------------------------------- send and recv
+
+static inline shm_chan *chan(const dt_shm *s, int from, int to) {
+    return &s->chans[(size_t)from * (size_t)s->world + (size_t)to];
+}
+
+static inline unsigned char *chan_buf(const dt_shm *s, int from, int to, uint32_t b) {
+    size_t idx = ((size_t)from * (size_t)s->world + (size_t)to) * 2 + (b & 1);
+    return s->pbufs + idx * (sizeof(shm_msg) + s->pchunk);
+}
+
+// A message is cut into chunks of pchunk bytes (at least one, which carries the
+// fingerprint even for zero bytes); chunk c of a channel uses buffer c % 2, free once
+// the receiver has consumed chunk c - 2.
+static bool chan_has_room(const dt_shm *s, int peer) {
+    uint32_t at = s->sent[peer];
+    return reached(
+        atomic_load_explicit(&chan(s, s->rank, peer)->consumed.value, memory_order_acquire),
+        at - 1);
+}
+
+static void post_chunk(dt_shm *s, int peer, const dt_fingerprint *fp, size_t k,
+                       const unsigned char *data, size_t len) {
+    uint32_t       at = s->sent[peer];
+    unsigned char *p  = chan_buf(s, s->rank, peer, at);
+    shm_msg        h  = {.fp = *fp, .chunk = (uint32_t)k};
+    memcpy(p, &h, sizeof h);
+    memcpy(p + sizeof h, data, len);
+    s->sent[peer] = at + 1;
+    word_set(&chan(s, s->rank, peer)->posted, at + 1);
+}
+
+// Pushes queued chunks into every channel with room, oldest message first. Never waits.
+static void push_pending(dt_shm *s) {
+    for (int peer = 0; peer < s->world; peer++) {
+        shm_pending *m;
+        while ((m = s->pending[peer]) && chan_has_room(s, peer)) {
+            size_t off = m->chunk * s->pchunk;
+            post_chunk(s, peer, &m->fp, m->chunk, m->data + off,
+                       min_sz(s->pchunk, m->nbytes - off));
+            if (++m->chunk == m->nchunks) {
+                s->pending[peer] = m->next;
+                s->npending--;
+                dt_free(m->data);
+                dt_free(m);
+            }
+        }
+    }
+}
+
+// Never waits for the receiver (comm.h: a send returns once its data is handed to the
+// transport, so that a ring of sends followed by receives cannot deadlock): the chunks
+// that fit go into the channel now, the rest is copied and pushed by later calls.
+static dt_status run_send(shm_op *o) {
+    dt_shm      *s      = o->s;
+    const dt_op *op     = o->op;
+    int          peer   = op->peer;
+    size_t       nbytes = op->count * dt_dtype_size(op->dtype);
+    size_t       n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
+    size_t       k      = 0;
+    if (!s->pending[peer])
+        for (; k < n && chan_has_room(s, peer); k++)
+            post_chunk(s, peer, &op->fp, k, (const unsigned char *)op->src + k * s->pchunk,
+                       min_sz(s->pchunk, nbytes - k * s->pchunk));
+    if (k == n)
+        return DT_OK;
+    shm_pending   *m    = dt_alloc_zero(sizeof *m);
+    unsigned char *copy = m ? dt_alloc(nbytes) : NULL;
+    if (!copy) {
+        dt_free(m);
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s: no memory to queue %zu bytes for rank %d", op->name, nbytes,
+                 peer);
+        dt_shm_publish_abort(s, DT_ERR_NOMEM, s->rank, msg); // the receiver must not wait for it
+        return poison(s, DT_ERR_NOMEM, "%s", msg);
+    }
+    memcpy(copy, op->src, nbytes); // whole message: chunk offsets stay those of the message
+    m->fp              = op->fp;
+    m->data            = copy;
+    m->nbytes          = nbytes;
+    m->chunk           = k;
+    m->nchunks         = n;
+    shm_pending **tail = &s->pending[peer];
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = m;
+    s->npending++;
+    return DT_OK;
+}
+
+static dt_status run_recv(shm_op *o) {
+    dt_shm      *s      = o->s;
+    const dt_op *op     = o->op;
+    int          peer   = op->peer;
+    shm_chan    *c      = chan(s, peer, s->rank);
+    size_t       nbytes = op->count * dt_dtype_size(op->dtype);
+    size_t       n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
+    for (size_t k = 0; k < n; k++) {
+        uint32_t at = s->taken[peer];
+        DT_TRY(wait_word(o, &c->posted, at + 1, peer, false));
+        const unsigned char *p = chan_buf(s, peer, s->rank, at);
+        shm_msg              h;
+        memcpy(&h, p, sizeof h);
+        const dt_fingerprint *f = &h.fp;
+        if (f->coll != DT_COLL_SEND || !dt_fp_match(&op->fp, f) || h.chunk != k) {
+            char mine[160], theirs[160], msg[700];
+            dt_fp_format(&op->fp, mine, sizeof mine);
+            dt_fp_format(f, theirs, sizeof theirs);
+            snprintf(msg, sizeof msg,
+                     "%s: rank %d called %s but this rank (%d) called %s; the "
+                     "receiver must name the sender's count, dtype and tag",
+                     op->name, peer, theirs, s->rank, mine);
+            dt_shm_publish_abort(s, DT_ERR_MISMATCH, peer, msg);
+            return poison(s, DT_ERR_MISMATCH, "%s", msg);
+        }
+        size_t len = min_sz(s->pchunk, nbytes - k * s->pchunk);
+        memcpy((unsigned char *)op->dst + k * s->pchunk, p + sizeof h, len);
+        s->taken[peer] = at + 1;
+        word_set(&c->consumed, at + 1);
+    }
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------------ dispatch
+
+dt_status dt_shm_run(dt_shm *s, const dt_op *op) {
+    shm_op o;
+    DT_TRY(op_begin(s, &o, op));
+    size_t es = dt_dtype_size(op->dtype);
+    switch (op->kind) {
+    case DT_COLL_ALL_REDUCE:
+        return run_reduce(&o, -1);
+    case DT_COLL_REDUCE:
+        return run_reduce(&o, op->root);
+    case DT_COLL_BROADCAST:
+        return fan_out(&o, op->dst, op->dst, op->count * es, op->root, false);
+    case DT_COLL_SCATTER:
+        return fan_out(&o, op->src, op->dst, op->count * es, op->root, true);
+    case DT_COLL_GATHER:
+        return fan_in(&o, op->src, op->dst, op->count * es, op->root);
+    case DT_COLL_ALL_GATHER:
+        return fan_in(&o, op->src, op->dst, op->count * es, -1);
+    case DT_COLL_REDUCE_SCATTER:
+        return exchange(&o, op->src, op->dst, true);
+    case DT_COLL_ALL_TO_ALL:
+        return exchange(&o, op->src, op->dst, false);
+    case DT_COLL_BARRIER:
+    case DT_COLL_INIT:
+        return arrive(&o, s->step);
+    case DT_COLL_SEND:
+        return run_send(&o);
+    case DT_COLL_RECV:
+        return run_recv(&o);
+    default:
+        return dt_fail(DT_ERR_ARG, "%s: unknown operation kind %d", op->name, (int)op->kind);
+    }
+}

@@ -1,0 +1,762 @@
+// mesh.c: the trainer's model parallelism (train.h, docs/parallel.md): the dp x pp x tp
+// mesh of a job, the model cut into pipeline stages (by the user, evenly, or balanced by
+// measured layer cost), the whole model's table, and what the rest of the trainer does
+// differently on a mesh: checkpoints per model part, the gradient norm over the parts,
+// whole model files gathered from the parts and cut into them.
+#include "train_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { TAG_GATHER = 0x6000, TIMING_REPS = 5, LAYOUT_MAX = 4096 };
+
+static dt_mesh_opts mesh_opts(const dt_trainer *t) {
+    return (dt_mesh_opts){(int)t->a.dp, (int)t->a.pp, (int)t->a.tp};
+}
+
+dt_status dt_train_mesh_check(const dt_trainer *t, int world) {
+    const dt_train_args *a = &t->a;
+    if (!t->o.model_parallel)
+        return DT_OK;
+    if (t->o.no_model_split && (a->pp > 1 || a->tp > 1))
+        return dt_fail(DT_ERR_ARG, "--%s %ld: %s cannot be %s: %s (--dp and --zero apply)",
+                       a->pp > 1 ? "pp" : "tp", a->pp > 1 ? a->pp : a->tp, t->o.program,
+                       a->pp > 1 ? "cut into pipeline stages" : "split over tensor-parallel ranks",
+                       t->o.no_model_split);
+    int          sz[DT_MESH_DIM_COUNT_];
+    dt_mesh_opts mo = mesh_opts(t);
+    if (dt_mesh_sizes(world, &mo, sz) != DT_OK) {
+        char   given[96] = "";
+        size_t at        = 0;
+        long   v[3]      = {a->dp, a->pp, a->tp};
+        for (int d = 0; d < 3; d++)
+            if (v[d])
+                at += (size_t)snprintf(given + at, sizeof given - at, "%s--%s %ld", at ? " " : "",
+                                       dt_mesh_dim_name((dt_mesh_dim)d), v[d]);
+        return dt_fail(DT_ERR_ARG, "%s with %d rank(s): %s", given, world, dt_last_error());
+    }
+    const char *c = a->cuts;
+    if (c && strcmp(c, "auto") && strcmp(c, "uniform")) {
+        int n = *c != 0;
+        for (; *c; c++)
+            n += *c == ',';
+        if (n != sz[DT_MESH_PP] - 1)
+            return dt_fail(DT_ERR_ARG,
+                           "--cuts %s: expected %d name(s) for %d pipeline stages, found %d",
+                           a->cuts, sz[DT_MESH_PP] - 1, sz[DT_MESH_PP], n);
+    }
+    if (sz[DT_MESH_PP] * sz[DT_MESH_TP] > 1 && a->data_parallel > 1)
+        return dt_fail(DT_ERR_ARG,
+                       "--data-parallel %ld with --pp %d --tp %d: replicas in threads need the "
+                       "whole model in each; use --dp instead",
+                       a->data_parallel, sz[DT_MESH_PP], sz[DT_MESH_TP]);
+    if (sz[DT_MESH_PP] * sz[DT_MESH_TP] > 1 && a->zero > 2)
+        return dt_fail(DT_ERR_ARG,
+                       "--zero %ld with --pp %d --tp %d: not supported yet (ZeRO stages 1 and 2 "
+                       "shard the data dimension of a mesh)",
+                       a->zero, sz[DT_MESH_PP], sz[DT_MESH_TP]);
+    return DT_OK;
+}
+
+dt_status dt_train_mesh_start(dt_trainer *t) {
+    t->msize[DT_MESH_DP] = t->world;
+    t->msize[DT_MESH_PP] = t->msize[DT_MESH_TP] = 1;
+    if (!t->o.model_parallel)
+        return DT_OK;
+    DT_TRY(dt_train_mesh_check(t, t->world));
+    dt_mesh_opts mo = mesh_opts(t);
+    DT_TRY(dt_mesh_sizes(t->world, &mo, t->msize));
+    if (t->msize[DT_MESH_PP] * t->msize[DT_MESH_TP] == 1 || !t->pg)
+        return DT_OK; // data parallelism over the whole group, as without a mesh
+    return dt_mesh_new(&t->mesh, t->pg, &mo);
+}
+
+void dt_train_mesh_release(dt_trainer *t) {
+    if (t->pipe) { // the stage graph is the pipeline's
+        dt_pipe_free(t->pipe);
+        t->g = NULL, t->p = NULL;
+    }
+    dt_params_free(t->whole);
+    dt_free(t->cut_node);
+    dt_mesh_free(t->mesh);
+    t->pipe = NULL, t->whole = NULL, t->cut_node = NULL, t->mesh = NULL, t->ncuts = 0;
+}
+
+bool dt_train_mesh_on(const dt_trainer *t) {
+    return t->mesh != NULL;
+}
+
+int dt_trainer_mesh_size(const dt_trainer *t, dt_mesh_dim dim) {
+    if (dim < 0 || dim >= DT_MESH_DIM_COUNT_)
+        return -1;
+    return t->msize[dim] > 0 ? t->msize[dim] : dim == DT_MESH_DP ? t->world : 1;
+}
+
+int dt_trainer_mesh_coord(const dt_trainer *t, dt_mesh_dim dim) {
+    if (t->mesh)
+        return dt_mesh_coord(t->mesh, dim);
+    return dim == DT_MESH_DP ? t->rank : dim < 0 || dim >= DT_MESH_DIM_COUNT_ ? -1 : 0;
+}
+
+dt_pg *dt_trainer_mesh_group(dt_trainer *t, dt_mesh_dim dim) {
+    if (t->mesh)
+        return dt_mesh_size(t->mesh, dim) > 1 ? dt_mesh_group(t->mesh, dim) : NULL;
+    return dim == DT_MESH_DP ? t->pg : NULL;
+}
+
+dt_pg *dt_train_dp_group(dt_trainer *t) {
+    return dt_trainer_mesh_group(t, DT_MESH_DP);
+}
+int dt_train_dp_size(const dt_trainer *t) {
+    return dt_trainer_mesh_size(t, DT_MESH_DP);
+}
+
+dt_pipe *dt_trainer_pipe(dt_trainer *t) {
+    return t->pipe;
+}
+
+// ------------------------------------------------------------------ the layout file
+
+// <dir>/layout: the mesh a checkpoint directory was written by ("pp P tp T cuts a,b"),
+// so that a resumed run cuts the model where the checkpoints' parts were cut (balanced
+// cuts follow timings, which change from run to run) and a run of another layout is
+// refused instead of starting fresh beside the parts.
+static dt_status layout_path(const dt_trainer *t, char *buf, size_t n) {
+    if (snprintf(buf, n, "%s/layout", t->a.checkpoint_dir) >= (int)n)
+        return dt_fail(DT_ERR_ARG, "--checkpoint-dir: a path too long");
+    return DT_OK;
+}
+
+// Reads the layout file: *found false when there is none.
+static dt_status layout_read(const dt_trainer *t, bool *found, int *pp, int *tp, char *cuts,
+                             size_t ncuts) {
+    char path[LAYOUT_MAX], line[LAYOUT_MAX];
+    *found = false;
+    DT_TRY(layout_path(t, path, sizeof path));
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return DT_OK;
+    bool ok = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    char fmt[64];
+    snprintf(fmt, sizeof fmt, "pp %%d tp %%d cuts %%%zus", ncuts - 1);
+    if (!ok || sscanf(line, fmt, pp, tp, cuts) != 3)
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: expected \"pp P tp T cuts NAMES\" (the mesh the checkpoints were "
+                       "written by), found something else",
+                       path);
+    *found = true;
+    return DT_OK;
+}
+
+static dt_status layout_write(const dt_trainer *t) {
+    char path[LAYOUT_MAX], tmp[LAYOUT_MAX + 32];
+    DT_TRY(layout_path(t, path, sizeof path));
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return dt_fail_errno(DT_ERR_IO, "cannot write %s", tmp);
+    int n = fprintf(f, "pp %d tp %d cuts %s\n", t->msize[DT_MESH_PP], t->msize[DT_MESH_TP],
+                    t->ncuts ? t->cut_names : "-");
+    if (fclose(f) != 0 || n < 0 || rename(tmp, path) != 0) {
+        dt_status st = dt_fail_errno(DT_ERR_IO, "cannot write %s", path);
+        unlink(tmp);
+        return st;
+    }
+    return DT_OK;
+}
+
+dt_status dt_train_mesh_check_layout(const dt_trainer *t) {
+    if (!t->o.model_parallel || t->mesh || !t->a.checkpoint_dir || !t->a.resume)
+        return DT_OK;
+    bool found;
+    int  pp, tp;
+    char cuts[LAYOUT_MAX];
+    DT_TRY(layout_read(t, &found, &pp, &tp, cuts, sizeof cuts));
+    if (found)
+        return dt_fail(DT_ERR_MISMATCH,
+                       "--resume: %s holds the checkpoints of a model cut over --pp %d --tp %d, "
+                       "expected the whole model's (--pp 1 --tp 1); resume with --pp %d --tp %d",
+                       t->a.checkpoint_dir, pp, tp, pp, tp);
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------------ the cuts
+
+// Candidates k (n - 1) / pp for k = 1 .. pp - 1: the n - 1 spans between the n
+// candidates (a GPT's blocks, after the embeddings' cut point) spread evenly.
+static void uniform_cuts(int ncand, int pp, int *pick) {
+    for (int k = 1; k < pp; k++)
+        pick[k - 1] = (int)((int64_t)k * (ncand - 1) / pp);
+    for (int k = 1; k < pp - 1; k++) // strictly increasing even when ncand is small
+        if (pick[k] <= pick[k - 1])
+            pick[k] = pick[k - 1] + 1;
+}
+
+// "a,b,c" (names among the candidates) into indices into cand.
+static dt_status parse_cuts(const char *spec, int ncand, const char *const *cand, int pp, int *pick,
+                            const char *what) {
+    int         n = 0;
+    const char *p = spec;
+    while (*p) {
+        size_t k = strcspn(p, ",");
+        int    c = -1;
+        for (int i = 0; i < ncand && c < 0; i++)
+            if (strlen(cand[i]) == k && strncmp(cand[i], p, k) == 0)
+                c = i;
+        if (c < 0 || n >= pp - 1 || (n > 0 && c <= pick[n - 1])) {
+            char list[512] = "";
+            for (int i = 0, at = 0; i < ncand && at < (int)sizeof list - 64; i++)
+                at += snprintf(list + at, sizeof list - (size_t)at, "%s%s", i ? ", " : "", cand[i]);
+            return dt_fail(DT_ERR_ARG,
+                           "%s: expected %d cut(s) in order among this model's cut points (%s), "
+                           "found '%.*s'%s",
+                           what, pp - 1, list, (int)k, p,
+                           c < 0         ? ""
+                           : n >= pp - 1 ? " (one too many)"
+                                         : " (out of order)");
+        }
+        pick[n++] = c;
+        p += k + (p[k] == ',');
+    }
+    if (n != pp - 1)
+        return dt_fail(DT_ERR_ARG, "%s: expected %d cut(s) for --pp %d, found %d in '%s'", what,
+                       pp - 1, pp, n, spec);
+    return DT_OK;
+}
+
+// Each stage's cost under the cuts pick (into cand, node positions candn).
+static void stage_costs(int nnodes, const double *cost, const int *candn, const int *pick, int pp,
+                        double *out) {
+    for (int s = 0, i = 0; s < pp; s++) {
+        int end = s < pp - 1 ? candn[pick[s]] : nnodes - 1;
+        out[s]  = 0;
+        for (; i <= end; i++)
+            out[s] += cost[i];
+    }
+}
+
+// The cuts by measured cost: the model cut by `pick` (uniform) is timed, stage by stage
+// (each rank its nodes, the ranks of a stage's tp group together), the times summed over
+// the world and averaged over the replicas, and rank 0 chooses; *whole is consumed.
+static dt_status balance(dt_trainer *t, dt_graph *whole, int nnodes, int ncand,
+                         const char *const *cand, const int *candn, int mb, int *pick) {
+    int         pp   = t->msize[DT_MESH_PP];
+    double     *cost = dt_alloc_zero(sizeof(double) * (size_t)nnodes);
+    float      *sum  = dt_alloc_zero(sizeof(float) * (size_t)nnodes);
+    double     *sc   = dt_alloc(sizeof(double) * 2 * (size_t)pp);
+    dt_status   st   = cost && sum && sc ? DT_OK : DT_ERR_NOMEM;
+    const char *names[1024];
+    for (int k = 0; k < pp - 1; k++)
+        names[k] = cand[pick[k]];
+    dt_pipe *probe = NULL;
+    if (st == DT_OK)
+        st = dt_pipe_new(&probe, whole, pp - 1, names, dt_mesh_group(t->mesh, DT_MESH_PP),
+                         (uint64_t)t->a.seed, NULL);
+    else
+        dt_graph_free(whole);
+    if (st == DT_OK)
+        st = dt_graph_set_threads(dt_pipe_graph(probe), t->threads);
+    if (st == DT_OK)
+        st = dt_pipe_time_nodes(probe, mb, TIMING_REPS, nnodes, cost);
+    dt_pipe_free(probe);
+    for (int i = 0; i < nnodes; i++)
+        sum[i] = (float)cost[i];
+    if (st == DT_OK) // every node was timed by the dp x tp ranks of its stage
+        st = dt_pg_all_reduce(t->pg, sum, sum, (size_t)nnodes, DT_FLOAT32, DT_REDUCE_SUM);
+    double repl = (double)t->msize[DT_MESH_DP] * t->msize[DT_MESH_TP];
+    for (int i = 0; i < nnodes; i++)
+        cost[i] = sum[i] / repl;
+    if (st == DT_OK && t->rank == 0) { // rank 0 chooses, everyone takes its choice
+        stage_costs(nnodes, cost, candn, pick, pp, sc + pp);
+        st = dt_pipe_balance(nnodes, cost, ncand, candn, pp, pick, NULL);
+    }
+    int32_t *got = (int32_t *)sum; // nnodes >= pp - 1 floats: room for the picks
+    for (int k = 0; k < pp - 1; k++)
+        got[k] = pick[k];
+    if (st == DT_OK)
+        st = dt_pg_broadcast(t->pg, got, (size_t)(pp - 1), DT_INT32, 0);
+    for (int k = 0; st == DT_OK && k < pp - 1; k++)
+        pick[k] = got[k];
+    if (st == DT_OK && t->rank == 0) {
+        stage_costs(nnodes, cost, candn, pick, pp, sc);
+        char   line[2][512];
+        double top[2] = {0, 0};
+        for (int u = 0; u < 2; u++) {
+            size_t at = 0;
+            for (int s = 0; s < pp && at < sizeof line[u] - 16; s++) {
+                at += (size_t)snprintf(line[u] + at, sizeof line[u] - at, " %.3f",
+                                       sc[u * pp + s] * 1e3);
+                top[u] = sc[u * pp + s] > top[u] ? sc[u * pp + s] : top[u];
+            }
+        }
+        printf("pipeline: cuts balanced by measured layer cost, stages' ms per micro-batch of %d "
+               "samples:%s (uniform cuts:%s); slowest %.3f ms (uniform %.3f)\n",
+               mb, line[0], line[1], top[0] * 1e3, top[1] * 1e3);
+        fflush(stdout);
+    }
+    dt_free(cost), dt_free(sum), dt_free(sc);
+    return st;
+}
+
+// Rank 0's layout file (resuming), agreed: *have true when the cuts are in pick.
+static dt_status resumed_cuts(dt_trainer *t, int ncand, const char *const *cand, int *pick,
+                              bool *have) {
+    int32_t msg[2]           = {0, 0}; // status, found
+    char    cuts[LAYOUT_MAX] = "";
+    int     pp = 0, tp = 0;
+    *have = false;
+    if (!t->a.resume || !t->a.checkpoint_dir)
+        return DT_OK;
+    dt_status st = DT_OK;
+    if (t->rank == 0) {
+        bool found = false;
+        st         = layout_read(t, &found, &pp, &tp, cuts, sizeof cuts);
+        if (st == DT_OK && found && (pp != t->msize[DT_MESH_PP] || tp != t->msize[DT_MESH_TP]))
+            st = dt_fail(DT_ERR_MISMATCH,
+                         "--resume: %s holds the checkpoints of a model cut over --pp %d --tp "
+                         "%d, expected --pp %d --tp %d (this run's); resume with the first "
+                         "run's flags, or use another --checkpoint-dir",
+                         t->a.checkpoint_dir, pp, tp, t->msize[DT_MESH_PP], t->msize[DT_MESH_TP]);
+        if (st == DT_OK && found && pp > 1)
+            st = parse_cuts(cuts, ncand, cand, pp, pick, "the checkpoints' layout file");
+        msg[0] = (int32_t)st;
+        msg[1] = found && pp > 1;
+    }
+    // The reason travels with the outcome, so that every rank's error names both
+    // layouts (whichever rank's message the launcher shows first).
+    int32_t why[256] = {0};
+    if (st != DT_OK)
+        snprintf((char *)why, sizeof why, "%s", dt_last_error());
+    // One broadcast of the outcome, one of the cuts: every rank cuts alike.
+    DT_TRY(dt_pg_broadcast(t->pg, msg, 2, DT_INT32, 0));
+    if (msg[0] != DT_OK) {
+        DT_TRY(dt_pg_broadcast(t->pg, why, sizeof why / sizeof why[0], DT_INT32, 0));
+        ((char *)why)[sizeof why - 1] = 0;
+        return t->rank == 0 ? dt_fail(st, "%s", (const char *)why)
+                            : dt_fail((dt_status)msg[0], "rank 0 refused the checkpoints: %s",
+                                      (const char *)why);
+    }
+    if (!msg[1])
+        return DT_OK;
+    int32_t got[1024];
+    for (int k = 0; k < t->msize[DT_MESH_PP] - 1; k++)
+        got[k] = pick[k];
+    DT_TRY(dt_pg_broadcast(t->pg, got, (size_t)(t->msize[DT_MESH_PP] - 1), DT_INT32, 0));
+    for (int k = 0; k < t->msize[DT_MESH_PP] - 1; k++)
+        pick[k] = got[k];
+    *have = true;
+    return DT_OK;
+}
+
+dt_status dt_trainer_pipeline(dt_trainer *t, dt_trainer_build_fn build, void *user, int ncand,
+                              const char *const *cand, int micro_batches, dt_graph **stage) {
+    *stage    = NULL;
+    int    pp = t->msize[DT_MESH_PP] > 0 ? t->msize[DT_MESH_PP] : 1;
+    size_t b  = t->step_samples ? t->step_samples : t->batch;
+    int    M  = t->a.micro_batches ? (int)t->a.micro_batches : micro_batches ? micro_batches : pp;
+    if (!build || (ncand > 0 && !cand))
+        return dt_fail(DT_ERR_ARG, "dt_trainer_pipeline: expected a build function and names");
+    if (t->pipe || t->prepared)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_pipeline: expected one call, before "
+                                     "dt_trainer_prepare_graph");
+    if (!b)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_pipeline: expected dt_trainer_set_steps or the "
+                                     "training loader first (the batch to cut)");
+    if ((size_t)M > b)
+        return dt_fail(DT_ERR_ARG,
+                       "--micro-batches %d: expected at most the %zu samples of each replica's "
+                       "batch",
+                       M, b);
+    if (pp - 1 > ncand || pp > 1024)
+        return dt_fail(DT_ERR_ARG, "--pp %d: this model has %d cut point(s), so at most %d stages",
+                       pp, ncand, ncand + 1 < 1024 ? ncand + 1 : 1024);
+    dt_graph *whole = NULL;
+    DT_TRY(build(user, &whole));
+    int       nnodes = dt_graph_num_nodes(whole);
+    int      *candn  = dt_alloc(sizeof(int) * (size_t)(ncand ? ncand : 1));
+    int      *pick   = dt_alloc(sizeof(int) * (size_t)pp);
+    dt_status st     = candn && pick ? dt_graph_param_table(whole, true, &t->whole) : DT_ERR_NOMEM;
+    for (int i = 0; st == DT_OK && i < ncand; i++)
+        if ((candn[i] = dt_graph_find(whole, cand[i])) < 0 || (i > 0 && candn[i] <= candn[i - 1]))
+            st = dt_fail(DT_ERR_ARG,
+                         "dt_trainer_pipeline: expected candidate cuts naming nodes in order, "
+                         "found '%s' (%s)",
+                         cand[i], candn[i] < 0 ? "no such node" : "out of order");
+    bool have = false;
+    if (st == DT_OK && pp > 1)
+        st = resumed_cuts(t, ncand, cand, pick, &have);
+    const char *spec = t->a.cuts ? t->a.cuts : "auto";
+    if (st == DT_OK && pp > 1 && !have) {
+        if (strcmp(spec, "auto") == 0 || strcmp(spec, "uniform") == 0)
+            uniform_cuts(ncand, pp, pick);
+        else
+            st = parse_cuts(spec, ncand, cand, pp, pick, "--cuts");
+    }
+    if (st == DT_OK && pp > 1 && !have && strcmp(spec, "auto") == 0) {
+        st    = balance(t, whole, nnodes, ncand, cand, candn, (int)((b + M - 1) / M), pick);
+        whole = NULL;
+        if (st == DT_OK)
+            st = build(user, &whole);
+    }
+    const char **names = pp > 1 ? dt_alloc(sizeof(char *) * (size_t)(pp - 1)) : NULL;
+    if (st == DT_OK && pp > 1 && !names)
+        st = DT_ERR_NOMEM;
+    t->ncuts    = st == DT_OK ? pp - 1 : 0;
+    t->cut_node = candn; // positions of the candidates; the first ncuts become the cuts
+    size_t at   = 0;
+    for (int k = 0; k < t->ncuts; k++) {
+        names[k]       = cand[pick[k]];
+        t->cut_node[k] = candn[pick[k]];
+        at += (size_t)snprintf(t->cut_names + at, sizeof t->cut_names - at, "%s%s", k ? "," : "",
+                               names[k]);
+        if (at >= sizeof t->cut_names)
+            at = sizeof t->cut_names - 1;
+    }
+    dt_free(pick);
+    dt_pipe_opts po  = dt_pipe_opts_default();
+    po.micro_batches = M;
+    if (st == DT_OK &&
+        dt_pipe_schedule_parse(t->a.schedule ? t->a.schedule : "1f1b", &po.schedule) != DT_OK)
+        st = DT_ERR_ARG;
+    if (st == DT_OK) {
+        st    = dt_pipe_new(&t->pipe, whole, t->ncuts, names,
+                         t->mesh ? dt_mesh_group(t->mesh, DT_MESH_PP) : NULL, (uint64_t)t->a.seed,
+                            &po);
+        whole = NULL;
+    }
+    dt_graph_free(whole);
+    dt_free(names);
+    if (st == DT_OK && t->mesh && t->rank == 0 && t->a.checkpoint_dir && !t->a.eval_only)
+        st = layout_write(t);
+    if (st == DT_OK && t->mesh && t->rank == 0) {
+        printf("mesh: dp %d x pp %d x tp %d; %d micro-batches per step (%s)%s%s\n",
+               t->msize[DT_MESH_DP], pp, t->msize[DT_MESH_TP], M,
+               dt_pipe_schedule_name(po.schedule), pp > 1 ? ", cuts after " : "",
+               pp > 1 ? t->cut_names : "");
+        fflush(stdout);
+    }
+    if (st != DT_OK)
+        return st;
+    *stage = t->g = dt_pipe_graph(t->pipe);
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------ the whole model
+
+// This rank's tensor named like whole tensor w (a tie's copy too), or -1.
+static int local_of(dt_trainer *t, const dt_param_info *w) {
+    return dt_params_find(dt_graph_params(t->g), w->name);
+}
+
+dt_status dt_trainer_init_params(dt_trainer *t, dt_trainer_fill_fn fill, void *user) {
+    if (!t->pipe || !t->whole || !fill)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_trainer_init_params: expected dt_trainer_pipeline first and a fill "
+                       "function");
+    dt_params *lp  = dt_graph_params(t->g);
+    size_t     cap = 0;
+    for (int i = 0; i < dt_params_count(t->whole); i++)
+        cap = dt_params_info(t->whole, i)->count > cap ? dt_params_info(t->whole, i)->count : cap;
+    float *v = dt_alloc(sizeof(float) * (cap ? cap : 1));
+    if (!v)
+        return DT_ERR_NOMEM;
+    for (int i = 0; i < dt_params_count(t->whole); i++) {
+        const dt_param_info *w = dt_params_info(t->whole, i);
+        fill(user, w, v); // every tensor, held here or not: the draws stay in order
+        int k = local_of(t, w);
+        if (k < 0)
+            continue;
+        const dt_param_info *l = dt_params_info(lp, k);
+        dt_param_split_copy(&l->split, l->ndim, l->shape, v, dt_params_data(lp) + l->offset, false);
+    }
+    dt_free(v);
+    return DT_OK;
+}
+
+// A storage-owning copy of the whole table.
+static dt_status whole_alloc(const dt_params *tab, dt_params **out) {
+    DT_TRY(dt_params_new(out, NULL));
+    for (int i = 0; i < dt_params_count(tab); i++) {
+        const dt_param_info *w = dt_params_info(tab, i);
+        DT_TRY(dt_params_add(*out, w->name, w->ndim, w->shape, w->flags));
+    }
+    for (int i = 0; i < dt_params_buffer_count(tab); i++) {
+        const dt_param_info *w = dt_params_buffer_info(tab, i);
+        DT_TRY(dt_params_add_buffer(*out, w->name, w->ndim, w->shape, w->flags));
+    }
+    return dt_params_alloc(*out);
+}
+
+// The stage holding node `node` of the whole graph.
+static int stage_of(const dt_trainer *t, int node) {
+    int s = 0;
+    while (s < t->ncuts && node > t->cut_node[s])
+        s++;
+    return s;
+}
+
+dt_status dt_train_mesh_load_model(dt_trainer *t, const char *path) {
+    if (!t->pipe || !t->whole)
+        return dt_fail(DT_ERR_STATE, "--load on a mesh: expected the model from "
+                                     "dt_trainer_pipeline");
+    dt_params *w  = NULL;
+    dt_status  st = whole_alloc(t->whole, &w);
+    if (st == DT_OK)
+        st = dt_ckpt_load_params(path, w);
+    dt_params *lp = dt_graph_params(t->g);
+    for (int i = 0; st == DT_OK && i < dt_params_count(w); i++) {
+        const dt_param_info *wi = dt_params_info(w, i);
+        int                  k  = local_of(t, wi);
+        if (k < 0)
+            continue;
+        const dt_param_info *l = dt_params_info(lp, k);
+        dt_param_split_copy(&l->split, l->ndim, l->shape, dt_params_data(w) + wi->offset,
+                            dt_params_data(lp) + l->offset, false);
+    }
+    for (int i = 0; st == DT_OK && i < dt_params_buffer_count(w); i++) { // not split
+        const dt_param_info *wi = dt_params_buffer_info(w, i);
+        for (int k = 0; k < dt_params_buffer_count(lp); k++)
+            if (!strcmp(dt_params_buffer_info(lp, k)->name, wi->name))
+                memcpy(dt_params_buffers(lp) + dt_params_buffer_info(lp, k)->offset,
+                       dt_params_buffers(w) + wi->offset, sizeof(float) * wi->count);
+    }
+    dt_params_free(w);
+    return st;
+}
+
+// One tensor (or buffer) of the whole model to rank 0: the part of every tp rank of its
+// stage in the first replica, or tp rank 0's copy of a whole one. Every rank walks the
+// tensors in order, so each sender's messages are a subsequence of rank 0's receives.
+static dt_status gather_one(dt_trainer *t, const dt_param_info *w, bool buffer, float *dst,
+                            float *tmp, int tag) {
+    dt_params            *lp = dt_graph_params(t->g);
+    int                   s = stage_of(t, w->layer), tps = t->msize[DT_MESH_TP];
+    const dt_param_split *sp    = &w->split;
+    int                   parts = buffer || !dt_param_split_on(sp) ? 1 : tps;
+    int                   dp    = dt_mesh_coord(t->mesh, DT_MESH_DP);
+    int pp = dt_mesh_coord(t->mesh, DT_MESH_PP), tp = dt_mesh_coord(t->mesh, DT_MESH_TP);
+    const dt_param_info *l = NULL;
+    if (dp == 0 && pp == s && tp < parts) {
+        int k = -1;
+        if (buffer) {
+            for (int j = 0; j < dt_params_buffer_count(lp) && k < 0; j++)
+                k = strcmp(dt_params_buffer_info(lp, j)->name, w->name) ? -1 : j;
+            l = k >= 0 ? dt_params_buffer_info(lp, k) : NULL;
+        } else if ((k = local_of(t, w)) >= 0) {
+            l = dt_params_info(lp, k);
+        }
+        if (!l)
+            return dt_fail(DT_ERR_INTERNAL, "save: stage %d holds no tensor '%s'", s, w->name);
+    }
+    const float *src = l ? (buffer ? dt_params_buffers(lp) : dt_params_data(lp)) + l->offset : NULL;
+    size_t       n   = w->count / (size_t)parts;
+    if (t->rank != 0) {
+        if (l)
+            DT_TRY(dt_pg_send(t->pg, src, n, DT_FLOAT32, 0, tag));
+        return DT_OK;
+    }
+    for (int r = 0; r < parts; r++) {
+        int from = dt_mesh_rank_of(t->mesh, 0, s, r);
+        if (from == 0)
+            memcpy(tmp, src, sizeof(float) * n);
+        else
+            DT_TRY(dt_pg_recv(t->pg, tmp, n, DT_FLOAT32, from, tag));
+        dt_param_split part = *sp;
+        part.part           = r;
+        int64_t shape[DT_PARAM_MAX_DIMS];
+        memcpy(shape, w->shape, sizeof shape);
+        if (parts > 1)
+            shape[sp->axis] /= parts;
+        dt_param_split_copy(parts > 1 ? &part : NULL, w->ndim, shape, dst, tmp, true);
+    }
+    return DT_OK;
+}
+
+dt_status dt_train_mesh_save_model(dt_trainer *t, const char *path) {
+    if (!t->pipe || !t->whole)
+        return dt_fail(DT_ERR_STATE, "--save-model on a mesh: expected the model from "
+                                     "dt_trainer_pipeline");
+    dt_params *w   = NULL;
+    size_t     cap = 1;
+    for (int i = 0; i < dt_params_count(t->whole); i++)
+        cap = dt_params_info(t->whole, i)->count > cap ? dt_params_info(t->whole, i)->count : cap;
+    for (int i = 0; i < dt_params_buffer_count(t->whole); i++)
+        cap = dt_params_buffer_info(t->whole, i)->count > cap
+                  ? dt_params_buffer_info(t->whole, i)->count
+                  : cap;
+    float    *tmp = dt_alloc(sizeof(float) * cap);
+    dt_status st  = tmp ? DT_OK : DT_ERR_NOMEM;
+    if (st == DT_OK && t->rank == 0)
+        st = whole_alloc(t->whole, &w);
+    int np = dt_params_count(t->whole);
+    for (int i = 0; st == DT_OK && i < np; i++) {
+        const dt_param_info *wi = dt_params_info(t->whole, i);
+        st = gather_one(t, wi, false, w ? dt_params_data(w) + wi->offset : NULL, tmp,
+                        TAG_GATHER + i);
+    }
+    for (int i = 0; st == DT_OK && i < dt_params_buffer_count(t->whole); i++) {
+        const dt_param_info *wi = dt_params_buffer_info(t->whole, i);
+        st = gather_one(t, wi, true, w ? dt_params_buffers(w) + wi->offset : NULL, tmp,
+                        TAG_GATHER + np + i);
+    }
+    // A send that did not fit its channel waits in this group's queue, pushed while this
+    // group waits for something (comm.h's sub-groups share one lane): the barrier keeps
+    // every sender here until rank 0 has it all.
+    if (st == DT_OK)
+        st = dt_pg_barrier(t->pg);
+    if (st == DT_OK && t->rank == 0)
+        st = dt_ckpt_save_params(path, w);
+    dt_params_free(w);
+    dt_free(tmp);
+    return st;
+}
+
+// ------------------------------------------------------------------ checkpoints
+
+static dt_status part_dir(const dt_trainer *t, char *buf, size_t n) {
+    if (snprintf(buf, n, "%s/pp%d-tp%d", t->a.checkpoint_dir, dt_mesh_coord(t->mesh, DT_MESH_PP),
+                 dt_mesh_coord(t->mesh, DT_MESH_TP)) >= (int)n)
+        return dt_fail(DT_ERR_ARG, "--checkpoint-dir: a path too long");
+    return DT_OK;
+}
+
+dt_status dt_train_mesh_save(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co) {
+    char dir[LAYOUT_MAX];
+    DT_TRY(part_dir(t, dir, sizeof dir));
+    // One more than --keep: a save stopped between two parts' markers still leaves a
+    // step every part has.
+    dt_ckpt_opts o = *co;
+    o.keep         = o.keep > 0 ? o.keep + 1 : o.keep;
+    DT_TRY(dt_ckpt_save(dir, dt_train_dp_group(t), cs, &o));
+    return dt_pg_barrier(t->pg); // every part's marker is down before anyone goes on
+}
+
+dt_status dt_train_mesh_load(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co,
+                             dt_ckpt_info *info) {
+    char dir[LAYOUT_MAX];
+    memset(info, 0, sizeof *info);
+    info->step = -1;
+    DT_TRY(part_dir(t, dir, sizeof dir));
+    int64_t latest = -1;
+    DT_TRY(dt_ckpt_latest(dir, &latest));
+    int64_t agreed = latest; // the newest step every part has
+    DT_TRY(dt_pg_all_reduce(t->pg, &agreed, &agreed, 1, DT_INT64, DT_REDUCE_MIN));
+    if (agreed < 0)
+        return DT_OK; // some part has none: start fresh everywhere
+    dt_ckpt_opts o = *co;
+    o.below        = agreed + 1;
+    DT_TRY(dt_ckpt_load(dir, dt_train_dp_group(t), cs, &o, info));
+    int64_t v[2] = {info->found ? info->step : -1, info->found ? -info->step : 1};
+    DT_TRY(dt_pg_all_reduce(t->pg, v, v, 2, DT_INT64, DT_REDUCE_MAX));
+    if (v[0] != -v[1])
+        return dt_fail(DT_ERR_MISMATCH,
+                       "--resume: the model parts loaded different steps (%lld to %lld) from %s; "
+                       "expected step %lld in every part",
+                       (long long)-v[1], (long long)v[0], t->a.checkpoint_dir, (long long)agreed);
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------ gradient norm
+
+// Each tensor counted once over the mesh: a tie's copy not at all, a tensor every tp
+// rank holds whole by 1/tp from each, a part by 1. Summed over the world (the dp
+// replicas hold the same averaged gradient: divided by dp; ZeRO's shards: summed).
+dt_status dt_train_mesh_clip(dt_trainer *t, float max_norm, float *norm) {
+    dt_params *p = t->p;
+    int        n = dt_params_count(p), tp = t->msize[DT_MESH_TP];
+    float     *wt = dt_alloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (!wt)
+        return DT_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        const dt_param_info *pi = dt_params_info(p, i);
+        wt[i]                   = !pi->trainable || dt_pipe_is_tie_copy(t->pipe, i) ? 0.0f
+                                  : dt_param_split_on(&pi->split)                   ? 1.0f
+                                                                  : 1.0f / (float)tp;
+    }
+    double ss = 0;
+    if (t->zero) {
+        ss = dt_zero_shard_sumsq(t->zero, wt);
+    } else {
+        const float *g = dt_params_grads(p);
+        for (int i = 0; i < n; i++) {
+            const dt_param_info *pi = dt_params_info(p, i);
+            double               s  = 0;
+            for (size_t e = 0; wt[i] != 0.0f && e < pi->count; e++)
+                s += (double)g[pi->offset + e] * g[pi->offset + e];
+            ss += wt[i] * s;
+        }
+        ss /= t->msize[DT_MESH_DP];
+    }
+    float     total = (float)ss;
+    dt_status st    = dt_pg_all_reduce(t->pg, &total, &total, 1, DT_FLOAT32, DT_REDUCE_SUM);
+    total           = sqrtf(total);
+    if (norm)
+        *norm = total;
+    float coef = (float)((double)max_norm / ((double)total + 1e-6));
+    if (st == DT_OK && isfinite(total) && coef < 1.0f) // the whole local buffer: under
+        for (int i = 0; i < n; i++) {                  // ZeRO only the shard is read
+            const dt_param_info *pi = dt_params_info(p, i);
+            float               *g  = dt_params_grads(p) + pi->offset;
+            for (size_t e = 0; pi->trainable && e < pi->count; e++)
+                g[e] *= coef;
+        }
+    dt_free(wt);
+    return st;
+}
+
+// ------------------------------------------------------------------ the loop's calls
+
+dt_status dt_trainer_pipe_step(dt_trainer *t, const void *const *inputs, int batch,
+                               const uint64_t *keys, dt_pipe_loss_fn loss, void *user,
+                               float *loss_out) {
+    if (!t->pipe || !t->prepared)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_pipe_step: expected dt_trainer_pipeline and "
+                                     "dt_trainer_prepare_graph first");
+    // ZeRO's shards of a tie's two copies lie apart: the copies' gradients are summed
+    // before any reduction, which waits for the end of the pipeline's backwards.
+    if (t->zero)
+        dt_zero_set_sync(t->zero, false);
+    dt_status st = dt_pipe_step(t->pipe, inputs, batch, keys, loss, user, loss_out);
+    if (!t->zero || st != DT_OK)
+        return st;
+    dt_zero_set_sync(t->zero, true);
+    for (int i = dt_params_count(t->p) - 1; i >= 0; i--) { // as a backward reports them
+        const dt_param_info *pi = dt_params_info(t->p, i);
+        if (pi->trainable)
+            DT_TRY(dt_params_grad_ready(t->p, pi->offset, pi->count));
+    }
+    return DT_OK;
+}
+
+dt_status dt_trainer_pipe_eval(dt_trainer *t, const void *const *inputs, int batch,
+                               dt_pipe_loss_fn loss, void *user, float *loss_out) {
+    if (!t->pipe)
+        return dt_fail(DT_ERR_STATE, "dt_trainer_pipe_eval: expected dt_trainer_pipeline first");
+    return dt_pipe_eval(t->pipe, inputs, batch, loss, user, loss_out);
+}
+
+dt_status dt_train_mesh_check_replicas(dt_trainer *t, uint32_t *crc) {
+    dt_params *p = t->p;
+    *crc         = dt_crc32c(0, dt_params_data(p), dt_params_numel(p) * sizeof(float));
+    dt_pg *dp    = dt_train_dp_group(t);
+    int    n     = dp ? dt_pg_size(dp) : 1;
+    if (!dp)
+        return DT_OK;
+    int32_t *all  = dt_alloc(sizeof(int32_t) * (size_t)n);
+    int32_t  mine = (int32_t)*crc;
+    if (!all)
+        return DT_ERR_NOMEM;
+    dt_status st = dt_pg_all_gather(dp, &mine, all, 1, DT_INT32);
+    for (int r = 1; st == DT_OK && r < n; r++)
+        if (all[r] != all[0])
+            st = dt_fail(DT_ERR_INTERNAL,
+                         "replicas diverged: model part pp %d tp %d has CRC32C %08x in replica 0 "
+                         "and %08x in replica %d",
+                         dt_mesh_coord(t->mesh, DT_MESH_PP), dt_mesh_coord(t->mesh, DT_MESH_TP),
+                         (uint32_t)all[0], (uint32_t)all[r], r);
+    dt_free(all);
+    return st;
+}
