@@ -27,6 +27,13 @@ cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-"0 1 2"}
 LIMIT=${LIMIT:-12000}
 PEER=${PEER:-../shared/bench/peer/resnet_fmnist.py}
+if [ ! -f "$PEER" ] && common=$(git rev-parse --git-common-dir 2>/dev/null); then
+    PEER=$(cd "$common/../.." && pwd)/shared/bench/peer/resnet_fmnist.py # from a worktree
+fi
+[ -f "$PEER" ] || {
+    echo "resnet_bench.sh: expected the peer at $PEER (set PEER=.../resnet_fmnist.py)" >&2
+    exit 1
+}
 OUT=build/bench/resnet
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/runs.tsv
