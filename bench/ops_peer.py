@@ -38,6 +38,18 @@ def bn(c, hw):
     return lambda: m(x), m
 
 
+def relu(c, hw):
+    m = nn.ReLU()
+    x = torch.randn(128, c, hw, hw, requires_grad=True)
+    return lambda: m(x), m
+
+
+def bn_relu(c, hw):  # resnet_fmnist.py's F.relu(self.bn1(...))
+    m = nn.BatchNorm2d(c)
+    x = torch.randn(128, c, hw, hw, requires_grad=True)
+    return lambda: F.relu(m(x)), m
+
+
 def adaptive():
     m = nn.AdaptiveAvgPool2d(1)
     x = torch.randn(128, 64, 7, 7, requires_grad=True)
@@ -100,6 +112,8 @@ CASES = [
     ("resnet conv3x3 64->64 7x7", lambda: conv(64, 64, 3, 1, 1, 7, True)),
     ("resnet batchnorm2d 16x28x28", lambda: bn(16, 28)),
     ("resnet batchnorm2d 64x7x7", lambda: bn(64, 7)),
+    ("resnet relu 16x28x28", lambda: relu(16, 28)),
+    ("resnet batchnorm2d+relu 16x28x28", lambda: bn_relu(16, 28)),
     ("resnet adaptive avgpool 64x7x7->1", adaptive),
     ("resnet linear 64->10", lambda: linear(128, 64, 10)),
     ("resnet cross-entropy 128x10", lambda: cross_entropy(128, 10)),

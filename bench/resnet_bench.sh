@@ -15,11 +15,25 @@
 # largest process of the tree: wait4's ru_maxrss), and the test accuracy. Prints one
 # line per run, then per configuration the medians and the mean accuracy over seeds,
 # and the ratios dtrain / peer (time: < 1 means dtrain is faster).
+#
+# Then (PROFILE=0 skips it) the ceiling and where dtrain's time goes: this machine's fp32
+# FMA peak (bench/fp32_peak.c: 24 independent 512-bit FMA chains per thread, best of 15
+# runs by thread CPU time) on 1 and 2 threads, and one `--profile` run of dtrain-resnet
+# at 1 process x 1 thread and at 1 x 2 threads (seed 0): time per node and per kind of
+# layer, the convolutions' GFLOP/s (the operations they do, Winograd's transforms not
+# counted as saved work: 2 x the direct convolution's multiply-adds) against that peak.
 set -eu
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-"0 1 2"}
 LIMIT=${LIMIT:-12000}
 PEER=${PEER:-../shared/bench/peer/resnet_fmnist.py}
+if [ ! -f "$PEER" ] && common=$(git rev-parse --git-common-dir 2>/dev/null); then
+    PEER=$(cd "$common/../.." && pwd)/shared/bench/peer/resnet_fmnist.py # from a worktree
+fi
+[ -f "$PEER" ] || {
+    echo "resnet_bench.sh: expected the peer at $PEER (set PEER=.../resnet_fmnist.py)" >&2
+    exit 1
+}
 OUT=build/bench/resnet
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log "$OUT"/runs.tsv
@@ -44,6 +58,7 @@ run() { # config seed command...
     ' "$log" | tee -a "$OUT/runs.tsv"
 }
 
+echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%Y-%m-%dT%H:%MZ)"
 printf "config\tseed\tloop_s\twall_s\tcpu_s\tpeak_rss_mib\ttest_acc\n"
 for s in $SEEDS; do
     run dtrain-1x2 "$s" build/bin/dtrain-resnet $LIM --seed "$s" --threads 2
@@ -78,3 +93,21 @@ awk -F'\t' '
                 cf[i], ml[d] / ml[p], mw[d] / mw[p], mc[d] / mc[p], mr[d] / mr[p], A[d] / N[d] - A[p] / N[p]
         }
     }' "$OUT/runs.tsv"
+
+[ "${PROFILE:-1}" = 0 ] && exit 0
+echo
+cc -O2 -std=c11 -pthread bench/fp32_peak.c -o build/bench/fp32_peak
+build/bin/dtrain-resnet --help >/dev/null # built above
+peak1=$(build/bench/fp32_peak 1 | tee /dev/stderr | awk '{print $4}')
+build/bench/fp32_peak 2 >&2
+for th in 1 2; do
+    echo
+    echo "== dtrain-resnet $LIM --threads $th --profile --no-test (peak $peak1 GFLOP/s per thread)"
+    build/bin/dtrain-resnet $LIM --seed 0 --threads "$th" --profile --no-test 2>&1 |
+        sed -n '/^Finished/,$p' | awk -v peak="$peak1" -v th="$th" '
+            { print }
+            $1 == "conv2d" && NF >= 6 {
+                printf "  conv2d: forward %.1f%%, backward %.1f%% of the %d-thread peak (%.0f GFLOP/s)\n",
+                    100 * $5 / (peak * th), 100 * $6 / (peak * th), th, peak * th
+            }'
+done

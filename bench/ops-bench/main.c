@@ -81,6 +81,33 @@ static void bn_bwd(bcase *c) {
     dt_nn_bn_backward(&p, c->a[0], c->a[2], true, c->x, c->dy, c->s0, c->s0 + c->a[1], c->w, c->dx,
                       c->dw, c->db, c->s2);
 }
+// BatchNorm + ReLU as dtrain-resnet runs it (dt_graph_fuse: one node, the mask from x)
+static void bnrelu_fwd(bcase *c) {
+    dt_nn_bn p = dt_nn_bn_default(c->a[1]);
+    int      n = c->a[0], ch = c->a[1], l = c->a[2];
+    float   *mean = c->s0, *invstd = c->s0 + ch;
+    dt_nn_bn_stats_range(n, ch, 0, ch, l, c->x, mean, invstd);
+    dt_nn_bn_moments(&p, (double)n * l, mean, invstd, mean, invstd, c->s1, c->s1 + ch);
+    dt_nn_bn_apply_rows(n, ch, l, 0, n * ch, c->x, mean, invstd, c->w, c->b, NULL, true, c->y);
+}
+static void bnrelu_bwd(bcase *c) {
+    int           n = c->a[0], ch = c->a[1], l = c->a[2];
+    dt_nn_bn_relu relu = {NULL, c->w, c->b};
+    float        *sdy = c->s2, *sdyx = c->s2 + ch;
+    dt_nn_bn_backward_stats_ex(n, ch, 0, ch, l, c->x, c->dy, &relu, c->s0, c->s0 + ch, sdy, sdyx,
+                               NULL);
+    for (int i = 0; i < ch; i++)
+        c->dw[i] += sdyx[i], c->db[i] += sdy[i];
+    dt_nn_bn_backward_apply_rows(n, ch, l, 0, n * ch, c->x, c->dy, &relu, c->s0, c->s0 + ch, c->w,
+                                 sdy, sdyx, (double)n * l, c->dx);
+}
+static void relu_fwd(bcase *c) {
+    dt_nn_relu_forward((size_t)c->a[0], c->x, c->y);
+}
+static void relu_bwd(bcase *c) {
+    dt_nn_relu_grad((size_t)c->a[0], c->y, c->dy, c->dx);
+}
+
 static void bn_setup(bcase *c, dt_rng *rng) {
     size_t n = (size_t)c->a[0] * c->a[1] * c->a[2], ch = (size_t)c->a[1];
     c->x = buf(n, rng), c->dy = buf(n, rng), c->y = buf(n, NULL), c->dx = buf(n, NULL);
@@ -215,6 +242,13 @@ static entry cases[] = {
          {.name = "resnet batchnorm2d 16x28x28", .fwd = bn_fwd, .bwd = bn_bwd, .a = {128, 16, 784}},
      .setup = bn_setup},
     {.c = {.name = "resnet batchnorm2d 64x7x7", .fwd = bn_fwd, .bwd = bn_bwd, .a = {128, 64, 49}},
+     .setup = bn_setup},
+    {.c = {.name = "resnet relu 16x28x28", .fwd = relu_fwd, .bwd = relu_bwd, .a = {128 * 16 * 784}},
+     .setup = ew_setup},
+    {.c     = {.name = "resnet batchnorm2d+relu 16x28x28",
+               .fwd  = bnrelu_fwd,
+               .bwd  = bnrelu_bwd,
+               .a    = {128, 16, 784}},
      .setup = bn_setup},
     {.c     = {.name = "resnet adaptive avgpool 64x7x7->1",
                .fwd  = pool_fwd,

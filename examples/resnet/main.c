@@ -29,7 +29,7 @@
 typedef struct args { // the program's own flags, beside the trainer's table
     long        batch_size, limit;
     double      lr, momentum, weight_decay;
-    bool        sync_bn, undistributed;
+    bool        sync_bn, undistributed, no_fuse;
     const char *data_dir;
 } args;
 
@@ -105,8 +105,10 @@ static dt_status basic_block(dt_graph *g, const char *b, const char *in, int cin
     return relu(g, name(n1, "%s.out", b), n2);
 }
 
-// The SmallResNet; `pg` non-NULL makes every BatchNorm a SyncBatchNorm over it.
-static dt_status resnet_new(dt_graph **out, uint64_t seed, dt_pg *pg) {
+// The SmallResNet; `pg` non-NULL makes every BatchNorm a SyncBatchNorm over it. With
+// `fuse`, each BatchNorm and the ReLU (or Add + ReLU) after it run as one node
+// (dt_graph_fuse): the same model, with fewer passes over memory and less of it.
+static dt_status resnet_new(dt_graph **out, uint64_t seed, dt_pg *pg, bool fuse) {
     dt_batchnorm_opts o = dt_batchnorm_opts_default();
     if (pg)
         DT_TRY(dt_syncbn_opts(&o, pg));
@@ -123,7 +125,8 @@ static dt_status resnet_new(dt_graph **out, uint64_t seed, dt_pg *pg) {
         (st = dt_graph_add(g, "pool", l, "layer3.out")) || (st = dt_layer_flatten_new(&l, NULL)) ||
         (st = dt_graph_add(g, "flatten", l, "pool")) ||
         (st = dt_layer_linear_new(&l, 64, 10, NULL)) ||
-        (st = dt_graph_add(g, "fc", l, "flatten")) || (st = dt_graph_finalize(g, seed))) {
+        (st = dt_graph_add(g, "fc", l, "flatten")) || (fuse && (st = dt_graph_fuse(g, NULL))) ||
+        (st = dt_graph_finalize(g, seed))) {
         dt_graph_free(g);
         return st;
     }
@@ -200,7 +203,7 @@ static dt_status train(dt_trainer *t, void *user) {
     // SyncBatchNorm only matters with more than one rank (PyTorch's SyncBatchNorm also
     // runs plain BatchNorm at world size 1).
     bool sync = a->sync_bn && world > 1;
-    DT_TRY(resnet_new(&w.g, (uint64_t)ta->seed, sync ? dt_trainer_pg(t) : NULL));
+    DT_TRY(resnet_new(&w.g, (uint64_t)ta->seed, sync ? dt_trainer_pg(t) : NULL, !a->no_fuse));
     dt_params  *p  = dt_graph_params(w.g);
     dt_sgd_opts so = dt_sgd_opts_default();
     so.lr = (float)a->lr, so.momentum = (float)a->momentum;
@@ -268,6 +271,10 @@ int main(int argc, char **argv) {
          "SyncBatchNorm: batch statistics over all ranks' samples, so N ranks\n"
          "train as one (no effect with one rank)",
          "training", DT_FLAG_SHARED | DT_FLAG_CKPT_REFUSE, 0, 0},
+        {"no-fuse", DT_FLAG_BOOL, &a->no_fuse, NULL, 0, 0, "",
+         "run BatchNorm, Add and ReLU as separate nodes (default: fused, the\n"
+         "same model with fewer passes over memory)",
+         "training", 0, 0, 0},
         {"limit", DT_FLAG_LONG, &a->limit, NULL, 1, 1L << 32, "N",
          "train on the first N training images only (default all 60,000)", "training",
          DT_FLAG_SHARED, 0, 0},

@@ -76,6 +76,20 @@ DT_API dt_status dt_graph_tie(dt_graph *g, const char *param, const char *owner)
 // for (default: the last node added).
 DT_API dt_status dt_graph_set_output(dt_graph *g, const char *node);
 
+// BatchNorm fusion, when the caller asks (finalize's own pass below fuses convolutions),
+// after the last dt_graph_add (and any dt_graph_tie) and before dt_graph_finalize: each
+// BatchNorm whose output only a ReLU reads becomes one node
+// (kind "batchnorm2d_relu"), and each BatchNorm whose output only an Add of two inputs
+// reads, whose output only a ReLU reads, becomes one node reading the BatchNorm's input
+// and the Add's other input ("batchnorm2d_add_relu": max(0, bn(x) + r)). Same results
+// up to float rounding, fewer passes over memory, and no memory for the values in
+// between. The fused node takes the ReLU's name (later nodes read it as before) and
+// keeps the BatchNorm's tensor names ("<bn>.weight", "<bn>.running_mean"): checkpoints,
+// DDP and SyncBatchNorm are unchanged. The BatchNorm and Add nodes are gone (node
+// indices after them shift; dt_graph_find of their names gives -1). *fused (may be NULL):
+// how many fusions were made. BatchNorms with tied parameters are left alone.
+DT_API dt_status dt_graph_fuse(dt_graph *g, int *fused);
+
 // Registers the tensors in a dt_params, allocates it and initialises every layer from
 // dt_rng_split(dt_rng_init(seed), l), l the node's position among the layer nodes (0
 // for the first dt_graph_add; graph inputs do not count). No node can be added
@@ -122,6 +136,17 @@ DT_API int       dt_graph_threads(const dt_graph *g);
 // between steps; DT_ERR_ARG for an unknown mode.
 DT_API dt_status    dt_graph_set_precision(dt_graph *g, dt_precision p);
 DT_API dt_precision dt_graph_precision(const dt_graph *g);
+// Per-node profile (the trainer's --profile): with `on`, every forward and backward adds
+// each node's wall time (as the calling thread sees it: a node split over threads counts
+// once) and the floating-point operations its layer declares (setup's flops_per_sample
+// per sample in forward; in backward once for the parameters' gradient and once for
+// the inputs', where each is computed). Turning it on or off clears the sums.
+typedef struct dt_graph_profile {
+    double fwd_s, bwd_s;       // seconds
+    double fwd_flop, bwd_flop; // operations (a multiply-add is 2; 0: the layer did not say)
+} dt_graph_profile;
+DT_API void      dt_graph_set_profile(dt_graph *g, bool on);
+DT_API dt_status dt_graph_node_profile(const dt_graph *g, int node, dt_graph_profile *out);
 // Whether backward also computes the gradients of the graph's float inputs.
 DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
 // Gradient shards, for gradients that do not depend on how a batch is split (nn.h's

@@ -82,6 +82,7 @@ typedef struct dt_layer_setup {
 } dt_layer_setup;
 
 typedef struct dt_layer dt_layer;
+struct dt_pool; // the threads of a graph (dt_graph_set_threads)
 
 // Everything one forward or backward call sees.
 typedef struct dt_layer_args {
@@ -110,7 +111,17 @@ typedef struct dt_layer_args {
     dt_precision       precision;
     const void *const *w16;
     uint16_t          *saved16; // saved16_per_sample * batch values in a 16-bit mode, else NULL
+    // The graph's threads, handed to a layer the graph runs whole on the calling thread
+    // rather than split by samples (one with saved_fixed floats: batch-wide state such
+    // as BatchNorm's statistics), which may share its work out with dt_layer_parallel.
+    // NULL: one thread, or a layer already given a range of the samples.
+    struct dt_pool *pool;
 } dt_layer_args;
+
+// Runs fn(arg, i, n) on each of the n threads of a->pool (i = 0 on the calling thread)
+// and returns when all have finished; fn(arg, 0, 1) when a->pool is NULL.
+DT_API void dt_layer_parallel(const dt_layer_args *a, void (*fn)(void *arg, int i, int n),
+                              void                *arg);
 
 typedef struct dt_layer_ops {
     const char *kind; // "conv2d", "my_layer", ...

@@ -29,6 +29,9 @@ static const dt_setting table[] = {
     {"DT_CONV_WINO", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
      "Winograd F(2x2,3x3) for stride-1 3x3 convolutions: where it pays (auto), never (0), "
      "wherever it fits (1)"},
+    {"DT_CONV_WINO_DW", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
+     "Winograd F(2x2,3x3) for the weight gradient of stride-1 3x3 convolutions: where it "
+     "pays (auto), never (0), wherever it fits (1); DT_CONV_WINO=0 turns it off too"},
     {"DT_CONV_2ROWS", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0",
      "7-wide stride-2 convolutions two output rows at a time (auto) or one (0)"},
     {"DT_PRECISION_PATH", "nn", DT_SETTING_STRING, 0, 0, 0, NULL,

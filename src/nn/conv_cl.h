@@ -10,9 +10,10 @@
 
 // Which parts the kernels take: forward needs groups 1 and cout a multiple of 16; the
 // input gradient needs cin a multiple of 16 too; the weight gradient cout a multiple
-// of 16 and cin a multiple of 8.
+// of 16 and cin a multiple of 8, or a 1-channel 3x3 stride-1 stem of rows up to 32
+// wide (w the input's width) without the input gradient.
 bool dt_nn_conv_cl_forward_ok(const dt_nn_conv2d *p);
-bool dt_nn_conv_cl_backward_ok(const dt_nn_conv2d *p, bool input_grad);
+bool dt_nn_conv_cl_backward_ok(const dt_nn_conv2d *p, int w, bool input_grad);
 // Scratch in floats for either direction.
 size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w);
 // As dt_nn_conv2d_forward / _backward (ops.h).

@@ -171,9 +171,10 @@ dt_status dt_graph_add_node(dt_graph *g, const char *name, dt_layer *layer, int 
         v.tie_val[k] = -1;
     for (int i = 0; i < nin; i++)
         g->vals[v.in[i]].nconsumers++;
-    v.layer_no = 0;
+    v.layer_no = 0; // one past the last (dt_graph_fuse leaves gaps)
     for (int i = 0; i < g->nvals; i++)
-        v.layer_no += g->vals[i].layer != NULL;
+        if (g->vals[i].layer && g->vals[i].layer_no >= v.layer_no)
+            v.layer_no = g->vals[i].layer_no + 1;
     g->vals[g->nvals++] = v;
     g->output           = g->nvals - 1;
     return DT_OK;
@@ -247,32 +248,25 @@ static dt_status full_name(char *buf, const char *node, const char *t) {
     return DT_OK;
 }
 
-dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
-    if (!g)
-        return dt_fail(DT_ERR_ARG, "dt_graph_finalize: expected a graph, found NULL");
-    if (g->finalized)
-        return dt_fail(DT_ERR_STATE, "dt_graph_finalize: called twice");
-    if (g->output < 0)
-        return dt_fail(DT_ERR_ARG, "dt_graph_finalize: the graph has no node");
-    for (int i = 0; i < g->nvals; i++)
-        if (g->vals[i].moved)
-            return dt_fail(DT_ERR_STATE,
-                           "dt_graph_finalize: node '%s' went to another graph "
-                           "(dt_graph_extract)",
-                           g->vals[i].name);
-    dt_params_free(g->params); // what a failed earlier call left
-    dt_free(g->first_user);
-    g->params     = NULL;
-    g->first_user = NULL;
-    DT_TRY(dt_blas_init());
-    DT_TRY(dt_graph_run_passes(g));
-    DT_TRY(dt_params_new(&g->params, NULL));
+int dt_graph_tensor_order(const dt_graph *g, int *order) {
+    int m = 0;
+    for (int i = 0; i < g->nvals; i++) {
+        if (!g->vals[i].layer)
+            continue;
+        int k = m++;
+        for (; k > 0 && g->vals[order[k - 1]].layer_no > g->vals[i].layer_no; k--)
+            order[k] = order[k - 1];
+        order[k] = i;
+    }
+    return m;
+}
+
+// Registers the parameters and buffers of the layer nodes order[0..m) in that order.
+static dt_status register_tensors(dt_graph *g, const int *order, int m) {
     char name[DT_PARAM_NAME_MAX + 1];
     int  np = 0;
-    for (int i = 0; i < g->nvals; i++) {
-        gval *v = &g->vals[i];
-        if (!v->layer)
-            continue;
+    for (int q = 0; q < m; q++) {
+        gval *v = &g->vals[order[q]];
         for (int k = 0; k < v->su.nparams; k++) {
             if (v->tie_val[k] >= 0) {
                 v->pidx[k] = g->vals[v->tie_val[k]].pidx[v->tie_k[k]];
@@ -297,8 +291,39 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
             v->bidx[k] = dt_params_buffer_count(g->params) - 1;
         }
     }
+    return DT_OK;
+}
+
+dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
+    if (!g)
+        return dt_fail(DT_ERR_ARG, "dt_graph_finalize: expected a graph, found NULL");
+    if (g->finalized)
+        return dt_fail(DT_ERR_STATE, "dt_graph_finalize: called twice");
+    if (g->output < 0)
+        return dt_fail(DT_ERR_ARG, "dt_graph_finalize: the graph has no node");
+    for (int i = 0; i < g->nvals; i++)
+        if (g->vals[i].moved)
+            return dt_fail(DT_ERR_STATE,
+                           "dt_graph_finalize: node '%s' went to another graph "
+                           "(dt_graph_extract)",
+                           g->vals[i].name);
+    dt_params_free(g->params); // what a failed earlier call left
+    dt_free(g->first_user);
+    g->params     = NULL;
+    g->first_user = NULL;
+    DT_TRY(dt_blas_init());
+    DT_TRY(dt_graph_run_passes(g));
+    DT_TRY(dt_params_new(&g->params, NULL));
+    int *order = dt_alloc(sizeof(int) * (size_t)g->nvals);
+    if (!order)
+        return DT_ERR_NOMEM;
+    int       m  = dt_graph_tensor_order(g, order);
+    dt_status st = register_tensors(g, order, m);
+    dt_free(order);
+    DT_TRY(st);
     DT_TRY(dt_params_alloc(g->params));
     dt_params_set_announces_use(g->params, true); // forward and backward call dt_params_use
+    int np        = dt_params_count(g->params);
     g->first_user = dt_alloc(sizeof(int) * (size_t)(np ? np : 1));
     if (!g->first_user)
         return DT_ERR_NOMEM;

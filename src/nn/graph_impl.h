@@ -40,8 +40,8 @@ typedef struct gval {
     // dt_graph_extract: parameter k was tied to a node left behind; it is a tensor of
     // its own here, registered under its owner's name (empty: not such a copy).
     char copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
-    // The node whose name its tensors are registered under (a node the fusion pass
-    // made: the convolution's); empty: its own.
+    // The node whose name its tensors are registered under (a node a fusion pass
+    // made: the convolution's or the BatchNorm's); empty: its own.
     char  tensor_node[DT_GRAPH_NAME_MAX + 1];
     void *w16[DT_LAYER_MAX_TENSORS]; // 16-bit shadows (su.lowp_params), per precision
     // The backward plan (graph_run.c, made before the threads start): where each input's
@@ -51,7 +51,8 @@ typedef struct gval {
     float   *bdx[DT_LAYER_MAX_INPUTS];
     bool     bdirect[DT_LAYER_MAX_INPUTS];
     bool     bzero, bmeet;
-    uint64_t fwd_ns, bwd_ns; // profile (dt_graph_set_profile), on thread 0
+    uint64_t fwd_ns, bwd_ns;     // profile (dt_graph_set_profile), on thread 0
+    double   fwd_flop, bwd_flop; // and the operations the layer declares
 } gval;
 
 // One set of the values a forward leaves for its backward (dt_graph_set_slots): the
@@ -154,6 +155,11 @@ void dt_graph_free_shadows(dt_graph *g);
 static inline const char *dt_graph_tensor_node(const gval *v) {
     return v->tensor_node[0] ? v->tensor_node : v->name;
 }
+// The layer nodes in the order their tensors are registered (returned: how many):
+// their layer position (layer_no) order, which is node order but for the nodes of
+// dt_graph_fuse, which keep their BatchNorm's place (and so the unfused model's
+// parameter order). order: room for nvals.
+int dt_graph_tensor_order(const dt_graph *g, int *order);
 // The value whose buffers node i's output lives in (itself unless an alias).
 static inline int dt_graph_root(const dt_graph *g, int i) {
     while (g->vals[i].alias >= 0)
@@ -161,8 +167,6 @@ static inline int dt_graph_root(const dt_graph *g, int i) {
     return i;
 }
 
-// Profiles (model.c's dt_model_set_profile): time per node on thread 0.
-void dt_graph_set_profile(dt_graph *g, bool on);
 // Per-thread scratch, parameter size and setup of the Sequential nodes changed
 // (precision, shards): their setups run again and the buffers are made anew.
 dt_status dt_graph_setup_again(dt_graph *g);

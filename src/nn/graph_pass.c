@@ -1,5 +1,6 @@
 // graph_pass.c: what dt_graph_finalize does to a graph before registering its tensors
-// (the fusion pass), and the plan of in-place nodes made with the buffers.
+// (the fusion pass), the BatchNorm fusion a caller asks for (dt_graph_fuse), and the
+// plan of in-place nodes made with the buffers.
 //
 // Fusion: a convolution whose only reader is a ReLU becomes one node of the Sequential
 // kind (seq.h, conv2d.c) that applies the ReLU while writing its output, and when that
@@ -17,6 +18,17 @@
 // downstream see no difference; dt_graph_find of the ReLU (and the pool, unless last)
 // finds nothing any more. DT_NO_POOL_FUSION=1 keeps the pool apart (and a graph's
 // Conv2d unfused); dt_graph_opts.no_fusion turns the pass off.
+//
+// dt_graph_fuse (graph.h), before finalize, replaces chains of a graph's own layers:
+//   BatchNorm -> ReLU               one batchnorm*_relu node
+//   BatchNorm -> Add(., r) -> ReLU  one batchnorm*_add_relu node reading (x, r)
+// when every value in between is read by its one successor only (and is not the
+// output). The fused node sits where the ReLU was (the Add's other input may come after
+// the BatchNorm) and takes its name, so later nodes read what they read before; it
+// declares the BatchNorm's tensors under the BatchNorm's name and keeps its layer
+// position (initialisation, and the tensors' order: dt_graph_tensor_order), so
+// checkpoints and DDP see the same parameters. The values in between are gone: no
+// memory for them, no passes over them.
 //
 // In place: a Sequential ReLU, dropout or flatten node that is the only reader of a
 // Sequential node (not the output, not a log-softmax, whose backward reads its
@@ -38,15 +50,21 @@ static bool no_pool_fusion(void) {
     return v == 1;
 }
 
-// The one node reading value i, or -1 (no reader, several, or i is the output).
-static int only_reader(const dt_graph *g, int i) {
+// The one node reading value i (once), or -1 (no reader, several, or i is the output).
+static int sole_reader(const dt_graph *g, int i) {
     if (i < 0 || g->vals[i].nconsumers != 1 || i == g->output)
         return -1;
     for (int j = i + 1; j < g->nvals; j++)
         for (int k = 0; k < g->vals[j].nin; k++)
             if (g->vals[j].in[k] == i)
-                return g->vals[j].nin == 1 ? j : -1;
+                return j;
     return -1;
+}
+
+// The sole reader of value i when it reads nothing else, or -1.
+static int only_reader(const dt_graph *g, int i) {
+    int j = sole_reader(g, i);
+    return j >= 0 && g->vals[j].nin == 1 ? j : -1;
 }
 
 // Whether node i's parameters are tied to another's, or another's to them.
@@ -121,14 +139,18 @@ static dt_status take_over(dt_graph *g, int i, int last, int *into) {
     return DT_OK;
 }
 
-// Drops the nodes folded into others (into[j] >= 0) and renumbers the rest.
+// Drops the nodes folded into others (into[j] >= 0: a kept node, before or after j)
+// and renumbers the rest.
 static dt_status compact(dt_graph *g, const int *into) {
     int *map = dt_alloc(sizeof(int) * (size_t)g->nvals);
     if (!map)
         return DT_ERR_NOMEM;
     int n = 0; // a kept node's new index; a folded one's, its keeper's
     for (int j = 0; j < g->nvals; j++)
-        map[j] = into[j] < 0 ? n++ : map[into[j]];
+        map[j] = into[j] < 0 ? n++ : -1;
+    for (int j = 0; j < g->nvals; j++)
+        if (into[j] >= 0)
+            map[j] = map[into[j]];
     for (int j = 0; j < g->nvals; j++) {
         if (into[j] >= 0)
             continue;
@@ -192,6 +214,91 @@ dt_status dt_graph_run_passes(dt_graph *g) {
         st = compact(g, into);
     dt_free(into);
     return st == DT_OK ? DT_OK : dt_fail_context("dt_graph_finalize: fusion");
+}
+
+// The Add after BatchNorm b (fusable with a ReLU after it), or -1.
+static int bn_add(const dt_graph *g, int b) {
+    int a = sole_reader(g, b);
+    if (a < 0 || !lay_is_add(g->vals[a].layer) || g->vals[a].nin != 2 ||
+        g->vals[a].in[0] == g->vals[a].in[1] || tied(g, a))
+        return -1;
+    return a;
+}
+
+// Node r becomes the fusion of BatchNorm b (and Add a, when a >= 0) with ReLU r; b and
+// a are folded into it (their layers freed).
+static dt_status fuse_bn_at(dt_graph *g, int b, int a, int r, int *into) {
+    gval     *vb = &g->vals[b], *vr = &g->vals[r];
+    dt_layer *l;
+    DT_TRY(lay_bn_fused_new(&l, vb->layer, a >= 0));
+    gval f = {0};
+    snprintf(f.name, sizeof f.name, "%s", vr->name);
+    snprintf(f.tensor_node, sizeof f.tensor_node, "%s", dt_graph_tensor_node(vb));
+    f.layer = l;
+    f.nin   = 1;
+    f.in[0] = vb->in[0];
+    if (a >= 0) {
+        const gval *va = &g->vals[a];
+        f.in[f.nin++]  = va->in[0] == b ? va->in[1] : va->in[0];
+    }
+    dt_shape in[2];
+    for (int j = 0; j < f.nin; j++)
+        in[j] = g->vals[f.in[j]].shape;
+    dt_status st = l->ops->setup(l, f.nin, in, &f.su);
+    if (st != DT_OK) {
+        dt_layer_free(l);
+        return dt_fail_context("fusing '%s' into '%s'", vb->name, vr->name);
+    }
+    f.shape       = f.su.out;
+    f.nconsumers  = vr->nconsumers;
+    f.layer_no    = vb->layer_no;
+    f.param_layer = vb->param_layer;
+    f.alias       = -1;
+    for (int k = 0; k < DT_LAYER_MAX_TENSORS; k++)
+        f.tie_val[k] = -1;
+    dt_layer_free(vb->layer);
+    dt_layer_free(vr->layer);
+    vb->layer = NULL;
+    into[b]   = r;
+    if (a >= 0) {
+        dt_layer_free(g->vals[a].layer);
+        g->vals[a].layer = NULL;
+        into[a]          = r;
+    }
+    *vr = f;
+    return DT_OK;
+}
+
+dt_status dt_graph_fuse(dt_graph *g, int *fused) {
+    if (fused)
+        *fused = 0;
+    if (!g)
+        return dt_fail(DT_ERR_ARG, "dt_graph_fuse: expected a graph, found NULL");
+    if (g->finalized)
+        return dt_fail(DT_ERR_STATE, "dt_graph_fuse: expected a graph not yet finalized");
+    int *into = dt_alloc(sizeof(int) * (size_t)(g->nvals ? g->nvals : 1));
+    if (!into)
+        return DT_ERR_NOMEM;
+    for (int j = 0; j < g->nvals; j++)
+        into[j] = -1;
+    dt_status st = DT_OK;
+    int       nf = 0;
+    for (int b = 0; st == DT_OK && b < g->nvals; b++) {
+        const gval *v = &g->vals[b];
+        if (!v->layer || v->moved || into[b] >= 0 || !lay_is_batchnorm(v->layer) || tied(g, b))
+            continue;
+        int a = bn_add(g, b), r = sole_reader(g, a >= 0 ? a : b);
+        if (r < 0 || g->vals[r].moved || !lay_is_relu(g->vals[r].layer))
+            continue;
+        st = fuse_bn_at(g, b, a, r, into);
+        nf += st == DT_OK;
+    }
+    if (st == DT_OK && nf)
+        st = compact(g, into);
+    dt_free(into);
+    if (fused)
+        *fused = st == DT_OK ? nf : 0;
+    return st;
 }
 
 void dt_graph_plan_aliases(dt_graph *g) {

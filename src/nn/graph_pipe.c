@@ -164,16 +164,17 @@ dt_status dt_graph_param_table(const dt_graph *g, bool whole, dt_params **out) {
     *out = NULL;
     if (!g)
         return dt_fail(DT_ERR_ARG, "dt_graph_param_table: expected a graph, found NULL");
-    dt_params *p;
-    DT_TRY(dt_params_new(&p, NULL));
-    char      name[DT_PARAM_NAME_MAX + 2];
-    dt_status st = DT_OK;
-    int       np = 0;
+    int *order = dt_alloc(sizeof(int) * (size_t)(g->nvals ? g->nvals : 1));
+    if (!order)
+        return DT_ERR_NOMEM;
+    dt_params *p  = NULL;
+    dt_status  st = dt_params_new(&p, NULL);
+    char       name[DT_PARAM_NAME_MAX + 2];
+    int        np = 0;
     // The order and names of dt_graph_finalize's registration (graph.c).
-    for (int i = 0; i < g->nvals && st == DT_OK; i++) {
-        const gval *v = &g->vals[i];
-        if (!v->layer)
-            continue;
+    int m = dt_graph_tensor_order(g, order);
+    for (int q = 0; q < m && st == DT_OK; q++) {
+        const gval *v = &g->vals[order[q]];
         for (int k = 0; k < v->su.nparams && st == DT_OK; k++) {
             if (v->tie_val[k] >= 0)
                 continue;
@@ -206,6 +207,7 @@ dt_status dt_graph_param_table(const dt_graph *g, bool whole, dt_params **out) {
                 st = dt_params_add_ex(p, name, t->ndim, t->shape, t->flags, v->param_layer, true);
         }
     }
+    dt_free(order);
     if (st != DT_OK) {
         dt_params_free(p);
         return st;

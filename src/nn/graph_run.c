@@ -436,9 +436,41 @@ static bool used_alone(const dt_graph *g, const gval *v) {
 }
 
 void dt_graph_set_profile(dt_graph *g, bool on) {
+    if (!g)
+        return;
     g->profile = on;
-    for (int i = 0; i < g->nvals; i++)
-        g->vals[i].fwd_ns = g->vals[i].bwd_ns = 0;
+    for (int i = 0; i < g->nvals; i++) {
+        gval *v   = &g->vals[i];
+        v->fwd_ns = v->bwd_ns = 0;
+        v->fwd_flop = v->bwd_flop = 0;
+    }
+}
+
+dt_status dt_graph_node_profile(const dt_graph *g, int node, dt_graph_profile *out) {
+    if (!g || !out || node < 0 || node >= g->nvals)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_graph_node_profile: expected a graph, a node in [0, %d) "
+                       "and an output, found node %d",
+                       g ? g->nvals : 0, node);
+    const gval *v = &g->vals[node];
+    *out          = (dt_graph_profile){.fwd_s    = (double)v->fwd_ns * 1e-9,
+                                       .bwd_s    = (double)v->bwd_ns * 1e-9,
+                                       .fwd_flop = v->fwd_flop,
+                                       .bwd_flop = v->bwd_flop};
+    return DT_OK;
+}
+
+// The operations of node v's pass over the batch, as its layer declares them per
+// sample: a forward's; in backward, one such for the parameters' gradient and one for
+// the inputs', where each is computed.
+static double node_flop(const dt_graph *g, const gval *v, bool backward) {
+    double f = (double)v->su.flops_per_sample * g->batch;
+    if (!backward)
+        return f;
+    bool dx = false;
+    for (int j = 0; j < v->nin; j++)
+        dx = dx || v->bdx[j];
+    return f * ((v->su.nparams > 0) + dx);
 }
 
 // ------------------------------------------------------------------- calling layers
@@ -504,6 +536,7 @@ static dt_status call_layer(dt_graph *g, gval *v, bool backward, int b0, int b1,
           .precision = g->prec,
           .w16       = (const void *const *)v->w16,
           .saved16   = dt_graph_saved16_at(g, v, off),
+          .pool      = whole(v) ? g->pool : NULL, // runs whole: may share its work out
     };
     if (!backward)
         return v->layer->ops->forward(v->layer, &a);
@@ -581,8 +614,10 @@ static void forward_task(void *arg, int ith, int nth) {
             record(g, ith, i, call_layer(g, v, false, b0, b1, ith, NULL));
         }
         DT_TRACE_END(tr, "forward", v->layer->ops->kind, "node", i);
-        if (t0)
+        if (t0) {
             v->fwd_ns += dt_now_ns() - t0;
+            v->fwd_flop += node_flop(g, v, false);
+        }
         if (c0) // dt_graph_set_timing: the process's CPU time (every thread's) meanwhile
             g->times[2 * i] += (double)(dt_graph_cpu_ns() - c0) * 1e-9;
     }
@@ -633,8 +668,10 @@ static void run_whole(dt_graph *g, int i, bool backward) {
         memset(v->dy, 0, sizeof(float) * val_floats(v, g->batch));
     record(g, 0, i, call_layer(g, v, backward, 0, g->batch, 0, NULL));
     DT_TRACE_END(tr, backward ? "backward" : "forward", v->layer->ops->kind, "node", i);
-    if (t0)
+    if (t0) {
         *(backward ? &v->bwd_ns : &v->fwd_ns) += dt_now_ns() - t0;
+        *(backward ? &v->bwd_flop : &v->fwd_flop) += node_flop(g, v, backward);
+    }
     if (c0)
         g->times[2 * i + backward] += (double)(dt_graph_cpu_ns() - c0) * 1e-9;
 }
@@ -949,8 +986,10 @@ static void backward_task(void *arg, int ith, int nth) {
                 record(g, 0, i, report_ready(g, i));
         }
         DT_TRACE_END(tr, "backward", v->layer->ops->kind, "node", i);
-        if (t0)
+        if (t0) {
             v->bwd_ns += dt_now_ns() - t0;
+            v->bwd_flop += node_flop(g, v, true);
+        }
         if (c0)
             g->times[2 * i + 1] += (double)(dt_graph_cpu_ns() - c0) * 1e-9;
     }

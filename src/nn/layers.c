@@ -1,8 +1,8 @@
 // layers.c: the layer interface (layer.h) and the built-in layers with parameters:
-// Conv2d, Linear, BatchNorm1d/2d (and its SyncBatchNorm hook), LayerNorm, Embedding.
-// Each wraps the kernels of ops.h; the element-wise, pooling and structural layers are
-// in layers_misc.c.
+// Conv2d, Linear, LayerNorm, Embedding. Each wraps the kernels of ops.h; BatchNorm is
+// in layers_bn.c, the element-wise, pooling and structural layers in layers_misc.c.
 #include "nn/layers_impl.h"
+#include "nn/pool.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -66,6 +66,13 @@ void dt_layer_free(dt_layer *l) {
     else
         dt_free(l->config);
     dt_free(l);
+}
+
+void dt_layer_parallel(const dt_layer_args *a, void (*fn)(void *arg, int i, int n), void *arg) {
+    if (a && a->pool)
+        dt_pool_run(a->pool, fn, arg);
+    else
+        fn(arg, 0, 1);
 }
 
 dt_status lay_new(dt_layer **out, const dt_layer_ops *ops, const void *cfg, size_t size) {
@@ -255,132 +262,6 @@ dt_status dt_layer_linear_new(dt_layer **out, int in, int out_features,
                        out_features);
     linear_cfg p = {in, out_features, o.bias};
     return lay_new(out, &linear_ops, &p, sizeof p);
-}
-
-// --------------------------------------------------------------------------- BatchNorm
-
-typedef struct bn_cfg {
-    dt_nn_bn        p;
-    int             dims; // 1 or 2
-    dt_bn_reduce_fn reduce;
-    void           *reduce_user;
-} bn_cfg;
-
-static dt_status bn_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
-    const bn_cfg *p    = l->config;
-    const char   *kind = p->dims == 1 ? "batchnorm1d" : "batchnorm2d";
-    DT_TRY(lay_expect(kind, nin, in, 1, p->dims == 1 ? 1 : 3, p->dims == 1 ? 2 : 3));
-    char b[64];
-    if (in[0].d[0] != p->p.c)
-        return dt_fail(DT_ERR_ARG, "%s: expected %d channels, found %s", kind, p->p.c,
-                       dt_shape_str(&in[0], b, sizeof b));
-    s->out = in[0];
-    if (p->p.affine) {
-        lay_tensor(&s->params[0], "weight", DT_PARAM_NO_DECAY, 1, p->p.c, 0, 0, 0);
-        lay_tensor(&s->params[1], "bias", DT_PARAM_NO_DECAY, 1, p->p.c, 0, 0, 0);
-        s->nparams = 2;
-    }
-    lay_tensor(&s->buffers[0], "running_mean", 0, 1, p->p.c, 0, 0, 0);
-    lay_tensor(&s->buffers[1], "running_var", 0, 1, p->p.c, 0, 0, 0);
-    s->nbuffers      = 2;
-    s->saved_fixed   = 2 * (size_t)p->p.c + 1; // mean, invstd, the (global) count
-    s->scratch_fixed = 2 * (size_t)p->p.c + 1;
-    return DT_OK;
-}
-
-static void bn_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
-    (void)rng;
-    const bn_cfg *p = l->config;
-    dt_nn_bn_init(&p->p, p->p.affine ? w[0] : NULL, p->p.affine ? w[1] : NULL, buf[0], buf[1]);
-}
-
-static int bn_l(const bn_cfg *p, const dt_layer_args *a) {
-    return (int)(dt_shape_numel(&a->in[0]) / (size_t)p->p.c);
-}
-
-static dt_status bn_forward(const dt_layer *l, const dt_layer_args *a) {
-    const bn_cfg *p = l->config;
-    int           c = p->p.c, n = a->batch, len = bn_l(p, a);
-    float        *mean = a->saved, *invstd = a->saved + c;
-    float        *gamma = p->p.affine ? a->w[0] : NULL, *beta = p->p.affine ? a->w[1] : NULL;
-    double        count = (double)n * len;
-    if (a->training && p->reduce) {
-        float *v = a->scratch; // sum, sumsq, count: reduced over the group
-        dt_nn_bn_stats(n, c, len, a->x[0], v, v + c);
-        v[2 * c] = (float)count;
-        DT_TRY(p->reduce(p->reduce_user, v, 2 * (size_t)c + 1));
-        count = (double)v[2 * c];
-        if (count < 2)
-            return dt_fail(DT_ERR_ARG,
-                           "syncbatchnorm: expected more than 1 value per channel "
-                           "over the group, found %g",
-                           count);
-        dt_nn_bn_moments(&p->p, count, v, v + c, mean, invstd, a->buf[0], a->buf[1]);
-        dt_nn_bn_apply(n, c, len, a->x[0], mean, invstd, gamma, beta, a->y);
-    } else {
-        if (a->training && count < 2)
-            return dt_fail(DT_ERR_ARG,
-                           "batchnorm: expected more than 1 value per channel in "
-                           "training, found %g",
-                           count);
-        dt_nn_bn_forward(&p->p, n, len, a->training, a->x[0], gamma, beta, a->buf[0], a->buf[1],
-                         mean, invstd, a->y);
-    }
-    a->saved[2 * c] = (float)count;
-    return DT_OK;
-}
-
-static dt_status bn_backward(const dt_layer *l, const dt_layer_args *a) {
-    const bn_cfg *p = l->config;
-    int           c = p->p.c, n = a->batch, len = bn_l(p, a);
-    const float  *mean = a->saved, *invstd = a->saved + c;
-    float        *gamma = p->p.affine ? a->w[0] : NULL;
-    if (!(a->training && p->reduce)) {
-        dt_nn_bn_backward(&p->p, n, len, a->training, a->x[0], a->dy, mean, invstd, gamma, a->dx[0],
-                          p->p.affine ? a->dw[0] : NULL, p->p.affine ? a->dw[1] : NULL, a->scratch);
-        return DT_OK;
-    }
-    // SyncBatchNorm: the parameter gradients are local sums (DDP averages them); dx
-    // needs the sums over the group.
-    float *sum_dy = a->scratch, *sum_dyx = a->scratch + c;
-    dt_nn_bn_backward_stats(n, c, len, a->x[0], a->dy, mean, invstd, sum_dy, sum_dyx);
-    if (p->p.affine)
-        for (int ch = 0; ch < c; ch++) {
-            a->dw[0][ch] += sum_dyx[ch];
-            a->dw[1][ch] += sum_dy[ch];
-        }
-    DT_TRY(p->reduce(p->reduce_user, a->scratch, 2 * (size_t)c));
-    if (a->dx[0])
-        dt_nn_bn_backward_apply(n, c, len, a->x[0], a->dy, mean, invstd, gamma, sum_dy, sum_dyx,
-                                (double)a->saved[2 * c], a->dx[0]);
-    return DT_OK;
-}
-
-static const dt_layer_ops bn1d_ops = {"batchnorm1d", bn_setup,    bn_init,
-                                      bn_forward,    bn_backward, NULL};
-static const dt_layer_ops bn2d_ops = {"batchnorm2d", bn_setup,    bn_init,
-                                      bn_forward,    bn_backward, NULL};
-
-dt_batchnorm_opts dt_batchnorm_opts_default(void) {
-    return (dt_batchnorm_opts){.eps = 1e-5f, .momentum = 0.1f, .affine = true};
-}
-
-static dt_status bn_new(dt_layer **out, int c, int dims, const dt_batchnorm_opts *opts) {
-    dt_batchnorm_opts o = opts ? *opts : dt_batchnorm_opts_default();
-    if (c < 1 || !(o.eps > 0.0f) || !(o.momentum >= 0.0f && o.momentum <= 1.0f))
-        return dt_fail(DT_ERR_ARG,
-                       "batchnorm: expected c >= 1, eps > 0 and momentum in [0, 1], "
-                       "found %d, %g, %g",
-                       c, (double)o.eps, (double)o.momentum);
-    bn_cfg p = {{c, o.eps, o.momentum, o.affine}, dims, o.reduce, o.reduce_user};
-    return lay_new(out, dims == 1 ? &bn1d_ops : &bn2d_ops, &p, sizeof p);
-}
-
-dt_status dt_layer_batchnorm1d_new(dt_layer **out, int c, const dt_batchnorm_opts *opts) {
-    return bn_new(out, c, 1, opts);
-}
-dt_status dt_layer_batchnorm2d_new(dt_layer **out, int c, const dt_batchnorm_opts *opts) {
-    return bn_new(out, c, 2, opts);
 }
 
 // --------------------------------------------------------------------------- LayerNorm

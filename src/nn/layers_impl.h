@@ -14,10 +14,18 @@ void lay_tensor(dt_layer_tensor *t, const char *name, uint32_t flags, int ndim, 
 dt_status lay_expect(const char *kind, int nin, const dt_shape *in, int want_nin, int ndim_lo,
                      int ndim_hi);
 
-// What the graph's fusion pass (graph_pass.c) asks of a node's layer: whether it is the
-// built-in Conv2d (then its configuration), ReLU, or MaxPool2d (then its window).
+// What the graph's fusion passes (graph_pass.c) ask of a node's layer: whether it is
+// the built-in Conv2d (then its configuration), ReLU, MaxPool2d (then its window),
+// BatchNorm (1d or 2d) or Add.
 bool lay_as_conv2d(const dt_layer *l, dt_nn_conv2d *p);
 bool lay_is_relu(const dt_layer *l);
 bool lay_as_maxpool2d(const dt_layer *l, dt_nn_avgpool2d *p);
+bool lay_is_batchnorm(const dt_layer *l);
+bool lay_is_add(const dt_layer *l);
+// dt_graph_fuse's layer made from a BatchNorm: its fusion with a ReLU after it
+// (residual false: y = max(0, bn(x))) or with an Add of a second input and a ReLU
+// (residual true: y = max(0, bn(x) + r), inputs x and r). The BatchNorm keeps its
+// options, SyncBatchNorm's reducer included.
+dt_status lay_bn_fused_new(dt_layer **out, const dt_layer *bn, bool residual);
 
 #endif // DTRAIN_NN_LAYERS_IMPL_H

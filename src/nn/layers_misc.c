@@ -23,8 +23,7 @@ static dt_status act_forward(const dt_layer *l, const dt_layer_args *a) {
     const float *x   = a->x[0];
     switch (act) {
     case DT_ACT_RELU:
-        for (size_t i = 0; i < n; i++)
-            a->y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        dt_nn_relu_forward(n, x, a->y);
         break;
     case DT_ACT_GELU:
     case DT_ACT_GELU_TANH:
@@ -51,8 +50,7 @@ static dt_status act_backward(const dt_layer *l, const dt_layer_args *a) {
         return DT_OK;
     switch (act) {
     case DT_ACT_RELU:
-        for (size_t i = 0; i < n; i++)
-            dx[i] = a->y[i] > 0.0f ? a->dy[i] : 0.0f;
+        dt_nn_relu_grad(n, a->y, a->dy, dx);
         break;
     case DT_ACT_GELU:
     case DT_ACT_GELU_TANH:
@@ -413,6 +411,10 @@ static dt_status add_backward(const dt_layer *l, const dt_layer_args *a) {
 }
 
 static const dt_layer_ops add_ops = {"add", add_setup, NULL, add_forward, add_backward, NULL};
+
+bool lay_is_add(const dt_layer *l) {
+    return l && l->ops == &add_ops;
+}
 
 dt_status dt_layer_add_new(dt_layer **out, const dt_layer_opts *opts) {
     (void)opts;

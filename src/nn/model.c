@@ -286,10 +286,11 @@ void dt_model_set_profile(dt_model *m, bool on) {
 }
 void dt_model_profile(const dt_model *m, int layer, double *fwd_s, double *bwd_s) {
     *fwd_s = *bwd_s = 0;
-    if (layer >= 0 && layer < m->nlayers && m->layers[layer].node >= 0) {
-        const gval *v = &m->g->vals[m->layers[layer].node];
-        *fwd_s        = (double)v->fwd_ns * 1e-9;
-        *bwd_s        = (double)v->bwd_ns * 1e-9;
+    dt_graph_profile p;
+    if (layer >= 0 && layer < m->nlayers && m->layers[layer].node >= 0 &&
+        dt_graph_node_profile(m->g, m->layers[layer].node, &p) == DT_OK) {
+        *fwd_s = p.fwd_s;
+        *bwd_s = p.bwd_s;
     }
 }
 

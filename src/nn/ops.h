@@ -104,6 +104,12 @@ dt_status dt_nn_linear16_backward(const uint16_t *w16, int n, int in, int out, c
 //   4. dt_nn_bn_apply: y = (x - mean) * invstd * gamma + beta.
 // Backward likewise: dt_nn_bn_backward_stats (per channel sum of dy and of dy * xhat),
 // all-reduce, dt_nn_bn_backward_apply. dt_nn_bn_forward / _backward do it all locally.
+// The _range and _rows forms do a part (channels [c0, c1); rows [r0, r1) of the n*c rows
+// of l values), so threads can share one call: every channel's sums are added in the
+// same order whatever the split. Their _ex options fuse what follows a BatchNorm in a
+// ResNet: a residual added and a ReLU (y = max(0, bn(x) + res)), whose backward takes
+// the output y (the gradient reaching the normalisation is y > 0 ? dy : 0, and the
+// residual's gradient dres is that same value).
 typedef struct dt_nn_bn {
     int   c;
     float eps, momentum;
@@ -116,6 +122,8 @@ void dt_nn_bn_init(const dt_nn_bn *p, float *gamma, float *beta, float *running_
                    float *running_var);
 // sum[c] = sum of x over (n, l); sumsq[c] = sum of x^2 (both accumulated in double).
 void dt_nn_bn_stats(int n, int c, int l, const float *x, float *sum, float *sumsq);
+void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x, float *sum,
+                          float *sumsq);
 // From the totals over `count` values per channel: mean, invstd; running stats updated
 // when running_mean is not NULL.
 void dt_nn_bn_moments(const dt_nn_bn *p, double count, const float *sum, const float *sumsq,
@@ -126,6 +134,10 @@ void dt_nn_bn_eval_moments(const dt_nn_bn *p, const float *running_mean, const f
 // y = (x - mean) * invstd * gamma + beta; gamma, beta NULL when !affine.
 void dt_nn_bn_apply(int n, int c, int l, const float *x, const float *mean, const float *invstd,
                     const float *gamma, const float *beta, float *y);
+// Rows [r0, r1) of it, + res (NULL: none), then ReLU when relu.
+void dt_nn_bn_apply_rows(int n, int c, int l, int r0, int r1, const float *x, const float *mean,
+                         const float *invstd, const float *gamma, const float *beta,
+                         const float *res, bool relu, float *y);
 // All of the above on one process. mean, invstd (c each) are saved for backward.
 void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const float *x,
                       const float *gamma, const float *beta, float *running_mean,
@@ -133,11 +145,29 @@ void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const floa
 // sum_dy[c] = sum of dy, sum_dyx[c] = sum of dy * (x - mean) * invstd, over (n, l).
 void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *dy,
                              const float *mean, const float *invstd, float *sum_dy, float *sum_dyx);
+// A ReLU after the normalisation (the fused forms): its mask y > 0 comes from the
+// forward's output y, or, with y NULL, from x again: x * scale + shift > 0 with the
+// forward's gamma and beta and the forward's own multiply-add (x is read anyway, so
+// one stream fewer; only without a residual, which would have to be read instead).
+typedef struct dt_nn_bn_relu {
+    const float *y;
+    const float *gamma, *beta;
+} dt_nn_bn_relu;
+// Channels [c0, c1) of it, behind a ReLU (NULL: none); dres (NULL: not wanted) receives
+// the gradient reaching the normalisation (a residual's gradient).
+void dt_nn_bn_backward_stats_ex(int n, int c, int c0, int c1, int l, const float *x,
+                                const float *dy, const dt_nn_bn_relu *relu, const float *mean,
+                                const float *invstd, float *sum_dy, float *sum_dyx, float *dres);
 // Training: dx = gamma invstd (dy - sum_dy/count - xhat sum_dyx/count);
 // evaluation (count 0): dx = gamma invstd dy, the statistics being constants.
 void dt_nn_bn_backward_apply(int n, int c, int l, const float *x, const float *dy,
                              const float *mean, const float *invstd, const float *gamma,
                              const float *sum_dy, const float *sum_dyx, double count, float *dx);
+// Rows [r0, r1) of it, behind a ReLU (NULL: none).
+void dt_nn_bn_backward_apply_rows(int n, int c, int l, int r0, int r1, const float *x,
+                                  const float *dy, const dt_nn_bn_relu *relu, const float *mean,
+                                  const float *invstd, const float *gamma, const float *sum_dy,
+                                  const float *sum_dyx, double count, float *dx);
 // Local backward: dx written (may be NULL), dgamma += sum_dyx, dbeta += sum_dy.
 // scratch: 2*c floats.
 void dt_nn_bn_backward(const dt_nn_bn *p, int n, int l, bool training, const float *x,
@@ -173,6 +203,10 @@ void dt_nn_embedding_backward(int count, int d, const int32_t *idx, const float 
 // x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Backward from x.
 void dt_nn_gelu_forward(size_t n, bool tanh_approx, const float *x, float *y);
 void dt_nn_gelu_backward(size_t n, bool tanh_approx, const float *x, const float *dy, float *dx);
+// torch.nn.ReLU: y = x > 0 ? x : 0; backward from the output y:
+// dx = y > 0 ? dy : 0. Both may run in place (y == x, dx == dy).
+void dt_nn_relu_forward(size_t n, const float *x, float *y);
+void dt_nn_relu_grad(size_t n, const float *y, const float *dy, float *dx);
 // torch.nn.Tanh, torch.nn.Sigmoid: backward from the output y.
 void dt_nn_tanh_forward(size_t n, const float *x, float *y);
 void dt_nn_tanh_backward(size_t n, const float *y, const float *dy, float *dx);

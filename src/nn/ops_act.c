@@ -70,6 +70,27 @@ DT_CLONES void dt_nn_gelu_backward(size_t n, bool tanh_approx, const float *x, c
     }
 }
 
+// Branch-free: a branch per element mispredicts on every other value of a trained
+// network's activations (the scalar loop with `x > 0 ? x : 0` took a sixth of the
+// ResNet's step).
+DT_CLONES void dt_nn_relu_forward(size_t n, const float *x, float *y) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        dt_v16f v = dt_load16(x + i);
+        dt_store16(y + i, dt_keep_positive16(v, v));
+    }
+    for (; i < n; i++)
+        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+DT_CLONES void dt_nn_relu_grad(size_t n, const float *y, const float *dy, float *dx) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        dt_store16(dx + i, dt_keep_positive16(dt_load16(y + i), dt_load16(dy + i)));
+    for (; i < n; i++)
+        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
 DT_CLONES void dt_nn_tanh_forward(size_t n, const float *x, float *y) {
     for (size_t i = 0; i < n; i++)
         y[i] = tanhf(x[i]);

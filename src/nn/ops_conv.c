@@ -101,7 +101,7 @@ static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad)
     int cl = conv_cl_setting(); // "0": never these kernels; "1": also 28 wide
     if (cl == 1)
         return false;
-    if (!(backward ? dt_nn_conv_cl_backward_ok(p, input_grad) : dt_nn_conv_cl_forward_ok(p)))
+    if (!(backward ? dt_nn_conv_cl_backward_ok(p, w, input_grad) : dt_nn_conv_cl_forward_ok(p)))
         return false;
     if (p->kh * p->kw == 1)
         return false; // 1x1: one GEMM over the strided pixels is faster

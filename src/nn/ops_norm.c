@@ -48,16 +48,30 @@ DT_VINLINE void row_moments(const float *a, const float *b, float bm, int l, dou
     *q += tq;
 }
 
-DT_CLONES void dt_nn_bn_stats(int n, int c, int l, const float *x, float *sum, float *sumsq) {
-    for (int ch = 0; ch < c; ch++) {
-        double s = 0.0, q = 0.0;
-        for (int i = 0; i < n; i++) {
-            const float *row = x + ((size_t)i * c + ch) * l;
-            row_moments(row, row, 0.0f, l, &s, &q);
+// The per-channel sums below walk the batch in memory order (sample by sample, the
+// channels of a sample in turn) rather than channel by channel, which would jump a
+// sample's size between rows: the same additions in the same order per channel.
+enum { CH_BLOCK = 64 }; // channels whose double sums stay on the stack at a time
+
+DT_CLONES void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x, float *sum,
+                                    float *sumsq) {
+    for (int b0 = c0; b0 < c1; b0 += CH_BLOCK) {
+        int    b1          = b0 + CH_BLOCK < c1 ? b0 + CH_BLOCK : c1;
+        double s[CH_BLOCK] = {0}, q[CH_BLOCK] = {0};
+        for (int i = 0; i < n; i++)
+            for (int ch = b0; ch < b1; ch++) {
+                const float *row = x + ((size_t)i * c + ch) * l;
+                row_moments(row, row, 0.0f, l, &s[ch - b0], &q[ch - b0]);
+            }
+        for (int ch = b0; ch < b1; ch++) {
+            sum[ch]   = (float)s[ch - b0];
+            sumsq[ch] = (float)q[ch - b0];
         }
-        sum[ch]   = (float)s;
-        sumsq[ch] = (float)q;
     }
+}
+
+void dt_nn_bn_stats(int n, int c, int l, const float *x, float *sum, float *sumsq) {
+    dt_nn_bn_stats_range(n, c, 0, c, l, x, sum, sumsq);
 }
 
 void dt_nn_bn_moments(const dt_nn_bn *p, double count, const float *sum, const float *sumsq,
@@ -85,19 +99,48 @@ void dt_nn_bn_eval_moments(const dt_nn_bn *p, const float *running_mean, const f
     }
 }
 
-DT_CLONES void dt_nn_bn_apply(int n, int c, int l, const float *x, const float *mean,
-                              const float *invstd, const float *gamma, const float *beta,
-                              float *y) {
-    for (int i = 0; i < n; i++)
-        for (int ch = 0; ch < c; ch++) {
-            // y = x * scale + shift, one multiply-add per value
-            float        scale = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
-            float        shift = (beta ? beta[ch] : 0.0f) - mean[ch] * scale;
-            const float *xr    = x + ((size_t)i * c + ch) * l;
-            float       *yr    = y + ((size_t)i * c + ch) * l;
-            for (int j = 0; j < l; j++)
-                yr[j] = xr[j] * scale + shift;
-        }
+// The normalisation as one multiply-add, y = x * scale + shift, for channel ch.
+DT_VINLINE void scale_shift(int ch, const float *mean, const float *invstd, const float *gamma,
+                            const float *beta, float *scale, float *shift) {
+    *scale = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
+    *shift = (beta ? beta[ch] : 0.0f) - mean[ch] * *scale;
+}
+
+// y = x * scale + shift (+ r) (then max(0, .)), one row of l values.
+DT_VINLINE void apply_row(const float *x, const float *r, bool relu, float scale, float shift,
+                          int l, float *y) {
+    dt_v16f sc = dt_splat16(scale), sh = dt_splat16(shift);
+    int     j = 0;
+    for (; j + 16 <= l; j += 16) {
+        dt_v16f v = dt_load16(x + j) * sc + sh;
+        if (r)
+            v += dt_load16(r + j);
+        dt_store16(y + j, relu ? dt_keep_positive16(v, v) : v);
+    }
+    for (; j < l; j++) {
+        float v = x[j] * scale + shift;
+        if (r)
+            v += r[j];
+        y[j] = relu && !(v > 0.0f) ? 0.0f : v;
+    }
+}
+
+DT_CLONES void dt_nn_bn_apply_rows(int n, int c, int l, int r0, int r1, const float *x,
+                                   const float *mean, const float *invstd, const float *gamma,
+                                   const float *beta, const float *res, bool relu, float *y) {
+    (void)n;
+    for (int row = r0; row < r1; row++) {
+        int   ch = row % c;
+        float scale, shift; // y = x * scale + shift, one multiply-add per value
+        scale_shift(ch, mean, invstd, gamma, beta, &scale, &shift);
+        size_t o = (size_t)row * l;
+        apply_row(x + o, res ? res + o : NULL, relu, scale, shift, l, y + o);
+    }
+}
+
+void dt_nn_bn_apply(int n, int c, int l, const float *x, const float *mean, const float *invstd,
+                    const float *gamma, const float *beta, float *y) {
+    dt_nn_bn_apply_rows(n, c, l, 0, n * c, x, mean, invstd, gamma, beta, NULL, false, y);
 }
 
 void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const float *x,
@@ -114,41 +157,125 @@ void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const floa
                    y);
 }
 
-DT_CLONES void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *dy,
-                                       const float *mean, const float *invstd, float *sum_dy,
-                                       float *sum_dyx) {
-    for (int ch = 0; ch < c; ch++) {
-        double s = 0.0, q = 0.0;
+// The gradient reaching the normalisation in one row: dy, or behind a ReLU, dy where
+// the ReLU's input was positive: from its output y, or recomputed from x with the
+// forward's own multiply-add (so the same lanes pass).
+typedef struct grad_row {
+    const float *dy, *y, *x;
+    int          mode; // 0: no ReLU; 1: mask from y; 2: from x * sc + sh
+    float        sc, sh;
+} grad_row;
+
+static grad_row grad_row_of(const dt_nn_bn_relu *relu, size_t o, int ch, const float *x,
+                            const float *dy, const float *mean, const float *invstd) {
+    grad_row g = {dy + o, NULL, x + o, 0, 0.0f, 0.0f};
+    if (relu && relu->y) {
+        g.y    = relu->y + o;
+        g.mode = 1;
+    } else if (relu) {
+        g.mode = 2;
+        scale_shift(ch, mean, invstd, relu->gamma, relu->beta, &g.sc, &g.sh);
+    }
+    return g;
+}
+
+DT_VINLINE dt_v16f grad_in16(const grad_row *g, int j) {
+    dt_v16f d = dt_load16(g->dy + j);
+    if (g->mode == 1)
+        return dt_keep_positive16(dt_load16(g->y + j), d);
+    if (g->mode == 2)
+        return dt_keep_positive16(dt_load16(g->x + j) * dt_splat16(g->sc) + dt_splat16(g->sh), d);
+    return d;
+}
+DT_VINLINE float grad_in(const grad_row *g, int j) {
+    if (g->mode == 1)
+        return g->y[j] > 0.0f ? g->dy[j] : 0.0f;
+    if (g->mode == 2)
+        return g->x[j] * g->sc + g->sh > 0.0f ? g->dy[j] : 0.0f;
+    return g->dy[j];
+}
+
+DT_CLONES void dt_nn_bn_backward_stats_ex(int n, int c, int c0, int c1, int l, const float *x,
+                                          const float *dy, const dt_nn_bn_relu *relu,
+                                          const float *mean, const float *invstd, float *sum_dy,
+                                          float *sum_dyx, float *dres) {
+    for (int b0 = c0; b0 < c1; b0 += CH_BLOCK) {
+        int    b1          = b0 + CH_BLOCK < c1 ? b0 + CH_BLOCK : c1;
+        double s[CH_BLOCK] = {0}, q[CH_BLOCK] = {0};
         for (int i = 0; i < n; i++)
-            row_moments(dy + ((size_t)i * c + ch) * l, x + ((size_t)i * c + ch) * l, mean[ch], l,
-                        &s, &q);
-        sum_dy[ch]  = (float)s;
-        sum_dyx[ch] = (float)(q * invstd[ch]);
+            for (int ch = b0; ch < b1; ch++) {
+                size_t o = ((size_t)i * c + ch) * l;
+                float  m = mean[ch];
+                if (!relu && !dres) { // the plain BatchNorm
+                    row_moments(dy + o, x + o, m, l, &s[ch - b0], &q[ch - b0]);
+                    continue;
+                }
+                // as row_moments, on the gradient behind the ReLU, which goes to dres too
+                grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
+                dt_v16f  sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(m);
+                int      j = 0;
+                for (; j + 16 <= l; j += 16) {
+                    dt_v16f d = grad_in16(&g, j);
+                    if (dres)
+                        dt_store16(dres + o + j, d);
+                    sa += d;
+                    sq += d * (dt_load16(g.x + j) - mv);
+                }
+                float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
+                for (; j < l; j++) {
+                    float d = grad_in(&g, j);
+                    if (dres)
+                        dres[o + j] = d;
+                    ts += d;
+                    tq += d * (g.x[j] - m);
+                }
+                s[ch - b0] += ts;
+                q[ch - b0] += tq;
+            }
+        for (int ch = b0; ch < b1; ch++) {
+            sum_dy[ch]  = (float)s[ch - b0];
+            sum_dyx[ch] = (float)(q[ch - b0] * invstd[ch]);
+        }
     }
 }
 
-DT_CLONES void dt_nn_bn_backward_apply(int n, int c, int l, const float *x, const float *dy,
-                                       const float *mean, const float *invstd, const float *gamma,
-                                       const float *sum_dy, const float *sum_dyx, double count,
-                                       float *dx) {
-    for (int i = 0; i < n; i++)
-        for (int ch = 0; ch < c; ch++) {
-            const float *xr = x + ((size_t)i * c + ch) * l;
-            const float *dr = dy + ((size_t)i * c + ch) * l;
-            float       *gr = dx + ((size_t)i * c + ch) * l;
-            float        gs = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
-            if (count <= 0) {
-                for (int j = 0; j < l; j++)
-                    gr[j] = gs * dr[j];
-                continue;
-            }
-            // dx = gs (dy - a - (x - mean) b): a = mean of dy, b = invstd * mean of dy xhat
-            float a = (float)(sum_dy[ch] / count);
-            float b = (float)(sum_dyx[ch] / count) * invstd[ch];
-            float m = mean[ch];
-            for (int j = 0; j < l; j++)
-                gr[j] = gs * (dr[j] - a - (xr[j] - m) * b);
-        }
+void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *dy,
+                             const float *mean, const float *invstd, float *sum_dy,
+                             float *sum_dyx) {
+    dt_nn_bn_backward_stats_ex(n, c, 0, c, l, x, dy, NULL, mean, invstd, sum_dy, sum_dyx, NULL);
+}
+
+DT_CLONES void dt_nn_bn_backward_apply_rows(int n, int c, int l, int r0, int r1, const float *x,
+                                            const float *dy, const dt_nn_bn_relu *relu,
+                                            const float *mean, const float *invstd,
+                                            const float *gamma, const float *sum_dy,
+                                            const float *sum_dyx, double count, float *dx) {
+    (void)n;
+    for (int row = r0; row < r1; row++) {
+        int      ch = row % c;
+        size_t   o  = (size_t)row * l;
+        grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
+        float   *gr = dx + o;
+        float    gs = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
+        // dx = gs (dy - a - (x - mean) b): a = mean of dy, b = invstd * mean of dy xhat
+        // (evaluation, count 0: the statistics are constants, dx = gs dy)
+        float   a  = count > 0 ? (float)(sum_dy[ch] / count) : 0.0f;
+        float   b  = count > 0 ? (float)(sum_dyx[ch] / count) * invstd[ch] : 0.0f;
+        float   m  = mean[ch];
+        dt_v16f av = dt_splat16(a), bv = dt_splat16(b), mv = dt_splat16(m), gv = dt_splat16(gs);
+        int     j = 0;
+        for (; j + 16 <= l; j += 16)
+            dt_store16(gr + j, gv * (grad_in16(&g, j) - av - (dt_load16(g.x + j) - mv) * bv));
+        for (; j < l; j++)
+            gr[j] = gs * (grad_in(&g, j) - a - (g.x[j] - m) * b);
+    }
+}
+
+void dt_nn_bn_backward_apply(int n, int c, int l, const float *x, const float *dy,
+                             const float *mean, const float *invstd, const float *gamma,
+                             const float *sum_dy, const float *sum_dyx, double count, float *dx) {
+    dt_nn_bn_backward_apply_rows(n, c, l, 0, n * c, x, dy, NULL, mean, invstd, gamma, sum_dy,
+                                 sum_dyx, count, dx);
 }
 
 void dt_nn_bn_backward(const dt_nn_bn *p, int n, int l, bool training, const float *x,

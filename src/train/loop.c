@@ -226,6 +226,8 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     }
     if (t->m)
         dt_model_set_profile(t->m, a->profile);
+    if (t->g)
+        dt_graph_set_profile(t->g, a->profile);
     dt_progress_opts po = dt_progress_opts_default();
     po.log_every        = a->log_every;
     if (t->rank == 0) {
@@ -619,6 +621,47 @@ static void print_profile(const dt_model *m, double train_secs) {
            total, 100.0 * total / train_secs);
 }
 
+// The graph's profile: a row per node, then per kind of layer with the rate of its
+// floating-point operations (where the layers declare them), then the sum.
+static void print_graph_profile(const dt_graph *g, double train_secs) {
+    enum { KINDS = 32 };
+    const char      *kind[KINDS];
+    dt_graph_profile sum[KINDS] = {{0}}, all = {0};
+    int              nk = 0;
+    printf("%-4s %-22s %-20s %10s %10s %7s\n", "node", "name", "kind", "forward_s", "backward_s",
+           "share");
+    for (int i = 0; i < dt_graph_num_nodes(g); i++) {
+        dt_graph_profile p;
+        const char      *k = dt_graph_node_kind(g, i);
+        if (strcmp(k, "input") == 0 || dt_graph_node_profile(g, i, &p) != DT_OK)
+            continue;
+        printf("%-4d %-22s %-20s %10.3f %10.3f %6.1f%%\n", i, dt_graph_node_name(g, i), k, p.fwd_s,
+               p.bwd_s, 100.0 * (p.fwd_s + p.bwd_s) / train_secs);
+        int j = 0;
+        while (j < nk && strcmp(kind[j], k) != 0)
+            j++;
+        if (j == nk && nk < KINDS)
+            kind[nk++] = k;
+        if (j < nk) {
+            sum[j].fwd_s += p.fwd_s, sum[j].bwd_s += p.bwd_s;
+            sum[j].fwd_flop += p.fwd_flop, sum[j].bwd_flop += p.bwd_flop;
+        }
+        all.fwd_s += p.fwd_s, all.bwd_s += p.bwd_s;
+    }
+    printf("%-27s %-20s %10s %10s %7s %11s %11s\n", "by kind", "", "forward_s", "backward_s",
+           "share", "fwd_GFLOP/s", "bwd_GFLOP/s");
+    for (int j = 0; j < nk; j++) {
+        const dt_graph_profile *p = &sum[j];
+        printf("%-27s %-20s %10.3f %10.3f %6.1f%%", "", kind[j], p->fwd_s, p->bwd_s,
+               100.0 * (p->fwd_s + p->bwd_s) / train_secs);
+        if (p->fwd_flop > 0 && p->fwd_s > 0 && p->bwd_s > 0)
+            printf(" %11.1f %11.1f", p->fwd_flop / p->fwd_s * 1e-9, p->bwd_flop / p->bwd_s * 1e-9);
+        printf("\n");
+    }
+    printf("%-48s %10.3f %10.3f %6.1f%%  (the rest: data, loss, optimizer, gradient sync)\n",
+           "all nodes", all.fwd_s, all.bwd_s, 100.0 * (all.fwd_s + all.bwd_s) / train_secs);
+}
+
 // Every replica must end with the same weights; a difference is a bug, said loudly.
 static dt_status check_replicas(dt_trainer *t, uint32_t *crc_out) {
     uint32_t crc = dt_crc32c(0, dt_params_data(t->p), dt_params_numel(t->p) * sizeof(float));
@@ -670,6 +713,8 @@ dt_status dt_trainer_finish(dt_trainer *t) {
         fflush(stdout);
         if (t->rank == 0 && a->profile && t->m)
             print_profile(t->m, t->finished - t->train_start);
+        if (t->rank == 0 && a->profile && t->g)
+            print_graph_profile(t->g, t->finished - t->train_start);
     }
     if (a->trace) {
         DT_TRY(dt_trace_save(t->pg, a->trace));

@@ -175,7 +175,9 @@ static void build_common(dt_trainer *t) {
           {"stats", DT_FLAG_BOOL, &a->stats, NULL, 0, 0, "",
            "print a STATS line (JSON: time, samples/s, GFLOP/s, peak RSS)", O, S, 0, 0},
           {"profile", DT_FLAG_BOOL, &a->profile, NULL, 0, 0, "",
-           "print forward and backward time per layer (rank 0)", O, 0, 0, 0},
+           "print forward and backward time per layer (graph models: per node,\n"
+             "then per kind of layer with its GFLOP/s) (rank 0)",
+           O, 0, 0, 0},
           {"trace", DT_FLAG_STRING, &a->trace, NULL, 0, 0, "FILE",
            "write a Chrome-trace JSON of training, all ranks in one file\n"
              "(open it in https://ui.perfetto.dev or chrome://tracing)",

@@ -10,7 +10,8 @@
 // with loaded running statistics, grouped rectangular convolution with bias, MaxPool2d
 // and AvgPool2d fanned out from one activation and concatenated, AdaptiveAvgPool2d,
 // Flatten, BatchNorm1d, Tanh, and the cross-entropy (ignore_index, label smoothing) of
-// the output.
+// the output. The ResNet block runs twice: as built, and with its BatchNorm + ReLU and
+// BatchNorm + Add + ReLU fused (dt_graph_fuse).
 #include "../lib/graphs.h"
 #include "fixture.h"
 
@@ -216,6 +217,15 @@ int main(void) {
 
     CHECK_OK(dt_graph_new(&g, NULL));
     CHECK_OK(tg_resblock(g, 4, 6, 5, NULL));
+    run_case("graph_resblock", g, 3, 1, (const char *[]){"x"}, NULL);
+    dt_graph_free(g);
+
+    // the same block through dt_graph_fuse: bn1 + relu1 and bn2 + add + out as one node each
+    int fused = 0;
+    CHECK_OK(dt_graph_new(&g, NULL));
+    CHECK_OK(tg_resblock(g, 4, 6, 5, NULL));
+    CHECK_OK(dt_graph_fuse(g, &fused));
+    CHECK_EQ(fused, 2);
     run_case("graph_resblock", g, 3, 1, (const char *[]){"x"}, NULL);
     dt_graph_free(g);
 

@@ -11,6 +11,7 @@
 //   divisible by them, the outputs of 1 thread and its gradients up to float rounding;
 //   gradient-ready is still called once per tensor, and a graph's second step (partials
 //   cleared) equals the first.
+// - The per-node profile counts time and the layers' operations.
 #include "../check.h"
 #include "../lib/graphs.h"
 #include "dtrain/graph.h"
@@ -234,9 +235,46 @@ static void threads(void) {
     CHECK_ERR(dt_graph_set_threads(NULL, 2), DT_ERR_ARG, "threads");
 }
 
+// dt_graph_set_profile: time and operations per node, where the layers declare them
+// (a 3x3 convolution of c -> c channels on h x w: 2 * 9 c^2 h w per sample; backward
+// the same for the weight gradient and again for the input gradient where it is
+// asked for: not for conv1, whose input is the graph's).
+static void profile(void) {
+    check_current = "profile";
+    enum { PC = 4, PH = 5, PB = 3 };
+    dt_graph *g = NULL;
+    CHECK_OK(dt_graph_new(&g, NULL));
+    CHECK_OK(tg_resblock(g, PC, PH, PH, NULL));
+    CHECK_OK(dt_graph_finalize(g, 1));
+    dt_graph_set_profile(g, true);
+    float x[PB * PC * PH * PH], dy[PB * PC * PH * PH];
+    for (int i = 0; i < PB * PC * PH * PH; i++)
+        x[i] = (float)(i % 7) - 3.0f, dy[i] = (float)(i % 5) * 0.1f;
+    for (int step = 0; step < 2; step++) {
+        CHECK_OK(dt_graph_forward(g, (const void *[]){x}, PB));
+        CHECK_OK(dt_graph_backward(g, dy));
+    }
+    double           conv = 2.0 * 9 * PC * PC * PH * PH * PB * 2; // two steps
+    dt_graph_profile p1, p2, pb;
+    CHECK_OK(dt_graph_node_profile(g, dt_graph_find(g, "conv1"), &p1));
+    CHECK_OK(dt_graph_node_profile(g, dt_graph_find(g, "conv2"), &p2));
+    CHECK_OK(dt_graph_node_profile(g, dt_graph_find(g, "bn1"), &pb));
+    CHECK(p1.fwd_s > 0 && p1.bwd_s > 0 && pb.fwd_s > 0 && pb.bwd_s > 0);
+    CHECK_NEAR(p1.fwd_flop, conv, 0.5);
+    CHECK_NEAR(p1.bwd_flop, conv, 0.5); // no input gradient asked for
+    CHECK_NEAR(p2.bwd_flop, 2 * conv, 0.5);
+    CHECK_NEAR(pb.fwd_flop, 0, 0);
+    dt_graph_set_profile(g, false); // clears
+    CHECK_OK(dt_graph_node_profile(g, dt_graph_find(g, "conv1"), &p1));
+    CHECK(p1.fwd_s == 0 && p1.fwd_flop == 0);
+    CHECK_ERR(dt_graph_node_profile(g, 99, &p1), DT_ERR_ARG, "a node in [0,");
+    dt_graph_free(g);
+}
+
 int main(void) {
     masks();
     batches();
     threads();
+    profile();
     return check_summary();
 }
