@@ -7,8 +7,8 @@
 //    sub-group completed; and the reverse (send on the world, barrier on the sub-group);
 //  - then computes for 1.5 s without calling into comm: rank 0's receive must complete
 //    well before that ends;
-//  - frees the sub-group right after the send while rank 0 receives 300 ms late: the
-//    data arrives whole.
+//  - frees the sub-group (then the world) right after a send while rank 0 receives
+//    300 ms late: the data arrives whole.
 // shm only (a send there never waits for its receiver): a group freed with a send its
 // receiver never takes fails loudly (an error logged naming the receiver) when the
 // receiver leaves, or at the group's timeout, and stops the process; a receiver killed
@@ -157,8 +157,19 @@ static void ranks_progress(int rank, int world, void *arg) {
     }
     dt_pg_free(g);
     CHECK_OK(dt_pg_barrier(pg));
-    dt_free(buf);
+
+    // The same on the world: sent, then the world freed at once.
+    if (rank == 1) {
+        fill(buf, BIG, 5);
+        CHECK_OK(dt_pg_send(pg, buf, BIG, DT_FLOAT32, 0, 5));
+        memset(buf, 0, BIG * sizeof *buf);
+    } else if (rank == 0) {
+        sleep_s(0.3);
+        CHECK_OK(dt_pg_recv(pg, buf, BIG, DT_FLOAT32, 1, 5));
+        CHECK(same(buf, BIG, 5));
+    }
     dt_pg_free(pg);
+    dt_free(buf);
 }
 
 static void test_progress(void) {
