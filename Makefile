@@ -126,7 +126,8 @@ endif
 TEST_BIN    := $(TEST_SRC:tests/%.c=$(OUT)/tests/%)
 # Tests with threads of their own, run again under ThreadSanitizer.
 TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data/% \
-                 $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model%,$(TEST_BIN))
+                 $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model% \
+                 $(OUT)/tests/unit/test_graph% $(OUT)/tests/parallel/test_zero3,$(TEST_BIN))
 
 # Programs: one folder each, all its .c files linked with the library.
 # Every folder of examples/, tools/ and bench/ with C files is a program: examples/NAME

@@ -8,6 +8,8 @@
 //
 // With --num-processes P it forks P workers (like dtrain-mnist); under dtrun or any
 // launcher that sets RANK/WORLD_SIZE it is one worker; otherwise it runs alone.
+#include "../mnist/fmnist.h" // the seed's data: folder, normalisation
+
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
@@ -232,10 +234,10 @@ int main(int argc, char **argv) {
         }
         i++;
     }
-    dt_dataset_opts dopts = dt_dataset_opts_default();
+    dt_dataset_opts dopts = fmnist_opts(); // the seed's normalisation
     dopts.limit           = (size_t)a.limit;
     dt_launch_env le;
-    if (dt_dataset_load_mnist(&a.train, a.data_dir, true, &dopts)) {
+    if (dt_dataset_load_mnist(&a.train, fmnist_dir(a.data_dir), true, &dopts)) {
         fprintf(stderr, "dtrain-custom: %s\n", dt_last_error());
         return 1;
     }

@@ -159,8 +159,8 @@ static size_t gpt_numel(const args *a) {
 // evaluation's windows; the loss's context.
 typedef struct gpt {
     dt_trainer    *t;
-    dt_pg         *tp; // the vocabulary's split (NULL: whole)
-    int            b, T;
+    dt_pg         *tp;          // the vocabulary's split (NULL: whole)
+    int            b, T, M;     // M: the pipeline's micro-batches
     int32_t       *x, *y, *pos; // (max(b, EVAL_WINDOWS), T)
     int32_t       *ex, *ey;     // the evaluation's (EVAL_WINDOWS, T)
     uint64_t      *offsets;     // (global batch)
@@ -202,16 +202,27 @@ static dt_status gpt_ce(void *user, const float *out, int first, int n, float *l
 }
 
 // The peer's evaluation: the first 64 windows of T + 1 bytes of val, through the
-// pipeline (every rank of the first replica).
-static dt_status gpt_eval(gpt *m, const dt_tokens *val, float *out) {
+// pipeline (every rank of the first replica). Under ZeRO-3 (sharded) every rank takes
+// part in each forward's gathers: with a world dividing the windows, each rank takes its
+// share and the means are summed over the ranks; otherwise every rank runs them all.
+static dt_status gpt_eval(gpt *m, const dt_tokens *val, bool sharded, float *out) {
     uint64_t off[EVAL_WINDOWS];
     for (int k = 0; k < EVAL_WINDOWS; k++)
         off[k] = (uint64_t)k * (uint64_t)(m->T + 1);
     DT_TRY(dt_tokens_windows(val, off, EVAL_WINDOWS, (size_t)m->T, m->ex, m->ey));
-    m->tgt = m->ey;
-    dt_status st =
-        dt_trainer_pipe_eval(m->t, (const void *[]){m->ex, m->pos}, EVAL_WINDOWS, gpt_ce, m, out);
-    m->tgt = m->y;
+    int world = dt_trainer_world(m->t), n = EVAL_WINDOWS, lo = 0;
+    if (sharded && EVAL_WINDOWS % world == 0 && EVAL_WINDOWS / world >= m->M)
+        n = EVAL_WINDOWS / world, lo = dt_trainer_rank(m->t) * n;
+    else
+        sharded = false;
+    const int32_t *x = m->ex + (size_t)lo * (size_t)m->T;
+    m->tgt           = m->ey + (size_t)lo * (size_t)m->T;
+    dt_status st     = dt_trainer_pipe_eval(m->t, (const void *[]){x, m->pos}, n, gpt_ce, m, out);
+    m->tgt           = m->y;
+    if (st == DT_OK && sharded) { // the mean over all windows: the shares' means, summed
+        *out /= (float)world;
+        st = dt_trainer_all_reduce(m->t, out, 1, DT_FLOAT32, DT_REDUCE_SUM);
+    }
     return st;
 }
 
@@ -239,7 +250,7 @@ typedef struct job {
 } job;
 
 static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t steps, double evals,
-                        double setup, float val, float last, double last10);
+                        double setup, float val, float last, double last10, const double *mem);
 
 typedef struct builder {
     const args *a;
@@ -259,6 +270,7 @@ static dt_status train(dt_trainer *t, void *user) {
     int  dp = dt_trainer_mesh_size(t, DT_MESH_DP), dpr = dt_trainer_mesh_coord(t, DT_MESH_DP);
     int  pp = dt_trainer_mesh_size(t, DT_MESH_PP), world = dt_trainer_world(t);
     bool first_replica = dpr == 0; // evaluates (its ranks hold one whole model between them)
+    bool sharded       = ta->zero == 3 && dp > 1; // ZeRO-3: every rank takes part in each forward
     if (a->batch % dp)
         return dt_fail(DT_ERR_ARG,
                        "--batch-size %ld (global) is not divisible by %d data-parallel replicas",
@@ -274,7 +286,7 @@ static dt_status train(dt_trainer *t, void *user) {
     int M = b / (int)mb;
     if (pp > 1 && a->micro < 0 && M < pp)
         M = pp < b ? pp : b;
-    gpt m = {.t = t, .tp = dt_trainer_mesh_group(t, DT_MESH_TP)};
+    gpt m = {.t = t, .tp = dt_trainer_mesh_group(t, DT_MESH_TP), .M = M};
     DT_TRY(gpt_buffers(&m, a, b));
     m.tgt = m.y;
     // Where a stage may end: after the embeddings, and after each block's two residual
@@ -364,9 +376,10 @@ static dt_status train(dt_trainer *t, void *user) {
                              (double)a->batch * (double)a->block * (double)(s - mark_step) / dt);
             mark = now, evals_mark = evals, mark_step = s;
         }
-        if (a->eval_every > 0 && s % a->eval_every == 0 && s < a->steps && first_replica) {
+        if (a->eval_every > 0 && s % a->eval_every == 0 && s < a->steps &&
+            (first_replica || sharded)) {
             double te = dt_now();
-            if ((st = gpt_eval(&m, &j->val, &val)) || (st = dt_trainer_log_val(t, val)))
+            if ((st = gpt_eval(&m, &j->val, sharded, &val)) || (st = dt_trainer_log_val(t, val)))
                 break;
             dt_trainer_print(t, "step %lld/%ld | val loss %.4f\n", (long long)s, a->steps,
                              (double)val);
@@ -378,14 +391,16 @@ static dt_status train(dt_trainer *t, void *user) {
     double  mean10 = 0;
     for (int64_t i = 0; i < n10; i++)
         mean10 += last10[(dt_trainer_step_count(t) - 1 - i) % 10] / (double)n10;
+    double mem[2]; // the state's peak and traffic of the training steps (not the final eval)
+    dt_trainer_state_bytes(t, &mem[0], &mem[1]);
     if (!st)
         st = dt_trainer_finish(t); // "Finished training", the checkpoint, --save-model
-    if (!st && first_replica && !(st = gpt_eval(&m, &j->val, &val))) {
+    if (!st && (first_replica || sharded) && !(st = gpt_eval(&m, &j->val, sharded, &val))) {
         dt_trainer_print(t, "val loss: %.4f\n", (double)val);
         st = dt_trainer_log_val(t, val);
     }
     if (!st)
-        print_stats(t, j, gpt_numel(a), steps, evals, setup, val, last, mean10);
+        print_stats(t, j, gpt_numel(a), steps, evals, setup, val, last, mean10, mem);
     if (!st)
         st = dt_trainer_report(t, NAN); // --plot
     gpt_free_buffers(&m);
@@ -400,7 +415,7 @@ static double peak_rss_mib(void) {
 
 // One STATS line per rank, in rank order, as the peer prints them.
 static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t steps, double evals,
-                        double setup, float val, float last, double last10) {
+                        double setup, float val, float last, double last10, const double *mem) {
     const args *a      = &j->a;
     double      tokens = (double)a->batch * (double)a->block * (double)steps,
            loop        = dt_trainer_loop_secs(t);
@@ -415,11 +430,12 @@ static void print_stats(dt_trainer *t, const job *j, size_t params, int64_t step
                "\"setup_secs\": %.3f, "
                "\"params\": %zu, \"flops_per_token\": %.0f, \"gflops_per_sec\": %.2f, "
                "\"last_loss\": %.6f, \"last10_mean_loss\": %.6f, \"val_loss\": %s, "
-               "\"peak_rss_mib\": %.1f, \"threads\": %d}\n",
+               "\"peak_rss_mib\": %.1f, \"state_peak_mib\": %.2f, \"moved_mib_per_step\": %.3f, "
+               "\"threads\": %d}\n",
                r, dt_trainer_world(t), (long long)steps, tokens, loop,
                loop > 0 ? tokens / loop : 0.0, evals, setup, params, flops_per_token(a),
                loop > 0 ? flops_per_token(a) * tokens / loop / 1e9 : 0.0, (double)last, last10, v,
-               peak_rss_mib(), dt_trainer_threads(t));
+               peak_rss_mib(), mem[0] / 1048576.0, mem[1] / 1048576.0, dt_trainer_threads(t));
         fflush(stdout);
     }
 }

@@ -30,6 +30,9 @@
 // dt_trainer_loader for the loader, dt_trainer_prepare_model after the optimizer,
 // dt_trainer_next for the epoch and batch loops, no zero_grad, dt_trainer_step for
 // dt_optim_step, dt_trainer_finish at the end; dt_trainer_new and dt_trainer_run in main.
+#include "convnet.h"
+#include "fmnist.h"
+
 #include "dtrain/train.h"
 
 #include <stdio.h>
@@ -117,7 +120,7 @@ static dt_status make_replica(void *user, int index, dt_dp_replica *out) {
     const job    *j = c->j;
     replica      *r = dt_alloc_zero(sizeof *r);
     if (!r || !(r->dlogp = dt_alloc(sizeof(float) * 10 * (size_t)j->a.batch_size)) ||
-        dt_model_new_mnist_convnet(&r->m, 0, 0.10f, 0.25f) ||
+        mnist_convnet_new(&r->m, 0, 0.10f, 0.25f) ||
         dt_model_set_precision(r->m, dt_trainer_precision(c->t))) {
         if (r && r->m)
             dt_model_free(r->m);
@@ -155,7 +158,7 @@ static dt_status train(dt_trainer *t, void *user) {
     dt_model            *m;
     dt_loader           *ld;
     DT_TRY(dt_trainer_loader(t, &j->train, (size_t)j->a.batch_size, DT_SPLIT_TRAIN, &ld));
-    DT_TRY(dt_model_new_mnist_convnet(&m, (uint64_t)a->seed, 0.10f, 0.25f));
+    DT_TRY(mnist_convnet_new(&m, (uint64_t)a->seed, 0.10f, 0.25f));
     dt_adadelta_opts ao = dt_adadelta_opts_default();
     ao.lr               = (float)j->a.lr;
     dt_optim *opt       = NULL;
@@ -197,12 +200,14 @@ static dt_status train(dt_trainer *t, void *user) {
 static dt_status load_data(job *j, bool test) {
     dt_model       *m;
     int             c, h, w;
-    dt_dataset_opts dopts = dt_dataset_opts_default();
+    dt_dataset_opts dopts = fmnist_opts(); // the seed's normalisation
+    const char     *dir   = fmnist_dir(j->a.data_dir);
     dopts.limit           = (size_t)j->a.limit;
-    DT_TRY(dt_dataset_load_mnist(&j->train, j->a.data_dir, true, &dopts));
+    DT_TRY(dt_dataset_load_mnist(&j->train, dir, true, &dopts));
+    dopts.limit = 0;
     if (test)
-        DT_TRY(dt_dataset_load_mnist(&j->test, j->a.data_dir, false, NULL));
-    DT_TRY(dt_model_new_mnist_convnet(&m, 0, 0.0f, 0.0f));
+        DT_TRY(dt_dataset_load_mnist(&j->test, dir, false, &dopts));
+    DT_TRY(mnist_convnet_new(&m, 0, 0.0f, 0.0f));
     dt_model_input_shape(m, &c, &h, &w);
     dt_model_free(m);
     DT_TRY(dt_dataset_check_shape(&j->train, "training set", c, h, w));
@@ -219,7 +224,7 @@ int main(int argc, char **argv) {
                                 DT_FLAG_SHARED | DT_FLAG_CKPT_WARN, 0, 0},
                                {"data-dir", DT_FLAG_STRING, &j.a.data_dir, NULL, 0, 0, "D",
                                 "folder of MNIST-format files, plain or .gz\n"
-                                  "(default $DT_DATA_DIR, else " DT_DATA_DIR_DEFAULT ")",
+                                  "(default $DT_DATA_DIR, else " FMNIST_DIR ")",
                                 "training", 0, 0, 0},
                                {"limit", DT_FLAG_LONG, &j.a.limit, NULL, 1, 1L << 32, "N",
                                 "train on the first N samples only (default all)", "training",

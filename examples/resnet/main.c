@@ -18,6 +18,8 @@
 // K]; or one worker under dtrun, torchrun-style variables, mpirun or srun. The plumbing
 // (flags, launch, DDP, checkpoints, --resume, SIGTERM, --save-model/--load) is the
 // trainer's (dtrain/train.h); what is left here is the model, the loop and the test.
+#include "../mnist/fmnist.h" // the seed's data: folder, normalisation
+
 #include "dtrain/graph.h"
 #include "dtrain/train.h"
 
@@ -271,7 +273,7 @@ int main(int argc, char **argv) {
          DT_FLAG_SHARED, 0, 0},
         {"data-dir", DT_FLAG_STRING, &a->data_dir, NULL, 0, 0, "D",
          "folder of Fashion-MNIST IDX files, plain or .gz\n"
-         "(default $DT_DATA_DIR, else " DT_DATA_DIR_DEFAULT ")",
+         "(default $DT_DATA_DIR, else " FMNIST_DIR ")",
          "training", 0, 0, 0},
         {"undistributed", DT_FLAG_BOOL, &a->undistributed, NULL, 0, 0, "",
          "one process, no group: the default without --num-processes or a\n"
@@ -313,11 +315,12 @@ int main(int argc, char **argv) {
         dt_trainer_free(t);
         return 2;
     }
-    dt_dataset_opts dopts = dt_dataset_opts_default();
-    dopts.limit           = (size_t)a->limit;
-    int rc                = 1;
-    if (dt_dataset_load_mnist(&j.train, a->data_dir, true, &dopts) ||
-        (!ta->no_test && dt_dataset_load_mnist(&j.test, a->data_dir, false, NULL)) ||
+    dt_dataset_opts dopts = fmnist_opts(), topts = fmnist_opts(); // the seed's normalisation
+    dopts.limit     = (size_t)a->limit;
+    int         rc  = 1;
+    const char *dir = fmnist_dir(a->data_dir);
+    if (dt_dataset_load_mnist(&j.train, dir, true, &dopts) ||
+        (!ta->no_test && dt_dataset_load_mnist(&j.test, dir, false, &topts)) ||
         dt_dataset_check_shape(&j.train, "training set", 1, 28, 28) ||
         (!ta->no_test && dt_dataset_check_shape(&j.test, "test set", 1, 28, 28)) ||
         dt_trainer_add_setting(t, "the training set's size (--data-dir, --limit)",

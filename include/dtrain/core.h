@@ -138,6 +138,18 @@ DT_API void  dt_free(void *p); // NULL is a no-op
 DT_API size_t dt_alloc_live_count(void);
 DT_API size_t dt_alloc_total_count(void);
 
+// Page-backed blocks (parameters, gradients, optimizer state): zeroed, page-aligned,
+// mapped from the system, so a page costs memory only once written. dt_discard zeroes
+// [p, p + nbytes) and gives the whole pages inside back (MADV_DONTNEED: they read as
+// zeros and cost nothing until written again); use it only on private memory this
+// process writes (a dt_alloc_pages block or a dt_alloc block). dt_resident_bytes: the
+// bytes of the resident pages that [p, p + nbytes) touches (mincore).
+DT_API void  *dt_alloc_pages(size_t nbytes);         // NULL and DT_ERR_NOMEM on failure
+DT_API void   dt_free_pages(void *p, size_t nbytes); // the same nbytes; NULL is a no-op
+DT_API void   dt_discard(void *p, size_t nbytes);
+DT_API size_t dt_resident_bytes(const void *p, size_t nbytes);
+DT_API size_t dt_page_bytes(void);
+
 // Overflow-checked size arithmetic for untrusted numbers: return false on overflow.
 static inline bool dt_size_mul(size_t *out, size_t a, size_t b) {
     return !__builtin_mul_overflow(a, b, out);

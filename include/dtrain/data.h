@@ -72,14 +72,6 @@ DT_API void dt_idx_free(dt_idx *idx); // frees data and zeroes *idx; NULL is a n
 
 // -------------------------------------------------------------------------- dataset
 
-// Where dt_dataset_load_mnist looks when given no directory and DT_DATA_DIR is unset
-// (Debian's dataset-fashion-mnist package).
-#define DT_DATA_DIR_DEFAULT "/usr/share/datasets/fashion-mnist"
-
-// Per-pixel normalisation x = (p / 255 - mean) / std; the seed script's constants.
-#define DT_DATA_MEAN_DEFAULT 0.1302f
-#define DT_DATA_STD_DEFAULT  0.3069f
-
 #define DT_DATASET_MAX_DIMS     4  // per-sample dimensions
 #define DT_DATASET_MAX_CHANNELS 16 // per-channel normalisation
 
@@ -87,8 +79,11 @@ typedef struct dt_dataset_opts {
     size_t limit;       // keep the first `limit` samples; 0 keeps all
     int    num_classes; // labels must be < num_classes; default 10 (0: no upper bound,
                         // for the datasets of dt_dataset_init_desc / dt_dataset_load_npy)
-    float mean;         // default DT_DATA_MEAN_DEFAULT
-    float std;          // default DT_DATA_STD_DEFAULT; must be > 0
+    // Per-pixel normalisation x = (p / 255 - mean) / std of byte samples (floats: x =
+    // (v - mean) / std). Default mean 0, std 1: p / 255, torchvision's ToTensor. (The
+    // seed's Fashion-MNIST constants, 0.1302 and 0.3069, are examples/mnist/fmnist.h's.)
+    float mean;
+    float std; // must be > 0
     // Per-channel normalisation (the channel is the first per-sample dimension, C of
     // (C, H, W)): channels 0 (the default) uses mean/std above for every element;
     // channels = C uses ch_mean[c], ch_std[c] for channel c.
@@ -158,10 +153,10 @@ DT_API dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path,
 
 // Loads the MNIST-format files of `dir`: train-images-idx3-ubyte and
 // train-labels-idx1-ubyte (train) or t10k-* (test), each plain or with ".gz"
-// (the plain file wins when both exist). `dir` NULL means $DT_DATA_DIR, or
-// DT_DATA_DIR_DEFAULT when that is unset. DT_ERR_IO listing the paths tried when a
-// file is missing, or naming what was found when a name exists but is not a regular
-// file ("<dir>/train-images-idx3-ubyte is a directory, expected a regular file ...").
+// (the plain file wins when both exist). `dir` NULL (or "") means $DT_DATA_DIR;
+// DT_ERR_ARG when that is unset too. DT_ERR_IO listing the paths tried when a file is
+// missing, or naming what was found when a name exists but is not a regular file
+// ("<dir>/train-images-idx3-ubyte is a directory, expected a regular file ...").
 DT_API dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
                                        const dt_dataset_opts *opts);
 

@@ -29,8 +29,10 @@
 // contiguous ranges of samples, one per thread; threads 1.. add their parameter
 // gradients into partial buffers that are summed into the gradient in thread order
 // after the node, so results do not depend on timing, and differ between thread counts
-// only by float rounding. Layers with batch-wide state (BatchNorm) run whole on the
-// calling thread.
+// only by float rounding (dt_graph_set_grad_shards removes that too). Layers with
+// batch-wide state (BatchNorm) run whole on the calling thread.
+//
+// nn.h's Sequential dt_model is a graph of this kind underneath (docs/graph.md).
 #ifndef DTRAIN_GRAPH_H
 #define DTRAIN_GRAPH_H
 
@@ -46,7 +48,9 @@ typedef struct dt_graph dt_graph;
 #define DT_GRAPH_NAME_MAX 47 // bytes of a node or input name
 
 typedef struct dt_graph_opts {
-    int max_nodes; // 0: 1024
+    int  max_nodes; // 0: 1024
+    bool no_fusion; // keep every node as added (default false: dt_graph_finalize fuses
+                    // Conv2d -> ReLU -> MaxPool2d(2), see there)
 } dt_graph_opts;
 DT_API dt_graph_opts dt_graph_opts_default(void);
 
@@ -76,6 +80,17 @@ DT_API dt_status dt_graph_set_output(dt_graph *g, const char *node);
 // dt_rng_split(dt_rng_init(seed), l), l the node's position among the layer nodes (0
 // for the first dt_graph_add; graph inputs do not count). No node can be added
 // afterwards.
+//
+// First it fuses (unless dt_graph_opts.no_fusion): a Conv2d (square kernel, stride 1,
+// equal padding, one group, bias) whose only reader is a ReLU whose only reader is a
+// MaxPool2d(2) (2x2, stride 2, no padding; the convolution's output even-sized) becomes
+// one node that computes the pooled output straight from the convolution's, without
+// writing the full-size output to memory (the kernels of the Sequential dt_model). The
+// node keeps the Conv2d's tensors and their names ("conv.weight"), its initialisation
+// and position, and takes the pool's name: the values equal the unfused graph's up to
+// float rounding (another convolution kernel). The ReLU's name no longer finds a node.
+// DT_NO_POOL_FUSION=1 leaves such nodes apart too. (A dt_model's conv2d -> relu
+// (-> maxpool2d) layers fuse the same way.)
 DT_API dt_status dt_graph_finalize(dt_graph *g, uint64_t seed);
 
 DT_API dt_params  *dt_graph_params(dt_graph *g); // NULL before finalize
@@ -109,6 +124,24 @@ DT_API dt_status    dt_graph_set_precision(dt_graph *g, dt_precision p);
 DT_API dt_precision dt_graph_precision(const dt_graph *g);
 // Whether backward also computes the gradients of the graph's float inputs.
 DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
+// Gradient shards, for gradients that do not depend on how a batch is split (nn.h's
+// dt_model_set_grad_shards says what for): 0 (the default) off; S >= 1, a power of two
+// up to 64: sample s of a batch belongs to shard s % S, each shard's parameter
+// gradient is summed over its samples in increasing order, and the shards are combined
+// by a fixed tree (shard k with k + S/2 first, then k + S/4, ...) before being added to
+// the gradient, so it is bitwise the same for any thread count, and with a DDP that
+// continues the tree over ranks (dt_ddp_opts.tree_reduce), for any world size dividing
+// S. Layers are called once per sample in backward then (a dt_model's in one call per
+// shard), so the invariance is that of the layers' per-sample arithmetic: exact for a
+// dt_model's layers; for a graph's own, as long as a sample's forward and input
+// gradient do not depend on the other samples of a call (BatchNorm's do; a GEMM library
+// may round differently for another number of rows). A parameter used by several
+// nodes (dt_graph_tie) gets each node's tree in turn: thread-invariant, not
+// world-size invariant. Between steps; DT_ERR_ARG for other values.
+DT_API dt_status dt_graph_set_grad_shards(dt_graph *g, int shards);
+DT_API int       dt_graph_grad_shards(const dt_graph *g);
+// Makes room for batches up to `batch` samples now (forward does it on demand).
+DT_API dt_status dt_graph_reserve(dt_graph *g, int batch);
 
 // Runs the graph on one buffer per graph input (in dt_graph_input order; float or
 // int32 as declared), each (batch, shape). Inputs are borrowed until backward returns.

@@ -1,8 +1,11 @@
 // nn.h: layers with explicit forward and backward, losses, and the Sequential model.
 //
 // A model is a chain of layers whose shapes are inferred from the per-sample input
-// shape given at creation. All parameters live in one contiguous float buffer and all
-// gradients in another, in registration order (layer by layer, weight then bias), so
+// shape given at creation: the one-liner for what graph.h builds in general. It is a
+// dt_graph underneath, one node per layer named by its index, so it runs on the
+// graph's engine: its fusion of conv2d + relu (+ maxpool2d), threads, gradient shards
+// and precision (docs/graph.md, "Sequential models"). All parameters live in one contiguous float
+// buffer and all gradients in another, in registration order (layer by layer, weight then bias), so
 // an optimizer updates one buffer, a broadcast is one call, and gradient buckets are
 // slices of the gradient buffer (DESIGN.md, "Flat parameters").
 //
@@ -69,13 +72,6 @@ DT_API dt_status dt_model_add_log_softmax(dt_model *m);
 // in +-1/sqrt(fan_in)), biases uniform in +-1/sqrt(fan_in), drawn from a Philox stream
 // split from `seed` per parameter tensor. After this no layer can be added.
 DT_API dt_status dt_model_finalize(dt_model *m, uint64_t seed);
-
-// The seed chapter's ConvNet for 28x28 single-channel images, finalized:
-//   conv(1->16, 3x3) ReLU conv(16->32, 3x3) ReLU maxpool(2) Dropout2d(drop2d) flatten
-//   linear(4608->64) ReLU dropout(drop) linear(64->10) log_softmax
-// The seed uses drop2d = 0.10 and drop = 0.25. Free with dt_model_free.
-DT_API dt_status dt_model_new_mnist_convnet(dt_model **out, uint64_t seed, float drop2d,
-                                            float drop);
 
 // ----------------------------------------------------------------------- inspecting
 

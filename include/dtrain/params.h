@@ -125,7 +125,7 @@ DT_API int dt_params_find(const dt_params *p, const char *name);
 // Floats of trainable tensors (the optimizer's work).
 DT_API size_t dt_params_trainable_numel(const dt_params *p);
 
-// Sets every gradient to 0.
+// Sets every gradient to 0 (with dt_params_set_discard_grads, by dt_params_discard).
 DT_API void dt_params_zero_grad(dt_params *p);
 
 // Whether a split describes a tensor cut into parts (parts > 1).
@@ -138,6 +138,49 @@ DT_API void dt_param_split_whole_shape(const dt_param_split *s, int ndim, const 
 // writes them into their places in `whole` (the other parts' places untouched).
 DT_API void dt_param_split_copy(const dt_param_split *s, int ndim, const int64_t *part_shape,
                                 float *whole, float *part, bool to_whole);
+// ------------------------------------------------------------------------- pages
+// dt_params_alloc maps the parameter and gradient buffers page by page (core.h's
+// dt_alloc_pages): a page costs memory only once written. Sharding over ranks (ZeRO-3,
+// zero.h) keeps only a rank's share of them written and gives the rest back:
+// dt_params_discard sets floats [offset, offset + count) of the gradients (grads true)
+// or of the parameters to 0 and returns the whole pages among them to the system (a
+// range reaching the end takes the padding after the last float too). With storage
+// bound by dt_params_bind it only writes zeros. DT_ERR_ARG outside the buffer.
+DT_API dt_status dt_params_discard(dt_params *p, bool grads, size_t offset, size_t count);
+// Bytes of the resident pages that floats [offset, offset + count) touch (mincore).
+DT_API size_t dt_params_resident(dt_params *p, bool grads, size_t offset, size_t count);
+// dt_params_zero_grad discards the whole gradient buffer instead of writing zeros over
+// it (ZeRO-3 sets this: writing zeros would bring every page back).
+DT_API void dt_params_set_discard_grads(dt_params *p, bool on);
+
+// ------------------------------------------------------------ parameter-use hook
+// A provider that runs a model (the graph does) announces, around each step of a
+// forward or backward pass, which parameter tensors that step reads (and, in backward,
+// whose gradients it adds to), so that a consumer keeping the parameters elsewhere can
+// bring them in just before and drop them after: ZeRO-3 (zero.h) gathers a tensor
+// from the ranks that own it. A pass is DT_USE_BEGIN, then per step DT_USE_ACQUIRE and
+// DT_USE_RELEASE of its tensors (indices into the table, each once), then DT_USE_END;
+// `backward` tells the passes apart. A consumer's failure (a collective that failed)
+// is returned to the provider, which stops the pass with it.
+typedef enum dt_param_use {
+    DT_USE_BEGIN,   // a pass starts (tensors NULL, n 0)
+    DT_USE_ACQUIRE, // the step about to run reads tensors[0..n)
+    DT_USE_RELEASE, // that step is done with them
+    DT_USE_END,     // the pass is over
+} dt_param_use;
+typedef dt_status (*dt_param_use_fn)(void *user, dt_param_use what, bool backward,
+                                     const int *tensors, int n);
+// Providers: announces an event to the consumer (DT_OK when none is set). DT_ERR_ARG for
+// a tensor index outside the table.
+DT_API dt_status dt_params_use(dt_params *p, dt_param_use what, bool backward, const int *tensors,
+                               int n);
+// Providers that announce every read this way say so once (the graph does when it is
+// finalized); ZeRO-3 needs such a provider.
+DT_API void dt_params_set_announces_use(dt_params *p, bool on);
+DT_API bool dt_params_announces_use(const dt_params *p);
+// Consumers: the one consumer (fn NULL removes it). DT_ERR_STATE when another is set.
+DT_API dt_status dt_params_set_use_hook(dt_params *p, dt_param_use_fn fn, void *user);
+DT_API bool      dt_params_has_use_hook(const dt_params *p);
 
 // A predicate over tensors: parameter groups, selection.
 typedef bool (*dt_param_pred)(const dt_param_info *t, void *user);

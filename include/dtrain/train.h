@@ -127,11 +127,12 @@ typedef struct dt_train_args {
     bool        resume, fallback;
     const char *save_model, *load, *trace, *plot;
     bool        eval_only, no_test, stats, profile;
-    long        accumulate;    // micro-batches per optimizer step (default 1)
-    double      clip_grad;     // max gradient norm (0: no clipping)
-    long        invariant;     // gradient shards of a dt_model (-1: the default, see --help)
-    long        data_parallel; // DataParallel replicas (threads) in this process (default 1)
-    long        zero;          // ZeRO stage of the data-parallel group (0: plain DDP; zero.h)
+    long        accumulate;      // micro-batches per optimizer step (default 1)
+    double      clip_grad;       // max gradient norm (0: no clipping)
+    long        invariant;       // gradient shards of a dt_model (-1: the default, see --help)
+    long        data_parallel;   // DataParallel replicas (threads) in this process (default 1)
+    long        zero;            // ZeRO stage of the data-parallel group (0: plain DDP; zero.h)
+    const char *max_rank_memory; // --max-rank-memory as given (NULL: no budget)
     // Model parallelism (programs with dt_trainer_opts.model_parallel; mesh.h, pipe.h,
     // tp.h): mesh sizes (0: pp and tp 1, dp the rest), micro-batches per pipeline step
     // (0: pp) and the pipeline schedule ("gpipe" or "1f1b").
@@ -322,6 +323,12 @@ DT_API void dt_trainer_set_clip_grad(dt_trainer *t, double max_norm);
 DT_API void dt_trainer_exclude_time(dt_trainer *t, double secs);
 // Seconds of the training loop so far (opts.loop_time's measure; final after finish).
 DT_API double dt_trainer_loop_secs(const dt_trainer *t);
+// This rank's parameters, gradients and optimizer state in bytes at their peak (--zero
+// 3: the resident pages measured during the steps; otherwise the buffers' sizes), and
+// the collective payload per optimizer step of this rank (bytes received in gathers
+// and sent in reductions; plain DDP: a ring all-reduce's 2 (N - 1) / N of the
+// gradients). Zeros before dt_trainer_prepare.
+DT_API void dt_trainer_state_bytes(const dt_trainer *t, double *peak, double *moved_per_step);
 
 DT_API int64_t dt_trainer_step_count(const dt_trainer *t);  // optimizer steps so far
 DT_API long    dt_trainer_epoch(const dt_trainer *t);       // of the current batch

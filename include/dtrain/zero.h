@@ -53,8 +53,36 @@
 // (dt_grad_scaler_step would unscale the optimizer's shard table, which has no storage:
 // DT_ERR_ARG.)
 //
+// Stage 3 (FSDP's FULL_SHARD) shards the parameters and gradients too. Rank r owns the
+// floats [own_r, own_r+1) of the flat buffers, own_r = r numel / N rounded down to whole
+// pages (shard_align), and keeps only those written: its optimizer state, parameters
+// and gradients are 1/N of DDP's. The rest of both buffers stays mapped (the layers'
+// views do not move) but given back to the system (dt_params_discard). The provider
+// (the graph: dt_params_announces_use) announces each step of a forward and backward
+// (params.h's parameter-use hook), and ZeRO-3 brings in the units holding the tensors
+// that step reads: units are runs of whole nodes' tensors, each closed once it holds
+// unit_bytes. A unit is gathered by one broadcast per rank whose range it meets, from
+// that rank, in place; it stays until a step needs other units, then its pages are
+// given back. The next unit of the pass (the first pass of each kind records the order)
+// is gathered on the progress thread while the current one computes. After a backward
+// step, the unit's gradients are reduced (summed) to their owners in place, in the
+// background, and the rest given back. A tied tensor (a GPT's head and wte) is simply
+// gathered again, and its gradient reduced after each use: the owner's range sums them.
+// max_live_bytes bounds the units gathered and gradients unreduced at once (prefetch is
+// skipped and reductions waited for to stay below it), trading overlap for memory;
+// every decision depends only on sizes and the recorded order, so every rank issues the
+// same collectives. dt_zero_sync waits for the reductions and scales this rank's range
+// by 1/N; dt_zero_step steps it (no all-gather: the next forward gathers what it
+// reads). dt_zero_set_sync(false) only defers that wait: stage 3 reduces every backward
+// (micro-batches add into the owner's range), so gradients stay sharded. Checkpoints:
+// dt_zero_params_gather brings the whole parameters to one rank (or all) for
+// dt_ckpt_save or a saved model, dt_zero_params_release gives them back; after
+// dt_ckpt_load (which writes every float) release them too.
+//
 // Every call that talks to other ranks is collective. A rank that fails in a collective
-// aborts the group, so every other rank fails at once, naming it (comm.h).
+// aborts the group, so every other rank fails at once, naming it (comm.h). Under stage
+// 3 a forward or backward step is such a call: a rank that dies or freezes makes every
+// other rank's gather or reduction fail within the group's bound, naming it.
 #ifndef DTRAIN_ZERO_H
 #define DTRAIN_ZERO_H
 
@@ -69,11 +97,18 @@ extern "C" {
 typedef struct dt_zero dt_zero;
 
 typedef struct dt_zero_opts {
-    int    stage;              // 1 or 2 (default 2); stage 0 is plain DDP (ddp.h)
+    int    stage;              // 1, 2 or 3 (default 2); stage 0 is plain DDP (ddp.h)
     size_t bucket_cap_bytes;   // 0: 25 MiB (DDP's rule, ddp.h)
     size_t first_bucket_bytes; // 0: 1 MiB when the cap is the default, else the cap
     bool   broadcast_params;   // rank 0's parameters and buffers to every rank at start
                                // (default true)
+    // Stage 3:
+    size_t unit_bytes;     // a unit closes once it holds this much (0: 64 KiB)
+    size_t max_live_bytes; // units' parameters gathered and gradients unreduced at once,
+                           // whole units counted (0: no bound; then one unit is
+                           // prefetched and two reductions at most are in flight)
+    size_t shard_align;    // floats; rank ranges start at multiples (0: a page's worth)
+    bool   track_resident; // measure the resident pages at each step (mincore; usage)
 } dt_zero_opts;
 
 DT_API dt_zero_opts dt_zero_opts_default(void);
@@ -84,7 +119,10 @@ DT_API dt_zero_opts dt_zero_opts_default(void);
 // and must outlive the wrapper. Collective: checks that every rank has the same tensors
 // (DT_ERR_MISMATCH naming the rank and the counts), broadcasts rank 0's parameters and
 // buffers, and, with stage 2, registers a gradient-ready consumer on `params`.
-// DT_ERR_ARG for a stage other than 1 or 2 or an optimizer over another table.
+// DT_ERR_ARG for a stage other than 1, 2 or 3, an optimizer over another table, or
+// stage 3 over parameters whose provider does not announce their use (params.h).
+// Stage 3 registers the parameter-use consumer, makes dt_params_zero_grad discard, and
+// gives back the pages outside this rank's range.
 DT_API dt_status dt_zero_new(dt_zero **out, dt_params *params, dt_pg *pg, dt_optim *opt,
                              const dt_zero_opts *opts);
 // Waits for reductions still in flight; removes the consumer. The optimizer stays
@@ -128,9 +166,46 @@ DT_API int              dt_zero_stage(const dt_zero *z);
 // Buckets: bucket i covers floats [offset, offset + count) of the whole buffers.
 DT_API int  dt_zero_num_buckets(const dt_zero *z);
 DT_API void dt_zero_bucket(const dt_zero *z, int i, size_t *offset, size_t *count);
-// Seconds spent waiting in dt_zero_sync and in dt_zero_step's all-gather, summed over
-// calls, and the number of steps.
+// Seconds spent waiting in dt_zero_sync and in dt_zero_step's all-gather (stage 3: in
+// the gathers of forward and backward steps), summed over calls, and the number of steps.
 DT_API void dt_zero_stats(const dt_zero *z, double *sync_wait_s, double *gather_s, int64_t *steps);
+
+// Multiplies this rank's shard of the gradients by s (gradient accumulation's mean over
+// micro-batches, after dt_zero_sync): the rest of the buffer is not read.
+DT_API void dt_zero_scale_grad(dt_zero *z, float s);
+
+// Stage 3: the whole parameters on rank `root` (every rank with root -1), for a
+// checkpoint or a saved model; collective. dt_zero_params_release gives every page
+// outside this rank's range back (after it, or after a dt_ckpt_load). Both are no-ops
+// in stages 1 and 2, whose ranks hold the whole parameters.
+DT_API dt_status dt_zero_params_gather(dt_zero *z, int root);
+DT_API dt_status dt_zero_params_release(dt_zero *z);
+
+typedef struct dt_zero_usage {
+    size_t shard_floats;        // this rank's share of the buffers (stage 3: its range)
+    size_t state_bytes;         // parameters, gradients (stage 3: its range of each; else
+                                // whole) and optimizer state held between steps
+    size_t live_peak_bytes;     // stage 3: gathered units' parameters and unreduced
+                                // gradients at most, whole units (as max_live_bytes)
+    size_t resident_peak_bytes; // stage 3 with track_resident: parameter and gradient
+                                // pages resident at most (mincore), plus optimizer state
+    double moved_bytes;         // per rank, all steps: floats received in gathers and sent in
+                                // reductions (stage 3), or a ring's share of the reduce-scatter
+                                // and all-gather (1, 2), times 4
+    int64_t steps, gathers, prefetches, reductions;
+    int64_t over_limit; // stage 3: steps whose units alone exceeded max_live_bytes
+} dt_zero_usage;
+DT_API void dt_zero_get_usage(const dt_zero *z, dt_zero_usage *out);
+
+// What a rank holds for `opts->stage` (0: plain DDP) at `world` ranks, before anything
+// is built: parameters, gradients and optimizer state (opt's, over p) between steps,
+// and for stage 3 the least working set (the largest unit's parameters and gradients),
+// in bytes; the largest rank's. Stage 3's max_live_bytes must leave room for `working`.
+typedef struct dt_zero_memory {
+    size_t params, grads, optim, working, total;
+} dt_zero_memory;
+DT_API dt_status dt_zero_plan_memory(dt_params *p, dt_optim *opt, int world,
+                                     const dt_zero_opts *opts, dt_zero_memory *out);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define DT_ALIGN 64
 // From this size on, blocks are aligned to 2 MiB and asked to be backed by transparent
@@ -84,4 +85,76 @@ char *dt_strdup(const char *s) {
     if (p)
         memcpy(p, s, n);
     return p;
+}
+
+// ------------------------------------------------------------------ page-backed blocks
+
+size_t dt_page_bytes(void) {
+    long v = sysconf(_SC_PAGESIZE); // from the auxiliary vector: cheap, and no shared state
+    return v > 0 ? (size_t)v : 4096;
+}
+
+static size_t round_pages(size_t nbytes) {
+    size_t pg = dt_page_bytes();
+    return nbytes ? (nbytes + pg - 1) / pg * pg : pg;
+}
+
+void *dt_alloc_pages(size_t nbytes) {
+    if (should_fail()) {
+        dt_fail(DT_ERR_NOMEM, "allocation of %zu bytes refused (DT_FAIL_ALLOC_AFTER)", nbytes);
+        return NULL;
+    }
+    size_t len = round_pages(nbytes);
+    if (len < nbytes) {
+        dt_fail(DT_ERR_NOMEM, "out of memory mapping %zu bytes", nbytes);
+        return NULL;
+    }
+    // NORESERVE: a ZeRO-3 rank maps every parameter and gradient but writes its share.
+    void *p =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        dt_fail_errno(DT_ERR_NOMEM, "out of memory mapping %zu bytes", nbytes);
+        return NULL;
+    }
+    atomic_fetch_add(&live_count, 1);
+    atomic_fetch_add(&total_count, 1);
+    return p;
+}
+
+void dt_free_pages(void *p, size_t nbytes) {
+    if (!p)
+        return;
+    atomic_fetch_sub(&live_count, 1);
+    munmap(p, round_pages(nbytes));
+}
+
+void dt_discard(void *p, size_t nbytes) {
+    if (!p || !nbytes)
+        return;
+    size_t    pg = dt_page_bytes();
+    uintptr_t a = (uintptr_t)p, e = a + nbytes;
+    uintptr_t a1 = (a + pg - 1) / pg * pg, e1 = e / pg * pg;
+    if (a1 >= e1 || madvise((void *)a1, e1 - a1, MADV_DONTNEED) != 0) {
+        memset(p, 0, nbytes); // no whole page (or the system refused): zeros only
+        return;
+    }
+    memset(p, 0, a1 - a);
+    memset((void *)e1, 0, e - e1);
+}
+
+size_t dt_resident_bytes(const void *p, size_t nbytes) {
+    if (!p || !nbytes)
+        return 0;
+    size_t        pg = dt_page_bytes();
+    uintptr_t     a = (uintptr_t)p / pg * pg, e = ((uintptr_t)p + nbytes + pg - 1) / pg * pg;
+    size_t        n = (e - a) / pg, res = 0;
+    unsigned char vec[4096];
+    for (size_t i = 0; i < n; i += sizeof vec) {
+        size_t k = n - i < sizeof vec ? n - i : sizeof vec;
+        if (mincore((void *)(a + i * pg), k * pg, vec) != 0)
+            return 0;
+        for (size_t j = 0; j < k; j++)
+            res += vec[j] & 1;
+    }
+    return res * pg;
 }

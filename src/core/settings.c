@@ -35,11 +35,11 @@ static const dt_setting table[] = {
      "16-bit matrix products: auto (AVX512-BF16 where the CPU has it, else fp32), "
      "avx512bf16, amx (opt-in: never run on real tiles yet) or fp32 (the fallback)"},
     {"DT_NO_POOL_FUSION", "nn", DT_SETTING_INT, 0, 1, 0, NULL,
-     "1: do not fuse ReLU and 2x2 max-pool into the convolution before them"},
+     "1: keep 2x2 max pools out of the convolution before them (the graph's fusion pass)"},
     // data
     {"DT_DATA_DIR", "data", DT_SETTING_STRING, 0, 0, 0, NULL,
-     "folder of MNIST-format files (default /usr/share/games/fashion-mnist or the "
-     "build-time default)"},
+     "folder of MNIST-format files read when a program gives none (the examples: else "
+     "/usr/share/datasets/fashion-mnist)"},
     // comm: stores, groups and launching
     {"DT_TIMEOUT_MS", "comm", DT_SETTING_INT, -1, 100 * MS_DAY, 30L * 60 * 1000, NULL,
      "bound of every store and collective wait (-1: none, 0: the default 30 min)"},

@@ -14,8 +14,8 @@ dt_dataset_opts dt_dataset_opts_default(void) {
     return (dt_dataset_opts){
         .limit       = 0,
         .num_classes = 10,
-        .mean        = DT_DATA_MEAN_DEFAULT,
-        .std         = DT_DATA_STD_DEFAULT,
+        .mean        = 0.0f,
+        .std         = 1.0f,
     };
 }
 
@@ -162,19 +162,18 @@ static dt_status find_file(const char *dir, const char *stem, char *out, size_t 
             snprintf(out, n, "%s", gz);
         return DT_OK;
     }
-    return dt_fail(DT_ERR_IO,
-                   "expected the MNIST-format file %s in %s, found neither %s nor %s (set "
-                   "DT_DATA_DIR or install dataset-fashion-mnist)",
+    return dt_fail(DT_ERR_IO, "expected the MNIST-format file %s in %s, found neither %s nor %s",
                    stem, dir, out, gz);
 }
 
 dt_status dt_dataset_load_mnist(dt_dataset *ds, const char *dir, bool train,
                                 const dt_dataset_opts *opts) {
     memset(ds, 0, sizeof *ds);
-    if (!dir || !*dir) {
-        const char *env = dt_setting_str("DT_DATA_DIR");
-        dir             = env ? env : DT_DATA_DIR_DEFAULT;
-    }
+    if (!dir || !*dir)
+        dir = dt_setting_str("DT_DATA_DIR");
+    if (!dir || !*dir)
+        return dt_fail(DT_ERR_ARG, "dt_dataset_load_mnist: expected a folder of MNIST-format "
+                                   "files, found none given and DT_DATA_DIR unset");
     const char *set = train ? "train" : "t10k";
     char        stem[64], images[4096], labels[4096];
     snprintf(stem, sizeof stem, "%s-images-idx3-ubyte", set);

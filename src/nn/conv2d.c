@@ -25,7 +25,7 @@
 //
 // A ReLU right after the convolution is fused in: applied while the output is copied
 // out, and its mask applied while the incoming gradient is copied in. With stride 1, a
-// 2x2 stride-2 max pool after that ReLU is fused too (model.c decides): the pooled
+// 2x2 stride-2 max pool after that ReLU is fused too (graph_pass.c decides): the pooled
 // output and the winners' indices are computed straight from the wide GEMM result in
 // cache, and backward scatters the pooled gradient straight into the wide layout, so
 // the full-size output (9.4 MB a batch for the seed's second convolution) is never

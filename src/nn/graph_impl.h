@@ -1,6 +1,8 @@
-// graph_impl.h: the model graph's private layout, shared by graph.c (building, forward,
-// backward) and graph_pipe.c (what pipelines need: slots of values per micro-batch, the
-// ties, and the extraction of a stage's subgraph).
+// graph_impl.h: the model graph's private layout, shared by graph.c (building,
+// finalize), graph_run.c (buffers, threads, forward, backward), graph_pass.c (the passes
+// finalize applies: fusion, in-place aliases) and graph_pipe.c (what pipelines need:
+// slots of values per micro-batch, the ties, and the extraction of a stage's subgraph).
+// model.c builds the Sequential dt_model on it.
 #ifndef DTRAIN_NN_GRAPH_IMPL_H
 #define DTRAIN_NN_GRAPH_IMPL_H
 
@@ -20,6 +22,11 @@ typedef struct gval {
     int            nconsumers;
     int            layer_no; // position among the layer nodes (0 = the first added): its
                              // random streams, as a Sequential model's layer index
+    int  param_layer;        // dt_param_info.layer of its tensors (default: the node)
+    bool seq;                // a layer of the Sequential model's kind (seq.h): run by
+                             // every thread together, on whole-batch buffers
+    int alias;               // in-place (graph_pass.c): the value whose output and
+                             // gradient buffers this node shares, or -1
     // After finalize: tensor indices into the dt_params tables; alias_of: -1 or the
     // (value, tensor) this node's parameter k is tied to.
     int          pidx[DT_LAYER_MAX_TENSORS], bidx[DT_LAYER_MAX_TENSORS];
@@ -32,14 +39,25 @@ typedef struct gval {
     bool         moved; // its layer went to another graph (dt_graph_extract)
     // dt_graph_extract: parameter k was tied to a node left behind; it is a tensor of
     // its own here, registered under its owner's name (empty: not such a copy).
-    char  copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
+    char copy_of[DT_LAYER_MAX_TENSORS][DT_PARAM_NAME_MAX + 1];
+    // The node whose name its tensors are registered under (a node the fusion pass
+    // made: the convolution's); empty: its own.
+    char  tensor_node[DT_GRAPH_NAME_MAX + 1];
     void *w16[DT_LAYER_MAX_TENSORS]; // 16-bit shadows (su.lowp_params), per precision
+    // The backward plan (graph_run.c, made before the threads start): where each input's
+    // gradient goes (dx[j]: the input's dy, or a temporary added into it after), whether
+    // this node's dy must be zeroed first (it feeds nothing that reaches the output) and
+    // whether the threads must meet before it.
+    float   *bdx[DT_LAYER_MAX_INPUTS];
+    bool     bdirect[DT_LAYER_MAX_INPUTS];
+    bool     bzero, bmeet;
+    uint64_t fwd_ns, bwd_ns; // profile (dt_graph_set_profile), on thread 0
 } gval;
 
 // One set of the values a forward leaves for its backward (dt_graph_set_slots): the
 // selected slot's are in the gvals, the others wait here.
 typedef struct gslot {
-    float       **y, **saved; // [nvals], owned
+    float       **y, **saved; // [nvals], owned (an alias's y is its root's: not owned)
     const float **ext;        // [nvals]
     bool         *fwd_training;
     int           batch;
@@ -48,9 +66,13 @@ typedef struct gslot {
 } gslot;
 
 struct dt_graph {
-    gval      *vals;
-    int        nvals, cap, output;
-    bool       finalized, training, input_grad;
+    gval *vals;
+    int   nvals, cap, output;
+    bool  finalized, training, input_grad;
+    bool  no_fusion;    // dt_graph_opts.no_fusion
+    bool  merge_ready;  // one gradient-ready call per node (its tensors' span), as a
+                        // Sequential model reports per layer; else one per tensor
+    bool       profile; // dt_graph_set_profile
     dt_params *params;
     int       *first_user; // per parameter tensor: the earliest node using it
     dt_rng     rng;
@@ -70,13 +92,23 @@ struct dt_graph {
     size_t       tscratch_n;
     uint64_t    *pos_keys; // 0, 1, ..: the sample keys of a split batch without keys
     dt_status   *tstatus;  // [thread] status of the current task
+    int         *tfail;    // [thread] the node whose call failed there, or -1
+    int          failed;   // a thread failed in the current task (read relaxed)
     float      **dyslot;   // the buffers the nodes' gradients share (see share_dy)
     int          ndy;
-    gslot       *slots; // dt_graph_set_slots: nslots sets of values, `slot` selected
+    float      **plan_buf; // [nvals] backward's plan: buffers touched since the threads met
+    size_t      *plan_lay; // [nvals] and their layouts
+    gslot       *slots;    // dt_graph_set_slots: nslots sets of values, `slot` selected
     int          nslots, slot;
     double      *times;    // dt_graph_set_timing: forward and backward seconds per value
     dt_precision prec;     // dt_graph_set_precision
     dt_precision w16_prec; // the format the shadows (gval.w16) were made for
+    bool         hooked;   // the parameters have a use consumer (ZeRO-3): this pass
+                           // announces each node's tensors (params.h)
+    // Gradient shards (dt_graph_set_grad_shards): 0 off, else `shards` buffers of the
+    // parameters' size, shard k at k * numel.
+    int    shards;
+    float *shard_buf;
 };
 
 // The clock of dt_graph_set_timing: this process's CPU time (all its threads), which
@@ -91,5 +123,32 @@ static inline uint64_t dt_graph_cpu_ns(void) {
 // of dt_graph_set_slots; both leave the graph ready for another reserve.
 void dt_graph_release_buffers(dt_graph *g);
 void dt_graph_release_slots(dt_graph *g);
+void dt_graph_free_thread_buffers(dt_graph *g);
+
+// The pass of dt_graph_finalize (graph_pass.c), before the tensors are registered:
+// fusion (conv2d + ReLU (+ 2x2 max pool) into one node of the Sequential kind; nodes
+// removed, the rest renumbered).
+dt_status dt_graph_run_passes(dt_graph *g);
+// In-place nodes (Sequential ReLU, dropout and flatten nodes that are their input's
+// only reader share its buffers), planned with the buffers (graph_run.c's reserve):
+// whether an input is the output may change until then (dt_graph_set_output).
+void dt_graph_plan_aliases(dt_graph *g);
+void dt_graph_free_shadows(dt_graph *g);
+// The name node v's tensors are registered under ("<it>.weight").
+static inline const char *dt_graph_tensor_node(const gval *v) {
+    return v->tensor_node[0] ? v->tensor_node : v->name;
+}
+// The value whose buffers node i's output lives in (itself unless an alias).
+static inline int dt_graph_root(const dt_graph *g, int i) {
+    while (g->vals[i].alias >= 0)
+        i = g->vals[i].alias;
+    return i;
+}
+
+// Profiles (model.c's dt_model_set_profile): time per node on thread 0.
+void dt_graph_set_profile(dt_graph *g, bool on);
+// Per-thread scratch, parameter size and setup of the Sequential nodes changed
+// (precision, shards): their setups run again and the buffers are made anew.
+dt_status dt_graph_setup_again(dt_graph *g);
 
 #endif

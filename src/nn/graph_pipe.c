@@ -121,10 +121,11 @@ dt_status dt_graph_extract(dt_graph **out, dt_graph *whole, int first, int last)
             }
     }
     for (int i = first; st == DT_OK && i <= last; i++) {
-        gval *v       = &whole->vals[i];
-        gval *n       = &g->vals[g->nvals];
-        *n            = *v;
-        n->nconsumers = 0;
+        gval *v        = &whole->vals[i];
+        gval *n        = &g->vals[g->nvals];
+        *n             = *v;
+        n->nconsumers  = 0;
+        n->param_layer = g->nvals;
         for (int j = 0; j < v->nin; j++) {
             n->in[j] = map[v->in[j]];
             g->vals[n->in[j]].nconsumers++;
@@ -179,16 +180,17 @@ dt_status dt_graph_param_table(const dt_graph *g, bool whole, dt_params **out) {
             const dt_layer_tensor *t = &v->su.params[k];
             if (v->copy_of[k][0])
                 snprintf(name, sizeof name, "%s", v->copy_of[k]);
-            else if (snprintf(name, sizeof name, "%s.%s", v->name, t->name) > DT_PARAM_NAME_MAX)
+            else if (snprintf(name, sizeof name, "%s.%s", dt_graph_tensor_node(v), t->name) >
+                     DT_PARAM_NAME_MAX)
                 st = dt_fail(DT_ERR_ARG, "graph: tensor name '%s.%s' is longer than %d bytes",
-                             v->name, t->name, DT_PARAM_NAME_MAX);
+                             dt_graph_tensor_node(v), t->name, DT_PARAM_NAME_MAX);
             int64_t shape[DT_PARAM_MAX_DIMS];
             for (int d = 0; d < DT_PARAM_MAX_DIMS; d++)
                 shape[d] = t->shape[d];
             if (whole)
                 dt_param_split_whole_shape(&t->split, t->ndim, t->shape, shape);
             if (st == DT_OK)
-                st = dt_params_add_ex(p, name, t->ndim, shape, t->flags, i, false);
+                st = dt_params_add_ex(p, name, t->ndim, shape, t->flags, v->param_layer, false);
             // whole: the unsplit shape, and the part this graph's layer holds of it
             if (st == DT_OK && dt_param_split_on(&t->split))
                 st = dt_params_set_split(p, np, &t->split);
@@ -196,11 +198,12 @@ dt_status dt_graph_param_table(const dt_graph *g, bool whole, dt_params **out) {
         }
         for (int k = 0; k < v->su.nbuffers && st == DT_OK; k++) {
             const dt_layer_tensor *t = &v->su.buffers[k];
-            if (snprintf(name, sizeof name, "%s.%s", v->name, t->name) > DT_PARAM_NAME_MAX)
+            if (snprintf(name, sizeof name, "%s.%s", dt_graph_tensor_node(v), t->name) >
+                DT_PARAM_NAME_MAX)
                 st = dt_fail(DT_ERR_ARG, "graph: tensor name '%s.%s' is longer than %d bytes",
-                             v->name, t->name, DT_PARAM_NAME_MAX);
+                             dt_graph_tensor_node(v), t->name, DT_PARAM_NAME_MAX);
             else
-                st = dt_params_add_ex(p, name, t->ndim, t->shape, t->flags, i, true);
+                st = dt_params_add_ex(p, name, t->ndim, t->shape, t->flags, v->param_layer, true);
         }
     }
     if (st != DT_OK) {

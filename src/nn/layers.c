@@ -154,6 +154,13 @@ static dt_status conv_backward(const dt_layer *l, const dt_layer_args *a) {
 static const dt_layer_ops conv_ops = {"conv2d",     conv_setup,    conv_init,
                                       conv_forward, conv_backward, NULL};
 
+bool lay_as_conv2d(const dt_layer *l, dt_nn_conv2d *p) {
+    if (!l || l->ops != &conv_ops)
+        return false;
+    *p = *(const dt_nn_conv2d *)l->config;
+    return true;
+}
+
 dt_conv2d_opts dt_conv2d_opts_default(void) {
     return (dt_conv2d_opts){.sh = 1, .sw = 1, .groups = 1, .bias = true};
 }

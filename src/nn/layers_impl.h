@@ -14,4 +14,10 @@ void lay_tensor(dt_layer_tensor *t, const char *name, uint32_t flags, int ndim, 
 dt_status lay_expect(const char *kind, int nin, const dt_shape *in, int want_nin, int ndim_lo,
                      int ndim_hi);
 
+// What the graph's fusion pass (graph_pass.c) asks of a node's layer: whether it is the
+// built-in Conv2d (then its configuration), ReLU, or MaxPool2d (then its window).
+bool lay_as_conv2d(const dt_layer *l, dt_nn_conv2d *p);
+bool lay_is_relu(const dt_layer *l);
+bool lay_as_maxpool2d(const dt_layer *l, dt_nn_avgpool2d *p);
+
 #endif // DTRAIN_NN_LAYERS_IMPL_H

@@ -80,6 +80,10 @@ static const dt_layer_ops act_ops[] = {
     {"silu", act_setup, NULL, act_forward, act_backward, NULL},
 };
 
+bool lay_is_relu(const dt_layer *l) {
+    return l && l->ops == &act_ops[DT_ACT_RELU];
+}
+
 dt_status dt_layer_act_new(dt_layer **out, dt_act act, const dt_layer_opts *opts) {
     (void)opts;
     if ((int)act < 0 || (int)act > DT_ACT_SILU)
@@ -307,6 +311,13 @@ static dt_status pool_new(dt_layer **out, const dt_layer_ops *ops, int kh, int k
                        ops->kind, kh, kw);
     DT_TRY(dt_nn_avgpool2d_check(&c.p, kh, kw, &ho, &wo));
     return lay_new(out, ops, &c, sizeof c);
+}
+
+bool lay_as_maxpool2d(const dt_layer *l, dt_nn_avgpool2d *p) {
+    if (!l || l->ops != &maxpool_ops)
+        return false;
+    *p = ((const pool_cfg *)l->config)->p;
+    return true;
 }
 
 dt_status dt_layer_avgpool2d_new(dt_layer **out, int kh, int kw, const dt_pool2d_opts *opts) {

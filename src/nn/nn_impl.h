@@ -1,9 +1,11 @@
-// nn_impl.h: what a layer is inside the model. Public code sees only dt_model.
+// nn_impl.h: the layers of the Sequential dt_model (conv2d.c, linear.c, pool2d.c,
+// activation.c, dropout.c), which run as graph nodes (seq.h). Public code sees only
+// dt_model and dt_graph.
 //
 // Threads split a batch by samples: thread t owns samples [s0, s1). Forward never
 // needs the threads to meet, since every layer here treats samples independently.
-// Backward meets after each layer that has parameters, so that its gradient can be
-// summed over threads and handed to the gradient hook while later layers go on.
+// The graph meets after each layer that has parameters, so that its gradient can be
+// summed over threads and reported ready while later layers go on.
 #ifndef DTRAIN_NN_IMPL_H
 #define DTRAIN_NN_IMPL_H
 
@@ -47,7 +49,7 @@ typedef enum nn_grad_mode {
 // shard, sstep = S, and its own zeroed dparams: it must add the shard's samples in
 // increasing order. A SHARED layer sees c->shards = S and must form each shard's sum
 // over its samples in increasing order, then combine the shards by the tree of
-// dt_nn_shard_tree, whatever the thread split. The model combines PARTIAL shards.
+// dt_nn_shard_tree, whatever the thread split. The graph combines PARTIAL shards.
 #define NN_MAX_SHARDS 64
 // Tiles of a linear weight gradient formed per shard at a time (scratch per shard:
 // rows x cols floats; one vector block of shifted.c).

@@ -20,8 +20,13 @@ struct dt_params {
     table  par, buf;
     float *data, *grads, *buffers;
     bool   owned, ready;
+    bool   discard_grads; // dt_params_set_discard_grads
+    bool   announces;     // dt_params_set_announces_use
     hook  *hooks;
     int    nhooks, max_hooks;
+    // The parameter-use consumer (dt_params_set_use_hook).
+    dt_param_use_fn use_fn;
+    void           *use_user;
 };
 
 dt_params_opts dt_params_opts_default(void) {
@@ -52,8 +57,9 @@ void dt_params_free(dt_params *p) {
     if (!p)
         return;
     if (p->owned) {
-        dt_free(p->data);
-        dt_free(p->grads);
+        size_t n = sizeof(float) * (p->par.numel ? p->par.numel : 1);
+        dt_free_pages(p->data, n);
+        dt_free_pages(p->grads, n);
         dt_free(p->buffers);
     }
     dt_free(p->par.t);
@@ -201,13 +207,13 @@ void dt_param_split_copy(const dt_param_split *s, int ndim, const int64_t *part_
 dt_status dt_params_alloc(dt_params *p) {
     if (!p || p->ready)
         return dt_fail(DT_ERR_STATE, "params: storage already set (or NULL table)");
-    size_t n = p->par.numel, nb = p->buf.numel;
-    p->data    = dt_alloc_zero(sizeof(float) * (n ? n : 1));
-    p->grads   = dt_alloc_zero(sizeof(float) * (n ? n : 1));
+    size_t n = p->par.numel, nb = p->buf.numel, bytes = sizeof(float) * (n ? n : 1);
+    p->data    = dt_alloc_pages(bytes); // zeroed; pages appear as they are written
+    p->grads   = dt_alloc_pages(bytes);
     p->buffers = nb ? dt_alloc_zero(sizeof(float) * nb) : NULL;
     p->owned   = true;
     if (!p->data || !p->grads || (nb && !p->buffers)) {
-        dt_free(p->data), dt_free(p->grads), dt_free(p->buffers);
+        dt_free_pages(p->data, bytes), dt_free_pages(p->grads, bytes), dt_free(p->buffers);
         p->data = p->grads = p->buffers = NULL;
         return DT_ERR_NOMEM;
     }
@@ -279,8 +285,75 @@ size_t dt_params_trainable_numel(const dt_params *p) {
 }
 
 void dt_params_zero_grad(dt_params *p) {
-    if (p->ready && p->par.numel)
+    if (p->ready && p->par.numel && p->discard_grads)
+        dt_params_discard(p, true, 0, p->par.numel);
+    else if (p->ready && p->par.numel)
         memset(p->grads, 0, sizeof(float) * p->par.numel);
+}
+
+// ------------------------------------------------------------------------- pages
+
+dt_status dt_params_discard(dt_params *p, bool grads, size_t offset, size_t count) {
+    size_t n = p->par.numel;
+    if (!p->ready || offset > n || count > n - offset)
+        return dt_fail(DT_ERR_ARG, "params: discard [%zu, %zu) outside the %zu parameters", offset,
+                       offset + count, n);
+    float *base = grads ? p->grads : p->data;
+    if (!count)
+        return DT_OK;
+    if (!p->owned) {
+        memset(base + offset, 0, sizeof(float) * count);
+        return DT_OK;
+    }
+    size_t bytes = sizeof(float) * count;
+    if (offset + count == n) { // the padding of the last page goes with it
+        size_t pg = dt_page_bytes(), end = sizeof(float) * n;
+        bytes += (end + pg - 1) / pg * pg - end;
+    }
+    dt_discard(base + offset, bytes);
+    return DT_OK;
+}
+
+size_t dt_params_resident(dt_params *p, bool grads, size_t offset, size_t count) {
+    if (!p->ready || offset > p->par.numel || count > p->par.numel - offset)
+        return 0;
+    return dt_resident_bytes((grads ? p->grads : p->data) + offset, sizeof(float) * count);
+}
+
+void dt_params_set_discard_grads(dt_params *p, bool on) {
+    p->discard_grads = on;
+}
+
+// ------------------------------------------------------------ parameter-use hook
+
+dt_status dt_params_use(dt_params *p, dt_param_use what, bool backward, const int *tensors, int n) {
+    if (!p->use_fn)
+        return DT_OK;
+    for (int i = 0; i < n; i++)
+        if (tensors[i] < 0 || tensors[i] >= p->par.n)
+            return dt_fail(DT_ERR_ARG, "params: use of tensor %d, expected one of [0, %d)",
+                           tensors[i], p->par.n);
+    return p->use_fn(p->use_user, what, backward, tensors, n);
+}
+
+void dt_params_set_announces_use(dt_params *p, bool on) {
+    p->announces = on;
+}
+bool dt_params_announces_use(const dt_params *p) {
+    return p->announces;
+}
+
+dt_status dt_params_set_use_hook(dt_params *p, dt_param_use_fn fn, void *user) {
+    if (fn && p->use_fn && (p->use_fn != fn || p->use_user != user))
+        return dt_fail(DT_ERR_STATE, "params: expected one parameter-use consumer, found a "
+                                     "second (is a ZeRO-3 wrapper still alive on these "
+                                     "parameters?)");
+    p->use_fn   = fn;
+    p->use_user = fn ? user : NULL;
+    return DT_OK;
+}
+bool dt_params_has_use_hook(const dt_params *p) {
+    return p->use_fn != NULL;
 }
 
 bool dt_param_no_decay(const dt_param_info *t, void *user) {

@@ -77,12 +77,14 @@ dt_status dt_optim_alloc(dt_optim **out, dt_optim_kind kind, dt_params *p, size_
     dt_optim *o = dt_alloc_zero(sizeof *o);
     if (!o)
         return DT_ERR_NOMEM;
-    int nt    = dt_params_count(p);
-    o->state  = nstate ? dt_alloc_zero(nstate * sizeof(float)) : NULL;
+    int nt = dt_params_count(p);
+    // Page-backed: a state that ZeRO shards before the first step is never written whole.
+    o->state  = nstate ? dt_alloc_pages(nstate * sizeof(float)) : NULL;
     o->tgroup = dt_alloc(sizeof(int) * (size_t)(nt ? nt : 1));
     o->ranges = dt_alloc(sizeof(optim_range) * (size_t)(nt ? nt : 1));
     if ((nstate && !o->state) || !o->tgroup || !o->ranges) {
-        dt_free(o->state), dt_free(o->tgroup), dt_free(o->ranges), dt_free(o);
+        dt_free_pages(o->state, nstate * sizeof(float));
+        dt_free(o->tgroup), dt_free(o->ranges), dt_free(o);
         return DT_ERR_NOMEM;
     }
     o->kind      = kind;
@@ -245,7 +247,7 @@ dt_params *dt_optim_params(dt_optim *o) {
 void dt_optim_free(dt_optim *o) {
     if (!o)
         return;
-    dt_free(o->state);
+    dt_free_pages(o->state, o->nstate * sizeof(float));
     dt_free(o->tgroup);
     dt_free(o->ranges);
     dt_free(o->flat_off);
@@ -275,12 +277,13 @@ dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
                            "table, found tensor index %d at float %zu (+%zu)",
                            name, pi->name, src_tensor[i], flat_off[i], pi->count);
     }
-    float       *state  = nblocks && ns ? dt_alloc_zero(nblocks * ns * sizeof(float)) : NULL;
+    float       *state  = nblocks && ns ? dt_alloc_pages(nblocks * ns * sizeof(float)) : NULL;
     int         *tgroup = dt_alloc(sizeof(int) * (size_t)(nt ? nt : 1));
     size_t      *off    = dt_alloc(sizeof(size_t) * (size_t)(nt ? nt : 1));
     optim_range *ranges = dt_alloc(sizeof(optim_range) * (size_t)(nt ? nt : 1));
     if ((nblocks && ns && !state) || !tgroup || !off || !ranges) {
-        dt_free(state), dt_free(tgroup), dt_free(off), dt_free(ranges);
+        dt_free_pages(state, nblocks * ns * sizeof(float));
+        dt_free(tgroup), dt_free(off), dt_free(ranges);
         return DT_ERR_NOMEM;
     }
     for (int i = 0; i < nt; i++) {
@@ -291,13 +294,15 @@ dt_status dt_optim_shard(dt_optim *o, dt_params *shard, const int *src_tensor,
             memcpy(state + b * ns + pi->offset, o->state + b * o->n + flat_off[i],
                    pi->count * sizeof(float));
     }
-    dt_free(o->state), dt_free(o->tgroup), dt_free(o->ranges);
+    dt_free_pages(o->state, o->nstate * sizeof(float));
+    dt_free(o->tgroup), dt_free(o->ranges);
     o->full_n   = o->n;
     o->state    = state;
     o->nstate   = nblocks * ns;
     o->tgroup   = tgroup;
     o->ranges   = ranges;
     o->flat_off = off;
+    o->whole    = o->p;
     o->p        = shard; // o->params and o->grads stay the whole table's
     o->n        = ns;
     build_ranges(o);
@@ -324,9 +329,7 @@ void dt_optim_step(dt_optim *o) {
 }
 
 void dt_optim_zero_grad(dt_optim *o) {
-    size_t n = o->flat_off ? o->full_n : o->n;
-    if (n)
-        memset(o->grads, 0, n * sizeof *o->grads);
+    dt_params_zero_grad(o->whole ? o->whole : o->p); // as the table says (ZeRO-3 discards)
 }
 
 float dt_optim_lr(const dt_optim *o) {

@@ -50,8 +50,9 @@ struct dt_optim {
     // Sharded (dt_optim_shard): p is the shard's table (a description without storage);
     // tensor i of it lies at float flat_off[i] of the full table's buffers (full_n
     // floats).
-    size_t *flat_off; // owned; NULL when not sharded
-    size_t  full_n;
+    size_t    *flat_off; // owned; NULL when not sharded
+    size_t     full_n;
+    dt_params *whole; // sharded: the whole table (its dt_params_zero_grad)
     union {
         dt_sgd_opts      sgd;
         dt_adam_opts     adam;

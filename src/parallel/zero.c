@@ -1,46 +1,14 @@
 // zero.c: ZeRO stages 1 and 2 over the parameter contract (see zero.h for the contract
-// and the shard layout).
-#include "dtrain/zero.h"
+// and the shard layout), and what stage 3 (zero3.c) shares with them: the shard table,
+// the norm, the step, the usage.
 #include "dtrain/trace.h"
+#include "zero_impl.h"
 
 #include "ddp/buckets.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-typedef struct zbucket {
-    size_t   offset, count; // floats of the whole buffers
-    size_t   q;             // floor(count / world): each rank's chunk
-    size_t   soff;          // this rank's chunk in the shard, then the remainder
-    int      first, ntensors;
-    int      ntrain, pending; // stage 2: trainable tensors not yet ready
-    dt_work *rs, *ar;         // the reduce-scatter and the remainder's all-reduce in flight
-    bool     started;
-} zbucket;
-
-struct dt_zero {
-    dt_params   *p, *shard;
-    dt_pg       *pg;
-    dt_optim    *opt;
-    dt_zero_opts o;
-    int          world, rank;
-    int          ntensors, nbuckets;
-    zbucket     *b;
-    int         *tensor_bucket; // [ntensors], -1 for frozen tensors outside every bucket
-    bool        *ready;         // [ntensors]
-    int          next_launch;
-    bool         sync, hooked;
-    dt_status    err;
-    char         errmsg[512];
-    size_t       ns;
-    int          npieces;
-    int         *piece_src;     // [npieces] source tensor of each shard tensor
-    size_t      *piece_flat;    // [npieces] its float offset in the whole buffers
-    bool        *piece_primary; // [npieces] counted in the norm (remainders: last rank only)
-    double       wait_s, gather_s;
-    int64_t      steps;
-};
 
 dt_zero_opts dt_zero_opts_default(void) {
     return (dt_zero_opts){.stage = 2, .broadcast_params = true};
@@ -77,9 +45,7 @@ static dt_status form_buckets(dt_zero *z) {
     return DT_OK;
 }
 
-// Adds the pieces of tensors that floats [lo, hi) of the whole buffers hold to the shard
-// table (or only counts them when add is false).
-static dt_status add_pieces(dt_zero *z, size_t lo, size_t hi, bool primary, bool add) {
+dt_status dt_zero_add_pieces(dt_zero *z, size_t lo, size_t hi, bool primary, bool add) {
     for (int t = 0; t < z->ntensors && lo < hi; t++) {
         const dt_param_info *pi = dt_params_info(z->p, t);
         size_t               a  = pi->offset > lo ? pi->offset : lo;
@@ -105,14 +71,16 @@ static dt_status add_pieces(dt_zero *z, size_t lo, size_t hi, bool primary, bool
 }
 
 // The shard table: per bucket, this rank's chunk, then the remainder (primary on the
-// last rank, where it continues the chunk).
-static dt_status build_shard(dt_zero *z, bool add) {
+// last rank, where it continues the chunk); stage 3: this rank's range [lo, hi).
+static dt_status build_shard(dt_zero *z, bool add, size_t lo, size_t hi) {
     z->npieces = 0;
+    if (z->o.stage == 3)
+        return dt_zero_add_pieces(z, lo, hi, true, add);
     for (int i = 0; i < z->nbuckets; i++) {
         const zbucket *bk = &z->b[i];
         size_t c0 = bk->offset + (size_t)z->rank * bk->q, r0 = bk->offset + bk->q * z->world;
-        DT_TRY(add_pieces(z, c0, c0 + bk->q, true, add));
-        DT_TRY(add_pieces(z, r0, bk->offset + bk->count, z->rank == z->world - 1, add));
+        DT_TRY(dt_zero_add_pieces(z, c0, c0 + bk->q, true, add));
+        DT_TRY(dt_zero_add_pieces(z, r0, bk->offset + bk->count, z->rank == z->world - 1, add));
     }
     return DT_OK;
 }
@@ -168,6 +136,9 @@ static dt_status start_bucket(dt_zero *z, int i) {
                                        DT_REDUCE_AVG, &bk->rs);
     if (s == DT_OK && rem)
         s = dt_pg_all_reduce_async(z->pg, g + r0, g + r0, rem, DT_FLOAT32, DT_REDUCE_AVG, &bk->ar);
+    // What a ring moves per rank: the others' chunks of this rank's, and twice the
+    // remainder's (N - 1) / N.
+    z->moved += (double)(z->world - 1) * ((double)bk->q + 2.0 * (double)rem / z->world);
     DT_TRACE_END(tr, "zero", "bucket start", "bucket", i);
     return s == DT_OK ? DT_OK : dt_fail_context("zero: bucket %d", i);
 }
@@ -250,6 +221,8 @@ static dt_status finish_bucket(dt_zero *z, int i) {
 }
 
 dt_status dt_zero_sync(dt_zero *z) {
+    if (z->o.stage == 3) // reduced during every backward; the sum becomes the mean here
+        return z->sync ? dt_zero3_sync(z) : DT_OK;
     if (!z->sync)
         return DT_OK;
     double    t0 = dt_now();
@@ -345,6 +318,12 @@ dt_status dt_zero_clip_grad_norm(dt_zero *z, float max_norm, float *norm) {
 
 dt_status dt_zero_step(dt_zero *z) {
     float *p = dt_params_data(z->p);
+    if (z->o.stage == 3) { // the next forward gathers what it reads
+        DT_TRY(dt_zero3_settle(z));
+        dt_optim_step(z->opt);
+        z->steps++;
+        return DT_OK;
+    }
     dt_optim_step(z->opt); // this rank's pieces, in place in the whole buffer
     double    t0 = dt_now();
     dt_status s  = DT_OK;
@@ -357,6 +336,7 @@ dt_status dt_zero_step(dt_zero *z) {
         if (bk->q)
             s = dt_pg_all_gather_async(z->pg, chunk + (size_t)z->rank * bk->q, chunk, bk->q,
                                        DT_FLOAT32, &bk->rs);
+        z->moved += (double)(z->world - 1) * (double)bk->q;
     }
     for (int i = 0; i < z->nbuckets; i++)
         if (z->b[i].rs) {
@@ -390,8 +370,12 @@ static dt_status zero_init(dt_zero *z) {
             DT_TRY(dt_pg_broadcast(z->pg, dt_params_buffers(z->p), dt_params_buffer_numel(z->p),
                                    DT_FLOAT32, 0));
     }
-    DT_TRY(form_buckets(z));
-    DT_TRY(build_shard(z, false));
+    size_t lo = 0, hi = 0;
+    if (z->o.stage == 3)
+        DT_TRY(dt_zero3_init(z, &lo, &hi));
+    else
+        DT_TRY(form_buckets(z));
+    DT_TRY(build_shard(z, false, lo, hi));
     size_t np        = (size_t)(z->npieces ? z->npieces : 1);
     z->piece_src     = dt_alloc(sizeof(int) * np);
     z->piece_flat    = dt_alloc(sizeof(size_t) * np);
@@ -399,7 +383,7 @@ static dt_status zero_init(dt_zero *z) {
     if (!z->piece_src || !z->piece_flat || !z->piece_primary)
         return DT_ERR_NOMEM;
     DT_TRY(dt_params_new(&z->shard, NULL));
-    DT_TRY(build_shard(z, true));
+    DT_TRY(build_shard(z, true, lo, hi));
     DT_TRY(dt_optim_shard(z->opt, z->shard, z->piece_src, z->piece_flat));
     reset_step(z);
     if (z->o.stage == 2) {
@@ -413,9 +397,10 @@ dt_status dt_zero_new(dt_zero **out, dt_params *params, dt_pg *pg, dt_optim *opt
                       const dt_zero_opts *opts) {
     *out           = NULL;
     dt_zero_opts o = opts ? *opts : dt_zero_opts_default();
-    if (o.stage != 1 && o.stage != 2)
+    if (o.stage < 1 || o.stage > 3)
         return dt_fail(DT_ERR_ARG,
-                       "zero: expected stage 1 or 2 (stage 0 is plain DDP: dt_ddp_new), found %d",
+                       "zero: expected stage 1, 2 or 3 (stage 0 is plain DDP: dt_ddp_new), found "
+                       "%d",
                        o.stage);
     if (!params || !dt_params_ready(params) || !pg || !opt)
         return dt_fail(DT_ERR_ARG,
@@ -450,7 +435,9 @@ void dt_zero_free(dt_zero *z) {
         if (z->b[i].ar)
             dt_work_wait(z->b[i].ar), dt_work_free(z->b[i].ar);
     }
-    if (z->hooked)
+    if (z->z3)
+        dt_zero3_free(z);
+    else if (z->hooked)
         dt_params_remove_grad_hook(z->p, on_grad_ready, z);
     // The optimizer keeps pointing at the shard table: it is only safe to free after it.
     dt_free(z->b);
@@ -487,4 +474,80 @@ void dt_zero_stats(const dt_zero *z, double *sync_wait_s, double *gather_s, int6
         *gather_s = z->gather_s;
     if (steps)
         *steps = z->steps;
+}
+
+void dt_zero_scale_grad(dt_zero *z, float s) {
+    float *g = dt_params_grads(z->p);
+    for (int k = 0; k < z->npieces; k++) {
+        const dt_param_info *pi = dt_params_info(z->shard, k);
+        for (size_t i = 0; pi->trainable && i < pi->count; i++)
+            g[z->piece_flat[k] + i] *= s;
+    }
+}
+
+dt_status dt_zero_params_gather(dt_zero *z, int root) {
+    if (root < -1 || root >= z->world)
+        return dt_fail(DT_ERR_ARG, "zero: expected a root in [-1, %d), found %d", z->world, root);
+    return z->z3 ? dt_zero3_params_gather(z, root) : DT_OK;
+}
+
+dt_status dt_zero_params_release(dt_zero *z) {
+    return z->z3 ? dt_zero3_params_release(z) : DT_OK;
+}
+
+void dt_zero_get_usage(const dt_zero *z, dt_zero_usage *u) {
+    memset(u, 0, sizeof *u);
+    size_t nf = 0, n = dt_params_numel(z->p);
+    dt_optim_state(z->opt, &nf);
+    u->shard_floats = z->ns;
+    u->state_bytes  = sizeof(float) * (2 * n + nf);
+    if (z->z3)
+        dt_zero3_usage(z, u);
+    u->moved_bytes = sizeof(float) * z->moved;
+    u->steps       = z->steps;
+}
+
+dt_status dt_zero_plan_memory(dt_params *p, dt_optim *opt, int world, const dt_zero_opts *opts,
+                              dt_zero_memory *out) {
+    memset(out, 0, sizeof *out);
+    dt_zero_opts o = opts ? *opts : dt_zero_opts_default();
+    if (!p || !dt_params_ready(p) || !opt || world < 1 || o.stage < 0 || o.stage > 3)
+        return dt_fail(DT_ERR_ARG,
+                       "zero: expected parameters, an optimizer, a world >= 1 and a stage in "
+                       "0..3, found world %d and stage %d",
+                       world, o.stage);
+    size_t n = dt_params_numel(p), nf = 0, np = dt_optim_num_params(opt);
+    dt_optim_state(opt, &nf);
+    size_t blocks = np ? nf / np : 0; // floats of state per parameter float
+    size_t own = n, optim = blocks * n;
+    if (o.stage == 3) {
+        size_t *r = dt_alloc(sizeof(size_t) * (size_t)(world + 1));
+        if (!r)
+            return DT_ERR_NOMEM;
+        dt_zero3_ranges(p, world, o.shard_align, r);
+        own = 0;
+        for (int i = 0; i < world; i++)
+            own = r[i + 1] - r[i] > own ? r[i + 1] - r[i] : own;
+        dt_free(r);
+        optim        = blocks * own;
+        out->working = 2 * sizeof(float) * dt_zero3_largest_unit(p, o.unit_bytes);
+    } else if (o.stage > 0) { // a bucket's chunk and remainder: at most ceil(c / N) + N
+        dt_bucket_span *spans = dt_alloc(sizeof *spans * (size_t)(dt_params_count(p) + 1));
+        int            *tb    = dt_alloc(sizeof(int) * (size_t)(dt_params_count(p) + 1));
+        int             nb    = 0;
+        if (!spans || !tb) {
+            dt_free(spans), dt_free(tb);
+            return DT_ERR_NOMEM;
+        }
+        dt_bucket_plan(p, o.bucket_cap_bytes, o.first_bucket_bytes, spans, &nb, tb);
+        optim = 0;
+        for (int i = 0; i < nb; i++)
+            optim += blocks * (spans[i].count / (size_t)world + spans[i].count % (size_t)world);
+        dt_free(spans), dt_free(tb);
+    }
+    out->params = sizeof(float) * own;
+    out->grads  = sizeof(float) * own;
+    out->optim  = sizeof(float) * optim;
+    out->total  = out->params + out->grads + out->optim + out->working;
+    return DT_OK;
 }

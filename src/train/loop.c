@@ -96,10 +96,13 @@ static dt_status save(dt_trainer *t) {
     double        t0 = dt_now();
     dt_ckpt_state cs = ckpt_state(t);
     dt_ckpt_opts  co = ckpt_opts(t);
-    if (dt_train_mesh_on(t)) // each model part's own checkpoints
+    if (dt_train_mesh_on(t)) { // each model part's own checkpoints
         DT_TRY(dt_train_mesh_save(t, &cs, &co));
-    else
+    } else {
+        DT_TRY(dt_train_gather_params(t)); // --zero 3: the whole parameters on rank 0
         DT_TRY(dt_ckpt_save(t->a.checkpoint_dir, t->pg, &cs, &co));
+        DT_TRY(dt_train_release_params(t));
+    }
     t->ckpt_secs += dt_now() - t0;
     t->ckpt_saves++;
     t->last_saved = t->step;
@@ -145,7 +148,13 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
         dt_ckpt_opts  co = ckpt_opts(t);
-        dt_status     st = dt_train_mesh_check_layout(t);
+        // A step-based run without a sampler (dtrain-gpt) resumes at any world size: its
+        // batches follow the seed and the step, and the trainer's stream is the seed's
+        // (restoring it changes nothing), so only the shared state is loaded.
+        bool any_world = t->total_steps > 0 && !t->smp && !dt_train_mesh_on(t);
+        if (any_world)
+            co.reshard = true, cs.nrngs = 0;
+        dt_status st = dt_train_mesh_check_layout(t);
         if (!st && dt_train_mesh_on(t))
             st = dt_train_mesh_load(t, &cs, &co, &info);
         else if (!st)
@@ -158,9 +167,12 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         if (!st && info.found) {
             t->step = t->last_saved = info.step;
             t->epoch                = (long)info.epoch;
-            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu)%s\n", info.path,
+            char by[48]             = "";
+            if (info.world != t->world)
+                snprintf(by, sizeof by, ", saved by %d ranks", info.world);
+            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu%s)%s\n", info.path,
                              (unsigned long long)info.epoch,
-                             t->batch ? info.position / t->batch : (size_t)0,
+                             t->batch ? info.position / t->batch : (size_t)0, by,
                              info.refused ? " after refusing newer checkpoints" : "");
         } else if (!st) {
             dt_trainer_print(t, "no checkpoint in %s: starting fresh\n", a->checkpoint_dir);
@@ -175,9 +187,18 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "gradients after backward), found DT_SPLIT_TRAIN_UNEVEN",
                        a->zero);
     dt_pg *dpg = dt_train_dp_group(t); // the world's group without a mesh
+    if (dpg && a->zero == 3 && (a->data_parallel > 1 || dt_train_mesh_on(t)))
+        return dt_fail(DT_ERR_ARG, "--zero 3 with %s: not supported yet (%s)",
+                       a->data_parallel > 1 ? "--data-parallel" : "--pp or --tp",
+                       a->data_parallel > 1 ? "replicas copy the whole parameters, which "
+                                              "ZeRO-3 shards"
+                                            : "a pipeline's micro-batches and a tensor "
+                                              "split's parts are not gathered by units");
+    dt_zero_opts zo   = dt_zero_opts_default();
+    zo.stage          = dpg ? (int)a->zero : 0;
+    zo.track_resident = zo.stage == 3;            // the peak that dt_trainer_state_bytes reports
+    DT_TRY(dt_train_plan_memory(t, p, opt, &zo)); // --max-rank-memory
     if (dpg && a->zero > 0) {
-        dt_zero_opts zo = dt_zero_opts_default();
-        zo.stage        = (int)a->zero;
         size_t full = 0, shard = 0;
         dt_optim_state(opt, &full);
         DT_TRY(dt_zero_new(&t->zero, p, dpg, opt, &zo));
@@ -458,7 +479,9 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         } else if (t->zero) { // this rank's shard of the averaged gradient
             DT_TRY(dt_zero_sync(t->zero));
         }
-        if (t->window > 1 && !t->join) // the mean over the window's micro-batches
+        if (t->window > 1 && !t->join && t->zero) // only this rank's shard is read
+            dt_zero_scale_grad(t->zero, 1.0f / (float)t->window);
+        else if (t->window > 1 && !t->join) // the mean over the window's micro-batches
             scale_grads(t->p, 1.0f / (float)t->window);
         // fp16: unscale, agree on inf/NaN over the ranks; a bad step is skipped by all
         bool skip = false;
@@ -647,16 +670,22 @@ dt_status dt_trainer_finish(dt_trainer *t) {
                          "Parameters identical on the %d replicas of each of the %d model parts "
                          "(rank 0's CRC32C %08x)\n",
                          dt_train_dp_size(t), t->world / dt_train_dp_size(t), crc);
+    } else if (t->zero && dt_zero_stage(t->zero) == 3) { // no replicas: each rank its range
+        dt_trainer_print(t, "Parameters sharded over %d ranks (ZeRO-3)\n", t->world);
     } else {
         DT_TRY(check_replicas(t, &crc));
         if (t->pg)
             dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world,
                              crc);
     }
-    if (a->save_model && dt_train_mesh_on(t)) // the parts gathered: the whole model's file
+    if (a->save_model && dt_train_mesh_on(t)) { // the parts gathered: the whole model's file
         DT_TRY(dt_train_mesh_save_model(t, a->save_model));
-    else if (t->rank == 0 && a->save_model)
-        DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
+    } else if (a->save_model) { // --zero 3: the shards gathered on rank 0 for it
+        DT_TRY(dt_train_gather_params(t));
+        if (t->rank == 0)
+            DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
+        DT_TRY(dt_train_release_params(t));
+    }
     if (a->save_model)
         dt_trainer_print(t, "Saved the model to %s\n", a->save_model);
     return DT_OK;

@@ -325,13 +325,20 @@ static dt_status resumed_cuts(dt_trainer *t, int ncand, const char *const *cand,
         msg[0] = (int32_t)st;
         msg[1] = found && pp > 1;
     }
-    char why[1024];
-    snprintf(why, sizeof why, "%s", st == DT_OK ? "" : dt_last_error());
+    // The reason travels with the outcome, so that every rank's error names both
+    // layouts (whichever rank's message the launcher shows first).
+    int32_t why[256] = {0};
+    if (st != DT_OK)
+        snprintf((char *)why, sizeof why, "%s", dt_last_error());
     // One broadcast of the outcome, one of the cuts: every rank cuts alike.
     DT_TRY(dt_pg_broadcast(t->pg, msg, 2, DT_INT32, 0));
-    if (msg[0] != DT_OK)
-        return t->rank == 0 ? dt_fail(st, "%s", why)
-                            : dt_fail((dt_status)msg[0], "rank 0 refused the checkpoints' layout");
+    if (msg[0] != DT_OK) {
+        DT_TRY(dt_pg_broadcast(t->pg, why, sizeof why / sizeof why[0], DT_INT32, 0));
+        ((char *)why)[sizeof why - 1] = 0;
+        return t->rank == 0 ? dt_fail(st, "%s", (const char *)why)
+                            : dt_fail((dt_status)msg[0], "rank 0 refused the checkpoints: %s",
+                                      (const char *)why);
+    }
     if (!msg[1])
         return DT_OK;
     int32_t got[1024];

@@ -48,6 +48,17 @@ dt_status dt_train_preempt_agree(dt_pg *pg, bool *stop);
 // ends the process at once.
 void dt_train_preempt_release(void);
 
+// The memory budget and ZeRO-3's needs (memory.c). _parse_bytes: "512M", "1.5G" (K, M,
+// G, T: powers of 1024). _plan_memory: what a rank holds for zo->stage at this world,
+// refused (DT_ERR_ARG, naming both numbers) over the budget; stage 3's live units get
+// what the shard leaves of it; printed under a budget or with stage 3. _gather_params
+// and _release_params: the whole parameters on rank 0 around a checkpoint or a saved
+// model (no-ops but under --zero 3).
+dt_status dt_train_parse_bytes(const char *s, uint64_t *out);
+dt_status dt_train_plan_memory(dt_trainer *t, dt_params *p, dt_optim *opt, dt_zero_opts *zo);
+dt_status dt_train_gather_params(dt_trainer *t);
+dt_status dt_train_release_params(dt_trainer *t);
+
 // The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
@@ -141,6 +152,9 @@ struct dt_trainer {
     int       *cut_node, ncuts; // positions in the whole graph
     char       cut_names[1024]; // "a,b" for messages and the layout file
     char       mp_help[2][256]; // --pp's and --tp's help where the model has no cut
+    // --max-rank-memory in bytes (0: none) and what the run's stage needs (memory.c).
+    uint64_t budget;
+    size_t   plan_bytes;
 };
 
 // mesh.c: model parallelism in the trainer (train.h's "model parallelism").

@@ -84,11 +84,19 @@ static void build_common(dt_trainer *t) {
              "one machine, or inside each process (DDP between them); when\n"
              "threads win and when processes do: docs/trainer.md",
            T, DT_FLAG_CKPT_WARN, 0, 0},
-          {"zero", DT_FLAG_LONG, &a->zero, "0", 0, 2, "S",
+          {"zero", DT_FLAG_LONG, &a->zero, "0", 0, 3, "S",
            "ZeRO stage over the data-parallel ranks: 0 plain DDP (default),\n"
              "1 optimizer state sharded (1/P per rank), 2 gradients\n"
-             "reduce-scattered during backward too (docs/zero.md)",
+             "reduce-scattered during backward too, 3 parameters and\n"
+             "gradients sharded as well, each layer gathered just before\n"
+             "use (FSDP; model graphs only; docs/zero.md)",
            D, S | DT_FLAG_CKPT_WARN, 0, 0},
+          {"max-rank-memory", DT_FLAG_STRING, &a->max_rank_memory, NULL, 0, 0, "BYTES",
+           "refuse to start when a rank's parameters, gradients and\n"
+             "optimizer state (for this --zero stage and world size) need\n"
+             "more than BYTES (K, M, G suffixes); --zero 3 keeps its\n"
+             "gathered layers within it",
+           D, S, 0, 0},
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -298,6 +306,8 @@ dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv, const dt_train
     dt_status st   = dt_flags_parse(t->tables, argc, argv, &help);
     if (!st && !help)
         st = check_args(&t->a);
+    if (!st && !help && t->a.max_rank_memory)
+        st = dt_train_parse_bytes(t->a.max_rank_memory, &t->budget);
     if (!st && !help) { // --dp --pp --tp against the world size, when it is known here
         dt_launch_env le;
         int           world = 1;
@@ -363,7 +373,7 @@ dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value)
 static dt_status check_shared(dt_trainer *t) {
     if (!t->pg)
         return DT_OK;
-    dt_train_setting s[2 * MAX_COMMON + MAX_SETTINGS];
+    dt_train_setting s[2 * MAX_COMMON + MAX_SETTINGS + 2];
     char             names[2 * MAX_COMMON][72];
     int              n = 0;
     for (int k = 0; t->tables[k]; k++)
@@ -387,6 +397,8 @@ static dt_status check_shared(dt_trainer *t) {
     s[n++] = (dt_train_setting){.flag  = "--invariant (its default follows the cores: give it "
                                          "explicitly on machines of different sizes)",
                                 .value = t->inv_v};
+    s[n++] =
+        (dt_train_setting){.flag = "--max-rank-memory (in bytes)", .value = (int64_t)t->budget};
     for (int i = 0; i < t->nextra; i++)
         s[n++] = (dt_train_setting){.flag = t->extra[i].what, .value = t->extra[i].value};
     return dt_train_check_settings(t->pg, s, n);

@@ -12,6 +12,7 @@
 //   the previous complete checkpoint when asked.
 // - Model files (--save-model) and the argument checks.
 // - Prints (does not assert) the save and load time of the seed's ConvNet.
+#include "../lib/mnist.h"
 #include "ckpt_test.h"
 
 #include <math.h>
@@ -680,7 +681,7 @@ static void measure_convnet(void) {
     char dir[128], cdir[256];
     ct_tmpdir(dir, sizeof dir, "ckpt-bench");
     dt_model *m;
-    CHECK_OK(dt_model_new_mnist_convnet(&m, 1, 0.1f, 0.25f));
+    CHECK_OK(mnist_convnet_new(&m, 1, 0.1f, 0.25f));
     dt_optim *o = NULL;
     CHECK_OK(dt_adadelta_new(&o, dt_model_as_params(m), NULL));
     dt_sampler *s = NULL;

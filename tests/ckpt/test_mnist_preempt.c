@@ -15,6 +15,7 @@
 //   dtrun exits 143 without a restart, and the resume is bitwise equal again; a SIGTERM
 //   to one of dtrun's workers ends the job with 75, without a restart either.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "../lib/mp.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
@@ -133,9 +134,8 @@ static pid_t child_of(pid_t pid, const char *comm, int which) {
 static bool same_model(const char *a, const char *b) {
     dt_model *x = NULL, *y = NULL;
     bool      same = false;
-    if (!dt_model_new_mnist_convnet(&x, 99, 0.1f, 0.25f) &&
-        !dt_model_new_mnist_convnet(&y, 98, 0.1f, 0.25f) && !dt_ckpt_load_model(a, x) &&
-        !dt_ckpt_load_model(b, y))
+    if (!mnist_convnet_new(&x, 99, 0.1f, 0.25f) && !mnist_convnet_new(&y, 98, 0.1f, 0.25f) &&
+        !dt_ckpt_load_model(a, x) && !dt_ckpt_load_model(b, y))
         same = memcmp(dt_model_params(x), dt_model_params(y), dt_model_num_params(x) * 4) == 0;
     dt_model_free(x);
     dt_model_free(y);

@@ -11,6 +11,7 @@
 //   --fallback it resumes from the previous one, and still ends bitwise equal.
 // - --eval-only --load evaluates the saved model with the accuracy training printed;
 //   the flag combinations that make no sense are refused with exit code 2.
+#include "../lib/mnist.h"
 #include "../lib/prog.h"
 #include "ckpt_test.h"
 
@@ -44,7 +45,7 @@ static int run(char **out, const char *fmt, ...) {
 // Parameters of a --save-model file, in a fresh ConvNet.
 static dt_model *load_params(const char *path) {
     dt_model *m;
-    if (dt_model_new_mnist_convnet(&m, 99, 0.1f, 0.25f))
+    if (mnist_convnet_new(&m, 99, 0.1f, 0.25f))
         return NULL;
     dt_status st = dt_ckpt_load_model(path, m);
     CHECK_OK(st);

@@ -385,7 +385,9 @@ static void test_dataset(void) {
     CHECK(memcmp(ds.images, images, n * 35) == 0);
     CHECK(memcmp(ds.labels, labels, n) == 0);
 
-    // Normalisation: gathered floats against (p / 255 - mean) / std in double.
+    // Normalisation: gathered floats against (p / 255 - mean) / std in double; the
+    // defaults are mean 0, std 1 (ToTensor alone).
+    CHECK(ds.mean == 0.0f && ds.std == 1.0f);
     uint32_t idx[5] = {56, 0, 13, 13, 40};
     float    x[5 * 35];
     int32_t  y[5];
@@ -395,7 +397,7 @@ static void test_dataset(void) {
         CHECK_EQ(y[i], labels[idx[i]]);
         for (int j = 0; j < 35; j++) {
             double p   = images[idx[i] * 35 + (size_t)j];
-            double ref = (p / 255.0 - 0.1302) / 0.3069;
+            double ref = p / 255.0;
             double d   = fabs(x[i * 35 + j] - ref);
             worst      = d > worst ? d : worst;
         }
@@ -500,7 +502,7 @@ static void test_load_mnist_dir(void) {
     dt_dataset_free(&ds);
     CHECK_ERR(dt_dataset_load_mnist(&ds, dir, true, NULL), DT_ERR_IO, "train-images-idx3-ubyte");
 
-    // DT_DATA_DIR replaces the default directory when none is given.
+    // DT_DATA_DIR is the directory when none is given.
     setenv("DT_DATA_DIR", dir, 1);
     CHECK_OK(dt_dataset_load_mnist(&ds, NULL, false, NULL));
     CHECK_EQ(ds.n, 4);
@@ -508,7 +510,8 @@ static void test_load_mnist_dir(void) {
     setenv("DT_DATA_DIR", "/nonexistent-dtrain-data", 1);
     CHECK_ERR(dt_dataset_load_mnist(&ds, NULL, false, NULL), DT_ERR_IO,
               "/nonexistent-dtrain-data/t10k-images-idx3-ubyte.gz");
-    unsetenv("DT_DATA_DIR");
+    unsetenv("DT_DATA_DIR"); // and without it, no folder: the library has no default
+    CHECK_ERR(dt_dataset_load_mnist(&ds, NULL, false, NULL), DT_ERR_ARG, "DT_DATA_DIR unset");
 }
 
 int main(void) {

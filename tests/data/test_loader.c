@@ -44,7 +44,7 @@ static int check_batch_content(const dt_dataset *ds, const dt_batch *b) {
         uint32_t       ix = b->indices[i];
         const uint8_t *p  = ds->images + (size_t)ix * H * W;
         for (int j = 0; j < H * W; j++) {
-            float want = ((float)p[j] / 255.0f - DT_DATA_MEAN_DEFAULT) / DT_DATA_STD_DEFAULT;
+            float want = ((float)p[j] / 255.0f - ds->mean) / ds->std;
             bad += fabsf(b->x[i * H * W + (size_t)j] - want) > 1e-6f;
         }
         bad += b->y[i] != ds->labels[ix];

@@ -2,6 +2,7 @@
 // $DT_DATA_DIR), when present: counts, shapes, labels, and every byte against an
 // independent read through zlib's gzread. Skipped (with a note) when absent.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "dtrain/data.h"
 
 #include <stdio.h>
@@ -131,9 +132,7 @@ static void check_loader(const char *dir) {
 }
 
 int main(void) {
-    const char *dir = getenv("DT_DATA_DIR");
-    if (!dir || !*dir)
-        dir = DT_DATA_DIR_DEFAULT;
+    const char *dir = tl_fmnist_dir();
     char        probe[512];
     struct stat sb;
     snprintf(probe, sizeof probe, "%s/train-images-idx3-ubyte.gz", dir);

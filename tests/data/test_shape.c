@@ -3,6 +3,7 @@
 // reports (1, 28, 28) through dt_model_input_shape, and a model built for another
 // shape reports that one.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "dtrain/data.h"
 #include "dtrain/nn.h"
 
@@ -17,7 +18,7 @@ static void set_of(dt_dataset *ds, int h, int w) {
 
 static void test_check_shape(void) {
     dt_model *m = NULL;
-    CHECK_OK(dt_model_new_mnist_convnet(&m, 1, 0.1f, 0.25f));
+    CHECK_OK(mnist_convnet_new(&m, 1, 0.1f, 0.25f));
     int c = 0, h = 0, w = 0;
     dt_model_input_shape(m, &c, &h, &w);
     CHECK_EQ(c, 1);

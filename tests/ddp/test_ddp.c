@@ -13,6 +13,7 @@
 // - no_sync, overlap off, the parameter broadcast, the unused-parameter error and
 //   the shape-mismatch error.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "../lib/mp.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
@@ -149,7 +150,7 @@ static void buckets_rank(int rank, int world, void *arg) {
     if (!pg)
         return;
     dt_model *m = NULL;
-    CHECK_OK(dt_model_new_mnist_convnet(&m, 0, 0, 0));
+    CHECK_OK(mnist_convnet_new(&m, 0, 0, 0));
     struct {
         size_t first, cap;
     } cases[] = {{0, 0}, {16 << 10, 64 << 10}, {1, 1}, {4096, 4096}};
@@ -213,8 +214,8 @@ static void equivalence_rank(int rank, int world, void *arg) {
     const dt_dataset *ds  = e->convnet ? &g_data : &small;
     dt_model         *ref = NULL, *m = NULL;
     if (e->convnet) {
-        CHECK_OK(dt_model_new_mnist_convnet(&ref, 5, 0, 0));
-        CHECK_OK(dt_model_new_mnist_convnet(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
+        CHECK_OK(mnist_convnet_new(&ref, 5, 0, 0));
+        CHECK_OK(mnist_convnet_new(&m, 5 + (uint64_t)rank, 0, 0)); // broadcast fixes it
     } else {
         ref = small_model(5, 16);
         m   = small_model(5 + (uint64_t)rank, 16);
@@ -461,9 +462,9 @@ static void test_tree_reduce(void) {
 }
 
 int main(void) {
-    dt_dataset_opts lim = dt_dataset_opts_default();
+    dt_dataset_opts lim = fmnist_opts();
     lim.limit           = 1280;
-    if (dt_dataset_load_mnist(&g_data, NULL, true, &lim) != DT_OK)
+    if (dt_dataset_load_mnist(&g_data, tl_fmnist_dir(), true, &lim) != DT_OK)
         fprintf(stderr, "Fashion-MNIST not found (%s): ConvNet equivalence skipped\n",
                 dt_last_error());
     RUN(test_buckets);

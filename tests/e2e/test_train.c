@@ -7,6 +7,7 @@
 // - Determinism: two runs with the same seed give bitwise-identical weights; another
 //   seed gives other weights; 1 and 2 threads agree up to float rounding.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "dtrain/data.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -18,7 +19,7 @@ static dt_dataset train_set, test_set;
 // One epoch over the first `limit` training samples; returns the model (caller frees).
 static dt_model *train(size_t limit, size_t batch, uint64_t seed, int threads, float drop) {
     dt_model *m = NULL;
-    CHECK_OK(dt_model_new_mnist_convnet(&m, seed, drop, drop));
+    CHECK_OK(mnist_convnet_new(&m, seed, drop, drop));
     if (!m)
         return NULL;
     CHECK_OK(dt_model_set_threads(m, threads));
@@ -108,8 +109,9 @@ static void test_determinism(void) {
 }
 
 int main(void) {
-    if (dt_dataset_load_mnist(&train_set, NULL, true, NULL) ||
-        dt_dataset_load_mnist(&test_set, NULL, false, NULL)) {
+    dt_dataset_opts o = fmnist_opts(); // the seed's normalisation
+    if (dt_dataset_load_mnist(&train_set, tl_fmnist_dir(), true, &o) ||
+        dt_dataset_load_mnist(&test_set, tl_fmnist_dir(), false, &o)) {
         fprintf(stderr, "Fashion-MNIST is needed (Debian package dataset-fashion-mnist): %s\n",
                 dt_last_error());
         CHECK(false);

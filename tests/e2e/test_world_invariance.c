@@ -16,6 +16,7 @@
 // - DT_TEST_SLOW=1 (make test-slow) also prints those --invariant 0 figures.
 // Prints the figures for bench/RESULTS.md. Sanitizer builds run the 4-step part only.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/nn.h"
@@ -94,7 +95,7 @@ static void train(long limit, int world, int threads, int invariant, run_result 
     free(out);
 
     dt_model *m = NULL;
-    CHECK_OK(dt_model_new_mnist_convnet(&m, 0, 0.10f, 0.25f));
+    CHECK_OK(mnist_convnet_new(&m, 0, 0.10f, 0.25f));
     if (!m)
         return;
     CHECK_OK(dt_ckpt_load_model(path, m));

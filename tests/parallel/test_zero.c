@@ -399,8 +399,8 @@ static void test_arguments(void) {
     dt_optim    *o  = make_optim(p);
     dt_zero     *z  = NULL;
     dt_zero_opts zo = dt_zero_opts_default();
-    zo.stage        = 3;
-    CHECK_ERR(dt_zero_new(&z, p, NULL, o, &zo), DT_ERR_ARG, "stage 1 or 2");
+    zo.stage        = 4;
+    CHECK_ERR(dt_zero_new(&z, p, NULL, o, &zo), DT_ERR_ARG, "stage 1, 2 or 3");
     CHECK(z == NULL);
     zo.stage = 0;
     CHECK_ERR(dt_zero_new(&z, p, NULL, o, &zo), DT_ERR_ARG, "dt_ddp_new");

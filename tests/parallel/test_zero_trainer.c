@@ -1,13 +1,19 @@
 // test_zero_trainer.c: --zero in the trainer's flag table, through dtrain-mnist (the
 // seed ConvNet, Adadelta, clipping, gradient accumulation) on a few real samples in 2
 // processes:
-// - --zero 1 and --zero 2 end with plain DDP's parameters (--zero 0) to rounding, and
+// - --zero 1, 2 and 3 end with plain DDP's parameters (--zero 0) to rounding (the
+//   Sequential dt_model is a graph, so it announces its reads to ZeRO-3), and
 //   print the optimizer state per rank at half the unsharded size;
 // - --zero 2 stopped by --max-steps and resumed (--resume) ends bitwise equal to the
 //   uninterrupted --zero 2 run, and its checkpoint also resumes under --zero 0;
-// - dtrain-gpt (AdamW, no-decay group, clipping, micro-batches) with --zero 1 and 2 on 2
-//   processes ends with the validation loss of 1 process on the same global batch.
+// - dtrain-gpt (AdamW, no-decay group, clipping, micro-batches) with --zero 1, 2 and 3
+//   on 2 processes ends with the validation loss of 1 process on the same global batch;
+//   --zero 3 stopped by --max-steps and resumed ends with the uninterrupted run's losses
+//   (its checkpoints gather the sharded parameters on rank 0);
+// - --max-rank-memory: plain DDP over the budget is refused naming both numbers, and
+//   --zero 3 under the same budget runs with its measured peak inside it.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "../lib/prog.h"
 #include "dtrain/ckpt.h"
 #include "dtrain/nn.h"
@@ -21,6 +27,7 @@
 #include <unistd.h>
 
 static char       bin[PATH_MAX + 64];
+static double     g_peak; // the largest "state_peak_mib" of the last dtrain-gpt runs
 static char       dir[128];
 static const char common[] = "--num-processes 2 --limit 256 --batch-size 16 --threads 1 "
                              "--seed 3 --clip-grad 0.5 --accumulate 2 --no-test";
@@ -40,7 +47,7 @@ static dt_model *load(const char *name) {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     dt_model *m = NULL;
-    if (dt_model_new_mnist_convnet(&m, 99, 0.1f, 0.25f))
+    if (mnist_convnet_new(&m, 99, 0.1f, 0.25f))
         return NULL;
     dt_status st = dt_ckpt_load_model(path, m);
     CHECK_OK(st);
@@ -72,7 +79,7 @@ static void test_stages_equal_ddp(void) {
     char *out = NULL;
     CHECK_EQ(run(&out, "--zero 0 --save-model %s/z0.dtck", dir), 0);
     free(out);
-    for (int z = 1; z <= 2; z++) {
+    for (int z = 1; z <= 3; z++) {
         CHECK_EQ(run(&out, "--zero %d --save-model %s/z%d.dtck", z, dir, z), 0);
         double      full = 0, rank = 0;
         const char *line = strstr(out, "optimizer state");
@@ -121,6 +128,10 @@ static double gpt_val(const char *gpt, const char *flags) {
                                 "%s --steps 12 --n-layer 2 --n-embd 64 --block-size 64 --batch-size 8 "
                                           "--micro-batch 2 --eval-every 0 --log-every 100 --threads 1 %s 2>&1",
                                 gpt, flags);
+    const char *peak = strstr(out, "\"state_peak_mib\": ");
+    double      pk   = 0;
+    if (peak && sscanf(peak, "\"state_peak_mib\": %lf", &pk) == 1 && pk > g_peak)
+        g_peak = pk;
     const char *line = strstr(out, "val loss:");
     CHECK_EQ(rc, 0);
     bool ok = line && sscanf(line, "val loss: %lf", &v) == 1;
@@ -130,12 +141,93 @@ static double gpt_val(const char *gpt, const char *flags) {
     return v;
 }
 
+static void test_gpt_zero3(const char *gpt) {
+    // Resumed at the same world size: the uninterrupted run's losses (bitwise: the
+    // printed digits), through checkpoints that gather the shards on rank 0.
+    char       *full = NULL, *part = NULL, *rest = NULL;
+    const char *flags =
+        "--num-processes 2 --zero 3 --steps 6 --n-layer 1 --n-embd 32 --block-size 32 "
+        "--batch-size 4 --eval-every 0 --log-every 1 --threads 1";
+    CHECK_EQ(test_run(&full, "%s %s 2>&1", gpt, flags), 0);
+    CHECK_EQ(test_run(&part, "%s %s --checkpoint-dir %s/g3 --max-steps 3 2>&1", gpt, flags, dir),
+             0);
+    CHECK_EQ(test_run(&rest, "%s %s --checkpoint-dir %s/g3 --resume 2>&1", gpt, flags, dir), 0);
+    const char *a  = full ? strstr(full, "step 6/6 | loss") : NULL;
+    const char *b  = rest ? strstr(rest, "step 6/6 | loss") : NULL;
+    const char *v1 = full ? strstr(full, "val loss:") : NULL,
+               *v2 = rest ? strstr(rest, "val loss:") : NULL;
+    CHECK(rest && strstr(rest, "resumed from") != NULL);
+    if (!CHECK(a && b && !strncmp(a, b, 24) && v1 && v2 && !strncmp(v1, v2, 16)))
+        fprintf(stderr, "     uninterrupted:\n%s\n     resumed:\n%s\n", full, rest);
+    free(full), free(part), free(rest);
+
+    // Saved at 4 ranks, resumed at 2 (ZeRO-3) and in 1 process: the same next step, to
+    // rounding, as the uninterrupted run at 4.
+    const char *m4 = "--zero 3 --steps 5 --n-layer 1 --n-embd 32 --block-size 32 --batch-size 4 "
+                     "--eval-every 0 --log-every 1 --threads 1";
+    char       *u4 = NULL, *s4 = NULL, *r2 = NULL, *r1 = NULL;
+    CHECK_EQ(test_run(&u4, "%s %s --num-processes 4 2>&1", gpt, m4), 0);
+    CHECK_EQ(test_run(&s4, "%s %s --num-processes 4 --checkpoint-dir %s/w4 --max-steps 3 2>&1", gpt,
+                      m4, dir),
+             0);
+    char cp[400];
+    snprintf(cp, sizeof cp, "cp -r %s/w4 %s/w4b", dir, dir);
+    CHECK(system(cp) == 0);
+    CHECK_EQ(
+        test_run(&r2, "%s %s --num-processes 2 --checkpoint-dir %s/w4 --resume 2>&1", gpt, m4, dir),
+        0);
+    CHECK_EQ(test_run(&r1, "%s %s --checkpoint-dir %s/w4b --resume 2>&1", gpt, m4, dir), 0);
+    double      l4 = NAN, l2 = NAN, l1 = NAN;
+    const char *p4 = u4 ? strstr(u4, "step 4/5 | loss") : NULL;
+    const char *p2 = r2 ? strstr(r2, "step 4/5 | loss") : NULL;
+    const char *p1 = r1 ? strstr(r1, "step 4/5 | loss") : NULL;
+    if (p4)
+        sscanf(p4, "step 4/5 | loss %lf", &l4);
+    if (p2)
+        sscanf(p2, "step 4/5 | loss %lf", &l2);
+    if (p1)
+        sscanf(p1, "step 4/5 | loss %lf", &l1);
+    CHECK(r2 && strstr(r2, "saved by 4 ranks") && r1 && strstr(r1, "saved by 4 ranks"));
+    if (!CHECK(fabs(l2 - l4) < 2e-5 * fabs(l4) && fabs(l1 - l4) < 2e-5 * fabs(l4)))
+        fprintf(stderr, "     step 4 after 4 -> 2 -> 1: %.6f, %.6f, uninterrupted %.6f\n%s\n%s\n",
+                l2, l1, l4, r2 ? r2 : "", r1 ? r1 : "");
+    else
+        fprintf(stderr,
+                "     --zero 3 saved at 4 ranks: next step's loss %.6f at 2 ranks, %.6f in 1 "
+                "process, %.6f uninterrupted\n",
+                l2, l1, l4);
+    free(u4), free(s4), free(r2), free(r1);
+
+    // The budget: DDP needs 4 floats per parameter and is refused; ZeRO-3 fits.
+    const char *model =
+        "--steps 3 --n-layer 2 --n-embd 64 --block-size 64 --batch-size 8 --micro-batch 0 "
+        "--eval-every 0 --threads 1 --num-processes 2 --max-rank-memory 1.2M";
+    char *out = NULL;
+    CHECK(test_run(&out, "%s %s --zero 0 2>&1", gpt, model) != 0);
+    if (!CHECK(out && strstr(out, "plain DDP (--zero 0) needs 1.84 MiB per rank") &&
+               strstr(out, "over the budget of 1.20 MiB") && strstr(out, "--zero 3 needs")))
+        fprintf(stderr, "%s\n", out);
+    free(out);
+    g_peak   = 0;
+    double v = gpt_val(gpt, "--num-processes 2 --zero 3 --max-rank-memory 1.2M");
+    CHECK(isfinite(v));
+    if (!CHECK(g_peak > 0.5 && g_peak <= 1.2))
+        fprintf(stderr, "     --zero 3 under 1.2 MiB: peak %.3f MiB\n", g_peak);
+    else
+        fprintf(stderr, "     --max-rank-memory 1.2M: DDP refused, ZeRO-3 peaked at %.3f MiB\n",
+                g_peak);
+    // A size it cannot read is a usage error naming what it expects.
+    CHECK_EQ(test_run(&out, "%s --max-rank-memory 12Q 2>&1", gpt), 2);
+    CHECK(out && strstr(out, "expects a size in bytes") && strstr(out, "\"12Q\""));
+    free(out);
+}
+
 static void test_gpt(void) {
     char gpt[PATH_MAX + 64];
     if (!CHECK(test_program_path("dtrain-gpt", gpt, sizeof gpt)))
         return;
     double one = gpt_val(gpt, "");
-    for (int z = 1; z <= 2; z++) {
+    for (int z = 1; z <= 3; z++) {
         char flags[64];
         snprintf(flags, sizeof flags, "--num-processes 2 --zero %d", z);
         double v = gpt_val(gpt, flags);
@@ -147,6 +239,7 @@ static void test_gpt(void) {
                     "     dtrain-gpt --zero %d on 2 processes: val loss %.4f (1 process %.4f)\n", z,
                     v, one);
     }
+    test_gpt_zero3(gpt);
 }
 
 int main(void) {

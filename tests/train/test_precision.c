@@ -22,6 +22,7 @@
 //   gradient; both ranks skip that optimizer step (parameters unchanged, replicas still
 //   identical), halve the scale, count one skipped step, and train on.
 #include "../ckpt/ckpt_test.h"
+#include "../lib/mnist.h"
 #include "../lib/mp.h"
 #include "../lib/prog.h"
 #include "dtrain/graph.h"
@@ -184,7 +185,7 @@ static void test_mnist_precisions(void) {
 
 static dt_model *load_params(const char *path) {
     dt_model *m;
-    if (dt_model_new_mnist_convnet(&m, 99, 0.1f, 0.25f))
+    if (mnist_convnet_new(&m, 99, 0.1f, 0.25f))
         return NULL;
     dt_status st = dt_ckpt_load_model(path, m);
     CHECK_OK(st);

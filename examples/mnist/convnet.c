@@ -1,8 +1,7 @@
-// zoo.c: the reference model of the seed chapter, shared by the example, the tests
-// and the benchmarks so that all of them train the same network.
-#include "dtrain/nn.h"
+// convnet.c: the seed chapter's ConvNet (convnet.h).
+#include "convnet.h"
 
-dt_status dt_model_new_mnist_convnet(dt_model **out, uint64_t seed, float drop2d, float drop) {
+dt_status mnist_convnet_new(dt_model **out, uint64_t seed, float drop2d, float drop) {
     *out        = NULL;
     dt_model *m = NULL;
     DT_TRY(dt_model_new(&m, 1, 28, 28));

@@ -1,0 +1,208 @@
+// graph_pass.c: what dt_graph_finalize does to a graph before registering its tensors
+// (the fusion pass), and the plan of in-place nodes made with the buffers.
+//
+// Fusion: a convolution whose only reader is a ReLU becomes one node of the Sequential
+// kind (seq.h, conv2d.c) that applies the ReLU while writing its output, and when that
+// ReLU's only reader is a 2x2 stride-2 max pool (and the convolution has stride 1 and
+// an even output), the pool too: the pooled output and the winners are computed from
+// the convolution's output while it is in cache, and the full-size output never goes
+// to memory. Two patterns are rewritten:
+//   - Sequential conv2d -> relu (-> maxpool2d), the nodes a dt_model is built of;
+//   - a graph's Conv2d (square kernel, stride 1, even padding, one group, bias) ->
+//     ReLU -> MaxPool2d(2) (2x2, stride 2, no padding): the fused node takes over the
+//     Conv2d, which still initialises the parameters from its own stream.
+// The fused node keeps the convolution's position (initialisation, random streams)
+// and the names of its tensors ("<conv>.weight"), and takes the name of the last node
+// it replaces, whose readers it now feeds: dt_params, checkpoints, DDP and the nodes
+// downstream see no difference; dt_graph_find of the ReLU (and the pool, unless last)
+// finds nothing any more. DT_NO_POOL_FUSION=1 keeps the pool apart (and a graph's
+// Conv2d unfused); dt_graph_opts.no_fusion turns the pass off.
+//
+// In place: a Sequential ReLU, dropout or flatten node that is the only reader of a
+// Sequential node (not the output, not a log-softmax, whose backward reads its
+// output) works in its input's buffers, output and gradient alike, as the Sequential
+// model always did. A graph's own layers keep buffers of their own.
+#include "nn/graph_impl.h"
+#include "nn/layers_impl.h"
+#include "nn/seq.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static bool no_pool_fusion(void) {
+    long v = 0;
+    if (dt_setting_int("DT_NO_POOL_FUSION", &v) != DT_OK) {
+        DT_WARN("nn", "%s; fusing", dt_last_error());
+        dt_clear_error();
+    }
+    return v == 1;
+}
+
+// The one node reading value i, or -1 (no reader, several, or i is the output).
+static int only_reader(const dt_graph *g, int i) {
+    if (i < 0 || g->vals[i].nconsumers != 1 || i == g->output)
+        return -1;
+    for (int j = i + 1; j < g->nvals; j++)
+        for (int k = 0; k < g->vals[j].nin; k++)
+            if (g->vals[j].in[k] == i)
+                return g->vals[j].nin == 1 ? j : -1;
+    return -1;
+}
+
+// Whether node i's parameters are tied to another's, or another's to them.
+static bool tied(const dt_graph *g, int i) {
+    for (int k = 0; k < g->vals[i].su.nparams; k++)
+        if (g->vals[i].tie_val[k] >= 0 || g->vals[i].copy_of[k][0])
+            return true;
+    for (int j = 0; j < g->nvals; j++)
+        for (int k = 0; g->vals[j].layer && k < g->vals[j].su.nparams; k++)
+            if (g->vals[j].tie_val[k] == i)
+                return true;
+    return false;
+}
+
+static const nn_layer *seq_of(const dt_graph *g, int i) {
+    return i >= 0 && g->vals[i].seq ? dt_seq_nn(g->vals[i].layer) : NULL;
+}
+
+// Sequential conv2d at i: its ReLU r and, when it fits, the pool p (else -1).
+static bool match_seq(const dt_graph *g, int i, bool pool_ok, int *r, int *p) {
+    const nn_layer *c = seq_of(g, i);
+    if (!c || c->ops != &dt_nn_conv2d_ops || c->fuse_relu)
+        return false;
+    *r                 = only_reader(g, i);
+    const nn_layer *rl = seq_of(g, *r);
+    if (!rl || rl->ops != &dt_nn_relu_ops)
+        return false;
+    *p                 = only_reader(g, *r);
+    const nn_layer *pl = seq_of(g, *p);
+    if (!pool_ok || !pl || !dt_seq_pool_fits(g->vals[i].layer, g->vals[*p].layer))
+        *p = -1;
+    return true;
+}
+
+// A graph's Conv2d -> ReLU -> MaxPool2d(2) at i.
+static bool match_public(const dt_graph *g, int i, dt_nn_conv2d *cp, int *r, int *p) {
+    const gval     *v = &g->vals[i];
+    dt_nn_avgpool2d pp;
+    if (!lay_as_conv2d(v->layer, cp) || cp->groups != 1 || cp->kh != cp->kw || cp->kh > 16 ||
+        cp->sh != 1 || cp->sw != 1 || cp->ph != cp->pw || !cp->bias || v->shape.ndim != 3 ||
+        v->shape.d[1] % 2 || v->shape.d[2] % 2)
+        return false;
+    *r = only_reader(g, i);
+    *p = only_reader(g, *r);
+    return *r >= 0 && lay_is_relu(g->vals[*r].layer) && *p >= 0 &&
+           lay_as_maxpool2d(g->vals[*p].layer, &pp) && pp.kh == 2 && pp.kw == 2 && pp.sh == 2 &&
+           pp.sw == 2 && pp.ph == 0 && pp.pw == 0;
+}
+
+// Node i now does what nodes i..last did (the removed ones marked in `into`): its
+// setup again, then it takes last's name and readers.
+static dt_status take_over(dt_graph *g, int i, int last, int *into) {
+    gval          *v  = &g->vals[i];
+    dt_shape       in = g->vals[v->in[0]].shape;
+    dt_layer_setup su = {0};
+    dt_seq_set_precision(v->layer, g->prec); // a mode set before finalize
+    DT_TRY(v->layer->ops->setup(v->layer, 1, &in, &su));
+    const dt_shape *want = &g->vals[last].shape;
+    if (su.out.ndim != want->ndim || dt_shape_numel(&su.out) != dt_shape_numel(want))
+        return dt_fail(DT_ERR_STATE, "graph fusion: node '%s' would change the shape of '%s'",
+                       v->name, g->vals[last].name);
+    v->su    = su;
+    v->shape = *want;
+    if (!v->tensor_node[0])
+        snprintf(v->tensor_node, sizeof v->tensor_node, "%s", v->name);
+    snprintf(v->name, sizeof v->name, "%s", g->vals[last].name);
+    for (int j = i + 1; j <= last; j++)
+        if (into[j] == i) {
+            dt_layer_free(g->vals[j].layer);
+            g->vals[j].layer = NULL;
+        }
+    return DT_OK;
+}
+
+// Drops the nodes folded into others (into[j] >= 0) and renumbers the rest.
+static dt_status compact(dt_graph *g, const int *into) {
+    int *map = dt_alloc(sizeof(int) * (size_t)g->nvals);
+    if (!map)
+        return DT_ERR_NOMEM;
+    int n = 0; // a kept node's new index; a folded one's, its keeper's
+    for (int j = 0; j < g->nvals; j++)
+        map[j] = into[j] < 0 ? n++ : map[into[j]];
+    for (int j = 0; j < g->nvals; j++) {
+        if (into[j] >= 0)
+            continue;
+        gval *v = &g->vals[map[j]];
+        if (map[j] != j)
+            *v = g->vals[j];
+        for (int q = 0; q < v->nin; q++)
+            v->in[q] = map[v->in[q]];
+        for (int q = 0; v->layer && q < v->su.nparams; q++)
+            if (v->tie_val[q] >= 0)
+                v->tie_val[q] = map[v->tie_val[q]];
+    }
+    g->output = map[g->output];
+    g->nvals  = n;
+    dt_free(map);
+    for (int j = 0; j < n; j++)
+        g->vals[j].nconsumers = 0;
+    for (int j = 0; j < n; j++)
+        for (int q = 0; q < g->vals[j].nin; q++)
+            g->vals[g->vals[j].in[q]].nconsumers++;
+    return DT_OK;
+}
+
+dt_status dt_graph_run_passes(dt_graph *g) {
+    if (g->no_fusion)
+        return DT_OK;
+    int *into = dt_alloc(sizeof(int) * (size_t)(g->nvals ? g->nvals : 1));
+    if (!into)
+        return DT_ERR_NOMEM;
+    for (int j = 0; j < g->nvals; j++)
+        into[j] = -1;
+    bool      pool_ok = !no_pool_fusion(), changed = false;
+    dt_status st = DT_OK;
+    for (int i = 0; i < g->nvals && st == DT_OK; i++) {
+        gval        *v = &g->vals[i];
+        int          r, p;
+        dt_nn_conv2d cp;
+        if (!v->layer || into[i] >= 0 || v->nin != 1 || tied(g, i))
+            continue;
+        if (match_seq(g, i, pool_ok, &r, &p)) {
+            st = dt_seq_fuse(v->layer, p >= 0 ? g->vals[p].layer : NULL);
+        } else if (pool_ok && match_public(g, i, &cp, &r, &p)) {
+            dt_layer *fused = NULL;
+            st              = dt_seq_from_conv(&fused, v->layer, &cp);
+            if (st == DT_OK) {
+                v->layer = fused; // it owns the Conv2d now
+                v->seq   = true;
+            }
+        } else {
+            continue;
+        }
+        if (st != DT_OK)
+            break;
+        into[r] = i;
+        if (p >= 0)
+            into[p] = i;
+        st      = take_over(g, i, p >= 0 ? p : r, into);
+        changed = true;
+    }
+    if (st == DT_OK && changed)
+        st = compact(g, into);
+    dt_free(into);
+    return st == DT_OK ? DT_OK : dt_fail_context("dt_graph_finalize: fusion");
+}
+
+void dt_graph_plan_aliases(dt_graph *g) {
+    for (int i = 0; i < g->nvals; i++) {
+        gval *v  = &g->vals[i];
+        v->alias = -1;
+        if (!v->seq || v->nin != 1 || !dt_seq_nn(v->layer)->ops->in_place)
+            continue;
+        int             u  = v->in[0];
+        const nn_layer *ul = seq_of(g, u);
+        if (ul && ul->ops != &dt_nn_log_softmax_ops && g->vals[u].nconsumers == 1 && u != g->output)
+            v->alias = u;
+    }
+}

@@ -1,0 +1,298 @@
+// seq.c: the Sequential model's layers as graph nodes (seq.h).
+#include "nn/seq.h"
+
+#include <math.h>
+#include <string.h>
+
+enum {
+    K_CONV,
+    K_CONV_RELU,
+    K_CONV_RELU_POOL,
+    K_LINEAR,
+    K_MAXPOOL,
+    K_RELU,
+    K_DROPOUT,
+    K_DROPOUT2D,
+    K_FLATTEN,
+    K_LOG_SOFTMAX,
+    K_N,
+};
+
+static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s);
+static dt_status seq_layer_forward(const dt_layer *l, const dt_layer_args *a);
+static dt_status seq_layer_backward(const dt_layer *l, const dt_layer_args *a);
+static void      seq_free(void *config);
+
+#define SEQ_OPS(kind)                                                                              \
+    { kind, seq_setup, NULL, seq_layer_forward, seq_layer_backward, seq_free }
+static const dt_layer_ops seq_ops[K_N] = {
+    SEQ_OPS("conv2d"),      SEQ_OPS("conv2d+relu"), SEQ_OPS("conv2d+relu+maxpool2d"),
+    SEQ_OPS("linear"),      SEQ_OPS("maxpool2d"),   SEQ_OPS("relu"),
+    SEQ_OPS("dropout"),     SEQ_OPS("dropout2d"),   SEQ_OPS("flatten"),
+    SEQ_OPS("log_softmax"),
+};
+
+static const nn_layer_ops *const kind_impl[K_N] = {
+    &dt_nn_conv2d_ops,    &dt_nn_conv2d_ops,      &dt_nn_conv2d_ops,  &dt_nn_linear_ops,
+    &dt_nn_maxpool2d_ops, &dt_nn_relu_ops,        &dt_nn_dropout_ops, &dt_nn_dropout2d_ops,
+    &dt_nn_flatten_ops,   &dt_nn_log_softmax_ops,
+};
+
+static seq_cfg *cfg(const dt_layer *l) {
+    return l->config;
+}
+
+bool dt_seq_is(const dt_layer *l) {
+    return l && l->ops >= seq_ops && l->ops < seq_ops + K_N;
+}
+
+static void seq_free(void *config) {
+    seq_cfg *c = config;
+    if (!c)
+        return;
+    dt_free(c->nl.offsets);
+    dt_layer_free(c->orig);
+    dt_free(c);
+}
+
+dt_status dt_seq_layer_new(dt_layer **out, const nn_layer_ops *ops, const nn_layer *proto) {
+    *out   = NULL;
+    int at = -1;
+    for (int k = 0; k < K_N && at < 0; k++)
+        if (kind_impl[k] == ops && k != K_CONV_RELU && k != K_CONV_RELU_POOL)
+            at = k;
+    if (at < 0)
+        return dt_fail(DT_ERR_ARG, "seq: unknown layer kind %s", ops ? ops->kind : "(null)");
+    seq_cfg *c = dt_alloc_zero(sizeof *c);
+    if (!c)
+        return DT_ERR_NOMEM;
+    c->nl     = *proto;
+    c->nl.ops = ops;
+    return dt_layer_new(out, &seq_ops[at], c, NULL);
+}
+
+static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    seq_cfg  *c  = cfg(l);
+    nn_layer *nl = &c->nl;
+    char      b[64];
+    if (nin != 1 || in[0].dtype != DT_ELEM_F32 || in[0].ndim != 3)
+        return dt_fail(DT_ERR_ARG, "layer %d %s: expected one float (c, h, w) input, found %s",
+                       nl->index, nl->ops->kind, nin >= 1 ? dt_shape_str(&in[0], b, sizeof b) : "");
+    nl->in = (nn_shape){(int)in[0].d[0], (int)in[0].d[1], (int)in[0].d[2]};
+    DT_TRY(nl->ops->setup(nl));
+    nn_shape out = nl->out;
+    size_t   aux = nl->aux_per_sample;
+    if (nl->pool) {
+        c->pool.in = nl->out;
+        DT_TRY(c->pool.ops->setup(&c->pool));
+        out = c->pool.out;
+        aux = c->pool.aux_per_sample;
+    }
+    if (nn_shape_size(out) == 0)
+        return dt_fail(DT_ERR_ARG, "layer %d %s: output would be empty", nl->index, nl->ops->kind);
+    s->out = (dt_shape){3, {out.c, out.h, out.w, 1}, DT_ELEM_F32};
+    if (nl->nparams) {
+        dt_layer_tensor *w = &s->params[0], *bias = &s->params[1];
+        memset(s->params, 0, 2 * sizeof *w);
+        snprintf(w->name, sizeof w->name, "weight");
+        snprintf(bias->name, sizeof bias->name, "bias");
+        w->ndim = nl->wndim;
+        for (int i = 0; i < DT_PARAM_MAX_DIMS; i++)
+            w->shape[i] = i < nl->wndim ? nl->wshape[i] : 1;
+        bias->ndim     = 1;
+        bias->shape[0] = nl->bcount;
+        for (int i = 1; i < DT_PARAM_MAX_DIMS; i++)
+            bias->shape[i] = 1;
+        bias->flags    = DT_PARAM_NO_DECAY;
+        s->nparams     = 2;
+        s->lowp_params = 1u; // the weight's shadow in a 16-bit mode (dt_seq_prepare)
+    }
+    s->saved_per_sample = (aux + sizeof(float) - 1) / sizeof(float);
+    s->scratch_fixed    = nl->scratch_floats;
+    s->flops_per_sample = nl->flops;
+    return DT_OK;
+}
+
+// ------------------------------------------------------------------------------ fusion
+
+bool dt_seq_pool_fits(const dt_layer *conv, const dt_layer *pool) {
+    const nn_layer *c = dt_seq_nn(conv), *p = dt_seq_nn(pool);
+    return p->ops == &dt_nn_maxpool2d_ops && p->k == 2 && (p->stride == 2 || p->stride == 0) &&
+           c->stride == 1 && c->out.h % 2 == 0 && c->out.w % 2 == 0;
+}
+
+dt_status dt_seq_fuse(dt_layer *conv, const dt_layer *pool) {
+    seq_cfg *c = cfg(conv);
+    if (c->nl.ops != &dt_nn_conv2d_ops || c->nl.fuse_relu)
+        return dt_fail(DT_ERR_STATE, "seq: only a plain conv2d takes a ReLU in");
+    c->nl.fuse_relu = true;
+    conv->ops       = &seq_ops[K_CONV_RELU];
+    if (pool) {
+        c->pool      = *dt_seq_nn(pool);
+        c->pool.aux  = NULL;
+        c->nl.pool   = &c->pool;
+        conv->ops    = &seq_ops[K_CONV_RELU_POOL];
+        c->pool.skip = true;
+    }
+    return DT_OK;
+}
+
+dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p) {
+    *out            = NULL;
+    nn_layer  proto = {.out_c = p->cout, .k = p->kh, .stride = 1, .pad = p->ph, .index = -1};
+    nn_layer  pool  = {.ops = &dt_nn_maxpool2d_ops, .k = 2, .stride = 2, .index = -1};
+    dt_layer *l     = NULL;
+    DT_TRY(dt_seq_layer_new(&l, &dt_nn_conv2d_ops, &proto));
+    seq_cfg *c      = cfg(l);
+    c->pool         = pool;
+    c->nl.fuse_relu = true;
+    c->nl.pool      = &c->pool;
+    c->orig         = conv;
+    l->ops          = &seq_ops[K_CONV_RELU_POOL];
+    *out            = l;
+    return DT_OK;
+}
+
+// -------------------------------------------------------------------------- per pass
+
+void dt_seq_prepare(const dt_layer *l, float *const *w, float *saved, const void *const *w16,
+                    bool training) {
+    nn_layer *nl = dt_seq_nn(l);
+    if (nl->nparams) {
+        nl->w   = w[0];
+        nl->b   = w[1];
+        nl->w16 = w16 ? (void *)(uintptr_t)w16[0] : NULL; // the graph's
+    }
+    nl->aux = (uint8_t *)saved;
+    if (nl->pool)
+        nl->pool->aux = (uint8_t *)saved;
+    nl->last_training = training;
+}
+
+void dt_seq_init(const dt_layer *l, const dt_rng *root, int index, float *const *w,
+                 float *const *buf) {
+    seq_cfg  *c  = cfg(l);
+    nn_layer *nl = &c->nl;
+    if (c->orig) {
+        dt_rng r = dt_rng_split(root, (uint64_t)index);
+        if (c->orig->ops->init)
+            c->orig->ops->init(c->orig, &r, w, buf);
+        return;
+    }
+    if (!nl->nparams)
+        return;
+    // PyTorch's reset_parameters: kaiming_uniform_(w, a=sqrt(5)) gives the bound
+    // gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), that is
+    // 1/sqrt(fan_in); the bias is uniform in +-1/sqrt(fan_in) too.
+    float  bound = 1.0f / sqrtf((float)nl->fan_in);
+    dt_rng rw    = dt_rng_split(root, 2 * (uint64_t)index);
+    dt_rng rb    = dt_rng_split(root, 2 * (uint64_t)index + 1);
+    for (size_t j = 0; j < nl->wcount; j++)
+        w[0][j] = dt_rng_uniform_range(&rw, -bound, bound);
+    for (int64_t j = 0; j < nl->bcount; j++)
+        w[1][j] = dt_rng_uniform_range(&rb, -bound, bound);
+}
+
+size_t dt_seq_thread_scratch(const dt_layer *l, int shards) {
+    const nn_layer *nl = dt_seq_nn(l);
+    size_t          f  = nl->scratch_floats;
+    if (shards && nl->shard_scratch * (size_t)shards > f)
+        f = nl->shard_scratch * (size_t)shards;
+    return f;
+}
+
+nn_grad_mode dt_seq_grad_mode(const dt_layer *l) {
+    return dt_seq_nn(l)->ops->grad_mode;
+}
+
+void dt_seq_set_precision(const dt_layer *l, dt_precision p) {
+    nn_layer *nl = dt_seq_nn(l);
+    if (nl->ops == &dt_nn_conv2d_ops || nl->ops == &dt_nn_linear_ops)
+        nl->prec = p;
+}
+
+bool dt_seq_take_lowp_failure(const dt_layer *l) {
+    nn_layer *nl = dt_seq_nn(l);
+    return __atomic_exchange_n(&nl->lowp_failed, false, __ATOMIC_RELAXED);
+}
+
+void dt_seq_forward(const dt_layer *l, const nn_ctx *c, const float *in, float *out) {
+    nn_layer *nl = dt_seq_nn(l);
+    if (nl->ops->in_place && in != out && c->s1 > c->s0) { // work on a copy of the input
+        size_t n = nn_shape_size(nl->in);
+        memcpy(out + (size_t)c->s0 * n, in + (size_t)c->s0 * n,
+               sizeof(float) * (size_t)(c->s1 - c->s0) * n);
+    }
+    nl->ops->forward(nl, c, in, out);
+}
+
+void dt_seq_backward(const dt_layer *l, const nn_ctx *c, const float *in, const float *out,
+                     float *dout, float *din, float *dparams) {
+    nn_layer *nl = dt_seq_nn(l);
+    if (nl->ops->in_place) { // the gradient is worked on where it is, so in din
+        if (!din)
+            return;
+        if (din != dout && c->s1 > c->s0) {
+            size_t n = nn_shape_size(nl->in);
+            memcpy(din + (size_t)c->s0 * n, dout + (size_t)c->s0 * n,
+                   sizeof(float) * (size_t)(c->s1 - c->s0) * n);
+        }
+        dout = din;
+    }
+    nl->ops->backward(nl, c, in, out, dout, din, dparams);
+}
+
+// ------------------------------------------------- called as a plain layer, one thread
+
+static nn_ctx one_thread(const dt_layer_args *a) {
+    return (nn_ctx){
+        .ith      = 0,
+        .nth      = 1,
+        .s0       = 0,
+        .s1       = a->batch,
+        .sstep    = 1,
+        .batch    = a->batch,
+        .training = a->training,
+        .scratch  = a->scratch,
+        .rng      = a->rng,
+        .keys     = a->keys,
+    };
+}
+
+static dt_status lowp_status(const dt_layer *l) {
+    if (dt_seq_take_lowp_failure(l))
+        return dt_fail(DT_ERR_NOMEM, "layer %s: no memory for a %s product", l->ops->kind,
+                       dt_precision_name(dt_seq_nn(l)->prec));
+    return DT_OK;
+}
+
+static dt_status seq_layer_forward(const dt_layer *l, const dt_layer_args *a) {
+    dt_seq_prepare(l, a->w, a->saved, a->w16, a->training);
+    nn_ctx c = one_thread(a);
+    dt_seq_forward(l, &c, a->x[0], a->y);
+    return lowp_status(l);
+}
+
+static dt_status seq_layer_backward(const dt_layer *l, const dt_layer_args *a) {
+    dt_seq_prepare(l, a->w, a->saved, a->w16, a->training);
+    nn_ctx          c  = one_thread(a);
+    const nn_layer *nl = dt_seq_nn(l);
+    size_t          ny = dt_shape_numel(a->out);
+    float          *dy = dt_alloc(sizeof(float) * ny * (size_t)(a->batch ? a->batch : 1));
+    if (!dy)
+        return DT_ERR_NOMEM;
+    memcpy(dy, a->dy, sizeof(float) * ny * (size_t)a->batch); // the layers overwrite it
+    float *dp = NULL;
+    if (nl->nparams && !(dp = dt_alloc_zero(sizeof(float) * (nl->wcount + (size_t)nl->bcount)))) {
+        dt_free(dy);
+        return DT_ERR_NOMEM;
+    }
+    dt_seq_backward(l, &c, a->x[0], a->y, dy, a->dx[0], dp);
+    if (dp) {
+        dt_nn_accumulate(nl->wcount, dp, a->dw[0]);
+        dt_nn_accumulate((size_t)nl->bcount, dp + nl->wcount, a->dw[1]);
+    }
+    dt_free(dp);
+    dt_free(dy);
+    return lowp_status(l);
+}
