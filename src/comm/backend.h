@@ -93,11 +93,13 @@ typedef struct dt_backend_ops {
 
     // Sends handed to the transport that the backend still holds after `run` returned
     // (shm: the tail of a message larger than its channel, moved as the receiver makes
-    // room). comm.h promises that such a send arrives without further calls by the
-    // sender, so the generic layer moves them: the progress thread calls push while the
-    // lane is idle (polling with a backoff until nothing is held), every wait of every
-    // backend of the process calls it through dt_pg_push_sends, and dt_pg_free calls
-    // flush before free. Both run on the lane (no operation of the process runs
+    // room; mpi: an MPI_Isend that MPI may move only while it is called). comm.h promises
+    // that such a send arrives without further calls by the sender, so the generic layer
+    // moves them: the progress thread calls push while the lane is idle (polling with a
+    // backoff until nothing is held), the shm engine's waits call it through
+    // dt_pg_push_sends (a tcp world holds no send, an mpi world's groups are all mpi,
+    // whose waits move every communicator's requests), and dt_pg_free calls flush
+    // before free. Both run on the lane (no operation of the process runs
     // meanwhile). (optional, both or neither: NULL = a send is wholly in the transport
     // when run or xfer_wait returns, as on tcp)
     // push: moves what it can without waiting; sets *moved when it moved something;
