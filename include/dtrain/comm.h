@@ -176,9 +176,10 @@ DT_API dt_status dt_pg_new_from_env(dt_pg **out, const dt_pg_opts *opts);
 DT_API dt_status dt_pg_new(dt_pg **out, const char *init_method, int rank, int world,
                            const dt_pg_opts *opts);
 // Leaves the group (a sub-group: see "sub-groups" below): waits for queued async operations (each
-// bounded by its timeout), joins the progress thread, closes connections, and in rank 0's process
-// stops the store. Not collective, but a rank that leaves early makes the others' next collectives
-// fail with DT_ERR_PEER. NULL is a no-op. Work handles stay valid.
+// bounded by its timeout) and for sends not yet delivered (bounded by the timeout; see dt_pg_send),
+// joins the progress thread, closes connections, and in rank 0's process stops the store. Not
+// collective, but a rank that leaves early makes the others' next collectives fail with
+// DT_ERR_PEER. NULL is a no-op. Work handles stay valid.
 DT_API void dt_pg_free(dt_pg *pg);
 
 DT_API int dt_pg_rank(const dt_pg *pg);
@@ -206,9 +207,10 @@ DT_API void dt_pg_abort(dt_pg *pg, const char *reason);
 // Every group of a process shares one execution lane: operations of all groups run
 // one at a time in issue order, so ranks must issue the operations they share in an
 // order that cannot deadlock (as with MPI's blocking collectives on overlapping
-// communicators). A failure, a timeout or dt_pg_abort in any group stops every group
-// of the process, and a dead or frozen rank anywhere stops every rank of the world.
-// Free sub-groups (dt_pg_free) before their parent.
+// communicators); a send that returned is not such an operation: its data moves on its
+// own (see dt_pg_send), so a rank may send on one group and then wait in another. A failure, a
+// timeout or dt_pg_abort in any group stops every group of the process, and a dead or frozen rank
+// anywhere stops every rank of the world. Free sub-groups (dt_pg_free) before their parent.
 
 // torch.distributed.new_group: `ranks` (n distinct ranks of the parent, any order) form
 // a group whose rank i is the i-th smallest of them. Every rank of the parent calls it
@@ -272,7 +274,14 @@ DT_API dt_status dt_pg_barrier(dt_pg *pg);
 // the peer reaches the matching receive (always possible for large messages). So, as
 // with MPI_Send, two ranks that both send to each other first can block each other
 // until the timeout: order a ring exchange by rank parity (even ranks send first, odd
-// ranks receive first). dt_pg_send returns once the data is handed to the transport.
+// ranks receive first). dt_pg_send returns once the data is handed to the transport
+// (buf may be reused at once), and the transport then delivers it without further calls
+// by the sender: the sender may go on with an operation of another group (even one the
+// receiver enters only after this receive), compute, or wait, and the receiver gets the
+// message within the group's timeout. dt_pg_free waits for sends not yet delivered,
+// bounded by the group's timeout; a receiver that left or died, or the timeout, is an
+// error logged at once and returned by the process's later calls (and passed to the
+// peers), naming the send and the receiver (docs/comm.md, "Send and recv").
 DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, int peer,
                             int tag);
 DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer, int tag);

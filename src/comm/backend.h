@@ -91,6 +91,25 @@ typedef struct dt_backend_ops {
     // forms as in comm.h. A backend has either run or both xfer slots.
     dt_status (*run)(void *ctx, const dt_op *op);
 
+    // Sends handed to the transport that the backend still holds after `run` returned
+    // (shm: the tail of a message larger than its channel, moved as the receiver makes
+    // room; mpi: an MPI_Isend that MPI may move only while it is called). comm.h promises
+    // that such a send arrives without further calls by the sender, so the generic layer
+    // moves them: the progress thread calls push while the lane is idle (polling with a
+    // backoff until nothing is held), the shm engine's waits call it through
+    // dt_pg_push_sends (a tcp world holds no send, an mpi world's groups are all mpi,
+    // whose waits move every communicator's requests), and dt_pg_free calls flush
+    // before free. Both run on the lane (no operation of the process runs
+    // meanwhile). (optional, both or neither: NULL = a send is wholly in the transport
+    // when run or xfer_wait returns, as on tcp)
+    // push: moves what it can without waiting; sets *moved when it moved something;
+    // returns true while sends remain held (false after a failure: nothing will move).
+    bool (*push)(void *ctx, bool *moved);
+    // flush: waits until no send is held, until deadline_ns (DT_ERR_TIMEOUT), or until a
+    // receiver dies or leaves (DT_ERR_PEER); the message names the send and the receiver.
+    // DT_OK at once after a failure of the group (it was reported already).
+    dt_status (*flush)(void *ctx, uint64_t deadline_ns);
+
     // True when the backend calls dt_pg_progress while it waits inside an operation
     // (at least every ~500 ms): the liveness thread then takes an operation that makes
     // no progress for DT_LIVENESS_MS as a stuck communication thread. False for a
@@ -130,5 +149,11 @@ void dt_pg_fail(dt_pg *pg, dt_status st, const char *fmt, ...) DT_PRINTF(3, 4);
 // ~500 ms (tcp: every turn of its poll loop; shm: every futex slice and chunk), when it
 // sets reports_progress. Cheap: one relaxed atomic add.
 void dt_pg_progress(dt_pg *pg);
+// Moves the sends that any backend of this process still holds (the push slot above),
+// so that a send of one group never waits for an operation of another: a backend waiting
+// inside an operation calls it between checks (the caller holds the lane). Returns true
+// while some remain (a backend about to sleep then wakes up soon to call it again).
+// Cheap when nothing is held: one atomic load.
+bool dt_pg_push_sends(dt_pg *pg);
 
 #endif // DTRAIN_COMM_BACKEND_H

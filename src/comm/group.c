@@ -104,6 +104,9 @@ void dt_pg_group_free(dt_pg *g) {
     // The backend's free may talk to MPI: on the lane, bounded like any operation.
     bool lane = dt_pg_lane_take(R, dt_deadline_ns(g->timeout_ms < 0 ? 60000 : g->timeout_ms),
                                 "dt_pg_free") == DT_OK;
+    // Sends the backend still holds reach their receivers first (bounded by the timeout).
+    if (lane)
+        dt_pg_flush_sends(g);
     group_destroy(g, true);
     if (lane)
         dt_pg_lane_give(R);

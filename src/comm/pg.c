@@ -114,6 +114,63 @@ dt_status dt_pg_group_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
     return g->root->be->xfer_wait(g->root->be_ctx, op, x);
 }
 
+// ------------------------------------------------------------------ held sends
+
+// Moves the sends every group's backend still holds (backend.h, push). The caller holds
+// the lane. Returns true while some remain (*moved: something moved); clears the flag
+// once none remain. New groups are linked at the head of the list under R->mu and
+// unlinked on the lane, so the walk from the head read under R->mu is safe.
+static bool push_all(dt_pg *R, bool *moved) {
+    pthread_mutex_lock(&R->mu);
+    dt_pg *first = R->next_group;
+    pthread_mutex_unlock(&R->mu);
+    bool held = false;
+    for (dt_pg *g = R; g; g = g == R ? first : g->next_group)
+        if (g->be && g->be->push && g->be_ctx && g->be->push(g->be_ctx, moved))
+            held = true;
+    if (!held)
+        atomic_store(&R->sends_held, false);
+    return held;
+}
+
+bool dt_pg_push_sends(dt_pg *pg) {
+    dt_pg *R = pg->root;
+    if (!atomic_load_explicit(&R->sends_held, memory_order_relaxed))
+        return false;
+    bool moved = false;
+    return push_all(R, &moved);
+}
+
+// A backend's whole operation. A send that leaves part of its message held (a shm
+// message larger than its channel) raises the process's flag: from now on the progress
+// thread moves it while the lane is idle, and every backend's waits move it meanwhile.
+static dt_status run_backend(dt_pg *pg, const dt_op *op) {
+    dt_status st = pg->be->run(pg->be_ctx, op);
+    bool      moved;
+    if (st == DT_OK && op->kind == DT_COLL_SEND && pg->be->push && pg->be->push(pg->be_ctx, &moved))
+        atomic_store(&pg->root->sends_held, true);
+    return st;
+}
+
+void dt_pg_flush_sends(dt_pg *g) {
+    dt_pg *R = g->root;
+    if (!g->be || !g->be->flush || !g->be_ctx || atomic_load(&R->poisoned))
+        return;
+    uint64_t  deadline = g->timeout_ms < 0 ? UINT64_MAX : dt_deadline_ns(g->timeout_ms);
+    dt_status st       = g->be->flush(g->be_ctx, deadline);
+    if (st == DT_OK)
+        return;
+    char   msg[MSG_LEN];
+    size_t off =
+        (size_t)snprintf(msg, sizeof msg, "%s",
+                         dt_last_error()[0] ? dt_last_error() : "dt_pg_free: a send was lost");
+    if (g != R && off < sizeof msg)
+        dt_pg_group_describe(g, msg + off, sizeof msg - off);
+    DT_ERROR("comm", "%s", msg);
+    dt_pg_poison(g, st, msg);
+    dt_pg_tell_backends(g);
+}
+
 // Runs one operation; only one runs at a time (pg->busy). Message in `msg`.
 dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
     msg[0]   = '\0';
@@ -139,7 +196,7 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         else if (pg->shared)
             st = dt_algo_run(&pg->xlate, pg, &pg->algo, pg->rank, pg->world, op);
         else if (pg->be->run)
-            st = pg->be->run(pg->be_ctx, op);
+            st = run_backend(pg, op);
         else if (pg->be->xfer_post && pg->be->xfer_wait)
             st = dt_algo_run(pg->be, pg->be_ctx, &pg->algo, pg->rank, pg->world, op);
         else
@@ -249,19 +306,61 @@ static void work_run(dt_pg *pg, dt_work *w) {
 // cores (a 4 KiB all_reduce on shm: 34 us with the wake-up, 0.5 us without).
 // Called with pg->mu held.
 static void wake_progress_if_needed(dt_pg *pg) {
-    if (pg->head || pg->stop)
+    if (pg->head || pg->stop || atomic_load_explicit(&pg->sends_held, memory_order_relaxed))
         pthread_cond_broadcast(&pg->cv);
+}
+
+// How long the idle progress thread sleeps between pushes of held sends: from
+// PUSH_NAP_MIN_NS while they move, doubling up to PUSH_NAP_MAX_NS while the receiver
+// is busy elsewhere (the bound on the delay once it comes to its receive).
+#define PUSH_NAP_MIN_NS 20000ll
+#define PUSH_NAP_MAX_NS 5000000ll
+
+static void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ns) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ns / 1000000000ll);
+    ts.tv_nsec += (long)(ns % 1000000000ll);
+    if (ts.tv_nsec >= 1000000000L)
+        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+// The idle lane with sends held: move them (non-blocking), then nap. Called with pg->mu
+// held and the lane free; returns with pg->mu held.
+static void push_while_idle(dt_pg *pg, int64_t *nap) {
+    pg->busy = pg->pushing = true;
+    pthread_mutex_unlock(&pg->mu);
+    bool moved = false, held = push_all(pg, &moved);
+    // dt_pg_abort leaves telling the backends to the lane's holder: that was us.
+    if (atomic_load(&pg->poisoned))
+        dt_pg_tell_backends(pg);
+    pthread_mutex_lock(&pg->mu);
+    pg->busy = pg->pushing = false;
+    pthread_cond_broadcast(&pg->cv);
+    if (!held || pg->head || pg->stop) {
+        *nap = PUSH_NAP_MIN_NS;
+        return;
+    }
+    *nap = moved ? PUSH_NAP_MIN_NS : (*nap * 2 > PUSH_NAP_MAX_NS ? PUSH_NAP_MAX_NS : *nap * 2);
+    cond_wait_ns(&pg->cv, &pg->mu, *nap);
 }
 
 void *dt_pg_progress_main(void *arg) {
     dt_pg *pg = arg;
     pthread_setname_np(pthread_self(), "dt-progress"); // for top -H, gdb, and the tests
+    int64_t nap = PUSH_NAP_MIN_NS;
     pthread_mutex_lock(&pg->mu);
     for (;;) {
-        while (!(pg->head && !pg->busy) && !(pg->stop && !pg->head))
-            pthread_cond_wait(&pg->cv, &pg->mu);
-        if (!pg->head)
-            break; // stop requested and the queue is drained
+        if (!pg->head || pg->busy) {
+            if (pg->stop && !pg->head)
+                break; // stop requested and the queue is drained
+            if (!pg->busy && atomic_load(&pg->sends_held) && !atomic_load(&pg->poisoned))
+                push_while_idle(pg, &nap);
+            else
+                pthread_cond_wait(&pg->cv, &pg->mu);
+            continue;
+        }
         dt_work *w = pg->head;
         pg->head   = w->next;
         if (!pg->head)
@@ -473,6 +572,10 @@ dt_status dt_pg_submit(dt_pg *pg, dt_op *op, dt_work **out) {
         pthread_mutex_unlock(&L->mu);
         return dt_fail(DT_ERR_STATE, "%s: the group is being freed", dt_coll_name(op->kind));
     }
+    // A push of held sends is short and never waits: let it end rather than hand this
+    // blocking call over to the progress thread.
+    while (!out && L->pushing && !L->stop)
+        pthread_cond_wait(&L->cv, &L->mu);
     op_stamp(pg, op);
     pg->pending++;
     if (!out && !L->busy && !L->head) {

@@ -60,6 +60,7 @@ struct dt_pg {
     uint64_t       *send_seq, *recv_seq; // per peer (per group)
     struct dt_work *head, *tail;         // queued operations
     bool            busy;                // an operation is executing (thread or inline)
+    bool            pushing;             // busy with held sends only (progress thread)
     bool            stop;                // dt_pg_free: the progress thread drains and exits
     dt_status       poison_st;
     char            poison_msg[DT_PG_MSG_LEN];
@@ -69,6 +70,10 @@ struct dt_pg {
     dt_live         *live;     // heartbeats (liveness.c); NULL when off
     _Atomic uint64_t progress; // dt_pg_progress calls
     _Atomic uint64_t cur_op;   // the operation in the backend, dt_pg_current_op
+
+    // Some backend of the process may hold sends (backend.h, push): set on the lane
+    // after a send left some held, cleared by a sweep of every group that found none.
+    atomic_bool sends_held;
 
     work_pool  *pool;
     atomic_bool poisoned;
@@ -104,6 +109,11 @@ dt_status dt_pg_submit(dt_pg *pg, dt_op *op, struct dt_work **out);
 // queued, bounded by deadline_ns), so that it may call into backends directly.
 dt_status dt_pg_lane_take(dt_pg *root, uint64_t deadline_ns, const char *what);
 void      dt_pg_lane_give(dt_pg *root);
+// Before the backend of `g` is freed (the caller holds the lane, or is the world's last
+// thread): waits, bounded by the group's timeout, until it holds no send (backend.h,
+// flush). A failure is logged as an error naming the receiver, poisons the process and
+// is passed to the peers, as a failed operation would be.
+void dt_pg_flush_sends(dt_pg *g);
 // Tells the backend of `pg` and of every live sub-group of its root that the process
 // failed (once each). Caller holds the lane.
 void dt_pg_tell_backends(dt_pg *pg);

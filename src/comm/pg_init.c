@@ -232,6 +232,9 @@ void dt_pg_free(dt_pg *pg) {
         pthread_mutex_unlock(&pg->mu);
         pthread_join(pg->thread, NULL);
     }
+    // Sends the backend still holds reach their receivers before this rank says bye
+    // (bounded by the timeout; the lane is ours alone now).
+    dt_pg_flush_sends(pg);
     dt_hybrid_free(pg);
     if (pg->next_group)
         DT_WARN("comm",
@@ -357,6 +360,7 @@ static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opt
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
     atomic_init(&pg->poisoned, false);
+    atomic_init(&pg->sends_held, false);
     dt_log_set_rank(rank, world);
     pg->store         = boot.store;
     pg->store_via_mpi = boot.store != NULL;

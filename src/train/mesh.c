@@ -602,11 +602,6 @@ dt_status dt_train_mesh_save_model(dt_trainer *t, const char *path) {
         st = gather_one(t, wi, true, w ? dt_params_buffers(w) + wi->offset : NULL, tmp,
                         TAG_GATHER + np + i);
     }
-    // A send that did not fit its channel waits in this group's queue, pushed while this
-    // group waits for something (comm.h's sub-groups share one lane): the barrier keeps
-    // every sender here until rank 0 has it all.
-    if (st == DT_OK)
-        st = dt_pg_barrier(t->pg);
     if (st == DT_OK && t->rank == 0)
         st = dt_ckpt_save_params(path, w);
     dt_params_free(w);

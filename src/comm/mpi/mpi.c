@@ -28,11 +28,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 // After the group is aborted, a blocking MPI call gets this long to finish by itself
 // before the watchdog aborts the MPI job.
 #define ABORT_GRACE_MS 2000
-// Unfinished sends at dt_pg_free get this long (the backend's free must not block long).
+// Sends still unfinished in the backend's free (flush waited for them already unless the
+// group failed) get this long: the free must not block long.
 #define FREE_WAIT_MS 1000
 
 // One send handed to MPI: a copy of the data (the caller's buffer is free once
@@ -40,6 +42,8 @@
 typedef struct pending_send {
     MPI_Request          req[2]; // header, data
     dt_fingerprint       hdr;
+    int                  peer; // for flush's message
+    size_t               nbytes;
     struct pending_send *next;
     // the copy of the data follows
 } pending_send;
@@ -480,6 +484,8 @@ static dt_status run_send(mpi_ctx *c, const dt_op *op) {
     if (!p)
         return dt_op_fail(op, DT_ERR_NOMEM, "no memory to copy %zu bytes", nbytes);
     p->hdr    = op->fp;
+    p->peer   = op->peer;
+    p->nbytes = nbytes;
     p->next   = NULL;
     p->req[0] = p->req[1] = MPI_REQUEST_NULL;
     if (nbytes)
@@ -577,6 +583,41 @@ static dt_status mpi_run(void *ctx, const dt_op *op) {
     if (!c->broken && c->sends)
         progress_sends(c);
     return st;
+}
+
+// backend.h's push: an MPI_Isend larger than MPI's eager limit may need the sender's MPI
+// to make progress (a rendezvous over a transport without single-copy or an async
+// progress thread), and comm.h promises delivery without further calls by the sender:
+// the progress thread tests them while the lane is idle. Never waits.
+static bool mpi_push(void *ctx, bool *moved) {
+    mpi_ctx *c = ctx;
+    if (c->broken || !c->sends)
+        return false;
+    const pending_send *first = c->sends;
+    progress_sends(c);
+    if (c->sends != first)
+        *moved = true;
+    return c->sends != NULL;
+}
+
+// backend.h's flush: dt_pg_free waits, testing, until MPI is done with every send, the
+// deadline, or a failure of the group (reported already).
+static dt_status mpi_flush(void *ctx, uint64_t deadline_ns) {
+    mpi_ctx *c = ctx;
+    while (!c->broken && c->sends && !dt_pg_aborted(c->pg)) {
+        progress_sends(c);
+        if (!c->sends)
+            break;
+        if (dt_now_ns() >= deadline_ns)
+            return dt_fail(DT_ERR_TIMEOUT,
+                           "dt_pg_free: send #%llu to rank %d (%zu bytes) timed out: MPI did "
+                           "not deliver it (the receiver never received it)",
+                           (unsigned long long)DT_FP_SEQ(&c->sends->hdr), c->sends->peer,
+                           c->sends->nbytes);
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    return DT_OK;
 }
 
 static void mpi_abort(void *ctx, dt_status st, const char *msg) {
@@ -830,5 +871,7 @@ const dt_backend_ops dt_backend_mpi = {
     .free      = mpi_free,
     .abort     = mpi_abort,
     .run       = mpi_run,
+    .push      = mpi_push,
+    .flush     = mpi_flush,
     .built     = true,
 };

@@ -191,7 +191,7 @@ static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step
 //     at once when the peer waits for this very CPU (2 ranks on 1 busy vCPU);
 //  3. sleep on the futex in SLICE_NS slices, checking health between them. A futex
 //     wake-up costs tens of microseconds on a VM, hence stage 2.
-static void push_pending(dt_shm *s);
+static bool push_held(dt_shm *s);
 
 static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bool is_step) {
     if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
@@ -205,8 +205,7 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
         if ((i & 63) == 0) {
-            if (s->npending)
-                push_pending(s);
+            push_held(s);
             int64_t spent = (int64_t)(dt_now_ns() - t0);
             if (spent >= s->spin_ns ||
                 atomic_load_explicit(&s->hdr->abort_state, memory_order_relaxed))
@@ -217,6 +216,7 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
         cpu_relax();
     }
     for (;;) {
+        bool held = push_held(s);
         atomic_fetch_add_explicit(&w->waiters, 1, memory_order_seq_cst);
         uint32_t v = atomic_load_explicit(&w->value, memory_order_seq_cst);
         if (!reached(v, target) && !atomic_load(&s->hdr->abort_state)) {
@@ -228,14 +228,12 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
                     slice = left;
             }
             // Sleeping with messages still to push: wake up often enough to push them.
-            if (s->npending && slice > 200000)
+            if (held && slice > 200000)
                 slice = 200000;
             if (slice > 0)
                 futex_wait(&w->value, v, slice);
         }
         atomic_fetch_sub_explicit(&w->waiters, 1, memory_order_seq_cst);
-        if (s->npending)
-            push_pending(s);
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
         DT_TRY(check_health(o, peer, target, is_step));
@@ -306,8 +304,7 @@ static dt_status op_begin(dt_shm *s, shm_op *o, const dt_op *op) {
     if (op->count > (SIZE_MAX >> 4) / es / (size_t)s->world)
         return dt_fail(DT_ERR_ARG, "%s: count %zu is too large", op->name, op->count);
     o->start_ns = dt_now_ns();
-    if (s->npending)
-        push_pending(s);
+    push_held(s);
     // A dead rank nobody waits on is still noticed by the next call, at a bounded cost.
     if (o->start_ns - s->last_check_ns > PEER_CHECK_NS || atomic_load(&s->hdr->abort_state))
         DT_TRY(check_health(o, -1, 0, false));
@@ -683,13 +680,16 @@ static void post_chunk(dt_shm *s, int peer, const dt_fingerprint *fp, size_t k,
 }
 
 // Pushes queued chunks into every channel with room, oldest message first. Never waits.
-static void push_pending(dt_shm *s) {
+// Returns the number of chunks posted.
+static size_t push_pending(dt_shm *s) {
+    size_t posted = 0;
     for (int peer = 0; peer < s->world; peer++) {
         shm_pending *m;
         while ((m = s->pending[peer]) && chan_has_room(s, peer)) {
             size_t off = m->chunk * s->pchunk;
             post_chunk(s, peer, &m->fp, m->chunk, m->data + off,
                        min_sz(s->pchunk, m->nbytes - off));
+            posted++;
             if (++m->chunk == m->nchunks) {
                 s->pending[peer] = m->next;
                 s->npending--;
@@ -698,6 +698,51 @@ static void push_pending(dt_shm *s) {
             }
         }
     }
+    return posted;
+}
+
+// From every wait and operation start: the held sends of the whole process through the
+// owner's hook (a send of another engine must not wait for this one's operation), else
+// this engine's. True while some remain.
+static bool push_held(dt_shm *s) {
+    if (s->push)
+        return s->push(s->push_arg);
+    if (s->npending)
+        push_pending(s);
+    return s->npending != 0;
+}
+
+bool dt_shm_push(dt_shm *s, bool *moved) {
+    if (!s->npending || s->failed ||
+        atomic_load_explicit(&s->hdr->abort_state, memory_order_relaxed))
+        return false; // after a failure nothing will take them: free drops them
+    if (push_pending(s))
+        *moved = true;
+    return s->npending != 0;
+}
+
+dt_status dt_shm_flush(dt_shm *s, uint64_t deadline_ns) {
+    if (!s->npending || s->failed)
+        return DT_OK;
+    dt_op  op = {.kind = DT_COLL_SEND, .root = -1, .deadline_ns = deadline_ns};
+    shm_op o  = {.s = s, .op = &op, .start_ns = dt_now_ns()};
+    for (int peer = 0; peer < s->world; peer++) {
+        while (s->pending[peer]) {
+            const shm_pending *m = s->pending[peer];
+            op.peer              = peer;
+            snprintf(op.name, sizeof op.name, "dt_pg_free: send #%llu to rank %d",
+                     (unsigned long long)DT_FP_SEQ(&m->fp), peer);
+            size_t    left = m->nbytes - min_sz(m->nbytes, m->chunk * s->pchunk);
+            size_t    all  = m->nbytes;
+            dt_status st =
+                wait_word(&o, &chan(s, s->rank, peer)->consumed, s->sent[peer] - 1, peer, false);
+            if (st != DT_OK)
+                return dt_fail(st, "%s (%zu of its %zu bytes were never delivered)",
+                               dt_last_error(), left, all);
+            push_pending(s);
+        }
+    }
+    return DT_OK;
 }
 
 // Never waits for the receiver (comm.h: a send returns once its data is handed to the

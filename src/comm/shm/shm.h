@@ -51,6 +51,11 @@ typedef struct dt_shm_opts {
     // every ~10 ms while sleeping, then the wait returns DT_ERR_STATE.
     bool (*aborted)(void *arg);
     void *aborted_arg;
+    // Optional: pushes the sends held by every engine of the process (this one's
+    // included, through dt_shm_push); true while some remain. Called at the start of
+    // operations and between the checks of every wait. NULL: each engine pushes its own.
+    bool (*push)(void *arg);
+    void *push_arg;
 } dt_shm_opts;
 
 // Creates (rank 0) or opens (others) the segment, waits until all `world` ranks have
@@ -81,7 +86,18 @@ dt_status dt_shm_run(dt_shm *s, const dt_op *op);
 // Point to point: messages between two ranks arrive in the order they were sent; the
 // receiver's count, dtype and tag must equal the sender's, or both fail with
 // DT_ERR_MISMATCH. A send never waits for the receiver: what does not fit in the
-// channel is copied and pushed by this rank's later operations.
+// channel is copied and held, and pushed as the receiver makes room by this rank's
+// later operations (of any engine, through opts.push) and by dt_shm_push.
+
+// Pushes held chunks into channels with room; never waits. Sets *moved when it posted
+// some. Returns true while some remain held; false after a failure of the engine (they
+// will never be taken; dt_shm_free drops them). The engine's one-thread rule holds.
+bool dt_shm_push(dt_shm *s, bool *moved);
+// Waits until nothing is held (every chunk posted), pushing as the receivers make room,
+// until deadline_ns (DT_ERR_TIMEOUT naming the receiver), a receiver that died or left
+// (DT_ERR_PEER naming it) or a failure of the group. The message names the send and the
+// bytes never delivered. DT_OK at once when nothing is held or the engine failed before.
+dt_status dt_shm_flush(dt_shm *s, uint64_t deadline_ns);
 
 // Makes every rank's pending and later calls fail (the process group calls it after
 // a failure it saw, or dt_pg_abort): they get DT_ERR_PEER (st itself for a mismatch or

@@ -21,6 +21,11 @@ static bool pg_aborted(void *pg) {
     return dt_pg_aborted(pg);
 }
 
+// The engine calls it from its waits: every group's held sends move while any waits.
+static bool pg_push(void *pg) {
+    return dt_pg_push_sends(pg);
+}
+
 // "pid:[4026531836]": ranks must share it, or their process ids (used to watch each
 // other's liveness) would mean nothing to each other.
 static void pid_namespace(char *buf, size_t n) {
@@ -96,7 +101,9 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
                        .pids        = pids,
                        .deadline_ns = deadline_ns,
                        .aborted     = pg_aborted,
-                       .aborted_arg = pg};
+                       .aborted_arg = pg,
+                       .push        = pg_push,
+                       .push_arg    = pg};
     char        name[96];
     if (st == DT_OK && rank == 0) {
         uint64_t rnd[2] = {0, 0};
@@ -162,6 +169,14 @@ static dt_status shm_op(void *ctx, const dt_op *op) {
     return dt_shm_run(ctx, op);
 }
 
+static bool shm_push(void *ctx, bool *moved) {
+    return dt_shm_push(ctx, moved);
+}
+
+static dt_status shm_flush(void *ctx, uint64_t deadline_ns) {
+    return dt_shm_flush(ctx, deadline_ns);
+}
+
 const dt_backend_ops dt_backend_shm = {
     .name             = "shm",
     .usable           = shm_usable,
@@ -170,6 +185,8 @@ const dt_backend_ops dt_backend_shm = {
     .free             = shm_free_ctx,
     .abort            = shm_abort,
     .run              = shm_op,
+    .push             = shm_push,
+    .flush            = shm_flush,
     .reports_progress = true,
     .built            = true,
 };

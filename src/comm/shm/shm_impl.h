@@ -115,13 +115,16 @@ struct dt_shm {
     size_t               nt_bytes;        // results at least this large use non-temporal stores
     uint64_t             last_check_ns;
     bool (*aborted)(void *arg);
-    void     *aborted_arg;
+    void *aborted_arg;
+    bool (*push)(void *arg); // dt_shm_opts.push
+    void     *push_arg;
     dt_status failed;
     char      fail_msg[1000];
 };
 
 // A sent message whose tail did not fit in the channel: the engine owns a copy and
-// pushes its chunks whenever the receiver has made room (from any later wait).
+// pushes its chunks whenever the receiver has made room (from any later wait of any
+// engine of the process, and from the owner's dt_shm_push and dt_shm_flush).
 typedef struct shm_pending {
     struct shm_pending *next;
     dt_fingerprint      fp;

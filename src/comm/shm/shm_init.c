@@ -346,6 +346,8 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
         st = shm_init_impl(o, s, &fd);
     s->aborted     = o->aborted;
     s->aborted_arg = o->aborted_arg;
+    s->push        = o->push;
+    s->push_arg    = o->push_arg;
     if (st == DT_OK && o->rank == 0 && o->created)
         st = o->created(o->created_arg);
     if (st == DT_OK) {
