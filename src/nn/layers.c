@@ -115,6 +115,21 @@ dt_status lay_expect(const char *kind, int nin, const dt_shape *in, int want_nin
     return DT_OK;
 }
 
+dt_status lay_expect_tokens(const char *kind, int nin, const dt_shape *in, int d, dt_shape *out) {
+    char b[64];
+    if (nin != 1 || in[0].dtype != DT_ELEM_I32 || in[0].ndim >= DT_SHAPE_MAX_DIMS)
+        return dt_fail(DT_ERR_ARG,
+                       "%s: expected one int32 input of at most %d dimensions, found %d inputs, "
+                       "the first %s",
+                       kind, DT_SHAPE_MAX_DIMS - 1, nin,
+                       nin > 0 ? dt_shape_str(&in[0], b, sizeof b) : "none");
+    *out               = in[0];
+    out->dtype         = DT_ELEM_F32;
+    out->d[in[0].ndim] = d;
+    out->ndim          = in[0].ndim + 1;
+    return DT_OK;
+}
+
 // ------------------------------------------------------------------------------ Conv2d
 
 static dt_status conv_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
@@ -337,17 +352,7 @@ typedef struct emb_cfg {
 
 static dt_status emb_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
     const emb_cfg *p = l->config;
-    char           b[64];
-    if (nin != 1 || in[0].dtype != DT_ELEM_I32 || in[0].ndim >= DT_SHAPE_MAX_DIMS)
-        return dt_fail(DT_ERR_ARG,
-                       "embedding: expected one int32 input of at most %d "
-                       "dimensions, found %d inputs, the first %s",
-                       DT_SHAPE_MAX_DIMS - 1, nin,
-                       nin > 0 ? dt_shape_str(&in[0], b, sizeof b) : "none");
-    s->out               = in[0];
-    s->out.dtype         = DT_ELEM_F32;
-    s->out.d[in[0].ndim] = p->d;
-    s->out.ndim          = in[0].ndim + 1;
+    DT_TRY(lay_expect_tokens("embedding", nin, in, p->d, &s->out));
     lay_tensor(&s->params[0], "weight", 0, 2, p->num, p->d, 0, 0);
     s->nparams       = 1;
     s->no_input_grad = true;

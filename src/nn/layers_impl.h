@@ -13,6 +13,10 @@ void lay_tensor(dt_layer_tensor *t, const char *name, uint32_t flags, int ndim, 
 // DT_ERR_ARG naming `kind` unless there are want_nin float inputs of ndim_lo..ndim_hi dims.
 dt_status lay_expect(const char *kind, int nin, const dt_shape *in, int want_nin, int ndim_lo,
                      int ndim_hi);
+// An embedding's input check and output shape: one int32 input of token ids with room
+// for one more dimension (DT_ERR_ARG naming `kind` otherwise); *out is its shape with d
+// floats per id.
+dt_status lay_expect_tokens(const char *kind, int nin, const dt_shape *in, int d, dt_shape *out);
 
 // What the graph's fusion passes (graph_pass.c) ask of a node's layer: whether it is
 // the built-in Conv2d (then its configuration), ReLU, MaxPool2d (then its window),

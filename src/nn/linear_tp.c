@@ -148,17 +148,7 @@ typedef struct etp_cfg {
 
 static dt_status etp_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
     const etp_cfg *p = l->config;
-    char           b[64];
-    if (nin != 1 || in[0].dtype != DT_ELEM_I32 || in[0].ndim >= DT_SHAPE_MAX_DIMS)
-        return dt_fail(DT_ERR_ARG,
-                       "embedding_tp: expected one int32 input of at most %d dimensions, found %d "
-                       "inputs, the first %s",
-                       DT_SHAPE_MAX_DIMS - 1, nin,
-                       nin > 0 ? dt_shape_str(&in[0], b, sizeof b) : "none");
-    s->out               = in[0];
-    s->out.dtype         = DT_ELEM_F32;
-    s->out.d[in[0].ndim] = p->d;
-    s->out.ndim          = in[0].ndim + 1;
+    DT_TRY(lay_expect_tokens("embedding_tp", nin, in, p->d, &s->out));
     lay_tensor(&s->params[0], "weight", 0, 2, p->num / p->parts, p->d, 0, 0);
     if (p->parts > 1)
         s->params[0].split = (dt_param_split){0, p->parts, p->part, 1};
