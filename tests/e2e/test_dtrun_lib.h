@@ -500,4 +500,42 @@ DTRUN_TEST_FN bool pid_alive(int pid) {
     return alive;
 }
 
+// Pid of dtrun's worker of the given rank (a child of dtrun with RANK=<rank>).
+DTRUN_TEST_FN int worker_pid(int dtrun_pid, int rank) {
+    DIR           *d     = opendir("/proc");
+    int            found = -1;
+    char           want[32];
+    int            wl = snprintf(want, sizeof want, "RANK=%d", rank) + 1; // with its NUL
+    struct dirent *e;
+    while (d && found < 0 && (e = readdir(d))) {
+        int pid = atoi(e->d_name);
+        if (pid <= 0)
+            continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        char       *st   = read_file(path);
+        const char *rp   = strrchr(st, ')');
+        int         ppid = 0;
+        if (rp)
+            sscanf(rp + 2, "%*c %d", &ppid);
+        free(st);
+        if (ppid != dtrun_pid)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", pid);
+        int     fd = open(path, O_RDONLY);
+        char    buf[65536];
+        ssize_t k = fd >= 0 ? read(fd, buf, sizeof buf) : -1;
+        if (fd >= 0)
+            close(fd);
+        for (ssize_t i = 0; k > 0 && i + wl <= k; i++)
+            if ((i == 0 || buf[i - 1] == '\0') && memcmp(buf + i, want, (size_t)wl) == 0) {
+                found = pid;
+                break;
+            }
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
 #endif // DTRAIN_TESTS_E2E_DTRUN_LIB_H
