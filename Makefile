@@ -108,6 +108,15 @@ endif
 # that order matters).
 LIB_SRC  := $(sort $(wildcard src/*/*.c src/*/*/*.c))
 MPI_SRC  := $(filter src/comm/mpi/%.c,$(LIB_SRC))
+# Kernels per target (src/kernels/<target>/): each folder is built for its instruction
+# set and only runs where the CPU has it (kernels/cpu.c decides); another machine
+# family's folders are left out.
+MACHINE        := $(shell $(CC) -dumpmachine)
+X86_KERNELS    := avx2
+KERNEL_FLAGS    = $(if $(filter src/kernels/avx2/%,$1),-march=x86-64-v3 -mtune=generic)
+ifeq ($(filter x86_64%,$(MACHINE)),)
+  LIB_SRC := $(filter-out $(X86_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
+endif
 ifneq ($(HAVE_MPI),1)
   LIB_SRC := $(filter-out $(MPI_SRC),$(LIB_SRC))
 endif
@@ -157,7 +166,7 @@ $(OUT)/flags: FORCE
 $(OUT)/obj/%.o: %.c $(OUT)/flags
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(if $(filter $(MPI_SRC),$<),$(MPI_CFLAGS)) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(if $(filter $(MPI_SRC),$<),$(MPI_CFLAGS)) $(call KERNEL_FLAGS,$<) -c $< -o $@
 
 $(LIB_A): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -231,7 +240,7 @@ FUZZ_SECONDS ?= 20
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZCC  $<")
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) $(call KERNEL_FLAGS,$<) -c $< -o $@
 
 build/fuzz/%: fuzz/%.c $(FUZZ_LIB_OBJ)
 	@mkdir -p $(dir $@)

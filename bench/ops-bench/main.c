@@ -86,8 +86,9 @@ static void bnrelu_fwd(bcase *c) {
     dt_nn_bn p = dt_nn_bn_default(c->a[1]);
     int      n = c->a[0], ch = c->a[1], l = c->a[2];
     float   *mean = c->s0, *invstd = c->s0 + ch;
-    dt_nn_bn_stats_range(n, ch, 0, ch, l, c->x, mean, invstd);
-    dt_nn_bn_moments(&p, (double)n * l, mean, invstd, mean, invstd, c->s1, c->s1 + ch);
+    double  *sum = (double *)(void *)c->s2, *m2 = sum + ch; // s2 holds 2 ch doubles
+    dt_nn_bn_stats_range(n, ch, 0, ch, l, c->x, sum, m2);
+    dt_nn_bn_moments(&p, (double)n * l, sum, m2, mean, invstd, c->s1, c->s1 + ch);
     dt_nn_bn_apply_rows(n, ch, l, 0, n * ch, c->x, mean, invstd, c->w, c->b, NULL, true, c->y);
 }
 static void bnrelu_bwd(bcase *c) {
@@ -112,7 +113,7 @@ static void bn_setup(bcase *c, dt_rng *rng) {
     size_t n = (size_t)c->a[0] * c->a[1] * c->a[2], ch = (size_t)c->a[1];
     c->x = buf(n, rng), c->dy = buf(n, rng), c->y = buf(n, NULL), c->dx = buf(n, NULL);
     c->w = buf(ch, rng), c->b = buf(ch, rng), c->dw = buf(ch, NULL), c->db = buf(ch, NULL);
-    c->s0 = buf(2 * ch, NULL), c->s1 = buf(2 * ch, NULL), c->s2 = buf(2 * ch, NULL);
+    c->s0 = buf(2 * ch, NULL), c->s1 = buf(2 * ch, NULL), c->s2 = buf(4 * ch, NULL);
     for (size_t i = 0; i < ch; i++)
         c->s1[ch + i] = 1.0f;
 }

@@ -20,6 +20,9 @@ static const dt_setting table[] = {
     {"DT_FAIL_ALLOC_AFTER", "core", DT_SETTING_INT, -1, 1L << 40, -1, NULL,
      "tests: the allocation after this many fails (-1: never)"},
     // nn
+    {"DT_ISA", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|ref|avx2|avx512|avx512bf16|amx|neon",
+     "caps the CPU kernel targets at this level and those below it (auto: the best the CPU "
+     "has); ref is portable C alone"},
     {"DT_CONV", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|direct|gemm",
      "convolution kernels: dtrain's AVX-512 ones (direct) or im2col + OpenBLAS (gemm); auto "
      "picks direct where the CPU has AVX-512"},

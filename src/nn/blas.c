@@ -6,6 +6,7 @@
 #include "nn/blas.h"
 #include "dtrain/nn.h"
 
+#include "kernels/gemm.h"
 #include "nn/nn_impl.h"
 
 #include <cblas.h>
@@ -25,7 +26,7 @@ static void init_once(void) {
 
 dt_status dt_blas_init(void) {
     pthread_once(&once, init_once);
-    return DT_OK;
+    return dt_cpu_check(); // a DT_ISA that names no target stops the model being built
 }
 
 const char *dt_blas_info(void) {
@@ -35,6 +36,14 @@ const char *dt_blas_info(void) {
 
 void dt_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
               const float *b, int ldb, float beta, float *c, int ldc) {
+    // Below AVX-512, dtrain's own GEMM: OpenBLAS's AVX2 kernels round a row differently
+    // by where it falls in their last block, which breaks the promise that a sample's
+    // numbers do not depend on how the batch is split (kernels/gemm.h)
+    dt_isa top = dt_isa_top();
+    if (top == DT_ISA_AVX2 || top == DT_ISA_REF) {
+        dt_k_sgemm(top, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }

@@ -51,7 +51,7 @@ static dt_status bn_setup(const dt_layer *l, int nin, const dt_shape *in, dt_lay
     lay_tensor(&s->buffers[1], "running_var", 0, 1, p->p.c, 0, 0, 0);
     s->nbuffers      = 2;
     s->saved_fixed   = 2 * (size_t)p->p.c + 1; // mean, invstd, the (global) count
-    s->scratch_fixed = 2 * (size_t)p->p.c + 1;
+    s->scratch_fixed = 5 * (size_t)p->p.c + 1; // forward: 2c doubles, c + 1 floats
     return DT_OK;
 }
 
@@ -70,7 +70,8 @@ typedef struct bn_task {
     bn_phase             phase;
     int                  n, c, len;
     const float         *mean, *invstd, *gamma, *beta;
-    float               *s1, *s2; // the per-channel sums
+    float               *s1, *s2; // the per-channel sums of a backward
+    double              *d1, *d2; // a forward's: sum and squared deviations (STATS)
     double               count;   // GRAD_APPLY: values per channel (0: evaluation)
 } bn_task;
 
@@ -88,7 +89,7 @@ static void bn_run(void *arg, int i, int nth) {
     const dt_nn_bn_relu *relu = t->p->relu ? &mask : NULL;
     switch (t->phase) {
     case STATS:
-        dt_nn_bn_stats_range(n, c, c0, c1, len, a->x[0], t->s1, t->s2);
+        dt_nn_bn_stats_range(n, c, c0, c1, len, a->x[0], t->d1 + c0, t->d2 + c0);
         break;
     case APPLY:
         dt_nn_bn_apply_rows(n, c, len, r0, r1, a->x[0], t->mean, t->invstd, t->gamma, t->beta, res,
@@ -128,29 +129,46 @@ static dt_status bn_forward(const dt_layer *l, const dt_layer_args *a) {
                            .gamma  = p->p.affine ? a->w[0] : NULL,
                            .beta   = p->p.affine ? a->w[1] : NULL};
     double        count = (double)t.n * t.len;
+    // scratch: the sums in double (2c), then c + 1 floats for the group's
+    DT_ASSERT(((uintptr_t)a->scratch & 7) == 0); // the graph's scratch is aligned
+    double *sum = (double *)(void *)a->scratch, *m2 = sum + c;
+    float  *v = (float *)(void *)(m2 + c);
+    t.d1 = sum, t.d2 = m2;
     if (a->training && p->reduce) {
-        float *v = a->scratch; // sum, sumsq, count: reduced over the group
-        t.s1 = v, t.s2 = v + c;
+        // SyncBatchNorm in two all-reduces: the sums and counts give the group's mean;
+        // then each process's squared deviations from that mean,
+        //     m2_r + n_r (mean_r - mean)^2,
+        // all non-negative, so their float sum keeps the variance to rounding (one
+        // all-reduce of sum and sum of squares would cancel as dt_nn_bn_stats says)
         bn_pass(&t, STATS);
-        v[2 * c] = (float)count;
-        DT_TRY(p->reduce(p->reduce_user, v, 2 * (size_t)c + 1));
-        count = (double)v[2 * c];
-        if (count < 2)
+        for (int ch = 0; ch < c; ch++)
+            v[ch] = (float)sum[ch];
+        v[c] = (float)count;
+        DT_TRY(p->reduce(p->reduce_user, v, (size_t)c + 1));
+        double total = (double)v[c];
+        if (total < 2)
             return dt_fail(DT_ERR_ARG,
                            "syncbatchnorm: expected more than 1 value per channel "
                            "over the group, found %g",
-                           count);
-        dt_nn_bn_moments(&p->p, count, v, v + c, mean, invstd, a->buf[0], a->buf[1]);
+                           total);
+        for (int ch = 0; ch < c; ch++) {
+            double mean_g = (double)v[ch] / total, d = count > 0 ? sum[ch] / count - mean_g : 0;
+            sum[ch] = (double)v[ch];
+            v[ch]   = (float)(m2[ch] + count * d * d);
+        }
+        DT_TRY(p->reduce(p->reduce_user, v, (size_t)c));
+        for (int ch = 0; ch < c; ch++)
+            m2[ch] = (double)v[ch];
+        count = total;
+        dt_nn_bn_moments(&p->p, count, sum, m2, mean, invstd, a->buf[0], a->buf[1]);
     } else if (a->training) {
         if (count < 2)
             return dt_fail(DT_ERR_ARG,
                            "batchnorm: expected more than 1 value per channel in "
                            "training, found %g",
                            count);
-        // mean and invstd hold the sums until the moments replace them
-        t.s1 = mean, t.s2 = invstd;
         bn_pass(&t, STATS);
-        dt_nn_bn_moments(&p->p, count, mean, invstd, mean, invstd, a->buf[0], a->buf[1]);
+        dt_nn_bn_moments(&p->p, count, sum, m2, mean, invstd, a->buf[0], a->buf[1]);
     } else {
         dt_nn_bn_eval_moments(&p->p, a->buf[0], a->buf[1], mean, invstd);
     }

@@ -98,8 +98,9 @@ dt_status dt_nn_linear16_backward(const uint16_t *w16, int n, int in, int out, c
 // Evaluation normalises with the running statistics.
 //
 // Training forward is split so SyncBatchNorm can all-reduce between the steps:
-//   1. dt_nn_bn_stats: per channel sum and sum of squares of the local x;
-//   2. (SyncBatchNorm: all-reduce sum, sumsq and the count m)
+//   1. dt_nn_bn_stats: per channel sum and sum of squared deviations of the local x;
+//   2. (SyncBatchNorm: all-reduce the sums and the count m for the mean, then the
+//      squared deviations from that mean: layers_bn.c)
 //   3. dt_nn_bn_moments: mean and 1/sqrt(var + eps) (saved for backward), running stats;
 //   4. dt_nn_bn_apply: y = (x - mean) * invstd * gamma + beta.
 // Backward likewise: dt_nn_bn_backward_stats (per channel sum of dy and of dy * xhat),
@@ -120,13 +121,16 @@ dt_nn_bn dt_nn_bn_default(int c);
 // gamma 1, beta 0, running_mean 0, running_var 1 (no random draw).
 void dt_nn_bn_init(const dt_nn_bn *p, float *gamma, float *beta, float *running_mean,
                    float *running_var);
-// sum[c] = sum of x over (n, l); sumsq[c] = sum of x^2 (both accumulated in double).
-void dt_nn_bn_stats(int n, int c, int l, const float *x, float *sum, float *sumsq);
-void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x, float *sum,
-                          float *sumsq);
+// sum[c] = sum of x over (n, l); m2[c] = sum of (x - mean)^2, the squared deviations
+// from the channel's mean (both in double; never E[x^2] - E[x]^2, which cancels when the
+// mean is large against the spread). The _range form writes channels [c0, c1) to
+// sum[0 .. c1 - c0) and m2 likewise.
+void dt_nn_bn_stats(int n, int c, int l, const float *x, double *sum, double *m2);
+void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x, double *sum,
+                          double *m2);
 // From the totals over `count` values per channel: mean, invstd; running stats updated
 // when running_mean is not NULL.
-void dt_nn_bn_moments(const dt_nn_bn *p, double count, const float *sum, const float *sumsq,
+void dt_nn_bn_moments(const dt_nn_bn *p, double count, const double *sum, const double *m2,
                       float *mean, float *invstd, float *running_mean, float *running_var);
 // Evaluation: mean = running_mean, invstd = 1/sqrt(running_var + eps).
 void dt_nn_bn_eval_moments(const dt_nn_bn *p, const float *running_mean, const float *running_var,

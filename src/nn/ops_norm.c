@@ -48,41 +48,74 @@ DT_VINLINE void row_moments(const float *a, const float *b, float bm, int l, dou
     *q += tq;
 }
 
+// For one row of l values: the sum of x - k and of (x - k)^2, in sixteen float lanes;
+// the rows are then added up in double. Lanes hold at most a row's l/16 terms (49 for a
+// 28x28 plane), so float loses nothing that matters.
+DT_VINLINE void row_shifted(const float *x, float k, int l, double *s, double *q) {
+    dt_v16f sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), kv = dt_splat16(k);
+    int     j = 0;
+    for (; j + 16 <= l; j += 16) {
+        dt_v16f d = dt_load16(x + j) - kv;
+        sa += d;
+        sq += d * d;
+    }
+    float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
+    for (; j < l; j++) {
+        float d = x[j] - k;
+        ts += d;
+        tq += d * d;
+    }
+    *s += ts;
+    *q += tq;
+}
+
 // The per-channel sums below walk the batch in memory order (sample by sample, the
 // channels of a sample in turn) rather than channel by channel, which would jump a
 // sample's size between rows: the same additions in the same order per channel.
+//
+// The variance is never formed as E[x^2] - E[x]^2: when the mean is large against the
+// spread that difference cancels, and the rounding of the sum of squares (2^-24 of
+// E[x^2]) becomes an error of E[x^2]/var times that in the variance, which BatchNorm
+// divides by (and SyncBatchNorm, whose sums travel as floats, rounded differently from
+// one process). The squares are taken about a shift k near the mean instead: the mean
+// of the channel's first row. m2 = sum (x - k)^2 - (sum (x - k))^2 / count then
+// cancels only by (mean - k)^2 / var, the spread of one row's mean, not by E[x^2]/var.
 enum { CH_BLOCK = 64 }; // channels whose double sums stay on the stack at a time
 
-DT_CLONES void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x, float *sum,
-                                    float *sumsq) {
+DT_CLONES void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x,
+                                    double *sum, double *m2) {
+    double count = (double)n * l;
     for (int b0 = c0; b0 < c1; b0 += CH_BLOCK) {
         int    b1          = b0 + CH_BLOCK < c1 ? b0 + CH_BLOCK : c1;
         double s[CH_BLOCK] = {0}, q[CH_BLOCK] = {0};
+        float  k[CH_BLOCK];
+        for (int ch = b0; ch < b1; ch++) { // the shift: the first row's mean
+            double s0 = 0, q0 = 0;
+            row_shifted(x + (size_t)ch * l, 0.0f, l, &s0, &q0);
+            k[ch - b0] = n > 0 ? (float)(s0 / l) : 0.0f;
+        }
         for (int i = 0; i < n; i++)
-            for (int ch = b0; ch < b1; ch++) {
-                const float *row = x + ((size_t)i * c + ch) * l;
-                row_moments(row, row, 0.0f, l, &s[ch - b0], &q[ch - b0]);
-            }
+            for (int ch = b0; ch < b1; ch++)
+                row_shifted(x + ((size_t)i * c + ch) * l, k[ch - b0], l, &s[ch - b0], &q[ch - b0]);
         for (int ch = b0; ch < b1; ch++) {
-            sum[ch]   = (float)s[ch - b0];
-            sumsq[ch] = (float)q[ch - b0];
+            double sd = s[ch - b0], dev = count > 0 ? q[ch - b0] - sd * sd / count : 0.0;
+            sum[ch - c0] = sd + count * k[ch - b0];
+            m2[ch - c0]  = dev > 0.0 ? dev : 0.0; // rounding, for a constant channel
         }
     }
 }
 
-void dt_nn_bn_stats(int n, int c, int l, const float *x, float *sum, float *sumsq) {
-    dt_nn_bn_stats_range(n, c, 0, c, l, x, sum, sumsq);
+void dt_nn_bn_stats(int n, int c, int l, const float *x, double *sum, double *m2) {
+    dt_nn_bn_stats_range(n, c, 0, c, l, x, sum, m2);
 }
 
-void dt_nn_bn_moments(const dt_nn_bn *p, double count, const float *sum, const float *sumsq,
+void dt_nn_bn_moments(const dt_nn_bn *p, double count, const double *sum, const double *m2,
                       float *mean, float *invstd, float *running_mean, float *running_var) {
     for (int c = 0; c < p->c; c++) {
         double m   = sum[c] / count;
-        double var = sumsq[c] / count - m * m;
-        if (var < 0.0) // rounding, for a constant channel
-            var = 0.0;
-        mean[c]   = (float)m;
-        invstd[c] = (float)(1.0 / sqrt(var + p->eps));
+        double var = m2[c] / count;
+        mean[c]    = (float)m;
+        invstd[c]  = (float)(1.0 / sqrt(var + p->eps));
         if (running_mean) {
             double unbiased = count > 1 ? var * count / (count - 1) : var;
             running_mean[c] = (float)((1.0 - p->momentum) * running_mean[c] + p->momentum * m);
@@ -146,10 +179,17 @@ void dt_nn_bn_apply(int n, int c, int l, const float *x, const float *mean, cons
 void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const float *x,
                       const float *gamma, const float *beta, float *running_mean,
                       float *running_var, float *mean, float *invstd, float *y) {
-    if (training) {
-        // mean and invstd double as the sums' storage until the moments replace them
-        dt_nn_bn_stats(n, p->c, l, x, mean, invstd);
-        dt_nn_bn_moments(p, (double)n * l, mean, invstd, mean, invstd, running_mean, running_var);
+    if (training) { // a block of channels at a time, its sums on the stack
+        for (int c0 = 0; c0 < p->c; c0 += CH_BLOCK) {
+            int      c1 = c0 + CH_BLOCK < p->c ? c0 + CH_BLOCK : p->c;
+            double   s[CH_BLOCK], q[CH_BLOCK];
+            dt_nn_bn blk = *p;
+            blk.c        = c1 - c0;
+            dt_nn_bn_stats_range(n, p->c, c0, c1, l, x, s, q);
+            dt_nn_bn_moments(&blk, (double)n * l, s, q, mean + c0, invstd + c0,
+                             running_mean ? running_mean + c0 : NULL,
+                             running_var ? running_var + c0 : NULL);
+        }
     } else {
         dt_nn_bn_eval_moments(p, running_mean, running_var, mean, invstd);
     }

@@ -147,7 +147,8 @@ static void bn_case(const char *name) {
     fx_expect(&f, "dgamma", dg, TOL);
     fx_expect(&f, "dbeta", dbt, TOL);
     if (training) { // the split path (as SyncBatchNorm calls it) gives the same
-        float *s = zeros((size_t)c), *q = zeros((size_t)c), *y2 = zeros(total);
+        double *s = calloc((size_t)c, sizeof(double)), *q = calloc((size_t)c, sizeof(double));
+        float  *y2 = zeros(total);
         memcpy(rm, fx_f32(&f, "running_mean0"), sizeof(float) * (size_t)c);
         memcpy(rv, fx_f32(&f, "running_var0"), sizeof(float) * (size_t)c);
         dt_nn_bn_stats(n, c, l, fx_f32(&f, "x"), s, q);

@@ -1,0 +1,188 @@
+// gemm.c: the blocking and packing of dtrain's GEMM (gemm.h); the microkernels that
+// compute each tile are per target (kernels/ref, kernels/avx2).
+//
+// Loops, outermost first (the usual order of BLIS-style GEMMs): columns of C in
+// blocks of nc, the reduction in blocks of kc (op(B)'s block packed into panels of NR
+// columns, kc x NR floats each, zero-padded), rows of C in blocks of mc, then each
+// panel (which stays in L1) against micro-rows of MR rows of A read in place (A's
+// block stays in L2). kc, mc and nc come from the cache sizes cpu.c reports. Blocking
+// changes where the running sums are stored between blocks, never the order of the
+// multiply-adds, so the result does not depend on it.
+#include "kernels/gemm.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct gemm_kernel {
+    int mr, nr;
+    void (*tile)(const dt_gemm_tile *t);
+} gemm_kernel;
+
+static gemm_kernel kernel_of(dt_isa target) {
+#if defined(__x86_64__)
+    if (target >= DT_ISA_AVX2 && target <= DT_ISA_AMX)
+        return (gemm_kernel){DT_GEMM_AVX2_MR, DT_GEMM_AVX2_NR, dt_gemm_tile_avx2};
+#endif
+    (void)target;
+    return (gemm_kernel){DT_GEMM_REF_MR, DT_GEMM_REF_NR, dt_gemm_tile_ref};
+}
+
+typedef struct blocking {
+    int kc, mc, nc;
+} blocking;
+
+// kc: a packed panel (kc x NR floats) in half of L1; mc: A's block (mc x kc) in half of
+// L2; nc: the packed block of B (kc x nc) in a quarter of L3 (shared by the cores),
+// at most 1024 columns so the per-thread buffer stays within 1 MiB.
+static blocking blocking_of(gemm_kernel kn) {
+    const dt_cpu *c  = dt_cpu_get();
+    blocking      bl = {0};
+    bl.kc            = (int)(c->l1d / 2 / (sizeof(float) * (size_t)kn.nr));
+    bl.kc            = bl.kc < 64 ? 64 : bl.kc > 512 ? 512 : bl.kc;
+    bl.mc            = (int)(c->l2 / 2 / (sizeof(float) * (size_t)bl.kc)) / kn.mr * kn.mr;
+    bl.mc            = bl.mc < kn.mr ? kn.mr : bl.mc;
+    size_t l3        = c->l3 ? c->l3 / 4 : c->l2;
+    bl.nc            = (int)(l3 / (sizeof(float) * (size_t)bl.kc)) / kn.nr * kn.nr;
+    bl.nc            = bl.nc < kn.nr ? kn.nr : bl.nc > 1024 ? 1024 : bl.nc;
+    return bl;
+}
+
+// This thread's packing buffer, kept between calls and freed when the thread ends.
+static pthread_key_t  buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+typedef struct pack_buf {
+    float *p;
+    size_t cap;
+} pack_buf;
+static void buf_free(void *v) {
+    pack_buf *b = v;
+    free(b->p);
+    free(b);
+}
+static void buf_init(void) {
+    DT_ASSERT(pthread_key_create(&buf_key, buf_free) == 0);
+}
+static float *pack_space(size_t floats) {
+    pthread_once(&buf_once, buf_init);
+    pack_buf *b = pthread_getspecific(buf_key);
+    if (!b) {
+        DT_ASSERT((b = calloc(1, sizeof *b)) != NULL);
+        DT_ASSERT(pthread_setspecific(buf_key, b) == 0);
+    }
+    if (b->cap < floats) {
+        free(b->p);
+        void *p = NULL;
+        DT_ASSERT(posix_memalign(&p, 64, floats * sizeof(float)) == 0);
+        b->p   = p;
+        b->cap = floats;
+    }
+    return b->p;
+}
+
+// op(B)[p0 .. p0+kc) x [j0 .. j0+nc) into panels of nr columns: panel q holds
+// columns j0 + q*nr .., row p at offset p*nr; columns past n are zero.
+static void pack_b(bool trans_b, const float *b, int ldb, int p0, int kc, int j0, int nc, int nr,
+                   float *dst) {
+    for (int q = 0; q < nc; q += nr) {
+        int    w = nc - q < nr ? nc - q : nr;
+        float *d = dst + (size_t)q * kc;
+        if (!trans_b) {
+            for (int p = 0; p < kc; p++) {
+                const float *src = b + (size_t)(p0 + p) * ldb + j0 + q;
+                memcpy(d + (size_t)p * nr, src, sizeof(float) * (size_t)w);
+                for (int j = w; j < nr; j++)
+                    d[(size_t)p * nr + j] = 0.0f;
+            }
+        } else { // op(B)[p][j] = b[j][p]: each column of the panel is a row of b
+            for (int j = 0; j < w; j++) {
+                const float *src = b + (size_t)(j0 + q + j) * ldb + p0;
+                for (int p = 0; p < kc; p++)
+                    d[(size_t)p * nr + j] = src[p];
+            }
+            for (int j = w; j < nr; j++)
+                for (int p = 0; p < kc; p++)
+                    d[(size_t)p * nr + j] = 0.0f;
+        }
+    }
+}
+
+void dt_k_sgemm(dt_isa target, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0)
+        return;
+    DT_ASSERT(beta == 0.0f || beta == 1.0f);
+    DT_ASSERT(alpha == 1.0f || beta == 0.0f); // no caller needs alpha with accumulation
+    if (k <= 0) {
+        if (beta == 0.0f)
+            for (int i = 0; i < m; i++)
+                memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    gemm_kernel kn   = kernel_of(target);
+    blocking    bl   = blocking_of(kn);
+    size_t      a_rs = trans_a ? 1 : (size_t)lda, a_cs = trans_a ? (size_t)lda : 1;
+    // Few rows (a sample's convolution, a thread's rows of a small batch): packing B
+    // would copy as many floats as the product has multiply-adds per row of A, so the
+    // tiles read its rows in place (contiguous unless transposed)
+    bool direct = !trans_b && m <= 64;
+    // A transposed: a tile's rows are adjacent but its steps of k lda apart, so each
+    // tile's slice of A is packed (MR floats per k) once per block and reused across
+    // the block's columns; untransposed, its rows stream from L2 as they are
+    size_t       pb       = direct ? 0 : (size_t)bl.kc * (size_t)bl.nc;
+    float       *packed   = direct && !trans_a
+                                ? NULL
+                                : pack_space(pb + (trans_a ? (size_t)bl.kc * (size_t)(bl.mc + kn.mr) : 0));
+    float       *packed_a = trans_a ? packed + pb : NULL; // tiles of MR rows x kc
+    dt_gemm_tile t        = {.ldc = (size_t)ldc, .alpha = alpha};
+    for (int j0 = 0; j0 < n; j0 += bl.nc) {
+        int nc = n - j0 < bl.nc ? n - j0 : bl.nc;
+        for (int p0 = 0; p0 < k; p0 += bl.kc) {
+            int kc  = k - p0 < bl.kc ? k - p0 : bl.kc;
+            t.kc    = kc;
+            t.load  = p0 > 0 || beta != 0.0f;
+            t.scale = alpha != 1.0f && p0 + kc == k;
+            if (!direct)
+                pack_b(trans_b, b, ldb, p0, kc, j0, nc, kn.nr, packed);
+            for (int i0 = 0; i0 < m; i0 += bl.mc) {
+                int mc = m - i0 < bl.mc ? m - i0 : bl.mc;
+                // the block's rows in tiles of as equal a height as fits (32 rows:
+                // 6 6 5 5 5 5, not 6 6 6 6 6 2, whose last tile has too few accumulators
+                // to hide the FMA latency)
+                int tiles = (mc + kn.mr - 1) / kn.mr;
+                if (packed_a) // op(A)[i][p] = a[p][i]: tile ti's panel (kc, its rows)
+                    for (int ti = 0, i = 0; ti < tiles; i += mc / tiles + (ti < mc % tiles), ti++) {
+                        int    h = mc / tiles + (ti < mc % tiles);
+                        float *d = packed_a + (size_t)ti * kc * kn.mr;
+                        for (int p = 0; p < kc; p++)
+                            memcpy(d + (size_t)p * h, a + (size_t)(p0 + p) * lda + i0 + i,
+                                   sizeof(float) * (size_t)h);
+                    }
+                for (int q = 0; q < nc; q += kn.nr) {
+                    t.nr = nc - q < kn.nr ? nc - q : kn.nr;
+                    if (direct) {
+                        t.b    = b + (size_t)p0 * ldb + j0 + q;
+                        t.b_ks = (size_t)ldb;
+                    } else {
+                        t.b    = packed + (size_t)q * kc;
+                        t.b_ks = (size_t)kn.nr;
+                    }
+                    for (int ti = 0, i = i0; ti < tiles; ti++, i += t.mr) {
+                        t.mr = mc / tiles + (ti < mc % tiles);
+                        if (packed_a) {
+                            t.a    = packed_a + (size_t)ti * kc * kn.mr;
+                            t.a_rs = 1;
+                            t.a_cs = (size_t)t.mr;
+                        } else {
+                            t.a    = a + (size_t)i * a_rs + (size_t)p0 * a_cs;
+                            t.a_rs = a_rs;
+                            t.a_cs = a_cs;
+                        }
+                        t.c = c + (size_t)i * ldc + j0 + q;
+                        kn.tile(&t);
+                    }
+                }
+            }
+        }
+    }
+}

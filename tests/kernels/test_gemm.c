@@ -1,0 +1,149 @@
+// test_gemm.c: dtrain's own GEMM (kernels/gemm.h) on every target this machine can run
+// (ref always; avx2 where the CPU has it, whatever DT_ISA says), in one process.
+//
+// - Accuracy: each element against a double-precision product, within the bound of a
+//   float sum of k products accumulated one after another: |err| <= (k + 2) u sum |a b|
+//   (u = 2^-24; k roundings of the running sum, one of each product when it is not
+//   fused, one of alpha), for every shape class: full and partial tiles, both
+//   transposes, beta 0 and 1, alpha, k across the reduction blocks.
+// - The promise that makes threads and ranks agree: any rows or columns of C computed
+//   on their own (a sub-product at another offset, with another m or n, in another
+//   tile position) are bit for bit those of the whole product, on each target.
+#include "../check.h"
+#include "kernels/gemm.h"
+
+#include <stdlib.h>
+
+static float frand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
+
+// op(X)[i][p] of a row-major X with leading dimension ld
+static float at(const float *x, bool trans, int ld, int i, int p) {
+    return trans ? x[(size_t)p * ld + i] : x[(size_t)i * ld + p];
+}
+
+static int targets(dt_isa *out) {
+    int n    = 0;
+    out[n++] = DT_ISA_REF;
+    if (dt_cpu_get()->has[DT_ISA_AVX2])
+        out[n++] = DT_ISA_AVX2;
+    return n;
+}
+
+static void accuracy(dt_isa t, int m, int n, int k, bool ta, bool tb, float alpha, float beta) {
+    unsigned s   = (unsigned)(m * 131 + n * 7 + k);
+    int      lda = ta ? m : k, ldb = tb ? k : n, ldc = n + 3;
+    float   *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)k * n);
+    float   *c = malloc(sizeof(float) * (size_t)m * ldc),
+          *c0  = malloc(sizeof(float) * (size_t)m * ldc);
+    for (size_t i = 0; i < (size_t)m * k; i++)
+        a[i] = frand(&s);
+    for (size_t i = 0; i < (size_t)k * n; i++)
+        b[i] = frand(&s);
+    for (size_t i = 0; i < (size_t)m * ldc; i++)
+        c[i] = c0[i] = frand(&s);
+    dt_k_sgemm(t, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    const double u   = 1.0 / (1 << 24);
+    int          bad = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double exact = 0, mag = 0;
+            for (int p = 0; p < k; p++) {
+                double v = (double)at(a, ta, lda, i, p) * at(b, tb, ldb, p, j);
+                exact += v;
+                mag += fabs(v);
+            }
+            double init  = beta != 0.0f ? c0[(size_t)i * ldc + j] : 0.0;
+            exact        = alpha * exact + init;
+            double bound = (k + 2) * u * (fabs(alpha) * mag + fabs(init)) + 1e-30;
+            if (fabs(c[(size_t)i * ldc + j] - exact) > bound && bad++ < 3)
+                fprintf(stderr, "     %s %dx%dx%d ta%d tb%d: c[%d][%d] %.9g, exact %.9g\n",
+                        dt_isa_name(t), m, n, k, ta, tb, i, j, c[(size_t)i * ldc + j], exact);
+        }
+    CHECK(bad == 0);
+    for (int i = 0; i < m; i++) // the padding columns are never written
+        for (int j = n; j < ldc; j++)
+            CHECK(c[(size_t)i * ldc + j] == c0[(size_t)i * ldc + j]);
+    free(a), free(b), free(c), free(c0);
+}
+
+static void test_accuracy(void) {
+    dt_isa ts[DT_ISA_COUNT_];
+    int    nt = targets(ts);
+    for (int ti = 0; ti < nt; ti++) {
+        check_current = dt_isa_name(ts[ti]);
+        for (int tr = 0; tr < 4; tr++) {
+            bool ta = tr & 1, tb = tr & 2;
+            accuracy(ts[ti], 1, 1, 1, ta, tb, 1, 0);
+            accuracy(ts[ti], 7, 19, 5, ta, tb, 1, 0);
+            accuracy(ts[ti], 13, 33, 70, ta, tb, 1, 1);
+            accuracy(ts[ti], 70, 17, 600, ta, tb, 1, 1); // k over one reduction block
+            accuracy(ts[ti], 100, 48, 31, ta, tb, 0.125f, 0);
+            accuracy(ts[ti], 6, 16, 9, ta, tb, 1, 1);
+        }
+        accuracy(ts[ti], 5, 3, 0, false, false, 1, 0); // k = 0: C = 0
+    }
+}
+
+// Rows [r0, r1) and columns [j0, j1) of the product as a product of their own.
+static void part(dt_isa t, bool ta, bool tb, const float *a, int lda, const float *b, int ldb,
+                 int k, int r0, int r1, int j0, int j1, float beta, float *c, int ldc) {
+    const float *pa = ta ? a + r0 : a + (size_t)r0 * lda;
+    const float *pb = tb ? b + (size_t)j0 * ldb : b + j0;
+    dt_k_sgemm(t, ta, tb, r1 - r0, j1 - j0, k, 1.0f, pa, lda, pb, ldb, beta,
+               c + (size_t)r0 * ldc + j0, ldc);
+}
+
+static void test_partitions(void) {
+    dt_isa ts[DT_ISA_COUNT_];
+    int    nt = targets(ts);
+    enum { M = 75, N = 70, K = 300 };
+    static float a[M * K], b[K * N], whole[M * N], c[M * N], init[M * N];
+    unsigned     s = 5;
+    for (int i = 0; i < M * K; i++)
+        a[i] = frand(&s);
+    for (int i = 0; i < K * N; i++)
+        b[i] = frand(&s);
+    for (int i = 0; i < M * N; i++)
+        init[i] = frand(&s);
+    for (int ti = 0; ti < nt; ti++) {
+        check_current = dt_isa_name(ts[ti]);
+        for (int tr = 0; tr < 8; tr++) {
+            bool  ta = tr & 1, tb = tr & 2;
+            float beta = tr & 4 ? 1.0f : 0.0f;
+            int   lda = ta ? M : K, ldb = tb ? K : N;
+            memcpy(whole, init, sizeof whole);
+            dt_k_sgemm(ts[ti], ta, tb, M, N, K, 1.0f, a, lda, b, ldb, beta, whole, N);
+            // row splits of every height from 1 to M (each a thread's or rank's rows),
+            // then column splits (a thread's columns of a weight gradient)
+            int bad = 0;
+            for (int h = 1; h <= M; h += h < 8 ? 1 : 9) {
+                memcpy(c, init, sizeof c);
+                for (int r0 = 0; r0 < M; r0 += h)
+                    part(ts[ti], ta, tb, a, lda, b, ldb, K, r0, r0 + h < M ? r0 + h : M, 0, N, beta,
+                         c, N);
+                bad += memcmp(c, whole, sizeof c) != 0;
+            }
+            for (int w = 1; w <= N; w += w < 17 ? 1 : 13) {
+                memcpy(c, init, sizeof c);
+                for (int j0 = 0; j0 < N; j0 += w)
+                    part(ts[ti], ta, tb, a, lda, b, ldb, K, 0, M, j0, j0 + w < N ? j0 + w : N, beta,
+                         c, N);
+                bad += memcmp(c, whole, sizeof c) != 0;
+            }
+            if (!CHECK(bad == 0))
+                fprintf(stderr, "     ta %d tb %d beta %g: %d splits differ\n", ta, tb,
+                        (double)beta, bad);
+        }
+    }
+}
+
+int main(void) {
+    char line[256];
+    printf("# %s\n", dt_cpu_describe(line, sizeof line));
+    test_accuracy();
+    test_partitions();
+    return check_summary();
+}
