@@ -59,7 +59,7 @@ typedef struct dt_live dt_live;
 // DT_HEARTBEAT_MS (default 500) and DT_LIVENESS_MS (default 5000, 0 = off), checked.
 dt_status dt_live_config(int64_t *heartbeat_ms, int64_t *liveness_ms);
 // COLLECTIVE (after the rendezvous): binds a UDP port, publishes `addr`, the port, a
-// random key and its settings under dt/live/<rank> in `store`, reads the peers' (other
+// random secret and its settings under dt/live/<rank> in `store`, reads the peers' (other
 // settings: DT_ERR_MISMATCH naming both), starts the liveness thread. *out stays NULL
 // when liveness is off (on every rank) or the world has one rank.
 dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *addr,
