@@ -75,14 +75,14 @@ static void *stranger_main(void *arg) {
     int port    = atoi(colon + 1);
     // (a) the old hello: the token's hash where the sequence number goes.
     int fd = -1;
-    if (dt_sock_connect(v, port, dt_deadline_ns(5000), "stranger", &fd) == DT_OK) {
+    if (dt_sock_connect(v, port, dt_deadline_ns(5000), "stranger", NULL, &fd) == DT_OK) {
         uint8_t b[DT_WIRE_HEADER_BYTES];
         hello_bytes(b, 0, 2, dt_token_hash(getenv("DT_JOB_TOKEN")), 0);
         s->old_closed = write(fd, b, sizeof b) == sizeof b && closes(fd);
         close(fd);
     }
     // (b) a proper first step, then rank 1's own proof sent back as ours.
-    if (dt_sock_connect(v, port, dt_deadline_ns(5000), "stranger", &fd) == DT_OK) {
+    if (dt_sock_connect(v, port, dt_deadline_ns(5000), "stranger", NULL, &fd) == DT_OK) {
         uint8_t b[DT_WIRE_HEADER_BYTES + 64], r[DT_WIRE_HEADER_BYTES + 64];
         hello_bytes(b, 1, 2, 0, 32);
         memset(b + DT_WIRE_HEADER_BYTES, 0x5a, 32);

@@ -823,7 +823,7 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         int  fd = -1;
         char what[64];
         snprintf(what, sizeof what, "tcp init: connecting to rank %d", r);
-        st = dt_sock_connect(v, atoi(colon + 1), deadline, what, &fd);
+        st = dt_sock_connect(v, atoi(colon + 1), deadline, what, NULL, &fd);
         dt_free(v);
         if (st != DT_OK)
             goto fail;

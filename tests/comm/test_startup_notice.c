@@ -1,0 +1,104 @@
+// test_startup_notice.c: a rank that waits for others at start-up says, every
+// DT_WAIT_NOTICE_MS (10 s; 300 ms here), whom it still waits for and how much longer it
+// will wait. Before, WORLD_SIZE=2 with one rank started printed nothing until the
+// timeout, 30 minutes by default.
+//
+// - rank 0 alone: "init: waiting for rank 1 to join (1 of 2 joined ...)";
+// - rank 1 alone (no store): "store: no connection to 127.0.0.1:<port> yet ... rank 0
+//   runs the store".
+// Each notice also says how much longer the rank waits, within the timeout it was given.
+#include "../lib/mp.h"
+#include "comm/comm_impl.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PERIOD_MS  300
+#define TIMEOUT_MS 1500
+
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char            log_buf[16384];
+
+// Collects warnings (the store's server thread may log too: hence the lock).
+static void sink(dt_log_level level, const char *line, void *user) {
+    (void)user;
+    pthread_mutex_lock(&log_mu);
+    size_t n = strlen(log_buf);
+    if (level >= DT_LOG_WARN && n + strlen(line) + 2 < sizeof log_buf)
+        snprintf(log_buf + n, sizeof log_buf - n, "%s\n", line);
+    pthread_mutex_unlock(&log_mu);
+}
+
+static int count(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+// The "at most N s more" of the first notice that has one: within the timeout.
+static double first_more(const char *log) {
+    const char *p = strstr(log, "will wait at most ");
+    double      s = -1;
+    if (p)
+        sscanf(p + strlen("will wait at most "), "%lf", &s);
+    return s;
+}
+
+// One process as `rank` of 2, nobody else: dt_pg_new must time out, having said so.
+static void lone_rank(int rank) {
+    char port[16], r[8];
+    snprintf(port, sizeof port, "%d", mp_free_port());
+    snprintf(r, sizeof r, "%d", rank);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port, 1);
+    setenv("RANK", r, 1);
+    setenv("WORLD_SIZE", "2", 1);
+    log_buf[0] = '\0';
+    dt_log_set_sink(sink, NULL);
+    dt_pg_opts o = dt_pg_opts_default();
+    o.backend    = "tcp";
+    o.timeout_ms = TIMEOUT_MS;
+    dt_pg *pg    = NULL;
+    CHECK_ERR(dt_pg_new_from_env(&pg, &o), DT_ERR_TIMEOUT,
+              rank ? "rank 0 runs the store" : "waiting for rank 1 to join");
+    dt_log_set_sink(NULL, NULL);
+    dt_pg_free(pg);
+    char want[128];
+    if (rank == 0)
+        snprintf(want, sizeof want, "init: waiting for rank 1 to join (1 of 2 joined");
+    else
+        snprintf(want, sizeof want, "store: no connection to 127.0.0.1:%s yet", port);
+    // 1.5 s of waiting with a notice every 0.3 s: 4 or 5; at least 2 however the
+    // machine schedules us.
+    int n = count(log_buf, want);
+    CHECK(n >= 2);
+    CHECK(rank == 0 || count(log_buf, "rank 0 runs the store") >= 2);
+    double more = first_more(log_buf);
+    CHECK(more >= 0 && more <= TIMEOUT_MS / 1000.0);
+    if (n < 2 || more < 0)
+        fprintf(stderr, "     rank %d alone: %d notices \"%s\"; log:\n%s", rank, n, want, log_buf);
+    else
+        fprintf(stderr, "     rank %d alone said %d times: %.*s\n", rank, n,
+                (int)strcspn(strstr(log_buf, want), "\n"), strstr(log_buf, want));
+}
+
+static void test_rank0_alone(void) {
+    lone_rank(0);
+}
+
+static void test_rank1_alone(void) {
+    lone_rank(1);
+}
+
+int main(void) {
+    char p[16];
+    snprintf(p, sizeof p, "%d", PERIOD_MS);
+    setenv("DT_WAIT_NOTICE_MS", p, 1);
+    setenv("DT_JOB_TOKEN", "startup-notice-test", 1);
+    RUN(test_rank0_alone);
+    RUN(test_rank1_alone);
+    return check_summary();
+}
