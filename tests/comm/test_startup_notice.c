@@ -5,7 +5,9 @@
 //
 // - rank 0 alone: "init: waiting for rank 1 to join (1 of 2 joined ...)";
 // - rank 1 alone (no store): "store: no connection to 127.0.0.1:<port> yet ... rank 0
-//   runs the store".
+//   runs the store";
+// - two ranks, rank 1 held for 1.2 s in tcp init before it connects: rank 0 says
+//   "tcp init: waiting for rank 1 to connect".
 // Each notice also says how much longer the rank waits, within the timeout it was given.
 #include "../lib/mp.h"
 #include "comm/comm_impl.h"
@@ -14,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define PERIOD_MS  300
 #define TIMEOUT_MS 1500
@@ -93,6 +96,41 @@ static void test_rank1_alone(void) {
     lone_rank(1);
 }
 
+// Rank 1's tcp init waits here before connecting to rank 0.
+static void hold(int rank) {
+    (void)rank;
+    struct timespec ts = {1, 200000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void held_ranks(int rank, int world, void *arg) {
+    (void)world, (void)arg;
+    if (rank == 1) {
+        dt_tcp_init_hook = hold;
+    } else {
+        log_buf[0] = '\0';
+        dt_log_set_sink(sink, NULL);
+    }
+    dt_pg *pg = mp_pg_init(30000);
+    CHECK(pg != NULL);
+    if (rank == 0) {
+        dt_log_set_sink(NULL, NULL);
+        int n = count(log_buf, "tcp init: waiting for rank 1 to connect; waited ");
+        CHECK(n >= 2);
+        if (n < 2)
+            fprintf(stderr, "     rank 0: %d notices; log:\n%s", n, log_buf);
+    }
+    if (pg)
+        CHECK_OK(dt_pg_barrier(pg));
+    dt_pg_free(pg);
+}
+
+static void test_tcp_waits_for_rank1(void) {
+    setenv("DT_TEST_BACKEND", "tcp", 1);
+    mp_opts o = {.world = 2, .timeout_ms = 60000};
+    MP_RUN(&o, held_ranks, NULL);
+}
+
 int main(void) {
     char p[16];
     snprintf(p, sizeof p, "%d", PERIOD_MS);
@@ -100,5 +138,6 @@ int main(void) {
     setenv("DT_JOB_TOKEN", "startup-notice-test", 1);
     RUN(test_rank0_alone);
     RUN(test_rank1_alone);
+    RUN(test_tcp_waits_for_rank1);
     return check_summary();
 }
