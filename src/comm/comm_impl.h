@@ -72,6 +72,10 @@ bool dt_wait_notice_due(dt_wait_notice *w);
 int dt_wait_notice_ms(const dt_wait_notice *w);
 // "waited 10 s, will wait at most 1790 s more (DT_TIMEOUT_MS or the program's timeout)"
 void dt_wait_notice_times(const dt_wait_notice *w, char *buf, size_t n);
+// dt_store_wait for one key until deadline_ns (UINT64_MAX: none), saying every
+// DT_WAIT_NOTICE_MS "<what>: waiting for <whom>; waited ..." (whom: "rank 3").
+dt_status dt_store_wait_noted(dt_store *store, const char *key, uint64_t deadline_ns,
+                              const char *what, const char *whom);
 
 // ------------------------------------------------------------------------- liveness
 // (liveness.c: heartbeats between the ranks over UDP, docs/comm.md "Liveness")

@@ -332,11 +332,10 @@ static bool hex_decode(const char *s, uint8_t *out, size_t n) {
 }
 
 static dt_status read_peer(dt_live *l, dt_store *store, int r, uint64_t deadline) {
-    char key[48];
+    char key[48], whom[32];
     snprintf(key, sizeof key, "dt/live/%d", r);
-    const char *keys[1] = {key};
-    int         ms      = deadline == UINT64_MAX ? -1 : dt_ms_left(deadline);
-    DT_TRY(dt_store_wait(store, keys, 1, ms < 0 ? -1 : (ms > 0 ? ms : 1)));
+    snprintf(whom, sizeof whom, "rank %d", r);
+    DT_TRY(dt_store_wait_noted(store, key, deadline, "liveness: the ranks' addresses", whom));
     void *v = NULL;
     DT_TRY(dt_store_get(store, key, &v, NULL));
     char            ip[64], secret[2 * DT_NONCE_BYTES + 2];
@@ -437,10 +436,10 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
         st = dt_store_set(store, key, "1", 1);
     }
     for (int r = 0; r < world && st == DT_OK; r++) {
+        char whom[32];
         snprintf(key, sizeof key, "dt/live/read/%d", r);
-        const char *keys[1] = {key};
-        int         ms      = deadline_ns == UINT64_MAX ? -1 : dt_ms_left(deadline_ns);
-        st                  = dt_store_wait(store, keys, 1, ms < 0 ? -1 : (ms > 0 ? ms : 1));
+        snprintf(whom, sizeof whom, "rank %d", r);
+        st = dt_store_wait_noted(store, key, deadline_ns, "liveness: the ranks' settings", whom);
     }
     if (st == DT_OK && bad != DT_OK) {
         // Every rank sees a difference (each differs from someone). Rank 0 runs the

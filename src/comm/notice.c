@@ -50,3 +50,28 @@ void dt_wait_notice_times(const dt_wait_notice *w, char *buf, size_t n) {
                  "timeout)",
                  prec(sofar), sofar, prec(more), more);
 }
+
+dt_status dt_store_wait_noted(dt_store *store, const char *key, uint64_t deadline_ns,
+                              const char *what, const char *whom) {
+    const char    *keys[1] = {key};
+    dt_wait_notice notice;
+    dt_wait_notice_start(&notice, deadline_ns);
+    for (;;) {
+        // One wait up to the next notice (or the deadline): the store answers at once
+        // when the key is set.
+        int64_t   slice = dt_wait_notice_ms(&notice);
+        int       left  = deadline_ns == UINT64_MAX ? -1 : dt_ms_left(deadline_ns);
+        bool      last  = left >= 0 && left <= slice;
+        dt_status st    = dt_store_wait(store, keys, 1, last ? (left > 0 ? left : 1) : slice);
+        if (st != DT_ERR_TIMEOUT)
+            return st;
+        if (last) // (the store's message counts the last slice only)
+            return dt_fail(DT_ERR_TIMEOUT, "%s: timed out after %.1f s waiting for %s (key %s)",
+                           what, (double)(dt_now_ns() - notice.start_ns) / 1e9, whom, key);
+        if (dt_wait_notice_due(&notice)) {
+            char t[160];
+            dt_wait_notice_times(&notice, t, sizeof t);
+            DT_WARN("comm", "%s: waiting for %s; %s", what, whom, t);
+        }
+    }
+}

@@ -9,6 +9,8 @@
 // - two ranks, rank 1 held for 1.2 s in tcp init before it connects: rank 0 says
 //   "tcp init: waiting for rank 1 to connect".
 // Each notice also says how much longer the rank waits, within the timeout it was given.
+// The store waits after the rendezvous (liveness, shm init) use dt_store_wait_noted,
+// tested on its own.
 #include "../lib/mp.h"
 #include "comm/comm_impl.h"
 
@@ -131,6 +133,42 @@ static void test_tcp_waits_for_rank1(void) {
     MP_RUN(&o, held_ranks, NULL);
 }
 
+// The store waits after the rendezvous (liveness, shm) speak too: dt_store_wait_noted
+// on a key nobody sets says so, naming whom, and times out at its deadline with the
+// whole time waited; on a key set meanwhile it returns as soon as the key is there.
+static void *set_later(void *arg) {
+    struct timespec ts = {0, 700000000L};
+    nanosleep(&ts, NULL);
+    dt_store_set(arg, "late", "1", 1);
+    return NULL;
+}
+
+static void test_store_wait_noted(void) {
+    dt_store     *st = NULL;
+    dt_store_opts so = {.timeout_ms = 10000};
+    CHECK_OK(dt_store_new_tcp(&st, "127.0.0.1", mp_free_port(), true, &so));
+    if (!st)
+        return;
+    log_buf[0] = '\0';
+    dt_log_set_sink(sink, NULL);
+    uint64_t t0 = dt_now_ns();
+    CHECK_ERR(dt_store_wait_noted(st, "never", dt_deadline_ns(TIMEOUT_MS), "test", "rank 7"),
+              DT_ERR_TIMEOUT, "test: timed out after 1.");
+    double secs = (double)(dt_now_ns() - t0) / 1e9;
+    CHECK(secs >= TIMEOUT_MS / 1000.0 - 0.05 && secs < TIMEOUT_MS / 1000.0 + 2);
+    pthread_t th;
+    pthread_create(&th, NULL, set_later, st);
+    t0 = dt_now_ns();
+    CHECK_OK(dt_store_wait_noted(st, "late", dt_deadline_ns(10000), "test", "rank 8"));
+    secs = (double)(dt_now_ns() - t0) / 1e9;
+    pthread_join(th, NULL);
+    dt_log_set_sink(NULL, NULL);
+    CHECK(secs > 0.6 && secs < 5); // 0.7 s, on a loaded machine later
+    CHECK(count(log_buf, "test: waiting for rank 7; waited ") >= 2);
+    CHECK(count(log_buf, "test: waiting for rank 8; waited ") >= 1);
+    dt_store_free(st);
+}
+
 int main(void) {
     char p[16];
     snprintf(p, sizeof p, "%d", PERIOD_MS);
@@ -139,5 +177,6 @@ int main(void) {
     RUN(test_rank0_alone);
     RUN(test_rank1_alone);
     RUN(test_tcp_waits_for_rank1);
+    RUN(test_store_wait_noted);
     return check_summary();
 }
