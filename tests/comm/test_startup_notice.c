@@ -36,10 +36,21 @@ static void sink(dt_log_level level, const char *line, void *user) {
     pthread_mutex_unlock(&log_mu);
 }
 
+// Back to stderr; once the lock has been taken here, every line the sink took is in
+// log_buf and visible to this thread.
+static void stop_collecting(void) {
+    dt_log_set_sink(NULL, NULL);
+    pthread_mutex_lock(&log_mu);
+    pthread_mutex_unlock(&log_mu);
+}
+
+// Occurrences of needle in the collected log.
 static int count(const char *hay, const char *needle) {
     int n = 0;
+    pthread_mutex_lock(&log_mu);
     for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
         n++;
+    pthread_mutex_unlock(&log_mu);
     return n;
 }
 
@@ -69,7 +80,7 @@ static void lone_rank(int rank) {
     dt_pg *pg    = NULL;
     CHECK_ERR(dt_pg_new_from_env(&pg, &o), DT_ERR_TIMEOUT,
               rank ? "rank 0 runs the store" : "waiting for rank 1 to join");
-    dt_log_set_sink(NULL, NULL);
+    stop_collecting();
     dt_pg_free(pg);
     char want[128];
     if (rank == 0)
@@ -116,7 +127,7 @@ static void held_ranks(int rank, int world, void *arg) {
     dt_pg *pg = mp_pg_init(30000);
     CHECK(pg != NULL);
     if (rank == 0) {
-        dt_log_set_sink(NULL, NULL);
+        stop_collecting();
         int n = count(log_buf, "tcp init: waiting for rank 1 to connect; waited ");
         CHECK(n >= 2);
         if (n < 2)
@@ -162,7 +173,7 @@ static void test_store_wait_noted(void) {
     CHECK_OK(dt_store_wait_noted(st, "late", dt_deadline_ns(10000), "test", "rank 8"));
     secs = (double)(dt_now_ns() - t0) / 1e9;
     pthread_join(th, NULL);
-    dt_log_set_sink(NULL, NULL);
+    stop_collecting();
     CHECK(secs > 0.6 && secs < 5); // 0.7 s, on a loaded machine later
     CHECK(count(log_buf, "test: waiting for rank 7; waited ") >= 2);
     CHECK(count(log_buf, "test: waiting for rank 8; waited ") >= 1);
