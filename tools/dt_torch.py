@@ -24,8 +24,11 @@ the layer indices and flags (DT_PARAM_NO_DECAY, ...) come from --like, else -1 a
 
 The file format is docs/checkpoint-format.md (version 2; version 1 is read): a 64-byte
 header, then sections PTAB (table), PARM (floats), BTAB, BUFS, each with a CRC32C.
-Needs only the standard library and, for the .pt side, torch (/usr/bin/python3 on Debian
-has it).
+Needs only the standard library and, for the .pt side, torch >= 1.13 (Debian's
+python3-torch). A .pt file is a pickle, and unpickling can run code of the file's
+choosing, so from-torch loads weights only (torch.load(weights_only=True)): tensors and
+plain containers; a file that holds anything else (a class, a whole nn.Module) is
+refused, saying what it held.
 """
 import argparse
 import struct
@@ -212,17 +215,50 @@ def to_torch(src, dst):
     return len(sd)
 
 
-def load_state_dict(path):
+def _torch_load_weights(path):
+    """torch.load of tensors and plain containers only: unpickling anything else can run
+    code from the file (a class's __reduce__ is a call), so it is refused, never tried."""
+    import inspect
+    import pickle
     import torch
-    obj = torch.load(path, map_location="cpu")
+    if "weights_only" not in inspect.signature(torch.load).parameters:
+        # No restricted loader before torch 1.13: nothing here could read the file
+        # without trusting it.
+        raise ValueError(f"{path}: refused: torch {torch.__version__} cannot load weights "
+                         f"only (torch.load has weights_only from 1.13 on), and loading "
+                         f"a .pt file otherwise can run code from it; use torch >= 1.13")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's text suggests weights_only=False; keep only what it found.
+        found = str(e).split("WeightsUnpickler error:")[-1].strip()
+        raise ValueError(
+            f"{path}: refused: expected only tensors and plain containers (a state_dict), "
+            f"found more ({found}); dt_torch.py loads weights only, because loading "
+            f"anything else can run code from the file. Save the state_dict alone: "
+            f"torch.save(model.state_dict(), path) (torch {torch.__version__}'s "
+            f"weights-only loader may also refuse plain values such as an optimizer's "
+            f"float learning rate)") from None
+    except RuntimeError as e:
+        raise ValueError(f"{path}: expected a PyTorch file (torch.save), found one torch "
+                         f"cannot read: {e}") from None
+
+
+def load_state_dict(path):
+    """The state_dict of a .pt file: the file's dict, or the dict it holds under "model"
+    or "state_dict" (a training checkpoint); every value a tensor."""
+    import torch
+    obj = _torch_load_weights(path)
     for key in ("model", "state_dict"):
         if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
             obj = obj[key]
-    if hasattr(obj, "state_dict"):
-        obj = obj.state_dict()
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: expected a state_dict (a dict of tensors), found "
                          f"{type(obj).__name__}")
+    for name, t in obj.items():
+        if not isinstance(name, str) or not torch.is_tensor(t):
+            raise ValueError(f"{path}: expected a state_dict (a dict of tensors by name), "
+                             f"found {name!r} holding {type(t).__name__}")
     return obj
 
 
@@ -251,7 +287,7 @@ def from_torch(src, dst, like=None, buffers=(), ignore_extra=False):
     else:
         ptab, btab = [], []
         for name, t in sd.items():
-            if not torch.is_tensor(t) or not t.is_floating_point():
+            if not t.is_floating_point():
                 continue  # counters such as BatchNorm's num_batches_tracked
             (btab if name in buffers else ptab).append((name, list(t.shape), -1, 0))
     raw = b"".join(raw_of(n, s) for n, s, _, _ in ptab)

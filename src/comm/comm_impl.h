@@ -16,8 +16,10 @@ dt_status dt_sock_listen(int port, int backlog, const char *what, int *fd /* out
 // Connects to host:port, retrying refused/unreachable attempts with backoff until
 // deadline_ns. DT_ERR_TIMEOUT names host:port and the last error; a host name that
 // cannot be resolved is DT_ERR_ARG at once. The socket is blocking, with TCP_NODELAY.
+// Every DT_WAIT_NOTICE_MS it logs that it still waits. `hint` (NULL: none) ends both
+// messages: whom the caller waits for ("is rank 0, which runs the store, started ...?").
 dt_status dt_sock_connect(const char *host, int port, uint64_t deadline_ns, const char *what,
-                          int *fd /* out */);
+                          const char *hint, int *fd /* out */);
 // TCP_NODELAY, close-on-exec, and send/receive buffers of `buf_bytes` (0 = leave).
 void      dt_sock_tune(int fd, int buf_bytes);
 dt_status dt_sock_set_nonblocking(int fd, bool on);
@@ -52,6 +54,29 @@ bool dt_sock_local_addr(int fd, char *buf, size_t n);
 // host name's address.
 void dt_sock_public_addr(dt_store *store, int rank, bool all_local, char *buf, size_t n);
 
+// ------------------------------------------------------------------- start-up notices
+// (notice.c) A wait at start-up says every DT_WAIT_NOTICE_MS (10 s) whom it waits for:
+//     dt_wait_notice n;
+//     dt_wait_notice_start(&n, deadline);
+//     while (waiting) { ... poll at most dt_wait_notice_ms(&n) ...
+//         if (dt_wait_notice_due(&n)) { dt_wait_notice_times(&n, t, sizeof t);
+//                                       DT_WARN("comm", "...: waiting for rank 1; %s", t); } }
+
+typedef struct dt_wait_notice {
+    uint64_t start_ns, next_ns, period_ns, deadline_ns;
+} dt_wait_notice;
+void dt_wait_notice_start(dt_wait_notice *w, uint64_t deadline_ns);
+// True when a notice is due (and schedules the next).
+bool dt_wait_notice_due(dt_wait_notice *w);
+// Milliseconds until the next notice is due (0 when it is).
+int dt_wait_notice_ms(const dt_wait_notice *w);
+// "waited 10 s, will wait at most 1790 s more (DT_TIMEOUT_MS or the program's timeout)"
+void dt_wait_notice_times(const dt_wait_notice *w, char *buf, size_t n);
+// dt_store_wait for one key until deadline_ns (UINT64_MAX: none), saying every
+// DT_WAIT_NOTICE_MS "<what>: waiting for <whom>; waited ..." (whom: "rank 3").
+dt_status dt_store_wait_noted(dt_store *store, const char *key, uint64_t deadline_ns,
+                              const char *what, const char *whom);
+
 // ------------------------------------------------------------------------- liveness
 // (liveness.c: heartbeats between the ranks over UDP, docs/comm.md "Liveness")
 
@@ -59,7 +84,7 @@ typedef struct dt_live dt_live;
 // DT_HEARTBEAT_MS (default 500) and DT_LIVENESS_MS (default 5000, 0 = off), checked.
 dt_status dt_live_config(int64_t *heartbeat_ms, int64_t *liveness_ms);
 // COLLECTIVE (after the rendezvous): binds a UDP port, publishes `addr`, the port, a
-// random key and its settings under dt/live/<rank> in `store`, reads the peers' (other
+// random secret and its settings under dt/live/<rank> in `store`, reads the peers' (other
 // settings: DT_ERR_MISMATCH naming both), starts the liveness thread. *out stays NULL
 // when liveness is off (on every rank) or the world has one rank.
 dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *addr,

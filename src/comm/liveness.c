@@ -18,14 +18,22 @@
 // and dt_pg_free sends a last "bye": peers never blame a rank that failed or left for
 // going quiet afterwards (they learn why through the backend's own abort path).
 //
-// Datagrams are hostile input: fixed layout, checked sizes, and the sender's 64-bit
-// random key, published with its address through the (token-protected) store; others
-// are dropped. Layout (little-endian):
-//   0 u32 magic "DTL1" | 4 u16 version | 6 u16 flags (1 bye, 2 failed)
-//   8 u32 sender rank | 12 u32 world | 16 u64 sender's key | 24 u64 heartbeat number
-//   32 u32 ms the sender's operation made no progress | 36 u32 0
-//   40 u64 the sender's operation in the backend ((seq << 8) | kind + 1, 0 none)
+// Datagrams are hostile input: fixed layout, checked sizes, and authenticated. Each rank
+// draws a 32-byte secret per group (its incarnation), published with its address through
+// the (token-protected) store and never sent in a heartbeat. Every datagram carries
+// HMAC-SHA256(job token, "dtrain heartbeat" | sender's secret | receiver's secret |
+// bytes 0..39) (auth.c's dt_token_proof), so only a holder of the token and of the two
+// secrets can make one: a datagram seen on the wire cannot be altered ("stuck", "bye",
+// "failed"), sent to another rank, or passed off as another incarnation's. Its heartbeat
+// number must exceed the last one accepted from that sender, so a replayed datagram is
+// dropped too. Layout (little-endian):
+//   0 u32 magic "DTL1" | 4 u16 version (2) | 6 u16 flags (1 bye, 2 failed)
+//   8 u32 sender rank | 12 u32 world | 16 u32 receiver rank
+//   20 u32 ms the sender's operation made no progress | 24 u64 heartbeat number (from 1)
+//   32 u64 the sender's operation in the backend ((seq << 8) | kind + 1, 0 none)
+//   40 32 bytes HMAC-SHA256 as above
 #include "comm/comm_impl.h"
+#include "core/hmac.h"
 #include "core/le.h"
 
 #include <arpa/inet.h>
@@ -40,38 +48,44 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #define MAGIC       0x314c5444u // "DTL1"
-#define VERSION     1
-#define HDR_BYTES   48
+#define VERSION     2           // 1: the sender's key in clear, no MAC
+#define MAC_AT      40          // bytes before the MAC: what it covers
+#define HB_BYTES    (MAC_AT + DT_SHA256_BYTES)
 #define FLAG_BYE    1
 #define FLAG_FAILED 2
+#define PROOF_LABEL "dtrain heartbeat"
+// Datagrams read per turn of the thread: a flood of forged ones (each costs an HMAC)
+// must not keep it from sending its own heartbeats and judging the peers.
+#define MAX_READS_PER_TURN 4096
 
 typedef struct live_peer {
     struct sockaddr_in addr;
-    uint64_t           key;
-    char               host[96]; // host name part of the host identity
-    char               ip[64];   // the address it published
-    uint64_t           heard_ns; // last valid datagram (or the start)
-    atomic_bool        ever;     // heard at least once
-    bool               gone;     // left (bye) or failed: never blamed for silence
-    bool               left;     // bye: not judged at all
-    uint32_t           stuck_ms; // from its last heartbeat
+    uint8_t            secret[DT_NONCE_BYTES]; // its incarnation's, from the store
+    uint64_t           last_seq;               // heartbeat number last accepted
+    char               host[96];               // host name part of the host identity
+    char               ip[64];                 // the address it published
+    uint64_t           heard_ns;               // last valid datagram (or the start)
+    atomic_bool        ever;                   // heard at least once
+    bool               gone;                   // left (bye) or failed: never blamed for silence
+    bool               left;                   // bye: not judged at all
+    uint32_t           stuck_ms;               // from its last heartbeat
     uint64_t           op;
 } live_peer;
 
 struct dt_live {
-    dt_pg     *pg;
-    int        rank, world, fd, stop_fd;
-    uint64_t   key;
-    int64_t    hb_ms, live_ms;
-    live_peer *peers;
-    pthread_t  thread;
-    bool       started;
-    uint64_t   hb_seq;
+    dt_pg      *pg;
+    int         rank, world, fd, stop_fd;
+    uint8_t     secret[DT_NONCE_BYTES]; // this rank's incarnation
+    const char *token;                  // the group's (NULL: none; the MAC is keyed by "")
+    int64_t     hb_ms, live_ms;
+    live_peer  *peers;
+    pthread_t   thread;
+    bool        started;
+    uint64_t    hb_seq;
     // Own progress: the counter and operation at the last sample, and since when the
     // operation has not moved.
     uint64_t last_progress, last_op, stuck_since;
@@ -107,20 +121,27 @@ static void describe_op(uint64_t op, char *buf, size_t n) {
         snprintf(buf, n, "%s #%" PRIu64, dt_coll_name((dt_coll)((op & 0xff) - 1)), op >> 8);
 }
 
+// The MAC of a datagram from `from` (its secret) to `to` over its first MAC_AT bytes.
+static void heartbeat_mac(const dt_live *l, const uint8_t *from, const uint8_t *to,
+                          const uint8_t *b, uint8_t out[DT_SHA256_BYTES]) {
+    dt_token_proof(l->token, PROOF_LABEL, from, to, b, MAC_AT, out);
+}
+
 static void send_all(dt_live *l, uint16_t flags, uint32_t stuck_ms, uint64_t op) {
-    uint8_t b[HDR_BYTES] = {0};
+    uint8_t b[HB_BYTES] = {0};
     dt_put_le32(b, MAGIC);
     dt_put_le16(b + 4, VERSION);
     dt_put_le16(b + 6, flags);
     dt_put_le32(b + 8, (uint32_t)l->rank);
     dt_put_le32(b + 12, (uint32_t)l->world);
-    dt_put_le64(b + 16, l->key);
+    dt_put_le32(b + 20, stuck_ms);
     dt_put_le64(b + 24, ++l->hb_seq);
-    dt_put_le32(b + 32, stuck_ms);
-    dt_put_le64(b + 40, op);
+    dt_put_le64(b + 32, op);
     for (int r = 0; r < l->world; r++) {
         if (r == l->rank)
             continue;
+        dt_put_le32(b + 16, (uint32_t)r);
+        heartbeat_mac(l, l->secret, l->peers[r].secret, b, b + MAC_AT);
         // Best effort: a full buffer or an unreachable host is what liveness measures.
         ssize_t k = sendto(l->fd, b, sizeof b, MSG_DONTWAIT | MSG_NOSIGNAL,
                            (const struct sockaddr *)&l->peers[r].addr, sizeof l->peers[r].addr);
@@ -128,11 +149,11 @@ static void send_all(dt_live *l, uint16_t flags, uint32_t stuck_ms, uint64_t op)
     }
 }
 
-// Reads every waiting datagram.
+// Reads the waiting datagrams (at most MAX_READS_PER_TURN).
 static void receive_all(dt_live *l, uint64_t now) {
-    uint8_t b[HDR_BYTES + 1];
+    uint8_t b[HB_BYTES + 1], want[DT_SHA256_BYTES];
     int     errors = 0;
-    for (;;) {
+    for (int reads = 0; reads < MAX_READS_PER_TURN; reads++) {
         ssize_t k = recv(l->fd, b, sizeof b, MSG_DONTWAIT);
         if (k < 0 && errno == EINTR)
             continue;
@@ -142,17 +163,26 @@ static void receive_all(dt_live *l, uint64_t now) {
             return; // not one of the transient ones below: try again next turn
         if (k < 0)
             continue; // ICMP errors of earlier sends (ECONNREFUSED ...): not data
-        if (k != HDR_BYTES || dt_get_le32(b) != MAGIC || dt_get_le16(b + 4) != VERSION)
+        if (k != HB_BYTES || dt_get_le32(b) != MAGIC || dt_get_le16(b + 4) != VERSION)
             continue;
         uint32_t r = dt_get_le32(b + 8);
         if (r >= (uint32_t)l->world || (int)r == l->rank ||
-            dt_get_le32(b + 12) != (uint32_t)l->world || dt_get_le64(b + 16) != l->peers[r].key)
+            dt_get_le32(b + 12) != (uint32_t)l->world || dt_get_le32(b + 16) != (uint32_t)l->rank)
             continue;
-        live_peer *p = &l->peers[r];
-        p->heard_ns  = now;
-        p->stuck_ms  = dt_get_le32(b + 32);
-        p->op        = dt_get_le64(b + 40);
-        uint16_t fl  = dt_get_le16(b + 6);
+        live_peer *p   = &l->peers[r];
+        uint64_t   seq = dt_get_le64(b + 24);
+        // A number already seen is a replay (or a datagram the network delivered late,
+        // after a newer one: nothing is lost by dropping it).
+        if (seq <= p->last_seq)
+            continue;
+        heartbeat_mac(l, p->secret, l->secret, b, want);
+        if (!dt_ct_equal(want, b + MAC_AT, DT_SHA256_BYTES))
+            continue;
+        p->last_seq = seq;
+        p->heard_ns = now;
+        p->stuck_ms = dt_get_le32(b + 20);
+        p->op       = dt_get_le64(b + 32);
+        uint16_t fl = dt_get_le16(b + 6);
         if (fl & (FLAG_BYE | FLAG_FAILED))
             p->gone = true;
         if (fl & FLAG_BYE)
@@ -287,27 +317,39 @@ static dt_status bind_udp(dt_live *l, const char *addr, int *port) {
     return DT_OK;
 }
 
+// n bytes from exactly 2n hex digits.
+static bool hex_decode(const char *s, uint8_t *out, size_t n) {
+    if (strlen(s) != 2 * n)
+        return false;
+    for (size_t i = 0; i < 2 * n; i++) {
+        char c = s[i];
+        int  v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0)
+            return false;
+        out[i / 2] = (uint8_t)(i % 2 ? out[i / 2] | v : v << 4);
+    }
+    return true;
+}
+
 static dt_status read_peer(dt_live *l, dt_store *store, int r, uint64_t deadline) {
-    char key[48];
+    char key[48], whom[32];
     snprintf(key, sizeof key, "dt/live/%d", r);
-    const char *keys[1] = {key};
-    int         ms      = deadline == UINT64_MAX ? -1 : dt_ms_left(deadline);
-    DT_TRY(dt_store_wait(store, keys, 1, ms < 0 ? -1 : (ms > 0 ? ms : 1)));
+    snprintf(whom, sizeof whom, "rank %d", r);
+    DT_TRY(dt_store_wait_noted(store, key, deadline, "liveness: the ranks' addresses", whom));
     void *v = NULL;
     DT_TRY(dt_store_get(store, key, &v, NULL));
-    char               ip[64];
-    int                port = 0;
-    unsigned long long k    = 0;
-    long long          hb = 0, live = 0;
-    live_peer         *p     = &l->peers[r];
-    dt_status          st    = DT_OK;
-    struct addrinfo    hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
-    if (sscanf(v, "%63s %d %llx %lld %lld", ip, &port, &k, &hb, &live) != 5 || port < 0 ||
-        port > 65535)
+    char            ip[64], secret[2 * DT_NONCE_BYTES + 2];
+    int             port = 0;
+    long long       hb = 0, live = 0;
+    live_peer      *p     = &l->peers[r];
+    dt_status       st    = DT_OK;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    if (sscanf(v, "%63s %d %65s %lld %lld", ip, &port, secret, &hb, &live) != 5 || port < 0 ||
+        port > 65535 || !hex_decode(secret, p->secret, sizeof p->secret))
         st = dt_fail(DT_ERR_FORMAT,
-                     "liveness: expected \"<address> <port> <key> <heartbeat ms> <liveness "
-                     "ms>\" for rank %d in the store, found \"%.80s\"",
-                     r, (char *)v);
+                     "liveness: expected \"<address> <port> <secret: %d hex digits> <heartbeat "
+                     "ms> <liveness ms>\" for rank %d in the store, found \"%.160s\"",
+                     2 * DT_NONCE_BYTES, r, (char *)v);
     else if (hb != l->hb_ms || live != l->live_ms)
         st = dt_fail(DT_ERR_MISMATCH,
                      "liveness: rank %d has DT_HEARTBEAT_MS=%lld DT_LIVENESS_MS=%lld, but this "
@@ -326,7 +368,6 @@ static dt_status read_peer(dt_live *l, dt_store *store, int r, uint64_t deadline
     DT_TRY(st);
     p->addr.sin_family = AF_INET;
     p->addr.sin_port   = htons((uint16_t)port);
-    p->key             = k;
     snprintf(p->ip, sizeof p->ip, "%s", ip);
     const char *hid = dt_pg_host_id(l->pg, r);
     size_t      hl  = strcspn(hid, "/");
@@ -361,15 +402,17 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
         st = l->peers ? dt_fail_errno(DT_ERR_IO, "liveness: eventfd") : DT_ERR_NOMEM;
         goto fail;
     }
-    if (getrandom(&l->key, sizeof l->key, 0) != (ssize_t)sizeof l->key)
-        l->key = dt_now_ns() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+    l->token = dt_pg_token(pg);
+    dt_random_bytes(l->secret, sizeof l->secret);
     // Off (DT_LIVENESS_MS=0) still publishes its settings: every rank must agree.
     if (live > 0 && (st = bind_udp(l, addr, &port)) != DT_OK)
         goto fail;
-    char key[48], val[200];
+    char key[48], val[400], hex[2 * DT_NONCE_BYTES + 1];
+    for (size_t i = 0; i < sizeof l->secret; i++)
+        snprintf(hex + 2 * i, 3, "%02x", l->secret[i]);
     snprintf(key, sizeof key, "dt/live/%d", l->rank);
-    snprintf(val, sizeof val, "%s %d %016llx %lld %lld", addr, port, (unsigned long long)l->key,
-             (long long)hb, (long long)live);
+    snprintf(val, sizeof val, "%s %d %s %lld %lld", addr, port, hex, (long long)hb,
+             (long long)live);
     if ((st = dt_store_set(store, key, val, strlen(val))) != DT_OK)
         goto fail;
     // Read everyone's, then say so and wait until all have read before judging: a rank
@@ -393,10 +436,10 @@ dt_status dt_live_new(dt_live **out, dt_pg *pg, dt_store *store, const char *add
         st = dt_store_set(store, key, "1", 1);
     }
     for (int r = 0; r < world && st == DT_OK; r++) {
+        char whom[32];
         snprintf(key, sizeof key, "dt/live/read/%d", r);
-        const char *keys[1] = {key};
-        int         ms      = deadline_ns == UINT64_MAX ? -1 : dt_ms_left(deadline_ns);
-        st                  = dt_store_wait(store, keys, 1, ms < 0 ? -1 : (ms > 0 ? ms : 1));
+        snprintf(whom, sizeof whom, "rank %d", r);
+        st = dt_store_wait_noted(store, key, deadline_ns, "liveness: the ranks' settings", whom);
     }
     if (st == DT_OK && bad != DT_OK) {
         // Every rank sees a difference (each differs from someone). Rank 0 runs the

@@ -36,10 +36,36 @@ static void host_identity(char *buf, size_t n) {
     snprintf(buf, n, "%s/%s", host, boot);
 }
 
+// Lists the ranks whose key ("dt/rank/<r>") is not in the store yet: "1, 3"; returns
+// how many.
+static int missing_ranks(dt_pg *pg, const char *const *keys, size_t nkeys, char *msg, size_t n) {
+    size_t off     = 0;
+    int    missing = 0;
+    msg[0]         = '\0';
+    for (size_t i = 0; i < nkeys; i++) {
+        bool        ok   = false;
+        const char *k[1] = {keys[i]};
+        dt_store_check(pg->store, k, 1, &ok);
+        if (!ok && off < n - 40) {
+            const char *r = strrchr(keys[i], '/');
+            off += (size_t)snprintf(msg + off, n - off, "%s%s", missing ? ", " : "",
+                                    r ? r + 1 : keys[i]);
+        } else if (!ok && off < n - 4) {
+            off += (size_t)snprintf(msg + off, n - off, " ...");
+        }
+        missing += !ok;
+    }
+    return missing;
+}
+
 // Waits for keys while watching "dt/abort" (set by a rank that found a problem, so the
-// others fail at once instead of at the timeout).
+// others fail at once instead of at the timeout). Says every DT_WAIT_NOTICE_MS (10 s)
+// which ranks have not joined: a job with a rank missing waits the whole timeout, 30
+// minutes by default, and used to say nothing meanwhile.
 static dt_status rendezvous_wait(dt_pg *pg, const char *const *keys, size_t nkeys,
                                  uint64_t deadline) {
+    dt_wait_notice notice;
+    dt_wait_notice_start(&notice, deadline);
     for (;;) {
         int64_t slice = 200;
         int     left  = dt_ms_left(deadline);
@@ -61,28 +87,24 @@ static dt_status rendezvous_wait(dt_pg *pg, const char *const *keys, size_t nkey
             dt_free(v);
             return DT_ERR_MISMATCH;
         }
+        char msg[600];
         if (dt_now_ns() >= deadline) {
-            // Name the ranks that did not come.
-            char   msg[600];
-            size_t off     = 0;
-            int    missing = 0;
-            for (size_t i = 0; i < nkeys; i++) {
-                bool        ok   = false;
-                const char *k[1] = {keys[i]};
-                dt_store_check(pg->store, k, 1, &ok);
-                if (!ok && off < sizeof msg - 40) {
-                    const char *r = strrchr(keys[i], '/');
-                    off += (size_t)snprintf(msg + off, sizeof msg - off, "%s%s",
-                                            missing ? ", " : "", r ? r + 1 : keys[i]);
-                    missing++;
-                }
-            }
+            int missing = missing_ranks(pg, keys, nkeys, msg, sizeof msg);
             return dt_fail(DT_ERR_TIMEOUT,
                            "init: timed out after %lld ms waiting for rank%s %s to join (%d of "
                            "%d joined); are they started, with the same MASTER_ADDR, "
                            "MASTER_PORT and job token?",
                            (long long)pg->timeout_ms, missing > 1 ? "s" : "", msg,
                            pg->world - missing, pg->world);
+        }
+        if (dt_wait_notice_due(&notice)) {
+            char t[160];
+            int  missing = missing_ranks(pg, keys, nkeys, msg, sizeof msg);
+            dt_wait_notice_times(&notice, t, sizeof t);
+            DT_WARN("comm",
+                    "init: waiting for rank%s %s to join (%d of %d joined; are they started, "
+                    "with the same MASTER_ADDR, MASTER_PORT and job token?); %s",
+                    missing > 1 ? "s" : "", msg, pg->world - missing, pg->world, t);
         }
     }
 }

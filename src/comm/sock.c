@@ -225,7 +225,7 @@ static int connect_once(const struct addrinfo *ai, uint64_t deadline_ns, int *fd
 }
 
 dt_status dt_sock_connect(const char *host, int port, uint64_t deadline_ns, const char *what,
-                          int *fd_out) {
+                          const char *hint, int *fd_out) {
     *fd_out = -1;
     if (!host || !*host)
         return dt_fail(DT_ERR_ARG, "%s: expected a host name or address, found an empty string",
@@ -234,9 +234,11 @@ dt_status dt_sock_connect(const char *host, int port, uint64_t deadline_ns, cons
         return dt_fail(DT_ERR_ARG, "%s: expected a port in [1, 65535], found %d", what, port);
     char service[16];
     snprintf(service, sizeof service, "%d", port);
-    uint64_t start    = dt_now_ns();
-    int      delay_ms = 10, last_err = 0, attempts = 0;
-    char     last_what[160] = "no attempt finished";
+    uint64_t       start    = dt_now_ns();
+    int            delay_ms = 10, last_err = 0, attempts = 0;
+    char           last_what[160] = "no attempt finished";
+    dt_wait_notice notice;
+    dt_wait_notice_start(&notice, deadline_ns);
     for (;;) {
         struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
         int             gai = getaddrinfo(host, service, &hints, &res);
@@ -265,9 +267,15 @@ dt_status dt_sock_connect(const char *host, int port, uint64_t deadline_ns, cons
             double secs = (double)(dt_now_ns() - start) / 1e9;
             return dt_fail(DT_ERR_TIMEOUT,
                            "%s: could not connect to %s:%d after %.1f s and %d attempts (last "
-                           "error: %s); is rank 0 running, and are MASTER_ADDR and MASTER_PORT "
-                           "right?",
-                           what, host, port, secs, attempts, last_what);
+                           "error: %s)%s%s",
+                           what, host, port, secs, attempts, last_what, hint ? "; " : "",
+                           hint ? hint : "");
+        }
+        if (dt_wait_notice_due(&notice)) {
+            char t[160];
+            dt_wait_notice_times(&notice, t, sizeof t);
+            DT_WARN("comm", "%s: no connection to %s:%d yet (last error: %s); %s%s%s", what, host,
+                    port, last_what, t, hint ? "; " : "", hint ? hint : "");
         }
         int left = dt_ms_left(deadline_ns);
         sleep_ms(delay_ms < left ? delay_ms : left);

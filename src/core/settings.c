@@ -68,6 +68,9 @@ static const dt_setting table[] = {
     {"DT_LIVENESS_MS", "comm", DT_SETTING_INT, 0, 24L * 3600 * 1000, 5000, NULL,
      "liveness: a peer silent (or a rank without progress) this long fails the group (0: off; "
      "else at least twice DT_HEARTBEAT_MS)"},
+    {"DT_WAIT_NOTICE_MS", "comm", DT_SETTING_INT, 10, 3600L * 1000, 10000, NULL,
+     "start-up: a rank that waits for others says this often whom it waits for and how much "
+     "longer it will wait"},
     {"DT_RESTART_COUNT", "comm", DT_SETTING_INT, 0, 1L << 30, 0, NULL,
      "set by dtrun: restarts of the group so far"},
     // comm: algorithms

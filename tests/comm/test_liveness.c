@@ -89,7 +89,7 @@ typedef struct spray_arg {
 } spray_arg;
 
 // A stranger on rank 0's liveness port: random bytes of random sizes, and well-formed
-// heartbeats claiming to come from the victim with guessed keys. None may crash the
+// heartbeats claiming to come from the victim with guessed MACs. None may crash the
 // rank or keep the frozen victim "alive".
 static void *spray_main(void *arg) {
     spray_arg         *a  = arg;
@@ -104,13 +104,14 @@ static void *spray_main(void *arg) {
             memcpy(b + i, &x, 8);
         }
         size_t n = (size_t)(x % sizeof b);
-        if (x & 1) { // a forged heartbeat: right layout, wrong key
-            n = 48;
+        if (x & 1) { // a forged heartbeat: right layout (version 2), random MAC
+            n = 72;
             memcpy(b, "DTL1", 4);
-            b[4] = 1, b[5] = 0, b[6] = 0, b[7] = 0;
-            uint32_t r = (uint32_t)a->victim, w = (uint32_t)a->world;
+            b[4] = 2, b[5] = 0, b[6] = 0, b[7] = 0;
+            uint32_t r = (uint32_t)a->victim, w = (uint32_t)a->world, dst = 0;
             memcpy(b + 8, &r, 4);
             memcpy(b + 12, &w, 4);
+            memcpy(b + 16, &dst, 4);
         }
         sendto(fd, b, n, 0, (struct sockaddr *)&to, sizeof to);
         atomic_fetch_add(&a->sent, 1);

@@ -1,6 +1,7 @@
 // shm_backend.c: the "shm" backend: the engine of shm.c behind comm's backend table.
 // This file only does the rendezvous through the store (who runs where, the segment's
 // name); every operation slot hands its dt_op to the engine as it is.
+#include "comm/comm_impl.h"
 #include "comm/shm/shm.h"
 
 #include <fcntl.h>
@@ -35,13 +36,6 @@ static void pid_namespace(char *buf, size_t n) {
     buf[len] = '\0';
 }
 
-static int64_t ms_until(uint64_t deadline_ns) {
-    if (deadline_ns == UINT64_MAX)
-        return -1;
-    int ms = dt_ms_left(deadline_ns);
-    return ms > 0 ? ms : 1;
-}
-
 typedef struct publish_arg {
     dt_store *store;
     char      value[160];
@@ -67,9 +61,10 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
         return DT_ERR_NOMEM;
     dt_status st = DT_OK;
     for (int r = 0; r < world && st == DT_OK; r++) {
+        char whom[32];
         snprintf(key, sizeof key, "proc/%d", r);
-        const char *keys[1] = {key};
-        st                  = dt_store_wait(store, keys, 1, ms_until(deadline_ns));
+        snprintf(whom, sizeof whom, "rank %d", r);
+        st = dt_store_wait_noted(store, key, deadline_ns, "shm init", whom);
         if (st != DT_OK) {
             dt_fail_context("shm init: waiting for rank %d", r);
             break;
@@ -118,9 +113,9 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
         o.created     = publish_segment;
         o.created_arg = &pub;
     } else if (st == DT_OK) {
-        const char *keys[1] = {"segment"};
-        void       *val     = NULL;
-        st                  = dt_store_wait(store, keys, 1, ms_until(deadline_ns));
+        void *val = NULL;
+        st        = dt_store_wait_noted(store, "segment", deadline_ns, "shm init",
+                                        "rank 0 (its shared memory segment)");
         if (st == DT_OK)
             st = dt_store_get(store, "segment", &val, NULL);
         unsigned long long nonce = 0;

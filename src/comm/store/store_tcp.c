@@ -397,6 +397,8 @@ dt_status dt_store_new_tcp(dt_store **out, const char *host, int port, bool is_s
         s->port = port;
     }
     if ((st = dt_sock_connect(s->host, s->port, dt_store_deadline(s->h.timeout_ms), "store",
+                              "rank 0 runs the store: is it running, and are MASTER_ADDR and "
+                              "MASTER_PORT right?",
                               &s->fd)) != DT_OK)
         goto fail;
     if ((st = client_handshake(s, token)) != DT_OK)

@@ -12,9 +12,8 @@
 // connection still holds tells the three apart: abort (adopt the reason), bye (fine
 // unless we needed more data), nothing (the rank died: "rank 3 closed the connection").
 #include "comm/comm_impl.h"
+#include "comm/tcp/handshake.h"
 #include "comm/tcp/wire.h"
-#include "core/hmac.h"
-#include "core/le.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -658,112 +657,6 @@ static void local_address(tcp_ctx *c, char *buf, size_t n) {
     dt_sock_public_addr(c->store, c->rank, dt_pg_all_local(c->pg), buf, n);
 }
 
-// The handshake of a new connection, by challenge-response (auth.c): the
-// connecting rank sends its nonce (step 1); the accepting rank answers with its own
-// nonce and its proof of the job token over both (step 2); the connecting rank checks
-// it and sends its proof (step 3). Neither the token nor anything a listener could
-// replay crosses the wire, and a refusal says nothing about the expected token.
-#define PROOF_ACCEPTOR  "dtrain tcp acceptor"
-#define PROOF_CONNECTOR "dtrain tcp connector"
-
-typedef struct hello_msg {
-    uint32_t step, rank;
-    uint64_t world;
-    uint8_t  payload[DT_WIRE_MAX_HELLO];
-    size_t   n;
-} hello_msg;
-
-static dt_status send_hello(tcp_ctx *c, int fd, uint64_t deadline, uint32_t step,
-                            const void *payload, size_t n, const char *what) {
-    dt_wire_header h = {.kind = DT_WIRE_HELLO, .src_rank = (uint32_t)c->rank, .step = step};
-    h.fp.count       = (uint64_t)c->world;
-    h.nbytes         = n;
-    uint8_t b[DT_WIRE_HEADER_BYTES + DT_WIRE_MAX_HELLO];
-    dt_wire_encode(&h, b);
-    memcpy(b + DT_WIRE_HEADER_BYTES, payload, n);
-    return dt_sock_write_all(fd, b, DT_WIRE_HEADER_BYTES + n, deadline, what);
-}
-
-// Reads a hello of `step` with `n` payload bytes from a rank in [lo, hi) of our world.
-static dt_status read_hello(tcp_ctx *c, int fd, uint64_t deadline, uint32_t step, size_t n, int lo,
-                            int hi, const char *what, hello_msg *m) {
-    uint8_t        b[DT_WIRE_HEADER_BYTES];
-    dt_wire_header h;
-    DT_TRY(dt_sock_read_all(fd, b, sizeof b, deadline, what));
-    DT_TRY(dt_wire_decode(b, sizeof b, &h));
-    if (h.kind != DT_WIRE_HELLO || h.step != step || h.nbytes != n)
-        return dt_fail(DT_ERR_FORMAT,
-                       "%s: expected hello step %u with %zu bytes, found kind %u step %u with "
-                       "%llu bytes (not a dtrain rank of this version?)",
-                       what, step, n, h.kind, h.step, (unsigned long long)h.nbytes);
-    if (h.fp.count != (uint64_t)c->world)
-        return dt_fail(DT_ERR_MISMATCH, "%s: a rank with world size %llu answered, expected %d",
-                       what, (unsigned long long)h.fp.count, c->world);
-    if ((int)h.src_rank < lo || (int)h.src_rank >= hi)
-        return dt_fail(DT_ERR_MISMATCH, "%s: expected a rank in [%d, %d), found rank %u", what, lo,
-                       hi, h.src_rank);
-    DT_TRY(dt_sock_read_all(fd, m->payload, n, deadline, what));
-    m->step  = step;
-    m->rank  = h.src_rank;
-    m->world = h.fp.count;
-    m->n     = n;
-    return DT_OK;
-}
-
-// What both proofs cover besides the nonces: world size, connecting and accepting rank.
-static void hello_ctx(int world, int connector, int acceptor, uint8_t out[12]) {
-    dt_put_le32(out, (uint32_t)world);
-    dt_put_le32(out + 4, (uint32_t)connector);
-    dt_put_le32(out + 8, (uint32_t)acceptor);
-}
-
-// Connecting side: we called rank `r` at fd.
-static dt_status handshake_connect(tcp_ctx *c, int fd, int r, uint64_t deadline, const char *what) {
-    const char *token = dt_pg_token(c->pg);
-    uint8_t     mine[DT_NONCE_BYTES], ctx[12], want[32];
-    dt_random_bytes(mine, sizeof mine);
-    hello_ctx(c->world, c->rank, r, ctx);
-    DT_TRY(send_hello(c, fd, deadline, 1, mine, sizeof mine, what));
-    hello_msg m;
-    // Rank r answers once it has connected to the ranks below it: the group deadline.
-    DT_TRY(read_hello(c, fd, deadline, 2, 64, r, r + 1, what, &m));
-    dt_token_proof(token, PROOF_ACCEPTOR, mine, m.payload, ctx, sizeof ctx, want);
-    if (!dt_ct_equal(want, m.payload + DT_NONCE_BYTES, 32))
-        return dt_fail(DT_ERR_MISMATCH,
-                       "%s: the process at its address does not hold this job's token (a "
-                       "process of another job, or a rank started with another DT_JOB_TOKEN?)",
-                       what);
-    uint8_t proof[32];
-    dt_token_proof(token, PROOF_CONNECTOR, m.payload, mine, ctx, sizeof ctx, proof);
-    return send_hello(c, fd, deadline, 3, proof, sizeof proof, what);
-}
-
-// Accepting side: a process connected to our port. A silent stranger costs at most 2 s.
-static dt_status handshake_accept(tcp_ctx *c, int fd, uint64_t deadline, int *from) {
-    const char *token = dt_pg_token(c->pg);
-    const char *what  = "tcp init: a connecting process";
-    uint64_t    dl    = dt_deadline_ns(2000);
-    if (dl > deadline)
-        dl = deadline;
-    hello_msg m;
-    DT_TRY(read_hello(c, fd, dl, 1, DT_NONCE_BYTES, c->rank + 1, c->world, what, &m));
-    int     r = (int)m.rank;
-    uint8_t reply[64], ctx[12], want[32];
-    dt_random_bytes(reply, DT_NONCE_BYTES);
-    hello_ctx(c->world, r, c->rank, ctx);
-    dt_token_proof(token, PROOF_ACCEPTOR, m.payload, reply, ctx, sizeof ctx,
-                   reply + DT_NONCE_BYTES);
-    DT_TRY(send_hello(c, fd, dl, 2, reply, sizeof reply, "tcp init: answering"));
-    hello_msg p;
-    DT_TRY(read_hello(c, fd, dl, 3, 32, r, r + 1, what, &p));
-    dt_token_proof(token, PROOF_CONNECTOR, reply, m.payload, ctx, sizeof ctx, want);
-    if (!dt_ct_equal(want, p.payload, 32))
-        return dt_fail(DT_ERR_MISMATCH,
-                       "tcp init: a process claiming rank %d does not hold this job's token", r);
-    *from = r;
-    return DT_OK;
-}
-
 void (*dt_tcp_init_hook)(int rank);
 
 static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **out) {
@@ -804,6 +697,7 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         goto fail;
     if (dt_tcp_init_hook)
         dt_tcp_init_hook(c->rank);
+    const dt_tcp_self self = {.token = dt_pg_token(pg), .rank = c->rank, .world = c->world};
     // Connect to every lower rank; the higher ones connect to us.
     for (int r = 0; r < c->rank; r++) {
         snprintf(key, sizeof key, "addr/%d", r);
@@ -823,49 +717,29 @@ static dt_status tcp_init(dt_pg *pg, dt_store *store, uint64_t deadline, void **
         int  fd = -1;
         char what[64];
         snprintf(what, sizeof what, "tcp init: connecting to rank %d", r);
-        st = dt_sock_connect(v, atoi(colon + 1), deadline, what, &fd);
+        st = dt_sock_connect(v, atoi(colon + 1), deadline, what, NULL, &fd);
         dt_free(v);
         if (st != DT_OK)
             goto fail;
         c->peers[r].fd = fd;
-        if ((st = handshake_connect(c, fd, r, deadline, what)) != DT_OK)
+        if ((st = dt_tcp_handshake_connect(&self, fd, r, deadline, what)) != DT_OK)
             goto fail;
     }
-    int expected = c->world - 1 - c->rank;
-    dt_sock_set_nonblocking(lfd, true);
-    while (expected > 0) {
-        struct pollfd pf = {.fd = lfd, .events = POLLIN};
-        int           ms = dt_ms_left(deadline);
-        if (ms == 0 || poll(&pf, 1, ms) == 0) {
-            char   missing[256];
-            size_t off = 0;
-            for (int r = c->rank + 1; r < c->world && off < sizeof missing - 16; r++)
-                if (c->peers[r].fd < 0)
-                    off += (size_t)snprintf(missing + off, sizeof missing - off, "%s%d",
-                                            off ? ", " : "", r);
-            st = dt_fail(DT_ERR_TIMEOUT, "tcp init: timed out waiting for rank%s %s to connect",
-                         expected > 1 ? "s" : "", missing);
-            goto fail;
-        }
-        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0)
-            continue;
-        int from = -1;
-        if (handshake_accept(c, fd, deadline, &from) != DT_OK) {
-            // A stranger on our port: say so, and keep waiting for the real ranks.
-            DT_WARN("comm", "%s; connection ignored", dt_last_error());
-            close(fd);
-            continue;
-        }
-        if (c->peers[from].fd >= 0) {
-            DT_WARN("comm", "tcp init: rank %d connected twice; second connection ignored", from);
-            close(fd);
-            continue;
-        }
-        dt_sock_set_nonblocking(fd, false);
-        c->peers[from].fd = fd;
-        expected--;
+    // The higher ranks connect to us: their handshakes run side by side, so strangers on
+    // the port delay none of them (handshake.c).
+    int *fds = dt_alloc((size_t)c->world * sizeof *fds);
+    if (!fds) {
+        st = DT_ERR_NOMEM;
+        goto fail;
     }
+    for (int r = 0; r < c->world; r++)
+        fds[r] = r < c->rank ? c->peers[r].fd : -1;
+    st = dt_tcp_accept_ranks(&self, lfd, fds, deadline);
+    for (int r = c->rank + 1; r < c->world; r++)
+        c->peers[r].fd = fds[r];
+    dt_free(fds);
+    if (st != DT_OK)
+        goto fail;
     close(lfd);
     lfd = -1;
     // Socket buffers: 0 leaves Linux's autotuning, which measured as well as fixed
