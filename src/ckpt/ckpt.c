@@ -652,51 +652,58 @@ static void staged_free(staged *g) {
     memset(g, 0, sizeof *g);
 }
 
-// Reads one file of checkpoint cdir, checks it whole, and checks it against the
-// marker's manifest (size and header CRC), its step and world, and its kind.
+// Reads one file of checkpoint cdir and checks it against the marker's manifest (size
+// and header CRC), its step and world, and its kind, all from its header before its
+// body is read; then checks it whole.
 dt_status dt_ckpt_read_member(const char *cdir, const char *name, uint32_t kind, const ck_file *mf,
                               int64_t step, char *path, uint8_t **buf, ck_file *f) {
-    size_t n;
-    DT_TRY(dt_ckpt_join(path, cdir, name));
-    DT_TRY(dt_ckpt_read_all(path, buf, &n));
-    DT_TRY(dt_ckpt_parse(*buf, n, path, f));
-    DT_TRY(dt_ckpt_expect_kind(f, kind, 0));
-    DT_TRY(dt_ckpt_check_file(f));
-    if (f->step != step || f->world != mf->world)
-        return dt_fail(DT_ERR_FORMAT,
-                       "%s: expected step %lld of world size %u (its marker's), found step %lld "
-                       "of world size %u",
-                       path, (long long)step, mf->world, (long long)f->step, f->world);
     uint64_t size = 0;
     uint32_t crc  = 0;
     bool     found;
+    DT_TRY(dt_ckpt_join(path, cdir, name));
     DT_TRY(dt_ckpt_check_mani(mf, dt_ckpt_find(mf, CK_TAG_MANI), name, &size, &crc, &found));
     if (!found)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: expected %s among the files of its marker %s, found "
                        "it missing",
                        path, name, mf->name);
-    if (size != f->size || crc != f->header_crc)
-        return dt_fail(DT_ERR_FORMAT,
-                       "%s: expected the file its marker lists (%llu bytes, header CRC32C %08x), "
-                       "found %llu bytes, header CRC32C %08x (a file of another save)",
-                       path, (unsigned long long)size, crc, (unsigned long long)f->size,
-                       f->header_crc);
-    return DT_OK;
+    ck_reader r;
+    DT_TRY(dt_ckpt_open(path, &r, f));
+    dt_status s = dt_ckpt_expect_kind(f, kind, 0);
+    if (!s && (f->step != step || f->world != mf->world))
+        s = dt_fail(DT_ERR_FORMAT,
+                    "%s: expected step %lld of world size %u (its marker's), found step %lld "
+                    "of world size %u",
+                    path, (long long)step, mf->world, (long long)f->step, f->world);
+    if (!s && (size != f->size || crc != f->header_crc))
+        s = dt_fail(DT_ERR_FORMAT,
+                    "%s: expected the file its marker lists (%llu bytes, header CRC32C %08x), "
+                    "found %llu bytes, header CRC32C %08x (a file of another save)",
+                    path, (unsigned long long)size, crc, (unsigned long long)f->size,
+                    f->header_crc);
+    if (s) {
+        dt_ckpt_close(&r);
+        return s;
+    }
+    DT_TRY(dt_ckpt_read_body(&r, buf, f));
+    return dt_ckpt_check_file(f);
 }
 
 dt_status dt_ckpt_read_marker(const char *cdir, int64_t step, char *path, uint8_t **buf,
                               ck_file *f) {
-    size_t n;
     DT_TRY(dt_ckpt_join(path, cdir, CK_MARKER_FILE));
-    DT_TRY(dt_ckpt_read_all(path, buf, &n));
-    DT_TRY(dt_ckpt_parse(*buf, n, path, f));
-    DT_TRY(dt_ckpt_expect_kind(f, CK_KIND_MARKER, 0));
-    DT_TRY(dt_ckpt_check_file(f));
-    if (step >= 0 && f->step != step)
-        return dt_fail(DT_ERR_FORMAT, "%s: expected step %lld (its directory's name), found %lld",
-                       path, (long long)step, (long long)f->step);
-    return DT_OK;
+    ck_reader r;
+    DT_TRY(dt_ckpt_open(path, &r, f));
+    dt_status s = dt_ckpt_expect_kind(f, CK_KIND_MARKER, 0);
+    if (!s && step >= 0 && f->step != step)
+        s = dt_fail(DT_ERR_FORMAT, "%s: expected step %lld (its directory's name), found %lld",
+                    path, (long long)step, (long long)f->step);
+    if (s) {
+        dt_ckpt_close(&r);
+        return s;
+    }
+    DT_TRY(dt_ckpt_read_body(&r, buf, f));
+    return dt_ckpt_check_file(f);
 }
 
 static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, int rank, int world,
@@ -949,10 +956,11 @@ dt_status dt_ckpt_verify(const char *path) {
                            path, CK_MARKER_FILE);
         return verify_dir(path);
     }
-    uint8_t *buf;
-    size_t   n;
-    DT_TRY(dt_ckpt_read_all(path, &buf, &n));
-    dt_status s = dt_ckpt_verify_bytes(buf, n, path);
+    uint8_t  *buf;
+    ck_file   f;
+    dt_status s = dt_ckpt_read(path, &buf, &f);
+    if (!s)
+        s = dt_ckpt_check_file(&f);
     dt_free(buf);
     return s;
 }

@@ -3,6 +3,7 @@
 // and decoding each section with bounds checks on every field. Knows nothing about
 // directories or ranks (ckpt.c). Layout: docs/checkpoint-format.md.
 #include "ckpt_impl.h"
+#include "core/file.h"
 #include "core/le.h"
 
 #include <errno.h>
@@ -227,52 +228,6 @@ fail:;
 
 // ------------------------------------------------------------------------- reading
 
-dt_status dt_ckpt_read_all(const char *path, uint8_t **buf, size_t *n) {
-    *buf   = NULL;
-    *n     = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot open %s", path);
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        close(fd);
-        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot stat %s", path);
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return dt_fail(DT_ERR_IO,
-                       "checkpoint: expected %s to be a regular file, found another "
-                       "kind of file",
-                       path);
-    }
-    // The allocation is the file's real size, never a size read from the file.
-    size_t   cap = (size_t)sb.st_size;
-    uint8_t *p   = dt_alloc(cap);
-    if (!p) {
-        close(fd);
-        return DT_ERR_NOMEM;
-    }
-    size_t got = 0;
-    while (got < cap) {
-        ssize_t k = read(fd, p + got, cap - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            dt_status s = dt_fail_errno(DT_ERR_IO, "checkpoint: reading %s failed", path);
-            close(fd);
-            dt_free(p);
-            return s;
-        }
-        if (k == 0)
-            break; // shrank meanwhile: the size checks will say so
-        got += (size_t)k;
-    }
-    close(fd);
-    *buf = p;
-    *n   = got;
-    return DT_OK;
-}
-
 static void hex8(const uint8_t *p, size_t n, char *out) {
     out[0] = '\0';
     for (size_t i = 0, k = 0; i < n && i < 8; i++)
@@ -281,30 +236,33 @@ static void hex8(const uint8_t *p, size_t n, char *out) {
         strcpy(out, "nothing");
 }
 
-dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f) {
-    const uint8_t *p = buf;
+// The 64-byte header: `avail` bytes of it at p, of a file of n bytes. Everything a
+// header can be checked for is checked here, before a reader reads or allocates for
+// the rest of the file.
+static dt_status parse_header(const uint8_t *p, size_t avail, uint64_t n, const char *name,
+                              ck_file *f) {
     memset(f, 0, sizeof *f);
     f->name = name;
     // Magic and version come before anything else: a file of another kind or of a
     // later format says so, rather than "corrupt".
-    if (n < 8 && (n == 0 || memcmp(p, CK_MAGIC, n) == 0))
+    if (avail < 8 && (avail == 0 || memcmp(p, CK_MAGIC, avail) == 0))
         return dt_fail(DT_ERR_FORMAT,
                        "%s: truncated: expected at least %d bytes (the header), "
                        "found %zu",
-                       name, CK_HEADER_SIZE, n);
-    if (n < 8 || memcmp(p, CK_MAGIC, 8) != 0) {
+                       name, CK_HEADER_SIZE, avail);
+    if (avail < 8 || memcmp(p, CK_MAGIC, 8) != 0) {
         char found[32], want[32];
-        hex8(p, n, found);
+        hex8(p, avail, found);
         hex8((const uint8_t *)CK_MAGIC, 8, want);
         return dt_fail(DT_ERR_FORMAT,
                        "%s: expected the magic of a dtrain checkpoint file (%s), found %s", name,
                        want, found);
     }
-    if (n < CK_HEADER_SIZE)
+    if (avail < CK_HEADER_SIZE)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: truncated: expected at least %d bytes (the header), "
                        "found %zu",
-                       name, CK_HEADER_SIZE, n);
+                       name, CK_HEADER_SIZE, avail);
     uint32_t version = dt_get_le32(p + 8);
     if (version < DT_CKPT_VERSION_MIN || version > DT_CKPT_VERSION)
         return dt_fail(DT_ERR_FORMAT, "%s: expected format version %d..%d, found version %u", name,
@@ -329,9 +287,9 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
     if (f->size != n)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: %s: expected %llu bytes (the size in its header), "
-                       "found %zu",
+                       "found %llu",
                        name, n < f->size ? "truncated" : "bytes after the end",
-                       (unsigned long long)f->size, n);
+                       (unsigned long long)f->size, (unsigned long long)n);
     if (f->kind < CK_KIND_STATE || f->kind > CK_KIND_MODEL)
         return dt_fail(DT_ERR_FORMAT, "%s: expected a file kind in 1..4, found %u", name, f->kind);
     if (f->nsec > CK_MAX_SECTIONS)
@@ -342,6 +300,12 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        "%s: expected step >= 0 and rank < world size >= 1, found step %lld, "
                        "rank %u, world size %u",
                        name, (long long)f->step, f->rank, f->world);
+    return DT_OK;
+}
+
+dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f) {
+    const uint8_t *p = buf;
+    DT_TRY(parse_header(p, n, n, name, f));
     // The section table.
     size_t   off  = CK_HEADER_SIZE;
     uint32_t tcrc = 0;
@@ -385,6 +349,62 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        "%s: corrupt section table: expected CRC32C %08x (stored), found %08x", name,
                        dt_get_le32(p + 48), tcrc);
     return DT_OK;
+}
+
+// --------------------------------------------------------------------- files
+
+static dt_status read_exact(FILE *fp, uint8_t *p, size_t n, size_t *got, const char *path) {
+    *got = fread(p, 1, n, fp);
+    if (*got < n && ferror(fp))
+        return dt_fail_errno(DT_ERR_IO, "checkpoint: reading %s failed", path);
+    return DT_OK; // short: the file shrank meanwhile, and the size checks say so
+}
+
+dt_status dt_ckpt_open(const char *path, ck_reader *r, ck_file *f) {
+    memset(r, 0, sizeof *r);
+    r->path = path;
+    DT_TRY(dt_open_regular(path, &r->fp, &r->size));
+    size_t    want = r->size < CK_HEADER_SIZE ? (size_t)r->size : CK_HEADER_SIZE, got;
+    dt_status s    = read_exact(r->fp, r->hdr, want, &got, path);
+    if (!s)
+        s = parse_header(r->hdr, got, got < want ? got : r->size, path, f);
+    if (s)
+        dt_ckpt_close(r);
+    return s;
+}
+
+dt_status dt_ckpt_read_body(ck_reader *r, uint8_t **buf, ck_file *f) {
+    *buf = NULL;
+    // The allocation is the file's real size, which its checked header also records.
+    size_t    n = (size_t)r->size, got = 0;
+    uint8_t  *p = dt_alloc(n ? n : 1);
+    dt_status s = p ? DT_OK : DT_ERR_NOMEM;
+    if (!s) {
+        memcpy(p, r->hdr, CK_HEADER_SIZE);
+        s = read_exact(r->fp, p + CK_HEADER_SIZE, n - CK_HEADER_SIZE, &got, r->path);
+    }
+    if (!s)
+        s = dt_ckpt_parse(p, CK_HEADER_SIZE + got, r->path, f);
+    dt_ckpt_close(r);
+    if (s) {
+        dt_free(p);
+        return s;
+    }
+    *buf = p;
+    return DT_OK;
+}
+
+void dt_ckpt_close(ck_reader *r) {
+    if (r->fp)
+        fclose(r->fp);
+    r->fp = NULL;
+}
+
+dt_status dt_ckpt_read(const char *path, uint8_t **buf, ck_file *f) {
+    ck_reader r;
+    *buf = NULL;
+    DT_TRY(dt_ckpt_open(path, &r, f));
+    return dt_ckpt_read_body(&r, buf, f);
 }
 
 const ck_sec *dt_ckpt_find(const ck_file *f, uint32_t tag) {

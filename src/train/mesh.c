@@ -5,9 +5,13 @@
 // whole model files gathered from the parts and cut into them.
 #include "train_impl.h"
 
+#include "core/file.h"
+
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { TAG_GATHER = 0x6000, TIMING_REPS = 5, LAYOUT_MAX = 4096 };
@@ -135,9 +139,12 @@ static dt_status layout_read(const dt_trainer *t, bool *found, int *pp, int *tp,
     char path[LAYOUT_MAX], line[LAYOUT_MAX];
     *found = false;
     DT_TRY(layout_path(t, path, sizeof path));
-    FILE *f = fopen(path, "r");
-    if (!f)
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT)
         return DT_OK;
+    FILE    *f;
+    uint64_t size;
+    DT_TRY(dt_open_regular(path, &f, &size)); // a FIFO there is refused, not waited on
     bool ok = fgets(line, sizeof line, f) != NULL;
     fclose(f);
     char fmt[64];

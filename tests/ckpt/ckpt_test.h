@@ -95,6 +95,11 @@ static inline int ct_sections(const unsigned char *p, size_t n, ct_section *out,
     return k;
 }
 
+static inline void ct_put64(unsigned char *p, uint64_t v) {
+    ct_put32(p, (uint32_t)v);
+    ct_put32(p + 4, (uint32_t)(v >> 32));
+}
+
 // A small model: conv(1->3, 3x3) ReLU flatten linear(hidden) ReLU linear(4).
 static inline dt_model *ct_model(uint64_t seed, int hidden) {
     dt_model *m = NULL;
