@@ -54,7 +54,7 @@ dt_status dt_ckpt_join(char *out, const char *dir, const char *name) {
 }
 
 static void rank_file_name(int rank, char out[32]) {
-    snprintf(out, 32, "rank-%05d.dtck", rank);
+    snprintf(out, 32, CK_RANK_FILE_FMT, rank);
 }
 
 // ------------------------------------------------------------------------ listing
@@ -64,18 +64,28 @@ typedef struct entry {
     bool    complete;
 } entry;
 
-// "step-<digits>" -> step; anything else (including "step-000120.tmp") is not ours.
-static bool parse_step_name(const char *name, int64_t *step) {
+// What a directory name under a checkpoint folder is: not a checkpoint's ("pp0-tp0",
+// "step-000120.tmp": not all digits after "step-"), a checkpoint's (the name
+// dt_ckpt_path gives its step), or digits written otherwise ("step-4", "step-0000120",
+// too many digits): a directory someone made or renamed, which a reader must not list
+// as step 4 and then load from step-000004.
+typedef enum { STEP_NOT_OURS, STEP_OURS, STEP_MISNAMED } step_name;
+
+static step_name parse_step_name(const char *name, int64_t *step) {
     if (strncmp(name, "step-", 5) != 0 || !name[5])
-        return false;
-    int64_t v = 0;
+        return STEP_NOT_OURS;
+    int64_t v  = 0;
+    bool    ok = true;
     for (const char *p = name + 5; *p; p++) {
-        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10)
-            return false;
-        v = v * 10 + (*p - '0');
+        if (*p < '0' || *p > '9')
+            return STEP_NOT_OURS;
+        ok = ok && v <= (INT64_MAX - 9) / 10;
+        v  = ok ? v * 10 + (*p - '0') : v;
     }
-    *step = v;
-    return true;
+    char canon[32];
+    snprintf(canon, sizeof canon, "%06lld", (long long)v);
+    *step = ok ? v : -1; // -1: more digits than a step has
+    return ok && strcmp(canon, name + 5) == 0 ? STEP_OURS : STEP_MISNAMED;
 }
 
 bool dt_ckpt_is_file(const char *path) {
@@ -103,9 +113,10 @@ static dt_status scan(const char *dir, entry **out, size_t *n) {
     struct dirent *de;
     dt_status      s = DT_OK;
     while ((de = readdir(d))) {
-        int64_t step;
-        char    sub[PATH_CAP], marker[PATH_CAP];
-        if (!parse_step_name(de->d_name, &step))
+        int64_t   step = -1;
+        char      sub[PATH_CAP], marker[PATH_CAP];
+        step_name kind = parse_step_name(de->d_name, &step);
+        if (kind == STEP_NOT_OURS)
             continue;
         if (dt_ckpt_join(sub, dir, de->d_name) || dt_ckpt_join(marker, sub, CK_MARKER_FILE)) {
             dt_clear_error();
@@ -114,6 +125,17 @@ static dt_status scan(const char *dir, entry **out, size_t *n) {
         struct stat sb;
         if (stat(sub, &sb) != 0 || !S_ISDIR(sb.st_mode))
             continue;
+        if (kind == STEP_MISNAMED) {
+            char want[64] = "";
+            if (step >= 0)
+                snprintf(want, sizeof want, ", step-%06lld for step %lld", (long long)step,
+                         (long long)step);
+            s = dt_fail(DT_ERR_FORMAT,
+                        "%s: expected a checkpoint directory named as a save names it (\"step-\" "
+                        "and the step in 6 digits or more%s), found %s; rename or remove it",
+                        sub, want, de->d_name);
+            break;
+        }
         if (*n == cap) {
             size_t cap2 = cap ? 2 * cap : 16;
             entry *e2   = dt_alloc(cap2 * sizeof *e2);
@@ -238,7 +260,7 @@ static void remove_stale_next(const char *dir) {
             continue;
         memcpy(name, de->d_name, len - sl);
         name[len - sl] = '\0';
-        if (!parse_step_name(name, &step) || dt_ckpt_join(cdir, dir, de->d_name))
+        if (parse_step_name(name, &step) != STEP_OURS || dt_ckpt_join(cdir, dir, de->d_name))
             continue;
         if (remove_ckpt(cdir))
             DT_WARN("ckpt", "could not delete the interrupted save %s: %s", cdir, dt_last_error());

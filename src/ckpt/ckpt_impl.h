@@ -40,8 +40,9 @@ enum {
 #define CK_TAG_KVAL CK_TAG('K', 'V', 'A', 'L') // user key/values
 #define CK_TAG_MANI CK_TAG('M', 'A', 'N', 'I') // manifest (marker files)
 
-#define CK_STATE_FILE  "state.dtck"
-#define CK_MARKER_FILE "complete.dtck"
+#define CK_STATE_FILE    "state.dtck"
+#define CK_MARKER_FILE   "complete.dtck"
+#define CK_RANK_FILE_FMT "rank-%05d.dtck" // of rank R
 
 // ------------------------------------------------------------------------- writing
 

@@ -749,39 +749,133 @@ bool dt_ckpt_mani_entry(const ck_sec *s, uint32_t i, char *name, uint64_t *size,
     return !r.bad;
 }
 
+// The slot of a marker's entry: 0 for the state file, 1 + R for rank R's file, -1 for
+// any other name (or a rank not below world).
+static int64_t mani_slot(const char *name, uint32_t world) {
+    if (strcmp(name, CK_STATE_FILE) == 0)
+        return 0;
+    char    want[32];
+    int64_t r = 0;
+    if (strncmp(name, "rank-", 5) != 0)
+        return -1;
+    for (const char *p = name + 5; *p >= '0' && *p <= '9' && r < (int64_t)world; p++)
+        r = r * 10 + (*p - '0');
+    if (r >= (int64_t)world)
+        return -1;
+    snprintf(want, sizeof want, CK_RANK_FILE_FMT, (int)r);
+    return strcmp(want, name) == 0 ? 1 + r : -1;
+}
+
 dt_status dt_ckpt_check_mani(const ck_file *f, const ck_sec *s, const char *name, uint64_t *size,
                              uint32_t *crc, bool *found) {
-    rd       r     = rd_of(s);
-    uint32_t count = rd_u32(&r);
+    rd       r      = rd_of(s);
+    uint32_t count  = rd_u32(&r);
+    bool     marker = f->kind == CK_KIND_MARKER;
     if (found)
         *found = false;
     if (r.bad)
         return bad_section(f, s, "expected a file count");
-    for (uint32_t i = 0; i < count; i++) {
+    // A marker lists the state file and every rank's file, each once, and nothing else:
+    // loading and verifying go by its list, so a forged list must not leave one out.
+    if (marker && count != (uint64_t)f->world + 1)
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: section MANI: expected %llu files (%s and one per rank of world size "
+                       "%u), found %u",
+                       f->name, (unsigned long long)f->world + 1, CK_STATE_FILE, f->world, count);
+    // Each entry takes at least 17 bytes, which bounds the count before it sizes anything.
+    if (count > r.left / 17)
+        return bad_section(f, s, "expected a file count that the section can hold");
+    uint8_t  *seen = marker ? dt_alloc_zero((size_t)count / 8 + 1) : NULL;
+    dt_status st   = marker && !seen ? DT_ERR_NOMEM : DT_OK;
+    for (uint32_t i = 0; !st && i < count; i++) {
         char        nm[DT_CKPT_NAME_MAX + 1];
         const char *why = "";
-        if (!rd_name(&r, nm, DT_CKPT_NAME_MAX, 1, &why))
-            return dt_fail(DT_ERR_FORMAT, "%s: section MANI: file %u: %s name", f->name, i,
-                           r.bad ? "truncated" : "malformed");
-        uint64_t sz = rd_u64(&r);
-        uint32_t c  = rd_u32(&r);
+        if (!rd_name(&r, nm, DT_CKPT_NAME_MAX, 1, &why)) {
+            st = dt_fail(DT_ERR_FORMAT, "%s: section MANI: file %u: %s name", f->name, i,
+                         r.bad ? "truncated" : "malformed");
+            break;
+        }
+        uint64_t sz   = rd_u64(&r);
+        uint32_t c    = rd_u32(&r);
+        int64_t  slot = marker ? mani_slot(nm, f->world) : 0;
         if (r.bad)
-            return bad_section(f, s,
-                               "expected more bytes than the section holds (truncated entry)");
-        if (!plain_file_name(nm))
-            return dt_fail(DT_ERR_FORMAT,
-                           "%s: section MANI: expected plain file names, found \"%s\"", f->name,
-                           nm);
+            st = bad_section(f, s, "expected more bytes than the section holds (truncated entry)");
+        else if (!plain_file_name(nm))
+            st = dt_fail(DT_ERR_FORMAT, "%s: section MANI: expected plain file names, found \"%s\"",
+                         f->name, nm);
+        else if (marker && (slot < 0 || seen[slot / 8] & (1u << (slot % 8))))
+            st = dt_fail(DT_ERR_FORMAT,
+                         "%s: section MANI: file %u: expected %s or rank-<R>.dtck for a rank "
+                         "below %u, each once, found \"%s\"%s",
+                         f->name, i, CK_STATE_FILE, f->world, nm, slot < 0 ? "" : " again");
+        if (st)
+            break;
+        if (marker)
+            seen[slot / 8] |= (uint8_t)(1u << (slot % 8));
         if (name && !*found && strcmp(nm, name) == 0) {
             *size  = sz;
             *crc   = c;
             *found = true;
         }
     }
-    return expect_end(f, s, &r);
+    dt_free(seen);
+    return st ? st : expect_end(f, s, &r);
 }
 
 // ------------------------------------------------------------------- whole-file check
+
+// The index of the first of n floats at p (unaligned) that is infinite or NaN, else n.
+static uint64_t first_nonfinite(const uint8_t *p, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if ((dt_get_le32(p + 4 * i) & 0x7f800000u) == 0x7f800000u)
+            return i;
+    return n;
+}
+
+// Weights, buffers and optimizer state are finite in every state a run can continue
+// from: a NaN or an infinity there (a diverged run's, or a forged file's) would load
+// and train to "loss nan". The message names the tensor (from the table tab, already
+// checked) and the element.
+static dt_status check_finite(const ck_file *f, const ck_sec *data, const ck_sec *tab,
+                              const uint8_t *floats, uint64_t n) {
+    uint64_t i = first_nonfinite(floats, n);
+    if (i == n)
+        return DT_OK;
+    char     tn[8], dn[8], name[DT_CKPT_NAME_MAX + 1] = "?";
+    uint64_t first = 0;
+    rd       r     = tab ? rd_of(tab) : (rd){0};
+    uint32_t count = tab ? rd_u32(&r) : 0;
+    for (uint32_t k = 0; k < count && !r.bad; k++) { // the entry holding float i
+        const char *why = "";
+        char        nm[DT_CKPT_NAME_MAX + 1];
+        if (!rd_name(&r, nm, DT_CKPT_NAME_MAX, 1, &why))
+            break;
+        uint32_t ndim = rd_u32(&r);
+        for (uint32_t d = 0; d < ndim && d < 4; d++)
+            rd_u64(&r);
+        uint64_t off = rd_u64(&r), cnt = rd_u64(&r);
+        rd_u32(&r);
+        if (f->version >= 2)
+            rd_u32(&r);
+        if (!r.bad && i >= off && i - off < cnt) {
+            snprintf(name, sizeof name, "%s", nm);
+            first = off;
+            break;
+        }
+    }
+    float    v;
+    uint32_t bits = dt_get_le32(floats + 4 * i);
+    memcpy(&v, &bits, sizeof v);
+    if (!tab)
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: section %s: float %llu: expected a finite value, found %g", f->name,
+                       tag_name(data->tag, dn), (unsigned long long)i, (double)v);
+    return dt_fail(DT_ERR_FORMAT,
+                   "%s: section %s: tensor \"%s\" (%s) element %llu: expected a finite value, "
+                   "found %g",
+                   f->name, tag_name(data->tag, dn), name, tag_name(tab->tag, tn),
+                   (unsigned long long)(i - first), (double)v);
+}
 
 dt_status dt_ckpt_check_file(const ck_file *f) {
     const ck_sec *s;
@@ -794,11 +888,13 @@ dt_status dt_ckpt_check_file(const ck_file *f) {
         DT_TRY(dt_ckpt_decode_parm(f, s, &parm));
         DT_TRY(dt_ckpt_need(f, CK_TAG_PTAB, &pt));
         DT_TRY(dt_ckpt_check_ptab(f, pt, parm.count, NULL, false));
+        DT_TRY(check_finite(f, s, pt, parm.floats, parm.count));
         if (f->version >= 2) { // buffers: always present from version 2, maybe empty
             DT_TRY(dt_ckpt_need(f, CK_TAG_BUFS, &s));
             DT_TRY(dt_ckpt_decode_parm(f, s, &parm));
             DT_TRY(dt_ckpt_need(f, CK_TAG_BTAB, &pt));
             DT_TRY(dt_ckpt_check_ptab(f, pt, parm.count, NULL, true));
+            DT_TRY(check_finite(f, s, pt, parm.floats, parm.count));
         }
         if (f->kind == CK_KIND_STATE)
             DT_TRY(dt_ckpt_need(f, CK_TAG_KVAL, &s));
@@ -817,6 +913,7 @@ dt_status dt_ckpt_check_file(const ck_file *f) {
         if (s->tag == CK_TAG_OPTM) {
             ck_optm o;
             DT_TRY(dt_ckpt_decode_optm(f, s, &o));
+            DT_TRY(check_finite(f, s, NULL, o.floats, o.nfloats));
         } else if (s->tag == CK_TAG_SMPL) {
             ck_smpl sm;
             DT_TRY(dt_ckpt_decode_smpl(f, s, &sm));

@@ -5,6 +5,11 @@
 // - A large file with a bad header is refused after its header, without the process's
 //   memory growing by the file's size; a rank file of another size than its marker
 //   records is refused before its body is read.
+// - Forged files whose every CRC checks out: a marker that lists no files (or one file
+//   twice), NaN or infinite weights and optimizer state, and a checkpoint directory
+//   whose name is not the one a save gives its step ("step-4" would be listed as step 4
+//   and loaded from step-000004). Each is refused naming the file, the field, what was
+//   expected and what was found.
 #include "ckpt_test.h"
 
 #include <fcntl.h>
@@ -158,10 +163,132 @@ static void test_header_first(void) {
             BIG >> 20, n, (double)grew / 1048576);
 }
 
+// ----------------------------------------------------------------- forged fields
+
+static void test_manifest(void) {
+    char dir[256], marker[320], cdir[300];
+    snprintf(dir, sizeof dir, "%s/mani", tmp);
+    save_one(dir, 1);
+    snprintf(cdir, sizeof cdir, "%s/step-000001", dir);
+    snprintf(marker, sizeof marker, "%s/complete.dtck", cdir);
+    size_t         n;
+    unsigned char *b = ct_read(marker, &n), *orig = malloc(n);
+    memcpy(orig, b, n);
+    size_t n0 = n;
+    // No files at all: nothing left to check against.
+    unsigned char none[4] = {0};
+    ct_set_section(&b, &n, "MANI", none, sizeof none);
+    ct_write(marker, b, n);
+    CHECK_ERR(dt_ckpt_verify(marker), DT_ERR_FORMAT,
+              "complete.dtck: section MANI: expected 2 files (state.dtck and one per rank of "
+              "world size 1), found 0");
+    CHECK_ERR(load_one(dir), DT_ERR_FORMAT, "section MANI: expected 2 files");
+    // The state file twice, the rank's file never.
+    ct_section        s[4];
+    int               k  = ct_sections(orig, n0, s, 4);
+    const ct_section *ms = ct_find(s, k, "MANI");
+    unsigned char     two[256];
+    uint32_t          elen = 4 + 10 + 12; // "state.dtck", size, CRC
+    ct_put32(two, 2);
+    memcpy(two + 4, orig + ms->payload_at + 4, elen);
+    memcpy(two + 4 + elen, orig + ms->payload_at + 4, elen);
+    free(b);
+    b = malloc(n0), n = n0;
+    memcpy(b, orig, n0);
+    ct_set_section(&b, &n, "MANI", two, 4 + 2 * elen);
+    ct_write(marker, b, n);
+    CHECK_ERR(dt_ckpt_verify(marker), DT_ERR_FORMAT,
+              "section MANI: file 1: expected state.dtck or rank-<R>.dtck for a rank below 1, "
+              "each once, found \"state.dtck\" again");
+    free(b), free(orig);
+}
+
+// Float `index` of section `tag` (after its `skip` header bytes) of file name in cdir set
+// to v, resealed, and the marker fixed (when cdir is a checkpoint).
+static void forge_float(const char *cdir, const char *name, const char *tag, size_t skip,
+                        size_t index, float v) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", cdir, name);
+    size_t            n;
+    unsigned char    *b = ct_read(path, &n);
+    ct_section        s[8];
+    int               k  = ct_sections(b, n, s, 8);
+    const ct_section *at = ct_find(s, k, tag);
+    if (!CHECK(at != NULL))
+        return;
+    memcpy(b + at->payload_at + skip + 4 * index, &v, 4);
+    ct_reseal(b, n);
+    ct_write(path, b, n);
+    free(b);
+    snprintf(path, sizeof path, "%s/complete.dtck", cdir);
+    if (strcmp(name, "complete.dtck") != 0 && ct_exists(path))
+        ct_fix_marker(cdir, name);
+}
+
+static void test_nonfinite(void) {
+    char dir[256], cdir[300];
+    snprintf(dir, sizeof dir, "%s/nan", tmp);
+    save_one(dir, 2);
+    snprintf(cdir, sizeof cdir, "%s/step-000002", dir);
+    CHECK_OK(load_one(dir));
+    // PARM: u64 count, then the floats: "0.weight" (27), "0.bias" (3), ...
+    forge_float(cdir, "state.dtck", "PARM", 8, 28, NAN);
+    CHECK_ERR(load_one(dir), DT_ERR_FORMAT,
+              "step-000002/state.dtck: section PARM: tensor \"0.bias\" (PTAB) element 1: "
+              "expected a finite value, found nan");
+    CHECK_ERR(dt_ckpt_verify(cdir), DT_ERR_FORMAT, "expected a finite value, found nan");
+    forge_float(cdir, "state.dtck", "PARM", 8, 28, 0.5f);
+    CHECK_OK(load_one(dir));
+    // OPTM: string "adam" (8 bytes), i64 steps, u64 parameters, u64 n, then the floats.
+    forge_float(cdir, "state.dtck", "OPTM", 32, 7, -INFINITY);
+    CHECK_ERR(load_one(dir), DT_ERR_FORMAT,
+              "state.dtck: section OPTM: float 7: expected a finite value, found -inf");
+    // A model file with an infinite weight.
+    char      model[256];
+    dt_model *m = ct_model(2, 5);
+    snprintf(model, sizeof model, "%s/inf.dtck", tmp);
+    CHECK_OK(dt_ckpt_save_model(model, m));
+    forge_float(tmp, "inf.dtck", "PARM", 8, 0, INFINITY);
+    CHECK_ERR(dt_ckpt_load_model(model, m), DT_ERR_FORMAT,
+              "inf.dtck: section PARM: tensor \"0.weight\" (PTAB) element 0: expected a finite "
+              "value, found inf");
+    dt_model_free(m);
+}
+
+static void test_step_names(void) {
+    char dir[256], from[320], to[320];
+    snprintf(dir, sizeof dir, "%s/names", tmp);
+    save_one(dir, 4);
+    snprintf(from, sizeof from, "%s/step-000004", dir);
+    snprintf(to, sizeof to, "%s/step-4", dir);
+    CHECK(rename(from, to) == 0);
+    int64_t *steps = NULL;
+    size_t   n     = 0;
+    CHECK_ERR(dt_ckpt_list(dir, &steps, &n), DT_ERR_FORMAT,
+              "names/step-4: expected a checkpoint directory named as a save names it (\"step-\" "
+              "and the step in 6 digits or more, step-000004 for step 4), found step-4");
+    CHECK_EQ(n, 0);
+    dt_free(steps);
+    CHECK_ERR(load_one(dir), DT_ERR_FORMAT, "found step-4; rename or remove it");
+    // Seven digits for a step of six: not the saver's name either.
+    snprintf(from, sizeof from, "%s/step-0000004", dir);
+    CHECK(rename(to, from) == 0);
+    CHECK_ERR(load_one(dir), DT_ERR_FORMAT, "step-000004 for step 4), found step-0000004");
+    // Renamed back, it loads; an interrupted save's leftovers are still not ours.
+    snprintf(to, sizeof to, "%s/step-000004", dir);
+    CHECK(rename(from, to) == 0);
+    snprintf(from, sizeof from, "%s/step-000005.next", dir);
+    CHECK(mkdir(from, 0700) == 0);
+    CHECK_OK(load_one(dir));
+}
+
 int main(void) {
     ct_tmpdir(tmp, sizeof tmp, "ckpt-untrusted");
     RUN(test_header_first); // first: the memory measured is this process's peak
     RUN(test_fifo);
+    RUN(test_manifest);
+    RUN(test_nonfinite);
+    RUN(test_step_names);
     if (!check_failed)
         ct_rm_tree(tmp);
     else
