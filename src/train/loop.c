@@ -182,6 +182,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_grad_scaler_state_str(t->scaler, t->scaler_kv, sizeof t->scaler_kv);
         t->kvs[t->nkvs++] = (dt_ckpt_kv){"grad_scaler", t->scaler_kv};
     }
+    DT_TRY(dt_train_mesh_check_layout(t)); // before anything is written there
     if (a->resume && !a->eval_only) {
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
@@ -192,11 +193,9 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         bool any_world = t->total_steps > 0 && !t->smp && !dt_train_mesh_on(t);
         if (any_world)
             co.reshard = true, cs.nrngs = 0;
-        dt_status st = dt_train_mesh_check_layout(t);
-        if (!st && dt_train_mesh_on(t))
-            st = dt_train_mesh_load(t, &cs, &co, &info);
-        else if (!st)
-            st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
+        dt_status st = dt_train_mesh_on(t)
+                           ? dt_train_mesh_load(t, &cs, &co, &info)
+                           : dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
         if (!st && info.found)
             st = check_config(t, &info);
         if (!st && info.found)
