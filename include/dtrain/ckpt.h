@@ -148,7 +148,8 @@ DT_API dt_status dt_ckpt_load(const char *dir, dt_pg *pg, const dt_ckpt_state *s
 
 // Steps of the complete checkpoints under `dir` (those with a marker file; not
 // verified), ascending, in *steps (owned: dt_free; NULL when *n is 0). A missing
-// directory is an empty list. Not collective.
+// directory is an empty list. DT_ERR_FORMAT naming a directory "step-<digits>" that a
+// save would not have named so ("step-4" for step-000004). Not collective.
 DT_API dt_status dt_ckpt_list(const char *dir, int64_t **steps /* out */, size_t *n /* out */);
 // The newest complete checkpoint's step, -1 when none. Not collective.
 DT_API dt_status dt_ckpt_latest(const char *dir, int64_t *step /* out */);

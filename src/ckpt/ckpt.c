@@ -54,7 +54,7 @@ dt_status dt_ckpt_join(char *out, const char *dir, const char *name) {
 }
 
 static void rank_file_name(int rank, char out[32]) {
-    snprintf(out, 32, "rank-%05d.dtck", rank);
+    snprintf(out, 32, CK_RANK_FILE_FMT, rank);
 }
 
 // ------------------------------------------------------------------------ listing
@@ -64,18 +64,28 @@ typedef struct entry {
     bool    complete;
 } entry;
 
-// "step-<digits>" -> step; anything else (including "step-000120.tmp") is not ours.
-static bool parse_step_name(const char *name, int64_t *step) {
+// What a directory name under a checkpoint folder is: not a checkpoint's ("pp0-tp0",
+// "step-000120.tmp": not all digits after "step-"), a checkpoint's (the name
+// dt_ckpt_path gives its step), or digits written otherwise ("step-4", "step-0000120",
+// too many digits): a directory someone made or renamed, which a reader must not list
+// as step 4 and then load from step-000004.
+typedef enum { STEP_NOT_OURS, STEP_OURS, STEP_MISNAMED } step_name;
+
+static step_name parse_step_name(const char *name, int64_t *step) {
     if (strncmp(name, "step-", 5) != 0 || !name[5])
-        return false;
-    int64_t v = 0;
+        return STEP_NOT_OURS;
+    int64_t v  = 0;
+    bool    ok = true;
     for (const char *p = name + 5; *p; p++) {
-        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10)
-            return false;
-        v = v * 10 + (*p - '0');
+        if (*p < '0' || *p > '9')
+            return STEP_NOT_OURS;
+        ok = ok && v <= (INT64_MAX - 9) / 10;
+        v  = ok ? v * 10 + (*p - '0') : v;
     }
-    *step = v;
-    return true;
+    char canon[32];
+    snprintf(canon, sizeof canon, "%06lld", (long long)v);
+    *step = ok ? v : -1; // -1: more digits than a step has
+    return ok && strcmp(canon, name + 5) == 0 ? STEP_OURS : STEP_MISNAMED;
 }
 
 bool dt_ckpt_is_file(const char *path) {
@@ -103,9 +113,10 @@ static dt_status scan(const char *dir, entry **out, size_t *n) {
     struct dirent *de;
     dt_status      s = DT_OK;
     while ((de = readdir(d))) {
-        int64_t step;
-        char    sub[PATH_CAP], marker[PATH_CAP];
-        if (!parse_step_name(de->d_name, &step))
+        int64_t   step = -1;
+        char      sub[PATH_CAP], marker[PATH_CAP];
+        step_name kind = parse_step_name(de->d_name, &step);
+        if (kind == STEP_NOT_OURS)
             continue;
         if (dt_ckpt_join(sub, dir, de->d_name) || dt_ckpt_join(marker, sub, CK_MARKER_FILE)) {
             dt_clear_error();
@@ -114,6 +125,17 @@ static dt_status scan(const char *dir, entry **out, size_t *n) {
         struct stat sb;
         if (stat(sub, &sb) != 0 || !S_ISDIR(sb.st_mode))
             continue;
+        if (kind == STEP_MISNAMED) {
+            char want[64] = "";
+            if (step >= 0)
+                snprintf(want, sizeof want, ", step-%06lld for step %lld", (long long)step,
+                         (long long)step);
+            s = dt_fail(DT_ERR_FORMAT,
+                        "%s: expected a checkpoint directory named as a save names it (\"step-\" "
+                        "and the step in 6 digits or more%s), found %s; rename or remove it",
+                        sub, want, de->d_name);
+            break;
+        }
         if (*n == cap) {
             size_t cap2 = cap ? 2 * cap : 16;
             entry *e2   = dt_alloc(cap2 * sizeof *e2);
@@ -238,7 +260,7 @@ static void remove_stale_next(const char *dir) {
             continue;
         memcpy(name, de->d_name, len - sl);
         name[len - sl] = '\0';
-        if (!parse_step_name(name, &step) || dt_ckpt_join(cdir, dir, de->d_name))
+        if (parse_step_name(name, &step) != STEP_OURS || dt_ckpt_join(cdir, dir, de->d_name))
             continue;
         if (remove_ckpt(cdir))
             DT_WARN("ckpt", "could not delete the interrupted save %s: %s", cdir, dt_last_error());
@@ -652,51 +674,58 @@ static void staged_free(staged *g) {
     memset(g, 0, sizeof *g);
 }
 
-// Reads one file of checkpoint cdir, checks it whole, and checks it against the
-// marker's manifest (size and header CRC), its step and world, and its kind.
+// Reads one file of checkpoint cdir and checks it against the marker's manifest (size
+// and header CRC), its step and world, and its kind, all from its header before its
+// body is read; then checks it whole.
 dt_status dt_ckpt_read_member(const char *cdir, const char *name, uint32_t kind, const ck_file *mf,
                               int64_t step, char *path, uint8_t **buf, ck_file *f) {
-    size_t n;
-    DT_TRY(dt_ckpt_join(path, cdir, name));
-    DT_TRY(dt_ckpt_read_all(path, buf, &n));
-    DT_TRY(dt_ckpt_parse(*buf, n, path, f));
-    DT_TRY(dt_ckpt_expect_kind(f, kind, 0));
-    DT_TRY(dt_ckpt_check_file(f));
-    if (f->step != step || f->world != mf->world)
-        return dt_fail(DT_ERR_FORMAT,
-                       "%s: expected step %lld of world size %u (its marker's), found step %lld "
-                       "of world size %u",
-                       path, (long long)step, mf->world, (long long)f->step, f->world);
     uint64_t size = 0;
     uint32_t crc  = 0;
     bool     found;
+    DT_TRY(dt_ckpt_join(path, cdir, name));
     DT_TRY(dt_ckpt_check_mani(mf, dt_ckpt_find(mf, CK_TAG_MANI), name, &size, &crc, &found));
     if (!found)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: expected %s among the files of its marker %s, found "
                        "it missing",
                        path, name, mf->name);
-    if (size != f->size || crc != f->header_crc)
-        return dt_fail(DT_ERR_FORMAT,
-                       "%s: expected the file its marker lists (%llu bytes, header CRC32C %08x), "
-                       "found %llu bytes, header CRC32C %08x (a file of another save)",
-                       path, (unsigned long long)size, crc, (unsigned long long)f->size,
-                       f->header_crc);
-    return DT_OK;
+    ck_reader r;
+    DT_TRY(dt_ckpt_open(path, &r, f));
+    dt_status s = dt_ckpt_expect_kind(f, kind, 0);
+    if (!s && (f->step != step || f->world != mf->world))
+        s = dt_fail(DT_ERR_FORMAT,
+                    "%s: expected step %lld of world size %u (its marker's), found step %lld "
+                    "of world size %u",
+                    path, (long long)step, mf->world, (long long)f->step, f->world);
+    if (!s && (size != f->size || crc != f->header_crc))
+        s = dt_fail(DT_ERR_FORMAT,
+                    "%s: expected the file its marker lists (%llu bytes, header CRC32C %08x), "
+                    "found %llu bytes, header CRC32C %08x (a file of another save)",
+                    path, (unsigned long long)size, crc, (unsigned long long)f->size,
+                    f->header_crc);
+    if (s) {
+        dt_ckpt_close(&r);
+        return s;
+    }
+    DT_TRY(dt_ckpt_read_body(&r, buf, f));
+    return dt_ckpt_check_file(f);
 }
 
 dt_status dt_ckpt_read_marker(const char *cdir, int64_t step, char *path, uint8_t **buf,
                               ck_file *f) {
-    size_t n;
     DT_TRY(dt_ckpt_join(path, cdir, CK_MARKER_FILE));
-    DT_TRY(dt_ckpt_read_all(path, buf, &n));
-    DT_TRY(dt_ckpt_parse(*buf, n, path, f));
-    DT_TRY(dt_ckpt_expect_kind(f, CK_KIND_MARKER, 0));
-    DT_TRY(dt_ckpt_check_file(f));
-    if (step >= 0 && f->step != step)
-        return dt_fail(DT_ERR_FORMAT, "%s: expected step %lld (its directory's name), found %lld",
-                       path, (long long)step, (long long)f->step);
-    return DT_OK;
+    ck_reader r;
+    DT_TRY(dt_ckpt_open(path, &r, f));
+    dt_status s = dt_ckpt_expect_kind(f, CK_KIND_MARKER, 0);
+    if (!s && step >= 0 && f->step != step)
+        s = dt_fail(DT_ERR_FORMAT, "%s: expected step %lld (its directory's name), found %lld",
+                    path, (long long)step, (long long)f->step);
+    if (s) {
+        dt_ckpt_close(&r);
+        return s;
+    }
+    DT_TRY(dt_ckpt_read_body(&r, buf, f));
+    return dt_ckpt_check_file(f);
 }
 
 static dt_status stage(const char *cdir, int64_t step, const dt_ckpt_state *st, int rank, int world,
@@ -949,10 +978,11 @@ dt_status dt_ckpt_verify(const char *path) {
                            path, CK_MARKER_FILE);
         return verify_dir(path);
     }
-    uint8_t *buf;
-    size_t   n;
-    DT_TRY(dt_ckpt_read_all(path, &buf, &n));
-    dt_status s = dt_ckpt_verify_bytes(buf, n, path);
+    uint8_t  *buf;
+    ck_file   f;
+    dt_status s = dt_ckpt_read(path, &buf, &f);
+    if (!s)
+        s = dt_ckpt_check_file(&f);
     dt_free(buf);
     return s;
 }

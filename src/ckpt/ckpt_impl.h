@@ -6,6 +6,8 @@
 
 #include "dtrain/ckpt.h"
 
+#include <stdio.h>
+
 // Floats are written in host order; the format says little-endian.
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "checkpoint files store little-endian floats; add byte swapping for this host");
@@ -38,8 +40,9 @@ enum {
 #define CK_TAG_KVAL CK_TAG('K', 'V', 'A', 'L') // user key/values
 #define CK_TAG_MANI CK_TAG('M', 'A', 'N', 'I') // manifest (marker files)
 
-#define CK_STATE_FILE  "state.dtck"
-#define CK_MARKER_FILE "complete.dtck"
+#define CK_STATE_FILE    "state.dtck"
+#define CK_MARKER_FILE   "complete.dtck"
+#define CK_RANK_FILE_FMT "rank-%05d.dtck" // of rank R
 
 // ------------------------------------------------------------------------- writing
 
@@ -97,10 +100,29 @@ typedef struct ck_file {
     ck_sec      sec[CK_MAX_SECTIONS];
 } ck_file;
 
-// Reads a whole regular file into an owned buffer (dt_free). DT_ERR_IO.
-dt_status dt_ckpt_read_all(const char *path, uint8_t **buf, size_t *n);
 // Checks magic, version, header, sizes and every checksum. DT_ERR_FORMAT.
 dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f);
+
+// A checkpoint file being read: header first, so that a file that is not a checkpoint,
+// or not the one its marker lists, is refused after 64 bytes instead of being read (and
+// allocated) whole.
+typedef struct ck_reader {
+    FILE       *fp;
+    const char *path;
+    uint64_t    size; // the file's real size
+    uint8_t     hdr[CK_HEADER_SIZE];
+} ck_reader;
+
+// Opens path (a regular file only: a FIFO is refused, never waited on) and reads and
+// checks its header against the file's size; *f gets the header's fields (no sections
+// yet). DT_ERR_IO or DT_ERR_FORMAT; nothing is left open on failure.
+dt_status dt_ckpt_open(const char *path, ck_reader *r, ck_file *f);
+// Reads the rest into an owned buffer (dt_free) and parses the whole file into *f
+// (dt_ckpt_parse); closes r, also on failure.
+dt_status dt_ckpt_read_body(ck_reader *r, uint8_t **buf, ck_file *f);
+void      dt_ckpt_close(ck_reader *r);
+// Both: the whole file read and parsed, its header checked first.
+dt_status dt_ckpt_read(const char *path, uint8_t **buf, ck_file *f);
 // The section with `tag`, or NULL.
 const ck_sec *dt_ckpt_find(const ck_file *f, uint32_t tag);
 // The section with `tag`, or DT_ERR_FORMAT naming the file kind and the section.

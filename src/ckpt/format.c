@@ -3,6 +3,7 @@
 // and decoding each section with bounds checks on every field. Knows nothing about
 // directories or ranks (ckpt.c). Layout: docs/checkpoint-format.md.
 #include "ckpt_impl.h"
+#include "core/file.h"
 #include "core/le.h"
 
 #include <errno.h>
@@ -227,52 +228,6 @@ fail:;
 
 // ------------------------------------------------------------------------- reading
 
-dt_status dt_ckpt_read_all(const char *path, uint8_t **buf, size_t *n) {
-    *buf   = NULL;
-    *n     = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot open %s", path);
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        close(fd);
-        return dt_fail_errno(DT_ERR_IO, "checkpoint: cannot stat %s", path);
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return dt_fail(DT_ERR_IO,
-                       "checkpoint: expected %s to be a regular file, found another "
-                       "kind of file",
-                       path);
-    }
-    // The allocation is the file's real size, never a size read from the file.
-    size_t   cap = (size_t)sb.st_size;
-    uint8_t *p   = dt_alloc(cap);
-    if (!p) {
-        close(fd);
-        return DT_ERR_NOMEM;
-    }
-    size_t got = 0;
-    while (got < cap) {
-        ssize_t k = read(fd, p + got, cap - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            dt_status s = dt_fail_errno(DT_ERR_IO, "checkpoint: reading %s failed", path);
-            close(fd);
-            dt_free(p);
-            return s;
-        }
-        if (k == 0)
-            break; // shrank meanwhile: the size checks will say so
-        got += (size_t)k;
-    }
-    close(fd);
-    *buf = p;
-    *n   = got;
-    return DT_OK;
-}
-
 static void hex8(const uint8_t *p, size_t n, char *out) {
     out[0] = '\0';
     for (size_t i = 0, k = 0; i < n && i < 8; i++)
@@ -281,30 +236,33 @@ static void hex8(const uint8_t *p, size_t n, char *out) {
         strcpy(out, "nothing");
 }
 
-dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f) {
-    const uint8_t *p = buf;
+// The 64-byte header: `avail` bytes of it at p, of a file of n bytes. Everything a
+// header can be checked for is checked here, before a reader reads or allocates for
+// the rest of the file.
+static dt_status parse_header(const uint8_t *p, size_t avail, uint64_t n, const char *name,
+                              ck_file *f) {
     memset(f, 0, sizeof *f);
     f->name = name;
     // Magic and version come before anything else: a file of another kind or of a
     // later format says so, rather than "corrupt".
-    if (n < 8 && (n == 0 || memcmp(p, CK_MAGIC, n) == 0))
+    if (avail < 8 && (avail == 0 || memcmp(p, CK_MAGIC, avail) == 0))
         return dt_fail(DT_ERR_FORMAT,
                        "%s: truncated: expected at least %d bytes (the header), "
                        "found %zu",
-                       name, CK_HEADER_SIZE, n);
-    if (n < 8 || memcmp(p, CK_MAGIC, 8) != 0) {
+                       name, CK_HEADER_SIZE, avail);
+    if (avail < 8 || memcmp(p, CK_MAGIC, 8) != 0) {
         char found[32], want[32];
-        hex8(p, n, found);
+        hex8(p, avail, found);
         hex8((const uint8_t *)CK_MAGIC, 8, want);
         return dt_fail(DT_ERR_FORMAT,
                        "%s: expected the magic of a dtrain checkpoint file (%s), found %s", name,
                        want, found);
     }
-    if (n < CK_HEADER_SIZE)
+    if (avail < CK_HEADER_SIZE)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: truncated: expected at least %d bytes (the header), "
                        "found %zu",
-                       name, CK_HEADER_SIZE, n);
+                       name, CK_HEADER_SIZE, avail);
     uint32_t version = dt_get_le32(p + 8);
     if (version < DT_CKPT_VERSION_MIN || version > DT_CKPT_VERSION)
         return dt_fail(DT_ERR_FORMAT, "%s: expected format version %d..%d, found version %u", name,
@@ -329,9 +287,9 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
     if (f->size != n)
         return dt_fail(DT_ERR_FORMAT,
                        "%s: %s: expected %llu bytes (the size in its header), "
-                       "found %zu",
+                       "found %llu",
                        name, n < f->size ? "truncated" : "bytes after the end",
-                       (unsigned long long)f->size, n);
+                       (unsigned long long)f->size, (unsigned long long)n);
     if (f->kind < CK_KIND_STATE || f->kind > CK_KIND_MODEL)
         return dt_fail(DT_ERR_FORMAT, "%s: expected a file kind in 1..4, found %u", name, f->kind);
     if (f->nsec > CK_MAX_SECTIONS)
@@ -342,6 +300,12 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        "%s: expected step >= 0 and rank < world size >= 1, found step %lld, "
                        "rank %u, world size %u",
                        name, (long long)f->step, f->rank, f->world);
+    return DT_OK;
+}
+
+dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f) {
+    const uint8_t *p = buf;
+    DT_TRY(parse_header(p, n, n, name, f));
     // The section table.
     size_t   off  = CK_HEADER_SIZE;
     uint32_t tcrc = 0;
@@ -385,6 +349,62 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, ck_file *f)
                        "%s: corrupt section table: expected CRC32C %08x (stored), found %08x", name,
                        dt_get_le32(p + 48), tcrc);
     return DT_OK;
+}
+
+// --------------------------------------------------------------------- files
+
+static dt_status read_exact(FILE *fp, uint8_t *p, size_t n, size_t *got, const char *path) {
+    *got = fread(p, 1, n, fp);
+    if (*got < n && ferror(fp))
+        return dt_fail_errno(DT_ERR_IO, "checkpoint: reading %s failed", path);
+    return DT_OK; // short: the file shrank meanwhile, and the size checks say so
+}
+
+dt_status dt_ckpt_open(const char *path, ck_reader *r, ck_file *f) {
+    memset(r, 0, sizeof *r);
+    r->path = path;
+    DT_TRY(dt_open_regular(path, &r->fp, &r->size));
+    size_t    want = r->size < CK_HEADER_SIZE ? (size_t)r->size : CK_HEADER_SIZE, got;
+    dt_status s    = read_exact(r->fp, r->hdr, want, &got, path);
+    if (!s)
+        s = parse_header(r->hdr, got, got < want ? got : r->size, path, f);
+    if (s)
+        dt_ckpt_close(r);
+    return s;
+}
+
+dt_status dt_ckpt_read_body(ck_reader *r, uint8_t **buf, ck_file *f) {
+    *buf = NULL;
+    // The allocation is the file's real size, which its checked header also records.
+    size_t    n = (size_t)r->size, got = 0;
+    uint8_t  *p = dt_alloc(n ? n : 1);
+    dt_status s = p ? DT_OK : DT_ERR_NOMEM;
+    if (!s) {
+        memcpy(p, r->hdr, CK_HEADER_SIZE);
+        s = read_exact(r->fp, p + CK_HEADER_SIZE, n - CK_HEADER_SIZE, &got, r->path);
+    }
+    if (!s)
+        s = dt_ckpt_parse(p, CK_HEADER_SIZE + got, r->path, f);
+    dt_ckpt_close(r);
+    if (s) {
+        dt_free(p);
+        return s;
+    }
+    *buf = p;
+    return DT_OK;
+}
+
+void dt_ckpt_close(ck_reader *r) {
+    if (r->fp)
+        fclose(r->fp);
+    r->fp = NULL;
+}
+
+dt_status dt_ckpt_read(const char *path, uint8_t **buf, ck_file *f) {
+    ck_reader r;
+    *buf = NULL;
+    DT_TRY(dt_ckpt_open(path, &r, f));
+    return dt_ckpt_read_body(&r, buf, f);
 }
 
 const ck_sec *dt_ckpt_find(const ck_file *f, uint32_t tag) {
@@ -729,39 +749,133 @@ bool dt_ckpt_mani_entry(const ck_sec *s, uint32_t i, char *name, uint64_t *size,
     return !r.bad;
 }
 
+// The slot of a marker's entry: 0 for the state file, 1 + R for rank R's file, -1 for
+// any other name (or a rank not below world).
+static int64_t mani_slot(const char *name, uint32_t world) {
+    if (strcmp(name, CK_STATE_FILE) == 0)
+        return 0;
+    char    want[32];
+    int64_t r = 0;
+    if (strncmp(name, "rank-", 5) != 0)
+        return -1;
+    for (const char *p = name + 5; *p >= '0' && *p <= '9' && r < (int64_t)world; p++)
+        r = r * 10 + (*p - '0');
+    if (r >= (int64_t)world)
+        return -1;
+    snprintf(want, sizeof want, CK_RANK_FILE_FMT, (int)r);
+    return strcmp(want, name) == 0 ? 1 + r : -1;
+}
+
 dt_status dt_ckpt_check_mani(const ck_file *f, const ck_sec *s, const char *name, uint64_t *size,
                              uint32_t *crc, bool *found) {
-    rd       r     = rd_of(s);
-    uint32_t count = rd_u32(&r);
+    rd       r      = rd_of(s);
+    uint32_t count  = rd_u32(&r);
+    bool     marker = f->kind == CK_KIND_MARKER;
     if (found)
         *found = false;
     if (r.bad)
         return bad_section(f, s, "expected a file count");
-    for (uint32_t i = 0; i < count; i++) {
+    // A marker lists the state file and every rank's file, each once, and nothing else:
+    // loading and verifying go by its list, so a forged list must not leave one out.
+    if (marker && count != (uint64_t)f->world + 1)
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: section MANI: expected %llu files (%s and one per rank of world size "
+                       "%u), found %u",
+                       f->name, (unsigned long long)f->world + 1, CK_STATE_FILE, f->world, count);
+    // Each entry takes at least 17 bytes, which bounds the count before it sizes anything.
+    if (count > r.left / 17)
+        return bad_section(f, s, "expected a file count that the section can hold");
+    uint8_t  *seen = marker ? dt_alloc_zero((size_t)count / 8 + 1) : NULL;
+    dt_status st   = marker && !seen ? DT_ERR_NOMEM : DT_OK;
+    for (uint32_t i = 0; !st && i < count; i++) {
         char        nm[DT_CKPT_NAME_MAX + 1];
         const char *why = "";
-        if (!rd_name(&r, nm, DT_CKPT_NAME_MAX, 1, &why))
-            return dt_fail(DT_ERR_FORMAT, "%s: section MANI: file %u: %s name", f->name, i,
-                           r.bad ? "truncated" : "malformed");
-        uint64_t sz = rd_u64(&r);
-        uint32_t c  = rd_u32(&r);
+        if (!rd_name(&r, nm, DT_CKPT_NAME_MAX, 1, &why)) {
+            st = dt_fail(DT_ERR_FORMAT, "%s: section MANI: file %u: %s name", f->name, i,
+                         r.bad ? "truncated" : "malformed");
+            break;
+        }
+        uint64_t sz   = rd_u64(&r);
+        uint32_t c    = rd_u32(&r);
+        int64_t  slot = marker ? mani_slot(nm, f->world) : 0;
         if (r.bad)
-            return bad_section(f, s,
-                               "expected more bytes than the section holds (truncated entry)");
-        if (!plain_file_name(nm))
-            return dt_fail(DT_ERR_FORMAT,
-                           "%s: section MANI: expected plain file names, found \"%s\"", f->name,
-                           nm);
+            st = bad_section(f, s, "expected more bytes than the section holds (truncated entry)");
+        else if (!plain_file_name(nm))
+            st = dt_fail(DT_ERR_FORMAT, "%s: section MANI: expected plain file names, found \"%s\"",
+                         f->name, nm);
+        else if (marker && (slot < 0 || seen[slot / 8] & (1u << (slot % 8))))
+            st = dt_fail(DT_ERR_FORMAT,
+                         "%s: section MANI: file %u: expected %s or rank-<R>.dtck for a rank "
+                         "below %u, each once, found \"%s\"%s",
+                         f->name, i, CK_STATE_FILE, f->world, nm, slot < 0 ? "" : " again");
+        if (st)
+            break;
+        if (marker)
+            seen[slot / 8] |= (uint8_t)(1u << (slot % 8));
         if (name && !*found && strcmp(nm, name) == 0) {
             *size  = sz;
             *crc   = c;
             *found = true;
         }
     }
-    return expect_end(f, s, &r);
+    dt_free(seen);
+    return st ? st : expect_end(f, s, &r);
 }
 
 // ------------------------------------------------------------------- whole-file check
+
+// The index of the first of n floats at p (unaligned) that is infinite or NaN, else n.
+static uint64_t first_nonfinite(const uint8_t *p, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if ((dt_get_le32(p + 4 * i) & 0x7f800000u) == 0x7f800000u)
+            return i;
+    return n;
+}
+
+// Weights, buffers and optimizer state are finite in every state a run can continue
+// from: a NaN or an infinity there (a diverged run's, or a forged file's) would load
+// and train to "loss nan". The message names the tensor (from the table tab, already
+// checked) and the element.
+static dt_status check_finite(const ck_file *f, const ck_sec *data, const ck_sec *tab,
+                              const uint8_t *floats, uint64_t n) {
+    uint64_t i = first_nonfinite(floats, n);
+    if (i == n)
+        return DT_OK;
+    char     tn[8], dn[8], name[DT_CKPT_NAME_MAX + 1] = "?";
+    uint64_t first = 0;
+    rd       r     = tab ? rd_of(tab) : (rd){0};
+    uint32_t count = tab ? rd_u32(&r) : 0;
+    for (uint32_t k = 0; k < count && !r.bad; k++) { // the entry holding float i
+        const char *why = "";
+        char        nm[DT_CKPT_NAME_MAX + 1];
+        if (!rd_name(&r, nm, DT_CKPT_NAME_MAX, 1, &why))
+            break;
+        uint32_t ndim = rd_u32(&r);
+        for (uint32_t d = 0; d < ndim && d < 4; d++)
+            rd_u64(&r);
+        uint64_t off = rd_u64(&r), cnt = rd_u64(&r);
+        rd_u32(&r);
+        if (f->version >= 2)
+            rd_u32(&r);
+        if (!r.bad && i >= off && i - off < cnt) {
+            snprintf(name, sizeof name, "%s", nm);
+            first = off;
+            break;
+        }
+    }
+    float    v;
+    uint32_t bits = dt_get_le32(floats + 4 * i);
+    memcpy(&v, &bits, sizeof v);
+    if (!tab)
+        return dt_fail(DT_ERR_FORMAT,
+                       "%s: section %s: float %llu: expected a finite value, found %g", f->name,
+                       tag_name(data->tag, dn), (unsigned long long)i, (double)v);
+    return dt_fail(DT_ERR_FORMAT,
+                   "%s: section %s: tensor \"%s\" (%s) element %llu: expected a finite value, "
+                   "found %g",
+                   f->name, tag_name(data->tag, dn), name, tag_name(tab->tag, tn),
+                   (unsigned long long)(i - first), (double)v);
+}
 
 dt_status dt_ckpt_check_file(const ck_file *f) {
     const ck_sec *s;
@@ -774,11 +888,13 @@ dt_status dt_ckpt_check_file(const ck_file *f) {
         DT_TRY(dt_ckpt_decode_parm(f, s, &parm));
         DT_TRY(dt_ckpt_need(f, CK_TAG_PTAB, &pt));
         DT_TRY(dt_ckpt_check_ptab(f, pt, parm.count, NULL, false));
+        DT_TRY(check_finite(f, s, pt, parm.floats, parm.count));
         if (f->version >= 2) { // buffers: always present from version 2, maybe empty
             DT_TRY(dt_ckpt_need(f, CK_TAG_BUFS, &s));
             DT_TRY(dt_ckpt_decode_parm(f, s, &parm));
             DT_TRY(dt_ckpt_need(f, CK_TAG_BTAB, &pt));
             DT_TRY(dt_ckpt_check_ptab(f, pt, parm.count, NULL, true));
+            DT_TRY(check_finite(f, s, pt, parm.floats, parm.count));
         }
         if (f->kind == CK_KIND_STATE)
             DT_TRY(dt_ckpt_need(f, CK_TAG_KVAL, &s));
@@ -797,6 +913,7 @@ dt_status dt_ckpt_check_file(const ck_file *f) {
         if (s->tag == CK_TAG_OPTM) {
             ck_optm o;
             DT_TRY(dt_ckpt_decode_optm(f, s, &o));
+            DT_TRY(check_finite(f, s, NULL, o.floats, o.nfloats));
         } else if (s->tag == CK_TAG_SMPL) {
             ck_smpl sm;
             DT_TRY(dt_ckpt_decode_smpl(f, s, &sm));

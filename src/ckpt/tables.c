@@ -142,12 +142,12 @@ dt_status dt_ckpt_load_params(const char *path, dt_params *m) {
         if (!s)
             s = dt_ckpt_read_member(cdir, CK_STATE_FILE, CK_KIND_STATE, &mf, mf.step, p, &buf, &f);
     } else {
-        size_t n;
-        s = dt_ckpt_read_all(path, &buf, &n);
+        ck_reader r;
+        s = dt_ckpt_open(path, &r, &f);
+        if (!s && (s = dt_ckpt_expect_kind(&f, CK_KIND_MODEL, CK_KIND_STATE)))
+            dt_ckpt_close(&r);
         if (!s)
-            s = dt_ckpt_parse(buf, n, path, &f);
-        if (!s)
-            s = dt_ckpt_expect_kind(&f, CK_KIND_MODEL, CK_KIND_STATE);
+            s = dt_ckpt_read_body(&r, &buf, &f);
         if (!s)
             s = dt_ckpt_check_file(&f);
     }

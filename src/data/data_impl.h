@@ -2,6 +2,7 @@
 #ifndef DTRAIN_DATA_IMPL_H
 #define DTRAIN_DATA_IMPL_H
 
+#include "core/file.h"
 #include "dtrain/data.h"
 
 #include <stdio.h>
@@ -14,12 +15,6 @@ dt_status dt_data_dataset_finish(dt_dataset *ds, const dt_dataset_opts *o);
 // Frees what dt_data_dataset_finish and the general constructors own (not images or
 // labels).
 void dt_data_dataset_free_extra(dt_dataset *ds);
-
-// Opens `path` for reading if it is a regular file (a FIFO is never waited on) and
-// gives its size. DT_ERR_IO "<path>: expected a regular file, found a directory" (a
-// FIFO, a device, ...) or naming the failed call.
-dt_status   dt_data_open_regular(const char *path, FILE **out, uint64_t *size);
-const char *dt_data_mode_kind(unsigned mode); // "a directory", "a FIFO (named pipe)", ...
 
 // Records that the loader handed out `count` more indices of the current pass.
 void dt_data_sampler_advance(dt_sampler *s, size_t count);

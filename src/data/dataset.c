@@ -157,7 +157,7 @@ static dt_status find_file(const char *dir, const char *stem, char *out, size_t 
             return dt_fail(DT_ERR_IO,
                            "%s is %s, expected a regular file (the MNIST-format file %s, plain "
                            "or .gz)",
-                           names[i], dt_data_mode_kind(sb.st_mode), stem);
+                           names[i], dt_file_kind(sb.st_mode), stem);
         if (i == 1)
             snprintf(out, n, "%s", gz);
         return DT_OK;

@@ -541,7 +541,7 @@ dt_status dt_idx_read_first(const char *path, size_t max_records, dt_idx *out) {
     memset(out, 0, sizeof *out);
     src s  = {0};
     s.name = path;
-    DT_TRY(dt_data_open_regular(path, &s.f, &s.raw_size));
+    DT_TRY(dt_open_regular(path, &s.f, &s.raw_size));
     // The fast path first: whole gzip files up to 1 GiB, or up to GZ_FAST_LIMITED with a
     // limit (whose data is inflated whole, then the records kept copied out).
     {

@@ -374,7 +374,7 @@ dt_status dt_npy_read(const char *path, dt_npy *out) {
     memset(out, 0, sizeof *out);
     FILE    *f;
     uint64_t fsize;
-    DT_TRY(dt_data_open_regular(path, &f, &fsize));
+    DT_TRY(dt_open_regular(path, &f, &fsize));
     dt_status st   = DT_OK;
     uint8_t  *head = NULL;
     size_t    want = 12 + DT_NPY_MAX_HEADER;

@@ -37,7 +37,7 @@ dt_status dt_tokens_read(const char *path, int width, dt_tokens *out) {
     DT_TRY(check_width(width, path));
     FILE    *f;
     uint64_t fsize;
-    DT_TRY(dt_data_open_regular(path, &f, &fsize));
+    DT_TRY(dt_open_regular(path, &f, &fsize));
     dt_status st   = DT_OK;
     uint8_t  *buf  = NULL;
     size_t    size = (size_t)fsize, skip = 0;
@@ -300,7 +300,7 @@ dt_status dt_corpus_read(const char *path, size_t limit, dt_tokens *out, size_t 
         st = list_add(&l, path, (size_t)sb.st_size);
     else
         st = dt_fail(DT_ERR_IO, "%s: expected a regular file or a directory, found %s", path,
-                     dt_data_mode_kind(sb.st_mode));
+                     dt_file_kind(sb.st_mode));
     size_t total = 0;
     for (size_t i = 0; st == DT_OK && i < l.n; i++)
         if (!dt_size_add(&total, total, l.e[i].size))
@@ -315,7 +315,7 @@ dt_status dt_corpus_read(const char *path, size_t limit, dt_tokens *out, size_t 
         size_t   take = l.e[i].size < total - at ? l.e[i].size : total - at;
         FILE    *f;
         uint64_t fsize;
-        if ((st = dt_data_open_regular(l.e[i].path, &f, &fsize)) != DT_OK)
+        if ((st = dt_open_regular(l.e[i].path, &f, &fsize)) != DT_OK)
             break;
         st = read_exact(f, buf + at, take, l.e[i].path);
         fclose(f);

@@ -50,10 +50,26 @@ static void build_kvs(dt_trainer *t) {
     t->nkvs = n;
 }
 
+// The key/values are checked from the first, the program's name: another program's
+// checkpoint holds another model and other flags. A REFUSE flag's key must be there: a
+// checkpoint without it (a key/value section emptied by hand) says nothing about what
+// its steps computed.
 static dt_status check_config(const dt_trainer *t, const dt_ckpt_info *info) {
+    const char *prog = dt_ckpt_info_get(info, t->kvs[0].key);
+    if (!prog || strcmp(prog, t->kvs[0].value) != 0)
+        return dt_fail(DT_ERR_MISMATCH,
+                       "--resume: %s/state.dtck: expected the key %s = %s (a checkpoint of this "
+                       "program), found %s%s%s",
+                       info->path, t->kvs[0].key, t->kvs[0].value, prog ? "" : "no such key",
+                       prog ? "a checkpoint of " : "", prog ? prog : "");
     for (int pass = 0; pass < 2; pass++) // refusals first, then warnings
         for (int i = 1; i < t->nkvs; i++) {
             const char *saved = dt_ckpt_info_get(info, t->kvs[i].key);
+            if (!saved && pass == 0 && (t->kvpolicy[i] & DT_FLAG_CKPT_REFUSE))
+                return dt_fail(DT_ERR_MISMATCH,
+                               "--resume: %s/state.dtck: expected the key %s (--%s, %s in this "
+                               "run), found no such key",
+                               info->path, t->kvs[i].key, t->kvflag[i], t->kvs[i].value);
             if (!saved || strcmp(saved, t->kvs[i].value) == 0)
                 continue;
             if (pass == 0 && (t->kvpolicy[i] & DT_FLAG_CKPT_REFUSE))
@@ -69,6 +85,28 @@ static dt_status check_config(const dt_trainer *t, const dt_ckpt_info *info) {
                         t->o.program, info->path, t->kvflag[i], saved, t->kvflag[i],
                         t->kvs[i].value);
         }
+    return DT_OK;
+}
+
+// The counts a checkpoint restores, against its step: the trainer takes at most one
+// optimizer step per step (none when fp16 skips one), and every epoch takes a step at
+// least. A count beyond (a forged optimizer step of 2^62, an epoch of 2^63 - 1 that
+// would resume past the last epoch and train nothing) is refused.
+static dt_status check_counts(dt_trainer *t, const dt_ckpt_info *info) {
+    int64_t steps = t->opt ? dt_optim_step_count(t->opt) : 0;
+    if (steps > info->step)
+        return dt_fail(DT_ERR_FORMAT,
+                       "--resume: %s/state.dtck: section OPTM: expected an optimizer step count "
+                       "<= %lld (the checkpoint's step: one optimizer step per step at most), "
+                       "found %lld",
+                       info->path, (long long)info->step, (long long)steps);
+    dt_pg *dp = dt_train_dp_group(t);
+    if (info->has_sampler && t->nbatches > 0 && info->epoch > (uint64_t)info->step)
+        return dt_fail(DT_ERR_FORMAT,
+                       "--resume: %s/rank-%05d.dtck: section SMPL: expected an epoch <= %lld "
+                       "(the checkpoint's step: every epoch takes a step at least), found %llu",
+                       info->path, dp ? dt_pg_rank(dp) : 0, (long long)info->step,
+                       (unsigned long long)info->epoch);
     return DT_OK;
 }
 
@@ -144,6 +182,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         dt_grad_scaler_state_str(t->scaler, t->scaler_kv, sizeof t->scaler_kv);
         t->kvs[t->nkvs++] = (dt_ckpt_kv){"grad_scaler", t->scaler_kv};
     }
+    DT_TRY(dt_train_mesh_check_layout(t)); // before anything is written there
     if (a->resume && !a->eval_only) {
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
@@ -154,13 +193,13 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         bool any_world = t->total_steps > 0 && !t->smp && !dt_train_mesh_on(t);
         if (any_world)
             co.reshard = true, cs.nrngs = 0;
-        dt_status st = dt_train_mesh_check_layout(t);
-        if (!st && dt_train_mesh_on(t))
-            st = dt_train_mesh_load(t, &cs, &co, &info);
-        else if (!st)
-            st = dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
+        dt_status st = dt_train_mesh_on(t)
+                           ? dt_train_mesh_load(t, &cs, &co, &info)
+                           : dt_ckpt_load(a->checkpoint_dir, t->pg, &cs, &co, &info);
         if (!st && info.found)
             st = check_config(t, &info);
+        if (!st && info.found)
+            st = check_counts(t, &info);
         const char *sc = info.found ? dt_ckpt_info_get(&info, "grad_scaler") : NULL;
         if (!st && t->scaler && sc) // a checkpoint of another precision has none: fresh
             st = dt_grad_scaler_load_str(t->scaler, sc);

@@ -5,9 +5,13 @@
 // whole model files gathered from the parts and cut into them.
 #include "train_impl.h"
 
+#include "core/file.h"
+
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { TAG_GATHER = 0x6000, TIMING_REPS = 5, LAYOUT_MAX = 4096 };
@@ -135,9 +139,12 @@ static dt_status layout_read(const dt_trainer *t, bool *found, int *pp, int *tp,
     char path[LAYOUT_MAX], line[LAYOUT_MAX];
     *found = false;
     DT_TRY(layout_path(t, path, sizeof path));
-    FILE *f = fopen(path, "r");
-    if (!f)
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT)
         return DT_OK;
+    FILE    *f;
+    uint64_t size;
+    DT_TRY(dt_open_regular(path, &f, &size)); // a FIFO there is refused, not waited on
     bool ok = fgets(line, sizeof line, f) != NULL;
     fclose(f);
     char fmt[64];
@@ -168,19 +175,73 @@ static dt_status layout_write(const dt_trainer *t) {
     return DT_OK;
 }
 
+// The layout of the checkpoints in --checkpoint-dir: its layout file's, else the whole
+// model's when it holds checkpoints of its own (step-* and no layout file), else none
+// (*found false: a new folder, or one without checkpoints).
+static dt_status folder_layout(const dt_trainer *t, bool *found, int *pp, int *tp, char *cuts,
+                               size_t ncuts) {
+    DT_TRY(layout_read(t, found, pp, tp, cuts, ncuts));
+    int64_t step = -1;
+    if (!*found)
+        DT_TRY(dt_ckpt_latest(t->a.checkpoint_dir, &step));
+    if (step >= 0) {
+        *found = true, *pp = *tp = 1;
+        snprintf(cuts, ncuts, "-");
+    }
+    return DT_OK;
+}
+
+// A run that writes checkpoints into a folder of another layout's is refused before it
+// writes anything there: a resume would start fresh beside the other parts and then
+// overwrite them (and the layout file, after which the first job is refused).
+static dt_status layout_refused(const dt_trainer *t, int pp, int tp) {
+    int  mpp = t->msize[DT_MESH_PP], mtp = t->msize[DT_MESH_TP];
+    bool cut = pp * tp > 1;
+    return dt_fail(DT_ERR_MISMATCH,
+                   "%s: %s holds the checkpoints of %s--pp %d --tp %d%s, expected --pp %d --tp "
+                   "%d (this run's); %s with the first run's flags, or use another "
+                   "--checkpoint-dir",
+                   t->a.resume ? "--resume" : "--checkpoint-dir", t->a.checkpoint_dir,
+                   cut ? "a model cut over " : "the whole model (", pp, tp, cut ? "" : ")",
+                   mpp > 0 ? mpp : 1, mtp > 0 ? mtp : 1, t->a.resume ? "resume" : "run");
+}
+
 dt_status dt_train_mesh_check_layout(const dt_trainer *t) {
-    if (!t->o.model_parallel || t->mesh || !t->a.checkpoint_dir || !t->a.resume)
+    if (!t->o.model_parallel || t->mesh || !t->a.checkpoint_dir || t->a.eval_only)
         return DT_OK;
     bool found;
     int  pp, tp;
     char cuts[LAYOUT_MAX];
     DT_TRY(layout_read(t, &found, &pp, &tp, cuts, sizeof cuts));
-    if (found)
-        return dt_fail(DT_ERR_MISMATCH,
-                       "--resume: %s holds the checkpoints of a model cut over --pp %d --tp %d, "
-                       "expected the whole model's (--pp 1 --tp 1); resume with --pp %d --tp %d",
-                       t->a.checkpoint_dir, pp, tp, pp, tp);
-    return DT_OK;
+    return found && pp * tp > 1 ? layout_refused(t, pp, tp) : DT_OK;
+}
+
+// Every rank's status agreed over the world: the lowest failing rank's message reaches
+// every rank, so that whichever rank's error the launcher shows first names the cause.
+static dt_status agree_world(dt_trainer *t, dt_status mine) {
+    int32_t why[256] = {0}, v = (int32_t)mine;
+    if (mine) // before any call that may set another error
+        snprintf((char *)why, sizeof why, "%s", dt_last_error());
+    int32_t  *all = dt_alloc(sizeof(int32_t) * (size_t)t->world);
+    dt_status cs  = all ? dt_pg_all_gather(t->pg, &v, all, 1, DT_INT32) : DT_ERR_NOMEM;
+    int       bad = -1;
+    for (int r = 0; !cs && r < t->world && bad < 0; r++)
+        bad = all[r] != DT_OK ? r : -1;
+    dt_status st = bad >= 0 ? (dt_status)all[bad] : DT_OK;
+    dt_free(all);
+    if (cs)
+        return mine ? dt_fail(mine, "%s", (const char *)why) : cs;
+    if (bad < 0)
+        return DT_OK;
+    cs = dt_pg_broadcast(t->pg, why, sizeof why / sizeof why[0], DT_INT32, bad);
+    if (t->rank == bad)
+        return dt_fail(mine, "%s", (const char *)why);
+    if (cs)
+        return cs;
+    ((char *)why)[sizeof why - 1] = 0;
+    if (st <= DT_OK || st >= DT_STATUS_COUNT_)
+        st = DT_ERR_INTERNAL;
+    return dt_fail(st, "rank %d: %s", bad, (const char *)why);
 }
 
 // ------------------------------------------------------------------------ the cuts
@@ -301,51 +362,39 @@ static dt_status balance(dt_trainer *t, dt_graph *whole, int nnodes, int ncand,
     return st;
 }
 
-// Rank 0's layout file (resuming), agreed: *have true when the cuts are in pick.
-static dt_status resumed_cuts(dt_trainer *t, int ncand, const char *const *cand, int *pick,
-                              bool *have) {
-    int32_t msg[2]           = {0, 0}; // status, found
+// Before anything is written into --checkpoint-dir, rank 0 reads the layout of the
+// checkpoints there, agreed: another layout is refused on every rank. Resuming the same
+// layout, *have is true when the checkpoints' cuts are in pick, and *same says that the
+// layout file already records this run's layout (a resume that is refused later then
+// leaves the folder as it was).
+static dt_status folder_cuts(dt_trainer *t, int ncand, const char *const *cand, int *pick,
+                             bool *have, bool *same) {
     char    cuts[LAYOUT_MAX] = "";
-    int     pp = 0, tp = 0;
-    *have = false;
-    if (!t->a.resume || !t->a.checkpoint_dir)
+    int     pp = 0, tp = 0, npick = t->msize[DT_MESH_PP] - 1;
+    int32_t got[1024], take[2] = {0, 0}; // cuts taken, layout file the same
+    *have = *same = false;
+    if (!t->a.checkpoint_dir || t->a.eval_only)
         return DT_OK;
     dt_status st = DT_OK;
     if (t->rank == 0) {
         bool found = false;
-        st         = layout_read(t, &found, &pp, &tp, cuts, sizeof cuts);
+        st         = folder_layout(t, &found, &pp, &tp, cuts, sizeof cuts);
         if (st == DT_OK && found && (pp != t->msize[DT_MESH_PP] || tp != t->msize[DT_MESH_TP]))
-            st = dt_fail(DT_ERR_MISMATCH,
-                         "--resume: %s holds the checkpoints of a model cut over --pp %d --tp "
-                         "%d, expected --pp %d --tp %d (this run's); resume with the first "
-                         "run's flags, or use another --checkpoint-dir",
-                         t->a.checkpoint_dir, pp, tp, t->msize[DT_MESH_PP], t->msize[DT_MESH_TP]);
-        if (st == DT_OK && found && pp > 1)
+            st = layout_refused(t, pp, tp);
+        take[0] = st == DT_OK && found && t->a.resume && npick > 0;
+        take[1] = st == DT_OK && found && t->a.resume;
+        if (take[0])
             st = parse_cuts(cuts, ncand, cand, pp, pick, "the checkpoints' layout file");
-        msg[0] = (int32_t)st;
-        msg[1] = found && pp > 1;
+        for (int k = 0; take[0] && k < npick; k++)
+            got[k] = pick[k];
     }
-    // The reason travels with the outcome, so that every rank's error names both
-    // layouts (whichever rank's message the launcher shows first).
-    int32_t why[256] = {0};
-    if (st != DT_OK)
-        snprintf((char *)why, sizeof why, "%s", dt_last_error());
-    // One broadcast of the outcome, one of the cuts: every rank cuts alike.
-    DT_TRY(dt_pg_broadcast(t->pg, msg, 2, DT_INT32, 0));
-    if (msg[0] != DT_OK) {
-        DT_TRY(dt_pg_broadcast(t->pg, why, sizeof why / sizeof why[0], DT_INT32, 0));
-        ((char *)why)[sizeof why - 1] = 0;
-        return t->rank == 0 ? dt_fail(st, "%s", (const char *)why)
-                            : dt_fail((dt_status)msg[0], "rank 0 refused the checkpoints: %s",
-                                      (const char *)why);
-    }
-    if (!msg[1])
+    DT_TRY(agree_world(t, st));
+    DT_TRY(dt_pg_broadcast(t->pg, take, 2, DT_INT32, 0));
+    *same = take[1];
+    if (!take[0])
         return DT_OK;
-    int32_t got[1024];
-    for (int k = 0; k < t->msize[DT_MESH_PP] - 1; k++)
-        got[k] = pick[k];
-    DT_TRY(dt_pg_broadcast(t->pg, got, (size_t)(t->msize[DT_MESH_PP] - 1), DT_INT32, 0));
-    for (int k = 0; k < t->msize[DT_MESH_PP] - 1; k++)
+    DT_TRY(dt_pg_broadcast(t->pg, got, (size_t)npick, DT_INT32, 0)); // every rank cuts alike
+    for (int k = 0; k < npick; k++)
         pick[k] = got[k];
     *have = true;
     return DT_OK;
@@ -385,9 +434,9 @@ dt_status dt_trainer_pipeline(dt_trainer *t, dt_trainer_build_fn build, void *us
                          "dt_trainer_pipeline: expected candidate cuts naming nodes in order, "
                          "found '%s' (%s)",
                          cand[i], candn[i] < 0 ? "no such node" : "out of order");
-    bool have = false;
-    if (st == DT_OK && pp > 1)
-        st = resumed_cuts(t, ncand, cand, pick, &have);
+    bool have = false, same = false;
+    if (st == DT_OK && t->mesh)
+        st = folder_cuts(t, ncand, cand, pick, &have, &same);
     const char *spec = t->a.cuts ? t->a.cuts : "auto";
     if (st == DT_OK && pp > 1 && !have) {
         if (strcmp(spec, "auto") == 0 || strcmp(spec, "uniform") == 0)
@@ -429,7 +478,7 @@ dt_status dt_trainer_pipeline(dt_trainer *t, dt_trainer_build_fn build, void *us
     }
     dt_graph_free(whole);
     dt_free(names);
-    if (st == DT_OK && t->mesh && t->rank == 0 && t->a.checkpoint_dir && !t->a.eval_only)
+    if (st == DT_OK && t->mesh && t->rank == 0 && t->a.checkpoint_dir && !t->a.eval_only && !same)
         st = layout_write(t);
     if (st == DT_OK && t->mesh && t->rank == 0) {
         printf("mesh: dp %d x pp %d x tp %d; %d micro-batches per step (%s)%s%s\n",
@@ -629,29 +678,123 @@ dt_status dt_train_mesh_save(dt_trainer *t, const dt_ckpt_state *cs, const dt_ck
     return dt_pg_barrier(t->pg); // every part's marker is down before anyone goes on
 }
 
+// The newest step of steps[0, n) below `below`, -1 when none.
+static int64_t newest_below(const int64_t *steps, size_t n, int64_t below) {
+    for (size_t i = n; i-- > 0;)
+        if (steps[i] < below)
+            return steps[i];
+    return -1;
+}
+
+// Each part's newest step below `below` (and its coordinates), gathered: v holds 3 per
+// rank. Every rank of a part lists the same folder.
+static dt_status gather_newest(dt_trainer *t, const int64_t *steps, size_t n, int64_t below,
+                               int64_t *v) {
+    int64_t mine[3] = {newest_below(steps, n, below), dt_mesh_coord(t->mesh, DT_MESH_PP),
+                       dt_mesh_coord(t->mesh, DT_MESH_TP)};
+    return dt_pg_all_gather(t->pg, mine, v, 3, DT_INT64);
+}
+
+// Why no step of every part loads, with v the parts' newest steps (3 per rank): a part
+// without any checkpoint while another has some (a part folder lost), or parts with no
+// step in common.
+static dt_status parts_apart(const dt_trainer *t, const int64_t *v) {
+    int none = 0, most = 0;
+    for (int r = 0; r < t->world; r++) {
+        none = v[3 * r] < v[3 * none] ? r : none;
+        most = v[3 * r] > v[3 * most] ? r : most;
+    }
+    char lack[48];
+    snprintf(lack, sizeof lack, v[3 * none] < 0 ? "no checkpoint" : "steps up to %lld only",
+             (long long)v[3 * none]);
+    return dt_fail(DT_ERR_MISMATCH,
+                   "--resume: %s/pp%lld-tp%lld holds %s while %s/pp%lld-tp%lld holds steps up to "
+                   "%lld; expected a step that every part of the --pp %d --tp %d layout holds "
+                   "(restore the missing part, or use another --checkpoint-dir)",
+                   t->a.checkpoint_dir, (long long)v[3 * none + 1], (long long)v[3 * none + 2],
+                   lack, t->a.checkpoint_dir, (long long)v[3 * most + 1],
+                   (long long)v[3 * most + 2], (long long)v[3 * most], t->msize[DT_MESH_PP],
+                   t->msize[DT_MESH_TP]);
+}
+
+// The checkpoints of every part, loaded at one step: the newest step that every part
+// holds, or with --fallback the newest one that every part also loads. Parts that hold
+// checkpoints but none of one step are refused: starting fresh would overwrite them.
 dt_status dt_train_mesh_load(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co,
                              dt_ckpt_info *info) {
-    char dir[LAYOUT_MAX];
+    char      dir[LAYOUT_MAX], first_msg[1024] = "";
+    int64_t  *steps = NULL, below = INT64_MAX;
+    size_t    n     = 0;
+    int       world = t->world;
+    dt_status first = DT_OK;
     memset(info, 0, sizeof *info);
-    info->step = -1;
-    DT_TRY(part_dir(t, dir, sizeof dir));
-    int64_t latest = -1;
-    DT_TRY(dt_ckpt_latest(dir, &latest));
-    int64_t agreed = latest; // the newest step every part has
-    DT_TRY(dt_pg_all_reduce(t->pg, &agreed, &agreed, 1, DT_INT64, DT_REDUCE_MIN));
-    if (agreed < 0)
-        return DT_OK; // some part has none: start fresh everywhere
-    dt_ckpt_opts o = *co;
-    o.below        = agreed + 1;
-    DT_TRY(dt_ckpt_load(dir, dt_train_dp_group(t), cs, &o, info));
-    int64_t v[2] = {info->found ? info->step : -1, info->found ? -info->step : 1};
-    DT_TRY(dt_pg_all_reduce(t->pg, v, v, 2, DT_INT64, DT_REDUCE_MAX));
-    if (v[0] != -v[1])
-        return dt_fail(DT_ERR_MISMATCH,
-                       "--resume: the model parts loaded different steps (%lld to %lld) from %s; "
-                       "expected step %lld in every part",
-                       (long long)-v[1], (long long)v[0], t->a.checkpoint_dir, (long long)agreed);
-    return DT_OK;
+    info->step   = -1;
+    dt_status st = part_dir(t, dir, sizeof dir);
+    if (st == DT_OK)
+        st = dt_ckpt_list(dir, &steps, &n);
+    int64_t *v = dt_alloc(sizeof(int64_t) * 6 * (size_t)world), *v0 = NULL;
+    if (st == DT_OK && !v)
+        st = DT_ERR_NOMEM;
+    if (v)
+        v0 = v + 3 * world; // the first round's: what each part holds at all
+    st = agree_world(t, st);
+    for (int round = 0; st == DT_OK; round++) {
+        if ((st = gather_newest(t, steps, n, below, v)) != DT_OK)
+            break;
+        if (round == 0)
+            memcpy(v0, v, sizeof(int64_t) * 3 * (size_t)world);
+        int64_t cand = INT64_MAX;
+        for (int r = 0; r < world; r++)
+            cand = v[3 * r] < cand ? v[3 * r] : cand;
+        bool any = false; // a checkpoint in some part at all
+        for (int r = 0; r < world; r++)
+            any = any || v0[3 * r] >= 0;
+        if (cand < 0 && first) // every step that all parts hold was refused
+            st = dt_fail(first,
+                         "--resume: no step of every model part in %s could be loaded (%d "
+                         "refused); the newest was refused: %s",
+                         t->a.checkpoint_dir, info->refused, first_msg);
+        else if (cand < 0 && any)
+            st = parts_apart(t, v0);
+        if (cand < 0) // nothing anywhere: a fresh start
+            break;
+        // cand is common only when every part holds it; else every common step is older.
+        int64_t have = 0;
+        for (size_t i = 0; i < n; i++)
+            have |= steps[i] == cand;
+        if ((st = dt_pg_all_reduce(t->pg, &have, &have, 1, DT_INT64, DT_REDUCE_MIN)) != DT_OK)
+            break;
+        if (!have) {
+            below = cand;
+            continue;
+        }
+        dt_ckpt_opts o = *co;
+        o.below = cand + 1, o.fallback = false; // this step in every part, or none
+        int refused = info->refused;
+        dt_ckpt_info_free(info);
+        st = dt_ckpt_load(dir, dt_train_dp_group(t), cs, &o, info);
+        if (st == DT_OK && info->step != cand)
+            st = dt_fail(DT_ERR_STATE, "--resume: %s: expected step %lld, loaded step %lld", dir,
+                         (long long)cand, (long long)info->step);
+        info->refused = refused;
+        st            = agree_world(t, st);
+        // A dead peer is not a refusal: nothing older would help.
+        if (st == DT_OK || !co->fallback || st == DT_ERR_PEER || st == DT_ERR_TIMEOUT)
+            break;
+        if (!first) {
+            first = st;
+            snprintf(first_msg, sizeof first_msg, "%s", dt_last_error());
+        }
+        if (t->rank == 0)
+            DT_WARN("train", "refusing step %lld of the model parts in %s: %s; trying an older one",
+                    (long long)cand, t->a.checkpoint_dir, dt_last_error());
+        info->refused++;
+        st    = DT_OK;
+        below = cand;
+    }
+    dt_free(v);
+    dt_free(steps);
+    return st;
 }
 
 // ------------------------------------------------------------------ gradient norm

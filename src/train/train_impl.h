@@ -171,11 +171,13 @@ bool dt_train_mesh_on(const dt_trainer *t);
 dt_pg *dt_train_dp_group(dt_trainer *t);
 int    dt_train_dp_size(const dt_trainer *t);
 // Checkpoints of this rank's part (<dir>/pp<S>-tp<R>), by its dp group; loading agrees
-// on the newest step every part has. Collective over the world.
+// on the newest step every part has (with --fallback, that every part loads), and
+// refuses parts without a step in common. Collective over the world.
 dt_status dt_train_mesh_save(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co);
 dt_status dt_train_mesh_load(dt_trainer *t, const dt_ckpt_state *cs, const dt_ckpt_opts *co,
                              dt_ckpt_info *info);
-// --resume without a mesh into a checkpoint directory a mesh wrote: refused, naming it.
+// A run without a mesh that writes into (or resumes) a checkpoint directory a mesh wrote:
+// refused, naming both layouts. (A mesh run checks in dt_trainer_pipeline.)
 dt_status dt_train_mesh_check_layout(const dt_trainer *t);
 // The global gradient norm over the parts (each tensor once), clipped to max_norm.
 dt_status dt_train_mesh_clip(dt_trainer *t, float max_norm, float *norm);

@@ -14,11 +14,15 @@
 // - A pipeline stage killed (SIGKILL) mid-run under dtrun --max-restarts 1: dtrun names
 //   it, stops the others and restarts the group, which resumes from the checkpoints of
 //   each part and ends with the bytes of the model of the same run uninterrupted.
-// - Resuming a checkpoint directory with another layout is refused, naming both.
+// - Resuming a checkpoint directory with another layout is refused, naming both: the
+//   whole model's folder with --pp 2, a --pp 2 folder with --tp 2 or without a mesh;
+//   so is a folder with one part's checkpoints missing; each leaves the folder as it
+//   was. --fallback on a mesh loads the newest step that every part loads.
 #include "test_dtrun_lib.h"
 
 #include "dtrain/ckpt.h"
 
+#include <ftw.h>
 #include <math.h>
 
 static char gpt_path[PATH_MAX + 64], corpus[PATH_MAX + 32];
@@ -307,6 +311,136 @@ static void test_kill_stage(void) {
     run_free(&r);
 }
 
+// A fingerprint of a folder's files (names, sizes and bytes, in any order) and their count.
+static uint32_t tree_crc;
+static int      tree_files;
+
+static int tree_one(const char *p, const struct stat *sb, int flag, struct FTW *f) {
+    (void)f;
+    if (flag != FTW_F)
+        return 0;
+    uint32_t      c = dt_crc32c((uint32_t)sb->st_size, p, strlen(p));
+    unsigned char buf[4096];
+    size_t        n;
+    FILE         *fp = fopen(p, "rb");
+    while (fp && (n = fread(buf, 1, sizeof buf, fp)) > 0)
+        c = dt_crc32c(c, buf, n);
+    if (fp)
+        fclose(fp);
+    tree_crc ^= c;
+    tree_files++;
+    return 0;
+}
+
+static uint64_t tree_sum(const char *d) {
+    tree_crc = 0, tree_files = 0;
+    nftw(d, tree_one, 16, FTW_PHYS);
+    return (uint64_t)tree_files << 32 | tree_crc;
+}
+
+// A copy of the checkpoint folder `from` (a pristine one) as `to`, so that each case
+// starts from the folder as its run left it, whatever an earlier case did to its copy.
+static void copy_tree(const char *from, const char *to) {
+    char cmd[3 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -a '%s' '%s'", to, from, to);
+    CHECK(system(cmd) == 0);
+}
+
+static char work[PATH_MAX + 16];
+
+// Resumes (--resume) a copy of the folder ck with `flags` in `world` processes, after
+// `edit` (NULL: none) changed the copy; refused (exit 1) with `want` in its messages,
+// and the copy left as it was.
+static void refused(const char *tag, int world, const char *ck, const char *const *flags,
+                    void (*edit)(const char *), const char *want) {
+    const char *f[24];
+    int         k = 0;
+    copy_tree(ck, work);
+    if (edit)
+        edit(work);
+    f[k++] = "--steps", f[k++] = "4", f[k++] = "--checkpoint-every", f[k++] = "2";
+    f[k++] = "--checkpoint-dir", f[k++] = work, f[k++] = "--resume";
+    for (int i = 0; flags[i]; i++)
+        f[k++] = flags[i];
+    f[k]            = NULL;
+    uint64_t before = tree_sum(work);
+    run      r;
+    int      rc = run_gpt(&r, tag, world, NULL, f, 60);
+    bool     ok = rc == 1 && strstr(r.err, want) != NULL;
+    CHECK_EQ(rc, 1);
+    CHECK(strstr(r.err, want) != NULL);
+    CHECK(tree_sum(work) == before);
+    if (!ok)
+        run_dump(&r, tag);
+    run_free(&r);
+}
+
+// Part pp1-tp0 of a checkpoint folder gone, and step 4 of it corrupt.
+static void drop_part(const char *ck) {
+    char part[PATH_MAX + 16];
+    snprintf(part, sizeof part, "%s/pp1-tp0", ck);
+    remove_tree(part);
+}
+
+static void corrupt_part(const char *ck) {
+    char state[PATH_MAX + 64];
+    snprintf(state, sizeof state, "%s/pp1-tp0/step-000004/state.dtck", ck);
+    FILE *fs = fopen(state, "r+b");
+    CHECK(fs && fseek(fs, 2000, SEEK_SET) == 0 && fputc('x', fs) != EOF);
+    if (fs)
+        fclose(fs);
+}
+
+static void test_folder_layouts(void) {
+    char whole[PATH_MAX], pp2[PATH_MAX];
+    snprintf(whole, sizeof whole, "%s/ck-whole", dir);
+    snprintf(pp2, sizeof pp2, "%s/ck-pp2", dir);
+    snprintf(work, sizeof work, "%s/ck-work", dir);
+    // Checkpoints of steps 2 and 4: the whole model's (1 process), and --pp 2's.
+    run r;
+    CHECK_EQ(run_gpt(&r, "whole", 0, NULL,
+                     (const char *[]){"--steps", "4", "--checkpoint-every", "2", "--checkpoint-dir",
+                                      whole, NULL},
+                     60),
+             0);
+    run_free(&r);
+    const char *pp2_flags[] = {"--pp", "2", "--cuts", "uniform", NULL};
+    CHECK_EQ(run_gpt(&r, "pp2", 2, NULL,
+                     (const char *[]){"--steps", "4", "--checkpoint-every", "2", "--pp", "2",
+                                      "--cuts", "uniform", "--checkpoint-dir", pp2, NULL},
+                     60),
+             0);
+    run_free(&r);
+    refused("whole-pp2", 2, whole, pp2_flags, NULL,
+            "holds the checkpoints of the whole model (--pp 1 --tp 1), expected --pp 2 --tp 1 "
+            "(this run's)");
+    refused("pp2-tp2", 2, pp2, (const char *[]){"--tp", "2", NULL}, NULL,
+            "holds the checkpoints of a model cut over --pp 2 --tp 1, expected --pp 1 --tp 2 "
+            "(this run's)");
+    refused("pp2-whole", 1, pp2, (const char *[]){NULL}, NULL,
+            "holds the checkpoints of a model cut over --pp 2 --tp 1, expected --pp 1 --tp 1");
+    // One part's folder gone: the other's steps 2 and 4 are no step of the whole model.
+    refused("part-missing", 2, pp2, pp2_flags, drop_part,
+            "ck-work/pp1-tp0 holds no checkpoint while");
+    // Step 4 of one part corrupt: refused; with --fallback, step 2 of every part.
+    refused("corrupt", 2, pp2, pp2_flags, corrupt_part,
+            "pp1-tp0/step-000004/state.dtck: corrupt section");
+    copy_tree(pp2, work);
+    corrupt_part(work);
+    CHECK_EQ(run_gpt(&r, "fallback", 2, NULL,
+                     (const char *[]){"--steps", "4", "--checkpoint-every", "2", "--pp", "2",
+                                      "--cuts", "uniform", "--checkpoint-dir", work, "--resume",
+                                      "--fallback", NULL},
+                     60),
+             0);
+    bool fell = strstr(r.out, "resumed from ") && strstr(r.out, "pp0-tp0/step-000002") &&
+                strstr(r.out, "after refusing newer checkpoints");
+    CHECK(fell);
+    if (!fell)
+        run_dump(&r, "fallback");
+    run_free(&r);
+}
+
 int main(void) {
     if (!CHECK(find_bins() || test_program_path("dtrun", dtrun_path, sizeof dtrun_path)) ||
         !CHECK(test_program_path("dtrain-gpt", gpt_path, sizeof gpt_path))) {
@@ -318,6 +452,7 @@ int main(void) {
     write_corpus(dir);
     RUN(test_layouts);
     RUN(test_kill_stage);
+    RUN(test_folder_layouts);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();

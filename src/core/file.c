@@ -1,12 +1,12 @@
-// fileio.c: opening data files without trusting what the path names.
-#include "data_impl.h"
+// file.c: opening files to read without trusting what the path names (file.h).
+#include "file.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-const char *dt_data_mode_kind(unsigned mode) {
+const char *dt_file_kind(unsigned mode) {
     return S_ISDIR(mode)    ? "a directory"
            : S_ISFIFO(mode) ? "a FIFO (named pipe)"
            : S_ISCHR(mode)  ? "a character device"
@@ -16,7 +16,7 @@ const char *dt_data_mode_kind(unsigned mode) {
                             : "a special file";
 }
 
-dt_status dt_data_open_regular(const char *path, FILE **out, uint64_t *size) {
+dt_status dt_open_regular(const char *path, FILE **out, uint64_t *size) {
     *out = NULL;
     // O_NONBLOCK: opening a FIFO must not wait for a writer; cleared once it is known
     // to be a regular file.
@@ -30,7 +30,7 @@ dt_status dt_data_open_regular(const char *path, FILE **out, uint64_t *size) {
         st = dt_fail_errno(DT_ERR_IO, "%s: cannot stat", path);
     else if (!S_ISREG(sb.st_mode))
         st = dt_fail(DT_ERR_IO, "%s: expected a regular file, found %s", path,
-                     dt_data_mode_kind(sb.st_mode));
+                     dt_file_kind(sb.st_mode));
     else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
         st = dt_fail_errno(DT_ERR_IO, "%s: cannot set blocking reads", path);
     FILE *f = st == DT_OK ? fdopen(fd, "rb") : NULL;
