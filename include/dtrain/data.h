@@ -173,10 +173,15 @@ DT_API void dt_dataset_free(dt_dataset *ds); // NULL is a no-op; zeroes *ds
 // without their leading and trailing dimensions of size 1, so (1, 28, 28) images fit
 // a (1, 28, 28) model and (784) samples a flat (784, 1, 1) one. Works for every kind
 // of dataset. DT_ERR_ARG naming `name` (e.g. "training set"; NULL means "dataset") and
-// both shapes: "training set: expected samples of the model's input shape (1, 28, 28)
-// (C, H, W), found (1, 14, 14)".
+// both shapes: "training set: expected samples of the model's input shape (1, 28, 28),
+// found (1, 14, 14)". The trainer calls it for the model it is given (dt_trainer_loader
+// then a dt_trainer_prepare_*); a program that feeds a model itself calls it too.
 DT_API dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h,
                                         int w);
+// The same for a per-sample shape of any rank (0 to DT_DATASET_MAX_DIMS dimensions): a
+// graph input's (dt_graph_input_shape), (20) features, (3, 32, 32) images, ...
+DT_API dt_status dt_dataset_check_dims(const dt_dataset *ds, const char *name, int ndim,
+                                       const int64_t *dims);
 
 // Gathers samples indices[0..count) into x (count, 1, H, W), normalised through
 // ds->lut, and their labels into y (count). Indices must be < ds->n (checked only in

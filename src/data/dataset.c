@@ -203,21 +203,41 @@ static const int *core_dims(const int *shape, int ndim, int *core) {
     return shape + lo;
 }
 
-dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h, int w) {
+// layout: how the model names its dimensions (" (C, H, W)"), or "".
+static dt_status check_dims(const dt_dataset *ds, const char *name, int ndim, const int64_t *dims,
+                            const char *layout) {
     const char *what = name && *name ? name : "dataset";
     if (!ds || ds->ndim < 1 || ds->ndim > DT_DATASET_MAX_DIMS || !ds->sample_elems)
         return dt_fail(DT_ERR_ARG, "%s: expected a loaded dataset, found none", what);
-    int        model[3] = {c, h, w}, nm, nd;
-    const int *cm = core_dims(model, 3, &nm), *cd = core_dims(ds->shape, ds->ndim, &nd);
-    if (nm != nd || memcmp(cm, cd, sizeof(int) * (size_t)nm) != 0) {
-        char want[64], found[96];
-        shape_str(model, 3, want, sizeof want);
-        shape_str(ds->shape, ds->ndim, found, sizeof found);
+    if (ndim < 0 || ndim > DT_DATASET_MAX_DIMS || (ndim > 0 && !dims))
         return dt_fail(DT_ERR_ARG,
-                       "%s: expected samples of the model's input shape %s (C, H, W), found %s",
-                       what, want, found);
+                       "%s: expected a model input shape of 0 to %d dimensions, found %d", what,
+                       DT_DATASET_MAX_DIMS, ndim);
+    int model[DT_DATASET_MAX_DIMS], nm, nd;
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] < 1 || dims[i] > INT32_MAX)
+            return dt_fail(DT_ERR_ARG, "%s: expected positive model input dimensions, found %lld",
+                           what, (long long)dims[i]);
+        model[i] = (int)dims[i];
+    }
+    const int *cm = core_dims(model, ndim, &nm), *cd = core_dims(ds->shape, ds->ndim, &nd);
+    if (nm != nd || memcmp(cm, cd, sizeof(int) * (size_t)nm) != 0) {
+        char want[96], found[96];
+        shape_str(model, ndim, want, sizeof want);
+        shape_str(ds->shape, ds->ndim, found, sizeof found);
+        return dt_fail(DT_ERR_ARG, "%s: expected samples of the model's input shape %s%s, found %s",
+                       what, want, layout, found);
     }
     return DT_OK;
+}
+
+dt_status dt_dataset_check_dims(const dt_dataset *ds, const char *name, int ndim,
+                                const int64_t *dims) {
+    return check_dims(ds, name, ndim, dims, "");
+}
+
+dt_status dt_dataset_check_shape(const dt_dataset *ds, const char *name, int c, int h, int w) {
+    return check_dims(ds, name, 3, (const int64_t[]){c, h, w}, " (C, H, W)");
 }
 
 void dt_dataset_free(dt_dataset *ds) {

@@ -446,8 +446,12 @@ dt_status dt_loss_bce_logits(const float *x, const float *t, size_t n, float *lo
 dt_status dt_loss_cross_entropy_ex(const float *logits, const int32_t *target, int n, int k,
                                    int ignore_index, float label_smoothing, float *loss,
                                    float *dlogits) {
-    if (!logits || !target || !loss || n < 1 || k < 1 ||
-        !(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+    if (!target)
+        return dt_fail(DT_ERR_ARG,
+                       "dt_loss_cross_entropy_ex: expected int32 class indices as targets, found "
+                       "none (NULL): a dataset whose labels are floats has regression targets "
+                       "(dt_batch.t); store the labels as integers or use a regression loss");
+    if (!logits || !loss || n < 1 || k < 1 || !(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
         return dt_fail(DT_ERR_ARG,
                        "dt_loss_cross_entropy_ex: expected logits, targets, n, k >= 1 "
                        "and label smoothing in [0, 1], found n %d k %d ls %g",

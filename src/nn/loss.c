@@ -4,7 +4,16 @@
 #include <math.h>
 #include <string.h>
 
+// The words of every classification loss that finds no class targets: a batch of a
+// dataset with float targets (dt_batch.t) has none (dt_batch.y is NULL).
+#define NO_CLASS_TARGETS                                                                           \
+    "expected int32 class indices as targets, found none (NULL): a dataset whose labels are "      \
+    "floats has regression targets (dt_batch.t), which a classification loss cannot take; "        \
+    "store the labels as integers (an integer .npy) or use a regression loss (dt_loss_mse)"
+
 static dt_status check_targets(const int32_t *target, int batch, int classes) {
+    if (!target)
+        return dt_fail(DT_ERR_ARG, "loss: " NO_CLASS_TARGETS);
     if (batch < 1 || classes < 1)
         return dt_fail(DT_ERR_ARG, "loss: expected batch >= 1 and classes >= 1, found %d and %d",
                        batch, classes);

@@ -99,6 +99,14 @@ static void test_general(void) {
               "flat: expected samples of the model's input shape (3, 8, 8) (C, H, W), found "
               "(192,)");
     CHECK_ERR(dt_dataset_check_shape(&ds, "flat", 191, 1, 1), DT_ERR_ARG, "found (192,)");
+    // any rank (a graph input's shape): (192) and (192, 1) fit, (20) does not, nor (8, 24)
+    CHECK_OK(dt_dataset_check_dims(&ds, "flat", 1, (const int64_t[]){192}));
+    CHECK_OK(dt_dataset_check_dims(&ds, "flat", 2, (const int64_t[]){192, 1}));
+    CHECK_ERR(dt_dataset_check_dims(&ds, "flat", 1, (const int64_t[]){20}), DT_ERR_ARG,
+              "flat: expected samples of the model's input shape (20,), found (192,)");
+    CHECK_ERR(dt_dataset_check_dims(&ds, "flat", 2, (const int64_t[]){8, 24}), DT_ERR_ARG,
+              "(8, 24), found (192,)");
+    CHECK_ERR(dt_dataset_check_dims(&ds, "flat", 1, (const int64_t[]){0}), DT_ERR_ARG, "positive");
     dt_dataset_free(&ds);
 
     // (H, W) samples fit a (1, H, W) model; (H, W, 1) too; (1, H, 1, W) does not.
