@@ -1,7 +1,8 @@
 // linear_tp.c: the column- and row-parallel Linear shards of layer.h (Megatron-LM's
-// ColumnParallelLinear and RowParallelLinear). The products are dt_nn_linear_*'s on the
-// shard; the sums across shards go through the caller's reducer, so src/nn stays free
-// of process groups (as SyncBatchNorm's statistics do).
+// ColumnParallelLinear and RowParallelLinear). The products are dt_nn_linear_*_prec's on
+// the shard, in the graph's precision (so --precision bf16 --tp N multiplies in bf16); the sums
+// across shards go through the caller's reducer, so src/nn stays free of process groups (as
+// SyncBatchNorm's statistics do).
 #include "nn/layers_impl.h"
 
 #include <math.h>
@@ -49,6 +50,7 @@ static dt_status tp_setup(const dt_layer *l, int nin, const dt_shape *in, dt_lay
     // (graph.h): its sums are collectives, one per call.
     s->saved_fixed      = 1;
     s->flops_per_sample = 2.0 * (double)dt_shape_numel(&in[0]) * loc_out(p);
+    s->lowp_params      = 1u; // the weight's 16-bit shadow (--precision bf16|fp16)
     return DT_OK;
 }
 
@@ -84,13 +86,15 @@ static int rows_of(const dt_layer_args *a, int last) {
 static dt_status tp_forward(const dt_layer *l, const dt_layer_args *a) {
     const tp_cfg *p = l->config;
     int           n = rows_of(a, loc_in(p));
-    if (p->mode == DT_TP_COLUMN) {
-        dt_nn_linear_forward(n, loc_in(p), loc_out(p), a->x[0], a->w[0], p->bias ? a->w[1] : NULL,
-                             a->y);
-        return DT_OK;
-    }
+    // The products in the graph's precision (prec.h: fp32, or 16-bit operands over the
+    // weight's shadow), as the unsplit Linear takes them on its operand path
+    const void *w16 = a->w16 ? a->w16[0] : NULL;
+    if (p->mode == DT_TP_COLUMN)
+        return dt_nn_linear_forward_prec(a->precision, w16, n, loc_in(p), loc_out(p), a->x[0],
+                                         a->w[0], p->bias ? a->w[1] : NULL, a->y);
     // Row: the partial products, summed over the shards, then the (replicated) bias.
-    dt_nn_linear_forward(n, loc_in(p), p->out, a->x[0], a->w[0], NULL, a->y);
+    DT_TRY(dt_nn_linear_forward_prec(a->precision, w16, n, loc_in(p), p->out, a->x[0], a->w[0],
+                                     NULL, a->y));
     if (p->parts > 1)
         DT_TRY(p->reduce(p->user, a->y, (size_t)n * (size_t)p->out));
     if (p->bias)
@@ -103,8 +107,9 @@ static dt_status tp_forward(const dt_layer *l, const dt_layer_args *a) {
 static dt_status tp_backward(const dt_layer *l, const dt_layer_args *a) {
     const tp_cfg *p = l->config;
     int           n = rows_of(a, loc_in(p));
-    dt_nn_linear_backward(n, loc_in(p), loc_out(p), a->x[0], a->w[0], a->dy, a->dx[0], a->dw[0],
-                          p->bias ? a->dw[1] : NULL);
+    DT_TRY(dt_nn_linear_backward_prec(a->precision, a->w16 ? a->w16[0] : NULL, n, loc_in(p),
+                                      loc_out(p), a->x[0], a->w[0], a->dy, a->dx[0], a->dw[0],
+                                      p->bias ? a->dw[1] : NULL));
     // Column: every shard's dx is a partial sum of the whole input's gradient.
     if (p->mode == DT_TP_COLUMN && p->parts > 1 && a->dx[0])
         DT_TRY(p->reduce(p->user, a->dx[0], (size_t)n * (size_t)p->in));

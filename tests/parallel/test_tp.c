@@ -283,8 +283,48 @@ static void errors(void) {
     CHECK(memcmp(w, want, sizeof w) == 0);
 }
 
+// --precision bf16 reaches the shards (issue: it gave the fp32 result bit for bit): a
+// column then a row shard (one part each: no reducer) in bf16 differ from fp32, by no
+// more than bf16's rounding of both operands allows: each product's operands are
+// rounded to 8 significant bits (2^-8 relative each), so an output differs by at most
+// 2^-7 (plus fp32's own rounding, far smaller) of the sum of |x w| at each layer;
+// through two layers, 2^-6 of the magnitudes is generous and 1e-7 differences would
+// mean fp32 was kept.
+static void precision(void) {
+    enum { B = 8, IN = 32, MID = 64, OUT = 16 };
+    float  out[2][B * OUT], x[B * IN];
+    dt_rng r = dt_rng_init(3);
+    for (int i = 0; i < B * IN; i++)
+        x[i] = dt_rng_normal(&r);
+    for (int k = 0; k < 2; k++) {
+        dt_graph *g = NULL;
+        dt_layer *l = NULL;
+        CHECK_OK(dt_graph_new(&g, NULL));
+        CHECK_OK(dt_graph_input(g, "x", &(dt_shape){1, {IN}, DT_ELEM_F32}));
+        CHECK_OK(dt_layer_linear_tp_new(&l, IN, MID, DT_TP_COLUMN, 1, 0, NULL));
+        CHECK_OK(dt_graph_add(g, "col", l, "x"));
+        CHECK_OK(dt_layer_linear_tp_new(&l, MID, OUT, DT_TP_ROW, 1, 0, NULL));
+        CHECK_OK(dt_graph_add(g, "row", l, "col"));
+        CHECK_OK(dt_graph_finalize(g, 11));
+        CHECK_OK(dt_graph_set_precision(g, k ? DT_PREC_BF16 : DT_PREC_FP32));
+        CHECK_OK(dt_graph_forward(g, (const void *const[]){x}, B));
+        memcpy(out[k], dt_graph_output(g), sizeof out[k]);
+        dt_graph_free(g);
+    }
+    double diff = 0, mag = 0;
+    for (int i = 0; i < B * OUT; i++) {
+        diff = fmax(diff, fabs((double)out[1][i] - out[0][i]));
+        mag  = fmax(mag, fabs((double)out[0][i]));
+    }
+    fprintf(stderr, "     tensor-parallel Linear, bf16 against fp32: %.3g (outputs up to %.3g)\n",
+            diff, mag);
+    CHECK(diff > 1e-4 * mag);             // rounded to bf16: not the fp32 result
+    CHECK(diff < (1.0 / 64) * (mag + 1)); // within bf16's rounding of the operands
+}
+
 int main(void) {
     RUN(errors);
+    RUN(precision);
     for (int tp = 2; tp <= 4; tp += 2) {
         check_current = tp == 2 ? "tp=2" : "tp=4";
         mp_opts o     = {.world = tp, .timeout_ms = 60000};
