@@ -252,6 +252,9 @@ typedef enum dt_split {
 } dt_split;
 
 // A loader over this rank's share of ds (owned by the trainer; valid until fn returns).
+// The training loader (DT_SPLIT_TRAIN*) comes before dt_trainer_prepare*, which restores
+// its position on --resume: after it, DT_ERR_STATE naming that order. Evaluation
+// loaders may come at any time.
 DT_API dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch,
                                    dt_split split, dt_loader **out);
 

@@ -170,10 +170,15 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
             char by[48]             = "";
             if (info.world != t->world)
                 snprintf(by, sizeof by, ", saved by %d ranks", info.world);
-            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu%s)%s\n", info.path,
-                             (unsigned long long)info.epoch,
-                             t->batch ? info.position / t->batch : (size_t)0, by,
-                             info.refused ? " after refusing newer checkpoints" : "");
+            if (t->smp) // where the training loader goes on
+                dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu%s)%s\n", info.path,
+                                 (unsigned long long)info.epoch,
+                                 t->batch ? info.position / t->batch : (size_t)0, by,
+                                 info.refused ? " after refusing newer checkpoints" : "");
+            else // a step-based run (or a training loader to come, which is refused)
+                dt_trainer_print(t, "resumed from %s (step %lld%s)%s\n", info.path,
+                                 (long long)info.step, by,
+                                 info.refused ? " after refusing newer checkpoints" : "");
         } else if (!st) {
             dt_trainer_print(t, "no checkpoint in %s: starting fresh\n", a->checkpoint_dir);
         }

@@ -733,6 +733,14 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
     if (split != DT_SPLIT_EVAL && t->ld)
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected one training loader, found a "
                                      "second");
+    // dt_trainer_prepare* restores the training loader's position with --resume (and
+    // sizes the model's buffers by its batch): a training loader made after it would
+    // silently restart the epoch.
+    if (split != DT_SPLIT_EVAL && t->prepared)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_trainer_loader: expected the training loader before "
+                       "dt_trainer_prepare*, found it after (call dt_trainer_loader first: "
+                       "--resume restores its position in dt_trainer_prepare*)");
     if (split == DT_SPLIT_EVAL && t->neval >= MAX_EVAL)
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected at most %d evaluation loaders",
                        MAX_EVAL);

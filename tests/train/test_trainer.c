@@ -132,6 +132,7 @@ typedef struct job {
     long batch;
     bool sched;  // a warmup + cosine schedule
     bool linear; // a hand-written linear regression over a dt_params (no dt_model)
+    bool late;   // the training loader after dt_trainer_prepare_model (refused)
 } job;
 
 static void save_result(dt_trainer *t, dt_params *p, void *all, size_t total) {
@@ -223,7 +224,8 @@ static dt_status train_fn(dt_trainer *t, void *user) {
     dt_model  *m;
     dt_loader *ld;
     dt_sched  *sch = NULL;
-    DT_TRY(dt_trainer_loader(t, &train_set, (size_t)j->batch, DT_SPLIT_TRAIN, &ld));
+    if (!j->late)
+        DT_TRY(dt_trainer_loader(t, &train_set, (size_t)j->batch, DT_SPLIT_TRAIN, &ld));
     DT_TRY(make_model(&m, 3));
     if (j->sched) {
         dt_sched_opts so = dt_sched_opts_default();
@@ -234,6 +236,8 @@ static dt_status train_fn(dt_trainer *t, void *user) {
         }
     }
     DT_TRY(dt_trainer_prepare_model(t, m, make_sgd(m), sch));
+    if (j->late)
+        DT_TRY(dt_trainer_loader(t, &train_set, (size_t)j->batch, DT_SPLIT_TRAIN, &ld));
     float    dlogp[10 * 64];
     dt_batch b;
     while (dt_trainer_next(t, &b)) {
@@ -387,6 +391,16 @@ static void test_resume_bitwise(void) {
              "--resume",
              tmp);
     CHECK_EQ(run_trainer(flags, &j, &r_tr), 1);
+    // The training loader after dt_trainer_prepare_model: the mid-epoch resume would
+    // restart the epoch (a model of more steps); refused, naming the order.
+    snprintf(flags, sizeof flags, "--epochs 3 --checkpoint-dir %s/c --max-steps 5", tmp);
+    CHECK_EQ(run_trainer(flags, &j, &r_tr), 0); // one process, mid-epoch (13 steps each)
+    j.late = true;
+    snprintf(flags, sizeof flags, "--epochs 3 --checkpoint-dir %s/c --resume", tmp);
+    CHECK_EQ(run_trainer(flags, &j, &r_tr), 1);
+    CHECK(strstr(dt_last_error(), "expected the training loader before dt_trainer_prepare*, "
+                                  "found it after") != NULL);
+    CHECK_EQ(r_tr.steps, 0);
 }
 
 static void test_own_gradients(void) {
