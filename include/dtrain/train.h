@@ -287,14 +287,14 @@ DT_API dt_status dt_trainer_step(dt_trainer *t, float loss);
 // --precision: what dt_trainer_prepare_model sets on the dt_model; a program on a
 // dt_graph passes it to dt_graph_set_precision itself. With fp16 the trainer keeps a
 // GradScaler (optim.h): multiply the loss gradient by dt_trainer_loss_scale before
-// Multiplies the loss gradient dloss[0..n) by that scale before backward (nothing in
-// fp32 and bf16): what a program on dt_trainer_prepare_graph does with its loss.
-DT_API void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n);
 // backward; dt_trainer_step unscales, agrees on inf/NaN across ranks and skips the
 // optimizer step (the step still counts) when any rank saw one; its state is in the
 // checkpoints. The scale is 1 in fp32 and bf16.
 DT_API dt_precision dt_trainer_precision(const dt_trainer *t);
 DT_API float        dt_trainer_loss_scale(const dt_trainer *t);
+// Multiplies the loss gradient dloss[0..n) by that scale before backward (nothing in
+// fp32 and bf16): what a program on dt_trainer_prepare_graph does with its loss.
+DT_API void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n);
 // Optimizer steps skipped by the fp16 scaler so far.
 DT_API int64_t dt_trainer_skipped_steps(const dt_trainer *t);
 // DataParallel (dp.h): the program describes its model as a replica (`master`: the

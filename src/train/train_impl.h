@@ -70,7 +70,7 @@ struct dt_trainer {
     dt_train_args   a;
     dt_flag         common[MAX_COMMON];
     const dt_flag  *tables[3];
-    char            def_epochs[24];
+    char            def_epochs[24], epochs_help[64]; // the program's default, in the help
     double          start;
     struct {
         char    what[96];

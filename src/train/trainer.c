@@ -41,11 +41,13 @@ static void build_common(dt_trainer *t) {
     const unsigned S = DT_FLAG_SHARED;
     snprintf(t->def_epochs, sizeof t->def_epochs, "%ld",
              t->o.default_epochs > 0 ? t->o.default_epochs : 1);
+    snprintf(t->epochs_help, sizeof t->epochs_help, "passes over the training set (default %s)",
+             t->def_epochs);
     const char *T = "training", *D = "distributed (the seed's flags)", *C = "checkpoints",
                *O = "output";
     dt_flag f[]   = {
-          {"epochs", DT_FLAG_LONG, &a->epochs, t->def_epochs, 1, 100000, "N",
-           "passes over the training set (default 1)", T, S | DT_FLAG_CKPT_KEEP, 0, 0},
+          {"epochs", DT_FLAG_LONG, &a->epochs, t->def_epochs, 1, 100000, "N", t->epochs_help, T,
+           S | DT_FLAG_CKPT_KEEP, 0, 0},
           {"seed", DT_FLAG_LONG, &a->seed, "0", 0, 9.3e18 /* LONG_MAX */, "S",
            "seed of initialisation, shuffling and dropout (default 0)", T, S | DT_FLAG_CKPT_REFUSE, 0,
            0},

@@ -509,6 +509,37 @@ static void test_invariant(void) {
     CHECK_EQ(run_trainer("--epochs 1 --invariant 2 --num-processes 4", &j, &r_tr), 1);
 }
 
+// --help tells the program's own default of --epochs (dt_trainer_opts.default_epochs),
+// not the trainer's.
+static void test_epochs_help(void) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/help.txt", tmp);
+    fflush(stdout);
+    int   saved = dup(1);
+    FILE *f     = fopen(path, "w");
+    if (!CHECK(f != NULL && saved >= 0))
+        return;
+    dup2(fileno(f), 1);
+    char           *argv[] = {"test", "--help", NULL};
+    dt_trainer_opts o      = dt_trainer_opts_default();
+    o.default_epochs       = 14;
+    dt_trainer *t          = NULL;
+    CHECK_OK(dt_trainer_new(&t, 2, argv, &o));
+    CHECK(t == NULL); // --help: printed, nothing to run
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    fclose(f);
+    char  text[16384] = "";
+    FILE *r           = fopen(path, "r");
+    if (r) {
+        text[fread(text, 1, sizeof text - 1, r)] = '\0';
+        fclose(r);
+    }
+    CHECK(strstr(text, "passes over the training set (default 14)") != NULL);
+    CHECK(strstr(text, "passes over the training set (default 1)") == NULL);
+}
+
 static long        f_long;
 static double      f_dbl;
 static bool        f_bool;
@@ -564,6 +595,7 @@ int main(void) {
     if (shared_result == MAP_FAILED || dt_dataset_init(&train_set, img, lab, NS, H, W, NULL))
         return 1;
     RUN(test_flags);
+    RUN(test_epochs_help);
     RUN(test_same_as_hand_loop);
     RUN(test_accumulation);
     RUN(test_resume_bitwise);
