@@ -262,7 +262,9 @@ dt_status dt_dataset_load_npy(dt_dataset *ds, const char *x_path, const char *y_
         }
     }
     if (st == DT_OK) {
-        st = init_desc(ds, &d, &o, &x, &y);                     // adopts the arrays' buffers
+        uint64_t hash    = dt_data_hash_pair(x.hash, y_path ? y.hash : 0); // the files' data
+        st               = init_desc(ds, &d, &o, &x, &y); // adopts the arrays' buffers
+        ds->content_hash = st == DT_OK ? hash : 0;
         if (st && strncmp(dt_last_error(), "dataset:", 8) == 0) // name the file at fault
             dt_fail_context("%s", y_path && strstr(dt_last_error(), "labels") ? y_path : x_path);
     }
