@@ -634,7 +634,8 @@ int main(int argc, char **argv) {
                 a->limit > 0 ? " (--limit)" : "", EVAL_WINDOWS, a->block + 1, a->block + 1, j.val.n,
                 j.train.n);
     } else if (dt_trainer_add_setting(t, "the training split's size (--data, --limit)",
-                                      (int64_t)j.train.n)) {
+                                      (int64_t)j.train.n) ||
+               dt_trainer_add_content(t, "the corpus's content (--data, --limit)", j.all.hash)) {
         fprintf(stderr, "dtrain-gpt: %s\n", dt_last_error());
     } else {
         rc = dt_trainer_run(t, train, &j);

@@ -81,10 +81,18 @@ typedef enum dt_flag_type {
 
 enum {
     DT_FLAG_SHARED = 1u << 0,      // every rank must have rank 0's value (compared at
-                                   // start; strings by presence)
+                                   // start; strings by their text, NULL for none)
     DT_FLAG_CKPT_KEEP   = 1u << 1, // saved in checkpoints as a key/value
     DT_FLAG_CKPT_REFUSE = 1u << 2, // saved; a resume with another value is refused
     DT_FLAG_CKPT_WARN   = 1u << 3, // saved; a resume with another value warns
+    // With DT_FLAG_SHARED, for strings: _GIVEN compares only whether it was given (paths
+    // that may differ between machines and name the same thing: --load); _HOST, for a
+    // path, compares the file or folder it names (device and inode, so two spellings of
+    // one folder agree) among the ranks of one machine only, and whether it was given
+    // on every rank (--checkpoint-dir: one folder, which other machines may mount
+    // elsewhere).
+    DT_FLAG_SHARED_GIVEN = 1u << 4,
+    DT_FLAG_SHARED_HOST  = 1u << 5,
 };
 
 // One flag: "--name VALUE". A table is an array ending with {0} (name NULL).
@@ -193,6 +201,12 @@ DT_API const dt_train_args *dt_trainer_args(const dt_trainer *t);
 // A value every rank must share, compared at start with the shared flags (a data set's
 // size, say). Call before dt_trainer_run; at most 16.
 DT_API dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value);
+// The same for a hash of data every rank must hold the same of (dt_dataset.content_hash,
+// dt_tokens.hash: files of the same size and other bytes), named in hexadecimal. The
+// training loader's dataset, and the evaluation loaders' made before it, are compared
+// by dt_trainer_prepare* without this (their size and content hash); this is for data
+// the trainer does not see, or to compare before any process starts.
+DT_API dt_status dt_trainer_add_content(dt_trainer *t, const char *what, uint64_t hash);
 
 // The training function of every worker. Its status decides the exit code.
 typedef dt_status (*dt_trainer_fn)(dt_trainer *t, void *user);
