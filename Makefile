@@ -14,6 +14,7 @@
 #   make bench           benchmarks against the PyTorch peer and Open MPI
 #   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
 #   make install PREFIX=/usr/local
+#   make install-check   install into a temporary prefix, build and run a program there
 #
 # Variables: BUILD=release|debug|asan|ubsan|tsan, NATIVE=1 (add -march=native),
 # MPI=auto|0|1, NODEPS=1 (skip the package check), V=1 (show commands).
@@ -148,7 +149,7 @@ PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
 
 .PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench \
-        golden install clean format format-check help
+        golden install install-check clean format format-check help
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -276,6 +277,13 @@ golden:
 	$(Q)$(GOLDEN_PYTHON) tests/golden/gen_graph.py
 
 # ---------------------------------------------------------------- install
+# Headers, both libraries, every program (examples', tools' and bench's) and dtrain.pc.
+# A program linked with `pkg-config --libs dtrain` must run as built: when PREFIX/lib is
+# one of the dynamic loader's directories (/lib, /usr/lib, or one ldconfig reads, such
+# as /usr/local/lib) ldconfig updates its cache (as root, without DESTDIR; otherwise
+# say so); elsewhere the .pc file adds an rpath to PREFIX/lib. `make install-check`
+# (.ci/install-check) tries it in a temporary prefix.
+LDCONFIG ?= $(or $(shell command -v ldconfig 2>/dev/null),/sbin/ldconfig)
 install: lib programs
 	install -d $(DESTDIR)$(PREFIX)/include/dtrain $(DESTDIR)$(PREFIX)/lib/pkgconfig \
 	           $(DESTDIR)$(PREFIX)/bin
@@ -284,8 +292,26 @@ install: lib programs
 	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libdtrain.so
 	install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
+	$(Q)lib=$$(readlink -f "$(PREFIX)/lib" 2>/dev/null || echo "$(PREFIX)/lib"); \
+	loader=no; \
+	for d in /lib /usr/lib /lib64 /usr/lib64 \
+	         $$($(LDCONFIG) -v -N 2>/dev/null | sed -n 's|^\(/[^:]*\):.*|\1|p'); do \
+	    [ "$$(readlink -f "$$d" 2>/dev/null || echo "$$d")" = "$$lib" ] && loader=yes; \
+	done; \
+	if [ $$loader = yes ]; then rpath=""; else rpath='-Wl,-rpath,$${libdir} '; fi; \
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DT_VERSION_STRING "\(.*\)"/\1/p' include/dtrain/core.h)|g' \
-	    -e 's|@MPI_LIBS@|$(MPI_LIBS)|g' dtrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc
+	    -e "s|@RPATH@|$$rpath|g" -e 's|@MPI_LIBS@|$(MPI_LIBS)|g' dtrain.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc; \
+	if [ $$loader = no ]; then \
+	    echo "dtrain: $(PREFIX)/lib is not in the loader's path: dtrain.pc links with an rpath to it"; \
+	elif [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then \
+	    $(LDCONFIG) && echo "dtrain: ran ldconfig for $(PREFIX)/lib"; \
+	else \
+	    echo "dtrain: run ldconfig as root (the loader reads $(PREFIX)/lib from its cache)"; \
+	fi
+
+install-check: lib programs
+	$(Q).ci/install-check
 
 # ---------------------------------------------------------------- housekeeping
 FORMAT_FILES := $(shell find include src tests examples tools bench fuzz -name '*.[ch]' 2>/dev/null)

@@ -624,12 +624,18 @@ int main(int argc, char **argv) {
     } else if (dt_tokens_split(&j.all, &j.train, &j.val),
                j.val.n < (size_t)EVAL_WINDOWS * (size_t)(a->block + 1) ||
                    j.train.n <= (size_t)a->block + 1) {
+        // Name the corpus: a too-small file is the usual cause (the default folder is
+        // read when --data is not given).
         fprintf(stderr,
-                "dtrain-gpt: expected a validation split of at least %d windows of %ld bytes and "
-                "a training split longer than %ld bytes, found %zu and %zu bytes\n",
-                EVAL_WINDOWS, a->block + 1, a->block + 1, j.val.n, j.train.n);
+                "dtrain-gpt: --data %s: %zu bytes%s, split 9:1; expected a validation split of "
+                "at least %d windows of %ld bytes and a training split longer than %ld bytes, "
+                "found %zu and %zu bytes (give a larger corpus, or a smaller --block-size)\n",
+                a->data && *a->data ? a->data : DT_FORTUNES_DIR, j.all.n,
+                a->limit > 0 ? " (--limit)" : "", EVAL_WINDOWS, a->block + 1, a->block + 1, j.val.n,
+                j.train.n);
     } else if (dt_trainer_add_setting(t, "the training split's size (--data, --limit)",
-                                      (int64_t)j.train.n)) {
+                                      (int64_t)j.train.n) ||
+               dt_trainer_add_content(t, "the corpus's content (--data, --limit)", j.all.hash)) {
         fprintf(stderr, "dtrain-gpt: %s\n", dt_last_error());
     } else {
         rc = dt_trainer_run(t, train, &j);

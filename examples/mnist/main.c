@@ -246,7 +246,10 @@ int main(int argc, char **argv) {
     if (load_data(&j, test) ||
         dt_trainer_add_setting(t, "the training set's size (--data-dir, --limit)",
                                (int64_t)j.train.n) ||
-        dt_trainer_add_setting(t, "the test set's size (--data-dir)", (int64_t)j.test.n))
+        dt_trainer_add_setting(t, "the test set's size (--data-dir)", (int64_t)j.test.n) ||
+        dt_trainer_add_content(t, "the training set's content (--data-dir, --limit)",
+                               j.train.content_hash) ||
+        dt_trainer_add_content(t, "the test set's content (--data-dir)", j.test.content_hash))
         fprintf(stderr, "dtrain-mnist: %s\n", dt_last_error());
     else
         rc = dt_trainer_run(t, train, &j);

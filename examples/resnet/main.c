@@ -331,7 +331,10 @@ int main(int argc, char **argv) {
         dt_dataset_check_shape(&j.train, "training set", 1, 28, 28) ||
         (!ta->no_test && dt_dataset_check_shape(&j.test, "test set", 1, 28, 28)) ||
         dt_trainer_add_setting(t, "the training set's size (--data-dir, --limit)",
-                               (int64_t)j.train.n))
+                               (int64_t)j.train.n) ||
+        dt_trainer_add_content(t, "the training set's content (--data-dir, --limit)",
+                               j.train.content_hash) ||
+        dt_trainer_add_content(t, "the test set's content (--data-dir)", j.test.content_hash))
         fprintf(stderr, "dtrain-resnet: %s\n", dt_last_error());
     else
         rc = dt_trainer_run(t, train, &j);

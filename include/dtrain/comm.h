@@ -165,8 +165,9 @@ DT_API dt_pg_opts dt_pg_opts_default(void);
 // through the chosen backend ("auto": shm or tcp). MPI is initialised only then or when
 // backend is "mpi"; it is finalised at exit.
 // *out: an owned group (dt_pg_free), NULL on failure: DT_ERR_ARG naming a missing or
-// malformed variable or a rank out of range, DT_ERR_MISMATCH for a world size that
-// differs between ranks or a wrong token, DT_ERR_IO for a port in use, DT_ERR_TIMEOUT
+// malformed variable or a rank out of range, DT_ERR_MISMATCH for a world size or a
+// backend (opts->backend; "gloo" is "tcp", NULL "auto") that differs between ranks, or
+// a wrong token, DT_ERR_IO for a port in use, DT_ERR_TIMEOUT
 // for an unreachable master or ranks that never came. The first group of a process
 // warns about DT_* variables that are not settings (a typo), naming the nearest one.
 DT_API dt_status dt_pg_new_from_env(dt_pg **out, const dt_pg_opts *opts);

@@ -29,6 +29,7 @@ typedef struct dt_idx {
     uint32_t dims[DT_IDX_MAX_DIMS]; // as in the header; unused dims are 0
     size_t   nrecords;              // records held (dims[0], or fewer when limited)
     size_t   record_bytes;          // product of dims[1..ndim-1] (1 for ndim 1)
+    uint64_t hash; // a 64-bit hash of the records kept (data), taken as they were read
 } dt_idx;
 
 // Reads the IDX file at `path` into *out (free with dt_idx_free). Every defect is
@@ -142,6 +143,11 @@ typedef struct dt_dataset {
     dt_dataset_fill_fn fill; // a callback dataset's function (data is NULL), else NULL
     void              *user;
     bool               has_labels; // batches carry y
+    // What ranks compare to know they train on the same data: a 64-bit hash of the
+    // samples and labels as read from the files (dt_dataset_load_idx, _mnist, _npy:
+    // the readers' hashes, taken while they read), so two files of the same size and
+    // other bytes differ here; 0 for a dataset built from memory.
+    uint64_t content_hash;
 } dt_dataset;
 
 // Loads an image file (N, H, W) and a label file (N) of IDX format. The counts must
@@ -377,6 +383,7 @@ typedef struct dt_npy {
     size_t       shape[DT_NPY_MAX_DIMS]; // unused dims are 0
     size_t       count;                  // product of the shape (1 for a scalar)
     size_t       nbytes;                 // count * elem_size
+    uint64_t     hash; // a 64-bit hash of the data bytes as stored (read or parsed)
 } dt_npy;
 
 // Reads the .npy file at `path` into *out (free with dt_npy_free). Every defect is
@@ -423,6 +430,8 @@ typedef struct dt_tokens {
     size_t      n;     // tokens
     int         width; // bytes per token: 1 (uint8) or 2 (uint16)
     void       *owned; // the buffer this stream frees (NULL for a view)
+    uint64_t    hash;  // a 64-bit hash of the tokens as read (dt_tokens_read,
+                       // dt_corpus_read: taken while reading); 0 for the other streams
 } dt_tokens;
 
 // Reads a file of raw tokens of `width` bytes (1 or 2). A width-2 file may start with

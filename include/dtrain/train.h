@@ -81,10 +81,18 @@ typedef enum dt_flag_type {
 
 enum {
     DT_FLAG_SHARED = 1u << 0,      // every rank must have rank 0's value (compared at
-                                   // start; strings by presence)
+                                   // start; strings by their text, NULL for none)
     DT_FLAG_CKPT_KEEP   = 1u << 1, // saved in checkpoints as a key/value
     DT_FLAG_CKPT_REFUSE = 1u << 2, // saved; a resume with another value is refused
     DT_FLAG_CKPT_WARN   = 1u << 3, // saved; a resume with another value warns
+    // With DT_FLAG_SHARED, for strings: _GIVEN compares only whether it was given (paths
+    // that may differ between machines and name the same thing: --load); _HOST, for a
+    // path, compares the file or folder it names (device and inode, so two spellings of
+    // one folder agree) among the ranks of one machine only, and whether it was given
+    // on every rank (--checkpoint-dir: one folder, which other machines may mount
+    // elsewhere).
+    DT_FLAG_SHARED_GIVEN = 1u << 4,
+    DT_FLAG_SHARED_HOST  = 1u << 5,
 };
 
 // One flag: "--name VALUE". A table is an array ending with {0} (name NULL).
@@ -193,6 +201,12 @@ DT_API const dt_train_args *dt_trainer_args(const dt_trainer *t);
 // A value every rank must share, compared at start with the shared flags (a data set's
 // size, say). Call before dt_trainer_run; at most 16.
 DT_API dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value);
+// The same for a hash of data every rank must hold the same of (dt_dataset.content_hash,
+// dt_tokens.hash: files of the same size and other bytes), named in hexadecimal. The
+// training loader's dataset, and the evaluation loaders' made before it, are compared
+// by dt_trainer_prepare* without this (their size and content hash); this is for data
+// the trainer does not see, or to compare before any process starts.
+DT_API dt_status dt_trainer_add_content(dt_trainer *t, const char *what, uint64_t hash);
 
 // The training function of every worker. Its status decides the exit code.
 typedef dt_status (*dt_trainer_fn)(dt_trainer *t, void *user);
@@ -252,6 +266,9 @@ typedef enum dt_split {
 } dt_split;
 
 // A loader over this rank's share of ds (owned by the trainer; valid until fn returns).
+// The training loader (DT_SPLIT_TRAIN*) comes before dt_trainer_prepare*, which restores
+// its position on --resume: after it, DT_ERR_STATE naming that order. Evaluation
+// loaders may come at any time.
 DT_API dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch,
                                    dt_split split, dt_loader **out);
 
@@ -284,14 +301,14 @@ DT_API dt_status dt_trainer_step(dt_trainer *t, float loss);
 // --precision: what dt_trainer_prepare_model sets on the dt_model; a program on a
 // dt_graph passes it to dt_graph_set_precision itself. With fp16 the trainer keeps a
 // GradScaler (optim.h): multiply the loss gradient by dt_trainer_loss_scale before
-// Multiplies the loss gradient dloss[0..n) by that scale before backward (nothing in
-// fp32 and bf16): what a program on dt_trainer_prepare_graph does with its loss.
-DT_API void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n);
 // backward; dt_trainer_step unscales, agrees on inf/NaN across ranks and skips the
 // optimizer step (the step still counts) when any rank saw one; its state is in the
 // checkpoints. The scale is 1 in fp32 and bf16.
 DT_API dt_precision dt_trainer_precision(const dt_trainer *t);
 DT_API float        dt_trainer_loss_scale(const dt_trainer *t);
+// Multiplies the loss gradient dloss[0..n) by that scale before backward (nothing in
+// fp32 and bf16): what a program on dt_trainer_prepare_graph does with its loss.
+DT_API void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n);
 // Optimizer steps skipped by the fp16 scaler so far.
 DT_API int64_t dt_trainer_skipped_steps(const dt_trainer *t);
 // DataParallel (dp.h): the program describes its model as a replica (`master`: the

@@ -114,7 +114,8 @@ static dt_status publish_abort(dt_pg *pg, const char *msg) {
     return dt_store_compare_set(pg->store, "dt/abort", NULL, 0, msg, strlen(msg), &swapped);
 }
 
-static dt_status rendezvous(dt_pg *pg, uint64_t deadline) {
+// `want`: dt_pg_opts.backend as given (NULL: auto).
+static dt_status rendezvous(dt_pg *pg, const char *want, uint64_t deadline) {
     char key[64], me[300], hid[256];
     host_identity(hid, sizeof hid);
     // One process per rank: the first to claim a rank keeps it.
@@ -145,6 +146,32 @@ static dt_status rendezvous(dt_pg *pg, uint64_t deadline) {
                      "world size mismatch: rank %d has WORLD_SIZE=%d, but the ranks before it "
                      "have WORLD_SIZE=%s",
                      pg->rank, pg->world, (char *)v);
+            dt_free(v);
+            publish_abort(pg, msg);
+            return dt_fail(DT_ERR_MISMATCH, "init: %s", msg);
+        }
+        dt_free(v);
+    }
+    // The backend asked for: ranks that ask for different ones would each wait in their
+    // own backend's set-up until the timeout, saying nothing of why. Rank 0's is the
+    // job's; the others compare theirs before they announce themselves, so a rank that
+    // differs fails here and the rest, waiting for it below, see its abort (rank 0,
+    // which keeps the store, included).
+    const char *b     = want && *want ? want : "auto";
+    b                 = strcmp(b, "gloo") == 0 ? "tcp" : b; // its alias
+    const char *bk[1] = {"dt/backend/0"};
+    if (pg->rank == 0) {
+        DT_TRY(dt_store_set(pg->store, bk[0], b, strlen(b)));
+    } else {
+        void *v = NULL;
+        DT_TRY(rendezvous_wait(pg, bk, 1, deadline));
+        DT_TRY(dt_store_get(pg->store, bk[0], &v, NULL));
+        if (strcmp(v, b) != 0) {
+            char msg[300];
+            snprintf(msg, sizeof msg,
+                     "backend mismatch: rank %d asks for backend %s, rank 0 for %s (give every "
+                     "rank the same --backend)",
+                     pg->rank, b, (char *)v);
             dt_free(v);
             publish_abort(pg, msg);
             return dt_fail(DT_ERR_MISMATCH, "init: %s", msg);
@@ -450,7 +477,7 @@ static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opt
                 method);
         goto fail;
     }
-    if (rendezvous(pg, deadline) != DT_OK)
+    if (rendezvous(pg, o.backend, deadline) != DT_OK)
         goto fail;
 
     // Hosts: local rank and size (the environment wins when it says).

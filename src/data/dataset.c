@@ -124,14 +124,15 @@ dt_status dt_dataset_load_idx(dt_dataset *ds, const char *images_path, const cha
         dt_idx_free(&lab);
         return st;
     }
-    ds->images      = img.data; // ownership moves to the dataset
-    ds->labels      = lab.data;
-    ds->n           = img.nrecords;
-    ds->h           = (int)img.dims[1];
-    ds->w           = (int)img.dims[2];
-    ds->num_classes = o.num_classes;
-    ds->mean        = o.mean;
-    ds->std         = o.std;
+    ds->images       = img.data; // ownership moves to the dataset
+    ds->labels       = lab.data;
+    ds->n            = img.nrecords;
+    ds->h            = (int)img.dims[1];
+    ds->w            = (int)img.dims[2];
+    ds->num_classes  = o.num_classes;
+    ds->mean         = o.mean;
+    ds->std          = o.std;
+    ds->content_hash = dt_data_hash_pair(img.hash, lab.hash); // of the records read
     fill_lut(ds);
     return describe(ds, &o);
 }

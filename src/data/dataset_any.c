@@ -209,10 +209,17 @@ dt_status dt_dataset_load_npy(dt_dataset *ds, const char *x_path, const char *y_
     dt_npy          x = {0}, y = {0};
     DT_TRY(dt_npy_read(x_path, &x));
     dt_status st = DT_OK;
-    if (x.ndim < 1 || x.ndim > DT_DATASET_MAX_DIMS + 1)
+    // The array's dimensions: N, then 0 to DT_DATASET_MAX_DIMS per sample (an (N) array
+    // is N samples of shape (1)). A scalar has no N at all.
+    if (x.ndim < 1)
         st = dt_fail(DT_ERR_FORMAT,
-                     "%s: expected samples of shape (N, ...) with 1 to %d dimensions after N, "
-                     "found %d dimensions",
+                     "%s: expected an array of shape (N, ...) (N samples), found a scalar "
+                     "(shape ())",
+                     x_path);
+    else if (x.ndim > DT_DATASET_MAX_DIMS + 1)
+        st = dt_fail(DT_ERR_FORMAT,
+                     "%s: expected samples of shape (N, ...) with at most %d dimensions after N, "
+                     "found %d",
                      x_path, DT_DATASET_MAX_DIMS, x.ndim - 1);
     for (int i = 1; st == DT_OK && i < x.ndim; i++)
         if (x.shape[i] < 1 || x.shape[i] > INT32_MAX)
@@ -228,11 +235,16 @@ dt_status dt_dataset_load_npy(dt_dataset *ds, const char *x_path, const char *y_
     d.data = x.data; // after the conversion above
     if (st == DT_OK && y_path) {
         st = dt_npy_read(y_path, &y);
-        if (st == DT_OK && (y.ndim < 1 || y.shape[0] != d.n))
+        if (st == DT_OK && y.ndim < 1)
+            st = dt_fail(DT_ERR_FORMAT,
+                         "%s: expected an array of N = %zu targets (shape (N, ...)), found a "
+                         "scalar (shape ())",
+                         y_path, d.n);
+        else if (st == DT_OK && y.shape[0] != d.n)
             st = dt_fail(DT_ERR_FORMAT,
                          "expected as many targets as samples, found %zu samples in %s and %zu "
                          "targets in %s",
-                         d.n, x_path, y.ndim ? y.shape[0] : 0, y_path);
+                         d.n, x_path, y.shape[0], y_path);
         if (st == DT_OK && (y.dtype == DT_NPY_F32 || y.dtype == DT_NPY_F64)) {
             st             = dt_npy_convert(&y, DT_NPY_F32, y_path);
             d.target       = DT_TARGET_FLOAT;
@@ -250,7 +262,9 @@ dt_status dt_dataset_load_npy(dt_dataset *ds, const char *x_path, const char *y_
         }
     }
     if (st == DT_OK) {
-        st = init_desc(ds, &d, &o, &x, &y);                     // adopts the arrays' buffers
+        uint64_t hash    = dt_data_hash_pair(x.hash, y_path ? y.hash : 0); // the files' data
+        st               = init_desc(ds, &d, &o, &x, &y); // adopts the arrays' buffers
+        ds->content_hash = st == DT_OK ? hash : 0;
         if (st && strncmp(dt_last_error(), "dataset:", 8) == 0) // name the file at fault
             dt_fail_context("%s", y_path && strstr(dt_last_error(), "labels") ? y_path : x_path);
     }

@@ -363,6 +363,8 @@ dt_status dt_npy_parse(const void *buf, size_t nbytes, const char *name, dt_npy 
         else
             memcpy(out->data, (const uint8_t *)buf + off, out->nbytes);
     }
+    if (st == DT_OK)
+        out->hash = dt_data_hash_bytes(out->data, out->nbytes); // the stored order
     if (st == DT_OK && fort)
         st = to_c_order(out);
     if (st)
@@ -401,10 +403,13 @@ dt_status dt_npy_read(const char *path, dt_npy *out) {
         st = DT_ERR_NOMEM;
         goto done;
     }
-    size_t first = got - off < out->nbytes ? got - off : out->nbytes;
+    size_t       first = got - off < out->nbytes ? got - off : out->nbytes;
+    dt_data_hash h;
+    dt_data_hash_init(&h);
     memcpy(out->data, head + off, first);
+    dt_data_hash_add(&h, out->data, first);
     if (first < out->nbytes) {
-        size_t r = fread((uint8_t *)out->data + first, 1, out->nbytes - first, f);
+        size_t r = dt_data_read_hashed((uint8_t *)out->data + first, out->nbytes - first, f, &h);
         if (r != out->nbytes - first) {
             st = ferror(f) ? dt_fail_errno(DT_ERR_IO, "%s: read failed", path)
                            : dt_fail(DT_ERR_FORMAT,
@@ -413,6 +418,7 @@ dt_status dt_npy_read(const char *path, dt_npy *out) {
             goto done;
         }
     }
+    out->hash = dt_data_hash_end(&h); // of the stored order, before any transposition
     if (fort)
         st = to_c_order(out);
 done:

@@ -21,9 +21,9 @@ static dt_status check_width(int width, const char *who) {
     return DT_OK;
 }
 
-// Reads exactly n bytes of an open file into dst.
-static dt_status read_exact(FILE *f, void *dst, size_t n, const char *path) {
-    size_t got = fread(dst, 1, n, f);
+// Reads exactly n bytes of an open file into dst, adding them to h (unless NULL).
+static dt_status read_exact(FILE *f, void *dst, size_t n, const char *path, dt_data_hash *h) {
+    size_t got = h ? dt_data_read_hashed(dst, n, f, h) : fread(dst, 1, n, f);
     if (got == n)
         return DT_OK;
     if (ferror(f))
@@ -43,7 +43,7 @@ dt_status dt_tokens_read(const char *path, int width, dt_tokens *out) {
     size_t    size = (size_t)fsize, skip = 0;
     if (width == 2 && size >= LLMC_HEADER_BYTES) {
         int32_t h[3];
-        if ((st = read_exact(f, h, sizeof h, path)) != DT_OK)
+        if ((st = read_exact(f, h, sizeof h, path, NULL)) != DT_OK)
             goto done;
         if (h[0] == LLMC_MAGIC) {
             if (h[1] != 1) {
@@ -78,12 +78,15 @@ dt_status dt_tokens_read(const char *path, int width, dt_tokens *out) {
         st = DT_ERR_NOMEM;
         goto done;
     }
-    st = read_exact(f, buf, size, path);
+    dt_data_hash hash;
+    dt_data_hash_init(&hash);
+    st = read_exact(f, buf, size, path, &hash);
     if (st == DT_OK) {
         out->data  = buf;
         out->owned = buf;
         out->n     = size / (size_t)width;
         out->width = width;
+        out->hash  = dt_data_hash_end(&hash);
         buf        = NULL;
     }
 done:
@@ -310,14 +313,16 @@ dt_status dt_corpus_read(const char *path, size_t limit, dt_tokens *out, size_t 
     uint8_t *buf = st == DT_OK ? dt_alloc(total) : NULL;
     if (st == DT_OK && !buf)
         st = DT_ERR_NOMEM;
-    size_t at = 0;
+    size_t       at = 0;
+    dt_data_hash hash; // of the bytes kept, over all the files
+    dt_data_hash_init(&hash);
     for (size_t i = 0; st == DT_OK && i < l.n && at < total; i++) {
         size_t   take = l.e[i].size < total - at ? l.e[i].size : total - at;
         FILE    *f;
         uint64_t fsize;
         if ((st = dt_open_regular(l.e[i].path, &f, &fsize)) != DT_OK)
             break;
-        st = read_exact(f, buf + at, take, l.e[i].path);
+        st = read_exact(f, buf + at, take, l.e[i].path, &hash);
         fclose(f);
         at += take;
     }
@@ -326,6 +331,7 @@ dt_status dt_corpus_read(const char *path, size_t limit, dt_tokens *out, size_t 
         out->owned = buf;
         out->n     = total;
         out->width = 1;
+        out->hash  = dt_data_hash_end(&hash);
         if (nfiles)
             *nfiles = l.n;
     } else {

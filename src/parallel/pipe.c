@@ -478,6 +478,20 @@ static dt_status prepare(dt_pipe *p) {
     return DT_OK;
 }
 
+// A step or an evaluation failed with st. The other stages wait for this one's
+// messages: poison the group so they fail now, naming this stage, not at the group's
+// timeout. One stage (--tp or --zero 3 alone, or no model parallelism) has nobody
+// waiting and no stage to name: the error stays as it was.
+static dt_status stage_failed(dt_pipe *p, dt_status st) {
+    if (p->nstages <= 1)
+        return st;
+    char why[256];
+    snprintf(why, sizeof why, "pipeline stage %d failed: %s", p->stage, dt_last_error());
+    if (p->pg)
+        dt_pg_abort(p->pg, why);
+    return dt_fail(st, "%s", why);
+}
+
 dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch, const uint64_t *keys,
                        dt_pipe_loss_fn loss, void *user, float *loss_out) {
     if (!p)
@@ -506,15 +520,8 @@ dt_status dt_pipe_step(dt_pipe *p, const void *const *inputs, int batch, const u
         st = tie_exchange(p, false);
     if (p->ddp)
         dt_ddp_set_sync(p->ddp, true);
-    if (st != DT_OK) {
-        // The other stages wait for this one's messages: poison the group so they fail
-        // now, naming this rank, not at the group's timeout.
-        char why[256];
-        snprintf(why, sizeof why, "pipeline stage %d failed: %s", p->stage, dt_last_error());
-        if (p->pg)
-            dt_pg_abort(p->pg, why);
-        return dt_fail(st, "%s", why);
-    }
+    if (st != DT_OK)
+        return stage_failed(p, st);
     float l = (float)p->loss_sum;
     if (p->nstages > 1)
         DT_TRY(dt_pg_broadcast(p->pg, &l, 1, DT_FLOAT32, p->nstages - 1));
@@ -573,13 +580,8 @@ dt_status dt_pipe_eval(dt_pipe *p, const void *const *inputs, int batch, dt_pipe
                             DT_FLOAT32, p->stage + 1, TAG_BASE + 2 * m);
     }
     dt_graph_train(p->g, true);
-    if (st != DT_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "pipeline stage %d failed: %s", p->stage, dt_last_error());
-        if (p->pg)
-            dt_pg_abort(p->pg, why);
-        return dt_fail(st, "%s", why);
-    }
+    if (st != DT_OK)
+        return stage_failed(p, st);
     float l = (float)p->loss_sum;
     if (p->nstages > 1)
         DT_TRY(dt_pg_broadcast(p->pg, &l, 1, DT_FLOAT32, p->nstages - 1));

@@ -90,24 +90,97 @@ dt_status dt_train_check_checkpoint_dir(const char *dir) {
     return probe_dir(dir, "--checkpoint-dir", dir);
 }
 
-static void format_setting(const dt_train_setting *s, int64_t v, char *buf, size_t n) {
-    if (s->is_double) {
+int64_t dt_train_text_hash(const char *text) {
+    if (!text)
+        return 0;
+    uint64_t h = 0xcbf29ce484222325ull; // FNV-1a
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    return h ? (int64_t)h : 1;
+}
+
+int64_t dt_train_path_hash(const char *path) {
+    struct stat st;
+    char        id[64];
+    if (!path || stat(path, &st) != 0)
+        return dt_train_text_hash(path);
+    snprintf(id, sizeof id, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    return dt_train_text_hash(id);
+}
+
+// This machine, as the process group tells hosts apart (host name and boot id;
+// DT_HOST_ID overrides it, as in comm): ranks with the same value share a machine.
+static int64_t host_hash(void) {
+    const char *o = dt_setting_str("DT_HOST_ID");
+    char        id[256], host[160] = "unknown", boot[64] = "";
+    if (o && *o) {
+        snprintf(id, sizeof id, "%s", o);
+    } else {
+        gethostname(host, sizeof host - 1);
+        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        if (f) {
+            if (fgets(boot, sizeof boot, f))
+                boot[strcspn(boot, "\n")] = '\0';
+            fclose(f);
+        }
+        snprintf(id, sizeof id, "%s/%s", host, boot);
+    }
+    return dt_train_text_hash(id);
+}
+
+static void format_setting(const dt_train_setting *s, int64_t v, const char *text, char *buf,
+                           size_t n) {
+    if (s->is_text && !v) {
+        snprintf(buf, n, "none");
+    } else if (s->is_text) {
+        snprintf(buf, n, "\"%s\"", text);
+    } else if (s->is_double) {
         double d;
         memcpy(&d, &v, sizeof d);
         snprintf(buf, n, "%.9g", d);
     } else if (s->is_bool) {
         snprintf(buf, n, "%s", v ? "on" : "off");
+    } else if (s->is_hex) {
+        snprintf(buf, n, "0x%016llx", (unsigned long long)v);
     } else {
         snprintf(buf, n, "%lld", (long long)v);
     }
+}
+
+#define TEXT_MAX 256 // bytes of a text setting shown in a message
+
+// The first difference in all (world rows of n settings and the host's hash): the
+// setting *at, its reference rank *ref and the differing rank *r; false when none.
+static bool first_difference(const dt_train_setting *s, int n, int world, const int64_t *all,
+                             int *at, int *ref, int *r) {
+    size_t row = (size_t)n + 1;
+    for (int k = 1; k < world; k++)
+        for (int i = 0; i < n; i++) {
+            int64_t v = all[(size_t)k * row + (size_t)i];
+            int     q = 0; // the reference: rank 0, or the machine's first rank
+            if (s[i].per_host) {
+                while (all[(size_t)q * row + (size_t)n] != all[(size_t)k * row + (size_t)n])
+                    q++;
+                if ((v != 0) != (all[i] != 0)) // given on some ranks only: against rank 0
+                    q = 0;
+            }
+            if (q != k && v != all[(size_t)q * row + (size_t)i]) {
+                *at = i, *ref = q, *r = k;
+                return true;
+            }
+        }
+    return false;
 }
 
 dt_status dt_train_check_settings(dt_pg *pg, const dt_train_setting *s, int n) {
     if (!pg || n <= 0)
         return DT_OK;
     int      world = dt_pg_size(pg);
-    int64_t *mine  = dt_alloc(sizeof(int64_t) * (size_t)n);
-    int64_t *all   = dt_alloc(sizeof(int64_t) * (size_t)n * (size_t)world);
+    size_t   row   = (size_t)n + 1; // the settings, then the host's hash
+    int64_t *mine  = dt_alloc(sizeof(int64_t) * row);
+    int64_t *all   = dt_alloc(sizeof(int64_t) * row * (size_t)world);
+    char    *texts = NULL;
     if (!mine || !all) {
         dt_free(mine);
         dt_free(all);
@@ -115,20 +188,52 @@ dt_status dt_train_check_settings(dt_pg *pg, const dt_train_setting *s, int n) {
     }
     for (int i = 0; i < n; i++)
         mine[i] = s[i].value;
-    dt_status st = dt_pg_all_gather(pg, mine, all, (size_t)n, DT_INT64);
-    for (int r = 1; st == DT_OK && r < world; r++)
-        for (int i = 0; st == DT_OK && i < n; i++)
-            if (all[(size_t)r * (size_t)n + (size_t)i] != all[i]) {
-                char v0[40], vr[40];
-                format_setting(&s[i], all[i], v0, sizeof v0);
-                format_setting(&s[i], all[(size_t)r * (size_t)n + (size_t)i], vr, sizeof vr);
+    mine[n]      = host_hash();
+    dt_status st = dt_pg_all_gather(pg, mine, all, row, DT_INT64);
+    int       i, q, r;
+    if (st == DT_OK && first_difference(s, n, world, all, &i, &q, &r)) {
+        // Every rank found the same difference (they all hold the same table): a text is
+        // then gathered from every rank to name both values.
+        char v0[TEXT_MAX + 8], vr[TEXT_MAX + 8];
+        if (s[i].is_text) {
+            int64_t mine_text[TEXT_MAX / 8] = {0}; // bytes, moved as int64s
+            snprintf((char *)mine_text, TEXT_MAX, "%s", s[i].text ? s[i].text : "");
+            if (!(texts = dt_alloc_zero((size_t)TEXT_MAX * (size_t)world)))
+                st = DT_ERR_NOMEM;
+            if (st == DT_OK)
+                st = dt_pg_all_gather(pg, mine_text, texts, TEXT_MAX / 8, DT_INT64);
+        }
+        if (st == DT_OK) {
+            format_setting(&s[i], all[(size_t)q * row + (size_t)i],
+                           texts ? texts + (size_t)q * TEXT_MAX : NULL, v0, sizeof v0);
+            format_setting(&s[i], all[(size_t)r * row + (size_t)i],
+                           texts ? texts + (size_t)r * TEXT_MAX : NULL, vr, sizeof vr);
+            bool given =
+                (all[(size_t)q * row + (size_t)i] != 0) == (all[(size_t)r * row + (size_t)i] != 0);
+            if (s[i].per_host && given)
+                st = dt_fail(DT_ERR_MISMATCH,
+                             "%s must name the same folder on the ranks of one machine: rank %d "
+                             "has %s, rank %d on the same machine has %s (other machines may "
+                             "reach it under another path)",
+                             s[i].flag, q, v0, r, vr);
+            else if (s[i].per_host)
+                st = dt_fail(DT_ERR_MISMATCH,
+                             "%s must be given on every rank or on none: rank 0 has %s, rank "
+                             "%d has %s",
+                             s[i].flag, v0, r, vr);
+            else
                 st = dt_fail(DT_ERR_MISMATCH,
                              "%s must be the same on every rank: rank 0 has %s, rank %d has %s "
-                             "(start every rank with the same flags)",
-                             s[i].flag, v0, r, vr);
-            }
+                             "(%s)",
+                             s[i].flag, v0, r, vr,
+                             s[i].is_hex ? "the ranks read different data: give every rank "
+                                           "the same files"
+                                         : "start every rank with the same flags");
+        }
+    }
     dt_free(mine);
     dt_free(all);
+    dt_free(texts);
     return st;
 }
 

@@ -149,6 +149,36 @@ static dt_status save(dt_trainer *t) {
 
 // ------------------------------------------------------------------------- prepare
 
+// The training loader's dataset and the evaluation loaders' made so far: the same size
+// and content (the hash its reader took of the files' samples and labels) on every
+// rank, or two files of the same size and other bytes would train a blend. A dataset of
+// each rank's own (DT_SPLIT_TRAIN_UNEVEN) is left out. Collective; the table has the same
+// length on every rank (absent loaders count as zeros).
+static dt_status check_data(dt_trainer *t) {
+    dt_train_setting s[2 * (MAX_EVAL + 1)];
+    char             what[2 * MAX_EVAL][96];
+    const bool       train = t->tds && !t->join;
+    s[0]                   = (dt_train_setting){.flag  = "the training set's size (samples)",
+                                                .value = train ? (int64_t)t->tds->n : 0};
+    s[1]                   = (dt_train_setting){
+                          .flag   = "the training set's content (a hash of the samples and labels read from its "
+                                                      "files)",
+                          .value  = train ? (int64_t)t->tds->content_hash : 0,
+                          .is_hex = true};
+    for (int i = 0; i < MAX_EVAL; i++) {
+        const dt_dataset *e = i < t->neval ? t->eds[i] : NULL;
+        snprintf(what[2 * i], sizeof what[0], "evaluation set %d's size (samples)", i + 1);
+        snprintf(what[2 * i + 1], sizeof what[0],
+                 "evaluation set %d's content (a hash of the samples and labels read from its "
+                 "files)",
+                 i + 1);
+        s[2 + 2 * i] = (dt_train_setting){.flag = what[2 * i], .value = e ? (int64_t)e->n : 0};
+        s[3 + 2 * i] = (dt_train_setting){
+            .flag = what[2 * i + 1], .value = e ? (int64_t)e->content_hash : 0, .is_hex = true};
+    }
+    return dt_train_check_settings(t->pg, s, 2 * (MAX_EVAL + 1));
+}
+
 dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sched *sched) {
     const dt_train_args *a = &t->a;
     if (t->prepared)
@@ -160,6 +190,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "dt_trainer_prepare: expected parameters and an optimizer, "
                        "found %s (%s)",
                        p ? "no optimizer" : "no parameters", dt_last_error());
+    DT_TRY(check_data(t));
     if (a->load) {
         if (dt_train_mesh_on(t)) // the whole model's file, cut into this rank's part
             DT_TRY(dt_train_mesh_load_model(t, a->load));
@@ -209,10 +240,15 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
             char by[48]             = "";
             if (info.world != t->world)
                 snprintf(by, sizeof by, ", saved by %d ranks", info.world);
-            dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu%s)%s\n", info.path,
-                             (unsigned long long)info.epoch,
-                             t->batch ? info.position / t->batch : (size_t)0, by,
-                             info.refused ? " after refusing newer checkpoints" : "");
+            if (t->smp) // where the training loader goes on
+                dt_trainer_print(t, "resumed from %s (epoch %llu, batch %zu%s)%s\n", info.path,
+                                 (unsigned long long)info.epoch,
+                                 t->batch ? info.position / t->batch : (size_t)0, by,
+                                 info.refused ? " after refusing newer checkpoints" : "");
+            else // a step-based run (or a training loader to come, which is refused)
+                dt_trainer_print(t, "resumed from %s (step %lld%s)%s\n", info.path,
+                                 (long long)info.step, by,
+                                 info.refused ? " after refusing newer checkpoints" : "");
         } else if (!st) {
             dt_trainer_print(t, "no checkpoint in %s: starting fresh\n", a->checkpoint_dir);
         }

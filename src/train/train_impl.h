@@ -20,15 +20,31 @@ dt_status dt_train_check_save_model(const char *path);
 dt_status dt_train_check_checkpoint_dir(const char *dir);
 
 // A setting every rank must share, as a 64-bit value (doubles by their bits: is_double).
+// A text (is_text: a string flag's value, NULL when not given) is compared by its hash
+// (dt_train_text_hash) and named by its text. per_host: a path whose value identifies
+// what it names (dt_train_path_hash), compared among the ranks of one machine only;
+// given on all ranks or on none.
 typedef struct dt_train_setting {
     const char *flag; // "--batch-size"
     int64_t     value;
     bool        is_double, is_bool; // printed as a number, or as "on"/"off"
+    bool        is_hex;             // printed as 0x and 16 hex digits (hashes)
+    bool        is_text, per_host;
+    const char *text;
 } dt_train_setting;
 
+// The value of a text setting: 0 for NULL, else a 64-bit FNV-1a hash of its bytes
+// (never 0).
+int64_t dt_train_text_hash(const char *text);
+// The value of a path setting: 0 for NULL, else the hash of the device and inode it
+// names (two spellings of one folder are equal), or of its text when it cannot be
+// stat'ed.
+int64_t dt_train_path_hash(const char *path);
+
 // Collective: every rank sends its settings to every other; on any difference every
-// rank fails with the same message naming the flag, rank 0's value and the first
-// differing rank's value. n must be the same on every rank (it is the program's table).
+// rank fails with the same message naming the flag, the reference rank's value (rank 0,
+// or for per_host the first rank of the machine) and the first differing rank's. n must
+// be the same on every rank (it is the program's table).
 dt_status dt_train_check_settings(dt_pg *pg, const dt_train_setting *s, int n);
 
 // SIGTERM handling (guard.c). _block: blocks SIGTERM in the calling (main) thread before
@@ -70,40 +86,42 @@ struct dt_trainer {
     dt_train_args   a;
     dt_flag         common[MAX_COMMON];
     const dt_flag  *tables[3];
-    char            def_epochs[24];
+    char            def_epochs[24], epochs_help[64]; // the program's default, in the help
     double          start;
     struct {
         char    what[96];
         int64_t value;
+        bool    hex; // a content hash (dt_trainer_add_content)
     } extra[MAX_SETTINGS];
     int nextra;
 
     // A worker's state (from dt_trainer_run to the end of fn).
-    dt_pg       *pg;
-    int          rank, world, local_rank, local_size, threads;
-    dt_params   *p;
-    dt_model    *m;
-    dt_graph    *g; // dt_trainer_prepare_graph's (p is its parameters)
-    dt_optim    *opt;
-    dt_sched    *sched;
-    dt_ddp      *ddp;
-    dt_powersgd *psgd; // --ddp-compress powersgd: DDP's comm hook
-    dt_zero     *zero; // instead of ddp with --zero 1 or 2
-    dt_sampler  *smp, *esmp[MAX_EVAL];
-    dt_loader   *ld, *eld[MAX_EVAL];
-    int          neval;
-    size_t       batch, nbatches, cur_size;
-    uint64_t    *keys;
-    dt_rng       base, root, er;
-    long         epoch;
-    bool         in_epoch, stop, preempted, prepared, sync;
-    int          micro, window;
-    long         inv_v;       // --invariant as resolved (the default from the cores)
-    bool         tree_reduce; // DDP continues the model's shard tree over ranks
-    int64_t      step, last_saved, ckpt_saves, samples_seen;
-    double       ckpt_secs, train_start, finished;
-    float        grad_norm, last_loss;
-    dt_status    err;
+    dt_pg            *pg;
+    int               rank, world, local_rank, local_size, threads;
+    dt_params        *p;
+    dt_model         *m;
+    dt_graph         *g; // dt_trainer_prepare_graph's (p is its parameters)
+    dt_optim         *opt;
+    dt_sched         *sched;
+    dt_ddp           *ddp;
+    dt_powersgd      *psgd; // --ddp-compress powersgd: DDP's comm hook
+    dt_zero          *zero; // instead of ddp with --zero 1 or 2
+    const dt_dataset *tds;  // the training loader's dataset
+    dt_sampler       *smp, *esmp[MAX_EVAL];
+    dt_loader        *ld, *eld[MAX_EVAL];
+    int               neval;
+    size_t            batch, nbatches, cur_size;
+    uint64_t         *keys;
+    dt_rng            base, root, er;
+    long              epoch;
+    bool              in_epoch, stop, preempted, prepared, sync;
+    int               micro, window;
+    long              inv_v;       // --invariant as resolved (the default from the cores)
+    bool              tree_reduce; // DDP continues the model's shard tree over ranks
+    int64_t           step, last_saved, ckpt_saves, samples_seen;
+    double            ckpt_secs, train_start, finished;
+    float             grad_norm, last_loss;
+    dt_status         err;
     // Checkpoint key/values: the flags marked DT_FLAG_CKPT_*, by their values.
     char        kvkey[MAX_KVS][64], kvval[MAX_KVS][48];
     dt_ckpt_kv  kvs[MAX_KVS];

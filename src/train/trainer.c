@@ -41,11 +41,13 @@ static void build_common(dt_trainer *t) {
     const unsigned S = DT_FLAG_SHARED;
     snprintf(t->def_epochs, sizeof t->def_epochs, "%ld",
              t->o.default_epochs > 0 ? t->o.default_epochs : 1);
+    snprintf(t->epochs_help, sizeof t->epochs_help, "passes over the training set (default %s)",
+             t->def_epochs);
     const char *T = "training", *D = "distributed (the seed's flags)", *C = "checkpoints",
                *O = "output";
     dt_flag f[]   = {
-          {"epochs", DT_FLAG_LONG, &a->epochs, t->def_epochs, 1, 100000, "N",
-           "passes over the training set (default 1)", T, S | DT_FLAG_CKPT_KEEP, 0, 0},
+          {"epochs", DT_FLAG_LONG, &a->epochs, t->def_epochs, 1, 100000, "N", t->epochs_help, T,
+           S | DT_FLAG_CKPT_KEEP, 0, 0},
           {"seed", DT_FLAG_LONG, &a->seed, "0", 0, 9.3e18 /* LONG_MAX */, "S",
            "seed of initialisation, shuffling and dropout (default 0)", T, S | DT_FLAG_CKPT_REFUSE, 0,
            0},
@@ -96,7 +98,7 @@ static void build_common(dt_trainer *t) {
              "optimizer state (for this --zero stage and world size) need\n"
              "more than BYTES (K, M, G suffixes); --zero 3 keeps its\n"
              "gathered layers within it",
-           D, S, 0, 0},
+           D, S | DT_FLAG_SHARED_GIVEN, 0, 0}, // its bytes are compared
           {"num-processes", DT_FLAG_LONG, &a->num_processes, NULL, 1, 1024, "P",
            "fork P worker processes on this machine (default: none, or\n"
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
@@ -140,7 +142,7 @@ static void build_common(dt_trainer *t) {
           {"powersgd-rank", DT_FLAG_LONG, &a->powersgd_rank, "4", 1, 1024, "R",
            "PowerSGD's rank with --ddp-compress powersgd (default 4)", D, S, 0, 0},
           {"checkpoint-dir", DT_FLAG_STRING, &a->checkpoint_dir, NULL, 0, 0, "D",
-           "save checkpoints under D (at the end, and see below)", C, S, 0, 0},
+           "save checkpoints under D (at the end, and see below)", C, S | DT_FLAG_SHARED_HOST, 0, 0},
           {"checkpoint-every", DT_FLAG_LONG, &a->checkpoint_every, NULL, 1, 1L << 40, "N",
            "also save every N steps (optimizer updates)", C, S, 0, 0},
           {"keep", DT_FLAG_LONG, &a->keep, "3", 1, 1000000, "K",
@@ -163,7 +165,7 @@ static void build_common(dt_trainer *t) {
           {"load", DT_FLAG_STRING, &a->load, NULL, 0, 0, "PATH",
            "start from the parameters in PATH (a --save-model file, a\n"
              "checkpoint, or a checkpoint directory: its newest)",
-           C, S, 0, 0},
+           C, S | DT_FLAG_SHARED_GIVEN, 0, 0},
           {"eval-only", DT_FLAG_BOOL, &a->eval_only, NULL, 0, 0, "",
            "with --load: evaluate on the test set, no training", C, S, 0, 0},
           {"log-every", DT_FLAG_LONG, &a->log_every, "10", 1, 1L << 30, "K",
@@ -373,7 +375,14 @@ dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value)
                        "more (\"%s\")",
                        MAX_SETTINGS, what);
     snprintf(t->extra[t->nextra].what, sizeof t->extra[0].what, "%s", what);
+    t->extra[t->nextra].hex     = false;
     t->extra[t->nextra++].value = value;
+    return DT_OK;
+}
+
+dt_status dt_trainer_add_content(dt_trainer *t, const char *what, uint64_t hash) {
+    DT_TRY(dt_trainer_add_setting(t, what, (int64_t)hash));
+    t->extra[t->nextra - 1].hex = true;
     return DT_OK;
 }
 
@@ -398,8 +407,14 @@ static dt_status check_shared(dt_trainer *t) {
                 x.value = *(long *)f->target;
             else if (f->type == DT_FLAG_DOUBLE)
                 memcpy(&x.value, f->target, sizeof x.value), x.is_double = true;
-            else
+            else if (f->flags & DT_FLAG_SHARED_GIVEN)
                 x.value = *(const char **)f->target != NULL, x.is_bool = true;
+            else if (f->flags & DT_FLAG_SHARED_HOST) // the folder it names, per machine
+                x.text = *(const char **)f->target, x.value = dt_train_path_hash(x.text),
+                x.is_text = true, x.per_host = true;
+            else // by its text: --cuts a,b and --cuts c are not the same model
+                x.text = *(const char **)f->target, x.value = dt_train_text_hash(x.text),
+                x.is_text = true;
             s[n++] = x;
         }
     // The resolved --invariant: its default follows the cores, so machines of different
@@ -410,7 +425,8 @@ static dt_status check_shared(dt_trainer *t) {
     s[n++] =
         (dt_train_setting){.flag = "--max-rank-memory (in bytes)", .value = (int64_t)t->budget};
     for (int i = 0; i < t->nextra; i++)
-        s[n++] = (dt_train_setting){.flag = t->extra[i].what, .value = t->extra[i].value};
+        s[n++] = (dt_train_setting){
+            .flag = t->extra[i].what, .value = t->extra[i].value, .is_hex = t->extra[i].hex};
     return dt_train_check_settings(t->pg, s, n);
 }
 
@@ -733,6 +749,14 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
     if (split != DT_SPLIT_EVAL && t->ld)
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected one training loader, found a "
                                      "second");
+    // dt_trainer_prepare* restores the training loader's position with --resume (and
+    // sizes the model's buffers by its batch): a training loader made after it would
+    // silently restart the epoch.
+    if (split != DT_SPLIT_EVAL && t->prepared)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_trainer_loader: expected the training loader before "
+                       "dt_trainer_prepare*, found it after (call dt_trainer_loader first: "
+                       "--resume restores its position in dt_trainer_prepare*)");
     if (split == DT_SPLIT_EVAL && t->neval >= MAX_EVAL)
         return dt_fail(DT_ERR_STATE, "dt_trainer_loader: expected at most %d evaluation loaders",
                        MAX_EVAL);
@@ -757,7 +781,7 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
     }
     if (split != DT_SPLIT_EVAL) {
         t->join = split == DT_SPLIT_TRAIN_UNEVEN;
-        t->smp = s, t->ld = l, t->batch = batch;
+        t->smp = s, t->ld = l, t->batch = batch, t->tds = ds;
         t->nbatches = dt_loader_num_batches(l);
         if (!(t->keys = dt_alloc(sizeof *t->keys * batch)))
             return DT_ERR_NOMEM;

@@ -12,8 +12,10 @@
 // - Before the training loop (a rank waiting for its peers), SIGTERM still ends the
 //   process at once.
 // - dtrun --max-restarts 3: SIGTERM to dtrun is forwarded, the workers save and stop,
-//   dtrun exits 143 without a restart, and the resume is bitwise equal again; a SIGTERM
-//   to one of dtrun's workers ends the job with 75, without a restart either.
+//   dtrun exits 75 like them without a restart, and the resume is bitwise equal again; a
+//   SIGTERM to one of dtrun's workers ends the job with 75, without a restart either,
+//   also in the worker's first moments (before its program takes SIGTERM as a stop
+//   request, when the signal simply ends it): a preemption every time, never a crash.
 #include "../check.h"
 #include "../lib/mnist.h"
 #include "../lib/mp.h"
@@ -274,7 +276,7 @@ static void test_dtrun(void) {
     pid_t pid = start(log, prefix, extra);
     CHECK(wait_for(log, "epoch: 0 [5/"));
     kill(pid, SIGTERM);
-    CHECK_EQ(finish(pid), 128 + SIGTERM);
+    CHECK_EQ(finish(pid), 75); // as its workers: stopped cleanly, run again to continue
     int  times;
     long step = stopped_at(log, &times);
     CHECK_EQ(times, 1);
@@ -300,6 +302,45 @@ static void test_dtrun(void) {
     CHECK_EQ(count(log, FIRST), 1); // a restart would train from the start again
 }
 
+// SIGTERM to a worker of dtrun at several moments of its first half second (from the
+// moment dtrun's child runs dtrain-mnist): whether the signal ends it (before the
+// trainer takes SIGTERM as a stop request) or it stops at a step and saves, dtrun takes
+// it as a preemption: exit 75, no restart (--max-restarts 3), every process gone.
+static void test_dtrun_early(void) {
+    const int delays_ms[] = {0, 2, 10, 40, 100, 250, 500};
+    char      prefix[PATH_MAX + 128];
+    snprintf(prefix, sizeof prefix, "%s --nproc-per-node 2 --max-restarts 3", dtrun);
+    for (size_t i = 0; i < sizeof delays_ms / sizeof delays_ms[0]; i++) {
+        char log[256], dir[256], extra[512];
+        snprintf(log, sizeof log, "%s/early-%d.log", tmp, delays_ms[i]);
+        snprintf(dir, sizeof dir, "%s/early-%d", tmp, delays_ms[i]);
+        snprintf(extra, sizeof extra, "--checkpoint-dir %s", dir);
+        int   f0  = check_failed;
+        pid_t pid = start(log, prefix, extra), w = -1;
+        for (int k = 0; k < 20000 && w <= 0; k++) // its comm is the program's after exec
+            if ((w = child_of(pid, "dtrain-mnist", 1)) <= 0)
+                usleep(200);
+        CHECK(w > 0);
+        sleep_ms(delays_ms[i]);
+        if (w > 0)
+            kill(w, SIGTERM);
+        CHECK_EQ(finish(pid), 75);
+        CHECK(log_has(log, "preempted"));
+        CHECK(!log_has(log, "restarting the group"));
+        CHECK(count(log, FIRST) <= 1); // a restart would train from the start again
+        fprintf(stderr, "     SIGTERM %3d ms after the worker started: %s\n", delays_ms[i],
+                log_has(log, "was ended by a SIGTERM") ? "it ended by the signal"
+                : log_has(log, "exit status 75")       ? "it stopped at a step (75)"
+                                                       : "?");
+        if (check_failed != f0) {
+            char *s = slurp(log);
+            fprintf(stderr, "---- SIGTERM %d ms after the worker started:\n%s\n----\n",
+                    delays_ms[i], s ? s : "");
+            free(s);
+        }
+    }
+}
+
 // Two dtrun nodes (on loopback), SIGTERM to node 0's dtrun: the ranks of both nodes
 // stop at the same step and save it; the resume is bitwise equal to a straight run.
 static void test_dtrun_two_nodes(void) {
@@ -317,8 +358,8 @@ static void test_dtrun_two_nodes(void) {
     pid_t n1 = start(log1, p1, extra), n0 = start(log0, p0, extra);
     CHECK(wait_for(log0, "epoch: 0 [5/"));
     kill(n0, SIGTERM);
-    CHECK_EQ(finish(n0), 128 + SIGTERM);
-    CHECK(finish(n1) >= 0); // the other node's dtrun ends too ("the job stops")
+    CHECK_EQ(finish(n0), 75);
+    CHECK_EQ(finish(n1), 75); // the other node's dtrun ends too, for the same SIGTERM
     int  t0, t1;
     long s0 = stopped_at(log0, &t0), s1 = stopped_at(log1, &t1);
     CHECK_EQ(t0, 1);
@@ -358,6 +399,7 @@ int main(void) {
     RUN(test_one_process);
     RUN(test_two_processes_one_signalled);
     RUN(test_dtrun);
+    RUN(test_dtrun_early);
     RUN(test_dtrun_two_nodes);
     RUN(test_before_training);
     char cmd[256];

@@ -182,6 +182,18 @@ static void test_npy_dataset_loader(void) {
     o.channels = 4;
     CHECK_ERR(dt_dataset_load_npy(&ds, tmp("xf.npy"), NULL, &o), DT_ERR_ARG, "found 4");
     CHECK_ERR(dt_dataset_load_npy(&ds, tmp("none.npy"), NULL, NULL), DT_ERR_IO, "none.npy");
+    // A scalar (shape ()) has no sample count: said as such, not as "-1 dimensions".
+    float one = 1.0f;
+    write_npy(tmp("scalar.npy"), "<f4", 0, NULL, &one, 4);
+    CHECK_ERR(dt_dataset_load_npy(&ds, tmp("scalar.npy"), NULL, NULL), DT_ERR_FORMAT,
+              "scalar.npy: expected an array of shape (N, ...) (N samples), found a scalar "
+              "(shape ())");
+    CHECK_ERR(dt_dataset_load_npy(&ds, tmp("xf.npy"), tmp("scalar.npy"), NULL), DT_ERR_FORMAT,
+              "scalar.npy: expected an array of N = 23 targets (shape (N, ...)), found a scalar");
+    // Too many dimensions counts those after N; an (N) array (none after N) is accepted.
+    write_npy(tmp("x6.npy"), "<f4", 6, (size_t[]){1, 1, 1, 1, 1, 1}, &one, 4);
+    CHECK_ERR(dt_dataset_load_npy(&ds, tmp("x6.npy"), NULL, NULL), DT_ERR_FORMAT,
+              "with at most 4 dimensions after N, found 5");
 }
 
 // The IDX path and a U8 dataset of the same bytes described generally agree exactly.

@@ -10,8 +10,11 @@
 // - Workers ignoring SIGTERM are killed after --stop-grace.
 // - --max-restarts: a worker failing once, then success with restart count 1 seen by
 //   everyone; a worker failing every time exhausts the budget.
-// - SIGINT to dtrun stops everything (exit 130); SIGKILL to dtrun: the reaper kills
-//   every worker and their children.
+// - SIGINT to dtrun stops everything (exit 130); SIGTERM too, and dtrun then exits 75
+//   like workers that stop for a preemption (143 when a worker had to be killed after
+//   --term-grace); SIGKILL to dtrun: the reaper kills every worker and their children.
+// - SIGTERM to a worker at its first moments (it dies by the signal): a preemption, not
+//   a crash: no restart, the others stopped, exit 75.
 // - After every scenario no process with the scenario's marker is left (/proc).
 // - Usage errors name the flag (exit 2).
 #include "test_dtrun_lib.h"
@@ -287,7 +290,9 @@ static void test_sigint(void) {
         CHECK(wait_files(dir, "pid", 3, 20));
         double t0 = mono_s();
         kill(r.pid, sig);
-        CHECK_EQ(run_wait(&r, 20), 128 + sig);
+        // The workers end by the SIGTERM dtrun passes on: a clean stop, as a preemption.
+        int status = sig == SIGTERM ? 75 : 128 + sig;
+        CHECK_EQ(run_wait(&r, 20), status);
         fprintf(stderr, "     SIG%s to dtrun: everything gone after %.0f ms\n", sigabbrev_np(sig),
                 (r.end - t0) * 1000);
         CHECK(r.end - t0 < 2.0);
@@ -298,6 +303,56 @@ static void test_sigint(void) {
         CHECK(no_marker_procs(mark, 2));
         if (check_failed)
             run_dump(&r, "sigint");
+        run_free(&r);
+    }
+}
+
+// SIGTERM to dtrun whose workers ignore it: killed after --term-grace, and dtrun says so
+// with 143 (not 75: they did not stop as asked).
+static void test_sigterm_deaf_workers(void) {
+    char dir[PATH_MAX];
+    scenario_dir(dir, sizeof dir, "deaf");
+    new_mark("deaf");
+    const char *flags[] = {"--nproc-per-node", "2", "--term-grace", "0.5", NULL};
+    run         r;
+    run_start(&r, dir, "dtrun", dtrun_argv(flags, "deaf", dir, NULL), NULL);
+    CHECK(wait_files(dir, "pid", 2, 20));
+    kill(r.pid, SIGTERM);
+    CHECK_EQ(run_wait(&r, 20), 128 + SIGTERM);
+    CHECK(no_marker_procs(mark, 2));
+    if (check_failed)
+        run_dump(&r, "deaf workers");
+    run_free(&r);
+}
+
+// SIGTERM to one worker as soon as it runs, and a little later: before any program could
+// take it as a stop request it simply ends the worker. That is a preemption notice, as
+// for a worker that saved and exited 75: the others are stopped, nothing restarts (with
+// --max-restarts 3), dtrun exits 75.
+static void test_worker_early_sigterm(void) {
+    const double delays[] = {0, 0.05, 0.2};
+    for (size_t i = 0; i < sizeof delays / sizeof delays[0]; i++) {
+        char dir[PATH_MAX];
+        scenario_dir(dir, sizeof dir, "early-term");
+        new_mark("early-term");
+        const char *flags[] = {"--nproc-per-node", "2", "--max-restarts", "3", NULL};
+        run         r;
+        run_start(&r, dir, "dtrun", dtrun_argv(flags, "hang", dir, NULL), NULL);
+        int w = -1;
+        for (double end = mono_s() + 20; w < 0 && mono_s() < end;)
+            if ((w = worker_pid(r.pid, 1)) < 0)
+                sleep_s(0.0005);
+        CHECK(w > 0);
+        sleep_s(delays[i]);
+        if (w > 0)
+            kill(w, SIGTERM);
+        CHECK_EQ(run_wait(&r, 20), 75);
+        CHECK(strstr(r.err, "rank 1 was ended by a SIGTERM that dtrun did not send") != NULL);
+        CHECK(strstr(r.err, "restarting the group") == NULL);
+        CHECK(strstr(r.err, "root cause") == NULL); // not a failure
+        CHECK(no_marker_procs(mark, 2));
+        if (check_failed)
+            run_dump(&r, "early SIGTERM to a worker");
         run_free(&r);
     }
 }
@@ -392,6 +447,8 @@ int main(int argc, char **argv) {
     RUN(test_restart_once);
     RUN(test_restarts_exhausted);
     RUN(test_sigint);
+    RUN(test_sigterm_deaf_workers);
+    RUN(test_worker_early_sigterm);
     RUN(test_dtrun_killed);
     RUN(test_usage_errors);
     if (!check_failed)

@@ -130,6 +130,7 @@ DTRUN_TEST_FN void env_value(const char *dump, const char *name, char *out, size
 //                                       victim waits for all N ranks, then dies: HOW is
 //                                       "exit3" or "kill9"; the others sleep
 //   worker hang DIR MARK                record pids, sleep (for signals to dtrun)
+//   worker deaf DIR MARK                the same, ignoring SIGTERM
 //   worker stubborn DIR MARK N VICTIM   like fail/exit3, but the others ignore SIGTERM
 //                                       and SIGINT
 //   worker restart DIR MARK RANK UNTIL  rank RANK exits 1 while the restart count is
@@ -234,7 +235,9 @@ DTRUN_TEST_FN int worker_main(int argc, char **argv) {
             sleep_s(0.1);
         return 0;
     }
-    if (strcmp(mode, "hang") == 0) {
+    if (strcmp(mode, "hang") == 0 || strcmp(mode, "deaf") == 0) {
+        if (mode[0] == 'd')
+            signal(SIGTERM, SIG_IGN);
         record_pids(dir, rank);
         printf("rank %d: waiting\n", rank);
         fflush(stdout);

@@ -8,11 +8,19 @@
 //   naming the path and the errno text; an existing model file is left untouched.
 // - --num-processes far above the cores is refused with what the shm segment costs.
 // - --backend gloo is accepted (an alias of tcp) and said so in --help.
-// - Hand-launched workers given different --batch-size (or --lr) stop at start-up with
-//   a message naming the flag and both values, on every rank.
+// - Hand-launched workers given different --batch-size (or --lr, --precision, a string
+//   compared by its text) stop at start-up with a message naming the flag and both
+//   values, on every rank; so do workers that read data files of the same size and
+//   other bytes, and workers of one machine with different --checkpoint-dir folders
+//   (other machines may reach the folder under another path; two spellings of one
+//   folder are one folder).
+// - --backend tcp on one rank and shm on the other: refused within seconds, both
+//   backends named, instead of waiting for the whole timeout.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "../lib/mp.h"
 #include "../lib/prog.h"
+#include "dtrain/data.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -169,36 +177,117 @@ static void test_help_env(void) {
     free(out);
 }
 
+// A copy of the Fashion-MNIST files in dir (plain IDX) with one byte of the first
+// training image changed: the same sizes, other bytes.
+static bool write_changed_copy(const char *dir) {
+    static const char *const names[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+    for (int i = 0; i < 4; i++) {
+        char from[PATH_MAX], to[PATH_MAX];
+        snprintf(from, sizeof from, "%s/%s.gz", tl_fmnist_dir(), names[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, names[i]);
+        dt_idx x;
+        if (!CHECK(dt_idx_read(from, &x) == DT_OK))
+            return false;
+        if (i == 0)
+            x.data[100] ^= 1;
+        bool ok = CHECK(dt_idx_write(to, x.data, x.ndim, x.dims, false) == DT_OK);
+        dt_idx_free(&x);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
 static void test_flag_mismatch(void) {
+    char data[256], ck[256], link[256], other_ck[600], same_ck[600], data_flag[300];
+    snprintf(data, sizeof data, "%s/changed-data", tmp);
+    snprintf(ck, sizeof ck, "%s/ck", tmp);
+    snprintf(link, sizeof link, "%s/ck-link", tmp);
+    mkdir(data, 0755);
+    mkdir(ck, 0755);
+    CHECK(symlink(ck, link) == 0); // another spelling of the same folder
+    if (!write_changed_copy(data))
+        return;
+    snprintf(data_flag, sizeof data_flag, "--data-dir %s", data);
+    snprintf(other_ck, sizeof other_ck, "--checkpoint-dir %s/b", tmp);
+    snprintf(same_ck, sizeof same_ck, "--checkpoint-dir %s --max-steps 1", link);
+    char ck0[300];
+    snprintf(ck0, sizeof ck0, "--checkpoint-dir %s --max-steps 1", ck);
     struct {
-        const char *flags1, *want;
+        const char *env1, *flags0, *flags1, *want;
+        int         rc;
     } cases[] = {
-        {"--batch-size 16", "--batch-size must be the same on every rank: rank 0 has 32, rank 1 "
-                            "has 16"},
-        {"--batch-size 32 --lr 0.25",
-         "--lr must be the same on every rank: rank 0 has 0.5, rank 1 has 0.25"},
-        {"--batch-size 32 --stats", "--stats must be the same on every rank: rank 0 has off, "
-                                    "rank 1 has on"},
+        {"", "", "--batch-size 16",
+         "--batch-size must be the same on every rank: rank 0 has 32, rank 1 has 16", 1},
+        {"", "", "--lr 0.25",
+         "--lr must be the same on every rank: rank 0 has 0.5, rank 1 has 0.25", 1},
+        {"", "", "--stats", "--stats must be the same on every rank: rank 0 has off, rank 1 has on",
+         1},
+        // Strings by their text, not by whether they were given.
+        {"", "--precision fp32", "--precision bf16",
+         "--precision must be the same on every rank: rank 0 has \"fp32\", rank 1 has "
+         "\"bf16\"",
+         1},
+        // Files of the same size, one byte apart.
+        {"", "", data_flag,
+         "the training set's content (--data-dir, --limit) must be the same on every rank: "
+         "rank 0 has 0x",
+         1},
+        // One machine, two folders; then another machine's path to the same folder, and
+        // one machine's two spellings of one folder.
+        {"", ck0, other_ck,
+         "--checkpoint-dir must name the same folder on the ranks of one "
+         "machine: rank 0 has \"",
+         1},
+        {"DT_HOST_ID=elsewhere", ck0, same_ck, "Finished training", 0},
+        {"", ck0, same_ck, "Finished training", 0},
+        {"", ck0, "", "--checkpoint-dir must be given on every rank or on none: rank 0 has \"", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *out;
         int   f0 = check_failed, port = mp_free_port();
-        int   rc =
-            test_run(&out,
-                     "export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 DT_JOB_TOKEN=mm "
-                     "DT_TIMEOUT_MS=60000; "
-                     "RANK=1 LOCAL_RANK=1 %s --limit 256 --no-test %s >%s/r1.log 2>&1 & "
-                     "RANK=0 LOCAL_RANK=0 %s --limit 256 --no-test --batch-size 32 2>&1; "
-                     "r=$?; wait $!; r1=$?; echo \"==== rank 1 exit $r1\"; cat %s/r1.log; "
-                     "exit $r",
-                     port, bin, cases[i].flags1, tmp, bin, tmp);
-        CHECK_EQ(rc, 1);
-        CHECK_EQ(count(out, "==== rank 1 exit 1"), 1);
-        CHECK_EQ(count(out, cases[i].want), 2); // rank 0 and rank 1 say the same
-        CHECK(strstr(out, "training loss") == NULL);
+        int   rc = test_run(
+              &out,
+              "export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 DT_JOB_TOKEN=mm "
+                "DT_TIMEOUT_MS=60000; "
+                "%s RANK=1 LOCAL_RANK=1 %s --limit 256 --no-test --batch-size 32 %s >%s/r1.log 2>&1 & "
+                "RANK=0 LOCAL_RANK=0 %s --limit 256 --no-test --batch-size 32 %s 2>&1; "
+                "r=$?; wait $!; r1=$?; echo \"==== rank 1 exit $r1\"; cat %s/r1.log; "
+                "exit $r",
+              port, cases[i].env1, bin, cases[i].flags1, tmp, bin, cases[i].flags0, tmp);
+        CHECK_EQ(rc, cases[i].rc);
+        char exit1[64];
+        snprintf(exit1, sizeof exit1, "==== rank 1 exit %d", cases[i].rc);
+        CHECK_EQ(count(out, exit1), 1);
+        CHECK_EQ(count(out, cases[i].want), cases[i].rc ? 2 : 1); // rank 0 and rank 1 alike
+        if (cases[i].rc)
+            CHECK(strstr(out, "training loss") == NULL);
         show_on_failure(f0, out);
         free(out);
     }
+}
+
+// tcp on one rank, shm on the other: each would wait in its own backend's set-up for
+// the other until the timeout (60 s here; 30 min by default).
+static void test_backend_mismatch(void) {
+    char  *out;
+    int    f0 = check_failed, port = mp_free_port();
+    double t0   = dt_now();
+    int    rc   = test_run(&out,
+                           "export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 DT_JOB_TOKEN=bk "
+                                "DT_TIMEOUT_MS=60000; "
+                                "RANK=1 LOCAL_RANK=1 %s --limit 64 --no-test --backend shm >%s/b1.log 2>&1 & "
+                                "RANK=0 LOCAL_RANK=0 %s --limit 64 --no-test --backend tcp 2>&1; "
+                                "r=$?; wait $!; r1=$?; echo \"==== rank 1 exit $r1\"; cat %s/b1.log; exit $r",
+                           port, bin, tmp, bin, tmp);
+    double secs = dt_now() - t0;
+    CHECK_EQ(rc, 1);
+    CHECK_EQ(count(out, "==== rank 1 exit 1"), 1);
+    CHECK_EQ(count(out, "backend mismatch: rank 1 asks for backend shm, rank 0 for tcp"), 2);
+    CHECK(secs < 20.0);
+    show_on_failure(f0, out);
+    free(out);
 }
 
 int main(void) {
@@ -216,6 +305,7 @@ int main(void) {
     RUN(test_gloo);
     RUN(test_help_env);
     RUN(test_flag_mismatch);
+    RUN(test_backend_mismatch);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     if (check_failed == 0)

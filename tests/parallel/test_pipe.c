@@ -510,6 +510,8 @@ static void timed(int rank, int world, void *arg) {
     dt_pg_free(pg);
 }
 
+static dt_status bad_loss(void *user, const float *out, int first, int n, float *loss, float *dout);
+
 static void one_rank_cut(int rank, int world, void *arg) {
     (void)rank;
     (void)world;
@@ -521,6 +523,19 @@ static void one_rank_cut(int rank, int world, void *arg) {
     CHECK_ERR(dt_pipe_new(&p, build(false), 1, (const char *[]){"b1.out"}, pg, 7, NULL), DT_ERR_ARG,
               "expected 0 cuts");
     CHECK(p == NULL);
+    // One stage (what --tp or --zero 3 alone run on): a failure is the layer's or the
+    // loss's own, with no "pipeline stage 0" nobody asked for.
+    CHECK_OK(dt_pipe_new(&p, build(false), 0, NULL, pg, 7, &(dt_pipe_opts){DT_PIPE_1F1B, 2}));
+    static int32_t idx[B * T];
+    int            calls = 2; // bad_loss refuses from its third call on
+    CHECK_ERR(dt_pipe_step(p, (const void *[]){idx, idx}, B, NULL, bad_loss, &calls, NULL),
+              DT_ERR_ARG, "the test's loss refuses micro-batch 0");
+    CHECK(strstr(dt_last_error(), "pipeline stage") == NULL);
+    calls = 2;
+    CHECK_ERR(dt_pipe_eval(p, (const void *[]){idx, idx}, B, bad_loss, &calls, NULL), DT_ERR_ARG,
+              "the test's loss refuses micro-batch 0");
+    CHECK(strstr(dt_last_error(), "pipeline stage") == NULL);
+    dt_pipe_free(p);
     dt_pg_free(pg);
 }
 

@@ -132,6 +132,7 @@ typedef struct job {
     long batch;
     bool sched;  // a warmup + cosine schedule
     bool linear; // a hand-written linear regression over a dt_params (no dt_model)
+    bool late;   // the training loader after dt_trainer_prepare_model (refused)
 } job;
 
 static void save_result(dt_trainer *t, dt_params *p, void *all, size_t total) {
@@ -223,7 +224,8 @@ static dt_status train_fn(dt_trainer *t, void *user) {
     dt_model  *m;
     dt_loader *ld;
     dt_sched  *sch = NULL;
-    DT_TRY(dt_trainer_loader(t, &train_set, (size_t)j->batch, DT_SPLIT_TRAIN, &ld));
+    if (!j->late)
+        DT_TRY(dt_trainer_loader(t, &train_set, (size_t)j->batch, DT_SPLIT_TRAIN, &ld));
     DT_TRY(make_model(&m, 3));
     if (j->sched) {
         dt_sched_opts so = dt_sched_opts_default();
@@ -234,6 +236,8 @@ static dt_status train_fn(dt_trainer *t, void *user) {
         }
     }
     DT_TRY(dt_trainer_prepare_model(t, m, make_sgd(m), sch));
+    if (j->late)
+        DT_TRY(dt_trainer_loader(t, &train_set, (size_t)j->batch, DT_SPLIT_TRAIN, &ld));
     float    dlogp[10 * 64];
     dt_batch b;
     while (dt_trainer_next(t, &b)) {
@@ -387,6 +391,16 @@ static void test_resume_bitwise(void) {
              "--resume",
              tmp);
     CHECK_EQ(run_trainer(flags, &j, &r_tr), 1);
+    // The training loader after dt_trainer_prepare_model: the mid-epoch resume would
+    // restart the epoch (a model of more steps); refused, naming the order.
+    snprintf(flags, sizeof flags, "--epochs 3 --checkpoint-dir %s/c --max-steps 5", tmp);
+    CHECK_EQ(run_trainer(flags, &j, &r_tr), 0); // one process, mid-epoch (13 steps each)
+    j.late = true;
+    snprintf(flags, sizeof flags, "--epochs 3 --checkpoint-dir %s/c --resume", tmp);
+    CHECK_EQ(run_trainer(flags, &j, &r_tr), 1);
+    CHECK(strstr(dt_last_error(), "expected the training loader before dt_trainer_prepare*, "
+                                  "found it after") != NULL);
+    CHECK_EQ(r_tr.steps, 0);
 }
 
 static void test_own_gradients(void) {
@@ -495,6 +509,37 @@ static void test_invariant(void) {
     CHECK_EQ(run_trainer("--epochs 1 --invariant 2 --num-processes 4", &j, &r_tr), 1);
 }
 
+// --help tells the program's own default of --epochs (dt_trainer_opts.default_epochs),
+// not the trainer's.
+static void test_epochs_help(void) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/help.txt", tmp);
+    fflush(stdout);
+    int   saved = dup(1);
+    FILE *f     = fopen(path, "w");
+    if (!CHECK(f != NULL && saved >= 0))
+        return;
+    dup2(fileno(f), 1);
+    char           *argv[] = {"test", "--help", NULL};
+    dt_trainer_opts o      = dt_trainer_opts_default();
+    o.default_epochs       = 14;
+    dt_trainer *t          = NULL;
+    CHECK_OK(dt_trainer_new(&t, 2, argv, &o));
+    CHECK(t == NULL); // --help: printed, nothing to run
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    fclose(f);
+    char  text[16384] = "";
+    FILE *r           = fopen(path, "r");
+    if (r) {
+        text[fread(text, 1, sizeof text - 1, r)] = '\0';
+        fclose(r);
+    }
+    CHECK(strstr(text, "passes over the training set (default 14)") != NULL);
+    CHECK(strstr(text, "passes over the training set (default 1)") == NULL);
+}
+
 static long        f_long;
 static double      f_dbl;
 static bool        f_bool;
@@ -550,6 +595,7 @@ int main(void) {
     if (shared_result == MAP_FAILED || dt_dataset_init(&train_set, img, lab, NS, H, W, NULL))
         return 1;
     RUN(test_flags);
+    RUN(test_epochs_help);
     RUN(test_same_as_hand_loop);
     RUN(test_accumulation);
     RUN(test_resume_bitwise);

@@ -129,16 +129,17 @@ static void print_help(FILE *f) {
     fprintf(f, "\n");
     print_wrapped(f,
                   "Preemption: SIGTERM to dtrun is forwarded to every worker, dtrun waits for "
-                  "them (--term-grace) and exits without a restart; a program that saves its "
+                  "them (--term-grace) and exits 75 without a restart; a program that saves its "
                   "state at the next step and exits with 75 (EX_TEMPFAIL, as dtrain-mnist "
                   "does) can be run again with its resume flag. Workers that exit with 75 on "
-                  "their own (SIGTERM sent to a worker) end the job without a restart too.",
+                  "their own, or are ended by a SIGTERM dtrun did not send (also in their "
+                  "first moments), end the job the same way.",
                   0, 79);
     fprintf(f, "\n");
     print_wrapped(f,
                   "Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for a "
-                  "usage error, 75 when the workers stopped with 75 (preempted), 128+N when "
-                  "stopped by signal N.",
+                  "usage error, 75 when the job stopped for a SIGTERM and every worker "
+                  "stopped cleanly (preempted), 128+N when stopped by signal N otherwise.",
                   0, 79);
 }
 

@@ -33,7 +33,10 @@ typedef struct attempt {
     char        reason[640];   // why the job stops for good ("" for worker failures)
     bool        local_done;    // every local worker exited 0
     bool        all_done;      // (several nodes) every node's workers exited 0
-    bool        preempted;     // a worker exited with EXIT_PREEMPTED on its own
+    bool        preempted;     // a worker was preempted on its own (exit 75, or SIGTERM)
+    bool        term_stop;     // the job stops for a SIGTERM (here, elsewhere, a worker's)
+    bool        unclean;       // a worker stopped by dtrun ended otherwise than with 0,
+                               // 75 or by the SIGTERM itself (killed after the grace...)
 } attempt;
 
 // A worker's "stopped on SIGTERM, state saved, run me again later" (EX_TEMPFAIL).
@@ -49,16 +52,37 @@ static void begin_stop(attempt *t, int sig) {
 
 static void on_end(dtrun_worker *w, void *ctx) {
     attempt *t = ctx;
-    if (w->signalled || (w->exit_code == 0 && w->term_signal == 0))
+    if (w->signalled) {
+        // Stopped by dtrun: cleanly when it saved and said so (75), had finished (0), or
+        // ended by the SIGTERM itself (before its program could set up a stop, or a
+        // program without one: nothing of it was lost).
+        bool exited = w->term_signal == 0;
+        if (exited ? w->exit_code != 0 && w->exit_code != EXIT_PREEMPTED
+                   : w->term_signal != SIGTERM)
+            t->unclean = true;
         return;
-    if (w->exit_code == EXIT_PREEMPTED && w->term_signal == 0) {
-        // Its peers agreed on the same stop and end the same way: no restart.
-        t->preempted = true;
-        if (!t->reason[0])
+    }
+    if (w->exit_code == 0 && w->term_signal == 0)
+        return;
+    bool saved = w->exit_code == EXIT_PREEMPTED && w->term_signal == 0;
+    if (saved || w->term_signal == SIGTERM) {
+        // A preemption notice sent to the worker itself: it saved and stopped at a step
+        // its peers agreed on (75), or the SIGTERM ended it before its program took
+        // SIGTERM as a stop (its first moments): the same notice, nothing to restart.
+        t->preempted = t->term_stop = true;
+        if (!t->reason[0] && saved)
             snprintf(t->reason, sizeof t->reason,
                      "rank %d stopped on SIGTERM with exit status %d (preempted): not "
                      "restarting; run again with the program's resume flag",
                      w->rank, EXIT_PREEMPTED);
+        else if (!t->reason[0])
+            snprintf(t->reason, sizeof t->reason,
+                     "rank %d was ended by a SIGTERM that dtrun did not send (preempted "
+                     "before it could save; its last checkpoint stands): not restarting; run "
+                     "again with the program's resume flag",
+                     w->rank);
+        if (!t->stopping && t->term_grace_ms > t->grace_ms)
+            t->grace_ms = t->term_grace_ms; // the others get the time to save
         begin_stop(t, SIGTERM);
         dtrun_rdzv_post_stop(t->r, t->reason);
         return;
@@ -73,6 +97,8 @@ static void on_end(dtrun_worker *w, void *ctx) {
 
 static void stop_for(attempt *t, const char *reason) {
     // Another node's SIGTERM (a preemption of the whole job): the same time to save.
+    if (strstr(reason, "SIGTERM"))
+        t->term_stop = true;
     if (!t->stopping && strstr(reason, "SIGTERM") && t->term_grace_ms > t->grace_ms)
         t->grace_ms = t->term_grace_ms;
     if (!t->reason[0])
@@ -81,8 +107,12 @@ static void stop_for(attempt *t, const char *reason) {
 }
 
 // Runs one attempt; fills *mine with this node's report. Returns true on success.
+// *preempted: a worker was preempted on its own. *term_clean: the job stopped for a
+// SIGTERM (to dtrun, to another node's, to a worker) and every local worker stopped
+// cleanly (0, 75, or by the SIGTERM; none failed or had to be killed).
 static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int reaper_fd,
-                        int sig_fd, dtrun_report *mine, int *sig_out, bool *preempted) {
+                        int sig_fd, dtrun_report *mine, int *sig_out, bool *preempted,
+                        bool *term_clean) {
     attempt t = {.r = r, .grace_ms = a->stop_grace_ms, .term_grace_ms = a->term_grace_ms};
     char    dir[4200];
     if (a->log_dir)
@@ -147,6 +177,7 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
                 // SIGTERM is a preemption notice: the workers get time to save.
                 if (sig == SIGTERM && a->term_grace_ms > t.grace_ms && !t.stopping)
                     t.grace_ms = a->term_grace_ms;
+                t.term_stop |= sig == SIGTERM;
                 begin_stop(&t, sig); // the workers get the signal dtrun got, as from a tty
                 dtrun_rdzv_post_stop(r, why);
             }
@@ -191,8 +222,9 @@ static bool run_attempt(dtrun_rdzv *r, const dtrun_args *a, int n, int port, int
                 dtrun_worker_failure(&t.g.w[i], a->node_rank, r->host, &mine->fail[mine->nfail++]);
     dtrun_group_free(&t.g);
     dt_free(t.failed);
-    *sig_out   = t.sig;
-    *preempted = t.preempted;
+    *sig_out    = t.sig;
+    *preempted  = t.preempted;
+    *term_clean = t.term_stop && !t.unclean && t.nfailed == 0;
     return ok;
 }
 
@@ -229,8 +261,8 @@ int main(int argc, char **argv) {
             break;
         dtrun_report mine;
         int          sig       = 0;
-        bool         preempted = false;
-        if (run_attempt(&r, &a, n, port, reaper_fd, sig_fd, &mine, &sig, &preempted)) {
+        bool         preempted = false, term_clean = false;
+        if (run_attempt(&r, &a, n, port, reaper_fd, sig_fd, &mine, &sig, &preempted, &term_clean)) {
             dtrun_report_clear(&mine);
             break; // rc 0
         }
@@ -248,7 +280,10 @@ int main(int argc, char **argv) {
         if (!sig)
             sig = r.late_signal;
         if (!restart || sig) {
-            rc = sig ? 128 + sig : preempted ? EXIT_PREEMPTED : 1;
+            // Stopped for a SIGTERM, every worker cleanly: the workers' own status, 75
+            // ("run me again"), the same whichever process got the notice. Otherwise a
+            // signal's 128+N (a worker had to be killed, or SIGINT/SIGHUP).
+            rc = term_clean ? EXIT_PREEMPTED : sig ? 128 + sig : preempted ? EXIT_PREEMPTED : 1;
             break;
         }
     }
