@@ -94,7 +94,7 @@ static void test_env_and_output(void) {
     for (int rank = 0; rank < 3; rank++) {
         char path[PATH_MAX + 32];
         snprintf(path, sizeof path, "%s/cpid.%d", dir, rank);
-        CHECK(!pid_alive((int)read_long(path)));
+        CHECK(!pid_file_alive(path));
     }
     CHECK(no_marker_procs(mark, 2));
     if (check_failed)
@@ -196,9 +196,9 @@ static void run_fail_case(const fail_case *fc) {
     // Nobody left: workers, their children, the reaper.
     for (int rank = 0; rank < fc->nproc; rank++) {
         snprintf(path, sizeof path, "%s/pid.%d", dir, rank);
-        CHECK(!pid_alive((int)read_long(path)));
+        CHECK(!pid_file_alive(path));
         snprintf(path, sizeof path, "%s/cpid.%d", dir, rank);
-        CHECK(!pid_alive((int)read_long(path)));
+        CHECK(!pid_file_alive(path));
     }
     CHECK(no_marker_procs(mark, 2));
     if (check_failed)

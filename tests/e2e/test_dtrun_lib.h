@@ -503,6 +503,33 @@ DTRUN_TEST_FN bool pid_alive(int pid) {
     return alive;
 }
 
+// Whether the process whose pid the file `path` holds (written by that process) is
+// still alive: the pid, unless the process now under it started after the file was
+// written (pids are reused, and with pid_max 32768 a busy machine reuses them within
+// seconds: such a process is another one).
+DTRUN_TEST_FN bool pid_file_alive(const char *path) {
+    int         pid = (int)read_long(path);
+    struct stat st;
+    if (!pid_alive(pid) || stat(path, &st) != 0)
+        return false;
+    char sp[64];
+    snprintf(sp, sizeof sp, "/proc/%d/stat", pid);
+    char     *s = read_file(sp), *p = strrchr(s, ')');
+    long long start_ticks = -1;
+    for (int field = 2; p && *p && field < 22; field++) // field 22: starttime, in ticks
+        p = strchr(p + 1, ' ');
+    if (p)
+        start_ticks = atoll(p + 1);
+    free(s);
+    char     *ps = read_file("/proc/stat"), *bt = strstr(ps, "btime ");
+    long long boot = bt ? atoll(bt + 6) : 0;
+    free(ps);
+    if (start_ticks < 0 || boot <= 0)
+        return true; // unknown: count it as alive
+    double started = (double)boot + (double)start_ticks / (double)sysconf(_SC_CLK_TCK);
+    return started <= (double)st.st_mtime + 1.0; // btime and ticks are coarse
+}
+
 // Pid of dtrun's worker of the given rank (a child of dtrun with RANK=<rank>).
 DTRUN_TEST_FN int worker_pid(int dtrun_pid, int rank) {
     DIR           *d     = opendir("/proc");

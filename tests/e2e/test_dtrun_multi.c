@@ -131,7 +131,7 @@ static void failure_case(int victim, const char *how, const char *expect) {
     }
     for (int rank = 0; rank < 4; rank++) {
         snprintf(path, sizeof path, "%s/cpid.%d", dir, rank);
-        CHECK(!pid_alive((int)read_long(path)));
+        CHECK(!pid_file_alive(path));
     }
     CHECK(no_marker_procs(mark, 3));
     end_nodes(&n0, &n1);
