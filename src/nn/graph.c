@@ -154,7 +154,8 @@ dt_status dt_graph_add_node(dt_graph *g, const char *name, dt_layer *layer, int 
     dt_shape in[DT_LAYER_MAX_INPUTS];
     for (int i = 0; i < nin; i++)
         in[i] = g->vals[v.in[i]].shape;
-    st = layer->ops->setup(layer, nin, in, &v.su);
+    v.su.precision = g->prec;
+    st             = layer->ops->setup(layer, nin, in, &v.su);
     if (st == DT_OK)
         st = check_shape(name, &v.su.out);
     if (st == DT_OK && (v.su.nparams < 0 || v.su.nparams > DT_LAYER_MAX_TENSORS ||
@@ -312,6 +313,9 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
     g->params     = NULL;
     g->first_user = NULL;
     DT_TRY(dt_blas_init());
+    for (int i = 0; i < g->nvals; i++) // a precision set after the node was added
+        if (g->vals[i].layer && g->vals[i].su.precision != g->prec)
+            DT_TRY(dt_graph_setup_node(g, i));
     DT_TRY(dt_graph_run_passes(g));
     DT_TRY(dt_params_new(&g->params, NULL));
     int *order = dt_alloc(sizeof(int) * (size_t)g->nvals);

@@ -167,8 +167,10 @@ static inline int dt_graph_root(const dt_graph *g, int i) {
     return i;
 }
 
-// Per-thread scratch, parameter size and setup of the Sequential nodes changed
-// (precision, shards): their setups run again and the buffers are made anew.
+// The precision changed: every node's setup runs again (dt_layer_setup.precision) and
+// the buffers are made anew.
 dt_status dt_graph_setup_again(dt_graph *g);
+// Node i's setup again with the graph's precision (dt_layer_setup.precision).
+dt_status dt_graph_setup_node(dt_graph *g, int i);
 
 #endif

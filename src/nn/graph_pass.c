@@ -119,8 +119,7 @@ static bool match_public(const dt_graph *g, int i, dt_nn_conv2d *cp, int *r, int
 static dt_status take_over(dt_graph *g, int i, int last, int *into) {
     gval          *v  = &g->vals[i];
     dt_shape       in = g->vals[v->in[0]].shape;
-    dt_layer_setup su = {0};
-    dt_seq_set_precision(v->layer, g->prec); // a mode set before finalize
+    dt_layer_setup su = {.precision = g->prec}; // a mode set before finalize
     DT_TRY(v->layer->ops->setup(v->layer, 1, &in, &su));
     const dt_shape *want = &g->vals[last].shape;
     if (su.out.ndim != want->ndim || dt_shape_numel(&su.out) != dt_shape_numel(want))
@@ -244,7 +243,8 @@ static dt_status fuse_bn_at(dt_graph *g, int b, int a, int r, int *into) {
     dt_shape in[2];
     for (int j = 0; j < f.nin; j++)
         in[j] = g->vals[f.in[j]].shape;
-    dt_status st = l->ops->setup(l, f.nin, in, &f.su);
+    f.su.precision = g->prec;
+    dt_status st   = l->ops->setup(l, f.nin, in, &f.su);
     if (st != DT_OK) {
         dt_layer_free(l);
         return dt_fail_context("fusing '%s' into '%s'", vb->name, vr->name);

@@ -20,15 +20,16 @@
 // per-thread partial gradients are then summed in thread order, each thread a slice,
 // before thread 0 reports them ready. A node with batch-wide state (BatchNorm) ends the
 // run: it runs whole on the calling thread between two tasks (free to use the pool
-// itself). Sequential nodes (seq.h) are called on every thread with the whole batch's
-// buffers and split the work themselves.
+// itself). Team layers (layer.h's DT_LAYER_TEAM: the Sequential model's, seq.h) are
+// called on every thread at once with the whole batch's buffers and split the work
+// themselves.
 //
 // Gradient shards (dt_graph_set_grad_shards): sample s belongs to shard s % S. The
 // backward of a node with parameters then runs per shard, each adding its samples in
 // increasing order into its own buffer, and the shards are combined by the fixed tree
 // of dt_nn_shard_tree before being added to the gradient: the result does not depend
-// on the thread count. Sequential nodes take a shard's samples in one call (or, for
-// Linear, sum the shards themselves); other layers are called once per sample.
+// on the thread count. Team layers take a shard's samples in one call (or, with a
+// shared gradient, sum the shards themselves); other layers are called once per sample.
 #include "dtrain/trace.h"
 
 #include "nn/graph_impl.h"
@@ -179,8 +180,8 @@ static dt_status share_dy(dt_graph *g, int batch) {
 
 // Floats of scratch node v needs on one thread for `batch` samples.
 static size_t node_scratch(const dt_graph *g, const gval *v, int batch) {
-    if (v->seq)
-        return dt_seq_thread_scratch(v->layer, g->shards);
+    if (v->su.run == DT_LAYER_TEAM)
+        return v->su.scratch_fixed + v->su.scratch_per_shard * (size_t)g->shards;
     return v->su.scratch_per_sample * (size_t)batch + v->su.scratch_fixed;
 }
 
@@ -320,21 +321,31 @@ int dt_graph_grad_shards(const dt_graph *g) {
     return g ? g->shards : 0;
 }
 
+dt_status dt_graph_setup_node(dt_graph *g, int i) {
+    gval *v = &g->vals[i];
+    if (!v->layer)
+        return DT_OK;
+    dt_shape in[DT_LAYER_MAX_INPUTS];
+    for (int j = 0; j < v->nin; j++)
+        in[j] = g->vals[v->in[j]].shape;
+    dt_layer_setup su = {.precision = g->prec};
+    dt_status      st = v->layer->ops->setup(v->layer, v->nin, in, &su);
+    if (st == DT_OK && (su.nparams != v->su.nparams || su.nbuffers != v->su.nbuffers ||
+                        dt_shape_numel(&su.out) != dt_shape_numel(&v->su.out)))
+        st = dt_fail(DT_ERR_STATE, "its tensors or output changed with the precision");
+    if (st != DT_OK)
+        return dt_fail_context("node '%s' (%s)", v->name, v->layer->ops->kind);
+    su.out = v->su.out; // a fusion's output keeps the shape it took over
+    v->su  = su;
+    return DT_OK;
+}
+
 dt_status dt_graph_setup_again(dt_graph *g) {
     dt_graph_release_buffers(g);
     dt_graph_free_thread_buffers(g);
     g->batch = 0;
-    for (int i = 0; i < g->nvals; i++) {
-        gval *v = &g->vals[i];
-        if (!v->seq)
-            continue;
-        dt_shape       in = g->vals[v->in[0]].shape;
-        dt_layer_setup su = {0};
-        dt_status      st = v->layer->ops->setup(v->layer, 1, &in, &su);
-        v->su             = su;
-        if (st != DT_OK)
-            return dt_fail_context("node '%s' (%s)", v->name, v->layer->ops->kind);
-    }
+    for (int i = 0; i < g->nvals; i++)
+        DT_TRY(dt_graph_setup_node(g, i));
     return DT_OK;
 }
 
@@ -346,14 +357,8 @@ dt_status dt_graph_set_precision(dt_graph *g, dt_precision p) {
                        (int)p);
     if (p == g->prec)
         return DT_OK;
-    g->prec  = p;
-    bool seq = false;
-    for (int i = 0; i < g->nvals; i++)
-        if (g->vals[i].seq) {
-            dt_seq_set_precision(g->vals[i].layer, p); // a 16-bit conv2d takes im2col
-            seq = true;
-        }
-    return seq && g->finalized ? dt_graph_setup_again(g) : DT_OK;
+    g->prec = p; // every layer's setup sees it (a 16-bit conv2d takes other kernels)
+    return g->finalized ? dt_graph_setup_again(g) : DT_OK;
 }
 
 dt_precision dt_graph_precision(const dt_graph *g) {
@@ -476,14 +481,19 @@ static double node_flop(const dt_graph *g, const gval *v, bool backward) {
 // ------------------------------------------------------------------- calling layers
 
 // A layer with batch-wide state in forward (BatchNorm's statistics: saved_fixed) runs
-// on the whole batch on thread 0; every other layer is split by samples.
+// on the whole batch on thread 0, as one that asks for it (DT_LAYER_WHOLE); a team
+// layer is called by every thread at once; every other layer is split by samples.
 static bool whole(const gval *v) {
-    return !v->seq && v->su.saved_fixed != 0;
+    return v->su.run == DT_LAYER_WHOLE || (v->su.run == DT_LAYER_RANGE && v->su.saved_fixed != 0);
 }
-
+static bool team(const gval *v) {
+    return v->su.run == DT_LAYER_TEAM;
+}
+// Whether the graph forms the node's parameter gradient per shard (a team layer with a
+// shared gradient sums its shards itself).
 static bool sharded(const dt_graph *g, const gval *v) {
     return g->shards && v->su.nparams && !whole(v) &&
-           (!v->seq || dt_seq_grad_mode(v->layer) == NN_GRAD_PARTIAL);
+           (!team(v) || v->su.grad == DT_LAYER_GRAD_PARTIAL);
 }
 
 static float *thread_scratch(const dt_graph *g, int ith) {
@@ -550,20 +560,59 @@ static dt_status call_layer(dt_graph *g, gval *v, bool backward, int b0, int b1,
     return DT_OK;
 }
 
-static nn_ctx seq_ctx(dt_graph *g, const gval *v, int ith, int nth, const dt_rng *rng) {
-    return (nn_ctx){
-        .ith      = ith,
-        .nth      = nth,
-        .s0       = (int)((int64_t)g->batch * ith / nth),
-        .s1       = (int)((int64_t)g->batch * (ith + 1) / nth),
-        .sstep    = 1,
-        .shards   = g->shards,
-        .batch    = g->batch,
-        .training = v->fwd_training,
-        .pool     = g->pool,
-        .scratch  = thread_scratch(g, ith),
-        .rng      = rng,
-        .keys     = g->keys,
+// A team layer's forward or backward on thread ith of nth: the whole batch's buffers,
+// its samples in tm; parameter gradients into dw (NULL: the layer's shared gradient, or
+// this thread's partial when the layer's are partial).
+static dt_status call_team(dt_graph *g, gval *v, bool backward, const dt_layer_team *tm,
+                           float *const *dw_to) {
+    int          ith = tm->ith;
+    dt_shape     in[DT_LAYER_MAX_INPUTS];
+    const float *x[DT_LAYER_MAX_INPUTS];
+    float       *dx[DT_LAYER_MAX_INPUTS];
+    float       *dw[DT_LAYER_MAX_TENSORS];
+    for (int j = 0; j < v->nin; j++) {
+        in[j] = g->vals[v->in[j]].shape;
+        x[j]  = val_data(&g->vals[v->in[j]]);
+        dx[j] = backward ? v->bdx[j] : NULL;
+    }
+    bool own = v->su.grad == DT_LAYER_GRAD_PARTIAL && ith > 0;
+    for (int p = 0; p < v->su.nparams; p++)
+        dw[p] = dw_to ? dw_to[p] : own ? g->partial[ith] + param_off(g, v, p) : v->dw[p];
+    dt_rng        rng = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
+    dt_layer_args a   = {
+          .batch     = g->batch,
+          .training  = backward ? v->fwd_training : g->training,
+          .nin       = v->nin,
+          .in        = in,
+          .out       = &v->shape,
+          .x         = x,
+          .y         = v->y,
+          .dy        = backward ? v->dy : NULL,
+          .dx        = dx,
+          .w         = v->w,
+          .dw        = dw,
+          .buf       = v->buf,
+          .saved     = v->saved,
+          .scratch   = thread_scratch(g, ith),
+          .rng       = &rng,
+          .keys      = g->keys,
+          .precision = g->prec,
+          .w16       = (const void *const *)v->w16,
+          .saved16   = dt_graph_saved16_at(g, v, 0),
+          .pool      = g->pool,
+          .team      = tm,
+    };
+    return backward ? v->layer->ops->backward(v->layer, &a) : v->layer->ops->forward(v->layer, &a);
+}
+
+static dt_layer_team team_of(const dt_graph *g, int ith, int nth) {
+    return (dt_layer_team){
+        .ith    = ith,
+        .nth    = nth,
+        .s0     = (int)((int64_t)g->batch * ith / nth),
+        .s1     = (int)((int64_t)g->batch * (ith + 1) / nth),
+        .step   = 1,
+        .shards = g->shards,
     };
 }
 
@@ -606,10 +655,9 @@ static void forward_task(void *arg, int ith, int nth) {
         uint64_t t0 = g->profile && ith == 0 ? dt_now_ns() : 0;
         uint64_t c0 = g->times && ith == 0 ? dt_graph_cpu_ns() : 0;
         DT_TRACE_BEGIN(tr);
-        if (v->seq) { // never fails; runs on to keep the threads together
-            dt_rng r = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
-            nn_ctx c = seq_ctx(g, v, ith, nth, &r);
-            dt_seq_forward(v->layer, &c, val_data(&g->vals[v->in[0]]), v->y);
+        if (team(v)) { // every thread calls it, failed or not: it may meet the others
+            dt_layer_team tm = team_of(g, ith, nth);
+            record(g, ith, i, call_team(g, v, false, &tm, NULL));
         } else if (!failed(g)) {
             record(g, ith, i, call_layer(g, v, false, b0, b1, ith, NULL));
         }
@@ -635,13 +683,7 @@ static dt_status task_status(dt_graph *g, int nth, const char *pass) {
         return dt_fail(g->tstatus[t], "node '%s' (%s) %s: thread %d of %d failed (status %d)",
                        v->name, v->layer->ops->kind, pass, t, nth, (int)g->tstatus[t]);
     }
-    dt_status st = DT_OK;
-    for (int i = 0; i < g->nvals; i++)
-        if (g->vals[i].seq && dt_seq_take_lowp_failure(g->vals[i].layer) && st == DT_OK)
-            st = dt_fail(DT_ERR_NOMEM, "node '%s' (%s) %s: no memory for a %s product",
-                         g->vals[i].name, g->vals[i].layer->ops->kind, pass,
-                         dt_precision_name(g->prec));
-    return st;
+    return DT_OK;
 }
 
 static void begin_pass(dt_graph *g, int nth, bool backward) {
@@ -650,12 +692,7 @@ static void begin_pass(dt_graph *g, int nth, bool backward) {
         g->tfail[t]   = -1;
     }
     g->failed = 0;
-    for (int i = 0; i < g->nvals; i++) {
-        gval *v = &g->vals[i];
-        if (v->seq)
-            dt_seq_prepare(v->layer, v->w, v->saved, (const void *const *)v->w16,
-                           backward ? v->fwd_training : g->training);
-    }
+    (void)backward;
 }
 
 // A node that runs whole, on the calling thread between two tasks.
@@ -859,14 +896,10 @@ static void backward_shards(dt_graph *g, gval *v, int i, int ith, int nth) {
             dw[k]                  = base + t->offset;
             memset(dw[k], 0, sizeof(float) * t->count);
         }
-        if (v->seq) { // weight then bias, one span: the shard's samples in one call
-            dt_rng r = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
-            nn_ctx c = seq_ctx(g, v, ith, nth, &r);
-            c.s0     = sh;
-            c.s1     = g->batch;
-            c.sstep  = g->shards;
-            dt_seq_backward(v->layer, &c, val_data(&g->vals[v->in[0]]), v->y, v->dy, v->bdx[0],
-                            dw[0]);
+        if (team(v)) { // the shard's samples in one call
+            dt_layer_team tm = team_of(g, ith, nth);
+            tm.s0 = sh, tm.s1 = g->batch, tm.step = g->shards;
+            record(g, ith, i, call_team(g, v, true, &tm, dw));
             continue;
         }
         for (int s = sh; s < g->batch && !failed(g); s += g->shards)
@@ -954,28 +987,24 @@ static void backward_task(void *arg, int ith, int nth) {
             meet(g, nth); // the shards' rows were written by every thread
             backward_shards(g, v, i, ith, nth);
             meet(g, nth);
-        } else if (v->seq) {
-            dt_rng r  = dt_rng_split(&g->rng, (uint64_t)v->layer_no);
-            nn_ctx c  = seq_ctx(g, v, ith, nth, &r);
-            float *dp = NULL;
-            if (v->su.nparams) {
-                bool own = dt_seq_grad_mode(v->layer) == NN_GRAD_PARTIAL && ith > 0;
-                dp = (own ? g->partial[ith] : dt_params_grads(g->params)) + param_off(g, v, 0);
-            }
-            dt_seq_backward(v->layer, &c, val_data(&g->vals[v->in[0]]), v->y, v->dy, v->bdx[0], dp);
+        } else if (team(v)) { // every thread calls it, failed or not: it may meet the others
+            dt_layer_team tm = team_of(g, ith, nth);
+            record(g, ith, i, call_team(g, v, true, &tm, NULL));
         } else if (!failed(g)) {
             record(g, ith, i, call_layer(g, v, true, b0, b1, ith, NULL));
         }
-        // A Sequential node's fan-out, added by range once every thread wrote its rows.
-        if (v->seq && v->bdx[0] && !v->bdirect[0]) {
-            const gval *u  = &g->vals[v->in[0]];
-            size_t      nu = dt_shape_numel(&u->shape);
-            dt_nn_accumulate((size_t)(b1 - b0) * nu, v->bdx[0] + (size_t)b0 * nu,
-                             u->dy + (size_t)b0 * nu);
-        }
+        // A team node's fan-out, added by range once every thread wrote its rows (a team
+        // layer may write other threads' rows: they meet first).
+        for (int j = 0; team(v) && j < v->nin; j++)
+            if (v->bdx[j] && !v->bdirect[j]) {
+                const gval *u  = &g->vals[v->in[j]];
+                size_t      nu = dt_shape_numel(&u->shape);
+                meet(g, nth);
+                dt_nn_accumulate((size_t)(b1 - b0) * nu, v->bdx[j] + (size_t)b0 * nu,
+                                 u->dy + (size_t)b0 * nu);
+            }
         if (v->su.nparams) {
-            bool partials =
-                !shards && nth > 1 && (!v->seq || dt_seq_grad_mode(v->layer) == NN_GRAD_PARTIAL);
+            bool partials = !shards && nth > 1 && (!team(v) || v->su.grad == DT_LAYER_GRAD_PARTIAL);
             if (!shards)
                 meet(g, nth);
             if (partials || shards) {

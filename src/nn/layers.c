@@ -75,6 +75,11 @@ void dt_layer_parallel(const dt_layer_args *a, void (*fn)(void *arg, int i, int 
         fn(arg, 0, 1);
 }
 
+void dt_layer_team_meet(const dt_layer_args *a) {
+    if (a && a->team && a->team->nth > 1 && a->pool)
+        dt_pool_barrier(a->pool);
+}
+
 dt_status lay_new(dt_layer **out, const dt_layer_ops *ops, const void *cfg, size_t size) {
     if (!out)
         return dt_fail(DT_ERR_ARG, "%s: expected an output pointer, found NULL", ops->kind);

@@ -79,6 +79,8 @@ static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_la
         return dt_fail(DT_ERR_ARG, "layer %d %s: expected one float (c, h, w) input, found %s",
                        nl->index, nl->ops->kind, nin >= 1 ? dt_shape_str(&in[0], b, sizeof b) : "");
     nl->in = (nn_shape){(int)in[0].d[0], (int)in[0].d[1], (int)in[0].d[2]};
+    if (nl->ops == &dt_nn_conv2d_ops || nl->ops == &dt_nn_linear_ops)
+        nl->prec = s->precision; // a 16-bit conv2d takes other kernels
     DT_TRY(nl->ops->setup(nl));
     nn_shape out = nl->out;
     size_t   aux = nl->aux_per_sample;
@@ -107,9 +109,14 @@ static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_la
         s->nparams     = 2;
         s->lowp_params = 1u; // the weight's shadow in a 16-bit mode (dt_seq_prepare)
     }
-    s->saved_per_sample = (aux + sizeof(float) - 1) / sizeof(float);
-    s->scratch_fixed    = nl->scratch_floats;
-    s->flops_per_sample = nl->flops;
+    s->saved_per_sample  = (aux + sizeof(float) - 1) / sizeof(float);
+    s->scratch_fixed     = nl->scratch_floats;
+    s->scratch_per_shard = nl->shard_scratch;
+    s->flops_per_sample  = nl->flops;
+    // Run by every thread at once on the whole batch (nn_impl.h's threading)
+    s->run      = DT_LAYER_TEAM;
+    s->in_place = nl->ops->in_place;
+    s->grad = nl->ops->grad_mode == NN_GRAD_SHARED ? DT_LAYER_GRAD_SHARED : DT_LAYER_GRAD_PARTIAL;
     return DT_OK;
 }
 
@@ -153,20 +160,87 @@ dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p
     return DT_OK;
 }
 
-// -------------------------------------------------------------------------- per pass
+// ------------------------------------------------------------------------- calling
 
-void dt_seq_prepare(const dt_layer *l, float *const *w, float *saved, const void *const *w16,
-                    bool training) {
-    nn_layer *nl = dt_seq_nn(l);
-    if (nl->nparams) {
-        nl->w   = w[0];
-        nl->b   = w[1];
-        nl->w16 = w16 ? (void *)(uintptr_t)w16[0] : NULL; // the graph's
+// The configuration bound to this call's tensors and mode: a copy per call, so the
+// threads of a team share nothing they write (the pool's too, for a fused pool).
+static nn_layer bind(const dt_layer *l, const dt_layer_args *a, nn_layer *pool) {
+    const seq_cfg *c  = cfg(l);
+    nn_layer       nl = c->nl;
+    if (nl.nparams) {
+        nl.w   = a->w[0];
+        nl.b   = a->w[1];
+        nl.w16 = a->w16 ? (void *)(uintptr_t)a->w16[0] : NULL; // the graph's
     }
-    nl->aux = (uint8_t *)saved;
-    if (nl->pool)
-        nl->pool->aux = (uint8_t *)saved;
-    nl->last_training = training;
+    nl.aux           = (uint8_t *)a->saved;
+    nl.last_training = a->training;
+    nl.lowp_failed   = false;
+    if (nl.pool) {
+        *pool     = c->pool;
+        pool->aux = (uint8_t *)a->saved;
+        nl.pool   = pool;
+    }
+    return nl;
+}
+
+// This thread's part (a DT_LAYER_TEAM call), or all of it on one thread.
+static nn_ctx ctx_of(const dt_layer_args *a) {
+    dt_layer_team        one = {.ith = 0, .nth = 1, .s0 = 0, .s1 = a->batch, .step = 1};
+    const dt_layer_team *t   = a->team ? a->team : &one;
+    return (nn_ctx){
+        .ith      = t->ith,
+        .nth      = t->nth,
+        .s0       = t->s0,
+        .s1       = t->s1,
+        .sstep    = t->step,
+        .shards   = t->shards,
+        .batch    = a->batch,
+        .training = a->training,
+        .pool     = a->team ? a->pool : NULL,
+        .scratch  = a->scratch,
+        .rng      = a->rng,
+        .keys     = a->keys,
+    };
+}
+
+static dt_status lowp_status(const nn_layer *nl, const dt_layer *l) {
+    if (nl->lowp_failed)
+        return dt_fail(DT_ERR_NOMEM, "layer %s: no memory for a %s product", l->ops->kind,
+                       dt_precision_name(nl->prec));
+    return DT_OK;
+}
+
+static dt_status seq_layer_forward(const dt_layer *l, const dt_layer_args *a) {
+    nn_layer pool, nl = bind(l, a, &pool);
+    nn_ctx   c = ctx_of(a);
+    if (nl.ops->in_place && a->x[0] != a->y && c.s1 > c.s0) { // work on a copy of the input
+        size_t n = nn_shape_size(nl.in);
+        memcpy(a->y + (size_t)c.s0 * n, a->x[0] + (size_t)c.s0 * n,
+               sizeof(float) * (size_t)(c.s1 - c.s0) * n);
+    }
+    nl.ops->forward(&nl, &c, a->x[0], a->y);
+    return lowp_status(&nl, l);
+}
+
+// The graph's gradient buffer dy is the team's to overwrite (a team layer's backward
+// works on it in place: ReLU's mask, the wide layout of a convolution).
+static dt_status seq_layer_backward(const dt_layer *l, const dt_layer_args *a) {
+    nn_layer pool, nl = bind(l, a, &pool);
+    nn_ctx   c    = ctx_of(a);
+    float   *dout = (float *)(uintptr_t)a->dy, *din = a->dx[0];
+    if (nl.ops->in_place) { // the gradient is worked on where it is, so in din
+        if (!din)
+            return DT_OK;
+        if (din != dout && c.s1 > c.s0) {
+            size_t n = nn_shape_size(nl.in);
+            memcpy(din + (size_t)c.s0 * n, dout + (size_t)c.s0 * n,
+                   sizeof(float) * (size_t)(c.s1 - c.s0) * n);
+        }
+        dout = din;
+    }
+    // weight then bias: one span of the parameter buffers (graph.c registers them so)
+    nl.ops->backward(&nl, &c, a->x[0], a->y, dout, din, nl.nparams ? a->dw[0] : NULL);
+    return lowp_status(&nl, l);
 }
 
 void dt_seq_init(const dt_layer *l, const dt_rng *root, int index, float *const *w,
@@ -191,108 +265,4 @@ void dt_seq_init(const dt_layer *l, const dt_rng *root, int index, float *const 
         w[0][j] = dt_rng_uniform_range(&rw, -bound, bound);
     for (int64_t j = 0; j < nl->bcount; j++)
         w[1][j] = dt_rng_uniform_range(&rb, -bound, bound);
-}
-
-size_t dt_seq_thread_scratch(const dt_layer *l, int shards) {
-    const nn_layer *nl = dt_seq_nn(l);
-    size_t          f  = nl->scratch_floats;
-    if (shards && nl->shard_scratch * (size_t)shards > f)
-        f = nl->shard_scratch * (size_t)shards;
-    return f;
-}
-
-nn_grad_mode dt_seq_grad_mode(const dt_layer *l) {
-    return dt_seq_nn(l)->ops->grad_mode;
-}
-
-void dt_seq_set_precision(const dt_layer *l, dt_precision p) {
-    nn_layer *nl = dt_seq_nn(l);
-    if (nl->ops == &dt_nn_conv2d_ops || nl->ops == &dt_nn_linear_ops)
-        nl->prec = p;
-}
-
-bool dt_seq_take_lowp_failure(const dt_layer *l) {
-    nn_layer *nl = dt_seq_nn(l);
-    return __atomic_exchange_n(&nl->lowp_failed, false, __ATOMIC_RELAXED);
-}
-
-void dt_seq_forward(const dt_layer *l, const nn_ctx *c, const float *in, float *out) {
-    nn_layer *nl = dt_seq_nn(l);
-    if (nl->ops->in_place && in != out && c->s1 > c->s0) { // work on a copy of the input
-        size_t n = nn_shape_size(nl->in);
-        memcpy(out + (size_t)c->s0 * n, in + (size_t)c->s0 * n,
-               sizeof(float) * (size_t)(c->s1 - c->s0) * n);
-    }
-    nl->ops->forward(nl, c, in, out);
-}
-
-void dt_seq_backward(const dt_layer *l, const nn_ctx *c, const float *in, const float *out,
-                     float *dout, float *din, float *dparams) {
-    nn_layer *nl = dt_seq_nn(l);
-    if (nl->ops->in_place) { // the gradient is worked on where it is, so in din
-        if (!din)
-            return;
-        if (din != dout && c->s1 > c->s0) {
-            size_t n = nn_shape_size(nl->in);
-            memcpy(din + (size_t)c->s0 * n, dout + (size_t)c->s0 * n,
-                   sizeof(float) * (size_t)(c->s1 - c->s0) * n);
-        }
-        dout = din;
-    }
-    nl->ops->backward(nl, c, in, out, dout, din, dparams);
-}
-
-// ------------------------------------------------- called as a plain layer, one thread
-
-static nn_ctx one_thread(const dt_layer_args *a) {
-    return (nn_ctx){
-        .ith      = 0,
-        .nth      = 1,
-        .s0       = 0,
-        .s1       = a->batch,
-        .sstep    = 1,
-        .batch    = a->batch,
-        .training = a->training,
-        .scratch  = a->scratch,
-        .rng      = a->rng,
-        .keys     = a->keys,
-    };
-}
-
-static dt_status lowp_status(const dt_layer *l) {
-    if (dt_seq_take_lowp_failure(l))
-        return dt_fail(DT_ERR_NOMEM, "layer %s: no memory for a %s product", l->ops->kind,
-                       dt_precision_name(dt_seq_nn(l)->prec));
-    return DT_OK;
-}
-
-static dt_status seq_layer_forward(const dt_layer *l, const dt_layer_args *a) {
-    dt_seq_prepare(l, a->w, a->saved, a->w16, a->training);
-    nn_ctx c = one_thread(a);
-    dt_seq_forward(l, &c, a->x[0], a->y);
-    return lowp_status(l);
-}
-
-static dt_status seq_layer_backward(const dt_layer *l, const dt_layer_args *a) {
-    dt_seq_prepare(l, a->w, a->saved, a->w16, a->training);
-    nn_ctx          c  = one_thread(a);
-    const nn_layer *nl = dt_seq_nn(l);
-    size_t          ny = dt_shape_numel(a->out);
-    float          *dy = dt_alloc(sizeof(float) * ny * (size_t)(a->batch ? a->batch : 1));
-    if (!dy)
-        return DT_ERR_NOMEM;
-    memcpy(dy, a->dy, sizeof(float) * ny * (size_t)a->batch); // the layers overwrite it
-    float *dp = NULL;
-    if (nl->nparams && !(dp = dt_alloc_zero(sizeof(float) * (nl->wcount + (size_t)nl->bcount)))) {
-        dt_free(dy);
-        return DT_ERR_NOMEM;
-    }
-    dt_seq_backward(l, &c, a->x[0], a->y, dy, a->dx[0], dp);
-    if (dp) {
-        dt_nn_accumulate(nl->wcount, dp, a->dw[0]);
-        dt_nn_accumulate((size_t)nl->bcount, dp + nl->wcount, a->dw[1]);
-    }
-    dt_free(dp);
-    dt_free(dy);
-    return lowp_status(l);
 }

@@ -1,14 +1,12 @@
 // seq.h: the Sequential model's layers (nn_impl.h: conv2d.c, linear.c, pool2d.c,
 // activation.c, dropout.c) as nodes of the model graph.
 //
-// These layers run on the graph's threads together rather than on ranges of samples
-// handed out one call each: every thread calls the layer with the whole batch's
-// buffers and its own nn_ctx (its samples s0..s1, its scratch, the pool to meet in), so
-// a layer may split its work otherwise (Linear's weight gradient by columns) and sum
-// gradient shards itself. graph_run.c does the calling; this file is the glue: the
-// dt_layer_ops of each kind, initialisation (a Sequential model's streams), the fused
-// kinds the graph's fusion pass makes, and what a node hands its layer before a pass
-// (parameters, saved state, weight shadows).
+// They are team layers (layer.h's DT_LAYER_TEAM): every thread calls the layer with the
+// whole batch's buffers and its own part (an nn_ctx made from dt_layer_args.team: its
+// samples s0..s1, its scratch, the pool to meet in), so a layer may split its work
+// otherwise (Linear's weight gradient by columns) and sum gradient shards itself. This
+// file is the glue: the dt_layer_ops of each kind, initialisation (a Sequential model's
+// streams) and the fused kinds the graph's fusion pass makes.
 #ifndef DTRAIN_NN_SEQ_H
 #define DTRAIN_NN_SEQ_H
 
@@ -40,28 +38,9 @@ dt_status dt_seq_fuse(dt_layer *conv, const dt_layer *pool);
 // conv is then still the caller's.
 dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p);
 
-// Before a pass over the threads, on the calling thread: the parameters (w), the
-// node's saved state (whole batch), the weight's 16-bit shadow and the forward's mode.
-void dt_seq_prepare(const dt_layer *l, float *const *w, float *saved, const void *const *w16,
-                    bool training);
 // PyTorch's default initialisation from the streams of Sequential layer `index`
 // (weights split(root, 2 index), biases split(root, 2 index + 1)), or the original
 // Conv2d's from split(root, index).
 void dt_seq_init(const dt_layer *l, const dt_rng *root, int index, float *const *w,
                  float *const *buf);
-// Per-thread scratch in floats, with `shards` gradient shards.
-size_t dt_seq_thread_scratch(const dt_layer *l, int shards);
-// PARTIAL (the graph sums per-thread or per-shard gradients) or SHARED.
-nn_grad_mode dt_seq_grad_mode(const dt_layer *l);
-// The precision of the matrix products; the graph runs setup again after it.
-void dt_seq_set_precision(const dt_layer *l, dt_precision p);
-// Whether a 16-bit product failed for want of memory since the last call (clears it).
-bool dt_seq_take_lowp_failure(const dt_layer *l);
-
-// One thread's forward or backward (in-place kinds copy first when the graph gave
-// them separate buffers). Backward may overwrite dout.
-void dt_seq_forward(const dt_layer *l, const nn_ctx *c, const float *in, float *out);
-void dt_seq_backward(const dt_layer *l, const nn_ctx *c, const float *in, const float *out,
-                     float *dout, float *din, float *dparams);
-
 #endif // DTRAIN_NN_SEQ_H

@@ -318,6 +318,40 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     return DT_OK;
 }
 
+// Gradient shards (--invariant V): this rank holds shards rank + world * k of the
+// global batch's V, so its local positions j = k (mod V / world) form local shard k
+// (the sampler gives rank r global positions r + world * j); DDP continues the tree
+// over ranks. A world that does not divide the default V gets one shard per rank.
+// The same for a Sequential model and a graph: the promise is the trainer's.
+static dt_status invariant_shards(dt_trainer *t, int *shards) {
+    long v  = t->inv_v;
+    *shards = 0;
+    if (v > 0 && v % t->world == 0)
+        *shards = (int)(v / t->world);
+    else if (v > 0 && t->a.invariant > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--invariant %ld: expected a world size dividing it, found %d processes", v,
+                       t->world);
+    else if (v > 0)
+        *shards = 1;
+    t->tree_reduce = *shards > 0 && v % t->world == 0;
+    return DT_OK;
+}
+
+// The training set's samples against the model's input: a model reads its input's
+// numel floats per sample, so other samples would be read past their end or trained as
+// garbage (dt_dataset_check_dims). Nothing to compare without a training loader (a
+// step-based program feeds its own batches).
+static dt_status check_input(const dt_trainer *t, const dt_shape *in) {
+    if (!t->tds || !in)
+        return DT_OK;
+    if (in->dtype != DT_ELEM_F32)
+        return dt_fail(DT_ERR_ARG,
+                       "training set: expected a model whose input is float samples, found one "
+                       "of int32 (token ids); feed it from a token stream, not a dataset loader");
+    return dt_dataset_check_dims(t->tds, "training set", in->ndim, in->d);
+}
+
 dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt_sched *sched) {
     t->m = m, t->opt = opt, t->sched = sched, t->prepared = true; // owned from here on
     if (!m || !opt)
@@ -325,23 +359,13 @@ dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt
                        "dt_trainer_prepare_model: expected a model and an optimizer, "
                        "found %s (%s)",
                        m ? "no optimizer" : "no model", dt_last_error());
-    // Gradient shards (--invariant V): this rank holds shards rank + world * k of the
-    // global batch's V, so its local positions j = k (mod V / world) form local shard k
-    // (the sampler gives rank r global positions r + world * j); DDP continues the tree
-    // over ranks. A world that does not divide the default V gets one shard per rank.
-    long v = t->inv_v, shards = 0;
-    if (v > 0 && v % t->world == 0)
-        shards = v / t->world;
-    else if (v > 0 && t->a.invariant > 0)
-        return dt_fail(DT_ERR_ARG,
-                       "--invariant %ld: expected a world size dividing it, found %d processes", v,
-                       t->world);
-    else if (v > 0)
-        shards = 1;
-    t->tree_reduce = shards > 0 && v % t->world == 0;
-    dt_status st   = dt_model_set_threads(m, t->threads);
+    int c, h, w, shards;
+    dt_model_input_shape(m, &c, &h, &w);
+    DT_TRY(check_input(t, &(dt_shape){3, {c, h, w, 1}, DT_ELEM_F32}));
+    DT_TRY(invariant_shards(t, &shards));
+    dt_status st = dt_model_set_threads(m, t->threads);
     if (!st)
-        st = dt_model_set_grad_shards(m, (int)shards);
+        st = dt_model_set_grad_shards(m, shards);
     if (!st)
         st = dt_model_set_precision(m, dt_trainer_precision(t));
     if (!st && t->batch)
@@ -364,8 +388,17 @@ dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt
                               : "a graph not finalized",
                        dt_last_error());
     }
+    int first_input = 0, shards;
+    while (first_input < dt_graph_num_nodes(g) &&
+           strcmp(dt_graph_node_kind(g, first_input), "input") != 0)
+        first_input++;
+    t->prepared = true; // a refusal below still leaves the graph owned
+    DT_TRY(check_input(t, dt_graph_node_shape(g, first_input)));
+    DT_TRY(invariant_shards(t, &shards));
     DT_TRY(dt_graph_set_threads(g, t->threads));
+    DT_TRY(dt_graph_set_grad_shards(g, shards)); // --invariant, as for a Sequential model
     DT_TRY(dt_graph_set_precision(g, dt_trainer_precision(t))); // --precision
+    t->prepared = false;
     return dt_trainer_prepare(t, dt_graph_params(g), opt, sched);
 }
 
