@@ -124,6 +124,9 @@ typedef struct dt_layer_setup {
     // DT_LAYER_TEAM: scratch per thread (scratch_fixed) grows by this many floats per
     // gradient shard (dt_graph_set_grad_shards).
     size_t scratch_per_shard;
+    // Backward reads the output's values (not only their signs, as ReLU's mask does): a
+    // layer working in place after this one may not overwrite them (softmax, tanh).
+    bool output_read_back;
     // A sample's output depends on the other samples of the batch (BatchNorm's batch
     // statistics): no split of the batch into gradient shards can make the gradient
     // independent of how the batch is divided (the trainer's --invariant says so).
@@ -315,6 +318,10 @@ DT_API dt_status dt_layer_act_new(dt_layer **out, dt_act act, const dt_layer_opt
 DT_API dt_status dt_layer_softmax_new(dt_layer **out, const dt_layer_opts *opts);
 // nn.Dropout(p): masks keyed per sample (dt_graph_set_sample_keys), identity in eval.
 DT_API dt_status dt_layer_dropout_new(dt_layer **out, float p, const dt_layer_opts *opts);
+// nn.Dropout2d(p) on (c, ...): whole channels kept or zeroed, one draw per channel.
+DT_API dt_status dt_layer_dropout2d_new(dt_layer **out, float p, const dt_layer_opts *opts);
+// nn.LogSoftmax(dim=-1).
+DT_API dt_status dt_layer_log_softmax_new(dt_layer **out, const dt_layer_opts *opts);
 
 // nn.AvgPool2d / nn.MaxPool2d((kh, kw), stride, padding) on (c, h, w); stride 0 is the
 // kernel. AvgPool2d counts padding in the divisor (count_include_pad).

@@ -22,9 +22,7 @@ typedef struct gval {
     int            nconsumers;
     int            layer_no; // position among the layer nodes (0 = the first added): its
                              // random streams, as a Sequential model's layer index
-    int  param_layer;        // dt_param_info.layer of its tensors (default: the node)
-    bool seq;                // a layer of the Sequential model's kind (seq.h): run by
-                             // every thread together, on whole-batch buffers
+    int param_layer;         // dt_param_info.layer of its tensors (default: the node)
     int alias;               // in-place (graph_pass.c): the value whose output and
                              // gradient buffers this node shares, or -1
     // After finalize: tensor indices into the dt_params tables; alias_of: -1 or the

@@ -178,11 +178,12 @@ static dt_status share_dy(dt_graph *g, int batch) {
     return st;
 }
 
+static bool team(const gval *v);
+
 // Floats of scratch node v needs on one thread for `batch` samples.
 static size_t node_scratch(const dt_graph *g, const gval *v, int batch) {
-    if (v->su.run == DT_LAYER_TEAM)
-        return v->su.scratch_fixed + v->su.scratch_per_shard * (size_t)g->shards;
-    return v->su.scratch_per_sample * (size_t)batch + v->su.scratch_fixed;
+    size_t f = v->su.scratch_per_sample * (size_t)batch + v->su.scratch_fixed;
+    return team(v) ? f + v->su.scratch_per_shard * (size_t)g->shards : f;
 }
 
 static dt_status reserve(dt_graph *g, int batch) {
@@ -315,6 +316,13 @@ dt_status dt_graph_set_grad_shards(dt_graph *g, int shards) {
     g->shard_buf = NULL;
     g->shards    = shards;
     return g->finalized ? dt_graph_setup_again(g) : DT_OK;
+}
+
+int dt_graph_batch_coupled(const dt_graph *g) {
+    for (int i = 0; g && i < g->nvals; i++)
+        if (g->vals[i].layer && g->vals[i].su.batch_coupled)
+            return i;
+    return -1;
 }
 
 int dt_graph_grad_shards(const dt_graph *g) {

@@ -111,13 +111,7 @@ struct nn_layer {
 };
 
 extern const nn_layer_ops dt_nn_conv2d_ops;
-extern const nn_layer_ops dt_nn_linear_ops;
 extern const nn_layer_ops dt_nn_maxpool2d_ops;
-extern const nn_layer_ops dt_nn_relu_ops;
-extern const nn_layer_ops dt_nn_dropout_ops;
-extern const nn_layer_ops dt_nn_dropout2d_ops;
-extern const nn_layer_ops dt_nn_flatten_ops;
-extern const nn_layer_ops dt_nn_log_softmax_ops;
 
 // Kernels shared by layers (kernels.c).
 // (C, H, W) image -> (C*k*k, Ho*Wo) columns, zero where the window hits padding.

@@ -5,16 +5,8 @@
 #include <string.h>
 
 enum {
-    K_CONV,
     K_CONV_RELU,
     K_CONV_RELU_POOL,
-    K_LINEAR,
-    K_MAXPOOL,
-    K_RELU,
-    K_DROPOUT,
-    K_DROPOUT2D,
-    K_FLATTEN,
-    K_LOG_SOFTMAX,
     K_N,
 };
 
@@ -22,28 +14,17 @@ static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_la
 static dt_status seq_layer_forward(const dt_layer *l, const dt_layer_args *a);
 static dt_status seq_layer_backward(const dt_layer *l, const dt_layer_args *a);
 static void      seq_free(void *config);
+static void      seq_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf);
 
 #define SEQ_OPS(kind)                                                                              \
-    { kind, seq_setup, NULL, seq_layer_forward, seq_layer_backward, seq_free }
+    { kind, seq_setup, seq_init, seq_layer_forward, seq_layer_backward, seq_free }
 static const dt_layer_ops seq_ops[K_N] = {
-    SEQ_OPS("conv2d"),      SEQ_OPS("conv2d+relu"), SEQ_OPS("conv2d+relu+maxpool2d"),
-    SEQ_OPS("linear"),      SEQ_OPS("maxpool2d"),   SEQ_OPS("relu"),
-    SEQ_OPS("dropout"),     SEQ_OPS("dropout2d"),   SEQ_OPS("flatten"),
-    SEQ_OPS("log_softmax"),
-};
-
-static const nn_layer_ops *const kind_impl[K_N] = {
-    &dt_nn_conv2d_ops,    &dt_nn_conv2d_ops,      &dt_nn_conv2d_ops,  &dt_nn_linear_ops,
-    &dt_nn_maxpool2d_ops, &dt_nn_relu_ops,        &dt_nn_dropout_ops, &dt_nn_dropout2d_ops,
-    &dt_nn_flatten_ops,   &dt_nn_log_softmax_ops,
+    SEQ_OPS("conv2d+relu"),
+    SEQ_OPS("conv2d+relu+maxpool2d"),
 };
 
 static seq_cfg *cfg(const dt_layer *l) {
     return l->config;
-}
-
-bool dt_seq_is(const dt_layer *l) {
-    return l && l->ops >= seq_ops && l->ops < seq_ops + K_N;
 }
 
 static void seq_free(void *config) {
@@ -55,22 +36,6 @@ static void seq_free(void *config) {
     dt_free(c);
 }
 
-dt_status dt_seq_layer_new(dt_layer **out, const nn_layer_ops *ops, const nn_layer *proto) {
-    *out   = NULL;
-    int at = -1;
-    for (int k = 0; k < K_N && at < 0; k++)
-        if (kind_impl[k] == ops && k != K_CONV_RELU && k != K_CONV_RELU_POOL)
-            at = k;
-    if (at < 0)
-        return dt_fail(DT_ERR_ARG, "seq: unknown layer kind %s", ops ? ops->kind : "(null)");
-    seq_cfg *c = dt_alloc_zero(sizeof *c);
-    if (!c)
-        return DT_ERR_NOMEM;
-    c->nl     = *proto;
-    c->nl.ops = ops;
-    return dt_layer_new(out, &seq_ops[at], c, NULL);
-}
-
 static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
     seq_cfg  *c  = cfg(l);
     nn_layer *nl = &c->nl;
@@ -78,9 +43,8 @@ static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_la
     if (nin != 1 || in[0].dtype != DT_ELEM_F32 || in[0].ndim != 3)
         return dt_fail(DT_ERR_ARG, "layer %d %s: expected one float (c, h, w) input, found %s",
                        nl->index, nl->ops->kind, nin >= 1 ? dt_shape_str(&in[0], b, sizeof b) : "");
-    nl->in = (nn_shape){(int)in[0].d[0], (int)in[0].d[1], (int)in[0].d[2]};
-    if (nl->ops == &dt_nn_conv2d_ops || nl->ops == &dt_nn_linear_ops)
-        nl->prec = s->precision; // a 16-bit conv2d takes other kernels
+    nl->in   = (nn_shape){(int)in[0].d[0], (int)in[0].d[1], (int)in[0].d[2]};
+    nl->prec = s->precision; // a 16-bit conv2d takes other kernels
     DT_TRY(nl->ops->setup(nl));
     nn_shape out = nl->out;
     size_t   aux = nl->aux_per_sample;
@@ -122,42 +86,26 @@ static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_la
 
 // ------------------------------------------------------------------------------ fusion
 
-bool dt_seq_pool_fits(const dt_layer *conv, const dt_layer *pool) {
-    const nn_layer *c = dt_seq_nn(conv), *p = dt_seq_nn(pool);
-    return p->ops == &dt_nn_maxpool2d_ops && p->k == 2 && (p->stride == 2 || p->stride == 0) &&
-           c->stride == 1 && c->out.h % 2 == 0 && c->out.w % 2 == 0;
-}
-
-dt_status dt_seq_fuse(dt_layer *conv, const dt_layer *pool) {
-    seq_cfg *c = cfg(conv);
-    if (c->nl.ops != &dt_nn_conv2d_ops || c->nl.fuse_relu)
-        return dt_fail(DT_ERR_STATE, "seq: only a plain conv2d takes a ReLU in");
-    c->nl.fuse_relu = true;
-    conv->ops       = &seq_ops[K_CONV_RELU];
+dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p, bool pool) {
+    *out       = NULL;
+    seq_cfg *c = dt_alloc_zero(sizeof *c);
+    if (!c)
+        return DT_ERR_NOMEM;
+    c->nl = (nn_layer){.ops       = &dt_nn_conv2d_ops,
+                       .out_c     = p->cout,
+                       .k         = p->kh,
+                       .stride    = p->sh,
+                       .pad       = p->ph,
+                       .index     = -1,
+                       .fuse_relu = true};
     if (pool) {
-        c->pool      = *dt_seq_nn(pool);
-        c->pool.aux  = NULL;
-        c->nl.pool   = &c->pool;
-        conv->ops    = &seq_ops[K_CONV_RELU_POOL];
-        c->pool.skip = true;
+        c->pool    = (nn_layer){.ops = &dt_nn_maxpool2d_ops, .k = 2, .stride = 2, .index = -1};
+        c->nl.pool = &c->pool;
     }
-    return DT_OK;
-}
-
-dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p) {
-    *out            = NULL;
-    nn_layer  proto = {.out_c = p->cout, .k = p->kh, .stride = 1, .pad = p->ph, .index = -1};
-    nn_layer  pool  = {.ops = &dt_nn_maxpool2d_ops, .k = 2, .stride = 2, .index = -1};
-    dt_layer *l     = NULL;
-    DT_TRY(dt_seq_layer_new(&l, &dt_nn_conv2d_ops, &proto));
-    seq_cfg *c      = cfg(l);
-    c->pool         = pool;
-    c->nl.fuse_relu = true;
-    c->nl.pool      = &c->pool;
-    c->orig         = conv;
-    l->ops          = &seq_ops[K_CONV_RELU_POOL];
-    *out            = l;
-    return DT_OK;
+    dt_status st = dt_layer_new(out, &seq_ops[pool ? K_CONV_RELU_POOL : K_CONV_RELU], c, NULL);
+    if (st == DT_OK)
+        c->orig = conv; // it initialises the parameters, so the values are the Conv2d's
+    return st;
 }
 
 // ------------------------------------------------------------------------- calling
@@ -243,26 +191,9 @@ static dt_status seq_layer_backward(const dt_layer *l, const dt_layer_args *a) {
     return lowp_status(&nl, l);
 }
 
-void dt_seq_init(const dt_layer *l, const dt_rng *root, int index, float *const *w,
-                 float *const *buf) {
-    seq_cfg  *c  = cfg(l);
-    nn_layer *nl = &c->nl;
-    if (c->orig) {
-        dt_rng r = dt_rng_split(root, (uint64_t)index);
-        if (c->orig->ops->init)
-            c->orig->ops->init(c->orig, &r, w, buf);
-        return;
-    }
-    if (!nl->nparams)
-        return;
-    // PyTorch's reset_parameters: kaiming_uniform_(w, a=sqrt(5)) gives the bound
-    // gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), that is
-    // 1/sqrt(fan_in); the bias is uniform in +-1/sqrt(fan_in) too.
-    float  bound = 1.0f / sqrtf((float)nl->fan_in);
-    dt_rng rw    = dt_rng_split(root, 2 * (uint64_t)index);
-    dt_rng rb    = dt_rng_split(root, 2 * (uint64_t)index + 1);
-    for (size_t j = 0; j < nl->wcount; j++)
-        w[0][j] = dt_rng_uniform_range(&rw, -bound, bound);
-    for (int64_t j = 0; j < nl->bcount; j++)
-        w[1][j] = dt_rng_uniform_range(&rb, -bound, bound);
+// The Conv2d's own initialisation, from the node's stream (graph.h).
+static void seq_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    const seq_cfg *c = cfg(l);
+    if (c->orig && c->orig->ops->init)
+        c->orig->ops->init(c->orig, rng, w, buf);
 }

@@ -20,27 +20,14 @@ typedef struct seq_cfg {
     dt_layer *orig; // fused from a graph's Conv2d layer: it initialises the parameters
 } seq_cfg;
 
-// A node of kind ops (dt_nn_conv2d_ops, ...) with proto's hyper-parameters (out_c, k,
-// stride, pad, p; index: the Sequential position, for messages and the streams).
-dt_status dt_seq_layer_new(dt_layer **out, const nn_layer_ops *ops, const nn_layer *proto);
-bool      dt_seq_is(const dt_layer *l);
 static inline nn_layer *dt_seq_nn(const dt_layer *l) {
     return &((seq_cfg *)l->config)->nl;
 }
 
-// Fusion (graph_pass.c). A Sequential conv2d absorbs the ReLU after it, and the 2x2
-// stride-2 max pool after that when dt_seq_pool_fits (stride 1, even output).
-bool      dt_seq_pool_fits(const dt_layer *conv, const dt_layer *pool);
-dt_status dt_seq_fuse(dt_layer *conv, const dt_layer *pool);
-// The same from a graph's Conv2d (square kernel, stride 1, even padding, one group,
-// bias), ReLU and a 2x2/2 max pool: a fused node taking over `conv` (it still
-// initialises the parameters, so the values are the graph's). *out NULL on failure;
-// conv is then still the caller's.
-dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p);
-
-// PyTorch's default initialisation from the streams of Sequential layer `index`
-// (weights split(root, 2 index), biases split(root, 2 index + 1)), or the original
-// Conv2d's from split(root, index).
-void dt_seq_init(const dt_layer *l, const dt_rng *root, int index, float *const *w,
-                 float *const *buf);
+// The fusion of a graph's Conv2d (square kernel, equal strides and paddings, one group,
+// a bias) with the ReLU after it, and with the 2x2 stride-2 max pool after that when
+// `pool` (stride 1, even output): a node taking over `conv` (which initialises the
+// parameters, so the values are the Conv2d's). *out NULL on failure; conv is then
+// still the caller's.
+dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p, bool pool);
 #endif // DTRAIN_NN_SEQ_H

@@ -3,6 +3,8 @@
 // the end of a run (last checkpoint, replica checksum, --save-model, STATS).
 #include "train_impl.h"
 
+#include "kernels/cpu.h"
+
 #include "dtrain/trace.h"
 
 #include <string.h>
@@ -47,6 +49,16 @@ static void build_kvs(dt_trainer *t) {
             t->kvs[n]      = (dt_ckpt_kv){t->kvkey[n], v};
             n++;
         }
+    // The kernel set the steps ran on (another one rounds otherwise: a resume on it
+    // continues the run to rounding, not bit for bit; check_config warns)
+    if (n < MAX_KVS) {
+        snprintf(t->kvkey[n], sizeof t->kvkey[n], "kernels");
+        snprintf(t->kvval[n], sizeof t->kvval[n], "%s", dt_isa_name(dt_isa_top()));
+        t->kvpolicy[n] = DT_FLAG_CKPT_WARN;
+        t->kvflag[n]   = NULL;
+        t->kvs[n]      = (dt_ckpt_kv){t->kvkey[n], t->kvval[n]};
+        n++;
+    }
     t->nkvs = n;
 }
 
@@ -78,7 +90,12 @@ static dt_status check_config(const dt_trainer *t, const dt_ckpt_info *info) {
                                "--%s %s in this run (hint: resume with the first run's flags, "
                                "or use another --checkpoint-dir)",
                                info->path, t->kvflag[i], saved, t->kvflag[i], t->kvs[i].value);
-            if (pass == 1 && (t->kvpolicy[i] & DT_FLAG_CKPT_WARN) && t->rank == 0)
+            if (pass == 1 && !t->kvflag[i] && t->rank == 0) // the kernel set
+                fprintf(stderr,
+                        "%s: warning: %s was written on the %s kernels, this run uses %s: it "
+                        "continues the run to rounding, not bit for bit\n",
+                        t->o.program, info->path, saved, t->kvs[i].value);
+            else if (pass == 1 && (t->kvpolicy[i] & DT_FLAG_CKPT_WARN) && t->rank == 0)
                 fprintf(stderr,
                         "%s: warning: %s was written with --%s %s, this run has --%s %s; the "
                         "result will differ from an uninterrupted run\n",
@@ -395,6 +412,20 @@ dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt
     t->prepared = true; // a refusal below still leaves the graph owned
     DT_TRY(check_input(t, dt_graph_node_shape(g, first_input)));
     DT_TRY(invariant_shards(t, &shards));
+    int coupled = dt_graph_batch_coupled(g);
+    if (shards && coupled >= 0 && t->a.invariant > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--invariant %ld: node '%s' (%s) computes statistics over the batch, so "
+                       "no split of the batch into gradient shards makes its gradient "
+                       "independent of how the batch is divided; run with --invariant 0",
+                       t->a.invariant, dt_graph_node_name(g, coupled),
+                       dt_graph_node_kind(g, coupled));
+    if (shards && coupled >= 0) { // the default: off for such a model, and said once
+        DT_INFO("train",
+                "world-size invariance off: node '%s' (%s) computes statistics over the batch",
+                dt_graph_node_name(g, coupled), dt_graph_node_kind(g, coupled));
+        shards = 0, t->tree_reduce = false;
+    }
     DT_TRY(dt_graph_set_threads(g, t->threads));
     DT_TRY(dt_graph_set_grad_shards(g, shards)); // --invariant, as for a Sequential model
     DT_TRY(dt_graph_set_precision(g, dt_trainer_precision(t))); // --precision
@@ -888,10 +919,12 @@ dt_status dt_trainer_report(dt_trainer *t, double metric) {
                      "STATS {\"secs\": %.3f, \"train_loop_secs\": %.3f, \"samples_per_sec\": %.1f, "
                      "\"gflops\": %.1f, \"peak_rss_mib\": %.1f, \"world\": %d, \"threads\": %d, "
                      "\"backend\": \"%s\", \"ddp_wait_secs\": %.3f, \"accuracy\": %.2f, "
-                     "\"checkpoints\": %lld, \"checkpoint_secs\": %.3f, \"blas\": \"%s\"}\n",
+                     "\"checkpoints\": %lld, \"checkpoint_secs\": %.3f, \"blas\": \"%s\", "
+                     "\"kernels\": \"%s\", \"cpu\": \"%s\"}\n",
                      t->finished - t->start, loop, loop > 0 ? samples / loop : 0.0,
                      loop > 0 ? flops / loop * 1e-9 : 0.0, (double)rss / 1024.0, t->world,
                      t->threads, t->pg ? dt_pg_backend(t->pg) : "none", wait_s, metric,
-                     (long long)t->ckpt_saves, t->ckpt_secs, dt_blas_info());
+                     (long long)t->ckpt_saves, t->ckpt_secs, dt_blas_info(),
+                     dt_isa_name(dt_isa_top()), dt_cpu_get()->model);
     return DT_OK;
 }

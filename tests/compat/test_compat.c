@@ -153,7 +153,7 @@ static void write_all(void) {
 
 // A fresh model's parameters against a fixture's, bit for bit.
 static void same_init(dt_params *fresh, const char *path) {
-    size_t n = dt_params_numel(fresh);
+    size_t n   = dt_params_numel(fresh);
     float *now = malloc(sizeof(float) * n);
     memcpy(now, dt_params_data(fresh), sizeof(float) * n);
     CHECK_OK(dt_ckpt_load_params(path, fresh)); // names, shapes and order must match
@@ -169,7 +169,7 @@ static void test_model_a(void) {
     same_init(dt_model_as_params(m), DATA "a-init.bin");
     step_a(m, x, y);
     step_a(m, x, y);
-    size_t n = dt_model_num_params(m);
+    size_t n   = dt_model_num_params(m);
     float *now = malloc(sizeof(float) * n);
     memcpy(now, dt_model_params(m), sizeof(float) * n);
     CHECK_OK(dt_ckpt_load_params(DATA "a-trained.bin", dt_model_as_params(m)));
@@ -193,8 +193,8 @@ static void test_model_b(void) {
     same_init(dt_graph_params(g), DATA "b-init.bin");
     step_b(g, x, y);
     step_b(g, x, y);
-    dt_params *ps = dt_graph_params(g);
-    size_t     n  = dt_params_numel(ps);
+    dt_params *ps  = dt_graph_params(g);
+    size_t     n   = dt_params_numel(ps);
     float     *now = malloc(sizeof(float) * n);
     memcpy(now, dt_params_data(ps), sizeof(float) * n);
     CHECK_OK(dt_ckpt_load_params(DATA "b-trained.bin", ps));
