@@ -8,7 +8,7 @@
 // graph runs everything else: threads, gradient shards, precision. What stays here is
 // the list of layers as added, for the questions asked by layer index (kind, shapes,
 // FLOPs, profile), and the API's own messages.
-#include "nn/graph_impl.h"
+#include "nn/graph/graph_impl.h"
 #include "nn/nn_impl.h"
 
 #include <math.h>

@@ -23,7 +23,7 @@
 // places: a column takes the same kernel path whatever the thread count) every shard's
 // product into a tile of its own, the tree over the tiles, the sum added into dW.
 #include "nn/blas.h"
-#include "nn/layers_impl.h"
+#include "nn/layers/layers_impl.h"
 #include "nn/nn_impl.h"
 #include "nn/prec.h"
 

@@ -1,6 +1,6 @@
 // layers_misc.c: the built-in layers without parameters: element-wise activations,
 // Softmax, Dropout, pooling, Flatten, Add, Concat and causal self-attention.
-#include "nn/layers_impl.h"
+#include "nn/layers/layers_impl.h"
 
 #include <math.h>
 #include <string.h>

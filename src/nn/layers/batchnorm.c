@@ -7,7 +7,7 @@
 // batch) and hands them its threads: the per-channel sums are shared out by channel, so
 // every channel's sum is added in the same order whatever the thread count, and the
 // element-wise passes by rows of the batch.
-#include "nn/layers_impl.h"
+#include "nn/layers/layers_impl.h"
 
 #include <stdio.h>
 #include <string.h>

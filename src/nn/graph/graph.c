@@ -5,7 +5,7 @@
 // fusion of conv2d + ReLU (+ max pool)), then registers the tensors and initialises them.
 #include "dtrain/graph.h"
 
-#include "nn/graph_impl.h"
+#include "nn/graph/graph_impl.h"
 
 #include "nn/blas.h"
 #include "nn/ops.h"

@@ -1,5 +1,5 @@
-// seq.c: the Sequential model's layers as graph nodes (seq.h).
-#include "nn/seq.h"
+// conv_fused.c: the fused convolution (conv_fused.h) as a layer of the graph.
+#include "nn/layers/conv_fused.h"
 
 #include <math.h>
 #include <string.h>
@@ -10,25 +10,25 @@ enum {
     K_N,
 };
 
-static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s);
-static dt_status seq_layer_forward(const dt_layer *l, const dt_layer_args *a);
-static dt_status seq_layer_backward(const dt_layer *l, const dt_layer_args *a);
-static void      seq_free(void *config);
-static void      seq_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf);
+static dt_status fused_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s);
+static dt_status fused_forward(const dt_layer *l, const dt_layer_args *a);
+static dt_status fused_backward(const dt_layer *l, const dt_layer_args *a);
+static void      fused_free(void *config);
+static void      fused_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf);
 
-#define SEQ_OPS(kind)                                                                              \
-    { kind, seq_setup, seq_init, seq_layer_forward, seq_layer_backward, seq_free }
-static const dt_layer_ops seq_ops[K_N] = {
-    SEQ_OPS("conv2d+relu"),
-    SEQ_OPS("conv2d+relu+maxpool2d"),
+#define FUSED_OPS(kind)                                                                            \
+    { kind, fused_setup, fused_init, fused_forward, fused_backward, fused_free }
+static const dt_layer_ops fused_ops[K_N] = {
+    FUSED_OPS("conv2d+relu"),
+    FUSED_OPS("conv2d+relu+maxpool2d"),
 };
 
-static seq_cfg *cfg(const dt_layer *l) {
+static fused_cfg *cfg(const dt_layer *l) {
     return l->config;
 }
 
-static void seq_free(void *config) {
-    seq_cfg *c = config;
+static void fused_free(void *config) {
+    fused_cfg *c = config;
     if (!c)
         return;
     dt_free(c->nl.offsets);
@@ -36,26 +36,26 @@ static void seq_free(void *config) {
     dt_free(c);
 }
 
-static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
-    seq_cfg  *c  = cfg(l);
-    nn_layer *nl = &c->nl;
-    char      b[64];
+static dt_status fused_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    fused_cfg *c  = cfg(l);
+    nn_layer  *nl = &c->nl;
+    char       b[64];
     if (nin != 1 || in[0].dtype != DT_ELEM_F32 || in[0].ndim != 3)
         return dt_fail(DT_ERR_ARG, "layer %d %s: expected one float (c, h, w) input, found %s",
-                       nl->index, nl->ops->kind, nin >= 1 ? dt_shape_str(&in[0], b, sizeof b) : "");
+                       nl->index, l->ops->kind, nin >= 1 ? dt_shape_str(&in[0], b, sizeof b) : "");
     nl->in   = (nn_shape){(int)in[0].d[0], (int)in[0].d[1], (int)in[0].d[2]};
     nl->prec = s->precision; // a 16-bit conv2d takes other kernels
-    DT_TRY(nl->ops->setup(nl));
+    DT_TRY(dt_team_conv_setup(nl));
     nn_shape out = nl->out;
     size_t   aux = nl->aux_per_sample;
     if (nl->pool) {
         c->pool.in = nl->out;
-        DT_TRY(c->pool.ops->setup(&c->pool));
+        DT_TRY(dt_team_pool_setup(&c->pool));
         out = c->pool.out;
         aux = c->pool.aux_per_sample;
     }
     if (nn_shape_size(out) == 0)
-        return dt_fail(DT_ERR_ARG, "layer %d %s: output would be empty", nl->index, nl->ops->kind);
+        return dt_fail(DT_ERR_ARG, "layer %d %s: output would be empty", nl->index, l->ops->kind);
     s->out = (dt_shape){3, {out.c, out.h, out.w, 1}, DT_ELEM_F32};
     if (nl->nparams) {
         dt_layer_tensor *w = &s->params[0], *bias = &s->params[1];
@@ -71,38 +71,36 @@ static dt_status seq_setup(const dt_layer *l, int nin, const dt_shape *in, dt_la
             bias->shape[i] = 1;
         bias->flags    = DT_PARAM_NO_DECAY;
         s->nparams     = 2;
-        s->lowp_params = 1u; // the weight's shadow in a 16-bit mode (dt_seq_prepare)
+        s->lowp_params = 1u; // the weight's 16-bit shadow
     }
     s->saved_per_sample  = (aux + sizeof(float) - 1) / sizeof(float);
     s->scratch_fixed     = nl->scratch_floats;
     s->scratch_per_shard = nl->shard_scratch;
     s->flops_per_sample  = nl->flops;
     // Run by every thread at once on the whole batch (nn_impl.h's threading)
-    s->run      = DT_LAYER_TEAM;
-    s->in_place = nl->ops->in_place;
-    s->grad = nl->ops->grad_mode == NN_GRAD_SHARED ? DT_LAYER_GRAD_SHARED : DT_LAYER_GRAD_PARTIAL;
+    s->run  = DT_LAYER_TEAM;
+    s->grad = DT_LAYER_GRAD_PARTIAL; // per shard: the graph sums them
     return DT_OK;
 }
 
 // ------------------------------------------------------------------------------ fusion
 
-dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p, bool pool) {
-    *out       = NULL;
-    seq_cfg *c = dt_alloc_zero(sizeof *c);
+dt_status dt_fused_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p, bool pool) {
+    *out         = NULL;
+    fused_cfg *c = dt_alloc_zero(sizeof *c);
     if (!c)
         return DT_ERR_NOMEM;
-    c->nl = (nn_layer){.ops       = &dt_nn_conv2d_ops,
-                       .out_c     = p->cout,
+    c->nl = (nn_layer){.out_c     = p->cout,
                        .k         = p->kh,
                        .stride    = p->sh,
                        .pad       = p->ph,
                        .index     = -1,
                        .fuse_relu = true};
     if (pool) {
-        c->pool    = (nn_layer){.ops = &dt_nn_maxpool2d_ops, .k = 2, .stride = 2, .index = -1};
+        c->pool    = (nn_layer){.k = 2, .stride = 2, .index = -1};
         c->nl.pool = &c->pool;
     }
-    dt_status st = dt_layer_new(out, &seq_ops[pool ? K_CONV_RELU_POOL : K_CONV_RELU], c, NULL);
+    dt_status st = dt_layer_new(out, &fused_ops[pool ? K_CONV_RELU_POOL : K_CONV_RELU], c, NULL);
     if (st == DT_OK)
         c->orig = conv; // it initialises the parameters, so the values are the Conv2d's
     return st;
@@ -113,8 +111,8 @@ dt_status dt_seq_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p
 // The configuration bound to this call's tensors and mode: a copy per call, so the
 // threads of a team share nothing they write (the pool's too, for a fused pool).
 static nn_layer bind(const dt_layer *l, const dt_layer_args *a, nn_layer *pool) {
-    const seq_cfg *c  = cfg(l);
-    nn_layer       nl = c->nl;
+    const fused_cfg *c  = cfg(l);
+    nn_layer         nl = c->nl;
     if (nl.nparams) {
         nl.w   = a->w[0];
         nl.b   = a->w[1];
@@ -158,42 +156,27 @@ static dt_status lowp_status(const nn_layer *nl, const dt_layer *l) {
     return DT_OK;
 }
 
-static dt_status seq_layer_forward(const dt_layer *l, const dt_layer_args *a) {
+static dt_status fused_forward(const dt_layer *l, const dt_layer_args *a) {
     nn_layer pool, nl = bind(l, a, &pool);
     nn_ctx   c = ctx_of(a);
-    if (nl.ops->in_place && a->x[0] != a->y && c.s1 > c.s0) { // work on a copy of the input
-        size_t n = nn_shape_size(nl.in);
-        memcpy(a->y + (size_t)c.s0 * n, a->x[0] + (size_t)c.s0 * n,
-               sizeof(float) * (size_t)(c.s1 - c.s0) * n);
-    }
-    nl.ops->forward(&nl, &c, a->x[0], a->y);
+    dt_team_conv_forward(&nl, &c, a->x[0], a->y);
     return lowp_status(&nl, l);
 }
 
 // The graph's gradient buffer dy is the team's to overwrite (a team layer's backward
 // works on it in place: ReLU's mask, the wide layout of a convolution).
-static dt_status seq_layer_backward(const dt_layer *l, const dt_layer_args *a) {
+static dt_status fused_backward(const dt_layer *l, const dt_layer_args *a) {
     nn_layer pool, nl = bind(l, a, &pool);
     nn_ctx   c    = ctx_of(a);
     float   *dout = (float *)(uintptr_t)a->dy, *din = a->dx[0];
-    if (nl.ops->in_place) { // the gradient is worked on where it is, so in din
-        if (!din)
-            return DT_OK;
-        if (din != dout && c.s1 > c.s0) {
-            size_t n = nn_shape_size(nl.in);
-            memcpy(din + (size_t)c.s0 * n, dout + (size_t)c.s0 * n,
-                   sizeof(float) * (size_t)(c.s1 - c.s0) * n);
-        }
-        dout = din;
-    }
     // weight then bias: one span of the parameter buffers (graph.c registers them so)
-    nl.ops->backward(&nl, &c, a->x[0], a->y, dout, din, nl.nparams ? a->dw[0] : NULL);
+    dt_team_conv_backward(&nl, &c, a->x[0], a->y, dout, din, nl.nparams ? a->dw[0] : NULL);
     return lowp_status(&nl, l);
 }
 
 // The Conv2d's own initialisation, from the node's stream (graph.h).
-static void seq_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
-    const seq_cfg *c = cfg(l);
+static void fused_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
+    const fused_cfg *c = cfg(l);
     if (c->orig && c->orig->ops->init)
         c->orig->ops->init(c->orig, rng, w, buf);
 }

@@ -34,9 +34,9 @@
 // Sequential node (not the output, not a log-softmax, whose backward reads its
 // output) works in its input's buffers, output and gradient alike, as the Sequential
 // model always did. A graph's own layers keep buffers of their own.
-#include "nn/graph_impl.h"
-#include "nn/layers_impl.h"
-#include "nn/seq.h"
+#include "nn/graph/graph_impl.h"
+#include "nn/layers/conv_fused.h"
+#include "nn/layers/layers_impl.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -177,7 +177,7 @@ dt_status dt_graph_run_passes(dt_graph *g) {
         if (!match_conv(g, i, pool_ok, &cp, &r, &p))
             continue;
         dt_layer *fused = NULL;
-        st              = dt_seq_from_conv(&fused, v->layer, &cp, p >= 0);
+        st              = dt_fused_from_conv(&fused, v->layer, &cp, p >= 0);
         if (st == DT_OK)
             v->layer = fused; // it owns the Conv2d now
         if (st != DT_OK)
