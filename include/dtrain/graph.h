@@ -165,6 +165,11 @@ DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
 // world-size invariant. Between steps; DT_ERR_ARG for other values.
 DT_API dt_status dt_graph_set_grad_shards(dt_graph *g, int shards);
 DT_API int       dt_graph_grad_shards(const dt_graph *g);
+// The first node whose output for a sample depends on the other samples of the batch
+// (BatchNorm's statistics: dt_layer_setup.batch_coupled), or -1. Gradient shards keep
+// such a model's gradient deterministic for a thread count but cannot make it
+// independent of how the batch is split; the trainer's --invariant refuses it.
+DT_API int dt_graph_batch_coupled(const dt_graph *g);
 // Makes room for batches up to `batch` samples now (forward does it on demand).
 DT_API dt_status dt_graph_reserve(dt_graph *g, int batch);
 

@@ -60,6 +60,41 @@ typedef struct dt_layer_tensor {
     dt_param_split split;
 } dt_layer_tensor;
 
+// How the graph calls a layer's forward and backward, on its threads
+// (dt_graph_set_threads):
+typedef enum dt_layer_run {
+    // Each thread calls it for its own range of the samples: the buffers of
+    // dt_layer_args start at the range's first sample and `batch` is the range's length.
+    // In backward under gradient shards, a layer with parameters is called once per
+    // sample. The default; most layers need nothing else.
+    DT_LAYER_RANGE = 0,
+    // Once per pass on the calling thread with the whole batch, between the threads'
+    // runs: for batch-wide state (BatchNorm's statistics; a layer whose saved_fixed is not
+    // 0 runs so whatever it declares). It may share its work out with dt_layer_parallel.
+    DT_LAYER_WHOLE,
+    // Every thread calls it at once with the WHOLE batch's buffers (batch: the whole
+    // batch) and dt_layer_args.team saying which samples are its own; the threads may
+    // meet inside (dt_layer_team_meet), so the layer may split its work otherwise (a
+    // weight gradient by columns). See dt_layer_grad for its parameter gradients.
+    DT_LAYER_TEAM,
+} dt_layer_run;
+
+// A DT_LAYER_TEAM layer's parameter gradients (dt_layer_args.dw):
+typedef enum dt_layer_grad {
+    // Each call ADDS its samples' contribution, in increasing sample order, into dw: a
+    // buffer of the thread's own (the graph sums them in thread order) or, under
+    // gradient shards, a shard's (backward is then called per shard, team.s0 the shard
+    // and team.step the shard count, on whichever thread takes it: such a call must not
+    // meet the other threads). The default.
+    DT_LAYER_GRAD_PARTIAL = 0,
+    // The layer forms the whole gradient itself in the one shared dw, the threads
+    // writing disjoint parts of it after meeting; under gradient shards (team.shards S)
+    // it forms each shard's sum over its samples in increasing order and combines the
+    // shards by the fixed tree of the graph (highest bit first: shard k += shard k + h
+    // for h = S/2, S/4, ... 1), whatever the thread split.
+    DT_LAYER_GRAD_SHARED,
+} dt_layer_grad;
+
 // What setup fills in (zeroed by the caller).
 typedef struct dt_layer_setup {
     dt_shape        out;
@@ -79,6 +114,26 @@ typedef struct dt_layer_setup {
     // mode only, e.g. Linear's bf16 copy of its input: the graph hands them over as
     // dt_layer_args.saved16 when its precision is not fp32, and allocates none in fp32.
     size_t saved16_per_sample;
+    // How the graph's threads call the layer (dt_layer_run below; 0: by ranges).
+    dt_layer_run run;
+    // The layer may work in place: the graph may hand it y == x[0] (and, in backward,
+    // dx[0] == dy) when nothing else reads its input. One input, of the output's size.
+    bool in_place;
+    // DT_LAYER_TEAM with parameters: how their gradient is formed (dt_layer_grad).
+    dt_layer_grad grad;
+    // DT_LAYER_TEAM: scratch per thread (scratch_fixed) grows by this many floats per
+    // gradient shard (dt_graph_set_grad_shards).
+    size_t scratch_per_shard;
+    // Backward reads the output's values (not only their signs, as ReLU's mask does): a
+    // layer working in place after this one may not overwrite them (softmax, tanh).
+    bool output_read_back;
+    // A sample's output depends on the other samples of the batch (BatchNorm's batch
+    // statistics): no split of the batch into gradient shards can make the gradient
+    // independent of how the batch is divided (the trainer's --invariant says so).
+    bool batch_coupled;
+    // In: the graph's precision when setup runs (it runs again when that changes), for a
+    // layer whose kernels or state depend on it.
+    dt_precision precision;
 } dt_layer_setup;
 
 typedef struct dt_layer dt_layer;
@@ -116,7 +171,22 @@ typedef struct dt_layer_args {
     // as BatchNorm's statistics), which may share its work out with dt_layer_parallel.
     // NULL: one thread, or a layer already given a range of the samples.
     struct dt_pool *pool;
+    // DT_LAYER_TEAM: this thread's place and samples (NULL for the other kinds).
+    const struct dt_layer_team *team;
 } dt_layer_args;
+
+// What a DT_LAYER_TEAM layer's thread is given. Its samples are s0, s0 + step, ... < s1
+// of the whole batch (step 1 but in a gradient shard's backward); the threads' ranges
+// cover the batch once. shards: the graph's gradient shards (0: off).
+typedef struct dt_layer_team {
+    int ith, nth;
+    int s0, s1, step;
+    int shards;
+} dt_layer_team;
+
+// Waits until every thread of a DT_LAYER_TEAM call has reached it (nothing on one
+// thread); every thread must call it the same number of times.
+DT_API void dt_layer_team_meet(const dt_layer_args *a);
 
 // Runs fn(arg, i, n) on each of the n threads of a->pool (i = 0 on the calling thread)
 // and returns when all have finished; fn(arg, 0, 1) when a->pool is NULL.
@@ -248,6 +318,10 @@ DT_API dt_status dt_layer_act_new(dt_layer **out, dt_act act, const dt_layer_opt
 DT_API dt_status dt_layer_softmax_new(dt_layer **out, const dt_layer_opts *opts);
 // nn.Dropout(p): masks keyed per sample (dt_graph_set_sample_keys), identity in eval.
 DT_API dt_status dt_layer_dropout_new(dt_layer **out, float p, const dt_layer_opts *opts);
+// nn.Dropout2d(p) on (c, ...): whole channels kept or zeroed, one draw per channel.
+DT_API dt_status dt_layer_dropout2d_new(dt_layer **out, float p, const dt_layer_opts *opts);
+// nn.LogSoftmax(dim=-1).
+DT_API dt_status dt_layer_log_softmax_new(dt_layer **out, const dt_layer_opts *opts);
 
 // nn.AvgPool2d / nn.MaxPool2d((kh, kw), stride, padding) on (c, h, w); stride 0 is the
 // kernel. AvgPool2d counts padding in the divisor (count_include_pad).

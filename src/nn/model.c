@@ -1,16 +1,17 @@
-// model.c: the Sequential model, one case of the model graph. dt_model_new makes a
-// dt_graph with one input ("x", the per-sample (c, h, w)); each dt_model_add_* adds a
-// node of the Sequential kind (seq.h: the layers of conv2d.c, linear.c, ...) named by
-// its index ("0", "1", ...) and reading the node before it, so its tensors are
-// PyTorch's nn.Sequential keys ("0.weight") and layer l draws its initialisation and
+// model.c: the Sequential model, a builder of the model graph. dt_model_new makes a
+// dt_graph with one input ("x", the per-sample (c, h, w)); each dt_model_add_* adds the
+// built-in layer of that kind (layer.h) as node "<index>" reading the node before it, so
+// its tensors are PyTorch's nn.Sequential keys ("0.weight") and layer l draws its
 // dropout masks from the streams of node l. Finalize runs the graph's passes, which
-// fuse conv2d + relu (+ maxpool2d) and run ReLU, dropout and flatten in place; the
+// fuse conv2d + relu (+ maxpool2d) and run ReLU, dropout and flatten in place, then
+// draws the parameters from the Sequential model's own streams (init_sequential); the
 // graph runs everything else: threads, gradient shards, precision. What stays here is
 // the list of layers as added, for the questions asked by layer index (kind, shapes,
 // FLOPs, profile), and the API's own messages.
-#include "nn/graph_impl.h"
+#include "nn/graph/graph_impl.h"
 #include "nn/nn_impl.h"
-#include "nn/seq.h"
+
+#include <math.h>
 
 #include <stdio.h>
 #include <string.h>
@@ -60,53 +61,148 @@ dt_status dt_model_new(dt_model **out, int c, int h, int w) {
     return DT_OK;
 }
 
-static dt_status add_layer(dt_model *m, const nn_layer_ops *ops, nn_layer proto) {
+// The per-sample shape of the last layer's output (the input's before any layer).
+static nn_shape last_shape(const dt_model *m) {
+    return m->nlayers ? m->layers[m->nlayers - 1].out : m->input;
+}
+
+static dt_status check_adding(const dt_model *m, const char *kind) {
     if (!m)
         return dt_fail(DT_ERR_ARG, "model: NULL model");
     if (m->finalized)
-        return dt_fail(DT_ERR_STATE, "model: cannot add a %s layer after dt_model_finalize",
-                       ops->kind);
+        return dt_fail(DT_ERR_STATE, "model: cannot add a %s layer after dt_model_finalize", kind);
     if (m->nlayers == MAX_LAYERS)
         return dt_fail(DT_ERR_ARG, "model: at most %d layers", MAX_LAYERS);
+    return DT_OK;
+}
+
+// Adds built-in layer l (taking it) as node "<index>" reading the node before it.
+static dt_status add_layer(dt_model *m, const char *kind, dt_layer *l) {
     char name[16], prev[16];
-    snprintf(name, sizeof name, "%d", m->nlayers);
-    snprintf(prev, sizeof prev, "%d", m->nlayers - 1);
-    proto.index = m->nlayers;
-    dt_layer *l = NULL;
-    DT_TRY(dt_seq_layer_new(&l, ops, &proto));
-    DT_TRY(dt_graph_add(m->g, name, l, m->nlayers ? prev : "x"));
-    m->g->vals[m->g->nvals - 1].param_layer = m->nlayers; // dt_param_info.layer
-    const nn_layer *nl                      = dt_seq_nn(l);
-    m->layers[m->nlayers++] =
-        (mlayer){ops->kind, nl->in, nl->out, nl->wcount + (size_t)nl->bcount, nl->flops, -1};
+    int  index = m->nlayers;
+    snprintf(name, sizeof name, "%d", index);
+    snprintf(prev, sizeof prev, "%d", index - 1);
+    dt_status st = dt_graph_add(m->g, name, l, index ? prev : "x");
+    if (st != DT_OK)
+        return dt_fail_context("layer %d %s", index, kind);
+    const gval *v                           = &m->g->vals[m->g->nvals - 1];
+    m->g->vals[m->g->nvals - 1].param_layer = index; // dt_param_info.layer
+    size_t np                               = 0;
+    for (int k = 0; k < v->su.nparams; k++) {
+        size_t c = 1;
+        for (int d = 0; d < v->su.params[k].ndim; d++)
+            c *= (size_t)v->su.params[k].shape[d];
+        np += c;
+    }
+    nn_shape out          = {(int)v->shape.d[0], v->shape.ndim > 1 ? (int)v->shape.d[1] : 1,
+                    v->shape.ndim > 2 ? (int)v->shape.d[2] : 1};
+    nn_shape in           = last_shape(m);
+    m->layers[m->nlayers] = (mlayer){kind, in, out, np, v->su.flops_per_sample, -1};
+    m->nlayers++;
     return DT_OK;
 }
 
 dt_status dt_model_add_conv2d(dt_model *m, int out_channels, int kernel, int stride, int padding) {
-    return add_layer(
-        m, &dt_nn_conv2d_ops,
-        (nn_layer){.out_c = out_channels, .k = kernel, .stride = stride, .pad = padding});
+    DT_TRY(check_adding(m, "conv2d"));
+    if (stride < 1 || kernel < 1 || padding < 0 || out_channels < 1)
+        return dt_fail(DT_ERR_ARG,
+                       "layer %d conv2d: expected out_channels, kernel, stride >= 1 and padding "
+                       ">= 0, found %d, %d, %d, %d",
+                       m->nlayers, out_channels, kernel, stride, padding);
+    dt_conv2d_opts o = dt_conv2d_opts_default();
+    o.sh = o.sw = stride;
+    o.ph = o.pw = padding;
+    dt_layer *l = NULL;
+    DT_TRY(dt_layer_conv2d_new(&l, last_shape(m).c, out_channels, kernel, kernel, &o));
+    return add_layer(m, "conv2d", l);
 }
 dt_status dt_model_add_linear(dt_model *m, int out_features) {
-    return add_layer(m, &dt_nn_linear_ops, (nn_layer){.out_c = out_features});
+    DT_TRY(check_adding(m, "linear"));
+    nn_shape in = last_shape(m);
+    if (in.h != 1 || in.w != 1)
+        return dt_fail(DT_ERR_ARG,
+                       "layer %d linear: expected a flat input (features, 1, 1), found (%d, %d, "
+                       "%d); add a flatten layer first",
+                       m->nlayers, in.c, in.h, in.w);
+    if (out_features < 1)
+        return dt_fail(DT_ERR_ARG, "layer %d linear: expected out_features >= 1, found %d",
+                       m->nlayers, out_features);
+    dt_layer *l = NULL;
+    DT_TRY(dt_layer_linear_new(&l, in.c, out_features, NULL));
+    return add_layer(m, "linear", l);
 }
 dt_status dt_model_add_maxpool2d(dt_model *m, int kernel, int stride) {
-    return add_layer(m, &dt_nn_maxpool2d_ops, (nn_layer){.k = kernel, .stride = stride});
+    DT_TRY(check_adding(m, "maxpool2d"));
+    dt_pool2d_opts o = dt_pool2d_opts_default();
+    o.sh = o.sw = stride; // 0: the kernel
+    dt_layer *l = NULL;
+    DT_TRY(dt_layer_maxpool2d_new(&l, kernel, kernel, &o));
+    return add_layer(m, "maxpool2d", l);
 }
 dt_status dt_model_add_relu(dt_model *m) {
-    return add_layer(m, &dt_nn_relu_ops, (nn_layer){0});
+    DT_TRY(check_adding(m, "relu"));
+    dt_layer *l = NULL;
+    DT_TRY(dt_layer_act_new(&l, DT_ACT_RELU, NULL));
+    return add_layer(m, "relu", l);
 }
 dt_status dt_model_add_dropout(dt_model *m, float p) {
-    return add_layer(m, &dt_nn_dropout_ops, (nn_layer){.p = p});
+    DT_TRY(check_adding(m, "dropout"));
+    dt_layer *l = NULL;
+    DT_TRY(dt_layer_dropout_new(&l, p, NULL));
+    return add_layer(m, "dropout", l);
 }
 dt_status dt_model_add_dropout2d(dt_model *m, float p) {
-    return add_layer(m, &dt_nn_dropout2d_ops, (nn_layer){.p = p});
+    DT_TRY(check_adding(m, "dropout2d"));
+    dt_layer *l = NULL;
+    DT_TRY(dt_layer_dropout2d_new(&l, p, NULL));
+    return add_layer(m, "dropout2d", l);
 }
 dt_status dt_model_add_flatten(dt_model *m) {
-    return add_layer(m, &dt_nn_flatten_ops, (nn_layer){0});
+    DT_TRY(check_adding(m, "flatten"));
+    dt_layer *l = NULL;
+    DT_TRY(dt_layer_flatten_new(&l, NULL));
+    return add_layer(m, "flatten", l);
 }
 dt_status dt_model_add_log_softmax(dt_model *m) {
-    return add_layer(m, &dt_nn_log_softmax_ops, (nn_layer){0});
+    DT_TRY(check_adding(m, "log_softmax"));
+    nn_shape in = last_shape(m);
+    if (in.h != 1 || in.w != 1)
+        return dt_fail(DT_ERR_ARG,
+                       "layer %d log_softmax: expected a flat input (features, 1, 1), found "
+                       "(%d, %d, %d)",
+                       m->nlayers, in.c, in.h, in.w);
+    dt_layer *l = NULL;
+    DT_TRY(dt_layer_log_softmax_new(&l, NULL));
+    return add_layer(m, "log_softmax", l);
+}
+
+// PyTorch's reset_parameters from the Sequential model's own streams: layer l's weight
+// from split(root, 2 l) and its bias from split(root, 2 l + 1), each U(-1/sqrt(fan_in),
+// +) (kaiming_uniform_(a = sqrt(5)) gives that bound for the weight), fan_in the weight's
+// elements per output. Models saved by earlier versions start from these values.
+static void init_sequential(dt_model *m, uint64_t seed) {
+    dt_rng     root = dt_rng_init(seed);
+    dt_params *p    = m->g->params;
+    for (int l = 0; l < m->nlayers; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "%d.weight", l);
+        int wi = dt_params_find(p, name);
+        snprintf(name, sizeof name, "%d.bias", l);
+        int bi = dt_params_find(p, name);
+        if (wi < 0)
+            continue;
+        const dt_param_info *w     = dt_params_info(p, wi);
+        float                bound = 1.0f / sqrtf((float)(w->count / (size_t)w->shape[0]));
+        dt_rng               rw    = dt_rng_split(&root, 2 * (uint64_t)l),
+               rb                  = dt_rng_split(&root, 2 * (uint64_t)l + 1);
+        for (size_t j = 0; j < w->count; j++)
+            dt_params_data(p)[w->offset + j] = dt_rng_uniform_range(&rw, -bound, bound);
+        if (bi < 0)
+            continue;
+        const dt_param_info *b = dt_params_info(p, bi);
+        for (size_t j = 0; j < b->count; j++)
+            dt_params_data(p)[b->offset + j] = dt_rng_uniform_range(&rb, -bound, bound);
+    }
 }
 
 dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
@@ -120,6 +216,7 @@ dt_status dt_model_finalize(dt_model *m, uint64_t seed) {
         return dt_fail(DT_ERR_STATE, "model: a failed dt_model_finalize cannot be retried");
     m->failed = true;
     DT_TRY(dt_graph_finalize(m->g, seed));
+    init_sequential(m, seed);
     // Each layer's node: the one whose tensors carry its index (a fused conv2d keeps the
     // convolution's index and takes the pool's name).
     for (int i = 0; i < m->g->nvals; i++) {

@@ -1,11 +1,10 @@
-// nn_impl.h: the layers of the Sequential dt_model (conv2d.c, linear.c, pool2d.c,
-// activation.c, dropout.c), which run as graph nodes (seq.h). Public code sees only
-// dt_model and dt_graph.
+// nn_impl.h: what src/nn's layers and kernels share: the fused convolution's
+// configuration and per-thread context (layers/conv_fused.h runs it as a team layer,
+// layers/conv_team.c and pool_team.c are its kernels), the gradient-shard constants,
+// and kernels several layers call.
 //
 // Threads split a batch by samples: thread t owns samples [s0, s1). Forward never
 // needs the threads to meet, since every layer here treats samples independently.
-// The graph meets after each layer that has parameters, so that its gradient can be
-// summed over threads and reported ready while later layers go on.
 #ifndef DTRAIN_NN_IMPL_H
 #define DTRAIN_NN_IMPL_H
 
@@ -37,44 +36,20 @@ typedef struct nn_ctx {
                              // split(rng, s)
 } nn_ctx;
 
-// How a layer's parameter gradient is formed when several threads share a batch.
-typedef enum nn_grad_mode {
-    NN_GRAD_PARTIAL, // each thread adds its samples' contribution into its own
-                     // buffer; the model sums the buffers in thread order
-    NN_GRAD_SHARED,  // the layer splits the gradient itself so threads write disjoint
-                     // parts of the one gradient buffer (after meeting inside backward)
-} nn_grad_mode;
-// With gradient shards on (dt_model_set_grad_shards), sample s of a batch belongs to
-// shard s % S. A PARTIAL layer's backward is then called once per shard, with s0 = the
-// shard, sstep = S, and its own zeroed dparams: it must add the shard's samples in
-// increasing order. A SHARED layer sees c->shards = S and must form each shard's sum
-// over its samples in increasing order, then combine the shards by the tree of
-// dt_nn_shard_tree, whatever the thread split. The graph combines PARTIAL shards.
+// Gradient shards (dt_graph_set_grad_shards: sample s of a batch belongs to shard
+// s % S) and how layers form them: layer.h's dt_layer_grad. The fused convolution's
+// gradient is partial: its backward is called once per shard, with s0 = the shard,
+// sstep = S and its own zeroed dparams, and adds the shard's samples in increasing
+// order; the graph combines the shards by the tree of dt_nn_shard_tree.
 #define NN_MAX_SHARDS 64
 // Tiles of a linear weight gradient formed per shard at a time (scratch per shard:
 // rows x cols floats; one vector block of shifted.c).
 #define NN_SHARD_ROWS 8
 #define NN_SHARD_COLS 48
 
-typedef struct nn_layer_ops {
-    const char  *kind;
-    bool         in_place; // output aliases input; backward works on the gradient in place
-    nn_grad_mode grad_mode;
-    // Checks l->in, sets l->out, the parameter shapes, scratch and aux sizes, flops.
-    dt_status (*setup)(nn_layer *l);
-    // in: (batch, in), out: (batch, out); compute rows [s0, s1).
-    void (*forward)(nn_layer *l, const nn_ctx *c, const float *in, float *out);
-    // dout: gradient w.r.t. the output (rows [s0, s1) are this thread's; may be
-    // overwritten); din: gradient w.r.t. the input, NULL when nobody needs it;
-    // dparams: where this thread adds the weight then bias gradient (layer's slice).
-    void (*backward)(nn_layer *l, const nn_ctx *c, const float *in, const float *out, float *dout,
-                     float *din, float *dparams);
-} nn_layer_ops;
-
 struct nn_layer {
-    const nn_layer_ops *ops;
-    int                 index;
-    nn_shape            in, out;
+    int      index;
+    nn_shape in, out;
     // hyper-parameters
     int   out_c; // conv: out channels; linear: out features
     int   k, stride, pad;
@@ -110,14 +85,15 @@ struct nn_layer {
     uint64_t     fwd_ns, bwd_ns; // profile, thread 0
 };
 
-extern const nn_layer_ops dt_nn_conv2d_ops;
-extern const nn_layer_ops dt_nn_linear_ops;
-extern const nn_layer_ops dt_nn_maxpool2d_ops;
-extern const nn_layer_ops dt_nn_relu_ops;
-extern const nn_layer_ops dt_nn_dropout_ops;
-extern const nn_layer_ops dt_nn_dropout2d_ops;
-extern const nn_layer_ops dt_nn_flatten_ops;
-extern const nn_layer_ops dt_nn_log_softmax_ops;
+// The fused convolution's kernels (conv_team.c) and its pool's shape (pool_team.c):
+// setup checks l->in and fills l->out, the parameter shapes, scratch and saved sizes;
+// forward and backward run this thread's samples (c). Backward may overwrite dout;
+// dparams: weight then bias, where this call ADDS (a partial gradient).
+dt_status dt_team_conv_setup(nn_layer *l);
+void      dt_team_conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out);
+void      dt_team_conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                                float *dout, float *din, float *dparams);
+dt_status dt_team_pool_setup(nn_layer *l);
 
 // Kernels shared by layers (kernels.c).
 // (C, H, W) image -> (C*k*k, Ho*Wo) columns, zero where the window hits padding.

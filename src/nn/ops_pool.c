@@ -8,15 +8,15 @@ dt_status dt_nn_avgpool2d_check(const dt_nn_avgpool2d *p, int h, int w, int *ho,
     if (p->kh < 1 || p->kw < 1 || p->sh < 1 || p->sw < 1 || p->ph < 0 || p->pw < 0 || h < 1 ||
         w < 1)
         return dt_fail(DT_ERR_ARG,
-                       "avgpool2d: expected positive kernel (%d, %d), stride (%d, %d) and input "
+                       "pooling: expected positive kernel (%d, %d), stride (%d, %d) and input "
                        "(%d, %d), padding (%d, %d) >= 0",
                        p->kh, p->kw, p->sh, p->sw, h, w, p->ph, p->pw);
     if (2 * p->ph > p->kh || 2 * p->pw > p->kw)
         return dt_fail(DT_ERR_ARG,
-                       "avgpool2d: padding (%d, %d) must be at most half the kernel (%d, %d)",
-                       p->ph, p->pw, p->kh, p->kw);
+                       "pooling: padding (%d, %d) must be at most half the kernel (%d, %d)", p->ph,
+                       p->pw, p->kh, p->kw);
     if (h + 2 * p->ph < p->kh || w + 2 * p->pw < p->kw)
-        return dt_fail(DT_ERR_ARG, "avgpool2d: kernel (%d, %d) does not fit the input (%d, %d)",
+        return dt_fail(DT_ERR_ARG, "pooling: kernel (%d, %d) does not fit the input (%d, %d)",
                        p->kh, p->kw, h, w);
     *ho = (h + 2 * p->ph - p->kh) / p->sh + 1;
     *wo = (w + 2 * p->pw - p->kw) / p->sw + 1;

@@ -3,6 +3,8 @@
 // the end of a run (last checkpoint, replica checksum, --save-model, STATS).
 #include "train_impl.h"
 
+#include "kernels/cpu.h"
+
 #include "dtrain/trace.h"
 
 #include <string.h>
@@ -47,6 +49,16 @@ static void build_kvs(dt_trainer *t) {
             t->kvs[n]      = (dt_ckpt_kv){t->kvkey[n], v};
             n++;
         }
+    // The kernel set the steps ran on (another one rounds otherwise: a resume on it
+    // continues the run to rounding, not bit for bit; check_config warns)
+    if (n < MAX_KVS) {
+        snprintf(t->kvkey[n], sizeof t->kvkey[n], "kernels");
+        snprintf(t->kvval[n], sizeof t->kvval[n], "%s", dt_isa_name(dt_isa_top()));
+        t->kvpolicy[n] = DT_FLAG_CKPT_WARN;
+        t->kvflag[n]   = NULL;
+        t->kvs[n]      = (dt_ckpt_kv){t->kvkey[n], t->kvval[n]};
+        n++;
+    }
     t->nkvs = n;
 }
 
@@ -78,7 +90,12 @@ static dt_status check_config(const dt_trainer *t, const dt_ckpt_info *info) {
                                "--%s %s in this run (hint: resume with the first run's flags, "
                                "or use another --checkpoint-dir)",
                                info->path, t->kvflag[i], saved, t->kvflag[i], t->kvs[i].value);
-            if (pass == 1 && (t->kvpolicy[i] & DT_FLAG_CKPT_WARN) && t->rank == 0)
+            if (pass == 1 && !t->kvflag[i] && t->rank == 0) // the kernel set
+                fprintf(stderr,
+                        "%s: warning: %s was written on the %s kernels, this run uses %s: it "
+                        "continues the run to rounding, not bit for bit\n",
+                        t->o.program, info->path, saved, t->kvs[i].value);
+            else if (pass == 1 && (t->kvpolicy[i] & DT_FLAG_CKPT_WARN) && t->rank == 0)
                 fprintf(stderr,
                         "%s: warning: %s was written with --%s %s, this run has --%s %s; the "
                         "result will differ from an uninterrupted run\n",
@@ -318,6 +335,40 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     return DT_OK;
 }
 
+// Gradient shards (--invariant V): this rank holds shards rank + world * k of the
+// global batch's V, so its local positions j = k (mod V / world) form local shard k
+// (the sampler gives rank r global positions r + world * j); DDP continues the tree
+// over ranks. A world that does not divide the default V gets one shard per rank.
+// The same for a Sequential model and a graph: the promise is the trainer's.
+static dt_status invariant_shards(dt_trainer *t, int *shards) {
+    long v  = t->inv_v;
+    *shards = 0;
+    if (v > 0 && v % t->world == 0)
+        *shards = (int)(v / t->world);
+    else if (v > 0 && t->a.invariant > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--invariant %ld: expected a world size dividing it, found %d processes", v,
+                       t->world);
+    else if (v > 0)
+        *shards = 1;
+    t->tree_reduce = *shards > 0 && v % t->world == 0;
+    return DT_OK;
+}
+
+// The training set's samples against the model's input: a model reads its input's
+// numel floats per sample, so other samples would be read past their end or trained as
+// garbage (dt_dataset_check_dims). Nothing to compare without a training loader (a
+// step-based program feeds its own batches).
+static dt_status check_input(const dt_trainer *t, const dt_shape *in) {
+    if (!t->tds || !in)
+        return DT_OK;
+    if (in->dtype != DT_ELEM_F32)
+        return dt_fail(DT_ERR_ARG,
+                       "training set: expected a model whose input is float samples, found one "
+                       "of int32 (token ids); feed it from a token stream, not a dataset loader");
+    return dt_dataset_check_dims(t->tds, "training set", in->ndim, in->d);
+}
+
 dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt_sched *sched) {
     t->m = m, t->opt = opt, t->sched = sched, t->prepared = true; // owned from here on
     if (!m || !opt)
@@ -325,23 +376,13 @@ dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt, dt
                        "dt_trainer_prepare_model: expected a model and an optimizer, "
                        "found %s (%s)",
                        m ? "no optimizer" : "no model", dt_last_error());
-    // Gradient shards (--invariant V): this rank holds shards rank + world * k of the
-    // global batch's V, so its local positions j = k (mod V / world) form local shard k
-    // (the sampler gives rank r global positions r + world * j); DDP continues the tree
-    // over ranks. A world that does not divide the default V gets one shard per rank.
-    long v = t->inv_v, shards = 0;
-    if (v > 0 && v % t->world == 0)
-        shards = v / t->world;
-    else if (v > 0 && t->a.invariant > 0)
-        return dt_fail(DT_ERR_ARG,
-                       "--invariant %ld: expected a world size dividing it, found %d processes", v,
-                       t->world);
-    else if (v > 0)
-        shards = 1;
-    t->tree_reduce = shards > 0 && v % t->world == 0;
-    dt_status st   = dt_model_set_threads(m, t->threads);
+    int c, h, w, shards;
+    dt_model_input_shape(m, &c, &h, &w);
+    DT_TRY(check_input(t, &(dt_shape){3, {c, h, w, 1}, DT_ELEM_F32}));
+    DT_TRY(invariant_shards(t, &shards));
+    dt_status st = dt_model_set_threads(m, t->threads);
     if (!st)
-        st = dt_model_set_grad_shards(m, (int)shards);
+        st = dt_model_set_grad_shards(m, shards);
     if (!st)
         st = dt_model_set_precision(m, dt_trainer_precision(t));
     if (!st && t->batch)
@@ -364,8 +405,31 @@ dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt
                               : "a graph not finalized",
                        dt_last_error());
     }
+    int first_input = 0, shards;
+    while (first_input < dt_graph_num_nodes(g) &&
+           strcmp(dt_graph_node_kind(g, first_input), "input") != 0)
+        first_input++;
+    t->prepared = true; // a refusal below still leaves the graph owned
+    DT_TRY(check_input(t, dt_graph_node_shape(g, first_input)));
+    DT_TRY(invariant_shards(t, &shards));
+    int coupled = dt_graph_batch_coupled(g);
+    if (shards && coupled >= 0 && t->a.invariant > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--invariant %ld: node '%s' (%s) computes statistics over the batch, so "
+                       "no split of the batch into gradient shards makes its gradient "
+                       "independent of how the batch is divided; run with --invariant 0",
+                       t->a.invariant, dt_graph_node_name(g, coupled),
+                       dt_graph_node_kind(g, coupled));
+    if (shards && coupled >= 0) { // the default: off for such a model, and said once
+        DT_INFO("train",
+                "world-size invariance off: node '%s' (%s) computes statistics over the batch",
+                dt_graph_node_name(g, coupled), dt_graph_node_kind(g, coupled));
+        shards = 0, t->tree_reduce = false;
+    }
     DT_TRY(dt_graph_set_threads(g, t->threads));
+    DT_TRY(dt_graph_set_grad_shards(g, shards)); // --invariant, as for a Sequential model
     DT_TRY(dt_graph_set_precision(g, dt_trainer_precision(t))); // --precision
+    t->prepared = false;
     return dt_trainer_prepare(t, dt_graph_params(g), opt, sched);
 }
 
@@ -855,10 +919,12 @@ dt_status dt_trainer_report(dt_trainer *t, double metric) {
                      "STATS {\"secs\": %.3f, \"train_loop_secs\": %.3f, \"samples_per_sec\": %.1f, "
                      "\"gflops\": %.1f, \"peak_rss_mib\": %.1f, \"world\": %d, \"threads\": %d, "
                      "\"backend\": \"%s\", \"ddp_wait_secs\": %.3f, \"accuracy\": %.2f, "
-                     "\"checkpoints\": %lld, \"checkpoint_secs\": %.3f, \"blas\": \"%s\"}\n",
+                     "\"checkpoints\": %lld, \"checkpoint_secs\": %.3f, \"blas\": \"%s\", "
+                     "\"kernels\": \"%s\", \"cpu\": \"%s\"}\n",
                      t->finished - t->start, loop, loop > 0 ? samples / loop : 0.0,
                      loop > 0 ? flops / loop * 1e-9 : 0.0, (double)rss / 1024.0, t->world,
                      t->threads, t->pg ? dt_pg_backend(t->pg) : "none", wait_s, metric,
-                     (long long)t->ckpt_saves, t->ckpt_secs, dt_blas_info());
+                     (long long)t->ckpt_saves, t->ckpt_secs, dt_blas_info(),
+                     dt_isa_name(dt_isa_top()), dt_cpu_get()->model);
     return DT_OK;
 }

@@ -79,7 +79,7 @@ dt_status dt_train_release_params(dt_trainer *t);
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
 #define MAX_COMMON   48
-#define MAX_KVS      26
+#define MAX_KVS      32
 
 struct dt_trainer {
     dt_trainer_opts o;

@@ -4,6 +4,8 @@
 // the SIGTERM stop, and the end-of-run checks and reports.
 #include "train_impl.h"
 
+#include "kernels/cpu.h"
+
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -430,6 +432,33 @@ static dt_status check_shared(dt_trainer *t) {
     return dt_train_check_settings(t->pg, s, n);
 }
 
+// The CPU and the kernel set this rank runs, on rank 0 (and in --stats). Ranks whose
+// sets differ (another DT_ISA, another CPU family) are told that their results agree to
+// rounding and not bit for bit: every kernel set rounds its own way.
+static dt_status announce_kernels(dt_trainer *t) {
+    char line[256];
+    if (t->rank == 0)
+        dt_trainer_print(t, "CPU: %s\n", dt_cpu_describe(line, sizeof line));
+    if (!t->pg)
+        return DT_OK;
+    int32_t mine = (int32_t)dt_isa_top(), *all = dt_alloc(sizeof(int32_t) * (size_t)t->world);
+    if (!all)
+        return DT_ERR_NOMEM;
+    dt_status st = dt_pg_all_gather(t->pg, &mine, all, 1, DT_INT32);
+    for (int r = 1; st == DT_OK && r < t->world; r++)
+        if (all[r] != all[0]) {
+            if (t->rank == 0)
+                DT_WARN("train",
+                        "ranks run different kernel sets (rank 0: %s, rank %d: %s): their "
+                        "results agree to rounding, not bit for bit (--invariant and bitwise "
+                        "resumes hold within one kernel set)",
+                        dt_isa_name((dt_isa)all[0]), r, dt_isa_name((dt_isa)all[r]));
+            break;
+        }
+    dt_free(all);
+    return st;
+}
+
 // ------------------------------------------------------------------------- launching
 
 static void release_worker(dt_trainer *t) {
@@ -496,6 +525,8 @@ static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
     t->rngs[0]    = (dt_ckpt_rng){"dropout", &t->root};
     t->last_saved = -1;
     dt_status st  = check_shared(t);
+    if (!st)
+        st = announce_kernels(t);
     if (!st)
         st = dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
     if (!st)

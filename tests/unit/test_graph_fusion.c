@@ -5,8 +5,8 @@
 //   "conv2d+relu+maxpool2d", the pool's name, the Conv2d's tensor names and initial
 //   values, bit for bit); its outputs and gradients equal those of the same graph left
 //   unfused (dt_graph_opts.no_fusion) up to float rounding, on 1 and 2 threads. A ReLU
-//   read by two nodes, a stride-2 convolution and DT_NO_POOL_FUSION=1 leave the nodes
-//   as they are.
+//   read by two nodes, a stride-2 convolution and DT_NO_POOL_FUSION=1 fuse the
+//   convolution with its ReLU only ("conv2d+relu").
 // - Gradient shards (dt_graph_set_grad_shards) on Conv2d (fused) -> Flatten -> Linear
 //   -> GELU -> Dropout -> Linear: 1, 2 and 3 threads give the same gradient bits, and
 //   N emulated ranks (positions r + N j, V / N shards each, their gradients combined by
@@ -130,9 +130,10 @@ static void not_fused(void) {
     CHECK_OK(dt_layer_add_new(&l, NULL));
     CHECK_OK(dt_graph_add(g, "s", l, "p", "a"));
     CHECK_OK(dt_graph_finalize(g, 1));
-    CHECK_EQ(dt_graph_num_nodes(g), 6);
+    CHECK_EQ(dt_graph_num_nodes(g), 5); // the pool not fused: the ReLU has two readers
+    CHECK(strcmp(dt_graph_node_kind(g, 1), "conv2d+relu") == 0);
     dt_graph_free(g);
-    // stride 2
+    // stride 2: the ReLU fuses, the pool does not (the fused pool needs stride 1)
     co.sh = co.sw = 2;
     CHECK_OK(dt_graph_new(&g, NULL));
     CHECK_OK(dt_graph_input(g, "x", &(dt_shape){3, {C, 2 * H, 2 * H, 1}, DT_ELEM_F32}));
@@ -143,12 +144,15 @@ static void not_fused(void) {
     CHECK_OK(dt_layer_maxpool2d_new(&l, 2, 2, NULL));
     CHECK_OK(dt_graph_add(g, "p", l, "r"));
     CHECK_OK(dt_graph_finalize(g, 1));
-    CHECK_EQ(dt_graph_num_nodes(g), 4);
+    CHECK_EQ(dt_graph_num_nodes(g), 3);
+    CHECK(strcmp(dt_graph_node_kind(g, 1), "conv2d+relu") == 0);
+    CHECK(strcmp(dt_graph_node_kind(g, 2), "maxpool2d") == 0);
     dt_graph_free(g);
-    // DT_NO_POOL_FUSION=1
+    // DT_NO_POOL_FUSION=1: the ReLU only
     setenv("DT_NO_POOL_FUSION", "1", 1);
     g = convnet(false, 1);
-    CHECK_EQ(dt_graph_num_nodes(g), 6);
+    CHECK_EQ(dt_graph_num_nodes(g), 5);
+    CHECK(strcmp(dt_graph_node_kind(g, 1), "conv2d+relu") == 0);
     dt_graph_free(g);
     unsetenv("DT_NO_POOL_FUSION");
 }

@@ -307,11 +307,16 @@ static void test_errors(void) {
     CHECK_OK(dt_model_add_conv2d(m, 2, 3, 1, 0));
     CHECK_ERR(dt_model_add_linear(m, 4), DT_ERR_ARG,
               "layer 1 linear: expected a flat input (features, 1, 1), found (2, 6, 6)");
-    CHECK_ERR(dt_model_add_conv2d(m, 2, 9, 1, 0), DT_ERR_ARG, "kernel 9 does not fit");
+    CHECK_ERR(dt_model_add_conv2d(m, 2, 9, 1, 0), DT_ERR_ARG,
+              "layer 1 conv2d: node '1' (conv2d): conv2d: kernel (9, 9) does not fit the padded "
+              "input (6, 6)");
     CHECK_ERR(dt_model_add_maxpool2d(m, 7, 0), DT_ERR_ARG,
-              "window 7 does not fit the input (2, 6, 6)");
+              "layer 1 maxpool2d: node '1' (maxpool2d): pooling: kernel (7, 7) does not fit "
+              "the input (6, 6)");
     CHECK_ERR(dt_model_add_dropout(m, 1.0f), DT_ERR_ARG, "expected p in [0, 1), found 1");
-    CHECK_ERR(dt_model_add_conv2d(m, 0, 3, 1, 0), DT_ERR_ARG, "expected out_channels >= 1");
+    CHECK_ERR(dt_model_add_conv2d(m, 0, 3, 1, 0), DT_ERR_ARG,
+              "layer 1 conv2d: expected out_channels, kernel, stride >= 1 and padding >= 0, "
+              "found 0, 3, 1, 0");
     CHECK_ERR(dt_model_forward(m, NULL, 1), DT_ERR_STATE, "dt_model_finalize");
     CHECK_OK(dt_model_finalize(m, 0));
     CHECK_ERR(dt_model_add_relu(m), DT_ERR_STATE, "after dt_model_finalize");

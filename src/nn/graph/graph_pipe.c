@@ -1,7 +1,7 @@
 // graph_pipe.c: what pipeline parallelism (src/parallel/pipe.c) needs from a graph:
 // sets of values per micro-batch in flight (slots), the table of ties, and a stage's
 // subgraph extracted with its layers' original positions (graph.h).
-#include "nn/graph_impl.h"
+#include "nn/graph/graph_impl.h"
 
 #include <stdio.h>
 #include <string.h>

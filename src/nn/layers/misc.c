@@ -1,6 +1,6 @@
 // layers_misc.c: the built-in layers without parameters: element-wise activations,
 // Softmax, Dropout, pooling, Flatten, Add, Concat and causal self-attention.
-#include "nn/layers_impl.h"
+#include "nn/layers/layers_impl.h"
 
 #include <math.h>
 #include <string.h>
@@ -14,6 +14,13 @@ static size_t numel_in(const dt_layer_args *a, int i) {
 static dt_status act_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
     DT_TRY(lay_expect(l->ops->kind, nin, in, 1, 0, DT_SHAPE_MAX_DIMS));
     s->out = in[0];
+    // ReLU works in place (its mask comes from its output's sign); tanh and sigmoid take
+    // their gradient from their output's values; GELU and SiLU from their input
+    if (l->config) {
+        dt_act act          = *(const dt_act *)l->config;
+        s->in_place         = act == DT_ACT_RELU;
+        s->output_read_back = act == DT_ACT_TANH || act == DT_ACT_SIGMOID;
+    }
     return DT_OK;
 }
 
@@ -112,8 +119,76 @@ static dt_status softmax_backward(const dt_layer *l, const dt_layer_args *a) {
     return DT_OK;
 }
 
-static const dt_layer_ops softmax_ops = {"softmax",       act_setup,        NULL,
+static dt_status softmax_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
+    DT_TRY(lay_expect(l->ops->kind, nin, in, 1, 0, DT_SHAPE_MAX_DIMS));
+    s->out              = in[0];
+    s->output_read_back = true; // dx = y (dy - sum(dy y)), from y
+    return DT_OK;
+}
+
+static const dt_layer_ops softmax_ops = {"softmax",       softmax_setup,    NULL,
                                          softmax_forward, softmax_backward, NULL};
+
+// --------------------------------------------------------------------------- LogSoftmax
+// y = x - max - log(sum exp(x - max)) over the last dimension (not counting trailing
+// ones), the stable form, the sum
+// in double; backward dx = dy - exp(y) sum(dy), from y.
+
+// Over the last dimension that is not 1: a Sequential model's (classes, 1, 1) is
+// (classes).
+static int feature_rows(const dt_layer_args *a, int *d) {
+    const dt_shape *s  = &a->in[0];
+    int             fd = s->ndim - 1;
+    while (fd > 0 && s->d[fd] == 1)
+        fd--;
+    *d = fd >= 0 ? (int)s->d[fd] : 1;
+    return (int)(numel_in(a, 0) / (size_t)*d);
+}
+
+static dt_status log_softmax_forward(const dt_layer *l, const dt_layer_args *a) {
+    (void)l;
+    int d, rows = feature_rows(a, &d);
+    for (int r = 0; r < rows; r++) {
+        const float *x = a->x[0] + (size_t)r * d;
+        float       *y = a->y + (size_t)r * d;
+        float        m = x[0];
+        for (int i = 1; i < d; i++)
+            m = x[i] > m ? x[i] : m;
+        double sum = 0.0;
+        for (int i = 0; i < d; i++)
+            sum += exp((double)(x[i] - m));
+        float lse = m + (float)log(sum);
+        for (int i = 0; i < d; i++)
+            y[i] = x[i] - lse;
+    }
+    return DT_OK;
+}
+
+static dt_status log_softmax_backward(const dt_layer *l, const dt_layer_args *a) {
+    (void)l;
+    int d, rows = feature_rows(a, &d);
+    if (!a->dx[0])
+        return DT_OK;
+    for (int r = 0; r < rows; r++) {
+        const float *y = a->y + (size_t)r * d, *dy = a->dy + (size_t)r * d;
+        float       *dx  = a->dx[0] + (size_t)r * d;
+        float        sum = 0.0f;
+        for (int i = 0; i < d; i++)
+            sum += dy[i];
+        for (int i = 0; i < d; i++)
+            dx[i] = dy[i] - expf(y[i]) * sum;
+    }
+    return DT_OK;
+}
+
+static const dt_layer_ops log_softmax_ops = {"log_softmax",       softmax_setup,        NULL,
+                                             log_softmax_forward, log_softmax_backward, NULL};
+
+dt_status dt_layer_log_softmax_new(dt_layer **out, const dt_layer_opts *opts) {
+    (void)opts;
+    int dummy = 0;
+    return lay_new(out, &log_softmax_ops, &dummy, sizeof dummy);
+}
 
 dt_status dt_layer_softmax_new(dt_layer **out, const dt_layer_opts *opts) {
     (void)opts;
@@ -122,60 +197,114 @@ dt_status dt_layer_softmax_new(dt_layer **out, const dt_layer_opts *opts) {
 }
 
 // ------------------------------------------------------------------------------ Dropout
-// The mask of sample s is drawn from split(node stream, key of s), element by element
-// (keep when uniform >= p), as the Sequential model's dropout does (the same stream
-// for the same layer position, so the same masks); saved holds the
-// per-element factor, 0 or 1/(1-p).
+// The mask of sample s is drawn from split(node stream, key of s), unit by unit (keep
+// when uniform >= p): an element for Dropout, a channel (the first per-sample
+// dimension) for Dropout2d, so a sample gets the same mask whichever thread, batch or
+// process holds it. saved keeps one byte per unit (kept or not); kept values are
+// scaled by 1/(1-p), in place when the graph gives y == x.
+
+typedef struct drop_cfg {
+    float p;
+    bool  channels; // Dropout2d
+} drop_cfg;
+
+// Units of a sample (elements or channels) and values per unit.
+static size_t drop_units(const drop_cfg *c, const dt_shape *in, size_t *per) {
+    size_t n = dt_shape_numel(in), u = c->channels ? (size_t)in->d[0] : n;
+    *per = n / u;
+    return u;
+}
 
 static dt_status dropout_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
-    (void)l;
-    DT_TRY(lay_expect("dropout", nin, in, 1, 0, DT_SHAPE_MAX_DIMS));
+    const drop_cfg *c = l->config;
+    DT_TRY(lay_expect(c->channels ? "dropout2d" : "dropout", nin, in, 1, c->channels ? 2 : 0,
+                      DT_SHAPE_MAX_DIMS));
+    size_t per, u = drop_units(c, &in[0], &per);
     s->out              = in[0];
-    s->saved_per_sample = dt_shape_numel(&in[0]);
+    s->saved_per_sample = (u + sizeof(float) - 1) / sizeof(float); // one byte a unit
+    s->in_place         = true;
     return DT_OK;
 }
 
+// Sample s's mask of u bytes in the saved state (whole floats per sample).
+static uint8_t *drop_mask(const dt_layer_args *a, int s, size_t u) {
+    size_t floats = (u + sizeof(float) - 1) / sizeof(float);
+    return (uint8_t *)(void *)(a->saved + (size_t)s * floats);
+}
+
+// v[i] = x[i] * f for i < n (the products of the scalar loop, sixteen at a time).
+static void scale_run(const float *x, float *v, size_t n, float f) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++)
+            v[i + k] = x[i + k] * f;
+    for (; i < n; i++)
+        v[i] = x[i] * f;
+}
+
 static dt_status dropout_forward(const dt_layer *l, const dt_layer_args *a) {
-    float  p = *(const float *)l->config;
-    size_t n = dt_shape_numel(&a->in[0]);
-    if (!a->training || p == 0.0f) {
-        memcpy(a->y, a->x[0], sizeof(float) * n * (size_t)a->batch);
+    const drop_cfg *c = l->config;
+    size_t          per, u = drop_units(c, &a->in[0], &per), n = u * per;
+    if (!a->training || c->p == 0.0f) {
+        if (a->y != a->x[0])
+            memcpy(a->y, a->x[0], sizeof(float) * n * (size_t)a->batch);
         return DT_OK;
     }
-    float scale = 1.0f / (1.0f - p);
+    float scale = 1.0f / (1.0f - c->p);
     for (int s = 0; s < a->batch; s++) {
-        dt_rng       r = dt_rng_split(a->rng, a->keys ? a->keys[s] : (uint64_t)s);
-        float       *m = a->saved + (size_t)s * n, *y = a->y + (size_t)s * n;
-        const float *x = a->x[0] + (size_t)s * n;
-        for (size_t i = 0; i < n; i++) {
-            m[i] = dt_rng_uniform(&r) >= p ? scale : 0.0f;
-            y[i] = x[i] * m[i];
+        dt_rng       r    = dt_rng_split(a->rng, a->keys ? a->keys[s] : (uint64_t)s);
+        uint8_t     *mask = drop_mask(a, s, u);
+        const float *x    = a->x[0] + (size_t)s * n;
+        float       *y    = a->y + (size_t)s * n;
+        for (size_t k = 0; k < u; k++) {
+            mask[k] = dt_rng_uniform(&r) >= c->p;
+            scale_run(x + k * per, y + k * per, per, mask[k] ? scale : 0.0f);
         }
     }
     return DT_OK;
 }
 
 static dt_status dropout_backward(const dt_layer *l, const dt_layer_args *a) {
-    float  p = *(const float *)l->config;
-    size_t n = numel_in(a, 0);
+    const drop_cfg *c = l->config;
+    size_t          per, u = drop_units(c, &a->in[0], &per), n = u * per;
     if (!a->dx[0])
         return DT_OK;
-    if (!a->training || p == 0.0f)
-        memcpy(a->dx[0], a->dy, sizeof(float) * n);
-    else
-        for (size_t i = 0; i < n; i++)
-            a->dx[0][i] = a->dy[i] * a->saved[i];
+    if (!a->training || c->p == 0.0f) {
+        if (a->dx[0] != a->dy)
+            memcpy(a->dx[0], a->dy, sizeof(float) * n * (size_t)a->batch);
+        return DT_OK;
+    }
+    float scale = 1.0f / (1.0f - c->p);
+    for (int s = 0; s < a->batch; s++) {
+        const uint8_t *mask = drop_mask(a, s, u);
+        for (size_t k = 0; k < u; k++)
+            scale_run(a->dy + (size_t)s * n + k * per, a->dx[0] + (size_t)s * n + k * per, per,
+                      mask[k] ? scale : 0.0f);
+    }
     return DT_OK;
 }
 
-static const dt_layer_ops dropout_ops = {"dropout",       dropout_setup,    NULL,
-                                         dropout_forward, dropout_backward, NULL};
+static const dt_layer_ops dropout_ops[2] = {
+    {"dropout", dropout_setup, NULL, dropout_forward, dropout_backward, NULL},
+    {"dropout2d", dropout_setup, NULL, dropout_forward, dropout_backward, NULL},
+};
+
+static dt_status drop_new(dt_layer **out, float p, bool channels) {
+    if (!(p >= 0.0f && p < 1.0f))
+        return dt_fail(DT_ERR_ARG, "%s: expected p in [0, 1), found %g",
+                       channels ? "dropout2d" : "dropout", (double)p);
+    drop_cfg c = {p, channels};
+    return lay_new(out, &dropout_ops[channels], &c, sizeof c);
+}
+
+dt_status dt_layer_dropout2d_new(dt_layer **out, float p, const dt_layer_opts *opts) {
+    (void)opts;
+    return drop_new(out, p, true);
+}
 
 dt_status dt_layer_dropout_new(dt_layer **out, float p, const dt_layer_opts *opts) {
     (void)opts;
-    if (!(p >= 0.0f && p < 1.0f))
-        return dt_fail(DT_ERR_ARG, "dropout: expected p in [0, 1), found %g", (double)p);
-    return lay_new(out, &dropout_ops, &p, sizeof p);
+    return drop_new(out, p, false);
 }
 
 // ------------------------------------------------------------------------------ Pooling
@@ -341,19 +470,21 @@ dt_status dt_layer_adaptive_avgpool2d_new(dt_layer **out, int ho, int wo,
 static dt_status flatten_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
     (void)l;
     DT_TRY(lay_expect("flatten", nin, in, 1, 0, DT_SHAPE_MAX_DIMS));
-    s->out = (dt_shape){1, {(int64_t)dt_shape_numel(&in[0]), 1, 1, 1}, DT_ELEM_F32};
+    s->out      = (dt_shape){1, {(int64_t)dt_shape_numel(&in[0]), 1, 1, 1}, DT_ELEM_F32};
+    s->in_place = true; // a reshape: nothing moves when the graph shares the buffer
     return DT_OK;
 }
 
 static dt_status copy_forward(const dt_layer *l, const dt_layer_args *a) {
     (void)l;
-    memcpy(a->y, a->x[0], sizeof(float) * numel_in(a, 0));
+    if (a->y != a->x[0])
+        memcpy(a->y, a->x[0], sizeof(float) * numel_in(a, 0));
     return DT_OK;
 }
 
 static dt_status copy_backward(const dt_layer *l, const dt_layer_args *a) {
     (void)l;
-    if (a->dx[0])
+    if (a->dx[0] && a->dx[0] != a->dy)
         memcpy(a->dx[0], a->dy, sizeof(float) * numel_in(a, 0));
     return DT_OK;
 }
@@ -491,7 +622,8 @@ dt_status dt_layer_concat_new(dt_layer **out, int dim, const dt_layer_opts *opts
 // ---------------------------------------------------------------------------- Attention
 
 static dt_status attn_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
-    int heads = *(const int *)l->config;
+    s->output_read_back = true; // backward recomputes the tiles against y
+    int heads           = *(const int *)l->config;
     DT_TRY(lay_expect("attention", nin, in, 1, 2, 2));
     char b[64];
     if (in[0].d[1] % 3 != 0)

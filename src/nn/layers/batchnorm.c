@@ -7,7 +7,7 @@
 // batch) and hands them its threads: the per-channel sums are shared out by channel, so
 // every channel's sum is added in the same order whatever the thread count, and the
 // element-wise passes by rows of the batch.
-#include "nn/layers_impl.h"
+#include "nn/layers/layers_impl.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -51,6 +51,7 @@ static dt_status bn_setup(const dt_layer *l, int nin, const dt_shape *in, dt_lay
     lay_tensor(&s->buffers[1], "running_var", 0, 1, p->p.c, 0, 0, 0);
     s->nbuffers      = 2;
     s->saved_fixed   = 2 * (size_t)p->p.c + 1; // mean, invstd, the (global) count
+    s->batch_coupled = true;                   // a sample's output uses the batch's statistics
     s->scratch_fixed = 5 * (size_t)p->p.c + 1; // forward: 2c doubles, c + 1 floats
     return DT_OK;
 }

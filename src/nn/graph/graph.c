@@ -5,12 +5,11 @@
 // fusion of conv2d + ReLU (+ max pool)), then registers the tensors and initialises them.
 #include "dtrain/graph.h"
 
-#include "nn/graph_impl.h"
+#include "nn/graph/graph_impl.h"
 
 #include "nn/blas.h"
 #include "nn/ops.h"
 #include "nn/pool.h"
-#include "nn/seq.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -148,13 +147,13 @@ dt_status dt_graph_add_node(dt_graph *g, const char *name, dt_layer *layer, int 
     snprintf(v.name, sizeof v.name, "%s", name);
     v.layer       = layer;
     v.nin         = nin;
-    v.seq         = dt_seq_is(layer);
     v.alias       = -1;
     v.param_layer = g->nvals;
     dt_shape in[DT_LAYER_MAX_INPUTS];
     for (int i = 0; i < nin; i++)
         in[i] = g->vals[v.in[i]].shape;
-    st = layer->ops->setup(layer, nin, in, &v.su);
+    v.su.precision = g->prec;
+    st             = layer->ops->setup(layer, nin, in, &v.su);
     if (st == DT_OK)
         st = check_shape(name, &v.su.out);
     if (st == DT_OK && (v.su.nparams < 0 || v.su.nparams > DT_LAYER_MAX_TENSORS ||
@@ -312,6 +311,9 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
     g->params     = NULL;
     g->first_user = NULL;
     DT_TRY(dt_blas_init());
+    for (int i = 0; i < g->nvals; i++) // a precision set after the node was added
+        if (g->vals[i].layer && g->vals[i].su.precision != g->prec)
+            DT_TRY(dt_graph_setup_node(g, i));
     DT_TRY(dt_graph_run_passes(g));
     DT_TRY(dt_params_new(&g->params, NULL));
     int *order = dt_alloc(sizeof(int) * (size_t)g->nvals);
@@ -356,16 +358,13 @@ dt_status dt_graph_finalize(dt_graph *g, uint64_t seed) {
     dt_rng root = dt_rng_init(seed);
     for (int i = 0; i < g->nvals; i++) {
         gval *v = &g->vals[i];
-        if (!v->layer || (!v->seq && !v->layer->ops->init))
+        if (!v->layer || !v->layer->ops->init)
             continue;
         float *w[DT_LAYER_MAX_TENSORS];
         for (int k = 0; k < v->su.nparams; k++)
             w[k] = v->tie_val[k] >= 0 ? junk : v->w[k];
         dt_rng r = dt_rng_split(&root, (uint64_t)v->layer_no);
-        if (v->seq) // a Sequential model's streams (or a fused Conv2d's own)
-            dt_seq_init(v->layer, &root, v->layer_no, w, v->buf);
-        else
-            v->layer->ops->init(v->layer, &r, w, v->buf);
+        v->layer->ops->init(v->layer, &r, w, v->buf);
     }
     dt_free(junk);
     g->finalized = true;

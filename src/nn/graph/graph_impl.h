@@ -22,9 +22,7 @@ typedef struct gval {
     int            nconsumers;
     int            layer_no; // position among the layer nodes (0 = the first added): its
                              // random streams, as a Sequential model's layer index
-    int  param_layer;        // dt_param_info.layer of its tensors (default: the node)
-    bool seq;                // a layer of the Sequential model's kind (seq.h): run by
-                             // every thread together, on whole-batch buffers
+    int param_layer;         // dt_param_info.layer of its tensors (default: the node)
     int alias;               // in-place (graph_pass.c): the value whose output and
                              // gradient buffers this node shares, or -1
     // After finalize: tensor indices into the dt_params tables; alias_of: -1 or the
@@ -167,8 +165,46 @@ static inline int dt_graph_root(const dt_graph *g, int i) {
     return i;
 }
 
-// Per-thread scratch, parameter size and setup of the Sequential nodes changed
-// (precision, shards): their setups run again and the buffers are made anew.
+// The precision changed: every node's setup runs again (dt_layer_setup.precision) and
+// the buffers are made anew.
 dt_status dt_graph_setup_again(dt_graph *g);
+// Node i's setup again with the graph's precision (dt_layer_setup.precision).
+dt_status dt_graph_setup_node(dt_graph *g, int i);
+
+// ------------------------------------------------------- between graph_buffers.c and graph_run.c
+
+static inline size_t dt_graph_val_floats(const gval *v, int batch) {
+    return dt_shape_numel(&v->shape) * (size_t)batch;
+}
+static inline const float *dt_graph_val_data(const gval *v) {
+    return v->layer ? v->y : v->ext;
+}
+// A layer with batch-wide state in forward (BatchNorm's statistics: saved_fixed) runs
+// on the whole batch on thread 0, as one that asks for it (DT_LAYER_WHOLE); a team
+// layer is called by every thread at once; every other layer is split by samples.
+static inline bool dt_graph_whole(const gval *v) {
+    return v->su.run == DT_LAYER_WHOLE || (v->su.run == DT_LAYER_RANGE && v->su.saved_fixed != 0);
+}
+static inline bool dt_graph_team(const gval *v) {
+    return v->su.run == DT_LAYER_TEAM;
+}
+// Whether the graph forms the node's parameter gradient per shard (a team layer with a
+// shared gradient sums its shards itself).
+static inline bool dt_graph_sharded(const dt_graph *g, const gval *v) {
+    return g->shards && v->su.nparams && !dt_graph_whole(v) &&
+           (!dt_graph_team(v) || v->su.grad == DT_LAYER_GRAD_PARTIAL);
+}
+// The buffers for `batch` samples; the threads' buffers (after dt_graph_set_threads);
+// the weights' 16-bit shadows for the graph's precision (graph_buffers.c).
+dt_status dt_graph_reserve_buffers(dt_graph *g, int batch);
+dt_status dt_graph_thread_buffers(dt_graph *g);
+dt_status dt_graph_fill_shadows(dt_graph *g);
+// ZeRO-3's parameter-use announcements (params.h) around a pass and a node; whether a
+// node must run alone between announcements.
+dt_status dt_graph_pass_use(dt_graph *g, dt_param_use what, bool backward);
+dt_status dt_graph_node_use(dt_graph *g, gval *v, dt_param_use what, bool backward);
+bool      dt_graph_used_alone(const dt_graph *g, const gval *v);
+// Operations of node v in a forward (or backward) of the last batch, for the profile.
+double dt_graph_node_flop(const dt_graph *g, const gval *v, bool backward);
 
 #endif

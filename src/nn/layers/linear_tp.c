@@ -3,7 +3,7 @@
 // the shard, in the graph's precision (so --precision bf16 --tp N multiplies in bf16); the sums
 // across shards go through the caller's reducer, so src/nn stays free of process groups (as
 // SyncBatchNorm's statistics do).
-#include "nn/layers_impl.h"
+#include "nn/layers/layers_impl.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,4 +1,5 @@
-// conv2d.c: 2-D convolution as im2col + one OpenBLAS GEMM per sample.
+// conv_team.c: the fused convolution's kernels (conv_fused.h): 2-D convolution as
+// im2col + one GEMM per sample.
 //
 // Per sample the column matrix stays in L2 (for the ConvNet's second convolution,
 // 144 x 576 floats = 324 KiB), where one whole-batch GEMM would stream a 42 MB column
@@ -59,7 +60,7 @@ static wide wide_geom(const nn_layer *l) {
     return g;
 }
 
-static dt_status conv_setup(nn_layer *l) {
+dt_status dt_team_conv_setup(nn_layer *l) {
     if (l->k < 1 || l->k > 16 || l->stride < 1 || l->pad < 0 || l->out_c < 1)
         return dt_fail(
             DT_ERR_ARG,
@@ -654,7 +655,7 @@ static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
     }
 }
 
-static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+void dt_team_conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
     if (l->direct16 && dt_c16_usable())
         direct16_forward(l, c, in, out);
     else if (l->direct)
@@ -665,8 +666,8 @@ static void conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *o
         strided_forward(l, c, in, out);
 }
 
-static void conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
-                          float *dout, float *din, float *dparams) {
+void dt_team_conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                           float *dout, float *din, float *dparams) {
     if (l->direct16 && dt_c16_usable())
         direct16_backward(l, c, in, out, dout, din, dparams);
     else if (l->direct)
@@ -676,12 +677,3 @@ static void conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
     else
         strided_backward(l, c, in, out, dout, din, dparams);
 }
-
-const nn_layer_ops dt_nn_conv2d_ops = {
-    .kind      = "conv2d",
-    .in_place  = false,
-    .grad_mode = NN_GRAD_PARTIAL,
-    .setup     = conv_setup,
-    .forward   = conv_forward,
-    .backward  = conv_backward,
-};

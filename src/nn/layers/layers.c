@@ -1,7 +1,7 @@
 // layers.c: the layer interface (layer.h) and the built-in layers with parameters:
 // Conv2d, Linear, LayerNorm, Embedding. Each wraps the kernels of ops.h; BatchNorm is
 // in layers_bn.c, the element-wise, pooling and structural layers in layers_misc.c.
-#include "nn/layers_impl.h"
+#include "nn/layers/layers_impl.h"
 #include "nn/pool.h"
 
 #include <stdio.h>
@@ -73,6 +73,11 @@ void dt_layer_parallel(const dt_layer_args *a, void (*fn)(void *arg, int i, int 
         dt_pool_run(a->pool, fn, arg);
     else
         fn(arg, 0, 1);
+}
+
+void dt_layer_team_meet(const dt_layer_args *a) {
+    if (a && a->team && a->team->nth > 1 && a->pool)
+        dt_pool_barrier(a->pool);
 }
 
 dt_status lay_new(dt_layer **out, const dt_layer_ops *ops, const void *cfg, size_t size) {
@@ -202,83 +207,6 @@ dt_status dt_layer_conv2d_new(dt_layer **out, int cin, int cout, int kh, int kw,
     return lay_new(out, &conv_ops, &p, sizeof p);
 }
 
-// ------------------------------------------------------------------------------ Linear
-
-typedef struct linear_cfg {
-    int  in, out;
-    bool bias;
-} linear_cfg;
-
-static dt_status linear_setup(const dt_layer *l, int nin, const dt_shape *in, dt_layer_setup *s) {
-    const linear_cfg *p = l->config;
-    DT_TRY(lay_expect("linear", nin, in, 1, 1, DT_SHAPE_MAX_DIMS));
-    char b[64];
-    if (in[0].d[in[0].ndim - 1] != p->in)
-        return dt_fail(DT_ERR_ARG, "linear: expected %d input features (last dimension), found %s",
-                       p->in, dt_shape_str(&in[0], b, sizeof b));
-    s->out                   = in[0];
-    s->out.d[in[0].ndim - 1] = p->out;
-    lay_tensor(&s->params[0], "weight", 0, 2, p->out, p->in, 0, 0);
-    s->nparams = 1;
-    if (p->bias)
-        lay_tensor(&s->params[s->nparams++], "bias", DT_PARAM_NO_DECAY, 1, p->out, 0, 0, 0);
-    s->flops_per_sample = 2.0 * (double)dt_shape_numel(&in[0]) * p->out;
-    s->lowp_params      = 1u;
-    // bf16 (linear16.c): a bf16 copy of the input, kept for backward, and the output
-    // gradient rounded a chunk of rows at a time
-    s->saved16_per_sample = dt_shape_numel(&in[0]);
-    s->scratch_fixed      = ((size_t)DT_NN_LINEAR16_CHUNK * (size_t)p->out + 1) / 2;
-    return DT_OK;
-}
-
-static void linear_init(const dt_layer *l, dt_rng *rng, float *const *w, float *const *buf) {
-    (void)buf;
-    const linear_cfg *p = l->config;
-    dt_nn_linear_init(p->in, p->out, rng, w[0], p->bias ? w[1] : NULL);
-}
-
-static int rows_of(const dt_layer_args *a, int last) {
-    return (int)((size_t)a->batch * dt_shape_numel(&a->in[0]) / (size_t)last);
-}
-
-static dt_status linear_forward(const dt_layer *l, const dt_layer_args *a) {
-    const linear_cfg *p = l->config;
-    if (a->precision == DT_PREC_BF16 && a->saved16)
-        return dt_nn_linear16_forward(a->w16[0], rows_of(a, p->in), p->in, p->out, a->x[0],
-                                      a->saved16, p->bias ? a->w[1] : NULL, a->y);
-    return dt_nn_linear_forward_prec(a->precision, a->w16 ? a->w16[0] : NULL, rows_of(a, p->in),
-                                     p->in, p->out, a->x[0], a->w[0], p->bias ? a->w[1] : NULL,
-                                     a->y);
-}
-
-static dt_status linear_backward(const dt_layer *l, const dt_layer_args *a) {
-    const linear_cfg *p = l->config;
-    if (a->precision == DT_PREC_BF16 && a->saved16)
-        return dt_nn_linear16_backward(a->w16[0], rows_of(a, p->in), p->in, p->out, a->saved16,
-                                       a->dy, (uint16_t *)(void *)a->scratch, DT_NN_LINEAR16_CHUNK,
-                                       a->dx[0], a->dw[0], p->bias ? a->dw[1] : NULL);
-    return dt_nn_linear_backward_prec(a->precision, a->w16 ? a->w16[0] : NULL, rows_of(a, p->in),
-                                      p->in, p->out, a->x[0], a->w[0], a->dy, a->dx[0], a->dw[0],
-                                      p->bias ? a->dw[1] : NULL);
-}
-
-static const dt_layer_ops linear_ops = {"linear",       linear_setup,    linear_init,
-                                        linear_forward, linear_backward, NULL};
-
-dt_linear_opts dt_linear_opts_default(void) {
-    return (dt_linear_opts){.bias = true};
-}
-
-dt_status dt_layer_linear_new(dt_layer **out, int in, int out_features,
-                              const dt_linear_opts *opts) {
-    dt_linear_opts o = opts ? *opts : dt_linear_opts_default();
-    if (in < 1 || out_features < 1)
-        return dt_fail(DT_ERR_ARG, "linear: expected positive sizes, found in %d out %d", in,
-                       out_features);
-    linear_cfg p = {in, out_features, o.bias};
-    return lay_new(out, &linear_ops, &p, sizeof p);
-}
-
 // --------------------------------------------------------------------------- LayerNorm
 
 typedef struct ln_cfg {
@@ -312,20 +240,32 @@ static void ln_init(const dt_layer *l, dt_rng *rng, float *const *w, float *cons
         dt_nn_layernorm_init(p->d, w[0], w[1]);
 }
 
+// The saved state is per sample: the sample's R row means, then its R row rstds, so a
+// call on any range of samples (a thread's, or one sample under gradient shards) finds
+// its own at its own offset. (All means then all rstds of the call's rows, as before,
+// put a shard's backward on another sample's statistics.)
 static dt_status ln_forward(const dt_layer *l, const dt_layer_args *a) {
-    const ln_cfg *p    = l->config;
-    int           rows = rows_of(a, p->d);
-    dt_nn_layernorm_forward(rows, p->d, p->eps, a->x[0], p->affine ? a->w[0] : NULL,
-                            p->affine ? a->w[1] : NULL, a->y, a->saved, a->saved + rows);
+    const ln_cfg *p = l->config;
+    int           R = (int)(dt_shape_numel(&a->in[0]) / (size_t)p->d);
+    for (int s = 0; s < a->batch; s++) {
+        size_t o  = (size_t)s * R * p->d;
+        float *st = a->saved + (size_t)s * 2 * R;
+        dt_nn_layernorm_forward(R, p->d, p->eps, a->x[0] + o, p->affine ? a->w[0] : NULL,
+                                p->affine ? a->w[1] : NULL, a->y + o, st, st + R);
+    }
     return DT_OK;
 }
 
 static dt_status ln_backward(const dt_layer *l, const dt_layer_args *a) {
-    const ln_cfg *p    = l->config;
-    int           rows = rows_of(a, p->d);
-    dt_nn_layernorm_backward(rows, p->d, a->x[0], p->affine ? a->w[0] : NULL, a->saved,
-                             a->saved + rows, a->dy, a->dx[0], p->affine ? a->dw[0] : NULL,
-                             p->affine ? a->dw[1] : NULL);
+    const ln_cfg *p = l->config;
+    int           R = (int)(dt_shape_numel(&a->in[0]) / (size_t)p->d);
+    for (int s = 0; s < a->batch; s++) {
+        size_t       o  = (size_t)s * R * p->d;
+        const float *st = a->saved + (size_t)s * 2 * R;
+        dt_nn_layernorm_backward(R, p->d, a->x[0] + o, p->affine ? a->w[0] : NULL, st, st + R,
+                                 a->dy + o, a->dx[0] ? a->dx[0] + o : NULL,
+                                 p->affine ? a->dw[0] : NULL, p->affine ? a->dw[1] : NULL);
+    }
     return DT_OK;
 }
 

@@ -34,9 +34,9 @@
 // Sequential node (not the output, not a log-softmax, whose backward reads its
 // output) works in its input's buffers, output and gradient alike, as the Sequential
 // model always did. A graph's own layers keep buffers of their own.
-#include "nn/graph_impl.h"
-#include "nn/layers_impl.h"
-#include "nn/seq.h"
+#include "nn/graph/graph_impl.h"
+#include "nn/layers/conv_fused.h"
+#include "nn/layers/layers_impl.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -79,39 +79,24 @@ static bool tied(const dt_graph *g, int i) {
     return false;
 }
 
-static const nn_layer *seq_of(const dt_graph *g, int i) {
-    return i >= 0 && g->vals[i].seq ? dt_seq_nn(g->vals[i].layer) : NULL;
-}
-
-// Sequential conv2d at i: its ReLU r and, when it fits, the pool p (else -1).
-static bool match_seq(const dt_graph *g, int i, bool pool_ok, int *r, int *p) {
-    const nn_layer *c = seq_of(g, i);
-    if (!c || c->ops != &dt_nn_conv2d_ops || c->fuse_relu)
-        return false;
-    *r                 = only_reader(g, i);
-    const nn_layer *rl = seq_of(g, *r);
-    if (!rl || rl->ops != &dt_nn_relu_ops)
-        return false;
-    *p                 = only_reader(g, *r);
-    const nn_layer *pl = seq_of(g, *p);
-    if (!pool_ok || !pl || !dt_seq_pool_fits(g->vals[i].layer, g->vals[*p].layer))
-        *p = -1;
-    return true;
-}
-
-// A graph's Conv2d -> ReLU -> MaxPool2d(2) at i.
-static bool match_public(const dt_graph *g, int i, dt_nn_conv2d *cp, int *r, int *p) {
+// A Conv2d (square kernel, equal strides and paddings, one group, a bias) -> ReLU at i,
+// and the 2x2 stride-2 max pool after it (p, else -1) when pool_ok and the convolution
+// has stride 1 and an even output.
+static bool match_conv(const dt_graph *g, int i, bool pool_ok, dt_nn_conv2d *cp, int *r, int *p) {
     const gval     *v = &g->vals[i];
     dt_nn_avgpool2d pp;
     if (!lay_as_conv2d(v->layer, cp) || cp->groups != 1 || cp->kh != cp->kw || cp->kh > 16 ||
-        cp->sh != 1 || cp->sw != 1 || cp->ph != cp->pw || !cp->bias || v->shape.ndim != 3 ||
-        v->shape.d[1] % 2 || v->shape.d[2] % 2)
+        cp->sh != cp->sw || cp->ph != cp->pw || !cp->bias || v->shape.ndim != 3)
         return false;
     *r = only_reader(g, i);
+    if (*r < 0 || !lay_is_relu(g->vals[*r].layer))
+        return false;
     *p = only_reader(g, *r);
-    return *r >= 0 && lay_is_relu(g->vals[*r].layer) && *p >= 0 &&
-           lay_as_maxpool2d(g->vals[*p].layer, &pp) && pp.kh == 2 && pp.kw == 2 && pp.sh == 2 &&
-           pp.sw == 2 && pp.ph == 0 && pp.pw == 0;
+    if (!pool_ok || *p < 0 || !lay_as_maxpool2d(g->vals[*p].layer, &pp) || pp.kh != 2 ||
+        pp.kw != 2 || pp.sh != 2 || pp.sw != 2 || pp.ph != 0 || pp.pw != 0 || cp->sh != 1 ||
+        v->shape.d[1] % 2 || v->shape.d[2] % 2)
+        *p = -1;
+    return true;
 }
 
 // Node i now does what nodes i..last did (the removed ones marked in `into`): its
@@ -119,8 +104,7 @@ static bool match_public(const dt_graph *g, int i, dt_nn_conv2d *cp, int *r, int
 static dt_status take_over(dt_graph *g, int i, int last, int *into) {
     gval          *v  = &g->vals[i];
     dt_shape       in = g->vals[v->in[0]].shape;
-    dt_layer_setup su = {0};
-    dt_seq_set_precision(v->layer, g->prec); // a mode set before finalize
+    dt_layer_setup su = {.precision = g->prec}; // a mode set before finalize
     DT_TRY(v->layer->ops->setup(v->layer, 1, &in, &su));
     const dt_shape *want = &g->vals[last].shape;
     if (su.out.ndim != want->ndim || dt_shape_numel(&su.out) != dt_shape_numel(want))
@@ -190,18 +174,12 @@ dt_status dt_graph_run_passes(dt_graph *g) {
         dt_nn_conv2d cp;
         if (!v->layer || into[i] >= 0 || v->nin != 1 || tied(g, i))
             continue;
-        if (match_seq(g, i, pool_ok, &r, &p)) {
-            st = dt_seq_fuse(v->layer, p >= 0 ? g->vals[p].layer : NULL);
-        } else if (pool_ok && match_public(g, i, &cp, &r, &p)) {
-            dt_layer *fused = NULL;
-            st              = dt_seq_from_conv(&fused, v->layer, &cp);
-            if (st == DT_OK) {
-                v->layer = fused; // it owns the Conv2d now
-                v->seq   = true;
-            }
-        } else {
+        if (!match_conv(g, i, pool_ok, &cp, &r, &p))
             continue;
-        }
+        dt_layer *fused = NULL;
+        st              = dt_fused_from_conv(&fused, v->layer, &cp, p >= 0);
+        if (st == DT_OK)
+            v->layer = fused; // it owns the Conv2d now
         if (st != DT_OK)
             break;
         into[r] = i;
@@ -244,7 +222,8 @@ static dt_status fuse_bn_at(dt_graph *g, int b, int a, int r, int *into) {
     dt_shape in[2];
     for (int j = 0; j < f.nin; j++)
         in[j] = g->vals[f.in[j]].shape;
-    dt_status st = l->ops->setup(l, f.nin, in, &f.su);
+    f.su.precision = g->prec;
+    dt_status st   = l->ops->setup(l, f.nin, in, &f.su);
     if (st != DT_OK) {
         dt_layer_free(l);
         return dt_fail_context("fusing '%s' into '%s'", vb->name, vr->name);
@@ -301,15 +280,21 @@ dt_status dt_graph_fuse(dt_graph *g, int *fused) {
     return st;
 }
 
+// A node that can work in place (dt_layer_setup.in_place) shares its input's buffers
+// when it is that input's only reader, the input is a layer's output (not a graph input,
+// which is the caller's) and not the graph's output, and the input's layer does not
+// read its output's values back in its own backward (output_read_back).
 void dt_graph_plan_aliases(dt_graph *g) {
     for (int i = 0; i < g->nvals; i++) {
         gval *v  = &g->vals[i];
         v->alias = -1;
-        if (!v->seq || v->nin != 1 || !dt_seq_nn(v->layer)->ops->in_place)
+        if (!v->layer || !v->su.in_place || v->nin != 1)
             continue;
-        int             u  = v->in[0];
-        const nn_layer *ul = seq_of(g, u);
-        if (ul && ul->ops != &dt_nn_log_softmax_ops && g->vals[u].nconsumers == 1 && u != g->output)
+        int         u  = v->in[0];
+        const gval *uv = &g->vals[u];
+        if (uv->layer && !uv->su.output_read_back && uv->nconsumers == 1 && u != g->output &&
+            dt_shape_numel(&uv->shape) == dt_shape_numel(&v->shape) &&
+            uv->shape.dtype == DT_ELEM_F32)
             v->alias = u;
     }
 }
