@@ -18,6 +18,10 @@
 #   make install-check   install into a temporary prefix, build and run a program there
 #
 # Variables: BUILD=release|debug|asan|ubsan|tsan, NATIVE=1 (add -march=native),
+# EXTRA_CFLAGS / EXTRA_LDFLAGS (added to the compiler's and linker's flags: headers and
+# libraries from elsewhere, tools/gpu/pack.sh's folder), CUDA_INC_DIRS / CUDA_LIB_DIRS
+# (more folders for the plugin's CUDA headers and libraries: cuBLAS or NCCL outside
+# CUDA_HOME),
 # MPI=auto|0|1, CUDA=auto|0|1 (the CUDA plugin: auto builds it in release builds where
 # nvcc is found), CUDA_ARCH="80 90" (the sm_ targets it is compiled for), BLAS=0 (no
 # OpenBLAS: dtrain's own GEMM on every CPU), NODEPS=1 (skip the package check), V=1
@@ -84,9 +88,9 @@ ifeq ($(NATIVE),1)
 endif
 
 CFLAGS  ?=
-CFLAGS  := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
+CFLAGS  := $(BASE_CFLAGS) $(OPT) $(CFLAGS) $(EXTRA_CFLAGS)
 LDLIBS  := -lopenblas -ldeflate -lz -lm -lpthread -ldl
-LDFLAGS := $(SAN_LDFLAGS) -pthread
+LDFLAGS := $(SAN_LDFLAGS) -pthread $(EXTRA_LDFLAGS)
 ifeq ($(BLAS),0)
   CFLAGS += -DDT_NO_OPENBLAS
   LDLIBS := $(filter-out -lopenblas,$(LDLIBS))
@@ -192,11 +196,13 @@ CUDA_OBJ      := $(patsubst %,$(OUT)/obj/%.o,$(CUDA_SRC))
 CUDA_PLUGIN   := $(OUT)/lib/libdtrain_cuda.so
 CUDA_SONAME   := libdtrain_cuda.so.1
 CUDA_GENCODE  := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$a$(comma)code=sm_$a)
-CUDA_CFLAGS   := $(filter-out -fvisibility=hidden,$(CFLAGS)) -fvisibility=hidden -isystem $(CUDA_HOME)/include
-NVCC_FLAGS    := -std=c++17 $(CUDA_GENCODE) -O3 -lineinfo -Iinclude -Isrc -isystem $(CUDA_HOME)/include \
+CUDA_INC      := $(foreach d,$(CUDA_INC_DIRS),-isystem $d) -isystem $(CUDA_HOME)/include
+CUDA_CFLAGS   := $(filter-out -fvisibility=hidden,$(CFLAGS)) -fvisibility=hidden $(CUDA_INC)
+NVCC_FLAGS    := -std=c++17 $(CUDA_GENCODE) -O3 -lineinfo -Iinclude -Isrc $(CUDA_INC) \
                  -D_GNU_SOURCE -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror \
                  --Werror all-warnings -MMD -MP
-CUDA_LIBS     := -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart_static -ldl -lrt -lpthread
+CUDA_LIBS     := $(foreach d,$(CUDA_LIB_DIRS),-L$d) -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl \
+                 -lcudart_static -ldl -lrt -lpthread
 ifneq ($(HAVE_CUDA),1)
   CUDA_OBJ    :=
   CUDA_PLUGIN :=

@@ -27,6 +27,15 @@
 #define GPU_SAFETY 4.0
 #define GPU_ULPS   8.0
 
+// A test binary's argument, when given, runs only the tests whose name contains it
+// (compute-sanitizer runs a few: tools/gpu/check.sh).
+static const char *gpu_filter;
+#define GPU_RUN(fn)                                                                                \
+    do {                                                                                           \
+        if (!gpu_filter || strstr(#fn, gpu_filter))                                                \
+            RUN(fn);                                                                               \
+    } while (0)
+
 // The GPU, or NULL after printing why there is none (the test then passes empty).
 static inline dt_device *gpu_device(void) {
     dt_device *d;

@@ -266,12 +266,13 @@ static void test_optimizers(void) {
     optimizer_case("AdamW, two groups", make_adamw);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    gpu_filter = argc > 1 ? argv[1] : NULL;
     if (!(dev = gpu_device()))
         return check_summary();
-    RUN(test_one_step);
-    RUN(test_fifty_steps);
-    RUN(test_cuda_graph);
-    RUN(test_optimizers);
+    GPU_RUN(test_one_step);
+    GPU_RUN(test_fifty_steps);
+    GPU_RUN(test_cuda_graph);
+    GPU_RUN(test_optimizers);
     return check_summary();
 }

@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
     }
     if (!(dev = gpu_device()))
         return check_summary();
-    RUN(test_memory);
-    RUN(test_names);
+    GPU_RUN(test_memory);
+    GPU_RUN(test_names);
     return check_summary();
 }

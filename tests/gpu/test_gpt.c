@@ -121,11 +121,12 @@ static void test_adamw(void) {
     dt_graph_free(gc), dt_graph_free(gg);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    gpu_filter = argc > 1 ? argv[1] : NULL;
     if (!(dev = gpu_device()))
         return check_summary();
-    RUN(test_step);
-    RUN(test_bf16);
-    RUN(test_adamw);
+    GPU_RUN(test_step);
+    GPU_RUN(test_bf16);
+    GPU_RUN(test_adamw);
     return check_summary();
 }

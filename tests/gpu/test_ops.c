@@ -295,18 +295,19 @@ static void test_losses(void) {
     dt_graph_free(g);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    gpu_filter = argc > 1 ? argv[1] : NULL;
     if (!(dev = gpu_device()))
         return check_summary();
-    RUN(test_conv);
-    RUN(test_linear);
-    RUN(test_activations);
-    RUN(test_pools);
-    RUN(test_norms);
-    RUN(test_resblock);
-    RUN(test_structure);
-    RUN(test_dropout);
-    RUN(test_attention);
-    RUN(test_losses);
+    GPU_RUN(test_conv);
+    GPU_RUN(test_linear);
+    GPU_RUN(test_activations);
+    GPU_RUN(test_pools);
+    GPU_RUN(test_norms);
+    GPU_RUN(test_resblock);
+    GPU_RUN(test_structure);
+    GPU_RUN(test_dropout);
+    GPU_RUN(test_attention);
+    GPU_RUN(test_losses);
     return check_summary();
 }
