@@ -7,8 +7,9 @@
 // --save-model read: they are brought back whenever one of those is about to read them
 // (host_stale). DDP reduces over the process group through host memory: at a window's
 // last micro-batch the device's gradients come back, DDP's buckets reduce them, and the
-// averaged gradients go back before the step (the path every backend takes; a GPU
-// backend would reduce the device's buffers in place).
+// averaged gradients go back before the step; with the nccl backend (each process on a
+// GPU of its own) the device's gradients are averaged in place instead, one all-reduce
+// before the step (no overlap with backward yet).
 #include "train_impl.h"
 
 #include <math.h>
@@ -40,6 +41,30 @@ dt_status dt_train_device_args(dt_train_args *a) {
             a->device = "cuda";
     }
     return DT_OK;
+}
+
+// The backend of a worker's group: --backend as given; with --device cuda and --backend
+// auto (or none), nccl when every local rank has a GPU of its own (NCCL refuses two
+// ranks on one GPU), else auto's choice (shm or tcp, through host memory). In the worker,
+// before the group: CUDA is first touched here, never in a parent that forks.
+const char *dt_train_device_backend(const dt_trainer *t) {
+    const char *b = t->a.backend;
+    if (!dt_train_device_wanted(t) || (b && strcmp(b, "auto") != 0))
+        return b;
+    long local = 0;
+    int  gpus  = 0;
+    if (dt_env_int("LOCAL_WORLD_SIZE", 0, 1 << 20, 0, &local) != DT_OK || local <= 0 ||
+        dt_device_cuda_count(&gpus) != DT_OK || gpus < local) {
+        dt_clear_error(); // the device's own error comes with dt_trainer_prepare*
+        return b;
+    }
+    return "nccl";
+}
+
+// Whether the group reduces device buffers in place (nccl) rather than through DDP's
+// host buckets.
+static bool reduces_on_device(const dt_trainer *t) {
+    return t->pg && strcmp(dt_pg_backend(t->pg), "nccl") == 0;
 }
 
 // What the GPU path does not do yet, refused at start with the reason.
@@ -142,7 +167,7 @@ dt_status dt_trainer_device_step(dt_trainer *t, const void *const *inputs, const
                                    t->total_steps > 0 ? 0 : batch));
     DT_TRY(dt_exec_train_step(t->exec, inputs, targets, batch, &t->dloss, loss));
     t->host_stale = true;
-    if (t->ddp && t->sync) { // the window's sum to the host; DDP's buckets reduce it
+    if (t->ddp && t->sync && !reduces_on_device(t)) { // to the host; DDP's buckets reduce it
         DT_TRY(dt_exec_pull(t->exec, DT_EXEC_GRADS, NULL));
         for (int i = dt_params_count(t->p) - 1; i >= 0; i--) {
             const dt_param_info *pi = dt_params_info(t->p, i);
@@ -156,7 +181,11 @@ dt_status dt_trainer_device_step(dt_trainer *t, const void *const *inputs, const
 // A window's end on the device: the reduced gradients back (DDP), their mean over the
 // window's micro-batches, clipping, the schedule's rate and the optimizer's step.
 dt_status dt_train_device_update(dt_trainer *t) {
-    if (t->ddp) {
+    if (t->pg && reduces_on_device(t)) { // NCCL: the mean over the ranks, in place
+        dt_params *dp = dt_exec_params(t->exec);
+        DT_TRY(dt_pg_all_reduce(t->pg, dt_params_device_grads(dp), dt_params_device_grads(dp),
+                                dt_params_numel(dp), DT_FLOAT32, DT_REDUCE_AVG));
+    } else if (t->ddp) {
         DT_TRY(dt_ddp_sync(t->ddp));
         DT_TRY(dt_exec_push(t->exec, DT_EXEC_GRADS, NULL));
     }

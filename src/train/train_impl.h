@@ -189,12 +189,13 @@ struct dt_trainer {
 // checkpoint, an evaluation, the end). _update: a window's end (DDP's reduction, the
 // mean, clipping, the schedule, the optimizer's step) on the device. _release: at the
 // worker's end.
-bool      dt_train_device_wanted(const dt_trainer *t);
-dt_status dt_train_device_args(dt_train_args *a);
-dt_status dt_train_device_start(dt_trainer *t);
-dt_status dt_train_device_pull(dt_trainer *t);
-dt_status dt_train_device_update(dt_trainer *t);
-void      dt_train_device_release(dt_trainer *t);
+bool        dt_train_device_wanted(const dt_trainer *t);
+const char *dt_train_device_backend(const dt_trainer *t); // the worker group's backend
+dt_status   dt_train_device_args(dt_train_args *a);
+dt_status   dt_train_device_start(dt_trainer *t);
+dt_status   dt_train_device_pull(dt_trainer *t);
+dt_status   dt_train_device_update(dt_trainer *t);
+void        dt_train_device_release(dt_trainer *t);
 
 // mesh.c: model parallelism in the trainer (train.h's "model parallelism").
 // The checks of --dp --pp --tp against a world of `world` ranks (usage errors).

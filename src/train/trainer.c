@@ -134,9 +134,11 @@ static void build_common(dt_trainer *t) {
              "when hosts run several processes each), shm, tcp, hybrid\n"
              "(shm inside a host, tcp between), gloo (an alias of tcp,\n"
              "the name PyTorch scripts use),\n"
-             "mpi (MPI's collectives; under mpirun or srun)",
-           D, 0, "auto shm tcp hybrid gloo mpi",
-           "auto, shm, tcp, hybrid or mpi (gloo: an alias of tcp)"},
+             "mpi (MPI's collectives; under mpirun or srun),\n"
+             "nccl (NCCL on the GPUs; auto's choice with --device cuda\n"
+             "when every process has a GPU of its own)",
+           D, 0, "auto shm tcp hybrid gloo mpi nccl",
+           "auto, shm, tcp, hybrid, mpi or nccl (gloo: an alias of tcp)"},
           {"no-overlap", DT_FLAG_BOOL, &a->no_overlap, NULL, 0, 0, "",
            "reduce gradients after backward instead of during it\n"
              "(for measuring how much communication overlap hides)",
@@ -534,7 +536,7 @@ typedef struct launch {
 
 static int worker_from_env(launch *l) {
     dt_pg_opts o = dt_pg_opts_default();
-    o.backend    = l->t->a.backend;
+    o.backend    = dt_train_device_backend(l->t); // --backend, or nccl for GPUs (device.c)
     dt_pg *pg    = NULL;
     if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
         fprintf(stderr, "%s: %s\n", l->t->o.program, dt_last_error());

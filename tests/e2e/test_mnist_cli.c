@@ -122,7 +122,7 @@ static void test_bad_flags(void) {
     free(out);
     snprintf(cmd, sizeof cmd, "%s --backend carrier-pigeon 2>&1", bin);
     CHECK_EQ(run(cmd, &out), 2);
-    CHECK(strstr(out, "--backend expects auto, shm, tcp, hybrid or mpi") != NULL);
+    CHECK(strstr(out, "--backend expects auto, shm, tcp, hybrid, mpi or nccl") != NULL);
     free(out);
     snprintf(cmd, sizeof cmd, "%s --data-dir /nonexistent 2>&1", bin);
     CHECK_EQ(run(cmd, &out), 1);
