@@ -251,9 +251,34 @@ static dt_status cpu_loss(dt_exec *x, const dt_loss_spec *l, const void *targets
 
 // ------------------------------------------------------------------ running
 
+// An embedding's indices, checked on the host where they are graph inputs (the device
+// trusts them: an index outside the table would read outside it), as the CPU's
+// dt_nn_embedding_forward refuses them.
+static dt_status check_indices(const dt_exec *x, const void *const *inputs, int batch) {
+    for (int i = 0; i < x->nnodes; i++) {
+        const dt_node_desc *n = &x->nodes[i];
+        if (strcmp(n->kind, "embedding") != 0 || strcmp(x->nodes[n->in[0]].kind, "input") != 0)
+            continue;
+        int k = 0; // the input's place among the graph inputs
+        for (int j = 0; j < n->in[0]; j++)
+            k += strcmp(x->nodes[j].kind, "input") == 0;
+        const int32_t *idx = inputs[k];
+        size_t         cnt = (size_t)batch * dt_shape_numel(&x->nodes[n->in[0]].out_shape);
+        for (size_t p = 0; p < cnt; p++)
+            if (idx[p] < 0 || idx[p] >= n->h.emb.num)
+                return dt_fail(DT_ERR_ARG,
+                               "node '%s': index %d at position %zu of input '%s' is outside "
+                               "[0, %d)",
+                               n->name, (int)idx[p], p, x->nodes[n->in[0]].name, n->h.emb.num);
+    }
+    return DT_OK;
+}
+
 // A GPU run: the dropout streams of this call's nodes, then the plugin.
 static dt_status gpu_run(dt_exec *x, const void *const *inputs, int batch, bool fwd, bool bwd,
                          const dt_loss_spec *l, const void *targets) {
+    if (fwd)
+        DT_TRY(check_indices(x, inputs, batch));
     for (int i = 0; i < x->nnodes; i++) {
         const dt_node_desc *n = &x->nodes[i];
         x->node_keys[i]       = 0;

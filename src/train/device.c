@@ -162,6 +162,11 @@ dt_status dt_trainer_device_step(dt_trainer *t, const void *const *inputs, const
                                      "dt_trainer_prepare first");
     if (t->micro == 0) // a window's first micro-batch: the gradients start from zero
         DT_TRY(dt_exec_zero_grad(t->exec));
+    if (t->micro == 0 && t->ddp && t->o.broadcast_buffers) { // rank 0's running statistics
+        DT_TRY(dt_exec_pull(t->exec, DT_EXEC_BUFFERS, NULL));
+        DT_TRY(dt_ddp_broadcast_buffers(t->ddp));
+        DT_TRY(dt_exec_push(t->exec, DT_EXEC_BUFFERS, NULL));
+    }
     dt_exec_set_rng(t->exec, &t->er);
     DT_TRY(dt_exec_set_sample_keys(t->exec, t->total_steps > 0 ? NULL : t->keys,
                                    t->total_steps > 0 ? 0 : batch));

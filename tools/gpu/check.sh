@@ -103,13 +103,14 @@ tier() {
     esac
 }
 
-# 1: build here; else the prebuilt set. Sets BIN, PLUGIN, TESTS (for the later tiers).
+# 1: build here; else the prebuilt set. Warnings stay warnings here (this machine's
+# compilers may be newer than CI's, which holds the code to -Werror).
 build() {
     echo "== make (CUDA_ARCH=90, BLAS=0, $JOBS jobs)"
     make -j"$JOBS" NODEPS=1 CUDA=1 CUDA_ARCH=90 BLAS=0 MPI=0 \
         CUDA_HOME="$CUDA_HOME" CUDA_INC_DIRS="$INCS" CUDA_LIB_DIRS="$LINKS" \
-        EXTRA_CFLAGS="-I$CARRY/include" EXTRA_LDFLAGS="-L$CARRY/lib" \
-        lib programs gpu-tests
+        EXTRA_CFLAGS="-I$CARRY/include -Wno-error" EXTRA_LDFLAGS="-L$CARRY/lib" \
+        NVCC_WERROR= NVCC_HOST_WARN=-Wall,-Wextra lib programs gpu-tests
 }
 export -f build
 export JOBS CUDA_HOME INCS LINKS CARRY
