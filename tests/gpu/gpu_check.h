@@ -23,13 +23,15 @@
 #include "dtrain/nn.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define GPU_SAFETY 4.0
 #define GPU_ULPS   8.0
 
 // A test binary's argument, when given, runs only the tests whose name contains it
 // (compute-sanitizer runs a few: tools/gpu/check.sh).
-static const char *gpu_filter;
+static const char *gpu_filter __attribute__((unused));
 #define GPU_RUN(fn)                                                                                \
     do {                                                                                           \
         if (!gpu_filter || strstr(#fn, gpu_filter))                                                \
@@ -46,6 +48,24 @@ static inline dt_device *gpu_device(void) {
     char buf[256];
     printf("# %s\n", dt_device_describe(d, buf, sizeof buf));
     return d;
+}
+
+// The GPUs, counted in a child process: a test whose ranks are forked children must not
+// start CUDA itself (a process that forks after CUDA started hands its children a dead
+// one). 0, after the child printed why, where there is none.
+static inline int gpu_count_forked(void) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        if (dt_device_cuda_count(&n) != DT_OK)
+            printf("no GPU: %s\n", dt_last_error());
+        fflush(NULL);
+        _exit(n > 100 ? 100 : n);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
 }
 
 // Uniform values in [lo, hi) from a seeded stream (fresh per test, printed on failure).

@@ -14,25 +14,8 @@
 
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-// The GPUs, counted in a child: CUDA must not start in this process, whose children (the
-// ranks) use it (a process that forks after CUDA started hands its children a dead one).
-static int gpus(void) {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int n = 0;
-        if (dt_device_cuda_count(&n) != DT_OK)
-            printf("no GPU: %s\n", dt_last_error());
-        fflush(NULL);
-        _exit(n > 100 ? 100 : n);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-}
 static int ngpus;
 
 static dt_pg *nccl_pg(int64_t timeout_ms) {
@@ -153,7 +136,7 @@ static void test_two_gpus(void) {
 
 int main(int argc, char **argv) {
     gpu_filter = argc > 1 ? argv[1] : NULL;
-    if ((ngpus = gpus()) < 1)
+    if ((ngpus = gpu_count_forked()) < 1)
         return check_summary();
     GPU_RUN(test_world_one);
     GPU_RUN(test_two_gpus);

@@ -120,7 +120,7 @@ tier_tests() {
     "$TESTS/test_device" --probe || { echo "no GPU seen by the plugin"; exit 1; }
     local bad=0
     for t in "$TESTS"/test_device "$TESTS"/test_ops "$TESTS"/test_convnet "$TESTS"/test_gpt \
-        "$TESTS"/test_nccl; do
+        "$TESTS"/test_ddp "$TESTS"/test_nccl; do
         [ -x "$t" ] || continue
         echo "===== $(basename "$t")"
         timeout -k 5 90 "$t" >"/tmp/dtrain-$$.out" 2>&1
