@@ -136,14 +136,14 @@ tier_tests() {
 tier_sanitizer() {
     local cs="compute-sanitizer --error-exitcode 9 --print-limit 20"
     echo "===== memcheck: test_ops"
-    timeout -k 5 100 $cs --tool memcheck --leak-check none "$TESTS/test_ops" 2>&1 | tail -60
+    timeout -k 5 40 $cs --tool memcheck --leak-check none "$TESTS/test_ops" 2>&1 | tail -40
     echo "===== memcheck: test_convnet one step"
-    timeout -k 5 60 $cs --tool memcheck --leak-check none "$TESTS/test_convnet" one_step 2>&1 | tail -30
+    timeout -k 5 20 $cs --tool memcheck --leak-check none "$TESTS/test_convnet" one_step 2>&1 | tail -20
     echo "===== memcheck: test_gpt one step"
-    timeout -k 5 40 $cs --tool memcheck --leak-check none "$TESTS/test_gpt" step 2>&1 | tail -30
+    timeout -k 5 15 $cs --tool memcheck --leak-check none "$TESTS/test_gpt" step 2>&1 | tail -20
     echo "===== racecheck: the kernels with shared memory (attention, norms, losses)"
-    timeout -k 5 100 $cs --tool racecheck "$TESTS/test_ops" attention 2>&1 | tail -30
-    timeout -k 5 60 $cs --tool racecheck "$TESTS/test_ops" norms 2>&1 | tail -30
+    timeout -k 5 20 $cs --tool racecheck "$TESTS/test_ops" attention 2>&1 | tail -20
+    timeout -k 5 10 $cs --tool racecheck "$TESTS/test_ops" norms 2>&1 | tail -20
 }
 
 FM=$CARRY/data/fashion-mnist
@@ -232,11 +232,11 @@ else
     tail -25 "$OUT/1-build.log" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
 fi
 export BIN PLUGIN TESTS DT_CUDA_PLUGIN=$PLUGIN
-tier 1-tests 100 tier_tests
-tier 2-sanitizer 150 tier_sanitizer
-tier 3-convnet 120 tier_convnet
-tier 4-gpt 110 tier_gpt
-tier 5-ncu 100 tier_ncu
+tier 1-tests 120 tier_tests
+tier 2-sanitizer 110 tier_sanitizer
+tier 3-convnet 110 tier_convnet
+tier 4-gpt 100 tier_gpt
+tier 5-ncu 80 tier_ncu
 
 # ------------------------------------------------------------------------ summary
 {
