@@ -13,11 +13,24 @@
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
 #   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
+#   make test-gpu        the GPU tests (tests/gpu/; "no GPU" and success where none is found)
 #   make install PREFIX=/usr/local
 #   make install-check   install into a temporary prefix, build and run a program there
 #
 # Variables: BUILD=release|debug|asan|ubsan|tsan, NATIVE=1 (add -march=native),
-# MPI=auto|0|1, NODEPS=1 (skip the package check), V=1 (show commands).
+# EXTRA_CFLAGS / EXTRA_LDFLAGS (added to the compiler's and linker's flags: headers and
+# libraries from elsewhere, tools/gpu/pack.sh's folder), CUDA_INC_DIRS / CUDA_LIB_DIRS
+# (more folders for the plugin's CUDA headers and libraries: cuBLAS or NCCL outside
+# CUDA_HOME),
+# MPI=auto|0|1, CUDA=auto|0|1 (the CUDA plugin: auto builds it in release builds where
+# nvcc is found), CUDA_ARCH="80 90" (the sm_ targets it is compiled for), BLAS=0 (no
+# OpenBLAS: dtrain's own GEMM on every CPU), NODEPS=1 (skip the package check), V=1
+# (show commands).
+#
+# CUDA is a plugin, not a dependency: src/cuda/ builds into $(OUT)/lib/libdtrain_cuda.so,
+# linked against the CUDA libraries and not against libdtrain; the library loads it
+# with dlopen when a "cuda" device is first asked for (docs/gpu.md), so every program
+# runs where no CUDA library is installed.
 #
 # Portability: the baseline is plain x86-64 so the binaries run on any x86-64 CPU. The
 # few hot loops of our own carry DT_CLONES (src/core/simd.h): GCC builds an AVX-512, an
@@ -28,6 +41,8 @@ BUILD  ?= release
 CC     ?= gcc
 PREFIX ?= /usr/local
 MPI    ?= auto
+CUDA   ?= auto
+BLAS   ?= 1
 
 ifeq ($(V),1)
 Q :=
@@ -73,9 +88,13 @@ ifeq ($(NATIVE),1)
 endif
 
 CFLAGS  ?=
-CFLAGS  := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
-LDLIBS  := -lopenblas -ldeflate -lz -lm -lpthread
-LDFLAGS := $(SAN_LDFLAGS) -pthread
+CFLAGS  := $(BASE_CFLAGS) $(OPT) $(CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS  := -lopenblas -ldeflate -lz -lm -lpthread -ldl
+LDFLAGS := $(SAN_LDFLAGS) -pthread $(EXTRA_LDFLAGS)
+ifeq ($(BLAS),0)
+  CFLAGS += -DDT_NO_OPENBLAS
+  LDLIBS := $(filter-out -lopenblas,$(LDLIBS))
+endif
 
 # ---------------------------------------------------------------- optional parts
 MPICC := $(shell command -v mpicc 2>/dev/null)
@@ -95,6 +114,35 @@ ifeq ($(MAKELEVEL)$(filter clean help format format-check,$(MAKECMDGOALS)),0)
     $(info dtrain: mpi backend left out ($(if $(filter 0,$(MPI)),MPI=0,no mpicc found: apt-get install libopenmpi-dev)))
   endif
 endif
+comma := ,
+empty :=
+space := $(empty) $(empty)
+# CUDA: nvcc on PATH, else under CUDA_HOME (default /usr/local/cuda). The sanitizer
+# builds stay CPU-only (their runtimes and CUDA's do not mix).
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc))
+CUDA_ARCH ?= 80 90
+ifneq ($(filter $(BUILD),release debug),)
+  ifeq ($(CUDA),0)
+    HAVE_CUDA := 0
+  else ifneq ($(NVCC),)
+    HAVE_CUDA := 1
+  else ifeq ($(CUDA),1)
+    $(error CUDA=1 but no nvcc was found on PATH or in $(CUDA_HOME)/bin)
+  else
+    HAVE_CUDA := 0
+  endif
+else
+  HAVE_CUDA := 0
+endif
+ifeq ($(MAKELEVEL)$(filter clean help format format-check,$(MAKECMDGOALS)),0)
+  ifeq ($(HAVE_CUDA),1)
+    $(info dtrain: cuda plugin built ($(NVCC), sm_$(subst $(space),$(comma) sm_,$(strip $(CUDA_ARCH)))))
+  else
+    $(info dtrain: cuda plugin left out ($(if $(filter 0,$(CUDA)),CUDA=0,$(if $(filter $(BUILD),release debug),no nvcc found,BUILD=$(BUILD) is CPU-only))))
+  endif
+endif
+
 # Open MPI's wrapper answers --showme:compile/--showme:link, MPICH's -compile_info and
 # -link_info (a whole command line: only the flags are kept). Another MPI: MPICC=...
 ifeq ($(HAVE_MPI),1)
@@ -107,7 +155,7 @@ endif
 # ---------------------------------------------------------------- sources
 # Sorted by path, which fixes the archive's member order (src/comm/backends.c says why
 # that order matters).
-LIB_SRC  := $(sort $(wildcard src/*/*.c src/*/*/*.c))
+LIB_SRC  := $(sort $(filter-out src/cuda/%,$(wildcard src/*/*.c src/*/*/*.c)))
 MPI_SRC  := $(filter src/comm/mpi/%.c,$(LIB_SRC))
 # Kernels per target (src/kernels/<target>/): each folder is built for its instruction
 # set and only runs where the CPU has it (kernels/cpu.c decides); another machine
@@ -129,7 +177,7 @@ SONAME   := libdtrain.so.1
 
 TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(OUT)/obj/%.o)
-TEST_SRC    := $(sort $(wildcard tests/*/test_*.c))
+TEST_SRC    := $(sort $(filter-out tests/gpu/%,$(wildcard tests/*/test_*.c)))
 ifneq ($(HAVE_MPI),1)
   TEST_SRC := $(filter-out tests/mpi/%,$(TEST_SRC))
 endif
@@ -138,6 +186,49 @@ TEST_BIN    := $(TEST_SRC:tests/%.c=$(OUT)/tests/%)
 TSAN_TESTS  := $(filter $(OUT)/tests/comm/% $(OUT)/tests/ddp/% $(OUT)/tests/data/% \
                  $(OUT)/tests/grad/% $(OUT)/tests/unit/test_model% \
                  $(OUT)/tests/unit/test_graph% $(OUT)/tests/parallel/test_zero3,$(TEST_BIN))
+
+# The CUDA plugin (src/cuda/): .cu files by nvcc, .c files by $(CC) against CUDA's C
+# headers, linked by nvcc into a library that needs nothing of libdtrain (the host
+# functions it calls come in a table when it is loaded: src/core/device_abi.h).
+# -Werror for both: nvcc's own warnings and the host compiler's.
+CUDA_SRC      := $(sort $(wildcard src/cuda/*.cu src/cuda/*.c))
+CUDA_OBJ      := $(patsubst %,$(OUT)/obj/%.o,$(CUDA_SRC))
+CUDA_PLUGIN   := $(OUT)/lib/libdtrain_cuda.so
+CUDA_SONAME   := libdtrain_cuda.so.1
+CUDA_GENCODE  := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$a$(comma)code=sm_$a)
+CUDA_INC      := $(foreach d,$(CUDA_INC_DIRS),-isystem $d) -isystem $(CUDA_HOME)/include
+CUDA_CFLAGS   := $(filter-out -fvisibility=hidden,$(CFLAGS)) -fvisibility=hidden $(CUDA_INC)
+# Warnings are errors here (NVCC_WERROR= and NVCC_HOST_WARN=-Wall,-Wextra relax them for a
+# compiler newer than the code has met: tools/gpu/check.sh's build on another machine).
+NVCC_WERROR    ?= --Werror all-warnings
+NVCC_HOST_WARN ?= -Wall,-Wextra,-Werror
+NVCC_FLAGS    := -std=c++17 $(CUDA_GENCODE) -O3 -lineinfo -Iinclude -Isrc $(CUDA_INC) \
+                 -D_GNU_SOURCE -Xcompiler -fPIC,-fvisibility=hidden,$(NVCC_HOST_WARN) \
+                 $(NVCC_WERROR) -MMD -MP
+CUDA_LIBS     := $(foreach d,$(CUDA_LIB_DIRS),-L$d) -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl \
+                 -lcudart_static -ldl -lrt -lpthread
+ifneq ($(HAVE_CUDA),1)
+  CUDA_OBJ    :=
+  CUDA_PLUGIN :=
+endif
+GPU_TEST_SRC := $(if $(CUDA_PLUGIN),$(sort $(wildcard tests/gpu/test_*.c)))
+GPU_TEST_BIN := $(GPU_TEST_SRC:tests/%.c=$(OUT)/tests/%)
+
+$(OUT)/obj/src/cuda/%.cu.o: src/cuda/%.cu $(OUT)/flags
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(OUT)/obj/src/cuda/%.c.o: src/cuda/%.c $(OUT)/flags
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CUDA_CFLAGS) -c $< -o $@
+
+$(OUT)/lib/libdtrain_cuda.so: $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVLD    $@")
+	$(Q)$(NVCC) -shared $(CUDA_GENCODE) -Xlinker -soname=$(CUDA_SONAME) -Xlinker --no-undefined \
+	    -o $@ $^ $(CUDA_LIBS)
 
 # Programs: one folder each, all its .c files linked with the library.
 # Every folder of examples/, tools/ and bench/ with C files is a program: examples/NAME
@@ -154,14 +245,14 @@ ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(O
 .SECONDARY:
 
 all: lib programs
-lib: $(LIB_A) $(LIB_SO)
+lib: $(LIB_A) $(LIB_SO) $(CUDA_PLUGIN)
 programs: $(PROGS)
 tests: $(TEST_BIN) programs
 
 # Objects depend on the flags they were built with: a flag change rebuilds them.
 $(OUT)/flags: FORCE
 	@mkdir -p $(OUT)
-	@echo '$(CC) $(CFLAGS) $(MPI_CFLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(MPI_CFLAGS)' > $@
+	@echo '$(CC) $(CFLAGS) $(MPI_CFLAGS) $(NVCC_FLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(MPI_CFLAGS) $(NVCC_FLAGS)' > $@
 .PHONY: FORCE
 
 $(OUT)/obj/%.o: %.c $(OUT)/flags
@@ -209,6 +300,21 @@ test: deps
 # link cuts between network namespaces; about 10 minutes), by hand and not under the
 # sanitizers: CI's 30 minutes go to the regular suite, whose test_liveness covers each
 # case once, and the sanitizers.
+# The GPU tests (built with the plugin): test_device --probe says whether a GPU is
+# there; without one, or without the plugin, "no GPU" and success.
+.PHONY: test-gpu gpu-tests
+gpu-tests: $(GPU_TEST_BIN) $(CUDA_PLUGIN)
+test-gpu:
+ifeq ($(HAVE_CUDA),1)
+	$(Q)$(MAKE) --no-print-directory $(GPU_TEST_BIN) $(CUDA_PLUGIN) programs
+	$(Q)export DT_CUDA_PLUGIN=$${DT_CUDA_PLUGIN:-$(CURDIR)/$(CUDA_PLUGIN)}; \
+	    if $(OUT)/tests/gpu/test_device --probe; then tests/run.sh $(GPU_TEST_BIN); \
+	    else echo "no GPU"; fi
+else
+	@echo "no GPU tests: this dtrain was built without CUDA (make CUDA=1 on a machine with nvcc)"
+	@echo "no GPU"
+endif
+
 test-slow: deps
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)DT_TEST_SLOW=1 DT_TEST_TIMEOUT=1800 tests/run.sh $(OUT)/tests/comm/test_liveness \
@@ -291,6 +397,10 @@ install: lib programs
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libdtrain.so
+ifneq ($(CUDA_PLUGIN),)
+	install -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/$(CUDA_SONAME)
+	ln -sf $(CUDA_SONAME) $(DESTDIR)$(PREFIX)/lib/libdtrain_cuda.so
+endif
 	install -m 755 $(PROGS) $(DESTDIR)$(PREFIX)/bin/
 	$(Q)lib=$$(readlink -f "$(PREFIX)/lib" 2>/dev/null || echo "$(PREFIX)/lib"); \
 	loader=no; \
@@ -314,7 +424,7 @@ install-check: lib programs
 	$(Q).ci/install-check
 
 # ---------------------------------------------------------------- housekeeping
-FORMAT_FILES := $(shell find include src tests examples tools bench fuzz -name '*.[ch]' 2>/dev/null)
+FORMAT_FILES := $(shell find include src tests examples tools bench fuzz -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 format:
 	clang-format -i $(FORMAT_FILES)
 format-check:
@@ -326,4 +436,5 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
--include $(ALL_OBJ:.o=.d) $(TEST_BIN:$(OUT)/tests/%=$(OUT)/obj/tests/%.d)
+-include $(ALL_OBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(TEST_BIN:$(OUT)/tests/%=$(OUT)/obj/tests/%.d) \
+         $(GPU_TEST_BIN:$(OUT)/tests/%=$(OUT)/obj/tests/%.d)

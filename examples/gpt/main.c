@@ -330,6 +330,8 @@ static dt_status train(dt_trainer *t, void *user) {
     if (st == DT_OK)
         st = dt_sched_new(&sch, &so);
     dt_trainer_set_clip_grad(t, a->grad_clip);
+    if (st == DT_OK) // what --device cuda computes on the GPU (gpt_ce on the CPU)
+        st = dt_trainer_set_loss(t, &(dt_loss_spec){DT_LOSS_CROSS_ENTROPY, -100, 0.0f, 1.0f});
     // From here the trainer owns the optimizer and schedule: --load, --resume, DDP.
     if (st == DT_OK)
         st = dt_trainer_prepare_graph(t, g, opt, sch);
@@ -362,7 +364,10 @@ static dt_status train(dt_trainer *t, void *user) {
         float   l;
         if ((st = dt_tokens_batch(&j->train, (uint64_t)(ta->seed * 1000 + s), (size_t)a->batch,
                                   (size_t)m.T, dpr, dp, m.offsets, m.x, m.y)) ||
-            (st = dt_trainer_pipe_step(t, (const void *[]){m.x, m.pos}, b, NULL, gpt_ce, &m, &l)) ||
+            (st = dt_trainer_on_gpu(t) // --device cuda: the step on the GPU
+                      ? dt_trainer_device_step(t, (const void *[]){m.x, m.pos}, m.y, b, &l)
+                      : dt_trainer_pipe_step(t, (const void *[]){m.x, m.pos}, b, NULL, gpt_ce, &m,
+                                             &l)) ||
             (st = dt_trainer_step(t, l)))
             break;
         float loss = l; // the global batch's mean: the replicas' means averaged

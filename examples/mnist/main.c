@@ -163,6 +163,9 @@ static dt_status train(dt_trainer *t, void *user) {
     ao.lr               = (float)j->a.lr;
     dt_optim *opt       = NULL;
     DT_TRY(dt_adadelta_new(&opt, dt_model_as_params(m), &ao));
+    // What --device cuda computes on the GPU: the NLL of the log-softmax (forward_backward
+    // below runs there by itself).
+    DT_TRY(dt_trainer_set_loss(t, &(dt_loss_spec){DT_LOSS_NLL, -100, 0.0f, 1.0f}));
     DT_TRY(dt_trainer_prepare_model(t, m, opt, NULL)); // the trainer's from here: --load,
                                                        // --resume, DDP
     worker w = {j, m, 0};

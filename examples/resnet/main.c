@@ -211,6 +211,8 @@ static dt_status train(dt_trainer *t, void *user) {
     dt_optim *opt = NULL;
     // The graph and optimizer are the trainer's from here: threads, --load, --resume, DDP.
     dt_status st = dt_sgd_new(&opt, p, &so);
+    if (!st) // what --device cuda computes on the GPU (the loop below on the CPU)
+        st = dt_trainer_set_loss(t, &(dt_loss_spec){DT_LOSS_CROSS_ENTROPY, -100, 0.0f, 1.0f});
     if (st)
         dt_graph_free(w.g);
     else
@@ -230,6 +232,12 @@ static dt_status train(dt_trainer *t, void *user) {
     dt_batch b;
     while (!st && dt_trainer_next(t, &b)) { // the loss lines are the trainer's
         float loss;
+        if (dt_trainer_on_gpu(t)) { // --device cuda: the same step on the GPU
+            if ((st = dt_trainer_device_step(t, (const void *[]){b.x}, b.y, (int)b.size, &loss)) ||
+                (st = dt_trainer_step(t, loss)))
+                break;
+            continue;
+        }
         if ((st = dt_graph_forward(w.g, (const void *[]){b.x}, (int)b.size)) ||
             (st = dt_loss_cross_entropy_ex(dt_graph_output(w.g), b.y, (int)b.size, 10, -100, 0.0f,
                                            &loss, dlogits)) ||

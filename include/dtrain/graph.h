@@ -231,6 +231,88 @@ DT_API void dt_graph_node_seconds(const dt_graph *g, int node, double *forward, 
 DT_API dt_status dt_graph_set_slots(dt_graph *g, int n);
 DT_API dt_status dt_graph_use_slot(dt_graph *g, int slot);
 
+// ----------------------------------------------------------------- description
+// What a node computes, as plain data: how another executor (a GPU's, device.h and
+// exec.h) runs a finalized graph without knowing its layers' code. Every built-in
+// layer is described, under one canonical kind whichever way it was built (a
+// Sequential model's layers and a graph's own alike):
+//   "input"               a graph input (no layer)
+//   "conv2d"              h.conv; relu and pool2 say whether a ReLU and a 2x2 stride-2
+//                         max pool follow inside the node (the fused Sequential kinds
+//                         "conv2d+relu", "conv2d+relu+maxpool2d" and the graph's fusion)
+//   "linear"              h.linear, over the last dimension (a Sequential Linear: over
+//                         the whole flattened sample)
+//   "relu" "gelu" "gelu_tanh" "tanh" "sigmoid" "silu"   element-wise
+//   "softmax" "log_softmax"   over the last dimension (log_softmax: the Sequential's)
+//   "dropout" "dropout2d" h.dropout.p; dropout2d drops whole channels of (c, h, w)
+//   "maxpool2d" "avgpool2d"   h.pool (no padding and ties to the first maximum in a
+//                         Sequential max pool; a graph's max pool may pad)
+//   "adaptive_avgpool2d"  the output shape says the size
+//   "flatten"             a copy to (numel)
+//   "batchnorm"           h.bn: 1d on (c) or (c, l), 2d on (c, h, w); relu and residual
+//                         for dt_graph_fuse's forms (inputs x and the residual r)
+//   "layernorm"           h.ln, over the last dimension
+//   "embedding"           h.emb; int32 input
+//   "attention"           h.attn: causal multi-head on packed (T, 3C) q|k|v
+//   "add"                 the sum of its inputs
+//   "concat"              h.concat.dim
+// params / buffers index the graph's dt_params tables (params.h) in the layer's order
+// (weight, bias; BatchNorm's running_mean, running_var); a tied parameter gives its
+// owner's index, so two nodes name one tensor. layer_no is the node's position among
+// the layer nodes: its dropout stream is split(rng, layer_no) (dt_graph_set_rng).
+typedef struct dt_node_desc {
+    char        kind[24];
+    const char *name; // the node's (borrowed from the graph)
+    int         nin;
+    int         in[DT_LAYER_MAX_INPUTS]; // the nodes it reads (graph inputs are nodes)
+    dt_shape    in_shape[DT_LAYER_MAX_INPUTS], out_shape; // per sample
+    int         layer_no;                                 // -1 for an input
+    int         nparams, nbuffers;
+    int         params[DT_LAYER_MAX_TENSORS], buffers[DT_LAYER_MAX_TENSORS];
+    union {
+        struct {
+            int  cin, cout, kh, kw, sh, sw, ph, pw, groups;
+            bool bias, relu, pool2;
+        } conv;
+        struct {
+            int  in, out;
+            bool bias;
+        } linear;
+        struct {
+            int kh, kw, sh, sw, ph, pw;
+        } pool;
+        struct {
+            float p;
+        } dropout;
+        struct {
+            float eps, momentum;
+            bool  affine, relu, residual;
+            bool  sync; // a SyncBatchNorm (statistics reduced over a group)
+        } bn;
+        struct {
+            float eps;
+            bool  affine;
+        } ln;
+        struct {
+            int num, d;
+        } emb;
+        struct {
+            int heads;
+        } attn;
+        struct {
+            int dim;
+        } concat;
+    } h;
+} dt_node_desc;
+
+// Node i's description (after dt_graph_finalize; the node indices of dt_graph_find).
+// DT_ERR_UNSUPPORTED naming the node and its kind for a layer that is not built in (a
+// user's own, a tensor-parallel shard): nothing but its code knows what it computes.
+// DT_ERR_ARG for i out of range, DT_ERR_STATE before finalize.
+DT_API dt_status dt_graph_describe(const dt_graph *g, int i, dt_node_desc *out);
+// The output node (dt_graph_set_output; default the last), -1 before finalize.
+DT_API int dt_graph_output_node(const dt_graph *g);
+
 // --------------------------------------------------------------------------- losses
 // Over a graph's output: each returns the mean loss in *loss and writes d loss / d x
 // into dx when not NULL (PyTorch's reduction='mean').

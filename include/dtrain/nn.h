@@ -84,7 +84,10 @@ DT_API float               *dt_model_grads(dt_model *m);  // the flat gradient b
 // owned by the model (NULL before dt_model_finalize). Backward reports each layer's
 // gradients to the consumers registered on it (DDP), as the hook above.
 DT_API dt_params *dt_model_as_params(dt_model *m);
-DT_API int        dt_model_num_layers(const dt_model *m);
+// The graph the model runs on (graph.h; NULL before finalize), e.g. for an executor on
+// another device (exec.h). Owned by the model.
+DT_API struct dt_graph *dt_model_graph(dt_model *m);
+DT_API int              dt_model_num_layers(const dt_model *m);
 // "conv2d", "linear", ...; NULL when out of range.
 DT_API const char *dt_model_layer_kind(const dt_model *m, int layer);
 // Per-sample output size of the last layer (the number of classes for a classifier).

@@ -25,6 +25,7 @@
 #define DTRAIN_PARAMS_H
 
 #include "dtrain/core.h"
+#include "dtrain/device.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -197,6 +198,28 @@ DT_API dt_status dt_params_grad_ready(dt_params *p, size_t offset, size_t count)
 DT_API dt_status dt_params_add_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user);
 // Removes the (fn, user) registration; a no-op when absent.
 DT_API void dt_params_remove_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user);
+
+// ------------------------------------------------------------------------ devices
+// A table's storage may live on a device (device.h): a GPU executor (exec.h) binds its
+// device memory with dt_params_bind_device. For such a table dt_params_data,
+// dt_params_grads and dt_params_buffers return NULL and record DT_ERR_STATE naming the
+// device (host code must never be handed a device pointer); dt_params_device_data,
+// _grads and _buffers return the device pointers; dt_params_to_host and
+// dt_params_from_host copy the parameters and buffers (not the gradients) between it and
+// a host table of the same layout: checkpoints always write host copies. For a host
+// table, dt_params_device is NULL and the _device_ accessors return the host pointers.
+// dt_params_zero_grad works on either; dt_params_discard is host-only
+// (DT_ERR_UNSUPPORTED).
+DT_API dt_status  dt_params_bind_device(dt_params *p, dt_device *d, void *params, void *grads,
+                                        void *buffers);
+DT_API dt_device *dt_params_device(const dt_params *p); // NULL: host storage
+DT_API void      *dt_params_device_data(dt_params *p);
+DT_API void      *dt_params_device_grads(dt_params *p);
+DT_API void      *dt_params_device_buffers(dt_params *p);
+// DT_ERR_MISMATCH naming both layouts when they differ; DT_ERR_ARG when `host` is not
+// host storage.
+DT_API dt_status dt_params_to_host(dt_params *src, dt_params *host);
+DT_API dt_status dt_params_from_host(dt_params *dst, dt_params *host);
 
 #ifdef __cplusplus
 }

@@ -51,6 +51,7 @@
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
 #include "dtrain/dp.h"
+#include "dtrain/exec.h"
 #include "dtrain/graph.h"
 #include "dtrain/mesh.h"
 #include "dtrain/nn.h"
@@ -152,6 +153,10 @@ typedef struct dt_train_args {
     // ddp.h) and PowerSGD's rank (--powersgd-rank)
     const char *ddp_compress;
     long        powersgd_rank;
+    // --device (NULL: cpu) and --num-gpu-processes (0: none; else --num-processes with
+    // --device cuda): where the model trains (see "devices" below)
+    const char *device;
+    long        num_gpu_processes;
 } dt_train_args;
 
 typedef struct dt_trainer dt_trainer;
@@ -435,6 +440,27 @@ DT_API dt_status dt_trainer_pipe_eval(dt_trainer *t, const void *const *inputs, 
                                       dt_pipe_loss_fn loss, void *user, float *loss_out);
 // The pipeline (NULL before dt_trainer_pipeline): dt_pipe_stats for the bubble.
 DT_API dt_pipe *dt_trainer_pipe(dt_trainer *t);
+
+// ----------------------------------------------------------------------- devices
+// --device cuda[:N] trains the model's graph on a GPU through an executor (exec.h;
+// docs/gpu.md): "cuda" is GPU LOCAL_RANK % the GPUs, as torchrun's users pick it, and
+// --num-gpu-processes N forks N workers so (the seed's flag). The trainer places the
+// parameters, buffers and optimizer state on the GPU after --load and --resume, steps
+// the optimizer there, and brings the host copies up to date before each checkpoint,
+// evaluation and the end (programs evaluate on the CPU as before). The program says its
+// loss before dt_trainer_prepare*, and runs each micro-batch with
+// dt_trainer_device_step instead of its own forward, loss and backward
+// (dt_trainer_forward_backward does so by itself, with the batch's labels). Not with
+// --precision fp16, --zero, --pp/--tp, --data-parallel, --ddp-compress or uneven
+// inputs yet: refused at start, naming which.
+DT_API bool      dt_trainer_on_gpu(const dt_trainer *t); // --device names a GPU
+DT_API dt_status dt_trainer_set_loss(dt_trainer *t, const dt_loss_spec *l);
+// One micro-batch (after dt_trainer_next) on the device: inputs in dt_graph_input order
+// and targets in host memory; *loss its mean loss. Then dt_trainer_step as usual.
+DT_API dt_status dt_trainer_device_step(dt_trainer *t, const void *const *inputs,
+                                        const void *targets, int batch, float *loss);
+// The executor (NULL on the CPU or before dt_trainer_prepare*).
+DT_API dt_exec *dt_trainer_exec(dt_trainer *t);
 
 // A validation loss, for --plot: called at the end of every epoch but the last (not
 // with --no-test), its loss added to the chart's validation series. Inside fn.

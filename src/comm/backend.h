@@ -119,12 +119,17 @@ typedef struct dt_backend_ops {
     // False for a placeholder of a backend not built into this library (see
     // unbuilt_backends.c); "auto" skips it and asking for it is DT_ERR_UNSUPPORTED.
     bool built;
+
+    // True when run gets AVG's operations with op->fp.op still AVG and averages itself
+    // (nccl: buffers in device memory, which the generic layer cannot divide on the host).
+    bool native_avg;
 } dt_backend_ops;
 
 // The backends. backends.c lists them; a backend not built into the library is replaced by
 // a weak placeholder (unbuilt_backends.c).
 extern const dt_backend_ops dt_backend_tcp;
 extern const dt_backend_ops dt_backend_shm;
+extern const dt_backend_ops dt_backend_nccl; // nccl/: whole operations in the CUDA plugin
 
 // ---------------------------------------------- what a backend may use from the group
 // (plus the public dt_pg_rank, dt_pg_size, dt_pg_local_rank, dt_pg_local_size)

@@ -11,7 +11,8 @@
 
 #include <string.h>
 
-static const dt_backend_ops *const backends[] = {&dt_backend_shm, &dt_backend_tcp, &dt_backend_mpi};
+static const dt_backend_ops *const backends[] = {&dt_backend_shm, &dt_backend_tcp, &dt_backend_mpi,
+                                                 &dt_backend_nccl};
 
 const dt_backend_ops *dt_backend_find(const char *name) {
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)

@@ -222,7 +222,7 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         }
     }
     DT_TRACE_END(tr, "comm", dt_coll_name(op->kind), "count", op->count);
-    if (op->fp.op == DT_REDUCE_AVG && op->dst) {
+    if (op->fp.op == DT_REDUCE_AVG && op->dst && !(pg->world > 1 && pg->be->native_avg)) {
         size_t n = op->kind == DT_COLL_REDUCE && pg->rank != op->root ? 0 : op->count;
         dt_reduce_div(op->dtype, op->dst, n, pg->world);
     }

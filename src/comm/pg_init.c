@@ -241,7 +241,7 @@ static dt_status choose_backend(dt_pg *pg, const char *want) {
     if (!be)
         return dt_fail(DT_ERR_ARG,
                        "init: expected backend \"auto\", \"shm\", \"tcp\" (alias \"gloo\"), "
-                       "\"hybrid\" or \"mpi\", found \"%s\"",
+                       "\"hybrid\", \"mpi\" or \"nccl\", found \"%s\"",
                        want);
     if (!be->built)
         return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s is not built into this library", want);

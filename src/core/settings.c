@@ -19,6 +19,14 @@ static const dt_setting table[] = {
     {"DT_LOG_LEVEL", "core", DT_SETTING_CHOICE, 0, 0, 2, "debug|info|warn|error|off", "log level"},
     {"DT_FAIL_ALLOC_AFTER", "core", DT_SETTING_INT, -1, 1L << 40, -1, NULL,
      "tests: the allocation after this many fails (-1: never)"},
+    // device
+    {"DT_CUDA_GRAPH", "device", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
+     "capture a training step as a CUDA graph and replay it (auto: when the shapes repeat)"},
+    {"DT_CUDA_PLUGIN", "device", DT_SETTING_STRING, 0, 0, 0, NULL,
+     "path of libdtrain_cuda.so, the CUDA plugin (default: beside the program's library, "
+     "then the loader's path)"},
+    {"DT_CUDA_TIMEOUT_MS", "device", DT_SETTING_INT, 1, 100 * MS_DAY, 10L * 60 * 1000, NULL,
+     "bound of every wait for a GPU (a stream, an event, the device)"},
     // nn
     {"DT_ISA", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|ref|avx2|avx512|avx512bf16|amx|neon",
      "caps the CPU kernel targets at this level and those below it (auto: the best the CPU "

@@ -9,7 +9,9 @@
 #include "kernels/gemm.h"
 #include "nn/nn_impl.h"
 
+#ifndef DT_NO_OPENBLAS
 #include <cblas.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +21,15 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char           info[192];
 
 static void init_once(void) {
+#ifdef DT_NO_OPENBLAS // make BLAS=0: dtrain's own GEMM on every CPU (kernels/gemm.h)
+    snprintf(info, sizeof info, "dtrain's GEMM (built without OpenBLAS), kernels %s",
+             dt_isa_name(dt_isa_top() == DT_ISA_NEON  ? DT_ISA_REF
+                         : dt_isa_top() > DT_ISA_AVX2 ? DT_ISA_AVX2
+                                                      : dt_isa_top()));
+#else
     openblas_set_num_threads(1);
     snprintf(info, sizeof info, "%s, kernels %s", openblas_get_config(), openblas_get_corename());
+#endif
     DT_INFO("nn", "GEMM: %s", info);
 }
 
@@ -40,12 +49,17 @@ void dt_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
     // by where it falls in their last block, which breaks the promise that a sample's
     // numbers do not depend on how the batch is split (kernels/gemm.h)
     dt_isa top = dt_isa_top();
+#ifdef DT_NO_OPENBLAS // AVX-512 machines too, on the AVX2 kernels; Arm on the portable ones
+    top = top == DT_ISA_NEON ? DT_ISA_REF : top > DT_ISA_AVX2 ? DT_ISA_AVX2 : top;
+#endif
     if (top == DT_ISA_AVX2 || top == DT_ISA_REF) {
         dt_k_sgemm(top, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
+#ifndef DT_NO_OPENBLAS
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
 }
 
 bool dt_nn_want_direct(void) {

@@ -257,6 +257,9 @@ const dt_param_info *dt_model_param_info(const dt_model *m, int i) {
 dt_params *dt_model_as_params(dt_model *m) {
     return params(m);
 }
+dt_graph *dt_model_graph(dt_model *m) {
+    return m && m->finalized ? m->g : NULL;
+}
 float *dt_model_params(dt_model *m) {
     return params(m) ? dt_params_data(params(m)) : NULL;
 }

@@ -1,6 +1,7 @@
 // params.c: the parameter contract (params.h): tensor tables over flat buffers, owned
 // or borrowed storage, and the gradient-ready hook that fans out to consumers.
 #include "dtrain/params.h"
+#include "dtrain/device.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +28,9 @@ struct dt_params {
     // The parameter-use consumer (dt_params_set_use_hook).
     dt_param_use_fn use_fn;
     void           *use_user;
+    // Storage on a device (dt_params_bind_device): data, grads and buffers stay NULL.
+    dt_device *dev;
+    void      *dev_data, *dev_grads, *dev_buffers;
 };
 
 dt_params_opts dt_params_opts_default(void) {
@@ -246,14 +250,21 @@ bool dt_params_ready(const dt_params *p) {
     return p && p->ready;
 }
 
+// NULL and a recorded error for storage on a device: host code must not touch it.
+static float *host_view(dt_params *p, float *f, const char *what) {
+    if (p->dev)
+        dt_fail(DT_ERR_STATE, "params: the %s live on %s (dt_params_device_%s, dt_params_to_host)",
+                what, dt_device_name(p->dev), what[0] == 'p' ? "data" : what);
+    return f;
+}
 float *dt_params_data(dt_params *p) {
-    return p->data;
+    return host_view(p, p->data, "parameters");
 }
 float *dt_params_grads(dt_params *p) {
-    return p->grads;
+    return host_view(p, p->grads, "grads");
 }
 float *dt_params_buffers(dt_params *p) {
-    return p->buffers;
+    return host_view(p, p->buffers, "buffers");
 }
 size_t dt_params_numel(const dt_params *p) {
     return p->par.numel;
@@ -285,7 +296,11 @@ size_t dt_params_trainable_numel(const dt_params *p) {
 }
 
 void dt_params_zero_grad(dt_params *p) {
-    if (p->ready && p->par.numel && p->discard_grads)
+    if (p->dev && p->par.numel) {
+        if (dt_device_memset(p->dev, p->dev_grads, 0, sizeof(float) * p->par.numel, NULL))
+            DT_ERROR("nn", "params: zeroing the gradients on %s: %s", dt_device_name(p->dev),
+                     dt_last_error());
+    } else if (p->ready && p->par.numel && p->discard_grads)
         dt_params_discard(p, true, 0, p->par.numel);
     else if (p->ready && p->par.numel)
         memset(p->grads, 0, sizeof(float) * p->par.numel);
@@ -295,6 +310,9 @@ void dt_params_zero_grad(dt_params *p) {
 
 dt_status dt_params_discard(dt_params *p, bool grads, size_t offset, size_t count) {
     size_t n = p->par.numel;
+    if (p->dev)
+        return dt_fail(DT_ERR_UNSUPPORTED, "params: discard on %s (host storage only)",
+                       dt_device_name(p->dev));
     if (!p->ready || offset > n || count > n - offset)
         return dt_fail(DT_ERR_ARG, "params: discard [%zu, %zu) outside the %zu parameters", offset,
                        offset + count, n);
@@ -315,6 +333,8 @@ dt_status dt_params_discard(dt_params *p, bool grads, size_t offset, size_t coun
 }
 
 size_t dt_params_resident(dt_params *p, bool grads, size_t offset, size_t count) {
+    if (p->dev)
+        return 0;
     if (!p->ready || offset > p->par.numel || count > p->par.numel - offset)
         return 0;
     return dt_resident_bytes((grads ? p->grads : p->data) + offset, sizeof(float) * count);
@@ -390,4 +410,71 @@ void dt_params_remove_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user) {
             p->nhooks--;
             return;
         }
+}
+
+// ------------------------------------------------------------------------ devices
+
+dt_status dt_params_bind_device(dt_params *p, dt_device *d, void *params, void *grads,
+                                void *buffers) {
+    if (!p || p->ready)
+        return dt_fail(DT_ERR_STATE, "params: storage already set (or NULL table)");
+    if (!d)
+        return dt_fail(DT_ERR_ARG, "params: expected a device, found NULL");
+    if ((p->par.numel && (!params || !grads)) || (p->buf.numel && !buffers))
+        return dt_fail(DT_ERR_ARG,
+                       "params: expected device storage for %zu parameters and %zu "
+                       "buffer floats, found a NULL pointer",
+                       p->par.numel, p->buf.numel);
+    p->dev       = d;
+    p->dev_data  = params;
+    p->dev_grads = grads, p->dev_buffers = p->buf.numel ? buffers : NULL;
+    p->owned = false, p->ready = true;
+    return DT_OK;
+}
+
+dt_device *dt_params_device(const dt_params *p) {
+    return p ? p->dev : NULL;
+}
+void *dt_params_device_data(dt_params *p) {
+    return p->dev ? p->dev_data : p->data;
+}
+void *dt_params_device_grads(dt_params *p) {
+    return p->dev ? p->dev_grads : p->grads;
+}
+void *dt_params_device_buffers(dt_params *p) {
+    return p->dev ? p->dev_buffers : p->buffers;
+}
+
+// Copies parameters and buffers from `src` to `dst`, tables of one layout.
+static dt_status copy_between(dt_params *dst, dt_params *src, const char *what) {
+    if (!dst || !src || !dst->ready || !src->ready)
+        return dt_fail(DT_ERR_ARG, "%s: expected two tables with storage", what);
+    if (dst->par.numel != src->par.numel || dst->buf.numel != src->buf.numel ||
+        dst->par.n != src->par.n || dst->buf.n != src->buf.n)
+        return dt_fail(DT_ERR_MISMATCH,
+                       "%s: expected tables of one layout, found %d tensors of %zu floats (+%zu "
+                       "buffer floats) and %d of %zu (+%zu)",
+                       what, src->par.n, src->par.numel, src->buf.numel, dst->par.n, dst->par.numel,
+                       dst->buf.numel);
+    dt_device *d = src->dev ? src->dev : dst->dev;
+    if (!d)
+        DT_TRY(dt_device_get(&d, "cpu"));
+    DT_TRY(dt_device_copy(d, dt_params_device_data(dst), dt_params_device_data(src),
+                          sizeof(float) * src->par.numel, NULL));
+    return dt_device_copy(d, dt_params_device_buffers(dst), dt_params_device_buffers(src),
+                          sizeof(float) * src->buf.numel, NULL);
+}
+
+dt_status dt_params_to_host(dt_params *src, dt_params *host) {
+    if (host && host->dev)
+        return dt_fail(DT_ERR_ARG, "dt_params_to_host: the destination is on %s",
+                       dt_device_name(host->dev));
+    return copy_between(host, src, "dt_params_to_host");
+}
+
+dt_status dt_params_from_host(dt_params *dst, dt_params *host) {
+    if (host && host->dev)
+        return dt_fail(DT_ERR_ARG, "dt_params_from_host: the source is on %s",
+                       dt_device_name(host->dev));
+    return copy_between(dst, host, "dt_params_from_host");
 }

@@ -146,7 +146,8 @@ static dt_ckpt_opts ckpt_opts(const dt_trainer *t) {
 }
 
 static dt_status save(dt_trainer *t) {
-    if (t->scaler) // the scaler's state as of this step (its key/value)
+    DT_TRY(dt_train_device_pull(t)); // --device cuda: the host copies the checkpoint writes
+    if (t->scaler)                   // the scaler's state as of this step (its key/value)
         dt_grad_scaler_state_str(t->scaler, t->scaler_kv, sizeof t->scaler_kv);
     double        t0 = dt_now();
     dt_ckpt_state cs = ckpt_state(t);
@@ -329,6 +330,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     }
     if (a->trace)
         DT_TRY(dt_trace_start(NULL));
+    DT_TRY(dt_train_device_start(t)); // --device cuda: the executor, with what was loaded
     t->train_start = dt_now();
     dt_train_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
     t->stop = a->eval_only || (a->max_steps && t->step >= a->max_steps);
@@ -444,6 +446,7 @@ static dt_status end_epoch(dt_trainer *t, bool exhausted) {
         DT_TRY(dt_loader_status(t->ld));
     if (t->a.plot && !t->a.no_test && t->eval_fn && exhausted && t->epoch + 1 < t->a.epochs) {
         double loss;
+        DT_TRY(dt_train_device_pull(t));
         DT_TRY(t->eval_fn(t, t->eval_user, &loss));
         DT_TRY(dt_trainer_log_val(t, loss));
     }
@@ -618,7 +621,11 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
             scale_grads(t->p, (float)t->cur_size);
         t->win_samples += (int64_t)t->cur_size;
     }
-    if (t->sync) {
+    if (t->sync && t->exec) { // --device cuda: the same steps on the device
+        t->micro = 0;
+        DT_TRY(dt_train_device_update(t));
+        t->step++;
+    } else if (t->sync) {
         t->micro = 0;
         if (t->join) { // the mean over every rank's samples of the window
             int64_t total = t->win_samples;
@@ -699,6 +706,8 @@ int dt_trainer_data_parallel(const dt_trainer *t) {
 }
 
 dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *loss) {
+    if (t->exec) // --device cuda: the executor, on the batch's images and labels
+        return dt_trainer_device_step(t, (const void *[]){b->x}, b->y, (int)b->size, loss);
     if (!t->has_replicas)
         return dt_fail(DT_ERR_STATE,
                        "dt_trainer_forward_backward: expected dt_trainer_set_replicas first");
@@ -827,6 +836,7 @@ dt_status dt_trainer_finish(dt_trainer *t) {
         return t->err;
     if (!t->prepared || !t->p)
         return dt_fail(DT_ERR_STATE, "dt_trainer_finish: expected dt_trainer_prepare first");
+    DT_TRY(dt_train_device_pull(t)); // --device cuda: the parameters, for checks and saving
     // A last checkpoint where training stopped, so a resume after the end (or after a
     // failure during evaluation) has nothing to redo.
     if (a->checkpoint_dir && !a->eval_only && t->step != t->last_saved)

@@ -853,6 +853,11 @@ dt_status dt_trainer_pipe_step(dt_trainer *t, const void *const *inputs, int bat
     if (!t->pipe || !t->prepared)
         return dt_fail(DT_ERR_STATE, "dt_trainer_pipe_step: expected dt_trainer_pipeline and "
                                      "dt_trainer_prepare_graph first");
+    if (t->exec)
+        return dt_fail(DT_ERR_STATE,
+                       "dt_trainer_pipe_step: --device %s trains through "
+                       "dt_trainer_device_step",
+                       t->a.device);
     // ZeRO's shards of a tie's two copies lie apart: the copies' gradients are summed
     // before any reduction, which waits for the end of the pipeline's backwards.
     if (t->zero)
@@ -873,6 +878,7 @@ dt_status dt_trainer_pipe_eval(dt_trainer *t, const void *const *inputs, int bat
                                dt_pipe_loss_fn loss, void *user, float *loss_out) {
     if (!t->pipe)
         return dt_fail(DT_ERR_STATE, "dt_trainer_pipe_eval: expected dt_trainer_pipeline first");
+    DT_TRY(dt_train_device_pull(t)); // --device cuda: the CPU evaluates the host copies
     return dt_pipe_eval(t->pipe, inputs, batch, loss, user, loss_out);
 }
 

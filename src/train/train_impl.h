@@ -4,6 +4,7 @@
 #define DTRAIN_TRAIN_IMPL_H
 
 #include "dtrain/ckpt.h"
+#include "dtrain/exec.h"
 #include "dtrain/mesh.h"
 #include "dtrain/pipe.h"
 #include "dtrain/train.h"
@@ -78,7 +79,7 @@ dt_status dt_train_release_params(dt_trainer *t);
 // The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
-#define MAX_COMMON   48
+#define MAX_COMMON   56
 #define MAX_KVS      32
 
 struct dt_trainer {
@@ -171,10 +172,30 @@ struct dt_trainer {
     int       *cut_node, ncuts; // positions in the whole graph
     char       cut_names[1024]; // "a,b" for messages and the layout file
     char       mp_help[2][256]; // --pp's and --tp's help where the model has no cut
+    // --device cuda (device.c): the executor of the model's graph, its device, the
+    // program's loss, and whether the host copies are behind the device's.
+    dt_exec     *exec;
+    dt_device   *dev;
+    dt_loss_spec dloss;
+    bool         dloss_set, host_stale;
     // --max-rank-memory in bytes (0: none) and what the run's stage needs (memory.c).
     uint64_t budget;
     size_t   plan_bytes;
 };
+
+// device.c: the trainer on a GPU. _wanted: --device names a GPU. _args: --num-gpu-processes
+// into --num-processes and --device cuda. _start (end of dt_trainer_prepare): the checks
+// and the executor. _pull: the host copies brought up to date when behind (before a
+// checkpoint, an evaluation, the end). _update: a window's end (DDP's reduction, the
+// mean, clipping, the schedule, the optimizer's step) on the device. _release: at the
+// worker's end.
+bool        dt_train_device_wanted(const dt_trainer *t);
+const char *dt_train_device_backend(const dt_trainer *t); // the worker group's backend
+dt_status   dt_train_device_args(dt_train_args *a);
+dt_status   dt_train_device_start(dt_trainer *t);
+dt_status   dt_train_device_pull(dt_trainer *t);
+dt_status   dt_train_device_update(dt_trainer *t);
+void        dt_train_device_release(dt_trainer *t);
 
 // mesh.c: model parallelism in the trainer (train.h's "model parallelism").
 // The checks of --dp --pp --tp against a world of `world` ranks (usage errors).

@@ -106,6 +106,14 @@ static void build_common(dt_trainer *t) {
              "one worker of a launcher's job when RANK/WORLD_SIZE are set,\n"
              "or when started by mpirun or srun)",
            D, 0, 0, 0},
+          {"num-gpu-processes", DT_FLAG_LONG, &a->num_gpu_processes, NULL, 1, 1024, "P",
+           "fork P worker processes, each training on a GPU: --num-processes\n"
+             "P with --device cuda (the seed's flag)",
+           D, 0, 0, 0},
+          {"device", DT_FLAG_STRING, &a->device, NULL, 0, 0, "DEV",
+           "where the model trains: cpu (default), cuda (GPU LOCAL_RANK %\n"
+             "the GPUs, as torchrun's users pick it) or cuda:N (docs/gpu.md)",
+           D, 0, 0, 0},
           {"num-machines", DT_FLAG_LONG, &a->num_machines, "1", 1, 65536, "M",
            "machines taking part, P processes each (default 1)", D, 0, 0, 0},
           {"machine-id", DT_FLAG_LONG, &a->machine_id, NULL, 0, 65535, "K",
@@ -128,9 +136,11 @@ static void build_common(dt_trainer *t) {
              "when hosts run several processes each), shm, tcp, hybrid\n"
              "(shm inside a host, tcp between), gloo (an alias of tcp,\n"
              "the name PyTorch scripts use),\n"
-             "mpi (MPI's collectives; under mpirun or srun)",
-           D, 0, "auto shm tcp hybrid gloo mpi",
-           "auto, shm, tcp, hybrid or mpi (gloo: an alias of tcp)"},
+             "mpi (MPI's collectives; under mpirun or srun),\n"
+             "nccl (NCCL on the GPUs; auto's choice with --device cuda\n"
+             "when every process has a GPU of its own)",
+           D, 0, "auto shm tcp hybrid gloo mpi nccl",
+           "auto, shm, tcp, hybrid, mpi or nccl (gloo: an alias of tcp)"},
           {"no-overlap", DT_FLAG_BOOL, &a->no_overlap, NULL, 0, 0, "",
            "reduce gradients after backward instead of during it\n"
              "(for measuring how much communication overlap hides)",
@@ -319,6 +329,8 @@ dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv, const dt_train
     bool      help = false;
     dt_status st   = dt_flags_parse(t->tables, argc, argv, &help);
     if (!st && !help)
+        st = dt_train_device_args(&t->a);
+    if (!st && !help)
         st = check_args(&t->a);
     if (!st && !help && t->a.max_rank_memory)
         st = dt_train_parse_bytes(t->a.max_rank_memory, &t->budget);
@@ -462,6 +474,7 @@ static dt_status announce_kernels(dt_trainer *t) {
 // ------------------------------------------------------------------------- launching
 
 static void release_worker(dt_trainer *t) {
+    dt_train_device_release(t);
     dt_grad_scaler_free(t->scaler);
     t->scaler = NULL;
     dt_dp_free(t->dp);
@@ -554,7 +567,7 @@ typedef struct launch {
 
 static int worker_from_env(launch *l) {
     dt_pg_opts o = dt_pg_opts_default();
-    o.backend    = l->t->a.backend;
+    o.backend    = dt_train_device_backend(l->t); // --backend, or nccl for GPUs (device.c)
     dt_pg *pg    = NULL;
     if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
         fprintf(stderr, "%s: %s\n", l->t->o.program, dt_last_error());

@@ -7,6 +7,9 @@
 //   the forked job: both launch styles are one computation.
 // - --ddp-compress bf16 and powersgd train a 2-process job with identical replicas.
 // - Bad flags are refused with exit code 2 and a message naming the flag.
+// - --device: a bad name is a usage error; asking for CUDA where there is none (no
+//   plugin in the build, or no GPU) fails at start with a message naming what is
+//   missing; with a GPU the job trains.
 #include "../check.h"
 #include "../lib/mp.h"
 #include "../lib/prog.h"
@@ -119,11 +122,32 @@ static void test_bad_flags(void) {
     free(out);
     snprintf(cmd, sizeof cmd, "%s --backend carrier-pigeon 2>&1", bin);
     CHECK_EQ(run(cmd, &out), 2);
-    CHECK(strstr(out, "--backend expects auto, shm, tcp, hybrid or mpi") != NULL);
+    CHECK(strstr(out, "--backend expects auto, shm, tcp, hybrid, mpi or nccl") != NULL);
     free(out);
     snprintf(cmd, sizeof cmd, "%s --data-dir /nonexistent 2>&1", bin);
     CHECK_EQ(run(cmd, &out), 1);
     CHECK(strstr(out, "/nonexistent/train-images-idx3-ubyte") != NULL);
+    free(out);
+}
+
+static void test_device_flags(void) {
+    char cmd[2 * PATH_MAX], *out;
+    snprintf(cmd, sizeof cmd, "%s --device gpu 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--device expects cpu, cuda or cuda:N, found \"gpu\"") != NULL);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --num-gpu-processes 2 --device cpu 2>&1", bin);
+    CHECK_EQ(run(cmd, &out), 2);
+    CHECK(strstr(out, "--num-gpu-processes trains on GPUs") != NULL);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --device cuda --limit 64 --no-test 2>&1", bin);
+    int rc = run(cmd, &out);
+    if (rc != 0) { // no GPU here: the reason, not a CPU run
+        CHECK_EQ(rc, 1);
+        CHECK(strstr(out, "dtrain-mnist: cuda: ") != NULL);
+        CHECK(strstr(out, "Finished training") == NULL);
+    }
+    printf("--device cuda here: %s", out);
     free(out);
 }
 
@@ -135,5 +159,6 @@ int main(void) {
     RUN(test_spawned);
     RUN(test_compressed);
     RUN(test_bad_flags);
+    RUN(test_device_flags);
     return check_summary();
 }

@@ -257,3 +257,16 @@ dt_status lay_bn_fused_new(dt_layer **out, const dt_layer *bn, bool residual) {
     p.residual = residual;
     return bn_make(out, &p);
 }
+
+bool lay_describe_bn(const dt_layer *l, dt_node_desc *d) {
+    bool ours = false;
+    for (int i = 0; i < 6; i++)
+        ours |= l->ops == &bn_ops[i / 3][i % 3];
+    if (!ours)
+        return false;
+    const bn_cfg *p = l->config;
+    snprintf(d->kind, sizeof d->kind, "batchnorm");
+    d->h.bn.eps = p->p.eps, d->h.bn.momentum = p->p.momentum, d->h.bn.affine = p->p.affine;
+    d->h.bn.relu = p->relu, d->h.bn.residual = p->residual, d->h.bn.sync = p->reduce != NULL;
+    return true;
+}

@@ -180,3 +180,13 @@ static void fused_init(const dt_layer *l, dt_rng *rng, float *const *w, float *c
     if (c->orig && c->orig->ops->init)
         c->orig->ops->init(c->orig, rng, w, buf);
 }
+
+bool dt_fused_is(const dt_layer *l) {
+    return l && l->ops >= fused_ops && l->ops < fused_ops + K_N;
+}
+const dt_layer *dt_fused_conv(const dt_layer *l) {
+    return cfg(l)->orig;
+}
+bool dt_fused_pools(const dt_layer *l) {
+    return cfg(l)->nl.pool != NULL;
+}

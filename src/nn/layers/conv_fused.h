@@ -27,4 +27,9 @@ static inline nn_layer *dt_fused_nn(const dt_layer *l) {
 // parameters, so the values are the Conv2d's). *out NULL on failure; conv is then
 // still the caller's.
 dt_status dt_fused_from_conv(dt_layer **out, dt_layer *conv, const dt_nn_conv2d *p, bool pool);
+// Whether l is such a fused node; the Conv2d it took over (its configuration describes
+// it) and whether it pools.
+bool            dt_fused_is(const dt_layer *l);
+const dt_layer *dt_fused_conv(const dt_layer *l);
+bool            dt_fused_pools(const dt_layer *l);
 #endif // DTRAIN_NN_LAYERS_CONV_FUSED_H

@@ -328,3 +328,23 @@ dt_status dt_layer_embedding_new(dt_layer **out, int num, int d, const dt_layer_
     emb_cfg p = {num, d};
     return lay_new(out, &emb_ops, &p, sizeof p);
 }
+
+bool lay_describe_core(const dt_layer *l, dt_node_desc *d) {
+    if (l->ops == &conv_ops) {
+        const dt_nn_conv2d *p = l->config;
+        snprintf(d->kind, sizeof d->kind, "conv2d");
+        d->h.conv = (__typeof__(d->h.conv)){p->cin, p->cout, p->kh,     p->kw,   p->sh, p->sw,
+                                            p->ph,  p->pw,   p->groups, p->bias, false, false};
+    } else if (l->ops == &ln_ops) {
+        const ln_cfg *p = l->config;
+        snprintf(d->kind, sizeof d->kind, "layernorm");
+        d->h.ln.eps = p->eps, d->h.ln.affine = p->affine;
+    } else if (l->ops == &emb_ops) {
+        const emb_cfg *p = l->config;
+        snprintf(d->kind, sizeof d->kind, "embedding");
+        d->h.emb.num = p->num, d->h.emb.d = p->d;
+    } else {
+        return false;
+    }
+    return true;
+}

@@ -2,6 +2,7 @@
 #ifndef DTRAIN_NN_LAYERS_IMPL_H
 #define DTRAIN_NN_LAYERS_IMPL_H
 
+#include "dtrain/graph.h"
 #include "dtrain/layer.h"
 #include "nn/ops.h"
 
@@ -31,5 +32,11 @@ bool lay_is_add(const dt_layer *l);
 // (residual true: y = max(0, bn(x) + r), inputs x and r). The BatchNorm keeps its
 // options, SyncBatchNorm's reducer included.
 dt_status lay_bn_fused_new(dt_layer **out, const dt_layer *bn, bool residual);
+// dt_graph_describe (graph_desc.c): the built-in layers of each file fill in their
+// kind and hyper-parameters (graph.h's dt_node_desc); false for any other layer.
+bool lay_describe_core(const dt_layer *l, dt_node_desc *d);   // layers.c
+bool lay_describe_linear(const dt_layer *l, dt_node_desc *d); // linear.c
+bool lay_describe_bn(const dt_layer *l, dt_node_desc *d);     // batchnorm.c
+bool lay_describe_misc(const dt_layer *l, dt_node_desc *d);   // misc.c
 
 #endif // DTRAIN_NN_LAYERS_IMPL_H

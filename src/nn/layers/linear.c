@@ -28,6 +28,7 @@
 #include "nn/prec.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 typedef struct linear_cfg {
@@ -338,4 +339,13 @@ dt_status dt_layer_linear_new(dt_layer **out, int in, int out_features,
                        out_features);
     linear_cfg p = {.in = in, .out = out_features, .bias = o.bias};
     return lay_new(out, &linear_ops, &p, sizeof p);
+}
+
+bool lay_describe_linear(const dt_layer *l, dt_node_desc *d) {
+    if (l->ops != &linear_ops)
+        return false;
+    const linear_cfg *p = l->config;
+    snprintf(d->kind, sizeof d->kind, "linear");
+    d->h.linear.in = p->in, d->h.linear.out = p->out, d->h.linear.bias = p->bias;
+    return true;
 }

@@ -3,6 +3,7 @@
 #include "nn/layers/layers_impl.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 static size_t numel_in(const dt_layer_args *a, int i) {
@@ -675,4 +676,28 @@ dt_status dt_layer_attention_new(dt_layer **out, int heads, const dt_layer_opts 
     if (heads < 1)
         return dt_fail(DT_ERR_ARG, "attention: expected heads >= 1, found %d", heads);
     return lay_new(out, &attn_ops, &heads, sizeof heads);
+}
+
+bool lay_describe_misc(const dt_layer *l, dt_node_desc *d) {
+    const char *kind = l->ops->kind;
+    bool        act  = false;
+    for (size_t i = 0; i < sizeof act_ops / sizeof act_ops[0]; i++)
+        act |= l->ops == &act_ops[i];
+    if (act) {
+        ; // the kind is the activation's name
+    } else if (l->ops == &dropout_ops[0] || l->ops == &dropout_ops[1]) {
+        d->h.dropout.p = ((const drop_cfg *)l->config)->p;
+    } else if (l->ops == &avgpool_ops || l->ops == &maxpool_ops) {
+        const dt_nn_avgpool2d *p = &((const pool_cfg *)l->config)->p;
+        d->h.pool = (__typeof__(d->h.pool)){p->kh, p->kw, p->sh, p->sw, p->ph, p->pw};
+    } else if (l->ops == &attn_ops) {
+        d->h.attn.heads = *(const int *)l->config;
+    } else if (l->ops == &concat_ops) {
+        d->h.concat.dim = *(const int *)l->config;
+    } else if (l->ops != &softmax_ops && l->ops != &log_softmax_ops && l->ops != &adaptive_ops &&
+               l->ops != &flatten_ops && l->ops != &add_ops) {
+        return false;
+    }
+    snprintf(d->kind, sizeof d->kind, "%s", kind);
+    return true;
 }
