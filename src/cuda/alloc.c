@@ -10,6 +10,7 @@
 #include "cuda/cuda_impl.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEVICES 64
@@ -157,6 +158,7 @@ dt_status cu_mem_alloc(int dev, size_t bytes, void **out) {
         }
         b->size = csize;
         pl->held += csize;
+        cu_mem_trim_at_exit(); // the first block of a device: the runtime has started
     }
     if (!live_add(pl, b)) {
         b->next     = pl->free[c];
@@ -209,4 +211,20 @@ void cu_mem_trim(int dev) {
     pthread_mutex_lock(&pl->lock);
     release_cached(dev, pl);
     pthread_mutex_unlock(&pl->lock);
+}
+
+// At exit: every device's cached blocks back to CUDA, so that what a leak check finds
+// when the context goes is only what was never freed (the cache is not a leak). The
+// CUDA runtime's own exit handler was registered when it started, before this one
+// (cu_mem_alloc starts it), so it runs after.
+static void trim_all(void) {
+    for (int d = 0; d < MAX_DEVICES; d++)
+        if (pools[d].held)
+            cu_mem_trim(d);
+}
+
+void cu_mem_trim_at_exit(void) {
+    static bool registered;
+    if (!__atomic_exchange_n(&registered, true, __ATOMIC_ACQ_REL))
+        atexit(trim_all);
 }

@@ -66,6 +66,8 @@ void      cu_mem_free(int dev, void *p);
 size_t    cu_mem_held(int dev);
 // Gives every cached block back to CUDA (after a failed cudaMalloc, before retrying).
 void cu_mem_trim(int dev);
+// Registers (once) an exit handler giving every cached block back to CUDA.
+void cu_mem_trim_at_exit(void);
 
 // ---------------------------------------------------------------- sub-tables
 extern const void *const cu_exec_api; // exec.c

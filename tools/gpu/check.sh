@@ -140,11 +140,11 @@ tier_tests() {
 tier_sanitizer() {
     local cs="compute-sanitizer --error-exitcode 9 --print-limit 20"
     echo "===== memcheck: test_ops"
-    timeout -k 5 40 $cs --tool memcheck --leak-check none "$TESTS/test_ops" 2>&1 | tail -40
+    timeout -k 5 40 $cs --tool memcheck --leak-check full "$TESTS/test_ops" 2>&1 | tail -40
     echo "===== memcheck: test_convnet one step"
-    timeout -k 5 20 $cs --tool memcheck --leak-check none "$TESTS/test_convnet" one_step 2>&1 | tail -20
+    timeout -k 5 20 $cs --tool memcheck --leak-check full "$TESTS/test_convnet" one_step 2>&1 | tail -20
     echo "===== memcheck: test_gpt one step"
-    timeout -k 5 15 $cs --tool memcheck --leak-check none "$TESTS/test_gpt" step 2>&1 | tail -20
+    timeout -k 5 15 $cs --tool memcheck --leak-check full "$TESTS/test_gpt" step 2>&1 | tail -20
     echo "===== racecheck: the kernels with shared memory (attention, norms, losses)"
     timeout -k 5 20 $cs --tool racecheck "$TESTS/test_ops" attention 2>&1 | tail -20
     timeout -k 5 10 $cs --tool racecheck "$TESTS/test_ops" norms 2>&1 | tail -20
