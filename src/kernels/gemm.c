@@ -9,6 +9,7 @@
 // changes where the running sums are stored between blocks, never the order of the
 // multiply-adds, so the result does not depend on it.
 #include "kernels/gemm.h"
+#include "kernels/fill.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -186,3 +187,15 @@ void dt_k_sgemm(dt_isa target, bool trans_a, bool trans_b, int m, int n, int k, 
         }
     }
 }
+
+// The rows (fill.h): the same GEMM on each target's tile.
+void dt_k_sgemm_ref(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                    int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dt_k_sgemm(DT_ISA_REF, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#if defined(__x86_64__)
+void dt_k_sgemm_avx2(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                     int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dt_k_sgemm(DT_ISA_AVX2, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#endif

@@ -16,9 +16,9 @@
 // pairs of rows (A of P^T dY and dS^T Q, read down a column). Lengths are padded to
 // whole tiles with zeros, so a tile is always 64 wide; the head size d must be a
 // multiple of 16 (attention otherwise stays fp32: dt_nn_attn16_ok).
+#include "kernels/vmath.h"
 #include "nn/conv16.h"
 #include "nn/ops.h"
-#include "nn/ops_math.h"
 #include "nn/prec.h"
 
 #include <math.h>

@@ -28,6 +28,7 @@
 //
 // AMX (TDPBF16PS) is in amx.c: selected only when asked for (DT_PRECISION_PATH=amx),
 // since it has not run on an AMX machine yet.
+#include "kernels/vmath.h"
 #include "nn/blas.h"
 #include "nn/prec.h"
 #include "nn/simd16.h"

@@ -20,54 +20,23 @@
 #ifndef DTRAIN_NN_PREC_H
 #define DTRAIN_NN_PREC_H
 
-#include "core/simd.h"
 #include "dtrain/core.h"
+#include "kernels/half.h"  // dt_f32_to_bf16_1 and friends: one value at a time
+#include "kernels/table.h" // dt_gemm_opnd
 
 #include <stddef.h>
 #include <stdint.h>
 
-// Sixteen lanes of bit patterns (simd.h's conventions: always inlined, memcpy loads).
-typedef uint32_t dt_v16u __attribute__((vector_size(64)));
-typedef uint16_t dt_v16h __attribute__((vector_size(32)));
-
-// fp32 bit patterns rounded to bf16 (to nearest even; NaN made quiet), returned as fp32
-// patterns whose low 16 bits are zero: >> 16 gives the bf16 bits.
-DT_VINLINE dt_v16u dt_round_bf16_v16(dt_v16u u) {
-    dt_v16u r   = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    dt_v16u q   = (u & 0xffff0000u) | 0x400000u;
-    dt_v16u nan = (dt_v16u)((u & 0x7fffffffu) > 0x7f800000u); // all ones where NaN
-    return (q & nan) | (r & ~nan);
-}
-// Sixteen floats at src to bf16 at dst.
-DT_VINLINE void dt_f32_to_bf16_16(const float *src, uint16_t *dst) {
-    dt_v16u u;
-    __builtin_memcpy(&u, src, sizeof u);
-    dt_v16h h = __builtin_convertvector(dt_round_bf16_v16(u) >> 16, dt_v16h);
-    __builtin_memcpy(dst, &h, sizeof h);
-}
-
 // ------------------------------------------------------------------ conversions
-uint16_t dt_f32_to_bf16_1(float x);
-float    dt_bf16_to_f32_1(uint16_t h);
-uint16_t dt_f32_to_f16_1(float x); // scalar reference (software), any CPU
-float    dt_f16_to_f32_1(uint16_t h);
-
-// Vectorised over n elements (AVX-512 / F16C where the CPU has them, scalar otherwise);
-// the same bits as the scalar functions above. src and dst may not overlap.
+// Over n elements, on the kernel table's rows (vector code on every target; the fp16
+// ones with F16C from avx2 and AVX-512F from avx512): the same bits as the one-value
+// functions of kernels/half.h on every target. src and dst may not overlap.
 void dt_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
 void dt_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
 void dt_f32_to_f16(const float *src, uint16_t *dst, size_t n);
 void dt_f16_to_f32(const uint16_t *src, float *dst, size_t n);
 // dst = src rounded to bf16 and widened back (the value a bf16 operand would have).
 void dt_f32_round_bf16(const float *src, float *dst, size_t n);
-// The scalar loops, for tests and for comparing paths.
-void dt_f32_to_f16_scalar(const float *src, uint16_t *dst, size_t n);
-void dt_f16_to_f32_scalar(const uint16_t *src, float *dst, size_t n);
-// What the vectorised fp16 conversions use here: "avx512f", "f16c" or "scalar".
-const char *dt_f16_conv_path(void);
-// Forces "scalar", "f16c" or "avx512f" (tests; DT_ERR_ARG if this CPU lacks it), or
-// "auto" / NULL to choose again.
-dt_status dt_f16_conv_set(const char *name);
 
 // ------------------------------------------------------------------ bf16 GEMM
 typedef enum dt_prec_path {
@@ -123,11 +92,8 @@ dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, c
 // Not selected by auto: only DT_PRECISION_PATH=amx (or dt_prec_path_set) uses it, since
 // it has run on no machine with AMX yet. Its driver and packing are tested here through
 // a software model of the tiles (dt_gemm_amx with emulate = true).
-typedef struct dt_gemm_opnd {
-    const void *p;
-    size_t      ld;  // row stride in elements
-    bool        f32; // float (rounded to bf16 when packed) or uint16_t bf16
-} dt_gemm_opnd;
+// (dt_gemm_opnd, kernels/table.h: {p, ld, f32}, a row stride in elements and whether p
+// holds floats to round to bf16 when packed or uint16_t bf16)
 
 // Whether the CPU has AMX-TILE and AMX-BF16 and the kernel let this process use tile
 // data (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
