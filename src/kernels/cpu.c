@@ -224,10 +224,10 @@ const char *dt_cpu_describe(char *buf, size_t n) {
             size_t k = strlen(has);
             snprintf(has + k, sizeof has - k, "%s%s", k ? " " : "", dt_isa_name((dt_isa)t));
         }
-    snprintf(buf, n, "%s (L1d %s, L2 %s, L3 %s, %d CPUs): kernels %s (DT_ISA %s%s; has %s%s)",
+    snprintf(buf, n, "%s (L1d %s, L2 %s, L3 %s, %d CPUs): kernels %s (DT_ISA%s%s; has %s%s)",
              c->model, size_str(c->l1d, l1, sizeof l1), size_str(c->l2, l2, sizeof l2),
              c->l3 ? size_str(c->l3, l3, sizeof l3) : "none", c->cores, dt_isa_name(c->cap),
-             isa_setting >= 0 ? "=" : "unset",
+             isa_setting >= 0 ? "=" : " unset",
              isa_setting >= 0 ? dt_isa_name((dt_isa)isa_setting) : "", *has ? has : "ref only",
              c->avx512fp16 ? ", avx512fp16" : "");
     return buf;

@@ -38,7 +38,7 @@ bool dt_prec_path_supported(dt_prec_path p) {
     case DT_PATH_AVX512BF16:
         return dt_isa_on(DT_ISA_AVX512BF16);
     case DT_PATH_AMX:
-        return dt_amx_usable(); // opt-in only: see amx.c
+        return dt_amx_usable(); // opt-in only: see kernels/amx/amx.h
     default:
         return false;
     }

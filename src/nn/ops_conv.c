@@ -1,7 +1,7 @@
 // ops_conv.c: Conv2d of any kernel, stride, padding and groups, and Linear, as im2col
-// plus OpenBLAS GEMMs (ops.h). The generic, correct path: the AVX-512 shifted-GEMM
-// kernels of conv2d.c serve the seed's square stride-1 shapes inside dt_model, and the
-// graph may route such shapes to them later.
+// plus the sgemm row (ops.h). The generic, correct path: the shifted-GEMM kernels of
+// conv2d.c serve the seed's square stride-1 shapes inside dt_model, and the graph may
+// route such shapes to them later.
 //
 // A column matrix (cin*kh*kw, S*ho*wo) is built for S samples at a time, S such that
 // about 1024 columns make one GEMM per group (S = 1 from 32x32 images up; it stays in L2
@@ -12,15 +12,15 @@
 // overrides), skips the column matrix: in the "wide" layout of conv2d.c (output
 // positions indexed over the padded input's width wp) each im2col row is the slice
 // xp + c*plane + ki*wp + kj of the padded input, so forward, weight gradient and input
-// gradient are dtrain's shifted GEMMs (shifted.c) reading the input in place.
+// gradient are dtrain's shifted GEMMs (kernels/vec/shifted.c) reading the input in place.
 //
-// Before both, on AVX-512 CPUs, conv_cl.c takes convolutions without groups whose
-// output channels are a multiple of 16 (the ResNet's, except its 1x1 shortcuts): 3x3
-// stride 1 forward and input gradient as Winograd F(2x2, 3x3), the 1-channel stem
-// with its own kernel, the rest (stride 2, weight gradients) with channels in the
-// vector lanes. DT_CONV_CL=0 declines them; DT_CONV_WINO=0 keeps Winograd out.
+// Before both, on AVX-512 CPUs, the channels-in-lanes rows (kernels/avx512/conv_cl.c)
+// take convolutions without groups whose output channels are a multiple of 16 (the
+// ResNet's, except its 1x1 shortcuts): 3x3 stride 1 forward and input gradient as
+// Winograd F(2x2, 3x3), the 1-channel stem with its own kernel, the rest (stride 2,
+// weight gradients) with channels in the vector lanes. DT_CONV_CL=0 declines them;
+// DT_CONV_WINO=0 keeps Winograd out.
 #include "nn/blas.h"
-#include "nn/conv_cl.h"
 #include "nn/nn_impl.h"
 #include "nn/ops.h"
 #include "nn/prec.h"
@@ -100,7 +100,8 @@ static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad)
     int cl = conv_cl_setting(); // "0": never these kernels; "1": also 28 wide
     if (cl == 1)
         return false;
-    if (!(backward ? dt_nn_conv_cl_backward_ok(p, w, input_grad) : dt_nn_conv_cl_forward_ok(p)))
+    const dt_ktab *t = dt_k(); // the channels-in-lanes rows: only the avx512 target's
+    if (!t->conv_cl_fwd || !(backward ? t->conv_cl_bwd_ok(p, w, input_grad) : t->conv_cl_fwd_ok(p)))
         return false;
     if (p->kh * p->kw == 1)
         return false; // 1x1: one GEMM over the strided pixels is faster
@@ -157,8 +158,9 @@ size_t dt_nn_conv2d_scratch(const dt_nn_conv2d *p, int h, int w) {
         size_t d = direct_scratch(p, h, w);
         cols     = d > cols ? d : cols;
     }
-    if (dt_nn_conv_cl_forward_ok(p)) {
-        size_t c = dt_nn_conv_cl_scratch(p, h, w);
+    const dt_ktab *t = dt_k();
+    if (t->conv_cl_fwd && t->conv_cl_fwd_ok(p)) {
+        size_t c = t->conv_cl_scratch(p, h, w);
         cols     = c > cols ? c : cols;
     }
     return cols;
@@ -324,7 +326,7 @@ static dt_status im2col_forward(const dt_nn_conv2d *p, dt_precision prec, const 
 void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                           const float *wt, const float *b, float *y, float *scratch) {
     if (use_cl(p, w, false, false)) {
-        dt_nn_conv_cl_forward(p, n, h, w, x, wt, b, y, scratch);
+        dt_k()->conv_cl_fwd(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
     if (use_direct(p, w, false)) {
@@ -401,7 +403,7 @@ void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const flo
                            const float *wt, const float *dy, float *dx, float *dw, float *db,
                            float *scratch) {
     if (use_cl(p, w, true, dx != NULL)) {
-        dt_nn_conv_cl_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        dt_k()->conv_cl_bwd(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return;
     }
     if (use_direct(p, w, true)) {

@@ -21,8 +21,9 @@
 #define DTRAIN_NN_PREC_H
 
 #include "dtrain/core.h"
-#include "kernels/half.h"  // dt_f32_to_bf16_1 and friends: one value at a time
-#include "kernels/table.h" // dt_gemm_opnd
+#include "kernels/amx/amx.h" // dt_amx_usable, dt_gemm_amx
+#include "kernels/half.h"    // dt_f32_to_bf16_1 and friends: one value at a time
+#include "kernels/table.h"   // dt_gemm_opnd
 
 #include <stddef.h>
 #include <stdint.h>
@@ -88,20 +89,8 @@ dt_status dt_gemm_bf16_mixed(dt_prec_path path, bool trans_a, bool trans_b, int 
 dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a,
                               int lda, const float *b, int ldb, float *c, int ldc, bool accumulate);
 
-// ------------------------------------------------------------------ AMX (amx.c)
-// Not selected by auto: only DT_PRECISION_PATH=amx (or dt_prec_path_set) uses it, since
-// it has run on no machine with AMX yet. Its driver and packing are tested here through
-// a software model of the tiles (dt_gemm_amx with emulate = true).
-// (dt_gemm_opnd, kernels/table.h: {p, ld, f32}, a row stride in elements and whether p
-// holds floats to round to bf16 when packed or uint16_t bf16)
-
-// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel let this process use tile
-// data (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
-bool dt_amx_usable(void);
-// C (+)= op(A) op(B) through 16 x 16 x 32 bf16 tiles (TDPBF16PS), or through the
-// software model of the same tile operations when emulate is true (any CPU).
-dt_status dt_gemm_amx(bool emulate, bool trans_a, bool trans_b, int m, int n, int k, dt_gemm_opnd a,
-                      dt_gemm_opnd b, float *c, int ldc, bool accumulate);
+// ------------------------------------------------------------------ AMX
+// dt_amx_usable and dt_gemm_amx (the tiles, or their software model): kernels/amx/amx.h.
 
 // ------------------------------------------------------------------ autocast (autocast.c)
 // What Linear and Conv2d (graph layers and the Sequential model) use in a 16-bit
