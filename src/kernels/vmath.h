@@ -107,6 +107,24 @@ DT_VINLINE float dt_vmax_row(const float *row, size_t len) {
     return m;
 }
 
+// acc[o] += row[o] for o < n, in double, eight columns per vector step (each float is
+// exact in double: the same sums, in the same order, as the scalar loop).
+typedef float   dt_v8f __attribute__((vector_size(32)));
+typedef double  dt_v8d __attribute__((vector_size(64)));
+DT_VINLINE void dt_add_row_f64(const float *row, int n, double *acc) {
+    int nv = n / 8 * 8;
+    for (int o = 0; o < nv; o += 8) {
+        dt_v8f r;
+        dt_v8d a;
+        __builtin_memcpy(&r, row + o, sizeof r);
+        __builtin_memcpy(&a, acc + o, sizeof a);
+        a += __builtin_convertvector(r, dt_v8d);
+        __builtin_memcpy(acc + o, &a, sizeof a);
+    }
+    for (int o = nv; o < n; o++)
+        acc[o] += row[o];
+}
+
 // For the few helpers that ran as baseline x86-64 code (out of line, called from every
 // multiversioned kernel) before the kernels were compiled per target: their products and
 // sums stay separately rounded on every target (no FMA contraction), so their bits are

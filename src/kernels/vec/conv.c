@@ -73,29 +73,15 @@ static void col2im(const dt_kconv *p, const float *col, size_t ldc, int h, int w
             }
 }
 
-// db += column sums of dy, row by row (contiguous), 256 columns at a time in double,
-// eight columns per vector step (the same sums, in the same order, as the scalar loop).
-typedef float  lin_v8f __attribute__((vector_size(32)));
-typedef double lin_v8d __attribute__((vector_size(64)));
-static void    linear_bias_grad(int n, int out, const float *dy, float *db) {
-       for (int o0 = 0; o0 < out; o0 += 256) {
-           int    no = out - o0 < 256 ? out - o0 : 256, nv = no / 8 * 8;
-           double acc[256];
-           memset(acc, 0, sizeof acc);
-           for (int s = 0; s < n; s++) {
-               const float *row = dy + (size_t)s * out + o0;
-               for (int o = 0; o < nv; o += 8) {
-                   lin_v8f r;
-                   lin_v8d a;
-                   memcpy(&r, row + o, sizeof r);
-                   memcpy(&a, acc + o, sizeof a);
-                   a += __builtin_convertvector(r, lin_v8d);
-                   memcpy(acc + o, &a, sizeof a);
-            }
-               for (int o = nv; o < no; o++)
-                acc[o] += row[o];
-        }
-           for (int o = 0; o < no; o++)
+// db += column sums of dy, row by row (contiguous), 256 columns at a time in double.
+static void linear_bias_grad(int n, int out, const float *dy, float *db) {
+    for (int o0 = 0; o0 < out; o0 += 256) {
+        int    no = out - o0 < 256 ? out - o0 : 256;
+        double acc[256];
+        memset(acc, 0, sizeof acc);
+        for (int s = 0; s < n; s++)
+            dt_add_row_f64(dy + (size_t)s * out + o0, no, acc);
+        for (int o = 0; o < no; o++)
             db[o0 + o] += (float)acc[o];
     }
 }

@@ -41,27 +41,15 @@ static void f32_round_bf16(const float *restrict src, float *restrict dst, size_
 
 // Rows [0, rows) of dy (row length out) rounded into dy16 and, when acc is not NULL,
 // added into the column sums acc (double, rows in order: the bias gradient's sums).
-typedef float  l16_v8f __attribute__((vector_size(32)));
-typedef double l16_v8d __attribute__((vector_size(64)));
-static void    bf16_round_sum(const float *dy, int rows, int out, uint16_t *dy16, double *acc) {
-       if (!acc) {
-           f32_to_bf16(dy, dy16, (size_t)rows * (size_t)out);
-           return;
+static void bf16_round_sum(const float *dy, int rows, int out, uint16_t *dy16, double *acc) {
+    if (!acc) {
+        f32_to_bf16(dy, dy16, (size_t)rows * (size_t)out);
+        return;
     }
-       int nv = out / 8 * 8;
-       for (int s = 0; s < rows; s++) {
-           const float *row = dy + (size_t)s * out;
-           f32_to_bf16(row, dy16 + (size_t)s * out, (size_t)out);
-           for (int o = 0; o < nv; o += 8) {
-               l16_v8f r;
-               l16_v8d a;
-               memcpy(&r, row + o, sizeof r);
-               memcpy(&a, acc + o, sizeof a);
-               a += __builtin_convertvector(r, l16_v8d);
-               memcpy(acc + o, &a, sizeof a);
-        }
-           for (int o = nv; o < out; o++)
-            acc[o] += row[o];
+    for (int s = 0; s < rows; s++) {
+        const float *row = dy + (size_t)s * out;
+        f32_to_bf16(row, dy16 + (size_t)s * out, (size_t)out);
+        dt_add_row_f64(row, out, acc);
     }
 }
 
