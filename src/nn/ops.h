@@ -55,6 +55,13 @@ dt_status dt_nn_conv2d_backward_prec(const dt_nn_conv2d *p, dt_precision prec, c
                                      int n, int h, int w, const float *x, const float *wt,
                                      const float *dy, float *dx, float *dw, float *db,
                                      float *scratch);
+// Which kernel dt_nn_conv2d_forward (backward false) or _backward (input_grad: dx wanted)
+// runs for this shape (w the input's width), as --profile names it: "conv2d fwd:
+// avx512/channels-in-lanes", "conv2d bwd: avx512/direct" (the shifted GEMMs), "conv2d
+// fwd: avx2/im2col" (im2col and the sgemm row), the target being the one that filled
+// the row doing the work; into buf, which it returns.
+const char *dt_nn_conv2d_kernel(const dt_nn_conv2d *p, int w, bool backward, bool input_grad,
+                                char *buf, size_t n);
 
 // ------------------------------------------------------------------------------ Linear
 

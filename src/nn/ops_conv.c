@@ -26,6 +26,7 @@
 #include "nn/prec.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +125,19 @@ static bool use_direct(const dt_nn_conv2d *p, int w, bool backward) {
     if (!dt_nn_want_direct())
         return false;
     return !backward || (p->cin * p->kh * p->kw >= 32 && w + 2 * p->pw >= 16);
+}
+
+const char *dt_nn_conv2d_kernel(const dt_nn_conv2d *p, int w, bool backward, bool input_grad,
+                                char *buf, size_t n) {
+    const dt_ktab *t  = dt_k();
+    const char    *op = backward ? "conv2d bwd" : "conv2d fwd";
+    if (use_cl(p, w, backward, input_grad))
+        return dt_krow_describe(t, backward ? DT_KROW_conv_cl_bwd : DT_KROW_conv_cl_fwd, buf, n);
+    if (use_direct(p, w, backward))
+        snprintf(buf, n, "%s: %s/direct", op, t->from[DT_KROW_shifted_gemm]);
+    else
+        snprintf(buf, n, "%s: %s/im2col", op, t->from[DT_KROW_sgemm]);
+    return buf;
 }
 
 // padded input, wide output/gradient rows, transposed weights, then the two offset
