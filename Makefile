@@ -35,9 +35,8 @@
 # Portability: the baseline is plain x86-64 so the binaries run on any x86-64 CPU. The
 # hot loops are kernels (src/kernels): the vector kernels of src/kernels/vec are compiled
 # once per target, each target folder with its instruction set, and the kernel table
-# picks at run time from what the CPU has, capped by DT_ISA (docs/kernels.md). OpenBLAS
-# dispatches its own kernels at run time. NATIVE=1 compiles everything for the build
-# machine instead.
+# picks at run time from what the CPU has, capped by DT_ISA (docs/kernels.md).
+# NATIVE=1 compiles everything for the build machine instead.
 
 BUILD  ?= release
 CC     ?= gcc

@@ -22,11 +22,10 @@ void dt_kfill_amx(dt_ktab *t);
 // ref/half_ref.c: the fp16 conversions one value at a time.
 void dt_kfill_half_ref(dt_ktab *t);
 
-// gemm.c: dtrain's GEMM on the ref and avx2 tiles (dt_k_sgemm with that target).
+// gemm.c: dtrain's GEMM on each target's tile (dt_k_sgemm with that target).
 dt_k_sgemm_fn dt_k_sgemm_ref;
 dt_k_sgemm_fn dt_k_sgemm_avx2;
-// openblas.c: OpenBLAS's cblas_sgemm, the avx512 targets' GEMM.
-dt_k_sgemm_fn dt_k_sgemm_openblas;
+dt_k_sgemm_fn dt_k_sgemm_avx512;
 
 // avx2/half_avx2.c, avx512/half_avx512.c: the fp16 conversions in hardware.
 dt_k_to16_fn   dt_k_f32_to_f16_avx2;

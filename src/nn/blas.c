@@ -1,28 +1,19 @@
-// blas.c: the library's fp32 GEMM entry point (the kernel table's sgemm row: dtrain's own
-// GEMM below AVX-512, OpenBLAS's from it; kernels/gemm.h says why), and the choice of
-// the direct convolution kernels.
+// blas.c: the library's fp32 GEMM entry point, the kernel table's sgemm row (dtrain's own
+// GEMM on every target: kernels/gemm.h says why), and the choice of the direct
+// convolution kernels.
 #include "nn/blas.h"
 #include "dtrain/nn.h"
 
-#include "kernels/openblas.h"
 #include "kernels/table.h"
 #include "nn/nn_impl.h"
 
 #include <pthread.h>
-#include <stdio.h>
-#include <string.h>
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static char           info[320];
+static char           info[96];
 
 static void init_once(void) {
-    dt_k_openblas_init(); // one OpenBLAS thread, whoever calls it
-    const dt_ktab *t = dt_k();
-    char           row[96];
-    dt_krow_describe(t, DT_KROW_sgemm, row, sizeof row);
-    bool blas = t->how[DT_KROW_sgemm] && strcmp(t->how[DT_KROW_sgemm], "openblas") == 0;
-    snprintf(info, sizeof info, "%s%s%s%s", row, blas ? " (" : "", blas ? dt_k_openblas_info() : "",
-             blas ? ")" : "");
+    dt_krow_describe(dt_k(), DT_KROW_sgemm, info, sizeof info);
 }
 
 dt_status dt_blas_init(void) {

@@ -5,7 +5,7 @@
 // VDPBF16PS runs it).
 //
 // fp32 path: the operands are widened to fp32 (exact: bf16 is a truncated fp32) and
-// multiplied by OpenBLAS's sgemm. It runs on any CPU and is the reference the
+// multiplied by the fp32 GEMM (dt_sgemm). It runs on any CPU and is the reference the
 // avx512bf16 path is tested against.
 //
 // AMX (TDPBF16PS) is the amx target's row (kernels/amx/amx.c): selected only when asked

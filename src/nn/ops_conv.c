@@ -81,7 +81,7 @@ static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
 // on the shifted GEMMs everywhere (0.75x the im2col time on the 1-channel stem and the
 // 7x7 stage, 0.45-0.6x at 14x14 and 28x28); backward only with reductions of 32+ terms
 // over rows of 16+ (2x faster at 28x28 16->16, but 2.5x slower on the stem and 1.5x on
-// 64->64 at 7x7, where im2col + OpenBLAS stays). DT_CONV=direct forces the kernels,
+// 64->64 at 7x7, where im2col + the GEMM stays). DT_CONV=direct forces the kernels,
 // DT_CONV=gemm declines them.
 static bool want_kernels(void) {
     return dt_nn_want_direct(); // DT_CONV=direct forces them, gemm declines them

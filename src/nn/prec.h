@@ -16,7 +16,7 @@
 //   amx:        TDPBF16PS tiles (amx.c). Never chosen by auto: it has run on no AMX
 //               machine yet, so only DT_PRECISION_PATH=amx selects it (an error where
 //               the CPU or the kernel does not allow AMX);
-//   fp32:       widen bf16 to fp32 (exact) and multiply with OpenBLAS sgemm; runs anywhere.
+//   fp32:       widen bf16 to fp32 (exact) and multiply with dt_sgemm; runs anywhere.
 #ifndef DTRAIN_NN_PREC_H
 #define DTRAIN_NN_PREC_H
 
@@ -41,7 +41,7 @@ void dt_f32_round_bf16(const float *src, float *dst, size_t n);
 
 // ------------------------------------------------------------------ bf16 GEMM
 typedef enum dt_prec_path {
-    DT_PATH_FP32 = 0,   // widen to fp32, OpenBLAS sgemm
+    DT_PATH_FP32 = 0,   // widen to fp32, dt_sgemm
     DT_PATH_AVX512BF16, // VDPBF16PS
     DT_PATH_AMX,        // TDPBF16PS, opt-in only (see above)
     DT_PATH_COUNT_
@@ -99,7 +99,7 @@ dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, c
 //         activations as they are packed), products summed in fp32 on the current GEMM
 //         path (avx512bf16, amx or the fp32 fallback); the result stays fp32.
 //   fp16: operands rounded to fp16 (no fp16 GEMM here: the rounded values are exact in
-//         fp32 and their products too, so OpenBLAS's sgemm sums them as an fp16 GEMM
+//         fp32 and their products too, so the fp32 GEMM sums them as an fp16 GEMM
 //         with fp32 accumulation would), and the product rounded to fp16, so that
 //         overflow gives inf and tiny gradients flush as they would in fp16: what the
 //         GradScaler is for.

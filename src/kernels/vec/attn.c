@@ -20,8 +20,7 @@
 
 enum { BLOCK = DT_KATTN_BLOCK };
 
-// The GEMM of this target's table (what the attention of this target always multiplied
-// with: dtrain's own below AVX-512, OpenBLAS from it).
+// The GEMM of this target's table (on the same target the attention runs on).
 static void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
                   int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     dt_ktab_get(DT_KDEV_HOST, DT_KVEC_ISA)

@@ -8,9 +8,10 @@
 // AVX-512's 32 registers; each step loads 3 input vectors and broadcasts 8 weights for
 // 24 multiply-adds, so the loop is bound by FMA throughput rather than by loads.
 // Measured on this machine's AVX-512 cores: the ConvNet's second convolution runs at
-// ~240 GFLOP/s per core this way, against ~100 for im2col + OpenBLAS (which is pinned
-// to its AVX2 kernels here). Without AVX-512 the 24 accumulators do not fit the
-// registers; conv2d.c then uses im2col + OpenBLAS instead.
+// ~240 GFLOP/s per core this way, against ~100 for im2col + OpenBLAS (which was pinned
+// to its AVX2 kernels there). Without AVX-512 the 24 accumulators do not fit the
+// registers (compiled for avx2 they spill); conv2d.c then uses im2col and the sgemm
+// row instead, but Linear's gradient shards use them on every target.
 //
 // Summation order is fixed (r ascending, then lanes in a fixed tree), so results are
 // the same from run to run and do not depend on thread timing.
