@@ -13,9 +13,9 @@
 // Paths of the GEMM, chosen once at run time (dt_prec_path) or forced with the
 // environment variable DT_PRECISION_PATH=auto|avx512bf16|amx|fp32:
 //   avx512bf16: VDPBF16PS on packed panels (needs AVX512F + AVX512BW + AVX512-BF16);
-//   amx:        TDPBF16PS tiles (amx.c). Never chosen by auto: it has run on no AMX
-//               machine yet, so only DT_PRECISION_PATH=amx selects it (an error where
-//               the CPU or the kernel does not allow AMX);
+//   amx:        TDPBF16PS tiles (kernels/amx/amx.c). Never chosen by auto: it has run on
+//               one AMX machine, unmeasured, so only DT_PRECISION_PATH=amx selects it (an
+//               error where the CPU, DT_ISA or the kernel does not allow AMX);
 //   fp32:       widen bf16 to fp32 (exact) and multiply with dt_sgemm; runs anywhere.
 #ifndef DTRAIN_NN_PREC_H
 #define DTRAIN_NN_PREC_H

@@ -1,7 +1,8 @@
 // amx.h: the bf16 GEMM through AMX tiles (amx.c), the amx target's row, and its software
 // model. Not selected by auto: only DT_PRECISION_PATH=amx (or dt_prec_path_set, nn/prec.h)
-// uses it, since it has run on no machine with AMX yet. Its driver and packing are tested
-// everywhere through a software model of the tiles (dt_gemm_amx with emulate = true).
+// uses it, since it has run on one AMX machine only and was not measured there. Its driver
+// and packing are tested everywhere through a software model of the tiles (dt_gemm_amx
+// with emulate = true).
 #ifndef DTRAIN_KERNELS_AMX_AMX_H
 #define DTRAIN_KERNELS_AMX_AMX_H
 
