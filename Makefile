@@ -33,9 +33,10 @@
 # runs where no CUDA library is installed.
 #
 # Portability: the baseline is plain x86-64 so the binaries run on any x86-64 CPU. The
-# few hot loops of our own carry DT_CLONES (src/core/simd.h): GCC builds an AVX-512, an
-# AVX2+FMA and a baseline version and picks one at load time. OpenBLAS dispatches its
-# own kernels at run time. NATIVE=1 compiles everything for the build machine instead.
+# hot loops are kernels (src/kernels): the vector kernels of src/kernels/vec are compiled
+# once per target, each target folder with its instruction set, and the kernel table
+# picks at run time from what the CPU has, capped by DT_ISA (docs/kernels.md).
+# NATIVE=1 compiles everything for the build machine instead.
 
 BUILD  ?= release
 CC     ?= gcc
@@ -158,18 +159,38 @@ endif
 LIB_SRC  := $(sort $(filter-out src/cuda/%,$(wildcard src/*/*.c src/*/*/*.c)))
 MPI_SRC  := $(filter src/comm/mpi/%.c,$(LIB_SRC))
 # Kernels per target (src/kernels/<target>/): each folder is built for its instruction
-# set and only runs where the CPU has it (kernels/cpu.c decides); another machine
-# family's folders are left out.
-MACHINE        := $(shell $(CC) -dumpmachine)
-X86_KERNELS    := avx2
-KERNEL_FLAGS    = $(if $(filter src/kernels/avx2/%,$1),-march=x86-64-v3 -mtune=generic)
-ifeq ($(filter x86_64%,$(MACHINE)),)
-  LIB_SRC := $(filter-out $(X86_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
+# set and only runs where the CPU has it and DT_ISA allows it (kernels/table.c decides);
+# another machine family's folders are left out. amx adds only the tile instructions to
+# the baseline: its file also holds a software model of the tiles that runs anywhere.
+MACHINE           := $(shell $(CC) -dumpmachine)
+X86_KERNELS       := avx2 avx512 avx512bf16 amx
+ARM_KERNELS       := neon
+KFLAGS_avx2       := -march=x86-64-v3 -mtune=generic
+KFLAGS_avx512     := -march=x86-64-v4 -mtune=generic
+KFLAGS_avx512bf16 := -march=x86-64-v4 -mavx512bf16 -mtune=generic
+KFLAGS_amx        := -mamx-tile -mamx-bf16
+KFLAGS_neon       :=
+KERNEL_FLAGS       = $(foreach t,$(X86_KERNELS) $(ARM_KERNELS),$(if $(filter src/kernels/$t/%,$1),$(KFLAGS_$t)))
+# The vector kernels (src/kernels/vec/*.c) are written once and compiled once per target
+# of the machine's family, -DDT_KVEC=<target> naming each object's functions.
+VEC_SRC     := $(filter src/kernels/vec/%,$(LIB_SRC))
+LIB_SRC     := $(filter-out $(VEC_SRC),$(LIB_SRC))
+ifneq ($(filter x86_64%,$(MACHINE)),)
+  VEC_TARGETS := ref avx2 avx512
+  LIB_SRC     := $(filter-out $(ARM_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
+else ifneq ($(filter aarch64%,$(MACHINE)),)
+  VEC_TARGETS := ref
+  LIB_SRC     := $(filter-out $(X86_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
+else
+  VEC_TARGETS := ref
+  LIB_SRC     := $(filter-out $(X86_KERNELS:%=src/kernels/%/%) $(ARM_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
 endif
+VEC_FLAGS    = -DDT_KVEC=$1 $(if $(filter ref,$1),,$(KFLAGS_$1))
+VEC_OBJ      = $(foreach t,$(VEC_TARGETS),$(VEC_SRC:%.c=$1/%.$t.o))
 ifneq ($(HAVE_MPI),1)
   LIB_SRC := $(filter-out $(MPI_SRC),$(LIB_SRC))
 endif
-LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/obj/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/obj/%.o) $(call VEC_OBJ,$(OUT)/obj)
 LIB_A    := $(OUT)/lib/libdtrain.a
 LIB_SO   := $(OUT)/lib/libdtrain.so
 # The ABI version: bumped with every incompatible change of the public headers (CHANGES.md).
@@ -260,6 +281,14 @@ $(OUT)/obj/%.o: %.c $(OUT)/flags
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) $(if $(filter $(MPI_SRC),$<),$(MPI_CFLAGS)) $(call KERNEL_FLAGS,$<) -c $< -o $@
 
+define VEC_RULE
+$(OUT)/obj/src/kernels/vec/%.$1.o: src/kernels/vec/%.c $(OUT)/flags
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  CC      $$< ($1)")
+	$$(Q)$$(CC) $$(CFLAGS) $$(call VEC_FLAGS,$1) -c $$< -o $$@
+endef
+$(foreach t,$(VEC_TARGETS),$(eval $(call VEC_RULE,$t)))
+
 $(LIB_A): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  AR      $@")
@@ -339,7 +368,8 @@ FUZZ_CC      ?= clang
 FUZZ_SRC     := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN     := $(FUZZ_SRC:fuzz/%.c=build/fuzz/%)
 # The fuzzers exercise parsers: they link the library without the MPI backend.
-FUZZ_LIB_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(MPI_SRC),$(LIB_SRC)))
+FUZZ_LIB_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(MPI_SRC),$(LIB_SRC))) \
+                $(call VEC_OBJ,build/fuzz/obj)
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -pthread -DDT_NO_CLONES \
                 -DDT_FUZZ=1 -fsanitize=fuzzer-no-link,address,undefined $(filter-out -Wcast-qual,$(WARN))
 FUZZ_SECONDS ?= 20
@@ -348,6 +378,14 @@ build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZCC  $<")
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) $(call KERNEL_FLAGS,$<) -c $< -o $@
+
+define FUZZ_VEC_RULE
+build/fuzz/obj/src/kernels/vec/%.$1.o: src/kernels/vec/%.c
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  FUZZCC  $$< ($1)")
+	$$(Q)$$(FUZZ_CC) $$(FUZZ_CFLAGS) $$(call VEC_FLAGS,$1) -c $$< -o $$@
+endef
+$(foreach t,$(VEC_TARGETS),$(eval $(call FUZZ_VEC_RULE,$t)))
 
 build/fuzz/%: fuzz/%.c $(FUZZ_LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -171,8 +171,8 @@ DT_API void dt_model_set_profile(dt_model *m, bool on);
 // Seconds spent in layer `layer` since profiling was turned on.
 DT_API void dt_model_profile(const dt_model *m, int layer, double *fwd_s, double *bwd_s);
 
-// The GEMM library in use and the kernels it chose, e.g. "OpenBLAS 0.3.21 ...,
-// kernels Haswell" (OpenBLAS picks them from the CPU, or from OPENBLAS_CORETYPE).
+// The fp32 GEMM in use, as the kernel table names it: "sgemm: avx512/dtrain" (dtrain's
+// own GEMM on the avx512 target's tile).
 DT_API const char *dt_blas_info(void);
 
 // --------------------------------------------------------------------------- losses

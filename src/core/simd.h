@@ -1,8 +1,10 @@
-// simd.h: run-time dispatch for our own hot loops. DT_CLONES asks GCC for an AVX-512,
-// an AVX2+FMA and a baseline x86-64 version of a function and an ifunc resolver that
-// picks one when the program loads, so one binary runs on any x86-64 and uses the
-// widest vectors the CPU has. Empty with other compilers, under NATIVE=1 builds
-// (everything is already compiled for the build machine) and under sanitizers.
+// simd.h: sixteen-lane vectors for the kernels' loops (kernels/vmath.h builds on them),
+// and DT_CLONES, the load-time dispatch the hot loops used before the kernel table: it
+// asks GCC for an AVX-512, an AVX2+FMA and a baseline x86-64 version of a function and
+// an ifunc resolver that picks one when the program loads, which DT_ISA cannot cap.
+// Only the loops not yet moved to kernel-table rows still carry it (layers/conv_team.c,
+// comm's reduce.c and shm/shm_kernels.c); it goes with the last of them. Empty with
+// other compilers, under NATIVE=1 builds and under sanitizers.
 #ifndef DTRAIN_SIMD_H
 #define DTRAIN_SIMD_H
 

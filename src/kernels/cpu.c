@@ -86,7 +86,7 @@ static size_t cache_size(int level, int sc_name, size_t guess) {
 static void probe_family(void) {
     unsigned a = 0, b = 0, c = 0, d = 0;
     char     brand[49] = {0};
-    if (__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
         for (unsigned i = 0; i < 3; i++) {
             __get_cpuid(0x80000002u + i, &a, &b, &c, &d);
             memcpy(brand + 16 * i, (unsigned[4]){a, b, c, d}, 16);
@@ -97,8 +97,11 @@ static void probe_family(void) {
         p++;
     snprintf(cpu.model, sizeof cpu.model, "%s", *p ? p : "x86-64");
     __builtin_cpu_init();
+    // F16C is cpuid 1 ECX bit 29 (clang's __builtin_cpu_supports does not name it); the
+    // AVX it needs is checked, OS support included, through "avx2"
+    bool f16c            = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
     cpu.has[DT_ISA_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                           __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
+                           __builtin_cpu_supports("bmi2") && f16c;
     cpu.has[DT_ISA_AVX512] = cpu.has[DT_ISA_AVX2] && __builtin_cpu_supports("avx512f") &&
                              __builtin_cpu_supports("avx512bw") &&
                              __builtin_cpu_supports("avx512dq") &&
@@ -224,10 +227,10 @@ const char *dt_cpu_describe(char *buf, size_t n) {
             size_t k = strlen(has);
             snprintf(has + k, sizeof has - k, "%s%s", k ? " " : "", dt_isa_name((dt_isa)t));
         }
-    snprintf(buf, n, "%s (L1d %s, L2 %s, L3 %s, %d CPUs): kernels %s (DT_ISA %s%s; has %s%s)",
+    snprintf(buf, n, "%s (L1d %s, L2 %s, L3 %s, %d CPUs): kernels %s (DT_ISA%s%s; has %s%s)",
              c->model, size_str(c->l1d, l1, sizeof l1), size_str(c->l2, l2, sizeof l2),
              c->l3 ? size_str(c->l3, l3, sizeof l3) : "none", c->cores, dt_isa_name(c->cap),
-             isa_setting >= 0 ? "=" : "unset",
+             isa_setting >= 0 ? "=" : " unset",
              isa_setting >= 0 ? dt_isa_name((dt_isa)isa_setting) : "", *has ? has : "ref only",
              c->avx512fp16 ? ", avx512fp16" : "");
     return buf;

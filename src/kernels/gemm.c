@@ -1,5 +1,5 @@
 // gemm.c: the blocking and packing of dtrain's GEMM (gemm.h); the microkernels that
-// compute each tile are per target (kernels/ref, kernels/avx2).
+// compute each tile are per target (kernels/ref, kernels/avx2, kernels/avx512).
 //
 // Loops, outermost first (the usual order of BLIS-style GEMMs): columns of C in
 // blocks of nc, the reduction in blocks of kc (op(B)'s block packed into panels of NR
@@ -9,6 +9,7 @@
 // changes where the running sums are stored between blocks, never the order of the
 // multiply-adds, so the result does not depend on it.
 #include "kernels/gemm.h"
+#include "kernels/fill.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -21,7 +22,9 @@ typedef struct gemm_kernel {
 
 static gemm_kernel kernel_of(dt_isa target) {
 #if defined(__x86_64__)
-    if (target >= DT_ISA_AVX2 && target <= DT_ISA_AMX)
+    if (target >= DT_ISA_AVX512 && target <= DT_ISA_AMX)
+        return (gemm_kernel){DT_GEMM_AVX512_MR, DT_GEMM_AVX512_NR, dt_gemm_tile_avx512};
+    if (target == DT_ISA_AVX2)
         return (gemm_kernel){DT_GEMM_AVX2_MR, DT_GEMM_AVX2_NR, dt_gemm_tile_avx2};
 #endif
     (void)target;
@@ -186,3 +189,19 @@ void dt_k_sgemm(dt_isa target, bool trans_a, bool trans_b, int m, int n, int k, 
         }
     }
 }
+
+// The rows (fill.h): the same GEMM on each target's tile.
+void dt_k_sgemm_ref(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                    int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dt_k_sgemm(DT_ISA_REF, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#if defined(__x86_64__)
+void dt_k_sgemm_avx2(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                     int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dt_k_sgemm(DT_ISA_AVX2, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void dt_k_sgemm_avx512(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                       int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dt_k_sgemm(DT_ISA_AVX512, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#endif

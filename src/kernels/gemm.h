@@ -11,7 +11,8 @@
 // OpenBLAS's AVX2 kernels round a row differently by its position in the last block
 // (tests/unit/test_gemm shows it). Each target's kernel (ref: plain C, avx2: FMA
 // microkernels) keeps that order; two targets differ from each other in rounding
-// (ref has no fused multiply-add on x86-64), never within one.
+// (ref has no fused multiply-add on x86-64), never within one; avx512's tile runs the
+// same chains as avx2's on wider vectors, so those two agree bit for bit.
 #ifndef DTRAIN_KERNELS_GEMM_H
 #define DTRAIN_KERNELS_GEMM_H
 
@@ -38,11 +39,14 @@ typedef struct dt_gemm_tile {
     float        alpha;
 } dt_gemm_tile;
 
-#define DT_GEMM_REF_MR  4
-#define DT_GEMM_REF_NR  16
-#define DT_GEMM_AVX2_MR 6
-#define DT_GEMM_AVX2_NR 16
+#define DT_GEMM_REF_MR    4
+#define DT_GEMM_REF_NR    16
+#define DT_GEMM_AVX2_MR   6
+#define DT_GEMM_AVX2_NR   16
+#define DT_GEMM_AVX512_MR 12
+#define DT_GEMM_AVX512_NR 32
 void dt_gemm_tile_ref(const dt_gemm_tile *t);
 void dt_gemm_tile_avx2(const dt_gemm_tile *t);
+void dt_gemm_tile_avx512(const dt_gemm_tile *t);
 
 #endif // DTRAIN_KERNELS_GEMM_H

@@ -10,7 +10,6 @@
 // dy twice per layer and step); the numbers are the same (round to nearest even either
 // way). Products run on the current bf16 GEMM path (gemm16.c), the fp32 fallback
 // included; bias and its gradient stay fp32.
-#include "core/simd.h"
 #include "nn/ops.h"
 #include "nn/prec.h"
 
@@ -23,33 +22,6 @@ dt_status dt_nn_linear16_forward(const uint16_t *w16, int n, int in, int out, co
     dt_f32_to_bf16(x, x16, (size_t)n * (size_t)in);
     // y (n, out) = x16 (n, in) W16^T (in, out) + b, the sums starting from the bias
     return dt_gemm_bf16_bias(false, true, n, out, in, x16, in, w16, in, b, y, out);
-}
-
-// Rows [0, rows) of dy (row length out) rounded into dy16 and, when acc is not NULL,
-// added into the column sums acc (double, rows in order: dt_nn_linear_bias_grad's sums).
-typedef float         l16_v8f __attribute__((vector_size(32)));
-typedef double        l16_v8d __attribute__((vector_size(64)));
-DT_CLONES static void round_and_sum(const float *dy, int rows, int out, uint16_t *dy16,
-                                    double *acc) {
-    if (!acc) {
-        dt_f32_to_bf16(dy, dy16, (size_t)rows * (size_t)out);
-        return;
-    }
-    int nv = out / 8 * 8;
-    for (int s = 0; s < rows; s++) {
-        const float *row = dy + (size_t)s * out;
-        dt_f32_to_bf16(row, dy16 + (size_t)s * out, (size_t)out);
-        for (int o = 0; o < nv; o += 8) {
-            l16_v8f r;
-            l16_v8d a;
-            memcpy(&r, row + o, sizeof r);
-            memcpy(&a, acc + o, sizeof a);
-            a += __builtin_convertvector(r, l16_v8d);
-            memcpy(acc + o, &a, sizeof a);
-        }
-        for (int o = nv; o < out; o++)
-            acc[o] += row[o];
-    }
 }
 
 dt_status dt_nn_linear16_backward(const uint16_t *w16, int n, int in, int out, const uint16_t *x16,
@@ -66,7 +38,7 @@ dt_status dt_nn_linear16_backward(const uint16_t *w16, int n, int in, int out, c
         dt_nn_linear_bias_grad(n, out, dy, db);
     for (int r0 = 0; r0 < n; r0 += chunk) {
         int rows = n - r0 < chunk ? n - r0 : chunk;
-        round_and_sum(dy + (size_t)r0 * out, rows, out, dy16, sums);
+        dt_k()->bf16_round_sum(dy + (size_t)r0 * out, rows, out, dy16, sums);
         // dW (out, in) += dy16^T (out, rows) x16 (rows, in)
         DT_TRY(dt_gemm_bf16(true, false, out, in, rows, dy16, out, x16 + (size_t)r0 * in, in, dw,
                             in, true));

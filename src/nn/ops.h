@@ -18,6 +18,7 @@
 
 #include "dtrain/core.h"
 #include "dtrain/rng.h"
+#include "kernels/table.h"
 
 // ------------------------------------------------------------------------------ Conv2d
 
@@ -25,10 +26,7 @@
 // bias=bias), dilation 1, zero padding. Weight (cout, cin/groups, kh, kw), bias (cout).
 // y[n][o][i][j] = b[o] + sum over the group's input channels c and (ki, kj) of
 // w[o][c][ki][kj] * x[n][g*cin/groups + c][i*sh - ph + ki][j*sw - pw + kj].
-typedef struct dt_nn_conv2d {
-    int  cin, cout, kh, kw, sh, sw, ph, pw, groups;
-    bool bias;
-} dt_nn_conv2d;
+typedef dt_kconv dt_nn_conv2d; // (kernels/table.h: the kernels take it too)
 
 // DT_ERR_ARG unless the sizes are positive, groups divides cin and cout, and the kernel
 // fits the padded (h, w) input; sets *ho, *wo.
@@ -57,6 +55,13 @@ dt_status dt_nn_conv2d_backward_prec(const dt_nn_conv2d *p, dt_precision prec, c
                                      int n, int h, int w, const float *x, const float *wt,
                                      const float *dy, float *dx, float *dw, float *db,
                                      float *scratch);
+// Which kernel dt_nn_conv2d_forward (backward false) or _backward (input_grad: dx wanted)
+// runs for this shape (w the input's width), as --profile names it: "conv2d fwd:
+// avx512/channels-in-lanes", "conv2d bwd: avx512/direct" (the shifted GEMMs), "conv2d
+// fwd: avx2/im2col" (im2col and the sgemm row), the target being the one that filled
+// the row doing the work; into buf, which it returns.
+const char *dt_nn_conv2d_kernel(const dt_nn_conv2d *p, int w, bool backward, bool input_grad,
+                                char *buf, size_t n);
 
 // ------------------------------------------------------------------------------ Linear
 
@@ -153,10 +158,7 @@ void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *d
 // forward's output y, or, with y NULL, from x again: x * scale + shift > 0 with the
 // forward's gamma and beta and the forward's own multiply-add (x is read anyway, so
 // one stream fewer; only without a residual, which would have to be read instead).
-typedef struct dt_nn_bn_relu {
-    const float *y;
-    const float *gamma, *beta;
-} dt_nn_bn_relu;
+typedef dt_kbn_relu dt_nn_bn_relu; // {y, gamma, beta} (kernels/table.h)
 // Channels [c0, c1) of it, behind a ReLU (NULL: none); dres (NULL: not wanted) receives
 // the gradient reaching the normalisation (a residual's gradient).
 void dt_nn_bn_backward_stats_ex(int n, int c, int c0, int c1, int l, const float *x,

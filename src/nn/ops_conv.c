@@ -1,7 +1,7 @@
 // ops_conv.c: Conv2d of any kernel, stride, padding and groups, and Linear, as im2col
-// plus OpenBLAS GEMMs (ops.h). The generic, correct path: the AVX-512 shifted-GEMM
-// kernels of conv2d.c serve the seed's square stride-1 shapes inside dt_model, and the
-// graph may route such shapes to them later.
+// plus the sgemm row (ops.h). The generic, correct path: the shifted-GEMM kernels of
+// conv2d.c serve the seed's square stride-1 shapes inside dt_model, and the graph may
+// route such shapes to them later.
 //
 // A column matrix (cin*kh*kw, S*ho*wo) is built for S samples at a time, S such that
 // about 1024 columns make one GEMM per group (S = 1 from 32x32 images up; it stays in L2
@@ -12,21 +12,21 @@
 // overrides), skips the column matrix: in the "wide" layout of conv2d.c (output
 // positions indexed over the padded input's width wp) each im2col row is the slice
 // xp + c*plane + ki*wp + kj of the padded input, so forward, weight gradient and input
-// gradient are dtrain's shifted GEMMs (shifted.c) reading the input in place.
+// gradient are dtrain's shifted GEMMs (kernels/vec/shifted.c) reading the input in place.
 //
-// Before both, on AVX-512 CPUs, conv_cl.c takes convolutions without groups whose
-// output channels are a multiple of 16 (the ResNet's, except its 1x1 shortcuts): 3x3
-// stride 1 forward and input gradient as Winograd F(2x2, 3x3), the 1-channel stem
-// with its own kernel, the rest (stride 2, weight gradients) with channels in the
-// vector lanes. DT_CONV_CL=0 declines them; DT_CONV_WINO=0 keeps Winograd out.
-#include "core/simd.h"
+// Before both, on AVX-512 CPUs, the channels-in-lanes rows (kernels/avx512/conv_cl.c)
+// take convolutions without groups whose output channels are a multiple of 16 (the
+// ResNet's, except its 1x1 shortcuts): 3x3 stride 1 forward and input gradient as
+// Winograd F(2x2, 3x3), the 1-channel stem with its own kernel, the rest (stride 2,
+// weight gradients) with channels in the vector lanes. DT_CONV_CL=0 declines them;
+// DT_CONV_WINO=0 keeps Winograd out.
 #include "nn/blas.h"
-#include "nn/conv_cl.h"
 #include "nn/nn_impl.h"
 #include "nn/ops.h"
 #include "nn/prec.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,7 +81,7 @@ static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
 // on the shifted GEMMs everywhere (0.75x the im2col time on the 1-channel stem and the
 // 7x7 stage, 0.45-0.6x at 14x14 and 28x28); backward only with reductions of 32+ terms
 // over rows of 16+ (2x faster at 28x28 16->16, but 2.5x slower on the stem and 1.5x on
-// 64->64 at 7x7, where im2col + OpenBLAS stays). DT_CONV=direct forces the kernels,
+// 64->64 at 7x7, where im2col + the GEMM stays). DT_CONV=direct forces the kernels,
 // DT_CONV=gemm declines them.
 static bool want_kernels(void) {
     return dt_nn_want_direct(); // DT_CONV=direct forces them, gemm declines them
@@ -101,7 +101,8 @@ static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad)
     int cl = conv_cl_setting(); // "0": never these kernels; "1": also 28 wide
     if (cl == 1)
         return false;
-    if (!(backward ? dt_nn_conv_cl_backward_ok(p, w, input_grad) : dt_nn_conv_cl_forward_ok(p)))
+    const dt_ktab *t = dt_k(); // the channels-in-lanes rows: only the avx512 target's
+    if (!t->conv_cl_fwd || !(backward ? t->conv_cl_bwd_ok(p, w, input_grad) : t->conv_cl_fwd_ok(p)))
         return false;
     if (p->kh * p->kw == 1)
         return false; // 1x1: one GEMM over the strided pixels is faster
@@ -124,6 +125,19 @@ static bool use_direct(const dt_nn_conv2d *p, int w, bool backward) {
     if (!dt_nn_want_direct())
         return false;
     return !backward || (p->cin * p->kh * p->kw >= 32 && w + 2 * p->pw >= 16);
+}
+
+const char *dt_nn_conv2d_kernel(const dt_nn_conv2d *p, int w, bool backward, bool input_grad,
+                                char *buf, size_t n) {
+    const dt_ktab *t  = dt_k();
+    const char    *op = backward ? "conv2d bwd" : "conv2d fwd";
+    if (use_cl(p, w, backward, input_grad))
+        return dt_krow_describe(t, backward ? DT_KROW_conv_cl_bwd : DT_KROW_conv_cl_fwd, buf, n);
+    if (use_direct(p, w, backward))
+        snprintf(buf, n, "%s: %s/direct", op, t->from[DT_KROW_shifted_gemm]);
+    else
+        snprintf(buf, n, "%s: %s/im2col", op, t->from[DT_KROW_sgemm]);
+    return buf;
 }
 
 // padded input, wide output/gradient rows, transposed weights, then the two offset
@@ -158,8 +172,9 @@ size_t dt_nn_conv2d_scratch(const dt_nn_conv2d *p, int h, int w) {
         size_t d = direct_scratch(p, h, w);
         cols     = d > cols ? d : cols;
     }
-    if (dt_nn_conv_cl_forward_ok(p)) {
-        size_t c = dt_nn_conv_cl_scratch(p, h, w);
+    const dt_ktab *t = dt_k();
+    if (t->conv_cl_fwd && t->conv_cl_fwd_ok(p)) {
+        size_t c = t->conv_cl_scratch(p, h, w);
         cols     = c > cols ? c : cols;
     }
     return cols;
@@ -175,75 +190,6 @@ void dt_nn_conv2d_init(const dt_nn_conv2d *p, dt_rng *rng, float *w, float *b) {
     uniform_fill(rng, w, dt_nn_conv2d_weight_count(p), bound);
     if (p->bias && b)
         uniform_fill(rng, b, (size_t)p->cout, bound);
-}
-
-// Columns [lo, hi) of the output whose input column j*sw - pw + kj lies inside [0, w).
-static void inside(int wo, int w, int sw, int pw, int kj, int *lo, int *hi) {
-    int a = 0, b = wo;
-    while (a < wo && a * sw - pw + kj < 0)
-        a++;
-    while (b > a && (b - 1) * sw - pw + kj >= w)
-        b--;
-    *lo = a;
-    *hi = b;
-}
-
-// Row (c, ki, kj) of col, column (i, j) = x[c][i*sh - ph + ki][j*sw - pw + kj] or 0:
-// the (cin, kh, kw) order of a flattened weight row.
-DT_CLONES static void im2col(const dt_nn_conv2d *p, const float *x, int h, int w, int ho, int wo,
-                             float *col, size_t ldc) {
-    for (int c = 0; c < p->cin; c++)
-        for (int ki = 0; ki < p->kh; ki++)
-            for (int kj = 0; kj < p->kw; kj++) {
-                float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ldc;
-                int    lo, hi;
-                inside(wo, w, p->sw, p->pw, kj, &lo, &hi);
-                for (int i = 0; i < ho; i++) {
-                    int    ih  = i * p->sh - p->ph + ki;
-                    float *dst = row + (size_t)i * wo;
-                    if (ih < 0 || ih >= h) {
-                        memset(dst, 0, sizeof(float) * (size_t)wo);
-                        continue;
-                    }
-                    const float *src = x + ((size_t)c * h + ih) * w - p->pw + kj;
-                    for (int j = 0; j < lo; j++)
-                        dst[j] = 0.0f;
-                    if (p->sw == 1) // rows are short (7 to 28): no memcpy call
-                        for (int j = lo; j < hi; j++)
-                            dst[j] = src[j];
-                    else
-                        for (int j = lo; j < hi; j++)
-                            dst[j] = src[(size_t)j * p->sw];
-                    for (int j = hi; j < wo; j++)
-                        dst[j] = 0.0f;
-                }
-            }
-}
-
-// The adjoint: dx (zeroed first) += the columns scattered back.
-DT_CLONES static void col2im(const dt_nn_conv2d *p, const float *col, size_t ldc, int h, int w,
-                             int ho, int wo, float *dx) {
-    memset(dx, 0, sizeof(float) * (size_t)p->cin * h * w);
-    for (int c = 0; c < p->cin; c++)
-        for (int ki = 0; ki < p->kh; ki++)
-            for (int kj = 0; kj < p->kw; kj++) {
-                const float *row = col + ((size_t)(c * p->kh + ki) * p->kw + kj) * ldc;
-                int          lo, hi;
-                inside(wo, w, p->sw, p->pw, kj, &lo, &hi);
-                for (int i = 0; i < ho; i++) {
-                    int ih = i * p->sh - p->ph + ki;
-                    if (ih < 0 || ih >= h)
-                        continue;
-                    const float *src = row + (size_t)i * wo;
-                    float       *dst = dx + ((size_t)c * h + ih) * w - p->pw + kj;
-                    if (p->sw == 1)
-                        for (int j = lo; j < hi; j++)
-                            dst[j] += src[j];
-                    else
-                        for (int j = lo; j < hi; j++)
-                            dst[(size_t)j * p->sw] += src[j];
-                }
-            }
 }
 
 // ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
@@ -359,17 +305,18 @@ static void direct_backward(const dt_nn_conv2d *p, int n, int h, int w, const fl
 static dt_status im2col_forward(const dt_nn_conv2d *p, dt_precision prec, const void *wt16, int n,
                                 int h, int w, const float *x, const float *wt, const float *b,
                                 float *y, float *scratch) {
-    size_t esz = prec == DT_PREC_BF16 ? sizeof(uint16_t) : sizeof(float);
-    int    ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
-    int    hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
-    int    S = chunk_samples(hw);
+    const dt_ktab *kt  = dt_k();
+    size_t         esz = prec == DT_PREC_BF16 ? sizeof(uint16_t) : sizeof(float);
+    int            ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
+    int            hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
+    int            S = chunk_samples(hw);
     for (int s0 = 0; s0 < n; s0 += S) {
         int    ns  = n - s0 < S ? n - s0 : S;
         size_t ldc = (size_t)ns * hw; // this chunk's columns
         float *col = scratch, *stage = col + (size_t)p->cin * p->kh * p->kw * S * hw;
         for (int j = 0; j < ns; j++)
-            im2col(p, x + (size_t)(s0 + j) * p->cin * h * w, h, w, ho, wo, col + (size_t)j * hw,
-                   ldc);
+            kt->im2col(p, x + (size_t)(s0 + j) * p->cin * h * w, h, w, ho, wo, col + (size_t)j * hw,
+                       ldc);
         // per group: out (cog, ns*hw) = W_g (cog, kg) x col_g (kg, ns*hw); one sample
         // writes y directly
         float *out = ns == 1 ? y + (size_t)s0 * p->cout * hw : stage;
@@ -393,7 +340,7 @@ static dt_status im2col_forward(const dt_nn_conv2d *p, dt_precision prec, const 
 void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
                           const float *wt, const float *b, float *y, float *scratch) {
     if (use_cl(p, w, false, false)) {
-        dt_nn_conv_cl_forward(p, n, h, w, x, wt, b, y, scratch);
+        dt_k()->conv_cl_fwd(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
     if (use_direct(p, w, false)) {
@@ -416,10 +363,11 @@ dt_status dt_nn_conv2d_forward_prec(const dt_nn_conv2d *p, dt_precision prec, co
 static dt_status im2col_backward(const dt_nn_conv2d *p, dt_precision prec, const void *wt16, int n,
                                  int h, int w, const float *x, const float *wt, const float *dy,
                                  float *dx, float *dw, float *db, float *scratch) {
-    size_t esz = prec == DT_PREC_BF16 ? sizeof(uint16_t) : sizeof(float);
-    int    ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
-    int    hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
-    int    S = chunk_samples(hw);
+    const dt_ktab *kt  = dt_k();
+    size_t         esz = prec == DT_PREC_BF16 ? sizeof(uint16_t) : sizeof(float);
+    int            ho = out_len(h, p->ph, p->kh, p->sh), wo = out_len(w, p->pw, p->kw, p->sw);
+    int            hw = ho * wo, g = p->groups, cog = p->cout / g, kg = p->cin / g * p->kh * p->kw;
+    int            S = chunk_samples(hw);
     for (int s0 = 0; s0 < n; s0 += S) {
         int    ns  = n - s0 < S ? n - s0 : S;
         size_t ldc = (size_t)ns * hw;
@@ -441,8 +389,8 @@ static dt_status im2col_backward(const dt_nn_conv2d *p, dt_precision prec, const
                 db[o] += (float)acc;
             }
         for (int j = 0; j < ns; j++)
-            im2col(p, x + (size_t)(s0 + j) * p->cin * h * w, h, w, ho, wo, col + (size_t)j * hw,
-                   ldc);
+            kt->im2col(p, x + (size_t)(s0 + j) * p->cin * h * w, h, w, ho, wo, col + (size_t)j * hw,
+                       ldc);
         // dW_g (cog, kg) += dy_g (cog, ns*hw) x col_g^T (ns*hw, kg)
         for (int gi = 0; gi < g; gi++)
             DT_TRY(dt_ac_gemm(prec, false, true, cog, kg, (int)ldc, dyc + (size_t)gi * cog * ldc,
@@ -456,9 +404,11 @@ static dt_status im2col_backward(const dt_nn_conv2d *p, dt_precision prec, const
                               wt16 ? (const char *)wt16 + (size_t)gi * cog * kg * esz : NULL, kg,
                               dyc + (size_t)gi * cog * ldc, NULL, (int)ldc,
                               col + (size_t)gi * kg * ldc, (int)ldc, false));
-        for (int j = 0; j < ns; j++)
-            col2im(p, col + (size_t)j * hw, ldc, h, w, ho, wo,
-                   dx + (size_t)(s0 + j) * p->cin * h * w);
+        for (int j = 0; j < ns; j++) {
+            float *dxs = dx + (size_t)(s0 + j) * p->cin * h * w;
+            memset(dxs, 0, sizeof(float) * (size_t)p->cin * h * w);
+            kt->col2im(p, col + (size_t)j * hw, ldc, h, w, ho, wo, dxs);
+        }
     }
     return DT_OK;
 }
@@ -467,7 +417,7 @@ void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const flo
                            const float *wt, const float *dy, float *dx, float *dw, float *db,
                            float *scratch) {
     if (use_cl(p, w, true, dx != NULL)) {
-        dt_nn_conv_cl_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+        dt_k()->conv_cl_bwd(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return;
     }
     if (use_direct(p, w, true)) {
@@ -520,31 +470,8 @@ void dt_nn_linear_backward(int n, int in, int out, const float *x, const float *
         dt_sgemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }
 
-// db += column sums of dy, row by row (contiguous), 256 columns at a time in double,
-// eight columns per vector step (the same sums, in the same order, as the scalar loop).
-typedef float  lin_v8f __attribute__((vector_size(32)));
-typedef double lin_v8d __attribute__((vector_size(64)));
-DT_CLONES void dt_nn_linear_bias_grad(int n, int out, const float *dy, float *db) {
-    for (int o0 = 0; o0 < out; o0 += 256) {
-        int    no = out - o0 < 256 ? out - o0 : 256, nv = no / 8 * 8;
-        double acc[256];
-        memset(acc, 0, sizeof acc);
-        for (int s = 0; s < n; s++) {
-            const float *row = dy + (size_t)s * out + o0;
-            for (int o = 0; o < nv; o += 8) {
-                lin_v8f r;
-                lin_v8d a;
-                memcpy(&r, row + o, sizeof r);
-                memcpy(&a, acc + o, sizeof a);
-                a += __builtin_convertvector(r, lin_v8d);
-                memcpy(acc + o, &a, sizeof a);
-            }
-            for (int o = nv; o < no; o++)
-                acc[o] += row[o];
-        }
-        for (int o = 0; o < no; o++)
-            db[o0 + o] += (float)acc[o];
-    }
+void dt_nn_linear_bias_grad(int n, int out, const float *dy, float *db) {
+    dt_k()->linear_bias_grad(n, out, dy, db);
 }
 
 dt_status dt_nn_linear_forward_prec(dt_precision prec, const void *w16, int n, int in, int out,

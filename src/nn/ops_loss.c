@@ -1,8 +1,8 @@
 // ops_loss.c: MSE, L1, BCE-with-logits and cross-entropy with ignore_index and label
 // smoothing, mean reduction (ops.h). Sums over elements and rows in double; within a
-// row of logits, float vectors (dt_vexp16) with the row's maximum subtracted first.
+// row of logits, float vectors with the row's maximum subtracted first (the table's
+// cross-entropy rows, kernels/vec/act.c).
 #include "nn/ops.h"
-#include "nn/ops_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -51,31 +51,6 @@ static double row_sum(const float *x, int k) {
     return s;
 }
 
-// log sum_i e^x[i], as max + log sum e^(x - max)
-DT_CLONES static double row_lse(const float *x, int k) {
-    float   m   = dt_vmax_row(x, (size_t)k);
-    dt_v16f acc = dt_splat16(0.0f), mv = dt_splat16(m);
-    int     i = 0;
-    for (; i + 16 <= k; i += 16)
-        acc += dt_vexp16(dt_load16(x + i) - mv);
-    float z = dt_hsum16(acc);
-    for (; i < k; i++) {
-        dt_v16f e = dt_vexp16(dt_splat16(x[i] - m));
-        z += e[0];
-    }
-    return (double)m + log((double)z);
-}
-
-// d = (e^(x - lse) - smooth) * inv, then d[t] -= hot
-DT_CLONES static void row_grad(const float *x, int k, float lse, float smooth, float inv, float *d,
-                               int t, float hot) {
-    memcpy(d, x, sizeof(float) * (size_t)k);
-    dt_vexp_row(d, (size_t)k, lse);
-    for (int i = 0; i < k; i++)
-        d[i] = (d[i] - smooth) * inv;
-    d[t] -= hot;
-}
-
 dt_status dt_nn_cross_entropy(int n, int k, const float *logits, const int32_t *target,
                               int ignore_index, float label_smoothing, float *loss,
                               float *dlogits) {
@@ -98,7 +73,8 @@ dt_status dt_nn_cross_entropy(int n, int k, const float *logits, const int32_t *
                            s, (int)target[s], k - 1, ignore_index);
         counted++;
     }
-    double ls = label_smoothing, sum = 0.0, inv = counted ? 1.0 / counted : 0.0;
+    const dt_ktab *kt = dt_k(); // the rows' kernels: kernels/vec/act.c
+    double         ls = label_smoothing, sum = 0.0, inv = counted ? 1.0 / counted : 0.0;
     for (int s = 0; s < n; s++) {
         const float *x = logits + (size_t)s * k;
         float       *d = dlogits ? dlogits + (size_t)s * k : NULL;
@@ -108,12 +84,12 @@ dt_status dt_nn_cross_entropy(int n, int k, const float *logits, const int32_t *
             continue;
         }
         double sx  = ls > 0 ? row_sum(x, k) : 0.0;
-        double lse = row_lse(x, k);
+        double lse = kt->ce_row_lse(x, k);
         // -log p[t] = lse - x[t]; sum_j -log p[j] = k lse - sum_j x[j]
         sum += (1.0 - ls) * (lse - x[target[s]]) + ls / k * (k * lse - sx);
         if (d) // (softmax - (1 - ls) onehot - ls/k) / counted
-            row_grad(x, k, (float)lse, (float)(ls / k), (float)inv, d, target[s],
-                     (float)((1.0 - ls) * inv));
+            kt->ce_row_grad(x, k, (float)lse, (float)(ls / k), (float)inv, d, target[s],
+                            (float)((1.0 - ls) * inv));
     }
     *loss = (float)(sum * inv);
     return DT_OK;

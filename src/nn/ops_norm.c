@@ -1,12 +1,10 @@
 // ops_norm.c: BatchNorm (1d/2d, split so SyncBatchNorm can reduce its statistics over
-// processes) and LayerNorm over the last dimension (ops.h). BatchNorm's statistics add
-// rows up in double: a channel of the ResNet's stem holds n*784 values, and one float sum
-// of squares over that many would lose the digits the golden tests ask for.
+// processes) and LayerNorm over the last dimension (ops.h). The loops over the data are
+// rows of the kernel table (kernels/vec/norm.c); this file holds their entry points, the
+// moments from the sums and the compositions.
 #include "nn/ops.h"
-#include "nn/ops_math.h"
 
 #include <math.h>
-#include <string.h>
 
 // --------------------------------------------------------------------------- BatchNorm
 
@@ -28,81 +26,9 @@ void dt_nn_bn_init(const dt_nn_bn *p, float *gamma, float *beta, float *running_
     }
 }
 
-// For one row of l values: sum of a, and sum of a * (b - bm) (b = a, bm = 0: the sum of
-// squares), in sixteen float lanes; the rows are then added up in double. Lanes hold at
-// most a row's l/16 terms (49 for a 28x28 plane), so float loses nothing that matters.
-DT_VINLINE void row_moments(const float *a, const float *b, float bm, int l, double *s, double *q) {
-    dt_v16f sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(bm);
-    int     j = 0;
-    for (; j + 16 <= l; j += 16) {
-        dt_v16f va = dt_load16(a + j);
-        sa += va;
-        sq += va * (dt_load16(b + j) - mv);
-    }
-    float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
-    for (; j < l; j++) {
-        ts += a[j];
-        tq += a[j] * (b[j] - bm);
-    }
-    *s += ts;
-    *q += tq;
-}
-
-// For one row of l values: the sum of x - k and of (x - k)^2, in sixteen float lanes;
-// the rows are then added up in double. Lanes hold at most a row's l/16 terms (49 for a
-// 28x28 plane), so float loses nothing that matters.
-DT_VINLINE void row_shifted(const float *x, float k, int l, double *s, double *q) {
-    dt_v16f sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), kv = dt_splat16(k);
-    int     j = 0;
-    for (; j + 16 <= l; j += 16) {
-        dt_v16f d = dt_load16(x + j) - kv;
-        sa += d;
-        sq += d * d;
-    }
-    float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
-    for (; j < l; j++) {
-        float d = x[j] - k;
-        ts += d;
-        tq += d * d;
-    }
-    *s += ts;
-    *q += tq;
-}
-
-// The per-channel sums below walk the batch in memory order (sample by sample, the
-// channels of a sample in turn) rather than channel by channel, which would jump a
-// sample's size between rows: the same additions in the same order per channel.
-//
-// The variance is never formed as E[x^2] - E[x]^2: when the mean is large against the
-// spread that difference cancels, and the rounding of the sum of squares (2^-24 of
-// E[x^2]) becomes an error of E[x^2]/var times that in the variance, which BatchNorm
-// divides by (and SyncBatchNorm, whose sums travel as floats, rounded differently from
-// one process). The squares are taken about a shift k near the mean instead: the mean
-// of the channel's first row. m2 = sum (x - k)^2 - (sum (x - k))^2 / count then
-// cancels only by (mean - k)^2 / var, the spread of one row's mean, not by E[x^2]/var.
-enum { CH_BLOCK = 64 }; // channels whose double sums stay on the stack at a time
-
-DT_CLONES void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x,
-                                    double *sum, double *m2) {
-    double count = (double)n * l;
-    for (int b0 = c0; b0 < c1; b0 += CH_BLOCK) {
-        int    b1          = b0 + CH_BLOCK < c1 ? b0 + CH_BLOCK : c1;
-        double s[CH_BLOCK] = {0}, q[CH_BLOCK] = {0};
-        float  k[CH_BLOCK];
-        for (int ch = b0; ch < b1; ch++) { // the shift: the first row's mean
-            double s0 = 0, q0 = 0;
-            row_shifted(x + (size_t)ch * l, 0.0f, l, &s0, &q0);
-            k[ch - b0] = n > 0 ? (float)(s0 / l) : 0.0f;
-        }
-        for (int i = 0; i < n; i++)
-            for (int ch = b0; ch < b1; ch++)
-                row_shifted(x + ((size_t)i * c + ch) * l, k[ch - b0], l, &s[ch - b0], &q[ch - b0]);
-        for (int ch = b0; ch < b1; ch++) {
-            double sd = s[ch - b0], dev = count > 0 ? q[ch - b0] - sd * sd / count : 0.0;
-            sum[ch - c0] = sd + count * k[ch - b0];
-            m2[ch - c0]  = dev > 0.0 ? dev : 0.0; // rounding, for a constant channel
-        }
-    }
+void dt_nn_bn_stats_range(int n, int c, int c0, int c1, int l, const float *x, double *sum,
+                          double *m2) {
+    dt_k()->bn_stats(n, c, c0, c1, l, x, sum, m2);
 }
 
 void dt_nn_bn_stats(int n, int c, int l, const float *x, double *sum, double *m2) {
@@ -132,49 +58,18 @@ void dt_nn_bn_eval_moments(const dt_nn_bn *p, const float *running_mean, const f
     }
 }
 
-// The normalisation as one multiply-add, y = x * scale + shift, for channel ch.
-DT_VINLINE void scale_shift(int ch, const float *mean, const float *invstd, const float *gamma,
-                            const float *beta, float *scale, float *shift) {
-    *scale = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
-    *shift = (beta ? beta[ch] : 0.0f) - mean[ch] * *scale;
-}
-
-// y = x * scale + shift (+ r) (then max(0, .)), one row of l values.
-DT_VINLINE void apply_row(const float *x, const float *r, bool relu, float scale, float shift,
-                          int l, float *y) {
-    dt_v16f sc = dt_splat16(scale), sh = dt_splat16(shift);
-    int     j = 0;
-    for (; j + 16 <= l; j += 16) {
-        dt_v16f v = dt_load16(x + j) * sc + sh;
-        if (r)
-            v += dt_load16(r + j);
-        dt_store16(y + j, relu ? dt_keep_positive16(v, v) : v);
-    }
-    for (; j < l; j++) {
-        float v = x[j] * scale + shift;
-        if (r)
-            v += r[j];
-        y[j] = relu && !(v > 0.0f) ? 0.0f : v;
-    }
-}
-
-DT_CLONES void dt_nn_bn_apply_rows(int n, int c, int l, int r0, int r1, const float *x,
-                                   const float *mean, const float *invstd, const float *gamma,
-                                   const float *beta, const float *res, bool relu, float *y) {
-    (void)n;
-    for (int row = r0; row < r1; row++) {
-        int   ch = row % c;
-        float scale, shift; // y = x * scale + shift, one multiply-add per value
-        scale_shift(ch, mean, invstd, gamma, beta, &scale, &shift);
-        size_t o = (size_t)row * l;
-        apply_row(x + o, res ? res + o : NULL, relu, scale, shift, l, y + o);
-    }
+void dt_nn_bn_apply_rows(int n, int c, int l, int r0, int r1, const float *x, const float *mean,
+                         const float *invstd, const float *gamma, const float *beta,
+                         const float *res, bool relu, float *y) {
+    dt_k()->bn_apply(n, c, l, r0, r1, x, mean, invstd, gamma, beta, res, relu, y);
 }
 
 void dt_nn_bn_apply(int n, int c, int l, const float *x, const float *mean, const float *invstd,
                     const float *gamma, const float *beta, float *y) {
     dt_nn_bn_apply_rows(n, c, l, 0, n * c, x, mean, invstd, gamma, beta, NULL, false, y);
 }
+
+enum { CH_BLOCK = 64 }; // channels whose double sums stay on the stack at a time
 
 void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const float *x,
                       const float *gamma, const float *beta, float *running_mean,
@@ -197,86 +92,10 @@ void dt_nn_bn_forward(const dt_nn_bn *p, int n, int l, bool training, const floa
                    y);
 }
 
-// The gradient reaching the normalisation in one row: dy, or behind a ReLU, dy where
-// the ReLU's input was positive: from its output y, or recomputed from x with the
-// forward's own multiply-add (so the same lanes pass).
-typedef struct grad_row {
-    const float *dy, *y, *x;
-    int          mode; // 0: no ReLU; 1: mask from y; 2: from x * sc + sh
-    float        sc, sh;
-} grad_row;
-
-static grad_row grad_row_of(const dt_nn_bn_relu *relu, size_t o, int ch, const float *x,
-                            const float *dy, const float *mean, const float *invstd) {
-    grad_row g = {dy + o, NULL, x + o, 0, 0.0f, 0.0f};
-    if (relu && relu->y) {
-        g.y    = relu->y + o;
-        g.mode = 1;
-    } else if (relu) {
-        g.mode = 2;
-        scale_shift(ch, mean, invstd, relu->gamma, relu->beta, &g.sc, &g.sh);
-    }
-    return g;
-}
-
-DT_VINLINE dt_v16f grad_in16(const grad_row *g, int j) {
-    dt_v16f d = dt_load16(g->dy + j);
-    if (g->mode == 1)
-        return dt_keep_positive16(dt_load16(g->y + j), d);
-    if (g->mode == 2)
-        return dt_keep_positive16(dt_load16(g->x + j) * dt_splat16(g->sc) + dt_splat16(g->sh), d);
-    return d;
-}
-DT_VINLINE float grad_in(const grad_row *g, int j) {
-    if (g->mode == 1)
-        return g->y[j] > 0.0f ? g->dy[j] : 0.0f;
-    if (g->mode == 2)
-        return g->x[j] * g->sc + g->sh > 0.0f ? g->dy[j] : 0.0f;
-    return g->dy[j];
-}
-
-DT_CLONES void dt_nn_bn_backward_stats_ex(int n, int c, int c0, int c1, int l, const float *x,
-                                          const float *dy, const dt_nn_bn_relu *relu,
-                                          const float *mean, const float *invstd, float *sum_dy,
-                                          float *sum_dyx, float *dres) {
-    for (int b0 = c0; b0 < c1; b0 += CH_BLOCK) {
-        int    b1          = b0 + CH_BLOCK < c1 ? b0 + CH_BLOCK : c1;
-        double s[CH_BLOCK] = {0}, q[CH_BLOCK] = {0};
-        for (int i = 0; i < n; i++)
-            for (int ch = b0; ch < b1; ch++) {
-                size_t o = ((size_t)i * c + ch) * l;
-                float  m = mean[ch];
-                if (!relu && !dres) { // the plain BatchNorm
-                    row_moments(dy + o, x + o, m, l, &s[ch - b0], &q[ch - b0]);
-                    continue;
-                }
-                // as row_moments, on the gradient behind the ReLU, which goes to dres too
-                grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
-                dt_v16f  sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(m);
-                int      j = 0;
-                for (; j + 16 <= l; j += 16) {
-                    dt_v16f d = grad_in16(&g, j);
-                    if (dres)
-                        dt_store16(dres + o + j, d);
-                    sa += d;
-                    sq += d * (dt_load16(g.x + j) - mv);
-                }
-                float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
-                for (; j < l; j++) {
-                    float d = grad_in(&g, j);
-                    if (dres)
-                        dres[o + j] = d;
-                    ts += d;
-                    tq += d * (g.x[j] - m);
-                }
-                s[ch - b0] += ts;
-                q[ch - b0] += tq;
-            }
-        for (int ch = b0; ch < b1; ch++) {
-            sum_dy[ch]  = (float)s[ch - b0];
-            sum_dyx[ch] = (float)(q[ch - b0] * invstd[ch]);
-        }
-    }
+void dt_nn_bn_backward_stats_ex(int n, int c, int c0, int c1, int l, const float *x,
+                                const float *dy, const dt_nn_bn_relu *relu, const float *mean,
+                                const float *invstd, float *sum_dy, float *sum_dyx, float *dres) {
+    dt_k()->bn_bwd_stats(n, c, c0, c1, l, x, dy, relu, mean, invstd, sum_dy, sum_dyx, dres);
 }
 
 void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *dy,
@@ -285,30 +104,12 @@ void dt_nn_bn_backward_stats(int n, int c, int l, const float *x, const float *d
     dt_nn_bn_backward_stats_ex(n, c, 0, c, l, x, dy, NULL, mean, invstd, sum_dy, sum_dyx, NULL);
 }
 
-DT_CLONES void dt_nn_bn_backward_apply_rows(int n, int c, int l, int r0, int r1, const float *x,
-                                            const float *dy, const dt_nn_bn_relu *relu,
-                                            const float *mean, const float *invstd,
-                                            const float *gamma, const float *sum_dy,
-                                            const float *sum_dyx, double count, float *dx) {
-    (void)n;
-    for (int row = r0; row < r1; row++) {
-        int      ch = row % c;
-        size_t   o  = (size_t)row * l;
-        grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
-        float   *gr = dx + o;
-        float    gs = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
-        // dx = gs (dy - a - (x - mean) b): a = mean of dy, b = invstd * mean of dy xhat
-        // (evaluation, count 0: the statistics are constants, dx = gs dy)
-        float   a  = count > 0 ? (float)(sum_dy[ch] / count) : 0.0f;
-        float   b  = count > 0 ? (float)(sum_dyx[ch] / count) * invstd[ch] : 0.0f;
-        float   m  = mean[ch];
-        dt_v16f av = dt_splat16(a), bv = dt_splat16(b), mv = dt_splat16(m), gv = dt_splat16(gs);
-        int     j = 0;
-        for (; j + 16 <= l; j += 16)
-            dt_store16(gr + j, gv * (grad_in16(&g, j) - av - (dt_load16(g.x + j) - mv) * bv));
-        for (; j < l; j++)
-            gr[j] = gs * (grad_in(&g, j) - a - (g.x[j] - m) * b);
-    }
+void dt_nn_bn_backward_apply_rows(int n, int c, int l, int r0, int r1, const float *x,
+                                  const float *dy, const dt_nn_bn_relu *relu, const float *mean,
+                                  const float *invstd, const float *gamma, const float *sum_dy,
+                                  const float *sum_dyx, double count, float *dx) {
+    dt_k()->bn_bwd_apply(n, c, l, r0, r1, x, dy, relu, mean, invstd, gamma, sum_dy, sum_dyx, count,
+                         dx);
 }
 
 void dt_nn_bn_backward_apply(int n, int c, int l, const float *x, const float *dy,
@@ -344,95 +145,13 @@ void dt_nn_layernorm_init(int d, float *gamma, float *beta) {
     }
 }
 
-// Sums of a row in sixteen running lanes (vectorised; the order is fixed, so every CPU
-// gives the same result).
-DT_VINLINE float row_sum16(const float *x, int d) {
-    dt_v16f acc = dt_splat16(0.0f);
-    int     i   = 0;
-    for (; i + 16 <= d; i += 16)
-        acc += dt_load16(x + i);
-    float s = dt_hsum16(acc);
-    for (; i < d; i++)
-        s += x[i];
-    return s;
+void dt_nn_layernorm_forward(int rows, int d, float eps, const float *x, const float *gamma,
+                             const float *beta, float *y, float *mean, float *rstd) {
+    dt_k()->ln_fwd(rows, d, eps, x, gamma, beta, y, mean, rstd);
 }
 
-DT_CLONES void dt_nn_layernorm_forward(int rows, int d, float eps, const float *x,
-                                       const float *gamma, const float *beta, float *y, float *mean,
-                                       float *rstd) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * d;
-        float       *yr = y + (size_t)r * d;
-        // two passes: the mean, then the squared deviations (no cancellation)
-        float   m  = row_sum16(xr, d) / (float)d;
-        dt_v16f mv = dt_splat16(m), acc = dt_splat16(0.0f);
-        int     i = 0;
-        for (; i + 16 <= d; i += 16) {
-            dt_v16f c = dt_load16(xr + i) - mv;
-            acc += c * c;
-        }
-        float q = dt_hsum16(acc);
-        for (; i < d; i++)
-            q += (xr[i] - m) * (xr[i] - m);
-        float rs = 1.0f / sqrtf(q / (float)d + eps);
-        mean[r]  = m;
-        rstd[r]  = rs;
-        for (i = 0; i + 16 <= d; i += 16) {
-            dt_v16f v = (dt_load16(xr + i) - mv) * rs;
-            dt_store16(yr + i, gamma ? v * dt_load16(gamma + i) + dt_load16(beta + i) : v);
-        }
-        for (; i < d; i++) {
-            float v = (xr[i] - m) * rs;
-            yr[i]   = gamma ? v * gamma[i] + beta[i] : v;
-        }
-    }
-}
-
-DT_CLONES void dt_nn_layernorm_backward(int rows, int d, const float *x, const float *gamma,
-                                        const float *mean, const float *rstd, const float *dy,
-                                        float *dx, float *dgamma, float *dbeta) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * d;
-        const float *dr = dy + (size_t)r * d;
-        float        m = mean[r], rs = rstd[r];
-        // g = dy * gamma; dx = rs (g - mean(g) - xhat mean(g xhat))
-        dt_v16f mv = dt_splat16(m), sg = dt_splat16(0.0f), sgx = dt_splat16(0.0f);
-        int     i = 0;
-        for (; i + 16 <= d; i += 16) {
-            dt_v16f xh = (dt_load16(xr + i) - mv) * rs, dv = dt_load16(dr + i);
-            dt_v16f g = gamma ? dv * dt_load16(gamma + i) : dv;
-            sg += g;
-            sgx += g * xh;
-            if (dgamma) {
-                dt_store16(dgamma + i, dt_load16(dgamma + i) + dv * xh);
-                dt_store16(dbeta + i, dt_load16(dbeta + i) + dv);
-            }
-        }
-        float a = dt_hsum16(sg), b = dt_hsum16(sgx);
-        for (; i < d; i++) {
-            float xh = (xr[i] - m) * rs;
-            float g  = gamma ? dr[i] * gamma[i] : dr[i];
-            a += g;
-            b += g * xh;
-            if (dgamma) {
-                dgamma[i] += dr[i] * xh;
-                dbeta[i] += dr[i];
-            }
-        }
-        if (!dx)
-            continue;
-        float *gr = dx + (size_t)r * d;
-        a /= (float)d;
-        b /= (float)d;
-        for (i = 0; i + 16 <= d; i += 16) {
-            dt_v16f xh = (dt_load16(xr + i) - mv) * rs, dv = dt_load16(dr + i);
-            dt_v16f g = gamma ? dv * dt_load16(gamma + i) : dv;
-            dt_store16(gr + i, rs * (g - a - xh * b));
-        }
-        for (; i < d; i++) {
-            float xh = (xr[i] - m) * rs;
-            float g  = gamma ? dr[i] * gamma[i] : dr[i];
-            gr[i]    = rs * (g - a - xh * b);
-        }
-    }
+void dt_nn_layernorm_backward(int rows, int d, const float *x, const float *gamma,
+                              const float *mean, const float *rstd, const float *dy, float *dx,
+                              float *dgamma, float *dbeta) {
+    dt_k()->ln_bwd(rows, d, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
 }

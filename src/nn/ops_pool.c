@@ -1,6 +1,6 @@
-// ops_pool.c: AvgPool2d and AdaptiveAvgPool2d (ops.h), forward and the adjoint.
+// ops_pool.c: AvgPool2d and AdaptiveAvgPool2d (ops.h), forward and the adjoint; the
+// global average of the ResNet's head is a row of the kernel table (kernels/vec/conv.c).
 #include "nn/ops.h"
-#include "nn/ops_math.h"
 
 #include <string.h>
 
@@ -81,34 +81,10 @@ static int ad_end(int i, int in, int out) {
     return (int)(((long)(i + 1) * in + out - 1) / out);
 }
 
-// The global average (output 1x1, the ResNet's head): one contiguous sum per plane.
-DT_CLONES static void global_avg(size_t planes, size_t hw, const float *x, float *y) {
-    for (size_t pl = 0; pl < planes; pl++) {
-        const float *xp  = x + pl * hw;
-        dt_v16f      acc = dt_splat16(0.0f);
-        size_t       i   = 0;
-        for (; i + 16 <= hw; i += 16)
-            acc += dt_load16(xp + i);
-        float s = dt_hsum16(acc);
-        for (; i < hw; i++)
-            s += xp[i];
-        y[pl] = s / (float)hw;
-    }
-}
-
-DT_CLONES static void global_avg_backward(size_t planes, size_t hw, const float *dy, float *dx) {
-    for (size_t pl = 0; pl < planes; pl++) {
-        float  g  = dy[pl] / (float)hw;
-        float *xp = dx + pl * hw;
-        for (size_t i = 0; i < hw; i++)
-            xp[i] = g;
-    }
-}
-
 void dt_nn_adaptive_avgpool2d_forward(int n, int c, int h, int w, int ho, int wo, const float *x,
                                       float *y) {
     if (ho == 1 && wo == 1) {
-        global_avg((size_t)n * c, (size_t)h * w, x, y);
+        dt_k()->global_avg((size_t)n * c, (size_t)h * w, x, y); // one sum per plane
         return;
     }
     for (size_t pl = 0; pl < (size_t)n * c; pl++) {
@@ -131,7 +107,7 @@ void dt_nn_adaptive_avgpool2d_forward(int n, int c, int h, int w, int ho, int wo
 void dt_nn_adaptive_avgpool2d_backward(int n, int c, int h, int w, int ho, int wo, const float *dy,
                                        float *dx) {
     if (ho == 1 && wo == 1) {
-        global_avg_backward((size_t)n * c, (size_t)h * w, dy, dx);
+        dt_k()->global_avg_bwd((size_t)n * c, (size_t)h * w, dy, dx);
         return;
     }
     memset(dx, 0, sizeof(float) * (size_t)n * c * h * w);

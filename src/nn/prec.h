@@ -13,65 +13,35 @@
 // Paths of the GEMM, chosen once at run time (dt_prec_path) or forced with the
 // environment variable DT_PRECISION_PATH=auto|avx512bf16|amx|fp32:
 //   avx512bf16: VDPBF16PS on packed panels (needs AVX512F + AVX512BW + AVX512-BF16);
-//   amx:        TDPBF16PS tiles (amx.c). Never chosen by auto: it has run on no AMX
-//               machine yet, so only DT_PRECISION_PATH=amx selects it (an error where
-//               the CPU or the kernel does not allow AMX);
-//   fp32:       widen bf16 to fp32 (exact) and multiply with OpenBLAS sgemm; runs anywhere.
+//   amx:        TDPBF16PS tiles (kernels/amx/amx.c). Never chosen by auto: it has run on
+//               one AMX machine, unmeasured, so only DT_PRECISION_PATH=amx selects it (an
+//               error where the CPU, DT_ISA or the kernel does not allow AMX);
+//   fp32:       widen bf16 to fp32 (exact) and multiply with dt_sgemm; runs anywhere.
 #ifndef DTRAIN_NN_PREC_H
 #define DTRAIN_NN_PREC_H
 
-#include "core/simd.h"
 #include "dtrain/core.h"
+#include "kernels/amx/amx.h" // dt_amx_usable, dt_gemm_amx
+#include "kernels/half.h"    // dt_f32_to_bf16_1 and friends: one value at a time
+#include "kernels/table.h"   // dt_gemm_opnd
 
 #include <stddef.h>
 #include <stdint.h>
 
-// Sixteen lanes of bit patterns (simd.h's conventions: always inlined, memcpy loads).
-typedef uint32_t dt_v16u __attribute__((vector_size(64)));
-typedef uint16_t dt_v16h __attribute__((vector_size(32)));
-
-// fp32 bit patterns rounded to bf16 (to nearest even; NaN made quiet), returned as fp32
-// patterns whose low 16 bits are zero: >> 16 gives the bf16 bits.
-DT_VINLINE dt_v16u dt_round_bf16_v16(dt_v16u u) {
-    dt_v16u r   = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    dt_v16u q   = (u & 0xffff0000u) | 0x400000u;
-    dt_v16u nan = (dt_v16u)((u & 0x7fffffffu) > 0x7f800000u); // all ones where NaN
-    return (q & nan) | (r & ~nan);
-}
-// Sixteen floats at src to bf16 at dst.
-DT_VINLINE void dt_f32_to_bf16_16(const float *src, uint16_t *dst) {
-    dt_v16u u;
-    __builtin_memcpy(&u, src, sizeof u);
-    dt_v16h h = __builtin_convertvector(dt_round_bf16_v16(u) >> 16, dt_v16h);
-    __builtin_memcpy(dst, &h, sizeof h);
-}
-
 // ------------------------------------------------------------------ conversions
-uint16_t dt_f32_to_bf16_1(float x);
-float    dt_bf16_to_f32_1(uint16_t h);
-uint16_t dt_f32_to_f16_1(float x); // scalar reference (software), any CPU
-float    dt_f16_to_f32_1(uint16_t h);
-
-// Vectorised over n elements (AVX-512 / F16C where the CPU has them, scalar otherwise);
-// the same bits as the scalar functions above. src and dst may not overlap.
+// Over n elements, on the kernel table's rows (vector code on every target; the fp16
+// ones with F16C from avx2 and AVX-512F from avx512): the same bits as the one-value
+// functions of kernels/half.h on every target. src and dst may not overlap.
 void dt_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
 void dt_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
 void dt_f32_to_f16(const float *src, uint16_t *dst, size_t n);
 void dt_f16_to_f32(const uint16_t *src, float *dst, size_t n);
 // dst = src rounded to bf16 and widened back (the value a bf16 operand would have).
 void dt_f32_round_bf16(const float *src, float *dst, size_t n);
-// The scalar loops, for tests and for comparing paths.
-void dt_f32_to_f16_scalar(const float *src, uint16_t *dst, size_t n);
-void dt_f16_to_f32_scalar(const uint16_t *src, float *dst, size_t n);
-// What the vectorised fp16 conversions use here: "avx512f", "f16c" or "scalar".
-const char *dt_f16_conv_path(void);
-// Forces "scalar", "f16c" or "avx512f" (tests; DT_ERR_ARG if this CPU lacks it), or
-// "auto" / NULL to choose again.
-dt_status dt_f16_conv_set(const char *name);
 
 // ------------------------------------------------------------------ bf16 GEMM
 typedef enum dt_prec_path {
-    DT_PATH_FP32 = 0,   // widen to fp32, OpenBLAS sgemm
+    DT_PATH_FP32 = 0,   // widen to fp32, dt_sgemm
     DT_PATH_AVX512BF16, // VDPBF16PS
     DT_PATH_AMX,        // TDPBF16PS, opt-in only (see above)
     DT_PATH_COUNT_
@@ -119,23 +89,8 @@ dt_status dt_gemm_bf16_mixed(dt_prec_path path, bool trans_a, bool trans_b, int 
 dt_status dt_gemm_f32_as_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float *a,
                               int lda, const float *b, int ldb, float *c, int ldc, bool accumulate);
 
-// ------------------------------------------------------------------ AMX (amx.c)
-// Not selected by auto: only DT_PRECISION_PATH=amx (or dt_prec_path_set) uses it, since
-// it has run on no machine with AMX yet. Its driver and packing are tested here through
-// a software model of the tiles (dt_gemm_amx with emulate = true).
-typedef struct dt_gemm_opnd {
-    const void *p;
-    size_t      ld;  // row stride in elements
-    bool        f32; // float (rounded to bf16 when packed) or uint16_t bf16
-} dt_gemm_opnd;
-
-// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel let this process use tile
-// data (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once).
-bool dt_amx_usable(void);
-// C (+)= op(A) op(B) through 16 x 16 x 32 bf16 tiles (TDPBF16PS), or through the
-// software model of the same tile operations when emulate is true (any CPU).
-dt_status dt_gemm_amx(bool emulate, bool trans_a, bool trans_b, int m, int n, int k, dt_gemm_opnd a,
-                      dt_gemm_opnd b, float *c, int ldc, bool accumulate);
+// ------------------------------------------------------------------ AMX
+// dt_amx_usable and dt_gemm_amx (the tiles, or their software model): kernels/amx/amx.h.
 
 // ------------------------------------------------------------------ autocast (autocast.c)
 // What Linear and Conv2d (graph layers and the Sequential model) use in a 16-bit
@@ -144,7 +99,7 @@ dt_status dt_gemm_amx(bool emulate, bool trans_a, bool trans_b, int m, int n, in
 //         activations as they are packed), products summed in fp32 on the current GEMM
 //         path (avx512bf16, amx or the fp32 fallback); the result stays fp32.
 //   fp16: operands rounded to fp16 (no fp16 GEMM here: the rounded values are exact in
-//         fp32 and their products too, so OpenBLAS's sgemm sums them as an fp16 GEMM
+//         fp32 and their products too, so the fp32 GEMM sums them as an fp16 GEMM
 //         with fp32 accumulation would), and the product rounded to fp16, so that
 //         overflow gives inf and tiny gradients flush as they would in fp16: what the
 //         GradScaler is for.

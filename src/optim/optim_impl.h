@@ -4,6 +4,7 @@
 #define DTRAIN_OPTIM_IMPL_H
 
 #include "dtrain/optim.h"
+#include "kernels/table.h"
 
 typedef enum dt_optim_kind {
     DT_OPTIM_SGD,
@@ -66,15 +67,8 @@ dt_status dt_optim_alloc(dt_optim **out, dt_optim_kind kind, dt_params *p, size_
                          float wd);
 
 // Update loops work through the buffers in blocks of this many floats, keeping the
-// values whose square roots they need in a stack buffer (see vsqrt.c).
+// values whose square roots they need in a stack buffer (the table's vsqrt row).
 #define DT_OPTIM_BLOCK 512
-
-// Main loops run over n rounded down to a multiple of 16: at -O2 GCC vectorizes a loop
-// only when no scalar remainder is needed; the remainder gets its own short loop.
-#define DT_OPTIM_VEC_SPLIT(n) ((n) & ~(size_t)15)
-
-// x[i] = sqrtf(x[i]) for i < n, with the widest vector instructions the CPU has.
-void dt_optim_sqrt(float *x, size_t n);
 
 void dt_optim_step_sgd(dt_optim *o, size_t off, size_t poff, size_t n, float lr, float wd);
 void dt_optim_step_adam(dt_optim *o, size_t off, size_t poff, size_t n, float lr,

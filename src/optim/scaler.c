@@ -3,7 +3,7 @@
 // communication (ddp.h provides one over a dt_pg).
 #include "dtrain/optim.h"
 
-#include "core/simd.h"
+#include "kernels/table.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -68,18 +68,6 @@ bool dt_grad_scaler_found_inf(const dt_grad_scaler *s) {
     return s->unscaled && s->found_inf;
 }
 
-// g *= inv; returns whether any input was inf or NaN (checked before the multiply, as
-// PyTorch's _amp_foreach_non_finite_check_and_unscale_ does).
-DT_CLONES static bool unscale_check(float *g, size_t n, float inv) {
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        float v = g[i];
-        bad |= (v - v) != 0.0f || v != v; // inf - inf and NaN are NaN
-        g[i] = v * inv;
-    }
-    return bad != 0;
-}
-
 dt_status dt_grad_scaler_unscale(dt_grad_scaler *s, dt_params *p) {
     if (!s || !p || !dt_params_ready(p))
         return dt_fail(DT_ERR_ARG, "grad scaler: expected a scaler and parameters with storage, "
@@ -94,7 +82,7 @@ dt_status dt_grad_scaler_unscale(dt_grad_scaler *s, dt_params *p) {
         for (int t = 0; t < dt_params_count(p); t++) {
             const dt_param_info *pi = dt_params_info(p, t);
             if (pi->trainable)
-                inf |= unscale_check(g + pi->offset, pi->count, inv);
+                inf |= dt_k()->unscale_check(g + pi->offset, pi->count, inv);
         }
         if (s->o.agree) {
             float     flag = inf ? 1.0f : 0.0f;

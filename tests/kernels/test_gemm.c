@@ -1,5 +1,6 @@
 // test_gemm.c: dtrain's own GEMM (kernels/gemm.h) on every target this machine can run
-// (ref always; avx2 where the CPU has it, whatever DT_ISA says), in one process.
+// (ref always; avx2 and avx512 where the CPU has them, whatever DT_ISA says), in one
+// process.
 //
 // - Accuracy: each element against a double-precision product, within the bound of a
 //   float sum of k products accumulated one after another: |err| <= (k + 2) u sum |a b|
@@ -29,6 +30,8 @@ static int targets(dt_isa *out) {
     out[n++] = DT_ISA_REF;
     if (dt_cpu_get()->has[DT_ISA_AVX2])
         out[n++] = DT_ISA_AVX2;
+    if (dt_cpu_get()->has[DT_ISA_AVX512])
+        out[n++] = DT_ISA_AVX512;
     return n;
 }
 
@@ -140,10 +143,34 @@ static void test_partitions(void) {
     }
 }
 
+// avx512's tile runs avx2's chains on wider vectors: the same bits for every shape class.
+static void test_avx2_avx512_agree(void) {
+    if (!dt_cpu_get()->has[DT_ISA_AVX512])
+        return;
+    enum { M = 75, N = 70, K = 300 };
+    static float a[M * K], b[K * N], c2[M * N], c5[M * N];
+    unsigned     s = 11;
+    for (int i = 0; i < M * K; i++)
+        a[i] = frand(&s);
+    for (int i = 0; i < K * N; i++)
+        b[i] = frand(&s);
+    for (int tr = 0; tr < 8; tr++) {
+        bool  ta = tr & 1, tb = tr & 2;
+        float beta = tr & 4 ? 1.0f : 0.0f;
+        int   lda = ta ? M : K, ldb = tb ? K : N;
+        for (int i = 0; i < M * N; i++)
+            c2[i] = c5[i] = frand(&s);
+        dt_k_sgemm(DT_ISA_AVX2, ta, tb, M, N, K, 1.0f, a, lda, b, ldb, beta, c2, N);
+        dt_k_sgemm(DT_ISA_AVX512, ta, tb, M, N, K, 1.0f, a, lda, b, ldb, beta, c5, N);
+        CHECK(memcmp(c2, c5, sizeof c2) == 0);
+    }
+}
+
 int main(void) {
     char line[256];
     printf("# %s\n", dt_cpu_describe(line, sizeof line));
     test_accuracy();
     test_partitions();
+    test_avx2_avx512_agree();
     return check_summary();
 }

@@ -1,11 +1,16 @@
-// ops_math.h: exp over sixteen floats at once, for the ops' softmax, losses and
-// activations (libm's expf/tanhf are scalar calls, 10-40 ns each; this is a few
-// instructions per lane). Include only from DT_CLONES functions or always-inlined
-// helpers (see simd.h on the calling convention of 64-byte vectors).
-#ifndef DTRAIN_NN_OPS_MATH_H
-#define DTRAIN_NN_OPS_MATH_H
+// vmath.h: what the vector kernels share: exp over sixteen floats at once (for softmax,
+// the losses and the activations: libm's expf/tanhf are scalar calls, 10-40 ns each;
+// this is a few instructions per lane), row maxima and sums in a fixed order, and bf16
+// rounding of sixteen lanes. Always inlined, so each target's object (vec/*.c, the
+// target folders) compiles them for its own instruction set (see core/simd.h on the
+// calling convention of 64-byte vectors).
+#ifndef DTRAIN_KERNELS_VMATH_H
+#define DTRAIN_KERNELS_VMATH_H
 
 #include "core/simd.h"
+
+#include <stddef.h>
+#include <stdint.h>
 
 // e^x for each lane: x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2, ln2 split in a
 // high part exact in float and a low part (Cody-Waite), so r carries no rounding of
@@ -102,4 +107,52 @@ DT_VINLINE float dt_vmax_row(const float *row, size_t len) {
     return m;
 }
 
-#endif // DTRAIN_NN_OPS_MATH_H
+// acc[o] += row[o] for o < n, in double, eight columns per vector step (each float is
+// exact in double: the same sums, in the same order, as the scalar loop).
+typedef float   dt_v8f __attribute__((vector_size(32)));
+typedef double  dt_v8d __attribute__((vector_size(64)));
+DT_VINLINE void dt_add_row_f64(const float *row, int n, double *acc) {
+    int nv = n / 8 * 8;
+    for (int o = 0; o < nv; o += 8) {
+        dt_v8f r;
+        dt_v8d a;
+        __builtin_memcpy(&r, row + o, sizeof r);
+        __builtin_memcpy(&a, acc + o, sizeof a);
+        a += __builtin_convertvector(r, dt_v8d);
+        __builtin_memcpy(acc + o, &a, sizeof a);
+    }
+    for (int o = nv; o < n; o++)
+        acc[o] += row[o];
+}
+
+// For the few helpers that ran as baseline x86-64 code (out of line, called from every
+// multiversioned kernel) before the kernels were compiled per target: their products and
+// sums stay separately rounded on every target (no FMA contraction), so their bits are
+// what they always were. Out of line, as they were.
+#if defined(__GNUC__) && !defined(__clang__)
+#define DT_NO_FMA __attribute__((noinline, optimize("fp-contract=off")))
+#else
+#define DT_NO_FMA __attribute__((noinline))
+#endif
+
+// Sixteen lanes of bit patterns (simd.h's conventions: always inlined, memcpy loads).
+typedef uint32_t dt_v16u __attribute__((vector_size(64)));
+typedef uint16_t dt_v16h __attribute__((vector_size(32)));
+
+// fp32 bit patterns rounded to bf16 (to nearest even; NaN made quiet), returned as fp32
+// patterns whose low 16 bits are zero: >> 16 gives the bf16 bits.
+DT_VINLINE dt_v16u dt_round_bf16_v16(dt_v16u u) {
+    dt_v16u r   = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    dt_v16u q   = (u & 0xffff0000u) | 0x400000u;
+    dt_v16u nan = (dt_v16u)((u & 0x7fffffffu) > 0x7f800000u); // all ones where NaN
+    return (q & nan) | (r & ~nan);
+}
+// Sixteen floats at src to bf16 at dst.
+DT_VINLINE void dt_f32_to_bf16_16(const float *src, uint16_t *dst) {
+    dt_v16u u;
+    __builtin_memcpy(&u, src, sizeof u);
+    dt_v16h h = __builtin_convertvector(dt_round_bf16_v16(u) >> 16, dt_v16h);
+    __builtin_memcpy(dst, &h, sizeof h);
+}
+
+#endif // DTRAIN_KERNELS_VMATH_H

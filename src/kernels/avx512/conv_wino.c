@@ -1,7 +1,8 @@
-// conv_wino.c: stride-1 3x3 convolutions as Winograd F(2x2, 3x3) (conv_cl_impl.h), on
+// conv_wino.c: stride-1 3x3 convolutions as Winograd F(2x2, 3x3) (conv_cl.h), on
 // the register blocks of conv_cl.c: the forward, and through it the input gradient (a
 // convolution of dy with the flipped weights).
-#include "nn/conv_cl_impl.h"
+#include "kernels/avx512/conv_cl.h"
+#include "kernels/vmath.h"
 
 // ------------------------------------------------------- forward, Winograd F(2x2, 3x3)
 
@@ -21,14 +22,14 @@ typedef struct wino {
 // channels (16->16 at 28x28: 0.83x the direct kernel's time, 32->32 at 14x14: 0.75x,
 // 64->64 at 7x7, where 8x8 tiles cover the 7x7 outputs: 0.9x).
 // (DT_CONV_WINO=1 takes it for every shape it fits, =0 never.)
-bool dt_nn_wino_fits(const dt_nn_conv2d *p) {
+bool dt_kwino_fits(const dt_kconv *p) {
     return CL_KERNELS && p->kh == 3 && p->kw == 3 && p->sh == 1 && p->sw == 1 && p->groups == 1 &&
            p->cout % 16 == 0;
 }
 
-bool dt_nn_wino_ok(const dt_nn_conv2d *p, int h, int w) {
+bool dt_kwino_ok(const dt_kconv *p, int h, int w) {
     int tiles = ((h + 2 * p->ph - 1) / 2) * ((w + 2 * p->pw - 1) / 2);
-    if (!dt_nn_wino_fits(p) || getenv_is("DT_CONV_WINO", "0"))
+    if (!dt_kwino_fits(p) || getenv_is("DT_CONV_WINO", "0"))
         return false;
     return getenv_is("DT_CONV_WINO", "1") || (p->cin >= 16 && tiles >= 16);
 }
@@ -36,14 +37,14 @@ bool dt_nn_wino_ok(const dt_nn_conv2d *p, int h, int w) {
 // Floats between the 16 planes of V and of M: 64 bytes more than their size, so that
 // the 16 loads or stores of one tile's transform do not all fall in one cache set (at
 // 7x7, 16 tiles x 64 channels is exactly 4 KiB).
-static size_t wino_vst(const dt_nn_conv2d *p, int T) {
+static size_t wino_vst(const dt_kconv *p, int T) {
     return (size_t)p->cin * T + 16;
 }
-static size_t wino_mst(const dt_nn_conv2d *p, int T) {
+static size_t wino_mst(const dt_kconv *p, int T) {
     return (size_t)T * p->cout + 16;
 }
 
-static wino wino_of(const dt_nn_conv2d *p, int h, int w) {
+static wino wino_of(const dt_kconv *p, int h, int w) {
     wino z;
     int  ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2;
     z.th  = (ho + 1) / 2;
@@ -59,23 +60,23 @@ static wino wino_of(const dt_nn_conv2d *p, int h, int w) {
     return z;
 }
 
-size_t dt_nn_wino_scratch(const dt_nn_conv2d *p, int h, int w) {
+size_t dt_kwino_scratch(const dt_kconv *p, int h, int w) {
     wino z = wino_of(p, h, w);
     return z.ycl + ((size_t)4 * z.T + 16) * p->cout;
 }
 
-bool dt_nn_wino_dx(const dt_nn_conv2d *p, int h, int w) {
+bool dt_kwino_dx(const dt_kconv *p, int h, int w) {
     if (p->sh != 1 || p->sw != 1)
         return false;
-    dt_nn_conv2d t  = transposed_conv(p);
-    int          ho = h + 2 * p->ph - p->kh + 1, wo = w + 2 * p->pw - p->kw + 1;
-    return t.ph >= 0 && t.pw >= 0 && dt_nn_wino_ok(&t, ho, wo);
+    dt_kconv t  = transposed_conv(p);
+    int      ho = h + 2 * p->ph - p->kh + 1, wo = w + 2 * p->pw - p->kw + 1;
+    return t.ph >= 0 && t.pw >= 0 && dt_kwino_ok(&t, ho, wo);
 }
 
 #if CL_KERNELS
 // V[xi][c][tile] = (B^T d B)[xi] of sample xs's 4x4 patches (planes vst floats apart,
 // channels T apart), through the padded input xp (zero margins, z.lx floats a row).
-CL_TARGET static inline __attribute__((always_inline)) void wino_input(const dt_nn_conv2d *p,
+CL_TARGET static inline __attribute__((always_inline)) void wino_input(const dt_kconv *p,
                                                                        const wino *zp, int h, int w,
                                                                        const float *xs, float *xp,
                                                                        float *Vt, size_t vst) {
@@ -132,16 +133,16 @@ static const double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0,
 
 // One call's state: the geometry, the transformed weights and the per-sample buffers.
 typedef struct wino_fwd {
-    const dt_nn_conv2d *p;
-    wino                z;
-    int                 h, w, ho, wo;
-    size_t              vst, mst;
-    float              *U, *xp, *Vt, *M, *ycl;
+    const dt_kconv *p;
+    wino            z;
+    int             h, w, ho, wo;
+    size_t          vst, mst;
+    float          *U, *xp, *Vt, *M, *ycl;
 } wino_fwd;
 
 // U[xi][c][o] = (G g G^T)[xi] (in double), the padding zeroed.
-CL_TARGET static void wino_fwd_begin(wino_fwd *f, const dt_nn_conv2d *p, int h, int w,
-                                     const float *wt, float *scratch) {
+CL_TARGET static void wino_fwd_begin(wino_fwd *f, const dt_kconv *p, int h, int w, const float *wt,
+                                     float *scratch) {
     f->p   = p;
     f->z   = wino_of(p, h, w);
     f->h   = h;
@@ -171,13 +172,13 @@ CL_TARGET static void wino_fwd_begin(wino_fwd *f, const dt_nn_conv2d *p, int h, 
 // One sample: xs (cin, h, w) -> ys (cout, ho, wo), + b (NULL: none).
 CL_TARGET static void wino_fwd_sample(const wino_fwd *f, const float *xs, const float *b,
                                       float *ys) {
-    const dt_nn_conv2d *p = f->p;
-    wino                z = f->z;
-    int       cin = p->cin, cout = p->cout, ho = f->ho, wo = f->wo, T = z.T, W2 = 2 * z.tw;
-    size_t    vst = f->vst, mst = f->mst;
-    float    *U = f->U, *Vt = f->Vt, *M = f->M, *ycl = f->ycl;
-    int       V = cout % 32 == 0 ? 2 : 1, lanes = 16 * V;
-    const int zero[1] = {0};
+    const dt_kconv *p   = f->p;
+    wino            z   = f->z;
+    int             cin = p->cin, cout = p->cout, ho = f->ho, wo = f->wo, T = z.T, W2 = 2 * z.tw;
+    size_t          vst = f->vst, mst = f->mst;
+    float          *U = f->U, *Vt = f->Vt, *M = f->M, *ycl = f->ycl;
+    int             V = cout % 32 == 0 ? 2 : 1, lanes = 16 * V;
+    const int       zero[1] = {0};
     wino_input(p, &z, f->h, f->w, xs, f->xp, Vt, vst);
     // M[xi][og][tile][lane] = sum_c V[xi][c][tile] * U[xi][c][og*lanes + lane]: the
     // register blocks write their tiles straight into M
@@ -221,8 +222,8 @@ CL_TARGET static void wino_fwd_sample(const wino_fwd *f, const float *xs, const 
                             p->bias ? b + c0 : NULL, wo - j0);
 }
 
-CL_TARGET void dt_nn_wino_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
-                                  const float *wt, const float *b, float *y, float *scratch) {
+CL_TARGET void dt_kwino_forward(const dt_kconv *p, int n, int h, int w, const float *x,
+                                const float *wt, const float *b, float *y, float *scratch) {
     wino_fwd f;
     wino_fwd_begin(&f, p, h, w, wt, scratch);
     for (int s = 0; s < n; s++)
@@ -242,9 +243,9 @@ CL_TARGET void dt_nn_wino_forward(const dt_nn_conv2d *p, int n, int h, int w, co
 // on register blocks of R input channels x 16*V output channels (a dM vector loaded, R
 // V values broadcast), summed in dU over the samples; G^T dU G once per call, in double.
 // (DT_CONV_WINO_DW=0: the direct kernels; 1: wherever it fits.)
-bool dt_nn_wino_dw_ok(const dt_nn_conv2d *p, int h, int w) {
+bool dt_kwino_dw_ok(const dt_kconv *p, int h, int w) {
     int tiles = ((h + 2 * p->ph - 1) / 2) * ((w + 2 * p->pw - 1) / 2);
-    if (!dt_nn_wino_fits(p) || p->cin % 8 || getenv_is("DT_CONV_WINO_DW", "0") ||
+    if (!dt_kwino_fits(p) || p->cin % 8 || getenv_is("DT_CONV_WINO_DW", "0") ||
         getenv_is("DT_CONV_WINO", "0"))
         return false;
     return getenv_is("DT_CONV_WINO_DW", "1") || (p->cin >= 16 && tiles >= 16);
@@ -255,7 +256,7 @@ typedef struct wino_dw_layout {
     size_t du, xp, v, dycl, dm;
 } wino_dw_layout;
 
-static wino_dw_layout wino_dw_of(const dt_nn_conv2d *p, int h, int w, const wino *z) {
+static wino_dw_layout wino_dw_of(const dt_kconv *p, int h, int w, const wino *z) {
     wino_dw_layout d;
     size_t         ho = (size_t)h + 2 * p->ph - 2, wo = (size_t)w + 2 * p->pw - 2;
     d.du   = 0;
@@ -266,16 +267,16 @@ static wino_dw_layout wino_dw_of(const dt_nn_conv2d *p, int h, int w, const wino
     return d;
 }
 
-size_t dt_nn_wino_dw_scratch(const dt_nn_conv2d *p, int h, int w) {
+size_t dt_kwino_dw_scratch(const dt_kconv *p, int h, int w) {
     wino z = wino_of(p, h, w);
     return wino_dw_of(p, h, w, &z).dm + 16 * wino_mst(p, z.T);
 }
 
-size_t dt_nn_wino_backward_scratch(const dt_nn_conv2d *p, int h, int w) {
-    dt_nn_conv2d t  = transposed_conv(p);
-    int          ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2;
-    return (size_t)9 * p->cin * p->cout + dt_nn_wino_scratch(&t, ho, wo) +
-           dt_nn_wino_dw_scratch(p, h, w);
+size_t dt_kwino_backward_scratch(const dt_kconv *p, int h, int w) {
+    dt_kconv t  = transposed_conv(p);
+    int      ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2;
+    return (size_t)9 * p->cin * p->cout + dt_kwino_scratch(&t, ho, wo) +
+           dt_kwino_dw_scratch(p, h, w);
 }
 
 #if CL_KERNELS
@@ -311,15 +312,14 @@ DEFINE_WDW(wdw_8x2, 8, 2)
 
 // One call's state.
 typedef struct wino_dwc {
-    const dt_nn_conv2d *p;
-    wino                z;
-    int                 h, w, ho, wo;
-    size_t              vst, mst;
-    float              *dU, *xp, *Vt, *dycl, *dM;
+    const dt_kconv *p;
+    wino            z;
+    int             h, w, ho, wo;
+    size_t          vst, mst;
+    float          *dU, *xp, *Vt, *dycl, *dM;
 } wino_dwc;
 
-CL_TARGET static void wino_dw_begin(wino_dwc *d, const dt_nn_conv2d *p, int h, int w,
-                                    float *scratch) {
+CL_TARGET static void wino_dw_begin(wino_dwc *d, const dt_kconv *p, int h, int w, float *scratch) {
     d->p              = p;
     d->z              = wino_of(p, h, w);
     wino_dw_layout lo = wino_dw_of(p, h, w, &d->z);
@@ -338,13 +338,13 @@ CL_TARGET static void wino_dw_begin(wino_dwc *d, const dt_nn_conv2d *p, int h, i
 // One sample's products into dU (and db += the sums of dy when p->bias and db).
 CL_TARGET static void wino_dw_sample(const wino_dwc *d, const float *xs, const float *dys,
                                      float *db) {
-    const dt_nn_conv2d *p   = d->p;
-    wino                z   = d->z;
-    int                 cin = p->cin, cout = p->cout, ho = d->ho, wo = d->wo, T = z.T;
-    size_t              vst = d->vst, mst = d->mst, hwo = (size_t)ho * wo;
-    float              *dU = d->dU, *xp = d->xp, *Vt = d->Vt, *dycl = d->dycl, *dM = d->dM;
-    int                 Vw = cout % 32 == 0 ? 2 : 1, R = Vw == 1 && cin % 16 == 0 ? 16 : 8;
-    const __m512        zero = _mm512_setzero_ps();
+    const dt_kconv *p   = d->p;
+    wino            z   = d->z;
+    int             cin = p->cin, cout = p->cout, ho = d->ho, wo = d->wo, T = z.T;
+    size_t          vst = d->vst, mst = d->mst, hwo = (size_t)ho * wo;
+    float          *dU = d->dU, *xp = d->xp, *Vt = d->Vt, *dycl = d->dycl, *dM = d->dM;
+    int             Vw = cout % 32 == 0 ? 2 : 1, R = Vw == 1 && cin % 16 == 0 ? 16 : 8;
+    const __m512    zero = _mm512_setzero_ps();
     wino_input(p, &z, d->h, d->w, xs, xp, Vt, vst);
     if (p->bias && db)
         for (int o = 0; o < cout; o++) {
@@ -404,8 +404,9 @@ CL_TARGET static void wino_dw_sample(const wino_dwc *d, const float *xs, const f
     }
 }
 
-// dw[o][c] += G^T dU[.][c][o] G, in double.
-static void wino_dw_end(const wino_dwc *d, float *dw) {
+// dw[o][c] += G^T dU[.][c][o] G, in double (baseline code, called out of line, before
+// the folder was compiled for AVX-512: DT_NO_FMA keeps its roundings).
+DT_NO_FMA static void wino_dw_end(const wino_dwc *d, float *dw) {
     int cin = d->p->cin, cout = d->p->cout;
     for (int o = 0; o < cout; o++)
         for (int c = 0; c < cin; c++) {
@@ -423,8 +424,8 @@ static void wino_dw_end(const wino_dwc *d, float *dw) {
         }
 }
 
-CL_TARGET void dt_nn_wino_dw(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
-                             const float *dy, float *dw, float *db, float *scratch) {
+CL_TARGET void dt_kwino_dw(const dt_kconv *p, int n, int h, int w, const float *x, const float *dy,
+                           float *dw, float *db, float *scratch) {
     wino_dwc d;
     wino_dw_begin(&d, p, h, w, scratch);
     for (int s = 0; s < n; s++)
@@ -436,13 +437,13 @@ CL_TARGET void dt_nn_wino_dw(const dt_nn_conv2d *p, int n, int h, int w, const f
 // Both gradients, sample by sample, so each sample's dy is read from memory once: the
 // input gradient as the Winograd forward of the transposed convolution (the flipped
 // weights), the weight gradient as above.
-CL_TARGET void dt_nn_wino_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
-                                   const float *wt, const float *dy, float *dx, float *dw,
-                                   float *db, float *scratch) {
-    dt_nn_conv2d t  = transposed_conv(p);
-    int          ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2, kk = 9;
-    float       *wf = scratch, *fs = wf + (size_t)kk * p->cin * p->cout;
-    float       *ds = fs + dt_nn_wino_scratch(&t, ho, wo);
+CL_TARGET void dt_kwino_backward(const dt_kconv *p, int n, int h, int w, const float *x,
+                                 const float *wt, const float *dy, float *dx, float *dw, float *db,
+                                 float *scratch) {
+    dt_kconv t  = transposed_conv(p);
+    int      ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2, kk = 9;
+    float   *wf = scratch, *fs = wf + (size_t)kk * p->cin * p->cout;
+    float   *ds = fs + dt_kwino_scratch(&t, ho, wo);
     for (int o = 0; o < p->cout; o++) // wf[c][o][ki][kj] = w[o][c][2-ki][2-kj]
         for (int c = 0; c < p->cin; c++)
             for (int t2 = 0; t2 < kk; t2++)

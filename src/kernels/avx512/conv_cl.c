@@ -22,25 +22,20 @@
 //
 // Sums run in a fixed order (taps, then channels, then pixels row by row; per sample,
 // then over samples), so results do not vary from run to run.
-#include "nn/conv_cl_impl.h"
+#include "kernels/avx512/conv_cl.h"
 
+// The table holds these kernels only where the avx512 target is on (fill.c).
 static bool cpu_ok(void) {
-#if CL_KERNELS
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
-#else
-    return false;
-#endif
+    return CL_KERNELS;
 }
 
-bool dt_nn_conv_cl_forward_ok(const dt_nn_conv2d *p) {
+bool dt_kcl_forward_ok(const dt_kconv *p) {
     return p->groups == 1 && p->cout % 16 == 0 && cpu_ok();
 }
 
-static bool stem_ok(const dt_nn_conv2d *p, int w);
+static bool stem_ok(const dt_kconv *p, int w);
 
-bool dt_nn_conv_cl_backward_ok(const dt_nn_conv2d *p, int w, bool input_grad) {
+bool dt_kcl_backward_ok(const dt_kconv *p, int w, bool input_grad) {
     return ((p->groups == 1 && p->cout % 16 == 0 && p->cin % 8 == 0 &&
              (!input_grad || p->cin % 16 == 0)) ||
             (stem_ok(p, w) && !input_grad)) &&
@@ -61,7 +56,7 @@ typedef struct geom {
     size_t gst; // floats between output-gradient planes
 } geom;
 
-static geom geom_of(const dt_nn_conv2d *p, int h, int w) {
+static geom geom_of(const dt_kconv *p, int h, int w) {
     geom g;
     g.ho  = out_len(h, p->ph, p->kh, p->sh);
     g.wo  = out_len(w, p->pw, p->kw, p->sw);
@@ -82,7 +77,7 @@ static size_t ints_in_floats(size_t n) {
     return (n * sizeof(int) + sizeof(float) - 1) / sizeof(float);
 }
 
-size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
+size_t dt_kcl_scratch(const dt_kconv *p, int h, int w) {
     geom   g     = geom_of(p, h, w);
     size_t wsize = (size_t)g.kk * p->cin * p->cout;
     size_t fwd   = wsize + (size_t)p->cin * g.cst + ints_in_floats(2 * (size_t)g.kk) + g.wp + 64;
@@ -91,21 +86,21 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
                  ints_in_floats(2 * (size_t)g.kk + (size_t)p->sh * p->sw + 1) +
                  ((size_t)h * w + 16) * p->cin;
     if (p->sh == 1 && p->sw == 1) {
-        dt_nn_conv2d t = transposed_conv(p);
-        if (t.ph >= 0 && t.pw >= 0 && dt_nn_wino_fits(&t)) {
+        dt_kconv t = transposed_conv(p);
+        if (t.ph >= 0 && t.pw >= 0 && dt_kwino_fits(&t)) {
             size_t d = 3 * wsize + (size_t)p->cout * g.gst + (size_t)g.ho * g.wo * p->cout +
-                       (size_t)g.hp * g.wp * p->cin + dt_nn_wino_scratch(&t, g.ho, g.wo);
+                       (size_t)g.hp * g.wp * p->cin + dt_kwino_scratch(&t, g.ho, g.wo);
             bwd = bwd > d ? bwd : d;
         }
     }
-    if (dt_nn_wino_fits(p)) {
-        size_t d = dt_nn_wino_dw_scratch(p, h, w), e = dt_nn_wino_backward_scratch(p, h, w);
+    if (dt_kwino_fits(p)) {
+        size_t d = dt_kwino_dw_scratch(p, h, w), e = dt_kwino_backward_scratch(p, h, w);
         bwd = bwd > d ? bwd : d;
         bwd = bwd > e ? bwd : e;
     }
     size_t stem = (size_t)g.hp * STEM_LD + (size_t)p->cout * 9 * 16; // + the backward's sums
-    if (dt_nn_wino_fits(p)) {
-        size_t z = dt_nn_wino_scratch(p, h, w);
+    if (dt_kwino_fits(p)) {
+        size_t z = dt_kwino_scratch(p, h, w);
         stem     = stem > z ? stem : z;
     }
     fwd = fwd > stem ? fwd : stem;
@@ -120,13 +115,13 @@ size_t dt_nn_conv_cl_scratch(const dt_nn_conv2d *p, int h, int w) {
 // 4 output channels at a time take their 9 weights as broadcasts; rows are stored
 // straight into y with masks.
 
-static bool stem_ok(const dt_nn_conv2d *p, int w) {
+static bool stem_ok(const dt_kconv *p, int w) {
     return CL_KERNELS && p->cin == 1 && p->kh == 3 && p->kw == 3 && p->sh == 1 && p->sw == 1 &&
            p->cout % 4 == 0 && w + 2 * p->pw - 2 <= 32;
 }
 
 #if CL_KERNELS
-CL_TARGET static void stem_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+CL_TARGET static void stem_forward(const dt_kconv *p, int n, int h, int w, const float *x,
                                    const float *wt, const float *b, float *y, float *xp) {
     int       ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2, hp = h + 2 * p->ph;
     __mmask16 m0 = wo >= 16 ? 0xFFFF : (__mmask16)((1u << wo) - 1),
@@ -167,7 +162,7 @@ CL_TARGET static void stem_forward(const dt_nn_conv2d *p, int n, int h, int w, c
 // times dy[o], with the pixels of an output row in the lanes, as its forward. Each
 // (channel, tap) keeps sixteen lane sums over a sample's rows, added into `acc` per
 // sample; the lanes are added up once, in double, at the end.
-CL_TARGET static void stem_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
+CL_TARGET static void stem_backward(const dt_kconv *p, int n, int h, int w, const float *x,
                                     const float *dy, float *dw, float *db, float *scratch) {
     int       ho = h + 2 * p->ph - 2, wo = w + 2 * p->pw - 2, hp = h + 2 * p->ph;
     __mmask16 m0 = wo >= 16 ? 0xFFFF : (__mmask16)((1u << wo) - 1),
@@ -212,15 +207,15 @@ CL_TARGET static void stem_backward(const dt_nn_conv2d *p, int n, int h, int w, 
 }
 #endif
 
-CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
-                                     const float *wt, const float *b, float *y, float *scratch) {
+CL_TARGET void dt_kcl_forward(const dt_kconv *p, int n, int h, int w, const float *x,
+                              const float *wt, const float *b, float *y, float *scratch) {
 #if CL_KERNELS
     if (stem_ok(p, w)) {
         stem_forward(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
-    if (dt_nn_wino_ok(p, h, w)) {
-        dt_nn_wino_forward(p, n, h, w, x, wt, b, y, scratch);
+    if (dt_kwino_ok(p, h, w)) {
+        dt_kwino_forward(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
     geom   g  = geom_of(p, h, w);
@@ -287,7 +282,7 @@ CL_TARGET void dt_nn_conv_cl_forward(const dt_nn_conv2d *p, int n, int h, int w,
             }
         }
     }
-#else // never called: dt_nn_conv_cl_forward_ok says no
+#else // never called: dt_kcl_forward_ok says no
     (void)p, (void)n, (void)h, (void)w, (void)x, (void)wt, (void)b, (void)y, (void)scratch;
     (void)stem_ok;
 #endif
@@ -330,9 +325,9 @@ DEFINE_DW(dw_16x1, 16, 1)
 DEFINE_DW(dw_8x1, 8, 1)
 DEFINE_DW(dw_8x2, 8, 2)
 
-CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
-                                      const float *wt, const float *dy, float *dx, float *dw,
-                                      float *db, float *scratch) {
+CL_TARGET void dt_kcl_backward(const dt_kconv *p, int n, int h, int w, const float *x,
+                               const float *wt, const float *dy, float *dx, float *dw, float *db,
+                               float *scratch) {
 #if CL_KERNELS
     if (stem_ok(p, w) && !dx) {
         stem_backward(p, n, h, w, x, dy, dw, db, scratch);
@@ -347,25 +342,25 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
         *ph0 = tw + kk; // taps of phase f: [ph0[f], ph0[f + 1])
     // strided input gradient, channels-last (16 pixels of slack for the transposes)
     float *dxcl = (float *)(void *)(ph0 + sh * sw + 1);
-    if (dx && dt_nn_wino_dx(p, h, w) && dt_nn_wino_dw_ok(p, h, w)) {
-        dt_nn_wino_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
+    if (dx && dt_kwino_dx(p, h, w) && dt_kwino_dw_ok(p, h, w)) {
+        dt_kwino_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return;
     }
-    if (dx && dt_nn_wino_dx(p, h, w)) {
+    if (dx && dt_kwino_dx(p, h, w)) {
         // dx first, as one Winograd convolution of dy; then dw alone below. Scratch:
         // the weight gradient's buffers, the flipped weights, Winograd's.
-        dt_nn_conv2d t  = transposed_conv(p);
-        float       *wf = xcl + (size_t)g.hp * g.wp * cin, *ws = wf + wsize;
+        dt_kconv t  = transposed_conv(p);
+        float   *wf = xcl + (size_t)g.hp * g.wp * cin, *ws = wf + wsize;
         for (int o = 0; o < cout; o++) // wf[c][o][ki][kj] = w[o][c][kh-1-ki][kw-1-kj]
             for (int c = 0; c < cin; c++)
                 for (int t2 = 0; t2 < kk; t2++)
                     wf[((size_t)c * cout + o) * kk + t2] =
                         wt[((size_t)o * cin + c) * kk + kk - 1 - t2];
-        dt_nn_wino_forward(&t, n, g.ho, g.wo, dy, wf, NULL, dx, ws);
+        dt_kwino_forward(&t, n, g.ho, g.wo, dy, wf, NULL, dx, ws);
         dx = NULL;
     }
-    if (!dx && dt_nn_wino_dw_ok(p, h, w)) { // the weight gradient alone, as Winograd too
-        dt_nn_wino_dw(p, n, h, w, x, dy, dw, db, scratch);
+    if (!dx && dt_kwino_dw_ok(p, h, w)) { // the weight gradient alone, as Winograd too
+        dt_kwino_dw(p, n, h, w, x, dy, dw, db, scratch);
         return;
     }
     if (dx) {
@@ -495,7 +490,7 @@ CL_TARGET void dt_nn_conv_cl_backward(const dt_nn_conv2d *p, int n, int h, int w
         for (int c = 0; c < cin; c++)
             for (int t = 0; t < kk; t++)
                 dw[((size_t)o * cin + c) * kk + t] += dwt[((size_t)t * cin + c) * cout + o];
-#else // never called: dt_nn_conv_cl_backward_ok says no
+#else // never called: dt_kcl_backward_ok says no
     (void)p, (void)n, (void)h, (void)w, (void)x, (void)wt, (void)dy, (void)dx, (void)dw, (void)db;
     (void)scratch;
 #endif

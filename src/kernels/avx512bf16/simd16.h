@@ -1,10 +1,7 @@
 // simd16.h: AVX-512 helpers shared by the bf16 kernels (gemm16.c, conv16.c), for
-// functions compiled with target("avx512f,avx512bw,avx512bf16") only (DT_SIMD16_TARGET).
-#ifndef DTRAIN_NN_SIMD16_H
-#define DTRAIN_NN_SIMD16_H
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include "nn/prec.h"
+// functions compiled with target("avx512f,avx512bw,avx512bf16") (DT_SIMD16_TARGET).
+#ifndef DTRAIN_KERNELS_AVX512BF16_SIMD16_H
+#define DTRAIN_KERNELS_AVX512BF16_SIMD16_H
 
 #include <immintrin.h>
 
@@ -38,10 +35,10 @@ DT_SIMD16_INLINE void dt_transpose16_epi32(__m512i *r) {
     }
 }
 
-// 16 floats rounded to bf16 (prec.h's dt_round_bf16_v16 in intrinsics: to nearest even,
+// 16 floats rounded to bf16 (vmath.h's dt_round_bf16_v16 in intrinsics: to nearest even,
 // NaN made quiet), each in the high half of its 32-bit lane (the low half zero). In
 // intrinsics because clang refuses 64-byte generic vectors passed between a function
-// with AVX-512 and one without (prec.h's helpers have no target of their own).
+// with AVX-512 and one without (vmath.h's helpers have no target of their own).
 DT_SIMD16_INLINE __m512i dt_round_bf16_hi(__m512 x) {
     __m512i u = _mm512_castps_si512(x), hi = _mm512_set1_epi32((int)0xffff0000u);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -52,6 +49,4 @@ DT_SIMD16_INLINE __m512i dt_round_bf16_hi(__m512 x) {
                                               _mm512_set1_epi32(0x7f800000));
     return _mm512_mask_blend_epi32(isnan, r, q);
 }
-#endif
-
-#endif // DTRAIN_NN_SIMD16_H
+#endif // DTRAIN_KERNELS_AVX512BF16_SIMD16_H

@@ -1,14 +1,33 @@
-// conv_cl_impl.h: what the channels-in-lanes convolutions (conv_cl.c) and their
-// Winograd forms (conv_wino.c) share: the AVX-512 register blocks, the in-register
-// transposes and row copies, and the Winograd entry points. Internal to src/nn.
-#ifndef DTRAIN_NN_CONV_CL_IMPL_H
-#define DTRAIN_NN_CONV_CL_IMPL_H
+// conv_cl.h: Conv2d kernels with channels in the vector lanes (conv_cl.c), for the small
+// images of the ResNet workload, and what they share with their Winograd forms
+// (conv_wino.c): the AVX-512 register blocks, the in-register transposes and row copies,
+// and the Winograd entry points. The avx512 target's conv2d rows (fill.c); internal to
+// src/kernels/avx512.
+#ifndef DTRAIN_KERNELS_AVX512_CONV_CL_H
+#define DTRAIN_KERNELS_AVX512_CONV_CL_H
 
 #include "core/simd.h"
-#include "nn/conv_cl.h"
+#include "kernels/table.h"
+
+#include <stdbool.h>
+#include <stddef.h>
 
 #include <stdlib.h>
 #include <string.h>
+
+// Which parts the kernels take: forward needs groups 1 and cout a multiple of 16; the
+// input gradient needs cin a multiple of 16 too; the weight gradient cout a multiple
+// of 16 and cin a multiple of 8, or a 1-channel 3x3 stride-1 stem of rows up to 32
+// wide (w the input's width) without the input gradient.
+bool dt_kcl_forward_ok(const dt_kconv *p);
+bool dt_kcl_backward_ok(const dt_kconv *p, int w, bool input_grad);
+// Scratch in floats for either direction.
+size_t dt_kcl_scratch(const dt_kconv *p, int h, int w);
+// As the conv2d rows (nn/ops.h's dt_nn_conv2d_forward / _backward).
+void dt_kcl_forward(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
+                    const float *b, float *y, float *scratch);
+void dt_kcl_backward(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
+                     const float *dy, float *dx, float *dw, float *db, float *scratch);
 
 // The kernels are AVX-512 code: a broadcast must be one load (vbroadcastss from memory
 // or an FMA's embedded broadcast), since a broadcast from a register takes a slot of
@@ -51,13 +70,13 @@ static inline bool getenv_is(const char *name, const char *value) {
 // The input gradient of a stride-1 convolution is the stride-1 convolution of the
 // output gradient with the weights flipped and transposed (cout <-> cin) and padding
 // k - 1 - p: Winograd takes it when that convolution fits.
-static dt_nn_conv2d transposed_conv(const dt_nn_conv2d *p) {
-    dt_nn_conv2d t = *p;
-    t.cin          = p->cout;
-    t.cout         = p->cin;
-    t.ph           = p->kh - 1 - p->ph;
-    t.pw           = p->kw - 1 - p->pw;
-    t.bias         = false;
+static inline dt_kconv transposed_conv(const dt_kconv *p) {
+    dt_kconv t = *p;
+    t.cin      = p->cout;
+    t.cout     = p->cin;
+    t.ph       = p->kh - 1 - p->ph;
+    t.pw       = p->kw - 1 - p->pw;
+    t.bias     = false;
     return t;
 }
 
@@ -267,29 +286,28 @@ CL_TARGET static inline __attribute__((always_inline)) void split2(const float *
 
 // Whether Winograd F(2x2, 3x3) fits a convolution (stride-1 3x3, groups 1, cout a
 // multiple of 16) and whether it is taken for this image size (DT_CONV_WINO).
-bool dt_nn_wino_fits(const dt_nn_conv2d *p);
-bool dt_nn_wino_ok(const dt_nn_conv2d *p, int h, int w);
+bool dt_kwino_fits(const dt_kconv *p);
+bool dt_kwino_ok(const dt_kconv *p, int h, int w);
 // Whether the input gradient of p (stride 1) runs as a Winograd convolution of dy.
-bool dt_nn_wino_dx(const dt_nn_conv2d *p, int h, int w);
-// Scratch floats of dt_nn_wino_forward.
-size_t dt_nn_wino_scratch(const dt_nn_conv2d *p, int h, int w);
-// As dt_nn_conv2d_forward, for a convolution dt_nn_wino_fits takes.
-void dt_nn_wino_forward(const dt_nn_conv2d *p, int n, int h, int w, const float *x, const float *wt,
-                        const float *b, float *y, float *scratch);
+bool dt_kwino_dx(const dt_kconv *p, int h, int w);
+// Scratch floats of dt_kwino_forward.
+size_t dt_kwino_scratch(const dt_kconv *p, int h, int w);
+// As the conv2d forward, for a convolution dt_kwino_fits takes.
+void dt_kwino_forward(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
+                      const float *b, float *y, float *scratch);
 
-// The weight gradient of a convolution dt_nn_wino_fits takes, through the same
+// The weight gradient of a convolution dt_kwino_fits takes, through the same
 // transforms (and db += the sums of dy when p->bias and db): whether it is taken
 // (cin a multiple of 8; DT_CONV_WINO_DW), its scratch floats, the call (dw ADDED to).
-bool   dt_nn_wino_dw_ok(const dt_nn_conv2d *p, int h, int w);
-size_t dt_nn_wino_dw_scratch(const dt_nn_conv2d *p, int h, int w);
-void   dt_nn_wino_dw(const dt_nn_conv2d *p, int n, int h, int w, const float *x, const float *dy,
-                     float *dw, float *db, float *scratch);
+bool   dt_kwino_dw_ok(const dt_kconv *p, int h, int w);
+size_t dt_kwino_dw_scratch(const dt_kconv *p, int h, int w);
+void dt_kwino_dw(const dt_kconv *p, int n, int h, int w, const float *x, const float *dy, float *dw,
+                 float *db, float *scratch);
 
-// Both gradients of a stride-1 3x3 convolution for which dt_nn_wino_dx and
-// dt_nn_wino_dw_ok hold, in one pass over the samples (dx written, dw and db added).
-size_t dt_nn_wino_backward_scratch(const dt_nn_conv2d *p, int h, int w);
-void   dt_nn_wino_backward(const dt_nn_conv2d *p, int n, int h, int w, const float *x,
-                           const float *wt, const float *dy, float *dx, float *dw, float *db,
-                           float *scratch);
+// Both gradients of a stride-1 3x3 convolution for which dt_kwino_dx and
+// dt_kwino_dw_ok hold, in one pass over the samples (dx written, dw and db added).
+size_t dt_kwino_backward_scratch(const dt_kconv *p, int h, int w);
+void   dt_kwino_backward(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
+                         const float *dy, float *dx, float *dw, float *db, float *scratch);
 
-#endif // DTRAIN_NN_CONV_CL_IMPL_H
+#endif // DTRAIN_KERNELS_AVX512_CONV_CL_H

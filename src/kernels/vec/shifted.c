@@ -8,21 +8,18 @@
 // AVX-512's 32 registers; each step loads 3 input vectors and broadcasts 8 weights for
 // 24 multiply-adds, so the loop is bound by FMA throughput rather than by loads.
 // Measured on this machine's AVX-512 cores: the ConvNet's second convolution runs at
-// ~240 GFLOP/s per core this way, against ~100 for im2col + OpenBLAS (which is pinned
-// to its AVX2 kernels here). Without AVX-512 the 24 accumulators do not fit the
-// registers; conv2d.c then uses im2col + OpenBLAS instead.
+// ~240 GFLOP/s per core this way, against ~100 for im2col + OpenBLAS (which was pinned
+// to its AVX2 kernels there). Without AVX-512 the 24 accumulators do not fit the
+// registers (compiled for avx2 they spill); conv2d.c then uses im2col and the sgemm
+// row instead, but Linear's gradient shards use them on every target.
 //
 // Summation order is fixed (r ascending, then lanes in a fixed tree), so results are
 // the same from run to run and do not depend on thread timing.
-#include "core/simd.h"
-#include "nn/nn_impl.h"
+#include "kernels/vec/vec.h"
 
 #define OB 8 // output rows per block
 #define JB 3 // 16-wide column vectors per block
-_Static_assert(OB == NN_SHARD_ROWS && 16 * JB == NN_SHARD_COLS, "shard tiles are one block");
-
-#define PRAGMA_(x) _Pragma(#x)
-#define UNROLL(n)  PRAGMA_(GCC unroll n)
+_Static_assert(OB == DT_KSHARD_ROWS && 16 * JB == DT_KSHARD_COLS, "shard tiles are one block");
 
 // One block: rows [o0, o0 + NO) x columns [j, j + 16*NV). NO and NV are constants in
 // every instance, so the accumulators live in registers and the loop has no branches.
@@ -57,9 +54,11 @@ DEFINE_BLOCK_NN(block_8x1, OB, 1)
 DEFINE_BLOCK_NN(block_1x1, 1, 1)
 
 // One row band [o0, o0 + nrows) of the product over columns [j, j + width), width < 16,
-// with plain loops (the columns no vector block covers).
-static void narrow_columns(const float *src, const int *off, int R, const float *w, int o0,
-                           int nrows, int j, int width, float *out, size_t out_ld, bool add) {
+// with plain loops (the columns no vector block covers): a multiply, then an add, on
+// every target (DT_NO_FMA).
+DT_NO_FMA static void narrow_columns(const float *src, const int *off, int R, const float *w,
+                                     int o0, int nrows, int j, int width, float *out, size_t out_ld,
+                                     bool add) {
     for (int o = o0; o < o0 + nrows; o++)
         for (int c = j; c < j + width; c++) {
             float acc = add ? out[(size_t)o * out_ld + c] : 0.0f;
@@ -72,8 +71,8 @@ static void narrow_columns(const float *src, const int *off, int R, const float 
 // out[o][j] (+)= sum_r w[o][r] * src[off[r] + j] for o < rows, j < n; w is (rows, R)
 // row-major, out rows are out_ld apart; `add` adds to out instead of overwriting it.
 // Reads src[off[r] + j] only for j < n.
-DT_CLONES void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w, int rows,
-                                  int n, float *out, size_t out_ld, bool add) {
+static void shifted_gemm(const float *src, const int *off, int R, const float *w, int rows, int n,
+                         float *out, size_t out_ld, bool add) {
     for (int o0 = 0; o0 < rows;) {
         bool full = rows - o0 >= OB;
         int  nr = full ? OB : 1, j = 0;
@@ -106,19 +105,6 @@ DT_CLONES void dt_nn_shifted_gemm(const float *src, const int *off, int R, const
 // Shifted rows per block: 4x4 is 16 accumulators + 8 operands, which fit the registers
 // (4x6 spilled).
 #define TB_R 4
-
-// The lanes of v summed in a fixed order (halving tree).
-DT_VINLINE float hsum16(dt_v16f v) {
-    const dt_v16i h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
-    const dt_v16i h4 = {4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15};
-    const dt_v16i h2 = {2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const dt_v16i h1 = {1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    v += dt_shuffle16f(v, h8);
-    v += dt_shuffle16f(v, h4);
-    v += dt_shuffle16f(v, h2);
-    v += dt_shuffle16f(v, h1);
-    return v[0];
-}
 
 // The last n % 16 columns: vectors loaded so they end exactly at column n, their lanes
 // moved down to the front (`tail_idx`) and, for a, the lanes past the row end zeroed
@@ -161,7 +147,7 @@ typedef struct tail {
                 acc[o][q] += av[o] * xv[q];                                                 \
         }                                                                                   \
         UNROLL(4) for (int o = 0; o < NO; o++) UNROLL(6) for (int q = 0; q < NR; q++)       \
-            dw[(size_t)(o0 + o) * R + r0 + q] += hsum16(acc[o][q]);                         \
+            dw[(size_t)(o0 + o) * R + r0 + q] += dt_hsum16(acc[o][q]);                         \
     }
 
 // clang-format on
@@ -172,8 +158,8 @@ DEFINE_BLOCK_NT(block_nt_1x1, 1, 1)
 
 // dw[o][r] += sum_j a[o][j] * src[off[r] + j] for o < rows, r < R, j < n; dw is
 // (rows, R) row-major, a rows are a_ld apart. Reads nothing at or past column n.
-DT_CLONES void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *src,
-                                     const int *off, int R, int n, float *dw) {
+static void shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *src, const int *off,
+                            int R, int n, float *dw) {
     if (n < 16) {
         for (int o = 0; o < rows; o++)
             for (int r = 0; r < R; r++) {
@@ -218,14 +204,14 @@ static inline __attribute__((always_inline)) void add_row(float *restrict a,
 
 // Gradient shards (linear.c): out[o][j] += the fixed tree over shards m < S of
 // sum_{r < len[m]} w_m[o][r] * src[off[start[m] + r] + j], where w_m = w + rows * start[m]
-// is shard m's (rows, len[m]) block, for o < rows and j < n <= NN_SHARD_COLS. Each band
-// of rows goes through the shards' tiles in `tile` (S x NN_SHARD_ROWS x NN_SHARD_COLS
+// is shard m's (rows, len[m]) block, for o < rows and j < n <= DT_KSHARD_COLS. Each band
+// of rows goes through the shards' tiles in `tile` (S x DT_KSHARD_ROWS x DT_KSHARD_COLS
 // floats, in L1), so no per-shard product ever reaches memory; the kernels are the same
 // blocks as dt_nn_shifted_gemm, and a column takes the same path for a given n.
-DT_CLONES void dt_nn_shifted_gemm_shards(const float *src, const int *off, const int *start,
-                                         const int *len, int S, const float *w, int rows, int n,
-                                         float *tile, float *out, size_t out_ld) {
-    const size_t tl = (size_t)NN_SHARD_ROWS * NN_SHARD_COLS, ld = NN_SHARD_COLS;
+static void shifted_gemm_shards(const float *src, const int *off, const int *start, const int *len,
+                                int S, const float *w, int rows, int n, float *tile, float *out,
+                                size_t out_ld) {
+    const size_t tl = (size_t)DT_KSHARD_ROWS * DT_KSHARD_COLS, ld = DT_KSHARD_COLS;
     for (int o0 = 0; o0 < rows;) {
         bool full = rows - o0 >= OB;
         int  nr   = full ? OB : 1;
@@ -262,4 +248,10 @@ DT_CLONES void dt_nn_shifted_gemm_shards(const float *src, const int *off, const
             add_row(out + (size_t)(o0 + o) * out_ld, tile + (size_t)o * ld, n);
         o0 += nr;
     }
+}
+
+void DT_KV(fill_shifted)(dt_ktab *t) {
+    t->shifted_gemm        = shifted_gemm;
+    t->shifted_gemm_nt     = shifted_gemm_nt;
+    t->shifted_gemm_shards = shifted_gemm_shards;
 }

@@ -1,10 +1,14 @@
-// amx.c: the bf16 GEMM through AMX tiles (TDPBF16PS), and a software model of the same
-// tile operations that tests the driver and the packing on any CPU.
+// amx.c: the bf16 GEMM through AMX tiles (TDPBF16PS), the amx target's bf16 gemm row, and
+// a software model of the same tile operations that tests the driver and the packing on
+// any CPU (amx.h). The folder adds only the tile instructions to the baseline x86-64
+// (Makefile), and only block_amx and the tile configuration use them: the model and the
+// packing run anywhere.
 //
-// STATUS: written on a Zen 4 machine without AMX; the real-tile version has run on no
-// machine yet. It is never chosen automatically: only DT_PRECISION_PATH=amx (or
-// dt_prec_path_set(DT_PATH_AMX)) selects it, and tests/unit/test_prec checks it against
-// the fp32 reference wherever AMX is usable (and the model of it everywhere).
+// STATUS: written on a Zen 4 machine without AMX; the real tiles have run once, on an
+// Intel Xeon with AMX (Sapphire Rapids class, 2026-11-28): tests/unit/test_prec against
+// the fp32 reference and an 8-step bf16 GPT, untimed against avx512bf16. It is never
+// chosen automatically: only DT_PRECISION_PATH=amx (or dt_prec_path_set(DT_PATH_AMX))
+// selects it, and test_prec checks it wherever AMX is usable (and the model everywhere).
 //
 // Tiles: C 16 x 16 fp32 (64-byte rows); A 16 rows x 32 bf16 (k contiguous); B 16
 // k-pairs x 16 columns, each row the 16 pairs (b[2p][j], b[2p+1][j]) (64 bytes).
@@ -17,9 +21,10 @@
 // and columns are padded to multiples of 32 with zeros, and every C block goes through
 // a 32 x 32 buffer, so the tiles are always full (simple; the first thing to optimise
 // once this can be measured).
-#include "nn/prec.h"
+#include "kernels/amx/amx.h"
+#include "kernels/fill.h"
+#include "kernels/half.h"
 
-#include <cpuid.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,16 +51,12 @@ static inline uint16_t elem(dt_gemm_opnd x, size_t r, size_t c) {
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 static bool           amx_ok;
 
+// The CPU's AMX-TILE and AMX-BF16 come from cpu.c (the amx target, within DT_ISA); the
+// kernel's permission for tile data is asked here, once.
 static void amx_probe(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return;
-    bool tile = d & (1u << 24), bf16 = d & (1u << 22);
-    if (!tile || !bf16)
+    if (!dt_isa_on(DT_ISA_AMX))
         return;
     amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#endif
 }
 
 bool dt_amx_usable(void) {
@@ -257,4 +258,16 @@ dt_status dt_gemm_amx(bool emulate, bool ta, bool tb, int m, int n, int k, dt_ge
 #endif
     dt_free(mem);
     return DT_OK;
+}
+
+// The row: the tiles, on the amx target (the bias is always the caller's: nn/gemm16.c
+// starts C from it on this path).
+static dt_status amx_row(bool ta, bool tb, int m, int n, int k, dt_gemm_opnd a, dt_gemm_opnd b,
+                         const float *bias, float *c, int ldc, bool accumulate) {
+    DT_ASSERT(bias == NULL);
+    return dt_gemm_amx(false, ta, tb, m, n, k, a, b, c, ldc, accumulate);
+}
+
+void dt_kfill_amx(dt_ktab *t) {
+    t->gemm_amx = amx_row;
 }

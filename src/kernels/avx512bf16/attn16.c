@@ -1,10 +1,11 @@
-// attn16.c: the causal self-attention of ops_attn.c with its matrix products in bf16, as
+// attn16.c: the causal self-attention of kernels/vec/attn.c with its matrix products in
+// bf16 (the avx512bf16 target's rows behind nn/ops.h's dt_nn_attn16_*), as
 // torch.autocast runs `q @ k^T` and `att @ v`: operands rounded to bf16, products summed
 // in fp32 (VDPBF16PS); the scores, the online softmax, its log-sum-exp and every
 // gradient stay fp32, and the probabilities (and their gradient) are rounded to bf16
 // only as operands of the next product (ops.h).
 //
-// The blocking is ops_attn.c's (64 x 64 tiles, flash attention: forward keeps a running
+// The blocking is vec/attn.c's (64 x 64 tiles, flash attention: forward keeps a running
 // maximum and sum per row, backward recomputes the probabilities from the saved
 // log-sum-exp). Every product is out[r][j] (+)= sum_p A(r, p) . B[p][j] over pair words,
 // A's words broadcast and B's rows loaded as vectors (mm16), so each operand is laid out
@@ -16,11 +17,10 @@
 // pairs of rows (A of P^T dY and dS^T Q, read down a column). Lengths are padded to
 // whole tiles with zeros, so a tile is always 64 wide; the head size d must be a
 // multiple of 16 (attention otherwise stays fp32: dt_nn_attn16_ok).
-#include "nn/conv16.h"
-#include "nn/ops.h"
-#include "nn/ops_math.h"
-#include "nn/prec.h"
+#include "kernels/avx512bf16/bf16k.h"
+#include "kernels/vmath.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
@@ -30,17 +30,6 @@ static int tiles_of(int T) {
     return (T + BLK - 1) / BLK * BLK;
 }
 
-bool dt_nn_attn16_ok(int C, int H) {
-    return dt_c16_usable() && (C / H) % 16 == 0;
-}
-
-size_t dt_nn_attn16_scratch(int T, int d) {
-    size_t tp = (size_t)tiles_of(T), lay = tp * (size_t)d / 2; // one operand layout, floats
-    return 9 * lay + 2 * BLK * BLK + 4 * (BLK * BLK / 2) + (size_t)BLK * d + 3 * BLK;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 #define TARGET     __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL(n)  PRAGMA_(GCC unroll n)
@@ -103,13 +92,13 @@ TARGET __attribute__((noinline)) static void mm16(const uint32_t *a, size_t ars,
 // T rows of x (stride ld, d floats) -> bf16 rows of d, zero rows up to tp.
 static void rows16(const float *x, int T, int tp, int d, size_t ld, uint16_t *out) {
     for (int r = 0; r < T; r++)
-        dt_f32_to_bf16(x + (size_t)r * ld, out + (size_t)r * d, (size_t)d);
+        dt_k()->f32_to_bf16(x + (size_t)r * ld, out + (size_t)r * d, (size_t)d);
     memset(out + (size_t)T * d, 0, sizeof(uint16_t) * (size_t)(tp - T) * d);
 }
 // T rows -> pairs of rows (tp/2, d) words, zero past the last pair.
 static void row_pairs(const float *x, int T, int tp, int d, size_t ld, uint32_t *out) {
     int rp = (T + 1) / 2;
-    dt_c16_rows_to_pairs(x, ld, T, d, 0, (size_t)d, out);
+    dt_k16_rows_to_pairs(x, ld, T, d, 0, (size_t)d, out);
     memset(out + (size_t)rp * d, 0, sizeof(uint32_t) * (size_t)(tp / 2 - rp) * d);
 }
 
@@ -149,15 +138,14 @@ static int min_int(int a, int b) {
     return a < b ? a : b;
 }
 
-// The tile loops are multiversioned (DT_CLONES) rather than compiled for AVX-512 BF16:
-// their sixteen-lane helpers (simd.h, ops_math.h) carry no target of their own, and only
-// mm16 needs the instructions.
-DT_CLONES static void head_forward16(int T, int d, int ld, int yld, const float *q, const float *k,
-                                     const float *v, float *y, float *lse, const lay *L) {
+// (The tile loops were multiversioned for the avx512bf16 path, which always took their
+// x86-64-v4 version: this folder's flags.)
+static void head_forward16(int T, int d, int ld, int yld, const float *q, const float *k,
+                           const float *v, float *y, float *lse, const lay *L) {
     int   tp = tiles_of(T), dh = d / 2;
     float scale = 1.0f / sqrtf((float)d);
     rows16(q, T, tp, d, (size_t)ld, L->q16);
-    dt_c16_rows_to_pair_cols(k, (size_t)ld, T, d, L->kt, tp);
+    dt_k16_rows_to_pair_cols(k, (size_t)ld, T, d, L->kt, tp);
     row_pairs(v, T, tp, d, (size_t)ld, L->vp);
     const uint32_t *q32 = (const uint32_t *)L->q16, *p32 = (const uint32_t *)L->p16;
     for (int i0 = 0; i0 < T; i0 += BLK) {
@@ -189,7 +177,7 @@ DT_CLONES static void head_forward16(int T, int d, int ld, int yld, const float 
                     }
             }
             // acc (bq, d) += P (bq, bk) V_j (bk, d), P rounded to bf16
-            dt_f32_to_bf16(L->S, L->p16, (size_t)bq * BLK);
+            dt_k()->f32_to_bf16(L->S, L->p16, (size_t)bq * BLK);
             mm16(p32, BLK / 2, 1, bq, L->vp + (size_t)(j0 / 2) * d, (size_t)d, d, (bk + 1) / 2,
                  L->acc, (size_t)d, true, 1.0f);
         }
@@ -203,16 +191,15 @@ DT_CLONES static void head_forward16(int T, int d, int ld, int yld, const float 
     }
 }
 
-DT_CLONES static void head_backward16(int T, int d, int ld, int yld, const float *q, const float *k,
-                                      const float *v, const float *y, const float *lse,
-                                      const float *dy, float *dq, float *dk, float *dv,
-                                      const lay *L) {
+static void head_backward16(int T, int d, int ld, int yld, const float *q, const float *k,
+                            const float *v, const float *y, const float *lse, const float *dy,
+                            float *dq, float *dk, float *dv, const lay *L) {
     int   tp = tiles_of(T), dh = d / 2;
     float scale = 1.0f / sqrtf((float)d);
     rows16(q, T, tp, d, (size_t)ld, L->q16);
     rows16(dy, T, tp, d, (size_t)yld, L->dy16);
-    dt_c16_rows_to_pair_cols(k, (size_t)ld, T, d, L->kt, tp);
-    dt_c16_rows_to_pair_cols(v, (size_t)ld, T, d, L->vt, tp);
+    dt_k16_rows_to_pair_cols(k, (size_t)ld, T, d, L->kt, tp);
+    dt_k16_rows_to_pair_cols(v, (size_t)ld, T, d, L->vt, tp);
     row_pairs(k, T, tp, d, (size_t)ld, L->kp);
     row_pairs(q, T, tp, d, (size_t)ld, L->qp);
     row_pairs(dy, T, tp, d, (size_t)yld, L->dyp);
@@ -243,7 +230,7 @@ DT_CLONES static void head_backward16(int T, int d, int ld, int yld, const float
                 memset(row + last, 0, sizeof(float) * (size_t)(BLK - last));
             }
             // dV_j (bk, d) += P^T (bk, bq) dY_i (bq, d): P's rows paired, read down a column
-            dt_c16_rows_to_pairs(L->S, BLK, bq, BLK, 0, BLK, L->ppair);
+            dt_k16_rows_to_pairs(L->S, BLK, bq, BLK, 0, BLK, L->ppair);
             mm16(L->ppair, 1, BLK, bk, L->dyp + (size_t)(i0 / 2) * d, (size_t)d, d, bqp,
                  dv + (size_t)j0 * ld, (size_t)ld, true, 1.0f);
             // dP (bq, 64) = dY_i V_j^T; then dS = P (dP - D) scale
@@ -256,18 +243,18 @@ DT_CLONES static void head_backward16(int T, int d, int ld, int yld, const float
                                       scale);
                 }
             // dQ_i (bq, d) += dS (bq, bk) K_j (bk, d); dK_j (bk, d) += dS^T Q_i
-            dt_f32_to_bf16(L->dP, L->ds16, (size_t)bq * BLK);
+            dt_k()->f32_to_bf16(L->dP, L->ds16, (size_t)bq * BLK);
             mm16(ds32, BLK / 2, 1, bq, L->kp + (size_t)(j0 / 2) * d, (size_t)d, d, bkp,
                  dq + (size_t)i0 * ld, (size_t)ld, true, 1.0f);
-            dt_c16_rows_to_pairs(L->dP, BLK, bq, BLK, 0, BLK, L->dspair);
+            dt_k16_rows_to_pairs(L->dP, BLK, bq, BLK, 0, BLK, L->dspair);
             mm16(L->dspair, 1, BLK, bk, L->qp + (size_t)(i0 / 2) * d, (size_t)d, d, bqp,
                  dk + (size_t)j0 * ld, (size_t)ld, true, 1.0f);
         }
     }
 }
 
-void dt_nn_attn16_forward(int B, int T, int C, int H, int ld, const float *q, const float *k,
-                          const float *v, float *y, float *lse, float *scratch) {
+void dt_k16_attn_forward(int B, int T, int C, int H, int ld, const float *q, const float *k,
+                         const float *v, float *y, float *lse, float *scratch) {
     int d = C / H;
     lay L = layout(scratch, T, d);
     for (int b = 0; b < B; b++)
@@ -279,9 +266,9 @@ void dt_nn_attn16_forward(int B, int T, int C, int H, int ld, const float *q, co
         }
 }
 
-void dt_nn_attn16_backward(int B, int T, int C, int H, int ld, const float *q, const float *k,
-                           const float *v, const float *y, const float *lse, const float *dy,
-                           float *dq, float *dk, float *dv, float *scratch) {
+void dt_k16_attn_backward(int B, int T, int C, int H, int ld, const float *q, const float *k,
+                          const float *v, const float *y, const float *lse, const float *dy,
+                          float *dq, float *dk, float *dv, float *scratch) {
     int d = C / H;
     lay L = layout(scratch, T, d);
     for (int b = 0; b < B; b++)
@@ -291,17 +278,3 @@ void dt_nn_attn16_backward(int B, int T, int C, int H, int ld, const float *q, c
                             lse + ((size_t)b * H + h) * T, dy + out, dq + in, dk + in, dv + in, &L);
         }
 }
-
-#else // no AVX-512 here: dt_nn_attn16_ok() is false, the layer stays on ops_attn.c
-
-void dt_nn_attn16_forward(int B, int T, int C, int H, int ld, const float *q, const float *k,
-                          const float *v, float *y, float *lse, float *scratch) {
-    dt_nn_attn_forward(B, T, C, H, ld, q, k, v, y, lse, scratch);
-}
-
-void dt_nn_attn16_backward(int B, int T, int C, int H, int ld, const float *q, const float *k,
-                           const float *v, const float *y, const float *lse, const float *dy,
-                           float *dq, float *dk, float *dv, float *scratch) {
-    dt_nn_attn_backward(B, T, C, H, ld, q, k, v, y, lse, dy, dq, dk, dv, scratch);
-}
-#endif

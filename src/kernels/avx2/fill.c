@@ -1,0 +1,9 @@
+// fill.c: the avx2 target's hand-written rows (x86-64-v3: AVX2, FMA, F16C). The vector
+// kernels of vec/ built for avx2 fill the rest.
+#include "kernels/fill.h"
+
+void dt_kfill_avx2(dt_ktab *t) {
+    t->sgemm      = dt_k_sgemm_avx2;
+    t->f32_to_f16 = dt_k_f32_to_f16_avx2;
+    t->f16_to_f32 = dt_k_f16_to_f32_avx2;
+}
