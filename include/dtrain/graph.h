@@ -144,6 +144,8 @@ DT_API dt_precision dt_graph_precision(const dt_graph *g);
 typedef struct dt_graph_profile {
     double fwd_s, bwd_s;       // seconds
     double fwd_flop, bwd_flop; // operations (a multiply-add is 2; 0: the layer did not say)
+    char   kernel[64];         // a built-in layer's forward kernel on this CPU ("conv2d fwd:
+                               // avx2/direct"), "" for a user's layer
 } dt_graph_profile;
 DT_API void      dt_graph_set_profile(dt_graph *g, bool on);
 DT_API dt_status dt_graph_node_profile(const dt_graph *g, int node, dt_graph_profile *out);

@@ -87,7 +87,10 @@ DT_API dt_params *dt_model_as_params(dt_model *m);
 // The graph the model runs on (graph.h; NULL before finalize), e.g. for an executor on
 // another device (exec.h). Owned by the model.
 DT_API struct dt_graph *dt_model_graph(dt_model *m);
-DT_API int              dt_model_num_layers(const dt_model *m);
+// The graph node that does layer `layer`'s work (after finalize), or -1 for a layer
+// fused into another's node (a ReLU or pool after a convolution).
+DT_API int dt_model_layer_node(const dt_model *m, int layer);
+DT_API int dt_model_num_layers(const dt_model *m);
 // "conv2d", "linear", ...; NULL when out of range.
 DT_API const char *dt_model_layer_kind(const dt_model *m, int layer);
 // Per-sample output size of the last layer (the number of classes for a classifier).

@@ -203,6 +203,30 @@ typedef void dt_k_reduce_sum2_fn(dt_dtype dtype, void *o1, void *o2, const void 
 // buf[i] /= d (a power of two as a multiply by 1/d: bitwise the same)
 typedef void dt_k_reduce_div_fn(float *buf, size_t n, int d);
 
+// The wide layout of a stride-1 convolution (src/nn/layers/conv_team.c): output
+// positions indexed over the padded input's width.
+typedef struct dt_kwide {
+    int    hp, wp; // padded input height and width
+    int    n;      // wide output positions: Ho * Wp - (k - 1)
+    size_t plane;  // hp * wp
+    int    margin; // direct path: zeros before and after each gradient row, (k-1)(Wp+1)
+    size_t ld;     // direct path: gradient row stride, margin + plane
+} dt_kwide;
+// dxp (c, hp, wp) = the wide columns (c k k, n) added back onto the padded image
+typedef void dt_k_wide_col2im_fn(const float *col, int c, int k, const dt_kwide *g, float *dxp);
+// wide GEMM output (co rows ext_ld apart) -> y (co, ho, wo) + bias, ReLU when relu
+typedef void dt_k_wide_out_fn(const float *ext, size_t ext_ld, const float *b, int co, int ho,
+                              int wo, const dt_kwide *g, bool relu, float *y);
+// compact gradient -> wide rows (zeros in the dropped columns), the ReLU's mask from y
+typedef void dt_k_wide_grad_fn(const float *dy, const float *y, int co, int ho, int wo,
+                               const dt_kwide *g, bool relu, float *ext, size_t ext_ld);
+// wide output -> ReLU + 2x2/2 max pool: y (co, ho/2, wo/2) and each window's winner
+typedef void dt_k_wide_pool_fn(const float *ext, size_t ext_ld, const float *b, int co, int ho,
+                               int wo, const dt_kwide *g, float *y, uint8_t *arg);
+// the pooled gradient -> wide rows, to each window's winner, masked by the ReLU
+typedef void dt_k_wide_pool_grad_fn(const float *dy, const float *y, const uint8_t *arg, int co,
+                                    int ho, int wo, const dt_kwide *g, float *ext, size_t ext_ld);
+
 // ----------------------------------------------------------------- the rows
 // X(field, signature, operation, variant): variant is what a target's kernel of the row
 // is ("" when the target's name says it all); a row's label is "operation: target" or
@@ -216,6 +240,11 @@ typedef void dt_k_reduce_div_fn(float *buf, size_t n, int d);
     X(gemm_bf16,          dt_k_gemm16_fn,            "bf16 gemm",             "vdpbf16ps")     \
     X(gemm_amx,           dt_k_gemm16_fn,            "bf16 gemm",             "tiles")         \
     X(im2col,             dt_k_im2col_fn,            "im2col",                "")              \
+    X(wide_col2im,        dt_k_wide_col2im_fn,       "conv2d wide col2im",    "")              \
+    X(wide_to_out,        dt_k_wide_out_fn,          "conv2d wide out",       "")              \
+    X(grad_to_wide,       dt_k_wide_grad_fn,         "conv2d wide grad",      "")              \
+    X(wide_to_pool,       dt_k_wide_pool_fn,         "conv2d wide pool",      "")              \
+    X(pool_grad_to_wide,  dt_k_wide_pool_grad_fn,    "conv2d wide pool grad", "")              \
     X(col2im,             dt_k_col2im_fn,            "col2im",                "")              \
     X(conv_cl_fwd_ok,     dt_k_conv_ok_fn,           "conv2d fwd ok",         "")              \
     X(conv_cl_bwd_ok,     dt_k_conv_bwd_ok_fn,       "conv2d bwd ok",         "")              \

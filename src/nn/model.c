@@ -257,6 +257,10 @@ const dt_param_info *dt_model_param_info(const dt_model *m, int i) {
 dt_params *dt_model_as_params(dt_model *m) {
     return params(m);
 }
+int dt_model_layer_node(const dt_model *m, int layer) {
+    return m && m->finalized && layer >= 0 && layer < m->nlayers ? m->layers[layer].node : -1;
+}
+
 dt_graph *dt_model_graph(dt_model *m) {
     return m && m->finalized ? m->g : NULL;
 }

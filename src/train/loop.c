@@ -755,15 +755,23 @@ dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
 
 // ---------------------------------------------------------------------- the end
 
-static void print_profile(const dt_model *m, double train_secs) {
-    double total = 0;
-    printf("%-4s %-12s %10s %10s %7s\n", "layer", "kind", "forward_s", "backward_s", "share");
+static void print_profile(dt_model *m, double train_secs) {
+    double          total = 0;
+    const dt_graph *g     = dt_model_graph(m);
+    printf("%-4s %-12s %10s %10s %7s  %s\n", "layer", "kind", "forward_s", "backward_s", "share",
+           "kernel");
     for (int i = 0; i < dt_model_num_layers(m); i++) {
-        double f, b;
+        double           f, b;
+        dt_graph_profile p    = {0};
+        int              node = dt_model_layer_node(m, i);
         dt_model_profile(m, i, &f, &b);
         total += f + b;
-        printf("%-4d %-12s %10.3f %10.3f %6.1f%%\n", i, dt_model_layer_kind(m, i), f, b,
-               100.0 * (f + b) / train_secs);
+        if (node >= 0)
+            dt_graph_node_profile(g, node, &p);
+        else
+            snprintf(p.kernel, sizeof p.kernel, "(fused into the layer before)");
+        printf("%-4d %-12s %10.3f %10.3f %6.1f%%  %s\n", i, dt_model_layer_kind(m, i), f, b,
+               100.0 * (f + b) / train_secs, p.kernel);
     }
     printf("%-17s %21.3f %6.1f%%  (the rest: data, loss, optimizer, gradient sync)\n", "all layers",
            total, 100.0 * total / train_secs);
@@ -776,15 +784,15 @@ static void print_graph_profile(const dt_graph *g, double train_secs) {
     const char      *kind[KINDS];
     dt_graph_profile sum[KINDS] = {{0}}, all = {0};
     int              nk = 0;
-    printf("%-4s %-22s %-20s %10s %10s %7s\n", "node", "name", "kind", "forward_s", "backward_s",
-           "share");
+    printf("%-4s %-22s %-20s %10s %10s %7s  %s\n", "node", "name", "kind", "forward_s",
+           "backward_s", "share", "kernel");
     for (int i = 0; i < dt_graph_num_nodes(g); i++) {
         dt_graph_profile p;
         const char      *k = dt_graph_node_kind(g, i);
         if (strcmp(k, "input") == 0 || dt_graph_node_profile(g, i, &p) != DT_OK)
             continue;
-        printf("%-4d %-22s %-20s %10.3f %10.3f %6.1f%%\n", i, dt_graph_node_name(g, i), k, p.fwd_s,
-               p.bwd_s, 100.0 * (p.fwd_s + p.bwd_s) / train_secs);
+        printf("%-4d %-22s %-20s %10.3f %10.3f %6.1f%%  %s\n", i, dt_graph_node_name(g, i), k,
+               p.fwd_s, p.bwd_s, 100.0 * (p.fwd_s + p.bwd_s) / train_secs, p.kernel);
         int j = 0;
         while (j < nk && strcmp(kind[j], k) != 0)
             j++;

@@ -5,6 +5,7 @@
 #include "train_impl.h"
 
 #include "kernels/cpu.h"
+#include "kernels/table.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -450,7 +451,7 @@ static dt_status check_shared(dt_trainer *t) {
 static dt_status announce_kernels(dt_trainer *t) {
     char line[256];
     if (t->rank == 0)
-        dt_trainer_print(t, "CPU: %s\n", dt_cpu_describe(line, sizeof line));
+        dt_trainer_print(t, "CPU: %s\n", dt_kernels_describe(line, sizeof line));
     if (!t->pg)
         return DT_OK;
     int32_t mine = (int32_t)dt_isa_top(), *all = dt_alloc(sizeof(int32_t) * (size_t)t->world);

@@ -178,6 +178,42 @@ static void im2col(const dt_ktab *t) {
     }
 }
 
+// The fused convolution's wide layout (conv_wide.c): moves, compares and the bias add
+// (one rounding, no multiply feeding an add) except col2im's adjoint, whose sums are taken
+// in the fixed (ki, kj) order on every target: all bit for bit the same as ref. A 3x3
+// kernel over a 10x12 padded input, 4 channels; rows 7 floats longer than needed.
+static void wide(const dt_ktab *t) {
+    enum { C = 4, K = 3, HP = 10, WP = 12, HO = HP - K + 1, WO = WP - K + 1 };
+    dt_kwide g  = {.hp = HP, .wp = WP, .n = HO * WP - (K - 1), .plane = HP * WP};
+    size_t   ld = (size_t)g.n + 7, ny = (size_t)C * HO * WO, np = (size_t)C * (HO / 2) * (WO / 2);
+    float   *col = kt_floats((size_t)C * K * K * g.n, -1, 1), *ext = kt_floats(C * ld, -2, 2);
+    float   *b = kt_floats(C, -1, 1), *dy = kt_floats(ny, -1, 1), *y = kt_floats(ny, -1, 1);
+    float    d1[C * HP * WP], d2[C * HP * WP], y1[C * HO * WO], y2[C * HO * WO];
+    t->wide_col2im(col, C, K, &g, d1), R->wide_col2im(col, C, K, &g, d2);
+    kt_same("wide col2im", d1, d2, sizeof d1);
+    for (int relu = 0; relu < 2; relu++) {
+        t->wide_to_out(ext, ld, b, C, HO, WO, &g, relu, y1);
+        R->wide_to_out(ext, ld, b, C, HO, WO, &g, relu, y2);
+        kt_same("wide out", y1, y2, sizeof y1);
+        float *e1 = kt_floats(C * ld, 0, 0), *e2 = kt_floats(C * ld, 0, 0);
+        t->grad_to_wide(dy, y, C, HO, WO, &g, relu, e1, ld);
+        R->grad_to_wide(dy, y, C, HO, WO, &g, relu, e2, ld);
+        kt_same("wide grad", e1, e2, sizeof(float) * C * ld);
+        free(e1), free(e2);
+    }
+    float   p1[C * (HO / 2) * (WO / 2)], p2[C * (HO / 2) * (WO / 2)];
+    uint8_t a1[C * (HO / 2) * (WO / 2)], a2[C * (HO / 2) * (WO / 2)];
+    t->wide_to_pool(ext, ld, b, C, HO, WO, &g, p1, a1);
+    R->wide_to_pool(ext, ld, b, C, HO, WO, &g, p2, a2);
+    kt_same("wide pool", p1, p2, sizeof p1);
+    kt_same("wide pool winners", a1, a2, sizeof a1);
+    float *e1 = kt_floats(C * ld, 0, 0), *e2 = kt_floats(C * ld, 0, 0), *pg = kt_floats(np, -1, 1);
+    t->pool_grad_to_wide(pg, p1, a1, C, HO, WO, &g, e1, ld);
+    R->pool_grad_to_wide(pg, p1, a1, C, HO, WO, &g, e2, ld);
+    kt_same("wide pool grad", e1, e2, sizeof(float) * C * ld);
+    free(col), free(ext), free(b), free(dy), free(y), free(e1), free(e2), free(pg);
+}
+
 // ------------------------------------------------------------------ shifted GEMMs
 
 // out[o][j] = sum_{r < R} w[o][r] src[off[r] + j]: R products and sums, so ref and a
@@ -610,6 +646,9 @@ static bool has_exact(const dt_ktab *t) {
 static bool has_im2col(const dt_ktab *t) {
     return t->im2col != NULL;
 }
+static bool has_wide(const dt_ktab *t) {
+    return t->wide_to_out != NULL;
+}
 static bool has_shifted(const dt_ktab *t) {
     return t->shifted_gemm != NULL;
 }
@@ -637,12 +676,19 @@ static bool has_reduce(const dt_ktab *t) {
 
 int main(void) {
     static const row_test tests[] = {
-        {"element-wise", maps, has_maps},        {"softmax", softmax, has_softmax},
-        {"exact loops", exact_loops, has_exact}, {"im2col", im2col, has_im2col},
-        {"shifted gemm", shifted, has_shifted},  {"sgemm", sgemm, has_sgemm},
-        {"batchnorm", batchnorm, has_bn},        {"layernorm", layernorm, has_ln},
-        {"attention", attention, has_attn},      {"cross-entropy", cross_entropy, has_ce},
-        {"optimizers", optimizers, has_optim},   {"reductions", reductions, has_reduce},
+        {"element-wise", maps, has_maps},
+        {"softmax", softmax, has_softmax},
+        {"exact loops", exact_loops, has_exact},
+        {"im2col", im2col, has_im2col},
+        {"wide layout", wide, has_wide},
+        {"shifted gemm", shifted, has_shifted},
+        {"sgemm", sgemm, has_sgemm},
+        {"batchnorm", batchnorm, has_bn},
+        {"layernorm", layernorm, has_ln},
+        {"attention", attention, has_attn},
+        {"cross-entropy", cross_entropy, has_ce},
+        {"optimizers", optimizers, has_optim},
+        {"reductions", reductions, has_reduce},
     };
     char   line[320];
     dt_isa ts[DT_ISA_COUNT_];

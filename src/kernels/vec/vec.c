@@ -4,6 +4,7 @@
 void DT_KV(fill)(dt_ktab *t) {
     DT_KV(fill_act)(t);
     DT_KV(fill_conv)(t);
+    DT_KV(fill_conv_wide)(t);
     DT_KV(fill_shifted)(t);
     DT_KV(fill_norm)(t);
     DT_KV(fill_attn)(t);

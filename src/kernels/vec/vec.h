@@ -36,6 +36,7 @@
 // One per file of this folder.
 void DT_KV(fill_act)(dt_ktab *t);
 void DT_KV(fill_conv)(dt_ktab *t);
+void DT_KV(fill_conv_wide)(dt_ktab *t);
 void DT_KV(fill_shifted)(dt_ktab *t);
 void DT_KV(fill_norm)(dt_ktab *t);
 void DT_KV(fill_attn)(dt_ktab *t);

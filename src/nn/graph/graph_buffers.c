@@ -10,6 +10,7 @@
 #include "dtrain/trace.h"
 
 #include "nn/graph/graph_impl.h"
+#include "nn/layers/layers_impl.h"
 
 #include "nn/ops.h"
 #include "nn/prec.h"
@@ -436,6 +437,9 @@ dt_status dt_graph_node_profile(const dt_graph *g, int node, dt_graph_profile *o
                                        .bwd_s    = (double)v->bwd_ns * 1e-9,
                                        .fwd_flop = v->fwd_flop,
                                        .bwd_flop = v->bwd_flop};
+    if (v->layer)
+        lay_kernel_name(v->layer, v->nin ? &g->vals[v->in[0]].shape : NULL, out->kernel,
+                        sizeof out->kernel);
     return DT_OK;
 }
 

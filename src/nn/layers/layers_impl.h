@@ -38,5 +38,10 @@ bool lay_describe_core(const dt_layer *l, dt_node_desc *d);   // layers.c
 bool lay_describe_linear(const dt_layer *l, dt_node_desc *d); // linear.c
 bool lay_describe_bn(const dt_layer *l, dt_node_desc *d);     // batchnorm.c
 bool lay_describe_misc(const dt_layer *l, dt_node_desc *d);   // misc.c
+// The kernel a built-in layer's forward runs on this CPU's table, for --profile
+// ("conv2d fwd: avx2/direct", "linear: avx512/shifted"); "" for a user's layer. in: its
+// first input's per-sample shape. kernel_name.c.
+const char *lay_kernel_name(const dt_layer *l, const dt_shape *in, char *buf, size_t n);
+bool        lay_linear_direct(const dt_layer *l); // linear.c: on the shifted tiles
 
 #endif // DTRAIN_NN_LAYERS_IMPL_H

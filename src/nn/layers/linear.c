@@ -349,3 +349,7 @@ bool lay_describe_linear(const dt_layer *l, dt_node_desc *d) {
     d->h.linear.in = p->in, d->h.linear.out = p->out, d->h.linear.bias = p->bias;
     return true;
 }
+
+bool lay_linear_direct(const dt_layer *l) {
+    return l && l->ops == &linear_ops && ((const linear_cfg *)l->config)->direct;
+}

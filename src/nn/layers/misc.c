@@ -1,5 +1,6 @@
 // layers_misc.c: the built-in layers without parameters: element-wise activations,
 // Softmax, Dropout, pooling, Flatten, Add, Concat and causal self-attention.
+#include "kernels/table.h"
 #include "nn/layers/layers_impl.h"
 
 #include <math.h>
@@ -233,34 +234,20 @@ static uint8_t *drop_mask(const dt_layer_args *a, int s, size_t u) {
     return (uint8_t *)(void *)(a->saved + (size_t)s * floats);
 }
 
-// v[i] = x[i] * f for i < n (the products of the scalar loop, sixteen at a time).
-static void scale_run(const float *x, float *v, size_t n, float f) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 16; k++)
-            v[i + k] = x[i + k] * f;
-    for (; i < n; i++)
-        v[i] = x[i] * f;
-}
-
 static dt_status dropout_forward(const dt_layer *l, const dt_layer_args *a) {
     const drop_cfg *c = l->config;
     size_t          per, u = drop_units(c, &a->in[0], &per), n = u * per;
-    if (!a->training || c->p == 0.0f) {
-        if (a->y != a->x[0])
-            memcpy(a->y, a->x[0], sizeof(float) * n * (size_t)a->batch);
+    if (a->y != a->x[0])
+        memcpy(a->y, a->x[0], sizeof(float) * n * (size_t)a->batch);
+    if (!a->training || c->p == 0.0f)
         return DT_OK;
-    }
     float scale = 1.0f / (1.0f - c->p);
     for (int s = 0; s < a->batch; s++) {
-        dt_rng       r    = dt_rng_split(a->rng, a->keys ? a->keys[s] : (uint64_t)s);
-        uint8_t     *mask = drop_mask(a, s, u);
-        const float *x    = a->x[0] + (size_t)s * n;
-        float       *y    = a->y + (size_t)s * n;
-        for (size_t k = 0; k < u; k++) {
+        dt_rng   r    = dt_rng_split(a->rng, a->keys ? a->keys[s] : (uint64_t)s);
+        uint8_t *mask = drop_mask(a, s, u);
+        for (size_t k = 0; k < u; k++)
             mask[k] = dt_rng_uniform(&r) >= c->p;
-            scale_run(x + k * per, y + k * per, per, mask[k] ? scale : 0.0f);
-        }
+        dt_k()->mask_scale(a->y + (size_t)s * n, mask, u, per, scale);
     }
     return DT_OK;
 }
@@ -270,18 +257,13 @@ static dt_status dropout_backward(const dt_layer *l, const dt_layer_args *a) {
     size_t          per, u = drop_units(c, &a->in[0], &per), n = u * per;
     if (!a->dx[0])
         return DT_OK;
-    if (!a->training || c->p == 0.0f) {
-        if (a->dx[0] != a->dy)
-            memcpy(a->dx[0], a->dy, sizeof(float) * n * (size_t)a->batch);
+    if (a->dx[0] != a->dy)
+        memcpy(a->dx[0], a->dy, sizeof(float) * n * (size_t)a->batch);
+    if (!a->training || c->p == 0.0f)
         return DT_OK;
-    }
     float scale = 1.0f / (1.0f - c->p);
-    for (int s = 0; s < a->batch; s++) {
-        const uint8_t *mask = drop_mask(a, s, u);
-        for (size_t k = 0; k < u; k++)
-            scale_run(a->dy + (size_t)s * n + k * per, a->dx[0] + (size_t)s * n + k * per, per,
-                      mask[k] ? scale : 0.0f);
-    }
+    for (int s = 0; s < a->batch; s++)
+        dt_k()->mask_scale(a->dx[0] + (size_t)s * n, drop_mask(a, s, u), u, per, scale);
     return DT_OK;
 }
 
