@@ -105,7 +105,7 @@ dt_status dt_nn_linear16_backward(const uint16_t *w16, int n, int in, int out, c
 // Training forward is split so SyncBatchNorm can all-reduce between the steps:
 //   1. dt_nn_bn_stats: per channel sum and sum of squared deviations of the local x;
 //   2. (SyncBatchNorm: all-reduce the sums and the count m for the mean, then the
-//      squared deviations from that mean: layers_bn.c)
+//      squared deviations from that mean: layers/batchnorm.c)
 //   3. dt_nn_bn_moments: mean and 1/sqrt(var + eps) (saved for backward), running stats;
 //   4. dt_nn_bn_apply: y = (x - mean) * invstd * gamma + beta.
 // Backward likewise: dt_nn_bn_backward_stats (per channel sum of dy and of dy * xhat),

@@ -145,7 +145,7 @@ void dt_graph_free_thread_buffers(dt_graph *g);
 // removed, the rest renumbered).
 dt_status dt_graph_run_passes(dt_graph *g);
 // In-place nodes (Sequential ReLU, dropout and flatten nodes that are their input's
-// only reader share its buffers), planned with the buffers (graph_run.c's reserve):
+// only reader share its buffers), planned with the buffers (graph_buffers.c's reserve):
 // whether an input is the output may change until then (dt_graph_set_output).
 void dt_graph_plan_aliases(dt_graph *g);
 void dt_graph_free_shadows(dt_graph *g);

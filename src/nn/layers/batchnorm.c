@@ -1,4 +1,4 @@
-// layers_bn.c: BatchNorm1d/2d (and its SyncBatchNorm hook), and the fused forms
+// batchnorm.c: BatchNorm1d/2d (and its SyncBatchNorm hook), and the fused forms
 // dt_graph_fuse (graph_pass.c) makes of a BatchNorm and what follows it in a ResNet:
 // BatchNorm + ReLU, and BatchNorm + Add (a residual) + ReLU. A fused node saves the
 // passes over memory of the nodes it replaces and their outputs (graph.h).

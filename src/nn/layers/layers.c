@@ -1,6 +1,6 @@
 // layers.c: the layer interface (layer.h) and the built-in layers with parameters:
 // Conv2d, Linear, LayerNorm, Embedding. Each wraps the kernels of ops.h; BatchNorm is
-// in layers_bn.c, the element-wise, pooling and structural layers in layers_misc.c.
+// in batchnorm.c, Linear in linear.c, the element-wise, pooling and structural layers in misc.c.
 #include "nn/layers/layers_impl.h"
 #include "nn/pool.h"
 

@@ -1,4 +1,4 @@
-// layers_impl.h: helpers shared by the built-in layers (layers.c, layers_misc.c).
+// layers_impl.h: helpers shared by the built-in layers (src/nn/layers).
 #ifndef DTRAIN_NN_LAYERS_IMPL_H
 #define DTRAIN_NN_LAYERS_IMPL_H
 

@@ -1,4 +1,4 @@
-// layers_misc.c: the built-in layers without parameters: element-wise activations,
+// misc.c: the built-in layers without parameters: element-wise activations,
 // Softmax, Dropout, pooling, Flatten, Add, Concat and causal self-attention.
 #include "kernels/table.h"
 #include "nn/layers/layers_impl.h"
