@@ -23,9 +23,9 @@
 # (more folders for the plugin's CUDA headers and libraries: cuBLAS or NCCL outside
 # CUDA_HOME),
 # MPI=auto|0|1, CUDA=auto|0|1 (the CUDA plugin: auto builds it in release builds where
-# nvcc is found), CUDA_ARCH="80 90" (the sm_ targets it is compiled for), BLAS=0 (no
-# OpenBLAS: dtrain's own GEMM on every CPU), NODEPS=1 (skip the package check), V=1
-# (show commands).
+# nvcc is found), CUDA_ARCH="80 90" (the sm_ targets it is compiled for), NODEPS=1
+# (skip the package check), V=1 (show commands). No BLAS library: dtrain's own GEMM
+# (src/kernels/gemm.h) runs on every CPU.
 #
 # CUDA is a plugin, not a dependency: src/cuda/ builds into $(OUT)/lib/libdtrain_cuda.so,
 # linked against the CUDA libraries and not against libdtrain; the library loads it
@@ -43,7 +43,6 @@ CC     ?= gcc
 PREFIX ?= /usr/local
 MPI    ?= auto
 CUDA   ?= auto
-BLAS   ?= 1
 
 ifeq ($(V),1)
 Q :=
@@ -90,12 +89,8 @@ endif
 
 CFLAGS  ?=
 CFLAGS  := $(BASE_CFLAGS) $(OPT) $(CFLAGS) $(EXTRA_CFLAGS)
-LDLIBS  := -lopenblas -ldeflate -lz -lm -lpthread -ldl
+LDLIBS  := -ldeflate -lz -lm -lpthread -ldl
 LDFLAGS := $(SAN_LDFLAGS) -pthread $(EXTRA_LDFLAGS)
-ifeq ($(BLAS),0)
-  CFLAGS += -DDT_NO_OPENBLAS
-  LDLIBS := $(filter-out -lopenblas,$(LDLIBS))
-endif
 
 # ---------------------------------------------------------------- optional parts
 MPICC := $(shell command -v mpicc 2>/dev/null)
