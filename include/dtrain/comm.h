@@ -51,6 +51,15 @@ typedef enum dt_reduce_op {
 // "sum", "avg", "max", "min", "prod"; "invalid" otherwise. Never NULL.
 DT_API const char *dt_reduce_op_name(dt_reduce_op op);
 
+// The order in which an all_reduce combines the ranks' values (it matters for floats
+// only). ANY: whatever the algorithm chosen for the size, world and backend does; fixed
+// by those, so results are still reproducible. TREE: a fixed tree over ranks, the order
+// in which a dt_model sums its gradient shards (dt_model_set_grad_shards), so that N
+// ranks give bitwise the sum of one process: value k takes value k + h for h = the
+// largest power of two below the world size, then h/2, ..., 1; the result is value 0's
+// (4 ranks: (x0 + x2) + (x1 + x3); 3 ranks: (x0 + x2) + x1). Two ranks: both are x0 + x1.
+typedef enum dt_reduce_order { DT_ORDER_ANY, DT_ORDER_TREE, DT_ORDER_COUNT_ } dt_reduce_order;
+
 typedef struct dt_store dt_store; // a key-value store shared by the ranks of a job
 typedef struct dt_pg    dt_pg;    // a process group: ranks joined through a store
 typedef struct dt_work  dt_work;  // one asynchronous operation in flight

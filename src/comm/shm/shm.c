@@ -10,6 +10,7 @@
 // means the same thing on every rank.
 //
 // The segment's layout and its set-up are shm_init.c; what both share, shm_impl.h.
+#include "comm/reduce.h"
 #include "comm/shm/shm_impl.h"
 
 #include <errno.h>
@@ -364,7 +365,7 @@ static dt_status all_reduce_small(shm_op *o, const unsigned char *src, unsigned 
     if (root < 0 || root == s->rank) {
         for (int r = 0; r < s->world; r++)
             s->in[r] = r == s->rank ? (const void *)src : (const void *)buf_of(s, r, b);
-        dt_shm_reduce_kernel(dst, NULL, false, s->in, s->world, count, op->dtype, op->op);
+        dt_reduce_n(dst, NULL, false, s->in, s->world, count, op->dtype, op->op, DT_ORDER_ANY);
     }
     set_step(s, base + 2);
     s->free_step[b % NBUF] = base + 2;
@@ -434,8 +435,8 @@ static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned 
                 for (int r = 0; r < world; r++)
                     in[r] = r == me ? (const void *)(src + off + lo * es)
                                     : (const void *)(buf_of(s, r, b) + lo * es);
-                dt_shm_reduce_kernel(buf_of(s, me, b) + lo * es, want ? dst + off + lo * es : NULL,
-                                     nt, in, world, hi - lo, op->dtype, op->op);
+                dt_reduce_n(buf_of(s, me, b) + lo * es, want ? dst + off + lo * es : NULL, nt, in,
+                            world, hi - lo, op->dtype, op->op, DT_ORDER_ANY);
             }
         }
         if (k > 0 && want) {
@@ -445,8 +446,8 @@ static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned 
             for (int r = 0; r < world; r++) {
                 size_t rlo = min_sz(n, (size_t)r * sl), rhi = min_sz(n, rlo + sl);
                 if (r != me && rhi > rlo)
-                    dt_shm_copy(dst + off + rlo * es, buf_of(s, r, b) + rlo * es, (rhi - rlo) * es,
-                                nt);
+                    dt_copy_nt(dst + off + rlo * es, buf_of(s, r, b) + rlo * es, (rhi - rlo) * es,
+                               nt);
             }
         }
         if (k > 0) // chunk k-1 is read by all once they pass this step
@@ -477,7 +478,7 @@ static dt_status run_reduce(shm_op *o, int root) {
     else
         st = all_reduce_large(o, op->src, op->dst, op->count, es, root, &nt);
     if (nt)
-        dt_shm_store_fence(); // the results are read by whichever thread gets them
+        dt_store_fence(); // the results are read by whichever thread gets them
     return st;
 }
 
@@ -510,7 +511,7 @@ static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst
         if (n > 0)
             STAGE(0);
         if (scatter)
-            dt_shm_copy(dst, src + (size_t)me * nbytes, nbytes, false);
+            dt_copy_nt(dst, src + (size_t)me * nbytes, nbytes, false);
     }
     DT_TRY(arrive(o, base));
     for (size_t k = 0; k < n; k++) {
@@ -522,14 +523,14 @@ static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst
         } else {
             if (k > 0)
                 DT_TRY(wait_step(o, root, base + 1 + (uint32_t)k));
-            dt_shm_copy(dst + k * piece, buf_of(s, root, b) + (scatter ? (size_t)me * piece : 0),
-                        PIECE(k), nt);
+            dt_copy_nt(dst + k * piece, buf_of(s, root, b) + (scatter ? (size_t)me * piece : 0),
+                       PIECE(k), nt);
         }
         set_step(s, base + 2 + (uint32_t)k);
     }
     s->next_buf += n;
     if (nt)
-        dt_shm_store_fence();
+        dt_store_fence();
     return DT_OK;
 #undef STAGE
 #undef PIECE
@@ -562,8 +563,7 @@ static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst,
                 DT_TRY(wait_all(o, base + 1 + (uint32_t)k));
             for (int r = 0; r < world; r++)
                 if (r != me)
-                    dt_shm_copy(dst + (size_t)r * nbytes + k * piece, buf_of(s, r, b), PIECE(k),
-                                nt);
+                    dt_copy_nt(dst + (size_t)r * nbytes + k * piece, buf_of(s, r, b), PIECE(k), nt);
         }
         if (stage) {
             s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
@@ -576,7 +576,7 @@ static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst,
     }
     s->next_buf += n;
     if (nt)
-        dt_shm_store_fence();
+        dt_store_fence();
     return DT_OK;
 #undef PIECE
 }
@@ -613,7 +613,7 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
         STAGE(0);
     // all_to_all keeps its own block (in place, it is already where it belongs).
     if (!reduce)
-        dt_shm_copy(dst + (size_t)me * nbytes, src + (size_t)me * nbytes, nbytes, false);
+        dt_copy_nt(dst + (size_t)me * nbytes, src + (size_t)me * nbytes, nbytes, false);
     if ((st = arrive(o, base)))
         goto out;
     for (size_t k = 0; k < n; k++) {
@@ -625,13 +625,13 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
             for (int r = 0; r < world; r++)
                 in[r] = r == me ? (const void *)(src + (size_t)me * nbytes + off)
                                 : (const void *)(buf_of(s, r, b) + (size_t)me * piece);
-            dt_shm_reduce_kernel(dst + off, NULL, false, in, world, PIECE(k) / es, op->dtype,
-                                 op->op);
+            dt_reduce_n(dst + off, NULL, false, in, world, PIECE(k) / es, op->dtype, op->op,
+                        DT_ORDER_ANY);
         } else {
             for (int r = 0; r < world; r++)
                 if (r != me)
-                    dt_shm_copy(dst + (size_t)r * nbytes + off,
-                                buf_of(s, r, b) + (size_t)me * piece, PIECE(k), nt);
+                    dt_copy_nt(dst + (size_t)r * nbytes + off, buf_of(s, r, b) + (size_t)me * piece,
+                               PIECE(k), nt);
         }
         s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
         if (k + 1 < n)
@@ -641,7 +641,7 @@ static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *ds
     s->next_buf += n;
 out:
     if (nt)
-        dt_shm_store_fence();
+        dt_store_fence();
     return st;
 #undef STAGE
 #undef PIECE

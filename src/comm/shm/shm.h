@@ -105,19 +105,4 @@ dt_status dt_shm_flush(dt_shm *s, uint64_t deadline_ns);
 // in the segment wins; failures the engine sees itself are recorded the same way.
 void dt_shm_abort(dt_shm *s, dt_status st, const char *msg);
 
-// ---------------------------------------------------------------- kernels (shm_kernels.c)
-
-// out = in[0] op in[1] op ... op in[nin-1], element by element, combining in that
-// order (AVG: the SUM divided by nin). Written to out1 and to out2 when not NULL;
-// an output may alias an input at the same position (in place), never partially.
-// MAX/MIN on floats: NaN in any operand gives NaN (like torch.maximum).
-// nt: write out2 with non-temporal stores (large results nobody reads soon); the
-// caller fences with dt_shm_store_fence before handing them on.
-void dt_shm_reduce_kernel(void *out1, void *out2, bool nt, const void *const *in, int nin,
-                          size_t count, dt_dtype dtype, dt_reduce_op op);
-// memcpy, with non-temporal stores when nt.
-void dt_shm_copy(void *dst, const void *src, size_t nbytes, bool nt);
-// Orders earlier non-temporal stores before later stores.
-void dt_shm_store_fence(void);
-
 #endif // DTRAIN_COMM_SHM_H
