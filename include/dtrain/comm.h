@@ -248,6 +248,10 @@ DT_API dt_status dt_pg_split(dt_pg **out, dt_pg *parent, int color, int key,
 // dst[i] = src_0[i] op src_1[i] op ... for every rank; count elements each.
 DT_API dt_status dt_pg_all_reduce(dt_pg *pg, const void *src, void *dst, size_t count,
                                   dt_dtype dtype, dt_reduce_op op);
+// The same, combining the ranks' values in `order` (dt_reduce_order above); every rank
+// must pass the same order (DT_ERR_MISMATCH otherwise).
+DT_API dt_status dt_pg_all_reduce_ordered(dt_pg *pg, const void *src, void *dst, size_t count,
+                                          dt_dtype dtype, dt_reduce_op op, dt_reduce_order order);
 // Copies root's buf into every other rank's buf.
 DT_API dt_status dt_pg_broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root);
 // Like all_reduce, but only root's dst receives the result (dst is unused elsewhere and
@@ -306,6 +310,9 @@ DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, 
 
 DT_API dt_status dt_pg_all_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
                                         dt_dtype dtype, dt_reduce_op op, dt_work **out);
+DT_API dt_status dt_pg_all_reduce_ordered_async(dt_pg *pg, const void *src, void *dst, size_t count,
+                                                dt_dtype dtype, dt_reduce_op op,
+                                                dt_reduce_order order, dt_work **out);
 DT_API dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root,
                                        dt_work **out);
 DT_API dt_status dt_pg_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,

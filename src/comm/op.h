@@ -41,7 +41,7 @@ typedef struct dt_fingerprint {
     uint8_t  coll;  // dt_coll
     uint8_t  dtype; // dt_dtype
     uint8_t  op;    // dt_reduce_op as the caller asked (AVG stays AVG here), 0 if none
-    uint8_t  pad_;
+    uint8_t  order; // dt_reduce_order of an all_reduce (comm.h), 0 otherwise
 } dt_fingerprint;
 
 #define DT_FP_GROUP_SHIFT 48

@@ -1,8 +1,8 @@
 // test_wire.c: the tcp message header and the store protocol parser on their own:
 // round trips of random headers, every single-bit corruption caught, truncation and
 // out-of-range fields refused with a message naming the check; fingerprints matched
-// and printed; the reduction kernels against plain loops, and the n-operand kernel in
-// rank and in tree order.
+// and printed (the reduce order too); the reduction kernels against plain loops, and
+// the n-operand kernel in rank and in tree order.
 #include "../check.h"
 #include "comm/comm_impl.h"
 #include "comm/reduce.h"
@@ -17,6 +17,7 @@ static void random_header(dt_rng *r, dt_wire_header *h) {
     h->fp.coll  = (uint8_t)dt_rng_below(r, DT_COLL_COUNT_);
     h->fp.dtype = (uint8_t)dt_rng_below(r, DT_DTYPE_COUNT_);
     h->fp.op    = (uint8_t)dt_rng_below(r, DT_REDUCE_COUNT_);
+    h->fp.order = (uint8_t)dt_rng_below(r, DT_ORDER_COUNT_);
     h->fp.seq   = dt_rng_u64(r);
     h->fp.count = dt_rng_u64(r);
     h->fp.root  = (int32_t)dt_rng_u32(r);
@@ -58,6 +59,10 @@ static void test_header_corruption(void) {
     dt_wire_encode(&h, b);
     CHECK_ERR(dt_wire_decode(b, sizeof b, &g), DT_ERR_FORMAT, "expected dtype < 3, found 9");
     h.fp.dtype = 0;
+    h.fp.order = 5;
+    dt_wire_encode(&h, b);
+    CHECK_ERR(dt_wire_decode(b, sizeof b, &g), DT_ERR_FORMAT, "expected reduce order < 2, found 5");
+    h.fp.order = 0;
     h.nbytes   = DT_WIRE_MAX_PAYLOAD + 1;
     dt_wire_encode(&h, b);
     CHECK_ERR(dt_wire_decode(b, sizeof b, &g), DT_ERR_FORMAT, "payload bytes");
@@ -85,9 +90,13 @@ static void test_fingerprints(void) {
     CHECK(!dt_fp_match(&a, &b));
     b = a, b.seq = 43;
     CHECK(!dt_fp_match(&a, &b));
+    b = a, b.order = DT_ORDER_TREE;
+    CHECK(!dt_fp_match(&a, &b)); // ranks must agree on the order
     char buf[160];
     CHECK(strcmp(dt_fp_format(&a, buf, sizeof buf), "all_reduce #42 (float32 sum, count 1000)") ==
           0);
+    CHECK(strcmp(dt_fp_format(&b, buf, sizeof buf),
+                 "all_reduce #42 (float32 sum in tree order, count 1000)") == 0);
     dt_fingerprint s = {.seq = 3, .count = 5, .root = 9, .coll = DT_COLL_SEND, .dtype = DT_INT64};
     dt_fingerprint t = s;
     t.coll           = DT_COLL_RECV;
