@@ -53,6 +53,7 @@ struct dt_xport {
     dt_status (*run)(void *ctx, const dt_op *op);
     void    *run_ctx;
     uint32_t run_kinds;
+    bool     run_avg;
     // A shared-memory segment of the group's ranks (shm).
     dt_shm *seg;
     // Two levels (hybrid): `node`, the ranks of this host (node->rank is the local index
@@ -130,6 +131,10 @@ typedef struct dt_backend_ops {
     // The kinds `run` serves, bit 1 << dt_coll (0 = every kind); the others run the
     // generic algorithms over the transfer slots.
     uint32_t run_kinds;
+    // True when `run` averages itself (NCCL's ncclAvg, on the device): it then gets
+    // op->op == DT_REDUCE_AVG. False: it gets SUM, and the algorithm layer divides the
+    // result on the host afterwards (dt_reduce_div).
+    bool run_avg;
 
     // Adds what else the backend offers the algorithms to the transport of a group whose
     // state is ctx (shm: its segment; hybrid: its two levels); the generic layer has
@@ -164,10 +169,6 @@ typedef struct dt_backend_ops {
     // False for a placeholder of a backend not built into this library (see
     // unbuilt_backends.c); "auto" skips it and asking for it is DT_ERR_UNSUPPORTED.
     bool built;
-
-    // True when run gets AVG's operations with op->fp.op still AVG and averages itself
-    // (nccl: buffers in device memory, which the generic layer cannot divide on the host).
-    bool native_avg;
 } dt_backend_ops;
 
 // The backends. backends.c lists them; a backend not built into the library is replaced by

@@ -2,12 +2,11 @@
 // checked (arguments, overlaps), stamped (sequence number, fingerprint, name, deadline:
 // op.h) and queued on the process's one execution lane (pg_impl.h), where dt_pg_exec
 // hands each to the algorithm layer (algo/algo.h: the tables choose and run the
-// algorithm over the group's transport), records a failure as the process's poison, and
-// divides AVG. Work handles (dt_work) and abort are here too. Creating and freeing the
+// algorithm over the group's transport, and ends an AVG), records a failure as the
+// process's poison. Work handles (dt_work) and abort are here too. Creating and freeing the
 // world group is pg_init.c; what backends read from a group is pg_state.c; sub-groups
 // are group.c. Calls go down only: nothing below calls back into this file.
 #include "comm/pg_impl.h"
-#include "comm/reduce.h"
 #include "dtrain/trace.h"
 
 #include <errno.h>
@@ -120,6 +119,7 @@ dt_status dt_pg_set_xport(dt_pg *g) {
             g->xport.run       = be->run;
             g->xport.run_ctx   = ctx;
             g->xport.run_kinds = be->run_kinds;
+            g->xport.run_avg   = be->run_avg;
         }
         if (be->xport)
             be->xport(ctx, &g->xport);
@@ -203,10 +203,6 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         }
     }
     DT_TRACE_END(tr, "comm", dt_coll_name(op->kind), "count", op->count);
-    if (op->fp.op == DT_REDUCE_AVG && op->dst && !(pg->world > 1 && pg->be->native_avg)) {
-        size_t n = op->kind == DT_COLL_REDUCE && pg->rank != op->root ? 0 : op->count;
-        dt_reduce_div(op->dtype, op->dst, n, pg->world);
-    }
     return DT_OK;
 }
 

@@ -61,8 +61,10 @@ void      dt_algo_cfg_free(dt_algo_cfg *cfg);
 // auto, rdouble, ring"). `backend` names the backend in that message.
 dt_status dt_algo_check(const dt_xport *t, const dt_algo_cfg *cfg, const char *backend);
 
-// Runs one operation of a group of t->world >= 2 ranks (op->op is never AVG: the
-// process group passes SUM and divides).
+// Runs one operation of a group of t->world >= 2 ranks. An AVG comes as op->op SUM with
+// fp.op AVG: the sum is divided by the world size here (or the op goes to a library
+// that averages itself, dt_xport.run_avg); op->op AVG itself (the shm engine's own
+// test) is averaged by the kernels.
 dt_status dt_algo_run(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op);
 
 // The name of the algorithm dt_algo_run would run ("ring", "shm", "native", ...), for

@@ -22,6 +22,7 @@
 // An all_reduce in tree order (comm.h, DT_ORDER_TREE) on more than 2 ranks keeps only
 // the rows that combine in that order (shm, rdouble), whatever DT_ALLREDUCE_ALGO says.
 #include "comm/algo/algo.h"
+#include "comm/reduce.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -258,7 +259,21 @@ dt_status dt_algo_run(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op) {
     if (!r)
         return dt_op_fail(op, DT_ERR_UNSUPPORTED, "this group's transport can run no %s",
                           dt_coll_name(op->kind));
-    return run_row(r, t, cfg, op);
+    // AVG as Gloo does it: the process group passes SUM and asks for the average
+    // (fp.op); a library that averages itself gets AVG, every other row sums and the
+    // result is divided here.
+    bool avg = dt_coll_has_op(op->kind) && op->fp.op == DT_REDUCE_AVG && op->op != DT_REDUCE_AVG;
+    if (avg && r->family == F_NATIVE && t->run_avg) {
+        dt_op o = *op;
+        o.op    = DT_REDUCE_AVG;
+        return t->run(t->run_ctx, &o);
+    }
+    DT_TRY(run_row(r, t, cfg, op));
+    if (avg && op->dst) {
+        size_t n = op->kind == DT_COLL_REDUCE && t->rank != op->root ? 0 : op->count;
+        dt_reduce_div(op->dtype, op->dst, n, t->world);
+    }
+    return DT_OK;
 }
 
 const char *dt_algo_chosen(const dt_xport *t, const dt_algo_cfg *cfg, const dt_op *op) {
