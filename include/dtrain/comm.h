@@ -382,6 +382,13 @@ typedef struct dt_spawn_result {
 // nprocs < 1, above the bound, or fn NULL; DT_ERR_IO if fork fails (children already
 // started are stopped).
 DT_API dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out);
+// dt_spawn as fork(2) is for one process: the same children, but each returns from this
+// call (DT_OK, *local_rank = its local rank, its rank variables set) and goes on with
+// the caller's code, which must end it with exit() (or by returning from main); the
+// parent returns once every child has ended, with *local_rank = -1 and dt_spawn's
+// status and result. What lets a program's main run its training loop itself in every
+// worker (train.h, dt_trainer_start) instead of handing it over as a function.
+DT_API dt_status dt_spawn_fork(int nprocs, int *local_rank /* out */, dt_spawn_result *out);
 
 #ifdef __cplusplus
 }
