@@ -437,20 +437,13 @@ dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt
 
 // ------------------------------------------------------------------------- the loop
 
-// The end of an epoch's pass (exhausted, or stopped): the bar's newline, and for --plot a
-// validation point after every epoch but the last.
+// The end of an epoch's pass (exhausted, or stopped): the bar's newline.
 static dt_status end_epoch(dt_trainer *t, bool exhausted) {
     t->in_epoch = false;
     dt_progress_end_epoch(t->bar);
-    if (exhausted)
-        DT_TRY(dt_loader_status(t->ld));
-    if (t->a.plot && !t->a.no_test && t->eval_fn && exhausted && t->epoch + 1 < t->a.epochs) {
-        double loss;
-        DT_TRY(dt_train_device_pull(t));
-        DT_TRY(t->eval_fn(t, t->eval_user, &loss));
-        DT_TRY(dt_trainer_log_val(t, loss));
-    }
-    return DT_OK;
+    if (exhausted && t->a.plot && !t->a.no_test) // --device cuda: --plot's evaluation
+        DT_TRY(dt_train_device_pull(t));         // (the program's) reads the host copies
+    return exhausted ? dt_loader_status(t->ld) : DT_OK;
 }
 
 static void      scale_grads(dt_params *p, float s);
@@ -745,10 +738,6 @@ static dt_status shadow_step(dt_trainer *t) {
     return st;
 }
 
-void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user) {
-    t->eval_fn = fn, t->eval_user = user;
-}
-
 dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
     return t->plot ? dt_plot_add(t->plot, DT_PLOT_VAL, (double)t->step, loss) : DT_OK;
 }
@@ -840,6 +829,7 @@ static dt_status check_replicas(dt_trainer *t, uint32_t *crc_out) {
 
 dt_status dt_trainer_finish(dt_trainer *t) {
     const dt_train_args *a = &t->a;
+    t->finish_called       = true;
     if (t->err)
         return t->err;
     if (!t->prepared || !t->p)

@@ -96,7 +96,14 @@ struct dt_trainer {
     } extra[MAX_SETTINGS];
     int nextra;
 
-    // A worker's state (from dt_trainer_run to the end of fn).
+    // dt_trainer_start and dt_trainer_exit: started; this process trains (a worker); the
+    // exit code of a process that does not (the parent of forked workers, or a worker
+    // that could not begin); dt_trainer_finish was called.
+    bool started, in_worker, finish_called;
+    bool forked; // a worker dt_trainer_start forked: dt_trainer_exit ends the process
+    int  exit_code;
+
+    // A worker's state (from dt_trainer_start to dt_trainer_exit).
     dt_pg            *pg;
     int               rank, world, local_rank, local_size, threads;
     dt_params        *p;
@@ -136,13 +143,11 @@ struct dt_trainer {
     char            scaler_kv[64];
     int64_t         skipped;
     // Watching: rank 0's progress and loss curves; the evaluation for --plot.
-    dt_progress       *bar;
-    dt_plot           *plot;
-    dt_trainer_eval_fn eval_fn;
-    void              *eval_user;
-    size_t             cur_index;
-    const dt_dataset  *eds[MAX_EVAL];
-    size_t             ebatch[MAX_EVAL];
+    dt_progress      *bar;
+    dt_plot          *plot;
+    size_t            cur_index;
+    const dt_dataset *eds[MAX_EVAL];
+    size_t            ebatch[MAX_EVAL];
     // DataParallel (--data-parallel N, dp.c): the program's replicas.
     dt_dp        *dp;
     dt_dp_ops     dp_ops;

@@ -379,10 +379,6 @@ dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv, const dt_train
     return DT_OK;
 }
 
-void dt_trainer_free(dt_trainer *t) {
-    dt_free(t);
-}
-
 dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value) {
     if (t->nextra >= MAX_SETTINGS)
         return dt_fail(DT_ERR_ARG,
@@ -508,8 +504,10 @@ static void release_worker(dt_trainer *t) {
     t->ld = NULL, t->smp = NULL, t->keys = NULL, t->neval = 0;
 }
 
-// One worker: rank `rank` of a group (pg), or the only process (pg NULL).
-static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
+// A worker begins: rank `rank` of a group (pg, owned from here on), or the only process
+// (pg NULL): its threads, its random streams, the shared flags compared, the mesh.
+static dt_status begin_worker(dt_trainer *t, dt_pg *pg) {
+    t->in_worker  = true;
     t->pg         = pg;
     t->world      = pg ? dt_pg_size(pg) : 1;
     t->rank       = pg ? dt_pg_rank(pg) : 0;
@@ -538,53 +536,50 @@ static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
     t->root       = dt_rng_split(&t->base, 0x64726f70 /* "drop" */);
     t->rngs[0]    = (dt_ckpt_rng){"dropout", &t->root};
     t->last_saved = -1;
-    dt_status st  = check_shared(t);
-    if (!st)
-        st = announce_kernels(t);
-    if (!st)
-        st = dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
-    if (!st)
-        st = fn(t, user);
+    DT_TRY(check_shared(t));
+    DT_TRY(announce_kernels(t));
+    return dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
+}
+
+// A worker ends: its exit code from the program's status (printed when it failed), then
+// everything it held released, its group aborted (after a failure) and freed.
+static int end_worker(dt_trainer *t, dt_status st) {
     int rc = 0;
     if (st && t->preempted)
         rc = DT_EXIT_PREEMPTED;
     else if (st) {
         rc = 1;
-        if (pg)
+        if (t->pg)
             fprintf(stderr, "%s: rank %d: %s\n", t->o.program, t->rank, dt_last_error());
         else
             fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
     }
     fflush(stdout);
     release_worker(t);
+    if (t->pg && rc && rc != DT_EXIT_PREEMPTED)
+        dt_pg_abort(t->pg, "a worker failed");
+    dt_pg_free(t->pg);
+    t->pg        = NULL;
+    t->in_worker = false;
     return rc;
 }
 
-typedef struct launch {
-    dt_trainer   *t;
-    dt_trainer_fn fn;
-    void         *user;
-} launch;
-
-static int worker_from_env(launch *l) {
+// Under a launcher (or a forked worker): the group from the environment, then the worker.
+static bool worker_from_env(dt_trainer *t) {
     dt_pg_opts o = dt_pg_opts_default();
-    o.backend    = dt_train_device_backend(l->t); // --backend, or nccl for GPUs (device.c)
+    o.backend    = dt_train_device_backend(t); // --backend, or nccl for GPUs (device.c)
     dt_pg *pg    = NULL;
     if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
-        fprintf(stderr, "%s: %s\n", l->t->o.program, dt_last_error());
-        return 1;
+        fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+        t->exit_code = 1;
+        return false;
     }
-    int rc = run_worker(l->t, pg, l->fn, l->user);
-    if (rc && rc != DT_EXIT_PREEMPTED)
-        dt_pg_abort(pg, "a worker failed");
-    dt_pg_free(pg);
-    return rc;
-}
-
-static int spawned(int local_rank, void *arg) {
-    (void)local_rank;         // dt_spawn has set RANK, LOCAL_RANK and the rest
-    dt_train_preempt_watch(); // the parent's watcher did not survive the fork
-    return worker_from_env(arg);
+    dt_status st = begin_worker(t, pg);
+    if (st != DT_OK) {
+        t->exit_code = end_worker(t, st);
+        return false;
+    }
+    return true;
 }
 
 static void setenv_long(const char *name, long v) {
@@ -593,13 +588,19 @@ static void setenv_long(const char *name, long v) {
     setenv(name, buf, 1);
 }
 
-int dt_trainer_run(dt_trainer *t, dt_trainer_fn fn, void *user) {
+bool dt_trainer_start(dt_trainer *t) {
     const dt_train_args *a = &t->a;
-    launch               l = {t, fn, user};
-    dt_launch_env        le;
-    bool                 env_ok = dt_launch_env_read(&le) == DT_OK;
+    if (t->started) {
+        dt_fail(DT_ERR_STATE, "dt_trainer_start: expected one call, found a second");
+        return false;
+    }
+    t->started   = true;
+    t->exit_code = 1;
+    dt_launch_env le;
+    bool          env_ok = dt_launch_env_read(&le) == DT_OK;
     if (a->num_processes > 0) {
-        // The seed's launch: this process forks the local workers of machine K.
+        // The seed's launch: this process forks the local workers of machine K, which go
+        // on from here; it waits for them and takes their exit code.
         if (a->master_addr)
             setenv("MASTER_ADDR", a->master_addr, 1);
         if (a->master_port)
@@ -609,17 +610,56 @@ int dt_trainer_run(dt_trainer *t, dt_trainer_fn fn, void *user) {
         setenv_long("GROUP_RANK", a->machine_id);
         setenv_long("WORLD_SIZE", a->num_machines * a->num_processes);
         dt_spawn_result res;
-        if (dt_spawn((int)a->num_processes, spawned, &l, &res) == DT_OK)
-            return 0;
+        int             local = -1;
+        dt_status       st    = dt_spawn_fork((int)a->num_processes, &local, &res);
+        if (local >= 0) {
+            t->forked = true;
+            dt_train_preempt_watch(); // the parent's watcher did not survive the fork
+            return worker_from_env(t);
+        }
         // Workers stopped by SIGTERM have said so; their status is the job's.
-        if (res.exit_code == DT_EXIT_PREEMPTED)
-            return DT_EXIT_PREEMPTED;
-        fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
-        return 1;
+        if (st == DT_OK)
+            t->exit_code = 0;
+        else if (res.exit_code == DT_EXIT_PREEMPTED)
+            t->exit_code = DT_EXIT_PREEMPTED;
+        else {
+            fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+            t->exit_code = 1;
+        }
+        return false;
     }
     if (!env_ok || le.launcher != DT_LAUNCHER_NONE) // bad values: reported by dt_pg_init
-        return worker_from_env(&l);
-    return run_worker(t, NULL, fn, user);
+        return worker_from_env(t);
+    dt_status st = begin_worker(t, NULL);
+    if (st != DT_OK) {
+        t->exit_code = end_worker(t, st);
+        return false;
+    }
+    return true;
+}
+
+int dt_trainer_exit(dt_trainer *t, dt_status st) {
+    if (!t)
+        return st ? 1 : 0;
+    int rc;
+    if (t->in_worker) {
+        if (st == DT_OK && t->prepared && !t->finish_called)
+            st = dt_trainer_finish(t);
+        rc = end_worker(t, st);
+    } else if (t->started) { // the parent of forked workers, or a worker that never began
+        rc = t->exit_code;
+    } else { // before dt_trainer_start: reading the data, say
+        rc = st ? 1 : 0;
+        if (st)
+            fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+    }
+    bool forked = t->forked;
+    dt_free(t);
+    if (forked) { // a worker this process forked ends here, as dt_spawn's do
+        fflush(NULL);
+        _exit(rc & 0xff);
+    }
+    return rc;
 }
 
 // ----------------------------------------------------------------------- accessors
