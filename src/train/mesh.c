@@ -797,54 +797,6 @@ dt_status dt_train_mesh_load(dt_trainer *t, const dt_ckpt_state *cs, const dt_ck
     return st;
 }
 
-// ------------------------------------------------------------------ gradient norm
-
-// Each tensor counted once over the mesh: a tie's copy not at all, a tensor every tp
-// rank holds whole by 1/tp from each, a part by 1. Summed over the world (the dp
-// replicas hold the same averaged gradient: divided by dp; ZeRO's shards: summed).
-dt_status dt_train_mesh_clip(dt_trainer *t, float max_norm, float *norm) {
-    dt_params *p = t->p;
-    int        n = dt_params_count(p), tp = t->msize[DT_MESH_TP];
-    float     *wt = dt_alloc(sizeof(float) * (size_t)(n ? n : 1));
-    if (!wt)
-        return DT_ERR_NOMEM;
-    for (int i = 0; i < n; i++) {
-        const dt_param_info *pi = dt_params_info(p, i);
-        wt[i]                   = !pi->trainable || dt_pipe_is_tie_copy(t->pipe, i) ? 0.0f
-                                  : dt_param_split_on(&pi->split)                   ? 1.0f
-                                                                  : 1.0f / (float)tp;
-    }
-    double ss = 0;
-    if (t->zero) {
-        ss = dt_zero_shard_sumsq(t->zero, wt);
-    } else {
-        const float *g = dt_params_grads(p);
-        for (int i = 0; i < n; i++) {
-            const dt_param_info *pi = dt_params_info(p, i);
-            double               s  = 0;
-            for (size_t e = 0; wt[i] != 0.0f && e < pi->count; e++)
-                s += (double)g[pi->offset + e] * g[pi->offset + e];
-            ss += wt[i] * s;
-        }
-        ss /= t->msize[DT_MESH_DP];
-    }
-    float     total = (float)ss;
-    dt_status st    = dt_pg_all_reduce(t->pg, &total, &total, 1, DT_FLOAT32, DT_REDUCE_SUM);
-    total           = sqrtf(total);
-    if (norm)
-        *norm = total;
-    float coef = (float)((double)max_norm / ((double)total + 1e-6));
-    if (st == DT_OK && isfinite(total) && coef < 1.0f) // the whole local buffer: under
-        for (int i = 0; i < n; i++) {                  // ZeRO only the shard is read
-            const dt_param_info *pi = dt_params_info(p, i);
-            float               *g  = dt_params_grads(p) + pi->offset;
-            for (size_t e = 0; pi->trainable && e < pi->count; e++)
-                g[e] *= coef;
-        }
-    dt_free(wt);
-    return st;
-}
-
 // ------------------------------------------------------------------ the loop's calls
 
 dt_status dt_trainer_pipe_step(dt_trainer *t, const void *const *inputs, int batch,
@@ -858,20 +810,7 @@ dt_status dt_trainer_pipe_step(dt_trainer *t, const void *const *inputs, int bat
                        "dt_trainer_pipe_step: --device %s trains through "
                        "dt_trainer_device_step",
                        t->a.device);
-    // ZeRO's shards of a tie's two copies lie apart: the copies' gradients are summed
-    // before any reduction, which waits for the end of the pipeline's backwards.
-    if (t->zero)
-        dt_zero_set_sync(t->zero, false);
-    dt_status st = dt_pipe_step(t->pipe, inputs, batch, keys, loss, user, loss_out);
-    if (!t->zero || st != DT_OK)
-        return st;
-    dt_zero_set_sync(t->zero, true);
-    for (int i = dt_params_count(t->p) - 1; i >= 0; i--) { // as a backward reports them
-        const dt_param_info *pi = dt_params_info(t->p, i);
-        if (pi->trainable)
-            DT_TRY(dt_params_grad_ready(t->p, pi->offset, pi->count));
-    }
-    return DT_OK;
+    return dt_strategy_pipe_step(t->strat, inputs, batch, keys, loss, user, loss_out);
 }
 
 dt_status dt_trainer_pipe_eval(dt_trainer *t, const void *const *inputs, int batch,
@@ -880,27 +819,4 @@ dt_status dt_trainer_pipe_eval(dt_trainer *t, const void *const *inputs, int bat
         return dt_fail(DT_ERR_STATE, "dt_trainer_pipe_eval: expected dt_trainer_pipeline first");
     DT_TRY(dt_train_device_pull(t)); // --device cuda: the CPU evaluates the host copies
     return dt_pipe_eval(t->pipe, inputs, batch, loss, user, loss_out);
-}
-
-dt_status dt_train_mesh_check_replicas(dt_trainer *t, uint32_t *crc) {
-    dt_params *p = t->p;
-    *crc         = dt_crc32c(0, dt_params_data(p), dt_params_numel(p) * sizeof(float));
-    dt_pg *dp    = dt_train_dp_group(t);
-    int    n     = dp ? dt_pg_size(dp) : 1;
-    if (!dp)
-        return DT_OK;
-    int32_t *all  = dt_alloc(sizeof(int32_t) * (size_t)n);
-    int32_t  mine = (int32_t)*crc;
-    if (!all)
-        return DT_ERR_NOMEM;
-    dt_status st = dt_pg_all_gather(dp, &mine, all, 1, DT_INT32);
-    for (int r = 1; st == DT_OK && r < n; r++)
-        if (all[r] != all[0])
-            st = dt_fail(DT_ERR_INTERNAL,
-                         "replicas diverged: model part pp %d tp %d has CRC32C %08x in replica 0 "
-                         "and %08x in replica %d",
-                         dt_mesh_coord(t->mesh, DT_MESH_PP), dt_mesh_coord(t->mesh, DT_MESH_TP),
-                         (uint32_t)all[0], (uint32_t)all[r], r);
-    dt_free(all);
-    return st;
 }

@@ -474,13 +474,8 @@ static void release_worker(dt_trainer *t) {
     dt_train_device_release(t);
     dt_grad_scaler_free(t->scaler);
     t->scaler = NULL;
-    dt_dp_free(t->dp);
-    t->dp = NULL, t->has_replicas = false;
-    dt_ddp_free(t->ddp);
-    dt_powersgd_free(t->psgd);
-    t->psgd = NULL;
-    dt_zero_free(t->zero);
-    t->zero = NULL;
+    dt_strategy_free(t->strat);
+    t->strat = NULL, t->has_replicas = false;
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
     dt_train_mesh_release(t); // before the graph: a pipeline owns its stage's
@@ -500,7 +495,7 @@ static void release_worker(dt_trainer *t) {
     dt_progress_free(t->bar);
     dt_plot_free(t->plot);
     t->bar = NULL, t->plot = NULL;
-    t->ddp = NULL, t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL, t->g = NULL;
+    t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL, t->g = NULL;
     t->ld = NULL, t->smp = NULL, t->keys = NULL, t->neval = 0;
 }
 
