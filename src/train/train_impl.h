@@ -73,7 +73,8 @@ void dt_train_preempt_release(void);
 dt_status dt_train_parse_bytes(const char *s, uint64_t *out);
 dt_status dt_train_plan_memory(dt_trainer *t, dt_params *p, dt_optim *opt, dt_zero_opts *zo);
 
-// The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
+// The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop,
+// helpers.c answers its accessors and helpers (and calls nothing else of src/train).
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
 #define MAX_COMMON   56
