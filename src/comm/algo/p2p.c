@@ -478,44 +478,27 @@ static dt_status reduce(algo *a, int id) {
 
 // ------------------------------------------------------- gather, scatter, all_to_all
 
-static dt_status gather(algo *a) {
+// Direct gather (to_root) or scatter: each rank's slice straight to or from the root,
+// the root's own slice copied in place.
+static dt_status direct(algo *a, bool to_root) {
     const dt_op *op = a->op;
     const int    P = a->world, r = a->rank, root = op->root;
     const size_t one = op->count * a->esz;
     dt_xfer     *x;
     DT_TRY(xfers(a, (size_t)P, &x));
     if (r != root) {
-        DT_TRY(post(a, &x[0], root, true, op->src, one, DT_ALGO_DIRECT, 0));
+        DT_TRY(post(a, &x[0], root, to_root, to_root ? op->src : op->dst, one, DT_ALGO_DIRECT, 0));
         return wait(a, &x[0]);
     }
-    char *dst = op->dst;
-    for (int q = 0; q < P; q++)
+    for (int q = 0; q < P; q++) // into (gather) or from (scatter) the root's whole buffer
         if (q != root)
-            DT_TRY(post(a, &x[q], q, false, dst + (size_t)q * one, one, DT_ALGO_DIRECT, 0));
-    if (one && op->src != dst + (size_t)r * one)
-        memcpy(dst + (size_t)r * one, op->src, one);
-    for (int q = 0; q < P; q++)
-        if (q != root)
-            DT_TRY(wait(a, &x[q]));
-    return DT_OK;
-}
-
-static dt_status scatter(algo *a) {
-    const dt_op *op = a->op;
-    const int    P = a->world, r = a->rank, root = op->root;
-    const size_t one = op->count * a->esz;
-    dt_xfer     *x;
-    DT_TRY(xfers(a, (size_t)P, &x));
-    if (r != root) {
-        DT_TRY(post(a, &x[0], root, false, op->dst, one, DT_ALGO_DIRECT, 0));
-        return wait(a, &x[0]);
-    }
-    const char *src = op->src;
-    for (int q = 0; q < P; q++)
-        if (q != root)
-            DT_TRY(post(a, &x[q], q, true, src + (size_t)q * one, one, DT_ALGO_DIRECT, 0));
-    if (one && op->dst != src + (size_t)r * one)
-        memcpy(op->dst, src + (size_t)r * one, one);
+            DT_TRY(post(a, &x[q], q, !to_root,
+                        (const char *)(to_root ? op->dst : op->src) + (size_t)q * one, one,
+                        DT_ALGO_DIRECT, 0));
+    char       *dst = (char *)op->dst + (to_root ? (size_t)r * one : 0);
+    const char *src = (const char *)op->src + (to_root ? 0 : (size_t)r * one);
+    if (one && dst != src) // the root's own slice
+        memcpy(dst, src, one);
     for (int q = 0; q < P; q++)
         if (q != root)
             DT_TRY(wait(a, &x[q]));
@@ -593,9 +576,9 @@ dt_status dt_algo_p2p(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op, int 
     case DT_COLL_REDUCE_SCATTER:
         return reduce_scatter(&a);
     case DT_COLL_GATHER:
-        return gather(&a);
+        return direct(&a, true);
     case DT_COLL_SCATTER:
-        return scatter(&a);
+        return direct(&a, false);
     case DT_COLL_ALL_TO_ALL:
         return all_to_all(&a);
     case DT_COLL_BARRIER:
