@@ -26,16 +26,6 @@ dt_ddp_opts dt_ddp_opts_default(void) {
     return (dt_ddp_opts){.broadcast_params = true, .overlap = true};
 }
 
-// The plain reduction of a bucket: the average over ranks, in comm's tree order with
-// tree_reduce (with 2 ranks every order is a + b).
-static dt_status all_reduce_start(void *state, dt_pg *pg, int bucket, float *grad, size_t count,
-                                  dt_work **work) {
-    const dt_ddp *d = state;
-    (void)bucket;
-    return dt_pg_all_reduce_ordered_async(pg, grad, grad, count, DT_FLOAT32, DT_REDUCE_AVG,
-                                          d->o.tree_reduce ? DT_ORDER_TREE : DT_ORDER_ANY, work);
-}
-
 dt_status dt_ddp_mark_ready(dt_ddp *d, size_t offset, size_t count) {
     return dt_reducer_mark(d->r, offset, count);
 }
@@ -172,11 +162,15 @@ dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *o
                           .first_bucket_bytes = d->o.first_bucket_bytes,
                           .track              = true,
                           .overlap            = d->o.overlap,
-                          .hook               = {.start = all_reduce_start, .state = d}};
+                          // the average over ranks, in comm's tree order with tree_reduce
+                          // (with 2 ranks every order is a + b)
+                          .order = d->o.tree_reduce ? DT_ORDER_TREE : DT_ORDER_ANY};
     dt_status       s  = DT_OK;
     if ((d->o.comm_hook || d->o.compress != DT_DDP_COMPRESS_NONE) && d->o.tree_reduce)
         s = dt_fail(DT_ERR_ARG, "ddp: tree_reduce and gradient compression (or a comm hook) "
                                 "both set: expected one of them");
+    else if (d->o.comm_hook && !d->o.comm_hook->start)
+        s = dt_fail(DT_ERR_ARG, "ddp: expected a comm hook with a start, found none");
     else if (d->o.comm_hook)
         ro.hook = *d->o.comm_hook;
     else if (d->o.compress != DT_DDP_COMPRESS_NONE)

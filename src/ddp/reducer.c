@@ -107,9 +107,11 @@ static dt_status start_bucket(dt_reducer *r, int i) {
     bk->started = true;
     bk->work    = NULL;
     DT_TRACE_BEGIN(tr);
-    dt_status s =
-        r->o.hook.start(r->o.hook.state, r->pg, i, dt_params_grads(r->p) + bk->span.offset,
-                        bk->span.count, &bk->work);
+    float    *g = dt_params_grads(r->p) + bk->span.offset;
+    dt_status s = r->o.hook.start
+                      ? r->o.hook.start(r->o.hook.state, r->pg, i, g, bk->span.count, &bk->work)
+                      : dt_pg_all_reduce_ordered_async(r->pg, g, g, bk->span.count, DT_FLOAT32,
+                                                       DT_REDUCE_AVG, r->o.order, &bk->work);
     DT_TRACE_END(tr, r->o.who, "bucket start", "bucket", i);
     if (s != DT_OK) {
         bk->work = NULL;
@@ -259,8 +261,8 @@ dt_status dt_reducer_sync(dt_reducer *r) {
 
 dt_status dt_reducer_new(dt_reducer **out, dt_params *p, dt_pg *pg, const dt_reducer_opts *o) {
     *out = NULL;
-    if (!o->hook.start)
-        return dt_fail(DT_ERR_ARG, "%s: expected a reduction hook with a start, found none",
+    if (!o->hook.start && o->hook.finish)
+        return dt_fail(DT_ERR_ARG, "%s: expected a comm hook with a start, found a finish alone",
                        o->who);
     dt_reducer *r = dt_alloc_zero(sizeof *r);
     if (!r)

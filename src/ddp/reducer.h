@@ -9,9 +9,9 @@
 //     an error returned to the backward that reported it;
 //   - launch: a bucket's reduction starts the moment its last gradient is final (or all
 //     at sync without overlap), in bucket order on every rank;
-//   - the reduction itself: a comm hook (ddp.h's dt_ddp_comm_hook: DDP's all-reduce,
-//     its 16-bit compression, PowerSGD, ZeRO's reduce-scatter) started per bucket and
-//     finished at sync;
+//   - the reduction itself: the all-reduce average (in comm's tree order for DDP's
+//     tree_reduce) or a comm hook (ddp.h's dt_ddp_comm_hook: DDP's 16-bit compression,
+//     PowerSGD, ZeRO's reduce-scatter) started per bucket and finished at sync;
 //   - errors: every failure reaches the caller of the call that caused it (the backward
 //     for reports, dt_reducer_sync for the reductions), and a failed sync aborts the
 //     group, so the other ranks fail at once instead of waiting.
@@ -41,7 +41,8 @@ typedef struct dt_reducer_opts {
     bool        track;              // register the gradient-ready consumer; sync then requires
                                     // every trainable tensor reported in the step
     bool             overlap;       // start buckets during backward (with track)
-    dt_ddp_comm_hook hook;          // how a bucket is reduced (start is required)
+    dt_ddp_comm_hook hook;          // how a bucket is reduced; start NULL: the average
+    dt_reduce_order  order;         // over the ranks, all_reduce in this order
 } dt_reducer_opts;
 
 // Plans the buckets of `p` (borrowed, with storage) and, with track, registers the
