@@ -83,7 +83,7 @@ void dt_strategy_free(dt_strategy *s) {
 
 // ------------------------------------------------------------------ micro-batches
 
-dt_status dt_strategy_begin_window(dt_strategy *s) {
+dt_status dt_strategy_share_buffers(dt_strategy *s) {
     return s->ddp && s->o.broadcast_buffers ? dt_ddp_broadcast_buffers(s->ddp) : DT_OK;
 }
 
@@ -243,10 +243,6 @@ dt_status dt_strategy_step(dt_strategy *s) {
 }
 
 // ----------------------------------------------------------------------- the end
-
-dt_status dt_strategy_finish(dt_strategy *s) {
-    return s->ddp && s->o.broadcast_buffers ? dt_ddp_broadcast_buffers(s->ddp) : DT_OK;
-}
 
 // The CRC32C of this rank's parameters against every rank's of `g` (NULL: none).
 static dt_status same_crc(dt_pg *g, uint32_t crc, int32_t *first, int *bad, int32_t *theirs) {

@@ -7,13 +7,13 @@
 // points of a step, without knowing which of them runs:
 //
 //     dt_strategy_new                              the parameters wrapped (dt_trainer_prepare)
-//     per micro-batch:  dt_strategy_begin_window   at a window's first (buffers)
+//     per micro-batch:  dt_strategy_share_buffers  at a window's first
 //                       dt_strategy_set_sync       the window's last one reduces
 //                       dt_strategy_forward_backward    (DataParallel programs)
 //     per step:         dt_strategy_reduce         the mean gradient over ranks and window
 //                       dt_strategy_clip           the global norm
 //                       dt_strategy_step           the optimizer step
-//     at the end:       dt_strategy_finish, dt_strategy_check_replicas
+//     at the end:       dt_strategy_share_buffers, dt_strategy_check_replicas
 #ifndef DTRAIN_PARALLEL_STRATEGY_H
 #define DTRAIN_PARALLEL_STRATEGY_H
 
@@ -52,9 +52,9 @@ dt_status dt_strategy_new(dt_strategy **out, dt_params *p, dt_optim *opt, dt_pg 
                           dt_strategy_info *info /* out, may be NULL */);
 void      dt_strategy_free(dt_strategy *s); // NULL-safe
 
-// A window's first micro-batch begins (gradients zeroed): rank 0's buffers to every
-// rank with broadcast_buffers.
-dt_status dt_strategy_begin_window(dt_strategy *s);
+// Rank 0's buffers to every rank with broadcast_buffers (PyTorch DDP's): at each
+// window's first micro-batch and at the end of training. COLLECTIVE.
+dt_status dt_strategy_share_buffers(dt_strategy *s);
 // Whether this micro-batch's backward ends the window (its reduction runs then).
 void dt_strategy_set_sync(dt_strategy *s, bool sync);
 // DataParallel: the program's replicas (dp.h). forward_backward runs ops->work on the
@@ -83,8 +83,6 @@ dt_status dt_strategy_clip(dt_strategy *s, float max_norm, float *norm);
 // The optimizer step (ZeRO: this rank's shard, then the parameters gathered).
 dt_status dt_strategy_step(dt_strategy *s);
 
-// The end of training: rank 0's buffers to every rank with broadcast_buffers.
-dt_status dt_strategy_finish(dt_strategy *s);
 // The replicas hold the same parameters: *crc this rank's CRC32C; `what` receives
 // "Parameters identical on all 4 ranks (CRC32C ...)" or the mesh's or ZeRO-3's form
 // (empty without a group). COLLECTIVE.

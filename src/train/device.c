@@ -164,7 +164,7 @@ dt_status dt_trainer_device_step(dt_trainer *t, const void *const *inputs, const
         DT_TRY(dt_exec_zero_grad(t->exec));
     if (t->micro == 0 && dt_train_dp_group(t) && t->o.broadcast_buffers) { // rank 0's
         DT_TRY(dt_exec_pull(t->exec, DT_EXEC_BUFFERS, NULL));              // statistics
-        DT_TRY(dt_strategy_begin_window(t->strat));
+        DT_TRY(dt_strategy_share_buffers(t->strat));
         DT_TRY(dt_exec_push(t->exec, DT_EXEC_BUFFERS, NULL));
     }
     dt_exec_set_rng(t->exec, &t->er);

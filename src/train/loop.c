@@ -551,7 +551,7 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
         size_t left = t->nbatches > b->index ? t->nbatches - b->index : 1;
         t->window   = (int)(left < (size_t)k ? left : (size_t)k);
         dt_params_zero_grad(t->p);
-        if ((t->err = dt_strategy_begin_window(t->strat)) != DT_OK)
+        if ((t->err = dt_strategy_share_buffers(t->strat)) != DT_OK)
             return false;
     }
     if (!t->join)
@@ -771,7 +771,7 @@ dt_status dt_trainer_finish(dt_trainer *t) {
     dt_train_preempt_release(); // from here on, SIGTERM ends the process at once
     DT_TRY(dt_trainer_wait_for_everyone(t));
     t->finished = dt_now();
-    DT_TRY(dt_strategy_finish(t->strat)); // every rank evaluates and saves rank 0's buffers
+    DT_TRY(dt_strategy_share_buffers(t->strat)); // rank 0's buffers everywhere
     if (t->local_rank == 0 && !a->eval_only) {
         if (t->o.loop_time)
             printf("Finished training in %.3f secs (the training loop; %.2f secs from start-up)\n",
