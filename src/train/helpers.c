@@ -88,24 +88,25 @@ dt_rng dt_trainer_step_rng(const dt_trainer *t, uint64_t id) {
     return dt_rng_split(&s, id);
 }
 
+static void vprint_if(bool yes, const char *fmt, va_list ap) {
+    if (yes) {
+        vprintf(fmt, ap);
+        fflush(stdout);
+    }
+}
+
 void dt_trainer_print(const dt_trainer *t, const char *fmt, ...) {
-    if (t->rank != 0)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vprintf(fmt, ap);
+    vprint_if(t->rank == 0, fmt, ap);
     va_end(ap);
-    fflush(stdout);
 }
 
 void dt_trainer_print_local(const dt_trainer *t, const char *fmt, ...) {
-    if (t->local_rank != 0)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vprintf(fmt, ap);
+    vprint_if(t->local_rank == 0, fmt, ap);
     va_end(ap);
-    fflush(stdout);
 }
 
 // ------------------------------------------------------------------ collective helpers
