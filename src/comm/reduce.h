@@ -2,9 +2,9 @@
 // algorithm uses (sum, avg, max, min, prod over float32, int32 and int64; the 16-bit
 // gradient compression of src/ddp sums its widened blocks with them too), the division
 // that ends an average, and the copy that the shared-memory algorithms stream with.
-// Each entry point is a plain function over plain buffers, so that the kernel table of
-// the NN core can register these bodies as rows without touching the algorithms. Hot
-// loops carry DT_CLONES (AVX-512 / AVX2 / baseline, chosen at load time).
+// Each entry point is a plain function over plain buffers; the loops are the kernel
+// table's rows (reduce, reduce_sum2, reduce_div: src/kernels/vec/reduce.c), so DT_ISA
+// caps them like every other kernel.
 #ifndef DTRAIN_COMM_REDUCE_H
 #define DTRAIN_COMM_REDUCE_H
 
