@@ -18,6 +18,37 @@ int dt_trainer_rank(const dt_trainer *t) {
 int dt_trainer_world(const dt_trainer *t) {
     return t->world;
 }
+bool dt_train_mesh_on(const dt_trainer *t) {
+    return t->mesh != NULL;
+}
+int dt_trainer_mesh_size(const dt_trainer *t, dt_mesh_dim dim) {
+    if (dim < 0 || dim >= DT_MESH_DIM_COUNT_)
+        return -1;
+    return t->msize[dim] > 0 ? t->msize[dim] : dim == DT_MESH_DP ? t->world : 1;
+}
+int dt_trainer_mesh_coord(const dt_trainer *t, dt_mesh_dim dim) {
+    if (t->mesh)
+        return dt_mesh_coord(t->mesh, dim);
+    return dim == DT_MESH_DP ? t->rank : dim < 0 || dim >= DT_MESH_DIM_COUNT_ ? -1 : 0;
+}
+
+dt_pg *dt_trainer_mesh_group(dt_trainer *t, dt_mesh_dim dim) {
+    if (t->mesh)
+        return dt_mesh_size(t->mesh, dim) > 1 ? dt_mesh_group(t->mesh, dim) : NULL;
+    return dim == DT_MESH_DP ? t->pg : NULL;
+}
+
+dt_pg *dt_train_dp_group(dt_trainer *t) {
+    return dt_trainer_mesh_group(t, DT_MESH_DP);
+}
+int dt_train_dp_size(const dt_trainer *t) {
+    return dt_trainer_mesh_size(t, DT_MESH_DP);
+}
+
+dt_pipe *dt_trainer_pipe(dt_trainer *t) {
+    return t->pipe;
+}
+
 int dt_trainer_local_rank(const dt_trainer *t) {
     return t->local_rank;
 }

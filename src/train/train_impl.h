@@ -205,9 +205,10 @@ dt_status dt_train_mesh_check(const dt_trainer *t, int world);
 dt_status dt_train_mesh_start(dt_trainer *t);
 void      dt_train_mesh_release(dt_trainer *t); // the pipeline, its graph, the mesh
 // Whether the model is cut or split (pp x tp > 1): checkpoints per part, the norm over
-// the parts, whole model files gathered and cut.
+// the parts, whole model files gathered and cut (an accessor: helpers.c).
 bool dt_train_mesh_on(const dt_trainer *t);
-// The group DDP and ZeRO reduce over (NULL: none), and its size (1 without one).
+// The group DDP and ZeRO reduce over (NULL: none), and its size (1 without one;
+// accessors too: helpers.c).
 dt_pg *dt_train_dp_group(dt_trainer *t);
 int    dt_train_dp_size(const dt_trainer *t);
 // Checkpoints of this rank's part (<dir>/pp<S>-tp<R>), by its dp group; loading agrees
