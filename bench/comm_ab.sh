@@ -12,11 +12,14 @@
 #   OLD=... EXTRA=--bind bench/comm_ab.sh     # rank i pinned to CPU i (steadier small sizes)
 #
 # Prints, per collective, backend and size, the median time (us) of each binary over the
-# passes and new/old (< 1: the new one is faster). A build of an older commit for OLD:
-#   mkdir /tmp/old && git archive <commit> | tar -x -C /tmp/old && make -C /tmp/old -j2 lib
+# passes, new/old (< 1: the new one is faster), and the median CPU time (us, user+sys of
+# the slowest rank) of each. A build of an older commit for OLD, and the same bench
+# source over this tree's library for NEW (both compiled alike):
+#   mkdir /tmp/old && git archive <commit> | tar -x -C /tmp/old
+#   make -C /tmp/old -j2 build/release/lib/libdtrain.a
 #   cc -O2 -std=c11 -D_GNU_SOURCE -I/tmp/old/include bench/dtrain-bench/main.c \
-#       /tmp/old/build/release/lib/libdtrain.a -lopenblas -ldeflate -lz -lm -lpthread \
-#       -o /tmp/old/dtrain-bench      (this file's bench, the old library: same public API)
+#       /tmp/old/build/release/lib/libdtrain.a $(mpicc --showme:link) -ldeflate -lz -lm \
+#       -lpthread -ldl -o /tmp/old/dtrain-bench   (this file's bench, the old library)
 set -eu
 cd "$(dirname "$0")/.."
 OLD=${OLD:?set OLD to the dtrain-bench binary to compare with}
@@ -58,15 +61,18 @@ done
 /usr/bin/python3 - "$OUT" "$COLLS" "$BACKENDS" "$SIZES" <<'EOF'
 import glob, os, statistics, sys
 out, colls, backends, sizes = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4].split()
-def times(which, coll, be, size):
+def times(which, coll, be, size, col=4):
     t = []
     for f in glob.glob(os.path.join(out, f"{which}.{coll}.{be}.{size}.*.txt")):
         for line in open(f):
             p = line.split()
-            if len(p) >= 7 and p[0].isdigit():
-                t.append(float(p[4]))
+            if len(p) > col and p[0].isdigit():
+                t.append(float(p[col]))
     return t
-print(f"{'collective':14} {'backend':8} {'size':>5} {'old us':>10} {'new us':>10} {'new/old':>8}  passes")
+def med(v):
+    return statistics.median(v) if v else float("nan")
+print(f"{'collective':14} {'backend':8} {'size':>5} {'old us':>10} {'new us':>10} {'new/old':>8}  "
+      f"{'old cpu':>9} {'new cpu':>9}  passes")
 for c in colls:
     for be in backends:
         for s in sizes:
@@ -75,5 +81,7 @@ for c in colls:
                 print(f"{c:14} {be:8} {s:>5}  (missing)")
                 continue
             mo, mn = statistics.median(o), statistics.median(n)
-            print(f"{c:14} {be:8} {s:>5} {mo:10.1f} {mn:10.1f} {mn / mo:8.3f}  {len(o)}/{len(n)}")
+            co, cn = med(times("old", c, be, s, 7)), med(times("new", c, be, s, 7))
+            print(f"{c:14} {be:8} {s:>5} {mo:10.1f} {mn:10.1f} {mn / mo:8.3f}  "
+                  f"{co:9.1f} {cn:9.1f}  {len(o)}/{len(n)}")
 EOF
