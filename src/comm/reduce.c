@@ -86,10 +86,11 @@ void dt_reduce_div(dt_dtype dtype, void *buf, size_t count, int divisor) {
 
 // 4 KiB: a scratch block and one block of each input stay in L1 (32-48 KiB on the
 // machines measured). The tree order needs 1.5 h scratch blocks (h the largest power
-// of two below nin: one level's partials and the next's), taken from a 16 KiB array:
-// blocks shrink as h grows, down to one cache line at h = 128 (nin up to 256).
-#define BLOCK_BYTES 4096
-#define TREE_BYTES  16384
+// of two below nin: one level's partials and the next's), 16 KiB of them: blocks shrink
+// as h grows, down to one cache line (from h = 128; up to h = 256, nin up to 512).
+#define BLOCK_BYTES  4096
+#define TREE_BYTES   16384
+#define TREE_MAX_TOP 256
 
 static void finish_block(void *out1, void *out2, bool nt, size_t off, unsigned char *t,
                          size_t nbytes, dt_dtype dtype, dt_reduce_op op, size_t n, int nin) {
@@ -119,11 +120,13 @@ static void reduce_tree(void *out1, void *out2, bool nt, const void *const *in, 
     int top = 1;
     while (2 * top < nin)
         top *= 2;
-    _Alignas(64) unsigned char tmp[TREE_BYTES];
+    DT_ASSERT(top <= TREE_MAX_TOP);
+    _Alignas(64) unsigned char tmp[(TREE_MAX_TOP + TREE_MAX_TOP / 2) * 64];
     // top blocks for a level, top / 2 for the next (then the first again, and so on).
-    size_t bb    = (TREE_BYTES / (size_t)(top + top / 2)) & ~(size_t)63;
+    size_t bb = (TREE_BYTES / (size_t)(top + top / 2)) & ~(size_t)63;
+    if (bb < 64)
+        bb = 64;
     size_t block = bb / es;
-    DT_ASSERT(block > 0);
     unsigned char *lvl[2] = {tmp, tmp + (size_t)top * bb};
     for (size_t at = 0; at < count; at += block) {
         size_t n = count - at < block ? count - at : block, off = at * es, nbytes = n * es;

@@ -299,6 +299,35 @@ static void test_reduce_n_orders(void) {
     dt_reduce_n(io, NULL, false, ii, 3, 2, DT_INT32, DT_REDUCE_SUM, DT_ORDER_TREE);
     CHECK(io[0] == 5 && io[1] == INT32_MIN + 1);
     dt_free(a);
+    // Many operands (a host's ranks): the tree's scratch blocks shrink to one cache line
+    // (8 int64s) from 129 operands on; 512 is the most. Exact against the tree's fold.
+    enum { MANY = 512, MN = 100 };
+    int64_t    *big = dt_alloc(sizeof(int64_t) * MANY * MN), mwant[MN], mgot[MN];
+    const void *min[MANY];
+    for (int k = 0; k < MANY; k++) {
+        min[k] = big + (size_t)k * MN;
+        for (int i = 0; i < MN; i++)
+            big[(size_t)k * MN + (size_t)i] = (int64_t)(dt_rng_u64(&r) >> 1) - INT64_MAX / 2;
+    }
+    for (int nin = 127; nin <= MANY; nin = nin < 300 ? nin * 2 + 1 : MANY) {
+        int top = 1;
+        while (2 * top < nin)
+            top *= 2;
+        for (int i = 0; i < MN; i++) {
+            uint64_t u[MANY];
+            for (int k = 0; k < nin; k++)
+                u[k] = (uint64_t)big[(size_t)k * MN + (size_t)i];
+            for (int h = top; h >= 1; h /= 2)
+                for (int k = 0; k < h && k + h < nin; k++)
+                    u[k] += u[k + h];
+            mwant[i] = (int64_t)u[0];
+        }
+        dt_reduce_n(mgot, NULL, false, min, nin, MN, DT_INT64, DT_REDUCE_SUM, DT_ORDER_TREE);
+        CHECK(memcmp(mgot, mwant, sizeof mwant) == 0);
+        if (nin == MANY)
+            break;
+    }
+    dt_free(big);
     for (int k = 0; k < 9; k++)
         dt_free(x[k]);
 }
