@@ -21,6 +21,7 @@
 // weight gradients) with channels in the vector lanes. DT_CONV_CL=0 declines them;
 // DT_CONV_WINO=0 keeps Winograd out.
 #include "nn/blas.h"
+#include "nn/conv16.h"
 #include "nn/nn_impl.h"
 #include "nn/ops.h"
 #include "nn/prec.h"
@@ -350,10 +351,17 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
     (void)im2col_forward(p, DT_PREC_FP32, NULL, n, h, w, x, wt, b, y, scratch); // cannot fail
 }
 
+// A bf16 convolution whose reduction is below DT_C16_MIN_K stays fp32 where the shifted
+// GEMMs run (as the fused convolution's, conv_team.c): in bf16 it would be mostly packing.
+static bool stays_fp32(const dt_nn_conv2d *p, dt_precision prec) {
+    return prec == DT_PREC_BF16 && p->cin / p->groups * p->kh * p->kw < DT_C16_MIN_K &&
+           dt_nn_want_direct();
+}
+
 dt_status dt_nn_conv2d_forward_prec(const dt_nn_conv2d *p, dt_precision prec, const void *wt16,
                                     int n, int h, int w, const float *x, const float *wt,
                                     const float *b, float *y, float *scratch) {
-    if (prec == DT_PREC_FP32) {
+    if (prec == DT_PREC_FP32 || stays_fp32(p, prec)) {
         dt_nn_conv2d_forward(p, n, h, w, x, wt, b, y, scratch);
         return DT_OK;
     }
@@ -431,7 +439,7 @@ dt_status dt_nn_conv2d_backward_prec(const dt_nn_conv2d *p, dt_precision prec, c
                                      int n, int h, int w, const float *x, const float *wt,
                                      const float *dy, float *dx, float *dw, float *db,
                                      float *scratch) {
-    if (prec == DT_PREC_FP32) {
+    if (prec == DT_PREC_FP32 || stays_fp32(p, prec)) {
         dt_nn_conv2d_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return DT_OK;
     }
