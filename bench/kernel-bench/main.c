@@ -83,11 +83,11 @@ static void conv_dw(kcase *c) {
 }
 
 static void conv_setup(kcase *c, int dir) {
-    wide g = geom(c->a);
+    wide g   = geom(c->a);
     int  cin = c->a[0], cout = c->a[1], k = c->a[2], kk = k * k;
-    c->x     = floats((size_t)cin * g.plane + 64);
-    c->y     = floats((size_t)cout * g.ld + 64);
-    c->w     = floats((size_t)cin * cout * kk);
+    c->x = floats((size_t)cin * g.plane + 64);
+    c->y = floats((size_t)cout * g.ld + 64);
+    c->w = floats((size_t)cin * cout * kk);
     if (dir == 1) { // input gradient: shifts into the gradient rows, back from their margin
         c->off = dt_alloc(sizeof(int) * (size_t)cout * kk);
         for (int o = 0; o < cout; o++)
@@ -207,7 +207,8 @@ int main(int argc, char **argv) {
     }
     char line[320];
     printf("# %s\n", dt_kernels_describe(line, sizeof line));
-    printf("%-34s %-34s %10s %8s%s\n", "case", "kernel", "us", "GFLOP/s", peak > 0 ? "   peak" : "");
+    printf("%-34s %-34s %10s %8s%s\n", "case", "kernel", "us", "GFLOP/s",
+           peak > 0 ? "   peak" : "");
     // clang-format off
     static kcase cases[] = {
         {.name = "convnet conv1 fwd 1-32 k3 28", .run = conv_fwd, .a = {1, 32, 3, 28, 0}},
@@ -252,9 +253,9 @@ int main(int argc, char **argv) {
         } else if (c->run == lin_fwd || c->run == lin_dx || c->run == lin_shards) {
             lin_setup(c);
             dt_krow_describe(t,
-                             c->run == lin_fwd   ? DT_KROW_shifted_gemm_nt
-                             : c->run == lin_dx  ? DT_KROW_shifted_gemm
-                                                 : DT_KROW_shifted_gemm_shards,
+                             c->run == lin_fwd  ? DT_KROW_shifted_gemm_nt
+                             : c->run == lin_dx ? DT_KROW_shifted_gemm
+                                                : DT_KROW_shifted_gemm_shards,
                              desc, sizeof desc);
         } else {
             conv_setup(c, c->run == conv_dx);

@@ -8,7 +8,7 @@
 // for the shapes of the ResNet workload: 144 x 1024 floats at most). Backward rebuilds
 // the columns rather than keeping them from forward.
 //
-// Stride 1 without groups, on CPUs with AVX-512 (dt_nn_want_direct: DT_CONV=gemm|direct
+// Stride 1 without groups, on CPUs with AVX2 or AVX-512 (dt_nn_want_direct: DT_CONV=gemm|direct
 // overrides), skips the column matrix: in the "wide" layout of conv2d.c (output
 // positions indexed over the padded input's width wp) each im2col row is the slice
 // xp + c*plane + ki*wp + kj of the padded input, so forward, weight gradient and input
@@ -193,7 +193,7 @@ void dt_nn_conv2d_init(const dt_nn_conv2d *p, dt_rng *rng, float *w, float *b) {
         uniform_fill(rng, b, (size_t)p->cout, bound);
 }
 
-// ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
+// ------------------------------------------ stride 1, AVX2 / AVX-512: shifted GEMMs
 
 typedef struct direct {
     wide   g;

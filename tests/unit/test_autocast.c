@@ -328,7 +328,8 @@ static void fused_bf16_operands(void) {
         printf("fused conv, bf16 operands: the shifted GEMMs do not run here, skipped\n");
         return;
     }
-    static const int shapes[][6] = {{3, 10, 12, 16, 1, 1}, {5, 9, 11, 8, 0, 0}}; // c h w out pad pool
+    static const int shapes[][6] = {{3, 10, 12, 16, 1, 1},
+                                    {5, 9, 11, 8, 0, 0}}; // c h w out pad pool
     for (int i = 0; i < 2; i++)
         for (int threads = 1; threads <= 2; threads++) {
             const int *sh = shapes[i];

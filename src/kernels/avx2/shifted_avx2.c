@@ -71,11 +71,13 @@ AI void fwd_tile(const float *restrict src, const int *restrict off, int R, int 
     for (int r = 0; r < R; r++) {
         const float *x = src + off[r] + j;
         __m256       xv[FV];
-        UNROLL(4) for (int v = 0; v < FV; v++) xv[v] =
+        UNROLL(4)
+        for (int v = 0; v < FV; v++) xv[v] =
             full ? _mm256_loadu_ps(x + 8 * v) : _mm256_maskload_ps(x + 8 * v, m[v]);
         UNROLL(6) for (int i = 0; i < MR; i++) {
             __m256 wv = _mm256_broadcast_ss(w + (size_t)i * w_ld + r);
-            UNROLL(4) for (int v = 0; v < FV; v++) acc[i][v] = _mm256_fmadd_ps(wv, xv[v], acc[i][v]);
+            UNROLL(4)
+            for (int v = 0; v < FV; v++) acc[i][v] = _mm256_fmadd_ps(wv, xv[v], acc[i][v]);
         }
     }
     UNROLL(6) for (int i = 0; i < MR; i++) UNROLL(4) for (int v = 0; v < FV; v++) {
@@ -90,14 +92,14 @@ AI void fwd_tile(const float *restrict src, const int *restrict off, int R, int 
 // One instance per (rows, full width): the row count and the masks are constants in each.
 #define FWD_CASE(r)                                                                                \
     case 2 * (r) + 1:                                                                              \
-        fwd_tile(src, off, R, w_ld, w, r, true, m, j, out, out_ld, add);                                 \
+        fwd_tile(src, off, R, w_ld, w, r, true, m, j, out, out_ld, add);                           \
         break;                                                                                     \
     case 2 * (r):                                                                                  \
-        fwd_tile(src, off, R, w_ld, w, r, false, m, j, out, out_ld, add);                                \
+        fwd_tile(src, off, R, w_ld, w, r, false, m, j, out, out_ld, add);                          \
         break;
 
-static void fwd_any(const float *src, const int *off, int R, int w_ld, const float *w, int mr, int nr,
-                    int j, float *out, size_t out_ld, bool add) {
+static void fwd_any(const float *src, const int *off, int R, int w_ld, const float *w, int mr,
+                    int nr, int j, float *out, size_t out_ld, bool add) {
     __m256i m[FV];
     bool    full = nr == 8 * FV;
     lane_masks(nr, m, FV);
@@ -169,7 +171,8 @@ AI void nt_tile(const float *restrict a, size_t a_ld, int o0, const float *restr
     const float *ar[GO], *xr[GR];
     UNROLL(4) for (int o = 0; o < MO; o++) ar[o] = a + (size_t)(o0 + o) * a_ld;
     UNROLL(3) for (int q = 0; q < MS; q++) xr[q] = src + off[r0 + q];
-    UNROLL(4) for (int o = 0; o < MO; o++) UNROLL(3) for (int q = 0; q < MS; q++) acc[o][q] =
+    UNROLL(4)
+    for (int o = 0; o < MO; o++) UNROLL(3) for (int q = 0; q < MS; q++) acc[o][q] =
         _mm256_setzero_ps();
     int j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -177,7 +180,8 @@ AI void nt_tile(const float *restrict a, size_t a_ld, int o0, const float *restr
         UNROLL(3) for (int q = 0; q < MS; q++) xv[q] = _mm256_loadu_ps(xr[q] + j);
         UNROLL(4) for (int o = 0; o < MO; o++) {
             __m256 av = _mm256_loadu_ps(ar[o] + j);
-            UNROLL(3) for (int q = 0; q < MS; q++) acc[o][q] = _mm256_fmadd_ps(av, xv[q], acc[o][q]);
+            UNROLL(3)
+            for (int q = 0; q < MS; q++) acc[o][q] = _mm256_fmadd_ps(av, xv[q], acc[o][q]);
         }
     }
     if (j < n) {
@@ -185,10 +189,12 @@ AI void nt_tile(const float *restrict a, size_t a_ld, int o0, const float *restr
         UNROLL(3) for (int q = 0; q < MS; q++) xv[q] = _mm256_maskload_ps(xr[q] + j, tail);
         UNROLL(4) for (int o = 0; o < MO; o++) {
             __m256 av = _mm256_maskload_ps(ar[o] + j, tail);
-            UNROLL(3) for (int q = 0; q < MS; q++) acc[o][q] = _mm256_fmadd_ps(av, xv[q], acc[o][q]);
+            UNROLL(3)
+            for (int q = 0; q < MS; q++) acc[o][q] = _mm256_fmadd_ps(av, xv[q], acc[o][q]);
         }
     }
-    UNROLL(4) for (int o = 0; o < MO; o++) UNROLL(3) for (int q = 0; q < MS; q++)
+    UNROLL(4)
+    for (int o = 0; o < MO; o++) UNROLL(3) for (int q = 0; q < MS; q++)
         dw[(size_t)(o0 + o) * R + r0 + q] += hsum8(acc[o][q]);
 }
 

@@ -16,7 +16,7 @@
 // Columns of the wide output whose window wraps past the row end are dropped on the
 // way out; their gradient is zero on the way back.
 //
-// On CPUs with AVX-512, stride-1 convolutions skip the column matrix altogether: in the
+// On CPUs with AVX2 or AVX-512, stride-1 convolutions skip the column matrix altogether: in the
 // wide layout each of its rows is a shifted slice of the input, so forward, weight
 // gradient and input gradient are "shifted GEMMs" (shifted.c) that read the input in
 // place. The input gradient is the forward kernel again, over the output gradient with
@@ -102,8 +102,8 @@ dt_status dt_team_conv_setup(nn_layer *l) {
         // or the bf16 values on the fp32 shifted GEMMs (direct_r16), where the GEMM path
         // is fp32 and the CPU runs those: the rounded input, the wide gradient, weights, a
         // rounded gradient row
-        size_t r16 = (size_t)l->in.c * g.plane + (size_t)l->out_c * g.ld + l->wcount +
-                     (size_t)(g.n + 1) / 2;
+        size_t r16 =
+            (size_t)l->in.c * g.plane + (size_t)l->out_c * g.ld + l->wcount + (size_t)(g.n + 1) / 2;
         l->scratch_floats = fwd > bwd ? fwd : bwd;
         if (im > l->scratch_floats)
             l->scratch_floats = im;
@@ -278,7 +278,7 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
     }
 }
 
-// ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
+// ------------------------------------------ stride 1, AVX2 / AVX-512: shifted GEMMs
 
 static void direct_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
     wide   g    = wide_geom(l);
@@ -416,8 +416,8 @@ static void pad_round(const float *x, int c, int h, int w, int p, float *xp) {
     memset(xp, 0, sizeof(float) * (size_t)c * (h + 2 * p) * wp);
     for (int ch = 0; ch < c; ch++)
         for (int i = 0; i < h; i++)
-            dt_f32_round_bf16(x + ((size_t)ch * h + i) * w, xp + ((size_t)ch * (h + 2 * p) + i + p) * wp + p,
-                              (size_t)w);
+            dt_f32_round_bf16(x + ((size_t)ch * h + i) * w,
+                              xp + ((size_t)ch * (h + 2 * p) + i + p) * wp + p, (size_t)w);
 }
 
 static size_t r16_offsets(const nn_layer *l) { // where the fp32 forward's offsets start

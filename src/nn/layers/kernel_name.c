@@ -1,8 +1,8 @@
 // kernel_name.c: which kernel a built-in layer runs, named from the kernel table (the
 // row and the target that filled it), for the profile's rows (dt_graph_node_profile).
 #include "kernels/table.h"
-#include "nn/layers/conv_fused.h"
 #include "nn/conv16.h"
+#include "nn/layers/conv_fused.h"
 #include "nn/layers/layers_impl.h"
 #include "nn/nn_impl.h"
 
@@ -22,11 +22,12 @@ const char *lay_kernel_name(const dt_layer *l, const dt_shape *in, char *buf, si
         const dt_ktab  *t  = dt_k();
         // bf16: conv16.c's kernels, else bf16 operands on the fp32 shifted GEMMs, else
         // im2col and the bf16 GEMM's path (conv_team.c decides at each call alike)
-        bool d16 = nl->direct16 && dt_c16_usable(), r16 = nl->direct16 && !d16 && dt_nn_want_direct();
+        bool d16 = nl->direct16 && dt_c16_usable(),
+             r16 = nl->direct16 && !d16 && dt_nn_want_direct();
         snprintf(buf, n, "conv2d fwd: %s/%s",
-                 t->from[d16                        ? DT_KROW_c16_shifted
+                 t->from[d16                 ? DT_KROW_c16_shifted
                          : nl->direct || r16 ? DT_KROW_shifted_gemm
-                                                    : DT_KROW_sgemm],
+                                             : DT_KROW_sgemm],
                  d16          ? "bf16 direct"
                  : r16        ? "direct, bf16 operands"
                  : nl->direct ? "direct"
