@@ -32,8 +32,8 @@ static const dt_setting table[] = {
      "caps the CPU kernel targets at this level and those below it (auto: the best the CPU "
      "has); ref is portable C alone"},
     {"DT_CONV", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|direct|gemm",
-     "convolution kernels: dtrain's AVX-512 ones (direct) or im2col and the GEMM (gemm); auto "
-     "picks direct where the CPU has AVX-512"},
+     "convolution kernels: dtrain's shifted GEMMs (direct) or im2col and the GEMM (gemm); auto "
+     "picks direct where the CPU has AVX2 or AVX-512"},
     {"DT_CONV_CL", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
      "new layers' convolutions: channels-in-lanes AVX-512 kernels where measured faster "
      "(auto), never (0), or also for rows wider than 14 (1)"},
