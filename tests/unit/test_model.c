@@ -240,7 +240,7 @@ typedef struct hook_log {
     const float *grads;
 } hook_log;
 
-static void on_ready(void *user, size_t off, size_t cnt) {
+static dt_status on_ready(void *user, size_t off, size_t cnt) {
     hook_log *h = user;
     if (h->n < 16) {
         h->off[h->n] = off;
@@ -248,6 +248,7 @@ static void on_ready(void *user, size_t off, size_t cnt) {
         h->n++;
     }
     memcpy(h->snap + off, h->grads + off, cnt * sizeof(float));
+    return DT_OK;
 }
 
 static void test_hook_and_accumulation(void) {
