@@ -40,6 +40,7 @@
 
 BUILD  ?= release
 CC     ?= gcc
+CROSS  ?=
 PREFIX ?= /usr/local
 MPI    ?= auto
 CUDA   ?= auto
@@ -85,7 +86,33 @@ else
 endif
 
 ifeq ($(NATIVE),1)
-  OPT += -march=native -DDT_NO_CLONES
+  OPT += -march=native -DDT_NO_CLONES -DDT_NATIVE
+endif
+
+# Cross builds (CROSS=arm64: `make cross-arm64`, `make test-arm64`): Debian's
+# aarch64-linux-gnu-gcc against the arm64 multiarch libraries (libdeflate-dev:arm64,
+# zlib1g-dev:arm64), into build/arm64/ (build/arm64-debug/ for BUILD=debug), without MPI,
+# CUDA or OpenBLAS (the library calls none of OpenBLAS: BLAS=0 only leaves it unlinked).
+ifeq ($(CROSS),arm64)
+  CC   := aarch64-linux-gnu-gcc
+  MPI  := 0
+  CUDA := 0
+  BLAS := 0
+  OUT  := build/arm64$(if $(filter release,$(BUILD)),,-$(BUILD))
+  BIN  := $(OUT)/bin
+else ifneq ($(CROSS),)
+  $(error CROSS must be arm64 or empty; found "$(CROSS)")
+endif
+MACHINE := $(shell $(CC) -dumpmachine)
+# Floating-point contraction. The ref target means the same arithmetic on every machine:
+# a multiply and an add rounded separately, as baseline x86-64 (which has no FMA) does.
+# arm64's baseline has FMA, so there the whole build is compiled without contraction and
+# only the neon target's kernels (KFLAGS_neon) contract, as avx2 and up do on x86-64.
+# (-fno-builtin-fmax/fmin: GCC 12, Debian 12's, fails with an internal error vectorising
+# a loop of double fmax(acc, fabs(float)) on arm64; as library calls they are left alone.)
+ifneq ($(filter aarch64%,$(MACHINE)),)
+  BASE_CFLAGS := $(subst -ffp-contract=fast,-ffp-contract=off,$(BASE_CFLAGS)) \
+                 -fno-builtin-fmax -fno-builtin-fmin
 endif
 
 CFLAGS  ?=
@@ -162,14 +189,13 @@ MPI_SRC  := $(filter src/comm/mpi/%.c,$(LIB_SRC))
 # set and only runs where the CPU has it and DT_ISA allows it (kernels/table.c decides);
 # another machine family's folders are left out. amx adds only the tile instructions to
 # the baseline: its file also holds a software model of the tiles that runs anywhere.
-MACHINE           := $(shell $(CC) -dumpmachine)
 X86_KERNELS       := avx2 avx512 avx512bf16 amx
 ARM_KERNELS       := neon
 KFLAGS_avx2       := -march=x86-64-v3 -mtune=generic
 KFLAGS_avx512     := -march=x86-64-v4 -mtune=generic
 KFLAGS_avx512bf16 := -march=x86-64-v4 -mavx512bf16 -mtune=generic
 KFLAGS_amx        := -mamx-tile -mamx-bf16
-KFLAGS_neon       :=
+KFLAGS_neon       := -ffp-contract=fast
 KERNEL_FLAGS       = $(foreach t,$(X86_KERNELS) $(ARM_KERNELS),$(if $(filter src/kernels/$t/%,$1),$(KFLAGS_$t)))
 # The vector kernels (src/kernels/vec/*.c) are written once and compiled once per target
 # of the machine's family, -DDT_KVEC=<target> naming each object's functions.
@@ -179,7 +205,7 @@ ifneq ($(filter x86_64%,$(MACHINE)),)
   VEC_TARGETS := ref avx2 avx512
   LIB_SRC     := $(filter-out $(ARM_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
 else ifneq ($(filter aarch64%,$(MACHINE)),)
-  VEC_TARGETS := ref
+  VEC_TARGETS := ref neon
   LIB_SRC     := $(filter-out $(X86_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
 else
   VEC_TARGETS := ref
