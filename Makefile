@@ -26,9 +26,9 @@
 # (more folders for the plugin's CUDA headers and libraries: cuBLAS or NCCL outside
 # CUDA_HOME),
 # MPI=auto|0|1, CUDA=auto|0|1 (the CUDA plugin: auto builds it in release builds where
-# nvcc is found), CUDA_ARCH="80 90" (the sm_ targets it is compiled for), BLAS=0 (no
-# OpenBLAS: dtrain's own GEMM on every CPU), NODEPS=1 (skip the package check), V=1
-# (show commands).
+# nvcc is found), CUDA_ARCH="80 90" (the sm_ targets it is compiled for), NODEPS=1
+# (skip the package check), V=1 (show commands). No BLAS library: dtrain's own GEMM
+# (src/kernels/gemm.h) runs on every CPU.
 #
 # CUDA is a plugin, not a dependency: src/cuda/ builds into $(OUT)/lib/libdtrain_cuda.so,
 # linked against the CUDA libraries and not against libdtrain; the library loads it
@@ -47,7 +47,6 @@ CROSS  ?=
 PREFIX ?= /usr/local
 MPI    ?= auto
 CUDA   ?= auto
-BLAS   ?= 1
 
 ifeq ($(V),1)
 Q :=
@@ -89,18 +88,17 @@ else
 endif
 
 ifeq ($(NATIVE),1)
-  OPT += -march=native -DDT_NO_CLONES -DDT_NATIVE
+  OPT += -march=native -DDT_NATIVE
 endif
 
 # Cross builds (CROSS=arm64: `make cross-arm64`, `make test-arm64`): Debian's
 # aarch64-linux-gnu-gcc against the arm64 multiarch libraries (libdeflate-dev:arm64,
-# zlib1g-dev:arm64), into build/arm64/ (build/arm64-debug/ for BUILD=debug), without MPI,
-# CUDA or OpenBLAS (the library calls none of OpenBLAS: BLAS=0 only leaves it unlinked).
+# zlib1g-dev:arm64), into build/arm64/ (build/arm64-debug/ for BUILD=debug), without MPI
+# or CUDA.
 ifeq ($(CROSS),arm64)
   CC   := aarch64-linux-gnu-gcc
   MPI  := 0
   CUDA := 0
-  BLAS := 0
   OUT  := build/arm64$(if $(filter release,$(BUILD)),,-$(BUILD))
   BIN  := $(OUT)/bin
 else ifneq ($(CROSS),)
@@ -120,12 +118,8 @@ endif
 
 CFLAGS  ?=
 CFLAGS  := $(BASE_CFLAGS) $(OPT) $(CFLAGS) $(EXTRA_CFLAGS)
-LDLIBS  := -lopenblas -ldeflate -lz -lm -lpthread -ldl
+LDLIBS  := -ldeflate -lz -lm -lpthread -ldl
 LDFLAGS := $(SAN_LDFLAGS) -pthread $(EXTRA_LDFLAGS)
-ifeq ($(BLAS),0)
-  CFLAGS += -DDT_NO_OPENBLAS
-  LDLIBS := $(filter-out -lopenblas,$(LDLIBS))
-endif
 
 # ---------------------------------------------------------------- optional parts
 MPICC := $(shell command -v mpicc 2>/dev/null)
@@ -425,7 +419,7 @@ FUZZ_BIN     := $(FUZZ_SRC:fuzz/%.c=build/fuzz/%)
 # The fuzzers exercise parsers: they link the library without the MPI backend.
 FUZZ_LIB_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(MPI_SRC),$(LIB_SRC))) \
                 $(call VEC_OBJ,build/fuzz/obj)
-FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -pthread -DDT_NO_CLONES \
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -pthread \
                 -DDT_FUZZ=1 -fsanitize=fuzzer-no-link,address,undefined $(filter-out -Wcast-qual,$(WARN))
 FUZZ_SECONDS ?= 20
 

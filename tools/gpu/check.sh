@@ -7,7 +7,7 @@
 # Tiers, each under its own timeout and with its own log, so that a failure or an
 # overrun late in the run still leaves the earlier logs (and the summary) behind:
 #   0 env        nvidia-smi, nvcc, the cuBLAS / NCCL libraries found, PyTorch's version
-#   1 build      make CUDA=1 CUDA_ARCH=90 BLAS=0 there (else the prebuilt set), then
+#   1 build      make CUDA=1 CUDA_ARCH=90 there (else the prebuilt set), then
 #                every GPU test (tests/gpu/test_*)
 #   2 sanitizer  compute-sanitizer memcheck, then racecheck, on the GPU tests' kernels
 #   3 convnet    the seed ConvNet, one epoch on the GPU, against PyTorch on the same GPU,
@@ -110,8 +110,8 @@ tier() {
 # 1: build here; else the prebuilt set. Warnings stay warnings here (this machine's
 # compilers may be newer than CI's, which holds the code to -Werror).
 build() {
-    echo "== make (CUDA_ARCH=90, BLAS=0, $JOBS jobs)"
-    make -j"$JOBS" NODEPS=1 CUDA=1 CUDA_ARCH=90 BLAS=0 MPI=0 \
+    echo "== make (CUDA_ARCH=90,, $JOBS jobs)"
+    make -j"$JOBS" NODEPS=1 CUDA=1 CUDA_ARCH=90 MPI=0 \
         CUDA_HOME="$CUDA_HOME" CUDA_INC_DIRS="$INCS" CUDA_LIB_DIRS="$LINKS" \
         EXTRA_CFLAGS="-I$CARRY/include -Wno-error" EXTRA_LDFLAGS="-L$CARRY/lib" \
         NVCC_WERROR= NVCC_HOST_WARN=-Wall,-Wextra lib programs gpu-tests

@@ -10,7 +10,7 @@
 #                    text (/usr/share/games/fortunes)
 #   peer/            the PyTorch peer scripts (../shared/bench/peer)
 #   prebuilt/        the plugin (sm_90), the programs and the GPU tests, built here with
-#                    CUDA_ARCH=90 BLAS=0 and stripped: check.sh builds on the machine first
+#                    CUDA_ARCH=90 and stripped: check.sh builds on the machine first
 #                    (the check: it must build there) and falls back to these when
 #                    that build fails, so the runs still happen
 #
@@ -44,12 +44,12 @@ cp "$fmnist"/*-ubyte.gz "$carry/data/fashion-mnist/"
 find "$fortunes" -maxdepth 1 -type f ! -name '*.*' -exec cp {} "$carry/data/fortunes/" \;
 cp "$peer/ddp_convnet.py" "$peer/gpt_bytes.py" "$carry/peer/"
 
-echo "== prebuilt for sm_90 (a copy of the tree, BLAS=0)"
+echo "== prebuilt for sm_90 (a copy of the tree,)"
 tmp=$(mktemp -d /tmp/dtrain-pack.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 git ls-files -z | xargs -0 cp --parents -t "$tmp"
 git ls-files -z --others --exclude-standard | xargs -0 -r cp --parents -t "$tmp"
-(cd "$tmp" && make -j"${JOBS:-2}" NODEPS=1 CUDA=1 CUDA_ARCH=90 BLAS=0 MPI=0 lib programs gpu-tests) \
+(cd "$tmp" && make -j"${JOBS:-2}" NODEPS=1 CUDA=1 CUDA_ARCH=90 MPI=0 lib programs gpu-tests) \
     > "$carry/prebuilt/build.log" 2>&1 || { tail -30 "$carry/prebuilt/build.log"; exit 1; }
 for p in dtrain-mnist dtrain-gpt dtrain-resnet; do
     strip -o "$carry/prebuilt/bin/$p" "$tmp/build/bin/$p"
