@@ -14,6 +14,9 @@
 #   make bench           benchmarks against the PyTorch peer and Open MPI
 #   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
 #   make test-gpu        the GPU tests (tests/gpu/; "no GPU" and success where none is found)
+#   make cross-arm64     library, programs and tests for arm64 (aarch64-linux-gnu-gcc) into
+#                        build/arm64/; make test-arm64 builds and runs the kernel, golden and
+#                        gradient tests and a 2-process training run under qemu-aarch64
 #   make install PREFIX=/usr/local
 #   make install-check   install into a temporary prefix, build and run a program there
 #
@@ -40,6 +43,7 @@
 
 BUILD  ?= release
 CC     ?= gcc
+CROSS  ?=
 PREFIX ?= /usr/local
 MPI    ?= auto
 CUDA   ?= auto
@@ -84,7 +88,32 @@ else
 endif
 
 ifeq ($(NATIVE),1)
-  OPT += -march=native
+  OPT += -march=native -DDT_NATIVE
+endif
+
+# Cross builds (CROSS=arm64: `make cross-arm64`, `make test-arm64`): Debian's
+# aarch64-linux-gnu-gcc against the arm64 multiarch libraries (libdeflate-dev:arm64,
+# zlib1g-dev:arm64), into build/arm64/ (build/arm64-debug/ for BUILD=debug), without MPI
+# or CUDA.
+ifeq ($(CROSS),arm64)
+  CC   := aarch64-linux-gnu-gcc
+  MPI  := 0
+  CUDA := 0
+  OUT  := build/arm64$(if $(filter release,$(BUILD)),,-$(BUILD))
+  BIN  := $(OUT)/bin
+else ifneq ($(CROSS),)
+  $(error CROSS must be arm64 or empty; found "$(CROSS)")
+endif
+MACHINE := $(shell $(CC) -dumpmachine)
+# Floating-point contraction. The ref target means the same arithmetic on every machine:
+# a multiply and an add rounded separately, as baseline x86-64 (which has no FMA) does.
+# arm64's baseline has FMA, so there the whole build is compiled without contraction and
+# only the neon target's kernels (KFLAGS_neon) contract, as avx2 and up do on x86-64.
+# (-fno-builtin-fmax/fmin: GCC 12, Debian 12's, fails with an internal error vectorising
+# a loop of double fmax(acc, fabs(float)) on arm64; as library calls they are left alone.)
+ifneq ($(filter aarch64%,$(MACHINE)),)
+  BASE_CFLAGS := $(subst -ffp-contract=fast,-ffp-contract=off,$(BASE_CFLAGS)) \
+                 -fno-builtin-fmax -fno-builtin-fmin
 endif
 
 CFLAGS  ?=
@@ -157,14 +186,13 @@ MPI_SRC  := $(filter src/comm/mpi/%.c,$(LIB_SRC))
 # set and only runs where the CPU has it and DT_ISA allows it (kernels/table.c decides);
 # another machine family's folders are left out. amx adds only the tile instructions to
 # the baseline: its file also holds a software model of the tiles that runs anywhere.
-MACHINE           := $(shell $(CC) -dumpmachine)
 X86_KERNELS       := avx2 avx512 avx512bf16 amx
 ARM_KERNELS       := neon
 KFLAGS_avx2       := -march=x86-64-v3 -mtune=generic
 KFLAGS_avx512     := -march=x86-64-v4 -mtune=generic
 KFLAGS_avx512bf16 := -march=x86-64-v4 -mavx512bf16 -mtune=generic
 KFLAGS_amx        := -mamx-tile -mamx-bf16
-KFLAGS_neon       :=
+KFLAGS_neon       := -ffp-contract=fast
 KERNEL_FLAGS       = $(foreach t,$(X86_KERNELS) $(ARM_KERNELS),$(if $(filter src/kernels/$t/%,$1),$(KFLAGS_$t)))
 # The vector kernels (src/kernels/vec/*.c) are written once and compiled once per target
 # of the machine's family, -DDT_KVEC=<target> naming each object's functions.
@@ -174,7 +202,7 @@ ifneq ($(filter x86_64%,$(MACHINE)),)
   VEC_TARGETS := ref avx2 avx512
   LIB_SRC     := $(filter-out $(ARM_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
 else ifneq ($(filter aarch64%,$(MACHINE)),)
-  VEC_TARGETS := ref
+  VEC_TARGETS := ref neon
   LIB_SRC     := $(filter-out $(X86_KERNELS:%=src/kernels/%/%),$(LIB_SRC))
 else
   VEC_TARGETS := ref
@@ -343,6 +371,32 @@ test-slow: deps
 	$(Q)$(MAKE) --no-print-directory tests
 	$(Q)DT_TEST_SLOW=1 DT_TEST_TIMEOUT=1800 tests/run.sh $(OUT)/tests/comm/test_liveness \
 	    $(OUT)/tests/e2e/test_world_invariance
+
+# arm64 on any Debian machine: cross-compiled, run under qemu-user's emulation (no
+# binfmt_misc needed: each binary is started by qemu-aarch64, and a training run's workers
+# are forked, never exec'd). Correctness only: timings under emulation mean nothing.
+# The tests that exec a program (e2e, test_prec's fresh processes) are left out; the
+# liveness bounds are raised: emulated ranks run many times slower than native ones.
+ARM64_PKGS  := gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libdeflate-dev:arm64 \
+               zlib1g-dev:arm64
+ARM64_TESTS := kernels/test_gemm kernels/test_half kernels/test_rows kernels/test_table \
+               golden/test_golden golden/test_graph_golden golden/test_optim_golden \
+               grad/test_grad grad/test_grad_ops grad/test_graph_grad
+QEMU_ARM64  ?= qemu-aarch64
+.PHONY: cross-arm64 test-arm64 arm64-run
+cross-arm64 test-arm64: DT_EXTRA_PKGS += $(ARM64_PKGS)
+cross-arm64: deps
+	$(Q)$(MAKE) --no-print-directory CROSS=arm64 NODEPS=1 all tests
+# Builds what it runs (library, programs, those tests), not every test: CI's minutes.
+test-arm64: deps
+	$(Q)$(MAKE) --no-print-directory CROSS=arm64 NODEPS=1 arm64-run
+# One tests/run.sh per folder of tests, as many at once as make -j allows, then the run.
+arm64-run: $(addprefix arm64-run-,$(sort $(patsubst %/,%,$(dir $(ARM64_TESTS)))))
+	$(Q)echo "dtrain-mnist --num-processes 2 under $(QEMU_ARM64)"
+	$(Q)DT_HEARTBEAT_MS=2000 DT_LIVENESS_MS=120000 timeout -k 5 600 $(QEMU_ARM64) \
+	    $(BIN)/dtrain-mnist --num-processes 2 --batch-size 16 --limit 64 --threads 1 --no-test
+arm64-run-%: programs $(ARM64_TESTS:%=$(OUT)/tests/%)
+	$(Q)DT_TEST_RUNNER=$(QEMU_ARM64) tests/run.sh $(filter $(OUT)/tests/$*/%,$(ARM64_TESTS:%=$(OUT)/tests/%))
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory programs

@@ -1,13 +1,15 @@
 #!/bin/sh
 # Runs each test binary given under a deadline (DT_TEST_TIMEOUT seconds, default 600),
 # prints its last line ("N passed, N failed"), and a total. Fails if any binary exits
-# non-zero, dies on a signal or runs past its deadline.
+# non-zero, dies on a signal or runs past its deadline. DT_TEST_RUNNER, when set, is a
+# command each binary runs under (an emulator: qemu-aarch64 for make test-arm64).
 limit=${DT_TEST_TIMEOUT:-600}
 total_pass=0 total_fail=0 bad=""
 for t in "$@"; do
     [ -x "$t" ] || continue
     start=$(date +%s.%N)
-    out=$(timeout -k 5 "$limit" "$t" 2>"$t.stderr")
+    # shellcheck disable=SC2086
+    out=$(timeout -k 5 "$limit" ${DT_TEST_RUNNER:-} "$t" 2>"$t.stderr")
     rc=$?
     secs=$(echo "$(date +%s.%N) - $start" | bc)
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -1)

@@ -11,6 +11,7 @@
 void dt_kvec_fill_ref(dt_ktab *t);
 void dt_kvec_fill_avx2(dt_ktab *t);
 void dt_kvec_fill_avx512(dt_ktab *t);
+void dt_kvec_fill_neon(dt_ktab *t);
 
 // The hand-written kernels of each target's folder (<target>/fill.c), and ref's.
 void dt_kfill_ref(dt_ktab *t);
@@ -18,6 +19,7 @@ void dt_kfill_avx2(dt_ktab *t);
 void dt_kfill_avx512(dt_ktab *t);
 void dt_kfill_avx512bf16(dt_ktab *t);
 void dt_kfill_amx(dt_ktab *t);
+void dt_kfill_neon(dt_ktab *t);
 
 // ref/half_ref.c: the fp16 conversions one value at a time.
 void dt_kfill_half_ref(dt_ktab *t);
@@ -26,6 +28,7 @@ void dt_kfill_half_ref(dt_ktab *t);
 dt_k_sgemm_fn dt_k_sgemm_ref;
 dt_k_sgemm_fn dt_k_sgemm_avx2;
 dt_k_sgemm_fn dt_k_sgemm_avx512;
+dt_k_sgemm_fn dt_k_sgemm_neon;
 
 // avx2/shifted_avx2.c: the shifted GEMMs on AVX2's register tiles.
 dt_k_shifted_fn        dt_k_shifted_gemm_avx2;
@@ -37,5 +40,8 @@ dt_k_to16_fn   dt_k_f32_to_f16_avx2;
 dt_k_from16_fn dt_k_f16_to_f32_avx2;
 dt_k_to16_fn   dt_k_f32_to_f16_avx512;
 dt_k_from16_fn dt_k_f16_to_f32_avx512;
+// neon/half_neon.c: the same with FCVTN / FCVTL.
+dt_k_to16_fn   dt_k_f32_to_f16_neon;
+dt_k_from16_fn dt_k_f16_to_f32_neon;
 
 #endif // DTRAIN_KERNELS_FILL_H

@@ -1,5 +1,6 @@
 // gemm.c: the blocking and packing of dtrain's GEMM (gemm.h); the microkernels that
-// compute each tile are per target (kernels/ref, kernels/avx2, kernels/avx512).
+// compute each tile are per target (kernels/ref, kernels/avx2, kernels/avx512,
+// kernels/neon).
 //
 // Loops, outermost first (the usual order of BLIS-style GEMMs): columns of C in
 // blocks of nc, the reduction in blocks of kc (op(B)'s block packed into panels of NR
@@ -26,6 +27,9 @@ static gemm_kernel kernel_of(dt_isa target) {
         return (gemm_kernel){DT_GEMM_AVX512_MR, DT_GEMM_AVX512_NR, dt_gemm_tile_avx512};
     if (target == DT_ISA_AVX2)
         return (gemm_kernel){DT_GEMM_AVX2_MR, DT_GEMM_AVX2_NR, dt_gemm_tile_avx2};
+#elif defined(__aarch64__)
+    if (target == DT_ISA_NEON)
+        return (gemm_kernel){DT_GEMM_NEON_MR, DT_GEMM_NEON_NR, dt_gemm_tile_neon};
 #endif
     (void)target;
     return (gemm_kernel){DT_GEMM_REF_MR, DT_GEMM_REF_NR, dt_gemm_tile_ref};
@@ -203,5 +207,10 @@ void dt_k_sgemm_avx2(bool trans_a, bool trans_b, int m, int n, int k, float alph
 void dt_k_sgemm_avx512(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
                        int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     dt_k_sgemm(DT_ISA_AVX512, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#elif defined(__aarch64__)
+void dt_k_sgemm_neon(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+                     int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dt_k_sgemm(DT_ISA_NEON, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 #endif

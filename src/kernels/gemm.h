@@ -45,8 +45,11 @@ typedef struct dt_gemm_tile {
 #define DT_GEMM_AVX2_NR   16
 #define DT_GEMM_AVX512_MR 12
 #define DT_GEMM_AVX512_NR 32
+#define DT_GEMM_NEON_MR   8
+#define DT_GEMM_NEON_NR   12
 void dt_gemm_tile_ref(const dt_gemm_tile *t);
 void dt_gemm_tile_avx2(const dt_gemm_tile *t);
 void dt_gemm_tile_avx512(const dt_gemm_tile *t);
+void dt_gemm_tile_neon(const dt_gemm_tile *t);
 
 #endif // DTRAIN_KERNELS_GEMM_H

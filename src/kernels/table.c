@@ -24,6 +24,8 @@ static const fill_step host_steps[] = {
     {DT_ISA_AVX2, dt_kvec_fill_avx2},         {DT_ISA_AVX2, dt_kfill_avx2},
     {DT_ISA_AVX512, dt_kvec_fill_avx512},     {DT_ISA_AVX512, dt_kfill_avx512},
     {DT_ISA_AVX512BF16, dt_kfill_avx512bf16}, {DT_ISA_AMX, dt_kfill_amx},
+#elif defined(__aarch64__)
+    {DT_ISA_NEON, dt_kvec_fill_neon},         {DT_ISA_NEON, dt_kfill_neon},
 #endif
 };
 

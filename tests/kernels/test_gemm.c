@@ -1,6 +1,6 @@
 // test_gemm.c: dtrain's own GEMM (kernels/gemm.h) on every target this machine can run
-// (ref always; avx2 and avx512 where the CPU has them, whatever DT_ISA says), in one
-// process.
+// (ref always; avx2 and avx512, or neon, where the CPU has them, whatever DT_ISA says), in
+// one process.
 //
 // - Accuracy: each element against a double-precision product, within the bound of a
 //   float sum of k products accumulated one after another: |err| <= (k + 2) u sum |a b|
@@ -10,6 +10,10 @@
 // - The promise that makes threads and ranks agree: any rows or columns of C computed
 //   on their own (a sub-product at another offset, with another m or n, in another
 //   tile position) are bit for bit those of the whole product, on each target.
+// - The chain itself: every element is bit for bit the chain gemm.h promises, computed
+//   here one operation at a time: a rounded multiply then a rounded add on ref (no
+//   contraction on either machine family's baseline; a NATIVE=1 build may fuse them, and
+//   then either chain is taken), fmaf on every other target.
 #include "../check.h"
 #include "kernels/gemm.h"
 
@@ -25,13 +29,14 @@ static float at(const float *x, bool trans, int ld, int i, int p) {
     return trans ? x[(size_t)p * ld + i] : x[(size_t)i * ld + p];
 }
 
+// The targets with a GEMM tile of their own that this CPU has (avx512bf16 and amx run
+// avx512's).
 static int targets(dt_isa *out) {
-    int n    = 0;
-    out[n++] = DT_ISA_REF;
-    if (dt_cpu_get()->has[DT_ISA_AVX2])
-        out[n++] = DT_ISA_AVX2;
-    if (dt_cpu_get()->has[DT_ISA_AVX512])
-        out[n++] = DT_ISA_AVX512;
+    static const dt_isa tiled[] = {DT_ISA_REF, DT_ISA_AVX2, DT_ISA_AVX512, DT_ISA_NEON};
+    int                 n       = 0;
+    for (size_t i = 0; i < sizeof tiled / sizeof tiled[0]; i++)
+        if (dt_cpu_get()->has[tiled[i]])
+            out[n++] = tiled[i];
     return n;
 }
 
@@ -143,6 +148,62 @@ static void test_partitions(void) {
     }
 }
 
+// Every element against its chain, one operation at a time (volatile keeps the compiler
+// from fusing ref's multiply and add), for every shape class and both values of beta;
+// k = 600 crosses a reduction block, so the running sums go through C between blocks.
+static void chain(dt_isa t, int m, int n, int k, bool ta, bool tb, float alpha, float beta) {
+    unsigned s   = (unsigned)(m * 17 + n * 3 + k + ta + 2 * tb);
+    int      lda = ta ? m : k, ldb = tb ? k : n, ldc = n + 1;
+    float   *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)k * n);
+    float   *c = malloc(sizeof(float) * (size_t)m * ldc),
+          *c0  = malloc(sizeof(float) * (size_t)m * ldc);
+    for (size_t i = 0; i < (size_t)m * k; i++)
+        a[i] = frand(&s);
+    for (size_t i = 0; i < (size_t)k * n; i++)
+        b[i] = frand(&s);
+    for (size_t i = 0; i < (size_t)m * ldc; i++)
+        c[i] = c0[i] = frand(&s);
+    dt_k_sgemm(t, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    int bad = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            volatile float acc = beta != 0.0f ? c0[(size_t)i * ldc + j] : 0.0f, fused = acc;
+            for (int p = 0; p < k; p++) {
+                float          x = at(a, ta, lda, i, p), y = at(b, tb, ldb, p, j);
+                volatile float prod = x * y;
+                acc                 = acc + prod;
+                fused               = fmaf(x, y, fused);
+            }
+            float want = t == DT_ISA_REF ? acc : fused, other = want;
+#if defined(DT_NATIVE)
+            other = t == DT_ISA_REF ? fused : acc;
+#endif
+            want  = alpha != 1.0f ? want * alpha : want;
+            other = alpha != 1.0f ? other * alpha : other;
+            if (memcmp(&want, &c[(size_t)i * ldc + j], sizeof want) != 0 &&
+                memcmp(&other, &c[(size_t)i * ldc + j], sizeof want) != 0 && bad++ < 3)
+                fprintf(stderr, "     %s %dx%dx%d ta%d tb%d: c[%d][%d] %.9g, its chain %.9g\n",
+                        dt_isa_name(t), m, n, k, ta, tb, i, j, c[(size_t)i * ldc + j], want);
+        }
+    CHECK(bad == 0);
+    free(a), free(b), free(c), free(c0);
+}
+
+static void test_chains(void) {
+    dt_isa ts[DT_ISA_COUNT_];
+    int    nt = targets(ts);
+    for (int ti = 0; ti < nt; ti++) {
+        check_current = dt_isa_name(ts[ti]);
+        for (int tr = 0; tr < 4; tr++) {
+            bool ta = tr & 1, tb = tr & 2;
+            chain(ts[ti], 29, 37, 41, ta, tb, 1, 0);   // partial tiles of every target
+            chain(ts[ti], 16, 48, 23, ta, tb, 1, 1);   // whole tiles of every target
+            chain(ts[ti], 9, 13, 600, ta, tb, 1, 1);   // two reduction blocks
+            chain(ts[ti], 70, 25, 7, ta, tb, 0.5f, 0); // packed B (m > 64), alpha
+        }
+    }
+}
+
 // avx512's tile runs avx2's chains on wider vectors: the same bits for every shape class.
 static void test_avx2_avx512_agree(void) {
     if (!dt_cpu_get()->has[DT_ISA_AVX512])
@@ -171,6 +232,7 @@ int main(void) {
     printf("# %s\n", dt_cpu_describe(line, sizeof line));
     test_accuracy();
     test_partitions();
+    test_chains();
     test_avx2_avx512_agree();
     return check_summary();
 }

@@ -86,9 +86,11 @@ static bool use_amx_model;
 static dt_status run_gemm(dt_prec_path path, bool ta, bool tb, int m, int n, int k, const void *a,
                           int lda, bool af, const void *b, int ldb, bool bf, float *c, int ldc,
                           bool acc) {
+#if defined(__x86_64__) // the amx folder is built on x86-64 only
     if (use_amx_model)
         return dt_gemm_amx(true, ta, tb, m, n, k, (dt_gemm_opnd){a, (size_t)lda, af},
                            (dt_gemm_opnd){b, (size_t)ldb, bf}, c, ldc, acc);
+#endif
     return dt_gemm_bf16_mixed(path, ta, tb, m, n, k, a, lda, af, b, ldb, bf, c, ldc, acc);
 }
 
@@ -172,9 +174,12 @@ static void test_gemm_paths(void) {
     }
 }
 
-// The AMX driver and packing through the software model of the tiles (any CPU), on
+// The AMX driver and packing through the software model of the tiles (any x86-64 CPU), on
 // shapes that cross the 32-row, 32-column, 32-deep and KC = 256 boundaries.
 static void test_gemm_amx_model(void) {
+#if !defined(__x86_64__)
+    return; // no amx folder on other machine families
+#endif
     static const int shapes[][3] = {{1, 1, 1},     {17, 33, 65},  {32, 32, 32}, {33, 31, 257},
                                     {40, 70, 300}, {5, 100, 513}, {64, 16, 0}};
     use_amx_model                = true;
