@@ -230,17 +230,54 @@ void dt_k_shifted_gemm_nt_avx2(const float *a, size_t a_ld, int rows, const floa
 
 // --------------------------------------------------------------- gradient shards
 
+// The shards' rows are packed (DT_KSHARD_COLS floats apart) when they fit this many
+// floats: Linear's rows of x are `in` floats apart, and 9216 (the ConvNet's fc1) is a
+// multiple of 4096 bytes, so every row's column block falls in the same few L1 sets and
+// evicts the others; packed, a chunk's rows sit in consecutive lines.
+#define PACK_FLOATS (256 * DT_KSHARD_COLS)
+
+// d[x] += s[x] for x < n, 8 lanes at a time (the last n % 8 under a mask).
+AI void add_row(float *restrict d, const float *restrict s, int n, __m256i tail) {
+    int x = 0;
+    for (; x + 8 <= n; x += 8)
+        _mm256_storeu_ps(d + x, _mm256_add_ps(_mm256_loadu_ps(d + x), _mm256_loadu_ps(s + x)));
+    if (x < n)
+        _mm256_maskstore_ps(d + x, tail,
+                            _mm256_add_ps(_mm256_maskload_ps(d + x, tail),
+                                          _mm256_maskload_ps(s + x, tail)));
+}
+
 // out[o][j] += the fixed tree over shards m < S of sum_{r < len[m]} w_m[o][r]
 // src[off[start[m] + r] + j], w_m = w + rows * start[m], for j < n <= DT_KSHARD_COLS
 // (vec/shifted.c): per band of up to FR rows, every shard's product into its tile
 // (S x DT_KSHARD_ROWS x DT_KSHARD_COLS floats, in L1) by the forward's tiles, the tree
-// over the tiles, the sum added into out.
+// over the tiles, the sum added into out. Packing moves floats, never changes one, so
+// the sums are the same bits packed or not.
 void dt_k_shifted_gemm_shards_avx2(const float *src, const int *off, const int *start,
                                    const int *len, int S, const float *w, int rows, int n,
                                    float *tile, float *out, size_t out_ld) {
     _Static_assert(FR <= DT_KSHARD_ROWS, "a band fits a shard's tile");
     const size_t tl = (size_t)DT_KSHARD_ROWS * DT_KSHARD_COLS, ld = DT_KSHARD_COLS;
-    int          bands = (rows + FR - 1) / FR;
+    if (n <= 0 || rows <= 0)
+        return;
+    __m256i tail;
+    lane_masks(n % 8, &tail, 1);
+    int rt = 0; // rows [0, rt) of off hold every shard's
+    for (int m = 0; m < S; m++)
+        if (len[m] && start[m] + len[m] > rt)
+            rt = start[m] + len[m];
+    static _Thread_local float pk[PACK_FLOATS] __attribute__((aligned(64)));
+    static _Thread_local int   pk_off[PACK_FLOATS / DT_KSHARD_COLS];
+    if ((size_t)rt * ld <= PACK_FLOATS) {
+        for (int m = 0; m < S; m++)
+            for (int r = start[m]; r < start[m] + len[m]; r++) {
+                memcpy(pk + (size_t)r * ld, src + off[r], sizeof(float) * (size_t)n);
+                pk_off[r] = r * (int)ld;
+            }
+        src = pk;
+        off = pk_off;
+    }
+    int bands = (rows + FR - 1) / FR;
     for (int b = 0, o0 = 0; b < bands; b++) {
         int mr = rows / bands + (b < rows % bands);
         for (int m = 0; m < S; m++) {
@@ -258,18 +295,11 @@ void dt_k_shifted_gemm_shards_avx2(const float *src, const int *off, const int *
         }
         for (int h = S / 2; h >= 1; h /= 2)
             for (int k = 0; k < h; k++)
-                for (int o = 0; o < mr; o++) {
-                    float       *d = tile + (size_t)k * tl + (size_t)o * ld;
-                    const float *s = tile + (size_t)(k + h) * tl + (size_t)o * ld;
-                    for (int x = 0; x < n; x++)
-                        d[x] += s[x];
-                }
-        for (int o = 0; o < mr; o++) {
-            float       *d = out + (size_t)(o0 + o) * out_ld;
-            const float *s = tile + (size_t)o * ld;
-            for (int x = 0; x < n; x++)
-                d[x] += s[x];
-        }
+                for (int o = 0; o < mr; o++)
+                    add_row(tile + (size_t)k * tl + (size_t)o * ld,
+                            tile + (size_t)(k + h) * tl + (size_t)o * ld, n, tail);
+        for (int o = 0; o < mr; o++)
+            add_row(out + (size_t)(o0 + o) * out_ld, tile + (size_t)o * ld, n, tail);
         o0 += mr;
     }
 }
