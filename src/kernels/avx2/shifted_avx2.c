@@ -55,15 +55,19 @@ AI void lane_masks(int len, __m256i *m, int v) {
 
 // ------------------------------------------------------------------------ forward
 
+// What a tile does with out: overwrite it, continue from it (acc starts at out), or add
+// its finished sums to it (out = out + sum, one rounding: the shards' tree).
+enum { T_SET, T_ACC, T_SUM };
+
 // One tile: rows [0, MR) of w (rows R apart) x the 16 columns at j (`full`, or those
 // the masks keep).
 AI void fwd_tile(const float *restrict src, const int *restrict off, int R, int w_ld,
                  const float *restrict w, const int MR, const bool full, const __m256i *m, int j,
-                 float *restrict out, size_t out_ld, bool add) {
+                 float *restrict out, size_t out_ld, int add) {
     __m256 acc[FR][FV];
     UNROLL(6) for (int i = 0; i < MR; i++) UNROLL(4) for (int v = 0; v < FV; v++) {
         float *c = out + (size_t)i * out_ld + j + 8 * v;
-        if (!add)
+        if (add != T_ACC)
             acc[i][v] = _mm256_setzero_ps();
         else
             acc[i][v] = full ? _mm256_loadu_ps(c) : _mm256_maskload_ps(c, m[v]);
@@ -82,6 +86,9 @@ AI void fwd_tile(const float *restrict src, const int *restrict off, int R, int 
     }
     UNROLL(6) for (int i = 0; i < MR; i++) UNROLL(4) for (int v = 0; v < FV; v++) {
         float *c = out + (size_t)i * out_ld + j + 8 * v;
+        if (add == T_SUM)
+            acc[i][v] = _mm256_add_ps(full ? _mm256_loadu_ps(c) : _mm256_maskload_ps(c, m[v]),
+                                      acc[i][v]);
         if (full)
             _mm256_storeu_ps(c, acc[i][v]);
         else
@@ -99,7 +106,7 @@ AI void fwd_tile(const float *restrict src, const int *restrict off, int R, int 
         break;
 
 static void fwd_any(const float *src, const int *off, int R, int w_ld, const float *w, int mr,
-                    int nr, int j, float *out, size_t out_ld, bool add) {
+                    int nr, int j, float *out, size_t out_ld, int add) {
     __m256i m[FV];
     bool    full = nr == 8 * FV;
     lane_masks(nr, m, FV);
@@ -142,7 +149,7 @@ void dt_k_shifted_gemm_avx2(const float *src, const int *off, int R, const float
                 for (int j = j0; j < j1; j += 8 * FV) {
                     int nr = j1 - j < 8 * FV ? j1 - j : 8 * FV;
                     fwd_any(src, off + r0, nrr, R, w + (size_t)o * R + r0, mr, nr, j,
-                            out + (size_t)o * out_ld, out_ld, ad);
+                            out + (size_t)o * out_ld, out_ld, ad ? T_ACC : T_SET);
                 }
                 o += mr;
             }
@@ -280,20 +287,27 @@ void dt_k_shifted_gemm_shards_avx2(const float *src, const int *off, const int *
     int bands = (rows + FR - 1) / FR;
     for (int b = 0, o0 = 0; b < bands; b++) {
         int mr = rows / bands + (b < rows % bands);
+        // the tree's first level (tile k += tile k + S / 2) as the second tile's sums end
+        int h1 = S % 2 ? 0 : S / 2;
         for (int m = 0; m < S; m++) {
-            float *t = tile + (size_t)m * tl;
-            int    R = len[m];
+            bool   sum = h1 && m >= h1;
+            float *t   = tile + (size_t)(sum ? m - h1 : m) * tl;
+            int    R   = len[m];
             if (!R) {
                 for (int o = 0; o < mr; o++)
-                    memset(t + (size_t)o * ld, 0, sizeof(float) * (size_t)n);
+                    if (sum)
+                        for (int x = 0; x < n; x++)
+                            t[(size_t)o * ld + x] += 0.0f; // what adding a zero tile does
+                    else
+                        memset(t + (size_t)o * ld, 0, sizeof(float) * (size_t)n);
                 continue;
             }
             const float *wm = w + (size_t)rows * start[m] + (size_t)o0 * R;
             for (int j = 0; j < n; j += 8 * FV)
                 fwd_any(src, off + start[m], R, R, wm, mr, n - j < 8 * FV ? n - j : 8 * FV, j, t,
-                        ld, false);
+                        ld, sum ? T_SUM : T_SET);
         }
-        for (int h = S / 2; h >= 1; h /= 2)
+        for (int h = h1 ? h1 / 2 : S / 2; h >= 1; h /= 2)
             for (int k = 0; k < h; k++)
                 for (int o = 0; o < mr; o++)
                     add_row(tile + (size_t)k * tl + (size_t)o * ld,
