@@ -366,6 +366,32 @@ static void shifted_shards_layout(const dt_ktab *t) {
     free(src), free(ws), free(wf);
 }
 
+// The shifted GEMM over Linear's input-gradient layout (rows of W 1024 floats apart, which
+// avx2 copies to consecutive lines block by block): within the bound of ref, and the same
+// bits as calls of 16 columns, too narrow a block to be copied.
+static void shifted_far_rows(const dt_ktab *t) {
+    enum { ROWS = 7, RR = 90, N = 75, LD = 1024 };
+    int           off[RR];
+    float        *src = kt_floats((size_t)RR * LD, -1, 1), *w = kt_floats(ROWS * RR, -1, 1);
+    static float  a[ROWS * N], b[ROWS * N], c[ROWS * N];
+    static double mag[ROWS * N];
+    for (int r = 0; r < RR; r++)
+        off[r] = r * LD;
+    for (int i = 0; i < ROWS * N; i++) {
+        double m = 0;
+        for (int r = 0; r < RR; r++)
+            m += fabs((double)w[i / N * RR + r] * src[off[r] + i % N]);
+        mag[i] = m;
+    }
+    t->shifted_gemm(src, off, RR, w, ROWS, N, a, N, false);
+    R->shifted_gemm(src, off, RR, w, ROWS, N, b, N, false);
+    kt_close("shifted gemm, rows a page apart", a, b, ROWS * N, 2 * (RR + 2), mag, 1e-30);
+    for (int j = 0; j < N; j += 16)
+        t->shifted_gemm(src + j, off, RR, w, ROWS, N - j < 16 ? N - j : 16, c + j, N, false);
+    kt_same("shifted gemm, rows a page apart, by 16 columns", c, a, sizeof a);
+    free(src), free(w);
+}
+
 // The sgemm row: within the bound of test_gemm ((k + 2) u sum |a b|) of a double product.
 static void sgemm(const dt_ktab *t) {
     enum { M = 23, N = 37, K = 70 };
@@ -758,6 +784,7 @@ int main(void) {
         {"shifted gemm", shifted, has_shifted},
         {"shifted gemm, long", shifted_long, has_shifted},
         {"shifted gemm shards, layout", shifted_shards_layout, has_shifted},
+        {"shifted gemm, rows a page apart", shifted_far_rows, has_shifted},
         {"sgemm", sgemm, has_sgemm},
         {"batchnorm", batchnorm, has_bn},
         {"layernorm", layernorm, has_ln},

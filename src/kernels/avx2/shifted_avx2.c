@@ -11,7 +11,9 @@
 // L1 (r_chunk), so the shifted rows of a (block, chunk) stay in L1 while every band of
 // rows passes over them; a chunk after the first continues from the sums the one before
 // stored (a float stored and loaded back is the same float, so chunking does not change
-// any result). Partial tiles (fewer rows, or the last n % 16 columns under masks, which
+// any result). Shifted rows a page or more apart (Linear's) are first copied to a buffer
+// of consecutive lines per (block, chunk); the gradient shards copy theirs once per call.
+// Partial tiles (fewer rows, or the last n % 16 columns under masks, which
 // read nothing at or past column n) run the same FMAs on fewer lanes.
 //
 // Weight gradient (dw[o][r] += sum_j a[o][j] src[off[r] + j]): dot products along j,
@@ -29,6 +31,7 @@
 #include "kernels/fill.h"
 
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PRAGMA_(x) _Pragma(#x)
@@ -39,11 +42,13 @@
 #define FV   2  // forward tile vectors (16 columns)
 #define NCOL 32 // columns per block of the forward's outer loop
 
+#define RMAX 256 // the most shifts in a chunk
+
 // The forward's reduction in chunks of this many shifts: a chunk's shifted rows over a
 // block of columns (NCOL floats and the lines they straddle) fill half of L1.
 static int r_chunk(void) {
     int rc = (int)(dt_cpu_get()->l1d / 2 / (sizeof(float) * (NCOL + 16))) / 8 * 8;
-    return rc < 32 ? 32 : rc > 256 ? 256 : rc;
+    return rc < 32 ? 32 : rc > RMAX ? RMAX : rc;
 }
 
 // Lane masks for the first `len` lanes of v vectors of 8 (len may exceed 8 * v).
@@ -139,17 +144,38 @@ void dt_k_shifted_gemm_avx2(const float *src, const int *off, int R, const float
     int rc = r_chunk();
     // bands of as equal a height as fits (64 rows: 6 x 9 + 5 x 2, never a band of 1)
     int bands = (rows + FR - 1) / FR;
+    // A full (block, chunk)'s shifted rows lying a page or more apart on average (Linear's
+    // input gradient: 9216 floats, so every row's block falls in the same few L1 sets and
+    // they evict each other while the bands pass over them) are copied to consecutive
+    // aligned lines first. Copies of the floats: the same sums. A convolution's rows lie
+    // close (planes of a few hundred floats) and are read in place: copying them measured
+    // slower.
+    static _Thread_local float pk[RMAX * NCOL] __attribute__((aligned(64)));
+    static _Thread_local int   pk_off[RMAX];
     for (int j0 = 0; j0 < n; j0 += NCOL) {
         int j1 = j0 + NCOL < n ? j0 + NCOL : n;
         for (int r0 = 0; r0 < R; r0 += rc) {
-            int  nrr = R - r0 < rc ? R - r0 : rc;
-            bool ad  = add || r0 > 0;
+            int          nrr = R - r0 < rc ? R - r0 : rc;
+            bool         ad  = add || r0 > 0;
+            const float *x   = src + j0; // column j of shift r0 + r: x + xo[r] + j - j0
+            const int   *xo  = off + r0;
+            long span = nrr > 1 ? labs((long)off[r0 + nrr - 1] - off[r0]) / (nrr - 1) : 0;
+            if (j1 - j0 == NCOL && span * (long)sizeof(float) >= 4096) {
+                for (int r = 0; r < nrr; r++) {
+                    const float *s = src + off[r0 + r] + j0;
+                    UNROLL(4)
+                    for (int v = 0; v < NCOL / 8; v++)
+                        _mm256_store_ps(pk + (size_t)r * NCOL + 8 * v, _mm256_loadu_ps(s + 8 * v));
+                    pk_off[r] = r * NCOL;
+                }
+                x = pk, xo = pk_off;
+            }
             for (int b = 0, o = 0; b < bands; b++) {
                 int mr = rows / bands + (b < rows % bands);
                 for (int j = j0; j < j1; j += 8 * FV) {
                     int nr = j1 - j < 8 * FV ? j1 - j : 8 * FV;
-                    fwd_any(src, off + r0, nrr, R, w + (size_t)o * R + r0, mr, nr, j,
-                            out + (size_t)o * out_ld, out_ld, ad ? T_ACC : T_SET);
+                    fwd_any(x, xo, nrr, R, w + (size_t)o * R + r0, mr, nr, j - j0,
+                            out + (size_t)o * out_ld + j0, out_ld, ad ? T_ACC : T_SET);
                 }
                 o += mr;
             }
