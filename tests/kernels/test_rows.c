@@ -333,7 +333,7 @@ static void shifted_long(const dt_ktab *t) {
 // same bits packed or not and with the columns split into calls of their own.
 static void shifted_shards_layout(const dt_ktab *t) {
     enum { ROWS = 11, IN = 1024, NR = 40, FAR = 400, NS = 45, S = 4 };
-    float *src = kt_floats((size_t)FAR * IN, -1, 1), *ws = kt_floats(ROWS * NR, -1, 1);
+    float        *src = kt_floats((size_t)FAR * IN, -1, 1), *ws = kt_floats(ROWS * NR, -1, 1);
     static int    off_near[FAR], off_far[FAR];
     static float  a[ROWS * NS], b[ROWS * NS], c[ROWS * NS], d[ROWS * NS];
     static double mag[ROWS * NS];
@@ -345,7 +345,7 @@ static void shifted_shards_layout(const dt_ktab *t) {
         far[m] = start[m] + FAR - NR;
     for (int i = 0; i < ROWS * NS; i++) {
         a[i] = b[i] = c[i] = d[i] = kt_uniform(-1, 1);
-        double m = fabs(a[i]);
+        double m                  = fabs(a[i]);
         for (int s = 0; s < S; s++)
             for (int r = 0; r < len[s]; r++)
                 m += fabs((double)ws[ROWS * start[s] + i / NS * len[s] + r] *

@@ -155,11 +155,11 @@ void dt_k_shifted_gemm_avx2(const float *src, const int *off, int R, const float
     for (int j0 = 0; j0 < n; j0 += NCOL) {
         int j1 = j0 + NCOL < n ? j0 + NCOL : n;
         for (int r0 = 0; r0 < R; r0 += rc) {
-            int          nrr = R - r0 < rc ? R - r0 : rc;
-            bool         ad  = add || r0 > 0;
-            const float *x   = src + j0; // column j of shift r0 + r: x + xo[r] + j - j0
-            const int   *xo  = off + r0;
-            long span = nrr > 1 ? labs((long)off[r0 + nrr - 1] - off[r0]) / (nrr - 1) : 0;
+            int          nrr  = R - r0 < rc ? R - r0 : rc;
+            bool         ad   = add || r0 > 0;
+            const float *x    = src + j0; // column j of shift r0 + r: x + xo[r] + j - j0
+            const int   *xo   = off + r0;
+            long         span = nrr > 1 ? labs((long)off[r0 + nrr - 1] - off[r0]) / (nrr - 1) : 0;
             if (j1 - j0 == NCOL && span * (long)sizeof(float) >= 4096) {
                 for (int r = 0; r < nrr; r++) {
                     const float *s = src + off[r0 + r] + j0;
