@@ -327,6 +327,71 @@ static void shifted_long(const dt_ktab *t) {
     free(src), free(w);
 }
 
+// Gradient shards over Linear's layout (rows of x `in` floats apart, 4096 bytes here, the
+// stride that made avx2 pack them) and over rows far into `off` (avx2 packs only when
+// every shard's rows lie within its buffer): within the shards' bound of ref, and the
+// same bits packed or not and with the columns split into calls of their own.
+static void shifted_shards_layout(const dt_ktab *t) {
+    enum { ROWS = 11, IN = 1024, NR = 40, FAR = 400, NS = 45, S = 4 };
+    float        *src = kt_floats((size_t)FAR * IN, -1, 1), *ws = kt_floats(ROWS * NR, -1, 1);
+    static int    off_near[FAR], off_far[FAR];
+    static float  a[ROWS * NS], b[ROWS * NS], c[ROWS * NS], d[ROWS * NS];
+    static double mag[ROWS * NS];
+    float         tile[S * DT_KSHARD_ROWS * DT_KSHARD_COLS];
+    int           start[S] = {0, 9, 9, 25}, len[S] = {9, 0, 16, 15}, far[S];
+    for (int r = 0; r < NR; r++) // the same rows of x: at the front of off, or at its end
+        off_near[r] = off_far[FAR - NR + r] = r * IN;
+    for (int m = 0; m < S; m++)
+        far[m] = start[m] + FAR - NR;
+    for (int i = 0; i < ROWS * NS; i++) {
+        a[i] = b[i] = c[i] = d[i] = kt_uniform(-1, 1);
+        double m                  = fabs(a[i]);
+        for (int s = 0; s < S; s++)
+            for (int r = 0; r < len[s]; r++)
+                m += fabs((double)ws[ROWS * start[s] + i / NS * len[s] + r] *
+                          src[off_near[start[s] + r] + i % NS]);
+        mag[i] = m;
+    }
+    t->shifted_gemm_shards(src, off_near, start, len, S, ws, ROWS, NS, tile, a, NS);
+    R->shifted_gemm_shards(src, off_near, start, len, S, ws, ROWS, NS, tile, b, NS);
+    kt_close("shifted gemm shards, rows 4096 bytes apart", a, b, ROWS * NS, 2 * (NR + S), mag,
+             1e-30);
+    float *wf = kt_floats((size_t)ROWS * FAR, -1, 1); // shard m's weights at rows * far[m]
+    memcpy(wf + ROWS * (FAR - NR), ws, sizeof(float) * ROWS * NR);
+    t->shifted_gemm_shards(src, off_far, far, len, S, wf, ROWS, NS, tile, c, NS);
+    kt_same("shifted gemm shards, rows far into off", c, a, sizeof a);
+    t->shifted_gemm_shards(src, off_near, start, len, S, ws, ROWS, 21, tile, d, NS);
+    t->shifted_gemm_shards(src + 21, off_near, start, len, S, ws, ROWS, NS - 21, tile, d + 21, NS);
+    kt_same("shifted gemm shards, by columns", d, a, sizeof a);
+    free(src), free(ws), free(wf);
+}
+
+// The shifted GEMM over Linear's input-gradient layout (rows of W 1024 floats apart, which
+// avx2 copies to consecutive lines block by block): within the bound of ref, and the same
+// bits as calls of 16 columns, too narrow a block to be copied.
+static void shifted_far_rows(const dt_ktab *t) {
+    enum { ROWS = 7, RR = 90, N = 75, LD = 1024 };
+    int           off[RR];
+    float        *src = kt_floats((size_t)RR * LD, -1, 1), *w = kt_floats(ROWS * RR, -1, 1);
+    static float  a[ROWS * N], b[ROWS * N], c[ROWS * N];
+    static double mag[ROWS * N];
+    for (int r = 0; r < RR; r++)
+        off[r] = r * LD;
+    for (int i = 0; i < ROWS * N; i++) {
+        double m = 0;
+        for (int r = 0; r < RR; r++)
+            m += fabs((double)w[i / N * RR + r] * src[off[r] + i % N]);
+        mag[i] = m;
+    }
+    t->shifted_gemm(src, off, RR, w, ROWS, N, a, N, false);
+    R->shifted_gemm(src, off, RR, w, ROWS, N, b, N, false);
+    kt_close("shifted gemm, rows a page apart", a, b, ROWS * N, 2 * (RR + 2), mag, 1e-30);
+    for (int j = 0; j < N; j += 16)
+        t->shifted_gemm(src + j, off, RR, w, ROWS, N - j < 16 ? N - j : 16, c + j, N, false);
+    kt_same("shifted gemm, rows a page apart, by 16 columns", c, a, sizeof a);
+    free(src), free(w);
+}
+
 // The sgemm row: within the bound of test_gemm ((k + 2) u sum |a b|) of a double product.
 static void sgemm(const dt_ktab *t) {
     enum { M = 23, N = 37, K = 70 };
@@ -718,6 +783,8 @@ int main(void) {
         {"wide layout", wide, has_wide},
         {"shifted gemm", shifted, has_shifted},
         {"shifted gemm, long", shifted_long, has_shifted},
+        {"shifted gemm shards, layout", shifted_shards_layout, has_shifted},
+        {"shifted gemm, rows a page apart", shifted_far_rows, has_shifted},
         {"sgemm", sgemm, has_sgemm},
         {"batchnorm", batchnorm, has_bn},
         {"layernorm", layernorm, has_ln},
