@@ -4,11 +4,13 @@
 // accepted too, as torchrun accepts them.
 #include "dtrun.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -169,8 +171,14 @@ static bool resolve_program(const char *prog, char *out, size_t n) {
     }
 }
 
+// The environment variable the flag being parsed came from (PET_*), or NULL.
+static const char *parsing_var;
+
 static int usage_error(const char *msg) {
-    fprintf(stderr, "dtrun: %s\n(dtrun --help lists the options)\n", msg);
+    if (parsing_var)
+        fprintf(stderr, "dtrun: %s (from environment variable %s)\n", msg, parsing_var);
+    else
+        fprintf(stderr, "dtrun: %s\n(dtrun --help lists the options)\n", msg);
     return 2;
 }
 
@@ -179,6 +187,81 @@ static int parse_seconds(const char *s, const char *what, double lo, int64_t *ou
     if (dt_parse_double(s, lo, 1e7, what, &v) != DT_OK)
         return usage_error(dt_last_error());
     *out_ms = (int64_t)(v * 1000.0 + 0.5);
+    return 0;
+}
+
+// torchrun reads each flag it was not given from PET_<FLAG> (Kubeflow's PyTorchJob sets
+// PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT and the
+// PET_RDZV_* variables this way): the same here. Each set variable becomes "--flag value"
+// placed before the command line's own flags, so a flag given on the command line, parsed
+// later, wins, and a bad value gets the flag's own error. A flag without a value is on
+// for 1/true, off for 0/false. Variables for flags dtrun does not have are ignored.
+typedef struct env_args {
+    int         n;                   // arguments in argv
+    char       *argv[2 * NFLAGS];    // "--flag" [value] pairs
+    const char *var[2 * NFLAGS];     // the variable each argument came from
+    char        names[NFLAGS][48];   // storage of the "--flag" strings
+} env_args;
+
+static void flag_var(const flag *f, char *var, size_t n) {
+    snprintf(var, n, "PET_%s", f->name);
+    for (char *p = var + 4; *p; p++)
+        *p = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+}
+
+// Returns 0, or 2 after a usage error (a flag without a value set to something else
+// than 1/true/0/false).
+static int env_flags(env_args *e) {
+    static char vars[NFLAGS][48];
+    e->n = 0;
+    for (int i = 0; i < NFLAGS; i++) {
+        if (flags[i].id == OPT_HELP || flags[i].id == OPT_HELP_ENV || flags[i].id == OPT_VERSION)
+            continue;
+        flag_var(&flags[i], vars[i], sizeof vars[i]);
+        const char *v = getenv(vars[i]);
+        if (!v || !*v)
+            continue;
+        snprintf(e->names[i], sizeof e->names[i], "--%s", flags[i].name);
+        if (!flags[i].metavar) {
+            bool on = strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0;
+            if (!on && strcmp(v, "0") != 0 && strcasecmp(v, "false") != 0) {
+                char msg[200];
+                snprintf(msg, sizeof msg,
+                         "environment variable %s expects 1, true, 0 or false, found \"%.60s\"",
+                         vars[i], v);
+                return usage_error(msg);
+            }
+            if (on)
+                e->var[e->n] = vars[i], e->argv[e->n++] = e->names[i];
+            continue;
+        }
+        e->var[e->n] = vars[i], e->argv[e->n++] = e->names[i];
+        e->var[e->n] = vars[i], e->argv[e->n++] = (char *)(uintptr_t)v;
+    }
+    return 0;
+}
+
+// A PyTorchJob pod of the classic form (one process per pod) has WORLD_SIZE (the pods)
+// and RANK (this pod) but no PET_* variables: without --nnodes, dtrun reads them as
+// --nnodes and --node-rank, so that each pod's dtrun joins the others instead of
+// training alone. With --node-rank given, or WORLD_SIZE 1, nothing is read.
+static int classic_pod(dtrun_args *a) {
+    const char *w = getenv("WORLD_SIZE"), *r = getenv("RANK");
+    long        world, rank;
+    if (!w || !*w || !r || !*r || a->node_rank_given)
+        return 0;
+    parsing_var = "WORLD_SIZE";
+    if (dt_parse_long(w, 1, 65536, "--nnodes", &world) != DT_OK)
+        return usage_error(dt_last_error());
+    parsing_var = "RANK";
+    if (dt_parse_long(r, 0, world - 1, "--node-rank", &rank) != DT_OK)
+        return usage_error(dt_last_error());
+    parsing_var = NULL;
+    if (world > 1)
+        dtrun_say("--nnodes %ld --node-rank %ld from WORLD_SIZE and RANK (one dtrun per pod, "
+                  "as a PyTorchJob sets them)",
+                  world, rank);
+    a->nnodes = (int)world, a->node_rank = (int)rank;
     return 0;
 }
 
@@ -209,13 +292,32 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     }
     opts[no] = (struct option){NULL, 0, NULL, 0};
 
+    // PET_* first, then the command line: the later value of a flag wins.
+    static env_args env;
+    parsing_var = NULL;
+    if (env_flags(&env))
+        return 2;
+    char **all = malloc(sizeof *all * (size_t)(argc + env.n + 1)); // lives as long as dtrun
+    if (!all)
+        return usage_error("out of memory");
+    all[0] = argv[0];
+    memcpy(all + 1, env.argv, sizeof *all * (size_t)env.n);
+    memcpy(all + 1 + env.n, argv + 1, sizeof *all * (size_t)argc); // with the NULL
+    argc += env.n;
+    argv = all;
+
     long        v;
-    const char *nnodes_s = NULL;
+    const char *nnodes_s = NULL, *nnodes_var = NULL;
     opterr               = 0;
     optind               = 1;
     int c;
     // "+": stop at PROGRAM, so its own flags are left alone.
-    while ((c = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+    for (;;) {
+        int at      = optind; // no permutation: the option read next starts here
+        c           = getopt_long(argc, argv, "+:h", opts, NULL);
+        parsing_var = at >= 1 && at <= env.n ? env.var[at - 1] : NULL;
+        if (c == -1)
+            break;
         dt_status st = DT_OK;
         switch (c) {
         case OPT_NPROC:
@@ -227,11 +329,11 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
             }
             break;
         case OPT_NNODES:
-            nnodes_s = optarg;
+            nnodes_s = optarg, nnodes_var = parsing_var;
             break;
         case OPT_NODE_RANK:
             if ((st = dt_parse_long(optarg, 0, 65535, "--node-rank", &v)) == DT_OK)
-                a->node_rank = (int)v;
+                a->node_rank = (int)v, a->node_rank_given = true;
             break;
         case OPT_MASTER_ADDR:
             if (!*optarg)
@@ -305,6 +407,7 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         if (st != DT_OK)
             return usage_error(dt_last_error());
     }
+    parsing_var = nnodes_var;
     if (nnodes_s) {
         // torchrun's MIN:MAX form: only a fixed size is supported.
         const char *colon = strchr(nnodes_s, ':');
@@ -325,7 +428,10 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         if (dt_parse_long(first, 1, 65536, "--nnodes", &v) != DT_OK)
             return usage_error(dt_last_error());
         a->nnodes = (int)v;
+    } else if (classic_pod(a) != 0) {
+        return 2;
     }
+    parsing_var = NULL;
     if (optind >= argc)
         return usage_error("expected a PROGRAM to run after the options");
     a->prog_argv = argv + optind;

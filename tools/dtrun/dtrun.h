@@ -30,6 +30,7 @@ typedef struct dtrun_args {
     int         nproc;           // --nproc-per-node
     int         nnodes;          // --nnodes
     int         node_rank;       // --node-rank
+    bool        node_rank_given; // from the flag or PET_NODE_RANK
     const char *master_addr;     // --master-addr, else $MASTER_ADDR, else 127.0.0.1
     int         master_port;     // --master-port, else $MASTER_PORT; 0 = a free port
     bool        port_given;      // master_port came from the flag or the environment
