@@ -3,6 +3,7 @@
 // the end of a run (last checkpoint, replica checksum, --save-model, STATS).
 #include "train_impl.h"
 
+#include "core/tree.h"
 #include "kernels/cpu.h"
 
 #include "dtrain/trace.h"
@@ -330,20 +331,29 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
 // Gradient shards (--invariant V): this rank holds shards rank + world * k of the
 // global batch's V, so its local positions j = k (mod V / world) form local shard k
 // (the sampler gives rank r global positions r + world * j); DDP continues the tree
-// over ranks. A world that does not divide the default V gets one shard per rank.
+// over ranks. That is the one tree over V only for the worlds of dt_tree_splits (a
+// divisor of V that is a power of two, or V); a world the default V does not split
+// into gets one shard per rank (thread-invariant only), a given --invariant refuses it.
 // The same for a Sequential model and a graph: the promise is the trainer's.
 static dt_status invariant_shards(dt_trainer *t, int *shards) {
     long v  = t->inv_v;
     *shards = 0;
-    if (v > 0 && v % t->world == 0)
+    if (v > 0 && dt_tree_splits(v, t->world)) {
         *shards = (int)(v / t->world);
-    else if (v > 0 && t->a.invariant > 0)
+    } else if (v > 0 && t->a.invariant > 0) {
+        char ok[160] = "";
+        for (long n = 1; n <= v; n++)
+            if (dt_tree_splits(v, n))
+                snprintf(ok + strlen(ok), sizeof ok - strlen(ok), "%s%ld", ok[0] ? ", " : "", n);
         return dt_fail(DT_ERR_ARG,
-                       "--invariant %ld: expected a world size dividing it, found %d processes", v,
-                       t->world);
-    else if (v > 0)
+                       "--invariant %ld: %d processes cannot share the %ld gradient shards' "
+                       "fixed tree (world sizes that can: %s; for %d processes, --invariant %d%s)",
+                       v, t->world, v, ok, t->world, t->world,
+                       (t->world & (t->world - 1)) ? "" : " or a multiple of it");
+    } else if (v > 0) {
         *shards = 1;
-    t->tree_reduce = *shards > 0 && v % t->world == 0;
+    }
+    t->tree_reduce = *shards > 0 && dt_tree_splits(v, t->world);
     return DT_OK;
 }
 
