@@ -392,6 +392,9 @@ static void test_usage_errors(void) {
          "--node-rank expects a value below --nnodes (2), found 2"},
         {{"--standalone", "--nnodes", "2", "true"}, "--standalone is for a single node"},
         {{"--stop-grace", "soon", "true"}, "--stop-grace expects a number"},
+        {{"--rdzv-endpoint", "host:99999", "true"}, "--rdzv-endpoint's port expects an integer"},
+        {{"--rdzv-endpoint", ":1", "true"}, "--rdzv-endpoint expects HOST[:PORT]"},
+        {{"--rdzv-endpoint", "h:1", "--master-port", "2", "true"}, "expected one or the other"},
         {{"--frobnicate", "true"}, "unknown option \"--frobnicate\""},
         {{"--max-restarts"}, "option \"--max-restarts\" expects a value"},
         {{"--nproc-per-node", "2"}, "expected a PROGRAM to run"},
@@ -441,6 +444,11 @@ static void test_usage_errors(void) {
         // PET_NNODES=2 alone would wait for node 1 and fail after PET_RDZV_TIMEOUT.
         {{"PET_NNODES=2", "PET_RDZV_TIMEOUT=1"}, {"--nnodes", "1", "true"}, 0, NULL},
         {{"PET_NNODES=2", "PET_RDZV_TIMEOUT=0.5"}, {"true"}, 1, "--rdzv-timeout"},
+        // The endpoint (an elastic PyTorchJob's PET_RDZV_ENDPOINT) is node 0's store.
+        {{"PET_NNODES=2", "PET_RDZV_TIMEOUT=0.5", "PET_RDZV_ENDPOINT=127.0.0.1:29533"},
+         {"true"},
+         1,
+         "127.0.0.1:29533"},
         // A classic pod's WORLD_SIZE and RANK are the nodes when nothing else says.
         {{"WORLD_SIZE=2", "RANK=1"}, {"--rdzv-timeout", "0.5", "true"}, 1,
          "--nnodes 2 --node-rank 1 from WORLD_SIZE and RANK"},

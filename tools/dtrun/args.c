@@ -25,6 +25,7 @@ enum {
     OPT_LOG_DIR,
     OPT_TEE,
     OPT_RDZV_ID,
+    OPT_RDZV_ENDPOINT,
     OPT_RDZV_TIMEOUT,
     OPT_NODE_TIMEOUT,
     OPT_STOP_GRACE,
@@ -66,6 +67,9 @@ static const flag flags[] = {
     {"rdzv-id", OPT_RDZV_ID, "ID",
      "job id, given to the workers as TORCHELASTIC_RUN_ID "
      "(default \"none\")"},
+    {"rdzv-endpoint", OPT_RDZV_ENDPOINT, "HOST[:PORT]",
+     "node 0's store as torchrun's rendezvous endpoint: the same as --master-addr HOST "
+     "--master-port PORT (not with them)"},
     {"rdzv-timeout", OPT_RDZV_TIMEOUT, "S",
      "seconds to wait for every node to join (default "
      "600)"},
@@ -265,6 +269,24 @@ static int classic_pod(dtrun_args *a) {
     return 0;
 }
 
+// --rdzv-endpoint HOST[:PORT] ("[v6addr]:PORT" too): node 0's store. Without a port,
+// torchrun's default rendezvous port 29400.
+static dt_status parse_endpoint(const char *s, dtrun_args *a) {
+    static char host[256];
+    const char *colon = s[0] == '[' ? strstr(s, "]:") : strrchr(s, ':');
+    size_t      hl    = colon ? (size_t)(colon - s) : strlen(s);
+    long        port  = 29400;
+    if (s[0] == '[' && colon)
+        colon++, hl -= 1, s++;
+    if (hl == 0 || hl >= sizeof host)
+        return dt_fail(DT_ERR_ARG, "--rdzv-endpoint expects HOST[:PORT], found \"%s\"", s);
+    if (colon)
+        DT_TRY(dt_parse_long(colon + 1, 1, 65535, "--rdzv-endpoint's port", &port));
+    snprintf(host, sizeof host, "%.*s", (int)hl, s);
+    a->master_addr = host, a->master_port = (int)port, a->port_given = true;
+    return DT_OK;
+}
+
 int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     memset(a, 0, sizeof *a);
     a->nproc           = 1;
@@ -308,6 +330,7 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
 
     long        v;
     const char *nnodes_s = NULL, *nnodes_var = NULL;
+    bool        endpoint = false, addr_flag = false;
     opterr               = 0;
     optind               = 1;
     int c;
@@ -338,11 +361,11 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         case OPT_MASTER_ADDR:
             if (!*optarg)
                 return usage_error("--master-addr expects a host name or address, found \"\"");
-            a->master_addr = optarg;
+            a->master_addr = optarg, addr_flag |= !parsing_var;
             break;
         case OPT_MASTER_PORT:
             if ((st = dt_parse_long(optarg, 1, 65535, "--master-port", &v)) == DT_OK)
-                a->master_port = (int)v, a->port_given = true;
+                a->master_port = (int)v, a->port_given = true, addr_flag |= !parsing_var;
             break;
         case OPT_STANDALONE:
             a->standalone = true;
@@ -363,6 +386,11 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
             if (!*optarg || strlen(optarg) > 200 || strpbrk(optarg, " \t\n"))
                 return usage_error("--rdzv-id expects 1..200 characters without spaces");
             a->run_id = optarg;
+            break;
+        case OPT_RDZV_ENDPOINT:
+            if ((st = parse_endpoint(optarg, a)) != DT_OK)
+                break;
+            endpoint |= !parsing_var; // PET_RDZV_ENDPOINT overrides PET_MASTER_ADDR
             break;
         case OPT_RDZV_TIMEOUT:
             if (parse_seconds(optarg, "--rdzv-timeout", 0.001, &a->rdzv_timeout_ms))
@@ -407,6 +435,10 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         if (st != DT_OK)
             return usage_error(dt_last_error());
     }
+    parsing_var = NULL;
+    if (endpoint && addr_flag)
+        return usage_error("--rdzv-endpoint names node 0's store, as --master-addr and "
+                           "--master-port do: expected one or the other");
     parsing_var = nnodes_var;
     if (nnodes_s) {
         // torchrun's MIN:MAX form: only a fixed size is supported.
