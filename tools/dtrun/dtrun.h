@@ -256,9 +256,6 @@ void dtrun_rdzv_leave(dtrun_rdzv *r);
 
 // Realtime clock in milliseconds.
 int64_t dtrun_wall_ms(void);
-// A TCP port free on this host right now, from below the ephemeral range (so that
-// outgoing connections do not take it before the worker binds it); 0 if none found.
-int dtrun_free_port(void);
 // Prints "dtrun: <message>\n" on stderr in one write.
 void dtrun_say(const char *fmt, ...) DT_PRINTF(1, 2);
 // Reads a pending signal from the signalfd; 0 when none.

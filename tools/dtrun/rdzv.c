@@ -50,24 +50,6 @@ int dtrun_take_signal(int sig_fd) {
     return 0;
 }
 
-int dtrun_free_port(void) {
-    unsigned seed;
-    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
-        seed = (unsigned)dt_now_ns() ^ (unsigned)getpid();
-    for (int tries = 0; tries < 500; tries++) {
-        int port = 20000 + (int)(rand_r(&seed) % 12768);
-        int fd   = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            continue;
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        sa.sin_addr.s_addr    = htonl(INADDR_ANY);
-        int ok                = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-        close(fd);
-        if (ok)
-            return port;
-    }
-    return 0;
-}
 
 // The address of this host on the way to host:port (no packet is sent).
 static void local_addr_towards(const char *host, int port, char *buf, size_t n) {
@@ -557,7 +539,7 @@ bool dtrun_rdzv_silent(dtrun_rdzv *r, int64_t *silent_ms) {
 int dtrun_rdzv_begin(dtrun_rdzv *r, int attempt, int *port) {
     const dtrun_args *a = r->a;
     if (!r->multi) {
-        *port = a->port_given ? a->master_port : dtrun_free_port();
+        *port = a->port_given ? a->master_port : dt_free_port();
         if (!*port) {
             dtrun_say("no free TCP port found for the workers' store (tried 500 in 20000-32767)");
             return 1;
@@ -571,7 +553,7 @@ int dtrun_rdzv_begin(dtrun_rdzv *r, int attempt, int *port) {
     char key[96];
     key_of(key, sizeof key, "dtrun/a%d/port", attempt, 0);
     if (r->node == 0) {
-        *port = dtrun_free_port();
+        *port = dt_free_port();
         char v[16];
         snprintf(v, sizeof v, "%d", *port);
         if (!*port) {
