@@ -182,7 +182,26 @@ struct dt_trainer {
     // --max-rank-memory in bytes (0: none) and what the run's stage needs (memory.c).
     uint64_t budget;
     size_t   plan_bytes;
+    // Elastic membership (elastic.c; NULL: a fixed group): the rendezvous, the global
+    // batch the training loader's batch was given as (each rank takes gbatch / world),
+    // and regroupings in a row without a step between them (bounded).
+    struct dt_elastic *el;
+    size_t             gbatch;
+    int                regroups;
 };
+
+// elastic.c: elastic membership (DT_ELASTIC, set by dtrun --nnodes MIN:MAX). _wanted:
+// the variable is set. _open: the rendezvous store at MASTER_ADDR:MASTER_PORT (t->el).
+// _poll: whether the generation moved on since this worker joined (one store read, at
+// a step boundary). _regroup: drops the group, joins the next generation's (t->pg,
+// world, ranks) and takes the state of the member with the most steps (counters,
+// parameters, buffers, optimizer; *next_batch: the batch of the epoch to go on from).
+// _close: says this member left (dtrun's host waits for every member) and closes.
+bool      dt_train_elastic_wanted(void);
+dt_status dt_train_elastic_open(dt_trainer *t);
+dt_status dt_train_elastic_poll(dt_trainer *t, bool *changed);
+dt_status dt_train_elastic_regroup(dt_trainer *t, int64_t *next_batch);
+void      dt_train_elastic_close(dt_trainer *t);
 
 // device.c: the trainer on a GPU. _wanted: --device names a GPU. _args: --num-gpu-processes
 // into --num-processes and --device cuda. _start (end of dt_trainer_prepare): the checks

@@ -551,13 +551,26 @@ static int end_worker(dt_trainer *t, dt_status st) {
     if (t->pg && rc && rc != DT_EXIT_PREEMPTED)
         dt_pg_abort(t->pg, "a worker failed");
     dt_pg_free(t->pg);
-    t->pg        = NULL;
+    t->pg = NULL;
+    dt_train_elastic_close(t);
     t->in_worker = false;
     return rc;
 }
 
 // Under a launcher (or a forked worker): the group from the environment, then the worker.
 static bool worker_from_env(dt_trainer *t) {
+    if (dt_train_elastic_wanted()) {
+        // Elastic membership: alone until dt_trainer_prepare joins the rendezvous, where
+        // every group of the job forms (the first one too).
+        dt_status st = dt_train_elastic_open(t);
+        if (!st)
+            st = begin_worker(t, NULL);
+        if (st != DT_OK) {
+            t->exit_code = end_worker(t, st);
+            return false;
+        }
+        return true;
+    }
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = dt_train_device_backend(t); // --backend, or nccl for GPUs (device.c)
     dt_pg *pg    = NULL;
@@ -688,6 +701,8 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
         so.eval = true;
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = batch;
+    if (split != DT_SPLIT_EVAL && t->el) // elastic: batch is the global batch (docs/dtrun.md)
+        t->gbatch = batch;
     dt_sampler *s     = NULL;
     dt_loader  *l     = NULL;
     dt_status   st    = dt_sampler_new(&s, ds->n, &so);

@@ -446,13 +446,20 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         char        first[32];
         if (colon) {
             snprintf(first, sizeof first, "%.*s", (int)(colon - nnodes_s), nnodes_s);
-            if (strcmp(first, colon + 1) != 0) {
-                char msg[200];
-                snprintf(msg, sizeof msg,
-                         "--nnodes expects a number of nodes, found \"%s\" (elastic ranges are "
-                         "not supported: give MIN equal to MAX)",
-                         nnodes_s);
-                return usage_error(msg);
+            if (strcmp(first, colon + 1) != 0) { // elastic: MIN:MAX (docs/dtrun.md)
+                long lo, hi;
+                if (dt_parse_long(first, 1, 65536, "--nnodes's MIN", &lo) != DT_OK ||
+                    dt_parse_long(colon + 1, 1, 65536, "--nnodes's MAX", &hi) != DT_OK)
+                    return usage_error(dt_last_error());
+                if (lo > hi) {
+                    char msg[200];
+                    snprintf(msg, sizeof msg, "--nnodes expects MIN:MAX with MIN <= MAX, found \"%s\"",
+                             nnodes_s);
+                    return usage_error(msg);
+                }
+                a->elastic_min = (int)lo, a->elastic_max = (int)hi;
+                snprintf(first, sizeof first, "1"); // each dtrun: its node alone
+                a->node_rank = 0;                   // ranks by arrival
             }
         } else {
             snprintf(first, sizeof first, "%s", nnodes_s);
@@ -501,6 +508,10 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     }
     if (a->nnodes > 1 && !a->port_given)
         a->master_port = 29500, a->port_given = true; // torchrun's default
+    if (a->elastic_min && a->standalone)
+        return usage_error("--standalone is for a single node, but --nnodes is an elastic range");
+    if (a->elastic_min && !a->port_given)
+        a->master_port = 29400, a->port_given = true; // torchrun's rendezvous port
 
     if (a->node_timeout_ms < 0) {
         long t;

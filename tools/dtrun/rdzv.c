@@ -294,6 +294,8 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
             *p = '_';
     const char *env_token = dt_setting_str("DT_JOB_TOKEN");
     bool        have_env  = env_token != NULL;
+    if (a->elastic_min)
+        return dtrun_elastic_join(r, a);
     if (!r->multi) {
         if (have_env)
             snprintf(r->token, sizeof r->token, "%.79s", env_token);
@@ -538,7 +540,7 @@ bool dtrun_rdzv_silent(dtrun_rdzv *r, int64_t *silent_ms) {
 
 int dtrun_rdzv_begin(dtrun_rdzv *r, int attempt, int *port) {
     const dtrun_args *a = r->a;
-    if (!r->multi) {
+    if (!r->multi) { // (elastic: the rendezvous store, where the workers meet)
         *port = a->port_given ? a->master_port : dt_free_port();
         if (!*port) {
             dtrun_say("no free TCP port found for the workers' store (tried 500 in 20000-32767)");
@@ -730,6 +732,8 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
 }
 
 void dtrun_rdzv_leave(dtrun_rdzv *r) {
+    if (r->a->elastic_min)
+        dtrun_elastic_leave(r);
     if (!r->multi || !r->store)
         return;
     if (r->thread_started && !r->store_lost && !dtrun_rdzv_silent(r, NULL)) {
