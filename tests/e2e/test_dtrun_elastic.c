@@ -1,0 +1,264 @@
+// test_dtrun_elastic.c: elastic membership (dtrun --nnodes MIN:MAX) with dtrain-mnist
+// on loopback, two dtruns of one worker each as the nodes:
+// - shrink and grow: nodes A and B train together; B's dtrun is killed with SIGKILL
+//   mid-epoch (its worker dies with it); A goes on alone from its state in memory at the
+//   next step boundary (no checkpoint exists); node C starts with the same rendezvous
+//   and is admitted at a step boundary, receiving the state by broadcast; A and C end
+//   the epoch. The final model is bitwise the model of an uninterrupted 2-process run
+//   at the same global batch and --invariant 4 (the printed CRC32C and the --save-model
+//   bytes), and rank 0 logged "world 2 -> 1" and "world 1 -> 2".
+// - below MIN: one node of a 2:3 job waits --rdzv-timeout, then fails saying how many
+//   workers it waited for and found.
+// `test_dtrun_elastic measure` prints the times for bench/RESULTS.md (kill -> the
+// survivor's next step; the joiner's start -> admitted; a plain start -> first group).
+#include "test_dtrun_lib.h"
+
+#define LIMIT  "6400" // 100 steps of global batch 64
+#define GLOBAL "64"
+
+static void crc_of(const char *out, char crc[16]) {
+    const char *p = NULL, *q = out;
+    while ((q = strstr(q, "(CRC32C ")))
+        p = q++;
+    crc[0] = '\0';
+    if (p)
+        sscanf(p, "(CRC32C %8s", crc);
+}
+
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool  same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF || cb == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
+// How often needle occurs in the stdout files of the runs (NULL entries skipped).
+static int count_in(run *const *rs, int n, const char *needle) {
+    int c = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rs[i])
+            continue;
+        char *o = read_file(rs[i]->out_path);
+        c += count_of(o, needle);
+        free(o);
+    }
+    return c;
+}
+
+// Waits (polling each millisecond, at most timeout_s) until needle occurs `times` times
+// in the runs' output; returns the seconds waited, or -1.
+static double wait_count(run *const *rs, int n, const char *needle, int times, double timeout_s) {
+    double t0 = mono_s();
+    while (mono_s() - t0 < timeout_s) {
+        if (count_in(rs, n, needle) >= times)
+            return mono_s() - t0;
+        sleep_s(0.001);
+    }
+    return -1;
+}
+
+static int port;
+
+static void node_argv(char **argv, char *portbuf, char *model) {
+    static char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%s", portbuf);
+    char *v[] = {dtrun_path, "--nnodes", "1:2",     "--rdzv-endpoint", endpoint,   "--rdzv-id",
+                 "elastic",  "--rdzv-timeout", "30", mnist_path,  "--limit",   LIMIT,
+                 "--batch-size", GLOBAL, "--invariant", "4", "--threads", "1", "--no-test",
+                 "--log-every", "1", "--save-model", model, NULL};
+    memcpy(argv, v, sizeof v);
+}
+
+typedef struct figures {
+    double lost_to_step, join_admit, solo_admit;
+} figures;
+
+// The scenario; *f gets its times. Returns whether it got through (for measure).
+static bool shrink_and_grow(figures *f, bool reference) {
+    char dir[PATH_MAX], ref_model[PATH_MAX + 16], model[PATH_MAX + 16], portbuf[16];
+    scenario_dir(dir, sizeof dir, "elastic");
+    snprintf(ref_model, sizeof ref_model, "%s/ref.model", dir);
+    snprintf(model, sizeof model, "%s/elastic.model", dir);
+    snprintf(portbuf, sizeof portbuf, "%d", port = free_port());
+
+    char ref_crc[16] = "";
+    run  ref;
+    if (reference) { // the uninterrupted run: 2 processes of 32
+        char *ref_argv[] = {mnist_path, "--num-processes", "2",   "--limit",   LIMIT,
+                            "--batch-size", "32",          "--invariant", "4", "--threads",
+                            "1",          "--no-test",     "--save-model", ref_model, NULL};
+        run_start(&ref, dir, "reference", ref_argv, NULL);
+        CHECK_EQ(run_wait(&ref, 120), 0);
+        crc_of(ref.out, ref_crc);
+        CHECK(ref_crc[0] != '\0');
+    }
+
+    char *argv[32];
+    node_argv(argv, portbuf, model);
+    run a, b, c;
+    run_start(&a, dir, "nodeA", argv, NULL);
+    sleep_s(0.5); // A serves the rendezvous store
+    run_start(&b, dir, "nodeB", argv, NULL);
+    run *all[3] = {&a, &b, NULL};
+    // Together: "world 0 -> 2" when both came within the settling time, else "1 -> 2".
+    bool ok     = CHECK(wait_count(all, 3, " -> 2 at step", 1, 60) >= 0);
+    int  steps0 = count_in(all, 3, "[rank 0] epoch: 0 [");
+    ok = ok && CHECK(wait_count(all, 3, "[rank 0] epoch: 0 [", steps0 + 3, 30) >= 0);
+
+    // B's node dies: its dtrun by SIGKILL, its worker with it (parent-death signal).
+    double t_kill = mono_s();
+    kill(b.pid, SIGKILL);
+    run *sole[3] = {&a, NULL, NULL};
+    ok           = ok && CHECK(wait_count(sole, 1, "world 2 -> 1", 1, 30) >= 0);
+    // The survivor's next step: a progress line after the regroup's.
+    char *o      = read_file(a.out_path);
+    int   before = count_of(strstr(o, "world 2 -> 1") ? strstr(o, "world 2 -> 1") : o,
+                            "[rank 0] epoch: 0 [");
+    free(o);
+    while (ok && mono_s() - t_kill < 30) {
+        o = read_file(a.out_path);
+        const char *w = strstr(o, "world 2 -> 1");
+        int         n = w ? count_of(w, "[rank 0] epoch: 0 [") : 0;
+        free(o);
+        if (n > before)
+            break;
+        sleep_s(0.001);
+    }
+    f->lost_to_step = mono_s() - t_kill;
+    ok              = ok && CHECK(f->lost_to_step < 3); // the goal after a kill
+
+    // C joins with the same rendezvous (while A still has most of the epoch to go).
+    sleep_s(0.5);
+    run_start(&c, dir, "nodeC", argv, NULL);
+    run *ac[3]    = {&a, &c, NULL};
+    f->join_admit = ok ? wait_count(ac, 2, "world 1 -> 2", 1, 60) : -1;
+    CHECK(f->join_admit >= 0);
+
+    CHECK_EQ(run_wait(&a, 120), 0);
+    CHECK_EQ(run_wait(&c, 120), 0);
+    run_wait(&b, 10);
+    CHECK_EQ(b.rc, 128 + SIGKILL);
+    char out_crc[16] = "";
+    crc_of(a.out, out_crc);
+    if (!out_crc[0])
+        crc_of(c.out, out_crc);
+    if (reference) {
+        CHECK(out_crc[0] && strcmp(out_crc, ref_crc) == 0);
+        CHECK(same_file(model, ref_model));
+        if (out_crc[0] && strcmp(out_crc, ref_crc) == 0)
+            fprintf(stderr, "     2 -> 1 -> 2: same weights as the fixed run (CRC32C %s)\n",
+                    out_crc);
+    }
+    CHECK(strstr(a.err, "regrouping") != NULL); // the survivor said why
+    CHECK(no_marker_procs(dir, 2));
+    if (check_failed) {
+        if (reference)
+            run_dump(&ref, "reference");
+        run_dump(&a, "node A");
+        run_dump(&b, "node B");
+        run_dump(&c, "node C");
+    }
+    if (reference)
+        run_free(&ref);
+    run_free(&a), run_free(&b), run_free(&c);
+    return !check_failed;
+}
+
+static void test_shrink_and_grow(void) {
+    figures f;
+    shrink_and_grow(&f, true);
+    fprintf(stderr, "     kill -> survivor's next step %.0f ms; joiner's start -> admitted %.0f ms\n",
+            f.lost_to_step * 1000, f.join_admit * 1000);
+}
+
+static void test_below_min(void) {
+    char dir[PATH_MAX], endpoint[64];
+    scenario_dir(dir, sizeof dir, "below-min");
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
+    char *argv[] = {dtrun_path, "--nnodes",     "2:3",  "--rdzv-endpoint", endpoint, "--rdzv-id",
+                    "short",    "--rdzv-timeout", "2",  mnist_path,        "--limit", "640",
+                    "--batch-size", GLOBAL,     "--threads", "1",           "--no-test", NULL};
+    run r;
+    run_start(&r, dir, "alone", argv, NULL);
+    CHECK_EQ(run_wait(&r, 30), 1);
+    CHECK(r.end - r.start < 10);
+    CHECK(strstr(r.err, "for at least 2 workers, found 1") != NULL);
+    if (check_failed)
+        run_dump(&r, "below MIN");
+    run_free(&r);
+}
+
+// A plain start of the same elastic job alone: the program's start-up (data, model)
+// to its first group, to tell the joiner's admission from its start-up.
+static double solo_start(void) {
+    char dir[PATH_MAX], endpoint[64], model[PATH_MAX + 16];
+    scenario_dir(dir, sizeof dir, "solo");
+    snprintf(model, sizeof model, "%s/solo.model", dir);
+    snprintf(endpoint, sizeof endpoint, "%d", free_port());
+    char *argv[32];
+    node_argv(argv, endpoint, model);
+    argv[11] = "640";
+    run r;
+    run_start(&r, dir, "solo", argv, NULL);
+    run   *rs[1] = {&r};
+    double t     = wait_count(rs, 1, "world 0 -> 1", 1, 30);
+    run_wait(&r, 60);
+    run_free(&r);
+    return t;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static void measure(void) {
+    enum { N = 5 };
+    double lost[N], join[N], solo[N];
+    int    n = 0;
+    for (int i = 0; i < N; i++) {
+        figures f;
+        if (!shrink_and_grow(&f, false))
+            break;
+        lost[n] = f.lost_to_step, join[n] = f.join_admit, solo[n++] = solo_start();
+    }
+    if (!n)
+        return;
+    qsort(lost, (size_t)n, sizeof *lost, cmp_double);
+    qsort(join, (size_t)n, sizeof *join, cmp_double);
+    qsort(solo, (size_t)n, sizeof *solo, cmp_double);
+    printf("SIGKILL of node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, n=%d)\n",
+           lost[n / 2] * 1000, lost[0] * 1000, lost[n - 1] * 1000, n);
+    printf("node C's dtrun started -> admitted (world 1->2) median %6.0f ms (min %.0f, max %.0f)\n",
+           join[n / 2] * 1000, join[0] * 1000, join[n - 1] * 1000);
+    printf("a dtrun started alone -> its first group       median %6.0f ms (min %.0f, max %.0f)\n",
+           solo[n / 2] * 1000, solo[0] * 1000, solo[n - 1] * 1000);
+}
+
+int main(int argc, char **argv) {
+    if (!CHECK(find_bins()) || !CHECK(access(mnist_path, X_OK) == 0)) {
+        fprintf(stderr, "dtrun or dtrain-mnist not found next to the tests (make programs)\n");
+        return check_summary();
+    }
+    if (argc > 1 && strcmp(argv[1], "measure") == 0) {
+        make_tmp_root("dtrun-elastic-measure");
+        measure();
+        remove_tree(tmp_root);
+        return 0;
+    }
+    make_tmp_root("dtrun-elastic-test");
+    RUN(test_below_min);
+    RUN(test_shrink_and_grow);
+    if (!check_failed)
+        remove_tree(tmp_root);
+    return check_summary();
+}
