@@ -387,7 +387,9 @@ static void test_usage_errors(void) {
          "found \"0\""},
         {{"--max-restarts", "-1", "true"}, "--max-restarts expects an integer"},
         {{"--master-port", "70000", "true"}, "--master-port expects an integer in [1, 65535]"},
-        {{"--nnodes", "1:4", "true"}, "elastic ranges are not supported"},
+        {{"--nnodes", "3:2", "true"}, "--nnodes expects MIN:MAX with MIN <= MAX, found \"3:2\""},
+        {{"--nnodes", "1:4", "--standalone", "true"}, "--standalone is for a single node, but "
+                                                      "--nnodes is an elastic range"},
         {{"--nnodes", "2", "--node-rank", "2", "true"},
          "--node-rank expects a value below --nnodes (2), found 2"},
         {{"--standalone", "--nnodes", "2", "true"}, "--standalone is for a single node"},
