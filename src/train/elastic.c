@@ -318,6 +318,9 @@ dt_status dt_train_elastic_regroup(dt_trainer *t, int64_t *next_batch) {
     t->rank       = dt_pg_rank(pg);
     t->local_rank = dt_pg_local_rank(pg);
     t->local_size = dt_pg_local_size(pg);
+    // A member started with other flags (or another program's settings) stops the job
+    // here, naming the flag, before any state moves.
+    DT_TRY(dt_train_check_shared(t));
     DT_TRY(share_state(t, had_state, next_batch, &old_world));
     dt_trainer_print(t, "world %d -> %d at step %lld (generation %lld)\n", old_world, t->world,
                          (long long)t->step, (long long)e->gen);

@@ -729,6 +729,7 @@ static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
     dt_strategy_free(t->strat);
     t->strat = NULL;
     DT_TRY(dt_train_elastic_regroup(t, &next_batch));
+    DT_TRY(check_data(t)); // the same data on every member (a joiner's too)
     int shards;
     if (t->gbatch % (size_t)t->world)
         return dt_fail(DT_ERR_ARG,

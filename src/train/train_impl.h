@@ -48,6 +48,10 @@ int64_t dt_train_path_hash(const char *path);
 // or for per_host the first rank of the machine) and the first differing rank's. n must
 // be the same on every rank (it is the program's table).
 dt_status dt_train_check_settings(dt_pg *pg, const dt_train_setting *s, int n);
+// The trainer's own table through it: every DT_FLAG_SHARED flag, the resolved
+// --invariant, the budget and the program's settings (dt_trainer_add_setting). At a
+// worker's start, and again for each group of an elastic job. No-op without a group.
+dt_status dt_train_check_shared(dt_trainer *t);
 
 // SIGTERM handling (guard.c). _block: blocks SIGTERM in the calling (main) thread before
 // any other starts, so they all inherit the mask; call first. _watch: in a process that

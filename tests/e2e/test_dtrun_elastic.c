@@ -9,6 +9,7 @@
 //   bytes), and rank 0 logged "world 2 -> 1" and "world 1 -> 2".
 // - below MIN: one node of a 2:3 job waits --rdzv-timeout, then fails saying how many
 //   workers it waited for and found.
+// - a member with another --lr: every member fails naming the flag.
 // `test_dtrun_elastic measure` prints the times for bench/RESULTS.md (kill -> the
 // survivor's next step; the joiner's start -> admitted; a plain start -> first group).
 #include "test_dtrun_lib.h"
@@ -197,6 +198,28 @@ static void test_below_min(void) {
     run_free(&r);
 }
 
+// A member started with another learning rate: the group that would take it in fails
+// on every member, naming the flag, before any state moves (never a silent blend).
+static void test_mismatched_member(void) {
+    char dir[PATH_MAX], endpoint[64];
+    scenario_dir(dir, sizeof dir, "mismatch");
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
+    char *argv[] = {dtrun_path, "--nnodes", "2:3",     "--rdzv-endpoint", endpoint, "--rdzv-id",
+                    "mismatch", "--rdzv-timeout", "20", mnist_path,  "--limit",  "640",
+                    "--batch-size", GLOBAL, "--threads", "1", "--no-test", "--lr", "0.5", NULL};
+    run a, b;
+    run_start(&a, dir, "a", argv, NULL);
+    sleep_s(0.3);
+    argv[18] = "0.4";
+    run_start(&b, dir, "b", argv, NULL);
+    CHECK_EQ(run_wait(&a, 30), 1);
+    CHECK_EQ(run_wait(&b, 30), 1);
+    CHECK(strstr(a.err, "--lr") != NULL && strstr(b.err, "--lr") != NULL);
+    if (check_failed)
+        run_dump(&a, "a"), run_dump(&b, "b");
+    run_free(&a), run_free(&b);
+}
+
 // A plain start of the same elastic job alone: the program's start-up (data, model)
 // to its first group, to tell the joiner's admission from its start-up.
 static double solo_start(void) {
@@ -257,6 +280,7 @@ int main(int argc, char **argv) {
     }
     make_tmp_root("dtrun-elastic-test");
     RUN(test_below_min);
+    RUN(test_mismatched_member);
     RUN(test_shrink_and_grow);
     if (!check_failed)
         remove_tree(tmp_root);
