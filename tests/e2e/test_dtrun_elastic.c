@@ -10,6 +10,8 @@
 // - below MIN: one node of a 2:3 job waits --rdzv-timeout, then fails saying how many
 //   workers it waited for and found.
 // - a member with another --lr: every member fails naming the flag.
+// - a silent node: B's dtrun and worker stopped (SIGSTOP) instead of killed; A goes on
+//   alone within 10 s (the peers' liveness bound, DT_LIVENESS_MS, 5 s), bitwise again.
 // `test_dtrun_elastic measure` prints the times for bench/RESULTS.md (kill -> the
 // survivor's next step; the joiner's start -> admitted; a plain start -> first group).
 #include "test_dtrun_lib.h"
@@ -83,29 +85,60 @@ typedef struct figures {
     double lost_to_step, join_admit, solo_admit;
 } figures;
 
-// The scenario; *f gets its times. Returns whether it got through (for measure).
-static bool shrink_and_grow(figures *f, bool reference) {
-    char dir[PATH_MAX], ref_model[PATH_MAX + 16], model[PATH_MAX + 16], portbuf[16];
-    scenario_dir(dir, sizeof dir, "elastic");
+static char ref_crc[16], ref_model[PATH_MAX + 16];
+
+// The uninterrupted run, once: 2 processes of 32.
+static bool reference(void) {
+    if (ref_crc[0])
+        return true;
+    char dir[PATH_MAX];
+    scenario_dir(dir, sizeof dir, "reference");
     snprintf(ref_model, sizeof ref_model, "%s/ref.model", dir);
+    char *argv[] = {mnist_path, "--num-processes", "2",   "--limit",     LIMIT,
+                    "--batch-size", "32",          "--invariant", "4", "--threads",
+                    "1",          "--no-test",     "--save-model", ref_model, NULL};
+    run   ref;
+    run_start(&ref, dir, "reference", argv, NULL);
+    CHECK_EQ(run_wait(&ref, 120), 0);
+    crc_of(ref.out, ref_crc);
+    if (!CHECK(ref_crc[0] != '\0'))
+        run_dump(&ref, "reference");
+    run_free(&ref);
+    return ref_crc[0] != '\0';
+}
+
+// Waits until node A (run a) trains a step after its "world 2 -> 1"; seconds since t0.
+static double next_step_after_shrink(run *a, double t0, double timeout_s) {
+    run *sole[1] = {a};
+    if (wait_count(sole, 1, "world 2 -> 1", 1, timeout_s) < 0)
+        return -1;
+    while (mono_s() - t0 < timeout_s) {
+        char       *o = read_file(a->out_path);
+        const char *w = strstr(o, "world 2 -> 1");
+        const char *l = w ? strchr(w, '\n') : NULL;
+        bool        n = l && strstr(l, "[rank 0] epoch: 0 [") != NULL;
+        free(o);
+        if (n)
+            return mono_s() - t0;
+        sleep_s(0.001);
+    }
+    return -1;
+}
+
+// The scenario; *f gets its times; check: compare with the reference. silent: node B is
+// stopped (SIGSTOP: a frozen machine, a cut link) instead of killed, and nobody joins.
+// Returns whether it got through (for measure).
+static bool elastic_run(figures *f, bool check, bool silent) {
+    char dir[PATH_MAX], model[PATH_MAX + 16], portbuf[16];
+    scenario_dir(dir, sizeof dir, silent ? "elastic-silent" : "elastic");
     snprintf(model, sizeof model, "%s/elastic.model", dir);
     snprintf(portbuf, sizeof portbuf, "%d", port = free_port());
-
-    char ref_crc[16] = "";
-    run  ref;
-    if (reference) { // the uninterrupted run: 2 processes of 32
-        char *ref_argv[] = {mnist_path, "--num-processes", "2",   "--limit",   LIMIT,
-                            "--batch-size", "32",          "--invariant", "4", "--threads",
-                            "1",          "--no-test",     "--save-model", ref_model, NULL};
-        run_start(&ref, dir, "reference", ref_argv, NULL);
-        CHECK_EQ(run_wait(&ref, 120), 0);
-        crc_of(ref.out, ref_crc);
-        CHECK(ref_crc[0] != '\0');
-    }
+    if (check && !reference())
+        return false;
 
     char *argv[32];
     node_argv(argv, portbuf, model);
-    run a, b, c;
+    run a, b, c = {.pid = -1};
     run_start(&a, dir, "nodeA", argv, NULL);
     sleep_s(0.5); // A serves the rendezvous store
     run_start(&b, dir, "nodeB", argv, NULL);
@@ -115,70 +148,74 @@ static bool shrink_and_grow(figures *f, bool reference) {
     int  steps0 = count_in(all, 3, "[rank 0] epoch: 0 [");
     ok = ok && CHECK(wait_count(all, 3, "[rank 0] epoch: 0 [", steps0 + 3, 30) >= 0);
 
-    // B's node dies: its dtrun by SIGKILL, its worker with it (parent-death signal).
-    double t_kill = mono_s();
-    kill(b.pid, SIGKILL);
-    run *sole[3] = {&a, NULL, NULL};
-    ok           = ok && CHECK(wait_count(sole, 1, "world 2 -> 1", 1, 30) >= 0);
-    // The survivor's next step: a progress line after the regroup's.
-    char *o      = read_file(a.out_path);
-    int   before = count_of(strstr(o, "world 2 -> 1") ? strstr(o, "world 2 -> 1") : o,
-                            "[rank 0] epoch: 0 [");
-    free(o);
-    while (ok && mono_s() - t_kill < 30) {
-        o = read_file(a.out_path);
-        const char *w = strstr(o, "world 2 -> 1");
-        int         n = w ? count_of(w, "[rank 0] epoch: 0 [") : 0;
-        free(o);
-        if (n > before)
-            break;
-        sleep_s(0.001);
+    int    bw     = worker_pid(b.pid, 0);
+    double t_lost = mono_s();
+    if (silent) { // B's machine freezes: its dtrun and its worker stop answering
+        kill(b.pid, SIGSTOP);
+        if (bw > 0)
+            kill(bw, SIGSTOP);
+    } else { // B's node dies: its dtrun by SIGKILL, its worker with it
+        kill(b.pid, SIGKILL);
     }
-    f->lost_to_step = mono_s() - t_kill;
-    ok              = ok && CHECK(f->lost_to_step < 3); // the goal after a kill
+    f->lost_to_step = ok ? next_step_after_shrink(&a, t_lost, 30) : -1;
+    // The goals: within 3 s after a kill, 10 s after a node goes silent.
+    ok = ok && CHECK(f->lost_to_step >= 0 && f->lost_to_step < (silent ? 10 : 3));
+    if (silent) {
+        kill(b.pid, SIGKILL);
+        if (bw > 0)
+            kill(bw, SIGKILL);
+    }
 
-    // C joins with the same rendezvous (while A still has most of the epoch to go).
-    sleep_s(0.5);
-    run_start(&c, dir, "nodeC", argv, NULL);
-    run *ac[3]    = {&a, &c, NULL};
-    f->join_admit = ok ? wait_count(ac, 2, "world 1 -> 2", 1, 60) : -1;
-    CHECK(f->join_admit >= 0);
+    f->join_admit = -1;
+    if (!silent) { // C joins with the same rendezvous (A has most of the epoch to go)
+        sleep_s(0.5);
+        run_start(&c, dir, "nodeC", argv, NULL);
+        run *ac[3]    = {&a, &c, NULL};
+        f->join_admit = ok ? wait_count(ac, 2, "world 1 -> 2", 1, 60) : -1;
+        CHECK(f->join_admit >= 0);
+    }
 
     CHECK_EQ(run_wait(&a, 120), 0);
-    CHECK_EQ(run_wait(&c, 120), 0);
+    if (!silent)
+        CHECK_EQ(run_wait(&c, 120), 0);
     run_wait(&b, 10);
     CHECK_EQ(b.rc, 128 + SIGKILL);
     char out_crc[16] = "";
     crc_of(a.out, out_crc);
-    if (!out_crc[0])
+    if (!out_crc[0] && !silent)
         crc_of(c.out, out_crc);
-    if (reference) {
+    if (check) {
         CHECK(out_crc[0] && strcmp(out_crc, ref_crc) == 0);
         CHECK(same_file(model, ref_model));
         if (out_crc[0] && strcmp(out_crc, ref_crc) == 0)
-            fprintf(stderr, "     2 -> 1 -> 2: same weights as the fixed run (CRC32C %s)\n",
-                    out_crc);
+            fprintf(stderr, "     %s: same weights as the fixed run (CRC32C %s)\n",
+                    silent ? "2 -> 1 (silent node)" : "2 -> 1 -> 2", out_crc);
     }
     CHECK(strstr(a.err, "regrouping") != NULL); // the survivor said why
     CHECK(no_marker_procs(dir, 2));
     if (check_failed) {
-        if (reference)
-            run_dump(&ref, "reference");
         run_dump(&a, "node A");
         run_dump(&b, "node B");
-        run_dump(&c, "node C");
+        if (!silent)
+            run_dump(&c, "node C");
     }
-    if (reference)
-        run_free(&ref);
-    run_free(&a), run_free(&b), run_free(&c);
+    run_free(&a), run_free(&b);
+    if (!silent)
+        run_free(&c);
     return !check_failed;
 }
 
 static void test_shrink_and_grow(void) {
     figures f;
-    shrink_and_grow(&f, true);
+    elastic_run(&f, true, false);
     fprintf(stderr, "     kill -> survivor's next step %.0f ms; joiner's start -> admitted %.0f ms\n",
             f.lost_to_step * 1000, f.join_admit * 1000);
+}
+
+static void test_silent_node(void) {
+    figures f;
+    elastic_run(&f, true, true);
+    fprintf(stderr, "     SIGSTOP -> survivor's next step %.0f ms\n", f.lost_to_step * 1000);
 }
 
 static void test_below_min(void) {
@@ -250,12 +287,24 @@ static void measure(void) {
     int    n = 0;
     for (int i = 0; i < N; i++) {
         figures f;
-        if (!shrink_and_grow(&f, false))
+        if (!elastic_run(&f, false, false))
             break;
         lost[n] = f.lost_to_step, join[n] = f.join_admit, solo[n++] = solo_start();
     }
     if (!n)
         return;
+    double silent[3];
+    int    ns = 0;
+    for (int i = 0; i < 3; i++) {
+        figures f;
+        if (!elastic_run(&f, false, true))
+            break;
+        silent[ns++] = f.lost_to_step;
+    }
+    qsort(silent, (size_t)ns, sizeof *silent, cmp_double);
+    if (ns)
+        printf("SIGSTOP of node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, n=%d)\n",
+               silent[ns / 2] * 1000, silent[0] * 1000, silent[ns - 1] * 1000, ns);
     qsort(lost, (size_t)n, sizeof *lost, cmp_double);
     qsort(join, (size_t)n, sizeof *join, cmp_double);
     qsort(solo, (size_t)n, sizeof *solo, cmp_double);
@@ -282,6 +331,7 @@ int main(int argc, char **argv) {
     RUN(test_below_min);
     RUN(test_mismatched_member);
     RUN(test_shrink_and_grow);
+    RUN(test_silent_node);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();
