@@ -3,8 +3,10 @@
 // (guarded by the job token, as every store is), in numbered generations:
 //
 //   elastic/gen              the current generation g (a counter; absent: 0)
+//   elastic/formed           a group has formed: the job holds a state from here on
 //   elastic/g<g>/n           arrivals so far; an arrival's slot is its rank
 //   elastic/g<g>/m<slot>     who took the slot ("host pid step")
+//   elastic/g<g>/held        arrivals that hold the state (members of an earlier one)
 //   elastic/g<g>/closed      the generation's world size, written once (compare-and-set)
 //   elastic/g<g>/pg          rank 0's group address, "tcp://addr:port"
 //   elastic/g<g>/left        members that ended (dtrun's host waits for them all)
@@ -159,19 +161,27 @@ static void missing_members(dt_store *s, int64_t g, char *buf, size_t n) {
 }
 
 // Waits for generation g to close; *world: its size. Whoever sees it settle closes it.
+// Once the job has trained (a group formed: elastic/formed), a generation closes only with
+// a member that holds the state among its arrivals (elastic/g<g>/held counts them): new
+// workers never start a second job of their own while the members are on their way.
 static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
-    char nkey[64], ckey[64];
+    char nkey[64], ckey[64], hkey[64];
     snprintf(nkey, sizeof nkey, "elastic/g%lld/n", (long long)g);
     snprintf(ckey, sizeof ckey, "elastic/g%lld/closed", (long long)g);
+    snprintf(hkey, sizeof hkey, "elastic/g%lld/held", (long long)g);
     int64_t start = now_ms(), changed = start, last = -1, said = start;
     for (;;) {
         if (key_exists(e->store, ckey))
             break;
-        int64_t n, now = now_ms();
+        int64_t n, held = 0, now = now_ms();
         DT_TRY(dt_store_add(e->store, nkey, 0, &n));
+        bool formed = key_exists(e->store, "elastic/formed");
+        if (formed)
+            DT_TRY(dt_store_add(e->store, hkey, 0, &held));
         if (n != last)
             last = n, changed = now;
-        if (n >= e->max || (n >= e->min && now - changed >= e->settle_ms)) {
+        bool stateful = !formed || held > 0;
+        if (stateful && (n >= e->max || (n >= e->min && now - changed >= e->settle_ms))) {
             char v[24];
             int  nv = snprintf(v, sizeof v, "%lld", (long long)n);
             bool swapped;
@@ -181,6 +191,12 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
         if (now - start >= e->timeout_ms) {
             char miss[512];
             missing_members(e->store, g - 1, miss, sizeof miss);
+            if (!stateful)
+                return dt_fail(DT_ERR_TIMEOUT,
+                               "elastic: waited %.1f s (--rdzv-timeout) for a member that holds "
+                               "the job's state, found %lld new workers; the last generation's "
+                               "members (host pid step): %s",
+                               (double)e->timeout_ms / 1000, (long long)n, miss);
             return dt_fail(DT_ERR_TIMEOUT,
                            "elastic: waited %.1f s (--rdzv-timeout) for at least %ld workers, "
                            "found %lld; waited for the last generation's members (host pid step): %s",
@@ -234,6 +250,10 @@ static dt_status rendezvous(dt_trainer *t, dt_pg **pg) {
         int nv = snprintf(v, sizeof v, "%s %d %lld", e->host, (int)getpid(),
                           (long long)(e->gen >= 0 ? t->step : -1));
         DT_TRY(dt_store_set(e->store, key, v, (size_t)nv));
+        if (e->gen >= 0) { // this worker holds the state (see wait_close)
+            snprintf(key, sizeof key, "elastic/g%lld/held", (long long)g);
+            DT_TRY(dt_store_add(e->store, key, 1, NULL));
+        }
         DT_TRY(wait_close(e, g, &world));
         if (slot >= world) // came after the close: the next generation
             continue;
@@ -256,6 +276,8 @@ static dt_status rendezvous(dt_trainer *t, dt_pg **pg) {
         dt_free(method);
         if (st == DT_OK) {
             e->gen = g, e->world = (int)world;
+            if (slot == 0)
+                DT_TRY(dt_store_set(e->store, "elastic/formed", "1", 1));
             return DT_OK;
         }
         // A member died before the group formed: the next generation, without it.
