@@ -115,6 +115,20 @@ dt_status dt_train_elastic_poll(dt_trainer *t, bool *changed) {
     return DT_OK;
 }
 
+dt_status dt_train_elastic_agree(dt_trainer *t, bool *others) {
+    int64_t  mine = t->preempted || dt_train_preempt_pending();
+    int64_t *all  = dt_alloc(sizeof(int64_t) * (size_t)t->world);
+    if (!all)
+        return DT_ERR_NOMEM;
+    dt_status st = dt_pg_all_gather(t->pg, &mine, all, 1, DT_INT64);
+    *others      = false;
+    for (int r = 0; !st && r < t->world; r++)
+        *others |= r != t->rank && all[r];
+    dt_free(all);
+    t->preempted = mine != 0;
+    return st;
+}
+
 static bool key_exists(dt_store *s, const char *key) {
     bool         yes    = false;
     const char  *k[1]   = {key};
@@ -213,6 +227,10 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
     DT_TRY(dt_store_get(e->store, ckey, &v, NULL));
     *world = atoll(v);
     dt_free(v);
+    if (*world < 1 || *world > e->max) // written by a member: checked all the same
+        return dt_fail(DT_ERR_FORMAT, "elastic: generation %lld closed with %lld workers, "
+                                      "expected 1 to %ld",
+                       (long long)g, (long long)*world, e->max);
     return DT_OK;
 }
 

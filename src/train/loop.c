@@ -235,7 +235,7 @@ static dt_status make_strategy(dt_trainer *t) {
 
 static dt_status elastic_start(dt_trainer *t);
 static dt_status invariant_shards(dt_trainer *t, int *shards);
-static dt_status elastic_boundary(dt_trainer *t, dt_status st, size_t next);
+static dt_status elastic_boundary(dt_trainer *t, dt_status st, bool leaving, size_t next);
 
 dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sched *sched) {
     const dt_train_args *a = &t->a;
@@ -629,7 +629,7 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         dt_status rs = dt_strategy_reduce(t->strat, t->window, t->win_samples);
         if (rs && t->el) { // a peer is gone: this step again, by the new world
             t->samples_seen -= (int64_t)t->cur_size;
-            return elastic_boundary(t, rs, t->cur_index);
+            return elastic_boundary(t, rs, false, t->cur_index);
         }
         DT_TRY(rs);
         // fp16: unscale, agree on inf/NaN over the ranks; a bad step is skipped by all
@@ -659,11 +659,20 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         return DT_OK;
     if (t->a.checkpoint_every && t->step % t->a.checkpoint_every == 0)
         DT_TRY(save(t));
-    dt_status as = dt_train_preempt_agree(t->pg, &t->preempted);
-    if (t->el) // the step is applied: the next one, by the group of this boundary
-        DT_TRY(elastic_boundary(t, as, t->cur_index + 1));
-    else
-        DT_TRY(as);
+    if (t->el) { // the step is applied: the next one, by the group of this boundary
+        bool      others = false;
+        dt_status as     = dt_train_elastic_agree(t, &others);
+        if (!as && t->preempted) { // SIGTERM: this worker leaves, the others go on
+            dt_strategy_free(t->strat);
+            t->strat = NULL;
+            dt_pg_free(t->pg);
+            t->pg = NULL, t->stop = true;
+            return DT_OK;
+        }
+        DT_TRY(elastic_boundary(t, as, others, t->cur_index + 1));
+    } else {
+        DT_TRY(dt_train_preempt_agree(t->pg, &t->preempted));
+    }
     t->stop = t->preempted || (t->a.max_steps && t->step >= t->a.max_steps);
     return DT_OK;
 }
@@ -719,9 +728,10 @@ dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
 // ------------------------------------------------------------------ elastic membership
 
 // Regroups (elastic.c) and rebuilds what depends on the group: the gradient shards of
-// the new world, the strategy, rank 0's progress bar, and the training loader re-cut at
+// the new world, the strategy, rank 0's progress bar, the training loader re-cut at
 // batch next_batch of the epoch with the global batch shared out anew (each rank takes
-// gbatch / world). A regrouping that fails again and again without a step between them
+// gbatch / world), and the evaluation loaders dropped (dt_trainer_loader makes them
+// anew for the new world). A regrouping that fails again and again without a step between them
 // (a world that never forms) stops after 8.
 static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
     if (++t->regroups > 8)
@@ -765,6 +775,11 @@ static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
     dt_loader_free(t->ld);
     dt_sampler_free(t->smp);
     t->ld = NULL, t->smp = NULL;
+    for (int i = 0; i < t->neval; i++) { // cut for the old world: made anew when asked
+        dt_loader_free(t->eld[i]);
+        dt_sampler_free(t->esmp[i]);
+    }
+    t->neval = 0;
     DT_TRY(dt_sampler_new(&t->smp, t->tds->n, &so));
     size_t pos = (size_t)next_batch * t->batch, n = dt_sampler_num_samples(t->smp);
     DT_TRY(dt_sampler_resume(t->smp, (uint64_t)t->epoch, pos < n ? pos : n));
@@ -799,11 +814,12 @@ static dt_status elastic_start(dt_trainer *t) {
 }
 
 // A step boundary of an elastic job: after a failed collective (st, from the step's
-// reduction: nothing was applied, the step is done again by the new world) or when the
-// generation moved on (a joiner, or a member that regrouped after a failure), the new
-// group goes on from batch `next` of the epoch.
-static dt_status elastic_boundary(dt_trainer *t, dt_status st, size_t next) {
-    bool changed = st != DT_OK;
+// reduction: nothing was applied, the step is done again by the new world), when a
+// member leaves (a SIGTERM: `leaving`) or when the generation moved on (a joiner, or a
+// member that regrouped after a failure), the new group goes on from batch `next` of
+// the epoch.
+static dt_status elastic_boundary(dt_trainer *t, dt_status st, bool leaving, size_t next) {
+    bool changed = st != DT_OK || leaving;
     if (st)
         fprintf(stderr, "%s: rank %d: %s: regrouping\n", t->o.program, t->rank, dt_last_error());
     else

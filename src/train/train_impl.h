@@ -205,6 +205,10 @@ bool      dt_train_elastic_wanted(void);
 dt_status dt_train_elastic_open(dt_trainer *t);
 dt_status dt_train_elastic_poll(dt_trainer *t, bool *changed);
 dt_status dt_train_elastic_regroup(dt_trainer *t, int64_t *next_batch);
+// A step's end (replaces dt_train_preempt_agree): t->preempted when this worker got a
+// SIGTERM (it leaves the job alone), *others when another member did (the rest regroup
+// without it). Collective over the group.
+dt_status dt_train_elastic_agree(dt_trainer *t, bool *others);
 void      dt_train_elastic_close(dt_trainer *t);
 
 // device.c: the trainer on a GPU. _wanted: --device names a GPU. _args: --num-gpu-processes

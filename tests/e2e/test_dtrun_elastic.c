@@ -12,11 +12,13 @@
 // - a member with another --lr: every member fails naming the flag.
 // - a silent node: B's dtrun and worker stopped (SIGSTOP) instead of killed; A goes on
 //   alone within 10 s (the peers' liveness bound, DT_LIVENESS_MS, 5 s), bitwise again.
+// - a preempted node: SIGTERM to B's dtrun; its worker leaves at a step boundary and
+//   exits 75, A goes on alone at once, bitwise again.
 // `test_dtrun_elastic measure` prints the times for bench/RESULTS.md (kill -> the
 // survivor's next step; the joiner's start -> admitted; a plain start -> first group).
 #include "test_dtrun_lib.h"
 
-#define LIMIT  "6400" // 100 steps of global batch 64
+#define LIMIT  "3840" // 60 steps of global batch 64
 #define GLOBAL "64"
 
 static void crc_of(const char *out, char crc[16]) {
@@ -125,12 +127,16 @@ static double next_step_after_shrink(run *a, double t0, double timeout_s) {
     return -1;
 }
 
-// The scenario; *f gets its times; check: compare with the reference. silent: node B is
-// stopped (SIGSTOP: a frozen machine, a cut link) instead of killed, and nobody joins.
-// Returns whether it got through (for measure).
-static bool elastic_run(figures *f, bool check, bool silent) {
+// The scenario; *f gets its times; check: compare with the reference. how: node B is
+// killed (SIGKILL) and C joins, or stopped (SIGSTOP: a frozen machine, a cut link), or
+// preempted (SIGTERM to its dtrun: it leaves at a step boundary and exits 75); in the
+// last two nobody joins. Returns whether it got through (for measure).
+enum { LOST_KILL, LOST_SILENT, LOST_SIGTERM };
+
+static bool elastic_run(figures *f, bool check, int how) {
+    bool silent = how == LOST_SILENT;
     char dir[PATH_MAX], model[PATH_MAX + 16], portbuf[16];
-    scenario_dir(dir, sizeof dir, silent ? "elastic-silent" : "elastic");
+    scenario_dir(dir, sizeof dir, how == LOST_KILL ? "elastic" : silent ? "silent" : "sigterm");
     snprintf(model, sizeof model, "%s/elastic.model", dir);
     snprintf(portbuf, sizeof portbuf, "%d", port = free_port());
     if (check && !reference())
@@ -154,6 +160,8 @@ static bool elastic_run(figures *f, bool check, bool silent) {
         kill(b.pid, SIGSTOP);
         if (bw > 0)
             kill(bw, SIGSTOP);
+    } else if (how == LOST_SIGTERM) { // B's node is preempted: its worker leaves cleanly
+        kill(b.pid, SIGTERM);
     } else { // B's node dies: its dtrun by SIGKILL, its worker with it
         kill(b.pid, SIGKILL);
     }
@@ -167,7 +175,7 @@ static bool elastic_run(figures *f, bool check, bool silent) {
     }
 
     f->join_admit = -1;
-    if (!silent) { // C joins with the same rendezvous (A has most of the epoch to go)
+    if (how == LOST_KILL) { // C joins with the same rendezvous (A has most of the epoch to go)
         sleep_s(0.5);
         run_start(&c, dir, "nodeC", argv, NULL);
         run *ac[3]    = {&a, &c, NULL};
@@ -176,45 +184,55 @@ static bool elastic_run(figures *f, bool check, bool silent) {
     }
 
     CHECK_EQ(run_wait(&a, 120), 0);
-    if (!silent)
+    if (how == LOST_KILL)
         CHECK_EQ(run_wait(&c, 120), 0);
     run_wait(&b, 10);
-    CHECK_EQ(b.rc, 128 + SIGKILL);
+    CHECK_EQ(b.rc, how == LOST_SIGTERM ? 75 : 128 + SIGKILL);
+    if (how == LOST_SIGTERM) // it said so, and it saved nothing (no --checkpoint-dir)
+        CHECK(strstr(b.out, "Stopped by SIGTERM at step") != NULL);
     char out_crc[16] = "";
     crc_of(a.out, out_crc);
-    if (!out_crc[0] && !silent)
+    if (!out_crc[0] && how == LOST_KILL)
         crc_of(c.out, out_crc);
     if (check) {
         CHECK(out_crc[0] && strcmp(out_crc, ref_crc) == 0);
         CHECK(same_file(model, ref_model));
         if (out_crc[0] && strcmp(out_crc, ref_crc) == 0)
             fprintf(stderr, "     %s: same weights as the fixed run (CRC32C %s)\n",
-                    silent ? "2 -> 1 (silent node)" : "2 -> 1 -> 2", out_crc);
+                    how == LOST_KILL ? "2 -> 1 -> 2" : silent ? "2 -> 1 (silent node)"
+                                                              : "2 -> 1 (SIGTERM)", out_crc);
     }
-    CHECK(strstr(a.err, "regrouping") != NULL); // the survivor said why
+    if (how != LOST_SIGTERM) // the survivor said why (a leaver says so itself)
+        CHECK(strstr(a.err, "regrouping") != NULL);
     CHECK(no_marker_procs(dir, 2));
     if (check_failed) {
         run_dump(&a, "node A");
         run_dump(&b, "node B");
-        if (!silent)
+        if (how == LOST_KILL)
             run_dump(&c, "node C");
     }
     run_free(&a), run_free(&b);
-    if (!silent)
+    if (how == LOST_KILL)
         run_free(&c);
     return !check_failed;
 }
 
 static void test_shrink_and_grow(void) {
     figures f;
-    elastic_run(&f, true, false);
+    elastic_run(&f, true, LOST_KILL);
     fprintf(stderr, "     kill -> survivor's next step %.0f ms; joiner's start -> admitted %.0f ms\n",
             f.lost_to_step * 1000, f.join_admit * 1000);
 }
 
+static void test_sigterm_node(void) {
+    figures f;
+    elastic_run(&f, true, LOST_SIGTERM);
+    fprintf(stderr, "     SIGTERM -> survivor's next step %.0f ms\n", f.lost_to_step * 1000);
+}
+
 static void test_silent_node(void) {
     figures f;
-    elastic_run(&f, true, true);
+    elastic_run(&f, true, LOST_SILENT);
     fprintf(stderr, "     SIGSTOP -> survivor's next step %.0f ms\n", f.lost_to_step * 1000);
 }
 
@@ -287,7 +305,7 @@ static void measure(void) {
     int    n = 0;
     for (int i = 0; i < N; i++) {
         figures f;
-        if (!elastic_run(&f, false, false))
+        if (!elastic_run(&f, false, LOST_KILL))
             break;
         lost[n] = f.lost_to_step, join[n] = f.join_admit, solo[n++] = solo_start();
     }
@@ -297,10 +315,22 @@ static void measure(void) {
     int    ns = 0;
     for (int i = 0; i < 3; i++) {
         figures f;
-        if (!elastic_run(&f, false, true))
+        if (!elastic_run(&f, false, LOST_SILENT))
             break;
         silent[ns++] = f.lost_to_step;
     }
+    double term[3];
+    int    nt = 0;
+    for (int i = 0; i < 3; i++) {
+        figures f;
+        if (!elastic_run(&f, false, LOST_SIGTERM))
+            break;
+        term[nt++] = f.lost_to_step;
+    }
+    qsort(term, (size_t)nt, sizeof *term, cmp_double);
+    if (nt)
+        printf("SIGTERM to node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, n=%d)\n",
+               term[nt / 2] * 1000, term[0] * 1000, term[nt - 1] * 1000, nt);
     qsort(silent, (size_t)ns, sizeof *silent, cmp_double);
     if (ns)
         printf("SIGSTOP of node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, n=%d)\n",
@@ -332,6 +362,7 @@ int main(int argc, char **argv) {
     RUN(test_mismatched_member);
     RUN(test_shrink_and_grow);
     RUN(test_silent_node);
+    RUN(test_sigterm_node);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();
