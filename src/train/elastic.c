@@ -10,6 +10,7 @@
 //   elastic/g<g>/closed      the generation's world size, written once (compare-and-set)
 //   elastic/g<g>/pg          rank 0's group address, "tcp://addr:port"
 //   elastic/g<g>/left        members that ended (dtrun's host waits for them all)
+//   elastic/done             the step the members finished at: later workers are refused
 //
 // A generation closes when no one arrived for DT_ELASTIC_SETTLE_MS and MIN have, or at
 // once when MAX have; whoever sees that first writes `closed` (the first write wins). A
@@ -93,10 +94,15 @@ dt_status dt_train_elastic_open(dt_trainer *t) {
     return DT_OK;
 }
 
-void dt_train_elastic_close(dt_trainer *t) {
+void dt_train_elastic_close(dt_trainer *t, bool finished) {
     struct dt_elastic *e = t->el;
     if (!e)
         return;
+    if (e->gen >= 0 && finished) { // a worker that comes later has nothing to join
+        char v[24];
+        int  nv = snprintf(v, sizeof v, "%lld", (long long)t->step);
+        dt_store_set(e->store, "elastic/done", v, (size_t)nv);
+    }
     if (e->gen >= 0) { // dtrun's host keeps the store up until every member has left
         char key[64];
         snprintf(key, sizeof key, "elastic/g%lld/left", (long long)e->gen);
@@ -133,6 +139,19 @@ static bool key_exists(dt_store *s, const char *key) {
     bool         yes    = false;
     const char  *k[1]   = {key};
     return dt_store_check(s, k, 1, &yes) == DT_OK && yes;
+}
+
+// A job whose members finished: refused to a worker that comes after (DT_ERR_STATE).
+static dt_status check_not_done(dt_store *s) {
+    if (!key_exists(s, "elastic/done"))
+        return DT_OK;
+    void *v = NULL;
+    dt_store_get(s, "elastic/done", &v, NULL);
+    dt_status st = dt_fail(DT_ERR_STATE, "elastic: the job has finished (its members ended at "
+                                         "step %s): nothing to join",
+                           v ? (char *)v : "?");
+    dt_free(v);
+    return st;
 }
 
 // Opens the next generation when g is closed (one bump wins); *g: the current one.
@@ -187,6 +206,7 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
     for (;;) {
         if (key_exists(e->store, ckey))
             break;
+        DT_TRY(check_not_done(e->store));
         int64_t n, held = 0, now = now_ms();
         DT_TRY(dt_store_add(e->store, nkey, 0, &n));
         bool formed = key_exists(e->store, "elastic/formed");
@@ -260,6 +280,7 @@ static dt_status rendezvous(dt_trainer *t, dt_pg **pg) {
     for (int tries = 0; tries < 16; tries++) {
         int64_t g, slot, world = 0;
         char    key[64], v[160];
+        DT_TRY(check_not_done(e->store));
         DT_TRY(current_gen(e->store, &g));
         snprintf(key, sizeof key, "elastic/g%lld/n", (long long)g);
         DT_TRY(dt_store_add(e->store, key, 1, &slot));

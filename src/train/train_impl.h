@@ -200,7 +200,8 @@ struct dt_trainer {
 // a step boundary). _regroup: drops the group, joins the next generation's (t->pg,
 // world, ranks) and takes the state of the member with the most steps (counters,
 // parameters, buffers, optimizer; *next_batch: the batch of the epoch to go on from).
-// _close: says this member left (dtrun's host waits for every member) and closes.
+// _close: says this member left (dtrun's host waits for every member), and when it
+// finished training that the job is done (a later worker is refused), and closes.
 bool      dt_train_elastic_wanted(void);
 dt_status dt_train_elastic_open(dt_trainer *t);
 dt_status dt_train_elastic_poll(dt_trainer *t, bool *changed);
@@ -209,7 +210,7 @@ dt_status dt_train_elastic_regroup(dt_trainer *t, int64_t *next_batch);
 // SIGTERM (it leaves the job alone), *others when another member did (the rest regroup
 // without it). Collective over the group.
 dt_status dt_train_elastic_agree(dt_trainer *t, bool *others);
-void      dt_train_elastic_close(dt_trainer *t);
+void      dt_train_elastic_close(dt_trainer *t, bool finished);
 
 // device.c: the trainer on a GPU. _wanted: --device names a GPU. _args: --num-gpu-processes
 // into --num-processes and --device cuda. _start (end of dt_trainer_prepare): the checks

@@ -508,7 +508,7 @@ static int end_worker(dt_trainer *t, dt_status st) {
         dt_pg_abort(t->pg, "a worker failed");
     dt_pg_free(t->pg);
     t->pg = NULL;
-    dt_train_elastic_close(t);
+    dt_train_elastic_close(t, rc == 0 && t->finish_called);
     t->in_worker = false;
     return rc;
 }

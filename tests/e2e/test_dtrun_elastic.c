@@ -1,5 +1,5 @@
 // test_dtrun_elastic.c: elastic membership (dtrun --nnodes MIN:MAX) with dtrain-mnist
-// on loopback, two dtruns of one worker each as the nodes:
+// on loopback, two dtruns of one worker each as the nodes (tcp between the workers):
 // - shrink and grow: nodes A and B train together; B's dtrun is killed with SIGKILL
 //   mid-epoch (its worker dies with it); A goes on alone from its state in memory at the
 //   next step boundary (no checkpoint exists); node C starts with the same rendezvous
@@ -10,6 +10,7 @@
 // - below MIN: one node of a 2:3 job waits --rdzv-timeout, then fails saying how many
 //   workers it waited for and found.
 // - a member with another --lr: every member fails naming the flag.
+// - a worker that comes after the job finished is refused, saying so.
 // - a silent node: B's dtrun and worker stopped (SIGSTOP) instead of killed; A goes on
 //   alone within 10 s (the peers' liveness bound, DT_LIVENESS_MS, 5 s), bitwise again.
 // - a preempted node: SIGTERM to B's dtrun; its worker leaves at a step boundary and
@@ -79,7 +80,7 @@ static void node_argv(char **argv, char *portbuf, char *model) {
     char *v[] = {dtrun_path, "--nnodes", "1:2",     "--rdzv-endpoint", endpoint,   "--rdzv-id",
                  "elastic",  "--rdzv-timeout", "30", mnist_path,  "--limit",   LIMIT,
                  "--batch-size", GLOBAL, "--invariant", "4", "--threads", "1", "--no-test",
-                 "--log-every", "1", "--save-model", model, NULL};
+                 "--log-every", "1", "--backend", "tcp", "--save-model", model, NULL};
     memcpy(argv, v, sizeof v);
 }
 
@@ -275,6 +276,32 @@ static void test_mismatched_member(void) {
     run_free(&a), run_free(&b);
 }
 
+// A worker that comes after the job finished is refused, saying so. The store's dtrun
+// runs a program that never joins (sleep), so the store outlives the trainer's node.
+static void test_late_joiner(void) {
+    char dir[PATH_MAX], endpoint[64];
+    scenario_dir(dir, sizeof dir, "late");
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
+    char *host[] = {dtrun_path, "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id",
+                    "late", "sleep", "6", NULL};
+    char *argv[] = {dtrun_path, "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id",
+                    "late", "--rdzv-timeout", "20", mnist_path, "--limit", "640",
+                    "--batch-size", GLOBAL, "--threads", "1", "--no-test", NULL};
+    run h, a, c;
+    run_start(&h, dir, "host", host, NULL);
+    sleep_s(0.3);
+    run_start(&a, dir, "a", argv, NULL);
+    CHECK_EQ(run_wait(&a, 30), 0);
+    run_start(&c, dir, "c", argv, NULL);
+    CHECK_EQ(run_wait(&c, 30), 1);
+    CHECK(strstr(c.err, "the job has finished (its members ended at step 10): nothing to join") !=
+          NULL);
+    CHECK_EQ(run_wait(&h, 30), 0);
+    if (check_failed)
+        run_dump(&h, "host"), run_dump(&a, "a"), run_dump(&c, "c");
+    run_free(&h), run_free(&a), run_free(&c);
+}
+
 // A plain start of the same elastic job alone: the program's start-up (data, model)
 // to its first group, to tell the joiner's admission from its start-up.
 static double solo_start(void) {
@@ -360,6 +387,7 @@ int main(int argc, char **argv) {
     make_tmp_root("dtrun-elastic-test");
     RUN(test_below_min);
     RUN(test_mismatched_member);
+    RUN(test_late_joiner);
     RUN(test_shrink_and_grow);
     RUN(test_silent_node);
     RUN(test_sigterm_node);
