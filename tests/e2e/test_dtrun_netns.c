@@ -7,6 +7,8 @@
 // - The link cut mid-run (`ip link set ... down`): both sides fail within the timeouts
 //   (DT_TIMEOUT_MS and --node-timeout small) with an error naming the peer, instead of
 //   hanging; no worker is left behind.
+// - Elastic membership (--nnodes 1:2): node B killed, node C joining, the weights of
+//   the fixed job.
 //
 // Needs root (ip netns). Without it, or when namespaces cannot be created, the test
 // prints why and skips (counting neither a pass nor a failure).
@@ -298,6 +300,80 @@ static void test_link_cut(void) {
     run_free(&n1);
 }
 
+// Elastic membership across the namespaces: node A (10.200.0.1, serving the rendezvous
+// store) and node B train together under `--nnodes 1:2`; B's dtrun is killed with
+// SIGKILL; A goes on alone; node C starts in B's namespace and is admitted; the final
+// weights equal the fixed 2-process job's on one machine (global batch 64, --invariant 4).
+static void start_elastic(run *r, const char *dir, int i, char *model) {
+    char *argv[] = {dtrun_path, "--nnodes",  "1:2",     "--rdzv-endpoint", "10.200.0.1:29400",
+                    "--rdzv-id", "ns",       "--rdzv-timeout", "30",       mnist_path,
+                    "--limit",  "3840",      "--batch-size",   "64",       "--invariant",
+                    "4",        "--threads", "1",       "--no-test",       "--log-every",
+                    "1",        "--save-model", model,  NULL};
+    start_in_ns(r, dir, i, argv, "30000", NULL);
+}
+
+static void test_elastic_namespaces(void) {
+    char dir[PATH_MAX], model[PATH_MAX + 16], cmd[3 * PATH_MAX];
+    scenario_dir(dir, sizeof dir, "elastic");
+    snprintf(model, sizeof model, "%s/elastic.model", dir);
+    new_mark("elastic");
+    snprintf(cmd, sizeof cmd,
+             "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE %s --limit 3840 "
+             "--batch-size 32 --invariant 4 --no-test --threads 1 --num-processes 2 "
+             "> %s/local.out 2>&1",
+             mnist_path, dir);
+    CHECK_EQ(netns_sh("%s", cmd), 0);
+    char path[PATH_MAX + 16], crc_local[16], crc_el[16];
+    snprintf(path, sizeof path, "%s/local.out", dir);
+    char *local = read_file(path);
+    crc_of(local, crc_local);
+    free(local);
+
+    run a, b, c;
+    start_elastic(&a, dir, 0, model);
+    sleep_s(0.5);
+    start_elastic(&b, dir, 1, model);
+    double deadline = mono_s() + 60;
+    bool   together = false;
+    while (!together && mono_s() < deadline) {
+        char *oa = read_file(a.out_path), *ob = read_file(b.out_path);
+        together = (strstr(oa, " -> 2 at step") || strstr(ob, " -> 2 at step")) &&
+                   count_of(oa, "epoch: 0 [") + count_of(ob, "epoch: 0 [") >= 5;
+        free(oa), free(ob);
+        if (!together)
+            sleep_s(0.01);
+    }
+    CHECK(together);
+    double t_kill = mono_s();
+    kill(b.pid, SIGKILL);
+    bool alone = false;
+    while (together && !alone && mono_s() - t_kill < 30) {
+        char *o = read_file(a.out_path);
+        alone   = strstr(o, "world 2 -> 1") != NULL;
+        free(o);
+        if (!alone)
+            sleep_s(0.01);
+    }
+    CHECK(alone);
+    double t_alone = mono_s() - t_kill;
+    start_elastic(&c, dir, 1, model);
+    CHECK_EQ(run_wait(&a, 120), 0);
+    CHECK_EQ(run_wait(&c, 120), 0);
+    run_wait(&b, 10);
+    CHECK(strstr(a.out, "world 1 -> 2") || strstr(c.out, "world 1 -> 2"));
+    crc_of(strstr(a.out, "(CRC32C ") ? a.out : c.out, crc_el);
+    CHECK(crc_el[0] && strcmp(crc_el, crc_local) == 0);
+    fprintf(stderr, "     elastic across namespaces: 2 -> 1 (%.2f s after the kill) -> 2, "
+                    "CRC32C %s (one machine, fixed: %s)\n",
+            t_alone, crc_el, crc_local);
+    CHECK(none_left(3));
+    if (check_failed) {
+        run_dump(&a, "node A"), run_dump(&b, "node B"), run_dump(&c, "node C");
+    }
+    run_free(&a), run_free(&b), run_free(&c);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "worker") == 0)
         return worker_main(argc, argv);
@@ -319,6 +395,7 @@ int main(int argc, char **argv) {
     make_tmp_root("dtrun-netns-test");
     RUN(test_train_two_namespaces);
     RUN(test_pytorchjob_env);
+    RUN(test_elastic_namespaces); // before the cut: the link stays down
     RUN(test_link_cut);
     netns_pair_teardown(&np);
     if (!check_failed)
