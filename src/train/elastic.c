@@ -65,11 +65,13 @@ dt_status dt_train_elastic_open(dt_trainer *t) {
     const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
     long        min = 0, max = 0, p = 0;
     if (!spec || sscanf(spec, "%ld:%ld", &min, &max) != 2 || min < 1 || max < min)
-        return dt_fail(DT_ERR_ARG, "DT_ELASTIC: expected MIN:MAX workers (1 <= MIN <= MAX), found \"%s\"",
+        return dt_fail(DT_ERR_ARG,
+                       "DT_ELASTIC: expected MIN:MAX workers (1 <= MIN <= MAX), found \"%s\"",
                        spec ? spec : "");
     if (!addr || !*addr || !port || dt_parse_long(port, 1, 65535, "MASTER_PORT", &p) != DT_OK)
-        return dt_fail(DT_ERR_ARG, "DT_ELASTIC: expected MASTER_ADDR and MASTER_PORT naming the "
-                                   "rendezvous store (dtrun sets them), found %s",
+        return dt_fail(DT_ERR_ARG,
+                       "DT_ELASTIC: expected MASTER_ADDR and MASTER_PORT naming the "
+                       "rendezvous store (dtrun sets them), found %s",
                        addr && *addr ? "no MASTER_PORT" : "no MASTER_ADDR");
     struct dt_elastic *e = dt_alloc_zero(sizeof *e);
     if (!e)
@@ -136,8 +138,8 @@ dt_status dt_train_elastic_agree(dt_trainer *t, bool *others) {
 }
 
 static bool key_exists(dt_store *s, const char *key) {
-    bool         yes    = false;
-    const char  *k[1]   = {key};
+    bool        yes  = false;
+    const char *k[1] = {key};
     return dt_store_check(s, k, 1, &yes) == DT_OK && yes;
 }
 
@@ -147,8 +149,9 @@ static dt_status check_not_done(dt_store *s) {
         return DT_OK;
     void *v = NULL;
     dt_store_get(s, "elastic/done", &v, NULL);
-    dt_status st = dt_fail(DT_ERR_STATE, "elastic: the job has finished (its members ended at "
-                                         "step %s): nothing to join",
+    dt_status st = dt_fail(DT_ERR_STATE,
+                           "elastic: the job has finished (its members ended at "
+                           "step %s): nothing to join",
                            v ? (char *)v : "?");
     dt_free(v);
     return st;
@@ -162,8 +165,8 @@ static dt_status current_gen(dt_store *s, int64_t *g) {
         snprintf(key, sizeof key, "elastic/g%lld/closed", (long long)*g);
         if (!key_exists(s, key))
             return DT_OK;
-        int nf = snprintf(from, sizeof from, "%lld", (long long)*g);
-        int nt = snprintf(to, sizeof to, "%lld", (long long)*g + 1);
+        int  nf = snprintf(from, sizeof from, "%lld", (long long)*g);
+        int  nt = snprintf(to, sizeof to, "%lld", (long long)*g + 1);
         bool swapped;
         DT_TRY(dt_store_compare_set(s, "elastic/gen", from, (size_t)nf, to, (size_t)nt, &swapped));
     }
@@ -172,7 +175,7 @@ static dt_status current_gen(dt_store *s, int64_t *g) {
 
 // The members of generation g that did not come (for the message below MIN).
 static void missing_members(dt_store *s, int64_t g, char *buf, size_t n) {
-    char key[64];
+    char    key[64];
     int64_t count = 0;
     snprintf(buf, n, "none known");
     snprintf(key, sizeof key, "elastic/g%lld/closed", (long long)g);
@@ -231,10 +234,11 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
                                "the job's state, found %lld new workers; the last generation's "
                                "members (host pid step): %s",
                                (double)e->timeout_ms / 1000, (long long)n, miss);
-            return dt_fail(DT_ERR_TIMEOUT,
-                           "elastic: waited %.1f s (--rdzv-timeout) for at least %ld workers, "
-                           "found %lld; waited for the last generation's members (host pid step): %s",
-                           (double)e->timeout_ms / 1000, e->min, (long long)n, miss);
+            return dt_fail(
+                DT_ERR_TIMEOUT,
+                "elastic: waited %.1f s (--rdzv-timeout) for at least %ld workers, "
+                "found %lld; waited for the last generation's members (host pid step): %s",
+                (double)e->timeout_ms / 1000, e->min, (long long)n, miss);
         }
         if (now - said >= 10000) {
             fprintf(stderr, "elastic: generation %lld has %lld of at least %ld workers; waiting\n",
@@ -248,8 +252,9 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
     *world = atoll(v);
     dt_free(v);
     if (*world < 1 || *world > e->max) // written by a member: checked all the same
-        return dt_fail(DT_ERR_FORMAT, "elastic: generation %lld closed with %lld workers, "
-                                      "expected 1 to %ld",
+        return dt_fail(DT_ERR_FORMAT,
+                       "elastic: generation %lld closed with %lld workers, "
+                       "expected 1 to %ld",
                        (long long)g, (long long)*world, e->max);
     return DT_OK;
 }
@@ -334,8 +339,8 @@ static dt_status rendezvous(dt_trainer *t, dt_pg **pg) {
 
 // The state from the member with the most steps (lowest rank among equals) to all.
 static dt_status share_state(dt_trainer *t, bool had_state, int64_t *next_batch, int *old_world) {
-    int      w    = t->world;
-    int64_t  mine = had_state ? t->step : -1, *all = dt_alloc(sizeof(int64_t) * (size_t)w);
+    int     w    = t->world;
+    int64_t mine = had_state ? t->step : -1, *all = dt_alloc(sizeof(int64_t) * (size_t)w);
     if (!all)
         return DT_ERR_NOMEM;
     dt_status st  = dt_pg_all_gather(t->pg, &mine, all, 1, DT_INT64);
@@ -345,15 +350,15 @@ static dt_status share_state(dt_trainer *t, bool had_state, int64_t *next_batch,
             src = r;
     dt_free(all);
     DT_TRY(st);
-    int64_t meta[6] = {t->step, t->epoch, *next_batch, t->samples_seen,
-                       dt_optim_step_count(t->opt), *old_world};
+    int64_t meta[6] = {
+        t->step, t->epoch, *next_batch, t->samples_seen, dt_optim_step_count(t->opt), *old_world};
     DT_TRY(dt_pg_broadcast(t->pg, meta, 6, DT_INT64, src));
     *old_world = (int)meta[5];
     t->step = meta[0], t->epoch = (long)meta[1], *next_batch = meta[2];
     t->samples_seen = meta[3];
     DT_TRY(dt_optim_set_step_count(t->opt, meta[4]));
     DT_TRY(dt_pg_broadcast(t->pg, dt_params_data(t->p), dt_params_numel(t->p), DT_FLOAT32, src));
-    size_t nb  = dt_params_buffer_numel(t->p);
+    size_t nb = dt_params_buffer_numel(t->p);
     if (nb)
         DT_TRY(dt_pg_broadcast(t->pg, dt_params_buffers(t->p), nb, DT_FLOAT32, src));
     size_t nopt = 0;
@@ -384,7 +389,7 @@ dt_status dt_train_elastic_regroup(dt_trainer *t, int64_t *next_batch) {
     DT_TRY(dt_train_check_shared(t));
     DT_TRY(share_state(t, had_state, next_batch, &old_world));
     dt_trainer_print(t, "world %d -> %d at step %lld (generation %lld)\n", old_world, t->world,
-                         (long long)t->step, (long long)e->gen);
+                     (long long)t->step, (long long)e->gen);
     fflush(stdout);
     return DT_OK;
 }

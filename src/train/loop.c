@@ -201,8 +201,8 @@ static dt_status check_data(dt_trainer *t) {
 // The parallel strategy for the current group (src/parallel/strategy.h): at the
 // preparation, and again when an elastic job's group changes.
 static dt_status make_strategy(dt_trainer *t) {
-    const dt_train_args *a = &t->a;
-    dt_pg *dpg = dt_train_dp_group(t); // the world's group without a mesh
+    const dt_train_args *a   = &t->a;
+    dt_pg               *dpg = dt_train_dp_group(t); // the world's group without a mesh
     if (dpg && a->zero == 3 && (a->data_parallel > 1 || dt_train_mesh_on(t)))
         return dt_fail(DT_ERR_ARG, "--zero 3 with %s: not supported yet (%s)",
                        a->data_parallel > 1 ? "--data-parallel" : "--pp or --tp",
@@ -220,7 +220,7 @@ static dt_status make_strategy(dt_trainer *t) {
                               .data_parallel     = dt_trainer_data_parallel(t),
                               .threads           = t->threads};
     so.zero.stage          = dpg ? (int)a->zero : 0;
-    so.zero.track_resident = so.zero.stage == 3;       // the peak dt_trainer_state_bytes reports
+    so.zero.track_resident = so.zero.stage == 3; // the peak dt_trainer_state_bytes reports
     DT_TRY(dt_train_plan_memory(t, t->p, t->opt, &so.zero)); // --max-rank-memory
     dt_strategy_info info;
     DT_TRY(dt_strategy_new(&t->strat, t->p, t->opt, t->pg, dpg, t->mesh, t->pipe, &so, &info));
@@ -792,22 +792,24 @@ static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
 // The first group of an elastic job, after the checks of what it cannot re-cut yet.
 static dt_status elastic_start(dt_trainer *t) {
     const dt_train_args *a   = &t->a;
-    const char          *why = a->zero > 0                   ? "--zero (a lost shard would come "
-                                                               "from a checkpoint: not bitwise)"
-                               : a->checkpoint_dir           ? "--checkpoint-dir (the state "
-                                                               "lives in memory and moves by "
-                                                               "broadcast)"
-                               : a->accumulate > 1           ? "--accumulate"
-                               : a->data_parallel > 1        ? "--data-parallel"
-                               : dt_train_mesh_on(t)         ? "--pp or --tp"
-                               : t->scaler                   ? "--precision fp16"
-                               : t->exec                     ? "--device cuda"
-                               : t->join                     ? "uneven inputs"
-                               : !t->smp || t->total_steps   ? "a step-based run"
-                                                             : NULL;
+    const char          *why = a->zero > 0                 ? "--zero (a lost shard would come "
+                                                             "from a checkpoint: not bitwise)"
+                               : a->checkpoint_dir         ? "--checkpoint-dir (the state "
+                                                             "lives in memory and moves by "
+                                                             "broadcast)"
+                               : a->accumulate > 1         ? "--accumulate"
+                               : a->data_parallel > 1      ? "--data-parallel"
+                               : dt_train_mesh_on(t)       ? "--pp or --tp"
+                               : t->scaler                 ? "--precision fp16"
+                               : t->exec                   ? "--device cuda"
+                               : t->join                   ? "uneven inputs"
+                               : !t->smp || t->total_steps ? "a step-based run"
+                                                           : NULL;
     if (why)
-        return dt_fail(DT_ERR_ARG, "elastic membership (--nnodes MIN:MAX): %s is not supported "
-                                   "yet", why);
+        return dt_fail(DT_ERR_ARG,
+                       "elastic membership (--nnodes MIN:MAX): %s is not supported "
+                       "yet",
+                       why);
     DT_TRY(elastic_regroup(t, 0));
     t->regroups = 0;
     return DT_OK;

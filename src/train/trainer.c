@@ -659,9 +659,9 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
     lo.batch_size     = batch;
     if (split != DT_SPLIT_EVAL && t->el) // elastic: batch is the global batch (docs/dtrun.md)
         t->gbatch = batch;
-    dt_sampler *s     = NULL;
-    dt_loader  *l     = NULL;
-    dt_status   st    = dt_sampler_new(&s, ds->n, &so);
+    dt_sampler *s  = NULL;
+    dt_loader  *l  = NULL;
+    dt_status   st = dt_sampler_new(&s, ds->n, &so);
     if (st == DT_OK)
         st = dt_loader_new(&l, ds, s, &lo);
     if (st != DT_OK) {

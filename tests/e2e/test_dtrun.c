@@ -388,8 +388,9 @@ static void test_usage_errors(void) {
         {{"--max-restarts", "-1", "true"}, "--max-restarts expects an integer"},
         {{"--master-port", "70000", "true"}, "--master-port expects an integer in [1, 65535]"},
         {{"--nnodes", "3:2", "true"}, "--nnodes expects MIN:MAX with MIN <= MAX, found \"3:2\""},
-        {{"--nnodes", "1:4", "--standalone", "true"}, "--standalone is for a single node, but "
-                                                      "--nnodes is an elastic range"},
+        {{"--nnodes", "1:4", "--standalone", "true"},
+         "--standalone is for a single node, but "
+         "--nnodes is an elastic range"},
         {{"--nnodes", "2", "--node-rank", "2", "true"},
          "--node-rank expects a value below --nnodes (2), found 2"},
         {{"--standalone", "--nnodes", "2", "true"}, "--standalone is for a single node"},
@@ -437,10 +438,14 @@ static void test_usage_errors(void) {
         int         rc;
         const char *expect; // in stderr, or NULL
     } pet[] = {
-        {{"PET_NNODES=abc"}, {"true"}, 2,
+        {{"PET_NNODES=abc"},
+         {"true"},
+         2,
          "--nnodes expects an integer in [1, 65536], found \"abc\" (from environment variable "
          "PET_NNODES)"},
-        {{"PET_TEE=maybe"}, {"true"}, 2,
+        {{"PET_TEE=maybe"},
+         {"true"},
+         2,
          "environment variable PET_TEE expects 1, true, 0 or false, found \"maybe\""},
         {{"PET_MASTER_PORT=0"}, {"true"}, 2, "(from environment variable PET_MASTER_PORT)"},
         // PET_NNODES=2 alone would wait for node 1 and fail after PET_RDZV_TIMEOUT.
@@ -452,7 +457,9 @@ static void test_usage_errors(void) {
          1,
          "127.0.0.1:29533"},
         // A classic pod's WORLD_SIZE and RANK are the nodes when nothing else says.
-        {{"WORLD_SIZE=2", "RANK=1"}, {"--rdzv-timeout", "0.5", "true"}, 1,
+        {{"WORLD_SIZE=2", "RANK=1"},
+         {"--rdzv-timeout", "0.5", "true"},
+         1,
          "--nnodes 2 --node-rank 1 from WORLD_SIZE and RANK"},
     };
     for (size_t i = 0; i < sizeof pet / sizeof pet[0]; i++) {

@@ -77,10 +77,32 @@ static int port;
 static void node_argv(char **argv, char *portbuf, char *model) {
     static char endpoint[64];
     snprintf(endpoint, sizeof endpoint, "127.0.0.1:%s", portbuf);
-    char *v[] = {dtrun_path, "--nnodes", "1:2",     "--rdzv-endpoint", endpoint,   "--rdzv-id",
-                 "elastic",  "--rdzv-timeout", "30", mnist_path,  "--limit",   LIMIT,
-                 "--batch-size", GLOBAL, "--invariant", "4", "--threads", "1", "--no-test",
-                 "--log-every", "1", "--backend", "tcp", "--save-model", model, NULL};
+    char *v[] = {dtrun_path,
+                 "--nnodes",
+                 "1:2",
+                 "--rdzv-endpoint",
+                 endpoint,
+                 "--rdzv-id",
+                 "elastic",
+                 "--rdzv-timeout",
+                 "30",
+                 mnist_path,
+                 "--limit",
+                 LIMIT,
+                 "--batch-size",
+                 GLOBAL,
+                 "--invariant",
+                 "4",
+                 "--threads",
+                 "1",
+                 "--no-test",
+                 "--log-every",
+                 "1",
+                 "--backend",
+                 "tcp",
+                 "--save-model",
+                 model,
+                 NULL};
     memcpy(argv, v, sizeof v);
 }
 
@@ -97,9 +119,9 @@ static bool reference(void) {
     char dir[PATH_MAX];
     scenario_dir(dir, sizeof dir, "reference");
     snprintf(ref_model, sizeof ref_model, "%s/ref.model", dir);
-    char *argv[] = {mnist_path, "--num-processes", "2",   "--limit",     LIMIT,
-                    "--batch-size", "32",          "--invariant", "4", "--threads",
-                    "1",          "--no-test",     "--save-model", ref_model, NULL};
+    char *argv[] = {mnist_path,     "--num-processes", "2", "--limit",   LIMIT, "--batch-size",
+                    "32",           "--invariant",     "4", "--threads", "1",   "--no-test",
+                    "--save-model", ref_model,         NULL};
     run   ref;
     run_start(&ref, dir, "reference", argv, NULL);
     CHECK_EQ(run_wait(&ref, 120), 0);
@@ -153,7 +175,7 @@ static bool elastic_run(figures *f, bool check, int how) {
     // Together: "world 0 -> 2" when both came within the settling time, else "1 -> 2".
     bool ok     = CHECK(wait_count(all, 3, " -> 2 at step", 1, 60) >= 0);
     int  steps0 = count_in(all, 3, "[rank 0] epoch: 0 [");
-    ok = ok && CHECK(wait_count(all, 3, "[rank 0] epoch: 0 [", steps0 + 3, 30) >= 0);
+    ok          = ok && CHECK(wait_count(all, 3, "[rank 0] epoch: 0 [", steps0 + 3, 30) >= 0);
 
     int    bw     = worker_pid(b.pid, 0);
     double t_lost = mono_s();
@@ -200,8 +222,10 @@ static bool elastic_run(figures *f, bool check, int how) {
         CHECK(same_file(model, ref_model));
         if (out_crc[0] && strcmp(out_crc, ref_crc) == 0)
             fprintf(stderr, "     %s: same weights as the fixed run (CRC32C %s)\n",
-                    how == LOST_KILL ? "2 -> 1 -> 2" : silent ? "2 -> 1 (silent node)"
-                                                              : "2 -> 1 (SIGTERM)", out_crc);
+                    how == LOST_KILL ? "2 -> 1 -> 2"
+                    : silent         ? "2 -> 1 (silent node)"
+                                     : "2 -> 1 (SIGTERM)",
+                    out_crc);
     }
     if (how != LOST_SIGTERM) // the survivor said why (a leaver says so itself)
         CHECK(strstr(a.err, "regrouping") != NULL);
@@ -221,7 +245,8 @@ static bool elastic_run(figures *f, bool check, int how) {
 static void test_shrink_and_grow(void) {
     figures f;
     elastic_run(&f, true, LOST_KILL);
-    fprintf(stderr, "     kill -> survivor's next step %.0f ms; joiner's start -> admitted %.0f ms\n",
+    fprintf(stderr,
+            "     kill -> survivor's next step %.0f ms; joiner's start -> admitted %.0f ms\n",
             f.lost_to_step * 1000, f.join_admit * 1000);
 }
 
@@ -241,10 +266,25 @@ static void test_below_min(void) {
     char dir[PATH_MAX], endpoint[64];
     scenario_dir(dir, sizeof dir, "below-min");
     snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
-    char *argv[] = {dtrun_path, "--nnodes",     "2:3",  "--rdzv-endpoint", endpoint, "--rdzv-id",
-                    "short",    "--rdzv-timeout", "2",  mnist_path,        "--limit", "640",
-                    "--batch-size", GLOBAL,     "--threads", "1",           "--no-test", NULL};
-    run r;
+    char *argv[] = {dtrun_path,
+                    "--nnodes",
+                    "2:3",
+                    "--rdzv-endpoint",
+                    endpoint,
+                    "--rdzv-id",
+                    "short",
+                    "--rdzv-timeout",
+                    "2",
+                    mnist_path,
+                    "--limit",
+                    "640",
+                    "--batch-size",
+                    GLOBAL,
+                    "--threads",
+                    "1",
+                    "--no-test",
+                    NULL};
+    run   r;
     run_start(&r, dir, "alone", argv, NULL);
     CHECK_EQ(run_wait(&r, 30), 1);
     CHECK(r.end - r.start < 10);
@@ -260,10 +300,12 @@ static void test_mismatched_member(void) {
     char dir[PATH_MAX], endpoint[64];
     scenario_dir(dir, sizeof dir, "mismatch");
     snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
-    char *argv[] = {dtrun_path, "--nnodes", "2:3",     "--rdzv-endpoint", endpoint, "--rdzv-id",
-                    "mismatch", "--rdzv-timeout", "20", mnist_path,  "--limit",  "640",
-                    "--batch-size", GLOBAL, "--threads", "1", "--no-test", "--lr", "0.5", NULL};
-    run a, b;
+    char *argv[] = {dtrun_path,     "--nnodes",  "2:3",       "--rdzv-endpoint",
+                    endpoint,       "--rdzv-id", "mismatch",  "--rdzv-timeout",
+                    "20",           mnist_path,  "--limit",   "640",
+                    "--batch-size", GLOBAL,      "--threads", "1",
+                    "--no-test",    "--lr",      "0.5",       NULL};
+    run   a, b;
     run_start(&a, dir, "a", argv, NULL);
     sleep_s(0.3);
     argv[18] = "0.4";
@@ -282,12 +324,14 @@ static void test_late_joiner(void) {
     char dir[PATH_MAX], endpoint[64];
     scenario_dir(dir, sizeof dir, "late");
     snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
-    char *host[] = {dtrun_path, "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id",
-                    "late", "sleep", "6", NULL};
-    char *argv[] = {dtrun_path, "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id",
-                    "late", "--rdzv-timeout", "20", mnist_path, "--limit", "640",
-                    "--batch-size", GLOBAL, "--threads", "1", "--no-test", NULL};
-    run h, a, c;
+    char *host[] = {dtrun_path, "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id", "late",
+                    "sleep",    "6",        NULL};
+    char *argv[] = {dtrun_path,     "--nnodes",  "1:2",       "--rdzv-endpoint",
+                    endpoint,       "--rdzv-id", "late",      "--rdzv-timeout",
+                    "20",           mnist_path,  "--limit",   "640",
+                    "--batch-size", GLOBAL,      "--threads", "1",
+                    "--no-test",    NULL};
+    run   h, a, c;
     run_start(&h, dir, "host", host, NULL);
     sleep_s(0.3);
     run_start(&a, dir, "a", argv, NULL);
@@ -356,16 +400,19 @@ static void measure(void) {
     }
     qsort(term, (size_t)nt, sizeof *term, cmp_double);
     if (nt)
-        printf("SIGTERM to node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, n=%d)\n",
+        printf("SIGTERM to node B -> node A's next step        median %6.0f ms (min %.0f, max "
+               "%.0f, n=%d)\n",
                term[nt / 2] * 1000, term[0] * 1000, term[nt - 1] * 1000, nt);
     qsort(silent, (size_t)ns, sizeof *silent, cmp_double);
     if (ns)
-        printf("SIGSTOP of node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, n=%d)\n",
+        printf("SIGSTOP of node B -> node A's next step        median %6.0f ms (min %.0f, max "
+               "%.0f, n=%d)\n",
                silent[ns / 2] * 1000, silent[0] * 1000, silent[ns - 1] * 1000, ns);
     qsort(lost, (size_t)n, sizeof *lost, cmp_double);
     qsort(join, (size_t)n, sizeof *join, cmp_double);
     qsort(solo, (size_t)n, sizeof *solo, cmp_double);
-    printf("SIGKILL of node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, n=%d)\n",
+    printf("SIGKILL of node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, "
+           "n=%d)\n",
            lost[n / 2] * 1000, lost[0] * 1000, lost[n - 1] * 1000, n);
     printf("node C's dtrun started -> admitted (world 1->2) median %6.0f ms (min %.0f, max %.0f)\n",
            join[n / 2] * 1000, join[0] * 1000, join[n - 1] * 1000);

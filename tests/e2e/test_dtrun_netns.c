@@ -305,11 +305,30 @@ static void test_link_cut(void) {
 // SIGKILL; A goes on alone; node C starts in B's namespace and is admitted; the final
 // weights equal the fixed 2-process job's on one machine (global batch 64, --invariant 4).
 static void start_elastic(run *r, const char *dir, int i, char *model) {
-    char *argv[] = {dtrun_path, "--nnodes",  "1:2",     "--rdzv-endpoint", "10.200.0.1:29400",
-                    "--rdzv-id", "ns",       "--rdzv-timeout", "30",       mnist_path,
-                    "--limit",  "3840",      "--batch-size",   "64",       "--invariant",
-                    "4",        "--threads", "1",       "--no-test",       "--log-every",
-                    "1",        "--save-model", model,  NULL};
+    char *argv[] = {dtrun_path,
+                    "--nnodes",
+                    "1:2",
+                    "--rdzv-endpoint",
+                    "10.200.0.1:29400",
+                    "--rdzv-id",
+                    "ns",
+                    "--rdzv-timeout",
+                    "30",
+                    mnist_path,
+                    "--limit",
+                    "3840",
+                    "--batch-size",
+                    "64",
+                    "--invariant",
+                    "4",
+                    "--threads",
+                    "1",
+                    "--no-test",
+                    "--log-every",
+                    "1",
+                    "--save-model",
+                    model,
+                    NULL};
     start_in_ns(r, dir, i, argv, "30000", NULL);
 }
 
@@ -364,8 +383,9 @@ static void test_elastic_namespaces(void) {
     CHECK(strstr(a.out, "world 1 -> 2") || strstr(c.out, "world 1 -> 2"));
     crc_of(strstr(a.out, "(CRC32C ") ? a.out : c.out, crc_el);
     CHECK(crc_el[0] && strcmp(crc_el, crc_local) == 0);
-    fprintf(stderr, "     elastic across namespaces: 2 -> 1 (%.2f s after the kill) -> 2, "
-                    "CRC32C %s (one machine, fixed: %s)\n",
+    fprintf(stderr,
+            "     elastic across namespaces: 2 -> 1 (%.2f s after the kill) -> 2, "
+            "CRC32C %s (one machine, fixed: %s)\n",
             t_alone, crc_el, crc_local);
     CHECK(none_left(3));
     if (check_failed) {

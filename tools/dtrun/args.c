@@ -201,10 +201,10 @@ static int parse_seconds(const char *s, const char *what, double lo, int64_t *ou
 // later, wins, and a bad value gets the flag's own error. A flag without a value is on
 // for 1/true, off for 0/false. Variables for flags dtrun does not have are ignored.
 typedef struct env_args {
-    int         n;                   // arguments in argv
-    char       *argv[2 * NFLAGS];    // "--flag" [value] pairs
-    const char *var[2 * NFLAGS];     // the variable each argument came from
-    char        names[NFLAGS][48];   // storage of the "--flag" strings
+    int         n;                 // arguments in argv
+    char       *argv[2 * NFLAGS];  // "--flag" [value] pairs
+    const char *var[2 * NFLAGS];   // the variable each argument came from
+    char        names[NFLAGS][48]; // storage of the "--flag" strings
 } env_args;
 
 static void flag_var(const flag *f, char *var, size_t n) {
@@ -331,8 +331,8 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     long        v;
     const char *nnodes_s = NULL, *nnodes_var = NULL;
     bool        endpoint = false, addr_flag = false;
-    opterr               = 0;
-    optind               = 1;
+    opterr = 0;
+    optind = 1;
     int c;
     // "+": stop at PROGRAM, so its own flags are left alone.
     for (;;) {
@@ -453,8 +453,8 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
                     return usage_error(dt_last_error());
                 if (lo > hi) {
                     char msg[200];
-                    snprintf(msg, sizeof msg, "--nnodes expects MIN:MAX with MIN <= MAX, found \"%s\"",
-                             nnodes_s);
+                    snprintf(msg, sizeof msg,
+                             "--nnodes expects MIN:MAX with MIN <= MAX, found \"%s\"", nnodes_s);
                     return usage_error(msg);
                 }
                 a->elastic_min = (int)lo, a->elastic_max = (int)hi;

@@ -27,9 +27,9 @@
 // ------------------------------------------------------------------ command line
 
 typedef struct dtrun_args {
-    int         nproc;           // --nproc-per-node
-    int         nnodes;          // --nnodes (1 under elastic membership: this node alone)
-    int         elastic_min;     // --nnodes MIN:MAX with MIN < MAX (0: a fixed job)
+    int         nproc;       // --nproc-per-node
+    int         nnodes;      // --nnodes (1 under elastic membership: this node alone)
+    int         elastic_min; // --nnodes MIN:MAX with MIN < MAX (0: a fixed job)
     int         elastic_max;
     int         node_rank;       // --node-rank
     bool        node_rank_given; // from the flag or PET_NODE_RANK

@@ -56,8 +56,8 @@ int dtrun_elastic_join(dtrun_rdzv *r, const dtrun_args *a) {
         return 0;
     }
     if (st) {
-        dtrun_say("cannot serve the rendezvous store at %s:%d: %s", a->master_addr,
-                  a->master_port, dt_last_error());
+        dtrun_say("cannot serve the rendezvous store at %s:%d: %s", a->master_addr, a->master_port,
+                  dt_last_error());
         return 1;
     }
     r->elastic_host = true;
@@ -71,14 +71,14 @@ void dtrun_elastic_leave(dtrun_rdzv *r) {
         return;
     // Keep the store up until every member of the last generation has left (the others
     // may still be finishing), at most --node-timeout.
-    int64_t  g = 0;
+    int64_t  g        = 0;
     uint64_t deadline = dt_deadline_ns(r->a->node_timeout_ms);
     if (dt_store_add(r->store, "elastic/gen", 0, &g) == DT_OK) {
         char ckey[64], lkey[64];
         snprintf(ckey, sizeof ckey, "elastic/g%lld/closed", (long long)g);
         snprintf(lkey, sizeof lkey, "elastic/g%lld/left", (long long)g);
-        int64_t world = 0, left = 0;
-        void   *v     = NULL;
+        int64_t     world = 0, left = 0;
+        void       *v       = NULL;
         const char *keys[1] = {ckey};
         bool        closed  = false;
         if (dt_store_check(r->store, keys, 1, &closed) == DT_OK && closed &&

@@ -50,7 +50,6 @@ int dtrun_take_signal(int sig_fd) {
     return 0;
 }
 
-
 // The address of this host on the way to host:port (no packet is sent).
 static void local_addr_towards(const char *host, int port, char *buf, size_t n) {
     snprintf(buf, n, "?");
