@@ -7,9 +7,11 @@
 //   elastic/g<g>/n           arrivals so far; an arrival's slot is its rank
 //   elastic/g<g>/m<slot>     who took the slot ("host pid step")
 //   elastic/g<g>/held        arrivals that hold the state (members of an earlier one)
-//   elastic/g<g>/closed      the generation's world size, written once (compare-and-set)
+//   elastic/g<g>/closed      "W N": its world size and the arrivals it closed with,
+//                            written once (compare-and-set); arrivals beyond W (the
+//                            largest size the job allows) stand by for the next one
 //   elastic/g<g>/pg          rank 0's group address, "tcp://addr:port"
-//   elastic/g<g>/left        members that ended (dtrun's host waits for them all)
+//   elastic/g<g>/left        arrivals that ended (dtrun's host waits for them all)
 //   elastic/done             the step the members finished at: later workers are refused
 //
 // A generation closes when no one arrived for DT_ELASTIC_SETTLE_MS and MIN have, or at
@@ -27,6 +29,8 @@
 // the seed, the epoch and the sample, so the run goes on as if the world had not changed.
 #include "train_impl.h"
 
+#include "core/tree.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -41,7 +45,11 @@ struct dt_elastic {
     dt_store *store;
     long      min, max, timeout_ms, settle_ms;
     int64_t   gen;      // the generation this worker is a member of (-1: none yet)
+    int64_t   reg_gen;  // the last one it arrived in (as a member or standing by)
+    bool      ended;    // the job finished while it stood by
     int       world;    // its size
+    long      v;        // --invariant as given (0: none), and the global batch: the
+    size_t    gbatch;   // world sizes a generation may take (allowed)
     char      host[64]; // this worker's host, for the members' list
     char      store_host[256];
     int       store_port;
@@ -76,7 +84,7 @@ dt_status dt_train_elastic_open(dt_trainer *t) {
     struct dt_elastic *e = dt_alloc_zero(sizeof *e);
     if (!e)
         return DT_ERR_NOMEM;
-    e->min = min, e->max = max, e->gen = -1;
+    e->min = min, e->max = max, e->gen = -1, e->reg_gen = -1;
     snprintf(e->store_host, sizeof e->store_host, "%s", addr);
     e->store_port = (int)p;
     if (gethostname(e->host, sizeof e->host - 1) != 0 || !e->host[0])
@@ -105,14 +113,18 @@ void dt_train_elastic_close(dt_trainer *t, bool finished) {
         int  nv = snprintf(v, sizeof v, "%lld", (long long)t->step);
         dt_store_set(e->store, "elastic/done", v, (size_t)nv);
     }
-    if (e->gen >= 0) { // dtrun's host keeps the store up until every member has left
+    if (e->reg_gen >= 0) { // dtrun's host keeps the store up until every arrival left
         char key[64];
-        snprintf(key, sizeof key, "elastic/g%lld/left", (long long)e->gen);
+        snprintf(key, sizeof key, "elastic/g%lld/left", (long long)e->reg_gen);
         dt_store_add(e->store, key, 1, NULL);
     }
     dt_store_free(e->store);
     dt_free(e);
     t->el = NULL;
+}
+
+bool dt_train_elastic_ended(const dt_trainer *t) {
+    return t->el && t->el->ended;
 }
 
 dt_status dt_train_elastic_poll(dt_trainer *t, bool *changed) {
@@ -196,11 +208,19 @@ static void missing_members(dt_store *s, int64_t g, char *buf, size_t n) {
     }
 }
 
-// Waits for generation g to close; *world: its size. Whoever sees it settle closes it.
+// Whether a generation of w workers keeps the job's promise: w divides the global batch
+// and, with --invariant V given, is one of the sizes V's tree splits into.
+static bool allowed(const struct dt_elastic *e, int64_t w) {
+    return w >= 1 && e->gbatch % (size_t)w == 0 && (e->v <= 0 || dt_tree_splits(e->v, (long)w));
+}
+
+// Waits for generation g to close; *world: its size, *arrived: the arrivals it closed
+// with (those beyond the world, the largest allowed size, wait as standby). Whoever sees
+// it settle closes it.
 // Once the job has trained (a group formed: elastic/formed), a generation closes only with
 // a member that holds the state among its arrivals (elastic/g<g>/held counts them): new
 // workers never start a second job of their own while the members are on their way.
-static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
+static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world, int64_t *arrived) {
     char nkey[64], ckey[64], hkey[64];
     snprintf(nkey, sizeof nkey, "elastic/g%lld/n", (long long)g);
     snprintf(ckey, sizeof ckey, "elastic/g%lld/closed", (long long)g);
@@ -217,10 +237,13 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
             DT_TRY(dt_store_add(e->store, hkey, 0, &held));
         if (n != last)
             last = n, changed = now;
-        bool stateful = !formed || held > 0;
-        if (stateful && (n >= e->max || (n >= e->min && now - changed >= e->settle_ms))) {
-            char v[24];
-            int  nv = snprintf(v, sizeof v, "%lld", (long long)n);
+        bool    stateful = !formed || held > 0;
+        int64_t w        = n;
+        while (w > 0 && !allowed(e, w))
+            w--;
+        if (stateful && w >= e->min && (n >= e->max || now - changed >= e->settle_ms)) {
+            char v[48];
+            int  nv = snprintf(v, sizeof v, "%lld %lld", (long long)w, (long long)n);
             bool swapped;
             DT_TRY(dt_store_compare_set(e->store, ckey, NULL, 0, v, (size_t)nv, &swapped));
             continue;
@@ -234,11 +257,13 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
                                "the job's state, found %lld new workers; the last generation's "
                                "members (host pid step): %s",
                                (double)e->timeout_ms / 1000, (long long)n, miss);
-            return dt_fail(
-                DT_ERR_TIMEOUT,
-                "elastic: waited %.1f s (--rdzv-timeout) for at least %ld workers, "
-                "found %lld; waited for the last generation's members (host pid step): %s",
-                (double)e->timeout_ms / 1000, e->min, (long long)n, miss);
+            return dt_fail(DT_ERR_TIMEOUT,
+                           "elastic: waited %.1f s (--rdzv-timeout) for at least %ld workers, "
+                           "found %lld (of whom %lld may train: a world size that divides the "
+                           "global batch and --invariant's tree takes); waited for the last "
+                           "generation's members (host pid step): %s",
+                           (double)e->timeout_ms / 1000, e->min, (long long)n, (long long)w,
+                           miss);
         }
         if (now - said >= 10000) {
             fprintf(stderr, "elastic: generation %lld has %lld of at least %ld workers; waiting\n",
@@ -249,13 +274,15 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world) {
     }
     void *v = NULL;
     DT_TRY(dt_store_get(e->store, ckey, &v, NULL));
-    *world = atoll(v);
+    long long w = 0, n = 0;
+    int       got = sscanf(v, "%lld %lld", &w, &n);
     dt_free(v);
-    if (*world < 1 || *world > e->max) // written by a member: checked all the same
+    if (got != 2 || w < 1 || w > e->max || n < w) // written by a member: checked all the same
         return dt_fail(DT_ERR_FORMAT,
-                       "elastic: generation %lld closed with %lld workers, "
+                       "elastic: generation %lld closed with %lld of %lld workers, "
                        "expected 1 to %ld",
-                       (long long)g, (long long)*world, e->max);
+                       (long long)g, w, n, e->max);
+    *world = w, *arrived = n;
     return DT_OK;
 }
 
@@ -278,6 +305,26 @@ static void local_addr(const struct dt_elastic *e, char *buf, size_t n) {
     freeaddrinfo(res);
 }
 
+// A standby worker of generation g (of `world` members) waits until the generation
+// moves on (a member lost, a worker joining), or the job finishes (refused then, as a
+// late worker). Not bounded by time: a standby may wait as long as the job trains.
+static dt_status standby(struct dt_elastic *e, int64_t g, int64_t world) {
+    fprintf(stderr, "elastic: generation %lld trains with %lld workers (the largest size "
+                    "allowed); standing by for the next one\n",
+            (long long)g, (long long)world);
+    for (;;) {
+        int64_t now;
+        if (key_exists(e->store, "elastic/done")) {
+            e->ended = true;
+            return dt_fail(DT_ERR_STATE, "elastic: the job finished while this worker stood by");
+        }
+        DT_TRY(dt_store_add(e->store, "elastic/gen", 0, &now));
+        if (now != g)
+            return DT_OK;
+        sleep_ms(50);
+    }
+}
+
 // One rendezvous: a generation, a slot in it, and the group of its members.
 static dt_status rendezvous(dt_trainer *t, dt_pg **pg) {
     struct dt_elastic *e = t->el;
@@ -294,13 +341,20 @@ static dt_status rendezvous(dt_trainer *t, dt_pg **pg) {
         int nv = snprintf(v, sizeof v, "%s %d %lld", e->host, (int)getpid(),
                           (long long)(e->gen >= 0 ? t->step : -1));
         DT_TRY(dt_store_set(e->store, key, v, (size_t)nv));
+        e->reg_gen = g;
         if (e->gen >= 0) { // this worker holds the state (see wait_close)
             snprintf(key, sizeof key, "elastic/g%lld/held", (long long)g);
             DT_TRY(dt_store_add(e->store, key, 1, NULL));
         }
-        DT_TRY(wait_close(e, g, &world));
-        if (slot >= world) // came after the close: the next generation
+        int64_t arrived = 0;
+        DT_TRY(wait_close(e, g, &world, &arrived));
+        if (slot >= arrived) // came after the close: the next generation
             continue;
+        if (slot >= world) { // beyond the largest allowed size: standby until the next
+            DT_TRY(standby(e, g, world));
+            tries--; // waiting for a place is not a failed try
+            continue;
+        }
         snprintf(key, sizeof key, "elastic/g%lld/pg", (long long)g);
         if (slot == 0) {
             char addr[64];
@@ -378,6 +432,8 @@ dt_status dt_train_elastic_regroup(dt_trainer *t, int64_t *next_batch) {
         t->pg = NULL;
     }
     dt_pg *pg;
+    e->v      = t->a.invariant > 0 ? t->inv_v : 0;
+    e->gbatch = t->gbatch;
     DT_TRY(rendezvous(t, &pg));
     t->pg         = pg;
     t->world      = dt_pg_size(pg);

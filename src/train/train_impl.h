@@ -211,6 +211,8 @@ dt_status dt_train_elastic_regroup(dt_trainer *t, int64_t *next_batch);
 // without it). Collective over the group.
 dt_status dt_train_elastic_agree(dt_trainer *t, bool *others);
 void      dt_train_elastic_close(dt_trainer *t, bool finished);
+// Whether the job finished while this worker stood by (its end is a success).
+bool dt_train_elastic_ended(const dt_trainer *t);
 
 // device.c: the trainer on a GPU. _wanted: --device names a GPU. _args: --num-gpu-processes
 // into --num-processes and --device cuda. _start (end of dt_trainer_prepare): the checks

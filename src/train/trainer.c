@@ -495,6 +495,8 @@ static int end_worker(dt_trainer *t, dt_status st) {
     int rc = 0;
     if (st && t->preempted)
         rc = DT_EXIT_PREEMPTED;
+    else if (st && dt_train_elastic_ended(t)) // a standby of an elastic job: done
+        printf("%s: %s\n", t->o.program, dt_last_error());
     else if (st) {
         rc = 1;
         if (t->pg)

@@ -11,6 +11,8 @@
 //   workers it waited for and found.
 // - a member with another --lr: every member fails naming the flag.
 // - a worker that comes after the job finished is refused, saying so.
+// - three nodes where --invariant 4 allows 2: the third stands by, and takes the place
+//   of a member that is killed; bitwise again.
 // - a silent node: B's dtrun and worker stopped (SIGSTOP) instead of killed; A goes on
 //   alone within 10 s (the peers' liveness bound, DT_LIVENESS_MS, 5 s), bitwise again.
 // - a preempted node: SIGTERM to B's dtrun; its worker leaves at a step boundary and
@@ -47,15 +49,16 @@ static bool same_file(const char *a, const char *b) {
     return same;
 }
 
-// How often needle occurs in the stdout files of the runs (NULL entries skipped).
+// How often needle occurs in the stdout and stderr files of the runs (NULL entries
+// skipped).
 static int count_in(run *const *rs, int n, const char *needle) {
     int c = 0;
     for (int i = 0; i < n; i++) {
         if (!rs[i])
             continue;
-        char *o = read_file(rs[i]->out_path);
-        c += count_of(o, needle);
-        free(o);
+        char *o = read_file(rs[i]->out_path), *e = read_file(rs[i]->err_path);
+        c += count_of(o, needle) + count_of(e, needle);
+        free(o), free(e);
     }
     return c;
 }
@@ -240,6 +243,63 @@ static bool elastic_run(figures *f, bool check, int how) {
     if (how == LOST_KILL)
         run_free(&c);
     return !check_failed;
+}
+
+// Three nodes where --invariant 4 allows worlds of 1, 2 and 4: two train, the third
+// stands by; a member killed, the standby takes its place; bitwise the fixed run again.
+static void test_standby(void) {
+    char dir[PATH_MAX], model[PATH_MAX + 16], portbuf[16];
+    scenario_dir(dir, sizeof dir, "standby");
+    snprintf(model, sizeof model, "%s/elastic.model", dir);
+    snprintf(portbuf, sizeof portbuf, "%d", free_port());
+    if (!reference())
+        return;
+    char *argv[32];
+    node_argv(argv, portbuf, model);
+    argv[2] = "1:3";
+    run n[3];
+    run_start(&n[0], dir, "node0", argv, NULL);
+    sleep_s(0.5); // node 0 serves the rendezvous store
+    run_start(&n[1], dir, "node1", argv, NULL);
+    run_start(&n[2], dir, "node2", argv, NULL);
+    run *all[3] = {&n[0], &n[1], &n[2]};
+    bool ok     = CHECK(wait_count(all, 3, " -> 2 at step", 1, 60) >= 0);
+    ok          = ok && CHECK(wait_count(all, 3, "standing by", 1, 30) >= 0);
+    int steps0  = count_in(all, 3, "[rank 0] epoch: 0 [");
+    ok          = ok && CHECK(wait_count(all, 3, "[rank 0] epoch: 0 [", steps0 + 3, 30) >= 0);
+    int victim  = -1; // a member that does not serve the store
+    for (int i = 1; i < 3 && victim < 0; i++) {
+        char *e = read_file(n[i].err_path);
+        if (!strstr(e, "standing by"))
+            victim = i;
+        free(e);
+    }
+    CHECK(victim > 0);
+    if (ok && victim > 0)
+        kill(n[victim].pid, SIGKILL);
+    // The survivor and the standby: "world 2 -> 2".
+    CHECK(!ok || wait_count(all, 3, "world 2 -> 2", 1, 30) >= 0);
+    char crc[16] = "";
+    for (int i = 0; i < 3; i++) {
+        run_wait(&n[i], 120);
+        if (i != victim)
+            CHECK_EQ(n[i].rc, 0);
+        if (!crc[0] && i != victim)
+            crc_of(n[i].out, crc);
+    }
+    CHECK(crc[0] && strcmp(crc, ref_crc) == 0);
+    CHECK(same_file(model, ref_model));
+    CHECK_EQ(n[victim > 0 ? victim : 0].rc, 128 + SIGKILL);
+    if (crc[0] && strcmp(crc, ref_crc) == 0)
+        fprintf(stderr, "     3 nodes, 2 training and 1 standing by, a member killed: same "
+                        "weights as the fixed run (CRC32C %s)\n",
+                crc);
+    CHECK(no_marker_procs(dir, 2));
+    if (check_failed)
+        for (int i = 0; i < 3; i++)
+            run_dump(&n[i], "node");
+    for (int i = 0; i < 3; i++)
+        run_free(&n[i]);
 }
 
 static void test_shrink_and_grow(void) {
@@ -438,6 +498,7 @@ int main(int argc, char **argv) {
     RUN(test_shrink_and_grow);
     RUN(test_silent_node);
     RUN(test_sigterm_node);
+    RUN(test_standby);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();

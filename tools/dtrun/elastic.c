@@ -69,8 +69,8 @@ int dtrun_elastic_join(dtrun_rdzv *r, const dtrun_args *a) {
 void dtrun_elastic_leave(dtrun_rdzv *r) {
     if (!r->elastic_host)
         return;
-    // Keep the store up until every member of the last generation has left (the others
-    // may still be finishing), at most --node-timeout.
+    // Keep the store up until every arrival of the last generation has left (members
+    // may still be finishing, a standby must see the end), at most --node-timeout.
     int64_t  g        = 0;
     uint64_t deadline = dt_deadline_ns(r->a->node_timeout_ms);
     if (dt_store_add(r->store, "elastic/gen", 0, &g) == DT_OK) {
@@ -83,7 +83,7 @@ void dtrun_elastic_leave(dtrun_rdzv *r) {
         bool        closed  = false;
         if (dt_store_check(r->store, keys, 1, &closed) == DT_OK && closed &&
             dt_store_get(r->store, ckey, &v, NULL) == DT_OK)
-            world = atoll(v);
+            world = strchr(v, ' ') ? atoll(strchr(v, ' ') + 1) : 0; // "W N": N arrived
         dt_free(v);
         while (dt_ms_left(deadline) > 0 && !r->late_signal &&
                dt_store_add(r->store, lkey, 0, &left) == DT_OK && left < world) {
