@@ -731,8 +731,8 @@ dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
 // the new world, the strategy, rank 0's progress bar, the training loader re-cut at
 // batch next_batch of the epoch with the global batch shared out anew (each rank takes
 // gbatch / world), and the evaluation loaders dropped (dt_trainer_loader makes them
-// anew for the new world). A regrouping that fails again and again without a step between them
-// (a world that never forms) stops after 8.
+// anew for the new world). A regrouping that fails again and again without a step
+// between them (a world that never forms) stops after 8.
 static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
     if (++t->regroups > 8)
         return dt_fail(DT_ERR_STATE, "elastic: 8 regroupings in a row without a step");
@@ -824,7 +824,7 @@ static dt_status elastic_boundary(dt_trainer *t, dt_status st, bool leaving, siz
     bool changed = st != DT_OK || leaving;
     if (st)
         fprintf(stderr, "%s: rank %d: %s: regrouping\n", t->o.program, t->rank, dt_last_error());
-    else
+    else if (!changed)
         DT_TRY(dt_train_elastic_poll(t, &changed));
     if (!changed) {
         t->regroups = 0;
