@@ -262,8 +262,7 @@ static dt_status wait_close(struct dt_elastic *e, int64_t g, int64_t *world, int
                            "found %lld (of whom %lld may train: a world size that divides the "
                            "global batch and --invariant's tree takes); waited for the last "
                            "generation's members (host pid step): %s",
-                           (double)e->timeout_ms / 1000, e->min, (long long)n, (long long)w,
-                           miss);
+                           (double)e->timeout_ms / 1000, e->min, (long long)n, (long long)w, miss);
         }
         if (now - said >= 10000) {
             fprintf(stderr, "elastic: generation %lld has %lld of at least %ld workers; waiting\n",
@@ -309,8 +308,9 @@ static void local_addr(const struct dt_elastic *e, char *buf, size_t n) {
 // moves on (a member lost, a worker joining), or the job finishes (refused then, as a
 // late worker). Not bounded by time: a standby may wait as long as the job trains.
 static dt_status standby(struct dt_elastic *e, int64_t g, int64_t world) {
-    fprintf(stderr, "elastic: generation %lld trains with %lld workers (the largest size "
-                    "allowed); standing by for the next one\n",
+    fprintf(stderr,
+            "elastic: generation %lld trains with %lld workers (the largest size "
+            "allowed); standing by for the next one\n",
             (long long)g, (long long)world);
     for (;;) {
         int64_t now;

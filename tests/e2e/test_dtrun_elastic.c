@@ -292,8 +292,9 @@ static void test_standby(void) {
     CHECK(same_file(model, ref_model));
     CHECK_EQ(n[victim > 0 ? victim : 0].rc, 128 + SIGKILL);
     if (crc[0] && strcmp(crc, ref_crc) == 0)
-        fprintf(stderr, "     3 nodes, 2 training and 1 standing by, a member killed: same "
-                        "weights as the fixed run (CRC32C %s)\n",
+        fprintf(stderr,
+                "     3 nodes, 2 training and 1 standing by, a member killed: same "
+                "weights as the fixed run (CRC32C %s)\n",
                 crc);
     CHECK(no_marker_procs(dir, 2));
     if (check_failed)

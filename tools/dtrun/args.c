@@ -47,8 +47,9 @@ static const flag flags[] = {
      "worker processes on this node: a number, or \"cpu\" or \"auto\" for one per CPU core "
      "(default 1)"},
     {"nnodes", OPT_NNODES, "M",
-     "nodes in the job, one dtrun on each (default 1; \"M:M\" is accepted, elastic ranges are "
-     "not)"},
+     "nodes in the job, one dtrun on each (default 1; \"M:M\" is M); MIN:MAX: an elastic "
+     "job whose nodes may come and go, ranks by arrival, through the store at "
+     "--rdzv-endpoint (docs/dtrun.md)"},
     {"node-rank", OPT_NODE_RANK, "K",
      "this node's index in [0, M) (default 0); node 0 hosts the "
      "store"},
