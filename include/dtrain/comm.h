@@ -98,6 +98,10 @@ DT_API dt_status dt_store_new_tcp(dt_store **out, const char *host, int port, bo
 // The port the server listens on (the one chosen when 0 was asked), or the port a
 // client connected to; -1 for other stores.
 DT_API int dt_store_port(const dt_store *store);
+// A TCP port free on every interface now, picked at random below the kernel's
+// ephemeral range (20000-32767, so outgoing connections do not take it first); 0 when
+// 500 tries found none. Free when asked: bind it soon (a store or a group on it).
+DT_API int dt_free_port(void);
 
 // A store kept in one file (for a shared file system): an append-only log of records,
 // read back under an advisory lock. The file is created if missing; use a fresh file

@@ -152,13 +152,13 @@ DT_API dt_status dt_graph_node_profile(const dt_graph *g, int node, dt_graph_pro
 // Whether backward also computes the gradients of the graph's float inputs.
 DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
 // Gradient shards, for gradients that do not depend on how a batch is split (nn.h's
-// dt_model_set_grad_shards says what for): 0 (the default) off; S >= 1, a power of two
-// up to 64: sample s of a batch belongs to shard s % S, each shard's parameter
-// gradient is summed over its samples in increasing order, and the shards are combined
-// by a fixed tree (shard k with k + S/2 first, then k + S/4, ...) before being added to
-// the gradient, so it is bitwise the same for any thread count, and with a DDP that
-// continues the tree over ranks (dt_ddp_opts.tree_reduce), for any world size dividing
-// S. Layers are called once per sample in backward then (a dt_model's in one call per
+// dt_model_set_grad_shards says what for): 0 (the default) off; 1 <= S <= 64: sample s
+// of a batch belongs to shard s % S, each shard's parameter gradient is summed over its
+// samples in increasing order, and the shards are combined by a fixed tree (shard k
+// with k + h for h = the largest power of two below S, then h/2, ..., 1) before being
+// added to the gradient, so it is bitwise the same for any thread count, and with a
+// DDP that continues the tree over ranks (dt_ddp_opts.tree_reduce), for a world of N
+// ranks with S/N shards each when N is a power of two or S itself. Layers are called once per sample in backward then (a dt_model's in one call per
 // shard), so the invariance is that of the layers' per-sample arithmetic: exact for a
 // dt_model's layers; for a graph's own, as long as a sample's forward and input
 // gradient do not depend on the other samples of a call (BatchNorm's do; a GEMM library

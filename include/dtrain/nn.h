@@ -115,14 +115,15 @@ DT_API void dt_model_describe(const dt_model *m, char *buf, size_t n);
 DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
 // Gradient shards, for results that do not depend on how a batch is split (DESIGN.md,
 // "World-size invariance"). 0 (the default): threads sum their partial gradients, so
-// the thread count changes the rounding. S >= 1 (a power of two up to 64): sample s of
-// a batch belongs to shard s % S; each shard's gradient is summed over its samples in
-// increasing order, then the shards are combined by a fixed tree (shard k with k + S/2
-// first, then k + S/4, ...) before being added into the gradient buffer. Gradients are
-// then bitwise the same for any thread count. Across processes: one process with S = V
-// and N processes (N dividing V, both powers of two) with S = V/N each, batch B/N and
-// a DistributedSampler, plus a DDP that continues the tree over ranks
-// (dt_ddp_opts.tree_reduce), give bitwise the same averaged gradients. Threads share
+// the thread count changes the rounding. 1 <= S <= 64: sample s of a batch belongs to
+// shard s % S; each shard's gradient is summed over its samples in increasing order,
+// then the shards are combined by a fixed tree (shard k with k + h for h = the largest
+// power of two below S, then h/2, ..., 1: core/tree.h) before being added into the
+// gradient buffer. Gradients are then bitwise the same for any thread count. Across
+// processes: one process with S = V and N processes with S = V/N each, batch B/N and a
+// DistributedSampler, plus a DDP that continues the tree over ranks
+// (dt_ddp_opts.tree_reduce), give bitwise the same averaged gradients when N divides V
+// and is a power of two or V itself (V = 6: 1, 2 and 6 processes; V = 3: 1 and 3). Threads share
 // the work of a convolution's weight gradient by shards, so S should be at least the
 // thread count. DT_ERR_ARG for other values; DT_ERR_NOMEM (S parameter-sized buffers).
 DT_API dt_status dt_model_set_grad_shards(dt_model *m, int shards);

@@ -245,6 +245,10 @@ typedef enum dt_split {
 // The training loader (DT_SPLIT_TRAIN*) comes before dt_trainer_prepare*, which restores
 // its position on --resume: after it, DT_ERR_STATE naming that order. Evaluation
 // loaders may come at any time.
+// Under elastic membership (dtrun --nnodes MIN:MAX, docs/dtrun.md) the training
+// loader's batch is the global batch (each of W ranks takes batch / W), the trainer
+// keeps the training loader cut for the current world itself, and a regrouping drops the
+// evaluation loaders: ask for them again after training steps (the same call).
 DT_API dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch,
                                    dt_split split, dt_loader **out);
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -437,4 +438,23 @@ void dt_sock_public_addr(dt_store *store, int rank, bool all_local, char *buf, s
             return;
     }
     snprintf(buf, n, "127.0.0.1");
+}
+
+int dt_free_port(void) {
+    unsigned seed;
+    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+        seed = (unsigned)dt_now_ns() ^ (unsigned)getpid();
+    for (int tries = 0; tries < 500; tries++) {
+        int port = 20000 + (int)(rand_r(&seed) % 12768);
+        int fd   = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        sa.sin_addr.s_addr    = htonl(INADDR_ANY);
+        int ok                = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        close(fd);
+        if (ok)
+            return port;
+    }
+    return 0;
 }

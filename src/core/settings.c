@@ -61,6 +61,15 @@ static const dt_setting table[] = {
      "job token: only processes that know it join the job's store and peer connections"},
     {"DT_HOST_ID", "comm", DT_SETTING_STRING, 0, 0, 0, NULL,
      "overrides this host's identity (tests use it to fake several hosts)"},
+    {"DT_ELASTIC", "comm", DT_SETTING_STRING, 0, 0, 0, NULL,
+     "elastic membership, MIN:MAX workers (dtrun --nnodes MIN:MAX sets it): the trainer "
+     "forms its group through the rendezvous store at MASTER_ADDR:MASTER_PORT and regroups "
+     "at a step boundary when a worker dies or joins"},
+    {"DT_ELASTIC_TIMEOUT_MS", "comm", DT_SETTING_INT, 1, 100 * MS_DAY, 600L * 1000, NULL,
+     "elastic membership: how long a regrouping waits for MIN workers (dtrun's --rdzv-timeout)"},
+    {"DT_ELASTIC_SETTLE_MS", "comm", DT_SETTING_INT, 0, 3600L * 1000, 300, NULL,
+     "elastic membership: a regrouping closes when no worker arrived for this long (and MIN "
+     "have), or at once when MAX have"},
     {"DT_SPAWN_GRACE_MS", "comm", DT_SETTING_INT, 0, 3600L * 1000, 3000, NULL,
      "dt_spawn: milliseconds between SIGTERM and SIGKILL when stopping workers"},
     {"DT_SPAWN_TERM_GRACE_MS", "comm", DT_SETTING_INT, 0, 3600L * 1000, 30000, NULL,

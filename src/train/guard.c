@@ -350,3 +350,47 @@ void dt_train_preempt_release(void) {
     if (dt_train_preempt_pending())
         die_by_sigterm(); // came after the last step's agreement: as without a watcher
 }
+
+// The flags that change what a collective or a step computes, and the program's
+// settings: every rank must have rank 0's values, checked once at start-up instead of a
+// mismatch (or a silent difference) later.
+dt_status dt_train_check_shared(dt_trainer *t) {
+    if (!t->pg)
+        return DT_OK;
+    dt_train_setting s[2 * MAX_COMMON + MAX_SETTINGS + 2];
+    char             names[2 * MAX_COMMON][72];
+    int              n = 0;
+    for (int k = 0; t->tables[k]; k++)
+        for (const dt_flag *f = t->tables[k]; f->name && n < 2 * MAX_COMMON; f++) {
+            if (!(f->flags & DT_FLAG_SHARED) || !f->target)
+                continue;
+            snprintf(names[n], sizeof names[n], "--%s", f->name);
+            dt_train_setting x = {.flag = names[n]};
+            if (f->type == DT_FLAG_BOOL)
+                x.value = *(bool *)f->target, x.is_bool = true;
+            else if (f->type == DT_FLAG_LONG)
+                x.value = *(long *)f->target;
+            else if (f->type == DT_FLAG_DOUBLE)
+                memcpy(&x.value, f->target, sizeof x.value), x.is_double = true;
+            else if (f->flags & DT_FLAG_SHARED_GIVEN)
+                x.value = *(const char **)f->target != NULL, x.is_bool = true;
+            else if (f->flags & DT_FLAG_SHARED_HOST) // the folder it names, per machine
+                x.text = *(const char **)f->target, x.value = dt_train_path_hash(x.text),
+                x.is_text = true, x.per_host = true;
+            else // by its text: --cuts a,b and --cuts c are not the same model
+                x.text = *(const char **)f->target, x.value = dt_train_text_hash(x.text),
+                x.is_text = true;
+            s[n++] = x;
+        }
+    // The resolved --invariant: its default follows the cores, so machines of different
+    // sizes would otherwise sum gradients by different trees.
+    s[n++] = (dt_train_setting){.flag  = "--invariant (its default follows the cores: give it "
+                                         "explicitly on machines of different sizes)",
+                                .value = t->inv_v};
+    s[n++] =
+        (dt_train_setting){.flag = "--max-rank-memory (in bytes)", .value = (int64_t)t->budget};
+    for (int i = 0; i < t->nextra; i++)
+        s[n++] = (dt_train_setting){
+            .flag = t->extra[i].what, .value = t->extra[i].value, .is_hex = t->extra[i].hex};
+    return dt_train_check_settings(t->pg, s, n);
+}

@@ -3,6 +3,7 @@
 // the end of a run (last checkpoint, replica checksum, --save-model, STATS).
 #include "train_impl.h"
 
+#include "core/tree.h"
 #include "kernels/cpu.h"
 
 #include "dtrain/trace.h"
@@ -197,6 +198,45 @@ static dt_status check_data(dt_trainer *t) {
     return dt_train_check_settings(t->pg, s, 2 * (MAX_EVAL + 1));
 }
 
+// The parallel strategy for the current group (src/parallel/strategy.h): at the
+// preparation, and again when an elastic job's group changes.
+static dt_status make_strategy(dt_trainer *t) {
+    const dt_train_args *a   = &t->a;
+    dt_pg               *dpg = dt_train_dp_group(t); // the world's group without a mesh
+    if (dpg && a->zero == 3 && (a->data_parallel > 1 || dt_train_mesh_on(t)))
+        return dt_fail(DT_ERR_ARG, "--zero 3 with %s: not supported yet (%s)",
+                       a->data_parallel > 1 ? "--data-parallel" : "--pp or --tp",
+                       a->data_parallel > 1 ? "replicas copy the whole parameters, which "
+                                              "ZeRO-3 shards"
+                                            : "a pipeline's micro-batches and a tensor "
+                                              "split's parts are not gathered by units");
+    dt_strategy_opts so    = {.zero              = dt_zero_opts_default(),
+                              .overlap           = !a->no_overlap,
+                              .tree_reduce       = t->tree_reduce,
+                              .compress          = a->ddp_compress,
+                              .powersgd_rank     = (int)a->powersgd_rank,
+                              .broadcast_buffers = t->o.broadcast_buffers,
+                              .join              = t->join,
+                              .data_parallel     = dt_trainer_data_parallel(t),
+                              .threads           = t->threads};
+    so.zero.stage          = dpg ? (int)a->zero : 0;
+    so.zero.track_resident = so.zero.stage == 3; // the peak dt_trainer_state_bytes reports
+    DT_TRY(dt_train_plan_memory(t, t->p, t->opt, &so.zero)); // --max-rank-memory
+    dt_strategy_info info;
+    DT_TRY(dt_strategy_new(&t->strat, t->p, t->opt, t->pg, dpg, t->mesh, t->pipe, &so, &info));
+    if (info.zero_stage)
+        dt_trainer_print(t, "ZeRO-%d: optimizer state %.3f MiB per rank (%.3f MiB unsharded)\n",
+                         info.zero_stage, (double)info.optim_floats * 4 / 1048576,
+                         (double)info.full_floats * 4 / 1048576);
+    if (t->has_replicas)
+        DT_TRY(dt_strategy_set_replicas(t->strat, &t->dp_ops, &t->dp_master));
+    return DT_OK;
+}
+
+static dt_status elastic_start(dt_trainer *t);
+static dt_status invariant_shards(dt_trainer *t, int *shards);
+static dt_status elastic_boundary(dt_trainer *t, dt_status st, bool leaving, size_t next);
+
 dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sched *sched) {
     const dt_train_args *a = &t->a;
     if (t->prepared)
@@ -279,34 +319,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "--zero %ld: expected even shards (uneven inputs reduce whole "
                        "gradients after backward), found DT_SPLIT_TRAIN_UNEVEN",
                        a->zero);
-    dt_pg *dpg = dt_train_dp_group(t); // the world's group without a mesh
-    if (dpg && a->zero == 3 && (a->data_parallel > 1 || dt_train_mesh_on(t)))
-        return dt_fail(DT_ERR_ARG, "--zero 3 with %s: not supported yet (%s)",
-                       a->data_parallel > 1 ? "--data-parallel" : "--pp or --tp",
-                       a->data_parallel > 1 ? "replicas copy the whole parameters, which "
-                                              "ZeRO-3 shards"
-                                            : "a pipeline's micro-batches and a tensor "
-                                              "split's parts are not gathered by units");
-    dt_strategy_opts so    = {.zero              = dt_zero_opts_default(),
-                              .overlap           = !a->no_overlap,
-                              .tree_reduce       = t->tree_reduce,
-                              .compress          = a->ddp_compress,
-                              .powersgd_rank     = (int)a->powersgd_rank,
-                              .broadcast_buffers = t->o.broadcast_buffers,
-                              .join              = t->join,
-                              .data_parallel     = dt_trainer_data_parallel(t),
-                              .threads           = t->threads};
-    so.zero.stage          = dpg ? (int)a->zero : 0;
-    so.zero.track_resident = so.zero.stage == 3;       // the peak dt_trainer_state_bytes reports
-    DT_TRY(dt_train_plan_memory(t, p, opt, &so.zero)); // --max-rank-memory
-    dt_strategy_info info;
-    DT_TRY(dt_strategy_new(&t->strat, p, opt, t->pg, dpg, t->mesh, t->pipe, &so, &info));
-    if (info.zero_stage)
-        dt_trainer_print(t, "ZeRO-%d: optimizer state %.3f MiB per rank (%.3f MiB unsharded)\n",
-                         info.zero_stage, (double)info.optim_floats * 4 / 1048576,
-                         (double)info.full_floats * 4 / 1048576);
-    if (t->has_replicas)
-        DT_TRY(dt_strategy_set_replicas(t->strat, &t->dp_ops, &t->dp_master));
+    DT_TRY(make_strategy(t));
     if (t->m)
         dt_model_set_profile(t->m, a->profile);
     if (t->g)
@@ -321,6 +334,8 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     if (a->trace)
         DT_TRY(dt_trace_start(NULL));
     DT_TRY(dt_train_device_start(t)); // --device cuda: the executor, with what was loaded
+    if (t->el) // elastic: the first group forms here (and takes rank 0's state)
+        DT_TRY(elastic_start(t));
     t->train_start = dt_now();
     dt_train_preempt_arm(); // from here to the release, SIGTERM stops at a step boundary
     t->stop = a->eval_only || (a->max_steps && t->step >= a->max_steps);
@@ -330,20 +345,29 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
 // Gradient shards (--invariant V): this rank holds shards rank + world * k of the
 // global batch's V, so its local positions j = k (mod V / world) form local shard k
 // (the sampler gives rank r global positions r + world * j); DDP continues the tree
-// over ranks. A world that does not divide the default V gets one shard per rank.
+// over ranks. That is the one tree over V only for the worlds of dt_tree_splits (a
+// divisor of V that is a power of two, or V); a world the default V does not split
+// into gets one shard per rank (thread-invariant only), a given --invariant refuses it.
 // The same for a Sequential model and a graph: the promise is the trainer's.
 static dt_status invariant_shards(dt_trainer *t, int *shards) {
     long v  = t->inv_v;
     *shards = 0;
-    if (v > 0 && v % t->world == 0)
+    if (v > 0 && dt_tree_splits(v, t->world)) {
         *shards = (int)(v / t->world);
-    else if (v > 0 && t->a.invariant > 0)
+    } else if (v > 0 && t->a.invariant > 0) {
+        char ok[160] = "";
+        for (long n = 1; n <= v; n++)
+            if (dt_tree_splits(v, n))
+                snprintf(ok + strlen(ok), sizeof ok - strlen(ok), "%s%ld", ok[0] ? ", " : "", n);
         return dt_fail(DT_ERR_ARG,
-                       "--invariant %ld: expected a world size dividing it, found %d processes", v,
-                       t->world);
-    else if (v > 0)
+                       "--invariant %ld: %d processes cannot share the %ld gradient shards' "
+                       "fixed tree (world sizes that can: %s; for %d processes, --invariant %d%s)",
+                       v, t->world, v, ok, t->world, t->world,
+                       (t->world & (t->world - 1)) ? "" : " or a multiple of it");
+    } else if (v > 0) {
         *shards = 1;
-    t->tree_reduce = *shards > 0 && v % t->world == 0;
+    }
+    t->tree_reduce = *shards > 0 && dt_tree_splits(v, t->world);
     return DT_OK;
 }
 
@@ -602,7 +626,12 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
     } else if (t->sync) {
         t->micro = 0;
         // The mean over ranks (and the window's micro-batches, or its samples when uneven).
-        DT_TRY(dt_strategy_reduce(t->strat, t->window, t->win_samples));
+        dt_status rs = dt_strategy_reduce(t->strat, t->window, t->win_samples);
+        if (rs && t->el) { // a peer is gone: this step again, by the new world
+            t->samples_seen -= (int64_t)t->cur_size;
+            return elastic_boundary(t, rs, false, t->cur_index);
+        }
+        DT_TRY(rs);
         // fp16: unscale, agree on inf/NaN over the ranks; a bad step is skipped by all
         bool skip = false;
         if (t->scaler) {
@@ -630,7 +659,20 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         return DT_OK;
     if (t->a.checkpoint_every && t->step % t->a.checkpoint_every == 0)
         DT_TRY(save(t));
-    DT_TRY(dt_train_preempt_agree(t->pg, &t->preempted));
+    if (t->el) { // the step is applied: the next one, by the group of this boundary
+        bool      others = false;
+        dt_status as     = dt_train_elastic_agree(t, &others);
+        if (!as && t->preempted) { // SIGTERM: this worker leaves, the others go on
+            dt_strategy_free(t->strat);
+            t->strat = NULL;
+            dt_pg_free(t->pg);
+            t->pg = NULL, t->stop = true;
+            return DT_OK;
+        }
+        DT_TRY(elastic_boundary(t, as, others, t->cur_index + 1));
+    } else {
+        DT_TRY(dt_train_preempt_agree(t->pg, &t->preempted));
+    }
     t->stop = t->preempted || (t->a.max_steps && t->step >= t->a.max_steps);
     return DT_OK;
 }
@@ -681,6 +723,114 @@ static dt_status shadow_step(dt_trainer *t) {
 
 dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
     return t->plot ? dt_plot_add(t->plot, DT_PLOT_VAL, (double)t->step, loss) : DT_OK;
+}
+
+// ------------------------------------------------------------------ elastic membership
+
+// Regroups (elastic.c) and rebuilds what depends on the group: the gradient shards of
+// the new world, the strategy, rank 0's progress bar, the training loader re-cut at
+// batch next_batch of the epoch with the global batch shared out anew (each rank takes
+// gbatch / world), and the evaluation loaders dropped (dt_trainer_loader makes them
+// anew for the new world). A regrouping that fails again and again without a step
+// between them (a world that never forms) stops after 8.
+static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
+    if (++t->regroups > 8)
+        return dt_fail(DT_ERR_STATE, "elastic: 8 regroupings in a row without a step");
+    dt_strategy_free(t->strat);
+    t->strat = NULL;
+    DT_TRY(dt_train_elastic_regroup(t, &next_batch));
+    DT_TRY(check_data(t)); // the same data on every member (a joiner's too)
+    int shards;
+    if (t->gbatch % (size_t)t->world)
+        return dt_fail(DT_ERR_ARG,
+                       "elastic: %d workers cannot share the global batch of %zu (--batch-size "
+                       "under --nnodes MIN:MAX is the global batch: give one every world size "
+                       "from MIN to MAX divides)",
+                       t->world, t->gbatch);
+    DT_TRY(invariant_shards(t, &shards));
+    t->batch = t->gbatch / (size_t)t->world;
+    if (t->m) {
+        DT_TRY(dt_model_set_grad_shards(t->m, shards));
+        DT_TRY(dt_model_reserve(t->m, (int)t->batch));
+    } else if (t->g) {
+        DT_TRY(dt_graph_set_grad_shards(t->g, shards));
+    }
+    DT_TRY(make_strategy(t));
+    if (t->rank != 0) {
+        dt_progress_free(t->bar);
+        t->bar = NULL;
+    } else if (!t->bar) {
+        dt_progress_opts po = dt_progress_opts_default();
+        po.log_every        = t->a.log_every;
+        DT_TRY(dt_progress_new(&t->bar, &po));
+    }
+    // The sampler of the new world, at the same global position (every world size divides
+    // the global batch, so the epoch's samples are not padded differently).
+    dt_sampler_opts so = dt_sampler_opts_default();
+    so.num_replicas    = t->world;
+    so.rank            = t->rank;
+    so.seed            = (uint64_t)t->a.seed;
+    dt_loader_opts lo  = dt_loader_opts_default();
+    lo.batch_size      = t->batch;
+    dt_loader_free(t->ld);
+    dt_sampler_free(t->smp);
+    t->ld = NULL, t->smp = NULL;
+    for (int i = 0; i < t->neval; i++) { // cut for the old world: made anew when asked
+        dt_loader_free(t->eld[i]);
+        dt_sampler_free(t->esmp[i]);
+    }
+    t->neval = 0;
+    DT_TRY(dt_sampler_new(&t->smp, t->tds->n, &so));
+    size_t pos = (size_t)next_batch * t->batch, n = dt_sampler_num_samples(t->smp);
+    DT_TRY(dt_sampler_resume(t->smp, (uint64_t)t->epoch, pos < n ? pos : n));
+    DT_TRY(dt_loader_new(&t->ld, t->tds, t->smp, &lo));
+    t->nbatches = dt_loader_num_batches(t->ld);
+    t->in_epoch = false, t->micro = 0;
+    return DT_OK;
+}
+
+// The first group of an elastic job, after the checks of what it cannot re-cut yet.
+static dt_status elastic_start(dt_trainer *t) {
+    const dt_train_args *a   = &t->a;
+    const char          *why = a->zero > 0                 ? "--zero (a lost shard would come "
+                                                             "from a checkpoint: not bitwise)"
+                               : a->checkpoint_dir         ? "--checkpoint-dir (the state "
+                                                             "lives in memory and moves by "
+                                                             "broadcast)"
+                               : a->accumulate > 1         ? "--accumulate"
+                               : a->data_parallel > 1      ? "--data-parallel"
+                               : dt_train_mesh_on(t)       ? "--pp or --tp"
+                               : t->scaler                 ? "--precision fp16"
+                               : t->exec                   ? "--device cuda"
+                               : t->join                   ? "uneven inputs"
+                               : !t->smp || t->total_steps ? "a step-based run"
+                                                           : NULL;
+    if (why)
+        return dt_fail(DT_ERR_ARG,
+                       "elastic membership (--nnodes MIN:MAX): %s is not supported "
+                       "yet",
+                       why);
+    DT_TRY(elastic_regroup(t, 0));
+    t->regroups = 0;
+    return DT_OK;
+}
+
+// A step boundary of an elastic job: after a failed collective (st, from the step's
+// reduction: nothing was applied, the step is done again by the new world), when a
+// member leaves (a SIGTERM: `leaving`) or when the generation moved on (a joiner, or a
+// member that regrouped after a failure), the new group goes on from batch `next` of
+// the epoch.
+static dt_status elastic_boundary(dt_trainer *t, dt_status st, bool leaving, size_t next) {
+    bool changed = st != DT_OK || leaving;
+    if (st)
+        fprintf(stderr, "%s: rank %d: %s: regrouping\n", t->o.program, t->rank, dt_last_error());
+    else if (!changed)
+        DT_TRY(dt_train_elastic_poll(t, &changed));
+    if (!changed) {
+        t->regroups = 0;
+        return DT_OK;
+    }
+    return elastic_regroup(t, (int64_t)next);
 }
 
 // ---------------------------------------------------------------------- the end

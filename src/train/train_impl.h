@@ -48,6 +48,10 @@ int64_t dt_train_path_hash(const char *path);
 // or for per_host the first rank of the machine) and the first differing rank's. n must
 // be the same on every rank (it is the program's table).
 dt_status dt_train_check_settings(dt_pg *pg, const dt_train_setting *s, int n);
+// The trainer's own table through it: every DT_FLAG_SHARED flag, the resolved
+// --invariant, the budget and the program's settings (dt_trainer_add_setting). At a
+// worker's start, and again for each group of an elastic job. No-op without a group.
+dt_status dt_train_check_shared(dt_trainer *t);
 
 // SIGTERM handling (guard.c). _block: blocks SIGTERM in the calling (main) thread before
 // any other starts, so they all inherit the mask; call first. _watch: in a process that
@@ -182,7 +186,33 @@ struct dt_trainer {
     // --max-rank-memory in bytes (0: none) and what the run's stage needs (memory.c).
     uint64_t budget;
     size_t   plan_bytes;
+    // Elastic membership (elastic.c; NULL: a fixed group): the rendezvous, the global
+    // batch the training loader's batch was given as (each rank takes gbatch / world),
+    // and regroupings in a row without a step between them (bounded).
+    struct dt_elastic *el;
+    size_t             gbatch;
+    int                regroups;
 };
+
+// elastic.c: elastic membership (DT_ELASTIC, set by dtrun --nnodes MIN:MAX). _wanted:
+// the variable is set. _open: the rendezvous store at MASTER_ADDR:MASTER_PORT (t->el).
+// _poll: whether the generation moved on since this worker joined (one store read, at
+// a step boundary). _regroup: drops the group, joins the next generation's (t->pg,
+// world, ranks) and takes the state of the member with the most steps (counters,
+// parameters, buffers, optimizer; *next_batch: the batch of the epoch to go on from).
+// _close: says this member left (dtrun's host waits for every member), and when it
+// finished training that the job is done (a later worker is refused), and closes.
+bool      dt_train_elastic_wanted(void);
+dt_status dt_train_elastic_open(dt_trainer *t);
+dt_status dt_train_elastic_poll(dt_trainer *t, bool *changed);
+dt_status dt_train_elastic_regroup(dt_trainer *t, int64_t *next_batch);
+// A step's end (replaces dt_train_preempt_agree): t->preempted when this worker got a
+// SIGTERM (it leaves the job alone), *others when another member did (the rest regroup
+// without it). Collective over the group.
+dt_status dt_train_elastic_agree(dt_trainer *t, bool *others);
+void      dt_train_elastic_close(dt_trainer *t, bool finished);
+// Whether the job finished while this worker stood by (its end is a success).
+bool dt_train_elastic_ended(const dt_trainer *t);
 
 // device.c: the trainer on a GPU. _wanted: --device names a GPU. _args: --num-gpu-processes
 // into --num-processes and --device cuda. _start (end of dt_trainer_prepare): the checks

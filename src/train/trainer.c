@@ -65,10 +65,11 @@ static void build_common(dt_trainer *t) {
            0},
           {"invariant", DT_FLAG_LONG, &a->invariant, "-1", 0, 64, "V",
            "sum gradients as V shards of the global batch, by one fixed\n"
-             "tree (V a power of two, up to 64; 0: off, each thread sums its\n"
-             "samples): any thread count and any P processes (P dividing V,\n"
-             "batch B/P each) then train bitwise the model of one process\n"
-             "with batch B. Default: the cores rounded up to a power of two,\n"
+             "tree (V up to 64; 0: off, each thread sums its samples): any\n"
+             "thread count and P processes (P dividing V and a power of two,\n"
+             "or P = V; batch B/P each) then train bitwise the model of one\n"
+             "process with batch B (V 6: P 1, 2 or 6; V 3: P 1 or 3).\n"
+             "Default: the cores rounded up to a power of two,\n"
              "at least 8 (a thread per shard in backward); with P not\n"
              "dividing it, each process is one shard (thread-invariant only).\n"
              "It cost 0-3% of CPU time on the seed's ConvNet\n"
@@ -265,9 +266,6 @@ static void build_common(dt_trainer *t) {
 static dt_status check_args(const dt_train_args *a) {
     if (a->job_token && !*a->job_token)
         return dt_fail(DT_ERR_ARG, "--job-token expects a non-empty token");
-    if (a->invariant > 0 && (a->invariant & (a->invariant - 1)))
-        return dt_fail(DT_ERR_ARG, "--invariant: expected 0 or a power of two up to 64, found %ld",
-                       a->invariant);
     if (a->machine_id >= a->num_machines)
         return dt_fail(DT_ERR_ARG,
                        "--machine-id expects a value below --num-machines (%ld), found %ld",
@@ -396,50 +394,6 @@ dt_status dt_trainer_add_content(dt_trainer *t, const char *what, uint64_t hash)
     return DT_OK;
 }
 
-// The flags that change what a collective or a step computes, and the program's
-// settings: every rank must have rank 0's values, checked once at start-up instead of a
-// mismatch (or a silent difference) later.
-static dt_status check_shared(dt_trainer *t) {
-    if (!t->pg)
-        return DT_OK;
-    dt_train_setting s[2 * MAX_COMMON + MAX_SETTINGS + 2];
-    char             names[2 * MAX_COMMON][72];
-    int              n = 0;
-    for (int k = 0; t->tables[k]; k++)
-        for (const dt_flag *f = t->tables[k]; f->name && n < 2 * MAX_COMMON; f++) {
-            if (!(f->flags & DT_FLAG_SHARED) || !f->target)
-                continue;
-            snprintf(names[n], sizeof names[n], "--%s", f->name);
-            dt_train_setting x = {.flag = names[n]};
-            if (f->type == DT_FLAG_BOOL)
-                x.value = *(bool *)f->target, x.is_bool = true;
-            else if (f->type == DT_FLAG_LONG)
-                x.value = *(long *)f->target;
-            else if (f->type == DT_FLAG_DOUBLE)
-                memcpy(&x.value, f->target, sizeof x.value), x.is_double = true;
-            else if (f->flags & DT_FLAG_SHARED_GIVEN)
-                x.value = *(const char **)f->target != NULL, x.is_bool = true;
-            else if (f->flags & DT_FLAG_SHARED_HOST) // the folder it names, per machine
-                x.text = *(const char **)f->target, x.value = dt_train_path_hash(x.text),
-                x.is_text = true, x.per_host = true;
-            else // by its text: --cuts a,b and --cuts c are not the same model
-                x.text = *(const char **)f->target, x.value = dt_train_text_hash(x.text),
-                x.is_text = true;
-            s[n++] = x;
-        }
-    // The resolved --invariant: its default follows the cores, so machines of different
-    // sizes would otherwise sum gradients by different trees.
-    s[n++] = (dt_train_setting){.flag  = "--invariant (its default follows the cores: give it "
-                                         "explicitly on machines of different sizes)",
-                                .value = t->inv_v};
-    s[n++] =
-        (dt_train_setting){.flag = "--max-rank-memory (in bytes)", .value = (int64_t)t->budget};
-    for (int i = 0; i < t->nextra; i++)
-        s[n++] = (dt_train_setting){
-            .flag = t->extra[i].what, .value = t->extra[i].value, .is_hex = t->extra[i].hex};
-    return dt_train_check_settings(t->pg, s, n);
-}
-
 // The CPU and the kernel set this rank runs, on rank 0 (and in --stats). Ranks whose
 // sets differ (another DT_ISA, another CPU family) are told that their results agree to
 // rounding and not bit for bit: every kernel set rounds its own way.
@@ -530,7 +484,7 @@ static dt_status begin_worker(dt_trainer *t, dt_pg *pg) {
     t->root       = dt_rng_split(&t->base, 0x64726f70 /* "drop" */);
     t->rngs[0]    = (dt_ckpt_rng){"dropout", &t->root};
     t->last_saved = -1;
-    DT_TRY(check_shared(t));
+    DT_TRY(dt_train_check_shared(t));
     DT_TRY(announce_kernels(t));
     return dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
 }
@@ -541,6 +495,8 @@ static int end_worker(dt_trainer *t, dt_status st) {
     int rc = 0;
     if (st && t->preempted)
         rc = DT_EXIT_PREEMPTED;
+    else if (st && dt_train_elastic_ended(t)) // a standby of an elastic job: done
+        printf("%s: %s\n", t->o.program, dt_last_error());
     else if (st) {
         rc = 1;
         if (t->pg)
@@ -553,13 +509,26 @@ static int end_worker(dt_trainer *t, dt_status st) {
     if (t->pg && rc && rc != DT_EXIT_PREEMPTED)
         dt_pg_abort(t->pg, "a worker failed");
     dt_pg_free(t->pg);
-    t->pg        = NULL;
+    t->pg = NULL;
+    dt_train_elastic_close(t, rc == 0 && t->finish_called);
     t->in_worker = false;
     return rc;
 }
 
 // Under a launcher (or a forked worker): the group from the environment, then the worker.
 static bool worker_from_env(dt_trainer *t) {
+    if (dt_train_elastic_wanted()) {
+        // Elastic membership: alone until dt_trainer_prepare joins the rendezvous, where
+        // every group of the job forms (the first one too).
+        dt_status st = dt_train_elastic_open(t);
+        if (!st)
+            st = begin_worker(t, NULL);
+        if (st != DT_OK) {
+            t->exit_code = end_worker(t, st);
+            return false;
+        }
+        return true;
+    }
     dt_pg_opts o = dt_pg_opts_default();
     o.backend    = dt_train_device_backend(t); // --backend, or nccl for GPUs (device.c)
     dt_pg *pg    = NULL;
@@ -690,9 +659,11 @@ dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch, d
         so.eval = true;
     dt_loader_opts lo = dt_loader_opts_default();
     lo.batch_size     = batch;
-    dt_sampler *s     = NULL;
-    dt_loader  *l     = NULL;
-    dt_status   st    = dt_sampler_new(&s, ds->n, &so);
+    if (split != DT_SPLIT_EVAL && t->el) // elastic: batch is the global batch (docs/dtrun.md)
+        t->gbatch = batch;
+    dt_sampler *s  = NULL;
+    dt_loader  *l  = NULL;
+    dt_status   st = dt_sampler_new(&s, ds->n, &so);
     if (st == DT_OK)
         st = dt_loader_new(&l, ds, s, &lo);
     if (st != DT_OK) {

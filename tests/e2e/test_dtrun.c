@@ -387,11 +387,17 @@ static void test_usage_errors(void) {
          "found \"0\""},
         {{"--max-restarts", "-1", "true"}, "--max-restarts expects an integer"},
         {{"--master-port", "70000", "true"}, "--master-port expects an integer in [1, 65535]"},
-        {{"--nnodes", "1:4", "true"}, "elastic ranges are not supported"},
+        {{"--nnodes", "3:2", "true"}, "--nnodes expects MIN:MAX with MIN <= MAX, found \"3:2\""},
+        {{"--nnodes", "1:4", "--standalone", "true"},
+         "--standalone is for a single node, but "
+         "--nnodes is an elastic range"},
         {{"--nnodes", "2", "--node-rank", "2", "true"},
          "--node-rank expects a value below --nnodes (2), found 2"},
         {{"--standalone", "--nnodes", "2", "true"}, "--standalone is for a single node"},
         {{"--stop-grace", "soon", "true"}, "--stop-grace expects a number"},
+        {{"--rdzv-endpoint", "host:99999", "true"}, "--rdzv-endpoint's port expects an integer"},
+        {{"--rdzv-endpoint", ":1", "true"}, "--rdzv-endpoint expects HOST[:PORT]"},
+        {{"--rdzv-endpoint", "h:1", "--master-port", "2", "true"}, "expected one or the other"},
         {{"--frobnicate", "true"}, "unknown option \"--frobnicate\""},
         {{"--max-restarts"}, "option \"--max-restarts\" expects a value"},
         {{"--nproc-per-node", "2"}, "expected a PROGRAM to run"},
@@ -424,6 +430,51 @@ static void test_usage_errors(void) {
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         CHECK(strstr(r.out, names[i]) != NULL);
     run_free(&r);
+    // PET_<FLAG> (Kubeflow's PyTorchJob, torchrun's convention): read as the flag, with
+    // the flag's error naming the variable; a flag on the command line wins.
+    struct {
+        const char *env[3];
+        const char *args[4];
+        int         rc;
+        const char *expect; // in stderr, or NULL
+    } pet[] = {
+        {{"PET_NNODES=abc"},
+         {"true"},
+         2,
+         "--nnodes expects an integer in [1, 65536], found \"abc\" (from environment variable "
+         "PET_NNODES)"},
+        {{"PET_TEE=maybe"},
+         {"true"},
+         2,
+         "environment variable PET_TEE expects 1, true, 0 or false, found \"maybe\""},
+        {{"PET_MASTER_PORT=0"}, {"true"}, 2, "(from environment variable PET_MASTER_PORT)"},
+        // PET_NNODES=2 alone would wait for node 1 and fail after PET_RDZV_TIMEOUT.
+        {{"PET_NNODES=2", "PET_RDZV_TIMEOUT=1"}, {"--nnodes", "1", "true"}, 0, NULL},
+        {{"PET_NNODES=2", "PET_RDZV_TIMEOUT=0.5"}, {"true"}, 1, "--rdzv-timeout"},
+        // The endpoint (an elastic PyTorchJob's PET_RDZV_ENDPOINT) is node 0's store.
+        {{"PET_NNODES=2", "PET_RDZV_TIMEOUT=0.5", "PET_RDZV_ENDPOINT=127.0.0.1:29533"},
+         {"true"},
+         1,
+         "127.0.0.1:29533"},
+        // A classic pod's WORLD_SIZE and RANK are the nodes when nothing else says.
+        {{"WORLD_SIZE=2", "RANK=1"},
+         {"--rdzv-timeout", "0.5", "true"},
+         1,
+         "--nnodes 2 --node-rank 1 from WORLD_SIZE and RANK"},
+    };
+    for (size_t i = 0; i < sizeof pet / sizeof pet[0]; i++) {
+        char *pargv[8];
+        int   k    = 0;
+        pargv[k++] = dtrun_path;
+        for (int j = 0; j < 4 && pet[i].args[j]; j++)
+            pargv[k++] = (char *)(uintptr_t)pet[i].args[j];
+        pargv[k] = NULL;
+        run_start(&r, dir, "pet", pargv, pet[i].env);
+        CHECK_EQ(run_wait(&r, 20), pet[i].rc);
+        if (pet[i].expect && !CHECK(strstr(r.err, pet[i].expect) != NULL))
+            fprintf(stderr, "     expected \"%s\" in:\n%s\n", pet[i].expect, r.err);
+        run_free(&r);
+    }
     // torchrun's underscore spellings work too.
     char *argv2[] = {dtrun_path, "--nproc_per_node", "2", "--max_restarts", "0", "true", NULL};
     run_start(&r, dir, "underscore", argv2, NULL);

@@ -58,6 +58,8 @@ typedef struct run_result {
     char   name[32];
     bool   ok;
     double accuracy, loss; // as printed
+    bool   expect_refusal; // set by the caller: the run must fail
+    char  *refused;        // its output when it failed (malloc'd)
     float *params;
     size_t nparams;
 } run_result;
@@ -65,9 +67,10 @@ typedef struct run_result {
 // Trains `limit` samples on `world` processes of batch 128 / world (threads 0: the
 // program's default; invariant < 0: the default) and reads back the model and the
 // printed test figures.
-static void train(long limit, int world, int threads, int invariant, run_result *r) {
+static void train_global(long limit, int global, int world, int threads, int invariant,
+                         run_result *r) {
     char path[PATH_MAX], extra[64] = "", cmd[3 * PATH_MAX], *out = NULL;
-    snprintf(r->name, sizeof r->name, "%dx%d", world, GLOBAL_BATCH / world);
+    snprintf(r->name, sizeof r->name, "%dx%d", world, global / world);
     if (threads)
         snprintf(r->name + strlen(r->name), sizeof r->name - strlen(r->name), " (%d thread%s)",
                  threads, threads > 1 ? "s" : "");
@@ -81,8 +84,14 @@ static void train(long limit, int world, int threads, int invariant, run_result 
         snprintf(r->name + strlen(r->name), sizeof r->name - strlen(r->name), " inv %d", invariant);
     }
     snprintf(cmd, sizeof cmd, "%s --limit %ld --batch-size %d%s --save-model %s 2>&1", bin, limit,
-             GLOBAL_BATCH / world, extra, path);
+             global / world, extra, path);
     int rc = run(cmd, &out);
+    r->refused = rc != 0 && out ? strdup(out) : NULL;
+    if (r->expect_refusal) {
+        CHECK(rc != 0);
+        free(out);
+        return;
+    }
     CHECK_EQ(rc, 0);
     const char *t = out ? strstr(out, "Test accuracy: ") : NULL;
     CHECK(t != NULL);
@@ -108,6 +117,10 @@ static void train(long limit, int world, int threads, int invariant, run_result 
     dt_model_free(m);
     unlink(path);
     printf("  %-20s test accuracy %.2f%%, average loss %.4f\n", r->name, r->accuracy, r->loss);
+}
+
+static void train(long limit, int world, int threads, int invariant, run_result *r) {
+    train_global(limit, GLOBAL_BATCH, world, threads, invariant, r);
 }
 
 // ||a - b|| / ||a||, in double.
@@ -166,6 +179,39 @@ static void test_four_steps(void) {
     world_sizes(4 * GLOBAL_BATCH, -1, false, 1e-4, 5e-4, true);
 }
 
+// V not a power of two (core/tree.h): 4 steps of global batch 96. --invariant 6: 1x96
+// and 2x48 bitwise equal, 3x32 refused with the world sizes that can (no tree serves
+// both 2 and 3 of 6). --invariant 3: 1x96 and 3x32 add the same shards by the same
+// tree, but not bitwise the same numbers yet: the loss's gradient is the mean over the
+// local batch (1/32 on each of 3 ranks, then the ranks' average divides by 3) against
+// 1/96 in one process, and only power-of-two factors commute exactly with backward.
+// Checked within 1e-6 relative L2 (measured 4e-8) until the loss is scaled by the
+// global batch on every rank.
+static void test_any_v(void) {
+    enum { G = 96 };
+    run_result r[5];
+    memset(r, 0, sizeof r);
+    printf("--limit %d (4 steps of %d), V not a power of two:\n", 4 * G, G);
+    train_global(4 * G, G, 1, 0, 3, &r[0]);
+    train_global(4 * G, G, 3, 0, 3, &r[1]);
+    compare(&r[0], &r[1], 1e-6, 5e-4, false);
+    train_global(4 * G, G, 1, 0, 6, &r[2]);
+    train_global(4 * G, G, 2, 0, 6, &r[3]);
+    compare(&r[2], &r[3], 1e-4, 5e-4, true);
+    r[4].expect_refusal = true;
+    train_global(4 * G, G, 3, 0, 6, &r[4]);
+    CHECK(r[4].refused && strstr(r[4].refused, "world sizes that can: 1, 2, 6") != NULL);
+    if (r[4].refused)
+        printf("  3x32 inv 6 refused: %s", strstr(r[4].refused, "--invariant 6:")
+                                                ? strstr(r[4].refused, "--invariant 6:")
+                                                : r[4].refused);
+    // Different V, different trees: 1x96 with V 3 and with V 6 are different sums.
+    if (r[0].ok && r[2].ok)
+        CHECK(memcmp(r[0].params, r[2].params, sizeof(float) * r[0].nparams) != 0);
+    for (int i = 0; i < 5; i++)
+        free(r[i].params), free(r[i].refused);
+}
+
 #ifndef DT_SANITIZE // 7 runs of 100 steps: minutes under a sanitizer
 static void test_hundred_steps(void) {
     world_sizes(100 * GLOBAL_BATCH, -1, true, 1e-4, 5e-4, true);
@@ -185,6 +231,7 @@ int main(void) {
     if (!CHECK(mkdtemp(dir) != NULL))
         return check_summary();
     RUN(test_four_steps);
+    RUN(test_any_v);
 #ifndef DT_SANITIZE
     RUN(test_hundred_steps); // 4 runs of 100 steps: minutes under a sanitizer
     const char *slow = getenv("DT_TEST_SLOW");

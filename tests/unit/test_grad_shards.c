@@ -5,6 +5,7 @@
 // ddp.c continues across ranks). Both kernel families are run: dtrain's shifted GEMMs
 // (DT_CONV=direct) and OpenBLAS (DT_CONV=gemm).
 #include "../check.h"
+#include "core/tree.h"
 #include "dtrain/nn.h"
 
 #include <stdlib.h>
@@ -130,15 +131,18 @@ static void test_threads(const data *d, const char *conv) {
 // One process with V shards against N emulated ranks with V / N shards each: rank r
 // holds positions r + N j (DistributedSampler's split of the global batch) and takes
 // the mean over its B / N samples; the ranks' gradients combined by the tree over r
-// (highest bit first) and divided by N are the one-process gradient, bit for bit.
+// (core/tree.h) and divided by N are the one-process gradient, bit for bit. V need not
+// be a power of two (6: 3 shards on each of 2 ranks).
 static void test_ranks(const data *d, const char *conv) {
     check_current = conv;
-    enum { V = 4 };
-    dt_model *one = convnet(2, V);
-    step(one, d, 0, 1, B);
-    size_t n = dt_model_num_params(one);
-    for (int N = 2; N <= V; N *= 2) {
-        float *g[V];
+    static const int cases[][2] = {{4, 2}, {4, 4}, {6, 2}}; // V, N (B / N a power of two)
+    size_t           n          = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int       V = cases[c][0], N = cases[c][1];
+        dt_model *one = convnet(2, V);
+        step(one, d, 0, 1, B);
+        n = dt_model_num_params(one);
+        float *g[8];
         for (int r = 0; r < N; r++) {
             dt_model *m = convnet(1 + r % 2, V / N);
             step(m, d, r, N, B / N);
@@ -146,16 +150,17 @@ static void test_ranks(const data *d, const char *conv) {
             memcpy(g[r], dt_model_grads(m), sizeof(float) * n);
             dt_model_free(m);
         }
-        for (int h = N / 2; h >= 1; h /= 2)
-            for (int k = 0; k < h; k++)
+        for (int h = dt_tree_top(N); h >= 1; h /= 2)
+            for (int k = 0; k < h && k + h < N; k++)
                 for (size_t i = 0; i < n; i++)
                     g[k][i] += g[k + h][i];
         for (size_t i = 0; i < n; i++)
             g[0][i] /= (float)N;
         if (!CHECK(same_bits(g[0], dt_model_grads(one), n, "ranks vs one process")))
-            fprintf(stderr, "     %d ranks\n", N);
+            fprintf(stderr, "     V %d, %d ranks\n", V, N);
         for (int r = 0; r < N; r++)
             free(g[r]);
+        dt_model_free(one);
     }
     // Without shards the same emulation differs in the last bits (what the shards fix).
     dt_model *plain = convnet(2, 0), *half = convnet(1, 0);
@@ -173,18 +178,19 @@ static void test_ranks(const data *d, const char *conv) {
     free(g0);
     dt_model_free(plain);
     dt_model_free(half);
-    dt_model_free(one);
 }
 
 static void test_errors(void) {
     check_current = "errors";
     dt_model *m   = convnet(1, 0);
-    CHECK_ERR(dt_model_set_grad_shards(m, 3), DT_ERR_ARG, "power of two up to 64, found 3");
+    CHECK_ERR(dt_model_set_grad_shards(m, 65), DT_ERR_ARG, "1 to 64, found 65");
     CHECK_ERR(dt_model_set_grad_shards(m, 128), DT_ERR_ARG, "found 128");
     CHECK_ERR(dt_model_set_grad_shards(m, -1), DT_ERR_ARG, "found -1");
     CHECK_EQ(dt_model_grad_shards(m), 0);
     CHECK_OK(dt_model_set_grad_shards(m, 16));
     CHECK_EQ(dt_model_grad_shards(m), 16);
+    CHECK_OK(dt_model_set_grad_shards(m, 3)); // any count: the tree of core/tree.h
+    CHECK_EQ(dt_model_grad_shards(m), 3);
     dt_model_free(m);
 }
 

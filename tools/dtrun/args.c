@@ -4,11 +4,13 @@
 // accepted too, as torchrun accepts them.
 #include "dtrun.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@ enum {
     OPT_LOG_DIR,
     OPT_TEE,
     OPT_RDZV_ID,
+    OPT_RDZV_ENDPOINT,
     OPT_RDZV_TIMEOUT,
     OPT_NODE_TIMEOUT,
     OPT_STOP_GRACE,
@@ -44,8 +47,9 @@ static const flag flags[] = {
      "worker processes on this node: a number, or \"cpu\" or \"auto\" for one per CPU core "
      "(default 1)"},
     {"nnodes", OPT_NNODES, "M",
-     "nodes in the job, one dtrun on each (default 1; \"M:M\" is accepted, elastic ranges are "
-     "not)"},
+     "nodes in the job, one dtrun on each (default 1; \"M:M\" is M); MIN:MAX: an elastic "
+     "job whose nodes may come and go, ranks by arrival, through the store at "
+     "--rdzv-endpoint (docs/dtrun.md)"},
     {"node-rank", OPT_NODE_RANK, "K",
      "this node's index in [0, M) (default 0); node 0 hosts the "
      "store"},
@@ -64,6 +68,9 @@ static const flag flags[] = {
     {"rdzv-id", OPT_RDZV_ID, "ID",
      "job id, given to the workers as TORCHELASTIC_RUN_ID "
      "(default \"none\")"},
+    {"rdzv-endpoint", OPT_RDZV_ENDPOINT, "HOST[:PORT]",
+     "node 0's store as torchrun's rendezvous endpoint: the same as --master-addr HOST "
+     "--master-port PORT (not with them)"},
     {"rdzv-timeout", OPT_RDZV_TIMEOUT, "S",
      "seconds to wait for every node to join (default "
      "600)"},
@@ -169,8 +176,14 @@ static bool resolve_program(const char *prog, char *out, size_t n) {
     }
 }
 
+// The environment variable the flag being parsed came from (PET_*), or NULL.
+static const char *parsing_var;
+
 static int usage_error(const char *msg) {
-    fprintf(stderr, "dtrun: %s\n(dtrun --help lists the options)\n", msg);
+    if (parsing_var)
+        fprintf(stderr, "dtrun: %s (from environment variable %s)\n", msg, parsing_var);
+    else
+        fprintf(stderr, "dtrun: %s\n(dtrun --help lists the options)\n", msg);
     return 2;
 }
 
@@ -180,6 +193,99 @@ static int parse_seconds(const char *s, const char *what, double lo, int64_t *ou
         return usage_error(dt_last_error());
     *out_ms = (int64_t)(v * 1000.0 + 0.5);
     return 0;
+}
+
+// torchrun reads each flag it was not given from PET_<FLAG> (Kubeflow's PyTorchJob sets
+// PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT and the
+// PET_RDZV_* variables this way): the same here. Each set variable becomes "--flag value"
+// placed before the command line's own flags, so a flag given on the command line, parsed
+// later, wins, and a bad value gets the flag's own error. A flag without a value is on
+// for 1/true, off for 0/false. Variables for flags dtrun does not have are ignored.
+typedef struct env_args {
+    int         n;                 // arguments in argv
+    char       *argv[2 * NFLAGS];  // "--flag" [value] pairs
+    const char *var[2 * NFLAGS];   // the variable each argument came from
+    char        names[NFLAGS][48]; // storage of the "--flag" strings
+} env_args;
+
+static void flag_var(const flag *f, char *var, size_t n) {
+    snprintf(var, n, "PET_%s", f->name);
+    for (char *p = var + 4; *p; p++)
+        *p = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+}
+
+// Returns 0, or 2 after a usage error (a flag without a value set to something else
+// than 1/true/0/false).
+static int env_flags(env_args *e) {
+    static char vars[NFLAGS][48];
+    e->n = 0;
+    for (int i = 0; i < NFLAGS; i++) {
+        if (flags[i].id == OPT_HELP || flags[i].id == OPT_HELP_ENV || flags[i].id == OPT_VERSION)
+            continue;
+        flag_var(&flags[i], vars[i], sizeof vars[i]);
+        const char *v = getenv(vars[i]);
+        if (!v || !*v)
+            continue;
+        snprintf(e->names[i], sizeof e->names[i], "--%s", flags[i].name);
+        if (!flags[i].metavar) {
+            bool on = strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0;
+            if (!on && strcmp(v, "0") != 0 && strcasecmp(v, "false") != 0) {
+                char msg[200];
+                snprintf(msg, sizeof msg,
+                         "environment variable %s expects 1, true, 0 or false, found \"%.60s\"",
+                         vars[i], v);
+                return usage_error(msg);
+            }
+            if (on)
+                e->var[e->n] = vars[i], e->argv[e->n++] = e->names[i];
+            continue;
+        }
+        e->var[e->n] = vars[i], e->argv[e->n++] = e->names[i];
+        e->var[e->n] = vars[i], e->argv[e->n++] = (char *)(uintptr_t)v;
+    }
+    return 0;
+}
+
+// A PyTorchJob pod of the classic form (one process per pod) has WORLD_SIZE (the pods)
+// and RANK (this pod) but no PET_* variables: without --nnodes, dtrun reads them as
+// --nnodes and --node-rank, so that each pod's dtrun joins the others instead of
+// training alone. With --node-rank given, or WORLD_SIZE 1, nothing is read.
+static int classic_pod(dtrun_args *a) {
+    const char *w = getenv("WORLD_SIZE"), *r = getenv("RANK");
+    long        world, rank;
+    if (!w || !*w || !r || !*r || a->node_rank_given)
+        return 0;
+    parsing_var = "WORLD_SIZE";
+    if (dt_parse_long(w, 1, 65536, "--nnodes", &world) != DT_OK)
+        return usage_error(dt_last_error());
+    parsing_var = "RANK";
+    if (dt_parse_long(r, 0, world - 1, "--node-rank", &rank) != DT_OK)
+        return usage_error(dt_last_error());
+    parsing_var = NULL;
+    if (world > 1)
+        dtrun_say("--nnodes %ld --node-rank %ld from WORLD_SIZE and RANK (one dtrun per pod, "
+                  "as a PyTorchJob sets them)",
+                  world, rank);
+    a->nnodes = (int)world, a->node_rank = (int)rank;
+    return 0;
+}
+
+// --rdzv-endpoint HOST[:PORT] ("[v6addr]:PORT" too): node 0's store. Without a port,
+// torchrun's default rendezvous port 29400.
+static dt_status parse_endpoint(const char *s, dtrun_args *a) {
+    static char host[256];
+    const char *colon = s[0] == '[' ? strstr(s, "]:") : strrchr(s, ':');
+    size_t      hl    = colon ? (size_t)(colon - s) : strlen(s);
+    long        port  = 29400;
+    if (s[0] == '[' && colon)
+        colon++, hl -= 1, s++;
+    if (hl == 0 || hl >= sizeof host)
+        return dt_fail(DT_ERR_ARG, "--rdzv-endpoint expects HOST[:PORT], found \"%s\"", s);
+    if (colon)
+        DT_TRY(dt_parse_long(colon + 1, 1, 65535, "--rdzv-endpoint's port", &port));
+    snprintf(host, sizeof host, "%.*s", (int)hl, s);
+    a->master_addr = host, a->master_port = (int)port, a->port_given = true;
+    return DT_OK;
 }
 
 int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
@@ -209,13 +315,33 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     }
     opts[no] = (struct option){NULL, 0, NULL, 0};
 
+    // PET_* first, then the command line: the later value of a flag wins.
+    static env_args env;
+    parsing_var = NULL;
+    if (env_flags(&env))
+        return 2;
+    char **all = malloc(sizeof *all * (size_t)(argc + env.n + 1)); // lives as long as dtrun
+    if (!all)
+        return usage_error("out of memory");
+    all[0] = argv[0];
+    memcpy(all + 1, env.argv, sizeof *all * (size_t)env.n);
+    memcpy(all + 1 + env.n, argv + 1, sizeof *all * (size_t)argc); // with the NULL
+    argc += env.n;
+    argv = all;
+
     long        v;
-    const char *nnodes_s = NULL;
-    opterr               = 0;
-    optind               = 1;
+    const char *nnodes_s = NULL, *nnodes_var = NULL;
+    bool        endpoint = false, addr_flag = false;
+    opterr = 0;
+    optind = 1;
     int c;
     // "+": stop at PROGRAM, so its own flags are left alone.
-    while ((c = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+    for (;;) {
+        int at      = optind; // no permutation: the option read next starts here
+        c           = getopt_long(argc, argv, "+:h", opts, NULL);
+        parsing_var = at >= 1 && at <= env.n ? env.var[at - 1] : NULL;
+        if (c == -1)
+            break;
         dt_status st = DT_OK;
         switch (c) {
         case OPT_NPROC:
@@ -227,20 +353,20 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
             }
             break;
         case OPT_NNODES:
-            nnodes_s = optarg;
+            nnodes_s = optarg, nnodes_var = parsing_var;
             break;
         case OPT_NODE_RANK:
             if ((st = dt_parse_long(optarg, 0, 65535, "--node-rank", &v)) == DT_OK)
-                a->node_rank = (int)v;
+                a->node_rank = (int)v, a->node_rank_given = true;
             break;
         case OPT_MASTER_ADDR:
             if (!*optarg)
                 return usage_error("--master-addr expects a host name or address, found \"\"");
-            a->master_addr = optarg;
+            a->master_addr = optarg, addr_flag |= !parsing_var;
             break;
         case OPT_MASTER_PORT:
             if ((st = dt_parse_long(optarg, 1, 65535, "--master-port", &v)) == DT_OK)
-                a->master_port = (int)v, a->port_given = true;
+                a->master_port = (int)v, a->port_given = true, addr_flag |= !parsing_var;
             break;
         case OPT_STANDALONE:
             a->standalone = true;
@@ -261,6 +387,11 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
             if (!*optarg || strlen(optarg) > 200 || strpbrk(optarg, " \t\n"))
                 return usage_error("--rdzv-id expects 1..200 characters without spaces");
             a->run_id = optarg;
+            break;
+        case OPT_RDZV_ENDPOINT:
+            if ((st = parse_endpoint(optarg, a)) != DT_OK)
+                break;
+            endpoint |= !parsing_var; // PET_RDZV_ENDPOINT overrides PET_MASTER_ADDR
             break;
         case OPT_RDZV_TIMEOUT:
             if (parse_seconds(optarg, "--rdzv-timeout", 0.001, &a->rdzv_timeout_ms))
@@ -305,19 +436,31 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         if (st != DT_OK)
             return usage_error(dt_last_error());
     }
+    parsing_var = NULL;
+    if (endpoint && addr_flag)
+        return usage_error("--rdzv-endpoint names node 0's store, as --master-addr and "
+                           "--master-port do: expected one or the other");
+    parsing_var = nnodes_var;
     if (nnodes_s) {
         // torchrun's MIN:MAX form: only a fixed size is supported.
         const char *colon = strchr(nnodes_s, ':');
         char        first[32];
         if (colon) {
             snprintf(first, sizeof first, "%.*s", (int)(colon - nnodes_s), nnodes_s);
-            if (strcmp(first, colon + 1) != 0) {
-                char msg[200];
-                snprintf(msg, sizeof msg,
-                         "--nnodes expects a number of nodes, found \"%s\" (elastic ranges are "
-                         "not supported: give MIN equal to MAX)",
-                         nnodes_s);
-                return usage_error(msg);
+            if (strcmp(first, colon + 1) != 0) { // elastic: MIN:MAX (docs/dtrun.md)
+                long lo, hi;
+                if (dt_parse_long(first, 1, 65536, "--nnodes's MIN", &lo) != DT_OK ||
+                    dt_parse_long(colon + 1, 1, 65536, "--nnodes's MAX", &hi) != DT_OK)
+                    return usage_error(dt_last_error());
+                if (lo > hi) {
+                    char msg[200];
+                    snprintf(msg, sizeof msg,
+                             "--nnodes expects MIN:MAX with MIN <= MAX, found \"%s\"", nnodes_s);
+                    return usage_error(msg);
+                }
+                a->elastic_min = (int)lo, a->elastic_max = (int)hi;
+                snprintf(first, sizeof first, "1"); // each dtrun: its node alone
+                a->node_rank = 0;                   // ranks by arrival
             }
         } else {
             snprintf(first, sizeof first, "%s", nnodes_s);
@@ -325,7 +468,10 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
         if (dt_parse_long(first, 1, 65536, "--nnodes", &v) != DT_OK)
             return usage_error(dt_last_error());
         a->nnodes = (int)v;
+    } else if (classic_pod(a) != 0) {
+        return 2;
     }
+    parsing_var = NULL;
     if (optind >= argc)
         return usage_error("expected a PROGRAM to run after the options");
     a->prog_argv = argv + optind;
@@ -363,6 +509,10 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     }
     if (a->nnodes > 1 && !a->port_given)
         a->master_port = 29500, a->port_given = true; // torchrun's default
+    if (a->elastic_min && a->standalone)
+        return usage_error("--standalone is for a single node, but --nnodes is an elastic range");
+    if (a->elastic_min && !a->port_given)
+        a->master_port = 29400, a->port_given = true; // torchrun's rendezvous port
 
     if (a->node_timeout_ms < 0) {
         long t;

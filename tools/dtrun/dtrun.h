@@ -27,9 +27,12 @@
 // ------------------------------------------------------------------ command line
 
 typedef struct dtrun_args {
-    int         nproc;           // --nproc-per-node
-    int         nnodes;          // --nnodes
+    int         nproc;       // --nproc-per-node
+    int         nnodes;      // --nnodes (1 under elastic membership: this node alone)
+    int         elastic_min; // --nnodes MIN:MAX with MIN < MAX (0: a fixed job)
+    int         elastic_max;
     int         node_rank;       // --node-rank
+    bool        node_rank_given; // from the flag or PET_NODE_RANK
     const char *master_addr;     // --master-addr, else $MASTER_ADDR, else 127.0.0.1
     int         master_port;     // --master-port, else $MASTER_PORT; 0 = a free port
     bool        port_given;      // master_port came from the flag or the environment
@@ -221,7 +224,17 @@ typedef struct dtrun_rdzv {
     atomic_bool     monitor_done;  // the monitor thread has returned
     bool            store_lost;    // main thread: never touch the store again
     int             late_signal;   // a stop signal read outside an attempt (main thread)
+    bool            elastic_host;  // elastic: this dtrun serves the rendezvous store
 } dtrun_rdzv;
+
+// Elastic membership (elastic.c, --nnodes MIN:MAX): each dtrun supervises its own
+// workers alone; the workers regroup through the rendezvous store at --rdzv-endpoint,
+// which the first dtrun on the endpoint's host serves. _join: the job's token, and the
+// store when this dtrun is on the endpoint's host and its port is free (else another
+// serves it). _leave: the host keeps the store up until every member of the last
+// generation has left (bounded by --node-timeout).
+int  dtrun_elastic_join(dtrun_rdzv *r, const dtrun_args *a);
+void dtrun_elastic_leave(dtrun_rdzv *r);
 
 // Single node: picks the token. Several: connects (node 0 serves the store), registers
 // this node, waits for the others (listing those missing at the timeout), checks they
@@ -255,9 +268,6 @@ void dtrun_rdzv_leave(dtrun_rdzv *r);
 
 // Realtime clock in milliseconds.
 int64_t dtrun_wall_ms(void);
-// A TCP port free on this host right now, from below the ephemeral range (so that
-// outgoing connections do not take it before the worker binds it); 0 if none found.
-int dtrun_free_port(void);
 // Prints "dtrun: <message>\n" on stderr in one write.
 void dtrun_say(const char *fmt, ...) DT_PRINTF(1, 2);
 // Reads a pending signal from the signalfd; 0 when none.

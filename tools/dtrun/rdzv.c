@@ -50,25 +50,6 @@ int dtrun_take_signal(int sig_fd) {
     return 0;
 }
 
-int dtrun_free_port(void) {
-    unsigned seed;
-    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed)
-        seed = (unsigned)dt_now_ns() ^ (unsigned)getpid();
-    for (int tries = 0; tries < 500; tries++) {
-        int port = 20000 + (int)(rand_r(&seed) % 12768);
-        int fd   = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            continue;
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        sa.sin_addr.s_addr    = htonl(INADDR_ANY);
-        int ok                = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-        close(fd);
-        if (ok)
-            return port;
-    }
-    return 0;
-}
-
 // The address of this host on the way to host:port (no packet is sent).
 static void local_addr_towards(const char *host, int port, char *buf, size_t n) {
     snprintf(buf, n, "?");
@@ -312,6 +293,8 @@ int dtrun_rdzv_join(dtrun_rdzv *r, const dtrun_args *a, int sig_fd) {
             *p = '_';
     const char *env_token = dt_setting_str("DT_JOB_TOKEN");
     bool        have_env  = env_token != NULL;
+    if (a->elastic_min)
+        return dtrun_elastic_join(r, a);
     if (!r->multi) {
         if (have_env)
             snprintf(r->token, sizeof r->token, "%.79s", env_token);
@@ -556,8 +539,8 @@ bool dtrun_rdzv_silent(dtrun_rdzv *r, int64_t *silent_ms) {
 
 int dtrun_rdzv_begin(dtrun_rdzv *r, int attempt, int *port) {
     const dtrun_args *a = r->a;
-    if (!r->multi) {
-        *port = a->port_given ? a->master_port : dtrun_free_port();
+    if (!r->multi) { // (elastic: the rendezvous store, where the workers meet)
+        *port = a->port_given ? a->master_port : dt_free_port();
         if (!*port) {
             dtrun_say("no free TCP port found for the workers' store (tried 500 in 20000-32767)");
             return 1;
@@ -571,7 +554,7 @@ int dtrun_rdzv_begin(dtrun_rdzv *r, int attempt, int *port) {
     char key[96];
     key_of(key, sizeof key, "dtrun/a%d/port", attempt, 0);
     if (r->node == 0) {
-        *port = dtrun_free_port();
+        *port = dt_free_port();
         char v[16];
         snprintf(v, sizeof v, "%d", *port);
         if (!*port) {
@@ -748,6 +731,8 @@ void dtrun_rdzv_end(dtrun_rdzv *r, int attempt, dtrun_report *mine, dtrun_report
 }
 
 void dtrun_rdzv_leave(dtrun_rdzv *r) {
+    if (r->a->elastic_min)
+        dtrun_elastic_leave(r);
     if (!r->multi || !r->store)
         return;
     if (r->thread_started && !r->store_lost && !dtrun_rdzv_silent(r, NULL)) {

@@ -51,6 +51,8 @@ static const char *const set_vars[] = {"RANK",
                                        "TORCHELASTIC_USE_AGENT_STORE",
                                        "DT_RESTART_COUNT",
                                        "DT_JOB_TOKEN",
+                                       "DT_ELASTIC",
+                                       "DT_ELASTIC_TIMEOUT_MS",
                                        NULL};
 #define NVAR (sizeof set_vars / sizeof set_vars[0]) // (the NULL's slot: OMP_NUM_THREADS)
 
@@ -102,8 +104,13 @@ static char **worker_env(const dtrun_launch *l, int local_rank) {
     ADD("TORCHELASTIC_RESTART_COUNT=%d", l->attempt);
     ADD("TORCHELASTIC_MAX_RESTARTS=%d", a->max_restarts);
     ADD("TORCHELASTIC_RUN_ID=%.200s", a->run_id);
-    // Each rank 0 worker serves its own store: never the agent's (PyTorch would try).
-    ADD("TORCHELASTIC_USE_AGENT_STORE=False");
+    if (a->elastic_min) { // the workers meet in the agents' store (elastic.c)
+        ADD("TORCHELASTIC_USE_AGENT_STORE=True");
+        ADD("DT_ELASTIC=%d:%d", a->elastic_min * a->nproc, a->elastic_max * a->nproc);
+        ADD("DT_ELASTIC_TIMEOUT_MS=%lld", (long long)a->rdzv_timeout_ms);
+    } else { // each rank 0 worker serves its own store: never the agent's (PyTorch would try)
+        ADD("TORCHELASTIC_USE_AGENT_STORE=False");
+    }
     ADD("DT_RESTART_COUNT=%d", l->attempt);
     ADD("DT_JOB_TOKEN=%.200s", l->token);
     const char *omp = getenv("OMP_NUM_THREADS");

@@ -1,6 +1,7 @@
 // conv.c: the data movement and small reductions around the convolution and Linear
 // GEMMs (im2col and its adjoint, bias add and bias gradients, the gradient shards' fixed
 // tree), the global average pool and the dropout mask (vec.h). Memory-bound loops.
+#include "core/tree.h"
 #include "kernels/vec/vec.h"
 
 #include <string.h>
@@ -115,8 +116,8 @@ static void row_sums_add(const float *y, int rows, int cols, float *s) {
 }
 
 static void shard_tree(float *buf, size_t ld, int shards, size_t n) {
-    for (int h = shards / 2; h >= 1; h /= 2)
-        for (int k = 0; k < h; k++) {
+    for (int h = dt_tree_top(shards); h >= 1; h /= 2)
+        for (int k = 0; k < h && k + h < shards; k++) {
             float       *a = buf + (size_t)k * ld;
             const float *b = buf + (size_t)(k + h) * ld;
             for (size_t j = 0; j < n; j++)

@@ -15,6 +15,7 @@
 //
 // Summation order is fixed (r ascending, then lanes in a fixed tree), so results are
 // the same from run to run and do not depend on thread timing.
+#include "core/tree.h"
 #include "kernels/vec/vec.h"
 
 #define OB 8 // output rows per block
@@ -239,8 +240,8 @@ static void shifted_gemm_shards(const float *src, const int *off, const int *sta
             if (j < n)
                 narrow_columns(src, om, R, wm, 0, nr, j, n - j, t, ld, false);
         }
-        for (int h = S / 2; h >= 1; h /= 2)
-            for (int k = 0; k < h; k++)
+        for (int h = dt_tree_top(S); h >= 1; h /= 2)
+            for (int k = 0; k < h && k + h < S; k++)
                 for (int o = 0; o < nr; o++)
                     add_row(tile + (size_t)k * tl + (size_t)o * ld,
                             tile + (size_t)(k + h) * tl + (size_t)o * ld, n);

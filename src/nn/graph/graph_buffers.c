@@ -272,10 +272,10 @@ dt_status dt_graph_thread_buffers(dt_graph *g) {
 }
 
 dt_status dt_graph_set_grad_shards(dt_graph *g, int shards) {
-    if (!g || shards < 0 || shards > 64 || (shards & (shards - 1)))
+    if (!g || shards < 0 || shards > 64)
         return dt_fail(DT_ERR_ARG,
-                       "dt_graph_set_grad_shards: expected 0 gradient shards (off) or a power "
-                       "of two up to 64, found %d",
+                       "dt_graph_set_grad_shards: expected 0 gradient shards (off) or 1 to 64, "
+                       "found %d",
                        shards);
     if (shards == g->shards)
         return DT_OK;

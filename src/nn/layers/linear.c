@@ -22,6 +22,7 @@
 // transposed copy of dy in shard-major order, then per chunk of columns (at fixed
 // places: a column takes the same kernel path whatever the thread count) every shard's
 // product into a tile of its own, the tree over the tiles, the sum added into dW.
+#include "core/tree.h"
 #include "nn/blas.h"
 #include "nn/layers/layers_impl.h"
 #include "nn/nn_impl.h"
@@ -226,8 +227,8 @@ static void shard_chunk_gemm(const linear_cfg *p, const dt_layer_args *a, int S,
         dt_sgemm(false, false, fout, cw, n, 1.0f, dyt + (size_t)fout * st[m], n, xg, cw, 0.0f, t,
                  CHUNK);
     }
-    for (int h = S / 2; h >= 1; h /= 2) // the fixed tree over the shards' tiles
-        for (int k = 0; k < h; k++)
+    for (int h = dt_tree_top(S); h >= 1; h /= 2) // the fixed tree over the shards' tiles
+        for (int k = 0; k < h && k + h < S; k++)
             add_rows(tile + (size_t)(k + h) * fout * CHUNK, CHUNK, tile + (size_t)k * fout * CHUNK,
                      CHUNK, fout, cw);
     add_rows(tile, CHUNK, a->dw[0] + jc, (size_t)p->in, fout, cw);

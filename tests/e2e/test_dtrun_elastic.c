@@ -1,0 +1,507 @@
+// test_dtrun_elastic.c: elastic membership (dtrun --nnodes MIN:MAX) with dtrain-mnist
+// on loopback, two dtruns of one worker each as the nodes (tcp between the workers):
+// - shrink and grow: nodes A and B train together; B's dtrun is killed with SIGKILL
+//   mid-epoch (its worker dies with it); A goes on alone from its state in memory at the
+//   next step boundary (no checkpoint exists); node C starts with the same rendezvous
+//   and is admitted at a step boundary, receiving the state by broadcast; A and C end
+//   the epoch. The final model is bitwise the model of an uninterrupted 2-process run
+//   at the same global batch and --invariant 4 (the printed CRC32C and the --save-model
+//   bytes), and rank 0 logged "world 2 -> 1" and "world 1 -> 2".
+// - below MIN: one node of a 2:3 job waits --rdzv-timeout, then fails saying how many
+//   workers it waited for and found.
+// - a member with another --lr: every member fails naming the flag.
+// - a worker that comes after the job finished is refused, saying so.
+// - three nodes where --invariant 4 allows 2: the third stands by, and takes the place
+//   of a member that is killed; bitwise again.
+// - a silent node: B's dtrun and worker stopped (SIGSTOP) instead of killed; A goes on
+//   alone within 10 s (the peers' liveness bound, DT_LIVENESS_MS, 5 s), bitwise again.
+// - a preempted node: SIGTERM to B's dtrun; its worker leaves at a step boundary and
+//   exits 75, A goes on alone at once, bitwise again.
+// `test_dtrun_elastic measure` prints the times for bench/RESULTS.md (kill -> the
+// survivor's next step; the joiner's start -> admitted; a plain start -> first group).
+#include "test_dtrun_lib.h"
+
+#define LIMIT  "3840" // 60 steps of global batch 64
+#define GLOBAL "64"
+
+static void crc_of(const char *out, char crc[16]) {
+    const char *p = NULL, *q = out;
+    while ((q = strstr(q, "(CRC32C ")))
+        p = q++;
+    crc[0] = '\0';
+    if (p)
+        sscanf(p, "(CRC32C %8s", crc);
+}
+
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool  same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF || cb == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
+// How often needle occurs in the stdout and stderr files of the runs (NULL entries
+// skipped).
+static int count_in(run *const *rs, int n, const char *needle) {
+    int c = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rs[i])
+            continue;
+        char *o = read_file(rs[i]->out_path), *e = read_file(rs[i]->err_path);
+        c += count_of(o, needle) + count_of(e, needle);
+        free(o), free(e);
+    }
+    return c;
+}
+
+// Waits (polling each millisecond, at most timeout_s) until needle occurs `times` times
+// in the runs' output; returns the seconds waited, or -1.
+static double wait_count(run *const *rs, int n, const char *needle, int times, double timeout_s) {
+    double t0 = mono_s();
+    while (mono_s() - t0 < timeout_s) {
+        if (count_in(rs, n, needle) >= times)
+            return mono_s() - t0;
+        sleep_s(0.001);
+    }
+    return -1;
+}
+
+static int port;
+
+static void node_argv(char **argv, char *portbuf, char *model) {
+    static char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%s", portbuf);
+    char *v[] = {dtrun_path,
+                 "--nnodes",
+                 "1:2",
+                 "--rdzv-endpoint",
+                 endpoint,
+                 "--rdzv-id",
+                 "elastic",
+                 "--rdzv-timeout",
+                 "30",
+                 mnist_path,
+                 "--limit",
+                 LIMIT,
+                 "--batch-size",
+                 GLOBAL,
+                 "--invariant",
+                 "4",
+                 "--threads",
+                 "1",
+                 "--no-test",
+                 "--log-every",
+                 "1",
+                 "--backend",
+                 "tcp",
+                 "--save-model",
+                 model,
+                 NULL};
+    memcpy(argv, v, sizeof v);
+}
+
+typedef struct figures {
+    double lost_to_step, join_admit, solo_admit;
+} figures;
+
+static char ref_crc[16], ref_model[PATH_MAX + 16];
+
+// The uninterrupted run, once: 2 processes of 32.
+static bool reference(void) {
+    if (ref_crc[0])
+        return true;
+    char dir[PATH_MAX];
+    scenario_dir(dir, sizeof dir, "reference");
+    snprintf(ref_model, sizeof ref_model, "%s/ref.model", dir);
+    char *argv[] = {mnist_path,     "--num-processes", "2", "--limit",   LIMIT, "--batch-size",
+                    "32",           "--invariant",     "4", "--threads", "1",   "--no-test",
+                    "--save-model", ref_model,         NULL};
+    run   ref;
+    run_start(&ref, dir, "reference", argv, NULL);
+    CHECK_EQ(run_wait(&ref, 120), 0);
+    crc_of(ref.out, ref_crc);
+    if (!CHECK(ref_crc[0] != '\0'))
+        run_dump(&ref, "reference");
+    run_free(&ref);
+    return ref_crc[0] != '\0';
+}
+
+// Waits until node A (run a) trains a step after its "world 2 -> 1"; seconds since t0.
+static double next_step_after_shrink(run *a, double t0, double timeout_s) {
+    run *sole[1] = {a};
+    if (wait_count(sole, 1, "world 2 -> 1", 1, timeout_s) < 0)
+        return -1;
+    while (mono_s() - t0 < timeout_s) {
+        char       *o = read_file(a->out_path);
+        const char *w = strstr(o, "world 2 -> 1");
+        const char *l = w ? strchr(w, '\n') : NULL;
+        bool        n = l && strstr(l, "[rank 0] epoch: 0 [") != NULL;
+        free(o);
+        if (n)
+            return mono_s() - t0;
+        sleep_s(0.001);
+    }
+    return -1;
+}
+
+// The scenario; *f gets its times; check: compare with the reference. how: node B is
+// killed (SIGKILL) and C joins, or stopped (SIGSTOP: a frozen machine, a cut link), or
+// preempted (SIGTERM to its dtrun: it leaves at a step boundary and exits 75); in the
+// last two nobody joins. Returns whether it got through (for measure).
+enum { LOST_KILL, LOST_SILENT, LOST_SIGTERM };
+
+static bool elastic_run(figures *f, bool check, int how) {
+    bool silent = how == LOST_SILENT;
+    char dir[PATH_MAX], model[PATH_MAX + 16], portbuf[16];
+    scenario_dir(dir, sizeof dir, how == LOST_KILL ? "elastic" : silent ? "silent" : "sigterm");
+    snprintf(model, sizeof model, "%s/elastic.model", dir);
+    snprintf(portbuf, sizeof portbuf, "%d", port = free_port());
+    if (check && !reference())
+        return false;
+
+    char *argv[32];
+    node_argv(argv, portbuf, model);
+    run a, b, c = {.pid = -1};
+    run_start(&a, dir, "nodeA", argv, NULL);
+    sleep_s(0.5); // A serves the rendezvous store
+    run_start(&b, dir, "nodeB", argv, NULL);
+    run *all[3] = {&a, &b, NULL};
+    // Together: "world 0 -> 2" when both came within the settling time, else "1 -> 2".
+    bool ok     = CHECK(wait_count(all, 3, " -> 2 at step", 1, 60) >= 0);
+    int  steps0 = count_in(all, 3, "[rank 0] epoch: 0 [");
+    ok          = ok && CHECK(wait_count(all, 3, "[rank 0] epoch: 0 [", steps0 + 3, 30) >= 0);
+
+    int    bw     = worker_pid(b.pid, 0);
+    double t_lost = mono_s();
+    if (silent) { // B's machine freezes: its dtrun and its worker stop answering
+        kill(b.pid, SIGSTOP);
+        if (bw > 0)
+            kill(bw, SIGSTOP);
+    } else if (how == LOST_SIGTERM) { // B's node is preempted: its worker leaves cleanly
+        kill(b.pid, SIGTERM);
+    } else { // B's node dies: its dtrun by SIGKILL, its worker with it
+        kill(b.pid, SIGKILL);
+    }
+    f->lost_to_step = ok ? next_step_after_shrink(&a, t_lost, 30) : -1;
+    // The goals: within 3 s after a kill, 10 s after a node goes silent.
+    ok = ok && CHECK(f->lost_to_step >= 0 && f->lost_to_step < (silent ? 10 : 3));
+    if (silent) {
+        kill(b.pid, SIGKILL);
+        if (bw > 0)
+            kill(bw, SIGKILL);
+    }
+
+    f->join_admit = -1;
+    if (how == LOST_KILL) { // C joins with the same rendezvous (A has most of the epoch to go)
+        sleep_s(0.5);
+        run_start(&c, dir, "nodeC", argv, NULL);
+        run *ac[3]    = {&a, &c, NULL};
+        f->join_admit = ok ? wait_count(ac, 2, "world 1 -> 2", 1, 60) : -1;
+        CHECK(f->join_admit >= 0);
+    }
+
+    CHECK_EQ(run_wait(&a, 120), 0);
+    if (how == LOST_KILL)
+        CHECK_EQ(run_wait(&c, 120), 0);
+    run_wait(&b, 10);
+    CHECK_EQ(b.rc, how == LOST_SIGTERM ? 75 : 128 + SIGKILL);
+    if (how == LOST_SIGTERM) // it said so, and it saved nothing (no --checkpoint-dir)
+        CHECK(strstr(b.out, "Stopped by SIGTERM at step") != NULL);
+    char out_crc[16] = "";
+    crc_of(a.out, out_crc);
+    if (!out_crc[0] && how == LOST_KILL)
+        crc_of(c.out, out_crc);
+    if (check) {
+        CHECK(out_crc[0] && strcmp(out_crc, ref_crc) == 0);
+        CHECK(same_file(model, ref_model));
+        if (out_crc[0] && strcmp(out_crc, ref_crc) == 0)
+            fprintf(stderr, "     %s: same weights as the fixed run (CRC32C %s)\n",
+                    how == LOST_KILL ? "2 -> 1 -> 2"
+                    : silent         ? "2 -> 1 (silent node)"
+                                     : "2 -> 1 (SIGTERM)",
+                    out_crc);
+    }
+    // The survivor said why it regrouped after a loss; a leaver is announced in the step's
+    // exchange, so nothing failed for A then.
+    CHECK((strstr(a.err, "regrouping") != NULL) == (how != LOST_SIGTERM));
+    CHECK(no_marker_procs(dir, 2));
+    if (check_failed) {
+        run_dump(&a, "node A");
+        run_dump(&b, "node B");
+        if (how == LOST_KILL)
+            run_dump(&c, "node C");
+    }
+    run_free(&a), run_free(&b);
+    if (how == LOST_KILL)
+        run_free(&c);
+    return !check_failed;
+}
+
+// Three nodes where --invariant 4 allows worlds of 1, 2 and 4: two train, the third
+// stands by; a member killed, the standby takes its place; bitwise the fixed run again.
+static void test_standby(void) {
+    char dir[PATH_MAX], model[PATH_MAX + 16], portbuf[16];
+    scenario_dir(dir, sizeof dir, "standby");
+    snprintf(model, sizeof model, "%s/elastic.model", dir);
+    snprintf(portbuf, sizeof portbuf, "%d", free_port());
+    if (!reference())
+        return;
+    char *argv[32];
+    node_argv(argv, portbuf, model);
+    argv[2] = "1:3";
+    run n[3];
+    run_start(&n[0], dir, "node0", argv, NULL);
+    sleep_s(0.5); // node 0 serves the rendezvous store
+    run_start(&n[1], dir, "node1", argv, NULL);
+    run_start(&n[2], dir, "node2", argv, NULL);
+    run *all[3] = {&n[0], &n[1], &n[2]};
+    bool ok     = CHECK(wait_count(all, 3, " -> 2 at step", 1, 60) >= 0);
+    ok          = ok && CHECK(wait_count(all, 3, "standing by", 1, 30) >= 0);
+    int steps0  = count_in(all, 3, "[rank 0] epoch: 0 [");
+    ok          = ok && CHECK(wait_count(all, 3, "[rank 0] epoch: 0 [", steps0 + 3, 30) >= 0);
+    int victim  = -1; // a member that does not serve the store
+    for (int i = 1; i < 3 && victim < 0; i++) {
+        char *e = read_file(n[i].err_path);
+        if (!strstr(e, "standing by"))
+            victim = i;
+        free(e);
+    }
+    CHECK(victim > 0);
+    if (ok && victim > 0)
+        kill(n[victim].pid, SIGKILL);
+    // The survivor and the standby: "world 2 -> 2".
+    CHECK(!ok || wait_count(all, 3, "world 2 -> 2", 1, 30) >= 0);
+    char crc[16] = "";
+    for (int i = 0; i < 3; i++) {
+        run_wait(&n[i], 120);
+        if (i != victim)
+            CHECK_EQ(n[i].rc, 0);
+        if (!crc[0] && i != victim)
+            crc_of(n[i].out, crc);
+    }
+    CHECK(crc[0] && strcmp(crc, ref_crc) == 0);
+    CHECK(same_file(model, ref_model));
+    CHECK_EQ(n[victim > 0 ? victim : 0].rc, 128 + SIGKILL);
+    if (crc[0] && strcmp(crc, ref_crc) == 0)
+        fprintf(stderr,
+                "     3 nodes, 2 training and 1 standing by, a member killed: same "
+                "weights as the fixed run (CRC32C %s)\n",
+                crc);
+    CHECK(no_marker_procs(dir, 2));
+    if (check_failed)
+        for (int i = 0; i < 3; i++)
+            run_dump(&n[i], "node");
+    for (int i = 0; i < 3; i++)
+        run_free(&n[i]);
+}
+
+static void test_shrink_and_grow(void) {
+    figures f;
+    elastic_run(&f, true, LOST_KILL);
+    fprintf(stderr,
+            "     kill -> survivor's next step %.0f ms; joiner's start -> admitted %.0f ms\n",
+            f.lost_to_step * 1000, f.join_admit * 1000);
+}
+
+static void test_sigterm_node(void) {
+    figures f;
+    elastic_run(&f, true, LOST_SIGTERM);
+    fprintf(stderr, "     SIGTERM -> survivor's next step %.0f ms\n", f.lost_to_step * 1000);
+}
+
+static void test_silent_node(void) {
+    figures f;
+    elastic_run(&f, true, LOST_SILENT);
+    fprintf(stderr, "     SIGSTOP -> survivor's next step %.0f ms\n", f.lost_to_step * 1000);
+}
+
+static void test_below_min(void) {
+    char dir[PATH_MAX], endpoint[64];
+    scenario_dir(dir, sizeof dir, "below-min");
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
+    char *argv[] = {dtrun_path,
+                    "--nnodes",
+                    "2:3",
+                    "--rdzv-endpoint",
+                    endpoint,
+                    "--rdzv-id",
+                    "short",
+                    "--rdzv-timeout",
+                    "2",
+                    mnist_path,
+                    "--limit",
+                    "640",
+                    "--batch-size",
+                    GLOBAL,
+                    "--threads",
+                    "1",
+                    "--no-test",
+                    NULL};
+    run   r;
+    run_start(&r, dir, "alone", argv, NULL);
+    CHECK_EQ(run_wait(&r, 30), 1);
+    CHECK(r.end - r.start < 10);
+    CHECK(strstr(r.err, "for at least 2 workers, found 1") != NULL);
+    if (check_failed)
+        run_dump(&r, "below MIN");
+    run_free(&r);
+}
+
+// A member started with another learning rate: the group that would take it in fails
+// on every member, naming the flag, before any state moves (never a silent blend).
+static void test_mismatched_member(void) {
+    char dir[PATH_MAX], endpoint[64];
+    scenario_dir(dir, sizeof dir, "mismatch");
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
+    char *argv[] = {dtrun_path,     "--nnodes",  "2:3",       "--rdzv-endpoint",
+                    endpoint,       "--rdzv-id", "mismatch",  "--rdzv-timeout",
+                    "20",           mnist_path,  "--limit",   "640",
+                    "--batch-size", GLOBAL,      "--threads", "1",
+                    "--no-test",    "--lr",      "0.5",       NULL};
+    run   a, b;
+    run_start(&a, dir, "a", argv, NULL);
+    sleep_s(0.3);
+    argv[18] = "0.4";
+    run_start(&b, dir, "b", argv, NULL);
+    CHECK_EQ(run_wait(&a, 30), 1);
+    CHECK_EQ(run_wait(&b, 30), 1);
+    CHECK(strstr(a.err, "--lr") != NULL && strstr(b.err, "--lr") != NULL);
+    if (check_failed)
+        run_dump(&a, "a"), run_dump(&b, "b");
+    run_free(&a), run_free(&b);
+}
+
+// A worker that comes after the job finished is refused, saying so. The store's dtrun
+// runs a program that never joins (sleep), so the store outlives the trainer's node.
+static void test_late_joiner(void) {
+    char dir[PATH_MAX], endpoint[64];
+    scenario_dir(dir, sizeof dir, "late");
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", free_port());
+    char *host[] = {dtrun_path, "--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id", "late",
+                    "sleep",    "6",        NULL};
+    char *argv[] = {dtrun_path,     "--nnodes",  "1:2",       "--rdzv-endpoint",
+                    endpoint,       "--rdzv-id", "late",      "--rdzv-timeout",
+                    "20",           mnist_path,  "--limit",   "640",
+                    "--batch-size", GLOBAL,      "--threads", "1",
+                    "--no-test",    NULL};
+    run   h, a, c;
+    run_start(&h, dir, "host", host, NULL);
+    sleep_s(0.3);
+    run_start(&a, dir, "a", argv, NULL);
+    CHECK_EQ(run_wait(&a, 30), 0);
+    run_start(&c, dir, "c", argv, NULL);
+    CHECK_EQ(run_wait(&c, 30), 1);
+    CHECK(strstr(c.err, "the job has finished (its members ended at step 10): nothing to join") !=
+          NULL);
+    CHECK_EQ(run_wait(&h, 30), 0);
+    if (check_failed)
+        run_dump(&h, "host"), run_dump(&a, "a"), run_dump(&c, "c");
+    run_free(&h), run_free(&a), run_free(&c);
+}
+
+// A plain start of the same elastic job alone: the program's start-up (data, model)
+// to its first group, to tell the joiner's admission from its start-up.
+static double solo_start(void) {
+    char dir[PATH_MAX], endpoint[64], model[PATH_MAX + 16];
+    scenario_dir(dir, sizeof dir, "solo");
+    snprintf(model, sizeof model, "%s/solo.model", dir);
+    snprintf(endpoint, sizeof endpoint, "%d", free_port());
+    char *argv[32];
+    node_argv(argv, endpoint, model);
+    argv[11] = "640";
+    run r;
+    run_start(&r, dir, "solo", argv, NULL);
+    run   *rs[1] = {&r};
+    double t     = wait_count(rs, 1, "world 0 -> 1", 1, 30);
+    run_wait(&r, 60);
+    run_free(&r);
+    return t;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static void measure(void) {
+    enum { N = 5 };
+    double lost[N], join[N], solo[N];
+    int    n = 0;
+    for (int i = 0; i < N; i++) {
+        figures f;
+        if (!elastic_run(&f, false, LOST_KILL))
+            break;
+        lost[n] = f.lost_to_step, join[n] = f.join_admit, solo[n++] = solo_start();
+    }
+    if (!n)
+        return;
+    double silent[3];
+    int    ns = 0;
+    for (int i = 0; i < 3; i++) {
+        figures f;
+        if (!elastic_run(&f, false, LOST_SILENT))
+            break;
+        silent[ns++] = f.lost_to_step;
+    }
+    double term[3];
+    int    nt = 0;
+    for (int i = 0; i < 3; i++) {
+        figures f;
+        if (!elastic_run(&f, false, LOST_SIGTERM))
+            break;
+        term[nt++] = f.lost_to_step;
+    }
+    qsort(term, (size_t)nt, sizeof *term, cmp_double);
+    if (nt)
+        printf("SIGTERM to node B -> node A's next step        median %6.0f ms (min %.0f, max "
+               "%.0f, n=%d)\n",
+               term[nt / 2] * 1000, term[0] * 1000, term[nt - 1] * 1000, nt);
+    qsort(silent, (size_t)ns, sizeof *silent, cmp_double);
+    if (ns)
+        printf("SIGSTOP of node B -> node A's next step        median %6.0f ms (min %.0f, max "
+               "%.0f, n=%d)\n",
+               silent[ns / 2] * 1000, silent[0] * 1000, silent[ns - 1] * 1000, ns);
+    qsort(lost, (size_t)n, sizeof *lost, cmp_double);
+    qsort(join, (size_t)n, sizeof *join, cmp_double);
+    qsort(solo, (size_t)n, sizeof *solo, cmp_double);
+    printf("SIGKILL of node B -> node A's next step        median %6.0f ms (min %.0f, max %.0f, "
+           "n=%d)\n",
+           lost[n / 2] * 1000, lost[0] * 1000, lost[n - 1] * 1000, n);
+    printf("node C's dtrun started -> admitted (world 1->2) median %6.0f ms (min %.0f, max %.0f)\n",
+           join[n / 2] * 1000, join[0] * 1000, join[n - 1] * 1000);
+    printf("a dtrun started alone -> its first group       median %6.0f ms (min %.0f, max %.0f)\n",
+           solo[n / 2] * 1000, solo[0] * 1000, solo[n - 1] * 1000);
+}
+
+int main(int argc, char **argv) {
+    if (!CHECK(find_bins()) || !CHECK(access(mnist_path, X_OK) == 0)) {
+        fprintf(stderr, "dtrun or dtrain-mnist not found next to the tests (make programs)\n");
+        return check_summary();
+    }
+    if (argc > 1 && strcmp(argv[1], "measure") == 0) {
+        make_tmp_root("dtrun-elastic-measure");
+        measure();
+        remove_tree(tmp_root);
+        return 0;
+    }
+    make_tmp_root("dtrun-elastic-test");
+    RUN(test_below_min);
+    RUN(test_mismatched_member);
+    RUN(test_late_joiner);
+    RUN(test_shrink_and_grow);
+    RUN(test_silent_node);
+    RUN(test_sigterm_node);
+    RUN(test_standby);
+    if (!check_failed)
+        remove_tree(tmp_root);
+    return check_summary();
+}
