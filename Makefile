@@ -12,6 +12,7 @@
 #                        world invariance with --invariant 0 for comparison
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
+#   make dnnl-bench      oneDNN's convolutions against dtrain's (where libdnnl-dev is)
 #   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
 #   make test-gpu        the GPU tests (tests/gpu/; "no GPU" and success where none is found)
 #   make install PREFIX=/usr/local
@@ -255,7 +256,7 @@ PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 
 ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
 
-.PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench \
+.PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench dnnl-bench \
         golden install install-check clean format format-check help
 .DEFAULT_GOAL := all
 .SECONDARY:
@@ -406,6 +407,21 @@ bench: DT_EXTRA_PKGS += python3-torch python3-numpy
 bench: deps
 	$(Q)$(MAKE) --no-print-directory programs
 	$(Q)bench/run.sh
+
+# oneDNN's convolutions and inner products against dtrain's kernels (bench/dnnl_conv.c):
+# a benchmark only, built where oneDNN's headers are (apt-get install libdnnl-dev); the
+# library neither calls nor links oneDNN. Run with OMP_NUM_THREADS=1.
+DNNL_H := $(wildcard /usr/include/oneapi/dnnl/dnnl.h)
+ifeq ($(DNNL_H),)
+dnnl-bench:
+	@echo "dnnl-bench: no oneDNN headers (apt-get install libdnnl-dev): nothing built"
+else
+dnnl-bench: $(BIN)/dnnl-bench
+$(BIN)/dnnl-bench: bench/dnnl_conv.c $(LIB_A) $(OUT)/flags
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -fopenmp $(LDFLAGS) -o $@ $< $(LIB_A) -ldnnl $(LDLIBS)
+endif
 
 # ---------------------------------------------------------------- golden fixtures
 # PyTorch writes the fixtures tests/golden/test_golden.c reads; they are committed, so
