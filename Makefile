@@ -186,6 +186,16 @@ VEC_OBJ      = $(foreach t,$(VEC_TARGETS),$(VEC_SRC:%.c=$1/%.$t.o))
 ifneq ($(HAVE_MPI),1)
   LIB_SRC := $(filter-out $(MPI_SRC),$(LIB_SRC))
 endif
+# oneDNN (src/kernels/dnnl: its convolutions as provider rows of the kernel table, chosen
+# per shape by measurement): built where its header is found, unless DNNL=0.
+DNNL     ?= auto
+DNNL_SRC := $(filter src/kernels/dnnl/%.c,$(LIB_SRC))
+ifeq ($(DNNL)$(wildcard /usr/include/oneapi/dnnl/dnnl.h),auto/usr/include/oneapi/dnnl/dnnl.h)
+  DNNL_CFLAGS := -DDT_HAVE_DNNL=1
+  DNNL_LIBS   := -ldnnl -lgomp
+else
+  LIB_SRC := $(filter-out $(DNNL_SRC),$(LIB_SRC))
+endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/obj/%.o) $(call VEC_OBJ,$(OUT)/obj)
 LIB_A    := $(OUT)/lib/libdtrain.a
 LIB_SO   := $(OUT)/lib/libdtrain.so
@@ -275,7 +285,13 @@ $(OUT)/flags: FORCE
 $(OUT)/obj/%.o: %.c $(OUT)/flags
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(if $(filter $(MPI_SRC),$<),$(MPI_CFLAGS)) $(call KERNEL_FLAGS,$<) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(if $(filter $(MPI_SRC),$<),$(MPI_CFLAGS)) $(if $(filter src/kernels/table.c,$<),$(DNNL_CFLAGS)) $(call KERNEL_FLAGS,$<) -c $< -o $@
+
+# table.c lists oneDNN's fill step only where it is built ($(OUT)/flags-dnnl records that)
+$(OUT)/flags-dnnl: FORCE
+	@mkdir -p $(OUT)
+	@echo '$(DNNL_CFLAGS)' | cmp -s - $@ || echo '$(DNNL_CFLAGS)' > $@
+$(OUT)/obj/src/kernels/table.o: $(OUT)/flags-dnnl
 
 define VEC_RULE
 $(OUT)/obj/src/kernels/vec/%.$1.o: src/kernels/vec/%.c $(OUT)/flags
@@ -293,20 +309,20 @@ $(LIB_A): $(LIB_OBJ)
 $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS) $(DNNL_LIBS)
 
 define PROG_RULE
 $(BIN)/$(call PROG_NAME,$1): $(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $1/*.c)) $(LIB_A)
 	@mkdir -p $$(dir $$@)
 	@$$(if $$(Q),echo "  LD      $$@")
-	$$(Q)$$(CC) $$(LDFLAGS) -o $$@ $$^ $$(LDLIBS) $$(MPI_LIBS)
+	$$(Q)$$(CC) $$(LDFLAGS) -o $$@ $$^ $$(LDLIBS) $$(MPI_LIBS) $$(DNNL_LIBS)
 endef
 $(foreach d,$(PROG_DIRS),$(eval $(call PROG_RULE,$d)))
 
 $(OUT)/tests/%: $(OUT)/obj/tests/%.o $(TESTLIB_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS) $(DNNL_LIBS)
 
 # ---------------------------------------------------------------- running
 # DT_EXTRA_PKGS: packages a goal needs beyond the project's own (see bench).
@@ -409,10 +425,9 @@ bench: deps
 	$(Q)bench/run.sh
 
 # oneDNN's convolutions and inner products against dtrain's kernels (bench/dnnl_conv.c):
-# a benchmark only, built where oneDNN's headers are (apt-get install libdnnl-dev); the
-# library neither calls nor links oneDNN. Run with OMP_NUM_THREADS=1.
-DNNL_H := $(wildcard /usr/include/oneapi/dnnl/dnnl.h)
-ifeq ($(DNNL_H),)
+# a benchmark, built where oneDNN's headers are (apt-get install libdnnl-dev); the
+# bench links oneDNN itself. Run with OMP_NUM_THREADS=1 (DT_CONV_DNNL=0: dtrain's own).
+ifeq ($(wildcard /usr/include/oneapi/dnnl/dnnl.h),)
 dnnl-bench:
 	@echo "dnnl-bench: no oneDNN headers (apt-get install libdnnl-dev): nothing built"
 else
@@ -420,7 +435,7 @@ dnnl-bench: $(BIN)/dnnl-bench
 $(BIN)/dnnl-bench: bench/dnnl_conv.c $(LIB_A) $(OUT)/flags
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CCLD    $@")
-	$(Q)$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -fopenmp $(LDFLAGS) -o $@ $< $(LIB_A) -ldnnl $(LDLIBS)
+	$(Q)$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -fopenmp $(LDFLAGS) -o $@ $< $(LIB_A) -ldnnl $(LDLIBS) $(DNNL_LIBS)
 endif
 
 # ---------------------------------------------------------------- golden fixtures
@@ -459,7 +474,7 @@ endif
 	done; \
 	if [ $$loader = yes ]; then rpath=""; else rpath='-Wl,-rpath,$${libdir} '; fi; \
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DT_VERSION_STRING "\(.*\)"/\1/p' include/dtrain/core.h)|g' \
-	    -e "s|@RPATH@|$$rpath|g" -e 's|@MPI_LIBS@|$(MPI_LIBS)|g' dtrain.pc.in \
+	    -e "s|@RPATH@|$$rpath|g" -e 's|@MPI_LIBS@|$(MPI_LIBS) $(DNNL_LIBS)|g' dtrain.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc; \
 	if [ $$loader = no ]; then \
 	    echo "dtrain: $(PREFIX)/lib is not in the loader's path: dtrain.pc links with an rpath to it"; \
