@@ -426,7 +426,7 @@ bench: deps
 
 # oneDNN's convolutions and inner products against dtrain's kernels (bench/dnnl_conv.c):
 # a benchmark, built where oneDNN's headers are (apt-get install libdnnl-dev); the
-# bench links oneDNN itself. Run with OMP_NUM_THREADS=1 (DT_CONV_DNNL=0: dtrain's own).
+# bench links oneDNN itself and times dtrain's own kernels against it. OMP_NUM_THREADS=1.
 ifeq ($(wildcard /usr/include/oneapi/dnnl/dnnl.h),)
 dnnl-bench:
 	@echo "dnnl-bench: no oneDNN headers (apt-get install libdnnl-dev): nothing built"

@@ -3,8 +3,9 @@
 // thread each, on the shapes of the seed ConvNet and of the ResNet, per call batch: 1 (a
 // ResNet convolution's backward under gradient shards runs per sample), 16 (one gradient
 // shard of a 128 batch: the ConvNet's fused convolution takes a shard's samples in one
-// call) and 128 (the whole batch). It decides whether oneDNN earns a place as a provider
-// in the kernel table (issue 22: where it wins by 1.2x or more).
+// call) and 128 (the whole batch). It decided where oneDNN earns a place as a provider in
+// the kernel table (issue 22: where it wins by 1.2x or more; kernels/dnnl): dtrain's side
+// is its own kernels (DT_CONV_DNNL=0, set here).
 //
 //   make dnnl-bench                      (built only where oneDNN's headers are found)
 //   OMP_NUM_THREADS=1 build/bin/dnnl-bench [--reps N] [--filter SUBSTRING]
@@ -423,7 +424,10 @@ int main(int argc, char **argv) {
     }
     if (reps < 1 || reps > 64)
         reps = 5;
-    omp_set_num_threads(1); // one OpenMP thread, as a provider would run per dtrain thread
+    // dtrain's own kernels: where the library is built with oneDNN, its provider rows
+    // (kernels/dnnl) would otherwise take the 3x3 convolutions' entry points
+    setenv("DT_CONV_DNNL", "0", 1);
+    omp_set_num_threads(1); // one OpenMP thread, as the provider runs per dtrain thread
     CHECK(dnnl_engine_create(&eng, dnnl_cpu, 0));
     CHECK(dnnl_stream_create(&strm, eng, dnnl_stream_default_flags));
     const dnnl_version_t *v = dnnl_version();
