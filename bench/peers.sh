@@ -4,6 +4,8 @@
 # against the FASTEST peer configuration (issue 22: the goals hold against it).
 #
 #   bench/peers.sh convnet|gpt|resnet [--runs N] [--peers "debian newest compiled"]
+#   bench/peers.sh convnet|gpt|resnet --summary   (the table again, from the last run's
+#                                                 build/bench/peers/WORKLOAD.tsv)
 #
 # Peer configurations (all with their README's best 1-process settings: --threads 2
 # --blas-threads 1, the two MALLOC_ variables):
@@ -25,9 +27,10 @@ set -eu
 cd "$(dirname "$0")/.."
 work=${1:-}
 [ $# -gt 0 ] && shift
-runs=3 peers="debian newest compiled"
+runs=3 peers="debian newest compiled" summary=0
 while [ $# -gt 0 ]; do
     case $1 in
+    --summary) summary=1; shift ;;
     --runs) runs=$2; shift 2 ;;
     --peers) peers=$2; shift 2 ;;
     *) work= ; break ;;
@@ -56,7 +59,8 @@ resnet)
     dt="build/bin/dtrain-resnet --threads 2 --limit $LIMIT"
     script=$peer/resnet_fmnist.py pargs="$best --limit $LIMIT" ;;
 esac
-[ -x "${dt%% *}" ] || make -j2 NODEPS=1 programs >/dev/null
+out=build/bench/peers
+[ $summary = 1 ] || [ -x "${dt%% *}" ] || make -j2 NODEPS=1 programs >/dev/null
 
 # the command of a configuration, or nothing when it cannot run here
 cmd() {
@@ -69,13 +73,14 @@ cmd() {
     esac
 }
 configs=dtrain
+[ $summary = 1 ] && peers= runs=$(grep -c '^dtrain' $out/$work.tsv)
 for p in $peers; do
     if [ -n "$(cmd "$p" || true)" ]; then configs="$configs $p"; else echo "($p: cannot run here, skipped)"; fi
 done
-out=build/bench/peers
 mkdir -p $out
-rm -f $out/$work.*.log $out/$work.tsv
+[ $summary = 1 ] || rm -f $out/$work.*.log $out/$work.tsv
 echo "$work: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ') model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | tr -d ' '); configurations: $configs"
+[ $summary = 1 ] && configs=
 for r in $(seq "$runs"); do
     for c in $configs; do
         log=$out/$work.$c.$r.log
