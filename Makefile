@@ -85,7 +85,7 @@ else
 endif
 
 ifeq ($(NATIVE),1)
-  OPT += -march=native -DDT_NO_CLONES
+  OPT += -march=native
 endif
 
 CFLAGS  ?=
@@ -382,7 +382,7 @@ FUZZ_BIN     := $(FUZZ_SRC:fuzz/%.c=build/fuzz/%)
 # The fuzzers exercise parsers: they link the library without the MPI backend.
 FUZZ_LIB_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(MPI_SRC),$(LIB_SRC))) \
                 $(call VEC_OBJ,build/fuzz/obj)
-FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -pthread -DDT_NO_CLONES \
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -pthread \
                 -DDT_FUZZ=1 -fsanitize=fuzzer-no-link,address,undefined $(filter-out -Wcast-qual,$(WARN))
 FUZZ_SECONDS ?= 20
 

@@ -1,8 +1,10 @@
 #!/bin/sh
 # DataParallel threads (--data-parallel N, one process) against N processes with DDP
 # over shared memory (--num-processes N --backend shm), and one process whose model
-# splits each batch over its own threads (--threads N), on dtrain-mnist's seed ConvNet,
-# the same global batch (128) in every mode. Runs interleaved (threads, dp, procs,
+# splits each batch over its own threads (--threads N), on dtrain-dataparallel's MLP
+# (examples/dataparallel; the figures in RESULTS.md before issue 25 ran dtrain-mnist's
+# ConvNet, whose example now keeps to the plain loop), the same global batch (128) in
+# every mode. Runs interleaved (threads, dp, procs,
 # threads, ...); medians of the training loop (STATS train_loop_secs), of the whole run,
 # of the CPU time (user + system, children included: steadier on a loaded machine) and
 # of the peak RSS (the largest rank's; processes hold N of them).
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 cd "$(dirname "$0")/.."
-bin=build/bin/dtrain-mnist
+bin=build/bin/dtrain-dataparallel
 [ -x $bin ] || { echo "build first: make" >&2; exit 1; }
 out=bench/out/dp; mkdir -p $out
 common="--limit $limit --no-test --stats"

@@ -8,7 +8,9 @@
 //   build/bench/shm_bench [-n 2] [--min 4096] [--max 67108864]
 //
 // The DT_SHM_* knobs of docs/shm.md apply. Comparing it with `dtrain-bench allreduce
-// --backend shm` shows what the process group adds per call.
+// --backend shm` shows what the process group adds per call. The engine is driven as
+// the process group drives it: through the algorithm layer, over its segment.
+#include "comm/algo/algo.h"
 #include "comm/shm/shm.h"
 
 #include <stdio.h>
@@ -56,7 +58,8 @@ static dt_status run(ctx *c, dt_coll kind, float *buf, size_t count) {
     op.fp.count = count;
     op.fp.root  = -1;
     snprintf(op.name, sizeof op.name, "%s #%llu", dt_coll_name(kind), (unsigned long long)c->seq);
-    return dt_shm_run(c->s, &op);
+    return dt_algo_staged(c->s, &op,
+                          dt_algo_staged_flat_fits(c->s, &op) ? DT_STAGED_FLAT : DT_STAGED_CHUNKED);
 }
 
 int main(int argc, char **argv) {

@@ -9,7 +9,7 @@
 // Prints GB/s of bytes copied per process (median of 15 copies) and summed over the
 // processes. An all_reduce of B bytes in place must at least read B and write B per
 // rank: its bus bandwidth with 2 ranks cannot exceed the per-process copy rate.
-#include "comm/shm/shm.h"
+#include "comm/reduce.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,9 +33,9 @@ static double copy_rate(unsigned char *dst, const unsigned char *src, size_t nby
         ;
     for (int r = 0; r < REPS; r++) {
         uint64_t t0 = dt_now_ns();
-        dt_shm_copy(dst, src, nbytes, nt);
+        dt_copy_nt(dst, src, nbytes, nt);
         if (nt)
-            dt_shm_store_fence();
+            dt_store_fence();
         t[r] = (double)(dt_now_ns() - t0) * 1e-9;
     }
     qsort(t, REPS, sizeof t[0], cmp_double);

@@ -2,18 +2,25 @@
 // ranks with dt_spawn (one host), so one command is a whole run:
 //
 //   dtrain-bench allreduce --backend tcp -n 2
+//   dtrain-bench allgather --backend shm -n 4 --min 4K --max 16M --factor 64
+//   dtrain-bench allreduce --backend hybrid -n 4 --hosts 2   (2 hosts faked by DT_HOST_ID)
 //   dtrain-bench allreduce --backend mpi -n 2     (re-executes itself under mpirun)
 //
-// prints one comment line, one header line naming the columns and one row per size,
+// Collectives: allreduce (in place), broadcast, reduce, allgather, reducescatter, gather,
+// scatter, alltoall (out of place), all float32 with sum where they reduce, root 0.
+// Prints one comment line, one header line naming the columns and one row per size,
 // size in bytes first:
 //
 //   size  count  type  redop  time_us  algbw  busbw  cpu_us
 //
-// time_us: median over the timed iterations of the slowest rank's time for one call
-// (back-to-back blocking calls, each timed on every rank); algbw = size / time and
-// busbw = algbw * 2(n-1)/n, both in GB/s (1e9 bytes per second); cpu_us: the CPU time
-// (user + system, every thread) of all ranks' processes together per call, over the
-// timed iterations (a link-bound run uses little of it; a CPU-bound one, all it gets).
+// size: the larger of a rank's input and output (as nccl-tests count it); count: its
+// elements. time_us: median over the timed iterations of the slowest rank's time for
+// one call (back-to-back blocking calls, each timed on every rank); algbw = size /
+// time and busbw = algbw times the collective's factor (nccl-tests': 2(n-1)/n for
+// allreduce, (n-1)/n for the gathers, scatters and alltoall, 1 for broadcast and
+// reduce), both in GB/s (1e9 bytes per second); cpu_us: the CPU time (user + system,
+// every thread) of all ranks' processes together per call, over the timed iterations
+// (a link-bound run uses little of it; a CPU-bound one, all it gets).
 #include "dtrain/comm.h"
 
 #include <errno.h>
@@ -25,8 +32,26 @@
 #include <time.h>
 #include <unistd.h>
 
+typedef enum coll {
+    C_ALLREDUCE,
+    C_BROADCAST,
+    C_REDUCE,
+    C_ALLGATHER,
+    C_REDUCESCATTER,
+    C_GATHER,
+    C_SCATTER,
+    C_ALLTOALL,
+    C_COUNT,
+} coll;
+
+static const char *const coll_names[C_COUNT] = {"allreduce", "broadcast",     "reduce",
+                                                "allgather", "reducescatter", "gather",
+                                                "scatter",   "alltoall"};
+
 typedef struct args {
+    coll        coll;
     const char *backend;
+    int         hosts; // > 1: fake this many hosts (DT_HOST_ID), for hybrid
     int         nprocs;
     size_t      min_bytes, max_bytes;
     int         iters; // 0 = by size
@@ -74,8 +99,46 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+// One call of the collective on `bytes` (the larger of input and output) of buffers.
+static dt_status run_coll(dt_pg *pg, coll c, float *src, float *dst, size_t bytes) {
+    size_t n = (size_t)dt_pg_size(pg), count = bytes / 4, part = count / n;
+    switch (c) {
+    case C_ALLREDUCE:
+        return dt_pg_all_reduce(pg, dst, dst, count, DT_FLOAT32, DT_REDUCE_SUM);
+    case C_BROADCAST:
+        return dt_pg_broadcast(pg, dst, count, DT_FLOAT32, 0);
+    case C_REDUCE:
+        return dt_pg_reduce(pg, src, dst, count, DT_FLOAT32, DT_REDUCE_SUM, 0);
+    case C_ALLGATHER:
+        return dt_pg_all_gather(pg, src, dst, part, DT_FLOAT32);
+    case C_REDUCESCATTER:
+        return dt_pg_reduce_scatter(pg, src, dst, part, DT_FLOAT32, DT_REDUCE_SUM);
+    case C_GATHER:
+        return dt_pg_gather(pg, src, dst, part, DT_FLOAT32, 0);
+    case C_SCATTER:
+        return dt_pg_scatter(pg, src, dst, part, DT_FLOAT32, 0);
+    default:
+        return dt_pg_all_to_all(pg, src, dst, part, DT_FLOAT32);
+    }
+}
+
+static double bus_factor(coll c, int n) {
+    if (c == C_ALLREDUCE)
+        return 2.0 * (n - 1) / n;
+    if (c == C_BROADCAST || c == C_REDUCE)
+        return 1.0;
+    return (double)(n - 1) / n;
+}
+
 static int rank_main(int local_rank, void *arg) {
     const args *a = arg;
+    if (a->hosts > 1) {
+        char host[32];
+        snprintf(host, sizeof host, "bench-host-%d", local_rank / (a->nprocs / a->hosts));
+        setenv("DT_HOST_ID", host, 1);
+        unsetenv("LOCAL_RANK"); // from the host ids, as on real hosts
+        unsetenv("LOCAL_WORLD_SIZE");
+    }
     if (a->bind) {
         long      ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         cpu_set_t set;
@@ -94,19 +157,21 @@ static int rank_main(int local_rank, void *arg) {
     }
     int     rank = dt_pg_rank(pg), n = dt_pg_size(pg);
     size_t  maxc = a->max_bytes / 4;
-    float  *buf  = dt_alloc(maxc * sizeof(float));
-    int     cap  = 1000;
-    double *t    = dt_alloc((size_t)cap * sizeof(double));
-    if (!buf || !t) {
+    float  *buf = dt_alloc(maxc * sizeof(float)), *src = dt_alloc(maxc * sizeof(float));
+    int     cap = 1000;
+    double *t   = dt_alloc((size_t)cap * sizeof(double));
+    if (!buf || !src || !t) {
         fprintf(stderr, "dtrain-bench: out of memory\n");
         return 1;
     }
     for (size_t i = 0; i < maxc; i++)
-        buf[i] = (float)(rank + 1);
+        buf[i] = src[i] = (float)(rank + 1);
     if (rank == 0) {
-        printf("# dtrain-bench allreduce: backend %s, %d ranks%s, float32 sum, in place; time_us "
-               "= median over iterations of the slowest rank; algbw and busbw in GB/s\n",
-               dt_pg_backend(pg), n, a->bind ? " bound to CPUs" : "");
+        printf("# dtrain-bench %s: backend %s, %d ranks%s%s, float32%s; time_us = median over "
+               "iterations of the slowest rank; algbw and busbw in GB/s\n",
+               coll_names[a->coll], dt_pg_backend(pg), n, a->bind ? " bound to CPUs" : "",
+               a->hosts > 1 ? " on fake hosts" : "",
+               a->coll == C_ALLREDUCE ? " sum, in place" : "");
         printf("%12s %12s %8s %6s %12s %8s %8s %10s\n", "size", "count", "type", "redop", "time_us",
                "algbw", "busbw", "cpu_us");
         fflush(stdout);
@@ -118,9 +183,9 @@ static int rank_main(int local_rank, void *arg) {
         if (iters > cap)
             iters = cap;
         for (int w = 0; w < a->warmup; w++)
-            if (dt_pg_all_reduce(pg, buf, buf, count, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
+            if (run_coll(pg, a->coll, src, buf, bytes) != DT_OK)
                 goto fail;
-        if (a->check) {
+        if (a->check && a->coll == C_ALLREDUCE) {
             // Fresh values: every element must be 1 + 2 + ... + n, exactly.
             for (size_t i = 0; i < count; i++)
                 buf[i] = (float)(rank + 1);
@@ -141,7 +206,7 @@ static int rank_main(int local_rank, void *arg) {
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
         for (int i = 0; i < iters; i++) {
             uint64_t t0 = dt_now_ns();
-            if (dt_pg_all_reduce(pg, buf, buf, count, DT_FLOAT32, DT_REDUCE_SUM) != DT_OK)
+            if (run_coll(pg, a->coll, src, buf, bytes) != DT_OK)
                 goto fail;
             t[i] = (double)(dt_now_ns() - t0) * 1e-9;
         }
@@ -157,13 +222,17 @@ static int rank_main(int local_rank, void *arg) {
             qsort(t, (size_t)iters, sizeof *t, cmp_double);
             double med   = t[iters / 2];
             double algbw = (double)bytes / med / 1e9;
-            double busbw = algbw * 2.0 * (n - 1) / n;
+            double busbw = algbw * bus_factor(a->coll, n);
             printf("%12zu %12zu %8s %6s %12.1f %8.3f %8.3f %10.1f\n", bytes, count, "float32",
-                   "sum", med * 1e6, algbw, busbw, (double)cpu_ns * 1e-3 / iters);
+                   a->coll == C_ALLREDUCE || a->coll == C_REDUCE || a->coll == C_REDUCESCATTER
+                       ? "sum"
+                       : "none",
+                   med * 1e6, algbw, busbw, (double)cpu_ns * 1e-3 / iters);
             fflush(stdout);
         }
     }
     dt_free(buf);
+    dt_free(src);
     dt_free(t);
     dt_pg_free(pg);
     return rc;
@@ -205,9 +274,11 @@ static int run_under_mpirun(int argc, char **argv, int nprocs) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dtrain-bench allreduce [--backend auto|tcp|shm|mpi] [-n NPROCS] [--min SIZE]\n"
-            "                              [--max SIZE] [--factor F] [--iters N] [--warmup N]\n"
-            "                              [--check] [--bind]\n"
+            "usage: dtrain-bench COLLECTIVE [--backend auto|tcp|shm|hybrid|mpi] [-n NPROCS]\n"
+            "                    [--hosts H] [--min SIZE] [--max SIZE] [--factor F]\n"
+            "                    [--iters N] [--warmup N] [--check] [--bind]\n"
+            "  COLLECTIVE: allreduce, broadcast, reduce, allgather, reducescatter, gather,\n"
+            "  scatter, alltoall; --hosts H: the ranks pretend to run on H hosts (DT_HOST_ID)\n"
             "  sizes in bytes with K/M/G suffixes; defaults: --backend auto -n 2 --min 4K\n"
             "  --max 64M --factor 2 (each size F times the last) --warmup 5; iterations by\n"
             "  size unless --iters; --bind pins rank i to CPU i (as mpirun does by default)\n"
@@ -216,28 +287,29 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "allreduce") != 0) {
+    int which = -1;
+    for (int c = 0; argc >= 2 && c < C_COUNT; c++)
+        if (strcmp(argv[1], coll_names[c]) == 0)
+            which = c;
+    if (which < 0) {
         usage(stderr);
         return 2;
     }
-    args                       a      = {.backend   = "auto",
+    args                       a      = {.coll      = (coll)which,
+                                         .backend   = "auto",
                                          .nprocs    = 2,
                                          .min_bytes = 4u << 10,
                                          .max_bytes = 64u << 20,
                                          .warmup    = 5,
                                          .factor    = 2};
-    static const struct option opts[] = {{"backend", required_argument, NULL, 'b'},
-                                         {"nprocs", required_argument, NULL, 'n'},
-                                         {"min", required_argument, NULL, 'm'},
-                                         {"max", required_argument, NULL, 'M'},
-                                         {"iters", required_argument, NULL, 'i'},
-                                         {"warmup", required_argument, NULL, 'w'},
-                                         {"check", no_argument, NULL, 'c'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {"bind", no_argument, NULL, 'B'},
-                                         {"factor", required_argument, NULL, 'f'},
-                                         {NULL, 0, NULL, 0}};
-    int                        c;
+    static const struct option opts[] = {
+        {"backend", required_argument, NULL, 'b'}, {"nprocs", required_argument, NULL, 'n'},
+        {"min", required_argument, NULL, 'm'},     {"max", required_argument, NULL, 'M'},
+        {"iters", required_argument, NULL, 'i'},   {"warmup", required_argument, NULL, 'w'},
+        {"check", no_argument, NULL, 'c'},         {"help", no_argument, NULL, 'h'},
+        {"bind", no_argument, NULL, 'B'},          {"factor", required_argument, NULL, 'f'},
+        {"hosts", required_argument, NULL, 'H'},   {NULL, 0, NULL, 0}};
+    int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "b:n:m:M:i:w:ch", opts, NULL)) != -1) {
         long v;
@@ -282,6 +354,13 @@ int main(int argc, char **argv) {
         case 'c':
             a.check = true;
             break;
+        case 'H':
+            if (dt_parse_long(optarg, 1, 64, "--hosts", &v) != DT_OK) {
+                fprintf(stderr, "dtrain-bench: %s\n", dt_last_error());
+                return 2;
+            }
+            a.hosts = (int)v;
+            break;
         case 'B':
             a.bind = true;
             break;
@@ -292,6 +371,11 @@ int main(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
+    }
+    if (a.hosts > 1 && a.nprocs % a.hosts != 0) {
+        fprintf(stderr, "dtrain-bench: --hosts %d expects -n to be a multiple of it, found %d\n",
+                a.hosts, a.nprocs);
+        return 2;
     }
     if (a.min_bytes > a.max_bytes) {
         fprintf(stderr, "dtrain-bench: --min %zu is above --max %zu\n", a.min_bytes, a.max_bytes);

@@ -1,24 +1,31 @@
 // dtrain-custom: bring your own gradients. A 2-layer MLP on (Fashion-)MNIST whose
 // forward and backward are plain C loops (llm.c style), trained data-parallel by
 // describing its buffers to dtrain (params.h): DDP, AdamW with a no-decay group,
-// gradient clipping, a warmup + cosine schedule and a checkpoint, with no dt_model.
+// gradient clipping, a warmup + cosine schedule and a checkpoint, with no dt_model and
+// no trainer: the layers below it (comm.h, ddp.h, data.h, optim.h, ckpt.h), and the
+// public flag table (train.h's dt_flags_parse) for the command line.
 //
 //   dtrain-custom [--num-processes P] [--epochs E] [--batch-size B] [--lr X]
 //                 [--limit N] [--data-dir D] [--save PATH]
 //
 // With --num-processes P it forks P workers (like dtrain-mnist); under dtrun or any
 // launcher that sets RANK/WORLD_SIZE it is one worker; otherwise it runs alone.
-#include "../mnist/fmnist.h" // the seed's data: folder, normalisation
-
 #include "dtrain/ckpt.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
 #include "dtrain/optim.h"
+#include "dtrain/train.h" // the flag table
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+// Fashion-MNIST where Debian's dataset-fashion-mnist installs it, and the seed script's
+// per-pixel normalisation, x = (p / 255 - 0.1302) / 0.3069.
+#define DATA_DIR  "/usr/share/datasets/fashion-mnist"
+#define DATA_MEAN 0.1302f
+#define DATA_STD  0.3069f
 
 enum { IN = 784, HID = 128, OUT = 10 };
 
@@ -192,52 +199,80 @@ static int from_env(int local_rank, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    opts        a     = {.nproc = 0, .epochs = 1, .batch = 64, .lr = 1e-3, .limit = 10000};
-    const char *flags = " --num-processes --epochs --batch-size --limit --lr --data-dir --save ";
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        dt_status   s = DT_OK;
-        char        pad[64];
-        snprintf(pad, sizeof pad, " %.60s ", f);
-        if (!strcmp(f, "--help")) {
-            puts("usage: dtrain-custom [--num-processes P] [--epochs E] [--batch-size B] "
-                 "[--lr X] [--limit N] [--data-dir D] [--save PATH]\n"
-                 "       dtrain-custom --help-env   (every DT_* environment variable)");
-            return 0;
-        } else if (!strcmp(f, "--help-env")) {
-            dt_settings_print(stdout);
-            return 0;
-        } else if (strncmp(f, "--", 2) != 0 || !strstr(flags, pad)) {
-            s = dt_fail(DT_ERR_ARG, "unknown option \"%s\" (see --help)", f);
-        } else if (!v) {
-            s = dt_fail(DT_ERR_ARG, "%s: expected a value, found none", f);
-        } else if (!strcmp(f, "--num-processes")) {
-            s = dt_parse_long(v, 1, 256, f, &a.nproc);
-        } else if (!strcmp(f, "--epochs")) {
-            s = dt_parse_long(v, 1, 1000, f, &a.epochs);
-        } else if (!strcmp(f, "--batch-size")) {
-            s = dt_parse_long(v, 1, 65536, f, &a.batch);
-        } else if (!strcmp(f, "--limit")) {
-            s = dt_parse_long(v, 1, 1L << 32, f, &a.limit);
-        } else if (!strcmp(f, "--lr")) {
-            s = dt_parse_double(v, 0, 10, f, &a.lr);
-        } else if (!strcmp(f, "--data-dir")) {
-            a.data_dir = v;
-        } else if (!strcmp(f, "--save")) {
-            a.save = v;
-        } else {
-            s = dt_fail(DT_ERR_ARG, "unknown option \"%s\" (see --help)", f);
-        }
-        if (s) {
-            fprintf(stderr, "dtrain-custom: %s\n", dt_last_error());
-            return 2;
-        }
-        i++;
+    opts          a    = {0};
+    bool          help = false, help_env = false;
+    const dt_flag flags[] = {
+        {.name    = "num-processes",
+         .type    = DT_FLAG_LONG,
+         .target  = &a.nproc,
+         .lo      = 1,
+         .hi      = 256,
+         .metavar = "P",
+         .help    = "fork P workers here"},
+        {.name    = "epochs",
+         .type    = DT_FLAG_LONG,
+         .target  = &a.epochs,
+         .def     = "1",
+         .lo      = 1,
+         .hi      = 1000,
+         .metavar = "E",
+         .help    = "passes over the data (default 1)"},
+        {.name    = "batch-size",
+         .type    = DT_FLAG_LONG,
+         .target  = &a.batch,
+         .def     = "64",
+         .lo      = 1,
+         .hi      = 65536,
+         .metavar = "B",
+         .help    = "samples per step and rank (default 64)"},
+        {.name    = "limit",
+         .type    = DT_FLAG_LONG,
+         .target  = &a.limit,
+         .def     = "10000",
+         .lo      = 1,
+         .hi      = 1L << 32,
+         .metavar = "N",
+         .help    = "train on the first N samples (default 10000)"},
+        {.name    = "lr",
+         .type    = DT_FLAG_DOUBLE,
+         .target  = &a.lr,
+         .def     = "1e-3",
+         .lo      = 0,
+         .hi      = 10,
+         .metavar = "X",
+         .help    = "AdamW's peak learning rate (default 1e-3)"},
+        {.name    = "data-dir",
+         .type    = DT_FLAG_STRING,
+         .target  = &a.data_dir,
+         .metavar = "D",
+         .help    = "MNIST-format files (default $DT_DATA_DIR, else " DATA_DIR ")"},
+        {.name    = "save",
+         .type    = DT_FLAG_STRING,
+         .target  = &a.save,
+         .metavar = "PATH",
+         .help    = "save the trained parameters there"},
+        {.name    = "help-env",
+         .type    = DT_FLAG_BOOL,
+         .target  = &help_env,
+         .metavar = "",
+         .help    = "every DT_* environment variable"},
+        {0}};
+    const dt_flag *const tables[] = {flags, NULL};
+    if (dt_flags_parse(tables, argc, argv, &help) != DT_OK) {
+        fprintf(stderr, "dtrain-custom: %s (see --help)\n", dt_last_error());
+        return 2;
     }
-    dt_dataset_opts dopts = fmnist_opts(); // the seed's normalisation
-    dopts.limit           = (size_t)a.limit;
+    if (help || help_env) {
+        if (help)
+            printf("usage: dtrain-custom [flags]\n");
+        help ? dt_flags_print_help(tables, stdout) : dt_settings_print(stdout);
+        return 0;
+    }
+    dt_dataset_opts dopts = dt_dataset_opts_default();
+    dopts.mean = DATA_MEAN, dopts.std = DATA_STD, dopts.limit = (size_t)a.limit;
+    const char   *dir = a.data_dir ? a.data_dir : dt_setting_str("DT_DATA_DIR") ? NULL : DATA_DIR;
     dt_launch_env le;
-    if (dt_dataset_load_mnist(&a.train, fmnist_dir(a.data_dir), true, &dopts)) {
+    if (dt_dataset_load_mnist(&a.train, dir, true, &dopts)) {
         fprintf(stderr, "dtrain-custom: %s\n", dt_last_error());
         return 1;
     }

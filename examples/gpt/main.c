@@ -618,7 +618,7 @@ int main(int argc, char **argv) {
         bad = "--sample runs in one process: drop --num-processes";
     if (bad) {
         fprintf(stderr, "dtrain-gpt: %s\n", bad);
-        dt_trainer_free(t);
+        dt_trainer_exit(t, DT_OK);
         return 2;
     }
     int rc = 1;
@@ -643,12 +643,18 @@ int main(int argc, char **argv) {
                dt_trainer_add_content(t, "the corpus's content (--data, --limit)", j.all.hash)) {
         fprintf(stderr, "dtrain-gpt: %s\n", dt_last_error());
     } else {
-        rc = dt_trainer_run(t, train, &j);
-        if (ta->num_processes > 0 || dt_trainer_world(t) == 1) // the launching process
+        // The launching process prints PARENT: the parent of forked workers (after them),
+        // or the only process.
+        bool worker = dt_trainer_start(t);
+        bool parent = !worker || (ta->num_processes == 0 && dt_trainer_world(t) == 1);
+        rc          = dt_trainer_exit(t, worker ? train(t, &j) : DT_OK);
+        t           = NULL;
+        if (parent)
             printf("PARENT {\"peak_rss_mib\": %.1f, \"wall_secs\": %.3f}\n", peak_rss_mib(),
                    dt_now() - start);
     }
     dt_tokens_free(&j.all);
-    dt_trainer_free(t);
+    if (t) // it never started (--sample, or the corpus refused)
+        dt_trainer_exit(t, DT_OK);
     return rc;
 }

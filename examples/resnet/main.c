@@ -319,7 +319,7 @@ int main(int argc, char **argv) {
                 "dtrain-resnet: --undistributed: expected no --num-processes, found "
                 "--num-processes %ld\n",
                 ta->num_processes);
-        dt_trainer_free(t);
+        dt_trainer_exit(t, DT_OK);
         return 2;
     }
     if (world > 1 && a->batch_size % world) {
@@ -327,27 +327,27 @@ int main(int argc, char **argv) {
                 "dtrain-resnet: --batch-size %ld: expected a multiple of the %ld processes (it is "
                 "the global batch, split evenly), found a remainder of %ld\n",
                 a->batch_size, world, a->batch_size % world);
-        dt_trainer_free(t);
+        dt_trainer_exit(t, DT_OK);
         return 2;
     }
     dt_dataset_opts dopts = fmnist_opts(), topts = fmnist_opts(); // the seed's normalisation
     dopts.limit     = (size_t)a->limit;
-    int         rc  = 1;
     const char *dir = fmnist_dir(a->data_dir);
-    if (dt_dataset_load_mnist(&j.train, dir, true, &dopts) ||
-        (!ta->no_test && dt_dataset_load_mnist(&j.test, dir, false, &topts)) ||
-        dt_dataset_check_shape(&j.train, "training set", 1, 28, 28) ||
-        (!ta->no_test && dt_dataset_check_shape(&j.test, "test set", 1, 28, 28)) ||
-        dt_trainer_add_setting(t, "the training set's size (--data-dir, --limit)",
-                               (int64_t)j.train.n) ||
-        dt_trainer_add_content(t, "the training set's content (--data-dir, --limit)",
-                               j.train.content_hash) ||
-        dt_trainer_add_content(t, "the test set's content (--data-dir)", j.test.content_hash))
-        fprintf(stderr, "dtrain-resnet: %s\n", dt_last_error());
-    else
-        rc = dt_trainer_run(t, train, &j);
+    if ((st = dt_dataset_load_mnist(&j.train, dir, true, &dopts)) ||
+        (!ta->no_test && (st = dt_dataset_load_mnist(&j.test, dir, false, &topts))) ||
+        (st = dt_dataset_check_shape(&j.train, "training set", 1, 28, 28)) ||
+        (!ta->no_test && (st = dt_dataset_check_shape(&j.test, "test set", 1, 28, 28))) ||
+        (st = dt_trainer_add_setting(t, "the training set's size (--data-dir, --limit)",
+                                     (int64_t)j.train.n)) ||
+        (st = dt_trainer_add_content(t, "the training set's content (--data-dir, --limit)",
+                                     j.train.content_hash)) ||
+        (st =
+             dt_trainer_add_content(t, "the test set's content (--data-dir)", j.test.content_hash)))
+        ;                         // dt_trainer_exit prints it
+    else if (dt_trainer_start(t)) // a worker: train (the parent of forked workers waits)
+        st = train(t, &j);
+    int rc = dt_trainer_exit(t, st);
     dt_dataset_free(&j.train);
     dt_dataset_free(&j.test);
-    dt_trainer_free(t);
     return rc;
 }

@@ -51,6 +51,15 @@ typedef enum dt_reduce_op {
 // "sum", "avg", "max", "min", "prod"; "invalid" otherwise. Never NULL.
 DT_API const char *dt_reduce_op_name(dt_reduce_op op);
 
+// The order in which an all_reduce combines the ranks' values (it matters for floats
+// only). ANY: whatever the algorithm chosen for the size, world and backend does; fixed
+// by those, so results are still reproducible. TREE: a fixed tree over ranks, the order
+// in which a dt_model sums its gradient shards (dt_model_set_grad_shards), so that N
+// ranks give bitwise the sum of one process: value k takes value k + h for h = the
+// largest power of two below the world size, then h/2, ..., 1; the result is value 0's
+// (4 ranks: (x0 + x2) + (x1 + x3); 3 ranks: (x0 + x2) + x1). Two ranks: both are x0 + x1.
+typedef enum dt_reduce_order { DT_ORDER_ANY, DT_ORDER_TREE, DT_ORDER_COUNT_ } dt_reduce_order;
+
 typedef struct dt_store dt_store; // a key-value store shared by the ranks of a job
 typedef struct dt_pg    dt_pg;    // a process group: ranks joined through a store
 typedef struct dt_work  dt_work;  // one asynchronous operation in flight
@@ -239,6 +248,10 @@ DT_API dt_status dt_pg_split(dt_pg **out, dt_pg *parent, int color, int key,
 // dst[i] = src_0[i] op src_1[i] op ... for every rank; count elements each.
 DT_API dt_status dt_pg_all_reduce(dt_pg *pg, const void *src, void *dst, size_t count,
                                   dt_dtype dtype, dt_reduce_op op);
+// The same, combining the ranks' values in `order` (dt_reduce_order above); every rank
+// must pass the same order (DT_ERR_MISMATCH otherwise).
+DT_API dt_status dt_pg_all_reduce_ordered(dt_pg *pg, const void *src, void *dst, size_t count,
+                                          dt_dtype dtype, dt_reduce_op op, dt_reduce_order order);
 // Copies root's buf into every other rank's buf.
 DT_API dt_status dt_pg_broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root);
 // Like all_reduce, but only root's dst receives the result (dst is unused elsewhere and
@@ -297,6 +310,9 @@ DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, 
 
 DT_API dt_status dt_pg_all_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
                                         dt_dtype dtype, dt_reduce_op op, dt_work **out);
+DT_API dt_status dt_pg_all_reduce_ordered_async(dt_pg *pg, const void *src, void *dst, size_t count,
+                                                dt_dtype dtype, dt_reduce_op op,
+                                                dt_reduce_order order, dt_work **out);
 DT_API dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root,
                                        dt_work **out);
 DT_API dt_status dt_pg_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
@@ -366,6 +382,13 @@ typedef struct dt_spawn_result {
 // nprocs < 1, above the bound, or fn NULL; DT_ERR_IO if fork fails (children already
 // started are stopped).
 DT_API dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out);
+// dt_spawn as fork(2) is for one process: the same children, but each returns from this
+// call (DT_OK, *local_rank = its local rank, its rank variables set) and goes on with
+// the caller's code, which must end it with exit() (or by returning from main); the
+// parent returns once every child has ended, with *local_rank = -1 and dt_spawn's
+// status and result. What lets a program's main run its training loop itself in every
+// worker (train.h, dt_trainer_start) instead of handing it over as a function.
+DT_API dt_status dt_spawn_fork(int nprocs, int *local_rank /* out */, dt_spawn_result *out);
 
 #ifdef __cplusplus
 }

@@ -24,9 +24,13 @@
 // bucket's all-reduce starts on the group's progress thread as soon as its last
 // gradient is final, in bucket order on every rank, while backward goes on.
 //
-// Every call here that talks to other ranks is collective: all ranks must make it, in
-// the same order. Errors name what went wrong on which rank; a rank that fails in
-// dt_ddp_sync aborts the group so the others fail at once instead of waiting.
+// The buckets, their ready tracking, the launch and the error handling are the one
+// gradient reducer that ZeRO stages 1 and 2 use too (src/ddp/reducer.h). Every call here
+// that talks to other ranks is collective: all ranks must make it, in the same order.
+// Errors name what went wrong on which rank: a refused report (a range that cuts a
+// tensor, a tensor reported twice) is returned by the dt_params_grad_ready that made it,
+// so by the backward; a rank that fails in dt_ddp_sync aborts the group so the others
+// fail at once instead of waiting.
 #ifndef DTRAIN_DDP_H
 #define DTRAIN_DDP_H
 
@@ -114,10 +118,8 @@ typedef struct dt_ddp_opts {
                                        // (rank r with r + N/2 first, then r + N/4, ...): with
                                        // the model's gradient shards (dt_model_set_grad_shards)
                                        // N ranks then give bitwise the one-process gradients.
-                                       // Buckets then travel by all_gather (each rank receives
-                                       // N - 1 copies instead of an all-reduce's 2(N-1)/N) and
-                                       // are summed in dt_ddp_sync. 2 ranks need nothing more
-                                       // than the all-reduce (a + b), which they keep.
+                                       // Buckets then all-reduce in comm's tree order
+                                       // (dt_pg_all_reduce_ordered, DT_ORDER_TREE).
     dt_ddp_compress compress;          // 16-bit gradient all-reduce (default NONE); not with
                                        // tree_reduce
     const dt_ddp_comm_hook *comm_hook; // a hook of the caller's (borrowed; overrides

@@ -73,8 +73,10 @@ typedef struct dt_param_info {
 // Called when floats [offset, offset + count) of the gradient buffer are final for this
 // backward (they will not be written again until the next one), on the producer's
 // thread. Ranges cover whole tensors; in a backward they usually arrive last tensor
-// first. DDP's reducer is such a consumer.
-typedef void (*dt_grad_ready_fn)(void *user, size_t offset, size_t count);
+// first. DDP's reducer is such a consumer. A failure (a range that cuts a tensor, a
+// tensor reported twice, a reduction that could not start) is returned: the producer's
+// dt_params_grad_ready returns it, and so the backward that reported the range.
+typedef dt_status (*dt_grad_ready_fn)(void *user, size_t offset, size_t count);
 
 typedef struct dt_params_opts {
     int max_hooks; // gradient-ready consumers that may be registered at once (0 = 4)
@@ -191,8 +193,9 @@ DT_API bool dt_param_no_decay(const dt_param_info *t, void *user);
 // ------------------------------------------------------------- gradient-ready hook
 
 // Producers: floats [offset, offset + count) of the gradients are final for this
-// backward. Calls every registered consumer in registration order. A range must lie
-// within the buffer (DT_ERR_ARG otherwise); consumers may require whole tensors.
+// backward. Calls every registered consumer in registration order and returns the first
+// failure among them (every consumer is called even so). A range must lie within the
+// buffer (DT_ERR_ARG otherwise); consumers may require whole tensors.
 DT_API dt_status dt_params_grad_ready(dt_params *p, size_t offset, size_t count);
 // Consumers: registers fn(user, offset, count). DT_ERR_STATE when max_hooks are set.
 DT_API dt_status dt_params_add_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user);

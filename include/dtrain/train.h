@@ -1,48 +1,47 @@
 // train.h: the one object a training loop creates (dt_trainer, Accelerate's Accelerator
-// in C). It parses the common flags from one table (plus the program's own), reads the
-// launcher's environment (dtrun, torchrun-style RANK/WORLD_SIZE, mpirun, srun, or forks
-// --num-processes workers itself), joins the group, wraps the parameters in DDP, shards
-// the data, accumulates and clips gradients, steps the optimizer and its schedule,
-// saves and resumes the whole state (parameters, buffers, optimizer, schedule step,
-// RNG, loader position) with the atomic checkpoints, stops at an agreed step on
-// SIGTERM, prints on rank 0 (summaries on each machine's local rank 0), and checks
-// and reports at the end (replica checksum, STATS).
+// in C). It parses the common flags from one table (plus the program's own), starts the
+// job (dtrun, torchrun-style RANK/WORLD_SIZE, mpirun, srun, or --num-processes workers
+// it forks itself), joins the group, shards the data, hands the parameters to the
+// parallel strategy the flags ask for (DDP, ZeRO, DataParallel threads, a dp x pp x tp
+// mesh: src/parallel), accumulates and clips gradients, steps the optimizer and its
+// schedule, saves and resumes the whole state (parameters, buffers, optimizer, schedule
+// step, RNG, loader position) with the atomic checkpoints, stops at an agreed step on
+// SIGTERM, prints on rank 0 (summaries on each machine's local rank 0), and checks and
+// reports at the end (replica checksum, STATS).
 //
-//     static dt_status train(dt_trainer *t, void *user) {      // every worker runs this
-//         ... build the model, the optimizer (and a schedule) ...
-//         dt_loader *ld;
-//         DT_TRY(dt_trainer_loader(t, &ds, batch, DT_SPLIT_TRAIN, &ld));  // sharded
-//         DT_TRY(dt_trainer_prepare_model(t, model, opt, NULL));  // --load, --resume, DDP
-//         dt_batch b;
-//         while (dt_trainer_next(t, &b)) {                       // epochs, steps, stops
-//             forward, loss, backward (gradients are zeroed by the trainer);
-//             DT_TRY(dt_trainer_step(t, loss));                   // sync, clip, step, ckpt
-//         }
-//         return dt_trainer_finish(t);                           // last ckpt, checks
-//     }
+// The happy path, in the order of this header (seven calls; examples/mnist/main.c):
+//
 //     int main(int argc, char **argv) {
 //         dt_trainer *t;
-//         dt_status   st = dt_trainer_new(&t, argc, argv, &opts);
-//         if (st || !t) return st == DT_ERR_ARG ? 2 : st ? 1 : 0;   // usage, --help
-//         ... load the data (once, shared by forked workers) ...
-//         int rc = dt_trainer_run(t, train, &job);                // 0, 1 or 75
-//         dt_trainer_free(t);
-//         return rc;
+//         dt_status   st = dt_trainer_new(&t, argc, argv, &opts);       // 1 the flags
+//         if (st || !t) return st == DT_ERR_ARG ? 2 : st ? 1 : 0;      // usage, --help
+//         ... read the data (once: the workers forked below share it) ...
+//         if (!dt_trainer_start(t)) return dt_trainer_exit(t, DT_OK);  // 2 the workers
+//         dt_loader *ld;                                                // (below: a worker)
+//         st = dt_trainer_loader(t, &ds, batch, DT_SPLIT_TRAIN, &ld);   // 3 sharded
+//         ... build the model and the optimizer ...
+//         if (!st) st = dt_trainer_prepare_model(t, model, opt, NULL);  // 4 --load, --resume
+//         dt_batch b;
+//         while (!st && dt_trainer_next(t, &b)) {                       // 5 epochs, steps
+//             ... forward, loss, backward (the trainer zeroes the gradients) ...
+//             st = dt_trainer_step(t, loss);                            // 6 sync, step, ckpt
+//         }
+//         return dt_trainer_exit(t, st);                                // 7 finish, exit code
 //     }
 //
 // The single-process program is the same text: without a launcher and without
-// --num-processes, dt_trainer_run calls `train` in this process with no group, and
+// --num-processes, dt_trainer_start returns true in this process, with no group, and
 // every collective of the trainer is a no-op. docs/trainer.md lists the few lines that
 // separate a plain loop from this one.
 //
-// Watching (watch.h, trace.h): rank 0's progress bar on a terminal, or the seed's loss
-// lines elsewhere (every --log-every batches), is drawn by dt_trainer_step; --trace
-// FILE records from dt_trainer_prepare to dt_trainer_finish, which writes one
-// Chrome-trace file for all ranks; --plot FILE.svg collects the training loss in
-// dt_trainer_step, a validation loss per epoch (dt_trainer_set_eval) and at the end
-// (dt_trainer_log_val), and dt_trainer_report writes it. DataParallel threads (later)
-// replace processes with --data-parallel N (dt_trainer_set_replicas and
-// dt_trainer_forward_backward below; dp.h).
+// After the happy path come, in this order: what a worker may ask (ranks, printing,
+// collective helpers, counters), step-based runs, model parallelism, evaluation for
+// --plot, and the flag tables for tools. Watching (watch.h, trace.h): rank 0's progress
+// bar on a terminal, or the seed's loss lines elsewhere (every --log-every batches), is
+// drawn by dt_trainer_step; --trace FILE records from dt_trainer_prepare to
+// dt_trainer_finish, which writes one Chrome-trace file for all ranks; --plot FILE.svg
+// collects the training loss in dt_trainer_step and the validation losses the program
+// gives dt_trainer_log_val, and dt_trainer_report writes it.
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
 
@@ -71,7 +70,10 @@ extern "C" {
 // (EX_TEMPFAIL: "run again with --resume"). dtrun ends the job without a restart.
 #define DT_EXIT_PREEMPTED 75
 
-// ------------------------------------------------------------------------ flag tables
+// ------------------------------------------------------------- 1. create: the flags
+//
+// A program's own flags are a table of dt_flag (dt_trainer_opts.flags), parsed with the
+// trainer's common ones; --help is generated from both.
 
 typedef enum dt_flag_type {
     DT_FLAG_BOOL,   // no value; target: bool
@@ -110,20 +112,6 @@ typedef struct dt_flag {
     const char  *choices; // strings: the accepted words, space-separated ("a b c")
     const char  *expects; // strings: how a refusal names them ("a, b or c")
 } dt_flag;
-
-// Parses argv[1..argc) against the tables (NULL-terminated list of tables): writes every
-// default first, then the values given. "--help" sets *help and stops. Errors
-// (DT_ERR_ARG) name the flag and the value: "--batch-size expects an integer in [1,
-// 65536], found \"zero\"", "unknown option \"--frob\"", "unexpected argument \"x\"".
-// tools/dtrun's parser can take the same tables.
-DT_API dt_status dt_flags_parse(const dt_flag *const *tables, int argc, char **argv,
-                                bool *help /* out */);
-// The help text of the tables, flags grouped under their sections, into f.
-DT_API void dt_flags_print_help(const dt_flag *const *tables, FILE *f);
-// The flag named `name` in the tables, or NULL.
-DT_API const dt_flag *dt_flags_find(const dt_flag *const *tables, const char *name);
-
-// ------------------------------------------------------------------------ the trainer
 
 // The common flags, as parsed (the trainer's table; programs read them here).
 typedef struct dt_train_args {
@@ -196,15 +184,13 @@ DT_API dt_trainer_opts dt_trainer_opts_default(void);
 // --checkpoint-dir is created and writable) before any data is read. Usage errors are
 // printed and returned as DT_ERR_ARG (exit 2); output-path errors are printed and
 // returned as DT_ERR_IO (exit 1). --help prints the help and returns DT_OK with *out
-// NULL (exit 0).
-DT_API dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv,
-                                const dt_trainer_opts *opts);
-DT_API void      dt_trainer_free(dt_trainer *t); // NULL-safe
-
+// NULL (exit 0). A trainer that never starts ends with dt_trainer_exit too.
+DT_API dt_status            dt_trainer_new(dt_trainer **out, int argc, char **argv,
+                                           const dt_trainer_opts *opts);
 DT_API const dt_train_args *dt_trainer_args(const dt_trainer *t);
 
 // A value every rank must share, compared at start with the shared flags (a data set's
-// size, say). Call before dt_trainer_run; at most 16.
+// size, say). Call before dt_trainer_start; at most 16.
 DT_API dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value);
 // The same for a hash of data every rank must hold the same of (dt_dataset.content_hash,
 // dt_tokens.hash: files of the same size and other bytes), named in hexadecimal. The
@@ -213,18 +199,137 @@ DT_API dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t
 // the trainer does not see, or to compare before any process starts.
 DT_API dt_status dt_trainer_add_content(dt_trainer *t, const char *what, uint64_t hash);
 
-// The training function of every worker. Its status decides the exit code.
-typedef dt_status (*dt_trainer_fn)(dt_trainer *t, void *user);
+// ------------------------------------------------------- 2. start the workers, exit
 
-// Starts the job and runs fn in every worker: with --num-processes P, forks P workers
-// here (rank = machine * P + local rank) and waits for them; under a launcher
-// (RANK/WORLD_SIZE, mpirun, srun), joins its group; otherwise runs fn in this process
-// without a group. Before fn, the shared flags and settings are compared across
-// ranks. Returns the exit code: 0, 1 (a failure, printed as "<program>: rank R: ..."),
-// or DT_EXIT_PREEMPTED.
-DT_API int dt_trainer_run(dt_trainer *t, dt_trainer_fn fn, void *user);
+// Starts the job. With --num-processes P, forks P workers here (rank = machine * P +
+// local rank), which return true and go on with the caller's code; this process waits
+// for them and returns false (their exit code is then dt_trainer_exit's). Under a
+// launcher (RANK/WORLD_SIZE, mpirun, srun) joins its group and returns true; otherwise
+// returns true in this process, without a group. Before it returns true, the shared
+// flags and settings are compared across ranks and the mesh's groups are made. false
+// also when the start failed (printed; the exit code is 1). Call it once.
+DT_API bool dt_trainer_start(dt_trainer *t);
+// Ends this process's part and frees the trainer (NULL: the exit code of st alone). In
+// a worker: with st DT_OK, dt_trainer_finish if the program prepared a model and did not
+// call it; a failure
+// is printed ("<program>: rank R: <message>") and aborts the group, so the other ranks
+// stop at once; everything the trainer owns is released. Returns the exit code: 0, 1, or
+// DT_EXIT_PREEMPTED (a SIGTERM stop); in the parent of forked workers, theirs; before
+// dt_trainer_start, 1 for a failure (printed) else 0. A worker that dt_trainer_start
+// forked does not return: its process ends here with that code (as a dt_spawn worker's
+// does), whoever called it.
+DT_API int dt_trainer_exit(dt_trainer *t, dt_status st);
 
-// Inside fn.
+// --------------------------------------------------------------------- 3. the data
+
+typedef enum dt_split {
+    DT_SPLIT_TRAIN,        // shuffled with --seed, padded to equal shares, epoch-aware;
+                           // the loader dt_trainer_next drives and checkpoints save
+    DT_SPLIT_EVAL,         // in order, no padding: every sample once across ranks
+    DT_SPLIT_TRAIN_UNEVEN, // shuffled like DT_SPLIT_TRAIN but not padded: every sample
+                           // exactly once per epoch, so ranks' shares (and batch counts)
+                           // may differ; the trainer then joins (DDP's join):
+                           // a rank whose data runs out shadows the others' steps (zero
+                           // gradient, the same reductions, optimizer steps and
+                           // checkpoints) until every rank's epoch is over, and each
+                           // step's gradient is the mean over the samples all ranks had
+                           // in it (with --accumulate too: samples, not micro-batches,
+                           // weigh equally): the model of one process with batch
+                           // world * B and this split. A dataset of a different size on
+                           // each rank is allowed. Gradients are reduced after backward
+                           // (no overlap with it).
+} dt_split;
+
+// A loader over this rank's share of ds (owned by the trainer; valid until
+// dt_trainer_exit).
+// The training loader (DT_SPLIT_TRAIN*) comes before dt_trainer_prepare*, which restores
+// its position on --resume: after it, DT_ERR_STATE naming that order. Evaluation
+// loaders may come at any time.
+DT_API dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch,
+                                   dt_split split, dt_loader **out);
+
+// ------------------------------------------------- 4. the model and its optimizer
+
+// Registers the parameters (and an optimizer over them, and optionally a schedule),
+// owned by the trainer from here on, after the training loader: applies --load,
+// --resume (the whole state; prints where it resumed), and hands them to the parallel
+// strategy of the flags (DDP over the group, --zero, --data-parallel, the mesh).
+// Collective.
+DT_API dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sched *sched);
+// The same for a dt_model, which the trainer also gives its threads, its dropout
+// stream (per epoch) and its per-sample keys (per batch), and profiles with --profile.
+DT_API dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt,
+                                          dt_sched *sched);
+// The same for a finalized dt_graph (graph.h), owned by the trainer from here on (freed
+// with the worker, parameters included), which the trainer also gives its threads, its
+// dropout stream (per epoch) and its per-sample keys (per batch).
+DT_API dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt,
+                                          dt_sched *sched);
+
+// ---------------------------------------------------------------------- 5. the loop
+
+// The next micro-batch of this rank; false when training is over (epochs done,
+// --max-steps, an agreed SIGTERM, --eval-only, or an error, which dt_trainer_finish
+// returns). Begins epochs, zeroes the gradients at the start of each accumulation
+// window, and turns DDP's reduction off for all but the window's last micro-batch.
+DT_API bool dt_trainer_next(dt_trainer *t, dt_batch *b);
+// After the micro-batch's backward: draws rank 0's progress (bar or loss line), and at
+// the end of an accumulation window averages the gradients over ranks (and over the
+// window's micro-batches), clips (--clip-grad), sets the schedule's rate, steps the
+// optimizer, saves a checkpoint every --checkpoint-every steps, and agrees on a SIGTERM
+// stop. Collective.
+DT_API dt_status dt_trainer_step(dt_trainer *t, float loss);
+
+// --precision: what dt_trainer_prepare_model sets on the dt_model; a program on a
+// dt_graph passes it to dt_graph_set_precision itself. With fp16 the trainer keeps a
+// GradScaler (optim.h): multiply the loss gradient by dt_trainer_loss_scale before
+// backward; dt_trainer_step unscales, agrees on inf/NaN across ranks and skips the
+// optimizer step (the step still counts) when any rank saw one; its state is in the
+// checkpoints. The scale is 1 in fp32 and bf16.
+DT_API dt_precision dt_trainer_precision(const dt_trainer *t);
+DT_API float        dt_trainer_loss_scale(const dt_trainer *t);
+// Multiplies the loss gradient dloss[0..n) by that scale before backward (nothing in
+// fp32 and bf16): what a program on dt_trainer_prepare_graph does with its loss.
+DT_API void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n);
+// Optimizer steps skipped by the fp16 scaler so far.
+DT_API int64_t dt_trainer_skipped_steps(const dt_trainer *t);
+
+// DataParallel (--data-parallel N; dp.h): threads instead of processes. The program
+// describes its model as a replica (`master`: the object it trains, whose parameters
+// are the ones given to dt_trainer_prepare) and how to build more (ops->make) and to run
+// forward and backward on a slice (ops->work; the gradient of the slice's mean loss,
+// added). Then dt_trainer_forward_backward, in place of the loop's own forward, loss and
+// backward, runs ops->work on the master for the whole micro-batch (the default:
+// bitwise the plain loop), or with --data-parallel N on N replicas, threads of this
+// process, each on its slice, their gradients summed into the master's in replica
+// order (with several processes, DDP then reduces the master's over them).
+// --data-parallel N > 1 needs a program that calls these two (examples/dataparallel).
+// In a worker, before the first batch.
+DT_API dt_status dt_trainer_set_replicas(dt_trainer *t, const dt_dp_ops *ops,
+                                         const dt_dp_replica *master);
+// The micro-batch's forward and backward (after dt_trainer_next); *loss its mean loss.
+DT_API dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *loss);
+DT_API int       dt_trainer_data_parallel(const dt_trainer *t); // replicas (1: none)
+
+// ----------------------------------------------------------------------- 6. the end
+
+// After the loop (dt_trainer_exit calls it when the program does not, to evaluate or
+// report after it): the last checkpoint; on an agreed SIGTERM, prints where it stopped
+// and returns DT_ERR_STATE (dt_trainer_exit then gives DT_EXIT_PREEMPTED); else a
+// barrier, "Finished training in S secs" (each machine), the --profile table, the
+// replica checksum ("Parameters identical on all N ranks (CRC32C ...)") and
+// --save-model.
+DT_API dt_status dt_trainer_finish(dt_trainer *t);
+DT_API bool      dt_trainer_preempted(const dt_trainer *t);
+
+// The end-of-run reports: --plot's SVG (rank 0, "Wrote the loss curves to PATH") and,
+// with --stats, the STATS line (rank 0; collective for the peak RSS): time,
+// samples/s, GFLOP/s, peak RSS, world, threads, backend, DDP wait, `metric` as
+// "accuracy", checkpoints. Collective with --stats.
+DT_API dt_status dt_trainer_report(dt_trainer *t, double metric);
+
+// ------------------------------------------------------ what a worker may ask
+
 DT_API dt_pg *dt_trainer_pg(dt_trainer *t); // NULL in a single process
 DT_API int    dt_trainer_rank(const dt_trainer *t);
 DT_API int    dt_trainer_world(const dt_trainer *t);
@@ -252,95 +357,6 @@ DT_API dt_status dt_trainer_all_reduce(dt_trainer *t, void *buf, size_t count, d
 DT_API dt_status dt_trainer_gather_for_metrics(dt_trainer *t, const void *src, size_t count,
                                                dt_dtype dtype, void **out, size_t *total);
 
-typedef enum dt_split {
-    DT_SPLIT_TRAIN,        // shuffled with --seed, padded to equal shares, epoch-aware;
-                           // the loader dt_trainer_next drives and checkpoints save
-    DT_SPLIT_EVAL,         // in order, no padding: every sample once across ranks
-    DT_SPLIT_TRAIN_UNEVEN, // shuffled like DT_SPLIT_TRAIN but not padded: every sample
-                           // exactly once per epoch, so ranks' shares (and batch counts)
-                           // may differ; the trainer then joins (DDP's join):
-                           // a rank whose data runs out shadows the others' steps (zero
-                           // gradient, the same reductions, optimizer steps and
-                           // checkpoints) until every rank's epoch is over, and each
-                           // step's gradient is the mean over the samples all ranks had
-                           // in it (with --accumulate too: samples, not micro-batches,
-                           // weigh equally): the model of one process with batch
-                           // world * B and this split. A dataset of a different size on
-                           // each rank is allowed. Gradients are reduced after backward
-                           // (no overlap with it).
-} dt_split;
-
-// A loader over this rank's share of ds (owned by the trainer; valid until fn returns).
-// The training loader (DT_SPLIT_TRAIN*) comes before dt_trainer_prepare*, which restores
-// its position on --resume: after it, DT_ERR_STATE naming that order. Evaluation
-// loaders may come at any time.
-DT_API dt_status dt_trainer_loader(dt_trainer *t, const dt_dataset *ds, size_t batch,
-                                   dt_split split, dt_loader **out);
-
-// Registers the parameters (and an optimizer over them, and optionally a schedule)
-// after the training loader: applies --load, --resume (the whole state; prints where it
-// resumed), and wraps the parameters in DDP over the group. Collective.
-DT_API dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sched *sched);
-// The same for a dt_model, which the trainer also gives its threads, its dropout
-// stream (per epoch) and its per-sample keys (per batch), and profiles with --profile.
-DT_API dt_status dt_trainer_prepare_model(dt_trainer *t, dt_model *m, dt_optim *opt,
-                                          dt_sched *sched);
-// The same for a finalized dt_graph (graph.h), owned by the trainer from here on (freed
-// with the worker, parameters included), which the trainer also gives its threads, its
-// dropout stream (per epoch) and its per-sample keys (per batch).
-DT_API dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt,
-                                          dt_sched *sched);
-
-// The next micro-batch of this rank; false when training is over (epochs done,
-// --max-steps, an agreed SIGTERM, --eval-only, or an error, which dt_trainer_finish
-// returns). Begins epochs, zeroes the gradients at the start of each accumulation
-// window, and turns DDP's reduction off for all but the window's last micro-batch.
-DT_API bool dt_trainer_next(dt_trainer *t, dt_batch *b);
-// After the micro-batch's backward: draws rank 0's progress (bar or loss line), and at
-// the end of an accumulation window averages the
-// gradients over ranks (and over the window's micro-batches), clips (--clip-grad),
-// sets the schedule's rate, steps the optimizer, saves a checkpoint every
-// --checkpoint-every steps, and agrees on a SIGTERM stop. Collective.
-DT_API dt_status dt_trainer_step(dt_trainer *t, float loss);
-
-// --precision: what dt_trainer_prepare_model sets on the dt_model; a program on a
-// dt_graph passes it to dt_graph_set_precision itself. With fp16 the trainer keeps a
-// GradScaler (optim.h): multiply the loss gradient by dt_trainer_loss_scale before
-// backward; dt_trainer_step unscales, agrees on inf/NaN across ranks and skips the
-// optimizer step (the step still counts) when any rank saw one; its state is in the
-// checkpoints. The scale is 1 in fp32 and bf16.
-DT_API dt_precision dt_trainer_precision(const dt_trainer *t);
-DT_API float        dt_trainer_loss_scale(const dt_trainer *t);
-// Multiplies the loss gradient dloss[0..n) by that scale before backward (nothing in
-// fp32 and bf16): what a program on dt_trainer_prepare_graph does with its loss.
-DT_API void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n);
-// Optimizer steps skipped by the fp16 scaler so far.
-DT_API int64_t dt_trainer_skipped_steps(const dt_trainer *t);
-// DataParallel (dp.h): the program describes its model as a replica (`master`: the
-// object it trains, whose parameters are the ones given to dt_trainer_prepare) and how
-// to build more (ops->make) and to run forward and backward on a slice (ops->work; the
-// gradient of the slice's mean loss, added). Then dt_trainer_forward_backward, in place
-// of the loop's own forward, loss and backward, runs ops->work on the master for the
-// whole micro-batch (the default: bitwise the plain loop), or with --data-parallel N on
-// N replicas, threads of this process, each on its slice, their gradients summed into
-// the master's in replica order (with several processes, DDP then reduces the master's
-// over them). --data-parallel N > 1 needs a program that calls these two. Inside fn,
-// before the first batch.
-DT_API dt_status dt_trainer_set_replicas(dt_trainer *t, const dt_dp_ops *ops,
-                                         const dt_dp_replica *master);
-// The micro-batch's forward and backward (after dt_trainer_next); *loss its mean loss.
-DT_API dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *loss);
-DT_API int       dt_trainer_data_parallel(const dt_trainer *t); // replicas (1: none)
-// A step-based run (language models, which draw their own batches; no training loader):
-// after it, dt_trainer_next returns `micro_batches` micro-batches per optimizer step
-// until `steps` steps in all (steps before a resume count; --max-steps may stop
-// sooner). b is zeroed but for b->index (the micro-batch within the step) and b->size
-// (`samples`, this rank's samples per micro-batch, for the statistics); the program
-// fills its own inputs. Gradients are zeroed before a step's first micro-batch, DDP
-// reduces after its last, and dt_trainer_step averages over the micro-batches, as
-// --accumulate does. Call before dt_trainer_prepare.
-DT_API dt_status dt_trainer_set_steps(dt_trainer *t, int64_t steps, int micro_batches,
-                                      size_t samples);
 // The gradient clipping norm (0: none), for programs that name the flag otherwise
 // (the PyTorch peer's --grad-clip); overrides --clip-grad.
 DT_API void dt_trainer_set_clip_grad(dt_trainer *t, double max_norm);
@@ -366,13 +382,18 @@ DT_API bool    dt_trainer_sync_step(const dt_trainer *t);   // this micro-batch 
 DT_API dt_rng dt_trainer_epoch_rng(const dt_trainer *t);
 DT_API dt_rng dt_trainer_step_rng(const dt_trainer *t, uint64_t id);
 
-// After the loop: the last checkpoint; on an agreed SIGTERM, prints where it stopped and
-// returns DT_ERR_STATE (fn returns it; dt_trainer_run exits 75); else a barrier,
-// "Finished training in S secs" (each machine), the --profile table, the replica
-// checksum ("Parameters identical on all N ranks (CRC32C ...)") and --save-model.
-DT_API dt_status dt_trainer_finish(dt_trainer *t);
-DT_API bool      dt_trainer_preempted(const dt_trainer *t);
+// ------------------------------------------------------------------ step-based runs
 
+// A step-based run (language models, which draw their own batches; no training loader):
+// after it, dt_trainer_next returns `micro_batches` micro-batches per optimizer step
+// until `steps` steps in all (steps before a resume count; --max-steps may stop
+// sooner). b is zeroed but for b->index (the micro-batch within the step) and b->size
+// (`samples`, this rank's samples per micro-batch, for the statistics); the program
+// fills its own inputs. Gradients are zeroed before a step's first micro-batch, DDP
+// reduces after its last, and dt_trainer_step averages over the micro-batches, as
+// --accumulate does. Call before dt_trainer_prepare.
+DT_API dt_status dt_trainer_set_steps(dt_trainer *t, int64_t steps, int micro_batches,
+                                      size_t samples);
 // ------------------------------------------------------------------ model parallelism
 // Programs with dt_trainer_opts.model_parallel train on a device mesh (mesh.h): --dp x
 // --pp x --tp = the world size (unspecified: pp and tp 1, dp the rest). The trainer
@@ -462,18 +483,25 @@ DT_API dt_status dt_trainer_device_step(dt_trainer *t, const void *const *inputs
 // The executor (NULL on the CPU or before dt_trainer_prepare*).
 DT_API dt_exec *dt_trainer_exec(dt_trainer *t);
 
-// A validation loss, for --plot: called at the end of every epoch but the last (not
-// with --no-test), its loss added to the chart's validation series. Inside fn.
-typedef dt_status (*dt_trainer_eval_fn)(dt_trainer *t, void *user, double *loss);
-DT_API void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user);
-// A validation loss at the current step (--plot's validation series; rank 0 keeps it).
+// ---------------------------------------------------------------- evaluation, --plot
+
+// A validation loss at the current step (--plot's validation series; rank 0 keeps it):
+// after each epoch (when dt_trainer_epoch moves on) and at the end, say.
 DT_API dt_status dt_trainer_log_val(dt_trainer *t, double loss);
 
-// The end-of-run reports: --plot's SVG (rank 0, "Wrote the loss curves to PATH") and,
-// with --stats, the STATS line (rank 0; collective for the peak RSS): time,
-// samples/s, GFLOP/s, peak RSS, world, threads, backend, DDP wait, `metric` as
-// "accuracy", checkpoints. Collective with --stats.
-DT_API dt_status dt_trainer_report(dt_trainer *t, double metric);
+// ---------------------------------------------------------------- flag tables for tools
+
+// Parses argv[1..argc) against the tables (NULL-terminated list of tables): writes every
+// default first, then the values given. "--help" sets *help and stops. Errors
+// (DT_ERR_ARG) name the flag and the value: "--batch-size expects an integer in [1,
+// 65536], found \"zero\"", "unknown option \"--frob\"", "unexpected argument \"x\"".
+// tools/dtrun's parser can take the same tables.
+DT_API dt_status dt_flags_parse(const dt_flag *const *tables, int argc, char **argv,
+                                bool *help /* out */);
+// The help text of the tables, flags grouped under their sections, into f.
+DT_API void dt_flags_print_help(const dt_flag *const *tables, FILE *f);
+// The flag named `name` in the tables, or NULL.
+DT_API const dt_flag *dt_flags_find(const dt_flag *const *tables, const char *name);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,10 @@
-// backend.h: the seam between the process group (pg.c) and a transport backend, each in
-// a folder of its own (tcp/, shm/, mpi/; hybrid/ is built from sub-groups of those). A
-// backend is one `const dt_backend_ops` table; the generic layer owns argument checks,
-// sequence numbers, fingerprints, deadlines, AVG, world size 1, the progress thread,
-// poisoning and the generic algorithms (ring, recursive doubling, trees) that run over
-// a backend's point-to-point slots.
+// backend.h: the seam between the process group and a backend, each in a folder of its
+// own (tcp/, shm/, mpi/, hybrid/). A backend is one `const dt_backend_ops` table; what it
+// offers the algorithm layer (algo/algo.h) is a transport (dt_xport below): point-to-point
+// transfers, a shared-memory segment, whole operations of its own library, or two
+// levels of those. The generic layer owns argument checks, sequence numbers,
+// fingerprints, deadlines, AVG, world size 1, the progress thread, poisoning, and the
+// algorithms with the tables that choose them.
 // docs/comm-backend.md explains how a backend plugs in; read it with this file.
 #ifndef DTRAIN_COMM_BACKEND_H
 #define DTRAIN_COMM_BACKEND_H
@@ -27,18 +28,53 @@ typedef struct dt_xfer {
     // Backend scratch, untouched by the generic layer:
     struct dt_xfer *next_;       // queue link
     size_t          done_bytes_; // progress
-    uint64_t        priv_[4];
+    uint64_t        priv_[8];
 } dt_xfer;
+
+// ------------------------------------------------------------------- the transport
+
+typedef struct dt_shm   dt_shm; // shm's engine (shm/shm.h)
+typedef struct dt_xport dt_xport;
+
+// What a group's algorithms may run over; the generic layer fills it from the backend's
+// slots (and its xport slot) when the group is made. Every part is optional; a backend
+// offers at least transfers or whole operations.
+struct dt_xport {
+    int rank, world; // of the group
+    // Point-to-point transfers (xfer_post / xfer_wait of a backend state). peers[r] is
+    // the rank that group rank r has for those slots (a sub-group over its world's
+    // connections); NULL: the same.
+    dt_status (*xfer_post)(void *ctx, const dt_op *op, dt_xfer *x);
+    dt_status (*xfer_wait)(void *ctx, const dt_op *op, dt_xfer *x);
+    void      *xfer_ctx;
+    const int *peers;
+    // Whole operations done by the backend's library (mpi; nccl), for the kinds in
+    // run_kinds (bit 1 << dt_coll; 0 = every kind).
+    dt_status (*run)(void *ctx, const dt_op *op);
+    void    *run_ctx;
+    uint32_t run_kinds;
+    bool     run_avg;
+    // A shared-memory segment of the group's ranks (shm).
+    dt_shm *seg;
+    // Two levels (hybrid): `node`, the ranks of this host (node->rank is the local index
+    // l, node->world = L), and `cross`, the ranks of local index l on every host
+    // (cross->rank is the host's index h, cross->world = H); rank = h * L + l is not
+    // assumed: each level carries its own ranks.
+    const dt_xport *node, *cross;
+};
 
 // ---------------------------------------------------------------------- the backend
 
 typedef struct dt_backend_ops {
     const char *name; // "tcp", "shm": the name dt_pg_opts.backend selects
 
-    // Whether the backend can serve this group; consulted by "auto" after the ranks
-    // exchanged their host identities (e.g. shm: dt_pg_all_local(pg)). Every rank must
-    // get the same answer from the same inputs. (optional: NULL = always)
-    bool (*usable)(const dt_pg *pg);
+    // Whether the backend can serve this group, after the ranks exchanged their host
+    // identities (shm: dt_pg_all_local(pg)). for_auto: whether "auto" should pick it
+    // (backends.c lists them in auto's order of preference; hybrid serves one host
+    // when asked by name, but auto wants it only across hosts). When it cannot serve, it
+    // says why in why[n] (why may be NULL). Every rank must get the same answer from the
+    // same inputs. (optional: NULL = always)
+    bool (*usable)(const dt_pg *pg, bool for_auto, char *why, size_t n);
 
     // COLLECTIVE: every rank calls it once, from the thread inside dt_pg_new. Sets up
     // connections or shared segments through `store` (a view private to this backend
@@ -63,10 +99,9 @@ typedef struct dt_backend_ops {
     // parent has one rank and the backend made none); `store` a view private to the
     // new group (NULL outside it); the group's ranks are ordered by (key, parent rank)
     // as MPI_Comm_split orders them. *ctx may stay NULL (nothing needed, e.g. for a
-    // group of one rank). (optional: NULL = the group runs the generic algorithms over
-    // the world's xfer_post / xfer_wait, with its ranks translated to the world's and
-    // its id in every fingerprint: no new connection. Such a backend must then leave
-    // run NULL.)
+    // group of one rank). (optional: NULL = the group's transport is the world's
+    // transfer slots with its ranks translated (dt_xport.peers) and its id in every
+    // fingerprint: no new connection; the backend's run and xport are not used for it.)
     dt_status (*group_new)(void *parent_ctx, dt_pg *group, dt_store *store, int color, int key,
                            uint64_t deadline_ns, void **ctx);
 
@@ -76,20 +111,35 @@ typedef struct dt_backend_ops {
     // of `op` passes (DT_ERR_TIMEOUT), a peer fails (DT_ERR_PEER) or the fingerprint
     // or size of an incoming message differs (DT_ERR_MISMATCH). Transfers between two
     // ranks in one direction are matched in posting order. Messages must flow even
-    // when nbytes is 0 (they carry the fingerprint). (optional when run is set; the tcp
-    // backend has them, shm and mpi have run instead)
+    // when nbytes is 0 (they carry the fingerprint). Every algorithm but "native" and
+    // "shm" runs over them. (optional when run is set, but then DT_*_ALGO can force
+    // nothing else; tcp, shm, mpi and hybrid have them)
     dt_status (*xfer_post)(void *ctx, const dt_op *op, dt_xfer *x);
     dt_status (*xfer_wait)(void *ctx, const dt_op *op, dt_xfer *x);
 
-    // Runs one whole operation (optional: NULL = the generic algorithms of algo.c over
-    // xfer_*). op->kind says which: every collective, send, recv, and DT_COLL_INIT (the
-    // init barrier, run as a barrier). Called with world size >= 2 only. Buffers as in
-    // comm.h: all_reduce src/dst count; broadcast dst (= buf); reduce src, dst (root
-    // only); all_gather src (count), dst (world*count); reduce_scatter src (world*count),
-    // dst (count); gather src, dst (root only); scatter src (root only), dst; all_to_all
-    // src, dst (world*count each); barrier and init none; send src; recv dst. In-place
-    // forms as in comm.h. A backend has either run or both xfer slots.
+    // A whole operation done by the backend's own library (optional): the "native"
+    // algorithm of the tables (algo/table.c), which auto picks wherever the backend has
+    // it, for the kinds in run_kinds. op->kind says which: every collective, send, recv,
+    // and DT_COLL_INIT (the init barrier, run as a barrier). Called with world size >= 2
+    // only. Buffers as in comm.h: all_reduce src/dst count; broadcast dst (= buf); reduce
+    // src, dst (root only); all_gather src (count), dst (world*count); reduce_scatter src
+    // (world*count), dst (count); gather src, dst (root only); scatter src (root only),
+    // dst; all_to_all src, dst (world*count each); barrier and init none; send src; recv
+    // dst. In-place forms as in comm.h. An all_reduce in tree order (op->fp.order) never
+    // comes here: the tables run it where they know the order.
     dt_status (*run)(void *ctx, const dt_op *op);
+    // The kinds `run` serves, bit 1 << dt_coll (0 = every kind); the others run the
+    // generic algorithms over the transfer slots.
+    uint32_t run_kinds;
+    // True when `run` averages itself (NCCL's ncclAvg, on the device): it then gets
+    // op->op == DT_REDUCE_AVG. False: it gets SUM, and the algorithm layer divides the
+    // result on the host afterwards (dt_reduce_div).
+    bool run_avg;
+
+    // Adds what else the backend offers the algorithms to the transport of a group whose
+    // state is ctx (shm: its segment; hybrid: its two levels); the generic layer has
+    // filled rank, world and the slots above. (optional)
+    void (*xport)(void *ctx, dt_xport *t);
 
     // Sends handed to the transport that the backend still holds after `run` returned
     // (shm: the tail of a message larger than its channel, moved as the receiver makes
@@ -119,16 +169,13 @@ typedef struct dt_backend_ops {
     // False for a placeholder of a backend not built into this library (see
     // unbuilt_backends.c); "auto" skips it and asking for it is DT_ERR_UNSUPPORTED.
     bool built;
-
-    // True when run gets AVG's operations with op->fp.op still AVG and averages itself
-    // (nccl: buffers in device memory, which the generic layer cannot divide on the host).
-    bool native_avg;
 } dt_backend_ops;
 
 // The backends. backends.c lists them; a backend not built into the library is replaced by
 // a weak placeholder (unbuilt_backends.c).
 extern const dt_backend_ops dt_backend_tcp;
 extern const dt_backend_ops dt_backend_shm;
+extern const dt_backend_ops dt_backend_hybrid;
 extern const dt_backend_ops dt_backend_nccl; // nccl/: whole operations in the CUDA plugin
 
 // ---------------------------------------------- what a backend may use from the group

@@ -11,14 +11,24 @@
 
 #include <string.h>
 
-static const dt_backend_ops *const backends[] = {&dt_backend_shm, &dt_backend_tcp, &dt_backend_mpi,
-                                                 &dt_backend_nccl};
+// In auto's order of preference: the first built one whose usable() says yes for auto.
+static const dt_backend_ops *const backends[] = {
+    &dt_backend_shm, &dt_backend_hybrid, &dt_backend_tcp, &dt_backend_mpi, &dt_backend_nccl};
 
 const dt_backend_ops *dt_backend_find(const char *name) {
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
         if (strcmp(backends[i]->name, name) == 0)
             return backends[i];
     return NULL;
+}
+
+const dt_backend_ops *dt_backend_auto(const dt_pg *pg) {
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+        const dt_backend_ops *be = backends[i];
+        if (be->built && (!be->usable || be->usable(pg, true, NULL, 0)))
+            return be;
+    }
+    return &dt_backend_tcp;
 }
 
 dt_status dt_backend_mpi_bootstrap(const dt_mpi_boot_req *req, dt_mpi_boot_res *res) {

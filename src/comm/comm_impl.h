@@ -1,6 +1,7 @@
 // comm_impl.h: functions shared between the files of src/comm that are not part of the
-// public API nor of the backend seam: socket helpers, the store protocol parser (also
-// used by the fuzz target), and the generic collective algorithms.
+// public API nor of the backend seam: socket helpers, start-up notices, liveness, and the
+// store protocol parser (also used by the fuzz target). The algorithms are
+// algo/algo.h.
 #ifndef DTRAIN_COMM_IMPL_H
 #define DTRAIN_COMM_IMPL_H
 
@@ -181,43 +182,5 @@ bool dt_store_msg_part(const dt_store_msg *msg, size_t *cursor, const uint8_t **
                        uint32_t *len);
 // Validates a request's parts for its command (count, key sizes): DT_ERR_FORMAT.
 dt_status dt_store_msg_check_request(const dt_store_msg *msg);
-
-// --------------------------------------------------------------- generic algorithms
-
-// Algorithm ids carried in dt_xfer.step (bits 24..31).
-enum {
-    DT_ALGO_RING = 1,
-    DT_ALGO_RDOUBLE,
-    DT_ALGO_TREE,
-    DT_ALGO_CHAIN,
-    DT_ALGO_DIRECT,
-    DT_ALGO_PAIRWISE,
-    DT_ALGO_DISSEMINATION,
-};
-
-// Tunables read once per group from the environment (see docs/comm-backend.md).
-typedef struct dt_algo_cfg {
-    int    allreduce_algo; // 0 = auto, else DT_ALGO_RING / DT_ALGO_RDOUBLE
-    size_t segment_bytes;  // ring/chain segment size (DT_SEGMENT_BYTES)
-    size_t small_bytes;    // auto: below this many bytes, latency algorithms
-    int    slots;          // receive slots in flight in the ring
-    size_t ring_lag;       // ring wire order: segment j of step s follows j + lag of step s-1
-    // Grow-only buffers reused across operations (the steady state allocates nothing):
-    void    *slot_buf; // slots * segment_bytes: ring receive slots
-    size_t   slot_cap;
-    void    *part_buf; // partial results (reduce_scatter, reduce, recursive doubling)
-    size_t   part_cap;
-    dt_xfer *xfers;
-    size_t   xfer_cap;
-    uint8_t *ready_buf; // ring: per transfer, received and (reduce-scatter) reduced
-    size_t   ready_cap;
-} dt_algo_cfg;
-
-dt_status dt_algo_cfg_init(dt_algo_cfg *cfg);
-void      dt_algo_cfg_free(dt_algo_cfg *cfg);
-
-// Each runs one collective over be->xfer_post / xfer_wait. rank/world from the group.
-dt_status dt_algo_run(const dt_backend_ops *be, void *ctx, dt_algo_cfg *cfg, int rank, int world,
-                      const dt_op *op);
 
 #endif // DTRAIN_COMM_IMPL_H

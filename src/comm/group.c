@@ -10,8 +10,8 @@
 // apart.
 //
 // How a group moves data depends on the parent's backend (backend.h, group_new):
-// - tcp: no slot: the group runs the generic algorithms (algo.c) over the world's
-//   connections, its ranks translated to world ranks; nothing new is opened.
+// - tcp and hybrid: no slot: the group's transport is the world's transfer slots with its
+//   ranks translated to world ranks (dt_xport.peers); nothing new is opened.
 // - shm: a small segment of the group's own, created through the parent's store (the
 //   shm engine lays out its slots by rank and world size; a segment for k ranks is
 //   O(k^2) bytes, and a singleton gets none).
@@ -28,20 +28,6 @@
 #include <string.h>
 
 enum { F_COLOR, F_KEY, F_GID, F_CHECK, F_COUNT };
-
-void dt_pg_group_describe(const dt_pg *g, char *buf, size_t n) {
-    size_t off = (size_t)snprintf(buf, n, " [group %u: world ranks ", g->gid);
-    for (int i = 0; i < g->world && off < n; i++) {
-        if (i == 8 && g->world > 9) {
-            off += (size_t)snprintf(buf + off, n - off, "..., %d", g->world_ranks[g->world - 1]);
-            break;
-        }
-        off += (size_t)snprintf(buf + off, n - off, "%s%d", i ? ", " : "", g->world_ranks[i]);
-    }
-    if (off < n)
-        snprintf(buf + off, n - off, "; this rank: rank %d of the group, world rank %d]", g->rank,
-                 g->world_ranks[g->rank]);
-}
 
 static int cmp_int(const void *a, const void *b) {
     int x = *(const int *)a, y = *(const int *)b;
@@ -91,8 +77,7 @@ static void group_destroy(dt_pg *g, bool linked) {
 
 void dt_pg_group_free(dt_pg *g) {
     dt_pg *R = g->root;
-    // Freeing does not change the caller's last error (dt_pg_free of the world frees
-    // the hybrid backend's groups after its lane stopped: the take below fails there).
+    // Freeing does not change the caller's last error.
     dt_status saved_st = dt_last_status();
     char      saved[DT_PG_MSG_LEN];
     snprintf(saved, sizeof saved, "%s", dt_last_error());
@@ -146,8 +131,7 @@ static dt_status group_fill(dt_pg *g, const dt_pg *parent, const member *m, int 
 }
 
 static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, int64_t check,
-                              const dt_pg_opts *opts, const dt_backend_ops *force,
-                              const char *what) {
+                              const dt_pg_opts *opts, const char *what) {
     *out = NULL;
     if (!parent)
         return dt_fail(DT_ERR_ARG, "%s: the parent group is NULL", what);
@@ -224,7 +208,7 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
         }
         g->root       = R;
         g->gid        = (uint32_t)gid;
-        g->be         = force ? force : parent->be;
+        g->be         = parent->be;
         g->timeout_ms = timeout;
         g->store      = R->store;
         st            = group_fill(g, parent, m, n, me);
@@ -247,11 +231,7 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
 
     // The backend's part, on the lane (it may use the parent's transport).
     uint64_t deadline = timeout < 0 ? UINT64_MAX : dt_deadline_ns(timeout);
-    if (force) {
-        // A fresh backend state among the members, through the store.
-        if (g && g->world > 1 && (st = force->init(g, g->be_store, deadline, &g->be_ctx)) != DT_OK)
-            dt_fail_context("%s: backend %s", what, force->name);
-    } else if (parent->be->group_new) {
+    if (parent->be->group_new) {
         st = dt_pg_lane_take(R, deadline, what);
         if (st == DT_OK) {
             void *ctx = NULL;
@@ -265,14 +245,13 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
         }
     } else if (g && g->world > 1) {
         const dt_backend_ops *be = parent->be;
-        if (!be->xfer_post || !be->xfer_wait || be->run)
+        if (!be->xfer_post || !be->xfer_wait)
             st = dt_fail(DT_ERR_UNSUPPORTED, "%s: backend %s cannot serve sub-groups", what,
                          be->name);
-        g->shared          = true;
-        g->xlate           = (dt_backend_ops){.name = be->name};
-        g->xlate.xfer_post = be->xfer_post ? dt_pg_group_xfer_post : NULL;
-        g->xlate.xfer_wait = be->xfer_wait ? dt_pg_group_xfer_wait : NULL;
+        g->shared = true;
     }
+    if (st == DT_OK && g)
+        st = dt_pg_set_xport(g);
     if (st != DT_OK) {
         if (g)
             group_destroy(g, false);
@@ -298,7 +277,7 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
         return dt_fail(fst, "%s", msg);
     }
     DT_DEBUG("comm", "%s: group %u, rank %d of %d (%s)", what, g->gid, g->rank, g->world,
-             g->shared ? "over the world's transport" : g->be->name);
+             g->shared ? "over the world's connections" : g->be->name);
     *out = g;
     return DT_OK;
 }
@@ -306,7 +285,7 @@ static dt_status group_create(dt_pg **out, dt_pg *parent, int color, int key, in
 dt_status dt_pg_split(dt_pg **out, dt_pg *parent, int color, int key, const dt_pg_opts *opts) {
     if (!out)
         return dt_fail(DT_ERR_ARG, "dt_pg_split: out is NULL");
-    return group_create(out, parent, color, key, 0, opts, NULL, "dt_pg_split");
+    return group_create(out, parent, color, key, 0, opts, "dt_pg_split");
 }
 
 dt_status dt_pg_new_group(dt_pg **out, dt_pg *parent, const int *ranks, int n,
@@ -341,10 +320,6 @@ dt_status dt_pg_new_group(dt_pg **out, dt_pg *parent, const int *ranks, int n,
     }
     dt_free(sorted);
     // Group ranks follow parent ranks (torch sorts the list too).
-    return group_create(out, parent, in_list ? 0 : -1, parent->rank, (int64_t)(h >> 1), opts, NULL,
+    return group_create(out, parent, in_list ? 0 : -1, parent->rank, (int64_t)(h >> 1), opts,
                         "dt_pg_new_group");
-}
-
-dt_status dt_pg_split_on(dt_pg **out, dt_pg *parent, int color, int key, const dt_backend_ops *be) {
-    return group_create(out, parent, color, key, 0, NULL, be, "hybrid set-up");
 }

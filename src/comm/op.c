@@ -54,7 +54,7 @@ bool dt_fp_match(const dt_fingerprint *a, const dt_fingerprint *b) {
     if (dt_coll_is_p2p((dt_coll)ca) && dt_coll_is_p2p((dt_coll)cb))
         ca = cb = DT_COLL_SEND; // a send matches a recv
     return ca == cb && a->seq == b->seq && a->count == b->count && a->root == b->root &&
-           a->dtype == b->dtype && a->op == b->op;
+           a->dtype == b->dtype && a->op == b->op && a->order == b->order;
 }
 
 const char *dt_fp_format(const dt_fingerprint *fp, char *buf, size_t n) {
@@ -66,6 +66,8 @@ const char *dt_fp_format(const dt_fingerprint *fp, char *buf, size_t n) {
         off += (size_t)snprintf(buf + off, n - off, " (%s", dt_dtype_name((dt_dtype)fp->dtype));
     if (off < n && dt_coll_has_op(c))
         off += (size_t)snprintf(buf + off, n - off, " %s", dt_reduce_op_name((dt_reduce_op)fp->op));
+    if (off < n && fp->order == DT_ORDER_TREE)
+        off += (size_t)snprintf(buf + off, n - off, " in tree order");
     if (off < n)
         off += (size_t)snprintf(buf + off, n - off, ", count %" PRIu64, fp->count);
     if (off < n && dt_coll_has_root(c))

@@ -41,7 +41,7 @@ typedef struct dt_fingerprint {
     uint8_t  coll;  // dt_coll
     uint8_t  dtype; // dt_dtype
     uint8_t  op;    // dt_reduce_op as the caller asked (AVG stays AVG here), 0 if none
-    uint8_t  pad_;
+    uint8_t  order; // dt_reduce_order of an all_reduce (comm.h), 0 otherwise
 } dt_fingerprint;
 
 #define DT_FP_GROUP_SHIFT 48
@@ -65,8 +65,9 @@ typedef struct dt_op {
     void          *dst;
     size_t         count; // elements; per rank for the *_gather/scatter/to_all kinds
     dt_dtype       dtype;
-    dt_reduce_op   op;    // never DT_REDUCE_AVG: the generic layer passes SUM
-                          // and divides by the world size afterwards
+    dt_reduce_op   op;    // as run: the process group passes SUM for AVG and the
+                          // algorithm layer divides by the world size afterwards
+                          // (a backend with run_avg gets AVG in `run`)
     int      root;        // broadcast/reduce/gather/scatter; -1 otherwise
     int      peer;        // send/recv; -1 otherwise
     int      tag;         // send/recv; 0 otherwise

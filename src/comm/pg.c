@@ -1,15 +1,12 @@
 // pg.c: the dispatcher at the top of src/comm. The public collectives (comm.h) are
 // checked (arguments, overlaps), stamped (sequence number, fingerprint, name, deadline:
 // op.h) and queued on the process's one execution lane (pg_impl.h), where dt_pg_exec
-// hands each to a backend slot, the generic algorithms (algo.c) or the hybrid path
-// (hybrid/hybrid.c), records a failure as the process's poison, and divides AVG. Work
-// handles (dt_work) and abort are here too. Creating and freeing the world group is
-// pg_init.c; what backends read from a group is pg_state.c; sub-groups are group.c.
-// Calls go down only: nothing below calls back into this file, except hybrid/hybrid.c,
-// which runs its node and cross groups' steps through dt_pg_exec (the dispatcher
-// recursing on a sub-group).
+// hands each to the algorithm layer (algo/algo.h: the tables choose and run the
+// algorithm over the group's transport, and ends an AVG), records a failure as the
+// process's poison. Work handles (dt_work) and abort are here too. Creating and freeing the
+// world group is pg_init.c; what backends read from a group is pg_state.c; sub-groups
+// are group.c. Calls go down only: nothing below calls back into this file.
 #include "comm/pg_impl.h"
-#include "comm/reduce.h"
 #include "dtrain/trace.h"
 
 #include <errno.h>
@@ -102,54 +99,46 @@ void dt_pg_tell_backends(dt_pg *pg) {
         tell_backend(g);
 }
 
-// A sub-group sharing the world's transport: the generic algorithms run in group
-// ranks, the transfers go to the world ranks.
-dt_status dt_pg_group_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
-    dt_pg *g = ctx;
-    x->peer  = g->world_ranks[x->peer];
-    return g->root->be->xfer_post(g->root->be_ctx, op, x);
-}
-dt_status dt_pg_group_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
-    dt_pg *g = ctx;
-    return g->root->be->xfer_wait(g->root->be_ctx, op, x);
+// ------------------------------------------------------------------ the transport
+
+dt_status dt_pg_set_xport(dt_pg *g) {
+    dt_pg                *R   = g->root;
+    const dt_backend_ops *be  = g->shared ? R->be : g->be;
+    void                 *ctx = g->shared ? R->be_ctx : g->be_ctx;
+    g->xport                  = (dt_xport){.rank = g->rank, .world = g->world};
+    if (g->world == 1)
+        return DT_OK; // runs locally (run_local)
+    if (be->xfer_post && be->xfer_wait) {
+        g->xport.xfer_post = be->xfer_post;
+        g->xport.xfer_wait = be->xfer_wait;
+        g->xport.xfer_ctx  = ctx;
+        g->xport.peers     = g->shared ? g->world_ranks : NULL;
+    }
+    if (!g->shared) {
+        if (be->run) {
+            g->xport.run       = be->run;
+            g->xport.run_ctx   = ctx;
+            g->xport.run_kinds = be->run_kinds;
+            g->xport.run_avg   = be->run_avg;
+        }
+        if (be->xport)
+            be->xport(ctx, &g->xport);
+    }
+    // A forced algorithm the world's transport cannot run is refused at dt_pg_new; a
+    // sub-group whose own transport lacks it (a hybrid world's groups have no levels)
+    // runs auto's choice instead.
+    return g == R ? dt_algo_check(&g->xport, &g->algo, be->name) : DT_OK;
 }
 
 // ------------------------------------------------------------------ held sends
 
-// Moves the sends every group's backend still holds (backend.h, push). The caller holds
-// the lane. Returns true while some remain (*moved: something moved); clears the flag
-// once none remain. New groups are linked at the head of the list under R->mu and
-// unlinked on the lane, so the walk from the head read under R->mu is safe.
-static bool push_all(dt_pg *R, bool *moved) {
-    pthread_mutex_lock(&R->mu);
-    dt_pg *first = R->next_group;
-    pthread_mutex_unlock(&R->mu);
-    bool held = false;
-    for (dt_pg *g = R; g; g = g == R ? first : g->next_group)
-        if (g->be && g->be->push && g->be_ctx && g->be->push(g->be_ctx, moved))
-            held = true;
-    if (!held)
-        atomic_store(&R->sends_held, false);
-    return held;
-}
-
-bool dt_pg_push_sends(dt_pg *pg) {
-    dt_pg *R = pg->root;
-    if (!atomic_load_explicit(&R->sends_held, memory_order_relaxed))
-        return false;
-    bool moved = false;
-    return push_all(R, &moved);
-}
-
-// A backend's whole operation. A send that leaves part of its message held (a shm
-// message larger than its channel) raises the process's flag: from now on the progress
-// thread moves it while the lane is idle, and every backend's waits move it meanwhile.
-static dt_status run_backend(dt_pg *pg, const dt_op *op) {
-    dt_status st = pg->be->run(pg->be_ctx, op);
-    bool      moved;
-    if (st == DT_OK && op->kind == DT_COLL_SEND && pg->be->push && pg->be->push(pg->be_ctx, &moved))
+// After a send that left part of its message held (a shm message larger than its
+// channel), raise the process's flag: from now on the progress thread moves it while the
+// lane is idle, and every backend's waits move it meanwhile (dt_pg_push_sends).
+static void note_held_send(dt_pg *pg) {
+    bool moved;
+    if (pg->be && pg->be->push && pg->be_ctx && pg->be->push(pg->be_ctx, &moved))
         atomic_store(&pg->root->sends_held, true);
-    return st;
 }
 
 void dt_pg_flush_sends(dt_pg *g) {
@@ -191,17 +180,9 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         dt_clear_error();
         atomic_store_explicit(&R->cur_op, op->fp.seq << 8 | ((uint64_t)op->kind + 1),
                               memory_order_relaxed);
-        if (dt_hybrid_takes(pg, op))
-            st = dt_hybrid_all_reduce(pg, op);
-        else if (pg->shared)
-            st = dt_algo_run(&pg->xlate, pg, &pg->algo, pg->rank, pg->world, op);
-        else if (pg->be->run)
-            st = run_backend(pg, op);
-        else if (pg->be->xfer_post && pg->be->xfer_wait)
-            st = dt_algo_run(pg->be, pg->be_ctx, &pg->algo, pg->rank, pg->world, op);
-        else
-            st = dt_op_fail(op, DT_ERR_UNSUPPORTED, "backend %s cannot run %s", pg->be->name,
-                            dt_coll_name(op->kind));
+        st = dt_algo_run(&pg->xport, &pg->algo, op);
+        if (st == DT_OK && op->kind == DT_COLL_SEND)
+            note_held_send(pg);
         atomic_store_explicit(&R->cur_op, 0, memory_order_relaxed);
         if (st != DT_OK) {
             if (st == DT_ERR_STATE && atomic_load(&R->poisoned)) {
@@ -222,10 +203,6 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         }
     }
     DT_TRACE_END(tr, "comm", dt_coll_name(op->kind), "count", op->count);
-    if (op->fp.op == DT_REDUCE_AVG && op->dst && !(pg->world > 1 && pg->be->native_avg)) {
-        size_t n = op->kind == DT_COLL_REDUCE && pg->rank != op->root ? 0 : op->count;
-        dt_reduce_div(op->dtype, op->dst, n, pg->world);
-    }
     return DT_OK;
 }
 
@@ -331,7 +308,7 @@ static void cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ns) {
 static void push_while_idle(dt_pg *pg, int64_t *nap) {
     pg->busy = pg->pushing = true;
     pthread_mutex_unlock(&pg->mu);
-    bool moved = false, held = push_all(pg, &moved);
+    bool moved = false, held = dt_pg_push_all(pg, &moved);
     // dt_pg_abort leaves telling the backends to the lane's holder: that was us.
     if (atomic_load(&pg->poisoned))
         dt_pg_tell_backends(pg);
@@ -446,6 +423,9 @@ static dt_status validate(const dt_pg *pg, const dt_op *op) {
             return dt_fail(DT_ERR_ARG, "%s: avg needs a floating-point dtype, found %s", name,
                            dt_dtype_name(op->dtype));
     }
+    if (op->fp.order >= DT_ORDER_COUNT_)
+        return dt_fail(DT_ERR_ARG, "%s: expected a reduce order in [0, %d), found %d", name,
+                       DT_ORDER_COUNT_, (int)op->fp.order);
     int world = pg->world, rank = pg->rank;
     if (dt_coll_has_root(op->kind) && (op->root < 0 || op->root >= world))
         return dt_fail(DT_ERR_ARG, "%s: expected a root in [0, %d), found %d", name, world,
@@ -692,13 +672,20 @@ void dt_work_free(dt_work *w) {
 
 #define OP_INIT(k) DT_OP_INIT(k)
 
-dt_status dt_pg_all_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
-                                 dt_dtype dtype, dt_reduce_op op, dt_work **out) {
+dt_status dt_pg_all_reduce_ordered_async(dt_pg *pg, const void *src, void *dst, size_t count,
+                                         dt_dtype dtype, dt_reduce_op op, dt_reduce_order order,
+                                         dt_work **out) {
     dt_op o = OP_INIT(DT_COLL_ALL_REDUCE);
     o.src = src, o.dst = dst, o.count = count, o.dtype = dtype, o.fp.op = (uint8_t)op;
     if ((unsigned)op >= DT_REDUCE_COUNT_)
         o.fp.op = 0xff;
+    o.fp.order = (unsigned)order < 0xff ? (uint8_t)order : 0xff; // validate() refuses it
     return dt_pg_submit(pg, &o, out);
+}
+
+dt_status dt_pg_all_reduce_async(dt_pg *pg, const void *src, void *dst, size_t count,
+                                 dt_dtype dtype, dt_reduce_op op, dt_work **out) {
+    return dt_pg_all_reduce_ordered_async(pg, src, dst, count, dtype, op, DT_ORDER_ANY, out);
 }
 
 dt_status dt_pg_broadcast_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root,
@@ -780,6 +767,10 @@ dt_status dt_pg_recv_async(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, i
 dt_status dt_pg_all_reduce(dt_pg *pg, const void *src, void *dst, size_t count, dt_dtype dtype,
                            dt_reduce_op op) {
     return dt_pg_all_reduce_async(pg, src, dst, count, dtype, op, NULL);
+}
+dt_status dt_pg_all_reduce_ordered(dt_pg *pg, const void *src, void *dst, size_t count,
+                                   dt_dtype dtype, dt_reduce_op op, dt_reduce_order order) {
+    return dt_pg_all_reduce_ordered_async(pg, src, dst, count, dtype, op, order, NULL);
 }
 dt_status dt_pg_broadcast(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int root) {
     return dt_pg_broadcast_async(pg, buf, count, dtype, root, NULL);

@@ -1,7 +1,9 @@
 // pg_impl.h: the process group's insides, shared by pg.c (the dispatcher: the execution
 // lane, submission), pg_init.c (the world group's rendezvous and set-up), pg_state.c
-// (accessors and poison) and group.c (sub-groups). Not for backends: they see
-// the group only through backend.h.
+// (accessors, poison, held sends) and group.c (sub-groups). Not for backends: they see
+// the group only through backend.h. The files call one way: pg_init.c and group.c call
+// pg.c, which calls the algorithm layer (algo/algo.h); every one of them calls
+// pg_state.c; nothing calls back up.
 //
 // One execution lane per process: the world group's queue, progress thread and `busy`
 // flag serve every group of the process, so the operations of all groups run one at a
@@ -12,6 +14,7 @@
 #ifndef DTRAIN_COMM_PG_IMPL_H
 #define DTRAIN_COMM_PG_IMPL_H
 
+#include "comm/algo/algo.h"
 #include "comm/comm_impl.h"
 
 #include <pthread.h>
@@ -36,22 +39,14 @@ struct dt_pg {
     dt_algo_cfg           algo;
 
     // Sub-groups (group.c). The world group has root == itself, gid 0.
-    dt_pg         *root;        // the world group: lane, poison, liveness
-    uint32_t       gid;         // group id carried in fingerprints (0: the world)
-    int           *world_ranks; // group rank -> world rank; NULL for the world
-    bool           shared;      // runs the generic algorithms over the root's transport
-    dt_backend_ops xlate;       // shared: the root's transfer slots, ranks translated
-    dt_pg         *next_group;  // root's list of live sub-groups (root->mu)
-    int            pending;     // this group's operations queued or running (root->mu)
-    uint32_t       next_gid;    // root only: the least id this rank may propose (root->mu)
-
-    // The hybrid backend (hybrid.c; world group only): tcp between all ranks, plus
-    bool   hybrid;   // chosen (set up after the world's init)
-    dt_pg *hy_node;  // the ranks of this host (shm)
-    dt_pg *hy_cross; // the ranks of this local index on every host (tcp, shared)
-    void  *hy_buf;   // grow-only scratch
-    size_t hy_cap;
-    size_t hy_min_bytes; // all_reduce from this size is hierarchical
+    dt_pg   *root;        // the world group: lane, poison, liveness
+    uint32_t gid;         // group id carried in fingerprints (0: the world)
+    int     *world_ranks; // group rank -> world rank; NULL for the world
+    bool     shared;      // runs over the root's transfer slots (xport.peers = world_ranks)
+    dt_xport xport;       // what the algorithms run over (dt_pg_set_xport)
+    dt_pg   *next_group;  // root's list of live sub-groups (root->mu)
+    int      pending;     // this group's operations queued or running (root->mu)
+    uint32_t next_gid;    // root only: the least id this rank may propose (root->mu)
 
     // The lane (used on the world group only), guarded by mu:
     pthread_mutex_t mu;
@@ -117,27 +112,17 @@ void dt_pg_flush_sends(dt_pg *g);
 // Tells the backend of `pg` and of every live sub-group of its root that the process
 // failed (once each). Caller holds the lane.
 void dt_pg_tell_backends(dt_pg *pg);
-// Appends " [group G: world ranks a, b, ...; this rank: rank r of the group, world rank
-// w]" to buf (a failure's message names the group and both numberings).
+// pg_state.c: appends " [group G: world ranks a, b, ...; this rank: rank r of the
+// group, world rank w]" to buf (a failure's message names the group and both numberings).
 void dt_pg_group_describe(const dt_pg *g, char *buf, size_t n);
-// A shared sub-group's transfer slots (g->xlate): translate the peer to a world rank and
-// hand the transfer to the world's backend. ctx is the group.
-dt_status dt_pg_group_xfer_post(void *ctx, const dt_op *op, dt_xfer *x);
-dt_status dt_pg_group_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x);
-// A sub-group as dt_pg_split makes it, but on backend `be` set up afresh through the
-// parent's store (be->init by the members) instead of the parent's: the hybrid
-// backend's shm groups.
-dt_status dt_pg_split_on(dt_pg **out, dt_pg *parent, int color, int key, const dt_backend_ops *be);
-
-// hybrid.c. True when the world's hosts have one number of ranks each (why: else a
-// reason, when why != NULL).
-bool dt_hybrid_fits(const dt_pg *pg, char *why, size_t n);
-// COLLECTIVE after the world's init: the node and cross groups.
-dt_status dt_hybrid_setup(dt_pg *pg, uint64_t deadline_ns);
-void      dt_hybrid_free(dt_pg *pg);
-// True when `op` of `pg` runs hierarchically; then dt_hybrid_all_reduce runs it.
-bool      dt_hybrid_takes(const dt_pg *pg, const dt_op *op);
-dt_status dt_hybrid_all_reduce(dt_pg *pg, const dt_op *op);
+// pg_state.c: moves the sends every group's backend of the process still holds
+// (backend.h, push); the caller holds the lane. Returns true while some remain (*moved:
+// something moved); clears root->sends_held once none remain.
+bool dt_pg_push_all(dt_pg *root, bool *moved);
+// pg.c: fills g->xport from its backend state (or, for a shared sub-group, from the
+// root's transfer slots with its ranks translated) and checks that the algorithms
+// DT_*_ALGO forces can run over it. At the group's creation.
+dt_status dt_pg_set_xport(dt_pg *g);
 // Frees a sub-group (group.c), called by dt_pg_free.
 void dt_pg_group_free(dt_pg *g);
 

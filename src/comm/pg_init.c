@@ -1,7 +1,7 @@
 // pg_init.c: creating and freeing the world group: the init method (env://, tcp://,
 // file://, the store's address through MPI), the rendezvous through the store (ranks,
 // world size, host identities), the backend's choice and set-up, liveness, and the init
-// barrier. It calls the layers below (stores, backends, liveness, hybrid) and starts the
+// barrier. It calls the layers below (stores, backends, liveness) and starts the
 // lane of pg.c.
 #include "comm/backends.h"
 #include "comm/pg_impl.h"
@@ -205,17 +205,10 @@ static dt_status rendezvous(dt_pg *pg, const char *want, uint64_t deadline) {
 }
 
 static dt_status choose_backend(dt_pg *pg, const char *want) {
-    const dt_backend_ops *shm    = dt_backend_find("shm");
-    bool                  shm_ok = shm && shm->built;
     if (!want || !*want || strcmp(want, "auto") == 0) {
-        if (pg->all_local && shm_ok && (!shm->usable || shm->usable(pg)))
-            pg->be = shm;
-        else
-            pg->be = &dt_backend_tcp;
-        // Ranks on several hosts, more than one on a host: shm inside, tcp between.
-        pg->hybrid = !pg->all_local && shm_ok && dt_hybrid_fits(pg, NULL, 0);
+        pg->be = dt_backend_auto(pg);
         if (pg->rank == 0)
-            DT_INFO("comm", "backend auto: chose %s (%d ranks, %s%s)", dt_pg_backend(pg), pg->world,
+            DT_INFO("comm", "backend auto: chose %s (%d ranks, %s%s)", pg->be->name, pg->world,
                     pg->all_local ? "all on one host" : "on more than one host",
                     pg->store_via_mpi ? "; store address through MPI" : "");
         return DT_OK;
@@ -225,18 +218,6 @@ static dt_status choose_backend(dt_pg *pg, const char *want) {
     // accepted as its alias and the group reports "tcp".
     if (strcmp(want, "gloo") == 0)
         want = "tcp";
-    if (strcmp(want, "hybrid") == 0) {
-        char why[160];
-        if (!shm_ok)
-            return dt_fail(DT_ERR_UNSUPPORTED, "init: backend hybrid needs shm, which is not "
-                                               "built into this library");
-        if (!dt_hybrid_fits(pg, why, sizeof why))
-            return dt_fail(DT_ERR_UNSUPPORTED, "init: backend hybrid cannot serve this group: %s",
-                           why);
-        pg->be     = &dt_backend_tcp;
-        pg->hybrid = true;
-        return DT_OK;
-    }
     const dt_backend_ops *be = dt_backend_find(want);
     if (!be)
         return dt_fail(DT_ERR_ARG,
@@ -245,10 +226,10 @@ static dt_status choose_backend(dt_pg *pg, const char *want) {
                        want);
     if (!be->built)
         return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s is not built into this library", want);
-    if (be->usable && !be->usable(pg))
-        return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s cannot serve this group (%s)", want,
-                       pg->all_local ? "refused by the backend"
-                                     : "the ranks are on more than one host");
+    char why[200] = "refused by the backend";
+    if (be->usable && !be->usable(pg, false, why, sizeof why))
+        return dt_fail(DT_ERR_UNSUPPORTED, "init: backend %s cannot serve this group: %s", want,
+                       why);
     pg->be = be;
     return DT_OK;
 }
@@ -284,7 +265,6 @@ void dt_pg_free(dt_pg *pg) {
     // Sends the backend still holds reach their receivers before this rank says bye
     // (bounded by the timeout; the lane is ours alone now).
     dt_pg_flush_sends(pg);
-    dt_hybrid_free(pg);
     if (pg->next_group)
         DT_WARN("comm",
                 "dt_pg_free: the world group is freed before its sub-groups (group %u "
@@ -518,6 +498,10 @@ static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opt
         goto fail;
     }
     pg->thread_started = true;
+    if (dt_pg_set_xport(pg) != DT_OK) {
+        dt_fail_context("init: backend %s", pg->be->name);
+        goto fail;
+    }
     // The init barrier: everyone has a working backend before anyone returns.
     dt_op ob    = DT_OP_INIT(DT_COLL_INIT);
     ob.fp.coll  = DT_COLL_INIT;
@@ -529,10 +513,6 @@ static dt_pg *pg_create(const char *method, int rank, int world, const dt_pg_opt
     }
     if (dt_live_wait_peers(pg->live, deadline) != DT_OK)
         goto fail;
-    if (pg->hybrid && dt_hybrid_setup(pg, deadline) != DT_OK) {
-        dt_fail_context("init: backend hybrid");
-        goto fail;
-    }
     return pg;
 fail:;
     dt_status st = dt_last_status();

@@ -1,7 +1,8 @@
 // pg_state.c: what the layers below the dispatcher read from a group (rank, size, hosts,
-// timeout, token, the abort flag and fd, the progress counter: backend.h) and the poison
-// every group of a process shares (pg_impl.h). It calls no backend: tcp, shm, mpi,
-// hybrid and liveness call down into it while pg.c calls them.
+// timeout, token, the abort flag and fd, the progress counter: backend.h), the poison
+// every group of a process shares (pg_impl.h), and the held sends every backend's waits
+// move (dt_pg_push_sends). It calls nothing above it: tcp, shm, mpi, hybrid, liveness,
+// the dispatcher and the sub-groups call down into it.
 #include "comm/pg_impl.h"
 
 #include <stdarg.h>
@@ -21,8 +22,6 @@ int dt_pg_local_size(const dt_pg *pg) {
     return pg ? pg->local_world : 0;
 }
 const char *dt_pg_backend(const dt_pg *pg) {
-    if (pg && pg->hybrid)
-        return "hybrid";
     return pg && pg->be ? pg->be->name : "none";
 }
 dt_store *dt_pg_store(dt_pg *pg) {
@@ -89,4 +88,45 @@ void dt_pg_fail(dt_pg *pg, dt_status st, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     dt_pg_poison(pg, st, msg);
+}
+
+// ------------------------------------------------------------------ held sends
+
+// New groups are linked at the head of the root's list under R->mu and unlinked on the
+// lane, so the walk from the head read under R->mu is safe for the lane's holder.
+bool dt_pg_push_all(dt_pg *R, bool *moved) {
+    pthread_mutex_lock(&R->mu);
+    dt_pg *first = R->next_group;
+    pthread_mutex_unlock(&R->mu);
+    bool held = false;
+    for (dt_pg *g = R; g; g = g == R ? first : g->next_group)
+        if (g->be && g->be->push && g->be_ctx && g->be->push(g->be_ctx, moved))
+            held = true;
+    if (!held)
+        atomic_store(&R->sends_held, false);
+    return held;
+}
+
+bool dt_pg_push_sends(dt_pg *pg) {
+    dt_pg *R = pg->root;
+    if (!atomic_load_explicit(&R->sends_held, memory_order_relaxed))
+        return false;
+    bool moved = false;
+    return dt_pg_push_all(R, &moved);
+}
+
+// ------------------------------------------------------------------ messages
+
+void dt_pg_group_describe(const dt_pg *g, char *buf, size_t n) {
+    size_t off = (size_t)snprintf(buf, n, " [group %u: world ranks ", g->gid);
+    for (int i = 0; i < g->world && off < n; i++) {
+        if (i == 8 && g->world > 9) {
+            off += (size_t)snprintf(buf + off, n - off, "..., %d", g->world_ranks[g->world - 1]);
+            break;
+        }
+        off += (size_t)snprintf(buf + off, n - off, "%s%d", i ? ", " : "", g->world_ranks[i]);
+    }
+    if (off < n)
+        snprintf(buf + off, n - off, "; this rank: rank %d of the group, world rank %d]", g->rank,
+                 g->world_ranks[g->rank]);
 }

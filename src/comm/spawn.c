@@ -1,5 +1,5 @@
-// spawn.c: dt_spawn, the C form of torch.multiprocessing.spawn. What makes its workers a
-// job is decided here, in comm: their rank variables, the store's port and address, the
+// spawn.c: dt_spawn and dt_spawn_fork, the C forms of torch.multiprocessing.spawn. What makes its
+// workers a job is decided here, in comm: their rank variables, the store's port and address, the
 // job token, and the bound on local processes (sized by the shm segment they would
 // share). Forking, watching, stopping (SIGTERM, then SIGKILL after a grace period) and
 // reaping them is src/launch's supervisor (dt_procs, launch.h); the first failure is
@@ -8,6 +8,7 @@
 #include "comm/shm/shm.h"
 #include "core/hmac.h"
 
+#include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,9 +71,14 @@ typedef struct spawn_child {
     int         nprocs;
     long        base, world;
     const char *addr, *port, *token;
-    dt_spawn_fn fn;
+    dt_spawn_fn fn; // NULL: dt_spawn_fork's child goes back to its caller (back)
     void       *arg;
+    sigjmp_buf *back; // set by the parent before each fork
 } spawn_child;
+
+// dt_spawn_fork's child: its local rank, written before it jumps back (a file-scope
+// volatile, not a local of the frame it jumps to, whose value would be indeterminate).
+static volatile int forked_rank = -1;
 
 // Runs in child i (the supervisor has made it die with its parent): never returns.
 static void child_main(int i, void *arg) {
@@ -87,6 +93,10 @@ static void child_main(int i, void *arg) {
         setenv("MASTER_PORT", c->port, 1);
     if (c->token)
         setenv("DT_JOB_TOKEN", c->token, 1);
+    if (!c->fn) { // back into dt_spawn_fork's frame, which this process holds too
+        forked_rank = i;
+        siglongjmp(*c->back, 1);
+    }
     int rc = c->fn(i, c->arg);
     fflush(NULL);
     _exit(rc & 0xff);
@@ -113,14 +123,14 @@ static void on_end(dt_procs *ps, int i, void *ctx) {
     dt_procs_stop(ps, SIGTERM, w->grace_ms);
 }
 
-dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) {
+// Both forms: fn NULL is dt_spawn_fork's (*local_rank >= 0 in a child that returns).
+static dt_status spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out,
+                       int *local_rank) {
     dt_spawn_result res = {.failed_rank = -1, .exit_code = 0, .term_signal = 0};
     if (out)
         *out = res;
     if (nprocs < 1 || nprocs > 4096)
         return dt_fail(DT_ERR_ARG, "spawn: expected 1..4096 processes, found %d", nprocs);
-    if (!fn)
-        return dt_fail(DT_ERR_ARG, "spawn: the worker function is NULL");
     DT_TRY(check_local_bound(nprocs));
     long grace, term_grace;
     DT_TRY(dt_setting_int("DT_SPAWN_GRACE_MS", &grace));
@@ -178,6 +188,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
 
     dt_procs *ps;
     DT_TRY(dt_procs_new(&ps, nprocs, NULL));
+    sigjmp_buf  back;
     spawn_child c  = {.nprocs = nprocs,
                       .base   = base,
                       .world  = world,
@@ -185,10 +196,15 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
                       .port   = port,
                       .token  = token,
                       .fn     = fn,
-                      .arg    = arg};
+                      .arg    = arg,
+                      .back   = &back};
     watch       w  = {.res = &res, .grace_ms = grace};
     dt_status   st = DT_OK;
-    for (int i = 0; i < nprocs; i++)
+    for (int i = 0; i < nprocs; i++) {
+        if (!fn && sigsetjmp(back, 0)) { // a child of dt_spawn_fork, back from child_main
+            *local_rank = forked_rank;
+            return DT_OK;
+        }
         if (dt_procs_start(ps, i, child_main, &c) != DT_OK) {
             st = dt_fail_errno(DT_ERR_IO, "spawn: fork of local rank %d of %d", i, nprocs);
             res.failed_rank = i;
@@ -196,6 +212,7 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
             dt_procs_stop(ps, SIGTERM, grace); // the ones already started
             break;
         }
+    }
     // Without a time limit (the workers carry their own timeouts), but looking every
     // 100 ms for a SIGTERM the caller blocks: it does not wake the wait.
     while (dt_procs_alive(ps) > 0) {
@@ -220,4 +237,18 @@ dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) 
                        res.failed_rank, base + res.failed_rank, how);
     }
     return DT_OK;
+}
+
+dt_status dt_spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *out) {
+    if (!fn) {
+        if (out)
+            *out = (dt_spawn_result){.failed_rank = -1};
+        return dt_fail(DT_ERR_ARG, "spawn: the worker function is NULL");
+    }
+    return spawn(nprocs, fn, arg, out, NULL);
+}
+
+dt_status dt_spawn_fork(int nprocs, int *local_rank, dt_spawn_result *out) {
+    *local_rank = -1;
+    return spawn(nprocs, NULL, NULL, out, local_rank);
 }

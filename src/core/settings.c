@@ -32,8 +32,8 @@ static const dt_setting table[] = {
      "caps the CPU kernel targets at this level and those below it (auto: the best the CPU "
      "has); ref is portable C alone"},
     {"DT_CONV", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|direct|gemm",
-     "convolution kernels: dtrain's AVX-512 ones (direct) or im2col and the GEMM (gemm); auto "
-     "picks direct where the CPU has AVX-512"},
+     "convolution kernels: dtrain's shifted GEMMs (direct) or im2col and the GEMM (gemm); auto "
+     "picks direct where the CPU has AVX2 or AVX-512"},
     {"DT_CONV_CL", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
      "new layers' convolutions: channels-in-lanes AVX-512 kernels where measured faster "
      "(auto), never (0), or also for rows wider than 14 (1)"},
@@ -85,8 +85,26 @@ static const dt_setting table[] = {
     {"DT_RESTART_COUNT", "comm", DT_SETTING_INT, 0, 1L << 30, 0, NULL,
      "set by dtrun: restarts of the group so far"},
     // comm: algorithms
-    {"DT_ALLREDUCE_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|ring|rdouble",
-     "all_reduce algorithm of the tcp backend (auto: by size)"},
+    {"DT_ALLGATHER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|ring",
+     "all_gather algorithm, on every backend that offers it (auto: the table in "
+     "docs/comm.md)"},
+    {"DT_ALLREDUCE_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|hier|shm|rdouble|ring",
+     "all_reduce algorithm, on every backend that offers it (auto: by size, world and "
+     "backend)"},
+    {"DT_ALLTOALL_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|pairwise",
+     "all_to_all algorithm"},
+    {"DT_BARRIER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|dissemination",
+     "barrier algorithm"},
+    {"DT_BROADCAST_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|tree|chain",
+     "broadcast algorithm"},
+    {"DT_GATHER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|direct",
+     "gather algorithm"},
+    {"DT_REDUCESCATTER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|ring",
+     "reduce_scatter algorithm"},
+    {"DT_REDUCE_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|tree|ring",
+     "reduce algorithm"},
+    {"DT_SCATTER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|direct",
+     "scatter algorithm"},
     {"DT_SEGMENT_BYTES", "comm", DT_SETTING_INT, 8, 1L << 30, 1L << 20, NULL,
      "ring and chain segment size"},
     {"DT_SMALL_BYTES", "comm", DT_SETTING_INT, 0, 1L << 30, 64L << 10, NULL,

@@ -1,29 +1,18 @@
-// simd.h: sixteen-lane vectors for the kernels' loops (kernels/vmath.h builds on them),
-// and DT_CLONES, the load-time dispatch the hot loops used before the kernel table: it
-// asks GCC for an AVX-512, an AVX2+FMA and a baseline x86-64 version of a function and
-// an ifunc resolver that picks one when the program loads, which DT_ISA cannot cap.
-// Only the loops not yet moved to kernel-table rows still carry it (layers/conv_team.c,
-// comm's reduce.c and shm/shm_kernels.c); it goes with the last of them. Empty with
-// other compilers, under NATIVE=1 builds and under sanitizers.
+// simd.h: sixteen-lane vectors for the kernels' loops (kernels/vmath.h builds on them).
+// Which instructions they become is the kernel table's choice: each target's objects
+// are compiled for its instruction set (src/kernels, docs/kernels.md), capped by DT_ISA.
 #ifndef DTRAIN_SIMD_H
 #define DTRAIN_SIMD_H
 
 #include <stdint.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(DT_NO_CLONES) &&   \
-    !defined(DT_SANITIZE)
-#define DT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DT_CLONES
-#endif
-
 // Sixteen floats as one value, for loops the compiler would not vectorise well on its
 // own (short rows with a tail). On AVX-512 it is one register; the baseline build
 // splits it into SSE operations. Loads and stores go through memcpy: unaligned, and
 // free of strict-aliasing trouble. The helpers are always inlined: a 64-byte vector
-// passed to or returned from a real call is passed in registers by an AVX-512 clone
-// and in memory by baseline code, so an out-of-line helper shared by both (as at -O0)
-// would be called with the wrong convention.
+// passed to or returned from a real call is passed in registers by AVX-512 code and in
+// memory by baseline code, so an out-of-line helper shared by two targets' objects (as
+// at -O0) would be called with the wrong convention.
 #define DT_VINLINE static inline __attribute__((always_inline))
 typedef float   dt_v16f __attribute__((vector_size(64)));
 typedef int32_t dt_v16i __attribute__((vector_size(64)));
@@ -36,8 +25,8 @@ DT_VINLINE dt_v16f dt_load16(const float *p) {
 DT_VINLINE void dt_store16(float *p, dt_v16f v) {
     __builtin_memcpy(p, &v, sizeof v);
 }
-// (vector + scalar broadcasts the scalar; a 16-element initialiser would be built
-// lane by lane in target_clones functions)
+// (vector + scalar broadcasts the scalar; a 16-element initialiser may be built lane
+// by lane)
 DT_VINLINE dt_v16f dt_splat16(float x) {
     return (dt_v16f){0} + x;
 }

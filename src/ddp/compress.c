@@ -7,9 +7,10 @@
 //   start:  q = g / world in fp32, rounded to 16 bits into `world` blocks of c values
 //           (c = ceil(n / world) rounded up to even, the tail zero-padded); an
 //           all-to-all sends block j to rank j (queued, asynchronous);
-//   finish: rank r sums the `world` copies of its block in fp32, in rank order, rounds
-//           the sum to 16 bits, and an all-gather gives every rank every block; the
-//           16-bit values are widened back into the gradient.
+//   finish: rank r sums the `world` copies of its block in fp32, in rank order (comm's
+//           reduce kernel, dt_reduce_n), rounds the sum to 16 bits, and an all-gather
+//           gives every rank every block; the 16-bit values are widened back into
+//           the gradient.
 // Each rank sends and receives 2 (world - 1) c 16-bit values: half of the fp32 ring
 // all-reduce's bytes. The sum's order depends only on ranks, so every rank gets the
 // same bits, reproducibly. PyTorch divides after the cast (in 16 bits); dividing first
@@ -17,6 +18,7 @@
 // division.
 #include "ddp/compress.h"
 
+#include "comm/reduce.h"
 #include "nn/prec.h"
 
 #include <string.h>
@@ -35,6 +37,7 @@ typedef struct compress_state {
     bucket_buf     *b;
     float          *tmp; // scratch floats, max c * world
     size_t          tmp_n;
+    const void    **in; // world pointers: the decoded blocks, for comm's reduce kernel
 } compress_state;
 
 static const char *const names[] = {"none", "bf16", "fp16"};
@@ -133,16 +136,14 @@ static dt_status hook_finish(void *state, dt_pg *pg, int bucket, float *grad, si
     compress_state *s = state;
     bucket_buf     *b = &s->b[bucket];
     size_t          c = b->c, w = (size_t)s->world;
-    float          *sum = s->tmp, *part = s->tmp + c;
-    // tmp holds w * c floats and w >= 1: sum uses c, part the next c (w >= 2), else
-    // the one block is the sum itself.
-    decode(s, b->recv, sum, c);
-    for (size_t r = 1; r < w; r++) {
-        decode(s, b->recv + r * c, part, c);
-        for (size_t i = 0; i < c; i++)
-            sum[i] += part[i];
+    // The w copies of this rank's block widened into tmp (w * c floats), summed in rank
+    // order by comm's kernel into the first.
+    for (size_t r = 0; r < w; r++) {
+        decode(s, b->recv + r * c, s->tmp + r * c, c);
+        s->in[r] = s->tmp + r * c;
     }
-    encode(s, sum, b->mine, c);
+    dt_reduce_n(s->tmp, NULL, false, s->in, s->world, c, DT_FLOAT32, DT_REDUCE_SUM, DT_ORDER_ANY);
+    encode(s, s->tmp, b->mine, c);
     dt_status st = dt_pg_all_gather(pg, b->mine, b->all, c / 2, DT_INT32);
     if (st != DT_OK)
         return dt_fail_context("ddp compression: all-gather of bucket %d", bucket);
@@ -158,6 +159,10 @@ dt_status ddp_compress_new(void **state, dt_ddp_comm_hook *hook, dt_ddp_compress
     if (world < 1)
         return dt_fail(DT_ERR_ARG, "ddp compression: expected a world size >= 1, found %d", world);
     compress_state *s = dt_alloc_zero(sizeof *s);
+    if (s && !(s->in = dt_alloc(sizeof(void *) * (size_t)world))) {
+        dt_free(s);
+        s = NULL;
+    }
     if (!s)
         return DT_ERR_NOMEM;
     s->kind  = kind;
@@ -175,5 +180,6 @@ void ddp_compress_free(void *state) {
         buf_free(&s->b[i]);
     dt_free(s->b);
     dt_free(s->tmp);
+    dt_free(s->in);
     dt_free(s);
 }

@@ -1,10 +1,12 @@
-// ddp.c: gradient buckets over the flat gradient buffer, reduced on the progress
-// thread while backward goes on (see ddp.h for the contract).
+// ddp.c: DistributedDataParallel (see ddp.h for the contract): the checks and
+// broadcasts at the start, and the reduction of each gradient bucket as a comm hook of
+// the one gradient reducer (reducer.h), which owns the buckets, the ready tracking, the
+// launch during backward and the errors: an all-reduce (AVG; in the tree order of comm.h
+// with tree_reduce), the 16-bit compression (compress.c) or the caller's hook.
 #include "dtrain/ddp.h"
-#include "dtrain/trace.h"
 
-#include "ddp/buckets.h"
 #include "ddp/compress.h"
+#include "ddp/reducer.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -12,158 +14,20 @@
 // Per tensor in the shape check: numel, ndim, 4 dims, CRC32C of the name, trainable.
 #define ENTRY_LEN 8
 
-typedef struct bucket {
-    size_t   offset, count;   // floats of the flat buffers
-    int      first, ntensors; // parameter tensors [first, first + ntensors)
-    int      ntrain;          // the trainable ones among them
-    int      pending;         // trainable tensors not yet ready in this backward
-    dt_work *work;            // the all-reduce in flight, NULL when not started
-} bucket;
-
 struct dt_ddp {
     dt_params  *p;
     dt_pg      *pg;
     dt_ddp_opts o;
-    int         ntensors;
-    int         nbuckets;
-    bucket     *b;
-    int        *tensor_bucket; // [ntensors]; -1 for frozen tensors outside every bucket
-    bool       *ready;         // [ntensors]
-    int         next_launch;   // buckets start in index order on every rank
-    bool        sync;
-    bool        marked; // something was marked ready since the last sync
-    dt_status   err;    // sticky failure seen in the hook
-    char        errmsg[512];
-    double      wait_s;
-    int64_t     steps;
-    int         world;
-    float      *gathered; // tree_reduce: world copies of each bucket, bucket-major
-
-    dt_ddp_comm_hook hook;     // start == NULL: plain fp32 all-reduce
-    void            *own_hook; // the compression state this wrapper made (compress.h)
+    dt_reducer *r;
+    void       *own_hook; // the compression state this wrapper made (compress.h)
 };
 
 dt_ddp_opts dt_ddp_opts_default(void) {
     return (dt_ddp_opts){.broadcast_params = true, .overlap = true};
 }
 
-// --------------------------------------------------------------------------- buckets
-
-// The buckets (buckets.h: PyTorch's assignment by size), in reduction order.
-static dt_status form_buckets(dt_ddp *d) {
-    int             n     = d->ntensors;
-    dt_bucket_span *spans = dt_alloc_zero(sizeof *spans * (size_t)(n ? n : 1));
-    d->b                  = dt_alloc_zero(sizeof(bucket) * (size_t)(n ? n : 1));
-    if (!spans || !d->b) {
-        dt_free(spans);
-        return DT_ERR_NOMEM;
-    }
-    dt_bucket_plan(d->p, d->o.bucket_cap_bytes, d->o.first_bucket_bytes, spans, &d->nbuckets,
-                   d->tensor_bucket);
-    for (int i = 0; i < d->nbuckets; i++)
-        d->b[i] = (bucket){.offset   = spans[i].offset,
-                           .count    = spans[i].count,
-                           .first    = spans[i].first,
-                           .ntensors = spans[i].ntensors,
-                           .ntrain   = spans[i].ntrain};
-    dt_free(spans);
-    return DT_OK;
-}
-
-static void reset_step(dt_ddp *d) {
-    for (int i = 0; i < d->nbuckets; i++) {
-        d->b[i].pending = d->b[i].ntrain;
-        d->b[i].work    = NULL;
-    }
-    memset(d->ready, 0, sizeof(bool) * (size_t)(d->ntensors ? d->ntensors : 1));
-    d->next_launch = 0;
-    d->marked      = false;
-}
-
-static void record_error(dt_ddp *d, dt_status s) {
-    if (d->err == DT_OK) {
-        d->err = s;
-        snprintf(d->errmsg, sizeof d->errmsg, "%s", dt_last_error());
-    }
-}
-
-// Starts every bucket, in index order, whose gradients are all final.
-static void launch_ready(dt_ddp *d) {
-    while (d->next_launch < d->nbuckets && d->b[d->next_launch].pending == 0) {
-        bucket *bk = &d->b[d->next_launch];
-        float  *g  = dt_params_grads(d->p) + bk->offset;
-        bk->work   = NULL;
-        DT_TRACE_BEGIN(tr);
-        dt_status s =
-            d->hook.start
-                ? d->hook.start(d->hook.state, d->pg, d->next_launch, g, bk->count, &bk->work)
-            : d->gathered
-                ? dt_pg_all_gather_async(d->pg, g, d->gathered + (size_t)d->world * bk->offset,
-                                         bk->count, DT_FLOAT32, &bk->work)
-                : dt_pg_all_reduce_async(d->pg, g, g, bk->count, DT_FLOAT32, DT_REDUCE_AVG,
-                                         &bk->work);
-        DT_TRACE_END(tr, "ddp", "bucket start", "bucket", d->next_launch);
-        if (s != DT_OK) {
-            record_error(d, dt_fail_context("ddp: bucket %d", d->next_launch));
-            bk->work = NULL;
-        }
-        d->next_launch++;
-    }
-}
-
-static dt_status mark(dt_ddp *d, size_t offset, size_t count, bool launch) {
-    size_t end = offset + count, covered = 0;
-    for (int t = 0; t < d->ntensors; t++) { // validate before changing anything
-        const dt_param_info *pi = dt_params_info(d->p, t);
-        if (pi->offset >= end || pi->offset + pi->count <= offset || !pi->trainable)
-            continue;
-        if (pi->offset < offset || pi->offset + pi->count > end)
-            return dt_fail(DT_ERR_ARG,
-                           "ddp: range [%zu, %zu) cuts parameter %s [%zu, %zu); expected whole "
-                           "tensors",
-                           offset, end, pi->name, pi->offset, pi->offset + pi->count);
-        if (d->ready[t])
-            return dt_fail(DT_ERR_STATE,
-                           "ddp: parameter %s was marked ready twice in one step: call "
-                           "dt_ddp_sync after each backward, or turn sync off to accumulate",
-                           pi->name);
-        covered += pi->count;
-    }
-    if (covered == 0) {
-        // A range of frozen tensors only has nothing to reduce.
-        for (int t = 0; t < d->ntensors; t++) {
-            const dt_param_info *pi = dt_params_info(d->p, t);
-            if (pi->offset >= offset && pi->offset + pi->count <= end && pi->count)
-                return DT_OK;
-        }
-        return dt_fail(DT_ERR_ARG, "ddp: range [%zu, %zu) covers no parameter tensor", offset, end);
-    }
-    for (int t = 0; t < d->ntensors; t++) {
-        const dt_param_info *pi = dt_params_info(d->p, t);
-        if (pi->trainable && pi->offset >= offset && pi->offset + pi->count <= end) {
-            d->ready[t] = true;
-            d->b[d->tensor_bucket[t]].pending--;
-        }
-    }
-    d->marked = true;
-    if (launch && d->o.overlap)
-        launch_ready(d);
-    return DT_OK;
-}
-
-static void on_grad_ready(void *user, size_t offset, size_t count) {
-    dt_ddp *d = user;
-    if (!d->sync)
-        return;
-    dt_status s = mark(d, offset, count, true);
-    if (s != DT_OK)
-        record_error(d, s);
-}
-
 dt_status dt_ddp_mark_ready(dt_ddp *d, size_t offset, size_t count) {
-    if (!d->sync)
-        return DT_OK;
-    return mark(d, offset, count, true);
+    return dt_reducer_mark(d->r, offset, count);
 }
 
 // ------------------------------------------------------------------------------ init
@@ -274,11 +138,8 @@ dt_status dt_ddp_broadcast_buffers(dt_ddp *d) {
 }
 
 static void ddp_destroy(dt_ddp *d) {
+    dt_reducer_free(d->r);
     ddp_compress_free(d->own_hook);
-    dt_free(d->gathered);
-    dt_free(d->b);
-    dt_free(d->tensor_bucket);
-    dt_free(d->ready);
     dt_free(d);
 }
 
@@ -292,152 +153,64 @@ dt_status dt_ddp_new(dt_ddp **out, dt_params *p, dt_pg *pg, const dt_ddp_opts *o
     dt_ddp *d = dt_alloc_zero(sizeof *d);
     if (!d)
         return DT_ERR_NOMEM;
-    d->p             = p;
-    d->pg            = pg;
-    d->o             = opts ? *opts : dt_ddp_opts_default();
-    d->ntensors      = dt_params_count(p);
-    d->sync          = true;
-    size_t nt        = (size_t)(d->ntensors ? d->ntensors : 1);
-    d->tensor_bucket = dt_alloc_zero(sizeof(int) * nt);
-    d->ready         = dt_alloc_zero(sizeof(bool) * nt);
-    d->world         = dt_pg_size(pg);
-    dt_status s      = !d->tensor_bucket || !d->ready ? DT_ERR_NOMEM : DT_OK;
-    if (!s && (d->o.comm_hook || d->o.compress != DT_DDP_COMPRESS_NONE) && d->o.tree_reduce)
+    d->p               = p;
+    d->pg              = pg;
+    d->o               = opts ? *opts : dt_ddp_opts_default();
+    dt_reducer_opts ro = {.who                = "ddp",
+                          .sync_span          = "ddp sync",
+                          .bucket_cap_bytes   = d->o.bucket_cap_bytes,
+                          .first_bucket_bytes = d->o.first_bucket_bytes,
+                          .track              = true,
+                          .overlap            = d->o.overlap,
+                          // the average over ranks, in comm's tree order with tree_reduce
+                          // (with 2 ranks every order is a + b)
+                          .order = d->o.tree_reduce ? DT_ORDER_TREE : DT_ORDER_ANY};
+    dt_status       s  = DT_OK;
+    if ((d->o.comm_hook || d->o.compress != DT_DDP_COMPRESS_NONE) && d->o.tree_reduce)
         s = dt_fail(DT_ERR_ARG, "ddp: tree_reduce and gradient compression (or a comm hook) "
                                 "both set: expected one of them");
-    if (!s && d->o.comm_hook)
-        d->hook = *d->o.comm_hook;
-    else if (!s && d->o.compress != DT_DDP_COMPRESS_NONE)
-        s = ddp_compress_new(&d->own_hook, &d->hook, d->o.compress, dt_pg_size(pg));
-    // With 2 ranks every backend's all-reduce adds a + b (= b + a), already the tree.
-    if (!s && d->o.tree_reduce && d->world > 2 &&
-        !(d->gathered = dt_alloc(sizeof(float) * (size_t)d->world * dt_params_numel(p))))
-        s = DT_ERR_NOMEM;
-    if (s || (s = form_buckets(d)) || (s = verify_shapes(d)) ||
+    else if (d->o.comm_hook && !d->o.comm_hook->start)
+        s = dt_fail(DT_ERR_ARG, "ddp: expected a comm hook with a start, found none");
+    else if (d->o.comm_hook)
+        ro.hook = *d->o.comm_hook;
+    else if (d->o.compress != DT_DDP_COMPRESS_NONE)
+        s = ddp_compress_new(&d->own_hook, &ro.hook, d->o.compress, dt_pg_size(pg));
+    if (s || (s = verify_shapes(d)) ||
         (d->o.broadcast_params &&
          ((s = dt_pg_broadcast(pg, dt_params_data(p), dt_params_numel(p), DT_FLOAT32, 0)) ||
           (s = dt_ddp_broadcast_buffers(d)))) ||
-        (s = dt_params_add_grad_hook(p, on_grad_ready, d))) {
+        (s = dt_reducer_new(&d->r, p, pg, &ro))) {
         ddp_destroy(d);
         return s;
     }
-    reset_step(d);
     *out = d;
     return DT_OK;
-}
-
-// Waits for every started bucket (failures are already recorded elsewhere).
-static void drain(dt_ddp *d) {
-    for (int i = 0; i < d->nbuckets; i++)
-        if (d->b[i].work) {
-            dt_work_wait(d->b[i].work);
-            dt_work_free(d->b[i].work);
-            d->b[i].work = NULL;
-        }
 }
 
 void dt_ddp_free(dt_ddp *d) {
     if (!d)
         return;
-    drain(d);
-    dt_params_remove_grad_hook(d->p, on_grad_ready, d);
     ddp_destroy(d);
 }
 
 void dt_ddp_set_sync(dt_ddp *d, bool sync) {
-    d->sync = sync;
-}
-
-// tree_reduce: the world copies of bucket bk (rank r's at r * count) summed by the fixed
-// tree over ranks, highest bit first (r with r + h for h = N/2, N/4, ... 1 when N is a
-// power of two), divided by N, into the gradient buffer. The same on every rank.
-static void tree_combine(dt_ddp *d, const bucket *bk) {
-    float *blk = d->gathered + (size_t)d->world * bk->offset;
-    float *g   = dt_params_grads(d->p) + bk->offset;
-    int    h   = 1;
-    while (2 * h < d->world)
-        h *= 2;
-    for (; h >= 1; h /= 2)
-        for (int k = 0; k < h && k + h < d->world; k++) {
-            float       *a = blk + (size_t)k * bk->count;
-            const float *b = blk + (size_t)(k + h) * bk->count;
-            for (size_t j = 0; j < bk->count; j++)
-                a[j] += b[j];
-        }
-    float n = (float)d->world;
-    for (size_t j = 0; j < bk->count; j++)
-        g[j] = blk[j] / n;
+    dt_reducer_set_sync(d->r, sync);
 }
 
 dt_status dt_ddp_sync(dt_ddp *d) {
-    if (!d->sync)
-        return DT_OK;
-    if (d->err == DT_OK && !d->o.overlap)
-        launch_ready(d);
-    if (d->err == DT_OK && d->next_launch < d->nbuckets) {
-        // Some bucket never completed: name the tensors that got no gradient.
-        char   names[384];
-        size_t off     = 0;
-        int    missing = 0;
-        for (int t = 0; t < d->ntensors; t++)
-            if (!d->ready[t] && d->tensor_bucket[t] >= 0) {
-                missing++;
-                if (off < sizeof names - 40)
-                    off += (size_t)snprintf(names + off, sizeof names - off, "%s%s",
-                                            missing > 1 ? ", " : "", dt_params_info(d->p, t)->name);
-            }
-        dt_fail(DT_ERR_STATE,
-                "ddp: %d parameter tensor(s) received no gradient in this backward (%s); "
-                "every parameter must get a gradient on every rank in every step",
-                missing, names);
-        record_error(d, DT_ERR_STATE);
-        dt_pg_abort(d->pg, d->errmsg);
-    }
-    uint64_t  t0 = dt_now_ns();
-    dt_status s  = DT_OK;
-    DT_TRACE_BEGIN(tr_sync);
-    for (int i = 0; i < d->nbuckets; i++) {
-        if (!d->b[i].work)
-            continue;
-        DT_TRACE_BEGIN(tr);
-        dt_status ws = dt_work_wait(d->b[i].work);
-        DT_TRACE_END(tr, "ddp", "bucket wait", "bucket", i);
-        if (ws == DT_OK && d->hook.finish && d->err == DT_OK)
-            ws = d->hook.finish(d->hook.state, d->pg, i, dt_params_grads(d->p) + d->b[i].offset,
-                                d->b[i].count);
-        if (ws != DT_OK && s == DT_OK) {
-            s = ws;
-            dt_fail_context("ddp: all-reduce of bucket %d (%zu floats)", i, d->b[i].count);
-            record_error(d, s);
-        }
-        if (ws == DT_OK && d->gathered)
-            tree_combine(d, &d->b[i]);
-        dt_work_free(d->b[i].work);
-        d->b[i].work = NULL;
-    }
-    DT_TRACE_END(tr_sync, "ddp", "ddp sync", "buckets", d->nbuckets);
-    d->wait_s += (double)(dt_now_ns() - t0) * 1e-9;
-    d->steps++;
-    reset_step(d);
-    if (d->err != DT_OK) {
-        dt_status e = d->err;
-        dt_fail(e, "%s", d->errmsg);
-        d->err = DT_OK; // reported once; the group itself stays failed if it was aborted
-        return e;
-    }
-    return DT_OK;
+    return dt_reducer_sync(d->r);
 }
 
 int dt_ddp_num_buckets(const dt_ddp *d) {
-    return d->nbuckets;
+    return dt_reducer_num_buckets(d->r);
 }
 
 void dt_ddp_bucket(const dt_ddp *d, int i, size_t *offset, size_t *count) {
-    *offset = i >= 0 && i < d->nbuckets ? d->b[i].offset : 0;
-    *count  = i >= 0 && i < d->nbuckets ? d->b[i].count : 0;
+    const dt_bucket_span *b = dt_reducer_bucket(d->r, i);
+    *offset                 = b ? b->offset : 0;
+    *count                  = b ? b->count : 0;
 }
 
 void dt_ddp_stats(const dt_ddp *d, double *wait_s, int64_t *steps) {
-    *wait_s = d->wait_s;
-    *steps  = d->steps;
+    dt_reducer_stats(d->r, wait_s, steps);
 }

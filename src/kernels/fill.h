@@ -32,6 +32,11 @@ dt_k_sgemm_fn dt_k_sgemm_ref;
 dt_k_sgemm_fn dt_k_sgemm_avx2;
 dt_k_sgemm_fn dt_k_sgemm_avx512;
 
+// avx2/shifted_avx2.c: the shifted GEMMs on AVX2's register tiles.
+dt_k_shifted_fn        dt_k_shifted_gemm_avx2;
+dt_k_shifted_nt_fn     dt_k_shifted_gemm_nt_avx2;
+dt_k_shifted_shards_fn dt_k_shifted_gemm_shards_avx2;
+
 // avx2/half_avx2.c, avx512/half_avx512.c: the fp16 conversions in hardware.
 dt_k_to16_fn   dt_k_f32_to_f16_avx2;
 dt_k_from16_fn dt_k_f16_to_f32_avx2;

@@ -41,5 +41,7 @@ bool dt_nn_want_direct(void) {
         return true;
     if (choice == 2)
         return false;
-    return dt_isa_on(DT_ISA_AVX512); // the shifted GEMMs' tiles are shaped for AVX-512
+    // the shifted GEMMs' tiles are shaped for AVX2 (kernels/avx2/shifted_avx2.c) and
+    // AVX-512 (kernels/vec/shifted.c); ref's are plain loops
+    return dt_isa_on(DT_ISA_AVX2);
 }

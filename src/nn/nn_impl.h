@@ -102,8 +102,9 @@ void dt_nn_im2col(const float *img, int c, int h, int w, int k, int stride, int 
 // Adds columns back into a zeroed (C, H, W) image: the adjoint of im2col.
 void dt_nn_col2im(const float *col, int c, int h, int w, int k, int stride, int pad, int ho, int wo,
                   float *img);
-// Whether layers use dtrain's own kernels (shifted.c) instead of OpenBLAS: when the
-// CPU has AVX-512, unless DT_CONV=gemm (or DT_CONV=direct forces them). blas.c.
+// Whether layers use the shifted GEMMs (direct convolution, Linear's tiles) instead of
+// im2col and dtrain's GEMM: when the CPU has AVX2 or AVX-512 (their tiles are shaped
+// for those registers), unless DT_CONV=gemm (or DT_CONV=direct forces them). blas.c.
 bool dt_nn_want_direct(void);
 // out[o][j] (+)= sum_r w[o][r] * src[off[r] + j]   (o < rows, j < n; shifted.c)
 void dt_nn_shifted_gemm(const float *src, const int *off, int R, const float *w, int rows, int n,

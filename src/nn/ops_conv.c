@@ -8,7 +8,7 @@
 // for the shapes of the ResNet workload: 144 x 1024 floats at most). Backward rebuilds
 // the columns rather than keeping them from forward.
 //
-// Stride 1 without groups, on CPUs with AVX-512 (dt_nn_want_direct: DT_CONV=gemm|direct
+// Stride 1 without groups, on CPUs with AVX2 or AVX-512 (dt_nn_want_direct: DT_CONV=gemm|direct
 // overrides), skips the column matrix: in the "wide" layout of conv2d.c (output
 // positions indexed over the padded input's width wp) each im2col row is the slice
 // xp + c*plane + ki*wp + kj of the padded input, so forward, weight gradient and input
@@ -24,6 +24,7 @@
 // Where a provider is built (kernels/dnnl: oneDNN), its rows take the shapes it was
 // measured faster on (conv_ext_ok), after the channels-in-lanes rows.
 #include "nn/blas.h"
+#include "nn/conv16.h"
 #include "nn/nn_impl.h"
 #include "nn/ops.h"
 #include "nn/prec.h"
@@ -203,7 +204,7 @@ void dt_nn_conv2d_init(const dt_nn_conv2d *p, dt_rng *rng, float *w, float *b) {
         uniform_fill(rng, b, (size_t)p->cout, bound);
 }
 
-// ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
+// ------------------------------------------ stride 1, AVX2 / AVX-512: shifted GEMMs
 
 typedef struct direct {
     wide   g;
@@ -363,10 +364,17 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
     (void)im2col_forward(p, DT_PREC_FP32, NULL, n, h, w, x, wt, b, y, scratch); // cannot fail
 }
 
+// A bf16 convolution whose reduction is below DT_C16_MIN_K stays fp32 where the shifted
+// GEMMs run (as the fused convolution's, conv_team.c): in bf16 it would be mostly packing.
+static bool stays_fp32(const dt_nn_conv2d *p, dt_precision prec) {
+    return prec == DT_PREC_BF16 && p->cin / p->groups * p->kh * p->kw < DT_C16_MIN_K &&
+           dt_nn_want_direct();
+}
+
 dt_status dt_nn_conv2d_forward_prec(const dt_nn_conv2d *p, dt_precision prec, const void *wt16,
                                     int n, int h, int w, const float *x, const float *wt,
                                     const float *b, float *y, float *scratch) {
-    if (prec == DT_PREC_FP32) {
+    if (prec == DT_PREC_FP32 || stays_fp32(p, prec)) {
         dt_nn_conv2d_forward(p, n, h, w, x, wt, b, y, scratch);
         return DT_OK;
     }
@@ -446,7 +454,7 @@ dt_status dt_nn_conv2d_backward_prec(const dt_nn_conv2d *p, dt_precision prec, c
                                      int n, int h, int w, const float *x, const float *wt,
                                      const float *dy, float *dx, float *dw, float *db,
                                      float *scratch) {
-    if (prec == DT_PREC_FP32) {
+    if (prec == DT_PREC_FP32 || stays_fp32(p, prec)) {
         dt_nn_conv2d_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return DT_OK;
     }

@@ -386,9 +386,13 @@ dt_status dt_params_grad_ready(dt_params *p, size_t offset, size_t count) {
         return dt_fail(DT_ERR_ARG,
                        "params: gradient range [%zu, %zu) is outside the %zu parameters", offset,
                        offset + count, p->par.numel);
-    for (int i = 0; i < p->nhooks; i++)
-        p->hooks[i].fn(p->hooks[i].user, offset, count);
-    return DT_OK;
+    dt_status st = DT_OK;
+    for (int i = 0; i < p->nhooks; i++) {
+        dt_status s = p->hooks[i].fn(p->hooks[i].user, offset, count);
+        if (st == DT_OK)
+            st = s;
+    }
+    return st;
 }
 
 dt_status dt_params_add_grad_hook(dt_params *p, dt_grad_ready_fn fn, void *user) {

@@ -4,7 +4,7 @@
 #include "dtrain/trace.h"
 #include "zero_impl.h"
 
-#include "ddp/buckets.h"
+#include "ddp/reducer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,32 +16,24 @@ dt_zero_opts dt_zero_opts_default(void) {
 
 // ------------------------------------------------------------------------ layout
 
-// DDP's buckets (src/ddp/buckets.h), each cut into world chunks of q floats and a
-// remainder; this rank's chunk and the remainder lie at soff in the shard.
+// The reducer's buckets (src/ddp/reducer.h, DDP's), each cut into world chunks of q
+// floats and a remainder; this rank's chunk and the remainder lie at soff in the shard.
 static dt_status form_buckets(dt_zero *z) {
-    int             n     = z->ntensors;
-    dt_bucket_span *spans = dt_alloc_zero(sizeof *spans * (size_t)(n ? n : 1));
-    z->b                  = dt_alloc_zero(sizeof(zbucket) * (size_t)(n ? n : 1));
-    if (!spans || !z->b) {
-        dt_free(spans);
+    int nb      = dt_reducer_num_buckets(z->r);
+    z->nbuckets = nb;
+    z->b        = dt_alloc_zero(sizeof(zbucket) * (size_t)(nb ? nb : 1));
+    if (!z->b)
         return DT_ERR_NOMEM;
-    }
-    dt_bucket_plan(z->p, z->o.bucket_cap_bytes, z->o.first_bucket_bytes, spans, &z->nbuckets,
-                   z->tensor_bucket);
     size_t soff = 0;
-    for (int i = 0; i < z->nbuckets; i++) {
-        zbucket *bk = &z->b[i];
-        *bk         = (zbucket){.offset   = spans[i].offset,
-                                .count    = spans[i].count,
-                                .first    = spans[i].first,
-                                .ntensors = spans[i].ntensors,
-                                .ntrain   = spans[i].ntrain};
-        bk->q       = bk->count / (size_t)z->world;
-        bk->soff    = soff;
+    for (int i = 0; i < nb; i++) {
+        const dt_bucket_span *sp = dt_reducer_bucket(z->r, i);
+        zbucket              *bk = &z->b[i];
+        *bk                      = (zbucket){.offset = sp->offset, .count = sp->count};
+        bk->q                    = bk->count / (size_t)z->world;
+        bk->soff                 = soff;
         soff += bk->q + (bk->count - bk->q * (size_t)z->world);
     }
     z->ns = soff;
-    dt_free(spans);
     return DT_OK;
 }
 
@@ -116,149 +108,66 @@ static dt_status check_tables(dt_zero *z) {
 }
 
 // ------------------------------------------------------------- gradient reduction
+//
+// The reducer tracks, launches and waits; ZeRO's part is the reduction of one bucket (a
+// comm hook, ddp.h): a reduce-scatter of the world chunks (this rank's lands in place)
+// and an all-reduce of the remainder, both averages.
 
-static void record_error(dt_zero *z, dt_status s) {
-    if (z->err == DT_OK) {
-        z->err = s;
-        snprintf(z->errmsg, sizeof z->errmsg, "%s", dt_last_error());
-    }
-}
-
-static dt_status start_bucket(dt_zero *z, int i) {
-    zbucket *bk = &z->b[i];
-    float   *g  = dt_params_grads(z->p) + bk->offset;
-    size_t   r0 = bk->q * (size_t)z->world, rem = bk->count - r0;
-    bk->started = true;
-    DT_TRACE_BEGIN(tr);
+static dt_status bucket_start(void *state, dt_pg *pg, int i, float *g, size_t count,
+                              dt_work **work) {
+    dt_zero  *z  = state;
+    zbucket  *bk = &z->b[i];
+    size_t    r0 = bk->q * (size_t)z->world, rem = count - r0;
+    dt_work  *rs = NULL, *ar = NULL;
     dt_status s = DT_OK;
     if (bk->q)
-        s = dt_pg_reduce_scatter_async(z->pg, g, g + (size_t)z->rank * bk->q, bk->q, DT_FLOAT32,
-                                       DT_REDUCE_AVG, &bk->rs);
+        s = dt_pg_reduce_scatter_async(pg, g, g + (size_t)z->rank * bk->q, bk->q, DT_FLOAT32,
+                                       DT_REDUCE_AVG, &rs);
     if (s == DT_OK && rem)
-        s = dt_pg_all_reduce_async(z->pg, g + r0, g + r0, rem, DT_FLOAT32, DT_REDUCE_AVG, &bk->ar);
+        s = dt_pg_all_reduce_async(pg, g + r0, g + r0, rem, DT_FLOAT32, DT_REDUCE_AVG, &ar);
     // What a ring moves per rank: the others' chunks of this rank's, and twice the
     // remainder's (N - 1) / N.
     z->moved += (double)(z->world - 1) * ((double)bk->q + 2.0 * (double)rem / z->world);
-    DT_TRACE_END(tr, "zero", "bucket start", "bucket", i);
-    return s == DT_OK ? DT_OK : dt_fail_context("zero: bucket %d", i);
-}
-
-static void launch_ready(dt_zero *z) {
-    while (z->next_launch < z->nbuckets && z->b[z->next_launch].pending == 0) {
-        dt_status s = start_bucket(z, z->next_launch);
-        if (s != DT_OK)
-            record_error(z, s);
-        z->next_launch++;
+    if (s != DT_OK) { // what was queued must end before its handles go
+        dt_work_free(rs);
+        dt_work_free(ar);
+        return s;
     }
-}
-
-static dt_status mark(dt_zero *z, size_t offset, size_t count) {
-    size_t end = offset + count;
-    for (int t = 0; t < z->ntensors; t++) {
-        const dt_param_info *pi = dt_params_info(z->p, t);
-        if (pi->offset >= end || pi->offset + pi->count <= offset || !pi->trainable)
-            continue;
-        if (pi->offset < offset || pi->offset + pi->count > end)
-            return dt_fail(DT_ERR_ARG,
-                           "zero: range [%zu, %zu) cuts parameter %s [%zu, %zu); expected whole "
-                           "tensors",
-                           offset, end, pi->name, pi->offset, pi->offset + pi->count);
-        if (z->ready[t])
-            return dt_fail(DT_ERR_STATE,
-                           "zero: parameter %s was marked ready twice in one step: call "
-                           "dt_zero_sync after each backward, or turn sync off to accumulate",
-                           pi->name);
-    }
-    for (int t = 0; t < z->ntensors; t++) {
-        const dt_param_info *pi = dt_params_info(z->p, t);
-        if (pi->trainable && pi->offset >= offset && pi->offset + pi->count <= end) {
-            z->ready[t] = true;
-            z->b[z->tensor_bucket[t]].pending--;
-        }
-    }
-    launch_ready(z);
+    // The lane runs them in issue order: the bucket is done when the last one is.
+    *work  = ar ? ar : rs;
+    bk->rs = ar ? rs : NULL;
     return DT_OK;
 }
 
-static void on_grad_ready(void *user, size_t offset, size_t count) {
-    dt_zero *z = user;
-    if (!z->sync)
-        return;
-    dt_status s = mark(z, offset, count);
-    if (s != DT_OK)
-        record_error(z, s);
-}
-
-static void reset_step(dt_zero *z) {
-    for (int i = 0; i < z->nbuckets; i++) {
-        z->b[i].pending = z->b[i].ntrain;
-        z->b[i].started = false;
-        z->b[i].rs = z->b[i].ar = NULL;
-    }
-    memset(z->ready, 0, sizeof(bool) * (size_t)(z->ntensors ? z->ntensors : 1));
-    z->next_launch = 0;
-}
-
-// Waits for and frees a bucket's operations; copies the remainder into the shard.
-static dt_status finish_bucket(dt_zero *z, int i) {
-    zbucket  *bk = &z->b[i];
-    dt_status s  = DT_OK;
+// The reduce-scatter that an all-reduce followed: finished (issue order); its status.
+static dt_status release_rs(zbucket *bk) {
+    dt_status s = DT_OK;
     if (bk->rs) {
         s = dt_work_wait(bk->rs);
         dt_work_free(bk->rs);
         bk->rs = NULL;
     }
-    if (bk->ar) {
-        dt_status s2 = dt_work_wait(bk->ar);
-        dt_work_free(bk->ar);
-        bk->ar = NULL;
-        if (s == DT_OK)
-            s = s2;
-    }
-    if (s != DT_OK)
-        return dt_fail_context("zero: bucket %d", i);
-    return DT_OK;
+    return s;
+}
+
+static dt_status bucket_finish(void *state, dt_pg *pg, int i, float *g, size_t count) {
+    (void)pg, (void)g, (void)count;
+    return release_rs(&((dt_zero *)state)->b[i]);
 }
 
 dt_status dt_zero_sync(dt_zero *z) {
     if (z->o.stage == 3) // reduced during every backward; the sum becomes the mean here
         return z->sync ? dt_zero3_sync(z) : DT_OK;
-    if (!z->sync)
-        return DT_OK;
-    double    t0 = dt_now();
-    dt_status s  = z->err;
-    if (s == DT_OK && z->o.stage == 2)
-        for (int t = 0; t < z->ntensors; t++)
-            if (dt_params_info(z->p, t)->trainable && !z->ready[t]) {
-                s = dt_fail(DT_ERR_STATE,
-                            "zero: parameter %s received no gradient in this backward (every "
-                            "trainable tensor must be reported with dt_params_grad_ready)",
-                            dt_params_info(z->p, t)->name);
-                break;
-            }
-    if (s != DT_OK && z->err != DT_OK)
-        dt_fail(s, "%s", z->errmsg);
-    for (int i = 0; s == DT_OK && i < z->nbuckets; i++)
-        if (!z->b[i].started)
-            s = start_bucket(z, i);
-    for (int i = 0; i < z->nbuckets; i++) {
-        dt_status s2 = z->b[i].started ? finish_bucket(z, i) : DT_OK;
-        if (s == DT_OK)
-            s = s2;
-    }
-    if (s != DT_OK) {
-        dt_pg_abort(z->pg, dt_last_error());
-        z->err = DT_OK;
-        reset_step(z);
-        return s;
-    }
-    reset_step(z);
-    z->wait_s += dt_now() - t0;
-    return DT_OK;
+    dt_status s = dt_reducer_sync(z->r);
+    for (int i = 0; i < z->nbuckets; i++) // after a failure: what the hook did not finish
+        release_rs(&z->b[i]);
+    return s;
 }
 
 void dt_zero_set_sync(dt_zero *z, bool sync) {
     z->sync = sync;
+    if (z->r)
+        dt_reducer_set_sync(z->r, sync);
 }
 
 // ---------------------------------------------------------------- norm and step
@@ -357,12 +266,7 @@ dt_status dt_zero_step(dt_zero *z) {
 // ----------------------------------------------------------------- construction
 
 static dt_status zero_init(dt_zero *z) {
-    z->ntensors      = dt_params_count(z->p);
-    size_t nt        = (size_t)(z->ntensors ? z->ntensors : 1);
-    z->tensor_bucket = dt_alloc(sizeof(int) * nt);
-    z->ready         = dt_alloc_zero(sizeof(bool) * nt);
-    if (!z->tensor_bucket || !z->ready)
-        return DT_ERR_NOMEM;
+    z->ntensors = dt_params_count(z->p);
     DT_TRY(check_tables(z));
     if (z->o.broadcast_params) {
         DT_TRY(dt_pg_broadcast(z->pg, dt_params_data(z->p), dt_params_numel(z->p), DT_FLOAT32, 0));
@@ -371,10 +275,21 @@ static dt_status zero_init(dt_zero *z) {
                                    DT_FLOAT32, 0));
     }
     size_t lo = 0, hi = 0;
-    if (z->o.stage == 3)
+    if (z->o.stage == 3) {
         DT_TRY(dt_zero3_init(z, &lo, &hi));
-    else
+    } else {
+        // Stage 2 reduces each bucket during backward, as DDP does; stage 1 all of them
+        // at the sync, without tracking.
+        dt_reducer_opts ro = {.who                = "zero",
+                              .sync_span          = "zero sync",
+                              .bucket_cap_bytes   = z->o.bucket_cap_bytes,
+                              .first_bucket_bytes = z->o.first_bucket_bytes,
+                              .track              = z->o.stage == 2,
+                              .overlap            = z->o.stage == 2,
+                              .hook = {.start = bucket_start, .finish = bucket_finish, .state = z}};
+        DT_TRY(dt_reducer_new(&z->r, z->p, z->pg, &ro));
         DT_TRY(form_buckets(z));
+    }
     DT_TRY(build_shard(z, false, lo, hi));
     size_t np        = (size_t)(z->npieces ? z->npieces : 1);
     z->piece_src     = dt_alloc(sizeof(int) * np);
@@ -385,11 +300,6 @@ static dt_status zero_init(dt_zero *z) {
     DT_TRY(dt_params_new(&z->shard, NULL));
     DT_TRY(build_shard(z, true, lo, hi));
     DT_TRY(dt_optim_shard(z->opt, z->shard, z->piece_src, z->piece_flat));
-    reset_step(z);
-    if (z->o.stage == 2) {
-        DT_TRY(dt_params_add_grad_hook(z->p, on_grad_ready, z));
-        z->hooked = true;
-    }
     return DT_OK;
 }
 
@@ -429,20 +339,13 @@ dt_status dt_zero_new(dt_zero **out, dt_params *params, dt_pg *pg, dt_optim *opt
 void dt_zero_free(dt_zero *z) {
     if (!z)
         return;
-    for (int i = 0; z->b && i < z->nbuckets; i++) {
-        if (z->b[i].rs)
-            dt_work_wait(z->b[i].rs), dt_work_free(z->b[i].rs);
-        if (z->b[i].ar)
-            dt_work_wait(z->b[i].ar), dt_work_free(z->b[i].ar);
-    }
+    dt_reducer_free(z->r); // waits for what is in flight
+    for (int i = 0; z->b && i < z->nbuckets; i++)
+        release_rs(&z->b[i]);
     if (z->z3)
         dt_zero3_free(z);
-    else if (z->hooked)
-        dt_params_remove_grad_hook(z->p, on_grad_ready, z);
     // The optimizer keeps pointing at the shard table: it is only safe to free after it.
     dt_free(z->b);
-    dt_free(z->tensor_bucket);
-    dt_free(z->ready);
     dt_free(z->piece_src);
     dt_free(z->piece_flat);
     dt_free(z->piece_primary);
@@ -468,8 +371,12 @@ void dt_zero_bucket(const dt_zero *z, int i, size_t *offset, size_t *count) {
 }
 
 void dt_zero_stats(const dt_zero *z, double *sync_wait_s, double *gather_s, int64_t *steps) {
+    double  reducer_s = 0;
+    int64_t synced    = 0;
+    if (z->r)
+        dt_reducer_stats(z->r, &reducer_s, &synced);
     if (sync_wait_s)
-        *sync_wait_s = z->wait_s;
+        *sync_wait_s = z->wait_s + reducer_s;
     if (gather_s)
         *gather_s = z->gather_s;
     if (steps)
@@ -533,17 +440,14 @@ dt_status dt_zero_plan_memory(dt_params *p, dt_optim *opt, int world, const dt_z
         out->working = 2 * sizeof(float) * dt_zero3_largest_unit(p, o.unit_bytes);
     } else if (o.stage > 0) { // a bucket's chunk and remainder: at most ceil(c / N) + N
         dt_bucket_span *spans = dt_alloc(sizeof *spans * (size_t)(dt_params_count(p) + 1));
-        int            *tb    = dt_alloc(sizeof(int) * (size_t)(dt_params_count(p) + 1));
         int             nb    = 0;
-        if (!spans || !tb) {
-            dt_free(spans), dt_free(tb);
+        if (!spans)
             return DT_ERR_NOMEM;
-        }
-        dt_bucket_plan(p, o.bucket_cap_bytes, o.first_bucket_bytes, spans, &nb, tb);
+        dt_bucket_plan(p, o.bucket_cap_bytes, o.first_bucket_bytes, spans, &nb);
         optim = 0;
         for (int i = 0; i < nb; i++)
             optim += blocks * (spans[i].count / (size_t)world + spans[i].count % (size_t)world);
-        dt_free(spans), dt_free(tb);
+        dt_free(spans);
     }
     out->params = sizeof(float) * own;
     out->grads  = sizeof(float) * own;

@@ -1,45 +1,43 @@
-// zero_impl.h: the ZeRO wrapper's private layout, shared by zero.c (stages 1 and 2, and
-// what all stages share: the shard table, the norm, the step) and zero3.c (stage 3).
+// zero_impl.h: the ZeRO wrapper's private layout, shared by zero.c (stages 1 and 2, whose
+// gradients the one gradient reducer of src/ddp reduces, and what all stages share: the
+// shard table, the norm, the step) and zero3.c (stage 3).
 #ifndef DTRAIN_PARALLEL_ZERO_IMPL_H
 #define DTRAIN_PARALLEL_ZERO_IMPL_H
 
 #include "dtrain/zero.h"
 
+// A bucket of the gradient reducer (src/ddp/reducer.h) as ZeRO cuts it.
 typedef struct zbucket {
     size_t   offset, count; // floats of the whole buffers
     size_t   q;             // floor(count / world): each rank's chunk
     size_t   soff;          // this rank's chunk in the shard, then the remainder
-    int      first, ntensors;
-    int      ntrain, pending; // stage 2: trainable tensors not yet ready
-    dt_work *rs, *ar;         // the reduce-scatter and the remainder's all-reduce in flight
-    bool     started;
+    dt_work *rs;            // the reduce-scatter, when the remainder's all-reduce follows it
+                            // (then the reducer waits for that one; this is freed after the sync)
 } zbucket;
 
 typedef struct zero3 zero3; // stage 3's state (zero3.c)
 
 struct dt_zero {
-    dt_params   *p, *shard;
-    dt_pg       *pg;
-    dt_optim    *opt;
-    dt_zero_opts o;
-    int          world, rank;
-    int          ntensors, nbuckets;
-    zbucket     *b;
-    int         *tensor_bucket; // [ntensors], -1 for frozen tensors outside every bucket
-    bool        *ready;         // [ntensors]
-    int          next_launch;
-    bool         sync, hooked;
-    dt_status    err;
-    char         errmsg[512];
-    size_t       ns;
-    int          npieces;
-    int         *piece_src;     // [npieces] source tensor of each shard tensor
-    size_t      *piece_flat;    // [npieces] its float offset in the whole buffers
-    bool        *piece_primary; // [npieces] counted in the norm (remainders: last rank only)
-    double       wait_s, gather_s;
-    int64_t      steps;
-    double       moved; // floats received or sent (dt_zero_usage)
-    zero3       *z3;
+    dt_params         *p, *shard;
+    dt_pg             *pg;
+    dt_optim          *opt;
+    dt_zero_opts       o;
+    int                world, rank;
+    int                ntensors, nbuckets;
+    zbucket           *b;
+    struct dt_reducer *r; // stages 1 and 2: the gradient reducer (src/ddp/reducer.h)
+    bool               sync, hooked;
+    dt_status          err; // stage 3: a failure of the use hook, for the sync
+    char               errmsg[512];
+    size_t             ns;
+    int                npieces;
+    int               *piece_src;     // [npieces] source tensor of each shard tensor
+    size_t            *piece_flat;    // [npieces] its float offset in the whole buffers
+    bool              *piece_primary; // [npieces] counted in the norm (remainders: last rank only)
+    double             wait_s, gather_s;
+    int64_t            steps;
+    double             moved; // floats received or sent (dt_zero_usage)
+    zero3             *z3;
 };
 
 // Adds the pieces of the tensors that floats [lo, hi) of the whole buffers hold to the

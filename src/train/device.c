@@ -83,7 +83,7 @@ static dt_status check_supported(const dt_trainer *t) {
         why = "--data-parallel (replicas are threads of the CPU)";
     else if (t->join)
         why = "uneven inputs (DT_SPLIT_TRAIN_UNEVEN)";
-    else if (t->psgd || (a->ddp_compress && strcmp(a->ddp_compress, "none") != 0))
+    else if (a->ddp_compress && strcmp(a->ddp_compress, "none") != 0)
         why = "--ddp-compress";
     return why ? dt_fail(DT_ERR_UNSUPPORTED, "--device %s: not with %s", a->device, why) : DT_OK;
 }
@@ -162,9 +162,9 @@ dt_status dt_trainer_device_step(dt_trainer *t, const void *const *inputs, const
                                      "dt_trainer_prepare first");
     if (t->micro == 0) // a window's first micro-batch: the gradients start from zero
         DT_TRY(dt_exec_zero_grad(t->exec));
-    if (t->micro == 0 && t->ddp && t->o.broadcast_buffers) { // rank 0's running statistics
-        DT_TRY(dt_exec_pull(t->exec, DT_EXEC_BUFFERS, NULL));
-        DT_TRY(dt_ddp_broadcast_buffers(t->ddp));
+    if (t->micro == 0 && dt_train_dp_group(t) && t->o.broadcast_buffers) { // rank 0's
+        DT_TRY(dt_exec_pull(t->exec, DT_EXEC_BUFFERS, NULL));              // statistics
+        DT_TRY(dt_strategy_share_buffers(t->strat));
         DT_TRY(dt_exec_push(t->exec, DT_EXEC_BUFFERS, NULL));
     }
     dt_exec_set_rng(t->exec, &t->er);
@@ -172,13 +172,9 @@ dt_status dt_trainer_device_step(dt_trainer *t, const void *const *inputs, const
                                    t->total_steps > 0 ? 0 : batch));
     DT_TRY(dt_exec_train_step(t->exec, inputs, targets, batch, &t->dloss, loss));
     t->host_stale = true;
-    if (t->ddp && t->sync && !reduces_on_device(t)) { // to the host; DDP's buckets reduce it
-        DT_TRY(dt_exec_pull(t->exec, DT_EXEC_GRADS, NULL));
-        for (int i = dt_params_count(t->p) - 1; i >= 0; i--) {
-            const dt_param_info *pi = dt_params_info(t->p, i);
-            if (pi->trainable)
-                DT_TRY(dt_params_grad_ready(t->p, pi->offset, pi->count));
-        }
+    if (dt_train_dp_group(t) && t->sync && !reduces_on_device(t)) { // to the host; DDP's
+        DT_TRY(dt_exec_pull(t->exec, DT_EXEC_GRADS, NULL));         // buckets reduce it
+        DT_TRY(dt_strategy_grads_ready(t->strat));
     }
     return DT_OK;
 }
@@ -190,8 +186,8 @@ dt_status dt_train_device_update(dt_trainer *t) {
         dt_params *dp = dt_exec_params(t->exec);
         DT_TRY(dt_pg_all_reduce(t->pg, dt_params_device_grads(dp), dt_params_device_grads(dp),
                                 dt_params_numel(dp), DT_FLOAT32, DT_REDUCE_AVG));
-    } else if (t->ddp) {
-        DT_TRY(dt_ddp_sync(t->ddp));
+    } else if (dt_train_dp_group(t)) { // DDP's buckets, on the host
+        DT_TRY(dt_strategy_reduce(t->strat, 1, 0));
         DT_TRY(dt_exec_push(t->exec, DT_EXEC_GRADS, NULL));
     }
     if (t->window > 1)

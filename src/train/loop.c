@@ -155,9 +155,9 @@ static dt_status save(dt_trainer *t) {
     if (dt_train_mesh_on(t)) { // each model part's own checkpoints
         DT_TRY(dt_train_mesh_save(t, &cs, &co));
     } else {
-        DT_TRY(dt_train_gather_params(t)); // --zero 3: the whole parameters on rank 0
+        DT_TRY(dt_strategy_gather_params(t->strat, 0)); // --zero 3: the whole on rank 0
         DT_TRY(dt_ckpt_save(t->a.checkpoint_dir, t->pg, &cs, &co));
-        DT_TRY(dt_train_release_params(t));
+        DT_TRY(dt_strategy_release_params(t->strat));
     }
     t->ckpt_secs += dt_now() - t0;
     t->ckpt_saves++;
@@ -287,36 +287,26 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                                               "ZeRO-3 shards"
                                             : "a pipeline's micro-batches and a tensor "
                                               "split's parts are not gathered by units");
-    dt_zero_opts zo   = dt_zero_opts_default();
-    zo.stage          = dpg ? (int)a->zero : 0;
-    zo.track_resident = zo.stage == 3;            // the peak that dt_trainer_state_bytes reports
-    DT_TRY(dt_train_plan_memory(t, p, opt, &zo)); // --max-rank-memory
-    if (dpg && a->zero > 0) {
-        size_t full = 0, shard = 0;
-        dt_optim_state(opt, &full);
-        DT_TRY(dt_zero_new(&t->zero, p, dpg, opt, &zo));
-        dt_optim_state(opt, &shard);
+    dt_strategy_opts so    = {.zero              = dt_zero_opts_default(),
+                              .overlap           = !a->no_overlap,
+                              .tree_reduce       = t->tree_reduce,
+                              .compress          = a->ddp_compress,
+                              .powersgd_rank     = (int)a->powersgd_rank,
+                              .broadcast_buffers = t->o.broadcast_buffers,
+                              .join              = t->join,
+                              .data_parallel     = dt_trainer_data_parallel(t),
+                              .threads           = t->threads};
+    so.zero.stage          = dpg ? (int)a->zero : 0;
+    so.zero.track_resident = so.zero.stage == 3;       // the peak dt_trainer_state_bytes reports
+    DT_TRY(dt_train_plan_memory(t, p, opt, &so.zero)); // --max-rank-memory
+    dt_strategy_info info;
+    DT_TRY(dt_strategy_new(&t->strat, p, opt, t->pg, dpg, t->mesh, t->pipe, &so, &info));
+    if (info.zero_stage)
         dt_trainer_print(t, "ZeRO-%d: optimizer state %.3f MiB per rank (%.3f MiB unsharded)\n",
-                         zo.stage, (double)shard * 4 / 1048576, (double)full * 4 / 1048576);
-    } else if (dpg) {
-        dt_ddp_opts o  = dt_ddp_opts_default();
-        o.overlap      = !a->no_overlap;
-        o.tree_reduce  = t->tree_reduce;
-        const char *cm = a->ddp_compress ? a->ddp_compress : "none";
-        if (!strcmp(cm, "powersgd")) { // a comm hook (ddp.h), the same on every rank
-            dt_powersgd_opts po = dt_powersgd_opts_default();
-            po.rank             = (int)a->powersgd_rank;
-            DT_TRY(dt_powersgd_new(&t->psgd, p, dt_pg_size(dpg), &po));
-            o.comm_hook   = dt_powersgd_hook(t->psgd);
-            o.tree_reduce = false;
-        } else {
-            DT_TRY(dt_ddp_compress_parse(cm, &o.compress));
-            if (o.compress != DT_DDP_COMPRESS_NONE)
-                o.tree_reduce = false; // compression sums ranks its own way
-        }
-        DT_TRY(dt_ddp_new(&t->ddp, p, dpg, &o));
-        dt_pipe_set_ddp(t->pipe, t->ddp); // reduced in the last micro-batch's backward
-    }
+                         info.zero_stage, (double)info.optim_floats * 4 / 1048576,
+                         (double)info.full_floats * 4 / 1048576);
+    if (t->has_replicas)
+        DT_TRY(dt_strategy_set_replicas(t->strat, &t->dp_ops, &t->dp_master));
     if (t->m)
         dt_model_set_profile(t->m, a->profile);
     if (t->g)
@@ -437,20 +427,13 @@ dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt
 
 // ------------------------------------------------------------------------- the loop
 
-// The end of an epoch's pass (exhausted, or stopped): the bar's newline, and for --plot a
-// validation point after every epoch but the last.
+// The end of an epoch's pass (exhausted, or stopped): the bar's newline.
 static dt_status end_epoch(dt_trainer *t, bool exhausted) {
     t->in_epoch = false;
     dt_progress_end_epoch(t->bar);
-    if (exhausted)
-        DT_TRY(dt_loader_status(t->ld));
-    if (t->a.plot && !t->a.no_test && t->eval_fn && exhausted && t->epoch + 1 < t->a.epochs) {
-        double loss;
-        DT_TRY(dt_train_device_pull(t));
-        DT_TRY(t->eval_fn(t, t->eval_user, &loss));
-        DT_TRY(dt_trainer_log_val(t, loss));
-    }
-    return DT_OK;
+    if (exhausted && t->a.plot && !t->a.no_test) // --device cuda: --plot's evaluation
+        DT_TRY(dt_train_device_pull(t));         // (the program's) reads the host copies
+    return exhausted ? dt_loader_status(t->ld) : DT_OK;
 }
 
 static void      scale_grads(dt_params *p, float s);
@@ -493,10 +476,7 @@ static bool next_step(dt_trainer *t, dt_batch *b) {
         dt_params_zero_grad(t->p);
     }
     t->sync = t->micro == t->window - 1;
-    if (t->ddp && t->window > 1)
-        dt_ddp_set_sync(t->ddp, t->sync);
-    if (t->zero && t->window > 1)
-        dt_zero_set_sync(t->zero, t->sync);
+    dt_strategy_set_sync(t->strat, t->sync);
     memset(b, 0, sizeof *b);
     b->index     = (size_t)t->micro;
     b->size      = t->step_samples;
@@ -563,8 +543,6 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
     long k = t->a.accumulate > 1 ? t->a.accumulate : 1;
     if (t->join) {
         join_window(t, k);
-        if (t->ddp) // reduced in dt_trainer_step, after the counts are known
-            dt_ddp_set_sync(t->ddp, false);
         if (t->micro > 0) // the window's sum so far, over this batch's size (see the step)
             scale_grads(t->p, 1.0f / (float)b->size);
     } else if (t->micro == 0) {
@@ -573,16 +551,12 @@ bool dt_trainer_next(dt_trainer *t, dt_batch *b) {
         size_t left = t->nbatches > b->index ? t->nbatches - b->index : 1;
         t->window   = (int)(left < (size_t)k ? left : (size_t)k);
         dt_params_zero_grad(t->p);
-        if (t->ddp && t->o.broadcast_buffers &&
-            (t->err = dt_ddp_broadcast_buffers(t->ddp)) != DT_OK)
+        if ((t->err = dt_strategy_share_buffers(t->strat)) != DT_OK)
             return false;
     }
     if (!t->join)
         t->sync = t->micro == t->window - 1;
-    if (t->ddp && k > 1 && !t->join)
-        dt_ddp_set_sync(t->ddp, t->sync);
-    if (t->zero && k > 1)
-        dt_zero_set_sync(t->zero, t->sync);
+    dt_strategy_set_sync(t->strat, t->sync);
     if (t->m) {
         for (size_t i = 0; i < b->size; i++)
             t->keys[i] = b->indices[i];
@@ -608,7 +582,7 @@ static void scale_grads(dt_params *p, float s) {
 }
 
 dt_status dt_trainer_step(dt_trainer *t, float loss) {
-    if (t->a.data_parallel > 1 && !t->dp)
+    if (t->a.data_parallel > 1 && !dt_strategy_replicas_ran(t->strat))
         return dt_fail(DT_ERR_ARG,
                        "--data-parallel %ld: expected a program that trains through "
                        "dt_trainer_set_replicas and dt_trainer_forward_backward, found one "
@@ -627,22 +601,8 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
         t->step++;
     } else if (t->sync) {
         t->micro = 0;
-        if (t->join) { // the mean over every rank's samples of the window
-            int64_t total = t->win_samples;
-            DT_TRY(dt_trainer_all_reduce(t, &total, 1, DT_INT64, DT_REDUCE_SUM));
-            DT_TRY(dt_trainer_all_reduce(t, dt_params_grads(t->p), dt_params_numel(t->p),
-                                         DT_FLOAT32, DT_REDUCE_SUM));
-            if (total > 0)
-                scale_grads(t->p, 1.0f / (float)total);
-        } else if (t->ddp) {
-            DT_TRY(dt_ddp_sync(t->ddp));
-        } else if (t->zero) { // this rank's shard of the averaged gradient
-            DT_TRY(dt_zero_sync(t->zero));
-        }
-        if (t->window > 1 && !t->join && t->zero) // only this rank's shard is read
-            dt_zero_scale_grad(t->zero, 1.0f / (float)t->window);
-        else if (t->window > 1 && !t->join) // the mean over the window's micro-batches
-            scale_grads(t->p, 1.0f / (float)t->window);
+        // The mean over ranks (and the window's micro-batches, or its samples when uneven).
+        DT_TRY(dt_strategy_reduce(t->strat, t->window, t->win_samples));
         // fp16: unscale, agree on inf/NaN over the ranks; a bad step is skipped by all
         bool skip = false;
         if (t->scaler) {
@@ -651,20 +611,12 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
             DT_TRY(dt_grad_scaler_update(t->scaler));
             t->skipped += skip;
         }
-        if (t->a.clip_grad > 0 && !skip && dt_train_mesh_on(t)) // over the model's parts
-            DT_TRY(dt_train_mesh_clip(t, (float)t->a.clip_grad, &t->grad_norm));
-        else if (t->a.clip_grad > 0 && !skip && t->zero)
-            DT_TRY(dt_zero_clip_grad_norm(t->zero, (float)t->a.clip_grad, &t->grad_norm));
-        else if (t->a.clip_grad > 0 && !skip)
-            DT_TRY(dt_clip_grad_norm(t->p, (float)t->a.clip_grad, &t->grad_norm));
+        if (t->a.clip_grad > 0 && !skip) // the global norm (over shards and parts)
+            DT_TRY(dt_strategy_clip(t->strat, (float)t->a.clip_grad, &t->grad_norm));
         if (t->sched && t->opt)
             DT_TRY(dt_sched_apply(t->sched, t->opt, t->step));
-        if (skip)
-            ; // the optimizer step is skipped on every rank
-        else if (t->zero)
-            DT_TRY(dt_zero_step(t->zero));
-        else if (t->opt)
-            dt_optim_step(t->opt);
+        if (!skip) // else the optimizer step is skipped on every rank
+            DT_TRY(dt_strategy_step(t->strat));
         t->step++;
     } else {
         t->micro++;
@@ -695,6 +647,8 @@ dt_status dt_trainer_set_replicas(dt_trainer *t, const dt_dp_ops *ops,
                        !ops || !ops->work ? "no work function"
                        : !master          ? "no master"
                                           : "no factory");
+    if (t->strat) // after dt_trainer_prepare: the strategy has them from here
+        return dt_strategy_set_replicas(t->strat, ops, master);
     if (t->has_replicas)
         return dt_fail(DT_ERR_STATE, "dt_trainer_set_replicas: expected one call, found a second");
     t->dp_ops = *ops, t->dp_master = *master, t->has_replicas = true;
@@ -708,30 +662,10 @@ int dt_trainer_data_parallel(const dt_trainer *t) {
 dt_status dt_trainer_forward_backward(dt_trainer *t, const dt_batch *b, float *loss) {
     if (t->exec) // --device cuda: the executor, on the batch's images and labels
         return dt_trainer_device_step(t, (const void *[]){b->x}, b->y, (int)b->size, loss);
-    if (!t->has_replicas)
-        return dt_fail(DT_ERR_STATE,
-                       "dt_trainer_forward_backward: expected dt_trainer_set_replicas first");
-    if (t->a.data_parallel <= 1) // the plain loop: the master on the whole micro-batch
-        return t->dp_ops.work(t->dp_ops.user, &t->dp_master, b, loss);
-    if (!t->p)
+    if (!t->strat)
         return dt_fail(DT_ERR_STATE,
                        "dt_trainer_forward_backward: expected dt_trainer_prepare first");
-    if (!t->dp) {
-        dt_dp_opts o      = dt_dp_opts_default();
-        int        n      = (int)t->a.data_parallel;
-        o.replica_threads = t->threads / n > 1 ? t->threads / n : 1;
-        DT_TRY(dt_dp_new(&t->dp, t->p, n, &t->dp_ops, &o));
-    }
-    dt_dp_set_rng(t->dp, &t->er); // the epoch's dropout stream, as the master's
-    DT_TRY(dt_dp_forward_backward(t->dp, b, loss));
-    // Replicas in each of several processes: the master's gradients are final now;
-    // DDP reduces them over the processes (last tensor first, as a backward reports).
-    for (int i = t->ddp ? dt_params_count(t->p) - 1 : -1; i >= 0; i--) {
-        const dt_param_info *pi = dt_params_info(t->p, i);
-        if (pi->trainable)
-            DT_TRY(dt_params_grad_ready(t->p, pi->offset, pi->count));
-    }
-    return DT_OK;
+    return dt_strategy_forward_backward(t->strat, b, &t->er, loss);
 }
 
 // A micro-batch of a rank whose data ran out (uneven inputs): no samples, the same
@@ -743,10 +677,6 @@ static dt_status shadow_step(dt_trainer *t) {
     dt_status st = dt_trainer_step(t, 0.0f);
     t->shadow    = false;
     return st;
-}
-
-void dt_trainer_set_eval(dt_trainer *t, dt_trainer_eval_fn fn, void *user) {
-    t->eval_fn = fn, t->eval_user = user;
 }
 
 dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
@@ -819,27 +749,9 @@ static void print_graph_profile(const dt_graph *g, double train_secs) {
 }
 
 // Every replica must end with the same weights; a difference is a bug, said loudly.
-static dt_status check_replicas(dt_trainer *t, uint32_t *crc_out) {
-    uint32_t crc = dt_crc32c(0, dt_params_data(t->p), dt_params_numel(t->p) * sizeof(float));
-    *crc_out     = crc;
-    if (!t->pg)
-        return DT_OK;
-    int32_t *all  = dt_alloc(sizeof(int32_t) * (size_t)t->world);
-    int32_t  mine = (int32_t)crc;
-    if (!all)
-        return DT_ERR_NOMEM;
-    dt_status st = dt_pg_all_gather(t->pg, &mine, all, 1, DT_INT32);
-    for (int r = 1; st == DT_OK && r < t->world; r++)
-        if (all[r] != all[0])
-            st = dt_fail(DT_ERR_INTERNAL,
-                         "replicas diverged: rank 0's parameters have CRC32C %08x, rank %d's %08x",
-                         (uint32_t)all[0], r, (uint32_t)all[r]);
-    dt_free(all);
-    return st;
-}
-
 dt_status dt_trainer_finish(dt_trainer *t) {
     const dt_train_args *a = &t->a;
+    t->finish_called       = true;
     if (t->err)
         return t->err;
     if (!t->prepared || !t->p)
@@ -859,8 +771,7 @@ dt_status dt_trainer_finish(dt_trainer *t) {
     dt_train_preempt_release(); // from here on, SIGTERM ends the process at once
     DT_TRY(dt_trainer_wait_for_everyone(t));
     t->finished = dt_now();
-    if (t->ddp && t->o.broadcast_buffers) // every rank evaluates and saves rank 0's
-        DT_TRY(dt_ddp_broadcast_buffers(t->ddp));
+    DT_TRY(dt_strategy_share_buffers(t->strat)); // rank 0's buffers everywhere
     if (t->local_rank == 0 && !a->eval_only) {
         if (t->o.loop_time)
             printf("Finished training in %.3f secs (the training loop; %.2f secs from start-up)\n",
@@ -878,27 +789,17 @@ dt_status dt_trainer_finish(dt_trainer *t) {
         dt_trainer_print(t, "Wrote the trace to %s\n", a->trace);
     }
     uint32_t crc;
-    if (dt_train_mesh_on(t)) {
-        DT_TRY(dt_train_mesh_check_replicas(t, &crc));
-        dt_trainer_print(t,
-                         "Parameters identical on the %d replicas of each of the %d model parts "
-                         "(rank 0's CRC32C %08x)\n",
-                         dt_train_dp_size(t), t->world / dt_train_dp_size(t), crc);
-    } else if (t->zero && dt_zero_stage(t->zero) == 3) { // no replicas: each rank its range
-        dt_trainer_print(t, "Parameters sharded over %d ranks (ZeRO-3)\n", t->world);
-    } else {
-        DT_TRY(check_replicas(t, &crc));
-        if (t->pg)
-            dt_trainer_print(t, "Parameters identical on all %d ranks (CRC32C %08x)\n", t->world,
-                             crc);
-    }
+    char     same[160];
+    DT_TRY(dt_strategy_check_replicas(t->strat, &crc, same, sizeof same));
+    if (same[0])
+        dt_trainer_print(t, "%s\n", same);
     if (a->save_model && dt_train_mesh_on(t)) { // the parts gathered: the whole model's file
         DT_TRY(dt_train_mesh_save_model(t, a->save_model));
     } else if (a->save_model) { // --zero 3: the shards gathered on rank 0 for it
-        DT_TRY(dt_train_gather_params(t));
+        DT_TRY(dt_strategy_gather_params(t->strat, 0));
         if (t->rank == 0)
             DT_TRY(dt_ckpt_save_params(a->save_model, t->p));
-        DT_TRY(dt_train_release_params(t));
+        DT_TRY(dt_strategy_release_params(t->strat));
     }
     if (a->save_model)
         dt_trainer_print(t, "Saved the model to %s\n", a->save_model);
@@ -917,16 +818,8 @@ dt_status dt_trainer_report(dt_trainer *t, double metric) {
     getrusage(RUSAGE_SELF, &ru);
     int64_t rss = ru.ru_maxrss; // KiB; the largest over ranks is reported
     DT_TRY(dt_trainer_all_reduce(t, &rss, 1, DT_INT64, DT_REDUCE_MAX));
-    double  wait_s = 0;
-    int64_t steps  = 0;
-    if (t->ddp)
-        dt_ddp_stats(t->ddp, &wait_s, &steps);
-    if (t->zero) { // the wait for gradients and for the parameters' all-gather
-        double gather_s = 0;
-        dt_zero_stats(t->zero, &wait_s, &gather_s, &steps);
-        wait_s += gather_s;
-    }
-    double per = t->o.train_flops_per_sample;
+    double wait_s = dt_strategy_wait_secs(t->strat); // for gradients (and ZeRO's gathers)
+    double per    = t->o.train_flops_per_sample;
     if (per <= 0 && t->m)
         per = dt_model_train_flops_per_sample(t->m);
     // Samples trained by this run (a resumed run trains fewer), padding included.

@@ -90,32 +90,6 @@ dt_status dt_train_plan_memory(dt_trainer *t, dt_params *p, dt_optim *opt, dt_ze
     return DT_OK;
 }
 
-dt_status dt_train_gather_params(dt_trainer *t) {
-    return t->zero ? dt_zero_params_gather(t->zero, 0) : DT_OK;
-}
-
-dt_status dt_train_release_params(dt_trainer *t) {
-    return t->zero ? dt_zero_params_release(t->zero) : DT_OK;
-}
-
 void dt_trainer_state_bytes(const dt_trainer *t, double *peak, double *moved_per_step) {
-    double pk = 0, mv = 0;
-    if (t->zero) {
-        dt_zero_usage u;
-        dt_zero_get_usage(t->zero, &u);
-        pk = (double)(u.resident_peak_bytes ? u.resident_peak_bytes : u.state_bytes);
-        mv = u.steps ? u.moved_bytes / (double)u.steps : 0;
-    } else if (t->p) { // the whole parameters, gradients and optimizer state
-        size_t n = dt_params_numel(t->p), nf = 0;
-        if (t->opt)
-            dt_optim_state(t->opt, &nf);
-        pk = 4.0 * (double)(2 * n + nf);
-        // A ring all-reduce: each rank receives 2 (N - 1) / N of the gradients.
-        int w = dt_train_dp_size(t);
-        mv    = t->ddp ? 4.0 * 2.0 * (double)(w - 1) / w * (double)n : 0;
-    }
-    if (peak)
-        *peak = pk;
-    if (moved_per_step)
-        *moved_per_step = mv;
+    dt_strategy_state_bytes(t->strat, peak, moved_per_step);
 }

@@ -1,20 +1,22 @@
-// mesh.c: the trainer's model parallelism (train.h, docs/parallel.md): the dp x pp x tp
-// mesh of a job, the model cut into pipeline stages (by the user, evenly, or balanced by
-// measured layer cost), the whole model's table, and what the rest of the trainer does
-// differently on a mesh: checkpoints per model part, the gradient norm over the parts,
-// whole model files gathered from the parts and cut into them.
+// mesh.c: the trainer's side of model parallelism (train.h, docs/parallel.md): the
+// --dp --pp --tp flags checked and the job's mesh made, the cuts chosen by --cuts (or
+// read from the checkpoints' layout file) and the pipeline built, and what the trainer
+// keeps per model part: its checkpoints and the layout file. The cutting itself and the
+// whole model's tensors carried to the parts and back are src/parallel/parts.c's; the
+// step's work over the parts (the norm, the replicas' check) is the strategy's.
 #include "train_impl.h"
+
+#include "parallel/parts.h"
 
 #include "core/file.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { TAG_GATHER = 0x6000, TIMING_REPS = 5, LAYOUT_MAX = 4096 };
+enum { LAYOUT_MAX = 4096 };
 
 static dt_mesh_opts mesh_opts(const dt_trainer *t) {
     return (dt_mesh_opts){(int)t->a.dp, (int)t->a.pp, (int)t->a.tp};
@@ -86,39 +88,6 @@ void dt_train_mesh_release(dt_trainer *t) {
     dt_free(t->cut_node);
     dt_mesh_free(t->mesh);
     t->pipe = NULL, t->whole = NULL, t->cut_node = NULL, t->mesh = NULL, t->ncuts = 0;
-}
-
-bool dt_train_mesh_on(const dt_trainer *t) {
-    return t->mesh != NULL;
-}
-
-int dt_trainer_mesh_size(const dt_trainer *t, dt_mesh_dim dim) {
-    if (dim < 0 || dim >= DT_MESH_DIM_COUNT_)
-        return -1;
-    return t->msize[dim] > 0 ? t->msize[dim] : dim == DT_MESH_DP ? t->world : 1;
-}
-
-int dt_trainer_mesh_coord(const dt_trainer *t, dt_mesh_dim dim) {
-    if (t->mesh)
-        return dt_mesh_coord(t->mesh, dim);
-    return dim == DT_MESH_DP ? t->rank : dim < 0 || dim >= DT_MESH_DIM_COUNT_ ? -1 : 0;
-}
-
-dt_pg *dt_trainer_mesh_group(dt_trainer *t, dt_mesh_dim dim) {
-    if (t->mesh)
-        return dt_mesh_size(t->mesh, dim) > 1 ? dt_mesh_group(t->mesh, dim) : NULL;
-    return dim == DT_MESH_DP ? t->pg : NULL;
-}
-
-dt_pg *dt_train_dp_group(dt_trainer *t) {
-    return dt_trainer_mesh_group(t, DT_MESH_DP);
-}
-int dt_train_dp_size(const dt_trainer *t) {
-    return dt_trainer_mesh_size(t, DT_MESH_DP);
-}
-
-dt_pipe *dt_trainer_pipe(dt_trainer *t) {
-    return t->pipe;
 }
 
 // ------------------------------------------------------------------ the layout file
@@ -246,122 +215,6 @@ static dt_status agree_world(dt_trainer *t, dt_status mine) {
 
 // ------------------------------------------------------------------------ the cuts
 
-// Candidates k (n - 1) / pp for k = 1 .. pp - 1: the n - 1 spans between the n
-// candidates (a GPT's blocks, after the embeddings' cut point) spread evenly.
-static void uniform_cuts(int ncand, int pp, int *pick) {
-    for (int k = 1; k < pp; k++)
-        pick[k - 1] = (int)((int64_t)k * (ncand - 1) / pp);
-    for (int k = 1; k < pp - 1; k++) // strictly increasing even when ncand is small
-        if (pick[k] <= pick[k - 1])
-            pick[k] = pick[k - 1] + 1;
-}
-
-// "a,b,c" (names among the candidates) into indices into cand.
-static dt_status parse_cuts(const char *spec, int ncand, const char *const *cand, int pp, int *pick,
-                            const char *what) {
-    int         n = 0;
-    const char *p = spec;
-    while (*p) {
-        size_t k = strcspn(p, ",");
-        int    c = -1;
-        for (int i = 0; i < ncand && c < 0; i++)
-            if (strlen(cand[i]) == k && strncmp(cand[i], p, k) == 0)
-                c = i;
-        if (c < 0 || n >= pp - 1 || (n > 0 && c <= pick[n - 1])) {
-            char list[512] = "";
-            for (int i = 0, at = 0; i < ncand && at < (int)sizeof list - 64; i++)
-                at += snprintf(list + at, sizeof list - (size_t)at, "%s%s", i ? ", " : "", cand[i]);
-            return dt_fail(DT_ERR_ARG,
-                           "%s: expected %d cut(s) in order among this model's cut points (%s), "
-                           "found '%.*s'%s",
-                           what, pp - 1, list, (int)k, p,
-                           c < 0         ? ""
-                           : n >= pp - 1 ? " (one too many)"
-                                         : " (out of order)");
-        }
-        pick[n++] = c;
-        p += k + (p[k] == ',');
-    }
-    if (n != pp - 1)
-        return dt_fail(DT_ERR_ARG, "%s: expected %d cut(s) for --pp %d, found %d in '%s'", what,
-                       pp - 1, pp, n, spec);
-    return DT_OK;
-}
-
-// Each stage's cost under the cuts pick (into cand, node positions candn).
-static void stage_costs(int nnodes, const double *cost, const int *candn, const int *pick, int pp,
-                        double *out) {
-    for (int s = 0, i = 0; s < pp; s++) {
-        int end = s < pp - 1 ? candn[pick[s]] : nnodes - 1;
-        out[s]  = 0;
-        for (; i <= end; i++)
-            out[s] += cost[i];
-    }
-}
-
-// The cuts by measured cost: the model cut by `pick` (uniform) is timed, stage by stage
-// (each rank its nodes, the ranks of a stage's tp group together), the times summed over
-// the world and averaged over the replicas, and rank 0 chooses; *whole is consumed.
-static dt_status balance(dt_trainer *t, dt_graph *whole, int nnodes, int ncand,
-                         const char *const *cand, const int *candn, int mb, int *pick) {
-    int         pp   = t->msize[DT_MESH_PP];
-    double     *cost = dt_alloc_zero(sizeof(double) * (size_t)nnodes);
-    float      *sum  = dt_alloc_zero(sizeof(float) * (size_t)nnodes);
-    double     *sc   = dt_alloc(sizeof(double) * 2 * (size_t)pp);
-    dt_status   st   = cost && sum && sc ? DT_OK : DT_ERR_NOMEM;
-    const char *names[1024];
-    for (int k = 0; k < pp - 1; k++)
-        names[k] = cand[pick[k]];
-    dt_pipe *probe = NULL;
-    if (st == DT_OK)
-        st = dt_pipe_new(&probe, whole, pp - 1, names, dt_mesh_group(t->mesh, DT_MESH_PP),
-                         (uint64_t)t->a.seed, NULL);
-    else
-        dt_graph_free(whole);
-    if (st == DT_OK)
-        st = dt_graph_set_threads(dt_pipe_graph(probe), t->threads);
-    if (st == DT_OK)
-        st = dt_pipe_time_nodes(probe, mb, TIMING_REPS, nnodes, cost);
-    dt_pipe_free(probe);
-    for (int i = 0; i < nnodes; i++)
-        sum[i] = (float)cost[i];
-    if (st == DT_OK) // every node was timed by the dp x tp ranks of its stage
-        st = dt_pg_all_reduce(t->pg, sum, sum, (size_t)nnodes, DT_FLOAT32, DT_REDUCE_SUM);
-    double repl = (double)t->msize[DT_MESH_DP] * t->msize[DT_MESH_TP];
-    for (int i = 0; i < nnodes; i++)
-        cost[i] = sum[i] / repl;
-    if (st == DT_OK && t->rank == 0) { // rank 0 chooses, everyone takes its choice
-        stage_costs(nnodes, cost, candn, pick, pp, sc + pp);
-        st = dt_pipe_balance(nnodes, cost, ncand, candn, pp, pick, NULL);
-    }
-    int32_t *got = (int32_t *)sum; // nnodes >= pp - 1 floats: room for the picks
-    for (int k = 0; k < pp - 1; k++)
-        got[k] = pick[k];
-    if (st == DT_OK)
-        st = dt_pg_broadcast(t->pg, got, (size_t)(pp - 1), DT_INT32, 0);
-    for (int k = 0; st == DT_OK && k < pp - 1; k++)
-        pick[k] = got[k];
-    if (st == DT_OK && t->rank == 0) {
-        stage_costs(nnodes, cost, candn, pick, pp, sc);
-        char   line[2][512];
-        double top[2] = {0, 0};
-        for (int u = 0; u < 2; u++) {
-            size_t at = 0;
-            for (int s = 0; s < pp && at < sizeof line[u] - 16; s++) {
-                at += (size_t)snprintf(line[u] + at, sizeof line[u] - at, " %.3f",
-                                       sc[u * pp + s] * 1e3);
-                top[u] = sc[u * pp + s] > top[u] ? sc[u * pp + s] : top[u];
-            }
-        }
-        printf("pipeline: cuts balanced by measured layer cost, stages' ms per micro-batch of %d "
-               "samples:%s (uniform cuts:%s); slowest %.3f ms (uniform %.3f)\n",
-               mb, line[0], line[1], top[0] * 1e3, top[1] * 1e3);
-        fflush(stdout);
-    }
-    dt_free(cost), dt_free(sum), dt_free(sc);
-    return st;
-}
-
 // Before anything is written into --checkpoint-dir, rank 0 reads the layout of the
 // checkpoints there, agreed: another layout is refused on every rank. Resuming the same
 // layout, *have is true when the checkpoints' cuts are in pick, and *same says that the
@@ -384,7 +237,7 @@ static dt_status folder_cuts(dt_trainer *t, int ncand, const char *const *cand, 
         take[0] = st == DT_OK && found && t->a.resume && npick > 0;
         take[1] = st == DT_OK && found && t->a.resume;
         if (take[0])
-            st = parse_cuts(cuts, ncand, cand, pp, pick, "the checkpoints' layout file");
+            st = dt_parts_parse_cuts(cuts, ncand, cand, pp, pick, "the checkpoints' layout file");
         for (int k = 0; take[0] && k < npick; k++)
             got[k] = pick[k];
     }
@@ -440,12 +293,13 @@ dt_status dt_trainer_pipeline(dt_trainer *t, dt_trainer_build_fn build, void *us
     const char *spec = t->a.cuts ? t->a.cuts : "auto";
     if (st == DT_OK && pp > 1 && !have) {
         if (strcmp(spec, "auto") == 0 || strcmp(spec, "uniform") == 0)
-            uniform_cuts(ncand, pp, pick);
+            dt_parts_uniform_cuts(ncand, pp, pick);
         else
-            st = parse_cuts(spec, ncand, cand, pp, pick, "--cuts");
+            st = dt_parts_parse_cuts(spec, ncand, cand, pp, pick, "--cuts");
     }
     if (st == DT_OK && pp > 1 && !have && strcmp(spec, "auto") == 0) {
-        st    = balance(t, whole, nnodes, ncand, cand, candn, (int)((b + M - 1) / M), pick);
+        st = dt_parts_balance(whole, t->pg, t->mesh, (uint64_t)t->a.seed, t->threads, nnodes, ncand,
+                              cand, candn, (int)((b + M - 1) / M), pick);
         whole = NULL;
         if (st == DT_OK)
             st = build(user, &whole);
@@ -495,9 +349,13 @@ dt_status dt_trainer_pipeline(dt_trainer *t, dt_trainer_build_fn build, void *us
 
 // ------------------------------------------------------------------ the whole model
 
-// This rank's tensor named like whole tensor w (a tie's copy too), or -1.
-static int local_of(dt_trainer *t, const dt_param_info *w) {
-    return dt_params_find(dt_graph_params(t->g), w->name);
+static dt_parts parts_of(dt_trainer *t) {
+    return (dt_parts){.world    = t->pg,
+                      .mesh     = t->mesh,
+                      .whole    = t->whole,
+                      .local    = dt_graph_params(t->g),
+                      .cut_node = t->cut_node,
+                      .ncuts    = t->ncuts};
 }
 
 dt_status dt_trainer_init_params(dt_trainer *t, dt_trainer_fill_fn fill, void *user) {
@@ -505,157 +363,24 @@ dt_status dt_trainer_init_params(dt_trainer *t, dt_trainer_fill_fn fill, void *u
         return dt_fail(DT_ERR_STATE,
                        "dt_trainer_init_params: expected dt_trainer_pipeline first and a fill "
                        "function");
-    dt_params *lp  = dt_graph_params(t->g);
-    size_t     cap = 0;
-    for (int i = 0; i < dt_params_count(t->whole); i++)
-        cap = dt_params_info(t->whole, i)->count > cap ? dt_params_info(t->whole, i)->count : cap;
-    float *v = dt_alloc(sizeof(float) * (cap ? cap : 1));
-    if (!v)
-        return DT_ERR_NOMEM;
-    for (int i = 0; i < dt_params_count(t->whole); i++) {
-        const dt_param_info *w = dt_params_info(t->whole, i);
-        fill(user, w, v); // every tensor, held here or not: the draws stay in order
-        int k = local_of(t, w);
-        if (k < 0)
-            continue;
-        const dt_param_info *l = dt_params_info(lp, k);
-        dt_param_split_copy(&l->split, l->ndim, l->shape, v, dt_params_data(lp) + l->offset, false);
-    }
-    dt_free(v);
-    return DT_OK;
-}
-
-// A storage-owning copy of the whole table.
-static dt_status whole_alloc(const dt_params *tab, dt_params **out) {
-    DT_TRY(dt_params_new(out, NULL));
-    for (int i = 0; i < dt_params_count(tab); i++) {
-        const dt_param_info *w = dt_params_info(tab, i);
-        DT_TRY(dt_params_add(*out, w->name, w->ndim, w->shape, w->flags));
-    }
-    for (int i = 0; i < dt_params_buffer_count(tab); i++) {
-        const dt_param_info *w = dt_params_buffer_info(tab, i);
-        DT_TRY(dt_params_add_buffer(*out, w->name, w->ndim, w->shape, w->flags));
-    }
-    return dt_params_alloc(*out);
-}
-
-// The stage holding node `node` of the whole graph.
-static int stage_of(const dt_trainer *t, int node) {
-    int s = 0;
-    while (s < t->ncuts && node > t->cut_node[s])
-        s++;
-    return s;
+    dt_parts pt = parts_of(t);
+    return dt_parts_init(&pt, fill, user);
 }
 
 dt_status dt_train_mesh_load_model(dt_trainer *t, const char *path) {
     if (!t->pipe || !t->whole)
         return dt_fail(DT_ERR_STATE, "--load on a mesh: expected the model from "
                                      "dt_trainer_pipeline");
-    dt_params *w  = NULL;
-    dt_status  st = whole_alloc(t->whole, &w);
-    if (st == DT_OK)
-        st = dt_ckpt_load_params(path, w);
-    dt_params *lp = dt_graph_params(t->g);
-    for (int i = 0; st == DT_OK && i < dt_params_count(w); i++) {
-        const dt_param_info *wi = dt_params_info(w, i);
-        int                  k  = local_of(t, wi);
-        if (k < 0)
-            continue;
-        const dt_param_info *l = dt_params_info(lp, k);
-        dt_param_split_copy(&l->split, l->ndim, l->shape, dt_params_data(w) + wi->offset,
-                            dt_params_data(lp) + l->offset, false);
-    }
-    for (int i = 0; st == DT_OK && i < dt_params_buffer_count(w); i++) { // not split
-        const dt_param_info *wi = dt_params_buffer_info(w, i);
-        for (int k = 0; k < dt_params_buffer_count(lp); k++)
-            if (!strcmp(dt_params_buffer_info(lp, k)->name, wi->name))
-                memcpy(dt_params_buffers(lp) + dt_params_buffer_info(lp, k)->offset,
-                       dt_params_buffers(w) + wi->offset, sizeof(float) * wi->count);
-    }
-    dt_params_free(w);
-    return st;
-}
-
-// One tensor (or buffer) of the whole model to rank 0: the part of every tp rank of its
-// stage in the first replica, or tp rank 0's copy of a whole one. Every rank walks the
-// tensors in order, so each sender's messages are a subsequence of rank 0's receives.
-static dt_status gather_one(dt_trainer *t, const dt_param_info *w, bool buffer, float *dst,
-                            float *tmp, int tag) {
-    dt_params            *lp = dt_graph_params(t->g);
-    int                   s = stage_of(t, w->layer), tps = t->msize[DT_MESH_TP];
-    const dt_param_split *sp    = &w->split;
-    int                   parts = buffer || !dt_param_split_on(sp) ? 1 : tps;
-    int                   dp    = dt_mesh_coord(t->mesh, DT_MESH_DP);
-    int pp = dt_mesh_coord(t->mesh, DT_MESH_PP), tp = dt_mesh_coord(t->mesh, DT_MESH_TP);
-    const dt_param_info *l = NULL;
-    if (dp == 0 && pp == s && tp < parts) {
-        int k = -1;
-        if (buffer) {
-            for (int j = 0; j < dt_params_buffer_count(lp) && k < 0; j++)
-                k = strcmp(dt_params_buffer_info(lp, j)->name, w->name) ? -1 : j;
-            l = k >= 0 ? dt_params_buffer_info(lp, k) : NULL;
-        } else if ((k = local_of(t, w)) >= 0) {
-            l = dt_params_info(lp, k);
-        }
-        if (!l)
-            return dt_fail(DT_ERR_INTERNAL, "save: stage %d holds no tensor '%s'", s, w->name);
-    }
-    const float *src = l ? (buffer ? dt_params_buffers(lp) : dt_params_data(lp)) + l->offset : NULL;
-    size_t       n   = w->count / (size_t)parts;
-    if (t->rank != 0) {
-        if (l)
-            DT_TRY(dt_pg_send(t->pg, src, n, DT_FLOAT32, 0, tag));
-        return DT_OK;
-    }
-    for (int r = 0; r < parts; r++) {
-        int from = dt_mesh_rank_of(t->mesh, 0, s, r);
-        if (from == 0)
-            memcpy(tmp, src, sizeof(float) * n);
-        else
-            DT_TRY(dt_pg_recv(t->pg, tmp, n, DT_FLOAT32, from, tag));
-        dt_param_split part = *sp;
-        part.part           = r;
-        int64_t shape[DT_PARAM_MAX_DIMS];
-        memcpy(shape, w->shape, sizeof shape);
-        if (parts > 1)
-            shape[sp->axis] /= parts;
-        dt_param_split_copy(parts > 1 ? &part : NULL, w->ndim, shape, dst, tmp, true);
-    }
-    return DT_OK;
+    dt_parts pt = parts_of(t);
+    return dt_parts_load_model(&pt, path);
 }
 
 dt_status dt_train_mesh_save_model(dt_trainer *t, const char *path) {
     if (!t->pipe || !t->whole)
         return dt_fail(DT_ERR_STATE, "--save-model on a mesh: expected the model from "
                                      "dt_trainer_pipeline");
-    dt_params *w   = NULL;
-    size_t     cap = 1;
-    for (int i = 0; i < dt_params_count(t->whole); i++)
-        cap = dt_params_info(t->whole, i)->count > cap ? dt_params_info(t->whole, i)->count : cap;
-    for (int i = 0; i < dt_params_buffer_count(t->whole); i++)
-        cap = dt_params_buffer_info(t->whole, i)->count > cap
-                  ? dt_params_buffer_info(t->whole, i)->count
-                  : cap;
-    float    *tmp = dt_alloc(sizeof(float) * cap);
-    dt_status st  = tmp ? DT_OK : DT_ERR_NOMEM;
-    if (st == DT_OK && t->rank == 0)
-        st = whole_alloc(t->whole, &w);
-    int np = dt_params_count(t->whole);
-    for (int i = 0; st == DT_OK && i < np; i++) {
-        const dt_param_info *wi = dt_params_info(t->whole, i);
-        st = gather_one(t, wi, false, w ? dt_params_data(w) + wi->offset : NULL, tmp,
-                        TAG_GATHER + i);
-    }
-    for (int i = 0; st == DT_OK && i < dt_params_buffer_count(t->whole); i++) {
-        const dt_param_info *wi = dt_params_buffer_info(t->whole, i);
-        st = gather_one(t, wi, true, w ? dt_params_buffers(w) + wi->offset : NULL, tmp,
-                        TAG_GATHER + np + i);
-    }
-    if (st == DT_OK && t->rank == 0)
-        st = dt_ckpt_save_params(path, w);
-    dt_params_free(w);
-    dt_free(tmp);
-    return st;
+    dt_parts pt = parts_of(t);
+    return dt_parts_save_model(&pt, path);
 }
 
 // ------------------------------------------------------------------ checkpoints
@@ -797,54 +522,6 @@ dt_status dt_train_mesh_load(dt_trainer *t, const dt_ckpt_state *cs, const dt_ck
     return st;
 }
 
-// ------------------------------------------------------------------ gradient norm
-
-// Each tensor counted once over the mesh: a tie's copy not at all, a tensor every tp
-// rank holds whole by 1/tp from each, a part by 1. Summed over the world (the dp
-// replicas hold the same averaged gradient: divided by dp; ZeRO's shards: summed).
-dt_status dt_train_mesh_clip(dt_trainer *t, float max_norm, float *norm) {
-    dt_params *p = t->p;
-    int        n = dt_params_count(p), tp = t->msize[DT_MESH_TP];
-    float     *wt = dt_alloc(sizeof(float) * (size_t)(n ? n : 1));
-    if (!wt)
-        return DT_ERR_NOMEM;
-    for (int i = 0; i < n; i++) {
-        const dt_param_info *pi = dt_params_info(p, i);
-        wt[i]                   = !pi->trainable || dt_pipe_is_tie_copy(t->pipe, i) ? 0.0f
-                                  : dt_param_split_on(&pi->split)                   ? 1.0f
-                                                                  : 1.0f / (float)tp;
-    }
-    double ss = 0;
-    if (t->zero) {
-        ss = dt_zero_shard_sumsq(t->zero, wt);
-    } else {
-        const float *g = dt_params_grads(p);
-        for (int i = 0; i < n; i++) {
-            const dt_param_info *pi = dt_params_info(p, i);
-            double               s  = 0;
-            for (size_t e = 0; wt[i] != 0.0f && e < pi->count; e++)
-                s += (double)g[pi->offset + e] * g[pi->offset + e];
-            ss += wt[i] * s;
-        }
-        ss /= t->msize[DT_MESH_DP];
-    }
-    float     total = (float)ss;
-    dt_status st    = dt_pg_all_reduce(t->pg, &total, &total, 1, DT_FLOAT32, DT_REDUCE_SUM);
-    total           = sqrtf(total);
-    if (norm)
-        *norm = total;
-    float coef = (float)((double)max_norm / ((double)total + 1e-6));
-    if (st == DT_OK && isfinite(total) && coef < 1.0f) // the whole local buffer: under
-        for (int i = 0; i < n; i++) {                  // ZeRO only the shard is read
-            const dt_param_info *pi = dt_params_info(p, i);
-            float               *g  = dt_params_grads(p) + pi->offset;
-            for (size_t e = 0; pi->trainable && e < pi->count; e++)
-                g[e] *= coef;
-        }
-    dt_free(wt);
-    return st;
-}
-
 // ------------------------------------------------------------------ the loop's calls
 
 dt_status dt_trainer_pipe_step(dt_trainer *t, const void *const *inputs, int batch,
@@ -858,20 +535,7 @@ dt_status dt_trainer_pipe_step(dt_trainer *t, const void *const *inputs, int bat
                        "dt_trainer_pipe_step: --device %s trains through "
                        "dt_trainer_device_step",
                        t->a.device);
-    // ZeRO's shards of a tie's two copies lie apart: the copies' gradients are summed
-    // before any reduction, which waits for the end of the pipeline's backwards.
-    if (t->zero)
-        dt_zero_set_sync(t->zero, false);
-    dt_status st = dt_pipe_step(t->pipe, inputs, batch, keys, loss, user, loss_out);
-    if (!t->zero || st != DT_OK)
-        return st;
-    dt_zero_set_sync(t->zero, true);
-    for (int i = dt_params_count(t->p) - 1; i >= 0; i--) { // as a backward reports them
-        const dt_param_info *pi = dt_params_info(t->p, i);
-        if (pi->trainable)
-            DT_TRY(dt_params_grad_ready(t->p, pi->offset, pi->count));
-    }
-    return DT_OK;
+    return dt_strategy_pipe_step(t->strat, inputs, batch, keys, loss, user, loss_out);
 }
 
 dt_status dt_trainer_pipe_eval(dt_trainer *t, const void *const *inputs, int batch,
@@ -880,27 +544,4 @@ dt_status dt_trainer_pipe_eval(dt_trainer *t, const void *const *inputs, int bat
         return dt_fail(DT_ERR_STATE, "dt_trainer_pipe_eval: expected dt_trainer_pipeline first");
     DT_TRY(dt_train_device_pull(t)); // --device cuda: the CPU evaluates the host copies
     return dt_pipe_eval(t->pipe, inputs, batch, loss, user, loss_out);
-}
-
-dt_status dt_train_mesh_check_replicas(dt_trainer *t, uint32_t *crc) {
-    dt_params *p = t->p;
-    *crc         = dt_crc32c(0, dt_params_data(p), dt_params_numel(p) * sizeof(float));
-    dt_pg *dp    = dt_train_dp_group(t);
-    int    n     = dp ? dt_pg_size(dp) : 1;
-    if (!dp)
-        return DT_OK;
-    int32_t *all  = dt_alloc(sizeof(int32_t) * (size_t)n);
-    int32_t  mine = (int32_t)*crc;
-    if (!all)
-        return DT_ERR_NOMEM;
-    dt_status st = dt_pg_all_gather(dp, &mine, all, 1, DT_INT32);
-    for (int r = 1; st == DT_OK && r < n; r++)
-        if (all[r] != all[0])
-            st = dt_fail(DT_ERR_INTERNAL,
-                         "replicas diverged: model part pp %d tp %d has CRC32C %08x in replica 0 "
-                         "and %08x in replica %d",
-                         dt_mesh_coord(t->mesh, DT_MESH_PP), dt_mesh_coord(t->mesh, DT_MESH_TP),
-                         (uint32_t)all[0], (uint32_t)all[r], r);
-    dt_free(all);
-    return st;
 }

@@ -9,6 +9,7 @@
 #include "dtrain/pipe.h"
 #include "dtrain/train.h"
 #include "dtrain/zero.h"
+#include "parallel/strategy.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -68,15 +69,12 @@ void dt_train_preempt_release(void);
 // The memory budget and ZeRO-3's needs (memory.c). _parse_bytes: "512M", "1.5G" (K, M,
 // G, T: powers of 1024). _plan_memory: what a rank holds for zo->stage at this world,
 // refused (DT_ERR_ARG, naming both numbers) over the budget; stage 3's live units get
-// what the shard leaves of it; printed under a budget or with stage 3. _gather_params
-// and _release_params: the whole parameters on rank 0 around a checkpoint or a saved
-// model (no-ops but under --zero 3).
+// what the shard leaves of it; printed under a budget or with stage 3.
 dt_status dt_train_parse_bytes(const char *s, uint64_t *out);
 dt_status dt_train_plan_memory(dt_trainer *t, dt_params *p, dt_optim *opt, dt_zero_opts *zo);
-dt_status dt_train_gather_params(dt_trainer *t);
-dt_status dt_train_release_params(dt_trainer *t);
 
-// The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop.
+// The trainer (train.h); trainer.c builds and launches it, loop.c drives the loop,
+// helpers.c answers its accessors and helpers (and calls nothing else of src/train).
 #define MAX_SETTINGS 16
 #define MAX_EVAL     8
 #define MAX_COMMON   56
@@ -96,7 +94,14 @@ struct dt_trainer {
     } extra[MAX_SETTINGS];
     int nextra;
 
-    // A worker's state (from dt_trainer_run to the end of fn).
+    // dt_trainer_start and dt_trainer_exit: started; this process trains (a worker); the
+    // exit code of a process that does not (the parent of forked workers, or a worker
+    // that could not begin); dt_trainer_finish was called.
+    bool started, in_worker, finish_called;
+    bool forked; // a worker dt_trainer_start forked: dt_trainer_exit ends the process
+    int  exit_code;
+
+    // A worker's state (from dt_trainer_start to dt_trainer_exit).
     dt_pg            *pg;
     int               rank, world, local_rank, local_size, threads;
     dt_params        *p;
@@ -104,10 +109,8 @@ struct dt_trainer {
     dt_graph         *g; // dt_trainer_prepare_graph's (p is its parameters)
     dt_optim         *opt;
     dt_sched         *sched;
-    dt_ddp           *ddp;
-    dt_powersgd      *psgd; // --ddp-compress powersgd: DDP's comm hook
-    dt_zero          *zero; // instead of ddp with --zero 1 or 2
-    const dt_dataset *tds;  // the training loader's dataset
+    dt_strategy      *strat; // DDP, ZeRO, DataParallel, the mesh: src/parallel/strategy.h
+    const dt_dataset *tds;   // the training loader's dataset
     dt_sampler       *smp, *esmp[MAX_EVAL];
     dt_loader        *ld, *eld[MAX_EVAL];
     int               neval;
@@ -136,15 +139,13 @@ struct dt_trainer {
     char            scaler_kv[64];
     int64_t         skipped;
     // Watching: rank 0's progress and loss curves; the evaluation for --plot.
-    dt_progress       *bar;
-    dt_plot           *plot;
-    dt_trainer_eval_fn eval_fn;
-    void              *eval_user;
-    size_t             cur_index;
-    const dt_dataset  *eds[MAX_EVAL];
-    size_t             ebatch[MAX_EVAL];
-    // DataParallel (--data-parallel N, dp.c): the program's replicas.
-    dt_dp        *dp;
+    dt_progress      *bar;
+    dt_plot          *plot;
+    size_t            cur_index;
+    const dt_dataset *eds[MAX_EVAL];
+    size_t            ebatch[MAX_EVAL];
+    // DataParallel (--data-parallel N): the program's replicas, until the strategy is
+    // made (dt_trainer_prepare hands them over).
     dt_dp_ops     dp_ops;
     dt_dp_replica dp_master;
     bool          has_replicas;
@@ -204,9 +205,10 @@ dt_status dt_train_mesh_check(const dt_trainer *t, int world);
 dt_status dt_train_mesh_start(dt_trainer *t);
 void      dt_train_mesh_release(dt_trainer *t); // the pipeline, its graph, the mesh
 // Whether the model is cut or split (pp x tp > 1): checkpoints per part, the norm over
-// the parts, whole model files gathered and cut.
+// the parts, whole model files gathered and cut (an accessor: helpers.c).
 bool dt_train_mesh_on(const dt_trainer *t);
-// The group DDP and ZeRO reduce over (NULL: none), and its size (1 without one).
+// The group DDP and ZeRO reduce over (NULL: none), and its size (1 without one;
+// accessors too: helpers.c).
 dt_pg *dt_train_dp_group(dt_trainer *t);
 int    dt_train_dp_size(const dt_trainer *t);
 // Checkpoints of this rank's part (<dir>/pp<S>-tp<R>), by its dp group; loading agrees
@@ -218,13 +220,9 @@ dt_status dt_train_mesh_load(dt_trainer *t, const dt_ckpt_state *cs, const dt_ck
 // A run without a mesh that writes into (or resumes) a checkpoint directory a mesh wrote:
 // refused, naming both layouts. (A mesh run checks in dt_trainer_pipeline.)
 dt_status dt_train_mesh_check_layout(const dt_trainer *t);
-// The global gradient norm over the parts (each tensor once), clipped to max_norm.
-dt_status dt_train_mesh_clip(dt_trainer *t, float max_norm, float *norm);
 // The whole model: gathered to rank 0 and saved (--save-model), or loaded on every rank
 // and cut into this rank's part (--load). Collective.
 dt_status dt_train_mesh_save_model(dt_trainer *t, const char *path);
 dt_status dt_train_mesh_load_model(dt_trainer *t, const char *path);
-// The replicas of each part (the dp group) hold the same parameters; crc: this rank's.
-dt_status dt_train_mesh_check_replicas(dt_trainer *t, uint32_t *crc);
 
 #endif

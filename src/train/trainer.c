@@ -7,7 +7,6 @@
 #include "kernels/cpu.h"
 #include "kernels/table.h"
 
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -379,10 +378,6 @@ dt_status dt_trainer_new(dt_trainer **out, int argc, char **argv, const dt_train
     return DT_OK;
 }
 
-void dt_trainer_free(dt_trainer *t) {
-    dt_free(t);
-}
-
 dt_status dt_trainer_add_setting(dt_trainer *t, const char *what, int64_t value) {
     if (t->nextra >= MAX_SETTINGS)
         return dt_fail(DT_ERR_ARG,
@@ -478,13 +473,8 @@ static void release_worker(dt_trainer *t) {
     dt_train_device_release(t);
     dt_grad_scaler_free(t->scaler);
     t->scaler = NULL;
-    dt_dp_free(t->dp);
-    t->dp = NULL, t->has_replicas = false;
-    dt_ddp_free(t->ddp);
-    dt_powersgd_free(t->psgd);
-    t->psgd = NULL;
-    dt_zero_free(t->zero);
-    t->zero = NULL;
+    dt_strategy_free(t->strat);
+    t->strat = NULL, t->has_replicas = false;
     dt_sched_free(t->sched);
     dt_optim_free(t->opt);
     dt_train_mesh_release(t); // before the graph: a pipeline owns its stage's
@@ -504,12 +494,14 @@ static void release_worker(dt_trainer *t) {
     dt_progress_free(t->bar);
     dt_plot_free(t->plot);
     t->bar = NULL, t->plot = NULL;
-    t->ddp = NULL, t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL, t->g = NULL;
+    t->sched = NULL, t->opt = NULL, t->m = NULL, t->p = NULL, t->g = NULL;
     t->ld = NULL, t->smp = NULL, t->keys = NULL, t->neval = 0;
 }
 
-// One worker: rank `rank` of a group (pg), or the only process (pg NULL).
-static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
+// A worker begins: rank `rank` of a group (pg, owned from here on), or the only process
+// (pg NULL): its threads, its random streams, the shared flags compared, the mesh.
+static dt_status begin_worker(dt_trainer *t, dt_pg *pg) {
+    t->in_worker  = true;
     t->pg         = pg;
     t->world      = pg ? dt_pg_size(pg) : 1;
     t->rank       = pg ? dt_pg_rank(pg) : 0;
@@ -538,53 +530,50 @@ static int run_worker(dt_trainer *t, dt_pg *pg, dt_trainer_fn fn, void *user) {
     t->root       = dt_rng_split(&t->base, 0x64726f70 /* "drop" */);
     t->rngs[0]    = (dt_ckpt_rng){"dropout", &t->root};
     t->last_saved = -1;
-    dt_status st  = check_shared(t);
-    if (!st)
-        st = announce_kernels(t);
-    if (!st)
-        st = dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
-    if (!st)
-        st = fn(t, user);
+    DT_TRY(check_shared(t));
+    DT_TRY(announce_kernels(t));
+    return dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
+}
+
+// A worker ends: its exit code from the program's status (printed when it failed), then
+// everything it held released, its group aborted (after a failure) and freed.
+static int end_worker(dt_trainer *t, dt_status st) {
     int rc = 0;
     if (st && t->preempted)
         rc = DT_EXIT_PREEMPTED;
     else if (st) {
         rc = 1;
-        if (pg)
+        if (t->pg)
             fprintf(stderr, "%s: rank %d: %s\n", t->o.program, t->rank, dt_last_error());
         else
             fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
     }
     fflush(stdout);
     release_worker(t);
+    if (t->pg && rc && rc != DT_EXIT_PREEMPTED)
+        dt_pg_abort(t->pg, "a worker failed");
+    dt_pg_free(t->pg);
+    t->pg        = NULL;
+    t->in_worker = false;
     return rc;
 }
 
-typedef struct launch {
-    dt_trainer   *t;
-    dt_trainer_fn fn;
-    void         *user;
-} launch;
-
-static int worker_from_env(launch *l) {
+// Under a launcher (or a forked worker): the group from the environment, then the worker.
+static bool worker_from_env(dt_trainer *t) {
     dt_pg_opts o = dt_pg_opts_default();
-    o.backend    = dt_train_device_backend(l->t); // --backend, or nccl for GPUs (device.c)
+    o.backend    = dt_train_device_backend(t); // --backend, or nccl for GPUs (device.c)
     dt_pg *pg    = NULL;
     if (dt_pg_new_from_env(&pg, &o) != DT_OK) {
-        fprintf(stderr, "%s: %s\n", l->t->o.program, dt_last_error());
-        return 1;
+        fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+        t->exit_code = 1;
+        return false;
     }
-    int rc = run_worker(l->t, pg, l->fn, l->user);
-    if (rc && rc != DT_EXIT_PREEMPTED)
-        dt_pg_abort(pg, "a worker failed");
-    dt_pg_free(pg);
-    return rc;
-}
-
-static int spawned(int local_rank, void *arg) {
-    (void)local_rank;         // dt_spawn has set RANK, LOCAL_RANK and the rest
-    dt_train_preempt_watch(); // the parent's watcher did not survive the fork
-    return worker_from_env(arg);
+    dt_status st = begin_worker(t, pg);
+    if (st != DT_OK) {
+        t->exit_code = end_worker(t, st);
+        return false;
+    }
+    return true;
 }
 
 static void setenv_long(const char *name, long v) {
@@ -593,13 +582,19 @@ static void setenv_long(const char *name, long v) {
     setenv(name, buf, 1);
 }
 
-int dt_trainer_run(dt_trainer *t, dt_trainer_fn fn, void *user) {
+bool dt_trainer_start(dt_trainer *t) {
     const dt_train_args *a = &t->a;
-    launch               l = {t, fn, user};
-    dt_launch_env        le;
-    bool                 env_ok = dt_launch_env_read(&le) == DT_OK;
+    if (t->started) {
+        dt_fail(DT_ERR_STATE, "dt_trainer_start: expected one call, found a second");
+        return false;
+    }
+    t->started   = true;
+    t->exit_code = 1;
+    dt_launch_env le;
+    bool          env_ok = dt_launch_env_read(&le) == DT_OK;
     if (a->num_processes > 0) {
-        // The seed's launch: this process forks the local workers of machine K.
+        // The seed's launch: this process forks the local workers of machine K, which go
+        // on from here; it waits for them and takes their exit code.
         if (a->master_addr)
             setenv("MASTER_ADDR", a->master_addr, 1);
         if (a->master_port)
@@ -609,176 +604,56 @@ int dt_trainer_run(dt_trainer *t, dt_trainer_fn fn, void *user) {
         setenv_long("GROUP_RANK", a->machine_id);
         setenv_long("WORLD_SIZE", a->num_machines * a->num_processes);
         dt_spawn_result res;
-        if (dt_spawn((int)a->num_processes, spawned, &l, &res) == DT_OK)
-            return 0;
+        int             local = -1;
+        dt_status       st    = dt_spawn_fork((int)a->num_processes, &local, &res);
+        if (local >= 0) {
+            t->forked = true;
+            dt_train_preempt_watch(); // the parent's watcher did not survive the fork
+            return worker_from_env(t);
+        }
         // Workers stopped by SIGTERM have said so; their status is the job's.
-        if (res.exit_code == DT_EXIT_PREEMPTED)
-            return DT_EXIT_PREEMPTED;
-        fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
-        return 1;
+        if (st == DT_OK)
+            t->exit_code = 0;
+        else if (res.exit_code == DT_EXIT_PREEMPTED)
+            t->exit_code = DT_EXIT_PREEMPTED;
+        else {
+            fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
+            t->exit_code = 1;
+        }
+        return false;
     }
     if (!env_ok || le.launcher != DT_LAUNCHER_NONE) // bad values: reported by dt_pg_init
-        return worker_from_env(&l);
-    return run_worker(t, NULL, fn, user);
-}
-
-// ----------------------------------------------------------------------- accessors
-
-dt_pg *dt_trainer_pg(dt_trainer *t) {
-    return t->pg;
-}
-int dt_trainer_rank(const dt_trainer *t) {
-    return t->rank;
-}
-int dt_trainer_world(const dt_trainer *t) {
-    return t->world;
-}
-int dt_trainer_local_rank(const dt_trainer *t) {
-    return t->local_rank;
-}
-bool dt_trainer_is_main(const dt_trainer *t) {
-    return t->rank == 0;
-}
-bool dt_trainer_is_local_main(const dt_trainer *t) {
-    return t->local_rank == 0;
-}
-int dt_trainer_threads(const dt_trainer *t) {
-    return t->threads;
-}
-double dt_trainer_start_time(const dt_trainer *t) {
-    return t->start;
-}
-void dt_trainer_set_clip_grad(dt_trainer *t, double max_norm) {
-    t->a.clip_grad = max_norm;
-}
-void dt_trainer_exclude_time(dt_trainer *t, double secs) {
-    t->excluded += secs;
-}
-double dt_trainer_loop_secs(const dt_trainer *t) {
-    return (t->finished > 0 ? t->finished : dt_now()) - t->train_start - t->excluded;
-}
-dt_precision dt_trainer_precision(const dt_trainer *t) {
-    dt_precision p = DT_PREC_FP32;
-    if (t->a.precision && dt_precision_parse(t->a.precision, &p) != DT_OK)
-        p = DT_PREC_FP32; // not reached: the flag table accepts only the three words
-    return p;
-}
-float dt_trainer_loss_scale(const dt_trainer *t) {
-    return t->scaler ? dt_grad_scaler_scale(t->scaler) : 1.0f;
-}
-void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n) {
-    float s = dt_trainer_loss_scale(t);
-    if (s != 1.0f)
-        for (size_t i = 0; i < n; i++)
-            dloss[i] *= s;
-}
-int64_t dt_trainer_skipped_steps(const dt_trainer *t) {
-    return t->skipped;
-}
-
-int64_t dt_trainer_step_count(const dt_trainer *t) {
-    return t->step;
-}
-long dt_trainer_epoch(const dt_trainer *t) {
-    return t->epoch;
-}
-size_t dt_trainer_num_batches(const dt_trainer *t) {
-    return t->nbatches;
-}
-float dt_trainer_grad_norm(const dt_trainer *t) {
-    return t->grad_norm;
-}
-bool dt_trainer_sync_step(const dt_trainer *t) {
-    return t->sync;
-}
-bool dt_trainer_preempted(const dt_trainer *t) {
-    return t->preempted;
-}
-dt_rng dt_trainer_epoch_rng(const dt_trainer *t) {
-    return dt_rng_split(&t->root, (uint64_t)t->epoch);
-}
-dt_rng dt_trainer_step_rng(const dt_trainer *t, uint64_t id) {
-    dt_rng s = dt_rng_split(&t->base, 0x73746570 /* "step" */);
-    s        = dt_rng_split(&s, (uint64_t)t->step);
-    return dt_rng_split(&s, id);
-}
-
-void dt_trainer_print(const dt_trainer *t, const char *fmt, ...) {
-    if (t->rank != 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    fflush(stdout);
-}
-
-void dt_trainer_print_local(const dt_trainer *t, const char *fmt, ...) {
-    if (t->local_rank != 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    fflush(stdout);
-}
-
-// ------------------------------------------------------------------ collective helpers
-
-dt_status dt_trainer_wait_for_everyone(dt_trainer *t) {
-    return t->pg ? dt_pg_barrier(t->pg) : DT_OK;
-}
-dt_status dt_trainer_main_first_begin(dt_trainer *t) {
-    return t->pg && t->rank != 0 ? dt_pg_barrier(t->pg) : DT_OK;
-}
-dt_status dt_trainer_main_first_end(dt_trainer *t) {
-    return t->pg && t->rank == 0 ? dt_pg_barrier(t->pg) : DT_OK;
-}
-dt_status dt_trainer_all_reduce(dt_trainer *t, void *buf, size_t count, dt_dtype dtype,
-                                dt_reduce_op op) {
-    return t->pg ? dt_pg_all_reduce(t->pg, buf, buf, count, dtype, op) : DT_OK;
-}
-
-dt_status dt_trainer_gather_for_metrics(dt_trainer *t, const void *src, size_t count,
-                                        dt_dtype dtype, void **out, size_t *total) {
-    size_t es = dt_dtype_size(dtype);
-    *out = NULL, *total = 0;
-    if (!es)
-        return dt_fail(DT_ERR_ARG, "gather_for_metrics: expected a valid dtype, found %d",
-                       (int)dtype);
-    int      world = t->world;
-    int64_t *cnt   = dt_alloc(sizeof(int64_t) * (size_t)world);
-    if (!cnt)
-        return DT_ERR_NOMEM;
-    int64_t   mine = (int64_t)count, most = 0, sum = 0;
-    dt_status st = t->pg ? dt_pg_all_gather(t->pg, &mine, cnt, 1, DT_INT64) : DT_OK;
-    if (!t->pg)
-        cnt[0] = mine;
-    for (int r = 0; r < world; r++)
-        most = cnt[r] > most ? cnt[r] : most, sum += cnt[r];
-    // Padded to the largest share for the gather, then the padding dropped.
-    char *pad = NULL, *all = NULL, *res = NULL;
-    if (!st && (!(pad = dt_alloc_zero(es * (size_t)(most ? most : 1))) ||
-                !(all = dt_alloc(es * (size_t)(most ? most : 1) * (size_t)world)) ||
-                !(res = dt_alloc(es * (size_t)(sum ? sum : 1)))))
-        st = DT_ERR_NOMEM;
-    if (!st) {
-        if (count)
-            memcpy(pad, src, es * count);
-        st = t->pg ? dt_pg_all_gather(t->pg, pad, all, (size_t)most, dtype) : DT_OK;
-        if (!t->pg && count)
-            memcpy(all, pad, es * count);
+        return worker_from_env(t);
+    dt_status st = begin_worker(t, NULL);
+    if (st != DT_OK) {
+        t->exit_code = end_worker(t, st);
+        return false;
     }
-    if (!st) {
-        size_t at = 0;
-        for (int r = 0; r < world; r++) {
-            memcpy(res + at, all + (size_t)r * (size_t)most * es, (size_t)cnt[r] * es);
-            at += (size_t)cnt[r] * es;
-        }
-        *out = res, *total = (size_t)sum, res = NULL;
+    return true;
+}
+
+int dt_trainer_exit(dt_trainer *t, dt_status st) {
+    if (!t)
+        return st ? 1 : 0;
+    int rc;
+    if (t->in_worker) {
+        if (st == DT_OK && t->prepared && !t->finish_called)
+            st = dt_trainer_finish(t);
+        rc = end_worker(t, st);
+    } else if (t->started) { // the parent of forked workers, or a worker that never began
+        rc = t->exit_code;
+    } else { // before dt_trainer_start: reading the data, say
+        rc = st ? 1 : 0;
+        if (st)
+            fprintf(stderr, "%s: %s\n", t->o.program, dt_last_error());
     }
-    dt_free(cnt), dt_free(pad), dt_free(all), dt_free(res);
-    return st;
+    bool forked = t->forked;
+    dt_free(t);
+    if (forked) { // a worker this process forked ends here, as dt_spawn's do
+        fflush(NULL);
+        _exit(rc & 0xff);
+    }
+    return rc;
 }
 
 // ---------------------------------------------------------------------- data

@@ -1,11 +1,14 @@
 // test_collectives.c: the collective suite (tests/lib/coll_suite.h: every collective
-// against a serial reference, every dtype and op, in place, async) in real processes
-// over real sockets, for world sizes 1..5, then with each all_reduce algorithm forced.
+// against a serial reference, every dtype and op, in place, async, the all_reduce in
+// tree order) in real processes over real sockets, for world sizes 1..5, then with each
+// algorithm of every collective's table forced (DT_*_ALGO), then ranks that disagree on
+// the reduce order, and a forced algorithm the backend cannot run.
 // DT_TEST_BACKEND picks the backend (tcp default).
 #include "../lib/coll_suite.h"
 #include "../lib/mp.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct run_cfg {
     bool     big;
@@ -59,12 +62,66 @@ static void test_worlds_forced_algorithms(void) {
     run_world(3, false);
     run_world(5, false);
     unsetenv("DT_ALLREDUCE_ALGO");
+    // The point-to-point family of every other table, whatever the backend's auto picks
+    // (on shm: over its channels instead of its segment).
+    static const char *const p2p[][2] = {
+        {"DT_BROADCAST_ALGO", "chain"},   {"DT_REDUCE_ALGO", "ring"},
+        {"DT_ALLGATHER_ALGO", "ring"},    {"DT_REDUCESCATTER_ALGO", "ring"},
+        {"DT_GATHER_ALGO", "direct"},     {"DT_SCATTER_ALGO", "direct"},
+        {"DT_ALLTOALL_ALGO", "pairwise"}, {"DT_BARRIER_ALGO", "dissemination"},
+        {"DT_ALLREDUCE_ALGO", "ring"}};
+    for (size_t i = 0; i < sizeof p2p / sizeof p2p[0]; i++)
+        setenv(p2p[i][0], p2p[i][1], 1);
+    run_world(3, false);
+    setenv("DT_BROADCAST_ALGO", "tree", 1);
+    setenv("DT_REDUCE_ALGO", "tree", 1);
+    run_world(4, false);
+    for (size_t i = 0; i < sizeof p2p / sizeof p2p[0]; i++)
+        unsetenv(p2p[i][0]);
     unsetenv("DT_SEGMENT_BYTES");
     unsetenv("DT_SMALL_BYTES");
+}
+
+// One rank asks for the tree order, the others do not: every rank fails with
+// DT_ERR_MISMATCH naming both fingerprints.
+static void order_ranks(int rank, int world, void *arg) {
+    (void)world, (void)arg;
+    dt_pg *pg = mp_pg_init(20000);
+    if (!CHECK(pg != NULL))
+        return;
+    float x[300] = {1};
+    CHECK_ERR(dt_pg_all_reduce_ordered(pg, x, x, 300, DT_FLOAT32, DT_REDUCE_SUM,
+                                       rank == 1 ? DT_ORDER_TREE : DT_ORDER_ANY),
+              DT_ERR_MISMATCH, "in tree order");
+    CHECK_ERR(dt_pg_all_reduce_ordered(pg, x, x, 1, DT_FLOAT32, DT_REDUCE_SUM, (dt_reduce_order)7),
+              DT_ERR_ARG, "expected a reduce order in [0, 2), found 7");
+    dt_pg_free(pg);
+}
+
+// A forced algorithm the backend has no transport for is refused when the group is
+// made, naming the setting and what the backend offers.
+static void forced_ranks(int rank, int world, void *arg) {
+    (void)rank, (void)world, (void)arg;
+    dt_pg *pg = mp_pg_init(20000);
+    CHECK(pg == NULL);
+    CHECK(dt_last_status() == DT_ERR_UNSUPPORTED);
+    CHECK(strstr(dt_last_error(), "DT_ALLREDUCE_ALGO=hier: backend") != NULL);
+    CHECK(strstr(dt_last_error(), "expected one of auto") != NULL);
+    dt_pg_free(pg);
+}
+
+static void test_order_and_forcing(void) {
+    mp_opts o = {.world = 3, .timeout_ms = 60000};
+    MP_RUN(&o, order_ranks, NULL);
+    setenv("DT_ALLREDUCE_ALGO", "hier", 1); // only the hybrid backend has two levels
+    o.world = 2;
+    MP_RUN(&o, forced_ranks, NULL);
+    unsetenv("DT_ALLREDUCE_ALGO");
 }
 
 int main(void) {
     RUN(test_worlds_default);
     RUN(test_worlds_forced_algorithms);
+    RUN(test_order_and_forcing);
     return check_summary();
 }

@@ -1,10 +1,13 @@
-// test_shm_engine.c: the shared-memory engine on its own (no store, no process group):
+// test_shm_engine.c: the shared-memory engine on its own (no store, no process group),
+// as the algorithm layer's transport (its segment and its channels' transfer slots):
 // world sizes 1-5 as forked processes, every collective and send/recv against a serial
 // reference on fresh pseudo-random data, every dtype and reduce op, in place and out of
-// place, multi-chunk paths through a small chunk size; and the failure paths: a rank
-// killed with SIGKILL, mismatched collectives, timeouts, a rank that left, bad
-// arguments, a segment of another world size, nothing left behind in /dev/shm.
+// place, multi-chunk paths through a small chunk size, and the point-to-point
+// algorithms over the channels; and the failure paths: a rank killed with SIGKILL,
+// mismatched collectives, timeouts, a rank that left, bad arguments, a segment of
+// another world size, nothing left behind in /dev/shm.
 #include "../check.h"
+#include "comm/algo/algo.h"
 #include "comm/shm/shm.h"
 
 #include <errno.h>
@@ -30,11 +33,13 @@ typedef struct world_cfg {
 
 // One rank's engine and its operation counters (what the process group keeps).
 typedef struct tctx {
-    dt_shm  *s;
-    int      me, world;
-    uint64_t seq;     // collectives, from 1
-    uint64_t sent[8]; // messages per peer, from 1
-    uint64_t recvd[8];
+    dt_shm     *s;
+    dt_xport    x;   // the segment and the channels' transfer slots
+    dt_algo_cfg cfg; // DT_*_ALGO as the environment says
+    int         me, world;
+    uint64_t    seq;     // collectives, from 1
+    uint64_t    sent[8]; // messages per peer, from 1
+    uint64_t    recvd[8];
 } tctx;
 
 typedef void (*rank_fn)(tctx *t, int rank, int world, void *arg);
@@ -71,7 +76,15 @@ static void run_world(const world_cfg *cfg, rank_fn fn, void *arg) {
                                       cfg->init_timeout_ms ? cfg->init_timeout_ms : 20000)};
                 tctx        t  = {.me = r, .world = world};
                 dt_status   st = dt_shm_init(&o, &t.s);
+                t.x            = (dt_xport){.rank      = r,
+                                            .world     = world,
+                                            .seg       = t.s,
+                                            .xfer_post = dt_shm_xfer_post,
+                                            .xfer_wait = dt_shm_xfer_wait,
+                                            .xfer_ctx  = t.s};
+                CHECK_OK(dt_algo_cfg_init(&t.cfg));
                 fn(&t, r, world, arg);
+                dt_algo_cfg_free(&t.cfg);
                 if (st != DT_OK && !arg)
                     fprintf(stderr, "rank %d: init failed: %s\n", r, dt_last_error());
                 dt_shm_free(t.s);
@@ -294,7 +307,7 @@ static dt_status run_op(tctx *t, dt_coll kind, const void *src, void *dst, size_
                                             "scatter",    "all_to_all",     "barrier"};
         snprintf(op.name, sizeof op.name, "%s #%llu", names[kind], (unsigned long long)op.fp.seq);
     }
-    return dt_shm_run(t->s, &op);
+    return dt_algo_run(&t->x, &t->cfg, &op);
 }
 
 static dt_status t_all_reduce(tctx *t, const void *src, void *dst, size_t n, dt_dtype dt,

@@ -1,6 +1,7 @@
 // test_spawn.c: dt_spawn starts workers with their rank variables (and they can form a
 // group from them), stops the others when one fails and names it, escalates to
-// SIGKILL for a worker that ignores SIGTERM, and its workers die with their parent.
+// SIGKILL for a worker that ignores SIGTERM, and its workers die with their parent;
+// dt_spawn_fork's workers go on in the caller's code, and the parent gets their ends.
 #include "../lib/mp.h"
 
 #include <errno.h>
@@ -92,6 +93,42 @@ static void test_success(void) {
     }
     // The parent's own environment is left alone.
     CHECK(getenv("MASTER_PORT") == NULL);
+}
+
+// dt_spawn_fork: every child returns from the call with its local rank and its rank
+// variables, runs the code after it (the same worker as test_success) and exits with
+// its status; the parent returns after them with -1 and their result: DT_OK, then a
+// failure naming the child that exited with 11.
+static void test_fork(void) {
+    for (int fail = 0; fail < 2; fail++) {
+        memset(slots(), 0, 4096);
+        unsetenv("MASTER_PORT");
+        unsetenv("DT_JOB_TOKEN");
+        setenv("DT_SPAWN_GRACE_MS", "500", 1);
+        dt_spawn_result res;
+        int             local = -2;
+        dt_status       st    = dt_spawn_fork(3, &local, &res);
+        if (local >= 0) { // a child: the caller's code from here on
+            int rc = st == DT_OK ? worker_ok(local, NULL) : 12;
+            exit(fail && local == 2 ? 11 : rc);
+        }
+        CHECK_EQ(local, -1);
+        if (!fail) {
+            CHECK_OK(st);
+            CHECK_EQ(res.failed_rank, -1);
+            for (int i = 0; i < 3; i++) {
+                CHECK_EQ(slots()[i].rank, i);
+                CHECK_EQ(slots()[i].world, 3);
+                CHECK_NEAR(slots()[i].sum, 6.0, 0);
+                CHECK(gone(slots()[i].pid));
+            }
+        } else {
+            CHECK_ERR(st, DT_ERR_PEER, "local rank 2 (rank 2) exited with code 11");
+            CHECK_EQ(res.failed_rank, 2);
+            CHECK_EQ(res.exit_code, 11);
+        }
+        unsetenv("DT_SPAWN_GRACE_MS");
+    }
 }
 
 // Node 1 of a 2-node job of 2 processes each: RANK = 2 + local rank, WORLD_SIZE kept.
@@ -300,6 +337,7 @@ static void test_parent_killed(void) {
 
 int main(void) {
     RUN(test_success);
+    RUN(test_fork);
     RUN(test_multi_node_ranks);
     RUN(test_port_without_addr);
     RUN(test_two_nodes_without_token);

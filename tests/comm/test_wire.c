@@ -1,7 +1,8 @@
 // test_wire.c: the tcp message header and the store protocol parser on their own:
 // round trips of random headers, every single-bit corruption caught, truncation and
 // out-of-range fields refused with a message naming the check; fingerprints matched
-// and printed; the reduction kernels against plain loops.
+// and printed (the reduce order too); the reduction kernels against plain loops, and
+// the n-operand kernel in rank and in tree order.
 #include "../check.h"
 #include "comm/comm_impl.h"
 #include "comm/reduce.h"
@@ -16,6 +17,7 @@ static void random_header(dt_rng *r, dt_wire_header *h) {
     h->fp.coll  = (uint8_t)dt_rng_below(r, DT_COLL_COUNT_);
     h->fp.dtype = (uint8_t)dt_rng_below(r, DT_DTYPE_COUNT_);
     h->fp.op    = (uint8_t)dt_rng_below(r, DT_REDUCE_COUNT_);
+    h->fp.order = (uint8_t)dt_rng_below(r, DT_ORDER_COUNT_);
     h->fp.seq   = dt_rng_u64(r);
     h->fp.count = dt_rng_u64(r);
     h->fp.root  = (int32_t)dt_rng_u32(r);
@@ -57,6 +59,10 @@ static void test_header_corruption(void) {
     dt_wire_encode(&h, b);
     CHECK_ERR(dt_wire_decode(b, sizeof b, &g), DT_ERR_FORMAT, "expected dtype < 3, found 9");
     h.fp.dtype = 0;
+    h.fp.order = 5;
+    dt_wire_encode(&h, b);
+    CHECK_ERR(dt_wire_decode(b, sizeof b, &g), DT_ERR_FORMAT, "expected reduce order < 2, found 5");
+    h.fp.order = 0;
     h.nbytes   = DT_WIRE_MAX_PAYLOAD + 1;
     dt_wire_encode(&h, b);
     CHECK_ERR(dt_wire_decode(b, sizeof b, &g), DT_ERR_FORMAT, "payload bytes");
@@ -84,9 +90,13 @@ static void test_fingerprints(void) {
     CHECK(!dt_fp_match(&a, &b));
     b = a, b.seq = 43;
     CHECK(!dt_fp_match(&a, &b));
+    b = a, b.order = DT_ORDER_TREE;
+    CHECK(!dt_fp_match(&a, &b)); // ranks must agree on the order
     char buf[160];
     CHECK(strcmp(dt_fp_format(&a, buf, sizeof buf), "all_reduce #42 (float32 sum, count 1000)") ==
           0);
+    CHECK(strcmp(dt_fp_format(&b, buf, sizeof buf),
+                 "all_reduce #42 (float32 sum in tree order, count 1000)") == 0);
     dt_fingerprint s = {.seq = 3, .count = 5, .root = 9, .coll = DT_COLL_SEND, .dtype = DT_INT64};
     dt_fingerprint t = s;
     t.coll           = DT_COLL_RECV;
@@ -219,11 +229,115 @@ static void test_reduce_kernels(void) {
     CHECK(out[0] != out[0] && out[1] != out[1]); // NaN propagates either way
 }
 
+// dt_reduce_n: nin operands combined in rank order ((x0 + x1) + x2) + ... or in the tree
+// of DT_ORDER_TREE, bitwise against the fold written here, for 1 to 9 operands and
+// counts that cross the kernel's blocks; values of very different magnitudes so that
+// the two orders give different sums (checked: a kernel ignoring the order fails).
+// Both outputs, with and without non-temporal stores; in place; AVG.
+static void test_reduce_n_orders(void) {
+    dt_rng       r = dt_rng_init(5);
+    const size_t n = 5000;
+    float       *x[9], want[5000], v[9], got[5000], got2[5000];
+    for (int k = 0; k < 9; k++) {
+        x[k] = dt_alloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            x[k][i] = dt_rng_uniform_range(&r, -1, 1) * (k % 3 == 0 ? 1e7f : 1.0f);
+    }
+    int orders_differ = 0;
+    for (int nin = 1; nin <= 9; nin++)
+        for (int order = DT_ORDER_ANY; order <= DT_ORDER_TREE; order++) {
+            const void *in[9];
+            for (int k = 0; k < nin; k++)
+                in[k] = x[k];
+            for (size_t i = 0; i < n; i++) {
+                for (int k = 0; k < nin; k++)
+                    v[k] = x[k][i];
+                if (order == DT_ORDER_ANY) {
+                    for (int k = 1; k < nin; k++)
+                        v[0] += v[k];
+                } else {
+                    int top = 1;
+                    while (2 * top < nin)
+                        top *= 2;
+                    for (int h = top; h >= 1; h /= 2)
+                        for (int k = 0; k < h && k + h < nin; k++)
+                            v[k] += v[k + h];
+                }
+                if (order == DT_ORDER_TREE && memcmp(&want[i], &v[0], 4) != 0)
+                    orders_differ++; // want still holds the rank-order sum
+                want[i] = v[0];
+            }
+            dt_reduce_n(got, got2, true, in, nin, n, DT_FLOAT32, DT_REDUCE_SUM,
+                        (dt_reduce_order)order);
+            dt_store_fence();
+            CHECK(memcmp(got, want, sizeof want) == 0);
+            CHECK(memcmp(got2, want, sizeof want) == 0);
+            // AVG: the same sum divided by nin.
+            dt_reduce_n(got, NULL, false, in, nin, n, DT_FLOAT32, DT_REDUCE_AVG,
+                        (dt_reduce_order)order);
+            bool avg_ok = true;
+            for (size_t i = 0; i < n; i++)
+                avg_ok &= got[i] == (nin > 1 ? want[i] / (float)nin : want[i]);
+            CHECK(avg_ok);
+        }
+    CHECK(orders_differ > 1000);
+    // In place: the output is the first operand.
+    float      *a = dt_alloc(n * sizeof(float));
+    const void *in3[3];
+    memcpy(a, x[0], n * sizeof(float));
+    in3[0] = a, in3[1] = x[1], in3[2] = x[2];
+    dt_reduce_n(a, NULL, false, in3, 3, n, DT_FLOAT32, DT_REDUCE_SUM, DT_ORDER_TREE);
+    bool ok = true;
+    for (size_t i = 0; i < n; i++)
+        ok &= a[i] == (x[0][i] + x[2][i]) + x[1][i];
+    CHECK(ok);
+    // Integer AVG truncates; integer sums wrap in either order.
+    int32_t     i0[2] = {7, INT32_MAX}, i1[2] = {-2, 1}, i2[2] = {0, 1}, io[2];
+    const void *ii[3] = {i0, i1, i2};
+    dt_reduce_n(io, NULL, false, ii, 3, 2, DT_INT32, DT_REDUCE_AVG, DT_ORDER_ANY);
+    CHECK(io[0] == 1);
+    dt_reduce_n(io, NULL, false, ii, 3, 2, DT_INT32, DT_REDUCE_SUM, DT_ORDER_TREE);
+    CHECK(io[0] == 5 && io[1] == INT32_MIN + 1);
+    dt_free(a);
+    // Many operands (a host's ranks): the tree's scratch blocks shrink to one cache line
+    // (8 int64s) from 129 operands on; 512 is the most. Exact against the tree's fold.
+    enum { MANY = 512, MN = 100 };
+    int64_t    *big = dt_alloc(sizeof(int64_t) * MANY * MN), mwant[MN], mgot[MN];
+    const void *min[MANY];
+    for (int k = 0; k < MANY; k++) {
+        min[k] = big + (size_t)k * MN;
+        for (int i = 0; i < MN; i++)
+            big[(size_t)k * MN + (size_t)i] = (int64_t)(dt_rng_u64(&r) >> 1) - INT64_MAX / 2;
+    }
+    for (int nin = 127; nin <= MANY; nin = nin < 300 ? nin * 2 + 1 : MANY) {
+        int top = 1;
+        while (2 * top < nin)
+            top *= 2;
+        for (int i = 0; i < MN; i++) {
+            uint64_t u[MANY];
+            for (int k = 0; k < nin; k++)
+                u[k] = (uint64_t)big[(size_t)k * MN + (size_t)i];
+            for (int h = top; h >= 1; h /= 2)
+                for (int k = 0; k < h && k + h < nin; k++)
+                    u[k] += u[k + h];
+            mwant[i] = (int64_t)u[0];
+        }
+        dt_reduce_n(mgot, NULL, false, min, nin, MN, DT_INT64, DT_REDUCE_SUM, DT_ORDER_TREE);
+        CHECK(memcmp(mgot, mwant, sizeof mwant) == 0);
+        if (nin == MANY)
+            break;
+    }
+    dt_free(big);
+    for (int k = 0; k < 9; k++)
+        dt_free(x[k]);
+}
+
 int main(void) {
     RUN(test_header_round_trip);
     RUN(test_header_corruption);
     RUN(test_fingerprints);
     RUN(test_store_messages);
     RUN(test_reduce_kernels);
+    RUN(test_reduce_n_orders);
     return check_summary();
 }

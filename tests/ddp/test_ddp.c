@@ -10,8 +10,9 @@
 //   ~1e-7), while one missed or doubled gradient moves weights by ~1e-2.
 // - World 3 on a data set that does not divide evenly: identical weights on every
 //   rank (checksums compared), and two runs with the same seed are bitwise equal.
-// - no_sync, overlap off, the parameter broadcast, the unused-parameter error and
-//   the shape-mismatch error.
+// - no_sync, overlap off, the parameter broadcast, the unused-parameter error, the
+//   shape-mismatch error, the tree order of tree_reduce bitwise, and refused gradient
+//   reports returned to the backward that made them.
 #include "../check.h"
 #include "../lib/mnist.h"
 #include "../lib/mp.h"
@@ -346,6 +347,24 @@ static void test_no_sync(void) {
 
 // ---------------------------------------------------------------- errors
 
+// A two-layer model (6 -> 5 -> 3) under DDP with one bucket per tensor; NULL (and the
+// model freed) when DDP could not be made.
+static dt_ddp *two_layer_ddp(dt_pg *pg, dt_model **m) {
+    *m = NULL;
+    dt_model_new(m, 6, 1, 1);
+    CHECK_OK(dt_model_add_linear(*m, 5));
+    CHECK_OK(dt_model_add_linear(*m, 3));
+    CHECK_OK(dt_model_finalize(*m, 1));
+    dt_ddp_opts o        = dt_ddp_opts_default();
+    o.bucket_cap_bytes   = 16; // one bucket per tensor
+    o.first_bucket_bytes = 16;
+    dt_ddp *d            = NULL;
+    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(*m), pg, &o));
+    if (!d)
+        dt_model_free(*m);
+    return d;
+}
+
 // Every rank builds a two-layer model but its hand-written "backward" only produces
 // the last layer's gradient: sync must name the first layer's parameters. The rank that
 // finds it first aborts the group (so a rank waiting on the missing bucket cannot
@@ -355,16 +374,8 @@ static void unused_rank(int rank, int world, void *arg) {
     dt_pg *pg = mp_pg_init(10000);
     if (!pg)
         return;
-    dt_model *m = NULL;
-    dt_model_new(&m, 6, 1, 1);
-    CHECK_OK(dt_model_add_linear(m, 5));
-    CHECK_OK(dt_model_add_linear(m, 3));
-    CHECK_OK(dt_model_finalize(m, 1));
-    dt_ddp_opts o        = dt_ddp_opts_default();
-    o.bucket_cap_bytes   = 16; // one bucket per tensor
-    o.first_bucket_bytes = 16;
-    dt_ddp *d            = NULL;
-    CHECK_OK(dt_ddp_new(&d, dt_model_as_params(m), pg, &o));
+    dt_model *m;
+    dt_ddp   *d = two_layer_ddp(pg, &m);
     if (!d)
         return;
     const dt_param_info *w1 = dt_model_param_info(m, 2);
@@ -386,6 +397,45 @@ static void test_unused_parameter(void) {
     MP_RUN(&o, unused_rank, NULL);
 }
 
+// A report DDP refuses reaches the backward that made it (dt_params_grad_ready returns
+// it; it used to be kept for the sync): a range that cuts a tensor, a tensor reported
+// twice. The step then cannot be reduced: rank 0's sync says why and aborts the group,
+// and rank 1, waiting in its sync for buckets rank 0 never started, fails at once.
+static void report_rank(int rank, int world, void *arg) {
+    (void)world, (void)arg;
+    dt_pg *pg = mp_pg_init(10000);
+    if (!pg)
+        return;
+    dt_model *m;
+    dt_ddp   *d = two_layer_ddp(pg, &m);
+    if (!d)
+        return;
+    dt_params           *p  = dt_model_as_params(m);
+    const dt_param_info *b2 = dt_model_param_info(m, 3);
+    CHECK_OK(dt_params_grad_ready(p, b2->offset, b2->count));
+    if (rank == 0) {
+        CHECK_ERR(dt_params_grad_ready(p, b2->offset, b2->count), DT_ERR_STATE,
+                  "ddp: parameter 1.bias was marked ready twice");
+        CHECK_ERR(dt_params_grad_ready(p, 1, 3), DT_ERR_ARG, "cuts parameter 0.weight");
+        CHECK_ERR(dt_ddp_sync(d), DT_ERR_STATE, "a gradient report of this step failed");
+    } else {
+        CHECK_OK(dt_params_grad_ready(p, 0, b2->offset));
+        double    t0 = dt_now();
+        dt_status st = dt_ddp_sync(d);
+        CHECK(st != DT_OK);
+        CHECK(dt_now() - t0 < 8.0);
+        CHECK(strstr(dt_last_error(), "a gradient report of this step failed") != NULL);
+    }
+    dt_ddp_free(d);
+    dt_model_free(m);
+    dt_pg_free(pg);
+}
+
+static void test_report_errors(void) {
+    mp_opts o = {.world = 2};
+    MP_RUN(&o, report_rank, NULL);
+}
+
 static void mismatch_rank(int rank, int world, void *arg) {
     (void)world, (void)arg;
     dt_pg *pg = mp_pg_init(10000);
@@ -403,6 +453,40 @@ static void mismatch_rank(int rank, int world, void *arg) {
 static void test_shape_mismatch(void) {
     mp_opts o = {.world = 3};
     MP_RUN(&o, mismatch_rank, NULL);
+}
+
+static dt_status finish_only(void *state, dt_pg *pg, int bucket, float *grad, size_t count) {
+    (void)state, (void)pg, (void)bucket, (void)grad, (void)count;
+    return DT_OK;
+}
+
+// Options that cannot work are refused before any collective: a comm hook without a
+// start (its buckets would never be reduced), tree_reduce with compression.
+static void bad_opts_rank(int rank, int world, void *arg) {
+    (void)rank, (void)world, (void)arg;
+    dt_pg *pg = mp_pg_init(10000);
+    if (!pg)
+        return;
+    dt_model        *m = small_model(1, 16);
+    dt_ddp          *d = NULL;
+    dt_ddp_comm_hook h = {.finish = finish_only};
+    dt_ddp_opts      o = dt_ddp_opts_default();
+    o.comm_hook        = &h;
+    CHECK_ERR(dt_ddp_new(&d, dt_model_as_params(m), pg, &o), DT_ERR_ARG,
+              "ddp: expected a comm hook with a start, found none");
+    o             = dt_ddp_opts_default();
+    o.tree_reduce = true;
+    o.compress    = DT_DDP_COMPRESS_BF16;
+    CHECK_ERR(dt_ddp_new(&d, dt_model_as_params(m), pg, &o), DT_ERR_ARG,
+              "tree_reduce and gradient compression");
+    CHECK(d == NULL);
+    dt_model_free(m);
+    dt_pg_free(pg);
+}
+
+static void test_bad_opts(void) {
+    mp_opts o = {.world = 2};
+    MP_RUN(&o, bad_opts_rank, NULL);
 }
 
 // tree_reduce: every element is ((g0 + g2) + (g1 + g3)) / 4 on every rank, bit for bit:
@@ -473,7 +557,9 @@ int main(void) {
     RUN(test_no_sync);
     RUN(test_unused_parameter);
     RUN(test_shape_mismatch);
+    RUN(test_bad_opts);
     RUN(test_tree_reduce);
+    RUN(test_report_errors);
     dt_dataset_free(&g_data);
     return check_summary();
 }

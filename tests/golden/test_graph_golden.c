@@ -54,13 +54,14 @@ typedef struct ready_log {
     size_t off[64], cnt[64];
 } ready_log;
 
-static void on_ready(void *user, size_t off, size_t cnt) {
+static dt_status on_ready(void *user, size_t off, size_t cnt) {
     ready_log *r = user;
     if (r->n < 64) {
         r->off[r->n] = off;
         r->cnt[r->n] = cnt;
     }
     r->n++;
+    return DT_OK;
 }
 
 // Every tensor reported once, whole; returns the position of `name` in the order.

@@ -292,6 +292,41 @@ static void shifted(const dt_ktab *t) {
     free(src), free(w), free(g), free(ws);
 }
 
+// A reduction longer than the kernels' chunks of it (avx2 walks r in chunks sized from
+// L1, carrying sums through out): within the same bound of ref, and the same bits when
+// rows or columns (a sample's positions) are computed in calls of their own.
+static void shifted_long(const dt_ktab *t) {
+    enum { ROWS = 13, RR = 300, N = 70, SRC = 1024 };
+    int    off[RR];
+    float *src = kt_floats(SRC, -1, 1), *w = kt_floats(ROWS * RR, -1, 1);
+    for (int r = 0; r < RR; r++)
+        off[r] = (int)(kt_bits() % (SRC - N));
+    static float  a[ROWS * N], b[ROWS * N], c[ROWS * N], d[ROWS * N];
+    static double mag[ROWS * N];
+    for (int i = 0; i < ROWS * N; i++) {
+        double m = 0;
+        for (int r = 0; r < RR; r++)
+            m += fabs((double)w[i / N * RR + r] * src[off[r] + i % N]);
+        mag[i] = m;
+    }
+    t->shifted_gemm(src, off, RR, w, ROWS, N, a, N, false);
+    R->shifted_gemm(src, off, RR, w, ROWS, N, b, N, false);
+    kt_close("shifted gemm, long reduction", a, b, ROWS * N, 2 * (RR + 2), mag, 1e-30);
+    for (int o0 = 0; o0 < ROWS; o0 += 4) {
+        int nr = ROWS - o0 < 4 ? ROWS - o0 : 4;
+        t->shifted_gemm(src, off, RR, w + o0 * RR, nr, N, c + o0 * N, N, false);
+    }
+    kt_same("shifted gemm, long reduction, by rows", c, a, sizeof a);
+    // avx2's tiles promise it (a column's chain does not depend on n); vec's move their
+    // last block back to end at n, so there a column's path depends on n
+    if (strcmp(t->from[DT_KROW_shifted_gemm], dt_isa_name(DT_ISA_AVX2)) == 0) {
+        t->shifted_gemm(src, off, RR, w, ROWS, 29, d, N, false);
+        t->shifted_gemm(src + 29, off, RR, w, ROWS, N - 29, d + 29, N, false);
+        kt_same("shifted gemm, long reduction, by columns", d, a, sizeof a);
+    }
+    free(src), free(w);
+}
+
 // The sgemm row: within the bound of test_gemm ((k + 2) u sum |a b|) of a double product.
 static void sgemm(const dt_ktab *t) {
     enum { M = 23, N = 37, K = 70 };
@@ -682,6 +717,7 @@ int main(void) {
         {"im2col", im2col, has_im2col},
         {"wide layout", wide, has_wide},
         {"shifted gemm", shifted, has_shifted},
+        {"shifted gemm, long", shifted_long, has_shifted},
         {"sgemm", sgemm, has_sgemm},
         {"batchnorm", batchnorm, has_bn},
         {"layernorm", layernorm, has_ln},

@@ -241,6 +241,46 @@ static void test_all_reduce_big(dt_pg *pg, uint64_t *tag) {
     dt_free(buf);
 }
 
+// The all_reduce in tree order (comm.h, DT_ORDER_TREE) against the tree summed here,
+// bitwise: value k takes value k + h for h = the largest power of two below the world
+// size, then h/2, ..., 1. AVG divides the sum by the world size (x / 2^k is x * 2^-k
+// exactly, so a division is the reference for every world). Counts from one element
+// to past the segment and the small-message threshold, so every algorithm the tables
+// may pick for it runs.
+static void test_all_reduce_tree(dt_pg *pg, uint64_t *tag) {
+    int                 rank = dt_pg_rank(pg), world = dt_pg_size(pg);
+    static const size_t tcounts[] = {1, 7, PRIME_COUNT, 700001};
+    float              *v         = xalloc(sizeof(float) * (size_t)world);
+    for (size_t ci = 0; ci < sizeof tcounts / sizeof tcounts[0]; ci++)
+        for (int op = DT_REDUCE_SUM; op <= DT_REDUCE_AVG; op++) {
+            size_t   n   = tcounts[ci];
+            float   *buf = xalloc(n * 4);
+            uint64_t tg  = ++*tag;
+            fill(buf, DT_FLOAT32, op, tg, rank, 0, n);
+            CHECK_OK(dt_pg_all_reduce_ordered(pg, buf, buf, n, DT_FLOAT32, op, DT_ORDER_TREE));
+            int bad = 0;
+            for (size_t i = 0; i < n; i++) {
+                for (int r = 0; r < world; r++)
+                    gen(DT_FLOAT32, op, tg, r, i, &v[r]);
+                int top = 1;
+                while (2 * top < world)
+                    top *= 2;
+                for (int h = top; h >= 1; h /= 2)
+                    for (int k = 0; k < h && k + h < world; k++)
+                        v[k] += v[k + h];
+                float want = op == DT_REDUCE_AVG ? v[0] / (float)world : v[0];
+                if (memcmp(&want, &buf[i], 4) != 0 && bad++ < 3)
+                    fprintf(stderr,
+                            "     all_reduce in tree order (%s, count %zu): element %zu = "
+                            "%.9g, expected %.9g\n",
+                            dt_reduce_op_name(op), n, i, buf[i], want);
+            }
+            CHECK_EQ(bad, 0);
+            dt_free(buf);
+        }
+    dt_free(v);
+}
+
 static void test_broadcast_reduce(dt_pg *pg, uint64_t *tag) {
     int rank = dt_pg_rank(pg), world = dt_pg_size(pg);
     for (size_t ci = 0; ci < 4; ci++)
@@ -426,6 +466,7 @@ void coll_suite_run_impl(dt_pg *pg, const coll_suite_opts *o, int *passed, int *
     test_all_reduce(pg, &tag);
     if (o->big)
         test_all_reduce_big(pg, &tag);
+    test_all_reduce_tree(pg, &tag);
     test_broadcast_reduce(pg, &tag);
     test_gathers(pg, &tag);
     test_barrier_send_recv(pg, &tag);

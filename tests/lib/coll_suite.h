@@ -1,10 +1,10 @@
 // coll_suite.h: the collective test suite, run by every rank of a group: every
 // collective against a serial reference, for element counts 0, 1, 7, a prime above
 // 1e5 and (optionally) 16 Mi, every dtype and reduce op, in place and out of place,
-// with several async operations in flight. Inputs are fresh random numbers: each
-// element is a hash of (seed, rank, index), so every rank computes every other rank's
-// input, and thus the reference, by itself. Used by tests/comm/test_collectives.c
-// (forked ranks, tcp/shm) and tests/mpi (ranks started by mpirun).
+// the all_reduce in tree order bitwise, with several async operations in flight. Inputs are fresh
+// random numbers: each element is a hash of (seed, rank, index), so every rank computes every other
+// rank's input, and thus the reference, by itself. Used by tests/comm/test_collectives.c (forked
+// ranks, tcp/shm) and tests/mpi (ranks started by mpirun).
 //
 //     coll_suite_opts o = {.seed = seed_shared_by_all_ranks, .big = true};
 //     COLL_SUITE_RUN(pg, &o);

@@ -86,7 +86,7 @@ static void flags(void) {
         int sz[3];
         CHECK_OK(dt_mesh_sizes(8, &(dt_mesh_opts){(int)a->dp, (int)a->pp, (int)a->tp}, sz));
         CHECK(sz[DT_MESH_DP] == 2);
-        dt_trainer_free(t);
+        dt_trainer_exit(t, DT_OK);
     }
     t           = NULL;
     char *bad[] = {"test", "--schedule", "zb", NULL};
@@ -103,7 +103,7 @@ static void flags(void) {
               "test cannot be split over tensor-parallel ranks: its BatchNorm");
     char *dponly[] = {"test", "--dp", "2", "--num-processes", "2", NULL};
     CHECK_OK(dt_trainer_new(&t, 5, dponly, &to));
-    dt_trainer_free(t);
+    dt_trainer_exit(t, DT_OK);
     t                 = NULL;
     to.model_parallel = false;
     CHECK_ERR(dt_trainer_new(&t, 3, argv, &to), DT_ERR_ARG, "--pp");

@@ -133,9 +133,8 @@ static void ranks(int rank, int world, void *arg) {
     CHECK_OK(dt_trainer_new(&t, argc, argv, &o));
     if (!t)
         return;
-    sh->rc[rank] = dt_trainer_run(t, train_fn, NULL);
+    sh->rc[rank] = dt_trainer_exit(t, dt_trainer_start(t) ? train_fn(t, NULL) : DT_OK);
     snprintf(sh->msg[rank], sizeof sh->msg[rank], "%s", sh->rc[rank] ? dt_last_error() : "");
-    dt_trainer_free(t);
 }
 
 // Runs the two ranks; true when both exited with rc and, when want is set, both said it.

@@ -345,8 +345,7 @@ static int run_trainer(const char *flags, factory *f, result *out) {
     dt_status st      = dt_trainer_new(&t, argc, argv, &o);
     if (st || !t)
         return st == DT_ERR_ARG ? 2 : -1;
-    int rc = dt_trainer_run(t, train_fn, f);
-    dt_trainer_free(t);
+    int rc = dt_trainer_exit(t, dt_trainer_start(t) ? train_fn(t, f) : DT_OK);
     dt_free(t_master);
     t_master = NULL;
     *out     = *shared_result;

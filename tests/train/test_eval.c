@@ -96,9 +96,8 @@ static int run(int P, result *out) {
     o.program         = "test_eval";
     if (dt_trainer_new(&t, argc, argv, &o) || !t)
         return -1;
-    int rc = dt_trainer_run(t, eval_fn, NULL);
-    dt_trainer_free(t);
-    *out = *shared_result;
+    int rc = dt_trainer_exit(t, dt_trainer_start(t) ? eval_fn(t, NULL) : DT_OK);
+    *out   = *shared_result;
     return rc;
 }
 

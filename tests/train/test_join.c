@@ -101,9 +101,8 @@ static int run_trainer(const char *flags, result *out) {
     o.program         = "test_join";
     if (dt_trainer_new(&t, argc, argv, &o) || !t)
         return -1;
-    int rc = dt_trainer_run(t, train_fn, NULL);
-    dt_trainer_free(t);
-    *out = *shared_result;
+    int rc = dt_trainer_exit(t, dt_trainer_start(t) ? train_fn(t, NULL) : DT_OK);
+    *out   = *shared_result;
     return rc;
 }
 

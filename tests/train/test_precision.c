@@ -332,8 +332,7 @@ static void test_fp16_rank_inf(void) {
     CHECK_OK(dt_trainer_new(&t, argc, argv, &o));
     if (!t)
         return;
-    CHECK_EQ(dt_trainer_run(t, inf_fn, NULL), 0);
-    dt_trainer_free(t);
+    CHECK_EQ(dt_trainer_exit(t, dt_trainer_start(t) ? inf_fn(t, NULL) : DT_OK), 0);
     for (int r = 0; r < 2; r++) {
         rank_log *l = &logs[r];
         CHECK(l->done);

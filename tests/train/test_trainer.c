@@ -2,7 +2,9 @@
 // model bit for bit on 1, 2 and 4 processes (and 1 vs 2 vs 4 to rounding); gradient
 // accumulation over k micro-batches of B equal to one batch of kB; whole-state save and
 // --resume bitwise equal to an uninterrupted run; gather_for_metrics counting every
-// evaluation sample once; the flag table's parser.
+// evaluation sample once; the flag table's parser; dt_trainer_start and dt_trainer_exit
+// (forked workers go on in the caller's code and end in dt_trainer_exit; their exit code
+// is the parent's).
 #include "../check.h"
 #include "../lib/mp.h"
 #include "dtrain/train.h"
@@ -287,9 +289,8 @@ static int run_trainer(const char *flags, job *j, result *out) {
     CHECK_OK(dt_trainer_new(&t, argc, argv, &o));
     if (!t)
         return -1;
-    int rc = dt_trainer_run(t, train_fn, j);
-    dt_trainer_free(t);
-    *out = *shared_result;
+    int rc = dt_trainer_exit(t, dt_trainer_start(t) ? train_fn(t, j) : DT_OK);
+    *out   = *shared_result;
     return rc;
 }
 
@@ -478,8 +479,7 @@ static void test_steps(void) {
     dt_trainer *t          = NULL;
     CHECK_OK(dt_trainer_new(&t, 3, argv, &o));
     steps_seen s = {0};
-    CHECK_EQ(dt_trainer_run(t, steps_fn, &s), 0);
-    dt_trainer_free(t);
+    CHECK_EQ(dt_trainer_exit(t, dt_trainer_start(t) ? steps_fn(t, &s) : DT_OK), 0);
     CHECK_EQ(s.micro, 15);
     CHECK_EQ(s.wrong_index, 0);
     CHECK_EQ(s.syncs, 5);
@@ -579,6 +579,57 @@ static void test_flags(void) {
     CHECK(dt_flags_find(tabs, "rate") == &tab[1] && dt_flags_find(tabs, "nope") == NULL);
 }
 
+// dt_trainer_start with --num-processes 3: three forked workers run the code after it
+// (rank r writes its slot) and end in dt_trainer_exit, so only the parent passes it; a
+// failing worker makes the parent's code 1; a failure before the start is 1 too.
+typedef struct starts {
+    int workers[3], after_exit, parents;
+} starts;
+
+static int start_run(bool fail) {
+    char       *argv[] = {"test_start", "--num-processes", "3", "--threads", "1", NULL};
+    const char *vars[] = {"MASTER_PORT", "MASTER_ADDR", "GROUP_RANK",       "WORLD_SIZE",
+                          "RANK",        "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "DT_JOB_TOKEN"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+    dt_trainer_opts o = dt_trainer_opts_default();
+    o.program         = "test_start";
+    dt_trainer *t     = NULL;
+    if (dt_trainer_new(&t, 5, argv, &o) || !t)
+        return -1;
+    starts   *sh = mp_shared();
+    dt_status st = DT_OK;
+    if (dt_trainer_start(t)) {
+        int r          = dt_trainer_rank(t);
+        sh->workers[r] = dt_trainer_world(t);
+        if (fail && r == 1)
+            st = dt_fail(DT_ERR_STATE, "worker 1 gives up");
+    } else {
+        sh->parents++;
+    }
+    int rc = dt_trainer_exit(t, st);
+    sh->after_exit++; // only the parent gets here
+    return rc;
+}
+
+static void test_start_exit(void) {
+    starts *sh = mp_shared();
+    memset(sh, 0, sizeof *sh);
+    CHECK_EQ(start_run(false), 0);
+    CHECK(sh->workers[0] == 3 && sh->workers[1] == 3 && sh->workers[2] == 3);
+    CHECK_EQ(sh->after_exit, 1);
+    CHECK_EQ(sh->parents, 1);
+    memset(sh, 0, sizeof *sh);
+    CHECK_EQ(start_run(true), 1);
+    CHECK_EQ(sh->after_exit, 1);
+    dt_trainer     *t      = NULL;
+    char           *argv[] = {"test_start", NULL};
+    dt_trainer_opts o      = dt_trainer_opts_default();
+    CHECK_OK(dt_trainer_new(&t, 1, argv, &o));
+    CHECK_EQ(dt_trainer_exit(t, dt_fail(DT_ERR_IO, "no data")), 1);
+    CHECK_EQ(dt_trainer_exit(NULL, DT_OK), 0);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/dtrain-test-trainer-XXXXXX");
     if (!mkdtemp(tmp))
@@ -602,6 +653,7 @@ int main(void) {
     RUN(test_own_gradients);
     RUN(test_invariant);
     RUN(test_steps);
+    RUN(test_start_exit);
     dt_dataset_free(&train_set);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -316,6 +316,76 @@ static void small_k_stays_fp32(void) {
     dt_model_free(m32);
 }
 
+// The fused convolution (conv2d + relu (+ maxpool2d)) in bf16 on the fp32 GEMM path where
+// the shifted GEMMs run (conv_team.c's direct_r16): its operands rounded to bf16 values,
+// products on the fp32 kernels. Given an input, an output gradient and parameters that
+// are bf16 values already, every rounding it does is the identity, so it must equal the
+// fp32 model bit for bit (output, input gradient, parameter gradients); a path that
+// rounded something else, or summed in another order, would not.
+static void fused_bf16_operands(void) {
+    check_current = "fused conv, bf16 operands on fp32";
+    if (!dt_nn_want_direct() || dt_prec_path_get() != DT_PATH_FP32) {
+        printf("fused conv, bf16 operands: the shifted GEMMs do not run here, skipped\n");
+        return;
+    }
+    static const int shapes[][6] = {{3, 10, 12, 16, 1, 1},
+                                    {5, 9, 11, 8, 0, 0}}; // c h w out pad pool
+    for (int i = 0; i < 2; i++)
+        for (int threads = 1; threads <= 2; threads++) {
+            const int *sh = shapes[i];
+            dt_model  *ms[2];
+            for (int k = 0; k < 2; k++) {
+                CHECK_OK(dt_model_new(&ms[k], sh[0], sh[1], sh[2]));
+                CHECK_OK(dt_model_add_conv2d(ms[k], sh[3], 3, 1, sh[4]));
+                CHECK_OK(dt_model_add_relu(ms[k]));
+                if (sh[5])
+                    CHECK_OK(dt_model_add_maxpool2d(ms[k], 2, 2));
+                CHECK_OK(dt_model_finalize(ms[k], 3));
+                dt_model_set_input_grad(ms[k], true);
+                CHECK_OK(dt_model_set_threads(ms[k], threads));
+                float *w = dt_model_params(ms[k]);
+                dt_f32_round_bf16(w, w, dt_model_num_params(ms[k]));
+            }
+            CHECK_OK(dt_model_set_precision(ms[0], DT_PREC_BF16));
+            enum { B = 4 };
+            size_t   nx = B * dt_model_input_size(ms[1]), ny = B * dt_model_output_size(ms[1]);
+            float   *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * ny);
+            uint64_t s = 11;
+            for (size_t j = 0; j < nx; j++)
+                x[j] = urand(&s);
+            for (size_t j = 0; j < ny; j++)
+                dy[j] = urand(&s);
+            dt_f32_round_bf16(x, x, nx);
+            dt_f32_round_bf16(dy, dy, ny);
+            for (int k = 0; k < 2; k++) {
+                CHECK_OK(dt_model_forward(ms[k], x, B));
+                dt_model_zero_grad(ms[k]);
+                CHECK_OK(dt_model_backward(ms[k], dy));
+            }
+            CHECK(!memcmp(dt_model_output(ms[0]), dt_model_output(ms[1]), sizeof(float) * ny));
+            CHECK(!memcmp(dt_model_input_grad(ms[0]), dt_model_input_grad(ms[1]),
+                          sizeof(float) * nx));
+            CHECK(!memcmp(dt_model_grads(ms[0]), dt_model_grads(ms[1]),
+                          sizeof(float) * dt_model_num_params(ms[1])));
+            // and an input and gradient that are not bf16 values are rounded: then the
+            // output and the weight gradient differ from fp32's
+            for (size_t j = 0; j < nx; j++)
+                x[j] = urand(&s);
+            for (size_t j = 0; j < ny; j++)
+                dy[j] = urand(&s);
+            for (int k = 0; k < 2; k++) {
+                CHECK_OK(dt_model_forward(ms[k], x, B));
+                dt_model_zero_grad(ms[k]);
+                CHECK_OK(dt_model_backward(ms[k], dy));
+            }
+            CHECK(memcmp(dt_model_output(ms[0]), dt_model_output(ms[1]), sizeof(float) * ny));
+            CHECK(memcmp(dt_model_grads(ms[0]), dt_model_grads(ms[1]),
+                         sizeof(float) * dt_model_param_info(ms[1], 0)->count));
+            free(x), free(dy);
+            dt_model_free(ms[0]), dt_model_free(ms[1]);
+        }
+}
+
 // fp16's range, which the loss scaler exists for: a product past 65504 is inf (bf16's
 // range is fp32's: finite), and gradients below fp16's smallest denormal (2^-24) vanish.
 static void fp16_range(void) {
@@ -363,6 +433,7 @@ int main(void) {
             if (prec == DT_PREC_BF16) {
                 small_k_stays_fp32();
                 precision_switch();
+                fused_bf16_operands();
             }
             for (size_t i = 0; i < sizeof model_cases / sizeof *model_cases; i++) {
                 model_case_run(&model_cases[i], (dt_precision)prec, 1, 0);

@@ -115,18 +115,19 @@ typedef struct ready_count {
     int    calls[64], n;
 } ready_count;
 
-static void on_ready(void *user, size_t offset, size_t count) {
+static dt_status on_ready(void *user, size_t offset, size_t count) {
     (void)count;
     ready_count *r = user;
     for (int i = 0; i < r->n; i++)
         if (r->off[i] == offset) {
             r->calls[i]++;
-            return;
+            return DT_OK;
         }
     if (r->n < 64) {
         r->off[r->n]     = offset;
         r->calls[r->n++] = 1;
     }
+    return DT_OK;
 }
 
 enum { GT = 8, GC = 16, GV = 24, GB = 7 };

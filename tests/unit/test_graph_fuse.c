@@ -91,9 +91,10 @@ static double rel_diff(const float *a, const float *b, size_t n) {
     return d / m;
 }
 
-static void on_ready(void *user, size_t off, size_t cnt) {
+static dt_status on_ready(void *user, size_t off, size_t cnt) {
     (void)off, (void)cnt;
     ++*(int *)user;
+    return DT_OK;
 }
 
 static void structure(void) {

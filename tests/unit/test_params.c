@@ -76,12 +76,33 @@ typedef struct calls {
 
 static calls g_calls;
 
-static void hook_a(void *user, size_t off, size_t cnt) {
+static dt_status hook_a(void *user, size_t off, size_t cnt) {
     int k = g_calls.n++;
     if (k < 8) {
         g_calls.off[k] = off, g_calls.cnt[k] = cnt;
         g_calls.who[k] = *(int *)user;
     }
+    return DT_OK;
+}
+
+static dt_status hook_fail(void *user, size_t off, size_t cnt) {
+    (void)user;
+    g_calls.n++;
+    return dt_fail(DT_ERR_STATE, "consumer refused [%zu, %zu)", off, off + cnt);
+}
+
+// A consumer's failure reaches the producer's caller (the backward that reported the
+// range); the consumers after it are called all the same.
+static void test_hook_error(void) {
+    dt_params *p  = small_table();
+    int        u1 = 1;
+    g_calls       = (calls){0};
+    CHECK_OK(dt_params_add_grad_hook(p, hook_fail, NULL));
+    CHECK_OK(dt_params_add_grad_hook(p, hook_a, &u1));
+    CHECK_ERR(dt_params_grad_ready(p, 17, 3), DT_ERR_STATE, "consumer refused [17, 20)");
+    CHECK_EQ(g_calls.n, 2);
+    CHECK_EQ(g_calls.who[1], 1);
+    dt_params_free(p);
 }
 
 static void test_hook(void) {
@@ -370,6 +391,7 @@ static void test_schedules(void) {
 int main(void) {
     RUN(test_tables);
     RUN(test_hook);
+    RUN(test_hook_error);
     RUN(test_model_provider);
     RUN(test_groups_sgd);
     RUN(test_groups_adamw);

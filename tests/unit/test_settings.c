@@ -46,13 +46,14 @@ static void test_choice(void) {
     CHECK_EQ(c, 0);
     setenv("DT_ALLREDUCE_ALGO", "rdouble", 1);
     CHECK_OK(dt_setting_choice("DT_ALLREDUCE_ALGO", &c));
-    CHECK_EQ(c, 2);
+    CHECK_EQ(c, 4);
     setenv("DT_ALLREDUCE_ALGO", "RING", 1);
     CHECK_OK(dt_setting_choice("DT_ALLREDUCE_ALGO", &c));
-    CHECK_EQ(c, 1);
+    CHECK_EQ(c, 5);
     setenv("DT_ALLREDUCE_ALGO", "tree", 1);
     CHECK(dt_setting_choice("DT_ALLREDUCE_ALGO", &c) == DT_ERR_ARG);
-    CHECK(strstr(dt_last_error(), "auto|ring|rdouble") && strstr(dt_last_error(), "\"tree\""));
+    CHECK(strstr(dt_last_error(), "auto|native|hier|shm|rdouble|ring") &&
+          strstr(dt_last_error(), "\"tree\""));
     unsetenv("DT_ALLREDUCE_ALGO");
 }
 

@@ -1,153 +1,161 @@
-// hybrid.c: the "hybrid" backend: shared memory inside a host, tcp between hosts.
+// hybrid.c: the "hybrid" backend, shared memory inside a host and tcp between hosts: a
+// backend composed of two transports.
 //
-// The world group runs on tcp (every pair of ranks connected, as the tcp backend
-// does); after its init, two families of sub-groups (group.c) are made once:
-//   node   the ranks of one host, on shm (a segment per host);
-//   cross  the ranks with the same local index on every host, over the world's tcp
-//          connections (no new sockets).
-// An all_reduce of at least DT_HYBRID_MIN_BYTES then runs hierarchically:
+//   tcp    every pair of ranks connected, as the tcp backend connects them (its state,
+//          through a store view of this backend's own): the world's transfer slots,
+//          which every flat algorithm and every sub-group runs over;
+//   node   a shm segment among the ranks of this host (shm's engine, dt_shm_join).
 //
-//   step  group  what                                               bytes per rank moved
-//   1     node   reduce_scatter: local rank l gets block l, reduced   (L-1)/L * n  (memory)
-//                over the host (L = ranks per host)
-//   2     cross  all_reduce of block l over the hosts (tcp ring or    2(H-1)/H * n/L (network)
-//                recursive doubling by size; H = hosts)
-//   3     node   all_gather of the blocks                             (L-1)/L * n  (memory)
+// It offers the algorithm layer two levels besides the transfer slots (backend.h,
+// dt_xport): `node` (this host's segment) and `cross` (the ranks with this rank's local
+// index on every host, over the tcp connections with their ranks translated). The
+// all_reduce table runs its "hier" algorithm over them from DT_HYBRID_MIN_BYTES up
+// (algo/table.c explains the three steps and what they save); smaller all_reduces and
+// every other collective run flat over tcp.
 //
-// so each host's link carries 2(H-1)/H * n each way, in L parallel streams, where the
-// flat ring over all P = H*L ranks (placed host by host) carries 2(P-1)/P * n in one
-// stream: (P-1)H / (P(H-1)) times more (1.5x for 2 hosts of 2 ranks, nearly 2x for 2
-// hosts of many). The ranks of a host exchange through memory, not loopback tcp, and
-// the latency is 2(L-1) shm steps plus 2(H-1) network steps instead of 2(P-1). The
-// buffer is copied into a padded scratch of L blocks of ceil(n/L) elements (the padding
-// is reduced and dropped). Smaller all_reduces and every other collective run flat on
-// the world's tcp (below DT_HYBRID_MIN_BYTES the extra steps cost more latency than the
-// link time they save).
-// The result is reduced once per element and all-gathered, so it is bitwise equal on
-// every rank; it equals the flat backends' to float rounding (another order).
-//
-// Chosen by "auto" when the ranks span hosts and some host has more than one; every
-// host must run the same number of ranks (else the cross groups would differ in size:
-// auto then picks tcp, and "hybrid" asked by name is refused naming the hosts).
-#include "comm/backends.h"
-#include "comm/pg_impl.h"
+// Chosen by "auto" when the ranks span hosts and every host runs the same number of
+// ranks, more than one (else the cross levels would differ in size: auto then picks
+// tcp, and "hybrid" asked by name is refused naming the hosts).
+#include "comm/comm_impl.h"
+#include "comm/shm/shm.h"
 
 #include <stdio.h>
 #include <string.h>
 
-bool dt_hybrid_fits(const dt_pg *pg, char *why, size_t n) {
-    int first_count = -1, hosts = 0;
-    for (int r = 0; r < pg->world; r++) {
-        bool seen = false;
-        for (int q = 0; q < r && !seen; q++)
-            seen = strcmp(pg->host_ids[q], pg->host_ids[r]) == 0;
-        if (seen)
-            continue;
-        hosts++;
-        int count = 0;
-        for (int q = r; q < pg->world; q++)
-            count += strcmp(pg->host_ids[q], pg->host_ids[r]) == 0;
-        if (first_count < 0) {
-            first_count = count;
-        } else if (count != first_count) {
+typedef struct hybrid {
+    void     *tcp;         // the tcp backend's state
+    dt_shm   *node;        // this host's segment; NULL when alone on its host
+    dt_store *node_store;  // the store view the node's segment was made through
+    int      *cross_ranks; // world rank of this local index on host h, by host index
+    dt_xport  node_x, cross_x;
+} hybrid;
+
+// Host index: hosts numbered by their first rank; local index: rank order on the host.
+static void place(const dt_pg *pg, int rank, int *host, int *local, int *hosts, int *per_host) {
+    *host = *hosts = *local = *per_host = 0;
+    for (int r = 0; r < dt_pg_size(pg); r++) {
+        bool first = true;
+        for (int q = 0; q < r && first; q++)
+            first = strcmp(dt_pg_host_id(pg, q), dt_pg_host_id(pg, r)) != 0;
+        if (first && r <= rank && strcmp(dt_pg_host_id(pg, r), dt_pg_host_id(pg, rank)) != 0)
+            ++*host;
+        *hosts += first;
+        if (strcmp(dt_pg_host_id(pg, r), dt_pg_host_id(pg, rank)) == 0) {
+            *local += r < rank;
+            ++*per_host;
+        }
+    }
+}
+
+// Every host must run as many ranks as the first (why: else which hosts differ).
+static bool hosts_even(const dt_pg *pg, char *why, size_t n) {
+    int h, l, hosts, first;
+    place(pg, 0, &h, &l, &hosts, &first);
+    for (int r = 1; r < dt_pg_size(pg); r++) {
+        int count;
+        place(pg, r, &h, &l, &hosts, &count);
+        if (count != first) {
             if (why)
                 snprintf(why, n,
                          "host %s runs %d ranks but host %s runs %d; every host must run as "
                          "many",
-                         pg->host_ids[0], first_count, pg->host_ids[r], count);
+                         dt_pg_host_id(pg, 0), first, dt_pg_host_id(pg, r), count);
             return false;
         }
     }
-    if (why)
-        snprintf(why, n, "ok");
-    // "auto" wants it only where it changes something; asked by name it always serves.
-    return why ? true : hosts > 1 && first_count > 1;
+    return true;
 }
 
-dt_status dt_hybrid_setup(dt_pg *pg, uint64_t deadline_ns) {
-    (void)deadline_ns;
-    long min_bytes;
-    DT_TRY(dt_setting_int("DT_HYBRID_MIN_BYTES", &min_bytes));
-    pg->hy_min_bytes = (size_t)min_bytes;
-    // Host index: the first rank on this host; local index: rank order on the host.
-    int host = -1, local = 0;
-    for (int r = 0; r < pg->world; r++)
-        if (strcmp(pg->host_ids[r], pg->host_ids[pg->rank]) == 0) {
-            if (host < 0)
-                host = r;
-            local += r < pg->rank;
-        }
-    const dt_backend_ops       *shm = NULL;
-    extern const dt_backend_ops dt_backend_shm;
-    shm = &dt_backend_shm;
-    DT_TRY(dt_pg_split_on(&pg->hy_node, pg, host, pg->rank, shm));
-    dt_status st = dt_pg_split(&pg->hy_cross, pg, local, pg->rank, NULL);
-    if (st != DT_OK)
-        return st;
-    if (pg->rank == 0)
-        DT_INFO("comm", "backend hybrid: %d hosts of %d ranks: shm inside a host, tcp between",
-                dt_pg_size(pg->hy_cross), dt_pg_size(pg->hy_node));
-    return DT_OK;
+// Asked by name it serves any even layout; "auto" wants it only where it changes
+// something: more than one host, and more than one rank on each.
+static bool hybrid_usable(const dt_pg *pg, bool for_auto, char *why, size_t n) {
+    int h, l, hosts, per_host;
+    place(pg, dt_pg_rank(pg), &h, &l, &hosts, &per_host);
+    if (!hosts_even(pg, why, n))
+        return false;
+    return !for_auto || (hosts > 1 && per_host > 1);
 }
 
-void dt_hybrid_free(dt_pg *pg) {
-    dt_pg_free(pg->hy_cross);
-    dt_pg_free(pg->hy_node);
-    pg->hy_cross = pg->hy_node = NULL;
-    dt_free(pg->hy_buf);
-    pg->hy_buf = NULL;
+static dt_status hybrid_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
+    return dt_backend_tcp.xfer_post(((hybrid *)ctx)->tcp, op, x);
+}
+static dt_status hybrid_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
+    return dt_backend_tcp.xfer_wait(((hybrid *)ctx)->tcp, op, x);
 }
 
-bool dt_hybrid_takes(const dt_pg *pg, const dt_op *op) {
-    return pg->hy_node && op->kind == DT_COLL_ALL_REDUCE && pg->hy_node->world > 1 &&
-           pg->hy_cross->world > 1 && op->count * dt_dtype_size(op->dtype) >= pg->hy_min_bytes;
+static void hybrid_free(void *ctx) {
+    hybrid *h = ctx;
+    if (h->tcp)
+        dt_backend_tcp.free(h->tcp);
+    dt_shm_free(h->node);
+    dt_store_free(h->node_store);
+    dt_free(h->cross_ranks);
+    dt_free(h);
 }
 
-// One step on a sub-group, inside the world's operation (same deadline).
-static dt_status step(dt_pg *g, const dt_op *outer, dt_coll kind, const void *src, void *dst,
-                      size_t count) {
-    dt_op o    = {.kind  = kind,
-                  .root  = -1,
-                  .peer  = -1,
-                  .src   = src,
-                  .dst   = dst,
-                  .count = count,
-                  .dtype = outer->dtype,
-                  .op    = outer->op};
-    o.fp.coll  = (uint8_t)kind;
-    o.fp.dtype = (uint8_t)outer->dtype;
-    o.fp.count = count;
-    o.fp.root  = -1;
-    o.fp.op    = kind == DT_COLL_ALL_GATHER ? 0 : (uint8_t)outer->op;
-    dt_pg_stamp(g, &o);
-    o.deadline_ns = outer->deadline_ns;
-    char      msg[DT_PG_MSG_LEN];
-    dt_status st = dt_pg_exec(g, &o, msg);
-    if (st != DT_OK)
-        dt_fail(st, "%s (hybrid step of %s)", msg, outer->name);
-    return st;
+static void hybrid_abort(void *ctx, dt_status st, const char *msg) {
+    hybrid *h = ctx;
+    if (h->tcp)
+        dt_backend_tcp.abort(h->tcp, st, msg);
+    dt_shm_abort(h->node, st, msg);
 }
 
-dt_status dt_hybrid_all_reduce(dt_pg *pg, const dt_op *op) {
-    dt_pg *node = pg->hy_node, *cross = pg->hy_cross;
-    int    L = node->world, l = node->rank;
-    size_t esz = dt_dtype_size(op->dtype), blk = (op->count + (size_t)L - 1) / (size_t)L;
-    size_t need = (size_t)L * blk * esz;
-    if (need > pg->hy_cap) {
-        void *b = dt_alloc(need);
-        if (!b)
-            return dt_op_fail(op, DT_ERR_NOMEM, "out of memory for %zu bytes of scratch", need);
-        dt_free(pg->hy_buf);
-        pg->hy_buf = b;
-        pg->hy_cap = need;
+static dt_status hybrid_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **ctx) {
+    char why[200];
+    if (!hosts_even(pg, why, sizeof why))
+        return dt_fail(DT_ERR_UNSUPPORTED, "backend hybrid cannot serve this group: %s", why);
+    hybrid *h = dt_alloc_zero(sizeof *h);
+    if (!h)
+        return DT_ERR_NOMEM;
+    *ctx = h;
+    int host, local, hosts, per_host, world = dt_pg_size(pg);
+    place(pg, dt_pg_rank(pg), &host, &local, &hosts, &per_host);
+    DT_TRY(dt_backend_tcp.init(pg, store, deadline_ns, &h->tcp));
+    if (!(h->cross_ranks = dt_alloc(sizeof(int) * (size_t)hosts)))
+        return DT_ERR_NOMEM;
+    for (int r = 0; r < world; r++) {
+        int hr, lr, n, c;
+        place(pg, r, &hr, &lr, &n, &c);
+        if (lr == local)
+            h->cross_ranks[hr] = r;
     }
-    char *buf  = pg->hy_buf;
-    char *mine = buf + (size_t)l * blk * esz;
-    memcpy(buf, op->src, op->count * esz);
-    memset(buf + op->count * esz, 0, need - op->count * esz);
-    DT_TRY(step(node, op, DT_COLL_REDUCE_SCATTER, buf, mine, blk));
-    DT_TRY(step(cross, op, DT_COLL_ALL_REDUCE, mine, mine, blk));
-    DT_TRY(step(node, op, DT_COLL_ALL_GATHER, mine, buf, blk));
-    memcpy(op->dst, buf, op->count * esz);
+    if (per_host > 1) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "node/%d", host);
+        DT_TRY(dt_store_new_prefix(&h->node_store, store, prefix));
+        dt_status st = dt_shm_join(pg, local, per_host, h->node_store, deadline_ns, &h->node);
+        if (st != DT_OK)
+            return dt_fail_context("backend hybrid: the shared memory of host %s",
+                                   dt_pg_host_id(pg, dt_pg_rank(pg)));
+    }
+    h->node_x  = (dt_xport){.rank = local, .world = per_host, .seg = h->node};
+    h->cross_x = (dt_xport){.rank      = host,
+                            .world     = hosts,
+                            .xfer_post = dt_backend_tcp.xfer_post,
+                            .xfer_wait = dt_backend_tcp.xfer_wait,
+                            .xfer_ctx  = h->tcp,
+                            .peers     = h->cross_ranks};
+    if (dt_pg_rank(pg) == 0)
+        DT_INFO("comm", "backend hybrid: %d hosts of %d ranks: shm inside a host, tcp between",
+                hosts, per_host);
     return DT_OK;
 }
+
+static void hybrid_xport(void *ctx, dt_xport *t) {
+    hybrid *h = ctx;
+    t->node   = &h->node_x;
+    t->cross  = &h->cross_x;
+}
+
+const dt_backend_ops dt_backend_hybrid = {
+    .name             = "hybrid",
+    .usable           = hybrid_usable,
+    .init             = hybrid_init,
+    .free             = hybrid_free,
+    .abort            = hybrid_abort,
+    .xfer_post        = hybrid_xfer_post,
+    .xfer_wait        = hybrid_xfer_wait,
+    .xport            = hybrid_xport,
+    .reports_progress = true,
+    .built            = true,
+};

@@ -289,7 +289,7 @@ static void fp_pack(const dt_fingerprint *fp, int64_t v[FP_FIELDS]) {
     v[2] = fp->root;
     v[3] = fp->coll;
     v[4] = fp->dtype;
-    v[5] = fp->op;
+    v[5] = fp->op | fp->order << 8;
 }
 
 static dt_fingerprint fp_unpack(const int64_t v[FP_FIELDS]) {
@@ -300,6 +300,7 @@ static dt_fingerprint fp_unpack(const int64_t v[FP_FIELDS]) {
     fp.coll           = (uint8_t)v[3];
     fp.dtype          = (uint8_t)v[4];
     fp.op             = (uint8_t)v[5];
+    fp.order          = (uint8_t)(v[5] >> 8);
     return fp;
 }
 
@@ -535,6 +536,109 @@ static dt_status run_recv(mpi_ctx *c, const dt_op *op) {
                           "rank %d sent %d elements of %s but this rank expected %zu", op->peer,
                           got, dt_dtype_name(op->dtype), op->count);
     return DT_OK;
+}
+
+// ------------------------------------------------------------------ transfer slots
+//
+// xfer_post / xfer_wait (backend.h) for the point-to-point algorithms that DT_*_ALGO
+// forces and for the all_reduce in tree order (MPI's own reduces in an order of its
+// choosing): two messages per transfer on the p2p communicator with tag 1 (dt_pg_send's
+// use tag 0, so the two never match each other), a header (the operation's fingerprint,
+// the transfer's step and size, checked by the receiver as tcp checks its headers) and
+// the data. The requests and the header live in the transfer's backend scratch; MPI
+// moves every request whenever any is tested.
+
+#define XFER_TAG 1
+
+typedef struct xfer_hdr {
+    dt_fingerprint fp;
+    uint32_t       step, pad;
+    uint64_t       nbytes;
+} xfer_hdr;
+
+typedef struct xfer_priv {
+    MPI_Request req[2]; // header, data
+    xfer_hdr    hdr;
+} xfer_priv;
+_Static_assert(sizeof(xfer_priv) <= sizeof(((dt_xfer *)0)->priv_), "fits dt_xfer.priv_");
+
+static xfer_priv *priv_of(dt_xfer *x) {
+    return (xfer_priv *)(void *)x->priv_;
+}
+
+static dt_status mpi_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
+    mpi_ctx   *c = ctx;
+    xfer_priv *p = priv_of(x);
+    if (c->broken)
+        return dt_op_fail(op, DT_ERR_STATE,
+                          "an earlier MPI operation of this group did not finish");
+    if (x->nbytes > INT_MAX)
+        return dt_op_fail(op, DT_ERR_UNSUPPORTED,
+                          "a transfer of %zu bytes is beyond one MPI message (INT_MAX bytes)",
+                          x->nbytes);
+    p->req[0] = p->req[1] = MPI_REQUEST_NULL;
+    p->hdr                = (xfer_hdr){.fp = op->fp, .step = x->step, .nbytes = x->nbytes};
+    x->done               = false;
+    int rc;
+    dt_mpi_lock();
+    if (x->is_send) {
+        rc =
+            MPI_Isend(&p->hdr, (int)sizeof p->hdr, MPI_BYTE, x->peer, XFER_TAG, c->p2p, &p->req[0]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(x->buf, (int)x->nbytes, MPI_BYTE, x->peer, XFER_TAG, c->p2p, &p->req[1]);
+    } else {
+        rc =
+            MPI_Irecv(&p->hdr, (int)sizeof p->hdr, MPI_BYTE, x->peer, XFER_TAG, c->p2p, &p->req[0]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Irecv(x->buf, (int)x->nbytes, MPI_BYTE, x->peer, XFER_TAG, c->p2p, &p->req[1]);
+    }
+    dt_mpi_unlock();
+    return rc == MPI_SUCCESS ? DT_OK : fail_mpi(op, rc, x->is_send ? "MPI_Isend" : "MPI_Irecv");
+}
+
+static dt_status mpi_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
+    mpi_ctx   *c = ctx;
+    xfer_priv *p = priv_of(x);
+    if (x->done)
+        return DT_OK;
+    for (int i = 0; i < 2; i++) {
+        MPI_Status st;
+        int        rc;
+        dt_status  ws = dt_mpi_wait(&p->req[i], op->deadline_ns, c->pg, &st, &rc);
+        if (ws == DT_ERR_TIMEOUT) {
+            char who[48];
+            snprintf(who, sizeof who, "rank %d (%s)", x->peer, x->is_send ? "a send" : "a receive");
+            return dt_op_fail_timeout(op, who);
+        }
+        if (ws != DT_OK)
+            return ws; // aborted: the generic layer reports why
+        if (rc != MPI_SUCCESS) {
+            c->broken = true;
+            return fail_mpi(op, rc, x->is_send ? "MPI_Isend" : "MPI_Irecv");
+        }
+        if (x->is_send)
+            continue;
+        if (i == 0 && !dt_fp_match(&op->fp, &p->hdr.fp))
+            return dt_op_fail_mismatch(op, x->peer, &p->hdr.fp);
+        if (i == 0 && (p->hdr.step != x->step || p->hdr.nbytes != x->nbytes))
+            return dt_op_fail(op, DT_ERR_MISMATCH,
+                              "rank %d sent message %u.%u of %llu bytes, this rank expected "
+                              "message %u.%u of %zu bytes (ranks chose different algorithms: are "
+                              "the DT_*_ALGO settings equal on every rank?)",
+                              x->peer, p->hdr.step >> 24, p->hdr.step & 0xffffff,
+                              (unsigned long long)p->hdr.nbytes, x->step >> 24, x->step & 0xffffff,
+                              x->nbytes);
+    }
+    x->done = true;
+    return DT_OK;
+}
+
+// Asked by name only: "auto" never picks mpi (docs/mpi.md).
+static bool mpi_usable(const dt_pg *pg, bool for_auto, char *why, size_t n) {
+    (void)pg;
+    if (for_auto && why)
+        snprintf(why, n, "auto does not pick mpi");
+    return !for_auto;
 }
 
 // ------------------------------------------------------------------ the slots
@@ -866,11 +970,14 @@ static dt_status mpi_group_new(void *parent_ctx, dt_pg *group, dt_store *store, 
 
 const dt_backend_ops dt_backend_mpi = {
     .name      = "mpi",
+    .usable    = mpi_usable,
     .init      = mpi_init,
     .group_new = mpi_group_new,
     .free      = mpi_free,
     .abort     = mpi_abort,
     .run       = mpi_run,
+    .xfer_post = mpi_xfer_post,
+    .xfer_wait = mpi_xfer_wait,
     .push      = mpi_push,
     .flush     = mpi_flush,
     .built     = true,

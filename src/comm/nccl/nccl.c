@@ -133,8 +133,8 @@ static dt_status nccl_run(void *ctx, const dt_op *op) {
         .dst         = op->dst,
         .count       = op->count,
         .dtype       = (int)op->dtype,
-        .op          = (int)op->op,
-        .avg         = op->fp.op == DT_REDUCE_AVG,
+        .op          = (int)(op->op == DT_REDUCE_AVG ? DT_REDUCE_SUM : op->op),
+        .avg         = op->op == DT_REDUCE_AVG, // run_avg: the tables pass AVG on
         .root        = op->root,
         .peer        = op->peer,
         .deadline_ns = op->deadline_ns,
@@ -155,5 +155,5 @@ const dt_backend_ops dt_backend_nccl = {
     .run              = nccl_run,
     .reports_progress = true,
     .built            = true,
-    .native_avg       = true,
+    .run_avg          = true, // ncclAvg: device buffers the host cannot divide
 };

@@ -1,5 +1,6 @@
-// shm.c: the shared-memory collective engine (see shm.h for the contract and
-// docs/shm.md for the algorithms with their step tables).
+// shm.c: the shared-memory engine (see shm.h for the contract): waits, failures,
+// operation framing and the channels (dt_pg_send's messages and the transfer slots).
+// The algorithms over the segment are src/comm/algo/staged.c (docs/shm.md).
 //
 // Synchronisation in one sentence: every rank owns a 32-bit step counter in its own
 // cache line, raises it after each phase of its work, and waits for the counters of
@@ -78,6 +79,10 @@ static dt_status fail_from_abort(shm_op *o) {
 void dt_shm_abort(dt_shm *s, dt_status st, const char *msg) {
     if (!s)
         return;
+    // The queued transfers belong to an operation that failed: forget them.
+    for (int r = 0; r < s->world; r++)
+        s->xs_head[r] = s->xs_tail[r] = s->xr_head[r] = s->xr_tail[r] = NULL;
+    s->nxsend = s->nxrecv = 0;
     // A mismatch or a timeout means the same to everyone; any other failure here (an
     // abort of this rank's group included) is "this rank is gone" for the others.
     dt_status theirs = st == DT_ERR_MISMATCH || st == DT_ERR_TIMEOUT ? st : DT_ERR_PEER;
@@ -191,9 +196,13 @@ static dt_status check_health(shm_op *o, int peer, uint32_t target, bool is_step
 //     at once when the peer waits for this very CPU (2 ranks on 1 busy vCPU);
 //  3. sleep on the futex in SLICE_NS slices, checking health between them. A futex
 //     wake-up costs tens of microseconds on a VM, hence stage 2.
+// `once`: return DT_OK after the first sleep (of at most XFER_SLICE_NS) even if `w` has
+// not reached `target`: the transfers' wait (below) has other channels to serve too.
+#define XFER_SLICE_NS 200000ll
 static bool push_held(dt_shm *s);
 
-static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bool is_step) {
+static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bool is_step,
+                           bool once) {
     if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
         return DT_OK;
     dt_shm  *s  = o->s;
@@ -228,8 +237,8 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
                     slice = left;
             }
             // Sleeping with messages still to push: wake up often enough to push them.
-            if (held && slice > 200000)
-                slice = 200000;
+            if ((held || once) && slice > XFER_SLICE_NS)
+                slice = XFER_SLICE_NS;
             if (slice > 0)
                 futex_wait(&w->value, v, slice);
         }
@@ -237,46 +246,30 @@ static dt_status wait_word(shm_op *o, shm_word *w, uint32_t target, int peer, bo
         if (reached(atomic_load_explicit(&w->value, memory_order_acquire), target))
             return DT_OK;
         DT_TRY(check_health(o, peer, target, is_step));
+        if (once)
+            return DT_OK;
     }
 }
 
-static dt_status wait_step(shm_op *o, int r, uint32_t target) {
-    return wait_word(o, &o->s->slots[r].step, target, r, true);
+dt_status dt_shm_wait_step(shm_op *o, int r, uint32_t target) {
+    return wait_word(o, &o->s->slots[r].step, target, r, true, false);
 }
 
-static dt_status wait_all(shm_op *o, uint32_t target) {
+dt_status dt_shm_wait_all(shm_op *o, uint32_t target) {
     dt_shm *s = o->s;
     for (int r = 0; r < s->world; r++)
         if (r != s->rank)
-            DT_TRY(wait_step(o, r, target));
+            DT_TRY(dt_shm_wait_step(o, r, target));
     return DT_OK;
 }
 
-// Before this rank writes its buffer b: everyone has finished reading what it held.
-static dt_status acquire_buf(shm_op *o, uint64_t b) {
-    return wait_all(o, o->s->free_step[b % NBUF]);
-}
-
-static inline unsigned char *buf_of(const dt_shm *s, int r, uint64_t b) {
-    return s->bufs + ((size_t)r * NBUF + b % NBUF) * s->chunk;
-}
-
-static inline size_t min_sz(size_t a, size_t b) {
-    return a < b ? a : b;
-}
-static inline size_t div_up(size_t a, size_t b) {
-    return (a + b - 1) / b;
-}
-
-// Bytes of each of the world slots a buffer is cut into (scatter, reduce_scatter,
-// all_to_all): a multiple of 64 so that slots do not share cache lines.
-static inline size_t slot_bytes(const dt_shm *s) {
-    return (s->chunk / (size_t)s->world) & ~(size_t)63;
+dt_status dt_shm_acquire_buf(shm_op *o, uint64_t b) {
+    return dt_shm_wait_all(o, o->s->free_step[b % NBUF]);
 }
 
 // --------------------------------------------------------------------- op framing
 
-static dt_status op_begin(dt_shm *s, shm_op *o, const dt_op *op) {
+dt_status dt_shm_begin(dt_shm *s, shm_op *o, const dt_op *op) {
     o->s  = s;
     o->op = op;
     if ((unsigned)op->kind >= (unsigned)DT_COLL_COUNT_)
@@ -341,310 +334,10 @@ static dt_status check_fps(shm_op *o) {
 
 // The first synchronisation of every collective: publish step base+1 (after any data
 // this rank had to stage first), wait until every rank did, compare fingerprints.
-static dt_status arrive(shm_op *o, uint32_t base) {
+dt_status dt_shm_arrive(shm_op *o, uint32_t base) {
     set_step(o->s, base + 1);
-    DT_TRY(wait_all(o, base + 1));
+    DT_TRY(dt_shm_wait_all(o, base + 1));
     return check_fps(o);
-}
-
-// ---------------------------------------------------------------------- all_reduce
-
-// Small buffers: one synchronisation. Every rank stages its whole input, waits for
-// all, and reduces the whole buffer from the world staged copies itself (its own
-// from src), in rank order, so every rank computes the same bits.
-static dt_status all_reduce_small(shm_op *o, const unsigned char *src, unsigned char *dst,
-                                  size_t count, size_t es, int root) {
-    dt_shm      *s    = o->s;
-    const dt_op *op   = o->op;
-    uint32_t     base = s->step;
-    uint64_t     b    = s->next_buf;
-    DT_TRY(acquire_buf(o, b));
-    memcpy(buf_of(s, s->rank, b), src, count * es);
-    DT_TRY(arrive(o, base));
-    if (root < 0 || root == s->rank) {
-        for (int r = 0; r < s->world; r++)
-            s->in[r] = r == s->rank ? (const void *)src : (const void *)buf_of(s, r, b);
-        dt_shm_reduce_kernel(dst, NULL, false, s->in, s->world, count, op->dtype, op->op);
-    }
-    set_step(s, base + 2);
-    s->free_step[b % NBUF] = base + 2;
-    s->next_buf++;
-    return DT_OK;
-}
-
-// Large buffers: chunks of `chunk` bytes stream through the NBUF (3) buffers of every
-// rank. Chunk k is cut into world slices; slice r is rank r's share. Staging chunk k
-// means copying every slice but one's own into one's buffer k % 3. Then, with one
-// synchronisation per chunk (step base+1+k: "staged chunk k, reduced chunk k-1"):
-//
-//   step        every rank r does, between waiting for all at the step and raising it
-//   base+1      stage 0 (and publish the fingerprint)
-//   base+2      reduce slice r of chunk 0 (own part from src) -> dst and buffer; stage 1
-//   base+2+k    reduce slice r of chunk k; gather chunk k-1 (others' reduced slices
-//               from their buffers -> dst); stage chunk k+1
-//   base+2+n    gather chunk n-1
-//
-// Staging chunk k+1 reuses the buffer of chunk k-2, whose last readers (the gathers
-// of step base+1+k) are done once everyone passed base+1+k: the wait that opens the
-// step. Each byte of src is read once and each byte of dst written once.
-static dt_status all_reduce_large(shm_op *o, const unsigned char *src, unsigned char *dst,
-                                  size_t count, size_t es, int root, bool *used_nt) {
-    dt_shm      *s  = o->s;
-    const dt_op *op = o->op;
-    int          me = s->rank, world = s->world;
-    size_t       ce      = s->chunk / es; // elements per chunk
-    size_t       nchunks = div_up(count, ce);
-    size_t       align   = 64 / es;
-    uint32_t     base    = s->step;
-    bool         want    = root < 0 || root == me;
-    bool         nt      = want && count * es >= s->nt_bytes;
-    *used_nt             = nt;
-    const void **in      = s->in;
-    dt_status    st      = DT_OK;
-
-#define CHUNK_LEN(k) min_sz(ce, count - (size_t)(k)*ce)
-#define SLICE(n)     (div_up(div_up((n), (size_t)world), align) * align)
-#define STAGE(k)                                                                                   \
-    do {                                                                                           \
-        size_t               n_ = CHUNK_LEN(k), sl_ = SLICE(n_);                                   \
-        size_t               lo_ = min_sz(n_, (size_t)me * sl_);                                   \
-        size_t               hi_ = min_sz(n_, lo_ + sl_);                                          \
-        uint64_t             b_  = s->next_buf + (uint64_t)(k);                                    \
-        const unsigned char *p_  = src + (size_t)(k)*ce * es;                                      \
-        unsigned char       *q_  = buf_of(s, me, b_);                                              \
-        if ((st = acquire_buf(o, b_)))                                                             \
-            goto out;                                                                              \
-        memcpy(q_, p_, lo_ *es);                                                                   \
-        memcpy(q_ + hi_ * es, p_ + hi_ * es, (n_ - hi_) * es);                                     \
-    } while (0)
-
-    STAGE(0);
-    if ((st = arrive(o, base)))
-        goto out;
-    for (size_t k = 0; k <= nchunks; k++) {
-        uint32_t at = base + 1 + (uint32_t)k; // everyone staged k and reduced k-1
-        if (k > 0 && (st = wait_all(o, at)))
-            goto out;
-        if (k < nchunks) {
-            size_t   n = CHUNK_LEN(k), sl = SLICE(n);
-            size_t   lo = min_sz(n, (size_t)me * sl), hi = min_sz(n, lo + sl);
-            uint64_t b   = s->next_buf + (uint64_t)k;
-            size_t   off = k * ce * es;
-            if (hi > lo) {
-                for (int r = 0; r < world; r++)
-                    in[r] = r == me ? (const void *)(src + off + lo * es)
-                                    : (const void *)(buf_of(s, r, b) + lo * es);
-                dt_shm_reduce_kernel(buf_of(s, me, b) + lo * es, want ? dst + off + lo * es : NULL,
-                                     nt, in, world, hi - lo, op->dtype, op->op);
-            }
-        }
-        if (k > 0 && want) {
-            size_t   n = CHUNK_LEN(k - 1), sl = SLICE(n);
-            uint64_t b   = s->next_buf + (uint64_t)(k - 1);
-            size_t   off = (k - 1) * ce * es;
-            for (int r = 0; r < world; r++) {
-                size_t rlo = min_sz(n, (size_t)r * sl), rhi = min_sz(n, rlo + sl);
-                if (r != me && rhi > rlo)
-                    dt_shm_copy(dst + off + rlo * es, buf_of(s, r, b) + rlo * es, (rhi - rlo) * es,
-                                nt);
-            }
-        }
-        if (k > 0) // chunk k-1 is read by all once they pass this step
-            s->free_step[(s->next_buf + k - 1) % NBUF] = at + 1;
-        if (k + 1 < nchunks)
-            STAGE(k + 1);
-        set_step(s, at + 1);
-    }
-    s->next_buf += nchunks;
-out:
-    return st;
-#undef STAGE
-#undef SLICE
-#undef CHUNK_LEN
-}
-
-static dt_status run_reduce(shm_op *o, int root) {
-    dt_shm      *s  = o->s;
-    const dt_op *op = o->op;
-    size_t       es = dt_dtype_size(op->dtype);
-    bool         nt = false;
-    dt_status    st;
-    // The small algorithm has every rank read all `world` staged copies: keep what it
-    // reads near 2 * small_bytes (the measured 2-rank crossover) whatever the world.
-    size_t nbytes = op->count * es;
-    if (nbytes * (size_t)s->world <= 2 * s->small && nbytes <= s->chunk)
-        st = all_reduce_small(o, op->src, op->dst, op->count, es, root);
-    else
-        st = all_reduce_large(o, op->src, op->dst, op->count, es, root, &nt);
-    if (nt)
-        dt_shm_store_fence(); // the results are read by whichever thread gets them
-    return st;
-}
-
-// -------------------------------------------------------------- one-to-all, all-to-one
-
-// broadcast and scatter: root stages piece k, the others copy it out. Piece k is
-// ready at root's step base+1+k (base+1 is the arrival), and rank r has read it once
-// r passes base+2+k. Broadcast pieces are whole buffers; scatter cuts root's buffer
-// into world slots, slot r carrying piece k of block r.
-static dt_status fan_out(shm_op *o, const unsigned char *src, unsigned char *dst, size_t nbytes,
-                         int root, bool scatter) {
-    dt_shm  *s  = o->s;
-    int      me = s->rank, world = s->world;
-    size_t   piece = scatter ? slot_bytes(s) : s->chunk;
-    size_t   n     = div_up(nbytes, piece);
-    uint32_t base  = s->step;
-    bool     nt    = nbytes >= s->nt_bytes;
-    int      nslot = scatter ? world : 1;
-#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
-#define STAGE(k)                                                                                   \
-    do {                                                                                           \
-        uint64_t b_ = s->next_buf + (uint64_t)(k);                                                 \
-        DT_TRY(acquire_buf(o, b_));                                                                \
-        for (int r_ = 0; r_ < nslot; r_++)                                                         \
-            if (!scatter || r_ != me)                                                              \
-                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                                     \
-                       src + (size_t)r_ * nbytes + (size_t)(k)*piece, PIECE(k));                   \
-    } while (0)
-    if (me == root) {
-        if (n > 0)
-            STAGE(0);
-        if (scatter)
-            dt_shm_copy(dst, src + (size_t)me * nbytes, nbytes, false);
-    }
-    DT_TRY(arrive(o, base));
-    for (size_t k = 0; k < n; k++) {
-        uint64_t b = s->next_buf + (uint64_t)(k);
-        if (me == root) {
-            s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
-            if (k + 1 < n)
-                STAGE(k + 1);
-        } else {
-            if (k > 0)
-                DT_TRY(wait_step(o, root, base + 1 + (uint32_t)k));
-            dt_shm_copy(dst + k * piece, buf_of(s, root, b) + (scatter ? (size_t)me * piece : 0),
-                        PIECE(k), nt);
-        }
-        set_step(s, base + 2 + (uint32_t)k);
-    }
-    s->next_buf += n;
-    if (nt)
-        dt_shm_store_fence();
-    return DT_OK;
-#undef STAGE
-#undef PIECE
-}
-
-// gather (root reads) and all_gather (everyone reads): rank r stages piece k of its
-// block, ready at r's step base+1+k; readers pass base+2+k after copying it.
-static dt_status fan_in(shm_op *o, const unsigned char *src, unsigned char *dst, size_t nbytes,
-                        int root) {
-    dt_shm  *s  = o->s;
-    int      me = s->rank, world = s->world;
-    size_t   piece = s->chunk;
-    size_t   n     = div_up(nbytes, piece);
-    uint32_t base  = s->step;
-    bool     reads = root < 0 || root == me;
-    bool     stage = root < 0 || root != me;
-    bool     nt    = reads && nbytes * (size_t)world >= s->nt_bytes;
-#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
-    if (stage && n > 0) {
-        DT_TRY(acquire_buf(o, s->next_buf));
-        memcpy(buf_of(s, me, s->next_buf), src, PIECE(0));
-    }
-    if (reads && dst + (size_t)me * nbytes != src)
-        memcpy(dst + (size_t)me * nbytes, src, nbytes);
-    DT_TRY(arrive(o, base));
-    for (size_t k = 0; k < n; k++) {
-        uint64_t b = s->next_buf + (uint64_t)(k);
-        if (reads) {
-            if (k > 0)
-                DT_TRY(wait_all(o, base + 1 + (uint32_t)k));
-            for (int r = 0; r < world; r++)
-                if (r != me)
-                    dt_shm_copy(dst + (size_t)r * nbytes + k * piece, buf_of(s, r, b), PIECE(k),
-                                nt);
-        }
-        if (stage) {
-            s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
-            if (k + 1 < n) {
-                DT_TRY(acquire_buf(o, b + 1));
-                memcpy(buf_of(s, me, b + 1), src + (k + 1) * piece, PIECE(k + 1));
-            }
-        }
-        set_step(s, base + 2 + (uint32_t)k);
-    }
-    s->next_buf += n;
-    if (nt)
-        dt_shm_store_fence();
-    return DT_OK;
-#undef PIECE
-}
-
-// reduce_scatter and all_to_all: every rank stages piece k of each block j != r in
-// slot j of its buffer; rank r then takes slot r of every buffer (reducing them with
-// its own block from src, or copying each to its place in dst). One synchronisation
-// per piece: the next pieces are staged right after this one is taken.
-static dt_status exchange(shm_op *o, const unsigned char *src, unsigned char *dst, bool reduce) {
-    dt_shm      *s  = o->s;
-    const dt_op *op = o->op;
-    int          me = s->rank, world = s->world;
-    size_t       es     = dt_dtype_size(op->dtype);
-    size_t       nbytes = op->count * es;
-    size_t       piece  = slot_bytes(s);
-    size_t       n      = div_up(nbytes, piece);
-    uint32_t     base   = s->step;
-    bool         nt     = nbytes * (reduce ? 1 : (size_t)world) >= s->nt_bytes;
-    const void **in     = s->in;
-    dt_status    st     = DT_OK;
-#define PIECE(k) min_sz(piece, nbytes - (size_t)(k)*piece)
-#define STAGE(k)                                                                                   \
-    do {                                                                                           \
-        uint64_t b_ = s->next_buf + (uint64_t)(k);                                                 \
-        if ((st = acquire_buf(o, b_)))                                                             \
-            goto out;                                                                              \
-        for (int r_ = 0; r_ < world; r_++)                                                         \
-            if (r_ != me)                                                                          \
-                memcpy(buf_of(s, me, b_) + (size_t)r_ * piece,                                     \
-                       src + (size_t)r_ * nbytes + (size_t)(k)*piece, PIECE(k));                   \
-    } while (0)
-
-    if (n > 0)
-        STAGE(0);
-    // all_to_all keeps its own block (in place, it is already where it belongs).
-    if (!reduce)
-        dt_shm_copy(dst + (size_t)me * nbytes, src + (size_t)me * nbytes, nbytes, false);
-    if ((st = arrive(o, base)))
-        goto out;
-    for (size_t k = 0; k < n; k++) {
-        uint64_t b   = s->next_buf + (uint64_t)(k);
-        size_t   off = k * piece;
-        if (k > 0 && (st = wait_all(o, base + 1 + (uint32_t)k)))
-            goto out;
-        if (reduce) {
-            for (int r = 0; r < world; r++)
-                in[r] = r == me ? (const void *)(src + (size_t)me * nbytes + off)
-                                : (const void *)(buf_of(s, r, b) + (size_t)me * piece);
-            dt_shm_reduce_kernel(dst + off, NULL, false, in, world, PIECE(k) / es, op->dtype,
-                                 op->op);
-        } else {
-            for (int r = 0; r < world; r++)
-                if (r != me)
-                    dt_shm_copy(dst + (size_t)r * nbytes + off,
-                                buf_of(s, r, b) + (size_t)me * piece, PIECE(k), nt);
-        }
-        s->free_step[b % NBUF] = base + 2 + (uint32_t)k;
-        if (k + 1 < n)
-            STAGE(k + 1);
-        set_step(s, base + 2 + (uint32_t)k);
-    }
-    s->next_buf += n;
-out:
-    if (nt)
-        dt_shm_store_fence();
-    return st;
-#undef STAGE
-#undef PIECE
 }
 
 // ------------------------------------------------------------------- send and recv
@@ -668,11 +361,12 @@ static bool chan_has_room(const dt_shm *s, int peer) {
         at - 1);
 }
 
-static void post_chunk(dt_shm *s, int peer, const dt_fingerprint *fp, size_t k,
-                       const unsigned char *data, size_t len) {
+// Chunk k of a message of `nbytes` (transfer `step`, 0 for dt_pg_send's).
+static void post_chunk(dt_shm *s, int peer, const dt_fingerprint *fp, uint32_t step, size_t nbytes,
+                       size_t k, const unsigned char *data, size_t len) {
     uint32_t       at = s->sent[peer];
     unsigned char *p  = chan_buf(s, s->rank, peer, at);
-    shm_msg        h  = {.fp = *fp, .chunk = (uint32_t)k};
+    shm_msg        h  = {.fp = *fp, .chunk = (uint32_t)k, .step = step, .nbytes = nbytes};
     memcpy(p, &h, sizeof h);
     memcpy(p + sizeof h, data, len);
     s->sent[peer] = at + 1;
@@ -687,7 +381,7 @@ static size_t push_pending(dt_shm *s) {
         shm_pending *m;
         while ((m = s->pending[peer]) && chan_has_room(s, peer)) {
             size_t off = m->chunk * s->pchunk;
-            post_chunk(s, peer, &m->fp, m->chunk, m->data + off,
+            post_chunk(s, peer, &m->fp, 0, m->nbytes, m->chunk, m->data + off,
                        min_sz(s->pchunk, m->nbytes - off));
             posted++;
             if (++m->chunk == m->nchunks) {
@@ -701,15 +395,20 @@ static size_t push_pending(dt_shm *s) {
     return posted;
 }
 
-// From every wait and operation start: the held sends of the whole process through the
-// owner's hook (a send of another engine must not wait for this one's operation), else
-// this engine's. True while some remain.
+static size_t push_xfers(dt_shm *s);
+
+// From every wait and operation start: the transfers of the operation under way, and
+// the held sends of the whole process through the owner's hook (a send of another engine
+// must not wait for this one's operation), else this engine's. True while some remain.
 static bool push_held(dt_shm *s) {
+    if (s->nxsend)
+        push_xfers(s);
+    bool xfers = s->nxsend != 0;
     if (s->push)
-        return s->push(s->push_arg);
+        return s->push(s->push_arg) || xfers;
     if (s->npending)
         push_pending(s);
-    return s->npending != 0;
+    return s->npending != 0 || xfers;
 }
 
 bool dt_shm_push(dt_shm *s, bool *moved) {
@@ -734,8 +433,8 @@ dt_status dt_shm_flush(dt_shm *s, uint64_t deadline_ns) {
                      (unsigned long long)DT_FP_SEQ(&m->fp), peer);
             size_t    left = m->nbytes - min_sz(m->nbytes, m->chunk * s->pchunk);
             size_t    all  = m->nbytes;
-            dt_status st =
-                wait_word(&o, &chan(s, s->rank, peer)->consumed, s->sent[peer] - 1, peer, false);
+            dt_status st = wait_word(&o, &chan(s, s->rank, peer)->consumed, s->sent[peer] - 1, peer,
+                                     false, false);
             if (st != DT_OK)
                 return dt_fail(st, "%s (%zu of its %zu bytes were never delivered)",
                                dt_last_error(), left, all);
@@ -748,7 +447,7 @@ dt_status dt_shm_flush(dt_shm *s, uint64_t deadline_ns) {
 // Never waits for the receiver (comm.h: a send returns once its data is handed to the
 // transport, so that a ring of sends followed by receives cannot deadlock): the chunks
 // that fit go into the channel now, the rest is copied and pushed by later calls.
-static dt_status run_send(shm_op *o) {
+dt_status dt_shm_send(shm_op *o) {
     dt_shm      *s      = o->s;
     const dt_op *op     = o->op;
     int          peer   = op->peer;
@@ -757,7 +456,8 @@ static dt_status run_send(shm_op *o) {
     size_t       k      = 0;
     if (!s->pending[peer])
         for (; k < n && chan_has_room(s, peer); k++)
-            post_chunk(s, peer, &op->fp, k, (const unsigned char *)op->src + k * s->pchunk,
+            post_chunk(s, peer, &op->fp, 0, nbytes, k,
+                       (const unsigned char *)op->src + k * s->pchunk,
                        min_sz(s->pchunk, nbytes - k * s->pchunk));
     if (k == n)
         return DT_OK;
@@ -785,7 +485,7 @@ static dt_status run_send(shm_op *o) {
     return DT_OK;
 }
 
-static dt_status run_recv(shm_op *o) {
+dt_status dt_shm_recv(shm_op *o) {
     dt_shm      *s      = o->s;
     const dt_op *op     = o->op;
     int          peer   = op->peer;
@@ -794,7 +494,7 @@ static dt_status run_recv(shm_op *o) {
     size_t       n      = nbytes ? div_up(nbytes, s->pchunk) : 1;
     for (size_t k = 0; k < n; k++) {
         uint32_t at = s->taken[peer];
-        DT_TRY(wait_word(o, &c->posted, at + 1, peer, false));
+        DT_TRY(wait_word(o, &c->posted, at + 1, peer, false, false));
         const unsigned char *p = chan_buf(s, peer, s->rank, at);
         shm_msg              h;
         memcpy(&h, p, sizeof h);
@@ -818,37 +518,140 @@ static dt_status run_recv(shm_op *o) {
     return DT_OK;
 }
 
-// ------------------------------------------------------------------------ dispatch
+// ------------------------------------------------------------------ transfer slots
+//
+// xfer_post / xfer_wait (backend.h) over the same channels, so that the point-to-point
+// algorithms (a ring forced with DT_ALLREDUCE_ALGO, an all_reduce in tree order) run on
+// shm too. A transfer is queued on its peer's list (its own next_ link; done_bytes_
+// counts its chunks) and never copied: the algorithm keeps its buffer until it is done.
+// Sends go out as their channel has room, behind any of dt_pg_send's held messages to
+// that peer; receives take the channel's chunks in order. Every wait of the engine
+// pushes the queued sends (push_held), and the transfers' own wait serves every queue
+// between sleeps of at most XFER_SLICE_NS, so two ranks sending each other more than a
+// channel holds both progress.
 
-dt_status dt_shm_run(dt_shm *s, const dt_op *op) {
-    shm_op o;
-    DT_TRY(op_begin(s, &o, op));
-    size_t es = dt_dtype_size(op->dtype);
-    switch (op->kind) {
-    case DT_COLL_ALL_REDUCE:
-        return run_reduce(&o, -1);
-    case DT_COLL_REDUCE:
-        return run_reduce(&o, op->root);
-    case DT_COLL_BROADCAST:
-        return fan_out(&o, op->dst, op->dst, op->count * es, op->root, false);
-    case DT_COLL_SCATTER:
-        return fan_out(&o, op->src, op->dst, op->count * es, op->root, true);
-    case DT_COLL_GATHER:
-        return fan_in(&o, op->src, op->dst, op->count * es, op->root);
-    case DT_COLL_ALL_GATHER:
-        return fan_in(&o, op->src, op->dst, op->count * es, -1);
-    case DT_COLL_REDUCE_SCATTER:
-        return exchange(&o, op->src, op->dst, true);
-    case DT_COLL_ALL_TO_ALL:
-        return exchange(&o, op->src, op->dst, false);
-    case DT_COLL_BARRIER:
-    case DT_COLL_INIT:
-        return arrive(&o, s->step);
-    case DT_COLL_SEND:
-        return run_send(&o);
-    case DT_COLL_RECV:
-        return run_recv(&o);
-    default:
-        return dt_fail(DT_ERR_ARG, "%s: unknown operation kind %d", op->name, (int)op->kind);
+static void queue_append(dt_xfer **head, dt_xfer **tail, int peer, dt_xfer *x) {
+    x->next_ = NULL;
+    if (tail[peer])
+        tail[peer]->next_ = x;
+    else
+        head[peer] = x;
+    tail[peer] = x;
+}
+
+static void queue_pop(dt_xfer **head, dt_xfer **tail, int peer) {
+    dt_xfer *x = head[peer];
+    head[peer] = x->next_;
+    if (!head[peer])
+        tail[peer] = NULL;
+    x->next_ = NULL;
+    x->done  = true;
+}
+
+static size_t chunks_of(const dt_shm *s, size_t nbytes) {
+    return nbytes ? div_up(nbytes, s->pchunk) : 1;
+}
+
+static size_t push_xfers(dt_shm *s) {
+    size_t posted = 0;
+    for (int peer = 0; peer < s->world && s->nxsend; peer++) {
+        dt_xfer *x;
+        while (!s->pending[peer] && (x = s->xs_head[peer]) && chan_has_room(s, peer)) {
+            size_t k = x->done_bytes_, off = k * s->pchunk;
+            post_chunk(s, peer, &s->xs_fp, x->step, x->nbytes, k, (unsigned char *)x->buf + off,
+                       min_sz(s->pchunk, x->nbytes - off));
+            posted++;
+            if (++x->done_bytes_ == chunks_of(s, x->nbytes)) {
+                queue_pop(s->xs_head, s->xs_tail, peer);
+                s->nxsend--;
+            }
+        }
+    }
+    return posted;
+}
+
+// Takes every chunk that has arrived for a queued receive.
+static dt_status pull_xfers(shm_op *o) {
+    dt_shm      *s  = o->s;
+    const dt_op *op = o->op;
+    for (int peer = 0; peer < s->world && s->nxrecv; peer++) {
+        dt_xfer  *x;
+        shm_chan *c = chan(s, peer, s->rank);
+        while ((x = s->xr_head[peer]) &&
+               reached(atomic_load_explicit(&c->posted.value, memory_order_acquire),
+                       s->taken[peer] + 1)) {
+            uint32_t             at = s->taken[peer];
+            const unsigned char *p  = chan_buf(s, peer, s->rank, at);
+            shm_msg              h;
+            memcpy(&h, p, sizeof h);
+            size_t k = x->done_bytes_;
+            char   msg[700];
+            if (!dt_fp_match(&op->fp, &h.fp)) {
+                char mine[160], theirs[160];
+                snprintf(msg, sizeof msg,
+                         "%s: rank %d called %s but this rank (%d) called %s; every rank must "
+                         "issue the same collectives in the same order with the same arguments",
+                         op->name, peer, dt_fp_format(&h.fp, theirs, sizeof theirs), s->rank,
+                         dt_fp_format(&op->fp, mine, sizeof mine));
+            } else if (h.step != x->step || h.nbytes != x->nbytes || h.chunk != k) {
+                snprintf(msg, sizeof msg,
+                         "%s: rank %d sent message %u.%u of %llu bytes, this rank expected "
+                         "message %u.%u of %zu bytes (ranks chose different algorithms: are "
+                         "the DT_*_ALGO settings equal on every rank?)",
+                         op->name, peer, h.step >> 24, h.step & 0xffffff,
+                         (unsigned long long)h.nbytes, x->step >> 24, x->step & 0xffffff,
+                         x->nbytes);
+            } else {
+                size_t off = k * s->pchunk;
+                memcpy((unsigned char *)x->buf + off, p + sizeof h,
+                       min_sz(s->pchunk, x->nbytes - off));
+                s->taken[peer] = at + 1;
+                word_set(&c->consumed, at + 1);
+                if (++x->done_bytes_ == chunks_of(s, x->nbytes)) {
+                    queue_pop(s->xr_head, s->xr_tail, peer);
+                    s->nxrecv--;
+                }
+                continue;
+            }
+            dt_shm_publish_abort(s, DT_ERR_MISMATCH, peer, msg);
+            return poison(s, DT_ERR_MISMATCH, "%s", msg);
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt_shm_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
+    dt_shm *s = ctx;
+    if (s->failed)
+        return dt_fail(s->failed, "%s: the group failed earlier: %s", op->name, s->fail_msg);
+    x->done        = false;
+    x->done_bytes_ = 0;
+    s->xs_fp       = op->fp;
+    if (x->is_send) {
+        queue_append(s->xs_head, s->xs_tail, x->peer, x);
+        s->nxsend++;
+        push_xfers(s);
+    } else {
+        queue_append(s->xr_head, s->xr_tail, x->peer, x);
+        s->nxrecv++;
+    }
+    return DT_OK;
+}
+
+dt_status dt_shm_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
+    dt_shm *s = ctx;
+    shm_op  o = {.s = s, .op = op, .start_ns = dt_now_ns()};
+    for (;;) {
+        push_held(s);
+        DT_TRY(pull_xfers(&o));
+        if (x->done)
+            return DT_OK;
+        // Sleep on what `x` needs next: room in its channel, or its next chunk.
+        if (x->is_send)
+            DT_TRY(wait_word(&o, &chan(s, s->rank, x->peer)->consumed, s->sent[x->peer] - 1,
+                             x->peer, false, true));
+        else
+            DT_TRY(wait_word(&o, &chan(s, x->peer, s->rank)->posted, s->taken[x->peer] + 1, x->peer,
+                             false, true));
     }
 }

@@ -1,14 +1,16 @@
-// shm.h: the shared-memory collective engine behind the "shm" backend, for ranks that
-// share one host. One segment in /dev/shm, created by rank 0 and mapped by every rank,
-// holds a control slot per rank (a step counter that doubles as a futex word, and the
-// fingerprints of its last collectives), two working buffers per rank, and a channel
-// per ordered pair of ranks for send/recv. Data never touches a socket.
+// shm.h: the shared-memory engine behind the "shm" backend, for ranks that share one
+// host. One segment in /dev/shm, created by rank 0 and mapped by every rank, holds a
+// control slot per rank (a step counter that doubles as a futex word, and the
+// fingerprints of its last collectives), working buffers per rank, and a channel per
+// ordered pair of ranks for point-to-point messages. Data never touches a socket.
 //
-// The operations take the dt_op of backend.h (buffers, count, dtype, op, root, peer,
-// tag, deadline, fingerprint, name), so shm_backend.c plugs them into the vtable
-// as they are, and the engine's own test drives them without a process group.
+// The engine is a transport: the algorithm layer runs its "shm" algorithms over the
+// segment (src/comm/algo/staged.c, with the engine's insides of shm_impl.h) and its
+// point-to-point algorithms over the channels (dt_shm_xfer_post / _wait below).
+// shm_backend.c plugs the engine into the backend table.
 //
-// Contract shared by every operation below:
+// Contract shared by every operation (each takes the dt_op of backend.h: buffers,
+// count, dtype, op, root, peer, tag, deadline, fingerprint, name):
 //   - One thread at a time per dt_shm.
 //   - Collectives are collective: every rank calls the same ones in the same order;
 //     a rank whose fingerprint (op->fp) differs makes every rank fail with
@@ -19,9 +21,7 @@
 //     later operations of every other rank fail with DT_ERR_PEER naming it, within
 //     about 100 ms of the moment someone waits on it.
 //   - After any failure the engine is poisoned: later calls fail at once with the
-//     same status and message. Reductions combine ranks in rank order 0, 1, 2, ...
-//     whatever the arrival order: results are bitwise identical on every rank and
-//     from run to run.
+//     same status and message.
 //   - src == dst means in place, with the in-place forms of comm.h. count 0 is valid
 //     and still synchronises (and compares fingerprints).
 // The algorithms and the memory layout are described in docs/shm.md.
@@ -29,8 +29,6 @@
 #define DTRAIN_COMM_SHM_H
 
 #include "comm/backend.h"
-
-typedef struct dt_shm dt_shm;
 
 typedef struct dt_shm_opts {
     int         rank;        // 0 <= rank < world
@@ -65,6 +63,13 @@ typedef struct dt_shm_opts {
 // of another group or world size), DT_ERR_TIMEOUT (names the ranks that never came),
 // DT_ERR_PEER (a rank died meanwhile).
 dt_status dt_shm_init(const dt_shm_opts *opts, dt_shm **out);
+// dt_shm_init for rank `rank` of `world` ranks that meet through `store` (a view of
+// their own): they publish their process ids (a rank in another pid namespace is
+// DT_ERR_UNSUPPORTED), rank 0 creates the segment and publishes its name. The engine
+// calls back into `pg` (dt_pg_aborted, dt_pg_progress, dt_pg_push_sends) while it waits.
+// COLLECTIVE over the `world` ranks; bounded by deadline_ns. (shm_backend.c)
+dt_status dt_shm_join(dt_pg *pg, int rank, int world, dt_store *store, uint64_t deadline_ns,
+                      dt_shm **out);
 // Marks this rank as gone (peers that still wait on it fail with "left the group"),
 // and unmaps. NULL is a no-op. Not collective.
 void dt_shm_free(dt_shm *s);
@@ -78,10 +83,10 @@ int    dt_shm_rank(const dt_shm *s);
 int    dt_shm_world(const dt_shm *s);
 size_t dt_shm_chunk_bytes(const dt_shm *s);
 
-// Runs op->kind (any dt_coll: the init barrier runs as a barrier). The buffers are
-// those listed in backend.h for each kind. AVG is supported (SUM, then divided by
-// the world size) although the process group passes SUM and divides itself.
-dt_status dt_shm_run(dt_shm *s, const dt_op *op);
+// The transfer slots of backend.h over the channels: xfer_post queues a transfer
+// (never waits), xfer_wait moves every queued one until `x` is done. ctx is the dt_shm.
+dt_status dt_shm_xfer_post(void *ctx, const dt_op *op, dt_xfer *x);
+dt_status dt_shm_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x);
 
 // Point to point: messages between two ranks arrive in the order they were sent; the
 // receiver's count, dtype and tag must equal the sender's, or both fail with
@@ -104,20 +109,5 @@ dt_status dt_shm_flush(dt_shm *s, uint64_t deadline_ns);
 // a timeout) with "<msg> (reported by rank r)". Idempotent: the first failure recorded
 // in the segment wins; failures the engine sees itself are recorded the same way.
 void dt_shm_abort(dt_shm *s, dt_status st, const char *msg);
-
-// ---------------------------------------------------------------- kernels (shm_kernels.c)
-
-// out = in[0] op in[1] op ... op in[nin-1], element by element, combining in that
-// order (AVG: the SUM divided by nin). Written to out1 and to out2 when not NULL;
-// an output may alias an input at the same position (in place), never partially.
-// MAX/MIN on floats: NaN in any operand gives NaN (like torch.maximum).
-// nt: write out2 with non-temporal stores (large results nobody reads soon); the
-// caller fences with dt_shm_store_fence before handing them on.
-void dt_shm_reduce_kernel(void *out1, void *out2, bool nt, const void *const *in, int nin,
-                          size_t count, dt_dtype dtype, dt_reduce_op op);
-// memcpy, with non-temporal stores when nt.
-void dt_shm_copy(void *dst, const void *src, size_t nbytes, bool nt);
-// Orders earlier non-temporal stores before later stores.
-void dt_shm_store_fence(void);
 
 #endif // DTRAIN_COMM_SHM_H

@@ -1,6 +1,6 @@
 // shm_backend.c: the "shm" backend: the engine of shm.c behind comm's backend table.
 // This file only does the rendezvous through the store (who runs where, the segment's
-// name); every operation slot hands its dt_op to the engine as it is.
+// name); the engine offers the algorithms its segment and its channels' transfer slots.
 #include "comm/comm_impl.h"
 #include "comm/shm/shm.h"
 
@@ -11,7 +11,10 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-static bool shm_usable(const dt_pg *pg) {
+static bool shm_usable(const dt_pg *pg, bool for_auto, char *why, size_t n) {
+    (void)for_auto;
+    if (!dt_pg_all_local(pg) && why)
+        snprintf(why, n, "the ranks are on more than one host");
     return dt_pg_all_local(pg);
 }
 
@@ -46,10 +49,10 @@ static dt_status publish_segment(void *arg) {
     return dt_store_set(p->store, "segment", p->value, strlen(p->value));
 }
 
-static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **ctx) {
-    int  rank = dt_pg_rank(pg), world = dt_pg_size(pg);
+dt_status dt_shm_join(dt_pg *pg, int rank, int world, dt_store *store, uint64_t deadline_ns,
+                      dt_shm **out) {
     char key[32], mine[128], ns[64];
-    *ctx = NULL;
+    *out = NULL;
 
     // Every rank's process id and pid namespace, so each can watch the others.
     pid_namespace(ns, sizeof ns);
@@ -137,8 +140,15 @@ static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void
         return st;
     DT_DEBUG("comm", "shm: rank %d of %d mapped %s (%zu KiB chunks)", rank, world, name,
              dt_shm_chunk_bytes(s) >> 10);
-    *ctx = s;
+    *out = s;
     return DT_OK;
+}
+
+static dt_status shm_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, void **ctx) {
+    dt_shm   *s  = NULL;
+    dt_status st = dt_shm_join(pg, dt_pg_rank(pg), dt_pg_size(pg), store, deadline_ns, &s);
+    *ctx         = s;
+    return st;
 }
 
 // A sub-group gets a segment of its own, made like the world's through the group's
@@ -160,8 +170,8 @@ static void shm_abort(void *ctx, dt_status st, const char *msg) {
     dt_shm_abort(ctx, st, msg);
 }
 
-static dt_status shm_op(void *ctx, const dt_op *op) {
-    return dt_shm_run(ctx, op);
+static void shm_xport(void *ctx, dt_xport *t) {
+    t->seg = ctx;
 }
 
 static bool shm_push(void *ctx, bool *moved) {
@@ -179,7 +189,9 @@ const dt_backend_ops dt_backend_shm = {
     .group_new        = shm_group_new,
     .free             = shm_free_ctx,
     .abort            = shm_abort,
-    .run              = shm_op,
+    .xfer_post        = dt_shm_xfer_post,
+    .xfer_wait        = dt_shm_xfer_wait,
+    .xport            = shm_xport,
     .push             = shm_push,
     .flush            = shm_flush,
     .reports_progress = true,

@@ -1,6 +1,8 @@
-// shm_impl.h: the insides of the shared-memory engine, shared by shm.c (the operations:
-// synchronisation, failures, the algorithms) and shm_init.c (the segment's layout,
-// creating and attaching it, freeing). Internal to src/comm; the contract is shm.h.
+// shm_impl.h: the insides of the shared-memory engine: the segment's layout and the
+// engine's state, shared by shm.c (synchronisation, failures, channels, transfer slots),
+// shm_init.c (creating and attaching the segment, freeing) and the algorithms that run
+// over the segment (src/comm/algo/staged.c), as the ring runs over transfer slots.
+// Internal to src/comm; the contract is shm.h.
 #ifndef DTRAIN_COMM_SHM_IMPL_H
 #define DTRAIN_COMM_SHM_IMPL_H
 
@@ -61,11 +63,14 @@ typedef struct shm_chan {
 } shm_chan;
 _Static_assert(sizeof(shm_chan) == 128, "channel is two cache lines");
 
-// Precedes the data of every send/recv chunk.
+// Precedes the data of every chunk on a channel.
 typedef struct shm_msg {
-    dt_fingerprint fp;    // the sender's (seq = message number on this channel, tag in root)
-    uint32_t       chunk; // index within the message
-    uint32_t       pad[9];
+    dt_fingerprint fp; // the sender's: dt_pg_send's (seq = message number on this
+                       // channel, tag in root) or the operation's (transfer slots)
+    uint32_t chunk;    // index within the message
+    uint32_t step;     // the transfer's dt_xfer.step; 0 for dt_pg_send's messages
+    uint64_t nbytes;   // of the whole message
+    uint32_t pad[6];
 } shm_msg;
 _Static_assert(sizeof(shm_msg) == 64, "message header is one cache line");
 
@@ -108,11 +113,15 @@ struct dt_shm {
     struct shm_pending **pending;         // per peer: messages not yet wholly in the channel (FIFO)
     int                  npending;        // messages queued over all peers
     uint32_t            *taken;           // per peer: chunks consumed from it
-    int                 *pidfds;          // per rank, -1 for self or unknown
-    const void         **in;              // world input pointers for the reduction kernel
-    int64_t              spin_ns;         // spin + yield before sleeping
-    int64_t              yield_ns;        // spin before yielding
-    size_t               nt_bytes;        // results at least this large use non-temporal stores
+    dt_xfer            **xs_head, **xs_tail; // per peer: transfers to send (xfer slots)
+    dt_xfer            **xr_head, **xr_tail; // per peer: transfers to receive
+    int                  nxsend, nxrecv;     // queued over all peers
+    dt_fingerprint       xs_fp;              // the fingerprint the queued sends carry
+    int                 *pidfds;             // per rank, -1 for self or unknown
+    const void         **in;                 // world input pointers for the reduction kernel
+    int64_t              spin_ns;            // spin + yield before sleeping
+    int64_t              yield_ns;           // spin before yielding
+    size_t               nt_bytes;           // results at least this large use non-temporal stores
     uint64_t             last_check_ns;
     bool (*aborted)(void *arg);
     void *aborted_arg;
@@ -175,6 +184,42 @@ static inline void set_step(dt_shm *s, uint32_t v) {
     s->step = v;
     word_set(&s->slots[s->rank].step, v);
 }
+
+// Working buffer b (mod NBUF) of rank r.
+static inline unsigned char *buf_of(const dt_shm *s, int r, uint64_t b) {
+    return s->bufs + ((size_t)r * NBUF + b % NBUF) * s->chunk;
+}
+
+static inline size_t min_sz(size_t a, size_t b) {
+    return a < b ? a : b;
+}
+static inline size_t div_up(size_t a, size_t b) {
+    return (a + b - 1) / b;
+}
+
+// Bytes of each of the world slots a buffer is cut into (scatter, reduce_scatter,
+// all_to_all): a multiple of 64 so that slots do not share cache lines.
+static inline size_t slot_bytes(const dt_shm *s) {
+    return (s->chunk / (size_t)s->world) & ~(size_t)63;
+}
+
+// ------------------------------------------------------- what the algorithms use
+// (shm.c; o is the operation under way, set up by dt_shm_begin)
+
+// Starts an operation: checks its arguments and the engine's health, pushes held sends,
+// and (collectives) publishes its fingerprint, which dt_shm_arrive compares.
+dt_status dt_shm_begin(dt_shm *s, shm_op *o, const dt_op *op);
+// The first synchronisation of every collective: publish step base+1 (after any data
+// this rank had to stage first), wait until every rank did, compare fingerprints.
+dt_status dt_shm_arrive(shm_op *o, uint32_t base);
+// Waits until rank r (every other rank) has passed step `target`.
+dt_status dt_shm_wait_step(shm_op *o, int r, uint32_t target);
+dt_status dt_shm_wait_all(shm_op *o, uint32_t target);
+// Before this rank writes its buffer b: everyone has finished reading what it held.
+dt_status dt_shm_acquire_buf(shm_op *o, uint64_t b);
+// dt_pg_send and dt_pg_recv over the channels (shm.h, "Point to point").
+dt_status dt_shm_send(shm_op *o);
+dt_status dt_shm_recv(shm_op *o);
 
 // shm.c, for shm_init.c: wakes every sleeper of the segment; records the group's first
 // failure in the segment (publish_abort); the first peer whose process is gone (-1: none).

@@ -311,10 +311,14 @@ dt_status dt_shm_init(const dt_shm_opts *o, dt_shm **out) {
     s->pending = dt_alloc_zero(sizeof(shm_pending *) * w);
     s->in      = dt_alloc(sizeof(void *) * w);
     s->taken   = dt_alloc_zero(sizeof(uint32_t) * w);
-    if (!s->pidfds || !s->sent || !s->taken || !s->pending || !s->in) {
+    s->xs_head = dt_alloc_zero(sizeof(dt_xfer *) * 4 * w); // xs_head, xs_tail, xr_head, xr_tail
+    if (!s->pidfds || !s->sent || !s->taken || !s->pending || !s->in || !s->xs_head) {
         dt_shm_free(s);
         return DT_ERR_NOMEM;
     }
+    s->xs_tail = s->xs_head + w;
+    s->xr_head = s->xs_head + 2 * w;
+    s->xr_tail = s->xs_head + 3 * w;
     for (int r = 0; r < o->world; r++) {
         s->pidfds[r] = -1;
         if (o->pids && r != o->rank && o->pids[r] > 0)
@@ -425,5 +429,6 @@ void dt_shm_free(dt_shm *s) {
     dt_free(s->pending);
     dt_free(s->in);
     dt_free(s->taken);
+    dt_free(s->xs_head);
     dt_free(s);
 }

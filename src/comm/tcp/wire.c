@@ -9,7 +9,7 @@ void dt_wire_encode(const dt_wire_header *h, uint8_t out[DT_WIRE_HEADER_BYTES]) 
     out[4] = h->kind;
     out[5] = h->fp.coll;
     out[6] = h->fp.dtype;
-    out[7] = h->fp.op;
+    out[7] = (uint8_t)(h->fp.op | h->fp.order << 4); // op < 16, order < 16
     dt_put_le64(out + 8, h->fp.seq);
     dt_put_le64(out + 16, h->fp.count);
     dt_put_le32(out + 24, (uint32_t)h->fp.root);
@@ -37,7 +37,8 @@ dt_status dt_wire_decode(const uint8_t *buf, size_t n, dt_wire_header *h) {
     h->kind     = buf[4];
     h->fp.coll  = buf[5];
     h->fp.dtype = buf[6];
-    h->fp.op    = buf[7];
+    h->fp.op    = buf[7] & 0x0f;
+    h->fp.order = buf[7] >> 4;
     h->fp.seq   = dt_get_le64(buf + 8);
     h->fp.count = dt_get_le64(buf + 16);
     h->fp.root  = (int32_t)dt_get_le32(buf + 24);
@@ -57,6 +58,9 @@ dt_status dt_wire_decode(const uint8_t *buf, size_t n, dt_wire_header *h) {
         if (h->fp.op >= DT_REDUCE_COUNT_)
             return dt_fail(DT_ERR_FORMAT, "message header: expected reduce op < %d, found %u",
                            DT_REDUCE_COUNT_, h->fp.op);
+        if (h->fp.order >= DT_ORDER_COUNT_)
+            return dt_fail(DT_ERR_FORMAT, "message header: expected reduce order < %d, found %u",
+                           DT_ORDER_COUNT_, h->fp.order);
         if (h->nbytes > DT_WIRE_MAX_PAYLOAD)
             return dt_fail(DT_ERR_FORMAT,
                            "message header: expected at most %llu payload bytes, found %llu",

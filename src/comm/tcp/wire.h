@@ -7,7 +7,7 @@
 //        4     1  kind (data, hello, abort, bye)
 //        5     1  collective kind (dt_coll)      |
 //        6     1  dtype                           |
-//        7     1  reduce op                       |  the fingerprint of the operation
+//        7     1  reduce op | reduce order << 4  |  the fingerprint of the operation
 //        8     8  sequence number                 |  (hello: 0)
 //       16     8  count                           |  (hello: world size)
 //       24     4  root / tag (signed)            /   (hello: group id)

@@ -10,8 +10,8 @@
 // Measured on this machine's AVX-512 cores: the ConvNet's second convolution runs at
 // ~240 GFLOP/s per core this way, against ~100 for im2col + OpenBLAS (which was pinned
 // to its AVX2 kernels there). Without AVX-512 the 24 accumulators do not fit the
-// registers (compiled for avx2 they spill); conv2d.c then uses im2col and the sgemm
-// row instead, but Linear's gradient shards use them on every target.
+// registers (compiled for avx2 they spill): the avx2 target has tiles of its own
+// (avx2/shifted_avx2.c), and ref runs these as plain loops.
 //
 // Summation order is fixed (r ascending, then lanes in a fixed tree), so results are
 // the same from run to run and do not depend on thread timing.

@@ -16,7 +16,7 @@
 // Columns of the wide output whose window wraps past the row end are dropped on the
 // way out; their gradient is zero on the way back.
 //
-// On CPUs with AVX-512, stride-1 convolutions skip the column matrix altogether: in the
+// On CPUs with AVX2 or AVX-512, stride-1 convolutions skip the column matrix altogether: in the
 // wide layout each of its rows is a shifted slice of the input, so forward, weight
 // gradient and input gradient are "shifted GEMMs" (shifted.c) that read the input in
 // place. The input gradient is the forward kernel again, over the output gradient with
@@ -99,15 +99,27 @@ dt_status dt_team_conv_setup(nn_layer *l) {
         // or the wide im2col path, when the GEMM path is not avx512bf16 at the call
         size_t im = (l->pad ? (size_t)l->in.c * g.plane : 0) + l->fan_in * (size_t)g.n +
                     (size_t)l->out_c * (size_t)g.n;
+        // or the bf16 values on the fp32 shifted GEMMs (direct_r16), where the GEMM path
+        // is fp32 and the CPU runs those: the rounded input, the wide gradient, weights, a
+        // rounded gradient row
+        size_t r16 =
+            (size_t)l->in.c * g.plane + (size_t)l->out_c * g.ld + l->wcount + (size_t)(g.n + 1) / 2;
         l->scratch_floats = fwd > bwd ? fwd : bwd;
         if (im > l->scratch_floats)
             l->scratch_floats = im;
+        if (r16 > l->scratch_floats)
+            l->scratch_floats = r16;
         // offsets: forward (channel pair, ki, kj), input gradient (output channel pair,
-        // ki, kj), weight gradient (channel, ki, kj)
+        // ki, kj), weight gradient and direct_r16's forward (channel, ki, kj), direct_r16's
+        // input gradient (output channel, ki, kj)
         dt_free(l->offsets);
-        size_t nf = (size_t)c2 * kk, nb = (size_t)o2 * kk;
-        if (!(l->offsets = dt_alloc(sizeof(int) * (nf + nb + l->fan_in))))
+        size_t nf = (size_t)c2 * kk, nb = (size_t)o2 * kk, rb = (size_t)l->out_c * kk;
+        if (!(l->offsets = dt_alloc(sizeof(int) * (nf + nb + l->fan_in + rb))))
             return DT_ERR_NOMEM;
+        for (int o = 0; o < l->out_c; o++)
+            for (int t = 0; t < kk; t++)
+                l->offsets[nf + nb + l->fan_in + (size_t)o * kk + t] =
+                    (int)((size_t)o * g.ld) + g.margin - (t / l->k * g.wp + t % l->k);
         for (int ch = 0; ch < l->in.c; ch++)
             for (int t = 0; t < kk; t++) {
                 int sh = t / l->k * g.wp + t % l->k;
@@ -266,7 +278,7 @@ static void wide_backward(nn_layer *l, const nn_ctx *c, const float *in, const f
     }
 }
 
-// ------------------------------------------------ stride 1, AVX-512: shifted GEMMs
+// ------------------------------------------ stride 1, AVX2 / AVX-512: shifted GEMMs
 
 static void direct_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
     wide   g    = wide_geom(l);
@@ -383,6 +395,91 @@ static void direct16_backward(nn_layer *l, const nn_ctx *c, const float *in, con
             dw[(size_t)o * R + r] += dwt[(size_t)r * ldt + o];
 }
 
+// ------------------------- stride 1, bf16 without bf16 arithmetic: rounded operands
+// Where the GEMM path is fp32 (no VDPBF16PS, or DT_PRECISION_PATH=fp32) and the CPU runs
+// the shifted GEMMs (dt_nn_want_direct): the operands conv16.c's kernels would read are
+// rounded to bf16 values held in floats (the input once per sample, the output gradient
+// once per sample for both products, the weights from the layer's bf16 shadow) and
+// multiplied by the fp32 shifted GEMMs. A product of two bf16 values is exact in fp32,
+// so this is a bf16 product with fp32 sums, within prec.h's bound like conv16.c's, at the
+// fp32 kernels' speed (im2col + the bf16 GEMM's fp32 fallback ran at half of it).
+// Offsets: the fp32 forward's at nf + nb (conv16.c's weight gradient's), the input
+// gradient's after them (setup).
+
+// x (c, h, w) rounded to bf16 values into the middle of a zeroed (c, h+2p, w+2p) buffer.
+static void pad_round(const float *x, int c, int h, int w, int p, float *xp) {
+    int wp = w + 2 * p;
+    if (!p) {
+        dt_f32_round_bf16(x, xp, (size_t)c * h * w);
+        return;
+    }
+    memset(xp, 0, sizeof(float) * (size_t)c * (h + 2 * p) * wp);
+    for (int ch = 0; ch < c; ch++)
+        for (int i = 0; i < h; i++)
+            dt_f32_round_bf16(x + ((size_t)ch * h + i) * w,
+                              xp + ((size_t)ch * (h + 2 * p) + i + p) * wp + p, (size_t)w);
+}
+
+static size_t r16_offsets(const nn_layer *l) { // where the fp32 forward's offsets start
+    return (size_t)((l->in.c + 1) / 2 + (l->out_c + 1) / 2) * l->k * l->k;
+}
+
+static void direct_r16_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
+    wide   g    = wide_geom(l);
+    size_t insz = nn_shape_size(l->in);
+    float *xr = c->scratch, *ext = xr + (size_t)l->in.c * g.plane;
+    float *wf = ext + (size_t)l->out_c * g.ld;
+    dt_bf16_to_f32(l->w16, wf, l->wcount);
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
+        pad_round(in + (size_t)s * insz, l->in.c, l->in.h, l->in.w, l->pad, xr);
+        dt_nn_shifted_gemm(xr, l->offsets + r16_offsets(l), (int)l->fan_in, wf, l->out_c, g.n,
+                           ext + g.margin, g.ld, false);
+        emit_output(l, ext + g.margin, g.ld, g, out, s);
+    }
+}
+
+static void direct_r16_backward(nn_layer *l, const nn_ctx *c, const float *in, const float *out,
+                                float *dout, float *din, float *dparams) {
+    wide            g    = wide_geom(l);
+    size_t          insz = nn_shape_size(l->in), off = r16_offsets(l);
+    int             kk2 = l->k * l->k, rb = l->out_c * kk2;
+    float          *xr = c->scratch, *ext = xr + (size_t)l->in.c * g.plane;
+    float          *wt = ext + (size_t)l->out_c * g.ld;
+    float          *dw = dparams, *db = dparams + l->wcount;
+    const uint16_t *w16 = l->w16;
+    for (int oc = 0; oc < l->out_c; oc++) { // zero margins, as direct_backward's
+        float *row = ext + (size_t)oc * g.ld;
+        memset(row, 0, sizeof(float) * (size_t)g.margin);
+        memset(row + g.margin + g.n, 0, sizeof(float) * (g.plane - (size_t)g.n));
+    }
+    if (din) // transposed bf16 weights: wt[ic][(oc, ki, kj)] = w16[oc][ic][ki][kj]
+        for (int oc = 0; oc < l->out_c; oc++)
+            for (int ic = 0; ic < l->in.c; ic++)
+                dt_bf16_to_f32(w16 + ((size_t)oc * l->in.c + ic) * kk2,
+                               wt + (size_t)ic * rb + (size_t)oc * kk2, (size_t)kk2);
+    uint16_t *row16 = (uint16_t *)(void *)(wt + (din ? l->wcount : 0)); // one rounded row
+    for (int s = c->s0; s < c->s1; s += c->sstep) {
+        pad_round(in + (size_t)s * insz, l->in.c, l->in.h, l->in.w, l->pad, xr);
+        gather_grad(l, dout, out, g, ext + g.margin, g.ld, s);
+        for (int oc = 0; oc < l->out_c; oc++) { // the bias gradient from the fp32 gradient
+            float *row = ext + (size_t)oc * g.ld + g.margin;
+            dt_nn_row_sums_add(row, 1, g.n, db + oc);
+            dt_f32_to_bf16(row, row16, (size_t)g.n);
+            dt_bf16_to_f32(row16, row, (size_t)g.n);
+        }
+        dt_nn_shifted_gemm_nt(ext + g.margin, g.ld, l->out_c, xr, l->offsets + off, (int)l->fan_in,
+                              g.n, dw);
+        if (!din)
+            continue;
+        float *dx  = din + (size_t)s * insz;
+        float *dxp = l->pad ? xr : dx; // the rounded input is no longer needed
+        dt_nn_shifted_gemm(ext, l->offsets + off + l->fan_in, rb, wt, l->in.c, (int)g.plane, dxp,
+                           g.plane, false);
+        if (l->pad)
+            crop_padded(xr, l->in.c, l->in.h, l->in.w, l->pad, dx);
+    }
+}
+
 // ------------------------------------------------------------- any stride: im2col
 
 static void strided_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
@@ -432,6 +529,8 @@ static void strided_backward(nn_layer *l, const nn_ctx *c, const float *in, cons
 void dt_team_conv_forward(nn_layer *l, const nn_ctx *c, const float *in, float *out) {
     if (l->direct16 && dt_c16_usable())
         direct16_forward(l, c, in, out);
+    else if (l->direct16 && dt_nn_want_direct())
+        direct_r16_forward(l, c, in, out);
     else if (l->direct)
         direct_forward(l, c, in, out);
     else if (l->stride == 1)
@@ -444,6 +543,8 @@ void dt_team_conv_backward(nn_layer *l, const nn_ctx *c, const float *in, const 
                            float *dout, float *din, float *dparams) {
     if (l->direct16 && dt_c16_usable())
         direct16_backward(l, c, in, out, dout, din, dparams);
+    else if (l->direct16 && dt_nn_want_direct())
+        direct_r16_backward(l, c, in, out, dout, din, dparams);
     else if (l->direct)
         direct_backward(l, c, in, out, dout, din, dparams);
     else if (l->stride == 1)

@@ -1,8 +1,10 @@
 // kernel_name.c: which kernel a built-in layer runs, named from the kernel table (the
 // row and the target that filled it), for the profile's rows (dt_graph_node_profile).
 #include "kernels/table.h"
+#include "nn/conv16.h"
 #include "nn/layers/conv_fused.h"
 #include "nn/layers/layers_impl.h"
+#include "nn/nn_impl.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -18,9 +20,16 @@ const char *lay_kernel_name(const dt_layer *l, const dt_shape *in, char *buf, si
     if (dt_fused_is(l)) { // the fused convolution: shifted tiles (direct) or a GEMM a sample
         const nn_layer *nl = dt_fused_nn(l);
         const dt_ktab  *t  = dt_k();
+        // bf16: conv16.c's kernels, else bf16 operands on the fp32 shifted GEMMs, else
+        // im2col and the bf16 GEMM's path (conv_team.c decides at each call alike)
+        bool d16 = nl->direct16 && dt_c16_usable(),
+             r16 = nl->direct16 && !d16 && dt_nn_want_direct();
         snprintf(buf, n, "conv2d fwd: %s/%s",
-                 t->from[nl->direct ? DT_KROW_shifted_gemm : DT_KROW_sgemm],
-                 nl->direct16 ? "bf16 direct"
+                 t->from[d16                 ? DT_KROW_c16_shifted
+                         : nl->direct || r16 ? DT_KROW_shifted_gemm
+                                             : DT_KROW_sgemm],
+                 d16          ? "bf16 direct"
+                 : r16        ? "direct, bf16 operands"
                  : nl->direct ? "direct"
                               : "im2col");
     } else if (lay_as_conv2d(l, &cp)) {

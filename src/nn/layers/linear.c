@@ -9,7 +9,7 @@
 // large weight gradient is ever summed; the bias gradient by outputs likewise; dx by
 // rows again.
 //
-// The products: with AVX-512 (dt_nn_want_direct), the shifted-GEMM tiles of shifted.c
+// The products: with AVX2 or AVX-512 (dt_nn_want_direct), the shifted-GEMM tiles
 // with plain row offsets (forward y += x W^T with rows of x and W both contiguous,
 // dW = dy^T x over a transposed copy of dy, dx = dy W); elsewhere dtrain's GEMM
 // (dt_sgemm, whose rows do not depend on how many a call gets); in bf16 the bf16 GEMM
@@ -36,7 +36,7 @@ typedef struct linear_cfg {
     bool bias;
     // set by setup
     int  rows;    // R: rows per sample
-    bool direct;  // the shifted-GEMM tiles (AVX-512)
+    bool direct;  // the shifted-GEMM tiles (AVX2, AVX-512)
     int *offsets; // the rows of W (out rows of `in` floats), for the shifted tiles; owned
 } linear_cfg;
 

@@ -1,49 +1,13 @@
-// algo.c: the collective algorithms, written once over a backend's point-to-point
-// slots (xfer_post / xfer_wait), as Gloo's collectives sit on its Pair transport and
-// Open MPI's coll/base on its PML. Which algorithm runs depends on the collective,
-// the message size and DT_ALLREDUCE_ALGO; every rank makes the same choice from the
-// same arguments. Reductions always combine operands in an order fixed by rank, so
-// results are identical on every rank and reproducible for a fixed world size.
-#include "comm/comm_impl.h"
+// p2p.c: the point-to-point family of the algorithm layer (algo.h): the collective
+// algorithms written once over a transport's transfer slots (xfer_post / xfer_wait), as
+// Gloo's collectives sit on its Pair transport and Open MPI's coll/base on its PML. The
+// tables of table.c say which runs when; this file only runs the one it is given.
+// Reductions always combine operands in an order fixed by rank, so results are
+// identical on every rank and reproducible for a fixed world size.
+#include "comm/algo/algo.h"
 #include "comm/reduce.h"
 
-#include <stdlib.h>
 #include <string.h>
-
-// The tunables and their defaults are rows of the settings table (src/core/settings.c):
-// DT_SEGMENT_BYTES, the ring segment (1 MiB: small enough that a segment is on the wire
-// while the previous one is reduced, the pipeline needing >= 2 segments per chunk,
-// large enough that per-message costs stay small; measured with bench/dtrain-bench);
-// DT_SMALL_BYTES (64 KiB: below it all_reduce uses recursive doubling and
-// broadcast/reduce a binomial tree, log2(P) latency-bound steps beating the ring's
-// 2(P-1)); DT_RING_LAG (2: see ring_run; a lag >= the segment count is the plain
-// step-by-step order); DT_ALLREDUCE_ALGO.
-// Receive slots the ring keeps in flight.
-#define DEFAULT_SLOTS 4
-
-dt_status dt_algo_cfg_init(dt_algo_cfg *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    int algo; // auto|ring|rdouble
-    DT_TRY(dt_setting_choice("DT_ALLREDUCE_ALGO", &algo));
-    cfg->allreduce_algo = algo == 1 ? DT_ALGO_RING : algo == 2 ? DT_ALGO_RDOUBLE : 0;
-    long v;
-    DT_TRY(dt_setting_int("DT_SEGMENT_BYTES", &v));
-    cfg->segment_bytes = (size_t)v;
-    DT_TRY(dt_setting_int("DT_SMALL_BYTES", &v));
-    cfg->small_bytes = (size_t)v;
-    cfg->slots       = DEFAULT_SLOTS;
-    DT_TRY(dt_setting_int("DT_RING_LAG", &v));
-    cfg->ring_lag = (size_t)v;
-    return DT_OK;
-}
-
-void dt_algo_cfg_free(dt_algo_cfg *cfg) {
-    dt_free(cfg->slot_buf);
-    dt_free(cfg->part_buf);
-    dt_free(cfg->xfers);
-    dt_free(cfg->ready_buf);
-    memset(cfg, 0, sizeof *cfg);
-}
 
 static dt_status grow(void **buf, size_t *cap, size_t need) {
     if (need <= *cap)
@@ -60,29 +24,29 @@ static dt_status grow(void **buf, size_t *cap, size_t need) {
 // ------------------------------------------------------------------- transfer helpers
 
 typedef struct algo {
-    const dt_backend_ops *be;
-    void                 *ctx;
-    const dt_op          *op;
-    dt_algo_cfg          *cfg;
-    int                   rank, world;
-    size_t                esz;
+    const dt_xport *t;
+    const dt_op    *op;
+    dt_algo_cfg    *cfg;
+    int             rank, world;
+    size_t          esz;
 } algo;
 
+// `peer` is a rank of the group; the transfer slots get theirs (dt_xport.peers).
 static dt_status post(algo *a, dt_xfer *x, int peer, bool send, const void *buf, size_t nbytes,
                       int alg, uint32_t step) {
     memset(x, 0, sizeof *x);
-    x->peer    = peer;
+    x->peer    = a->t->peers ? a->t->peers[peer] : peer;
     x->is_send = send;
     x->buf     = (void *)(uintptr_t)buf; // sends do not write through it
     x->nbytes  = nbytes;
     x->step    = ((uint32_t)alg << 24) | (step & 0xffffffu);
-    return a->be->xfer_post(a->ctx, a->op, x);
+    return a->t->xfer_post(a->t->xfer_ctx, a->op, x);
 }
 
 static dt_status wait(algo *a, dt_xfer *x) {
     if (x->done)
         return DT_OK;
-    return a->be->xfer_wait(a->ctx, a->op, x);
+    return a->t->xfer_wait(a->t->xfer_ctx, a->op, x);
 }
 
 static dt_status xfers(algo *a, size_t n, dt_xfer **out) {
@@ -273,45 +237,44 @@ static dt_status ring_run(algo *a, const ring *g) {
 
 // ---------------------------------------------------------------- recursive doubling
 //
-// all_reduce for small buffers: lg(P') exchange steps between partners vr ^ 2^k over
-// P' = the largest power of two <= P. With P not a power of two, the first 2(P-P')
-// ranks pair up first (even sends to odd, which reduces), and get the result back at
-// the end. Every exchange combines op(lower ranks' block, higher ranks' block), so
-// both partners compute bitwise the same value. P = 4:
+// all_reduce for small buffers, and the one in tree order (comm.h, DT_ORDER_TREE) at
+// any size: over P' = the largest power of two <= P. Ranks r >= P' first hand their
+// buffer to r - P', which folds it in (x_{r-P'} op x_r), and get the result back at the
+// end; then lg(P') exchange steps between partners r ^ h for h = P'/2, ..., 1. Every
+// exchange combines op(lower rank's block, higher rank's block), so both partners
+// compute bitwise the same value, and the values meet in the fixed tree of
+// DT_ORDER_TREE. P = 4:
 //
-//   after   rank 0        rank 1        rank 2        rank 3
-//   k=0     x0+x1         x0+x1         x2+x3         x2+x3
-//   k=1     (x0+x1)+(x2+x3) on every rank
+//   after   rank 0            rank 1            rank 2            rank 3
+//   h=2     x0+x2             x1+x3             x0+x2             x1+x3
+//   h=1     (x0+x2)+(x1+x3) on every rank
+//
+// P = 5: rank 4 hands x4 to rank 0 (x0+x4), the four run the table above from there,
+// and rank 0 hands the result back to rank 4. lg(P') + 2 steps of the whole buffer.
 static dt_status rdouble_run(algo *a, void *buf, size_t count) {
     const int    P = a->world, r = a->rank;
     const size_t nbytes = count * a->esz;
     int          p2     = 1;
     while (p2 * 2 <= P)
         p2 *= 2;
-    const int rem = P - p2;
-    char     *tmp;
+    char *tmp;
     DT_TRY(part_buffer(a, nbytes, &tmp));
     dt_xfer  x[2];
     uint32_t step = 0;
-    int      vr;
-    if (r < 2 * rem) {
-        if (r % 2 == 0) {
-            DT_TRY(post(a, &x[0], r + 1, true, buf, nbytes, DT_ALGO_RDOUBLE, step));
-            DT_TRY(wait(a, &x[0]));
-            DT_TRY(post(a, &x[1], r + 1, false, buf, nbytes, DT_ALGO_RDOUBLE, 1000));
-            return wait(a, &x[1]);
-        }
-        DT_TRY(post(a, &x[1], r - 1, false, tmp, nbytes, DT_ALGO_RDOUBLE, step));
-        DT_TRY(wait(a, &x[1]));
-        dt_reduce(a->op->dtype, a->op->op, buf, tmp, buf, count);
-        vr = r / 2;
-    } else {
-        vr = r - rem;
+    if (r >= p2) { // an extra rank: hand over, get the result back
+        DT_TRY(post(a, &x[0], r - p2, true, buf, nbytes, DT_ALGO_RDOUBLE, step));
+        DT_TRY(wait(a, &x[0]));
+        DT_TRY(post(a, &x[1], r - p2, false, buf, nbytes, DT_ALGO_RDOUBLE, 1000));
+        return wait(a, &x[1]);
     }
-    for (int mask = 1; mask < p2; mask <<= 1) {
+    if (r + p2 < P) {
+        DT_TRY(post(a, &x[1], r + p2, false, tmp, nbytes, DT_ALGO_RDOUBLE, step));
+        DT_TRY(wait(a, &x[1]));
+        dt_reduce(a->op->dtype, a->op->op, buf, buf, tmp, count);
+    }
+    for (int h = p2 / 2; h >= 1; h /= 2) {
         step++;
-        int vp   = vr ^ mask;
-        int peer = vp < rem ? vp * 2 + 1 : vp + rem;
+        int peer = r ^ h;
         DT_TRY(post(a, &x[0], peer, true, buf, nbytes, DT_ALGO_RDOUBLE, step));
         DT_TRY(post(a, &x[1], peer, false, tmp, nbytes, DT_ALGO_RDOUBLE, step));
         DT_TRY(wait(a, &x[1]));
@@ -321,8 +284,8 @@ static dt_status rdouble_run(algo *a, void *buf, size_t count) {
         else
             dt_reduce(a->op->dtype, a->op->op, buf, buf, tmp, count);
     }
-    if (r < 2 * rem) {
-        DT_TRY(post(a, &x[0], r - 1, true, buf, nbytes, DT_ALGO_RDOUBLE, 1000));
+    if (r + p2 < P) {
+        DT_TRY(post(a, &x[0], r + p2, true, buf, nbytes, DT_ALGO_RDOUBLE, 1000));
         DT_TRY(wait(a, &x[0]));
     }
     return DT_OK;
@@ -330,13 +293,10 @@ static dt_status rdouble_run(algo *a, void *buf, size_t count) {
 
 // ----------------------------------------------------------------------- all_reduce
 
-static dt_status all_reduce(algo *a) {
-    const dt_op *op      = a->op;
-    size_t       nbytes  = op->count * a->esz;
-    int          algo_id = a->cfg->allreduce_algo;
-    if (algo_id == 0)
-        algo_id = nbytes < a->cfg->small_bytes ? DT_ALGO_RDOUBLE : DT_ALGO_RING;
-    if (algo_id == DT_ALGO_RDOUBLE) {
+static dt_status all_reduce(algo *a, int id) {
+    const dt_op *op     = a->op;
+    size_t       nbytes = op->count * a->esz;
+    if (id == DT_ALGO_RDOUBLE) {
         if (op->src != op->dst && nbytes)
             memcpy(op->dst, op->src, nbytes);
         return rdouble_run(a, op->dst, op->count);
@@ -447,11 +407,10 @@ static dt_status bcast_chain(algo *a, char *buf, size_t count) {
     return DT_OK;
 }
 
-static dt_status broadcast(algo *a) {
-    size_t nbytes = a->op->count * a->esz;
-    if (nbytes < a->cfg->small_bytes || a->world == 2)
-        return bcast_tree(a, a->op->dst, nbytes);
-    return bcast_chain(a, a->op->dst, a->op->count);
+static dt_status broadcast(algo *a, int id) {
+    if (id == DT_ALGO_CHAIN)
+        return bcast_chain(a, a->op->dst, a->op->count);
+    return bcast_tree(a, a->op->dst, a->op->count * a->esz);
 }
 
 // Binomial-tree reduce (the broadcast tree run backwards): a rank folds in its
@@ -477,12 +436,12 @@ static dt_status reduce_tree(algo *a, char *acc, char *tmp) {
     return DT_OK;
 }
 
-static dt_status reduce(algo *a) {
+static dt_status reduce(algo *a, int id) {
     const dt_op *op = a->op;
     const int    P = a->world, r = a->rank, root = op->root;
     const size_t nbytes  = op->count * a->esz;
     bool         is_root = r == root;
-    if (nbytes < a->cfg->small_bytes) {
+    if (id == DT_ALGO_TREE) {
         // acc: root's dst, or scratch elsewhere; tmp: scratch after it.
         char *scratch;
         DT_TRY(part_buffer(a, 2 * nbytes, &scratch));
@@ -519,44 +478,27 @@ static dt_status reduce(algo *a) {
 
 // ------------------------------------------------------- gather, scatter, all_to_all
 
-static dt_status gather(algo *a) {
+// Direct gather (to_root) or scatter: each rank's slice straight to or from the root,
+// the root's own slice copied in place.
+static dt_status direct(algo *a, bool to_root) {
     const dt_op *op = a->op;
     const int    P = a->world, r = a->rank, root = op->root;
     const size_t one = op->count * a->esz;
     dt_xfer     *x;
     DT_TRY(xfers(a, (size_t)P, &x));
     if (r != root) {
-        DT_TRY(post(a, &x[0], root, true, op->src, one, DT_ALGO_DIRECT, 0));
+        DT_TRY(post(a, &x[0], root, to_root, to_root ? op->src : op->dst, one, DT_ALGO_DIRECT, 0));
         return wait(a, &x[0]);
     }
-    char *dst = op->dst;
-    for (int q = 0; q < P; q++)
+    for (int q = 0; q < P; q++) // into (gather) or from (scatter) the root's whole buffer
         if (q != root)
-            DT_TRY(post(a, &x[q], q, false, dst + (size_t)q * one, one, DT_ALGO_DIRECT, 0));
-    if (one && op->src != dst + (size_t)r * one)
-        memcpy(dst + (size_t)r * one, op->src, one);
-    for (int q = 0; q < P; q++)
-        if (q != root)
-            DT_TRY(wait(a, &x[q]));
-    return DT_OK;
-}
-
-static dt_status scatter(algo *a) {
-    const dt_op *op = a->op;
-    const int    P = a->world, r = a->rank, root = op->root;
-    const size_t one = op->count * a->esz;
-    dt_xfer     *x;
-    DT_TRY(xfers(a, (size_t)P, &x));
-    if (r != root) {
-        DT_TRY(post(a, &x[0], root, false, op->dst, one, DT_ALGO_DIRECT, 0));
-        return wait(a, &x[0]);
-    }
-    const char *src = op->src;
-    for (int q = 0; q < P; q++)
-        if (q != root)
-            DT_TRY(post(a, &x[q], q, true, src + (size_t)q * one, one, DT_ALGO_DIRECT, 0));
-    if (one && op->dst != src + (size_t)r * one)
-        memcpy(op->dst, src + (size_t)r * one, one);
+            DT_TRY(post(a, &x[q], q, !to_root,
+                        (const char *)(to_root ? op->dst : op->src) + (size_t)q * one, one,
+                        DT_ALGO_DIRECT, 0));
+    char       *dst = (char *)op->dst + (to_root ? (size_t)r * one : 0);
+    const char *src = (const char *)op->src + (to_root ? 0 : (size_t)r * one);
+    if (one && dst != src) // the root's own slice
+        memcpy(dst, src, one);
     for (int q = 0; q < P; q++)
         if (q != root)
             DT_TRY(wait(a, &x[q]));
@@ -615,30 +557,28 @@ static dt_status p2p(algo *a) {
     return wait(a, &x);
 }
 
-dt_status dt_algo_run(const dt_backend_ops *be, void *ctx, dt_algo_cfg *cfg, int rank, int world,
-                      const dt_op *op) {
-    algo a = {.be    = be,
-              .ctx   = ctx,
+dt_status dt_algo_p2p(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op, int id) {
+    algo a = {.t     = t,
               .op    = op,
               .cfg   = cfg,
-              .rank  = rank,
-              .world = world,
+              .rank  = t->rank,
+              .world = t->world,
               .esz   = dt_dtype_size(op->dtype)};
     switch (op->kind) {
     case DT_COLL_ALL_REDUCE:
-        return all_reduce(&a);
+        return all_reduce(&a, id);
     case DT_COLL_BROADCAST:
-        return broadcast(&a);
+        return broadcast(&a, id);
     case DT_COLL_REDUCE:
-        return reduce(&a);
+        return reduce(&a, id);
     case DT_COLL_ALL_GATHER:
         return all_gather(&a);
     case DT_COLL_REDUCE_SCATTER:
         return reduce_scatter(&a);
     case DT_COLL_GATHER:
-        return gather(&a);
+        return direct(&a, true);
     case DT_COLL_SCATTER:
-        return scatter(&a);
+        return direct(&a, false);
     case DT_COLL_ALL_TO_ALL:
         return all_to_all(&a);
     case DT_COLL_BARRIER:
