@@ -2,11 +2,13 @@
 // built where oneDNN is found (Debian's libdnnl-dev), filled on AVX2 CPUs only.
 //
 // Chosen by measurement (bench/dnnl_conv.c, bench/RESULTS.md: an AMD Zen 3, one thread,
-// oneDNN 2.6.3's jit:avx2 against dtrain's AVX2 im2col + GEMM): 3x3 convolutions with 16
-// or more input channels ran 1.5-3x faster in every direction and at every batch (1, 16,
-// 128), reorders from and to NCHW included; 1x1 convolutions and the 1-channel stems'
-// backward did not win and stay dtrain's. On AVX-512 CPUs dtrain's own kernels were
-// measured faster than the peer, oneDNN's not measured: the rows are taken out there.
+// oneDNN 2.6.3's jit:avx2 with its reorders from and to NCHW, against dtrain's AVX2
+// kernels of main 161fbbc): 3x3 convolutions with 16 or more input channels at stride 2
+// (where dtrain runs im2col + GEMM) ran 1.4-2.9x faster forward and backward; at stride 1
+// dtrain's direct kernels are level forward (1.0-1.4x) and oneDNN wins backward with 32
+// or more input channels (1.3-1.8x per sample); 16-channel backward at stride 1
+// (1.1-1.3x), 1x1 convolutions and the 1-channel stems did not reach 1.2x and stay
+// dtrain's. On AVX-512 CPUs oneDNN was not measured: the rows are taken out there.
 //
 // Invariance. A call computes its samples as one oneDNN primitive with one OpenMP thread
 // (omp_set_num_threads(1) on each calling thread: dtrain's threads are the parallelism),
@@ -269,15 +271,17 @@ static void *in(const float *p) {
     return (void *)(uintptr_t)p;
 }
 
-// 3x3 (any stride and padding), no groups, 16 input channels or more: where oneDNN won
+// 3x3, no groups, 16 input channels or more, stride 2; backward also at stride 1 from 32
+// input channels: where oneDNN won by 1.2x or more
 // (DT_CONV_DNNL=0: never)
 static bool conv_ok(const dt_kconv *p, int w, bool backward) {
     (void)w, (void)backward;
     int choice = 0;
     if (dt_setting_choice("DT_CONV_DNNL", &choice) != DT_OK)
         dt_clear_error(); // reported where the settings are read at start-up
+    bool strided = p->sh == 2 && p->sw == 2;
     return choice == 0 && !atomic_load(&broken) && p->kh == 3 && p->kw == 3 && p->groups == 1 &&
-           p->cin >= 16;
+           p->cin >= 16 && (strided || (backward && p->cin >= 32));
 }
 
 static bool conv_fwd(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
