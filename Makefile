@@ -24,8 +24,9 @@
 # (more folders for the plugin's CUDA headers and libraries: cuBLAS or NCCL outside
 # CUDA_HOME),
 # MPI=auto|0|1, CUDA=auto|0|1 (the CUDA plugin: auto builds it in release builds where
-# nvcc is found), CUDA_ARCH="80 90" (the sm_ targets it is compiled for), NODEPS=1
-# (skip the package check), V=1 (show commands). No BLAS library: dtrain's own GEMM
+# nvcc is found), DNNL=auto|0 (oneDNN's convolutions where libdnnl-dev is installed,
+# release and debug builds), CUDA_ARCH="80 90" (the sm_ targets it is compiled for),
+# NODEPS=1 (skip the package check), V=1 (show commands). No BLAS library: dtrain's own GEMM
 # (src/kernels/gemm.h) runs on every CPU.
 #
 # CUDA is a plugin, not a dependency: src/cuda/ builds into $(OUT)/lib/libdtrain_cuda.so,
@@ -187,10 +188,11 @@ ifneq ($(HAVE_MPI),1)
   LIB_SRC := $(filter-out $(MPI_SRC),$(LIB_SRC))
 endif
 # oneDNN (src/kernels/dnnl: its convolutions as provider rows of the kernel table, chosen
-# per shape by measurement): built where its header is found, unless DNNL=0.
+# per shape by measurement): built where its header is found, unless DNNL=0. The
+# sanitizer builds leave it out (its JIT code and OpenMP runtime are not instrumented).
 DNNL     ?= auto
 DNNL_SRC := $(filter src/kernels/dnnl/%.c,$(LIB_SRC))
-ifeq ($(DNNL)$(wildcard /usr/include/oneapi/dnnl/dnnl.h),auto/usr/include/oneapi/dnnl/dnnl.h)
+ifeq ($(DNNL)$(filter release debug,$(BUILD))$(wildcard /usr/include/oneapi/dnnl/dnnl.h),auto$(BUILD)/usr/include/oneapi/dnnl/dnnl.h)
   DNNL_CFLAGS := -DDT_HAVE_DNNL=1
   DNNL_LIBS   := -ldnnl -lgomp
 else
