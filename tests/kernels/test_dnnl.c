@@ -166,6 +166,7 @@ static void test_declined(void) {
 }
 
 int main(void) {
+    setenv("DT_CONV_DNNL", "1", 1); // the rows' own choice of shapes (off by default)
     const dt_ktab *t = dt_ktab_only(DT_ISA_AVX2);
     if (!t || !t->conv_ext_fwd) {
         printf("# no oneDNN rows here (built without oneDNN, or no AVX2): nothing to test\n");

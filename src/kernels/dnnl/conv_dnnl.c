@@ -279,14 +279,15 @@ static void *in(const float *p) {
 
 // 3x3, no groups, 16 input channels or more, stride 2; backward also at stride 1 from 32
 // input channels: where oneDNN won by 1.2x or more
-// (DT_CONV_DNNL=0: never)
+// (only with DT_CONV_DNNL=1: off by default until tests/e2e/test_resnet's 24-step learning
+// bound, which kernel choices alone move across it, is made robust; bench/RESULTS.md)
 static bool conv_ok(const dt_kconv *p, int w, bool backward) {
     (void)w, (void)backward;
     int choice = 0;
     if (dt_setting_choice("DT_CONV_DNNL", &choice) != DT_OK)
         dt_clear_error(); // reported where the settings are read at start-up
     bool strided = p->sh == 2 && p->sw == 2;
-    return choice == 0 && !atomic_load(&broken) && p->kh == 3 && p->kw == 3 && p->groups == 1 &&
+    return choice == 1 && !atomic_load(&broken) && p->kh == 3 && p->kw == 3 && p->groups == 1 &&
            p->cin >= 16 && (strided || (backward && p->cin >= 32));
 }
 
