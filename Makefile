@@ -12,6 +12,7 @@
 #                        world invariance with --invariant 0 for comparison
 #   make fuzz            libFuzzer targets (clang); make fuzz-run FUZZ_SECONDS=20
 #   make bench           benchmarks against the PyTorch peer and Open MPI
+#   make dnnl-bench      oneDNN's convolutions against dtrain's (where libdnnl-dev is)
 #   make golden          rewrite tests/golden/data/ from PyTorch (tests/golden/README.md)
 #   make test-gpu        the GPU tests (tests/gpu/; "no GPU" and success where none is found)
 #   make cross-arm64     library, programs and tests for arm64 (aarch64-linux-gnu-gcc) into
@@ -26,8 +27,9 @@
 # (more folders for the plugin's CUDA headers and libraries: cuBLAS or NCCL outside
 # CUDA_HOME),
 # MPI=auto|0|1, CUDA=auto|0|1 (the CUDA plugin: auto builds it in release builds where
-# nvcc is found), CUDA_ARCH="80 90" (the sm_ targets it is compiled for), NODEPS=1
-# (skip the package check), V=1 (show commands). No BLAS library: dtrain's own GEMM
+# nvcc is found), DNNL=auto|0 (oneDNN's convolutions where libdnnl-dev is installed,
+# release and debug builds), CUDA_ARCH="80 90" (the sm_ targets it is compiled for),
+# NODEPS=1 (skip the package check), V=1 (show commands). No BLAS library: dtrain's own GEMM
 # (src/kernels/gemm.h) runs on every CPU.
 #
 # CUDA is a plugin, not a dependency: src/cuda/ builds into $(OUT)/lib/libdtrain_cuda.so,
@@ -213,6 +215,17 @@ VEC_OBJ      = $(foreach t,$(VEC_TARGETS),$(VEC_SRC:%.c=$1/%.$t.o))
 ifneq ($(HAVE_MPI),1)
   LIB_SRC := $(filter-out $(MPI_SRC),$(LIB_SRC))
 endif
+# oneDNN (src/kernels/dnnl: its convolutions as provider rows of the kernel table, chosen
+# per shape by measurement): built where its header is found, unless DNNL=0. The
+# sanitizer builds leave it out (its JIT code and OpenMP runtime are not instrumented).
+DNNL     ?= auto
+DNNL_SRC := $(filter src/kernels/dnnl/%.c,$(LIB_SRC))
+ifeq ($(DNNL)$(filter release debug,$(BUILD))$(wildcard /usr/include/oneapi/dnnl/dnnl.h),auto$(BUILD)/usr/include/oneapi/dnnl/dnnl.h)
+  DNNL_CFLAGS := -DDT_HAVE_DNNL=1
+  DNNL_LIBS   := -ldnnl -lgomp
+else
+  LIB_SRC := $(filter-out $(DNNL_SRC),$(LIB_SRC))
+endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(OUT)/obj/%.o) $(call VEC_OBJ,$(OUT)/obj)
 LIB_A    := $(OUT)/lib/libdtrain.a
 LIB_SO   := $(OUT)/lib/libdtrain.so
@@ -283,7 +296,7 @@ PROGS     := $(foreach d,$(PROG_DIRS),$(BIN)/$(call PROG_NAME,$d))
 
 ALL_OBJ := $(LIB_OBJ) $(TESTLIB_OBJ) $(foreach d,$(PROG_DIRS),$(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $d/*.c)))
 
-.PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench \
+.PHONY: all lib programs tests test test-slow run deps asan ubsan tsan fuzz fuzz-run bench dnnl-bench \
         golden install install-check clean format format-check help
 .DEFAULT_GOAL := all
 .SECONDARY:
@@ -302,7 +315,13 @@ $(OUT)/flags: FORCE
 $(OUT)/obj/%.o: %.c $(OUT)/flags
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(CFLAGS) $(if $(filter $(MPI_SRC),$<),$(MPI_CFLAGS)) $(call KERNEL_FLAGS,$<) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(if $(filter $(MPI_SRC),$<),$(MPI_CFLAGS)) $(if $(filter src/kernels/table.c,$<),$(DNNL_CFLAGS)) $(call KERNEL_FLAGS,$<) -c $< -o $@
+
+# table.c lists oneDNN's fill step only where it is built ($(OUT)/flags-dnnl records that)
+$(OUT)/flags-dnnl: FORCE
+	@mkdir -p $(OUT)
+	@echo '$(DNNL_CFLAGS)' | cmp -s - $@ || echo '$(DNNL_CFLAGS)' > $@
+$(OUT)/obj/src/kernels/table.o: $(OUT)/flags-dnnl
 
 define VEC_RULE
 $(OUT)/obj/src/kernels/vec/%.$1.o: src/kernels/vec/%.c $(OUT)/flags
@@ -320,20 +339,20 @@ $(LIB_A): $(LIB_OBJ)
 $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS) $(DNNL_LIBS)
 
 define PROG_RULE
 $(BIN)/$(call PROG_NAME,$1): $(patsubst %.c,$(OUT)/obj/%.o,$(wildcard $1/*.c)) $(LIB_A)
 	@mkdir -p $$(dir $$@)
 	@$$(if $$(Q),echo "  LD      $$@")
-	$$(Q)$$(CC) $$(LDFLAGS) -o $$@ $$^ $$(LDLIBS) $$(MPI_LIBS)
+	$$(Q)$$(CC) $$(LDFLAGS) -o $$@ $$^ $$(LDLIBS) $$(MPI_LIBS) $$(DNNL_LIBS)
 endef
 $(foreach d,$(PROG_DIRS),$(eval $(call PROG_RULE,$d)))
 
 $(OUT)/tests/%: $(OUT)/obj/tests/%.o $(TESTLIB_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS) $(DNNL_LIBS)
 
 # ---------------------------------------------------------------- running
 # DT_EXTRA_PKGS: packages a goal needs beyond the project's own (see bench).
@@ -461,6 +480,20 @@ bench: deps
 	$(Q)$(MAKE) --no-print-directory programs
 	$(Q)bench/run.sh
 
+# oneDNN's convolutions and inner products against dtrain's kernels (bench/dnnl_conv.c):
+# a benchmark, built where oneDNN's headers are (apt-get install libdnnl-dev); the
+# bench links oneDNN itself and times dtrain's own kernels against it. OMP_NUM_THREADS=1.
+ifeq ($(wildcard /usr/include/oneapi/dnnl/dnnl.h),)
+dnnl-bench:
+	@echo "dnnl-bench: no oneDNN headers (apt-get install libdnnl-dev): nothing built"
+else
+dnnl-bench: $(BIN)/dnnl-bench
+$(BIN)/dnnl-bench: bench/dnnl_conv.c $(LIB_A) $(OUT)/flags
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CCLD    $@")
+	$(Q)$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -fopenmp $(LDFLAGS) -o $@ $< $(LIB_A) -ldnnl $(LDLIBS) $(DNNL_LIBS)
+endif
+
 # ---------------------------------------------------------------- golden fixtures
 # PyTorch writes the fixtures tests/golden/test_golden.c reads; they are committed, so
 # only a change of an op or of gen.py needs this (and torch: apt-get install python3-torch).
@@ -497,7 +530,7 @@ endif
 	done; \
 	if [ $$loader = yes ]; then rpath=""; else rpath='-Wl,-rpath,$${libdir} '; fi; \
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(shell sed -n 's/^#define DT_VERSION_STRING "\(.*\)"/\1/p' include/dtrain/core.h)|g' \
-	    -e "s|@RPATH@|$$rpath|g" -e 's|@MPI_LIBS@|$(MPI_LIBS)|g' dtrain.pc.in \
+	    -e "s|@RPATH@|$$rpath|g" -e 's|@MPI_LIBS@|$(MPI_LIBS) $(DNNL_LIBS)|g' dtrain.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dtrain.pc; \
 	if [ $$loader = no ]; then \
 	    echo "dtrain: $(PREFIX)/lib is not in the loader's path: dtrain.pc links with an rpath to it"; \

@@ -9,12 +9,14 @@
 #       env VAL_THREADS (default 2: the best settings) sets both programs' threads,
 #       VAL_STEPS (default 300) the steps)
 # Run from the repository root. Env: DTRAIN_GPT (default build/bin/dtrain-gpt), PEER
-# (the folder of gpt_bytes.py, default ../shared/bench/peer).
+# (the folder of gpt_bytes.py, default ../shared/bench/peer), PEER_PYTHON (the peer's
+# interpreter, default /usr/bin/python3; bench/peers.sh runs the newest PyTorch too).
 set -u
 ROUNDS=${1:-3}
 STEPS=${2:-20}
 BIN=${DTRAIN_GPT:-build/bin/dtrain-gpt}
 PEER=${PEER:-../shared/bench/peer}            # from the repository root
+PY=${PEER_PYTHON:-/usr/bin/python3}
 export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184
 COMMON="--steps $STEPS --eval-every 0 --log-every 10"
 one() { # name, command...
@@ -32,7 +34,7 @@ if [ "${1:-}" = val ]; then
     for seed in ${*:-0 1 2}; do
         for prog in peer dtrain; do
             if [ $prog = peer ]; then
-                set -- /usr/bin/python3 "$PEER/gpt_bytes.py" --undistributed --threads "${VAL_THREADS:-2}" --blas-threads 1
+                set -- $PY "$PEER/gpt_bytes.py" --undistributed --threads "${VAL_THREADS:-2}" --blas-threads 1
             else
                 set -- "$BIN" --threads "${VAL_THREADS:-2}"
             fi
@@ -47,9 +49,9 @@ if [ "${1:-}" = val ]; then
     exit 0
 fi
 for r in $(seq "$ROUNDS"); do
-    one "peer-1p-t2" /usr/bin/python3 "$PEER/gpt_bytes.py" --undistributed --threads 2 --blas-threads 1
+    one "peer-1p-t2" $PY "$PEER/gpt_bytes.py" --undistributed --threads 2 --blas-threads 1
     one "dtrain-1p-t2" "$BIN" --threads 2
-    one "peer-2p-t1" /usr/bin/python3 "$PEER/gpt_bytes.py" --num-processes 2 --threads 1
+    one "peer-2p-t1" $PY "$PEER/gpt_bytes.py" --num-processes 2 --threads 1
     one "dtrain-2p-t1" "$BIN" --num-processes 2 --threads 1
     one "dtrain-1p-t1" "$BIN" --threads 1
 done

@@ -26,6 +26,7 @@ set -eu
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-"0 1 2"}
 LIMIT=${LIMIT:-12000}
+PY=${PEER_PYTHON:-/usr/bin/python3} # the peer's interpreter (bench/peers.sh: the newest PyTorch)
 PEER=${PEER:-../shared/bench/peer/resnet_fmnist.py}
 if [ ! -f "$PEER" ] && common=$(git rev-parse --git-common-dir 2>/dev/null); then
     PEER=$(cd "$common/../.." && pwd)/shared/bench/peer/resnet_fmnist.py # from a worktree
@@ -63,9 +64,9 @@ printf "config\tseed\tloop_s\twall_s\tcpu_s\tpeak_rss_mib\ttest_acc\n"
 for s in $SEEDS; do
     run dtrain-1x2 "$s" build/bin/dtrain-resnet $LIM --seed "$s" --threads 2
     run peer-1x2 "$s" env MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=17179869184 \
-        /usr/bin/python3 "$PEER" --undistributed --threads 2 --blas-threads 1 $LIM --seed "$s"
+        $PY "$PEER" --undistributed --threads 2 --blas-threads 1 $LIM --seed "$s"
     run dtrain-2x1 "$s" build/bin/dtrain-resnet $LIM --seed "$s" --threads 1 --num-processes 2
-    run peer-2x1 "$s" /usr/bin/python3 "$PEER" --num-processes 2 --threads 1 $LIM --seed "$s"
+    run peer-2x1 "$s" $PY "$PEER" --num-processes 2 --threads 1 $LIM --seed "$s"
 done
 
 echo

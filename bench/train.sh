@@ -9,8 +9,11 @@
 #            thread, glibc malloc tuned, as its README's best single-process line).
 # --procs P: P processes of batch 128/P (dtrain: --num-processes P, one thread each;
 #            peer: --num-processes P --threads 1).
+# PEER_PYTHON: the peer's interpreter (default Debian's /usr/bin/python3, torch 1.13);
+# bench/peers.sh runs the newest PyTorch and torch.compile beside it.
 set -eu
 runs=3 procs=1
+py=${PEER_PYTHON:-/usr/bin/python3}
 peer=${DT_PEER_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/shared/bench/peer}
 while [ $# -gt 0 ]; do
     case $1 in
@@ -27,13 +30,13 @@ out=bench/out; mkdir -p $out
 batch=$((128 / procs))
 if [ "$procs" = 1 ]; then
     dt_cmd="$bin --stats"
-    peer_cmd="/usr/bin/python3 $peer/ddp_convnet.py --undistributed --batch-size 128 --threads 2 --blas-threads 1"
+    peer_cmd="$py $peer/ddp_convnet.py --undistributed --batch-size 128 --threads 2 --blas-threads 1"
 else
     dt_cmd="$bin --stats --num-processes $procs --batch-size $batch --threads 1"
-    peer_cmd="/usr/bin/python3 $peer/ddp_convnet.py --num-processes $procs --batch-size $batch --threads 1"
+    peer_cmd="$py $peer/ddp_convnet.py --num-processes $procs --batch-size $batch --threads 1"
 fi
 have_peer=1
-/usr/bin/python3 -c "import torch" 2>/dev/null || { have_peer=0; echo "(python3-torch missing: peer skipped)"; }
+${py%% *} -c "import torch" 2>/dev/null || { have_peer=0; echo "(python3-torch missing: peer skipped)"; }
 
 # field FILE KEY: a number from the STATS/PARENT JSON lines or the text lines
 secs()  { sed -n 's/^Finished training in \([0-9.]*\) secs.*/\1/p' "$1" | tail -1; }

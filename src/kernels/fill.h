@@ -21,6 +21,11 @@ void dt_kfill_avx512bf16(dt_ktab *t);
 void dt_kfill_amx(dt_ktab *t);
 void dt_kfill_neon(dt_ktab *t);
 
+// dnnl/conv_dnnl.c (built where oneDNN is found): its convolution rows on AVX2 CPUs, and
+// the step that takes them out again from AVX-512 up, where they were not measured.
+void dt_kfill_dnnl(dt_ktab *t);
+void dt_kfill_dnnl_off(dt_ktab *t);
+
 // ref/half_ref.c: the fp16 conversions one value at a time.
 void dt_kfill_half_ref(dt_ktab *t);
 

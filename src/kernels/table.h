@@ -9,9 +9,9 @@
 // are one-line calls into it.
 //
 // A few rows are variants that only some targets have (the channels-in-lanes
-// convolutions, the bf16 kernels): their ref row is NULL and the caller takes the
-// operation's portable row instead; the comment beside each says so. Every other row is
-// never NULL.
+// convolutions, the bf16 kernels, oneDNN's convolutions where it is built): their ref row
+// is NULL and the caller takes the operation's portable row instead; the comment beside
+// each says so. Every other row is never NULL.
 //
 // Devices: tables are looked up per (operation, device, target). Only the host CPU
 // (DT_KDEV_HOST) has kernels today; another device's plugin registers a fill function
@@ -119,6 +119,17 @@ typedef void   dt_k_c16_shifted_fn(const uint32_t *src, const int *off, int R, c
                                    int rows, int n, float *out, size_t out_ld);
 typedef void   dt_k_c16_shifted_tn_fn(const uint16_t *src, const int *off, int R, int n,
                                       const uint32_t *gt, int ldt, float *dwt);
+
+// A provider's convolution (kernels/dnnl: oneDNN, where it is built): whether it takes
+// this shape (w the input's width) in this direction, chosen by measurement; then
+// dt_nn_conv2d_forward's and _backward's contract (nn/ops.h: y written; dx written when
+// not NULL, dw and db added to). false: it did nothing (the caller runs its own path).
+typedef bool dt_k_conv_ext_ok_fn(const dt_kconv *p, int w, bool backward);
+typedef bool dt_k_conv_ext_fwd_fn(const dt_kconv *p, int n, int h, int w, const float *x,
+                                  const float *wt, const float *b, float *y);
+typedef bool dt_k_conv_ext_bwd_fn(const dt_kconv *p, int n, int h, int w, const float *x,
+                                  const float *wt, const float *dy, float *dx, float *dw,
+                                  float *db);
 
 typedef void dt_k_map_fn(size_t n, const float *x, float *y);
 typedef void dt_k_map2_fn(size_t n, const float *a, const float *b, float *y);
@@ -251,6 +262,9 @@ typedef void dt_k_wide_pool_grad_fn(const float *dy, const float *y, const uint8
     X(conv_cl_scratch,    dt_k_conv_scratch_fn,      "conv2d scratch",        "")              \
     X(conv_cl_fwd,        dt_k_conv_fwd_fn,          "conv2d fwd",            "channels-in-lanes") \
     X(conv_cl_bwd,        dt_k_conv_bwd_fn,          "conv2d bwd",            "channels-in-lanes") \
+    X(conv_ext_ok,        dt_k_conv_ext_ok_fn,       "conv2d provider ok",    "")              \
+    X(conv_ext_fwd,       dt_k_conv_ext_fwd_fn,      "conv2d fwd",            "onednn")        \
+    X(conv_ext_bwd,       dt_k_conv_ext_bwd_fn,      "conv2d bwd",            "onednn")        \
     X(c16_pack_pairs,     dt_k_pack_pairs_fn,        "conv2d bf16 pack",      "")              \
     X(c16_pack_plain,     dt_k_pack_plain_fn,        "conv2d bf16 pack",      "")              \
     X(c16_rows_to_pairs,  dt_k_rows_to_pairs_fn,     "conv2d bf16 pack",      "")              \

@@ -20,6 +20,9 @@
 // Winograd F(2x2, 3x3), the 1-channel stem with its own kernel, the rest (stride 2,
 // weight gradients) with channels in the vector lanes. DT_CONV_CL=0 declines them;
 // DT_CONV_WINO=0 keeps Winograd out.
+//
+// Where a provider is built (kernels/dnnl: oneDNN), its rows take the shapes it was
+// measured faster on (conv_ext_ok), after the channels-in-lanes rows.
 #include "nn/blas.h"
 #include "nn/conv16.h"
 #include "nn/nn_impl.h"
@@ -117,6 +120,12 @@ static bool use_cl(const dt_nn_conv2d *p, int w, bool backward, bool input_grad)
     return want_kernels();
 }
 
+// An optional provider's row (kernels/dnnl: oneDNN, where it is built) for this shape.
+static bool use_ext(const dt_nn_conv2d *p, int w, bool backward) {
+    const dt_ktab *t = dt_k();
+    return t->conv_ext_ok && t->conv_ext_ok(p, w, backward);
+}
+
 static bool use_direct(const dt_nn_conv2d *p, int w, bool backward) {
     if (p->sh != 1 || p->sw != 1 || p->groups != 1)
         return false;
@@ -134,6 +143,8 @@ const char *dt_nn_conv2d_kernel(const dt_nn_conv2d *p, int w, bool backward, boo
     const char    *op = backward ? "conv2d bwd" : "conv2d fwd";
     if (use_cl(p, w, backward, input_grad))
         return dt_krow_describe(t, backward ? DT_KROW_conv_cl_bwd : DT_KROW_conv_cl_fwd, buf, n);
+    if (use_ext(p, w, backward))
+        return dt_krow_describe(t, backward ? DT_KROW_conv_ext_bwd : DT_KROW_conv_ext_fwd, buf, n);
     if (use_direct(p, w, backward))
         snprintf(buf, n, "%s: %s/direct", op, t->from[DT_KROW_shifted_gemm]);
     else
@@ -344,6 +355,8 @@ void dt_nn_conv2d_forward(const dt_nn_conv2d *p, int n, int h, int w, const floa
         dt_k()->conv_cl_fwd(p, n, h, w, x, wt, b, y, scratch);
         return;
     }
+    if (use_ext(p, w, false) && dt_k()->conv_ext_fwd(p, n, h, w, x, wt, b, y))
+        return;
     if (use_direct(p, w, false)) {
         direct_forward(p, n, h, w, x, wt, b, y, scratch);
         return;
@@ -428,6 +441,8 @@ void dt_nn_conv2d_backward(const dt_nn_conv2d *p, int n, int h, int w, const flo
         dt_k()->conv_cl_bwd(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return;
     }
+    if (use_ext(p, w, true) && dt_k()->conv_ext_bwd(p, n, h, w, x, wt, dy, dx, dw, db))
+        return;
     if (use_direct(p, w, true)) {
         direct_backward(p, n, h, w, x, wt, dy, dx, dw, db, scratch);
         return;

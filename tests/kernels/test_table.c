@@ -85,6 +85,8 @@ static void test_conv_names(void) {
     dt_nn_conv2d_kernel(&p, 14, false, false, buf, sizeof buf);
     if (dt_k()->conv_cl_fwd)
         CHECK(strcmp(buf, "conv2d fwd: avx512/channels-in-lanes") == 0);
+    else if (dt_k()->conv_ext_ok && dt_k()->conv_ext_ok(&p, 14, false)) // oneDNN (kernels/dnnl)
+        CHECK(strcmp(buf, "conv2d fwd: avx2/onednn") == 0);
     else { // stride 2 never takes the shifted GEMMs: im2col and the sgemm row
         char want[96];
         snprintf(want, sizeof want, "conv2d fwd: %s/im2col", dt_k()->from[DT_KROW_sgemm]);
