@@ -28,6 +28,7 @@
 // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), added to dw. So a sample's result
 // does not depend on how the batch is split (partition independence, kernels/gemm.h).
 // Built for x86-64-v3 (the Makefile gives this folder -march=x86-64-v3).
+#include "core/tree.h"
 #include "kernels/fill.h"
 
 #include <immintrin.h>
@@ -326,8 +327,9 @@ void dt_k_shifted_gemm_shards_avx2(const float *src, const int *off, const int *
         // the next band's rows of out, while this band's tiles run
         if (b + 1 < bands)
             prefetch_rows(out, out_ld, o0 + mr, o0 + mr + rows / bands + (b + 1 < rows % bands), n);
-        // the tree's first level (tile k += tile k + S / 2) as the second tile's sums end
-        int h1 = S % 2 ? 0 : S / 2;
+        // the tree's first level (tile k += tile k + h1, h1 = core/tree.h's top step) as
+        // the second tile's sums end; the levels below it pair tiles under h1 only
+        int h1 = dt_tree_top(S);
         for (int m = 0; m < S; m++) {
             bool   sum = h1 && m >= h1;
             float *t   = tile + (size_t)(sum ? m - h1 : m) * tl;
@@ -346,7 +348,7 @@ void dt_k_shifted_gemm_shards_avx2(const float *src, const int *off, const int *
                 fwd_any(src, off + start[m], R, R, wm, mr, n - j < 8 * FV ? n - j : 8 * FV, j, t,
                         ld, sum ? T_SUM : T_SET);
         }
-        for (int h = h1 ? h1 / 2 : S / 2; h >= 1; h /= 2)
+        for (int h = h1 / 2; h >= 1; h /= 2)
             for (int k = 0; k < h; k++)
                 for (int o = 0; o < mr; o++)
                     add_row(tile + (size_t)k * tl + (size_t)o * ld,
