@@ -72,18 +72,18 @@ else ifeq ($(BUILD),debug)
 else ifeq ($(BUILD),asan)
   OUT := build/asan
   BIN := build/asan/bin
-  OPT := -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+  OPT := -O2 -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
          -DDT_SANITIZE=1
   SAN_LDFLAGS := -fsanitize=address,undefined
 else ifeq ($(BUILD),ubsan)
   OUT := build/ubsan
   BIN := build/ubsan/bin
-  OPT := -O1 -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DDT_SANITIZE=1
+  OPT := -O2 -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DDT_SANITIZE=1
   SAN_LDFLAGS := -fsanitize=undefined
 else ifeq ($(BUILD),tsan)
   OUT := build/tsan
   BIN := build/tsan/bin
-  OPT := -O1 -fsanitize=thread -DDT_SANITIZE=1
+  OPT := -O2 -fsanitize=thread -DDT_SANITIZE=1
   SAN_LDFLAGS := -fsanitize=thread
 else
   $(error BUILD must be release, debug, asan, ubsan or tsan; found "$(BUILD)")
