@@ -126,7 +126,7 @@ static void reduce_tree(void *out1, void *out2, bool nt, const void *const *in, 
     size_t bb = (TREE_BYTES / (size_t)(top + top / 2)) & ~(size_t)63;
     if (bb < 64)
         bb = 64;
-    size_t block = bb / es;
+    size_t         block  = bb / es;
     unsigned char *lvl[2] = {tmp, tmp + (size_t)top * bb};
     for (size_t at = 0; at < count; at += block) {
         size_t n = count - at < block ? count - at : block, off = at * es, nbytes = n * es;

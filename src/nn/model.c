@@ -329,8 +329,7 @@ dt_status dt_model_set_threads(dt_model *m, int threads) {
 
 dt_status dt_model_set_grad_shards(dt_model *m, int shards) {
     if (shards < 0 || shards > NN_MAX_SHARDS)
-        return dt_fail(DT_ERR_ARG,
-                       "model: expected 0 gradient shards (off) or 1 to %d, found %d",
+        return dt_fail(DT_ERR_ARG, "model: expected 0 gradient shards (off) or 1 to %d, found %d",
                        NN_MAX_SHARDS, shards);
     return dt_graph_set_grad_shards(m->g, shards);
 }

@@ -119,8 +119,9 @@ void dt_nn_shifted_gemm_nt(const float *a, size_t a_ld, int rows, const float *s
                            int R, int n, float *dw);
 // The fixed combination of S shard buffers of n floats, rows `ld` apart: the tree of
 // core/tree.h, buf[k] += buf[k + h] for h = the largest power of two below S, then
-// h/2, ... 1, k < h and k + h < S; the sum ends in buf[0]. The same tree continues across ranks (ddp.c), so one process
-// with S shards and N processes with S/N each add the same numbers in the same order.
+// h/2, ... 1, k < h and k + h < S; the sum ends in buf[0]. The same tree continues across ranks
+// (ddp.c), so one process with S shards and N processes with S/N each add the same numbers in the
+// same order.
 void dt_nn_shard_tree(float *buf, size_t ld, int shards, size_t n);
 // y[i] = max(y[i], 0)
 void dt_nn_relu_inplace(float *y, size_t n);

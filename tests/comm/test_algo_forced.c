@@ -58,7 +58,7 @@ static dt_pg *join(int rank, const char *backend) {
 
 // What the group's table picks for `kind` over `count` int32s.
 static const char *chosen(const dt_pg *pg, dt_coll kind, size_t count) {
-    dt_op op = {.kind = kind, .count = count, .dtype = DT_INT32, .op = DT_REDUCE_SUM, .root = 0};
+    dt_op op    = {.kind = kind, .count = count, .dtype = DT_INT32, .op = DT_REDUCE_SUM, .root = 0};
     op.fp.order = DT_ORDER_ANY;
     return dt_algo_chosen(&pg->xport, &pg->algo, &op);
 }
@@ -101,8 +101,8 @@ static void ranks(int rank, int world, void *arg) {
         return;
     CHECK(strcmp(dt_pg_backend(pg), c->backend) == 0);
     const char *s = chosen(pg, c->kind, SMALL_COUNT), *l = chosen(pg, c->kind, LARGE_COUNT);
-    bool ok = CHECK(strcmp(s, c->small) == 0);
-    ok      = CHECK(strcmp(l, c->large) == 0) && ok;
+    bool        ok = CHECK(strcmp(s, c->small) == 0);
+    ok             = CHECK(strcmp(l, c->large) == 0) && ok;
     if (!ok)
         fprintf(stderr, "rank %d, %s %s=%s: expected %s and %s, found %s and %s\n", rank,
                 c->backend, c->setting ? c->setting : "", c->value ? c->value : "auto", c->small,

@@ -85,7 +85,7 @@ static void train_global(long limit, int global, int world, int threads, int inv
     }
     snprintf(cmd, sizeof cmd, "%s --limit %ld --batch-size %d%s --save-model %s 2>&1", bin, limit,
              global / world, extra, path);
-    int rc = run(cmd, &out);
+    int rc     = run(cmd, &out);
     r->refused = rc != 0 && out ? strdup(out) : NULL;
     if (r->expect_refusal) {
         CHECK(rc != 0);
@@ -203,8 +203,8 @@ static void test_any_v(void) {
     CHECK(r[4].refused && strstr(r[4].refused, "world sizes that can: 1, 2, 6") != NULL);
     if (r[4].refused)
         printf("  3x32 inv 6 refused: %s", strstr(r[4].refused, "--invariant 6:")
-                                                ? strstr(r[4].refused, "--invariant 6:")
-                                                : r[4].refused);
+                                               ? strstr(r[4].refused, "--invariant 6:")
+                                               : r[4].refused);
     // Different V, different trees: 1x96 with V 3 and with V 6 are different sums.
     if (r[0].ok && r[2].ok)
         CHECK(memcmp(r[0].params, r[2].params, sizeof(float) * r[0].nparams) != 0);

@@ -134,7 +134,7 @@ static void test_threads(const data *d, const char *conv) {
 // (core/tree.h) and divided by N are the one-process gradient, bit for bit. V need not
 // be a power of two (6: 3 shards on each of 2 ranks).
 static void test_ranks(const data *d, const char *conv) {
-    check_current = conv;
+    check_current               = conv;
     static const int cases[][2] = {{4, 2}, {4, 4}, {6, 2}}; // V, N (B / N a power of two)
     size_t           n          = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

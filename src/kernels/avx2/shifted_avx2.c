@@ -82,19 +82,20 @@ AI void fwd_tile(const float *restrict src, const int *restrict off, int R, int 
         const float *x = src + off[r] + j;
         __m256       xv[FV];
         UNROLL(4)
-        for (int v = 0; v < FV; v++) xv[v] =
-            full ? _mm256_loadu_ps(x + 8 * v) : _mm256_maskload_ps(x + 8 * v, m[v]);
+        for (int v = 0; v < FV; v++)
+            xv[v] = full ? _mm256_loadu_ps(x + 8 * v) : _mm256_maskload_ps(x + 8 * v, m[v]);
         UNROLL(6) for (int i = 0; i < MR; i++) {
             __m256 wv = _mm256_broadcast_ss(w + (size_t)i * w_ld + r);
             UNROLL(4)
-            for (int v = 0; v < FV; v++) acc[i][v] = _mm256_fmadd_ps(wv, xv[v], acc[i][v]);
+            for (int v = 0; v < FV; v++)
+                acc[i][v] = _mm256_fmadd_ps(wv, xv[v], acc[i][v]);
         }
     }
     UNROLL(6) for (int i = 0; i < MR; i++) UNROLL(4) for (int v = 0; v < FV; v++) {
         float *c = out + (size_t)i * out_ld + j + 8 * v;
         if (add == T_SUM)
-            acc[i][v] = _mm256_add_ps(full ? _mm256_loadu_ps(c) : _mm256_maskload_ps(c, m[v]),
-                                      acc[i][v]);
+            acc[i][v] =
+                _mm256_add_ps(full ? _mm256_loadu_ps(c) : _mm256_maskload_ps(c, m[v]), acc[i][v]);
         if (full)
             _mm256_storeu_ps(c, acc[i][v]);
         else
@@ -206,8 +207,8 @@ AI void nt_tile(const float *restrict a, size_t a_ld, int o0, const float *restr
     UNROLL(4) for (int o = 0; o < MO; o++) ar[o] = a + (size_t)(o0 + o) * a_ld;
     UNROLL(3) for (int q = 0; q < MS; q++) xr[q] = src + off[r0 + q];
     UNROLL(4)
-    for (int o = 0; o < MO; o++) UNROLL(3) for (int q = 0; q < MS; q++) acc[o][q] =
-        _mm256_setzero_ps();
+    for (int o = 0; o < MO; o++)
+        UNROLL(3) for (int q = 0; q < MS; q++) acc[o][q] = _mm256_setzero_ps();
     int j = 0;
     for (; j + 8 <= n; j += 8) {
         __m256 xv[GR];
@@ -215,7 +216,8 @@ AI void nt_tile(const float *restrict a, size_t a_ld, int o0, const float *restr
         UNROLL(4) for (int o = 0; o < MO; o++) {
             __m256 av = _mm256_loadu_ps(ar[o] + j);
             UNROLL(3)
-            for (int q = 0; q < MS; q++) acc[o][q] = _mm256_fmadd_ps(av, xv[q], acc[o][q]);
+            for (int q = 0; q < MS; q++)
+                acc[o][q] = _mm256_fmadd_ps(av, xv[q], acc[o][q]);
         }
     }
     if (j < n) {
@@ -224,12 +226,16 @@ AI void nt_tile(const float *restrict a, size_t a_ld, int o0, const float *restr
         UNROLL(4) for (int o = 0; o < MO; o++) {
             __m256 av = _mm256_maskload_ps(ar[o] + j, tail);
             UNROLL(3)
-            for (int q = 0; q < MS; q++) acc[o][q] = _mm256_fmadd_ps(av, xv[q], acc[o][q]);
+            for (int q = 0; q < MS; q++)
+                acc[o][q] = _mm256_fmadd_ps(av, xv[q], acc[o][q]);
         }
     }
     UNROLL(4)
-    for (int o = 0; o < MO; o++) UNROLL(3) for (int q = 0; q < MS; q++)
-        dw[(size_t)(o0 + o) * R + r0 + q] += hsum8(acc[o][q]);
+    for (int o = 0; o < MO; o++) {
+        UNROLL(3)
+        for (int q = 0; q < MS; q++)
+            dw[(size_t)(o0 + o) * R + r0 + q] += hsum8(acc[o][q]);
+    }
 }
 
 #define NT_ROWS(MO)                                                                                \
@@ -276,9 +282,9 @@ AI void add_row(float *restrict d, const float *restrict s, int n, __m256i tail)
     for (; x + 8 <= n; x += 8)
         _mm256_storeu_ps(d + x, _mm256_add_ps(_mm256_loadu_ps(d + x), _mm256_loadu_ps(s + x)));
     if (x < n)
-        _mm256_maskstore_ps(d + x, tail,
-                            _mm256_add_ps(_mm256_maskload_ps(d + x, tail),
-                                          _mm256_maskload_ps(s + x, tail)));
+        _mm256_maskstore_ps(
+            d + x, tail,
+            _mm256_add_ps(_mm256_maskload_ps(d + x, tail), _mm256_maskload_ps(s + x, tail)));
 }
 
 // Rows [o0, o1) of out, columns [0, n), fetched into L1 ahead of the adds into them:
