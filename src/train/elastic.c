@@ -47,6 +47,7 @@ struct dt_elastic {
     int64_t   gen;      // the generation this worker is a member of (-1: none yet)
     int64_t   reg_gen;  // the last one it arrived in (as a member or standing by)
     bool      ended;    // the job finished while it stood by
+    bool      torn;     // a state broadcast to it broke off: its copy is not whole
     int       world;    // its size
     long      v;        // --invariant as given (0: none), and the global batch: the
     size_t    gbatch;   // world sizes a generation may take (allowed)
@@ -392,21 +393,40 @@ static dt_status rendezvous(dt_trainer *t, dt_pg **pg) {
 }
 
 // The state from the member with the most steps (lowest rank among equals) to all.
+// The member with the most steps sends its state to the others. A member whose copy
+// differs from the sender's (a joiner, or one a step behind) and whose broadcast breaks
+// off (the sender died) is torn: it offers no state at the next regrouping, so a
+// half-received copy is never sent on. Members at the sender's step hold the same bytes,
+// so a broken broadcast leaves them whole.
 static dt_status share_state(dt_trainer *t, bool had_state, int64_t *next_batch, int *old_world) {
-    int     w    = t->world;
-    int64_t mine = had_state ? t->step : -1, *all = dt_alloc(sizeof(int64_t) * (size_t)w);
+    struct dt_elastic *e    = t->el;
+    int                w    = t->world;
+    int64_t            mine = e->torn     ? -2
+                              : had_state ? t->step
+                                          : -1,
+            *all            = dt_alloc(sizeof(int64_t) * (size_t)w);
     if (!all)
         return DT_ERR_NOMEM;
-    dt_status st  = dt_pg_all_gather(t->pg, &mine, all, 1, DT_INT64);
-    int       src = 0;
-    for (int r = 1; r < w; r++)
+    dt_status st       = dt_pg_all_gather(t->pg, &mine, all, 1, DT_INT64);
+    int       src      = 0;
+    bool      any_torn = false;
+    for (int r = 0; r < w; r++) {
+        any_torn |= all[r] == -2;
         if (all[r] > all[src])
             src = r;
+    }
+    int64_t best = all[src];
     dt_free(all);
     DT_TRY(st);
+    if (best < 0 && any_torn)
+        return dt_fail(DT_ERR_STATE,
+                       "elastic: the member sending the state was lost while sending it, and no "
+                       "survivor holds a whole copy: the job cannot go on from memory");
     int64_t meta[6] = {
         t->step, t->epoch, *next_batch, t->samples_seen, dt_optim_step_count(t->opt), *old_world};
     DT_TRY(dt_pg_broadcast(t->pg, meta, 6, DT_INT64, src));
+    if (t->rank != src && mine != meta[0])
+        e->torn = true; // until every broadcast below has arrived
     *old_world = (int)meta[5];
     t->step = meta[0], t->epoch = (long)meta[1], *next_batch = meta[2];
     t->samples_seen = meta[3];
@@ -419,6 +439,7 @@ static dt_status share_state(dt_trainer *t, bool had_state, int64_t *next_batch,
     float *os   = dt_optim_state(t->opt, &nopt);
     if (nopt)
         DT_TRY(dt_pg_broadcast(t->pg, os, nopt, DT_FLOAT32, src));
+    e->torn = false;
     return DT_OK;
 }
 

@@ -738,7 +738,15 @@ static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
         return dt_fail(DT_ERR_STATE, "elastic: 8 regroupings in a row without a step");
     dt_strategy_free(t->strat);
     t->strat = NULL;
-    DT_TRY(dt_train_elastic_regroup(t, &next_batch));
+    // A member lost while the group forms or the state moves: form the next one.
+    dt_status st;
+    while ((st = dt_train_elastic_regroup(t, &next_batch)) == DT_ERR_PEER) {
+        if (++t->regroups > 8)
+            return dt_fail(DT_ERR_STATE, "elastic: 8 regroupings in a row without a step");
+        fprintf(stderr, "%s: rank %d: %s: regrouping again\n", t->o.program, t->rank,
+                dt_last_error());
+    }
+    DT_TRY(st);
     DT_TRY(check_data(t)); // the same data on every member (a joiner's too)
     int shards;
     if (t->gbatch % (size_t)t->world)

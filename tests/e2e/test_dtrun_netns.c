@@ -356,9 +356,12 @@ static void test_elastic_namespaces(void) {
     double deadline = mono_s() + 60;
     bool   together = false;
     while (!together && mono_s() < deadline) {
-        char *oa = read_file(a.out_path), *ob = read_file(b.out_path);
-        together = (strstr(oa, " -> 2 at step") || strstr(ob, " -> 2 at step")) &&
-                   count_of(oa, "epoch: 0 [") + count_of(ob, "epoch: 0 [") >= 5;
+        // steps trained by the two together: rank 0's lines after its "-> 2" (A may have
+        // trained alone first, when B's start came after the generation's settling time)
+        char       *oa = read_file(a.out_path), *ob = read_file(b.out_path);
+        const char *ja = strstr(oa, " -> 2 at step"), *jb = strstr(ob, " -> 2 at step");
+        together =
+            (ja ? count_of(ja, "epoch: 0 [") : 0) + (jb ? count_of(jb, "epoch: 0 [") : 0) >= 5;
         free(oa), free(ob);
         if (!together)
             sleep_s(0.01);
