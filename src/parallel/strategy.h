@@ -1,6 +1,7 @@
 // strategy.h: the one seam between the trainer (src/train) and the ways of spreading a
 // training step over ranks and threads, which live beside each other in src/parallel
 // and src/ddp: DDP (its bucketed all-reduce, compression, PowerSGD), ZeRO stages 1-3,
+// a parameter server's worker (ps.h),
 // DataParallel threads (dp.c), uneven inputs (DDP's join), and the dp x pp x tp mesh
 // (mesh.c, pipe.c, tp.c: the norm over the model's parts, the replicas of each part).
 // The trainer hands over the parameters once and then calls the strategy at the fixed
@@ -35,6 +36,8 @@ typedef struct dt_strategy_opts {
     bool         join;              // uneven inputs: gradients summed over samples after backward
     int          data_parallel;     // DataParallel replicas in threads (1: none)
     int          threads;           // this process's compute threads (the replicas share them)
+    struct dt_ps *ps;               // a parameter server's worker (ps.h; borrowed): the step
+                                    // pushes gradients and pulls parameters, no DDP
 } dt_strategy_opts;
 
 // What dt_strategy_new did, for the trainer's messages.
