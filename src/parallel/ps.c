@@ -28,6 +28,7 @@ struct dt_ps {
     size_t    *piece_flat;
     float     *tmp;     // a server's receive buffer for workers 1..W-1
     int64_t    step;
+    double     wait_s; // a worker's seconds in push_pull (sends, the servers' step, receives)
 };
 
 // Server s's range of the n flat floats.
@@ -152,7 +153,8 @@ static size_t ctrl_of(const dt_ps *ps, int64_t op, int64_t *c) {
 }
 
 dt_status dt_ps_push_pull(dt_ps *ps) {
-    size_t lo, hi;
+    double  t0 = dt_now();
+    size_t  lo, hi;
     int64_t c[3 + MAX_GROUPS];
     size_t  nc = ctrl_of(ps, OP_STEP, c);
     for (int s = 0; s < ps->servers; s++) {
@@ -167,7 +169,12 @@ dt_status dt_ps_push_pull(dt_ps *ps) {
                           ps->workers + s, TAG_PARAM));
     }
     ps->step++;
+    ps->wait_s += dt_now() - t0;
     return DT_OK;
+}
+
+double dt_ps_wait_secs(const dt_ps *ps) {
+    return ps ? ps->wait_s : 0;
 }
 
 dt_status dt_ps_close(dt_ps *ps) {

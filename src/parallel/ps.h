@@ -35,7 +35,9 @@ dt_status dt_ps_serve(dt_ps *ps);
 dt_status dt_ps_push_pull(dt_ps *ps);
 // A worker: training is over (the servers end their loop).
 dt_status dt_ps_close(dt_ps *ps);
-// Floats a worker sends and receives per step (the whole gradient and parameters).
-double dt_ps_bytes_per_step(const dt_ps *ps);
+// A worker's seconds in dt_ps_push_pull so far (0 for NULL).
+double dt_ps_wait_secs(const dt_ps *ps);
+// Bytes a worker sends and receives per step (the whole gradient and parameters).
+double dt_ps_bytes_per_step(const dt_ps *ps); // 0 for NULL
 
 #endif // DTRAIN_PARALLEL_PS_H

@@ -336,5 +336,5 @@ double dt_strategy_wait_secs(const dt_strategy *s) {
         dt_ddp_stats(s->ddp, &wait_s, &steps);
     if (s && s->zero) // the wait for gradients and for the parameters' all-gather
         dt_zero_stats(s->zero, &wait_s, &gather_s, &steps);
-    return wait_s + gather_s;
+    return wait_s + gather_s + (s ? dt_ps_wait_secs(s->o.ps) : 0);
 }
