@@ -135,7 +135,7 @@ bool dt_ps_is_server(const dt_ps *ps) {
 }
 
 double dt_ps_bytes_per_step(const dt_ps *ps) {
-    return ps ? 2.0 * 4.0 * (double)ps->n : 0;
+    return ps ? 4.0 * (double)ps->n : 0;
 }
 
 // ------------------------------------------------------------------------- workers

@@ -37,7 +37,8 @@ dt_status dt_ps_push_pull(dt_ps *ps);
 dt_status dt_ps_close(dt_ps *ps);
 // A worker's seconds in dt_ps_push_pull so far (0 for NULL).
 double dt_ps_wait_secs(const dt_ps *ps);
-// Bytes a worker sends and receives per step (the whole gradient and parameters).
+// Bytes a worker receives per step (the whole parameters; it sends as many: the gradient),
+// as strategy.h's moved_per_step counts a ring all-reduce's.
 double dt_ps_bytes_per_step(const dt_ps *ps); // 0 for NULL
 
 #endif // DTRAIN_PARALLEL_PS_H
