@@ -87,7 +87,11 @@ dt_status dt_train_ps_prepare(dt_trainer *t) {
     DT_TRY(dt_ps_new(&t->ps, t->p, t->opt, t->ps_world, (int)t->a.ps));
     if (!t->ps_server)
         return DT_OK;
-    dt_status st     = dt_ps_serve(t->ps);
+    // A SIGTERM (dtrun's or the parent's, to every rank) waits for the workers, who
+    // agree on a step to stop at and then say DONE: the server ends with them.
+    dt_train_preempt_arm();
+    dt_status st = dt_ps_serve(t->ps);
+    dt_train_preempt_release();
     t->finish_called = true; // a server has no model of its own to save or report
     exit(dt_trainer_exit(t, st));
 }

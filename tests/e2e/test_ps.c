@@ -10,6 +10,7 @@
 //   (2 ulp of sum |g_i|): checked within 1e-5 relative L2 over 4 steps (measured 0,
 //   bitwise equal: comm's order for 3 ranks is also (g0 + g1) + g2).
 // - Refusals: no group, as many servers as ranks, --zero.
+// - A SIGTERM to the job stops it at an agreed step with code 75, servers included.
 // - A server killed with SIGKILL is named by the workers ("rank 2 died") and the job
 //   ends within 10 s; one stopped with SIGSTOP (silent) is named as unreachable within
 //   the liveness bound (DT_LIVENESS_MS, 5 s) plus 7 s of slack for a loaded machine.
@@ -204,6 +205,35 @@ static void test_server_stopped(void) {
     server_lost(SIGSTOP, "rank 2 (host", 12);
 }
 
+// A SIGTERM to the job (the parent forwards it to every rank, as dtrun does): the
+// workers agree on a step to stop at, the server waits for them, and the job ends with
+// the preemption's code (75) within 20 s.
+static void test_sigterm(void) {
+    char log[PATH_MAX];
+    snprintf(log, sizeof log, "%s/term.log", dir);
+    pid_t pid = start_long_run(log);
+    if (!CHECK(pid > 0))
+        return;
+    double t0 = now();
+    while (!log_has(log, "epoch: 0 [3/") && now() - t0 < 30)
+        usleep(50 * 1000);
+    kill(pid, SIGTERM);
+    double sent = now();
+    int    st   = 0;
+    pid_t  w    = 0;
+    while ((w = waitpid(pid, &st, WNOHANG)) == 0 && now() - sent < 20)
+        usleep(50 * 1000);
+    if (w == 0) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    printf("  SIGTERM: the job ended %.2f s later\n", now() - sent);
+    CHECK(w == pid && WIFEXITED(st) && WEXITSTATUS(st) == 75);
+    if (!CHECK(log_has(log, "Stopped by SIGTERM at step")))
+        fprintf(stderr, "expected the stop in %s\n", log);
+    unlink(log);
+}
+
 int main(void) {
     if (!CHECK(test_program_path("dtrain-mnist", bin, sizeof bin))) {
         fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
@@ -215,6 +245,7 @@ int main(void) {
     RUN(test_refusals);
     RUN(test_server_killed);
     RUN(test_server_stopped);
+    RUN(test_sigterm);
     rmdir(dir);
     return check_summary();
 }
