@@ -173,6 +173,10 @@ dt_status dt_ps_push_pull(dt_ps *ps) {
     return DT_OK;
 }
 
+int64_t dt_ps_step(const dt_ps *ps) {
+    return ps->step;
+}
+
 double dt_ps_wait_secs(const dt_ps *ps) {
     return ps ? ps->wait_s : 0;
 }

@@ -35,6 +35,8 @@ dt_status dt_ps_serve(dt_ps *ps);
 dt_status dt_ps_push_pull(dt_ps *ps);
 // A worker: training is over (the servers end their loop).
 dt_status dt_ps_close(dt_ps *ps);
+// Steps served (a server) or taken (a worker) so far.
+int64_t dt_ps_step(const dt_ps *ps);
 // A worker's seconds in dt_ps_push_pull so far (0 for NULL).
 double dt_ps_wait_secs(const dt_ps *ps);
 // Bytes a worker receives per step (the whole parameters; it sends as many: the gradient),

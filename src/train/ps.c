@@ -91,6 +91,12 @@ dt_status dt_train_ps_prepare(dt_trainer *t) {
     // agree on a step to stop at and then say DONE: the server ends with them.
     dt_train_preempt_arm();
     dt_status st = dt_ps_serve(t->ps);
+    if (dt_train_preempt_pending()) { // consumed here: the release would end the process
+        t->preempted = true;          // with the signal; the job's code is the stop's, 75
+        if (st == DT_OK)
+            st = dt_fail(DT_ERR_STATE, "stopped by SIGTERM with the workers at step %lld",
+                         (long long)dt_ps_step(t->ps));
+    }
     dt_train_preempt_release();
     t->finish_called = true; // a server has no model of its own to save or report
     exit(dt_trainer_exit(t, st));

@@ -9,6 +9,7 @@
 //   adds in its own order, so each step's mean may differ by one rounding of the sum
 //   (2 ulp of sum |g_i|): checked within 1e-5 relative L2 over 4 steps (measured 0,
 //   bitwise equal: comm's order for 3 ranks is also (g0 + g1) + g2).
+// - The same with the ranks launched by dtrun (servers like workers) over tcp.
 // - Refusals: no group, as many servers as ranks, --zero.
 // - A SIGTERM to the job stops it at an agreed step with code 75, servers included.
 // - A server killed with SIGKILL is named by the workers ("rank 2 died") and the job
@@ -31,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static char bin[PATH_MAX + 64];
+static char bin[PATH_MAX + 64], dtrun[PATH_MAX + 64];
 static char dir[] = "/tmp/dt-ps-XXXXXX";
 
 static double now(void) {
@@ -40,17 +41,24 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// Trains 4 steps of 64 samples per worker on `procs` processes, `ps` of them servers;
-// the saved model's parameters in *params (malloc'd; NULL when the run failed).
-static float *train(int procs, int ps, size_t *n) {
+// Trains 4 steps of 64 samples per worker on `procs` processes, `ps` of them servers
+// (launched by --num-processes, or with `by_dtrun` by dtrun over tcp); the saved model's
+// parameters in *params (malloc'd; NULL when the run failed).
+static float *train_by(int procs, int ps, bool by_dtrun, size_t *n) {
     char  path[PATH_MAX], *out = NULL;
     int   workers = procs - ps;
     float *params = NULL;
     snprintf(path, sizeof path, "%s/p%d-s%d.dtm", dir, procs, ps);
+    char launch[3 * PATH_MAX];
+    if (by_dtrun)
+        snprintf(launch, sizeof launch, "%s --nproc-per-node %d %s --backend tcp", dtrun, procs,
+                 bin);
+    else
+        snprintf(launch, sizeof launch, "%s --num-processes %d", bin, procs);
     int rc = test_run(&out,
-                      "%s --limit %d --batch-size 64 --num-processes %d --ps %d --threads 1 "
-                      "--no-test --save-model %s 2>&1",
-                      bin, 4 * 64 * workers, procs, ps, path);
+                      "%s --limit %d --batch-size 64 --ps %d --threads 1 --no-test "
+                      "--save-model %s 2>&1",
+                      launch, 4 * 64 * workers, ps, path);
     if (!CHECK(rc == 0))
         fprintf(stderr, "%s\n", out ? out : "");
     if (ps)
@@ -67,6 +75,10 @@ static float *train(int procs, int ps, size_t *n) {
     dt_model_free(m);
     unlink(path);
     return params;
+}
+
+static float *train(int procs, int ps, size_t *n) {
+    return train_by(procs, ps, false, n);
 }
 
 static double rel_l2(const float *a, const float *b, size_t n) {
@@ -97,7 +109,9 @@ static void test_sync_equals_all_reduce(void) {
     CHECK_EQ(n, n2);
     compare("2 workers + 1 server vs 2 ranks all-reduce", ar, ps1, n, true, 0);
     compare("2 workers + 2 servers vs 2 ranks all-reduce", ar, ps2, n, true, 0);
-    free(ar), free(ps1), free(ps2);
+    float *tcp = train_by(3, 1, true, &n1); // servers launched by dtrun, over tcp
+    compare("dtrun: 2 workers + 1 server over tcp vs 2 ranks all-reduce", ar, tcp, n, true, 0);
+    free(ar), free(ps1), free(ps2), free(tcp);
     float *ar3 = train(3, 0, &n), *ps3 = train(4, 1, &n1);
     compare("3 workers + 1 server vs 3 ranks all-reduce", ar3, ps3, n, false, 1e-5);
     free(ar3), free(ps3);
@@ -239,6 +253,8 @@ int main(void) {
         fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
         return check_summary();
     }
+    if (!CHECK(test_program_path("dtrun", dtrun, sizeof dtrun)))
+        return check_summary();
     if (!CHECK(mkdtemp(dir) != NULL))
         return check_summary();
     RUN(test_sync_equals_all_reduce);
