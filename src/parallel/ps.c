@@ -15,6 +15,8 @@
 #define TAG_PARAM 0x70730004 // a server's updated range
 #define OP_STEP   1
 #define OP_DONE   2
+#define OP_STATE  3          // the servers' optimizer state to every worker (a checkpoint)
+#define TAG_STATE 0x70730005 // a range of the optimizer's state: step count, then blocks
 #define MAX_GROUPS 16
 
 struct dt_ps {
@@ -78,6 +80,38 @@ static dt_status check_table(dt_ps *ps) {
     return s;
 }
 
+// The optimizer's state as blocks of `per` floats (one per parameter per block: Adam's
+// two moments, Adadelta's two averages, SGD's momentum; none for plain SGD).
+static dt_status state_blocks(dt_ps *ps, size_t per, float **st, size_t *nb) {
+    size_t nf = 0;
+    *st       = dt_optim_state(ps->opt, &nf);
+    *nb       = per ? nf / per : 0;
+    if (per && *nb * per != nf)
+        return dt_fail(DT_ERR_INTERNAL, "ps: expected the optimizer's state in blocks of %zu "
+                                        "floats, found %zu floats", per, nf);
+    return DT_OK;
+}
+
+// One server's range of the optimizer's state between a worker (the whole table's
+// blocks, at lo) and the server (its range's blocks): the step count, then each block.
+static dt_status move_state(dt_ps *ps, bool send, int peer, size_t lo, size_t hi) {
+    bool    server = dt_ps_is_server(ps);
+    float  *st;
+    size_t  nb, per = server ? hi - lo : ps->n, at = server ? 0 : lo;
+    int64_t steps = dt_optim_step_count(ps->opt);
+    DT_TRY(state_blocks(ps, per, &st, &nb));
+    if (send)
+        DT_TRY(dt_pg_send(ps->world, &steps, 1, DT_INT64, peer, TAG_STATE));
+    else {
+        DT_TRY(dt_pg_recv(ps->world, &steps, 1, DT_INT64, peer, TAG_STATE));
+        DT_TRY(dt_optim_set_step_count(ps->opt, steps)); // refuses a negative count
+    }
+    for (size_t b = 0; b < nb; b++)
+        DT_TRY(send ? dt_pg_send(ps->world, st + b * per + at, hi - lo, DT_FLOAT32, peer, TAG_STATE)
+                    : dt_pg_recv(ps->world, st + b * per + at, hi - lo, DT_FLOAT32, peer, TAG_STATE));
+    return DT_OK;
+}
+
 dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int servers) {
     *out      = NULL;
     int size  = dt_pg_size(world);
@@ -105,11 +139,15 @@ dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int 
             st = DT_ERR_NOMEM;
         if (st == DT_OK)
             st = dt_pg_recv(world, dt_params_data(p) + lo, hi - lo, DT_FLOAT32, 0, TAG_INIT);
+        if (st == DT_OK) // a resumed run's state (a fresh one's zeros)
+            st = move_state(ps, false, 0, lo, hi);
     } else if (st == DT_OK && ps->rank == 0) {
         for (int s = 0; st == DT_OK && s < servers; s++) {
             range_of(ps, s, &lo, &hi);
             st = dt_pg_send(world, dt_params_data(p) + lo, hi - lo, DT_FLOAT32, ps->workers + s,
                             TAG_INIT);
+            if (st == DT_OK)
+                st = move_state(ps, true, ps->workers + s, lo, hi);
         }
     }
     if (st != DT_OK) {
@@ -181,6 +219,18 @@ double dt_ps_wait_secs(const dt_ps *ps) {
     return ps ? ps->wait_s : 0;
 }
 
+dt_status dt_ps_pull_state(dt_ps *ps) {
+    int64_t c[3 + MAX_GROUPS];
+    size_t  nc = ctrl_of(ps, OP_STATE, c), lo, hi;
+    for (int s = 0; s < ps->servers; s++)
+        DT_TRY(dt_pg_send(ps->world, c, nc, DT_INT64, ps->workers + s, TAG_CTRL));
+    for (int s = 0; s < ps->servers; s++) {
+        range_of(ps, s, &lo, &hi);
+        DT_TRY(move_state(ps, false, ps->workers + s, lo, hi));
+    }
+    return DT_OK;
+}
+
 dt_status dt_ps_close(dt_ps *ps) {
     if (!ps || dt_ps_is_server(ps))
         return DT_OK;
@@ -199,7 +249,7 @@ dt_status dt_ps_close(dt_ps *ps) {
 static dt_status recv_ctrl(dt_ps *ps, int w, int64_t *op, float *lrs) {
     int64_t c[3 + MAX_GROUPS];
     DT_TRY(dt_pg_recv(ps->world, c, 3 + (size_t)ps->ngroups, DT_INT64, w, TAG_CTRL));
-    if ((c[0] != OP_STEP && c[0] != OP_DONE) || c[1] != ps->step || c[2] != ps->ngroups)
+    if ((c[0] != OP_STEP && c[0] != OP_DONE && c[0] != OP_STATE) || c[1] != ps->step || c[2] != ps->ngroups)
         return dt_fail(DT_ERR_PEER,
                        "ps: server rank %d expected worker %d's step %lld (%d groups), found op "
                        "%lld at step %lld (%lld groups)",
@@ -229,10 +279,9 @@ dt_status dt_ps_serve(dt_ps *ps) {
                 first = op;
             else if (op != first)
                 return dt_fail(DT_ERR_PEER,
-                               "ps: worker 0 %s at step %lld and worker %d %s",
-                               first == OP_DONE ? "ended" : "stepped", (long long)ps->step, w,
-                               op == OP_DONE ? "ended" : "stepped");
-            if (op == OP_DONE)
+                               "ps: worker 0 sent op %lld at step %lld and worker %d op %lld",
+                               (long long)first, (long long)ps->step, w, (long long)op);
+            if (op != OP_STEP)
                 continue;
             // The sum in worker order: worker 0's slice, then each other's added.
             DT_TRY(dt_pg_recv(ps->world, w ? ps->tmp : g, hi - lo, DT_FLOAT32, w, TAG_GRAD));
@@ -241,6 +290,11 @@ dt_status dt_ps_serve(dt_ps *ps) {
         }
         if (first == OP_DONE)
             return DT_OK;
+        if (first == OP_STATE) { // a checkpoint: this range's state to every worker
+            for (int w = 0; w < ps->workers; w++)
+                DT_TRY(move_state(ps, true, w, lo, hi));
+            continue;
+        }
         for (size_t i = 0; i < hi - lo; i++) // the mean, as an all-reduce's AVG divides
             g[i] /= (float)ps->workers;
         for (int k = 0; k < ps->ngroups; k++)

@@ -11,6 +11,7 @@
 //     ctrl {STEP, lr} + grad[range s] --->  sum over w = 0..W-1 (in order), / W
 //                                           optimizer step on range s
 //     params[range s]                 <---  to every worker
+//     a checkpoint: ctrl {STATE}      --->  its range of the optimizer's state, to each
 //     at the end: ctrl {DONE}         --->  returns from dt_ps_serve once all said so
 #ifndef DTRAIN_PARALLEL_PS_H
 #define DTRAIN_PARALLEL_PS_H
@@ -33,6 +34,10 @@ dt_status dt_ps_serve(dt_ps *ps);
 // A worker: the step. The gradient (this worker's, already averaged over its window)
 // pushed to the servers, the updated parameters pulled back into p.
 dt_status dt_ps_push_pull(dt_ps *ps);
+// A worker (every worker at once, at a checkpoint): the servers' optimizer state and
+// step count into this worker's optimizer, the whole table's, which checkpoints save.
+// dt_ps_new gives a resumed run's state (worker 0's) to the servers the same way.
+dt_status dt_ps_pull_state(dt_ps *ps);
 // A worker: training is over (the servers end their loop).
 dt_status dt_ps_close(dt_ps *ps);
 // Steps served (a server) or taken (a worker) so far.

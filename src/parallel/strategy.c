@@ -301,6 +301,8 @@ dt_status dt_strategy_check_replicas(dt_strategy *s, uint32_t *crc, char *what, 
 }
 
 dt_status dt_strategy_gather_params(dt_strategy *s, int root) {
+    if (s && s->o.ps) // the servers' optimizer state (every worker's parameters are whole)
+        return dt_ps_pull_state(s->o.ps);
     return s && s->zero ? dt_zero_params_gather(s->zero, root) : DT_OK;
 }
 

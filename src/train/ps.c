@@ -29,9 +29,6 @@ static const char *refused(const dt_trainer *t) {
         return "--precision fp32";
     if (a->ddp_compress && strcmp(a->ddp_compress, "none"))
         return "--ddp-compress none";
-    if (a->checkpoint_dir || a->resume)
-        return "no --checkpoint-dir or --resume (checkpoints do not hold the servers' "
-               "optimizer state yet)";
     if (t->o.broadcast_buffers)
         return "a program without shared buffers (BatchNorm's would stay each worker's)";
     return NULL;
