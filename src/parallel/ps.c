@@ -9,14 +9,14 @@
 #include <stdio.h>
 #include <string.h>
 
-#define TAG_INIT  0x70730001 // "ps": worker 0's parameters for a server's range
-#define TAG_CTRL  0x70730002 // a worker's control message: {op, step, groups, lr bits...}
-#define TAG_GRAD  0x70730003 // a worker's gradient slice
-#define TAG_PARAM 0x70730004 // a server's updated range
-#define OP_STEP   1
-#define OP_DONE   2
-#define OP_STATE  3          // the servers' optimizer state to every worker (a checkpoint)
-#define TAG_STATE 0x70730005 // a range of the optimizer's state: step count, then blocks
+#define TAG_INIT   0x70730001 // "ps": worker 0's parameters for a server's range
+#define TAG_CTRL   0x70730002 // a worker's control message: {op, step, groups, lr bits...}
+#define TAG_GRAD   0x70730003 // a worker's gradient slice
+#define TAG_PARAM  0x70730004 // a server's updated range
+#define OP_STEP    1
+#define OP_DONE    2
+#define OP_STATE   3          // the servers' optimizer state to every worker (a checkpoint)
+#define TAG_STATE  0x70730005 // a range of the optimizer's state: step count, then blocks
 #define MAX_GROUPS 16
 
 struct dt_ps {
@@ -24,11 +24,11 @@ struct dt_ps {
     dt_optim  *opt;
     dt_pg     *world;
     int        rank, workers, servers, ngroups;
-    size_t     n;       // floats in the flat parameters
-    dt_params *shard;   // a server's range as a table (dt_optim_shard)
+    size_t     n;     // floats in the flat parameters
+    dt_params *shard; // a server's range as a table (dt_optim_shard)
     int       *piece_src;
     size_t    *piece_flat;
-    float     *tmp;     // a server's receive buffer for workers 1..W-1
+    float     *tmp; // a server's receive buffer for workers 1..W-1
     int64_t    step;
     double     wait_s; // a worker's seconds in push_pull (sends, the servers' step, receives)
 };
@@ -63,7 +63,7 @@ static dt_status build_shard(dt_ps *ps, size_t lo, size_t hi) {
 
 // Every rank must describe the same table (a server steps what workers compute).
 static dt_status check_table(dt_ps *ps) {
-    int      world = ps->workers + ps->servers;
+    int      world   = ps->workers + ps->servers;
     int64_t  mine[2] = {(int64_t)ps->n, ps->ngroups};
     int64_t *all     = dt_alloc(sizeof(int64_t) * 2 * (size_t)world);
     if (!all)
@@ -87,8 +87,10 @@ static dt_status state_blocks(dt_ps *ps, size_t per, float **st, size_t *nb) {
     *st       = dt_optim_state(ps->opt, &nf);
     *nb       = per ? nf / per : 0;
     if (per && *nb * per != nf)
-        return dt_fail(DT_ERR_INTERNAL, "ps: expected the optimizer's state in blocks of %zu "
-                                        "floats, found %zu floats", per, nf);
+        return dt_fail(DT_ERR_INTERNAL,
+                       "ps: expected the optimizer's state in blocks of %zu "
+                       "floats, found %zu floats",
+                       per, nf);
     return DT_OK;
 }
 
@@ -107,17 +109,20 @@ static dt_status move_state(dt_ps *ps, bool send, int peer, size_t lo, size_t hi
         DT_TRY(dt_optim_set_step_count(ps->opt, steps)); // refuses a negative count
     }
     for (size_t b = 0; b < nb; b++)
-        DT_TRY(send ? dt_pg_send(ps->world, st + b * per + at, hi - lo, DT_FLOAT32, peer, TAG_STATE)
-                    : dt_pg_recv(ps->world, st + b * per + at, hi - lo, DT_FLOAT32, peer, TAG_STATE));
+        DT_TRY(
+            send ? dt_pg_send(ps->world, st + b * per + at, hi - lo, DT_FLOAT32, peer, TAG_STATE)
+                 : dt_pg_recv(ps->world, st + b * per + at, hi - lo, DT_FLOAT32, peer, TAG_STATE));
     return DT_OK;
 }
 
 dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int servers) {
-    *out      = NULL;
-    int size  = dt_pg_size(world);
+    *out     = NULL;
+    int size = dt_pg_size(world);
     if (servers < 1 || servers >= size)
-        return dt_fail(DT_ERR_ARG, "--ps %d: expected 1 to %d servers (the world has %d ranks "
-                                   "and needs a worker)", servers, size - 1, size);
+        return dt_fail(DT_ERR_ARG,
+                       "--ps %d: expected 1 to %d servers (the world has %d ranks "
+                       "and needs a worker)",
+                       servers, size - 1, size);
     if (dt_params_numel(p) < (size_t)servers)
         return dt_fail(DT_ERR_ARG, "--ps %d: expected at most %zu servers (one float each)",
                        servers, dt_params_numel(p));
@@ -127,9 +132,14 @@ dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int 
     dt_ps *ps = dt_alloc_zero(sizeof *ps);
     if (!ps)
         return dt_fail_context("the parameter server");
-    *ps = (dt_ps){.p = p, .opt = opt, .world = world, .rank = dt_pg_rank(world),
-                  .workers = size - servers, .servers = servers,
-                  .ngroups = dt_optim_num_groups(opt), .n = dt_params_numel(p)};
+    *ps          = (dt_ps){.p       = p,
+                           .opt     = opt,
+                           .world   = world,
+                           .rank    = dt_pg_rank(world),
+                           .workers = size - servers,
+                           .servers = servers,
+                           .ngroups = dt_optim_num_groups(opt),
+                           .n       = dt_params_numel(p)};
     dt_status st = check_table(ps);
     size_t    lo, hi;
     if (st == DT_OK && dt_ps_is_server(ps)) { // worker 0's parameters, the optimizer's range
@@ -249,7 +259,8 @@ dt_status dt_ps_close(dt_ps *ps) {
 static dt_status recv_ctrl(dt_ps *ps, int w, int64_t *op, float *lrs) {
     int64_t c[3 + MAX_GROUPS];
     DT_TRY(dt_pg_recv(ps->world, c, 3 + (size_t)ps->ngroups, DT_INT64, w, TAG_CTRL));
-    if ((c[0] != OP_STEP && c[0] != OP_DONE && c[0] != OP_STATE) || c[1] != ps->step || c[2] != ps->ngroups)
+    if ((c[0] != OP_STEP && c[0] != OP_DONE && c[0] != OP_STATE) || c[1] != ps->step ||
+        c[2] != ps->ngroups)
         return dt_fail(DT_ERR_PEER,
                        "ps: server rank %d expected worker %d's step %lld (%d groups), found op "
                        "%lld at step %lld (%lld groups)",

@@ -323,7 +323,7 @@ void dt_strategy_state_bytes(const dt_strategy *s, double *peak, double *moved_p
         pk = 4.0 * (double)(2 * n + nf);
         // A ring all-reduce: each rank receives 2 (N - 1) / N of the gradients.
         int w = s->dp ? dt_pg_size(s->dp) : 1;
-        mv    = s->ddp ? 4.0 * 2.0 * (double)(w - 1) / w * (double)n : dt_ps_bytes_per_step(s->o.ps);
+        mv = s->ddp ? 4.0 * 2.0 * (double)(w - 1) / w * (double)n : dt_ps_bytes_per_step(s->o.ps);
     }
     if (peak)
         *peak = pk;

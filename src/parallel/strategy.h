@@ -27,17 +27,17 @@
 typedef struct dt_strategy dt_strategy;
 
 typedef struct dt_strategy_opts {
-    dt_zero_opts zero;              // stage 0: DDP over the group; 1-3: ZeRO's stage (and plan)
-    bool         overlap;           // DDP: reduce buckets during backward
-    bool         tree_reduce;       // DDP: sum ranks in comm's tree order (the model's shards)
-    const char  *compress;          // DDP's gradient compression: none, bf16, fp16, powersgd
-    int          powersgd_rank;     // PowerSGD's rank
-    bool         broadcast_buffers; // rank 0's buffers at each window's start and at the end
-    bool         join;              // uneven inputs: gradients summed over samples after backward
-    int          data_parallel;     // DataParallel replicas in threads (1: none)
-    int          threads;           // this process's compute threads (the replicas share them)
-    struct dt_ps *ps;               // a parameter server's worker (ps.h; borrowed): the step
-                                    // pushes gradients and pulls parameters, no DDP
+    dt_zero_opts  zero;              // stage 0: DDP over the group; 1-3: ZeRO's stage (and plan)
+    bool          overlap;           // DDP: reduce buckets during backward
+    bool          tree_reduce;       // DDP: sum ranks in comm's tree order (the model's shards)
+    const char   *compress;          // DDP's gradient compression: none, bf16, fp16, powersgd
+    int           powersgd_rank;     // PowerSGD's rank
+    bool          broadcast_buffers; // rank 0's buffers at each window's start and at the end
+    bool          join;              // uneven inputs: gradients summed over samples after backward
+    int           data_parallel;     // DataParallel replicas in threads (1: none)
+    int           threads;           // this process's compute threads (the replicas share them)
+    struct dt_ps *ps;                // a parameter server's worker (ps.h; borrowed): the step
+                                     // pushes gradients and pulls parameters, no DDP
 } dt_strategy_opts;
 
 // What dt_strategy_new did, for the trainer's messages.

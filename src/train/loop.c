@@ -273,7 +273,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         t->kvs[t->nkvs++] = (dt_ckpt_kv){"grad_scaler", t->scaler_kv};
     }
     DT_TRY(dt_train_mesh_check_layout(t)); // before anything is written there
-    if (a->resume && !a->eval_only && !t->ps_server) { // a server takes worker 0's
+    if (a->resume && !a->eval_only && !t->ps_server) {
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
         dt_ckpt_opts  co = ckpt_opts(t);

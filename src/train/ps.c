@@ -42,8 +42,10 @@ dt_status dt_train_ps_start(dt_trainer *t) {
         return dt_fail(DT_ERR_ARG, "--ps %ld: expected %s", t->a.ps, why);
     int world = t->world, servers = (int)t->a.ps, workers = world - servers;
     if (workers < 1)
-        return dt_fail(DT_ERR_ARG, "--ps %d: expected fewer servers than the %d ranks (a worker "
-                                   "at least)", servers, world);
+        return dt_fail(DT_ERR_ARG,
+                       "--ps %d: expected fewer servers than the %d ranks (a worker "
+                       "at least)",
+                       servers, world);
     int *ranks = dt_alloc(sizeof(int) * (size_t)workers);
     if (!ranks)
         return DT_ERR_NOMEM;
@@ -60,8 +62,8 @@ dt_status dt_train_ps_start(dt_trainer *t) {
         t->world = dt_pg_size(wg), t->rank = dt_pg_rank(wg);
         t->local_rank = dt_pg_local_rank(wg), t->local_size = dt_pg_local_size(wg);
         dt_trainer_print(t, "Parameter server: %d worker%s, %d server%s (ranks %d to %d)\n",
-                         workers, workers > 1 ? "s" : "", servers, servers > 1 ? "s" : "",
-                         workers, world - 1);
+                         workers, workers > 1 ? "s" : "", servers, servers > 1 ? "s" : "", workers,
+                         world - 1);
     } else { // keeps its world rank (never 0: it prints nothing of the program's), so
              // that loaders made before dt_trainer_prepare take a valid, unused shard
         t->local_rank = t->local_size = 1;

@@ -265,7 +265,8 @@ dt_status dt_train_mesh_load_model(dt_trainer *t, const char *path);
 // group (their sampler, evaluation and checkpoints' group), a server's is NULL.
 // _prepare: in dt_trainer_prepare, before the strategy: a worker's exchange (t->ps,
 // which the strategy's step uses); a server serves and ends its process there, with
-// dt_trainer_exit's code. _end: the servers told training is over (a worker that ends
+// dt_trainer_exit's code (a server reads no checkpoint on --resume: worker 0 gives it
+// its range of the state). _end: the servers told training is over (a worker that ends
 // well or preempted), the world aborted after a failure, and freed.
 dt_status dt_train_ps_start(dt_trainer *t);
 dt_status dt_train_ps_prepare(dt_trainer *t);

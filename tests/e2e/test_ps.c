@@ -46,9 +46,9 @@ static double now(void) {
 // (launched by --num-processes, or with `by_dtrun` by dtrun over tcp); the saved model's
 // parameters in *params (malloc'd; NULL when the run failed).
 static float *train_by(int procs, int ps, bool by_dtrun, size_t *n) {
-    char  path[PATH_MAX], *out = NULL;
-    int   workers = procs - ps;
-    float *params = NULL;
+    char   path[PATH_MAX], *out = NULL;
+    int    workers = procs - ps;
+    float *params  = NULL;
     snprintf(path, sizeof path, "%s/p%d-s%d.dtm", dir, procs, ps);
     char launch[3 * PATH_MAX];
     if (by_dtrun)
@@ -138,7 +138,7 @@ static float *load_params(const char *path, size_t *n) {
 // checkpoint, and a resume for the other 4 (Adadelta's averages matter: without the
 // state the resumed model differs), bitwise equal.
 static void test_resume(void) {
-    char  a[PATH_MAX], b[PATH_MAX], ck[PATH_MAX], *out = NULL;
+    char        a[PATH_MAX], b[PATH_MAX], ck[PATH_MAX], *out = NULL;
     const char *run = "--limit 1024 --batch-size 64 --num-processes 3 --ps 1 --threads 1 "
                       "--no-test";
     snprintf(a, sizeof a, "%s/straight.dtm", dir);
@@ -211,7 +211,7 @@ static bool log_has(const char *log, const char *needle) {
 static pid_t server_of(pid_t pid) {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
-    FILE *f = fopen(path, "r");
+    FILE *f    = fopen(path, "r");
     int   c[3] = {-1, -1, -1}, k = 0;
     if (f) {
         while (k < 3 && fscanf(f, "%d", &c[k]) == 1)
