@@ -15,7 +15,8 @@
 // - A SIGTERM to the job stops it at an agreed step with code 75, servers included.
 // - A server killed with SIGKILL is named by the workers ("rank 2 died") and the job
 //   ends within 10 s; one stopped with SIGSTOP (silent) is named as unreachable within
-//   the liveness bound (DT_LIVENESS_MS, 5 s) plus 7 s of slack for a loaded machine.
+//   the liveness bound (DT_LIVENESS_MS, 5 s) plus 7 s of slack for a loaded machine
+//   (sanitizer builds: 20 s more on each bound).
 #include "../check.h"
 #include "../lib/mnist.h"
 #include "../lib/prog.h"
@@ -34,6 +35,13 @@
 #include <unistd.h>
 
 static char bin[PATH_MAX + 64], dtrun[PATH_MAX + 64];
+
+// Sanitizer builds run several times slower: their bounds get this much slack (s).
+#ifdef DT_SANITIZE
+#define SLACK 20.0
+#else
+#define SLACK 0.0
+#endif
 static char dir[] = "/tmp/dt-ps-XXXXXX";
 
 static double now(void) {
@@ -258,11 +266,11 @@ static void server_lost(int sig, const char *needle, double bound) {
 }
 
 static void test_server_killed(void) {
-    server_lost(SIGKILL, "rank 2 died", 10);
+    server_lost(SIGKILL, "rank 2 died", 10 + SLACK);
 }
 
 static void test_server_stopped(void) {
-    server_lost(SIGSTOP, "rank 2 (host", 12);
+    server_lost(SIGSTOP, "rank 2 (host", 12 + SLACK);
 }
 
 // A SIGTERM to the job (the parent forwards it to every rank, as dtrun does): the
@@ -281,7 +289,7 @@ static void test_sigterm(void) {
     double sent = now();
     int    st   = 0;
     pid_t  w    = 0;
-    while ((w = waitpid(pid, &st, WNOHANG)) == 0 && now() - sent < 20)
+    while ((w = waitpid(pid, &st, WNOHANG)) == 0 && now() - sent < 20 + SLACK)
         usleep(50 * 1000);
     if (w == 0) {
         kill(-pid, SIGKILL);
