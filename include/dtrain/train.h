@@ -141,6 +141,9 @@ typedef struct dt_train_args {
     // ddp.h) and PowerSGD's rank (--powersgd-rank)
     const char *ddp_compress;
     long        powersgd_rank;
+    // --ps N: the last N ranks serve the parameters (a synchronous parameter server,
+    // docs/ps.md; 0: none)
+    long ps;
     // --device (NULL: cpu) and --num-gpu-processes (0: none; else --num-processes with
     // --device cuda): where the model trains (see "devices" below)
     const char *device;

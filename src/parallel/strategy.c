@@ -3,6 +3,8 @@
 // dt_strategy_new, and the step's fixed points dispatch here.
 #include "parallel/strategy.h"
 
+#include "parallel/ps.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,7 +43,7 @@ dt_status dt_strategy_new(dt_strategy **out, dt_params *p, dt_optim *opt, dt_pg 
         st = dt_zero_new(&s->zero, p, dp, opt, &o->zero);
         dt_optim_state(opt, &in.optim_floats);
         in.zero_stage = o->zero.stage;
-    } else if (dp) {
+    } else if (dp && !o->ps) { // a parameter server's workers reduce through the servers
         dt_ddp_opts d    = dt_ddp_opts_default();
         d.overlap        = o->overlap;
         d.tree_reduce    = o->tree_reduce;
@@ -236,6 +238,8 @@ dt_status dt_strategy_clip(dt_strategy *s, float max_norm, float *norm) {
 }
 
 dt_status dt_strategy_step(dt_strategy *s) {
+    if (s->o.ps) // the servers average the workers' gradients and step
+        return dt_ps_push_pull(s->o.ps);
     if (s->zero)
         return dt_zero_step(s->zero);
     dt_optim_step(s->opt);
@@ -297,6 +301,8 @@ dt_status dt_strategy_check_replicas(dt_strategy *s, uint32_t *crc, char *what, 
 }
 
 dt_status dt_strategy_gather_params(dt_strategy *s, int root) {
+    if (s && s->o.ps) // the servers' optimizer state (every worker's parameters are whole)
+        return dt_ps_pull_state(s->o.ps);
     return s && s->zero ? dt_zero_params_gather(s->zero, root) : DT_OK;
 }
 
@@ -317,7 +323,7 @@ void dt_strategy_state_bytes(const dt_strategy *s, double *peak, double *moved_p
         pk = 4.0 * (double)(2 * n + nf);
         // A ring all-reduce: each rank receives 2 (N - 1) / N of the gradients.
         int w = s->dp ? dt_pg_size(s->dp) : 1;
-        mv    = s->ddp ? 4.0 * 2.0 * (double)(w - 1) / w * (double)n : 0;
+        mv = s->ddp ? 4.0 * 2.0 * (double)(w - 1) / w * (double)n : dt_ps_bytes_per_step(s->o.ps);
     }
     if (peak)
         *peak = pk;
@@ -332,5 +338,5 @@ double dt_strategy_wait_secs(const dt_strategy *s) {
         dt_ddp_stats(s->ddp, &wait_s, &steps);
     if (s && s->zero) // the wait for gradients and for the parameters' all-gather
         dt_zero_stats(s->zero, &wait_s, &gather_s, &steps);
-    return wait_s + gather_s;
+    return wait_s + gather_s + (s ? dt_ps_wait_secs(s->o.ps) : 0);
 }

@@ -1,6 +1,7 @@
 // strategy.h: the one seam between the trainer (src/train) and the ways of spreading a
 // training step over ranks and threads, which live beside each other in src/parallel
 // and src/ddp: DDP (its bucketed all-reduce, compression, PowerSGD), ZeRO stages 1-3,
+// a parameter server's worker (ps.h),
 // DataParallel threads (dp.c), uneven inputs (DDP's join), and the dp x pp x tp mesh
 // (mesh.c, pipe.c, tp.c: the norm over the model's parts, the replicas of each part).
 // The trainer hands over the parameters once and then calls the strategy at the fixed
@@ -26,15 +27,17 @@
 typedef struct dt_strategy dt_strategy;
 
 typedef struct dt_strategy_opts {
-    dt_zero_opts zero;              // stage 0: DDP over the group; 1-3: ZeRO's stage (and plan)
-    bool         overlap;           // DDP: reduce buckets during backward
-    bool         tree_reduce;       // DDP: sum ranks in comm's tree order (the model's shards)
-    const char  *compress;          // DDP's gradient compression: none, bf16, fp16, powersgd
-    int          powersgd_rank;     // PowerSGD's rank
-    bool         broadcast_buffers; // rank 0's buffers at each window's start and at the end
-    bool         join;              // uneven inputs: gradients summed over samples after backward
-    int          data_parallel;     // DataParallel replicas in threads (1: none)
-    int          threads;           // this process's compute threads (the replicas share them)
+    dt_zero_opts  zero;              // stage 0: DDP over the group; 1-3: ZeRO's stage (and plan)
+    bool          overlap;           // DDP: reduce buckets during backward
+    bool          tree_reduce;       // DDP: sum ranks in comm's tree order (the model's shards)
+    const char   *compress;          // DDP's gradient compression: none, bf16, fp16, powersgd
+    int           powersgd_rank;     // PowerSGD's rank
+    bool          broadcast_buffers; // rank 0's buffers at each window's start and at the end
+    bool          join;              // uneven inputs: gradients summed over samples after backward
+    int           data_parallel;     // DataParallel replicas in threads (1: none)
+    int           threads;           // this process's compute threads (the replicas share them)
+    struct dt_ps *ps;                // a parameter server's worker (ps.h; borrowed): the step
+                                     // pushes gradients and pulls parameters, no DDP
 } dt_strategy_opts;
 
 // What dt_strategy_new did, for the trainer's messages.
@@ -87,7 +90,8 @@ dt_status dt_strategy_step(dt_strategy *s);
 // "Parameters identical on all 4 ranks (CRC32C ...)" or the mesh's or ZeRO-3's form
 // (empty without a group). COLLECTIVE.
 dt_status dt_strategy_check_replicas(dt_strategy *s, uint32_t *crc, char *what, size_t n);
-// --zero 3: the whole parameters on `root` (-1: every rank) and given back after.
+// --zero 3: the whole parameters on `root` (-1: every rank) and given back after; a
+// parameter server's worker: the servers' optimizer state, on every worker. For a save.
 dt_status dt_strategy_gather_params(dt_strategy *s, int root);
 dt_status dt_strategy_release_params(dt_strategy *s);
 // This rank's state at its peak and the payload of one step, in bytes (train.h's

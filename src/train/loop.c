@@ -218,7 +218,8 @@ static dt_status make_strategy(dt_trainer *t) {
                               .broadcast_buffers = t->o.broadcast_buffers,
                               .join              = t->join,
                               .data_parallel     = dt_trainer_data_parallel(t),
-                              .threads           = t->threads};
+                              .threads           = t->threads,
+                              .ps                = t->ps};
     so.zero.stage          = dpg ? (int)a->zero : 0;
     so.zero.track_resident = so.zero.stage == 3; // the peak dt_trainer_state_bytes reports
     DT_TRY(dt_train_plan_memory(t, t->p, t->opt, &so.zero)); // --max-rank-memory
@@ -272,7 +273,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
         t->kvs[t->nkvs++] = (dt_ckpt_kv){"grad_scaler", t->scaler_kv};
     }
     DT_TRY(dt_train_mesh_check_layout(t)); // before anything is written there
-    if (a->resume && !a->eval_only) {
+    if (a->resume && !a->eval_only && !t->ps_server) {
         dt_ckpt_info  info;
         dt_ckpt_state cs = ckpt_state(t);
         dt_ckpt_opts  co = ckpt_opts(t);
@@ -319,6 +320,7 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
                        "--zero %ld: expected even shards (uneven inputs reduce whole "
                        "gradients after backward), found DT_SPLIT_TRAIN_UNEVEN",
                        a->zero);
+    DT_TRY(dt_train_ps_prepare(t)); // a server serves here and ends its process
     DT_TRY(make_strategy(t));
     if (t->m)
         dt_model_set_profile(t->m, a->profile);

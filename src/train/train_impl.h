@@ -192,6 +192,11 @@ struct dt_trainer {
     struct dt_elastic *el;
     size_t             gbatch;
     int                regroups;
+    // --ps N (ps.c): the whole world (t->pg is then the workers' group, or NULL on a
+    // server), whether this rank serves, and the exchange with the servers.
+    dt_pg        *ps_world;
+    bool          ps_server;
+    struct dt_ps *ps;
 };
 
 // elastic.c: elastic membership (DT_ELASTIC, set by dtrun --nnodes MIN:MAX). _wanted:
@@ -254,5 +259,17 @@ dt_status dt_train_mesh_check_layout(const dt_trainer *t);
 // and cut into this rank's part (--load). Collective.
 dt_status dt_train_mesh_save_model(dt_trainer *t, const char *path);
 dt_status dt_train_mesh_load_model(dt_trainer *t, const char *path);
+
+// The parameter server (ps.c; --ps N). _start: at a worker's start, after the world's
+// checks: refuses what does not fit, and splits the world: t->pg becomes the workers'
+// group (their sampler, evaluation and checkpoints' group), a server's is NULL.
+// _prepare: in dt_trainer_prepare, before the strategy: a worker's exchange (t->ps,
+// which the strategy's step uses); a server serves and ends its process there, with
+// dt_trainer_exit's code (a server reads no checkpoint on --resume: worker 0 gives it
+// its range of the state). _end: the servers told training is over (a worker that ends
+// well or preempted), the world aborted after a failure, and freed.
+dt_status dt_train_ps_start(dt_trainer *t);
+dt_status dt_train_ps_prepare(dt_trainer *t);
+void      dt_train_ps_end(dt_trainer *t, int rc);
 
 #endif

@@ -154,6 +154,12 @@ static void build_common(dt_trainer *t) {
            D, S, "none bf16 fp16 powersgd", "none, bf16, fp16 or powersgd"},
           {"powersgd-rank", DT_FLAG_LONG, &a->powersgd_rank, "4", 1, 1024, "R",
            "PowerSGD's rank with --ddp-compress powersgd (default 4)", D, S, 0, 0},
+          {"ps", DT_FLAG_LONG, &a->ps, "0", 0, 1023, "N",
+           "parameter servers: the last N ranks of the world hold the\n"
+             "parameters in shards and step the optimizer; the others push\n"
+             "gradients and pull parameters each step (synchronous;\n"
+             "docs/ps.md; default 0: all-reduce among all ranks)",
+           D, S, 0, 0},
           {"checkpoint-dir", DT_FLAG_STRING, &a->checkpoint_dir, NULL, 0, 0, "D",
            "save checkpoints under D (at the end, and see below)", C, S | DT_FLAG_SHARED_HOST, 0, 0},
           {"checkpoint-every", DT_FLAG_LONG, &a->checkpoint_every, NULL, 1, 1L << 40, "N",
@@ -486,6 +492,7 @@ static dt_status begin_worker(dt_trainer *t, dt_pg *pg) {
     t->last_saved = -1;
     DT_TRY(dt_train_check_shared(t));
     DT_TRY(announce_kernels(t));
+    DT_TRY(dt_train_ps_start(t));  // --ps: t->pg becomes the workers' group
     return dt_train_mesh_start(t); // the mesh's groups (--pp, --tp)
 }
 
@@ -510,6 +517,7 @@ static int end_worker(dt_trainer *t, dt_status st) {
         dt_pg_abort(t->pg, "a worker failed");
     dt_pg_free(t->pg);
     t->pg = NULL;
+    dt_train_ps_end(t, rc);
     dt_train_elastic_close(t, rc == 0 && t->finish_called);
     t->in_worker = false;
     return rc;
