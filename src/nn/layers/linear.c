@@ -9,9 +9,9 @@
 // large weight gradient is ever summed; the bias gradient by outputs likewise; dx by
 // rows again.
 //
-// The products: with AVX2 or AVX-512 (dt_nn_want_direct), the shifted-GEMM tiles
-// with plain row offsets (forward y += x W^T with rows of x and W both contiguous,
-// dW = dy^T x over a transposed copy of dy, dx = dy W); elsewhere dtrain's GEMM
+// The products: with AVX-512, and with AVX2 for long rows (linear_direct), the
+// shifted-GEMM tiles with plain row offsets (forward y += x W^T with rows of x and W both
+// contiguous, dW = dy^T x over a transposed copy of dy, dx = dy W); elsewhere dtrain's GEMM
 // (dt_sgemm, whose rows do not depend on how many a call gets); in bf16 the bf16 GEMM
 // over bf16 copies of x and dy, each rounded once (the 16-bit saved state); fp16 through
 // prec.h's autocast product.
@@ -23,6 +23,7 @@
 // places: a column takes the same kernel path whatever the thread count) every shard's
 // product into a tile of its own, the tree over the tiles, the sum added into dW.
 #include "core/tree.h"
+#include "kernels/cpu.h"
 #include "nn/blas.h"
 #include "nn/layers/layers_impl.h"
 #include "nn/nn_impl.h"
@@ -53,6 +54,23 @@ static int shard_start(int batch, int shards, int m) { // its first, shard-major
 }
 
 // The saved state of a batch: the transposed output gradient (out, rows) in floats, then
+// Whether the shifted tiles take this layer. With AVX-512 they do, as tuned there. With
+// AVX2 (16 ymm registers) they win on long rows of x and lose on short ones, as measured
+// on an AMD EPYC Zen 3: the ConvNet's fc1 (rows of 4608 floats) gains on them, its
+// sharded weight gradient walking short per-shard reductions over rows the tiles copy
+// together, while dtrain-gpt's rows of 128 and 512 run faster on the GEMM's packed tiles
+// (20 steps in 13.2-13.3 s of CPU against 16.2-17.5 s). The cut lies between the two:
+// rows longer than a quarter of L1 (2048 floats on 32 KiB). DT_CONV=gemm turns the
+// shifted tiles off everywhere.
+static bool linear_direct(int in) {
+    if (!dt_nn_want_direct())
+        return false;
+    if (dt_isa_on(DT_ISA_AVX512))
+        return true;
+    size_t l1 = dt_cpu_get()->l1d ? dt_cpu_get()->l1d : 32768;
+    return (size_t)in * sizeof(float) > l1 / 4;
+}
+
 // one int offset per row (the shifted tiles' and the sharded path's row table).
 static float *dyt_of(const dt_layer_args *a) {
     return a->saved;
@@ -87,7 +105,7 @@ static dt_status linear_setup(const dt_layer *l, int nin, const dt_shape *in, dt
     lay_tensor(&s->params[1], "bias", DT_PARAM_NO_DECAY, 1, p->out, 0, 0, 0);
     s->nparams = p->bias ? 2 : 1;
     p->rows    = (int)(dt_shape_numel(&in[0]) / (size_t)p->in);
-    p->direct  = dt_nn_want_direct();
+    p->direct  = linear_direct(p->in);
     dt_free(p->offsets);
     if (!(p->offsets = dt_alloc(sizeof(int) * (size_t)p->out)))
         return DT_ERR_NOMEM;
