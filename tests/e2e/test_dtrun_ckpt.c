@@ -33,22 +33,6 @@ static bool mnist_has_checkpoints(void) {
     return has;
 }
 
-static bool same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    bool  same = fa && fb;
-    while (same) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        same = ca == cb;
-        if (ca == EOF || cb == EOF)
-            break;
-    }
-    if (fa)
-        fclose(fa);
-    if (fb)
-        fclose(fb);
-    return same;
-}
-
 static void test_kill_and_resume(void) {
     char dir[PATH_MAX], ref_model[PATH_MAX + 16], model[PATH_MAX + 16], ckpt[PATH_MAX + 16];
     scenario_dir(dir, sizeof dir, "ckpt");

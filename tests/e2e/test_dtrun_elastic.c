@@ -33,22 +33,6 @@ static void crc_of(const char *out, char crc[16]) {
         sscanf(p, "(CRC32C %8s", crc);
 }
 
-static bool same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    bool  same = fa && fb;
-    while (same) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        same = ca == cb;
-        if (ca == EOF || cb == EOF)
-            break;
-    }
-    if (fa)
-        fclose(fa);
-    if (fb)
-        fclose(fb);
-    return same;
-}
-
 // How often needle occurs in the stdout and stderr files of the runs (NULL entries
 // skipped).
 static int count_in(run *const *rs, int n, const char *needle) {

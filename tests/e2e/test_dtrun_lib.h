@@ -411,6 +411,23 @@ DTRUN_TEST_FN int free_port(void) {
 
 // ------------------------------------------------------------------ scenarios
 
+// Whether two files hold the same bytes (both must open).
+static __attribute__((unused)) bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool  same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF || cb == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
 static char mark[64];
 
 DTRUN_TEST_FN void new_mark(const char *what) {

@@ -129,22 +129,6 @@ static double model_diff(const char *fa, const char *fb, double *mass) {
     return d;
 }
 
-static bool same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    bool  same = fa && fb;
-    while (same) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        same = ca == cb;
-        if (ca == EOF || cb == EOF)
-            break;
-    }
-    if (fa)
-        fclose(fa);
-    if (fb)
-        fclose(fb);
-    return same;
-}
-
 static char   dir[1024], ref_model[PATH_MAX + 16];
 static double ref_val;
 
