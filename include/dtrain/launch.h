@@ -146,6 +146,10 @@ DT_API int dt_procs_poll_ms(const dt_procs *ps, int timeout_ms);
 // SIGKILLs and reaps the children still alive, then, with own_groups, SIGKILLs what is
 // left in every child's process group; closes the pidfds and frees. NULL is a no-op.
 DT_API void dt_procs_free(dt_procs *ps);
+// In a child forked by dt_procs_start that goes on in the caller's code: closes the
+// copies of the pidfds and frees the table, signalling and waiting for no one (the
+// siblings belong to the parent). NULL is a no-op.
+DT_API void dt_procs_release(dt_procs *ps);
 
 // How a child ended, for messages: "exited with code 3", "was killed by signal 9
 // (SIGKILL)", or "ended (status unknown)" (exit_code -1 and no signal: reaped elsewhere).

@@ -202,6 +202,7 @@ static dt_status spawn(int nprocs, dt_spawn_fn fn, void *arg, dt_spawn_result *o
     dt_status   st = DT_OK;
     for (int i = 0; i < nprocs; i++) {
         if (!fn && sigsetjmp(back, 0)) { // a child of dt_spawn_fork, back from child_main
+            dt_procs_release(ps);        // the parent's table: the siblings are not ours
             *local_rank = forked_rank;
             return DT_OK;
         }

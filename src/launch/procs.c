@@ -208,6 +208,17 @@ int dt_procs_wait(dt_procs *ps, int timeout_ms, dt_procs_end_fn on_end, void *ct
     return dt_procs_reap(ps, on_end, ctx);
 }
 
+void dt_procs_release(dt_procs *ps) {
+    if (!ps)
+        return;
+    for (int i = 0; ps->p && i < ps->n; i++)
+        if (ps->p[i].pidfd >= 0)
+            close(ps->p[i].pidfd);
+    dt_free(ps->pf);
+    dt_free(ps->p);
+    dt_free(ps);
+}
+
 void dt_procs_free(dt_procs *ps) {
     if (!ps)
         return;
