@@ -320,9 +320,13 @@ int dtrun_args_parse(int argc, char **argv, dtrun_args *a) {
     parsing_var = NULL;
     if (env_flags(&env))
         return 2;
-    char **all = malloc(sizeof *all * (size_t)(argc + env.n + 1)); // lives as long as dtrun
+    // The merged argv lives as long as dtrun (the program's arguments point into it);
+    // held in a static so that it stays reachable, not leaked, at exit.
+    static char **volatile kept __attribute__((unused)); // volatile: the store stays
+    char **all = malloc(sizeof *all * (size_t)(argc + env.n + 1));
     if (!all)
         return usage_error("out of memory");
+    kept   = all;
     all[0] = argv[0];
     memcpy(all + 1, env.argv, sizeof *all * (size_t)env.n);
     memcpy(all + 1 + env.n, argv + 1, sizeof *all * (size_t)argc); // with the NULL

@@ -368,7 +368,8 @@ static void post_chunk(dt_shm *s, int peer, const dt_fingerprint *fp, uint32_t s
     unsigned char *p  = chan_buf(s, s->rank, peer, at);
     shm_msg        h  = {.fp = *fp, .chunk = (uint32_t)k, .step = step, .nbytes = nbytes};
     memcpy(p, &h, sizeof h);
-    memcpy(p + sizeof h, data, len);
+    if (len) // an empty message may come with no buffer
+        memcpy(p + sizeof h, data, len);
     s->sent[peer] = at + 1;
     word_set(&chan(s, s->rank, peer)->posted, at + 1);
 }
