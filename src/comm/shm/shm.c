@@ -512,7 +512,8 @@ dt_status dt_shm_recv(shm_op *o) {
             return poison(s, DT_ERR_MISMATCH, "%s", msg);
         }
         size_t len = min_sz(s->pchunk, nbytes - k * s->pchunk);
-        memcpy((unsigned char *)op->dst + k * s->pchunk, p + sizeof h, len);
+        if (len) // an empty message may come into no buffer
+            memcpy((unsigned char *)op->dst + k * s->pchunk, p + sizeof h, len);
         s->taken[peer] = at + 1;
         word_set(&c->consumed, at + 1);
     }
