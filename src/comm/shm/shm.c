@@ -604,9 +604,9 @@ static dt_status pull_xfers(shm_op *o) {
                          (unsigned long long)h.nbytes, x->step >> 24, x->step & 0xffffff,
                          x->nbytes);
             } else {
-                size_t off = k * s->pchunk;
-                memcpy((unsigned char *)x->buf + off, p + sizeof h,
-                       min_sz(s->pchunk, x->nbytes - off));
+                size_t off = k * s->pchunk, len = min_sz(s->pchunk, x->nbytes - off);
+                if (len) // an empty message may come into no buffer
+                    memcpy((unsigned char *)x->buf + off, p + sizeof h, len);
                 s->taken[peer] = at + 1;
                 word_set(&c->consumed, at + 1);
                 if (++x->done_bytes_ == chunks_of(s, x->nbytes)) {
