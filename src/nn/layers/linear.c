@@ -67,8 +67,7 @@ static bool linear_direct(int in) {
         return false;
     if (dt_isa_on(DT_ISA_AVX512))
         return true;
-    size_t l1 = dt_cpu_get()->l1d ? dt_cpu_get()->l1d : 32768;
-    return (size_t)in * sizeof(float) > l1 / 4;
+    return (size_t)in * sizeof(float) > dt_cpu_get()->l1d / 4;
 }
 
 // one int offset per row (the shifted tiles' and the sharded path's row table).
