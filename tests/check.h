@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int         check_passed;
@@ -62,9 +63,13 @@ static inline int check_report(int ok, const char *what, const char *file, int l
                     dt_status_str(check_s_), check_m_, dt_status_str(status), (needle));           \
     } while (0)
 
-// Runs one test function under a name shown in failure lines.
+// Runs one test function under a name shown in failure lines. CHECK_ONLY=name in the
+// environment runs only the test functions whose names contain it (to rerun one by hand).
 #define RUN(fn)                                                                                    \
     do {                                                                                           \
+        const char *check_only_ = getenv("CHECK_ONLY");                                            \
+        if (check_only_ && !strstr(#fn, check_only_))                                              \
+            break;                                                                                 \
         check_current = #fn;                                                                       \
         int check_f0_ = check_failed;                                                              \
         fn();                                                                                      \

@@ -23,6 +23,9 @@ for t in "$@"; do
     elif [ $rc -ne 0 ] || [ -z "$line" ]; then
         printf '%-48s FAILED (exit %s) %s\n' "$name" "$rc" "$line"; bad="$bad $name"
         tail -40 "$t.stderr"
+        # The failed checks themselves, which a long dump above may have pushed out.
+        echo "---- failed checks of $name:"
+        grep -A2 '^FAIL .*:[0-9]* \[' "$t.stderr" | head -40
     else
         printf '%-48s %s  (%.1fs)\n' "$name" "$line" "$secs"
     fi
