@@ -95,3 +95,20 @@ dt_status dt_prec_path_set(dt_prec_path p) {
     __atomic_store_n(&path_cur, p, __ATOMIC_RELAXED);
     return DT_OK;
 }
+
+const char *dt_prec_describe(dt_precision p, char *buf, size_t n) {
+    if (p == DT_PREC_FP16) // autocast.c: exact fp16 values, fp32 products and sums
+        snprintf(buf, n, "fp16: operands rounded to fp16, products on the fp32 kernels%s",
+                 dt_isa_on(DT_ISA_AVX2) ? " (F16C conversions)" : "");
+    else if (p == DT_PREC_BF16 && dt_prec_path_get() == DT_PATH_FP32)
+        snprintf(buf, n, "bf16: %soperands rounded to bf16, products on the fp32 kernels",
+                 dt_isa_on(DT_ISA_AVX512BF16) ? "DT_PRECISION_PATH=fp32: "
+                                              : "no bf16 hardware: ");
+    else if (p == DT_PREC_BF16)
+        snprintf(buf, n, "bf16: %s", dt_prec_path_get() == DT_PATH_AMX
+                                         ? "AMX tiles (TDPBF16PS)"
+                                         : "avx512bf16 dot products (VDPBF16PS)");
+    else
+        snprintf(buf, n, "%s", "");
+    return buf;
+}

@@ -59,6 +59,10 @@ dt_prec_path dt_prec_path_get(void);
 dt_status dt_prec_path_init(void);
 // Forces a path for this process (tests, benchmarks); DT_ERR_ARG if unsupported here.
 dt_status dt_prec_path_set(dt_prec_path p);
+// One line for the start-up banner and --profile: how the products of precision p run
+// on this CPU ("bf16: avx512bf16 dot products", "bf16: no bf16 hardware: operands rounded
+// to bf16, products on the fp32 kernels", ...). Empty for fp32.
+const char *dt_prec_describe(dt_precision p, char *buf, size_t n);
 
 // Row-major C (M, N) (+)= op(A) (M, K) * op(B) (K, N), A and B bf16, C fp32, products
 // summed in fp32. op(A) = A, or A^T when trans_a (A stored (K, M)); likewise B. The

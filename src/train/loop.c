@@ -5,6 +5,7 @@
 
 #include "core/tree.h"
 #include "kernels/cpu.h"
+#include "nn/prec.h"
 
 #include "dtrain/trace.h"
 
@@ -259,6 +260,10 @@ dt_status dt_trainer_prepare(dt_trainer *t, dt_params *p, dt_optim *opt, dt_sche
     }
     build_kvs(t);
     t->prec = dt_trainer_precision(t);
+    if (t->prec != DT_PREC_FP32) {
+        char how[160];
+        dt_trainer_print(t, "Precision: %s\n", dt_prec_describe(t->prec, how, sizeof how));
+    }
     if (t->prec == DT_PREC_FP16 && a->zero > 0)
         return dt_fail(DT_ERR_ARG,
                        "--precision fp16 with --zero %ld: not supported yet (the loss "
@@ -939,6 +944,10 @@ dt_status dt_trainer_finish(dt_trainer *t) {
         else
             printf("Finished training in %.2f secs\n", t->finished - t->start);
         fflush(stdout);
+        if (t->rank == 0 && a->profile && t->prec != DT_PREC_FP32) {
+            char how[160];
+            printf("profile: precision %s\n", dt_prec_describe(t->prec, how, sizeof how));
+        }
         if (t->rank == 0 && a->profile && t->m)
             print_profile(t->m, t->finished - t->train_start);
         if (t->rank == 0 && a->profile && t->g)

@@ -167,6 +167,10 @@ static void test_mnist_precisions(void) {
             run(&out, "%s --epochs 2 --precision %s", common, dt_precision_name((dt_precision)p)),
             0);
         bool ok = CHECK(test_result(out, &acc[p], &loss[p]));
+        // The start-up banner says how the 16-bit products run (none for fp32).
+        char want[32];
+        snprintf(want, sizeof want, "Precision: %s: ", dt_precision_name((dt_precision)p));
+        ok &= p == 0 ? CHECK(!strstr(out, "Precision: ")) : CHECK(strstr(out, want) != NULL);
         if (!ok)
             fprintf(stderr, "%s\n", out);
         free(out);
