@@ -256,6 +256,21 @@ DTRUN_TEST_FN int worker_main(int argc, char **argv) {
         printf("rank %d: restart count %d\n", rank, cnt);
         fflush(stdout);
         if (rank == bad && cnt < until) {
+            // Fail once every rank of this attempt has said its count (at most 10 s: a
+            // loaded machine may start a rank late), so that the tests can read them all.
+            const char *ws    = getenv("WORLD_SIZE");
+            int         world = ws ? atoi(ws) : 1;
+            for (double t0 = mono_s(); mono_s() - t0 < 10;) {
+                int said = 0;
+                for (int r = 0; r < world; r++) {
+                    char p2[PATH_MAX + 32];
+                    snprintf(p2, sizeof p2, "%s/restart.%d", dir, r);
+                    said += read_long(p2) == cnt;
+                }
+                if (said == world)
+                    break;
+                sleep_s(0.01);
+            }
             sleep_s(0.1);
             fprintf(stderr, "rank %d: failing on purpose\n", rank);
             return 1;
