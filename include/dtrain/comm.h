@@ -303,6 +303,16 @@ DT_API dt_status dt_pg_barrier(dt_pg *pg);
 DT_API dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, int peer,
                             int tag);
 DT_API dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer, int tag);
+// A receive from whichever peer sends first, in two calls: waits until a message from
+// one of the n listed peers (ranks of the group other than this one) has begun to
+// arrive, sets *from to that peer (the first of the list that has one: a caller serving
+// several peers in arrival order rotates its list), and then dt_pg_recv(*from) takes it.
+// Consumes nothing and takes no sequence number; runs between the process's operations.
+// A peer whose connection ended counts as ready (the receive then says why). Bounded
+// by the group's timeout (DT_ERR_TIMEOUT naming the peers); a failure of the group (a
+// dead or frozen rank found by the liveness checks, an abort) ends it with that
+// failure. DT_ERR_UNSUPPORTED on mpi and nccl (tcp, shm and hybrid have it).
+DT_API dt_status dt_pg_wait_any(dt_pg *pg, const int *peers, int n, int *from /* out */);
 
 // ------------------------------------------------------------------- async operations
 //

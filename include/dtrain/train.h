@@ -142,8 +142,10 @@ typedef struct dt_train_args {
     const char *ddp_compress;
     long        powersgd_rank;
     // --ps N: the last N ranks serve the parameters (a synchronous parameter server,
-    // docs/ps.md; 0: none)
+    // docs/ps.md; 0: none); --ps-staleness K: asynchronous, a worker at most K steps
+    // ahead of the slowest (0: synchronous)
     long ps;
+    long ps_staleness;
     // --device (NULL: cpu) and --num-gpu-processes (0: none; else --num-processes with
     // --device cuda): where the model trains (see "devices" below)
     const char *device;

@@ -46,7 +46,8 @@ struct dt_xport {
     // connections); NULL: the same.
     dt_status (*xfer_post)(void *ctx, const dt_op *op, dt_xfer *x);
     dt_status (*xfer_wait)(void *ctx, const dt_op *op, dt_xfer *x);
-    void      *xfer_ctx;
+    bool (*xfer_ready)(void *ctx, int peer); // NULL: dt_pg_recv_ready is unsupported
+    void *xfer_ctx;
     const int *peers;
     // Whole operations done by the backend's library (mpi; nccl), for the kinds in
     // run_kinds (bit 1 << dt_coll; 0 = every kind).
@@ -116,6 +117,11 @@ typedef struct dt_backend_ops {
     // nothing else; tcp, shm, mpi and hybrid have them)
     dt_status (*xfer_post)(void *ctx, const dt_op *op, dt_xfer *x);
     dt_status (*xfer_wait)(void *ctx, const dt_op *op, dt_xfer *x);
+    // Whether a receive from `peer` posted now would find something without waiting:
+    // the start of a message from it, or the end of its connection (the receive then
+    // reports why). Never waits; the caller holds the lane; no receive is posted. What
+    // dt_pg_recv_ready polls. (optional: NULL = unsupported; tcp, shm, hybrid have it)
+    bool (*xfer_ready)(void *ctx, int peer);
 
     // A whole operation done by the backend's own library (optional): the "native"
     // algorithm of the tables (algo/table.c), which auto picks wherever the backend has

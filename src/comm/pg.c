@@ -110,8 +110,9 @@ dt_status dt_pg_set_xport(dt_pg *g) {
         return DT_OK; // runs locally (run_local)
     if (be->xfer_post && be->xfer_wait) {
         g->xport.xfer_post = be->xfer_post;
-        g->xport.xfer_wait = be->xfer_wait;
-        g->xport.xfer_ctx  = ctx;
+        g->xport.xfer_wait  = be->xfer_wait;
+        g->xport.xfer_ready = be->xfer_ready;
+        g->xport.xfer_ctx   = ctx;
         g->xport.peers     = g->shared ? g->world_ranks : NULL;
     }
     if (!g->shared) {
@@ -807,6 +808,61 @@ dt_status dt_pg_send(dt_pg *pg, const void *buf, size_t count, dt_dtype dtype, i
 }
 dt_status dt_pg_recv(dt_pg *pg, void *buf, size_t count, dt_dtype dtype, int peer, int tag) {
     return dt_pg_recv_async(pg, buf, count, dtype, peer, tag, NULL);
+}
+
+// Polls the transport between the process's operations (it holds the lane only to
+// look), napping 20 us doubling to 1 ms, so a peer's message is seen within ~1 ms.
+dt_status dt_pg_wait_any(dt_pg *pg, const int *peers, int n, int *from) {
+    *from = -1;
+    DT_TRY(check_pg(pg, "wait_any"));
+    if (n < 1 || !peers)
+        return dt_fail(DT_ERR_ARG, "wait_any: expected at least one peer, found %d", n);
+    for (int i = 0; i < n; i++)
+        if (peers[i] < 0 || peers[i] >= pg->world || peers[i] == pg->rank)
+            return dt_fail(DT_ERR_ARG,
+                           "wait_any: expected peer ranks in [0, %d) other than %d, found %d",
+                           pg->world, pg->rank, peers[i]);
+    const dt_xport *x = &pg->xport;
+    if (!x->xfer_ready)
+        return dt_fail(DT_ERR_UNSUPPORTED,
+                       "wait_any: backend %s cannot tell which peer has a message for this "
+                       "rank; expected tcp, shm or hybrid",
+                       (pg->shared ? pg->root->be : pg->be)->name);
+    dt_pg   *R        = pg->root;
+    uint64_t deadline = pg->timeout_ms < 0 ? UINT64_MAX : dt_deadline_ns(pg->timeout_ms);
+    unsigned nap_us   = 20;
+    for (;;) {
+        if (atomic_load(&R->poisoned)) {
+            char msg[MSG_LEN];
+            pthread_mutex_lock(&R->mu);
+            dt_status st = R->poison_st;
+            snprintf(msg, sizeof msg, "%s", R->poison_msg);
+            pthread_mutex_unlock(&R->mu);
+            return dt_fail(st, "%s", msg);
+        }
+        DT_TRY(dt_pg_lane_take(R, deadline, "wait_any"));
+        for (int i = 0; i < n && *from < 0; i++)
+            if (x->xfer_ready(x->xfer_ctx, x->peers ? x->peers[peers[i]] : peers[i]))
+                *from = peers[i];
+        dt_pg_lane_give(R);
+        if (*from >= 0)
+            return DT_OK;
+        if (dt_now_ns() >= deadline) {
+            char   who[256];
+            size_t off = 0;
+            who[0]     = '\0';
+            for (int i = 0; i < n && off < sizeof who - 16; i++)
+                off += (size_t)snprintf(who + off, sizeof who - off, "%s%d", i ? ", " : "",
+                                        peers[i]);
+            return dt_fail(DT_ERR_TIMEOUT,
+                           "wait_any: timed out waiting for a message from any of ranks %s "
+                           "(deadline set by the group timeout; DT_TIMEOUT_MS or "
+                           "dt_pg_opts.timeout_ms)",
+                           who);
+        }
+        usleep(nap_us);
+        nap_us = nap_us < 500 ? 2 * nap_us : 1000;
+    }
 }
 
 void dt_pg_abort(dt_pg *pg, const char *reason) {

@@ -7,7 +7,9 @@
 #include "dtrain/core.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define TAG_INIT   0x70730001 // "ps": worker 0's parameters for a server's range
 #define TAG_CTRL   0x70730002 // a worker's control message: {op, step, groups, lr bits...}
@@ -16,6 +18,8 @@
 #define OP_STEP    1
 #define OP_DONE    2
 #define OP_STATE   3          // the servers' optimizer state to every worker (a checkpoint)
+#define OP_PULL    4          // async: a worker has pushed to every server; reply when in bound
+#define OP_FETCH   5          // async: the range as it is now (the workers, all at one step)
 #define TAG_STATE  0x70730005 // a range of the optimizer's state: step count, then blocks
 #define MAX_GROUPS 16
 
@@ -30,7 +34,9 @@ struct dt_ps {
     size_t    *piece_flat;
     float     *tmp; // a server's receive buffer for workers 1..W-1
     int64_t    step;
-    double     wait_s; // a worker's seconds in push_pull (sends, the servers' step, receives)
+    double     wait_s;    // a worker's seconds in push_pull (sends, the servers' step, receives)
+    int        staleness; // 0: synchronous; K: asynchronous, at most K steps ahead
+    int        slow_ms;   // a worker: DT_PS_SLOW_WORKER's delay before each push (tests)
 };
 
 // Server s's range of the n flat floats.
@@ -115,9 +121,15 @@ static dt_status move_state(dt_ps *ps, bool send, int peer, size_t lo, size_t hi
     return DT_OK;
 }
 
-dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int servers) {
+dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int servers,
+                    int staleness) {
     *out     = NULL;
     int size = dt_pg_size(world);
+    if (staleness < 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--ps-staleness %d: expected 0 (synchronous) or a bound K >= 1 on how "
+                       "many steps a worker may run ahead of the slowest",
+                       staleness);
     if (servers < 1 || servers >= size)
         return dt_fail(DT_ERR_ARG,
                        "--ps %d: expected 1 to %d servers (the world has %d ranks "
@@ -139,7 +151,12 @@ dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int 
                            .workers = size - servers,
                            .servers = servers,
                            .ngroups = dt_optim_num_groups(opt),
-                           .n       = dt_params_numel(p)};
+                           .n       = dt_params_numel(p),
+                           .staleness = staleness};
+    const char *slow = getenv("DT_PS_SLOW_WORKER"); // "W:MS", worker W sleeps MS per push
+    int         sw = -1, sms = 0;
+    if (slow && staleness && sscanf(slow, "%d:%d", &sw, &sms) == 2 && sw == ps->rank && sms > 0)
+        ps->slow_ms = sms;
     dt_status st = check_table(ps);
     size_t    lo, hi;
     if (st == DT_OK && dt_ps_is_server(ps)) { // worker 0's parameters, the optimizer's range
@@ -201,6 +218,11 @@ static size_t ctrl_of(const dt_ps *ps, int64_t op, int64_t *c) {
 }
 
 dt_status dt_ps_push_pull(dt_ps *ps) {
+    if (ps->slow_ms) {
+        struct timespec ts = {ps->slow_ms / 1000, (long)(ps->slow_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
     double  t0 = dt_now();
     size_t  lo, hi;
     int64_t c[3 + MAX_GROUPS];
@@ -211,6 +233,11 @@ dt_status dt_ps_push_pull(dt_ps *ps) {
         DT_TRY(dt_pg_send(ps->world, dt_params_grads(ps->p) + lo, hi - lo, DT_FLOAT32,
                           ps->workers + s, TAG_GRAD));
     }
+    // Async: a server replies once this worker has pushed to every server (so that no
+    // server's reply waits on this worker's push to another: docs/ps.md) and is in bound.
+    nc = ctrl_of(ps, OP_PULL, c);
+    for (int s = 0; ps->staleness && s < ps->servers; s++)
+        DT_TRY(dt_pg_send(ps->world, c, nc, DT_INT64, ps->workers + s, TAG_CTRL));
     for (int s = 0; s < ps->servers; s++) {
         range_of(ps, s, &lo, &hi);
         DT_TRY(dt_pg_recv(ps->world, dt_params_data(ps->p) + lo, hi - lo, DT_FLOAT32,
@@ -241,6 +268,25 @@ dt_status dt_ps_pull_state(dt_ps *ps) {
     return DT_OK;
 }
 
+int dt_ps_staleness(const dt_ps *ps) {
+    return ps ? ps->staleness : 0;
+}
+
+dt_status dt_ps_pull_params(dt_ps *ps) {
+    if (!ps || !ps->staleness || dt_ps_is_server(ps))
+        return DT_OK;
+    int64_t c[3 + MAX_GROUPS];
+    size_t  nc = ctrl_of(ps, OP_FETCH, c), lo, hi;
+    for (int s = 0; s < ps->servers; s++)
+        DT_TRY(dt_pg_send(ps->world, c, nc, DT_INT64, ps->workers + s, TAG_CTRL));
+    for (int s = 0; s < ps->servers; s++) {
+        range_of(ps, s, &lo, &hi);
+        DT_TRY(dt_pg_recv(ps->world, dt_params_data(ps->p) + lo, hi - lo, DT_FLOAT32,
+                          ps->workers + s, TAG_PARAM));
+    }
+    return DT_OK;
+}
+
 dt_status dt_ps_close(dt_ps *ps) {
     if (!ps || dt_ps_is_server(ps))
         return DT_OK;
@@ -256,16 +302,18 @@ dt_status dt_ps_close(dt_ps *ps) {
 // Worker w's control message, checked (hostile until proven: the transport has
 // authenticated the peer, not its arithmetic): a known op, the step this server
 // expects, the optimizer's group count; lrs finite.
-static dt_status recv_ctrl(dt_ps *ps, int w, int64_t *op, float *lrs) {
+static dt_status recv_ctrl(dt_ps *ps, int w, int64_t step, bool pull, int64_t *op, float *lrs) {
     int64_t c[3 + MAX_GROUPS];
     DT_TRY(dt_pg_recv(ps->world, c, 3 + (size_t)ps->ngroups, DT_INT64, w, TAG_CTRL));
-    if ((c[0] != OP_STEP && c[0] != OP_DONE && c[0] != OP_STATE) || c[1] != ps->step ||
-        c[2] != ps->ngroups)
+    bool known = pull ? c[0] == OP_PULL
+                      : (c[0] == OP_STEP || c[0] == OP_DONE || c[0] == OP_STATE ||
+                         (c[0] == OP_FETCH && ps->staleness));
+    if (!known || c[1] != step || c[2] != ps->ngroups)
         return dt_fail(DT_ERR_PEER,
-                       "ps: server rank %d expected worker %d's step %lld (%d groups), found op "
-                       "%lld at step %lld (%lld groups)",
-                       ps->rank, w, (long long)ps->step, ps->ngroups, (long long)c[0],
-                       (long long)c[1], (long long)c[2]);
+                       "ps: server rank %d expected worker %d's %s at step %lld (%d groups), found "
+                       "op %lld at step %lld (%lld groups)",
+                       ps->rank, w, pull ? "pull" : "push", (long long)step, ps->ngroups,
+                       (long long)c[0], (long long)c[1], (long long)c[2]);
     *op = c[0];
     for (int g = 0; g < ps->ngroups; g++) {
         int32_t bits = (int32_t)c[3 + g];
@@ -277,7 +325,122 @@ static dt_status recv_ctrl(dt_ps *ps, int w, int64_t *op, float *lrs) {
     return DT_OK;
 }
 
+// ------------------------------------------------------------------ asynchronous
+
+// The asynchronous server's view of its workers.
+typedef struct async_w {
+    int64_t applied; // pushes applied: the worker's next push is its step `applied`
+    bool    pulling; // pushed; its pull (OP_PULL) comes next
+    bool    held;    // pulled while too far ahead: its reply waits
+    bool    done;
+} async_w;
+
+// The slowest worker still training (its pushes applied), or -1 when all are done.
+static int slowest(const dt_ps *ps, const async_w *aw) {
+    int m = -1;
+    for (int w = 0; w < ps->workers; w++)
+        if (!aw[w].done && (m < 0 || aw[w].applied < aw[m].applied))
+            m = w;
+    return m;
+}
+
+// Replies to every held worker that the slowest one's progress brought back in bound.
+static dt_status release(dt_ps *ps, async_w *aw, const float *x, size_t len) {
+    int m = slowest(ps, aw);
+    for (int w = 0; w < ps->workers; w++)
+        if (aw[w].held && (m < 0 || aw[w].applied - aw[m].applied <= ps->staleness)) {
+            aw[w].held = false;
+            DT_TRY(dt_pg_send(ps->world, x, len, DT_FLOAT32, w, TAG_PARAM));
+        }
+    return DT_OK;
+}
+
+// Worker w's push of its step aw[w].applied: its slice, a W-th of it applied at once with
+// the workers' optimizer step (so that W pushes of one step move the range as the
+// synchronous mean does, to first order).
+static dt_status apply_push(dt_ps *ps, async_w *aw, int w, const float *lrs, size_t lo,
+                            size_t hi) {
+    float *g = dt_params_grads(ps->p) + lo;
+    DT_TRY(dt_pg_recv(ps->world, ps->tmp, hi - lo, DT_FLOAT32, w, TAG_GRAD));
+    for (size_t i = 0; i < hi - lo; i++)
+        g[i] = ps->tmp[i] / (float)ps->workers;
+    for (int k = 0; k < ps->ngroups; k++)
+        DT_TRY(dt_optim_set_group_lr(ps->opt, k, lrs[k]));
+    int m = slowest(ps, aw);
+    dt_log(DT_LOG_INFO, "ps", "server rank %d applied worker %d's step %lld (slowest: worker %d, %lld applied; bound %d)",
+           ps->rank, w, (long long)aw[w].applied, m, (long long)aw[m].applied, ps->staleness);
+    dt_optim_step(ps->opt);
+    aw[w].applied++, aw[w].pulling = true;
+    ps->step++;
+    return DT_OK;
+}
+
+// Serves the workers in the order their messages arrive (dt_pg_wait_any, the list
+// rotated after each so that none starves): pushes applied at once; a pull answered
+// with the range as it is, unless the worker would then be more than K steps ahead of
+// the slowest worker still training, in which case the reply waits for that worker's
+// pushes (logged, naming both). The slowest is never held, so every hold ends; a held
+// worker waits in its receive, bounded by the group's timeout.
+static dt_status serve_async(dt_ps *ps) {
+    size_t lo, hi;
+    range_of(ps, ps->rank - ps->workers, &lo, &hi);
+    const float *x    = dt_params_data(ps->p) + lo;
+    async_w     *aw   = dt_alloc_zero(sizeof *aw * (size_t)ps->workers);
+    int         *list = dt_alloc(sizeof(int) * (size_t)ps->workers);
+    dt_status    st   = aw && list ? DT_OK : DT_ERR_NOMEM;
+    float        lrs[MAX_GROUPS];
+    for (int next = 0; st == DT_OK;) {
+        int n = 0, w = -1;
+        for (int i = 0; i < ps->workers; i++) {
+            int v = (next + i) % ps->workers;
+            if (!aw[v].done && !aw[v].held)
+                list[n++] = v;
+        }
+        if (n == 0)
+            break; // every worker said DONE (a held one never is the slowest: see release)
+        if ((st = dt_pg_wait_any(ps->world, list, n, &w)) != DT_OK)
+            break;
+        next        = (w + 1) % ps->workers;
+        int64_t op  = 0;
+        int64_t at  = aw[w].pulling ? aw[w].applied - 1 : aw[w].applied;
+        if ((st = recv_ctrl(ps, w, at, aw[w].pulling, &op, lrs)) != DT_OK)
+            break;
+        if (op == OP_STEP) {
+            st = apply_push(ps, aw, w, lrs, lo, hi);
+            if (st == DT_OK)
+                st = release(ps, aw, x, hi - lo);
+        } else if (op == OP_PULL) {
+            aw[w].pulling = false;
+            int m         = slowest(ps, aw);
+            if (aw[w].applied - aw[m].applied <= ps->staleness)
+                st = dt_pg_send(ps->world, x, hi - lo, DT_FLOAT32, w, TAG_PARAM);
+            else {
+                aw[w].held = true;
+                dt_log(DT_LOG_INFO, "ps",
+                       "server rank %d holds worker %d before its step %lld: %lld steps ahead "
+                       "of worker %d (%lld applied), above --ps-staleness %d; waiting for "
+                       "worker %d's next push",
+                       ps->rank, w, (long long)aw[w].applied,
+                       (long long)(aw[w].applied - aw[m].applied), m, (long long)aw[m].applied,
+                       ps->staleness, m);
+            }
+        } else if (op == OP_STATE)
+            st = move_state(ps, true, w, lo, hi);
+        else if (op == OP_FETCH)
+            st = dt_pg_send(ps->world, x, hi - lo, DT_FLOAT32, w, TAG_PARAM);
+        else { // DONE: it no longer counts as the slowest
+            aw[w].done = true;
+            st         = release(ps, aw, x, hi - lo);
+        }
+    }
+    dt_free(aw);
+    dt_free(list);
+    return st;
+}
+
 dt_status dt_ps_serve(dt_ps *ps) {
+    if (ps->staleness)
+        return serve_async(ps);
     size_t lo, hi;
     range_of(ps, ps->rank - ps->workers, &lo, &hi);
     float *g = dt_params_grads(ps->p) + lo, *x = dt_params_data(ps->p) + lo, lrs[MAX_GROUPS];
@@ -285,7 +448,7 @@ dt_status dt_ps_serve(dt_ps *ps) {
         int64_t first = 0;
         for (int w = 0; w < ps->workers; w++) {
             int64_t op = 0;
-            DT_TRY(recv_ctrl(ps, w, &op, lrs));
+            DT_TRY(recv_ctrl(ps, w, ps->step, false, &op, lrs));
             if (w == 0)
                 first = op;
             else if (op != first)

@@ -13,6 +13,12 @@
 //     params[range s]                 <---  to every worker
 //     a checkpoint: ctrl {STATE}      --->  its range of the optimizer's state, to each
 //     at the end: ctrl {DONE}         --->  returns from dt_ps_serve once all said so
+//
+// Asynchronous (staleness K >= 1): a server takes the workers' messages in arrival order
+// (dt_pg_wait_any) and applies each push at once (its gradient / W, the optimizer's step);
+// after pushing to every server a worker sends ctrl {PULL}, and the server replies with
+// its range unless the worker would then be more than K steps ahead of the slowest worker
+// still training: that reply waits for the slowest one's pushes.
 #ifndef DTRAIN_PARALLEL_PS_H
 #define DTRAIN_PARALLEL_PS_H
 
@@ -26,7 +32,9 @@ typedef struct dt_ps dt_ps;
 // serve. p and opt are borrowed (the same table on every rank). On a server the
 // optimizer is restricted to its range (dt_optim_shard) and the range's parameters are
 // taken from worker 0, so every rank starts from worker 0's model.
-dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int servers);
+// staleness: 0 synchronous; K >= 1 asynchronous (below); < 0 refused (DT_ERR_ARG).
+dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int servers,
+                    int staleness);
 void      dt_ps_free(dt_ps *ps); // NULL-safe
 bool      dt_ps_is_server(const dt_ps *ps);
 // A server: serves steps until every worker has said DONE (DT_OK), or the first error.
@@ -38,6 +46,11 @@ dt_status dt_ps_push_pull(dt_ps *ps);
 // step count into this worker's optimizer, the whole table's, which checkpoints save.
 // dt_ps_new gives a resumed run's state (worker 0's) to the servers the same way.
 dt_status dt_ps_pull_state(dt_ps *ps);
+// Asynchronous: every worker (all at one step, after a barrier of theirs) takes the
+// servers' parameters as they are, so that all hold one model (before an evaluation,
+// a checkpoint, the end). A no-op when synchronous (every pull is that model already).
+dt_status dt_ps_pull_params(dt_ps *ps);
+int       dt_ps_staleness(const dt_ps *ps); // 0: synchronous (or NULL)
 // A worker: training is over (the servers end their loop).
 dt_status dt_ps_close(dt_ps *ps);
 // Steps served (a server) or taken (a worker) so far.

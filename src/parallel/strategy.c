@@ -267,6 +267,7 @@ static dt_status same_crc(dt_pg *g, uint32_t crc, int32_t *first, int *bad, int3
 }
 
 dt_status dt_strategy_check_replicas(dt_strategy *s, uint32_t *crc, char *what, size_t n) {
+    DT_TRY(dt_strategy_settle(s)); // an asynchronous server's workers: its final model
     *crc          = dt_crc32c(0, dt_params_data(s->p), dt_params_numel(s->p) * sizeof(float));
     what[0]       = '\0';
     int     world = s->world ? dt_pg_size(s->world) : 1, bad;
@@ -300,9 +301,18 @@ dt_status dt_strategy_check_replicas(dt_strategy *s, uint32_t *crc, char *what, 
     return DT_OK;
 }
 
+dt_status dt_strategy_settle(dt_strategy *s) {
+    if (!s || !dt_ps_staleness(s->o.ps)) // only an asynchronous server's workers differ
+        return DT_OK;
+    DT_TRY(dt_pg_barrier(s->world)); // every push applied: one model on every server
+    return dt_ps_pull_params(s->o.ps);
+}
+
 dt_status dt_strategy_gather_params(dt_strategy *s, int root) {
-    if (s && s->o.ps) // the servers' optimizer state (every worker's parameters are whole)
+    if (s && s->o.ps) { // the servers' optimizer state (every worker's parameters are whole)
+        DT_TRY(dt_strategy_settle(s));
         return dt_ps_pull_state(s->o.ps);
+    }
     return s && s->zero ? dt_zero_params_gather(s->zero, root) : DT_OK;
 }
 

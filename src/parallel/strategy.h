@@ -90,6 +90,10 @@ dt_status dt_strategy_step(dt_strategy *s);
 // "Parameters identical on all 4 ranks (CRC32C ...)" or the mesh's or ZeRO-3's form
 // (empty without a group). COLLECTIVE.
 dt_status dt_strategy_check_replicas(dt_strategy *s, uint32_t *crc, char *what, size_t n);
+// Asynchronous parameter servers' workers (collective over them): the servers' model,
+// every push applied, on every worker (before an evaluation, a save, the end). A no-op
+// otherwise.
+dt_status dt_strategy_settle(dt_strategy *s);
 // --zero 3: the whole parameters on `root` (-1: every rank) and given back after; a
 // parameter server's worker: the servers' optimizer state, on every worker. For a save.
 dt_status dt_strategy_gather_params(dt_strategy *s, int root);

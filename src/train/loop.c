@@ -462,6 +462,8 @@ dt_status dt_trainer_prepare_graph(dt_trainer *t, dt_graph *g, dt_optim *opt, dt
 static dt_status end_epoch(dt_trainer *t, bool exhausted) {
     t->in_epoch = false;
     dt_progress_end_epoch(t->bar);
+    if (exhausted) // --ps-staleness: the servers' model for the program's evaluation
+        DT_TRY(dt_strategy_settle(t->strat));
     if (exhausted && t->a.plot && !t->a.no_test) // --device cuda: --plot's evaluation
         DT_TRY(dt_train_device_pull(t));         // (the program's) reads the host copies
     return exhausted ? dt_loader_status(t->ld) : DT_OK;
@@ -677,7 +679,7 @@ dt_status dt_trainer_step(dt_trainer *t, float loss) {
             return DT_OK;
         }
         DT_TRY(elastic_boundary(t, as, others, t->cur_index + 1));
-    } else {
+    } else if (dt_train_ps_agrees(t)) {
         DT_TRY(dt_train_preempt_agree(t->pg, &t->preempted));
     }
     t->stop = t->preempted || (t->a.max_steps && t->step >= t->a.max_steps);

@@ -35,6 +35,11 @@ static const char *refused(const dt_trainer *t) {
 }
 
 dt_status dt_train_ps_start(dt_trainer *t) {
+    if (t->a.ps <= 0 && t->a.ps_staleness > 0)
+        return dt_fail(DT_ERR_ARG,
+                       "--ps-staleness %ld: expected --ps N with it (the staleness bound of "
+                       "parameter servers), found no --ps",
+                       t->a.ps_staleness);
     if (t->a.ps <= 0)
         return DT_OK;
     const char *why = refused(t);
@@ -61,14 +66,24 @@ dt_status dt_train_ps_start(dt_trainer *t) {
     if (wg) {
         t->world = dt_pg_size(wg), t->rank = dt_pg_rank(wg);
         t->local_rank = dt_pg_local_rank(wg), t->local_size = dt_pg_local_size(wg);
-        dt_trainer_print(t, "Parameter server: %d worker%s, %d server%s (ranks %d to %d)\n",
+        char mode[64] = "synchronous";
+        if (t->a.ps_staleness)
+            snprintf(mode, sizeof mode, "asynchronous, staleness %ld", t->a.ps_staleness);
+        dt_trainer_print(t, "Parameter server: %d worker%s, %d server%s (ranks %d to %d), %s\n",
                          workers, workers > 1 ? "s" : "", servers, servers > 1 ? "s" : "", workers,
-                         world - 1);
+                         world - 1, mode);
     } else { // keeps its world rank (never 0: it prints nothing of the program's), so
              // that loaders made before dt_trainer_prepare take a valid, unused shard
         t->local_rank = t->local_size = 1;
     }
     return DT_OK;
+}
+
+// The workers' agreement on a SIGTERM is a point where they all meet: an asynchronous
+// server's workers meet every max(16, 2K) steps only, so that each may run ahead.
+bool dt_train_ps_agrees(const dt_trainer *t) {
+    long k = t->ps_world ? t->a.ps_staleness : 0, every = 2 * k > 16 ? 2 * k : 16;
+    return k == 0 || t->step % every == 0;
 }
 
 dt_status dt_train_ps_prepare(dt_trainer *t) {
@@ -83,7 +98,7 @@ dt_status dt_train_ps_prepare(dt_trainer *t) {
             DT_TRY(dt_pg_broadcast(t->pg, dt_params_buffers(t->p), dt_params_buffer_numel(t->p),
                                    DT_FLOAT32, 0));
     }
-    DT_TRY(dt_ps_new(&t->ps, t->p, t->opt, t->ps_world, (int)t->a.ps));
+    DT_TRY(dt_ps_new(&t->ps, t->p, t->opt, t->ps_world, (int)t->a.ps, (int)t->a.ps_staleness));
     if (!t->ps_server)
         return DT_OK;
     // A SIGTERM (dtrun's or the parent's, to every rank) waits for the workers, who

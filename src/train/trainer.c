@@ -160,6 +160,11 @@ static void build_common(dt_trainer *t) {
              "gradients and pull parameters each step (synchronous;\n"
              "docs/ps.md; default 0: all-reduce among all ranks)",
            D, S, 0, 0},
+          {"ps-staleness", DT_FLAG_LONG, &a->ps_staleness, "0", 0, 1000000, "K",
+           "with --ps: asynchronous, a server applies each worker's\n"
+             "gradient as it arrives and a worker runs at most K steps\n"
+             "ahead of the slowest (default 0: synchronous)",
+           D, S, 0, 0},
           {"checkpoint-dir", DT_FLAG_STRING, &a->checkpoint_dir, NULL, 0, 0, "D",
            "save checkpoints under D (at the end, and see below)", C, S | DT_FLAG_SHARED_HOST, 0, 0},
           {"checkpoint-every", DT_FLAG_LONG, &a->checkpoint_every, NULL, 1, 1L << 40, "N",

@@ -1,5 +1,6 @@
-// test_ps.c: the synchronous parameter server (--ps N, docs/ps.md) through dtrain-mnist
-// as a user runs it.
+// test_ps.c: the parameter server (--ps N, --ps-staleness K, docs/ps.md) through
+// dtrain-mnist as a user runs it. K = 0 (synchronous) is what every test but the
+// asynchronous ones runs, so its bitwise results below are K = 0's.
 //
 // - W workers and N servers end with the model of W processes under all-reduce. The
 //   bound, from the summation order: a server sums the workers' slices in worker order
@@ -16,7 +17,9 @@
 // - A server killed with SIGKILL is named by the workers ("rank 2 died") and the job
 //   ends within 10 s; one stopped with SIGSTOP (silent) is named as unreachable within
 //   the liveness bound (DT_LIVENESS_MS, 5 s) plus 7 s of slack for a loaded machine
-//   (sanitizer builds: 20 s more on each bound).
+//   (sanitizer builds: 20 s more on each bound). Asynchronous (K = 2): killed, named alike.
+// - Asynchronous: the staleness bound held and reached, the loss falling (test_async_bound);
+//   a bad K or one without --ps refused.
 #include "../check.h"
 #include "../lib/mnist.h"
 #include "../lib/prog.h"
@@ -184,11 +187,14 @@ static void test_refusals(void) {
     refused("--ps 1", "--ps 1: expected a group");
     refused("--num-processes 2 --ps 2", "expected fewer servers than the 2 ranks");
     refused("--num-processes 3 --ps 1 --zero 1", "--ps 1: expected --zero 0");
+    refused("--num-processes 3 --ps 1 --ps-staleness -1",
+            "--ps-staleness expects an integer in [0, 1000000], found \"-1\"");
+    refused("--num-processes 3 --ps-staleness 2", "--ps-staleness 2: expected --ps N with it");
 }
 
 // Starts a long run of 2 workers and a server with its output in `log`; returns the pid
 // of the program (the parent of the forked ranks), or -1.
-static pid_t start_long_run(const char *log) {
+static pid_t start_long_run(const char *log, const char *staleness) {
     pid_t pid = fork();
     if (pid == 0) {
         setpgid(0, 0); // its own group: the test can end everything it started
@@ -197,7 +203,8 @@ static pid_t start_long_run(const char *log) {
             _exit(127);
         dup2(fd, 1), dup2(fd, 2);
         execl(bin, bin, "--limit", "60000", "--batch-size", "64", "--num-processes", "3", "--ps",
-              "1", "--threads", "1", "--log-every", "1", "--no-test", (char *)NULL);
+              "1", "--ps-staleness", staleness, "--threads", "1", "--log-every", "1", "--no-test",
+              (char *)NULL);
         _exit(127);
     }
     return pid;
@@ -231,10 +238,10 @@ static pid_t server_of(pid_t pid) {
 
 // Kills the server with `sig` once training is under way; the job must fail within
 // `bound` seconds, its output naming the server with `needle`.
-static void server_lost(int sig, const char *needle, double bound) {
+static void server_lost(int sig, const char *needle, double bound, const char *staleness) {
     char log[PATH_MAX];
     snprintf(log, sizeof log, "%s/run.log", dir);
-    pid_t pid = start_long_run(log);
+    pid_t pid = start_long_run(log, staleness);
     if (!CHECK(pid > 0))
         return;
     double t0 = now();
@@ -266,11 +273,12 @@ static void server_lost(int sig, const char *needle, double bound) {
 }
 
 static void test_server_killed(void) {
-    server_lost(SIGKILL, "rank 2 died", 10 + SLACK);
+    server_lost(SIGKILL, "rank 2 died", 10 + SLACK, "0");
+    server_lost(SIGKILL, "rank 2 died", 10 + SLACK, "2"); // asynchronous: named alike
 }
 
 static void test_server_stopped(void) {
-    server_lost(SIGSTOP, "rank 2 (host", 12 + SLACK);
+    server_lost(SIGSTOP, "rank 2 (host", 12 + SLACK, "0");
 }
 
 // A SIGTERM to the job (the parent forwards it to every rank, as dtrun does): the
@@ -279,7 +287,7 @@ static void test_server_stopped(void) {
 static void test_sigterm(void) {
     char log[PATH_MAX];
     snprintf(log, sizeof log, "%s/term.log", dir);
-    pid_t pid = start_long_run(log);
+    pid_t pid = start_long_run(log, "0");
     if (!CHECK(pid > 0))
         return;
     double t0 = now();
@@ -302,6 +310,62 @@ static void test_sigterm(void) {
     unlink(log);
 }
 
+// Asynchronous, K = 2, worker 1 slowed by 60 ms a step (DT_PS_SLOW_WORKER): the server's
+// log of every applied push (worker, step, the slowest worker's pushes applied) shows no
+// push more than K steps ahead of the slowest (false if the bound were not enforced) and
+// one exactly K ahead (false if the workers still ran in step, as the per-step SIGTERM
+// agreement made them); every push applied once (2 x 24); a hold, when one is logged (how
+// often depends on the machine's load), naming whom it waits for; the loss falls and is finite; the workers end with one model.
+static void test_async_bound(void) {
+    enum { K = 2, STEPS = 24 };
+    char *out = NULL;
+    int   rc  = test_run(&out,
+                         "DT_LOG_LEVEL=info DT_PS_SLOW_WORKER=1:60 %s --num-processes 3 --ps 1 "
+                            "--ps-staleness %d --limit %d --batch-size 64 --threads 1 --log-every 4 "
+                            "--no-test 2>&1",
+                         bin, K, STEPS * 2 * 64);
+    if (!CHECK(rc == 0 && out))
+        fprintf(stderr, "%s\n", out ? out : "");
+    if (!out)
+        return;
+    int    applied = 0, worst = -1, bad = 0;
+    double first = NAN, last = NAN;
+    for (char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *a = strstr(l, "applied worker ");
+        const char *e = strchr(l, '\n');
+        int         w, m, k;
+        long long   step, done;
+        if (a && (!e || a < e) &&
+            sscanf(a, "applied worker %d's step %lld (slowest: worker %d, %lld applied; bound %d)",
+                   &w, &step, &m, &done, &k) == 5) {
+            applied++;
+            int ahead = (int)(step - done);
+            worst     = ahead > worst ? ahead : worst;
+            bad += ahead > K || k != K;
+        }
+        const char *s = strstr(l, "training loss: ");
+        double      v;
+        if (s && (!e || s < e) && sscanf(s, "training loss: %lf", &v) == 1) {
+            if (isnan(first))
+                first = v;
+            last = v;
+        }
+    }
+    printf("  async K=%d: %d pushes applied, at most %d steps ahead of the slowest; loss %.3f -> "
+           "%.3f\n",
+           K, applied, worst, first, last);
+    CHECK_EQ(applied, 2 * STEPS);
+    CHECK_EQ(bad, 0);
+    CHECK_EQ(worst, K);
+    const char *hold = strstr(out, "holds worker "); // how often depends on the load
+    CHECK(!hold || (strstr(hold, "holds worker 0 before its step") &&
+                    strstr(hold, "waiting for worker 1's next push")));
+    CHECK(isfinite(first) && isfinite(last) && last < first);
+    CHECK(strstr(out, "Parameters identical on all 2 ranks") != NULL);
+    CHECK(strstr(out, "asynchronous, staleness 2") != NULL);
+    free(out);
+}
+
 int main(void) {
     if (!CHECK(test_program_path("dtrain-mnist", bin, sizeof bin))) {
         fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
@@ -314,6 +378,7 @@ int main(void) {
     RUN(test_sync_equals_all_reduce);
     RUN(test_resume);
     RUN(test_refusals);
+    RUN(test_async_bound);
     RUN(test_server_killed);
     RUN(test_server_stopped);
     RUN(test_sigterm);

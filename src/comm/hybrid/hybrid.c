@@ -82,6 +82,9 @@ static dt_status hybrid_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
 static dt_status hybrid_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
     return dt_backend_tcp.xfer_wait(((hybrid *)ctx)->tcp, op, x);
 }
+static bool hybrid_xfer_ready(void *ctx, int peer) {
+    return dt_backend_tcp.xfer_ready(((hybrid *)ctx)->tcp, peer);
+}
 
 static void hybrid_free(void *ctx) {
     hybrid *h = ctx;
@@ -155,6 +158,7 @@ const dt_backend_ops dt_backend_hybrid = {
     .abort            = hybrid_abort,
     .xfer_post        = hybrid_xfer_post,
     .xfer_wait        = hybrid_xfer_wait,
+    .xfer_ready       = hybrid_xfer_ready,
     .xport            = hybrid_xport,
     .reports_progress = true,
     .built            = true,

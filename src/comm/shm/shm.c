@@ -640,6 +640,13 @@ dt_status dt_shm_xfer_post(void *ctx, const dt_op *op, dt_xfer *x) {
     return DT_OK;
 }
 
+bool dt_shm_xfer_ready(void *ctx, int peer) {
+    dt_shm *s = ctx;
+    return atomic_load_explicit(&chan(s, peer, s->rank)->posted.value, memory_order_acquire) !=
+               s->taken[peer] ||
+           atomic_load(&s->hdr->abort_state);
+}
+
 dt_status dt_shm_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
     dt_shm *s = ctx;
     shm_op  o = {.s = s, .op = op, .start_ns = dt_now_ns()};

@@ -87,6 +87,9 @@ size_t dt_shm_chunk_bytes(const dt_shm *s);
 // (never waits), xfer_wait moves every queued one until `x` is done. ctx is the dt_shm.
 dt_status dt_shm_xfer_post(void *ctx, const dt_op *op, dt_xfer *x);
 dt_status dt_shm_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x);
+// backend.h's xfer_ready: a chunk from `peer` waits in its channel (or the segment
+// records a failure, which the receive that follows reports).
+bool dt_shm_xfer_ready(void *ctx, int peer);
 
 // Point to point: messages between two ranks arrive in the order they were sent; the
 // receiver's count, dtype and tag must equal the sender's, or both fail with

@@ -191,6 +191,7 @@ const dt_backend_ops dt_backend_shm = {
     .abort            = shm_abort,
     .xfer_post        = dt_shm_xfer_post,
     .xfer_wait        = dt_shm_xfer_wait,
+    .xfer_ready       = dt_shm_xfer_ready,
     .xport            = shm_xport,
     .push             = shm_push,
     .flush            = shm_flush,

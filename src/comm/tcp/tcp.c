@@ -548,6 +548,19 @@ static dt_status tcp_xfer_wait(void *ctx, const dt_op *op, dt_xfer *x) {
     return st;
 }
 
+// Something from `r` to read now: a message begun (or read ahead), or the connection's
+// end, which the receive that follows reports.
+static bool tcp_xfer_ready(void *ctx, int r) {
+    tcp_ctx *c = ctx;
+    peer    *p = &c->peers[r];
+    if (c->aborted || p->in_payload || p->hdr_have || p->tail_off < p->tail_len || p->eof ||
+        p->fd < 0)
+        return true;
+    char    b;
+    ssize_t k = recv(p->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 // ------------------------------------------------------------------- abort, free
 
 // Writes the rest of a half-written message; false if the peer does not take it by
@@ -798,6 +811,7 @@ const dt_backend_ops dt_backend_tcp = {
     .abort            = tcp_abort,
     .xfer_post        = tcp_xfer_post,
     .xfer_wait        = tcp_xfer_wait,
+    .xfer_ready       = tcp_xfer_ready,
     .reports_progress = true,
     .built            = true,
 };
