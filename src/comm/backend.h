@@ -46,8 +46,8 @@ struct dt_xport {
     // connections); NULL: the same.
     dt_status (*xfer_post)(void *ctx, const dt_op *op, dt_xfer *x);
     dt_status (*xfer_wait)(void *ctx, const dt_op *op, dt_xfer *x);
-    bool (*xfer_ready)(void *ctx, int peer); // NULL: dt_pg_recv_ready is unsupported
-    void *xfer_ctx;
+    bool (*xfer_ready)(void *ctx, int peer); // NULL: dt_pg_wait_any is unsupported
+    void      *xfer_ctx;
     const int *peers;
     // Whole operations done by the backend's library (mpi; nccl), for the kinds in
     // run_kinds (bit 1 << dt_coll; 0 = every kind).
@@ -120,7 +120,7 @@ typedef struct dt_backend_ops {
     // Whether a receive from `peer` posted now would find something without waiting:
     // the start of a message from it, or the end of its connection (the receive then
     // reports why). Never waits; the caller holds the lane; no receive is posted. What
-    // dt_pg_recv_ready polls. (optional: NULL = unsupported; tcp, shm, hybrid have it)
+    // dt_pg_wait_any polls. (optional: NULL = unsupported; tcp, shm, hybrid have it)
     bool (*xfer_ready)(void *ctx, int peer);
 
     // A whole operation done by the backend's own library (optional): the "native"

@@ -109,11 +109,11 @@ dt_status dt_pg_set_xport(dt_pg *g) {
     if (g->world == 1)
         return DT_OK; // runs locally (run_local)
     if (be->xfer_post && be->xfer_wait) {
-        g->xport.xfer_post = be->xfer_post;
+        g->xport.xfer_post  = be->xfer_post;
         g->xport.xfer_wait  = be->xfer_wait;
         g->xport.xfer_ready = be->xfer_ready;
         g->xport.xfer_ctx   = ctx;
-        g->xport.peers     = g->shared ? g->world_ranks : NULL;
+        g->xport.peers      = g->shared ? g->world_ranks : NULL;
     }
     if (!g->shared) {
         if (be->run) {
@@ -852,8 +852,8 @@ dt_status dt_pg_wait_any(dt_pg *pg, const int *peers, int n, int *from) {
             size_t off = 0;
             who[0]     = '\0';
             for (int i = 0; i < n && off < sizeof who - 16; i++)
-                off += (size_t)snprintf(who + off, sizeof who - off, "%s%d", i ? ", " : "",
-                                        peers[i]);
+                off +=
+                    (size_t)snprintf(who + off, sizeof who - off, "%s%d", i ? ", " : "", peers[i]);
             return dt_fail(DT_ERR_TIMEOUT,
                            "wait_any: timed out waiting for a message from any of ranks %s "
                            "(deadline set by the group timeout; DT_TIMEOUT_MS or "

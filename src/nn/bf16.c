@@ -102,12 +102,11 @@ const char *dt_prec_describe(dt_precision p, char *buf, size_t n) {
                  dt_isa_on(DT_ISA_AVX2) ? " (F16C conversions)" : "");
     else if (p == DT_PREC_BF16 && dt_prec_path_get() == DT_PATH_FP32)
         snprintf(buf, n, "bf16: %soperands rounded to bf16, products on the fp32 kernels",
-                 dt_isa_on(DT_ISA_AVX512BF16) ? "DT_PRECISION_PATH=fp32: "
-                                              : "no bf16 hardware: ");
+                 dt_isa_on(DT_ISA_AVX512BF16) ? "DT_PRECISION_PATH=fp32: " : "no bf16 hardware: ");
     else if (p == DT_PREC_BF16)
-        snprintf(buf, n, "bf16: %s", dt_prec_path_get() == DT_PATH_AMX
-                                         ? "AMX tiles (TDPBF16PS)"
-                                         : "avx512bf16 dot products (VDPBF16PS)");
+        snprintf(buf, n, "bf16: %s",
+                 dt_prec_path_get() == DT_PATH_AMX ? "AMX tiles (TDPBF16PS)"
+                                                   : "avx512bf16 dot products (VDPBF16PS)");
     else
         snprintf(buf, n, "%s", "");
     return buf;

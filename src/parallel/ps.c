@@ -144,15 +144,15 @@ dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int 
     dt_ps *ps = dt_alloc_zero(sizeof *ps);
     if (!ps)
         return dt_fail_context("the parameter server");
-    *ps          = (dt_ps){.p       = p,
-                           .opt     = opt,
-                           .world   = world,
-                           .rank    = dt_pg_rank(world),
-                           .workers = size - servers,
-                           .servers = servers,
-                           .ngroups = dt_optim_num_groups(opt),
-                           .n       = dt_params_numel(p),
-                           .staleness = staleness};
+    *ps              = (dt_ps){.p         = p,
+                               .opt       = opt,
+                               .world     = world,
+                               .rank      = dt_pg_rank(world),
+                               .workers   = size - servers,
+                               .servers   = servers,
+                               .ngroups   = dt_optim_num_groups(opt),
+                               .n         = dt_params_numel(p),
+                               .staleness = staleness};
     const char *slow = getenv("DT_PS_SLOW_WORKER"); // "W:MS", worker W sleeps MS per push
     int         sw = -1, sms = 0;
     if (slow && staleness && sscanf(slow, "%d:%d", &sw, &sms) == 2 && sw == ps->rank && sms > 0)
@@ -358,8 +358,7 @@ static dt_status release(dt_ps *ps, async_w *aw, const float *x, size_t len) {
 // Worker w's push of its step aw[w].applied: its slice, a W-th of it applied at once with
 // the workers' optimizer step (so that W pushes of one step move the range as the
 // synchronous mean does, to first order).
-static dt_status apply_push(dt_ps *ps, async_w *aw, int w, const float *lrs, size_t lo,
-                            size_t hi) {
+static dt_status apply_push(dt_ps *ps, async_w *aw, int w, const float *lrs, size_t lo, size_t hi) {
     float *g = dt_params_grads(ps->p) + lo;
     DT_TRY(dt_pg_recv(ps->world, ps->tmp, hi - lo, DT_FLOAT32, w, TAG_GRAD));
     for (size_t i = 0; i < hi - lo; i++)
@@ -367,8 +366,10 @@ static dt_status apply_push(dt_ps *ps, async_w *aw, int w, const float *lrs, siz
     for (int k = 0; k < ps->ngroups; k++)
         DT_TRY(dt_optim_set_group_lr(ps->opt, k, lrs[k]));
     int m = slowest(ps, aw);
-    dt_log(DT_LOG_INFO, "ps", "server rank %d applied worker %d's step %lld (slowest: worker %d, %lld applied; bound %d)",
-           ps->rank, w, (long long)aw[w].applied, m, (long long)aw[m].applied, ps->staleness);
+    dt_log(
+        DT_LOG_INFO, "ps",
+        "server rank %d applied worker %d's step %lld (slowest: worker %d, %lld applied; bound %d)",
+        ps->rank, w, (long long)aw[w].applied, m, (long long)aw[m].applied, ps->staleness);
     dt_optim_step(ps->opt);
     aw[w].applied++, aw[w].pulling = true;
     ps->step++;
@@ -400,9 +401,9 @@ static dt_status serve_async(dt_ps *ps) {
             break; // every worker said DONE (a held one never is the slowest: see release)
         if ((st = dt_pg_wait_any(ps->world, list, n, &w)) != DT_OK)
             break;
-        next        = (w + 1) % ps->workers;
-        int64_t op  = 0;
-        int64_t at  = aw[w].pulling ? aw[w].applied - 1 : aw[w].applied;
+        next       = (w + 1) % ps->workers;
+        int64_t op = 0;
+        int64_t at = aw[w].pulling ? aw[w].applied - 1 : aw[w].applied;
         if ((st = recv_ctrl(ps, w, at, aw[w].pulling, &op, lrs)) != DT_OK)
             break;
         if (op == OP_STEP) {

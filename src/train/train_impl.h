@@ -273,6 +273,6 @@ dt_status dt_train_ps_prepare(dt_trainer *t);
 // Whether this step's end agrees on a SIGTERM (every step, but every max(16, 2K) steps
 // with --ps-staleness K, so that the agreement does not hold the workers in step).
 bool dt_train_ps_agrees(const dt_trainer *t);
-void      dt_train_ps_end(dt_trainer *t, int rc);
+void dt_train_ps_end(dt_trainer *t, int rc);
 
 #endif

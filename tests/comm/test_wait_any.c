@@ -148,7 +148,7 @@ static void ranks_timeout(int rank, int world, void *arg) {
         return;
     if (rank == 0) {
         int      list[2] = {1, 2}, from = -1;
-        uint64_t t0      = dt_now_ns();
+        uint64_t t0 = dt_now_ns();
         CHECK_ERR(dt_pg_wait_any(pg, list, 2, &from), DT_ERR_TIMEOUT, "ranks 1, 2");
         double s = secs_since(t0);
         if (!CHECK(s >= 0.6 && s < 3.6))
@@ -171,9 +171,9 @@ static void ranks_dead(int rank, int world, void *arg) {
     }
     if (rank == 0) {
         int       list[1] = {1}, from = -1;
-        float     x       = 0;
-        uint64_t  t0      = dt_now_ns();
-        dt_status st      = dt_pg_wait_any(pg, list, 1, &from);
+        float     x  = 0;
+        uint64_t  t0 = dt_now_ns();
+        dt_status st = dt_pg_wait_any(pg, list, 1, &from);
         if (st == DT_OK)
             st = dt_pg_recv(pg, &x, 1, DT_FLOAT32, from, 1);
         double s = secs_since(t0);

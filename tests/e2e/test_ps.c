@@ -315,7 +315,8 @@ static void test_sigterm(void) {
 // push more than K steps ahead of the slowest (false if the bound were not enforced) and
 // one exactly K ahead (false if the workers still ran in step, as the per-step SIGTERM
 // agreement made them); every push applied once (2 x 24); a hold, when one is logged (how
-// often depends on the machine's load), naming whom it waits for; the loss falls and is finite; the workers end with one model.
+// often depends on the machine's load), naming whom it waits for; the loss falls and is finite; the
+// workers end with one model.
 static void test_async_bound(void) {
     enum { K = 2, STEPS = 24 };
     char *out = NULL;
