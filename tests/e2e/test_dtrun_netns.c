@@ -1,9 +1,9 @@
-// test_dtrun_netns.c: multi-node for real: two network namespaces joined by a veth
-// pair (10.200.0.1/24 and 10.200.0.2/24), one `dtrun --nnodes 2` in each, training
+// test_dtrun_netns.c: multi-node for real: two network namespaces on one switch
+// (10.200.0.1/24 and 10.200.0.2/24), one `dtrun --nnodes 2` in each, training
 // dtrain-mnist over TCP between them.
 //
 // - The two-node run ends with the same weights (parameter CRC32C) as the same job on
-//   one machine (--num-processes 2, tcp), and its traffic went through the veth pair.
+//   one machine (--num-processes 2, tcp), and its traffic went through node 0's link.
 // - The link cut mid-run (`ip link set ... down`): both sides fail within the timeouts
 //   (DT_TIMEOUT_MS and --node-timeout small) with an error naming the peer, instead of
 //   hanging; no worker is left behind.
@@ -17,7 +17,7 @@
 
 #include <sched.h>
 
-static netns_pair np;
+static netns_net np;
 
 // The weights of the two-node job under dtrun's flags (test_train_two_namespaces), which
 // the PyTorchJob forms below must reproduce.
@@ -405,11 +405,11 @@ int main(int argc, char **argv) {
         return check_summary();
     }
     char why[200];
-    if (!netns_pair_setup(&np, "dtrun-test", "dtv", "10.200.0", why, sizeof why)) {
+    if (!netns_setup(&np, 2, "dtrun-test", "dtv", "10.200.0", why, sizeof why)) {
         if (np.made) { // namespaces exist, but the network between them could not be built
-            CHECK(!"veth pair set up");
+            CHECK(!"network namespaces set up");
             fprintf(stderr, "     %s\n", why);
-            netns_pair_teardown(&np);
+            netns_teardown(&np);
         } else {
             printf("SKIP test_dtrun_netns: %s\n", why);
         }
@@ -420,7 +420,7 @@ int main(int argc, char **argv) {
     RUN(test_pytorchjob_env);
     RUN(test_elastic_namespaces); // before the cut: the link stays down
     RUN(test_link_cut);
-    netns_pair_teardown(&np);
+    netns_teardown(&np);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();
