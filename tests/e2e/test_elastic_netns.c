@@ -390,7 +390,7 @@ static bool measure_restart(loss *m, int at) {
     char want[48];
     snprintf(want, sizeof want, "epoch: 0 [%d/", at);
     bool ok       = wait_count(n0, 1, want, 1, 90) >= 0;
-    int  w        = ok ? worker_pid(n[1].pid, 0) : -1;
+    int  w        = ok ? worker_pid(n[1].pid, 1) : -1; // its global rank
     ok            = ok && w > 0;
     double t_kill = mono_s();
     if (ok)
