@@ -10,10 +10,10 @@
 //   not declared dead.
 // - A communication thread that stops making progress inside an operation (blocked in
 //   a signal handler here: a deadlock) is named by its peer.
-// - Two network namespaces joined by a veth pair, the link cut mid-run: both sides stop
-//   within the same bound naming the other "unreachable (frozen, dead or link cut)";
-//   with liveness off and DT_TIMEOUT_MS=3000, both stop by ~T (the abort path once
-//   blocked on the unreachable store for another T + 10 s).
+// - Two network namespaces on one switch (tests/lib/netns.h), the link cut mid-run: both
+//   sides stop within the same bound naming the other "unreachable (frozen, dead or link
+//   cut)"; with liveness off and DT_TIMEOUT_MS=3000, both stop by ~T (the abort path
+//   once blocked on the unreachable store for another T + 10 s).
 //
 // `test_liveness --slow` or DT_TEST_SLOW=1 (make test-slow) runs the matrices instead: 2 and 4
 // ranks, shm and tcp, every victim position, and 10 link cuts; it prints the detection times.
@@ -387,7 +387,7 @@ static void test_freeze_matrix(void) {
 
 // ------------------------------------------------------------------ network namespaces
 
-static netns_pair np;
+static netns_net np;
 
 static bool ns_link_up(void) {
     return netns_sh("ip -n %s link set %s up", np.ns[0], np.veth[0]) == 0 &&
@@ -520,12 +520,12 @@ int main(int argc, char **argv) {
         RUN(test_settings_must_agree);
     }
     char why[200];
-    if (!netns_pair_setup(&np, "dtlive", "dtl", "10.201.0", why, sizeof why)) {
+    if (!netns_setup(&np, 2, "dtlive", "dtl", "10.201.0", why, sizeof why)) {
         if (np.made)
-            CHECK(!"veth pair set up");
+            CHECK(!"network namespaces set up");
         else
             printf("SKIP the link cut tests: %s\n", why);
-        netns_pair_teardown(&np);
+        netns_teardown(&np);
         return check_summary();
     }
     if (slow_mode) {
@@ -534,6 +534,6 @@ int main(int argc, char **argv) {
         RUN(test_link_cut);
         RUN(test_link_cut_timeout_bounded);
     }
-    netns_pair_teardown(&np);
+    netns_teardown(&np);
     return check_summary();
 }

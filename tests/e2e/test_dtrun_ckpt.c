@@ -11,15 +11,6 @@
 #define NPROC 2
 #define LIMIT "2048" // 2048 samples / 2 ranks / batch 32 = 32 steps
 
-static void crc_of(const char *out, char crc[16]) {
-    const char *p = NULL, *q = out;
-    while ((q = strstr(q, "(CRC32C "))) // the last one: the attempt that finished
-        p = q++;
-    crc[0] = '\0';
-    if (p)
-        sscanf(p, "(CRC32C %8s", crc);
-}
-
 static bool mnist_has_checkpoints(void) {
     char cmd[PATH_MAX + 128];
     snprintf(cmd, sizeof cmd, "%s --help 2>&1", mnist_path);

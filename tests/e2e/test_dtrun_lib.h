@@ -443,6 +443,43 @@ static __attribute__((unused)) bool same_file(const char *a, const char *b) {
     return same;
 }
 
+// The CRC32C of the last "(CRC32C xxxxxxxx" in out (the attempt that finished); "" if none.
+DTRUN_TEST_FN void crc_of(const char *out, char crc[16]) {
+    const char *p = NULL, *q = out;
+    while ((q = strstr(q, "(CRC32C ")))
+        p = q++;
+    crc[0] = '\0';
+    if (p)
+        sscanf(p, "(CRC32C %8s", crc);
+}
+
+// How often needle occurs in the stdout and stderr files of the runs (NULL entries
+// skipped).
+DTRUN_TEST_FN int count_in(run *const *rs, int n, const char *needle) {
+    int c = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rs[i])
+            continue;
+        char *o = read_file(rs[i]->out_path), *e = read_file(rs[i]->err_path);
+        c += count_of(o, needle) + count_of(e, needle);
+        free(o), free(e);
+    }
+    return c;
+}
+
+// Waits (polling each millisecond, at most timeout_s) until needle occurs `times` times
+// in the runs' output; returns the seconds waited, or -1.
+DTRUN_TEST_FN double wait_count(run *const *rs, int n, const char *needle, int times,
+                                double timeout_s) {
+    double t0 = mono_s();
+    while (mono_s() - t0 < timeout_s) {
+        if (count_in(rs, n, needle) >= times)
+            return mono_s() - t0;
+        sleep_s(0.001);
+    }
+    return -1;
+}
+
 static char mark[64];
 
 DTRUN_TEST_FN void new_mark(const char *what) {

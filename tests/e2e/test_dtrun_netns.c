@@ -1,9 +1,9 @@
-// test_dtrun_netns.c: multi-node for real: two network namespaces joined by a veth
-// pair (10.200.0.1/24 and 10.200.0.2/24), one `dtrun --nnodes 2` in each, training
+// test_dtrun_netns.c: multi-node for real: two network namespaces on one switch
+// (10.200.0.1/24 and 10.200.0.2/24), one `dtrun --nnodes 2` in each, training
 // dtrain-mnist over TCP between them.
 //
 // - The two-node run ends with the same weights (parameter CRC32C) as the same job on
-//   one machine (--num-processes 2, tcp), and its traffic went through the veth pair.
+//   one machine (--num-processes 2, tcp), and its traffic went through node 0's link.
 // - The link cut mid-run (`ip link set ... down`): both sides fail within the timeouts
 //   (DT_TIMEOUT_MS and --node-timeout small) with an error naming the peer, instead of
 //   hanging; no worker is left behind.
@@ -12,12 +12,9 @@
 //
 // Needs root (ip netns). Without it, or when namespaces cannot be created, the test
 // prints why and skips (counting neither a pass nor a failure).
-#include "../lib/netns.h"
-#include "test_dtrun_lib.h"
+#include "test_netns_lib.h"
 
-#include <sched.h>
-
-static netns_pair np;
+static netns_net np;
 
 // The weights of the two-node job under dtrun's flags (test_train_two_namespaces), which
 // the PyTorchJob forms below must reproduce.
@@ -37,44 +34,6 @@ static long veth_tx_bytes(int i) {
     return v;
 }
 
-// Starts argv (a dtrun or a program) as node i inside its namespace (setns before exec;
-// same pid), with the variables of env ("NAME=value", NULL-terminated; may be NULL) set
-// after the harness's own.
-static void start_in_ns(run *r, const char *dir, int i, char **argv, const char *timeout_ms,
-                        const char *const *env) {
-    memset(r, 0, sizeof *r);
-    r->rc = -1;
-    char tag[16];
-    snprintf(tag, sizeof tag, "node%d", i);
-    snprintf(r->out_path, sizeof r->out_path, "%s/%s.out", dir, tag);
-    snprintf(r->err_path, sizeof r->err_path, "%s/%s.err", dir, tag);
-    char nspath[128];
-    snprintf(nspath, sizeof nspath, "/var/run/netns/%s", np.ns[i]);
-    fflush(NULL);
-    r->start = mono_s();
-    r->pid   = fork();
-    if (r->pid == 0) {
-        int fd = open(nspath, O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
-            _exit(126);
-        int o = open(r->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(r->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(o, 1);
-        dup2(e, 2);
-        setenv("DT_HOST_ID", i ? "node-b" : "node-a", 1); // the namespaces share a hostname
-        setenv("DT_TIMEOUT_MS", timeout_ms, 1);
-        setenv("DTRUN_TEST_MARK", mark, 1);
-        unsetenv("MASTER_ADDR");
-        unsetenv("MASTER_PORT");
-        unsetenv("RANK");
-        unsetenv("WORLD_SIZE");
-        for (int j = 0; env && env[j]; j++)
-            putenv((char *)(uintptr_t)env[j]);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-}
-
 // Starts dtrun for node i: the flags of a two-node job, then dtrain-mnist and its args.
 static void start_node(run *r, const char *dir, int i, const char *const *mnist_args,
                        const char *timeout_ms) {
@@ -91,49 +50,7 @@ static void start_node(run *r, const char *dir, int i, const char *const *mnist_
     for (int j = 0; mnist_args[j] && k < 46; j++)
         argv[k++] = (char *)(uintptr_t)mnist_args[j];
     argv[k] = NULL; // the scenario's marker rides in the environment
-    start_in_ns(r, dir, i, argv, timeout_ms, NULL);
-}
-
-static void crc_of(const char *out, char crc[16]) {
-    const char *p = strstr(out, "(CRC32C ");
-    crc[0]        = '\0';
-    if (p)
-        sscanf(p, "(CRC32C %8s", crc);
-}
-
-// Processes whose environment holds the marker (the workers inherit dtrun's).
-static int env_marker_procs(void) {
-    DIR *d = opendir("/proc");
-    int  n = 0;
-    if (!d)
-        return 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        int pid = atoi(e->d_name);
-        if (pid <= 0 || pid == (int)getpid())
-            continue;
-        char path[64], buf[65536];
-        snprintf(path, sizeof path, "/proc/%d/environ", pid);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0)
-            continue;
-        ssize_t k = read(fd, buf, sizeof buf);
-        close(fd);
-        if (k > 0 && memmem(buf, (size_t)k, mark, strlen(mark)))
-            n++;
-    }
-    closedir(d);
-    return n;
-}
-
-static bool none_left(double wait_s) {
-    double deadline = mono_s() + wait_s;
-    int    n;
-    while ((n = env_marker_procs()) > 0 && mono_s() < deadline)
-        sleep_s(0.02);
-    if (n)
-        fprintf(stderr, "     %d process(es) of the job left behind\n", n);
-    return n == 0;
+    start_in_ns(&np, r, dir, i, NULL, argv, timeout_ms, NULL);
 }
 
 static void test_train_two_namespaces(void) {
@@ -229,7 +146,7 @@ static void test_pytorchjob_env(void) {
         run   pod[2];
         for (int i = 1; i >= 0; i--) {
             pod_argv(argv[i], form == 0);
-            start_in_ns(&pod[i], dir, i, argv[i], "30000", form ? classic[i] : pet[i]);
+            start_in_ns(&np, &pod[i], dir, i, NULL, argv[i], "30000", form ? classic[i] : pet[i]);
         }
         CHECK_EQ(run_wait(&pod[0], 120), 0);
         CHECK_EQ(run_wait(&pod[1], 120), 0);
@@ -329,7 +246,7 @@ static void start_elastic(run *r, const char *dir, int i, char *model) {
                     "--save-model",
                     model,
                     NULL};
-    start_in_ns(r, dir, i, argv, "30000", NULL);
+    start_in_ns(&np, r, dir, i, NULL, argv, "30000", NULL);
 }
 
 static void test_elastic_namespaces(void) {
@@ -405,11 +322,11 @@ int main(int argc, char **argv) {
         return check_summary();
     }
     char why[200];
-    if (!netns_pair_setup(&np, "dtrun-test", "dtv", "10.200.0", why, sizeof why)) {
+    if (!netns_setup(&np, 2, "dtrun-test", "dtv", "10.200.0", why, sizeof why)) {
         if (np.made) { // namespaces exist, but the network between them could not be built
-            CHECK(!"veth pair set up");
+            CHECK(!"network namespaces set up");
             fprintf(stderr, "     %s\n", why);
-            netns_pair_teardown(&np);
+            netns_teardown(&np);
         } else {
             printf("SKIP test_dtrun_netns: %s\n", why);
         }
@@ -420,7 +337,7 @@ int main(int argc, char **argv) {
     RUN(test_pytorchjob_env);
     RUN(test_elastic_namespaces); // before the cut: the link stays down
     RUN(test_link_cut);
-    netns_pair_teardown(&np);
+    netns_teardown(&np);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();

@@ -1,5 +1,5 @@
 // test_mnist_netns.c: the README's two-machine command lines, for real: two network
-// namespaces joined by a veth pair (10.201.0.1/24 and 10.201.0.2/24), one
+// namespaces on one switch (10.201.0.1/24 and 10.201.0.2/24), one
 // `dtrain-mnist --num-machines 2 --num-processes 2 --machine-id K --master-addr A
 // --master-port P` in each, nothing else.
 //
@@ -17,7 +17,7 @@
 
 #include <sched.h>
 
-static netns_pair np;
+static netns_net np;
 
 // Machine i: the README's command line (plus a small run), inside namespace i.
 static void start_machine(run *r, const char *dir, int i, const char *token) {
@@ -142,11 +142,11 @@ int main(void) {
     }
     RUN(test_master_port_alone);
     char why[200];
-    if (!netns_pair_setup(&np, "mnist-test", "dmv", "10.201.0", why, sizeof why)) {
+    if (!netns_setup(&np, 2, "mnist-test", "dmv", "10.201.0", why, sizeof why)) {
         if (np.made) {
-            CHECK(!"veth pair set up");
+            CHECK(!"network namespaces set up");
             fprintf(stderr, "     %s\n", why);
-            netns_pair_teardown(&np);
+            netns_teardown(&np);
         } else {
             printf("SKIP test_mnist_netns: %s\n", why);
         }
@@ -155,7 +155,7 @@ int main(void) {
     make_tmp_root("mnist-netns-test");
     RUN(test_readme_lines);
     RUN(test_token_mismatch);
-    netns_pair_teardown(&np);
+    netns_teardown(&np);
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();

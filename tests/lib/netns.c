@@ -37,45 +37,57 @@ static void remove_stale(const char *prefix) {
     closedir(d);
 }
 
-bool netns_pair_setup(netns_pair *p, const char *prefix, const char *tag, const char *subnet,
-                      char *why, size_t n) {
+bool netns_setup(netns_net *p, int n, const char *prefix, const char *tag, const char *subnet,
+                 char *why, size_t why_n) {
     memset(p, 0, sizeof *p);
+    if (n < 2 || n > NETNS_MAX) {
+        snprintf(why, why_n, "expected 2 to %d nodes, found %d", NETNS_MAX, n);
+        return false;
+    }
     if (geteuid() != 0) {
-        snprintf(why, n, "not root (network namespaces need CAP_SYS_ADMIN)");
+        snprintf(why, why_n, "not root (network namespaces need CAP_SYS_ADMIN)");
         return false;
     }
     remove_stale(prefix);
-    for (int i = 0; i < 2; i++) {
-        snprintf(p->ns[i], sizeof p->ns[i], "%s-%d-%c", prefix, (int)getpid(), 'a' + i);
-        snprintf(p->veth[i], sizeof p->veth[i], "%.3s%d%c", tag, (int)getpid() % 100000, 'a' + i);
+    int pid = (int)getpid();
+    p->n    = n;
+    snprintf(p->hub, sizeof p->hub, "%s-%d-hub", prefix, pid);
+    for (int i = 0; i < n; i++) {
+        snprintf(p->ns[i], sizeof p->ns[i], "%s-%d-%c", prefix, pid, 'a' + i);
+        snprintf(p->veth[i], sizeof p->veth[i], "%.3s%d%c", tag, pid % 100000, 'a' + i);
     }
-    if (netns_sh("ip netns add %s 2>/dev/null", p->ns[0]) != 0) {
-        snprintf(why, n, "\"ip netns add\" failed (no iproute2, or no namespace support)");
+    if (netns_sh("ip netns add %s 2>/dev/null", p->hub) != 0) {
+        snprintf(why, why_n, "\"ip netns add\" failed (no iproute2, or no namespace support)");
         return false;
     }
     p->made = true;
-    if (netns_sh("ip netns add %s", p->ns[1]) ||
-        netns_sh("ip link add %s type veth peer name %s", p->veth[0], p->veth[1]) ||
-        netns_sh("ip link set %s netns %s", p->veth[0], p->ns[0]) ||
-        netns_sh("ip link set %s netns %s", p->veth[1], p->ns[1]) ||
-        netns_sh("ip -n %s addr add %s.1/24 dev %s", p->ns[0], subnet, p->veth[0]) ||
-        netns_sh("ip -n %s addr add %s.2/24 dev %s", p->ns[1], subnet, p->veth[1])) {
-        snprintf(why, n, "could not create the veth pair between the namespaces");
+    if (netns_sh("ip -n %s link add br0 type bridge", p->hub) ||
+        netns_sh("ip -n %s link set br0 up", p->hub)) {
+        snprintf(why, why_n, "could not create the bridge (no bridge support?)");
         return false;
     }
-    for (int i = 0; i < 2; i++)
-        if (netns_sh("ip -n %s link set lo up", p->ns[i]) ||
+    // Node i's end is veth[i] in ns[i]; the switch's end, veth[i] with an 's', in the hub.
+    for (int i = 0; i < n; i++)
+        if (netns_sh("ip netns add %s", p->ns[i]) ||
+            netns_sh("ip link add %s type veth peer name %ss", p->veth[i], p->veth[i]) ||
+            netns_sh("ip link set %s netns %s", p->veth[i], p->ns[i]) ||
+            netns_sh("ip link set %ss netns %s", p->veth[i], p->hub) ||
+            netns_sh("ip -n %s link set %ss master br0 up", p->hub, p->veth[i]) ||
+            netns_sh("ip -n %s addr add %s.%d/24 dev %s", p->ns[i], subnet, i + 1, p->veth[i]) ||
+            netns_sh("ip -n %s link set lo up", p->ns[i]) ||
             netns_sh("ip -n %s link set %s up", p->ns[i], p->veth[i])) {
-            snprintf(why, n, "could not bring the links up");
+            snprintf(why, why_n, "could not link node %d (namespace %s) to the bridge", i,
+                     p->ns[i]);
             return false;
         }
     return true;
 }
 
-void netns_pair_teardown(netns_pair *p) {
+void netns_teardown(netns_net *p) {
     if (!p->made)
         return;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < p->n; i++)
         netns_sh("ip netns del %s 2>/dev/null", p->ns[i]);
+    netns_sh("ip netns del %s 2>/dev/null", p->hub);
     p->made = false;
 }
