@@ -180,10 +180,11 @@ static const row *choose(const dt_xport *t, const dt_algo_cfg *cfg, const dt_op 
 //
 // so each host's link carries 2(H-1)/H * n each way, in L parallel streams, where the
 // flat ring over all P = H*L ranks carries 2(P-1)/P * n in one stream: (P-1)H / (P(H-1))
-// times more (1.5x for 2 hosts of 2 ranks, nearly 2x for 2 hosts of many). The buffer is
-// copied into a padded scratch of L blocks of ceil(n/L) elements (the padding is reduced
-// and dropped). The result is reduced once per element and all-gathered, so it is
-// bitwise equal on every rank; it equals the flat algorithms' to float rounding.
+// times more (1.5x for 2 hosts of 2 ranks, nearly 2x for 2 hosts of many). The steps run
+// in the result's buffer when L divides n; otherwise the buffer is copied into a
+// padded scratch of L blocks of ceil(n/L) elements (the padding is reduced and
+// dropped). The result is reduced once per element and all-gathered, so it is bitwise
+// equal on every rank; it equals the flat algorithms' to float rounding.
 
 static dt_status run_row(const row *r, const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op);
 
@@ -218,6 +219,14 @@ static dt_status hier(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op) {
     int             L = node->world, l = node->rank;
     size_t          esz = dt_dtype_size(op->dtype), blk = (op->count + (size_t)L - 1) / (size_t)L;
     size_t          need = (size_t)L * blk * esz;
+    if (op->count % (size_t)L == 0) { // L whole blocks: in the result's buffer, no scratch
+        char *dst = op->dst, *mine = dst + (size_t)l * blk * esz;
+        if (op->src != op->dst)
+            memcpy(dst, op->src, op->count * esz);
+        DT_TRY(level_step(node, "node", cfg, op, DT_COLL_REDUCE_SCATTER, dst, mine, blk));
+        DT_TRY(level_step(cross, "cross", cfg, op, DT_COLL_ALL_REDUCE, mine, mine, blk));
+        return level_step(node, "node", cfg, op, DT_COLL_ALL_GATHER, mine, dst, blk);
+    }
     if (need > cfg->hier_cap) {
         void *b = dt_alloc(need);
         if (!b)
