@@ -145,6 +145,13 @@ DT_API void dt_ddp_free(dt_ddp *ddp);
 // Gradient accumulation (PyTorch's no_sync): with sync off, backward only accumulates
 // locally; the first backward with sync on again reduces the accumulated gradients.
 DT_API void dt_ddp_set_sync(dt_ddp *ddp, bool sync);
+// Sum the ranks' gradients instead of averaging them (default off), from the next
+// bucket started on: for gradients whose loss is already the mean over the global batch
+// (nn.h, dt_loss_nll_over). With tree_reduce, each sample's gradient then has the same
+// divisor on every world size, and a world of N ranks gives bitwise the gradients of one
+// process for any N the shards' tree splits into, not only powers of two (the average
+// would round once more, by 1/N). Ignored with a comm hook or compression.
+DT_API void dt_ddp_set_sum(dt_ddp *ddp, bool sum);
 
 // Completes the step's gradient averaging: starts what is not started yet (all
 // buckets when overlap is off), waits for every bucket, and returns when the

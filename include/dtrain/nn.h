@@ -189,6 +189,16 @@ DT_API dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch
 // Mean cross-entropy of raw logits (log-softmax + NLL); nn.CrossEntropyLoss.
 DT_API dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int batch,
                                        int classes, float *loss, float *dlogits);
+// The same two losses as the gradient of a mean over `over` samples (over >= batch,
+// else DT_ERR_ARG): d loss / d input is each sample's gradient divided by `over`, as if
+// the batch were part of a larger one of `over` samples; *loss stays the batch's own mean.
+// With `over` the global batch every rank computes each sample's gradient with the same
+// divisor whatever the world size (dt_trainer_loss_over), which --invariant needs when a
+// world is not a power of two. over = batch is dt_loss_nll and dt_loss_cross_entropy.
+DT_API dt_status dt_loss_nll_over(const float *logp, const int32_t *target, int batch, int classes,
+                                  int over, float *loss, float *dlogp);
+DT_API dt_status dt_loss_cross_entropy_over(const float *logits, const int32_t *target, int batch,
+                                            int classes, int over, float *loss, float *dlogits);
 // Number of samples whose largest score is the target (ties: the first maximum).
 DT_API int dt_count_correct(const float *scores, const int32_t *target, int batch, int classes);
 
