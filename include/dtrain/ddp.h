@@ -117,7 +117,9 @@ typedef struct dt_ddp_opts {
     bool tree_reduce;                  // sum the ranks' gradients by a fixed tree over ranks
                                        // (rank r with r + N/2 first, then r + N/4, ...): with
                                        // the model's gradient shards (dt_model_set_grad_shards)
-                                       // N ranks then give bitwise the one-process gradients.
+                                       // N ranks then give bitwise the one-process gradients
+                                       // (for N not a power of two with dt_ddp_set_sum and
+                                       // the loss divided by the global batch).
                                        // Buckets then all-reduce in comm's tree order
                                        // (dt_pg_all_reduce_ordered, DT_ORDER_TREE).
     dt_ddp_compress compress;          // 16-bit gradient all-reduce (default NONE); not with

@@ -123,7 +123,9 @@ DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
 // processes: one process with S = V and N processes with S = V/N each, batch B/N and a
 // DistributedSampler, plus a DDP that continues the tree over ranks
 // (dt_ddp_opts.tree_reduce), give bitwise the same averaged gradients when N divides V
-// and is a power of two or V itself (V = 6: 1, 2 and 6 processes; V = 3: 1 and 3). Threads share
+// and is a power of two or V itself (V = 6: 1, 2 and 6 processes; V = 3: 1 and 3), the
+// latter when each rank's loss divides by the global batch and DDP sums the ranks
+// (dt_loss_nll_over, dt_ddp_set_sum; the trainer's dt_trainer_loss_over). Threads share
 // the work of a convolution's weight gradient by shards, so S should be at least the
 // thread count. DT_ERR_ARG for other values; DT_ERR_NOMEM (S parameter-sized buffers).
 DT_API dt_status dt_model_set_grad_shards(dt_model *m, int shards);
