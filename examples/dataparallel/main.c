@@ -65,12 +65,15 @@ static void drop_replica(void *user, dt_dp_replica *d) {
     dt_free(r);
 }
 
-// ops->work: forward, loss and backward of one slice (the gradient of its mean loss).
+// ops->work: forward, loss and backward of one slice (the gradient of its mean loss; of
+// the mean over the global batch in one replica under --invariant: dt_trainer_loss_over).
 static dt_status forward_backward(void *user, dt_dp_replica *d, const dt_batch *b, float *loss) {
-    const ctx *c = user;
-    replica   *r = d->obj;
+    const ctx *c    = user;
+    replica   *r    = d->obj;
+    int        over = (int)dt_trainer_loss_over(c->t, b->size); // --invariant: the global batch
     DT_TRY(dt_model_forward(r->m, b->x, (int)b->size));
-    DT_TRY(dt_loss_nll(dt_model_output(r->m), b->y, (int)b->size, CLASSES, loss, r->dlogp));
+    DT_TRY(
+        dt_loss_nll_over(dt_model_output(r->m), b->y, (int)b->size, CLASSES, over, loss, r->dlogp));
     dt_trainer_scale_loss_grad(c->t, r->dlogp, CLASSES * b->size); // --precision fp16
     return dt_model_backward(r->m, r->dlogp);
 }

@@ -162,8 +162,9 @@ int main(int argc, char **argv) {
                 break;
             continue;
         }
+        int over = (int)dt_trainer_loss_over(t, b.size); // --invariant: the global batch
         if ((st = dt_model_forward(m, b.x, (int)b.size)) ||
-            (st = dt_loss_nll(dt_model_output(m), b.y, (int)b.size, 10, &loss, dlogp)))
+            (st = dt_loss_nll_over(dt_model_output(m), b.y, (int)b.size, 10, over, &loss, dlogp)))
             break;
         dt_trainer_scale_loss_grad(t, dlogp, 10 * b.size); // --precision fp16's loss scale
         if ((st = dt_model_backward(m, dlogp)) || (st = dt_trainer_step(t, loss)))

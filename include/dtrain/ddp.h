@@ -117,7 +117,9 @@ typedef struct dt_ddp_opts {
     bool tree_reduce;                  // sum the ranks' gradients by a fixed tree over ranks
                                        // (rank r with r + N/2 first, then r + N/4, ...): with
                                        // the model's gradient shards (dt_model_set_grad_shards)
-                                       // N ranks then give bitwise the one-process gradients.
+                                       // N ranks then give bitwise the one-process gradients
+                                       // (for N not a power of two with dt_ddp_set_sum and
+                                       // the loss divided by the global batch).
                                        // Buckets then all-reduce in comm's tree order
                                        // (dt_pg_all_reduce_ordered, DT_ORDER_TREE).
     dt_ddp_compress compress;          // 16-bit gradient all-reduce (default NONE); not with
@@ -145,6 +147,13 @@ DT_API void dt_ddp_free(dt_ddp *ddp);
 // Gradient accumulation (PyTorch's no_sync): with sync off, backward only accumulates
 // locally; the first backward with sync on again reduces the accumulated gradients.
 DT_API void dt_ddp_set_sync(dt_ddp *ddp, bool sync);
+// Sum the ranks' gradients instead of averaging them (default off), from the next
+// bucket started on: for gradients whose loss is already the mean over the global batch
+// (nn.h, dt_loss_nll_over). With tree_reduce, each sample's gradient then has the same
+// divisor on every world size, and a world of N ranks gives bitwise the gradients of one
+// process for any N the shards' tree splits into, not only powers of two (the average
+// would round once more, by 1/N). Ignored with a comm hook or compression.
+DT_API void dt_ddp_set_sum(dt_ddp *ddp, bool sum);
 
 // Completes the step's gradient averaging: starts what is not started yet (all
 // buckets when overlap is off), waits for every bucket, and returns when the

@@ -158,12 +158,13 @@ DT_API void dt_graph_set_input_grad(dt_graph *g, bool on);
 // with k + h for h = the largest power of two below S, then h/2, ..., 1) before being
 // added to the gradient, so it is bitwise the same for any thread count, and with a
 // DDP that continues the tree over ranks (dt_ddp_opts.tree_reduce), for a world of N
-// ranks with S/N shards each when N is a power of two or S itself. Layers are called once per
-// sample in backward then (a dt_model's in one call per shard), so the invariance is that of the
-// layers' per-sample arithmetic: exact for a dt_model's layers; for a graph's own, as long as a
-// sample's forward and input gradient do not depend on the other samples of a call (BatchNorm's do;
-// a GEMM library may round differently for another number of rows). A parameter used by several
-// nodes (dt_graph_tie) gets each node's tree in turn: thread-invariant, not
+// ranks with S/N shards each when N is a power of two or S itself (the latter with the
+// loss divided by the global batch and the ranks summed: train.h, dt_trainer_loss_over). Layers are
+// called once per sample in backward then (a dt_model's in one call per shard), so the invariance
+// is that of the layers' per-sample arithmetic: exact for a dt_model's layers; for a graph's own,
+// as long as a sample's forward and input gradient do not depend on the other samples of a call
+// (BatchNorm's do; a GEMM library may round differently for another number of rows). A parameter
+// used by several nodes (dt_graph_tie) gets each node's tree in turn: thread-invariant, not
 // world-size invariant. Between steps; DT_ERR_ARG for other values.
 DT_API dt_status dt_graph_set_grad_shards(dt_graph *g, int shards);
 DT_API int       dt_graph_grad_shards(const dt_graph *g);

@@ -123,7 +123,9 @@ DT_API dt_status dt_model_set_threads(dt_model *m, int threads);
 // processes: one process with S = V and N processes with S = V/N each, batch B/N and a
 // DistributedSampler, plus a DDP that continues the tree over ranks
 // (dt_ddp_opts.tree_reduce), give bitwise the same averaged gradients when N divides V
-// and is a power of two or V itself (V = 6: 1, 2 and 6 processes; V = 3: 1 and 3). Threads share
+// and is a power of two or V itself (V = 6: 1, 2 and 6 processes; V = 3: 1 and 3), the
+// latter when each rank's loss divides by the global batch and DDP sums the ranks
+// (dt_loss_nll_over, dt_ddp_set_sum; the trainer's dt_trainer_loss_over). Threads share
 // the work of a convolution's weight gradient by shards, so S should be at least the
 // thread count. DT_ERR_ARG for other values; DT_ERR_NOMEM (S parameter-sized buffers).
 DT_API dt_status dt_model_set_grad_shards(dt_model *m, int shards);
@@ -189,6 +191,16 @@ DT_API dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch
 // Mean cross-entropy of raw logits (log-softmax + NLL); nn.CrossEntropyLoss.
 DT_API dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int batch,
                                        int classes, float *loss, float *dlogits);
+// The same two losses as the gradient of a mean over `over` samples (over >= batch,
+// else DT_ERR_ARG): d loss / d input is each sample's gradient divided by `over`, as if
+// the batch were part of a larger one of `over` samples; *loss stays the batch's own mean.
+// With `over` the global batch every rank computes each sample's gradient with the same
+// divisor whatever the world size (dt_trainer_loss_over), which --invariant needs when a
+// world is not a power of two. over = batch is dt_loss_nll and dt_loss_cross_entropy.
+DT_API dt_status dt_loss_nll_over(const float *logp, const int32_t *target, int batch, int classes,
+                                  int over, float *loss, float *dlogp);
+DT_API dt_status dt_loss_cross_entropy_over(const float *logits, const int32_t *target, int batch,
+                                            int classes, int over, float *loss, float *dlogits);
 // Number of samples whose largest score is the target (ties: the first maximum).
 DT_API int dt_count_correct(const float *scores, const int32_t *target, int batch, int classes);
 

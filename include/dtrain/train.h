@@ -300,6 +300,16 @@ DT_API float        dt_trainer_loss_scale(const dt_trainer *t);
 // Multiplies the loss gradient dloss[0..n) by that scale before backward (nothing in
 // fp32 and bf16): what a program on dt_trainer_prepare_graph does with its loss.
 DT_API void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n);
+// The divisor of the mean loss of this rank's micro-batch of n samples, for
+// dt_loss_nll_over and dt_loss_cross_entropy_over (nn.h): n, or, when --invariant's
+// tree sums the ranks' gradients (DDP in the plain loop), the global micro-batch
+// (n x world), and the ranks' gradients are then summed, not averaged, at the window's
+// end. Each sample's gradient so has one divisor whatever the world, and a world of N
+// ranks trains bitwise the model of one process for every N that --invariant V's tree
+// takes, N = 3 of V = 3 or 6 included (the local mean averaged over ranks rounds
+// differently unless N is a power of two). Call it for every micro-batch before its
+// backward; a program that does not gets the local mean averaged over ranks, as before.
+DT_API size_t dt_trainer_loss_over(dt_trainer *t, size_t n);
 // Optimizer steps skipped by the fp16 scaler so far.
 DT_API int64_t dt_trainer_skipped_steps(const dt_trainer *t);
 

@@ -9,7 +9,16 @@
 // the tree over the ranks. That holds when N is a power of two dividing V, and when
 // N = V (one shard each); for other N (3 of 6) the first step already pairs shards of
 // two ranks, and no single tree can serve both 2 and 3 ranks out of 6 (a tree whose
-// subtrees are both {0,2,4} and {0,3} does not exist): dt_tree_splits says which.
+// subtrees are both {0,2,4} and {0,3} does not exist): dt_tree_splits says which. (An
+// order that splits for every divisor, contiguous shards and a chain across the ranks,
+// is designed in docs/dtrun.md, "Every divisor of V"; not built.)
+//
+// The same additions are not yet the same numbers: each sample's loss gradient must
+// have one divisor in every world. A rank that divides by its own batch B/N, its sum
+// then averaged over N, rounds unlike one division by B unless N is a power of two; so
+// under --invariant every rank divides by the global batch and DDP sums the ranks
+// (train.h, dt_trainer_loss_over; ddp.h, dt_ddp_set_sum): then every world of
+// dt_tree_splits, N = V = 3 or 6 included, is bitwise the one-process model.
 #ifndef DTRAIN_CORE_TREE_H
 #define DTRAIN_CORE_TREE_H
 

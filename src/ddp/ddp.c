@@ -197,6 +197,10 @@ void dt_ddp_set_sync(dt_ddp *d, bool sync) {
     dt_reducer_set_sync(d->r, sync);
 }
 
+void dt_ddp_set_sum(dt_ddp *d, bool sum) {
+    dt_reducer_set_sum(d->r, sum);
+}
+
 dt_status dt_ddp_sync(dt_ddp *d) {
     return dt_reducer_sync(d->r);
 }

@@ -24,6 +24,7 @@ struct dt_reducer {
     bool           *ready;         // [ntensors]
     int             next_launch;   // buckets start in index order on every rank
     bool            sync;
+    bool            sum;    // SUM rather than AVG over the ranks (no hook)
     bool            failed; // a report of this step failed (returned to its backward)
     double          wait_s;
     int64_t         steps;
@@ -111,7 +112,8 @@ static dt_status start_bucket(dt_reducer *r, int i) {
     dt_status s = r->o.hook.start
                       ? r->o.hook.start(r->o.hook.state, r->pg, i, g, bk->span.count, &bk->work)
                       : dt_pg_all_reduce_ordered_async(r->pg, g, g, bk->span.count, DT_FLOAT32,
-                                                       DT_REDUCE_AVG, r->o.order, &bk->work);
+                                                       r->sum ? DT_REDUCE_SUM : DT_REDUCE_AVG,
+                                                       r->o.order, &bk->work);
     DT_TRACE_END(tr, r->o.who, "bucket start", "bucket", i);
     if (s != DT_OK) {
         bk->work = NULL;
@@ -310,6 +312,10 @@ void dt_reducer_free(dt_reducer *r) {
 
 void dt_reducer_set_sync(dt_reducer *r, bool sync) {
     r->sync = sync;
+}
+
+void dt_reducer_set_sum(dt_reducer *r, bool sum) {
+    r->sum = sum;
 }
 
 int dt_reducer_num_buckets(const dt_reducer *r) {

@@ -53,6 +53,10 @@ void dt_reducer_free(dt_reducer *r);
 
 // Gradient accumulation: with sync off, reports are ignored and sync does nothing.
 void dt_reducer_set_sync(dt_reducer *r, bool sync);
+// The plain all-reduce (no hook) sums the ranks' gradients instead of averaging them
+// from the next bucket started on (default off): the caller's gradients are already
+// divided by the global batch (ddp.h, dt_ddp_set_sum).
+void dt_reducer_set_sum(dt_reducer *r, bool sum);
 // Floats [offset, offset + count) of the gradients are final for this backward: whole
 // tensors. Starts every bucket now complete (with overlap). What the consumer calls.
 dt_status dt_reducer_mark(dt_reducer *r, size_t offset, size_t count);

@@ -24,9 +24,23 @@ static dt_status check_targets(const int32_t *target, int batch, int classes) {
     return DT_OK;
 }
 
+static dt_status check_over(int batch, int over) {
+    if (over < batch)
+        return dt_fail(DT_ERR_ARG,
+                       "loss: expected a divisor of the mean at least the batch (%d), found %d",
+                       batch, over);
+    return DT_OK;
+}
+
 dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch, int classes, float *loss,
                       float *dlogp) {
+    return dt_loss_nll_over(logp, target, batch, classes, batch, loss, dlogp);
+}
+
+dt_status dt_loss_nll_over(const float *logp, const int32_t *target, int batch, int classes,
+                           int over, float *loss, float *dlogp) {
     DT_TRY(check_targets(target, batch, classes));
+    DT_TRY(check_over(batch, over));
     double sum = 0.0;
     for (int s = 0; s < batch; s++)
         sum -= logp[(size_t)s * classes + target[s]];
@@ -34,14 +48,20 @@ dt_status dt_loss_nll(const float *logp, const int32_t *target, int batch, int c
     if (dlogp) {
         memset(dlogp, 0, sizeof(float) * (size_t)batch * classes);
         for (int s = 0; s < batch; s++)
-            dlogp[(size_t)s * classes + target[s]] = -1.0f / (float)batch;
+            dlogp[(size_t)s * classes + target[s]] = -1.0f / (float)over;
     }
     return DT_OK;
 }
 
 dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int batch, int classes,
                                 float *loss, float *dlogits) {
+    return dt_loss_cross_entropy_over(logits, target, batch, classes, batch, loss, dlogits);
+}
+
+dt_status dt_loss_cross_entropy_over(const float *logits, const int32_t *target, int batch,
+                                     int classes, int over, float *loss, float *dlogits) {
     DT_TRY(check_targets(target, batch, classes));
+    DT_TRY(check_over(batch, over));
     double sum = 0.0;
     for (int s = 0; s < batch; s++) {
         const float *x = logits + (size_t)s * classes;
@@ -53,11 +73,11 @@ dt_status dt_loss_cross_entropy(const float *logits, const int32_t *target, int 
             z += exp((double)(x[i] - m));
         double lse = m + log(z);
         sum += lse - x[target[s]];
-        if (dlogits) { // (softmax - onehot) / batch
+        if (dlogits) { // (softmax - onehot) / over
             float *d = dlogits + (size_t)s * classes;
             for (int i = 0; i < classes; i++)
-                d[i] = (float)(exp((double)x[i] - lse) / batch);
-            d[target[s]] -= 1.0f / (float)batch;
+                d[i] = (float)(exp((double)x[i] - lse) / over);
+            d[target[s]] -= 1.0f / (float)over;
         }
     }
     *loss = (float)(sum / batch);

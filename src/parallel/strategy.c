@@ -17,6 +17,7 @@ struct dt_strategy {
     const dt_mesh   *mesh;
     dt_pipe         *pipe;
     dt_ddp          *ddp;  // DDP over dp (no ZeRO)
+    bool             tree; // DDP's tree_reduce as it runs (compression turns it off)
     dt_powersgd     *psgd; // DDP's comm hook with --ddp-compress powersgd
     dt_zero         *zero; // ZeRO over dp
     // DataParallel (dp.h): the program's master replica and how to make more; the
@@ -58,6 +59,7 @@ dt_status dt_strategy_new(dt_strategy **out, dt_params *p, dt_optim *opt, dt_pg 
                    d.compress != DT_DDP_COMPRESS_NONE) {
             d.tree_reduce = false; // compression sums ranks its own way
         }
+        s->tree = d.tree_reduce;
         if (st == DT_OK)
             st = dt_ddp_new(&s->ddp, p, dp, &d);
         if (st == DT_OK)
@@ -153,6 +155,16 @@ dt_status dt_strategy_pipe_step(dt_strategy *s, const void *const *inputs, int b
 
 // ------------------------------------------------------------------------ steps
 
+size_t dt_strategy_loss_over(dt_strategy *s, size_t n) {
+    // Only the plain loop under DDP's tree: DataParallel's replicas weigh their slices'
+    // means (dp.c), join divides by the samples itself, a pipeline has its own losses.
+    if (!s->ddp || !s->tree || s->o.data_parallel > 1 || s->o.join || s->pipe ||
+        (s->world && dt_pg_size(s->dp) != dt_pg_size(s->world)))
+        return n;
+    dt_ddp_set_sum(s->ddp, true);
+    return n * (size_t)dt_pg_size(s->dp);
+}
+
 static void scale_all(dt_params *p, float f) {
     float *g = dt_params_grads(p);
     size_t n = dt_params_numel(p);
@@ -172,9 +184,11 @@ dt_status dt_strategy_reduce(dt_strategy *s, int window, int64_t samples) {
             scale_all(s->p, 1.0f / (float)total);
         return DT_OK;
     }
-    if (s->ddp)
-        DT_TRY(dt_ddp_sync(s->ddp));
-    else if (s->zero) // this rank's shard of the averaged gradient
+    if (s->ddp) {
+        dt_status st = dt_ddp_sync(s->ddp);
+        dt_ddp_set_sum(s->ddp, false); // the next window's loss asks again
+        DT_TRY(st);
+    } else if (s->zero) // this rank's shard of the averaged gradient
         DT_TRY(dt_zero_sync(s->zero));
     if (window > 1 && s->zero) // the mean over the window's micro-batches: the shard only
         dt_zero_scale_grad(s->zero, 1.0f / (float)window);

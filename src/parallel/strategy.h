@@ -10,6 +10,7 @@
 //     dt_strategy_new                              the parameters wrapped (dt_trainer_prepare)
 //     per micro-batch:  dt_strategy_share_buffers  at a window's first
 //                       dt_strategy_set_sync       the window's last one reduces
+//                       dt_strategy_loss_over      the divisor of the loss's mean
 //                       dt_strategy_forward_backward    (DataParallel programs)
 //     per step:         dt_strategy_reduce         the mean gradient over ranks and window
 //                       dt_strategy_clip           the global norm
@@ -60,6 +61,12 @@ void      dt_strategy_free(dt_strategy *s); // NULL-safe
 dt_status dt_strategy_share_buffers(dt_strategy *s);
 // Whether this micro-batch's backward ends the window (its reduction runs then).
 void dt_strategy_set_sync(dt_strategy *s, bool sync);
+// The divisor of the mean loss of this rank's micro-batch of n samples: n, or, under
+// DDP's tree reduction (--invariant) in the plain loop, the global micro-batch (n times
+// the ranks), and DDP then sums the ranks' gradients instead of averaging them until the
+// window's reduction (dt_strategy_reduce): each sample's gradient has one divisor on
+// every world size, so worlds that are not a power of two stay bitwise too.
+size_t dt_strategy_loss_over(dt_strategy *s, size_t n);
 // DataParallel: the program's replicas (dp.h). forward_backward runs ops->work on the
 // master alone (data_parallel 1: the plain loop) or on the replicas, each on its slice
 // (rng: the epoch's dropout stream), and reports the master's gradients for reduction.

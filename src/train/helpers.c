@@ -88,6 +88,9 @@ void dt_trainer_scale_loss_grad(const dt_trainer *t, float *dloss, size_t n) {
         for (size_t i = 0; i < n; i++)
             dloss[i] *= s;
 }
+size_t dt_trainer_loss_over(dt_trainer *t, size_t n) {
+    return t->strat ? dt_strategy_loss_over(t->strat, n) : n;
+}
 int64_t dt_trainer_skipped_steps(const dt_trainer *t) {
     return t->skipped;
 }

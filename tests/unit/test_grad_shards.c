@@ -51,8 +51,9 @@ static void make_data(data *d) {
 }
 
 // One training step of m on the positions first, first + stride, ... of the global
-// batch (n of them): forward, mean NLL over those n, backward into a zeroed gradient.
-static void step(dt_model *m, const data *d, int first, int stride, int n) {
+// batch (n of them): forward, NLL summed over those n and divided by `over` (the mean
+// over a batch of `over` samples), backward into a zeroed gradient.
+static void step_over(dt_model *m, const data *d, int first, int stride, int n, int over) {
     float    x[B * 144], dlogp[B * CLASSES], loss;
     int32_t  y[B];
     uint64_t key[B];
@@ -66,9 +67,14 @@ static void step(dt_model *m, const data *d, int first, int stride, int n) {
     dt_model_set_rng(m, &epoch);
     CHECK_OK(dt_model_set_sample_keys(m, key, n));
     CHECK_OK(dt_model_forward(m, x, n));
-    CHECK_OK(dt_loss_nll(dt_model_output(m), y, n, CLASSES, &loss, dlogp));
+    CHECK_OK(dt_loss_nll_over(dt_model_output(m), y, n, CLASSES, over, &loss, dlogp));
     dt_model_zero_grad(m);
     CHECK_OK(dt_model_backward(m, dlogp));
+}
+
+// The same with the mean over its own n samples (dt_loss_nll).
+static void step(dt_model *m, const data *d, int first, int stride, int n) {
+    step_over(m, d, first, stride, n, n);
 }
 
 static bool same_bits(const float *a, const float *b, size_t n, const char *what) {
@@ -180,6 +186,54 @@ static void test_ranks(const data *d, const char *conv) {
     dt_model_free(half);
 }
 
+// The ranks of each world that V's tree splits into (core/tree.h), every rank's loss
+// divided by the global batch G and the ranks' gradients summed by the tree over r, not
+// averaged (what DDP does under --invariant: dt_trainer_loss_over, dt_ddp_set_sum): the
+// one-process gradient, bit for bit, for worlds that are not a power of two too (3 of 3,
+// 6 of 6). The local mean averaged over 3 ranks differs in the last bits: 1/8 then /3
+// rounds unlike 1/24.
+static void test_ranks_global(const data *d, const char *conv) {
+    check_current = conv;
+    enum { G = 24 }; // divided by 1, 2, 3, 4, 6
+    static const int cases[][2] = {{3, 3}, {6, 2}, {6, 6}, {4, 2}, {4, 4}}; // V, N
+    size_t           n          = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int V = cases[c][0], N = cases[c][1];
+        CHECK(dt_tree_splits(V, N));
+        dt_model *one = convnet(2, V);
+        step(one, d, 0, 1, G);
+        n = dt_model_num_params(one);
+        float *g[8], *avg[8];
+        for (int r = 0; r < N; r++) {
+            dt_model *m = convnet(1 + r % 2, V / N);
+            step_over(m, d, r, N, G / N, G);
+            g[r] = malloc(sizeof(float) * n);
+            memcpy(g[r], dt_model_grads(m), sizeof(float) * n);
+            step(m, d, r, N, G / N);
+            avg[r] = malloc(sizeof(float) * n);
+            memcpy(avg[r], dt_model_grads(m), sizeof(float) * n);
+            dt_model_free(m);
+        }
+        for (int h = dt_tree_top(N); h >= 1; h /= 2)
+            for (int k = 0; k < h && k + h < N; k++)
+                for (size_t i = 0; i < n; i++)
+                    g[k][i] += g[k + h][i], avg[k][i] += avg[k + h][i];
+        if (!CHECK(same_bits(g[0], dt_model_grads(one), n, "ranks summed vs one process")))
+            fprintf(stderr, "     V %d, %d ranks, each over the global batch\n", V, N);
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++)
+            differ += avg[0][i] / (float)N != dt_model_grads(one)[i];
+        if (N == 3 && !CHECK(differ > 0)) // the average: exact only for a power of two
+            fprintf(stderr, "     V %d, %d ranks: the local means' average matched\n", V, N);
+        if ((N & (N - 1)) == 0 && !CHECK(differ == 0))
+            fprintf(stderr, "     V %d, %d ranks: the local means' average: %zu differ\n", V, N,
+                    differ);
+        for (int r = 0; r < N; r++)
+            free(g[r]), free(avg[r]);
+        dt_model_free(one);
+    }
+}
+
 static void test_errors(void) {
     check_current = "errors";
     dt_model *m   = convnet(1, 0);
@@ -191,6 +245,12 @@ static void test_errors(void) {
     CHECK_EQ(dt_model_grad_shards(m), 16);
     CHECK_OK(dt_model_set_grad_shards(m, 3)); // any count: the tree of core/tree.h
     CHECK_EQ(dt_model_grad_shards(m), 3);
+    float   logp[2 * CLASSES] = {0}, dlogp[2 * CLASSES], loss;
+    int32_t y[2]              = {1, 2};
+    CHECK_ERR(dt_loss_nll_over(logp, y, 2, CLASSES, 1, &loss, dlogp), DT_ERR_ARG,
+              "at least the batch (2), found 1");
+    CHECK_OK(dt_loss_nll_over(logp, y, 2, CLASSES, 6, &loss, dlogp)); // 1/6: not a power of 2
+    CHECK(dlogp[1] == -1.0f / 6.0f && dlogp[CLASSES + 2] == -1.0f / 6.0f && dlogp[0] == 0.0f);
     dt_model_free(m);
 }
 
@@ -200,9 +260,11 @@ int main(void) {
     setenv("DT_CONV", "direct", 1);
     test_threads(&d, "direct");
     test_ranks(&d, "direct");
+    test_ranks_global(&d, "direct");
     setenv("DT_CONV", "gemm", 1);
     test_threads(&d, "gemm");
     test_ranks(&d, "gemm");
+    test_ranks_global(&d, "gemm");
     unsetenv("DT_CONV");
     test_errors();
     return check_summary();
