@@ -9,7 +9,9 @@
 # so ranks 0..L-1 run on machine 0, L..2L-1 on machine 1, and the last N ranks (machine
 # 1's) are the servers, the others W = 2L - N workers. Layouts, interleaved per round
 # (ar, ps1-k0, ps1-k1, ..., ar, ps1-k0, ...):
-#   ar           L=2, 4 workers, all-reduce (no --ps)
+#   ar           L=2, 4 workers, all-reduce (no --ps); the default --invariant's fixed
+#                tree order, which on tcp runs recursive doubling (whole vectors)
+#   arring       the same with --invariant 0: the ring (reduce-scatter + all-gather)
 #   ps1-kK       L=2, 3 workers + 1 server (rank 3, machine 1)
 #   ps2-kK       L=2, 2 workers (machine 0) + 2 servers (machine 1)
 #   ps2x-kK      L=3, 4 workers (3 on machine 0, 1 on machine 1) + 2 servers (machine 1)
@@ -118,8 +120,10 @@ link_bytes() {
 # run moves outside its steps).
 run_one() {
     local layout=$1 k=$2 round=$3 limit=${4:-$LIMIT} tag=${5:-run} L=2 N=0 i pids=() name base
+    local extra=()
     case $layout in
     ar) ;;
+    arring) extra=(--invariant 0) ;;
     ps1) N=1 ;;
     ps2) N=2 ;;
     ps2x) L=3 N=2 ;;
@@ -138,7 +142,7 @@ run_one() {
             $NETNS exec $i timeout 150 build/bin/dtrun --nnodes 2 --node-rank $i \
             --master-addr 10.201.0.1 --master-port $PORT --nproc-per-node $L \
             build/bin/dtrain-mnist --backend tcp --threads 1 --no-test --stats \
-            --log-every 1000 --batch-size $((GLOBAL / W)) --limit "$limit" "${ps[@]}" \
+            --log-every 1000 --batch-size $((GLOBAL / W)) --limit "$limit" "${ps[@]}" "${extra[@]}" \
             >"$base.m$i.out" 2>&1 &
         pids+=($!)
     done
@@ -173,8 +177,8 @@ run_one() {
 each_layout() { # ROUND [LIMIT TAG]
     local layout k
     for layout in $LAYOUTS; do
-        if [ "$layout" = ar ]; then
-            run_one ar 0 "$@"
+        if [ "${layout#ar}" != "$layout" ]; then
+            run_one "$layout" 0 "$@"
         else
             for k in $STALENESS; do run_one "$layout" "$k" "$@"; done
         fi
