@@ -167,11 +167,22 @@ void dt_gemm_pack_b_avx2(bool trans_b, const float *b, size_t ldb, int kc, int n
     }
 }
 
+// Whole-vector stores (a masked store is slow on AMD cores): the lanes past h land on
+// the next step's floats, which its own store then writes; the last step's is masked.
 void dt_gemm_pack_at_avx2(const float *a, size_t lda, int kc, int h, float *dst) {
     __m256i m0 = lanes(h), m1 = lanes(h - 8);
     for (int p = 0; p < kc; p++, a += lda, dst += h) {
-        _mm256_maskstore_ps(dst, m0, _mm256_maskload_ps(a, m0));
+        __m256 v0 = _mm256_maskload_ps(a, m0), v1 = _mm256_setzero_ps();
         if (h > 8)
-            _mm256_maskstore_ps(dst + 8, m1, _mm256_maskload_ps(a + 8, m1));
+            v1 = _mm256_maskload_ps(a + 8, m1);
+        if (p + 1 < kc) {
+            _mm256_storeu_ps(dst, v0);
+            if (h > 8)
+                _mm256_storeu_ps(dst + 8, v1);
+        } else {
+            _mm256_maskstore_ps(dst, m0, v0);
+            if (h > 8)
+                _mm256_maskstore_ps(dst + 8, m1, v1);
+        }
     }
 }
