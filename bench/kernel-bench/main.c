@@ -239,6 +239,18 @@ int main(int argc, char **argv) {
         {.name = "sgemm NT 64x288x622 (conv2 dw)", .run = gemm_run, .a = {0, 1, 64, 288, 622}},
         {.name = "sgemm TN 288x622x64 (conv2 dx)", .run = gemm_run, .a = {1, 0, 288, 622, 64}},
         {.name = "sgemm NN 1024x1024x1024", .run = gemm_run, .a = {0, 0, 1024, 1024, 1024}},
+        // the GPT's (bench/peer's defaults: 32 x 128 tokens, C 128, 4 heads): its Linear
+        // layers' forward (NT), input gradient (NN) and weight gradient (TN), then one
+        // (sample, head) block pair of attention (64 x 64 blocks, head width 32)
+        {.name = "sgemm NT 4096x384x128 (gpt qkv)", .run = gemm_run, .a = {0, 1, 4096, 384, 128}},
+        {.name = "sgemm NT 4096x128x512 (gpt proj)", .run = gemm_run, .a = {0, 1, 4096, 128, 512}},
+        {.name = "sgemm NN 4096x128x384 (gpt qkv dx)", .run = gemm_run, .a = {0, 0, 4096, 128, 384}},
+        {.name = "sgemm NN 4096x512x128 (gpt proj dx)", .run = gemm_run, .a = {0, 0, 4096, 512, 128}},
+        {.name = "sgemm TN 384x128x4096 (gpt qkv dw)", .run = gemm_run, .a = {1, 0, 384, 128, 4096}},
+        {.name = "sgemm TN 128x512x4096 (gpt proj dw)", .run = gemm_run, .a = {1, 0, 128, 512, 4096}},
+        {.name = "sgemm NT 64x64x32 (gpt attn qk)", .run = gemm_run, .a = {0, 1, 64, 64, 32}},
+        {.name = "sgemm NN 64x32x64 (gpt attn pv)", .run = gemm_run, .a = {0, 0, 64, 32, 64}},
+        {.name = "sgemm TN 64x32x64 (gpt attn dv)", .run = gemm_run, .a = {1, 0, 64, 32, 64}},
     };
     // clang-format on
     const dt_ktab *t = dt_k();

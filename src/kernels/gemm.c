@@ -19,20 +19,28 @@
 typedef struct gemm_kernel {
     int mr, nr;
     void (*tile)(const dt_gemm_tile *t);
+    void (*pack_b)(bool trans_b, const float *b, size_t ldb, int kc, int nc, int nr, float *dst);
+    void (*pack_at)(const float *a, size_t lda, int kc, int h, float *dst);
 } gemm_kernel;
 
+// avx512's tiles take avx2's packing (every CPU with AVX-512 has AVX2; their NR is a
+// multiple of 8 and their MR at most 16).
 static gemm_kernel kernel_of(dt_isa target) {
 #if defined(__x86_64__)
     if (target >= DT_ISA_AVX512 && target <= DT_ISA_AMX)
-        return (gemm_kernel){DT_GEMM_AVX512_MR, DT_GEMM_AVX512_NR, dt_gemm_tile_avx512};
+        return (gemm_kernel){DT_GEMM_AVX512_MR, DT_GEMM_AVX512_NR, dt_gemm_tile_avx512,
+                             dt_gemm_pack_b_avx2, dt_gemm_pack_at_avx2};
     if (target == DT_ISA_AVX2)
-        return (gemm_kernel){DT_GEMM_AVX2_MR, DT_GEMM_AVX2_NR, dt_gemm_tile_avx2};
+        return (gemm_kernel){DT_GEMM_AVX2_MR, DT_GEMM_AVX2_NR, dt_gemm_tile_avx2,
+                             dt_gemm_pack_b_avx2, dt_gemm_pack_at_avx2};
 #elif defined(__aarch64__)
     if (target == DT_ISA_NEON)
-        return (gemm_kernel){DT_GEMM_NEON_MR, DT_GEMM_NEON_NR, dt_gemm_tile_neon};
+        return (gemm_kernel){DT_GEMM_NEON_MR, DT_GEMM_NEON_NR, dt_gemm_tile_neon,
+                             dt_gemm_pack_b_ref, dt_gemm_pack_at_ref};
 #endif
     (void)target;
-    return (gemm_kernel){DT_GEMM_REF_MR, DT_GEMM_REF_NR, dt_gemm_tile_ref};
+    return (gemm_kernel){DT_GEMM_REF_MR, DT_GEMM_REF_NR, dt_gemm_tile_ref, dt_gemm_pack_b_ref,
+                         dt_gemm_pack_at_ref};
 }
 
 typedef struct blocking {
@@ -87,33 +95,6 @@ static float *pack_space(size_t floats) {
     return b->p;
 }
 
-// op(B)[p0 .. p0+kc) x [j0 .. j0+nc) into panels of nr columns: panel q holds
-// columns j0 + q*nr .., row p at offset p*nr; columns past n are zero.
-static void pack_b(bool trans_b, const float *b, int ldb, int p0, int kc, int j0, int nc, int nr,
-                   float *dst) {
-    for (int q = 0; q < nc; q += nr) {
-        int    w = nc - q < nr ? nc - q : nr;
-        float *d = dst + (size_t)q * kc;
-        if (!trans_b) {
-            for (int p = 0; p < kc; p++) {
-                const float *src = b + (size_t)(p0 + p) * ldb + j0 + q;
-                memcpy(d + (size_t)p * nr, src, sizeof(float) * (size_t)w);
-                for (int j = w; j < nr; j++)
-                    d[(size_t)p * nr + j] = 0.0f;
-            }
-        } else { // op(B)[p][j] = b[j][p]: each column of the panel is a row of b
-            for (int j = 0; j < w; j++) {
-                const float *src = b + (size_t)(j0 + q + j) * ldb + p0;
-                for (int p = 0; p < kc; p++)
-                    d[(size_t)p * nr + j] = src[p];
-            }
-            for (int j = w; j < nr; j++)
-                for (int p = 0; p < kc; p++)
-                    d[(size_t)p * nr + j] = 0.0f;
-        }
-    }
-}
-
 void dt_k_sgemm(dt_isa target, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                 const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     if (m <= 0 || n <= 0)
@@ -128,6 +109,10 @@ void dt_k_sgemm(dt_isa target, bool trans_a, bool trans_b, int m, int n, int k, 
     }
     gemm_kernel kn   = kernel_of(target);
     blocking    bl   = blocking_of(kn);
+    // row blocks of as equal a height as fit (m 128: 66 + 62, not 126 + 2, whose block
+    // is one short tile against every panel)
+    int nb = (m + bl.mc - 1) / bl.mc;
+    bl.mc  = ((m + nb - 1) / nb + kn.mr - 1) / kn.mr * kn.mr;
     size_t      a_rs = trans_a ? 1 : (size_t)lda, a_cs = trans_a ? (size_t)lda : 1;
     // Few rows (a sample's convolution, a thread's rows of a small batch): packing B
     // would copy as many floats as the product has multiply-adds per row of A, so the
@@ -150,7 +135,8 @@ void dt_k_sgemm(dt_isa target, bool trans_a, bool trans_b, int m, int n, int k, 
             t.load  = p0 > 0 || beta != 0.0f;
             t.scale = alpha != 1.0f && p0 + kc == k;
             if (!direct)
-                pack_b(trans_b, b, ldb, p0, kc, j0, nc, kn.nr, packed);
+                kn.pack_b(trans_b, trans_b ? b + (size_t)j0 * ldb + p0 : b + (size_t)p0 * ldb + j0,
+                          (size_t)ldb, kc, nc, kn.nr, packed);
             for (int i0 = 0; i0 < m; i0 += bl.mc) {
                 int mc = m - i0 < bl.mc ? m - i0 : bl.mc;
                 // the block's rows in tiles of as equal a height as fits (32 rows:
@@ -158,13 +144,10 @@ void dt_k_sgemm(dt_isa target, bool trans_a, bool trans_b, int m, int n, int k, 
                 // to hide the FMA latency)
                 int tiles = (mc + kn.mr - 1) / kn.mr;
                 if (packed_a) // op(A)[i][p] = a[p][i]: tile ti's panel (kc, its rows)
-                    for (int ti = 0, i = 0; ti < tiles; i += mc / tiles + (ti < mc % tiles), ti++) {
-                        int    h = mc / tiles + (ti < mc % tiles);
-                        float *d = packed_a + (size_t)ti * kc * kn.mr;
-                        for (int p = 0; p < kc; p++)
-                            memcpy(d + (size_t)p * h, a + (size_t)(p0 + p) * lda + i0 + i,
-                                   sizeof(float) * (size_t)h);
-                    }
+                    for (int ti = 0, i = 0; ti < tiles; i += mc / tiles + (ti < mc % tiles), ti++)
+                        kn.pack_at(a + (size_t)p0 * lda + i0 + i, (size_t)lda, kc,
+                                   mc / tiles + (ti < mc % tiles),
+                                   packed_a + (size_t)ti * kc * kn.mr);
                 for (int q = 0; q < nc; q += kn.nr) {
                     t.nr = nc - q < kn.nr ? nc - q : kn.nr;
                     if (direct) {

@@ -52,4 +52,18 @@ void dt_gemm_tile_avx2(const dt_gemm_tile *t);
 void dt_gemm_tile_avx512(const dt_gemm_tile *t);
 void dt_gemm_tile_neon(const dt_gemm_tile *t);
 
+// The packing behind the tiles, per target as they are. It copies values and never
+// changes them, so it cannot change a result; it only has to be cheap beside the
+// multiply-adds that read what it wrote. pack_b: op(B)'s rows [0, kc) x columns
+// [0, nc) into panels of nr columns, panel q at dst + q * kc holding its row p at
+// p * nr, the columns past nc zero; op(B)[p][j] is b[p * ldb + j], or b[j * ldb + p]
+// when trans_b. pack_at: a transposed A's tile of h rows (h <= 16),
+// dst[p * h + i] = a[p * lda + i] for p < kc, i < h. avx2's needs nr a multiple of 8.
+void dt_gemm_pack_b_ref(bool trans_b, const float *b, size_t ldb, int kc, int nc, int nr,
+                        float *dst);
+void dt_gemm_pack_b_avx2(bool trans_b, const float *b, size_t ldb, int kc, int nc, int nr,
+                         float *dst);
+void dt_gemm_pack_at_ref(const float *a, size_t lda, int kc, int h, float *dst);
+void dt_gemm_pack_at_avx2(const float *a, size_t lda, int kc, int h, float *dst);
+
 #endif // DTRAIN_KERNELS_GEMM_H

@@ -200,6 +200,7 @@ static void test_chains(void) {
             chain(ts[ti], 16, 48, 23, ta, tb, 1, 1);   // whole tiles of every target
             chain(ts[ti], 9, 13, 600, ta, tb, 1, 1);   // two reduction blocks
             chain(ts[ti], 70, 25, 7, ta, tb, 0.5f, 0); // packed B (m > 64), alpha
+            chain(ts[ti], 520, 1030, 20, ta, tb, 1, 1); // row blocks (L2 <= 1 MiB), column blocks
         }
     }
 }

@@ -4,6 +4,8 @@
 // broadcasts: bound by the two FMA pipes of Zen 3 / Haswell-class cores. A partial
 // tile runs the same instructions on fewer rows (the row count is a constant in each
 // instance below) and masked columns, so every element sees the same FMAs.
+// The packing (gemm.h) moves whole vectors: rows of B 8 floats at a time, a transposed
+// B in 8 x 8 blocks turned in registers, a transposed A's tile one masked vector per k.
 // Built for x86-64-v3 (the Makefile gives this folder -march=x86-64-v3).
 #include "kernels/gemm.h"
 
@@ -106,5 +108,81 @@ void dt_gemm_tile_avx2(const dt_gemm_tile *t) {
     default:
         tile(t, 1, false);
         break;
+    }
+}
+
+// Lanes [0, n) set (n <= 8; none when n <= 0).
+static inline __m256i lanes(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// 8 floats from s, of which the first n are read (the rest zero).
+static inline __m256 load_first(const float *s, int n) {
+    return n >= 8 ? _mm256_loadu_ps(s) : n > 0 ? _mm256_maskload_ps(s, lanes(n)) : _mm256_setzero_ps();
+}
+
+// r[x][y] -> r[y][x] for an 8 x 8 block held in 8 registers.
+static inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int x = 0; x < 8; x += 2) {
+        t[x]     = _mm256_unpacklo_ps(r[x], r[x + 1]);
+        t[x + 1] = _mm256_unpackhi_ps(r[x], r[x + 1]);
+    }
+    for (int x = 0; x < 8; x += 4) {
+        u[x]     = _mm256_shuffle_ps(t[x], t[x + 2], 0x44);
+        u[x + 1] = _mm256_shuffle_ps(t[x], t[x + 2], 0xEE);
+        u[x + 2] = _mm256_shuffle_ps(t[x + 1], t[x + 3], 0x44);
+        u[x + 3] = _mm256_shuffle_ps(t[x + 1], t[x + 3], 0xEE);
+    }
+    for (int x = 0; x < 4; x++) {
+        r[x]     = _mm256_permute2f128_ps(u[x], u[x + 4], 0x20);
+        r[x + 4] = _mm256_permute2f128_ps(u[x], u[x + 4], 0x31);
+    }
+}
+
+void dt_gemm_pack_b_avx2(bool trans_b, const float *b, size_t ldb, int kc, int nc, int nr,
+                         float *dst) {
+    for (int q = 0; q < nc; q += nr) {
+        int    w = nc - q < nr ? nc - q : nr;
+        float *d = dst + (size_t)q * kc;
+        if (!trans_b) {
+            const float *s = b + q;
+            for (int p = 0; p < kc; p++, s += ldb, d += nr)
+                for (int j = 0; j < nr; j += 8)
+                    _mm256_storeu_ps(d + j, load_first(s + j, w - j));
+            continue;
+        }
+        // op(B)[p][j] = b[j][p]: 8 rows of b (8 columns of the panel) x 8 steps of k
+        for (int j = 0; j < nr; j += 8)
+            for (int p = 0; p < kc; p += 8) {
+                int    np = kc - p < 8 ? kc - p : 8;
+                __m256 r[8];
+                for (int x = 0; x < 8; x++)
+                    r[x] = j + x < w ? load_first(b + (size_t)(q + j + x) * ldb + p, np)
+                                     : _mm256_setzero_ps();
+                transpose8(r);
+                for (int y = 0; y < np; y++)
+                    _mm256_storeu_ps(d + (size_t)(p + y) * nr + j, r[y]);
+            }
+    }
+}
+
+// Whole-vector stores (a masked store is slow on AMD cores): the lanes past h land on
+// the next step's floats, which its own store then writes; the last step's is masked.
+void dt_gemm_pack_at_avx2(const float *a, size_t lda, int kc, int h, float *dst) {
+    __m256i m0 = lanes(h), m1 = lanes(h - 8);
+    for (int p = 0; p < kc; p++, a += lda, dst += h) {
+        __m256 v0 = _mm256_maskload_ps(a, m0), v1 = _mm256_setzero_ps();
+        if (h > 8)
+            v1 = _mm256_maskload_ps(a + 8, m1);
+        if (p + 1 < kc) {
+            _mm256_storeu_ps(dst, v0);
+            if (h > 8)
+                _mm256_storeu_ps(dst + 8, v1);
+        } else {
+            _mm256_maskstore_ps(dst, m0, v0);
+            if (h > 8)
+                _mm256_maskstore_ps(dst + 8, m1, v1);
+        }
     }
 }

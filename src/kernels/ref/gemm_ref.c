@@ -25,3 +25,22 @@ void dt_gemm_tile_ref(const dt_gemm_tile *t) {
         for (int j = 0; j < t->nr; j++)
             t->c[(size_t)i * t->ldc + j] = t->scale ? acc[i][j] * t->alpha : acc[i][j];
 }
+
+void dt_gemm_pack_b_ref(bool trans_b, const float *b, size_t ldb, int kc, int nc, int nr,
+                        float *dst) {
+    for (int q = 0; q < nc; q += nr) {
+        int    w = nc - q < nr ? nc - q : nr;
+        float *d = dst + (size_t)q * kc;
+        for (int p = 0; p < kc; p++, d += nr)
+            for (int j = 0; j < nr; j++)
+                d[j] = j >= w       ? 0.0f
+                       : !trans_b ? b[(size_t)p * ldb + q + j]
+                                  : b[(size_t)(q + j) * ldb + p];
+    }
+}
+
+void dt_gemm_pack_at_ref(const float *a, size_t lda, int kc, int h, float *dst) {
+    for (int p = 0; p < kc; p++)
+        for (int i = 0; i < h; i++)
+            dst[(size_t)p * h + i] = a[(size_t)p * lda + i];
+}
