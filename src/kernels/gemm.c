@@ -107,13 +107,13 @@ void dt_k_sgemm(dt_isa target, bool trans_a, bool trans_b, int m, int n, int k, 
                 memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
         return;
     }
-    gemm_kernel kn   = kernel_of(target);
-    blocking    bl   = blocking_of(kn);
+    gemm_kernel kn = kernel_of(target);
+    blocking    bl = blocking_of(kn);
     // row blocks of as equal a height as fit (m 128: 66 + 62, not 126 + 2, whose block
     // is one short tile against every panel)
-    int nb = (m + bl.mc - 1) / bl.mc;
-    bl.mc  = ((m + nb - 1) / nb + kn.mr - 1) / kn.mr * kn.mr;
-    size_t      a_rs = trans_a ? 1 : (size_t)lda, a_cs = trans_a ? (size_t)lda : 1;
+    int nb      = (m + bl.mc - 1) / bl.mc;
+    bl.mc       = ((m + nb - 1) / nb + kn.mr - 1) / kn.mr * kn.mr;
+    size_t a_rs = trans_a ? 1 : (size_t)lda, a_cs = trans_a ? (size_t)lda : 1;
     // Few rows (a sample's convolution, a thread's rows of a small batch): packing B
     // would copy as many floats as the product has multiply-adds per row of A, so the
     // tiles read its rows in place (contiguous unless transposed)

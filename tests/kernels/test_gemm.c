@@ -196,10 +196,10 @@ static void test_chains(void) {
         check_current = dt_isa_name(ts[ti]);
         for (int tr = 0; tr < 4; tr++) {
             bool ta = tr & 1, tb = tr & 2;
-            chain(ts[ti], 29, 37, 41, ta, tb, 1, 0);   // partial tiles of every target
-            chain(ts[ti], 16, 48, 23, ta, tb, 1, 1);   // whole tiles of every target
-            chain(ts[ti], 9, 13, 600, ta, tb, 1, 1);   // two reduction blocks
-            chain(ts[ti], 70, 25, 7, ta, tb, 0.5f, 0); // packed B (m > 64), alpha
+            chain(ts[ti], 29, 37, 41, ta, tb, 1, 0);    // partial tiles of every target
+            chain(ts[ti], 16, 48, 23, ta, tb, 1, 1);    // whole tiles of every target
+            chain(ts[ti], 9, 13, 600, ta, tb, 1, 1);    // two reduction blocks
+            chain(ts[ti], 70, 25, 7, ta, tb, 0.5f, 0);  // packed B (m > 64), alpha
             chain(ts[ti], 520, 1030, 20, ta, tb, 1, 1); // row blocks (L2 <= 1 MiB), column blocks
         }
     }

@@ -118,7 +118,9 @@ static inline __m256i lanes(int n) {
 
 // 8 floats from s, of which the first n are read (the rest zero).
 static inline __m256 load_first(const float *s, int n) {
-    return n >= 8 ? _mm256_loadu_ps(s) : n > 0 ? _mm256_maskload_ps(s, lanes(n)) : _mm256_setzero_ps();
+    return n >= 8  ? _mm256_loadu_ps(s)
+           : n > 0 ? _mm256_maskload_ps(s, lanes(n))
+                   : _mm256_setzero_ps();
 }
 
 // r[x][y] -> r[y][x] for an 8 x 8 block held in 8 registers.

@@ -33,7 +33,7 @@ void dt_gemm_pack_b_ref(bool trans_b, const float *b, size_t ldb, int kc, int nc
         float *d = dst + (size_t)q * kc;
         for (int p = 0; p < kc; p++, d += nr)
             for (int j = 0; j < nr; j++)
-                d[j] = j >= w       ? 0.0f
+                d[j] = j >= w     ? 0.0f
                        : !trans_b ? b[(size_t)p * ldb + q + j]
                                   : b[(size_t)(q + j) * ldb + p];
     }
