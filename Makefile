@@ -95,12 +95,13 @@ endif
 
 # Cross builds (CROSS=arm64: `make cross-arm64`, `make test-arm64`): Debian's
 # aarch64-linux-gnu-gcc against the arm64 multiarch libraries (libdeflate-dev:arm64,
-# zlib1g-dev:arm64), into build/arm64/ (build/arm64-debug/ for BUILD=debug), without MPI
-# or CUDA.
+# zlib1g-dev:arm64), into build/arm64/ (build/arm64-debug/ for BUILD=debug), without MPI,
+# CUDA or oneDNN (the host's libdnnl-dev is x86's).
 ifeq ($(CROSS),arm64)
   CC   := aarch64-linux-gnu-gcc
   MPI  := 0
   CUDA := 0
+  DNNL := 0
   OUT  := build/arm64$(if $(filter release,$(BUILD)),,-$(BUILD))
   BIN  := $(OUT)/bin
 else ifneq ($(CROSS),)
