@@ -12,10 +12,7 @@
 // - --master-port alone (or MASTER_PORT exported) on one machine: 127.0.0.1.
 //
 // Needs root (ip netns) for the first two; skips them otherwise, like test_dtrun_netns.
-#include "../lib/netns.h"
-#include "test_dtrun_lib.h"
-
-#include <sched.h>
+#include "test_netns_lib.h"
 
 static netns_net np;
 
@@ -36,33 +33,9 @@ static void start_machine(run *r, const char *dir, int i, const char *token) {
         argv[k++] = (char *)(uintptr_t)token;
     }
     argv[k] = NULL;
-    memset(r, 0, sizeof *r);
-    r->rc = -1;
-    snprintf(r->out_path, sizeof r->out_path, "%s/m%d.out", dir, i);
-    snprintf(r->err_path, sizeof r->err_path, "%s/m%d.err", dir, i);
-    char nspath[128];
-    snprintf(nspath, sizeof nspath, "/var/run/netns/%s", np.ns[i]);
-    fflush(NULL);
-    r->start = mono_s();
-    r->pid   = fork();
-    if (r->pid == 0) {
-        int fd = open(nspath, O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
-            _exit(126);
-        int o = open(r->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(r->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(o, 1);
-        dup2(e, 2);
-        setenv("DT_HOST_ID", i ? "machine-b" : "machine-a", 1);
-        setenv("DT_TIMEOUT_MS", "60000", 1);
-        unsetenv("MASTER_ADDR");
-        unsetenv("MASTER_PORT");
-        unsetenv("DT_JOB_TOKEN");
-        unsetenv("RANK");
-        unsetenv("WORLD_SIZE");
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    char tag[8];
+    snprintf(tag, sizeof tag, "m%d", i);
+    start_in_ns(&np, r, dir, i, tag, argv, "60000", NULL);
 }
 
 static void test_readme_lines(void) {
@@ -140,6 +113,7 @@ int main(void) {
         fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
         return check_summary();
     }
+    unsetenv("DT_JOB_TOKEN"); // the machines get a token from the command line only
     RUN(test_master_port_alone);
     char why[200];
     if (!netns_setup(&np, 2, "mnist-test", "dmv", "10.201.0", why, sizeof why)) {
