@@ -197,7 +197,7 @@ static bool elastic_run(figures *f, bool check, int how) {
 
 // Three nodes where --invariant 4 allows worlds of 1, 2 and 4: two train, the third
 // stands by; a member killed, the standby takes its place; bitwise the fixed run again.
-static void test_standby(void) {
+__attribute__((unused)) static void test_standby(void) { // not under a sanitizer
     char dir[PATH_MAX], model[PATH_MAX + 16], portbuf[16];
     scenario_dir(dir, sizeof dir, "standby");
     snprintf(model, sizeof model, "%s/elastic.model", dir);
@@ -270,7 +270,7 @@ static void test_sigterm_node(void) {
     fprintf(stderr, "     SIGTERM -> survivor's next step %.0f ms\n", f.lost_to_step * 1000);
 }
 
-static void test_silent_node(void) {
+__attribute__((unused)) static void test_silent_node(void) { // likewise
     figures f;
     elastic_run(&f, true, LOST_SILENT);
     fprintf(stderr, "     SIGSTOP -> survivor's next step %.0f ms\n", f.lost_to_step * 1000);
@@ -456,9 +456,11 @@ int main(int argc, char **argv) {
     RUN(test_mismatched_member);
     RUN(test_late_joiner);
     RUN(test_shrink_and_grow);
-    RUN(test_silent_node);
     RUN(test_sigterm_node);
+#ifndef DT_SANITIZE        // the same regrouping as a kill, found by liveness / with a third node:
+    RUN(test_silent_node); // each a minute under a sanitizer, whose run covers the kill
     RUN(test_standby);
+#endif
     if (!check_failed)
         remove_tree(tmp_root);
     return check_summary();

@@ -200,6 +200,7 @@ static void test_any_v(void) {
     train_global(4 * G, G, 1, 0, 3, &r[0]);
     train_global(4 * G, G, 3, 0, 3, &r[1]);
     compare(&r[0], &r[1], 1e-4, 5e-4, true);
+#ifndef DT_SANITIZE // V = 6 runs the same code as V = 3 (11 processes: minutes under one)
     train_global(4 * G, G, 1, 0, 6, &r[2]);
     train_global(4 * G, G, 2, 0, 6, &r[3]);
     train_global(4 * G, G, 6, 0, 6, &r[4]);
@@ -215,6 +216,7 @@ static void test_any_v(void) {
     // Different V, different trees: 1x96 with V 3 and with V 6 are different sums.
     if (r[0].ok && r[2].ok)
         CHECK(memcmp(r[0].params, r[2].params, sizeof(float) * r[0].nparams) != 0);
+#endif
     for (int i = 0; i < 7; i++)
         free(r[i].params), free(r[i].refused);
 }
