@@ -436,8 +436,9 @@ tsan-run: tests
 FUZZ_CC      ?= clang
 FUZZ_SRC     := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN     := $(FUZZ_SRC:fuzz/%.c=build/fuzz/%)
-# The fuzzers exercise parsers: they link the library without the MPI backend.
-FUZZ_LIB_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(MPI_SRC),$(LIB_SRC))) \
+# The fuzzers exercise parsers: they link the library without the MPI backend and
+# without oneDNN's provider (table.c is compiled here without it).
+FUZZ_LIB_OBJ := $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out $(MPI_SRC) $(DNNL_SRC),$(LIB_SRC))) \
                 $(call VEC_OBJ,build/fuzz/obj)
 FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc -pthread \
                 -DDT_FUZZ=1 -fsanitize=fuzzer-no-link,address,undefined $(filter-out -Wcast-qual,$(WARN))
