@@ -249,7 +249,7 @@ static void start_elastic(run *r, const char *dir, int i, char *model) {
     start_in_ns(&np, r, dir, i, NULL, argv, "30000", NULL);
 }
 
-static void test_elastic_namespaces(void) {
+__attribute__((unused)) static void test_elastic_namespaces(void) { // see main
     char dir[PATH_MAX], model[PATH_MAX + 16], cmd[3 * PATH_MAX];
     scenario_dir(dir, sizeof dir, "elastic");
     snprintf(model, sizeof model, "%s/elastic.model", dir);
@@ -335,7 +335,9 @@ int main(int argc, char **argv) {
     make_tmp_root("dtrun-netns-test");
     RUN(test_train_two_namespaces);
     RUN(test_pytorchjob_env);
+#ifndef DT_SANITIZE               // test_elastic_netns runs the same under a sanitizer, on 3 nodes
     RUN(test_elastic_namespaces); // before the cut: the link stays down
+#endif
     RUN(test_link_cut);
     netns_teardown(&np);
     if (!check_failed)
