@@ -40,20 +40,9 @@ static const one_case cases[] = {
 };
 
 static dt_pg *join(int rank, const char *backend) {
-    if (strcmp(backend, "hybrid") == 0) { // 2 fake hosts of 2 ranks
-        char host[32];
-        snprintf(host, sizeof host, "fakehost-%d", rank / 2);
-        setenv("DT_HOST_ID", host, 1);
-        unsetenv("LOCAL_RANK"); // from the host ids, as on real hosts
-        unsetenv("LOCAL_WORLD_SIZE");
-    }
-    dt_pg_opts o = dt_pg_opts_default();
-    o.backend    = backend;
-    o.timeout_ms = 30000;
-    dt_pg *pg    = NULL;
-    if (dt_pg_new_from_env(&pg, &o) != DT_OK)
-        fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
-    return pg;
+    if (strcmp(backend, "hybrid") == 0)
+        mp_fake_host(rank / 2); // 2 fake hosts of 2 ranks
+    return mp_pg_open(backend, 30000);
 }
 
 // What the group's table picks for `kind` over `count` int32s.

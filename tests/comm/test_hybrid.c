@@ -20,18 +20,8 @@ typedef struct cfg {
 } cfg;
 
 static dt_pg *join(int rank, const cfg *c, const char *backend) {
-    char host[32];
-    int  h = c->per_host ? rank / c->per_host : rank < 3 ? 0 : 1;
-    snprintf(host, sizeof host, "fakehost-%d", h);
-    setenv("DT_HOST_ID", host, 1);
-    unsetenv("LOCAL_RANK"); // from the host ids, as on real hosts
-    unsetenv("LOCAL_WORLD_SIZE");
-    dt_pg_opts o = dt_pg_opts_default();
-    o.backend    = backend;
-    o.timeout_ms = 30000;
-    dt_pg *pg    = NULL;
-    dt_pg_new_from_env(&pg, &o);
-    return pg;
+    mp_fake_host(c->per_host ? rank / c->per_host : rank < 3 ? 0 : 1);
+    return mp_pg_open(backend, 30000);
 }
 
 static void suite_ranks(int rank, int world, void *arg) {

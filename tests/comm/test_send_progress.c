@@ -35,20 +35,9 @@ typedef struct shared {
 static const char *backend; // for the ranks: "shm", "tcp", "hybrid"
 
 static dt_pg *join(int rank, int64_t timeout_ms) {
-    if (strcmp(backend, "hybrid") == 0) {
-        char host[32];
-        snprintf(host, sizeof host, "fakehost-%d", rank / 2);
-        setenv("DT_HOST_ID", host, 1);
-        unsetenv("LOCAL_RANK"); // from the host ids, as on real hosts
-        unsetenv("LOCAL_WORLD_SIZE");
-    }
-    dt_pg_opts o = dt_pg_opts_default();
-    o.backend    = backend;
-    o.timeout_ms = timeout_ms;
-    dt_pg *pg    = NULL;
-    if (dt_pg_new_from_env(&pg, &o) != DT_OK)
-        fprintf(stderr, "rank %d: init: %s\n", rank, dt_last_error());
-    return pg;
+    if (strcmp(backend, "hybrid") == 0)
+        mp_fake_host(rank / 2); // 2 fake hosts of 2 ranks
+    return mp_pg_open(backend, timeout_ms);
 }
 
 static void fill(float *x, size_t n, int tag) {

@@ -57,14 +57,26 @@ const char *mp_backend(void) {
 }
 
 dt_pg *mp_pg_init(int64_t timeout_ms) {
+    return mp_pg_open(mp_backend(), timeout_ms);
+}
+
+dt_pg *mp_pg_open(const char *backend, int64_t timeout_ms) {
     dt_pg_opts o = dt_pg_opts_default();
-    o.backend    = mp_backend();
+    o.backend    = backend;
     o.timeout_ms = timeout_ms ? timeout_ms : 30000;
     dt_pg *pg    = NULL;
     if (dt_pg_new_from_env(&pg, &o) != DT_OK)
         fprintf(stderr, "rank %s: dt_pg_new_from_env failed: %s\n", getenv("RANK"),
                 dt_last_error());
     return pg;
+}
+
+void mp_fake_host(int h) {
+    char host[32];
+    snprintf(host, sizeof host, "fakehost-%d", h);
+    setenv("DT_HOST_ID", host, 1);
+    unsetenv("LOCAL_RANK");
+    unsetenv("LOCAL_WORLD_SIZE");
 }
 
 static void set_int(const char *name, long v) {

@@ -40,6 +40,13 @@ int mp_free_port(void);
 // dt_pg_new_from_env with the backend named by DT_TEST_BACKEND (default: auto) and
 // the given timeout (0 = 30000 ms). Returns NULL after printing the error.
 dt_pg *mp_pg_init(int64_t timeout_ms);
+// The same with the backend given (NULL: auto).
+dt_pg *mp_pg_open(const char *backend, int64_t timeout_ms);
+
+// This rank as if it ran on host h (DT_HOST_ID "fakehost-<h>"; the local rank and size
+// then follow from the host ids, as on real hosts): the hybrid backend's two levels on
+// one machine. Before mp_pg_open.
+void mp_fake_host(int h);
 
 // The backend the tests use ("tcp" unless DT_TEST_BACKEND says otherwise).
 const char *mp_backend(void);
