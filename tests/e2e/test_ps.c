@@ -53,13 +53,28 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// Loads a saved model's parameters (malloc'd; NULL on failure).
+static float *load_params(const char *path, size_t *n) {
+    dt_model *m      = NULL;
+    float    *params = NULL;
+    CHECK_OK(mnist_convnet_new(&m, 0, 0.10f, 0.25f));
+    if (m && CHECK(dt_ckpt_load_model(path, m) == DT_OK)) {
+        *n     = dt_model_num_params(m);
+        params = malloc(sizeof(float) * *n);
+        if (params)
+            memcpy(params, dt_model_params(m), sizeof(float) * *n);
+    }
+    dt_model_free(m);
+    unlink(path);
+    return params;
+}
+
 // Trains 4 steps of 64 samples per worker on `procs` processes, `ps` of them servers
 // (launched by --num-processes, or with `by_dtrun` by dtrun over tcp); the saved model's
 // parameters in *params (malloc'd; NULL when the run failed).
 static float *train_by(int procs, int ps, bool by_dtrun, size_t *n) {
-    char   path[PATH_MAX], *out = NULL;
-    int    workers = procs - ps;
-    float *params  = NULL;
+    char path[PATH_MAX], *out = NULL;
+    int  workers = procs - ps;
     snprintf(path, sizeof path, "%s/p%d-s%d.dtm", dir, procs, ps);
     char launch[3 * PATH_MAX];
     if (by_dtrun)
@@ -76,17 +91,11 @@ static float *train_by(int procs, int ps, bool by_dtrun, size_t *n) {
     if (ps)
         CHECK(out && strstr(out, "Parameter server: ") != NULL);
     free(out);
-    dt_model *m = NULL;
-    CHECK_OK(mnist_convnet_new(&m, 0, 0.10f, 0.25f));
-    if (rc == 0 && m && CHECK(dt_ckpt_load_model(path, m) == DT_OK)) {
-        *n     = dt_model_num_params(m);
-        params = malloc(sizeof(float) * *n);
-        if (params)
-            memcpy(params, dt_model_params(m), sizeof(float) * *n);
+    if (rc != 0) {
+        unlink(path);
+        return NULL;
     }
-    dt_model_free(m);
-    unlink(path);
-    return params;
+    return load_params(path, n);
 }
 
 static float *train(int procs, int ps, size_t *n) {
@@ -127,22 +136,6 @@ static void test_sync_equals_all_reduce(void) {
     float *ar3 = train(3, 0, &n), *ps3 = train(4, 1, &n1);
     compare("3 workers + 1 server vs 3 ranks all-reduce", ar3, ps3, n, false, 1e-5);
     free(ar3), free(ps3);
-}
-
-// Loads a saved model's parameters (malloc'd; NULL on failure).
-static float *load_params(const char *path, size_t *n) {
-    dt_model *m      = NULL;
-    float    *params = NULL;
-    CHECK_OK(mnist_convnet_new(&m, 0, 0.10f, 0.25f));
-    if (m && CHECK(dt_ckpt_load_model(path, m) == DT_OK)) {
-        *n     = dt_model_num_params(m);
-        params = malloc(sizeof(float) * *n);
-        if (params)
-            memcpy(params, dt_model_params(m), sizeof(float) * *n);
-    }
-    dt_model_free(m);
-    unlink(path);
-    return params;
 }
 
 // Checkpoints hold the servers' optimizer state: 8 steps straight against 4, a
