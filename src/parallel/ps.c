@@ -217,6 +217,26 @@ static size_t ctrl_of(const dt_ps *ps, int64_t op, int64_t *c) {
     return 3 + (size_t)ps->ngroups;
 }
 
+// The control message `op` to every server.
+static dt_status tell_servers(dt_ps *ps, int64_t op) {
+    int64_t c[3 + MAX_GROUPS];
+    size_t  nc = ctrl_of(ps, op, c);
+    for (int s = 0; s < ps->servers; s++)
+        DT_TRY(dt_pg_send(ps->world, c, nc, DT_INT64, ps->workers + s, TAG_CTRL));
+    return DT_OK;
+}
+
+// Every server's range of the parameters, into this worker's copy.
+static dt_status recv_params(dt_ps *ps) {
+    size_t lo, hi;
+    for (int s = 0; s < ps->servers; s++) {
+        range_of(ps, s, &lo, &hi);
+        DT_TRY(dt_pg_recv(ps->world, dt_params_data(ps->p) + lo, hi - lo, DT_FLOAT32,
+                          ps->workers + s, TAG_PARAM));
+    }
+    return DT_OK;
+}
+
 dt_status dt_ps_push_pull(dt_ps *ps) {
     if (ps->slow_ms) {
         struct timespec ts = {ps->slow_ms / 1000, (long)(ps->slow_ms % 1000) * 1000000L};
@@ -235,14 +255,9 @@ dt_status dt_ps_push_pull(dt_ps *ps) {
     }
     // Async: a server replies once this worker has pushed to every server (so that no
     // server's reply waits on this worker's push to another: docs/ps.md) and is in bound.
-    nc = ctrl_of(ps, OP_PULL, c);
-    for (int s = 0; ps->staleness && s < ps->servers; s++)
-        DT_TRY(dt_pg_send(ps->world, c, nc, DT_INT64, ps->workers + s, TAG_CTRL));
-    for (int s = 0; s < ps->servers; s++) {
-        range_of(ps, s, &lo, &hi);
-        DT_TRY(dt_pg_recv(ps->world, dt_params_data(ps->p) + lo, hi - lo, DT_FLOAT32,
-                          ps->workers + s, TAG_PARAM));
-    }
+    if (ps->staleness)
+        DT_TRY(tell_servers(ps, OP_PULL));
+    DT_TRY(recv_params(ps));
     ps->step++;
     ps->wait_s += dt_now() - t0;
     return DT_OK;
@@ -257,10 +272,8 @@ double dt_ps_wait_secs(const dt_ps *ps) {
 }
 
 dt_status dt_ps_pull_state(dt_ps *ps) {
-    int64_t c[3 + MAX_GROUPS];
-    size_t  nc = ctrl_of(ps, OP_STATE, c), lo, hi;
-    for (int s = 0; s < ps->servers; s++)
-        DT_TRY(dt_pg_send(ps->world, c, nc, DT_INT64, ps->workers + s, TAG_CTRL));
+    size_t lo, hi;
+    DT_TRY(tell_servers(ps, OP_STATE));
     for (int s = 0; s < ps->servers; s++) {
         range_of(ps, s, &lo, &hi);
         DT_TRY(move_state(ps, false, ps->workers + s, lo, hi));
@@ -275,26 +288,14 @@ int dt_ps_staleness(const dt_ps *ps) {
 dt_status dt_ps_pull_params(dt_ps *ps) {
     if (!ps || !ps->staleness || dt_ps_is_server(ps))
         return DT_OK;
-    int64_t c[3 + MAX_GROUPS];
-    size_t  nc = ctrl_of(ps, OP_FETCH, c), lo, hi;
-    for (int s = 0; s < ps->servers; s++)
-        DT_TRY(dt_pg_send(ps->world, c, nc, DT_INT64, ps->workers + s, TAG_CTRL));
-    for (int s = 0; s < ps->servers; s++) {
-        range_of(ps, s, &lo, &hi);
-        DT_TRY(dt_pg_recv(ps->world, dt_params_data(ps->p) + lo, hi - lo, DT_FLOAT32,
-                          ps->workers + s, TAG_PARAM));
-    }
-    return DT_OK;
+    DT_TRY(tell_servers(ps, OP_FETCH));
+    return recv_params(ps);
 }
 
 dt_status dt_ps_close(dt_ps *ps) {
     if (!ps || dt_ps_is_server(ps))
         return DT_OK;
-    int64_t c[3 + MAX_GROUPS];
-    size_t  nc = ctrl_of(ps, OP_DONE, c);
-    for (int s = 0; s < ps->servers; s++)
-        DT_TRY(dt_pg_send(ps->world, c, nc, DT_INT64, ps->workers + s, TAG_CTRL));
-    return DT_OK;
+    return tell_servers(ps, OP_DONE);
 }
 
 // ------------------------------------------------------------------------- servers
