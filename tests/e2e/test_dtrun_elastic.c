@@ -66,22 +66,7 @@ static char ref_crc[16], ref_model[PATH_MAX + 16];
 
 // The uninterrupted run, once: 2 processes of 32.
 static bool reference(void) {
-    if (ref_crc[0])
-        return true;
-    char dir[PATH_MAX];
-    scenario_dir(dir, sizeof dir, "reference");
-    snprintf(ref_model, sizeof ref_model, "%s/ref.model", dir);
-    char *argv[] = {mnist_path,     "--num-processes", "2", "--limit",   LIMIT, "--batch-size",
-                    "32",           "--invariant",     "4", "--threads", "1",   "--no-test",
-                    "--save-model", ref_model,         NULL};
-    run   ref;
-    run_start(&ref, dir, "reference", argv, NULL);
-    CHECK_EQ(run_wait(&ref, 120), 0);
-    crc_of(ref.out, ref_crc);
-    if (!CHECK(ref_crc[0] != '\0'))
-        run_dump(&ref, "reference");
-    run_free(&ref);
-    return ref_crc[0] != '\0';
+    return ref_crc[0] || fixed_reference(LIMIT, "32", 120, ref_crc, ref_model, sizeof ref_model);
 }
 
 // Waits until node A (run a) trains a step after its "world 2 -> 1"; seconds since t0.

@@ -453,6 +453,39 @@ DTRUN_TEST_FN void crc_of(const char *out, char crc[16]) {
         sscanf(p, "(CRC32C %8s", crc);
 }
 
+// The uninterrupted run the elastic tests compare with: dtrain-mnist on 2 processes of
+// `batch` samples, --invariant 4, --limit `limit`, its model saved to `model` (in a
+// scenario folder "reference"); its CRC32C in crc ("" when it failed, dumped then).
+DTRUN_TEST_FN bool fixed_reference(const char *limit, const char *batch, double wait_s,
+                                   char crc[16], char *model, size_t model_n) {
+    char dir[2048]; // tmp_root (1024) and a scenario's name: run_start's paths fit
+    scenario_dir(dir, sizeof dir, "reference");
+    snprintf(model, model_n, "%s/ref.model", dir);
+    char *argv[] = {mnist_path,
+                    "--num-processes",
+                    "2",
+                    "--limit",
+                    (char *)(uintptr_t)limit,
+                    "--batch-size",
+                    (char *)(uintptr_t)batch,
+                    "--invariant",
+                    "4",
+                    "--threads",
+                    "1",
+                    "--no-test",
+                    "--save-model",
+                    model,
+                    NULL};
+    run   ref;
+    run_start(&ref, dir, "reference", argv, NULL);
+    CHECK_EQ(run_wait(&ref, wait_s), 0);
+    crc_of(ref.out, crc);
+    if (!CHECK(crc[0] != '\0'))
+        run_dump(&ref, "reference");
+    run_free(&ref);
+    return crc[0] != '\0';
+}
+
 // How often needle occurs in the stdout and stderr files of the runs (NULL entries
 // skipped).
 DTRUN_TEST_FN int count_in(run *const *rs, int n, const char *needle) {

@@ -146,20 +146,7 @@ static char ref_crc[16], ref_model[PATH_MAX + 16];
 // The uninterrupted run on one machine: 2 processes of 24, --invariant 4 (the model of
 // 3 nodes that train as 2 and 1 standing by, and of every world 1, 2 or 4).
 static bool reference(void) {
-    char dir[2048]; // tmp_root (1024) and a scenario's name
-    scenario_dir(dir, sizeof dir, "reference");
-    snprintf(ref_model, sizeof ref_model, "%s/ref.model", dir);
-    char *argv[] = {mnist_path,     "--num-processes", "2", "--limit",   LIMIT, "--batch-size",
-                    "24",           "--invariant",     "4", "--threads", "1",   "--no-test",
-                    "--save-model", ref_model,         NULL};
-    run   ref;
-    run_start(&ref, dir, "reference", argv, NULL);
-    CHECK_EQ(run_wait(&ref, 180), 0);
-    crc_of(ref.out, ref_crc);
-    if (!CHECK(ref_crc[0] != '\0'))
-        run_dump(&ref, "reference");
-    run_free(&ref);
-    return ref_crc[0] != '\0';
+    return fixed_reference(LIMIT, "24", 180, ref_crc, ref_model, sizeof ref_model);
 }
 
 // Waits until the runs logged a "world" line more than `lines` and then a step; seconds
