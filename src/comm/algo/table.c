@@ -219,30 +219,27 @@ static dt_status hier(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op) {
     int             L = node->world, l = node->rank;
     size_t          esz = dt_dtype_size(op->dtype), blk = (op->count + (size_t)L - 1) / (size_t)L;
     size_t          need = (size_t)L * blk * esz;
-    if (op->count % (size_t)L == 0) { // L whole blocks: in the result's buffer, no scratch
-        char *dst = op->dst, *mine = dst + (size_t)l * blk * esz;
-        if (op->src != op->dst)
-            memcpy(dst, op->src, op->count * esz);
-        DT_TRY(level_step(node, "node", cfg, op, DT_COLL_REDUCE_SCATTER, dst, mine, blk));
-        DT_TRY(level_step(cross, "cross", cfg, op, DT_COLL_ALL_REDUCE, mine, mine, blk));
-        return level_step(node, "node", cfg, op, DT_COLL_ALL_GATHER, mine, dst, blk);
+    char           *buf  = op->dst; // L whole blocks: in the result's buffer, no scratch
+    if (need != op->count * esz) {
+        if (need > cfg->hier_cap) {
+            void *b = dt_alloc(need);
+            if (!b)
+                return dt_op_fail(op, DT_ERR_NOMEM, "out of memory for %zu bytes of scratch", need);
+            dt_free(cfg->hier_buf);
+            cfg->hier_buf = b;
+            cfg->hier_cap = need;
+        }
+        buf = cfg->hier_buf;
+        memset(buf + op->count * esz, 0, need - op->count * esz);
     }
-    if (need > cfg->hier_cap) {
-        void *b = dt_alloc(need);
-        if (!b)
-            return dt_op_fail(op, DT_ERR_NOMEM, "out of memory for %zu bytes of scratch", need);
-        dt_free(cfg->hier_buf);
-        cfg->hier_buf = b;
-        cfg->hier_cap = need;
-    }
-    char *buf  = cfg->hier_buf;
     char *mine = buf + (size_t)l * blk * esz;
-    memcpy(buf, op->src, op->count * esz);
-    memset(buf + op->count * esz, 0, need - op->count * esz);
+    if (op->src != buf)
+        memcpy(buf, op->src, op->count * esz);
     DT_TRY(level_step(node, "node", cfg, op, DT_COLL_REDUCE_SCATTER, buf, mine, blk));
     DT_TRY(level_step(cross, "cross", cfg, op, DT_COLL_ALL_REDUCE, mine, mine, blk));
     DT_TRY(level_step(node, "node", cfg, op, DT_COLL_ALL_GATHER, mine, buf, blk));
-    memcpy(op->dst, buf, op->count * esz);
+    if (buf != op->dst)
+        memcpy(op->dst, buf, op->count * esz);
     return DT_OK;
 }
 
