@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int         check_passed;
 static int         check_failed;
@@ -70,10 +71,15 @@ static inline int check_report(int ok, const char *what, const char *file, int l
         const char *check_only_ = getenv("CHECK_ONLY");                                            \
         if (check_only_ && !strstr(#fn, check_only_))                                              \
             break;                                                                                 \
-        check_current = #fn;                                                                       \
-        int check_f0_ = check_failed;                                                              \
+        check_current             = #fn;                                                           \
+        int             check_f0_ = check_failed;                                                  \
+        struct timespec check_t0_, check_t1_;                                                      \
+        clock_gettime(CLOCK_MONOTONIC, &check_t0_);                                                \
         fn();                                                                                      \
-        fprintf(stderr, "%s %s\n", check_failed == check_f0_ ? "ok  " : "FAIL", #fn);              \
+        clock_gettime(CLOCK_MONOTONIC, &check_t1_);                                                \
+        fprintf(stderr, "%s %s (%.1f s)\n", check_failed == check_f0_ ? "ok  " : "FAIL", #fn,      \
+                (double)(check_t1_.tv_sec - check_t0_.tv_sec) +                                    \
+                    1e-9 * (double)(check_t1_.tv_nsec - check_t0_.tv_nsec));                       \
     } while (0)
 
 static inline int check_summary(void) {
