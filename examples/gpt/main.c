@@ -12,8 +12,11 @@
 // steps then a cosine to 0.1 x lr at the last step, global batch 32 x 128 tokens.
 // `--batch-size` is the GLOBAL batch, as in the peer: at step s every rank draws the
 // global batch's offsets from an MT19937 seeded seed * 1000 + s (at one process, the
-// peer's batches exactly) and takes its replica's slice, so the batch does not depend
-// on the number of processes.
+// peer's batches exactly) and takes its replica's rows (r, r + P, ...), so the batch does
+// not depend on the number of processes. Under elastic membership (dtrun --nnodes
+// MIN:MAX, docs/dtrun.md) P changes between steps: the share and the replica are read at
+// every step, and at a step where the group changed (dt_trainer_regrouped) the program
+// makes no collective call of its own.
 //
 // Every layout is one program (docs/parallel.md): --dp x --pp x --tp ranks, the model
 // cut into --pp stages on the residual stream (after "emb" or a block's "h.i.res_1" or
