@@ -543,7 +543,7 @@ static double gpt_kill_run(bool check) {
     return ok ? next : -1;
 }
 
-static void test_gpt_kill(void) {
+__attribute__((unused)) static void test_gpt_kill(void) { // not under a sanitizer
     double s = gpt_kill_run(true);
     fprintf(stderr, "     dtrain-gpt: kill -> survivor's next step %.0f ms\n", s * 1000);
 }
