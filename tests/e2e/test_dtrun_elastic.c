@@ -524,8 +524,8 @@ static double gpt_kill_run(bool check) {
     run_wait(&b, 10);
     CHECK_EQ(b.rc, 128 + SIGKILL);
     CHECK(strstr(a.out, "world 2 -> 1 at step") != NULL);
-    int  world[16], n = 0;
-    long from[16];
+    int  world[16] = {0}, n = 0;
+    long from[16] = {0};
     gpt_history(all, 2, world, from, &n);
     if (check && CHECK(n >= 2) && gpt_fixed_chain(dir, world, from, n, ref)) {
         CHECK(same_file(model, ref));
