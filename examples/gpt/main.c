@@ -12,8 +12,11 @@
 // steps then a cosine to 0.1 x lr at the last step, global batch 32 x 128 tokens.
 // `--batch-size` is the GLOBAL batch, as in the peer: at step s every rank draws the
 // global batch's offsets from an MT19937 seeded seed * 1000 + s (at one process, the
-// peer's batches exactly) and takes its replica's slice, so the batch does not depend
-// on the number of processes.
+// peer's batches exactly) and takes its replica's rows (r, r + P, ...), so the batch does
+// not depend on the number of processes. Under elastic membership (dtrun --nnodes
+// MIN:MAX, docs/dtrun.md) P changes between steps: the share and the replica are read at
+// every step, and at a step where the group changed (dt_trainer_regrouped) the program
+// makes no collective call of its own.
 //
 // Every layout is one program (docs/parallel.md): --dp x --pp x --tp ranks, the model
 // cut into --pp stages on the residual stream (after "emb" or a block's "h.i.res_1" or
@@ -350,7 +353,10 @@ static dt_status train(dt_trainer *t, void *user) {
                      "data: %zu file(s), train %zu bytes, val %zu bytes | batch %ld x %ld tokens "
                      "over %d rank(s), %ld steps\n",
                      j->nfiles, j->train.n, j->val.n, a->batch, a->block, world, a->steps);
-    st             = dt_trainer_wait_for_everyone(t);
+    // Elastic membership (dtrun --nnodes MIN:MAX): a joiner comes out of the preparation
+    // while the members come out of a step, so neither meets the others here.
+    if (!dt_trainer_regrouped(t))
+        st = dt_trainer_wait_for_everyone(t);
     int64_t  step0 = dt_trainer_step_count(t), mark_step = step0;
     double   mark = dt_now(), evals = 0, evals_mark = 0, last10[10] = {0};
     double   setup = mark - dt_trainer_start_time(t);
@@ -359,19 +365,27 @@ static dt_status train(dt_trainer *t, void *user) {
     while (!st && dt_trainer_next(t, &bt)) {
         // This replica's slice of the global batch drawn at this step, through the
         // pipeline's micro-batches; DDP reduces the gradients during the last one's
-        // backward, then the trainer clips and steps AdamW at the scheduled lr.
+        // backward, then the trainer clips and steps AdamW at the scheduled lr. An
+        // elastic job's world changes between steps: the replica and the share are read
+        // at each (bt.size: the global batch over the current world).
         int64_t s = dt_trainer_step_count(t);
         float   l;
+        dp = dt_trainer_mesh_size(t, DT_MESH_DP), dpr = dt_trainer_mesh_coord(t, DT_MESH_DP);
+        first_replica = dpr == 0;
         if ((st = dt_tokens_batch(&j->train, (uint64_t)(ta->seed * 1000 + s), (size_t)a->batch,
                                   (size_t)m.T, dpr, dp, m.offsets, m.x, m.y)) ||
             (st = dt_trainer_on_gpu(t) // --device cuda: the step on the GPU
-                      ? dt_trainer_device_step(t, (const void *[]){m.x, m.pos}, m.y, b, &l)
-                      : dt_trainer_pipe_step(t, (const void *[]){m.x, m.pos}, b, NULL, gpt_ce, &m,
-                                             &l)) ||
+                      ? dt_trainer_device_step(t, (const void *[]){m.x, m.pos}, m.y, (int)bt.size,
+                                               &l)
+                      : dt_trainer_pipe_step(t, (const void *[]){m.x, m.pos}, (int)bt.size, NULL,
+                                             gpt_ce, &m, &l)) ||
             (st = dt_trainer_step(t, l)))
             break;
         float loss = l; // the global batch's mean: the replicas' means averaged
-        if ((st = dt_trainer_all_reduce(t, &loss, 1, DT_FLOAT32, DT_REDUCE_AVG)))
+        if (dt_trainer_regrouped(t) && dt_trainer_step_count(t) == s)
+            continue; // a member was lost in the step: the new group does it again
+        if (!dt_trainer_regrouped(t) && // else this rank's mean (the old group is gone)
+            (st = dt_trainer_all_reduce(t, &loss, 1, DT_FLOAT32, DT_REDUCE_AVG)))
             break;
         last = loss, last10[s % 10] = loss, s++;
         if (s == 1 || s % ta->log_every == 0 || s == a->steps) {

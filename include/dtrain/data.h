@@ -473,8 +473,10 @@ DT_API dt_status dt_tokens_draw(const dt_tokens *t, uint64_t seed, size_t B, siz
 
 // One process's share of a global batch: draws the B offsets of `seed` as
 // dt_tokens_draw (the same draw on every rank) and fills x, y (B / world, T) with the
-// windows of global sequences rank * b .. (rank + 1) * b - 1, b = B / world. So the
-// global batch does not depend on the world size, and at world 1 it equals the peer's
+// windows of global sequences rank, rank + world, rank + 2 world, ... (b = B / world of
+// them: the positions a distributed sampler gives a rank, which the trainer's gradient
+// shards of --invariant assume, so that row j of rank r is global row r + world j). So
+// the global batch does not depend on the world size, and at world 1 it equals the peer's
 // get_batch(train, B, T, seed) (gpt_bytes.py seeds step s with seed * 1000 + s).
 // `offsets` is scratch of B entries. DT_ERR_ARG when world does not divide B, rank is
 // out of range, or the stream is too short.

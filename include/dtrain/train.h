@@ -411,8 +411,20 @@ DT_API dt_rng dt_trainer_step_rng(const dt_trainer *t, uint64_t id);
 // fills its own inputs. Gradients are zeroed before a step's first micro-batch, DDP
 // reduces after its last, and dt_trainer_step averages over the micro-batches, as
 // --accumulate does. Call before dt_trainer_prepare.
+// Under elastic membership (dtrun --nnodes MIN:MAX) `samples` is the GLOBAL batch, as a
+// training loader's batch is then: each member takes samples / world per micro-batch,
+// world being the current group's size (b->size says it, dt_trainer_world the world, and
+// dt_trainer_rank the member's share: read them at every step, they change).
 DT_API dt_status dt_trainer_set_steps(dt_trainer *t, int64_t steps, int micro_batches,
                                       size_t samples);
+// Elastic membership: whether the group changed since the last dt_trainer_step began (in
+// dt_trainer_prepare, where every elastic group forms first and a joiner is admitted, or
+// at the end of the last step). The members of the new group are then at different
+// places of the program: one that was training returns from dt_trainer_step, a joiner
+// from dt_trainer_prepare. Until its next step a program makes no collective call of its
+// own (a barrier, the loss's mean over ranks); when dt_trainer_step_count did not move,
+// the step was lost with a member and is done again by the new group. False otherwise.
+DT_API bool dt_trainer_regrouped(const dt_trainer *t);
 // ------------------------------------------------------------------ model parallelism
 // Programs with dt_trainer_opts.model_parallel train on a device mesh (mesh.h): --dp x
 // --pp x --tp = the world size (unspecified: pp and tp 1, dp the rest). The trainer

@@ -213,7 +213,9 @@ dt_status dt_tokens_batch(const dt_tokens *t, uint64_t seed, size_t B, size_t T,
                        rank, world, B);
     DT_TRY(dt_tokens_draw(t, seed, B, T, offsets));
     size_t b = B / (size_t)world;
-    return dt_tokens_windows(t, offsets + (size_t)rank * b, b, T, x, y);
+    for (size_t j = 0; j < b; j++) // rank + world * j >= j: in place, front to back
+        offsets[j] = offsets[(size_t)rank + (size_t)world * j];
+    return dt_tokens_windows(t, offsets, b, T, x, y);
 }
 
 // ------------------------------------------------------------------------ corpus

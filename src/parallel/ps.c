@@ -37,6 +37,7 @@ struct dt_ps {
     double     wait_s;    // a worker's seconds in push_pull (sends, the servers' step, receives)
     int        staleness; // 0: synchronous; K: asynchronous, at most K steps ahead
     int        slow_ms;   // a worker: DT_PS_SLOW_WORKER's delay before each push (tests)
+    bool       settled;   // a worker: no push since its last dt_ps_pull_params (or none yet)
 };
 
 // Server s's range of the n flat floats.
@@ -152,7 +153,8 @@ dt_status dt_ps_new(dt_ps **out, dt_params *p, dt_optim *opt, dt_pg *world, int 
                                .servers   = servers,
                                .ngroups   = dt_optim_num_groups(opt),
                                .n         = dt_params_numel(p),
-                               .staleness = staleness};
+                               .staleness = staleness,
+                               .settled   = true};
     const char *slow = getenv("DT_PS_SLOW_WORKER"); // "W:MS", worker W sleeps MS per push
     int         sw = -1, sms = 0;
     if (slow && staleness && sscanf(slow, "%d:%d", &sw, &sms) == 2 && sw == ps->rank && sms > 0)
@@ -257,6 +259,7 @@ dt_status dt_ps_push_pull(dt_ps *ps) {
     // server's reply waits on this worker's push to another: docs/ps.md) and is in bound.
     if (ps->staleness)
         DT_TRY(tell_servers(ps, OP_PULL));
+    ps->settled = false;
     DT_TRY(recv_params(ps));
     ps->step++;
     ps->wait_s += dt_now() - t0;
@@ -289,7 +292,13 @@ dt_status dt_ps_pull_params(dt_ps *ps) {
     if (!ps || !ps->staleness || dt_ps_is_server(ps))
         return DT_OK;
     DT_TRY(tell_servers(ps, OP_FETCH));
-    return recv_params(ps);
+    DT_TRY(recv_params(ps));
+    ps->settled = true;
+    return DT_OK;
+}
+
+bool dt_ps_settled(const dt_ps *ps) {
+    return !ps || ps->settled;
 }
 
 dt_status dt_ps_close(dt_ps *ps) {

@@ -50,7 +50,11 @@ dt_status dt_ps_pull_state(dt_ps *ps);
 // servers' parameters as they are, so that all hold one model (before an evaluation,
 // a checkpoint, the end). A no-op when synchronous (every pull is that model already).
 dt_status dt_ps_pull_params(dt_ps *ps);
-int       dt_ps_staleness(const dt_ps *ps); // 0: synchronous (or NULL)
+// A worker: no push since its last dt_ps_pull_params (true before the first push, as
+// every worker starts from worker 0's model; true for NULL). Every worker pushes at every
+// step, so all workers agree on it, and a repeated settle can be skipped by all at once.
+bool dt_ps_settled(const dt_ps *ps);
+int  dt_ps_staleness(const dt_ps *ps); // 0: synchronous (or NULL)
 // A worker: training is over (the servers end their loop).
 dt_status dt_ps_close(dt_ps *ps);
 // Steps served (a server) or taken (a worker) so far.

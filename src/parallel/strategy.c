@@ -316,8 +316,13 @@ dt_status dt_strategy_check_replicas(dt_strategy *s, uint32_t *crc, char *what, 
 }
 
 dt_status dt_strategy_settle(dt_strategy *s) {
-    if (!s || !dt_ps_staleness(s->o.ps)) // only an asynchronous server's workers differ
+    // Only an asynchronous server's workers differ, and only after a push: the end of an
+    // epoch settles for its evaluation, and the replica check and a save after it find
+    // the workers settled already.
+    if (!s || !dt_ps_staleness(s->o.ps) || dt_ps_settled(s->o.ps))
         return DT_OK;
+    DT_DEBUG("ps", "settling the workers' model after step %lld (a barrier and a pull)",
+             (long long)dt_ps_step(s->o.ps));
     DT_TRY(dt_pg_barrier(s->world)); // every push applied: one model on every server
     return dt_ps_pull_params(s->o.ps);
 }

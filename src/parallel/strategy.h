@@ -99,7 +99,8 @@ dt_status dt_strategy_step(dt_strategy *s);
 dt_status dt_strategy_check_replicas(dt_strategy *s, uint32_t *crc, char *what, size_t n);
 // Asynchronous parameter servers' workers (collective over them): the servers' model,
 // every push applied, on every worker (before an evaluation, a save, the end). A no-op
-// otherwise.
+// otherwise, and when no push came since the last settle (the epoch's end settles once
+// for the evaluation, the replica check and the save).
 dt_status dt_strategy_settle(dt_strategy *s);
 // --zero 3: the whole parameters on `root` (-1: every rank) and given back after; a
 // parameter server's worker: the servers' optimizer state, on every worker. For a save.

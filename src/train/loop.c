@@ -495,7 +495,13 @@ dt_status dt_trainer_set_steps(dt_trainer *t, int64_t steps, int micro_batches, 
                        "found %lld and %d",
                        (long long)steps, micro_batches);
     t->total_steps = steps, t->step_micro = micro_batches, t->step_samples = samples;
+    if (t->el) // elastic: the global batch, shared out at each regrouping
+        t->gbatch = samples;
     return DT_OK;
+}
+
+bool dt_trainer_regrouped(const dt_trainer *t) {
+    return t->regrouped;
 }
 
 // dt_trainer_next of a step-based run: micro-batch t->micro of step t->step.
@@ -615,6 +621,7 @@ static void scale_grads(dt_params *p, float s) {
 }
 
 dt_status dt_trainer_step(dt_trainer *t, float loss) {
+    t->regrouped = false;
     if (t->a.data_parallel > 1 && !dt_strategy_replicas_ran(t->strat))
         return dt_fail(DT_ERR_ARG,
                        "--data-parallel %ld: expected a program that trains through "
@@ -740,8 +747,9 @@ dt_status dt_trainer_log_val(dt_trainer *t, double loss) {
 // the new world, the strategy, rank 0's progress bar, the training loader re-cut at
 // batch next_batch of the epoch with the global batch shared out anew (each rank takes
 // gbatch / world), and the evaluation loaders dropped (dt_trainer_loader makes them
-// anew for the new world). A regrouping that fails again and again without a step
-// between them (a world that never forms) stops after 8.
+// anew for the new world); a step-based run's share of the step (gbatch / world), its
+// batches the program's (drawn from the seed and the step). A regrouping that fails again and again
+// without a step between them (a world that never forms) stops after 8.
 static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
     if (++t->regroups > 8)
         return dt_fail(DT_ERR_STATE, "elastic: 8 regroupings in a row without a step");
@@ -756,7 +764,8 @@ static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
                 dt_last_error());
     }
     DT_TRY(st);
-    DT_TRY(check_data(t)); // the same data on every member (a joiner's too)
+    t->msize[DT_MESH_DP] = t->world; // no mesh under elastic membership: the world's replicas
+    DT_TRY(check_data(t));           // the same data on every member (a joiner's too)
     int shards;
     if (t->gbatch % (size_t)t->world)
         return dt_fail(DT_ERR_ARG,
@@ -773,6 +782,7 @@ static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
         DT_TRY(dt_graph_set_grad_shards(t->g, shards));
     }
     DT_TRY(make_strategy(t));
+    t->regrouped = true;
     if (t->rank != 0) {
         dt_progress_free(t->bar);
         t->bar = NULL;
@@ -780,6 +790,10 @@ static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
         dt_progress_opts po = dt_progress_opts_default();
         po.log_every        = t->a.log_every;
         DT_TRY(dt_progress_new(&t->bar, &po));
+    }
+    if (t->total_steps > 0) { // a step-based run: the program draws the step's share itself
+        t->step_samples = t->batch, t->micro = 0;
+        return DT_OK;
     }
     // The sampler of the new world, at the same global position (every world size divides
     // the global batch, so the epoch's samples are not padded differently).
@@ -809,19 +823,19 @@ static dt_status elastic_regroup(dt_trainer *t, int64_t next_batch) {
 // The first group of an elastic job, after the checks of what it cannot re-cut yet.
 static dt_status elastic_start(dt_trainer *t) {
     const dt_train_args *a   = &t->a;
-    const char          *why = a->zero > 0                 ? "--zero (a lost shard would come "
-                                                             "from a checkpoint: not bitwise)"
-                               : a->checkpoint_dir         ? "--checkpoint-dir (the state "
-                                                             "lives in memory and moves by "
-                                                             "broadcast)"
-                               : a->accumulate > 1         ? "--accumulate"
-                               : a->data_parallel > 1      ? "--data-parallel"
-                               : dt_train_mesh_on(t)       ? "--pp or --tp"
-                               : t->scaler                 ? "--precision fp16"
-                               : t->exec                   ? "--device cuda"
-                               : t->join                   ? "uneven inputs"
-                               : !t->smp || t->total_steps ? "a step-based run"
-                                                           : NULL;
+    const char          *why = a->zero > 0            ? "--zero (a lost shard would come "
+                                                        "from a checkpoint: not bitwise)"
+                               : a->checkpoint_dir    ? "--checkpoint-dir (the state "
+                                                        "lives in memory and moves by "
+                                                        "broadcast)"
+                               : a->accumulate > 1    ? "--accumulate"
+                               : a->data_parallel > 1 ? "--data-parallel"
+                               : dt_train_mesh_on(t)  ? "--pp or --tp"
+                               : t->scaler            ? "--precision fp16"
+                               : t->exec              ? "--device cuda"
+                               : t->join              ? "uneven inputs"
+                               : !t->smp && !t->total_steps ? "a program without a training loader or steps"
+                                                            : NULL;
     if (why)
         return dt_fail(DT_ERR_ARG,
                        "elastic membership (--nnodes MIN:MAX): %s is not supported "

@@ -188,10 +188,12 @@ struct dt_trainer {
     size_t   plan_bytes;
     // Elastic membership (elastic.c; NULL: a fixed group): the rendezvous, the global
     // batch the training loader's batch was given as (each rank takes gbatch / world),
-    // and regroupings in a row without a step between them (bounded).
+    // and regroupings in a row without a step between them (bounded); regrouped: the
+    // group changed since the program's last dt_trainer_step began (dt_trainer_regrouped).
     struct dt_elastic *el;
     size_t             gbatch;
     int                regroups;
+    bool               regrouped;
     // --ps N (ps.c): the whole world (t->pg is then the workers' group, or NULL on a
     // server), whether this rank serves, and the exchange with the servers.
     dt_pg        *ps_world;

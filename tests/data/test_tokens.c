@@ -218,8 +218,11 @@ static void test_batches(void) {
         size_t b = B / (size_t)w, bad = 0;
         for (int r = 0; r < w; r++) {
             CHECK_OK(dt_tokens_batch(&t, 1234, B, T, r, w, scratch, xr, yr));
-            bad += memcmp(xr, x1 + (size_t)r * b * T, b * T * sizeof *xr) != 0;
-            bad += memcmp(yr, y1 + (size_t)r * b * T, b * T * sizeof *yr) != 0;
+            for (size_t j = 0; j < b; j++) { // global row r + w j
+                size_t g = (size_t)r + (size_t)w * j;
+                bad += memcmp(xr + j * T, x1 + g * T, T * sizeof *xr) != 0;
+                bad += memcmp(yr + j * T, y1 + g * T, T * sizeof *yr) != 0;
+            }
         }
         CHECK_EQ(bad, 0);
     }

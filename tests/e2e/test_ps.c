@@ -311,12 +311,13 @@ static void test_sigterm(void) {
 // one exactly K ahead (false if the workers still ran in step, as the per-step SIGTERM
 // agreement made them); every push applied once (2 x 24); a hold, when one is logged (how
 // often depends on the machine's load), naming whom it waits for; the loss falls and is finite; the
-// workers end with one model.
+// workers end with one model, settled once each (a barrier and a pull at the epoch's end,
+// which the replica check after it skips: twice each if it did not).
 static void test_async_bound(void) {
     enum { K = 2, STEPS = 24 };
     char *out = NULL;
     int   rc  = test_run(&out,
-                         "DT_LOG_LEVEL=info DT_PS_SLOW_WORKER=1:%d %s --num-processes 3 --ps 1 "
+                         "DT_LOG_LEVEL=debug DT_PS_SLOW_WORKER=1:%d %s --num-processes 3 --ps 1 "
                             "--ps-staleness %d --limit %d --batch-size 64 --threads 1 --log-every 4 "
                             "--no-test 2>&1",
                          SLOW_MS, bin, K, STEPS * 2 * 64);
@@ -359,6 +360,11 @@ static void test_async_bound(void) {
     CHECK(isfinite(first) && isfinite(last) && last < first);
     CHECK(strstr(out, "Parameters identical on all 2 ranks") != NULL);
     CHECK(strstr(out, "asynchronous, staleness 2") != NULL);
+    int settles = 0;
+    for (const char *l = out; (l = strstr(l, "settling the workers' model")) != NULL; l++)
+        settles++;
+    printf("  async K=%d: %d settles on 2 workers\n", K, settles);
+    CHECK_EQ(settles, 2);
     free(out);
 }
 
