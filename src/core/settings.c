@@ -104,7 +104,7 @@ static const dt_setting table[] = {
      "all_to_all algorithm"},
     {"DT_BARRIER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|dissemination",
      "barrier algorithm"},
-    {"DT_BROADCAST_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|tree|chain",
+    {"DT_BROADCAST_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|hier|shm|tree|chain",
      "broadcast algorithm"},
     {"DT_GATHER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|direct",
      "gather algorithm"},
@@ -121,7 +121,8 @@ static const dt_setting table[] = {
     {"DT_RING_LAG", "comm", DT_SETTING_INT, 0, 1L << 30, 2, NULL,
      "ring wire order: segments of one step sent before the next step's first"},
     {"DT_HYBRID_MIN_BYTES", "comm", DT_SETTING_INT, 0, 1L << 40, 256L << 10, NULL,
-     "hybrid backend: all_reduce from this size runs hierarchically (shm, tcp, shm)"},
+     "hybrid backend: all_reduce and broadcast from this size run in two levels (shm and "
+     "tcp)"},
     // comm: tcp
     {"DT_TCP_CHUNK_BYTES", "comm", DT_SETTING_INT, 4096, 1L << 30, 128L << 10, NULL,
      "tcp: bytes per send or receive call"},
