@@ -121,8 +121,9 @@ static const dt_setting table[] = {
     {"DT_RING_LAG", "comm", DT_SETTING_INT, 0, 1L << 30, 2, NULL,
      "ring wire order: segments of one step sent before the next step's first"},
     {"DT_HYBRID_MIN_BYTES", "comm", DT_SETTING_INT, 0, 1L << 40, 256L << 10, NULL,
-     "hybrid backend: all_reduce and broadcast from this size run in two levels (shm and "
-     "tcp)"},
+     "hybrid backend: all_reduce from this size runs hierarchically (shm, tcp, shm)"},
+    {"DT_HYBRID_BCAST_MIN_BYTES", "comm", DT_SETTING_INT, 0, 1L << 40, 1L << 20, NULL,
+     "hybrid backend: broadcast from this size runs in two levels (tcp, then shm)"},
     // comm: tcp
     {"DT_TCP_CHUNK_BYTES", "comm", DT_SETTING_INT, 4096, 1L << 30, 128L << 10, NULL,
      "tcp: bytes per send or receive call"},

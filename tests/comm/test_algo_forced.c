@@ -5,7 +5,7 @@
 // the exact results (int32 sums and a broadcast from every root: no rounding, so any
 // wrong element, wrong order of pieces or missed peer shows). "auto" is checked too:
 // shm's segment, tcp's recursive doubling then ring, hybrid's two levels above
-// DT_HYBRID_MIN_BYTES (all_reduce and broadcast).
+// DT_HYBRID_MIN_BYTES and DT_HYBRID_BCAST_MIN_BYTES (all_reduce and broadcast).
 // Forcing an algorithm a backend cannot run is refused at creation: test_collectives.
 #include "../lib/mp.h"
 #include "comm/pg_impl.h"
@@ -110,6 +110,7 @@ static void ranks(int rank, int world, void *arg) {
 static void test_forced(void) {
     // The hybrid's hier from 64 KiB: the small buffer stays flat, the large one is not.
     setenv("DT_HYBRID_MIN_BYTES", "65536", 1);
+    setenv("DT_HYBRID_BCAST_MIN_BYTES", "65536", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         one_case c = cases[i];
         fprintf(stderr, "  %s, %s=%s\n", c.backend, c.setting ? c.setting : "DT_*_ALGO",
@@ -122,6 +123,7 @@ static void test_forced(void) {
             unsetenv(c.setting);
     }
     unsetenv("DT_HYBRID_MIN_BYTES");
+    unsetenv("DT_HYBRID_BCAST_MIN_BYTES");
 }
 
 int main(void) {

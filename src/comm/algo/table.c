@@ -10,8 +10,8 @@
 //
 //   all_reduce       native | hier from DT_HYBRID_MIN_BYTES | shm (one sync when it
 //                    fits, else chunked) | rdouble below small | ring
-//   broadcast        native | hier from DT_HYBRID_MIN_BYTES | shm | tree below small or
-//                    on 2 ranks | chain
+//   broadcast        native | hier from DT_HYBRID_BCAST_MIN_BYTES | shm | tree below
+//                    small or on 2 ranks | chain
 //   reduce           native | shm (as all_reduce) | tree below small | ring
 //   all_gather       native | shm | ring
 //   reduce_scatter   native | shm | ring
@@ -58,10 +58,12 @@ static bool small_or_pair(const choice *c) {
 static bool flat_fits(const choice *c) {
     return dt_algo_staged_flat_fits(c->t->seg, c->op);
 }
-// Below DT_HYBRID_MIN_BYTES the extra level costs more latency than the link time it
-// saves (docs/comm.md, "hybrid"; for a broadcast: bench/RESULTS.md, "hybrid broadcast").
+// Below DT_HYBRID_MIN_BYTES (all_reduce) and DT_HYBRID_BCAST_MIN_BYTES (broadcast) the
+// extra level costs more latency than the link time it saves (docs/comm.md, "hybrid").
 static bool hier_pays(const choice *c) {
-    return c->nbytes >= c->cfg->hier_min_bytes && c->t->node->world > 1 && c->t->cross->world > 1;
+    size_t min =
+        c->op->kind == DT_COLL_BROADCAST ? c->cfg->hier_bcast_min_bytes : c->cfg->hier_min_bytes;
+    return c->nbytes >= min && c->t->node->world > 1 && c->t->cross->world > 1;
 }
 
 #define NATIVE                                                                                     \
@@ -198,9 +200,10 @@ static const row *choose(const dt_xport *t, const dt_algo_cfg *cfg, const dt_op 
 //
 // Each host receives the buffer once over the network, as the flat chain over all P
 // ranks placed host by host does, but inside a host it moves through the segment
-// instead of through tcp. From DT_HYBRID_MIN_BYTES only: below it, the segment's step
-// (every rank of a host synchronises on the root's copy) costs more than the small tcp
-// messages it replaces (bench/RESULTS.md, "hybrid broadcast").
+// instead of through tcp. From DT_HYBRID_BCAST_MIN_BYTES (1 MiB) only: below it, the
+// segment's step (every rank of a host synchronises on the root's copy) cost more than
+// the tcp messages it replaces, on 2 hosts of 2 ranks faked on one machine (bench/
+// RESULTS.md, "Hybrid broadcast": 256 KiB 2.3x slower, 1 MiB 0.7-0.85x).
 
 static dt_status run_row(const row *r, const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op);
 
@@ -366,7 +369,9 @@ dt_status dt_algo_cfg_init(dt_algo_cfg *cfg) {
     cfg->small_bytes = (size_t)v;
     DT_TRY(dt_setting_int("DT_HYBRID_MIN_BYTES", &v));
     cfg->hier_min_bytes = (size_t)v;
-    cfg->slots          = DEFAULT_SLOTS;
+    DT_TRY(dt_setting_int("DT_HYBRID_BCAST_MIN_BYTES", &v));
+    cfg->hier_bcast_min_bytes = (size_t)v;
+    cfg->slots                = DEFAULT_SLOTS;
     DT_TRY(dt_setting_int("DT_RING_LAG", &v));
     cfg->ring_lag = (size_t)v;
     return DT_OK;

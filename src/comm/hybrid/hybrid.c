@@ -10,7 +10,7 @@
 // dt_xport): `node` (this host's segment) and `cross` (the ranks with this rank's local
 // index on every host, over the tcp connections with their ranks translated). The
 // all_reduce table runs its "hier" algorithm over them from DT_HYBRID_MIN_BYTES up, the
-// broadcast table at every size (algo/table.c explains the steps and what they save);
+// broadcast table from DT_HYBRID_BCAST_MIN_BYTES (algo/table.c explains the steps);
 // smaller all_reduces and every other collective run flat over tcp.
 //
 // Chosen by "auto" when the ranks span hosts and every host runs the same number of
