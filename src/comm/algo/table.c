@@ -203,7 +203,8 @@ static const row *choose(const dt_xport *t, const dt_algo_cfg *cfg, const dt_op 
 // instead of through tcp. From DT_HYBRID_BCAST_MIN_BYTES (1 MiB) only: below it, the
 // segment's step (every rank of a host synchronises on the root's copy) cost more than
 // the tcp messages it replaces, on 2 hosts of 2 ranks faked on one machine (bench/
-// RESULTS.md, "Hybrid broadcast": 256 KiB 2.3x slower, 1 MiB 0.7-0.85x).
+// RESULTS.md, "Hybrid broadcast and the cells left": 256 KiB up to 2.7x slower, 1 MiB
+// mostly faster).
 
 static dt_status run_row(const row *r, const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op);
 
