@@ -60,8 +60,10 @@ struct dt_xport {
     // Two levels (hybrid): `node`, the ranks of this host (node->rank is the local index
     // l, node->world = L), and `cross`, the ranks of local index l on every host
     // (cross->rank is the host's index h, cross->world = H); rank = h * L + l is not
-    // assumed: each level carries its own ranks.
+    // assumed: each level carries its own ranks. host_of[r] and local_of[r] are group
+    // rank r's host index and local index (where a rooted collective's root sits).
     const dt_xport *node, *cross;
+    const int      *host_of, *local_of;
 };
 
 // ---------------------------------------------------------------------- the backend

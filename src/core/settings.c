@@ -104,7 +104,7 @@ static const dt_setting table[] = {
      "all_to_all algorithm"},
     {"DT_BARRIER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|dissemination",
      "barrier algorithm"},
-    {"DT_BROADCAST_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|tree|chain",
+    {"DT_BROADCAST_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|hier|shm|tree|chain",
      "broadcast algorithm"},
     {"DT_GATHER_ALGO", "comm", DT_SETTING_CHOICE, 0, 0, 0, "auto|native|shm|direct",
      "gather algorithm"},
@@ -122,6 +122,8 @@ static const dt_setting table[] = {
      "ring wire order: segments of one step sent before the next step's first"},
     {"DT_HYBRID_MIN_BYTES", "comm", DT_SETTING_INT, 0, 1L << 40, 256L << 10, NULL,
      "hybrid backend: all_reduce from this size runs hierarchically (shm, tcp, shm)"},
+    {"DT_HYBRID_BCAST_MIN_BYTES", "comm", DT_SETTING_INT, 0, 1L << 40, 1L << 20, NULL,
+     "hybrid backend: broadcast from this size runs in two levels (tcp, then shm)"},
     // comm: tcp
     {"DT_TCP_CHUNK_BYTES", "comm", DT_SETTING_INT, 4096, 1L << 30, 128L << 10, NULL,
      "tcp: bytes per send or receive call"},

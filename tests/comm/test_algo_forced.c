@@ -2,9 +2,10 @@
 // without an outside library: tcp and shm (3 processes) and hybrid (2 fake hosts x 2).
 // For each setting the group's decision table must name the forced algorithm for a
 // small (4 KiB) and a large (1 MiB) buffer, and the operations run with it must give
-// the exact results (int32 sums and a broadcast: no rounding, so any wrong element,
-// wrong order of pieces or missed peer shows). "auto" is checked too: shm's segment,
-// tcp's recursive doubling then ring, hybrid's two levels above DT_HYBRID_MIN_BYTES.
+// the exact results (int32 sums and a broadcast from every root: no rounding, so any
+// wrong element, wrong order of pieces or missed peer shows). "auto" is checked too:
+// shm's segment, tcp's recursive doubling then ring, hybrid's two levels above
+// DT_HYBRID_MIN_BYTES and DT_HYBRID_BCAST_MIN_BYTES (all_reduce and broadcast).
 // Forcing an algorithm a backend cannot run is refused at creation: test_collectives.
 #include "../lib/mp.h"
 #include "comm/pg_impl.h"
@@ -37,6 +38,8 @@ static const one_case cases[] = {
     {"hybrid", "DT_ALLREDUCE_ALGO", "hier", DT_COLL_ALL_REDUCE, "hier", "hier"},
     {"hybrid", "DT_ALLREDUCE_ALGO", "ring", DT_COLL_ALL_REDUCE, "ring", "ring"},
     {"hybrid", "DT_BROADCAST_ALGO", "chain", DT_COLL_BROADCAST, "chain", "chain"},
+    {"hybrid", NULL, NULL, DT_COLL_BROADCAST, "tree", "hier"},
+    {"hybrid", "DT_BROADCAST_ALGO", "hier", DT_COLL_BROADCAST, "hier", "hier"},
 };
 
 static dt_pg *join(int rank, const char *backend) {
@@ -72,14 +75,17 @@ static void check_results(dt_pg *pg, int rank, int world, size_t count) {
         bad += buf[i] != (int32_t)want;
     }
     CHECK_EQ(bad, (size_t)0);
-    int root = world - 1; // not rank 0: a tree or chain rooted elsewhere
-    for (size_t i = 0; i < count; i++)
-        buf[i] = rank == root ? value(root, i) : 0;
-    CHECK_OK(dt_pg_broadcast(pg, buf, count, DT_INT32, root));
-    bad = 0;
-    for (size_t i = 0; i < count; i++)
-        bad += buf[i] != value(root, i);
-    CHECK_EQ(bad, (size_t)0);
+    // Every root: a tree or chain rooted elsewhere than rank 0; on hybrid, roots on
+    // either host at either local index (the cross step runs among other ranks).
+    for (int root = 0; root < world; root++) {
+        for (size_t i = 0; i < count; i++)
+            buf[i] = rank == root ? value(root, i) : 0;
+        CHECK_OK(dt_pg_broadcast(pg, buf, count, DT_INT32, root));
+        bad = 0;
+        for (size_t i = 0; i < count; i++)
+            bad += buf[i] != value(root, i);
+        CHECK_EQ(bad, (size_t)0);
+    }
     free(buf);
 }
 
@@ -104,6 +110,7 @@ static void ranks(int rank, int world, void *arg) {
 static void test_forced(void) {
     // The hybrid's hier from 64 KiB: the small buffer stays flat, the large one is not.
     setenv("DT_HYBRID_MIN_BYTES", "65536", 1);
+    setenv("DT_HYBRID_BCAST_MIN_BYTES", "65536", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         one_case c = cases[i];
         fprintf(stderr, "  %s, %s=%s\n", c.backend, c.setting ? c.setting : "DT_*_ALGO",
@@ -116,6 +123,7 @@ static void test_forced(void) {
             unsetenv(c.setting);
     }
     unsetenv("DT_HYBRID_MIN_BYTES");
+    unsetenv("DT_HYBRID_BCAST_MIN_BYTES");
 }
 
 int main(void) {

@@ -99,13 +99,13 @@ static void order_ranks(int rank, int world, void *arg) {
 }
 
 // A forced algorithm the backend has no transport for is refused when the group is
-// made, naming the setting and what the backend offers.
+// made, naming the setting and what the backend offers. arg: "DT_<COLL>_ALGO=hier".
 static void forced_ranks(int rank, int world, void *arg) {
-    (void)rank, (void)world, (void)arg;
+    (void)rank, (void)world;
     dt_pg *pg = mp_pg_init(20000);
     CHECK(pg == NULL);
     CHECK(dt_last_status() == DT_ERR_UNSUPPORTED);
-    CHECK(strstr(dt_last_error(), "DT_ALLREDUCE_ALGO=hier: backend") != NULL);
+    CHECK(strstr(dt_last_error(), (const char *)arg) != NULL);
     CHECK(strstr(dt_last_error(), "expected one of auto") != NULL);
     dt_pg_free(pg);
 }
@@ -113,10 +113,15 @@ static void forced_ranks(int rank, int world, void *arg) {
 static void test_order_and_forcing(void) {
     mp_opts o = {.world = 3, .timeout_ms = 60000};
     MP_RUN(&o, order_ranks, NULL);
-    setenv("DT_ALLREDUCE_ALGO", "hier", 1); // only the hybrid backend has two levels
-    o.world = 2;
-    MP_RUN(&o, forced_ranks, NULL);
-    unsetenv("DT_ALLREDUCE_ALGO");
+    o.world                         = 2;
+    static const char *const hier[] = {"DT_ALLREDUCE_ALGO", "DT_BROADCAST_ALGO"};
+    for (size_t i = 0; i < sizeof hier / sizeof hier[0]; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "%s=hier: backend", hier[i]);
+        setenv(hier[i], "hier", 1); // only the hybrid backend has two levels
+        MP_RUN(&o, forced_ranks, want);
+        unsetenv(hier[i]);
+    }
 }
 
 int main(void) {

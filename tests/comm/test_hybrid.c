@@ -1,8 +1,8 @@
 // test_hybrid.c: the hybrid backend (shm inside a host, tcp between hosts) on hosts
 // faked with DT_HOST_ID: "auto" picks it for 2 hosts x 2 ranks; the collective suite
 // (serial references, results bitwise equal on every rank) with the hierarchical
-// all_reduce taken from 16 bytes up, on 2 x 2 and on 2 x 3 ranks (blocks of uneven
-// size); sub-groups of a hybrid world; a rank killed mid all_reduce stops every rank;
+// all_reduce and broadcast taken from 16 bytes up, on 2 x 2 and on 2 x 3 ranks (blocks
+// of uneven size); sub-groups of a hybrid world; a rank killed mid all_reduce stops every rank;
 // auto picking tcp and "hybrid" refused when the hosts run different numbers of ranks.
 #include "../lib/coll_suite.h"
 #include "../lib/group_suite.h"
@@ -43,6 +43,7 @@ static void suite_ranks(int rank, int world, void *arg) {
 
 static void test_suite(void) {
     setenv("DT_HYBRID_MIN_BYTES", "16", 1);
+    setenv("DT_HYBRID_BCAST_MIN_BYTES", "16", 1);
     for (int per = 2; per <= 3; per++) {
         cfg     c = {.per_host = per, .seed = dt_now_ns()};
         mp_opts o = {.world = 2 * per, .timeout_ms = 120000};
@@ -50,6 +51,7 @@ static void test_suite(void) {
         MP_RUN(&o, suite_ranks, &c);
     }
     unsetenv("DT_HYBRID_MIN_BYTES");
+    unsetenv("DT_HYBRID_BCAST_MIN_BYTES");
 }
 
 static void uneven_ranks(int rank, int world, void *arg) {

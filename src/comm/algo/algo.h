@@ -38,6 +38,7 @@ typedef struct dt_algo_cfg {
     size_t      segment_bytes;          // ring/chain segment size (DT_SEGMENT_BYTES)
     size_t      small_bytes;            // auto: below this many bytes, latency algorithms
     size_t      hier_min_bytes;         // auto: hier all_reduce from this many bytes
+    size_t      hier_bcast_min_bytes;   // auto: hier broadcast from this many bytes
     int         slots;                  // receive slots in flight in the ring
     size_t      ring_lag; // ring wire order: segment j of step s follows j + lag of step s-1
     // Grow-only buffers:

@@ -3,14 +3,15 @@
 // algorithms, best first; each row names what transport it needs and, for auto, when
 // it pays. The first row the group's transport can run whose `when` holds is chosen (if
 // none holds, the last row it can run); DT_<COLL>_ALGO=<name> keeps only the rows of that
-// name. "hier" (the hybrid backend's two-level all_reduce) is composed here of the
-// other families, run on the node's and the cross transports.
+// name. "hier" (the hybrid backend's two-level all_reduce and broadcast) is composed
+// here of the other families, run on the node's and the cross transports.
 //
 // The tables in short (nbytes: of the buffer; small: DT_SMALL_BYTES, 64 KiB):
 //
 //   all_reduce       native | hier from DT_HYBRID_MIN_BYTES | shm (one sync when it
 //                    fits, else chunked) | rdouble below small | ring
-//   broadcast        native | shm | tree below small or on 2 ranks | chain
+//   broadcast        native | hier from DT_HYBRID_BCAST_MIN_BYTES | shm | tree below
+//                    small or on 2 ranks | chain
 //   reduce           native | shm (as all_reduce) | tree below small | ring
 //   all_gather       native | shm | ring
 //   reduce_scatter   native | shm | ring
@@ -57,10 +58,12 @@ static bool small_or_pair(const choice *c) {
 static bool flat_fits(const choice *c) {
     return dt_algo_staged_flat_fits(c->t->seg, c->op);
 }
-// Below DT_HYBRID_MIN_BYTES the two extra levels cost more latency than the link time
-// they save (docs/comm.md, "hybrid").
+// Below DT_HYBRID_MIN_BYTES (all_reduce) and DT_HYBRID_BCAST_MIN_BYTES (broadcast) the
+// extra level costs more latency than the link time it saves (docs/comm.md, "hybrid").
 static bool hier_pays(const choice *c) {
-    return c->nbytes >= c->cfg->hier_min_bytes && c->t->node->world > 1 && c->t->cross->world > 1;
+    size_t min =
+        c->op->kind == DT_COLL_BROADCAST ? c->cfg->hier_bcast_min_bytes : c->cfg->hier_min_bytes;
+    return c->nbytes >= min && c->t->node->world > 1 && c->t->cross->world > 1;
 }
 
 #define NATIVE                                                                                     \
@@ -78,6 +81,7 @@ static const row all_reduce_rows[] = {
 };
 static const row broadcast_rows[] = {
     NATIVE,
+    {"hier", F_HIER, 0, NEED_LEVELS, false, hier_pays},
     SHM,
     {"tree", F_P2P, DT_ALGO_TREE, NEED_XFER, false, small_or_pair},
     {"chain", F_P2P, DT_ALGO_CHAIN, NEED_XFER, false, NULL},
@@ -168,8 +172,9 @@ static const row *choose(const dt_xport *t, const dt_algo_cfg *cfg, const dt_op 
 
 // ---------------------------------------------------------------------- hier
 //
-// The hybrid backend's all_reduce (docs/comm.md, "hybrid"): the ranks of a host share
-// a segment (node), the ranks of one local index on every host are connected (cross).
+// The hybrid backend's all_reduce and broadcast (docs/comm.md, "hybrid"): the ranks of a
+// host share a segment (node), the ranks of one local index on every host are
+// connected (cross). The all_reduce:
 //
 //   step  level  what                                               bytes per rank moved
 //   1     node   reduce_scatter: local rank l gets block l, reduced   (L-1)/L * n  (memory)
@@ -185,16 +190,33 @@ static const row *choose(const dt_xport *t, const dt_algo_cfg *cfg, const dt_op 
 // padded scratch of L blocks of ceil(n/L) elements (the padding is reduced and
 // dropped). The result is reduced once per element and all-gathered, so it is bitwise
 // equal on every rank; it equals the flat algorithms' to float rounding.
+//
+// The broadcast, in the result's buffer (the root at host index h, local index l):
+//
+//   step  level  who                                what
+//   1     cross  the ranks of local index l          broadcast from host h (its table:
+//                (one per host)                      tree or chain by size)
+//   2     node   every rank                         broadcast from local index l
+//
+// Each host receives the buffer once over the network, as the flat chain over all P
+// ranks placed host by host does, but inside a host it moves through the segment
+// instead of through tcp. From DT_HYBRID_BCAST_MIN_BYTES (1 MiB) only: below it, the
+// segment's step (every rank of a host synchronises on the root's copy) cost more than
+// the tcp messages it replaces, on 2 hosts of 2 ranks faked on one machine (bench/
+// RESULTS.md, "Hybrid broadcast and the cells left": 256 KiB up to 2.7x slower, 1 MiB
+// mostly faster).
 
 static dt_status run_row(const row *r, const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op);
 
 // One step on a level, inside the whole operation (same deadline and fingerprint, but
-// the step's kind and count: every rank of the level derives the same).
+// the step's kind, root (-1: none) and count: every rank of the level derives the same).
 static dt_status level_step(const dt_xport *lvl, const char *level, dt_algo_cfg *cfg,
-                            const dt_op *outer, dt_coll kind, const void *src, void *dst,
+                            const dt_op *outer, dt_coll kind, int root, const void *src, void *dst,
                             size_t count) {
     dt_op o    = *outer;
     o.kind     = kind;
+    o.root     = root;
+    o.fp.root  = root;
     o.src      = src;
     o.dst      = dst;
     o.count    = count;
@@ -214,7 +236,7 @@ static dt_status level_step(const dt_xport *lvl, const char *level, dt_algo_cfg 
     return run_row(r, lvl, cfg, &o);
 }
 
-static dt_status hier(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op) {
+static dt_status hier_all_reduce(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op) {
     const dt_xport *node = t->node, *cross = t->cross;
     int             L = node->world, l = node->rank;
     size_t          esz = dt_dtype_size(op->dtype), blk = (op->count + (size_t)L - 1) / (size_t)L;
@@ -235,12 +257,21 @@ static dt_status hier(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op) {
     char *mine = buf + (size_t)l * blk * esz;
     if (op->src != buf)
         memcpy(buf, op->src, op->count * esz);
-    DT_TRY(level_step(node, "node", cfg, op, DT_COLL_REDUCE_SCATTER, buf, mine, blk));
-    DT_TRY(level_step(cross, "cross", cfg, op, DT_COLL_ALL_REDUCE, mine, mine, blk));
-    DT_TRY(level_step(node, "node", cfg, op, DT_COLL_ALL_GATHER, mine, buf, blk));
+    DT_TRY(level_step(node, "node", cfg, op, DT_COLL_REDUCE_SCATTER, -1, buf, mine, blk));
+    DT_TRY(level_step(cross, "cross", cfg, op, DT_COLL_ALL_REDUCE, -1, mine, mine, blk));
+    DT_TRY(level_step(node, "node", cfg, op, DT_COLL_ALL_GATHER, -1, mine, buf, blk));
     if (buf != op->dst)
         memcpy(op->dst, buf, op->count * esz);
     return DT_OK;
+}
+
+static dt_status hier_broadcast(const dt_xport *t, dt_algo_cfg *cfg, const dt_op *op) {
+    int host = t->host_of[op->root], local = t->local_of[op->root];
+    if (t->node->rank == local) // this rank's cross level is the root's
+        DT_TRY(level_step(t->cross, "cross", cfg, op, DT_COLL_BROADCAST, host, op->dst, op->dst,
+                          op->count));
+    return level_step(t->node, "node", cfg, op, DT_COLL_BROADCAST, local, op->dst, op->dst,
+                      op->count);
 }
 
 // ---------------------------------------------------------------------- running
@@ -250,7 +281,8 @@ static dt_status run_row(const row *r, const dt_xport *t, dt_algo_cfg *cfg, cons
     case F_NATIVE:
         return t->run(t->run_ctx, op);
     case F_HIER:
-        return hier(t, cfg, op);
+        return op->kind == DT_COLL_BROADCAST ? hier_broadcast(t, cfg, op)
+                                             : hier_all_reduce(t, cfg, op);
     case F_SHM:
         return dt_algo_staged(t->seg, op, (dt_staged_id)r->id);
     default:
@@ -338,7 +370,9 @@ dt_status dt_algo_cfg_init(dt_algo_cfg *cfg) {
     cfg->small_bytes = (size_t)v;
     DT_TRY(dt_setting_int("DT_HYBRID_MIN_BYTES", &v));
     cfg->hier_min_bytes = (size_t)v;
-    cfg->slots          = DEFAULT_SLOTS;
+    DT_TRY(dt_setting_int("DT_HYBRID_BCAST_MIN_BYTES", &v));
+    cfg->hier_bcast_min_bytes = (size_t)v;
+    cfg->slots                = DEFAULT_SLOTS;
     DT_TRY(dt_setting_int("DT_RING_LAG", &v));
     cfg->ring_lag = (size_t)v;
     return DT_OK;

@@ -9,9 +9,9 @@
 // It offers the algorithm layer two levels besides the transfer slots (backend.h,
 // dt_xport): `node` (this host's segment) and `cross` (the ranks with this rank's local
 // index on every host, over the tcp connections with their ranks translated). The
-// all_reduce table runs its "hier" algorithm over them from DT_HYBRID_MIN_BYTES up
-// (algo/table.c explains the three steps and what they save); smaller all_reduces and
-// every other collective run flat over tcp.
+// all_reduce table runs its "hier" algorithm over them from DT_HYBRID_MIN_BYTES up, the
+// broadcast table from DT_HYBRID_BCAST_MIN_BYTES (algo/table.c explains the steps);
+// smaller all_reduces and every other collective run flat over tcp.
 //
 // Chosen by "auto" when the ranks span hosts and every host runs the same number of
 // ranks, more than one (else the cross levels would differ in size: auto then picks
@@ -27,6 +27,7 @@ typedef struct hybrid {
     dt_shm   *node;        // this host's segment; NULL when alone on its host
     dt_store *node_store;  // the store view the node's segment was made through
     int      *cross_ranks; // world rank of this local index on host h, by host index
+    int      *host_of;     // by world rank: its host index, then (+ world) its local index
     dt_xport  node_x, cross_x;
 } hybrid;
 
@@ -93,6 +94,7 @@ static void hybrid_free(void *ctx) {
     dt_shm_free(h->node);
     dt_store_free(h->node_store);
     dt_free(h->cross_ranks);
+    dt_free(h->host_of);
     dt_free(h);
 }
 
@@ -114,13 +116,15 @@ static dt_status hybrid_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, v
     int host, local, hosts, per_host, world = dt_pg_size(pg);
     place(pg, dt_pg_rank(pg), &host, &local, &hosts, &per_host);
     DT_TRY(dt_backend_tcp.init(pg, store, deadline_ns, &h->tcp));
-    if (!(h->cross_ranks = dt_alloc(sizeof(int) * (size_t)hosts)))
+    h->cross_ranks = dt_alloc(sizeof(int) * (size_t)hosts);
+    h->host_of     = dt_alloc(sizeof(int) * 2 * (size_t)world);
+    if (!h->cross_ranks || !h->host_of)
         return DT_ERR_NOMEM;
     for (int r = 0; r < world; r++) {
-        int hr, lr, n, c;
-        place(pg, r, &hr, &lr, &n, &c);
-        if (lr == local)
-            h->cross_ranks[hr] = r;
+        int n, c;
+        place(pg, r, &h->host_of[r], &h->host_of[world + r], &n, &c);
+        if (h->host_of[world + r] == local)
+            h->cross_ranks[h->host_of[r]] = r;
     }
     if (per_host > 1) {
         char prefix[32];
@@ -145,9 +149,11 @@ static dt_status hybrid_init(dt_pg *pg, dt_store *store, uint64_t deadline_ns, v
 }
 
 static void hybrid_xport(void *ctx, dt_xport *t) {
-    hybrid *h = ctx;
-    t->node   = &h->node_x;
-    t->cross  = &h->cross_x;
+    hybrid *h   = ctx;
+    t->node     = &h->node_x;
+    t->cross    = &h->cross_x;
+    t->host_of  = h->host_of;
+    t->local_of = h->host_of + t->world;
 }
 
 const dt_backend_ops dt_backend_hybrid = {
