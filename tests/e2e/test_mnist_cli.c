@@ -11,6 +11,7 @@
 //   plugin in the build, or no GPU) fails at start with a message naming what is
 //   missing; with a GPU the job trains.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "../lib/mp.h"
 #include "../lib/prog.h"
 
@@ -152,6 +153,9 @@ static void test_device_flags(void) {
 }
 
 int main(void) {
+#ifdef DT_SANITIZE // evaluations on 1,000 test images: no check here depends on the split's size
+    CHECK(tl_fmnist_short_test(1000));
+#endif
     if (!CHECK(find_bin())) {
         fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
         return check_summary();

@@ -369,6 +369,9 @@ static void test_async_bound(void) {
 }
 
 int main(void) {
+#ifdef DT_SANITIZE // evaluations on 1,000 test images: no check here depends on the split's size
+    CHECK(tl_fmnist_short_test(1000));
+#endif
     if (!CHECK(test_program_path("dtrain-mnist", bin, sizeof bin))) {
         fprintf(stderr, "dtrain-mnist not found next to the tests (make programs)\n");
         return check_summary();

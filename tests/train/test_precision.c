@@ -354,6 +354,9 @@ static void test_fp16_rank_inf(void) {
 }
 
 int main(void) {
+#ifdef DT_SANITIZE // evaluations on 1,000 test images: no check here depends on the split's size
+    CHECK(tl_fmnist_short_test(1000));
+#endif
     ct_tmpdir(tmp, sizeof tmp, "precision");
     logs = mmap(NULL, 2 * sizeof *logs, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     uint8_t img[NS * H * W], lab[NS];
