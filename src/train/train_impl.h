@@ -262,6 +262,11 @@ dt_status dt_train_mesh_check_layout(const dt_trainer *t);
 dt_status dt_train_mesh_save_model(dt_trainer *t, const char *path);
 dt_status dt_train_mesh_load_model(dt_trainer *t, const char *path);
 
+// --profile's tables (profile.c): the Sequential model's layers, or the graph's nodes
+// and kinds, each against the training time.
+void dt_train_print_profile(dt_model *m, double train_secs);
+void dt_train_print_graph_profile(const dt_graph *g, double train_secs);
+
 // The parameter server (ps.c; --ps N). _start: at a worker's start, after the world's
 // checks: refuses what does not fit, and splits the world: t->pg becomes the workers'
 // group (their sampler, evaluation and checkpoints' group), a server's is NULL.
