@@ -384,7 +384,9 @@ static int cmp_double(const void *x, const void *y) {
 
 // ------------------------------------------------------------------ dtrain-gpt
 
-#define GPT_STEPS "600" // ~2 s of the tiny model on one thread
+// ~4 s of the tiny model on one thread: B, started 0.5 s after A, joins about 0.3-1 s in
+// (step 70 of a loaded run), with room for a slow start.
+#define GPT_STEPS "1000"
 
 static char gpt_path[PATH_MAX + 64], gpt_corpus[PATH_MAX];
 
