@@ -20,8 +20,10 @@
 //
 // Primitives are made per thread (a thread-local cache keyed by shape, batch and
 // direction), with the layouts oneDNN prefers and reorders from and to dtrain's NCHW /
-// OIHW around each call; a failure to make one (oneDNN refuses a shape, memory) turns the
-// provider off for the process with a warning, and the caller runs its own path.
+// OIHW around each call, CHUNK samples at a time; the reordered copies and oneDNN's
+// scratchpad live in one workspace per thread (see tcache). A failure (oneDNN refuses a
+// shape, memory) turns the provider off for the process with a warning, and the caller
+// runs its own path.
 #include "dtrain/core.h"
 #include "kernels/fill.h"
 #include "kernels/table.h"
@@ -35,7 +37,11 @@
 
 void omp_set_num_threads(int n); // libgomp, which Debian's oneDNN runs on
 
-enum { KIND_FWD, KIND_BWD_DATA, KIND_BWD_WEIGHTS, CACHE = 24 };
+// A call's samples run CHUNK at a time, and the remainder one at a time: the primitives
+// are then of batch CHUNK or 1 only (two per shape and direction, so the cache needs no
+// eviction), and the workspace holds CHUNK samples' copies, not a whole batch's
+// (bench/RESULTS.md: with whole batches of 128 it was 9.5 MiB on the ResNet).
+enum { KIND_FWD, KIND_BWD_DATA, KIND_BWD_WEIGHTS, CHUNK = 16 };
 
 // One argument: the caller's buffer (its handle set per call) and, when oneDNN wants
 // another layout, oneDNN's memory (at byte `off` of the thread's workspace) and the
@@ -65,11 +71,13 @@ typedef struct entry {
 // grown to the largest entry's need, instead of one set per primitive (bench/RESULTS.md:
 // per primitive they were 60 MiB on the ResNet).
 typedef struct tcache {
-    entry        *e[CACHE];
-    int           n, next;
+    entry       **e;
+    int           n, cap;
     dnnl_stream_t s;
     void         *ws;
     size_t        wscap;
+    float        *acc; // the weight gradient summed over a call's chunks
+    size_t        acccap;
 } tcache;
 
 static atomic_bool           broken;
@@ -87,7 +95,9 @@ static void tcache_free(void *v) {
         entry_free(c->e[i]);
     if (c->s)
         dnnl_stream_destroy(c->s);
+    free(c->e);
     free(c->ws);
+    free(c->acc);
     free(c);
 }
 
@@ -267,13 +277,16 @@ static entry *lookup(const dt_kconv *p, int n, int h, int w, int kind) {
             entry_free(e);
         return give_up("making a convolution primitive"), NULL;
     }
-    if (c->n < CACHE)
-        c->e[c->n++] = e;
-    else { // full: replace entries in turn
-        entry_free(c->e[c->next]);
-        c->e[c->next] = e;
-        c->next       = (c->next + 1) % CACHE;
+    if (c->n == c->cap) {
+        int     cap = c->cap ? 2 * c->cap : 16;
+        entry **ne  = realloc(c->e, sizeof *ne * (size_t)cap);
+        if (!ne) {
+            entry_free(e);
+            return give_up("growing the primitive cache"), NULL;
+        }
+        c->e = ne, c->cap = cap;
     }
+    c->e[c->n++] = e;
     return e;
 }
 
@@ -331,9 +344,9 @@ static void *in(const float *p) {
 }
 
 // 3x3, no groups, 16 input channels or more, stride 2; backward also at stride 1 from 32
-// input channels: where oneDNN won by 1.2x or more
-// (only with DT_CONV_DNNL=1: off by default until tests/e2e/test_resnet's 24-step learning
-// bound, which kernel choices alone move across it, is made robust; bench/RESULTS.md)
+// input channels: where oneDNN won by 1.2x or more. On by default (DT_CONV_DNNL=0 turns it
+// off): the ResNet's CPU time 0.91x and its peak RSS within 2 MiB of dtrain's own kernels
+// (bench/RESULTS.md).
 static bool conv_ok(const dt_kconv *p, int w, bool backward) {
     (void)w, (void)backward;
     int choice = 0;
@@ -344,31 +357,65 @@ static bool conv_ok(const dt_kconv *p, int w, bool backward) {
            p->cin >= 16 && (strided || (backward && p->cin >= 32));
 }
 
-static bool conv_fwd(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
-                     const float *b, float *y) {
-    entry *e = lookup(p, n, h, w, KIND_FWD);
-    if (!e)
-        return false;
-    void *data[4] = {in(x), in(wt), p->bias ? in(b) : y, y};
-    return run(e, data);
+// samples in the chunk that starts at s0 of n
+static int chunk_len(int s0, int n) {
+    return n - s0 >= CHUNK ? CHUNK : 1;
 }
 
+static bool conv_fwd(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
+                     const float *b, float *y) {
+    size_t xs = (size_t)p->cin * h * w, ys = (size_t)p->cout *
+                                             ((h + 2 * p->ph - p->kh) / p->sh + 1) *
+                                             ((w + 2 * p->pw - p->kw) / p->sw + 1);
+    for (int s0 = 0, ns; s0 < n; s0 += ns) {
+        ns             = chunk_len(s0, n);
+        entry *e       = lookup(p, ns, h, w, KIND_FWD);
+        float *yc      = y + (size_t)s0 * ys;
+        void  *data[4] = {in(x + (size_t)s0 * xs), in(wt), p->bias ? in(b) : yc, yc};
+        if (!e || !run(e, data))
+            return false; // the caller's path then computes all of y
+    }
+    return true;
+}
+
+// The weight gradient is summed in the thread's acc over the chunks and added to dw and
+// db at the end, so that a failure part way leaves them as they were for the caller's path.
 static bool conv_bwd(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
                      const float *dy, float *dx, float *dw, float *db) {
-    entry *ew = lookup(p, n, h, w, KIND_BWD_WEIGHTS);
-    entry *ed = dx ? lookup(p, n, h, w, KIND_BWD_DATA) : NULL;
-    if (!ew || (dx && !ed))
-        return false;
-    void *dd[3] = {in(dy), in(wt), dx};
-    if (dx && !run(ed, dd))
-        return false;
-    void *dwd[4] = {in(x), in(dy), ew->dw, ew->db};
-    if (!run(ew, dwd))
-        return false;
-    for (size_t i = 0; i < ew->nw; i++)
-        dw[i] += ew->dw[i];
+    size_t xs = (size_t)p->cin * h * w, ys = (size_t)p->cout *
+                                             ((h + 2 * p->ph - p->kh) / p->sh + 1) *
+                                             ((w + 2 * p->pw - p->kw) / p->sw + 1);
+    size_t nw = (size_t)p->cout * p->cin * p->kh * p->kw, na = nw + (p->bias ? (size_t)p->cout : 0);
+    if (!thread_cache())
+        return give_up("an engine or stream"), false;
+    if (na > tc->acccap) {
+        free(tc->acc);
+        tc->acc    = malloc(sizeof(float) * na);
+        tc->acccap = tc->acc ? na : 0;
+        if (!tc->acc)
+            return give_up("a weight-gradient buffer"), false;
+    }
+    float *acc = tc->acc;
+    for (int s0 = 0, ns; s0 < n; s0 += ns) {
+        ns        = chunk_len(s0, n);
+        entry *ew = lookup(p, ns, h, w, KIND_BWD_WEIGHTS);
+        entry *ed = dx ? lookup(p, ns, h, w, KIND_BWD_DATA) : NULL;
+        if (!ew || (dx && !ed))
+            return false;
+        const float *xc = x + (size_t)s0 * xs, *dyc = dy + (size_t)s0 * ys;
+        void        *dd[3] = {in(dyc), in(wt), dx ? dx + (size_t)s0 * xs : NULL};
+        if (dx && !run(ed, dd))
+            return false;
+        void *dwd[4] = {in(xc), in(dyc), ew->dw, ew->db};
+        if (!run(ew, dwd))
+            return false;
+        for (size_t i = 0; i < na; i++) // ew->db follows ew->dw
+            acc[i] = s0 == 0 ? ew->dw[i] : acc[i] + ew->dw[i];
+    }
+    for (size_t i = 0; i < nw; i++)
+        dw[i] += acc[i];
     for (int o = 0; p->bias && o < p->cout; o++)
-        db[o] += ew->db[o];
+        db[o] += acc[nw + o];
     return true;
 }
 
