@@ -37,9 +37,9 @@ static const dt_setting table[] = {
     {"DT_CONV_CL", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
      "new layers' convolutions: channels-in-lanes AVX-512 kernels where measured faster "
      "(auto), never (0), or also for rows wider than 14 (1)"},
-    {"DT_CONV_DNNL", "nn", DT_SETTING_CHOICE, 0, 0, 0, "0|1",
-     "oneDNN's convolutions, where dtrain was built with it: never (0, for now the default), "
-     "or on the shapes measured faster (1)"},
+    {"DT_CONV_DNNL", "nn", DT_SETTING_CHOICE, 0, 0, 1, "0|1",
+     "oneDNN's convolutions, where dtrain was built with it: never (0), or on the shapes "
+     "measured faster (1, the default)"},
     {"DT_CONV_WINO", "nn", DT_SETTING_CHOICE, 0, 0, 0, "auto|0|1",
      "Winograd F(2x2,3x3) for stride-1 3x3 convolutions: where it pays (auto), never (0), "
      "wherever it fits (1)"},

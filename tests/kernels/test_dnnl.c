@@ -148,6 +148,8 @@ static void test_rows(void) {
     one_case(t, (dt_kconv){16, 32, 3, 3, 1, 1, 0, 0, 1, true}, 3, 10, 9);
     one_case(t, (dt_kconv){32, 16, 3, 3, 2, 2, 1, 1, 1, false}, 2, 9, 9);
     one_case(t, (dt_kconv){16, 16, 3, 3, 1, 1, 1, 1, 1, false}, 4, 7, 7);
+    // more samples than a chunk (16) and a remainder: chunks and single samples in one call
+    one_case(t, (dt_kconv){16, 32, 3, 3, 2, 2, 1, 1, 1, true}, 19, 6, 6);
 }
 
 static void test_declined(void) {
@@ -165,8 +167,20 @@ static void test_declined(void) {
     CHECK(!t->conv_ext_ok(&s1w, 14, false) && t->conv_ext_ok(&s1w, 14, true));
 }
 
+// DT_CONV_DNNL: unset means on, 0 turns the rows off, 1 on
+static void test_setting(void) {
+    const dt_ktab *t  = T;
+    dt_kconv       s2 = {16, 32, 3, 3, 2, 2, 1, 1, 1, false};
+    unsetenv("DT_CONV_DNNL");
+    CHECK(t->conv_ext_ok(&s2, 28, false) && t->conv_ext_ok(&s2, 28, true));
+    setenv("DT_CONV_DNNL", "0", 1);
+    CHECK(!t->conv_ext_ok(&s2, 28, false) && !t->conv_ext_ok(&s2, 28, true));
+    setenv("DT_CONV_DNNL", "1", 1);
+    CHECK(t->conv_ext_ok(&s2, 28, false) && t->conv_ext_ok(&s2, 28, true));
+}
+
 int main(void) {
-    setenv("DT_CONV_DNNL", "1", 1); // the rows' own choice of shapes (off by default)
+    setenv("DT_CONV_DNNL", "1", 1); // the rows' own choice of shapes, whatever the caller's
     const dt_ktab *t = dt_ktab_only(DT_ISA_AVX2);
     if (!t || !t->conv_ext_fwd) {
         printf("# no oneDNN rows here (built without oneDNN, or no AVX2): nothing to test\n");
@@ -180,5 +194,6 @@ int main(void) {
     T = t;
     RUN(test_rows);
     RUN(test_declined);
+    RUN(test_setting);
     return check_summary();
 }
