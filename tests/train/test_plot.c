@@ -4,6 +4,7 @@
 // box, the curve falls from left to right as the data does, and an empty chart has
 // no curve. Also dtrain-mnist --plot end to end.
 #include "../check.h"
+#include "../lib/mnist.h"
 #include "../lib/prog.h"
 #include "dtrain/watch.h"
 
@@ -294,6 +295,9 @@ static void test_mnist(void) {
 }
 
 int main(void) {
+#ifdef DT_SANITIZE // evaluations on 1,000 test images: no check here depends on the split's size
+    CHECK(tl_fmnist_short_test(1000));
+#endif
     test_nice();
     test_chart();
     test_mnist();
