@@ -357,6 +357,12 @@ static bool conv_ok(const dt_kconv *p, int w, bool backward) {
            p->cin >= 16 && (strided || (backward && p->cin >= 32));
 }
 
+// one sample's output floats (cout x oh x ow) for an input of h x w
+static size_t out_floats(const dt_kconv *p, int h, int w) {
+    return (size_t)p->cout * (size_t)((h + 2 * p->ph - p->kh) / p->sh + 1) *
+           (size_t)((w + 2 * p->pw - p->kw) / p->sw + 1);
+}
+
 // samples in the chunk that starts at s0 of n
 static int chunk_len(int s0, int n) {
     return n - s0 >= CHUNK ? CHUNK : 1;
@@ -364,9 +370,7 @@ static int chunk_len(int s0, int n) {
 
 static bool conv_fwd(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
                      const float *b, float *y) {
-    size_t xs = (size_t)p->cin * h * w, ys = (size_t)p->cout *
-                                             ((h + 2 * p->ph - p->kh) / p->sh + 1) *
-                                             ((w + 2 * p->pw - p->kw) / p->sw + 1);
+    size_t xs = (size_t)p->cin * h * w, ys = out_floats(p, h, w);
     for (int s0 = 0, ns; s0 < n; s0 += ns) {
         ns             = chunk_len(s0, n);
         entry *e       = lookup(p, ns, h, w, KIND_FWD);
@@ -382,9 +386,7 @@ static bool conv_fwd(const dt_kconv *p, int n, int h, int w, const float *x, con
 // db at the end, so that a failure part way leaves them as they were for the caller's path.
 static bool conv_bwd(const dt_kconv *p, int n, int h, int w, const float *x, const float *wt,
                      const float *dy, float *dx, float *dw, float *db) {
-    size_t xs = (size_t)p->cin * h * w, ys = (size_t)p->cout *
-                                             ((h + 2 * p->ph - p->kh) / p->sh + 1) *
-                                             ((w + 2 * p->pw - p->kw) / p->sw + 1);
+    size_t xs = (size_t)p->cin * h * w, ys = out_floats(p, h, w);
     size_t nw = (size_t)p->cout * p->cin * p->kh * p->kw, na = nw + (p->bias ? (size_t)p->cout : 0);
     if (!thread_cache())
         return give_up("an engine or stream"), false;
