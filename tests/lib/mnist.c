@@ -10,9 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
-static char short_dir[64];
+static char  short_dir[64];
+static pid_t short_owner; // a forked child that calls exit() leaves the folder to its maker
 
 static void remove_short_dir(void) {
+    if (getpid() != short_owner)
+        return;
     static const char *const names[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                                         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
     char                     p[PATH_MAX];
@@ -31,6 +34,7 @@ bool tl_fmnist_short_test(size_t n) {
     if (!mkdtemp(dir))
         return false;
     memcpy(short_dir, dir, sizeof dir);
+    short_owner = getpid();
     atexit(remove_short_dir);
     static const char *const train[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"};
     for (int i = 0; i < 2; i++) {
