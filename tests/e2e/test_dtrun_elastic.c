@@ -256,7 +256,7 @@ static void test_shrink_and_grow(void) {
             f.lost_to_step * 1000, f.join_admit * 1000);
 }
 
-__attribute__((unused)) static void test_sigterm_node(void) { // not under a sanitizer: main
+__attribute__((unused)) static void test_sigterm_node(void) { // main says when
     figures f;
     elastic_run(&f, true, LOST_SIGTERM);
     fprintf(stderr, "     SIGTERM -> survivor's next step %.0f ms\n", f.lost_to_step * 1000);
