@@ -207,6 +207,12 @@ static bool same_conv(const dt_kconv *a, const dt_kconv *b) {
            a->groups == b->groups && a->bias == b->bias;
 }
 
+// The output's height and width for an input of h x w.
+static void out_hw(const dt_kconv *p, int h, int w, int *ho, int *wo) {
+    *ho = (h + 2 * p->ph - p->kh) / p->sh + 1;
+    *wo = (w + 2 * p->pw - p->kw) / p->sw + 1;
+}
+
 // The primitive of (p, n, h, w, kind), made on first use by this thread.
 static entry *lookup(const dt_kconv *p, int n, int h, int w, int kind) {
     tcache *c = thread_cache();
@@ -217,7 +223,8 @@ static entry *lookup(const dt_kconv *p, int n, int h, int w, int kind) {
         if (e->n == n && e->h == h && e->w == w && e->kind == kind && same_conv(&e->p, p))
             return e;
     }
-    int ho = (h + 2 * p->ph - p->kh) / p->sh + 1, wo = (w + 2 * p->pw - p->kw) / p->sw + 1;
+    int ho, wo;
+    out_hw(p, h, w, &ho, &wo);
     dnnl_memory_desc_t ux, uw, ub, uy, ax, aw, ab, ay;
     bool ok = plain(&ux, 4, n, p->cin, h, w, false) && plain(&ax, 4, n, p->cin, h, w, true) &&
               plain(&uw, 4, p->cout, p->cin, p->kh, p->kw, false) &&
@@ -359,8 +366,9 @@ static bool conv_ok(const dt_kconv *p, int w, bool backward) {
 
 // one sample's output floats (cout x oh x ow) for an input of h x w
 static size_t out_floats(const dt_kconv *p, int h, int w) {
-    return (size_t)p->cout * (size_t)((h + 2 * p->ph - p->kh) / p->sh + 1) *
-           (size_t)((w + 2 * p->pw - p->kw) / p->sw + 1);
+    int ho, wo;
+    out_hw(p, h, w, &ho, &wo);
+    return (size_t)p->cout * (size_t)ho * (size_t)wo;
 }
 
 // samples in the chunk that starts at s0 of n
