@@ -460,7 +460,8 @@ FUZZ_SECONDS ?= 20
 # with the sanitizers. The per-target kernels never run there and are built without
 # them: instrumented, avx512/conv_cl.c alone took clang five minutes.
 FUZZ_PLAIN   := $(X86_KERNELS:%=src/kernels/%/%) $(ARM_KERNELS:%=src/kernels/%/%)
-FUZZ_FLAGS    = $(if $(filter $(FUZZ_PLAIN),$1),$(filter-out -fsanitize=%,$(FUZZ_CFLAGS)),$(FUZZ_CFLAGS))
+FUZZ_PLAIN_CFLAGS := $(filter-out -fsanitize=%,$(FUZZ_CFLAGS))
+FUZZ_FLAGS    = $(if $(filter $(FUZZ_PLAIN),$1),$(FUZZ_PLAIN_CFLAGS),$(FUZZ_CFLAGS))
 
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -471,8 +472,8 @@ define FUZZ_VEC_RULE
 build/fuzz/obj/src/kernels/vec/%.$1.o: src/kernels/vec/%.c
 	@mkdir -p $$(dir $$@)
 	@$$(if $$(Q),echo "  FUZZCC  $$< ($1)")
-	$$(Q)$$(FUZZ_CC) $$(if $$(filter ref,$1),$$(FUZZ_CFLAGS),$$(filter-out -fsanitize=%,$$(FUZZ_CFLAGS))) \
-	    $$(call VEC_FLAGS,$1) -c $$< -o $$@
+	$$(Q)$$(FUZZ_CC) $$(if $$(filter ref,$1),$$(FUZZ_CFLAGS),$$(FUZZ_PLAIN_CFLAGS)) $$(call VEC_FLAGS,$1) \
+	    -c $$< -o $$@
 endef
 $(foreach t,$(VEC_TARGETS),$(eval $(call FUZZ_VEC_RULE,$t)))
 
