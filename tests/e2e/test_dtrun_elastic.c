@@ -352,8 +352,9 @@ static void test_late_joiner(void) {
     CHECK_EQ(run_wait(&c, 30), 1);
     CHECK(strstr(c.err, "the job has finished (its members ended at step 10): nothing to join") !=
           NULL);
-    kill(h.pid, SIGTERM); // the store has served its purpose: no need to sleep out STORE_SECS
-    CHECK(run_wait(&h, 40) >= 0);
+    kill(h.pid, SIGTERM);       // the store has served its purpose: no need to sleep out STORE_SECS
+    int hrc = run_wait(&h, 40); // stopped by SIGTERM (75), or slept out on a slow machine (0)
+    CHECK(hrc == 75 || hrc == 0);
     if (check_failed)
         run_dump(&h, "host"), run_dump(&a, "a"), run_dump(&c, "c");
     run_free(&h), run_free(&a), run_free(&c);
