@@ -3,15 +3,46 @@
 // that each im2col row is a contiguous slice): col2im's adjoint, the wide GEMM output to
 // the compact output (+ bias, ReLU), the incoming gradient back into the wide layout
 // (the ReLU's mask), and the fused 2x2 max pool both ways. Memory-bound loops (vec.h).
+//
+// Eight lanes at a time (32-byte vectors), on every target: built for AVX2, GCC 12 turns
+// a 16-lane vector's store into stack traffic and its integer masks into one compare
+// and branch per lane, which made these loops a quarter of the ConvNet's time on a Zen 3
+// (wide_to_pool: 75 us a sample for 37,000 floats); eight lanes are one ymm register.
 #include "kernels/vec/vec.h"
 
 #include <string.h>
 
-// Sixteen-wide steps over a row of n >= 16 floats; the last step is moved back to end
-// at n, overlapping the one before (fine for copies, which these are).
-#define FOR_ROW16(j, n)                                                                            \
+typedef int32_t dt_v8i __attribute__((vector_size(32)));
+typedef uint8_t dt_v8u8 __attribute__((vector_size(8)));
+
+DT_VINLINE dt_v8f load8(const float *p) {
+    dt_v8f v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+DT_VINLINE void store8(float *p, dt_v8f v) {
+    __builtin_memcpy(p, &v, sizeof v);
+}
+DT_VINLINE dt_v8f splat8(float x) {
+    return (dt_v8f){0} + x;
+}
+// a > 0 ? v : 0, lane by lane
+DT_VINLINE dt_v8f keep_positive8(dt_v8f a, dt_v8f v) {
+    return (dt_v8f)((dt_v8i)v & (a > (dt_v8f){0}));
+}
+// Lane-wise m ? x : y for masks from vector comparisons.
+DT_VINLINE dt_v8i sel_i(dt_v8i m, dt_v8i x, dt_v8i y) {
+    return (x & m) | (y & ~m);
+}
+DT_VINLINE dt_v8f sel_f(dt_v8i m, dt_v8f x, dt_v8f y) {
+    return (dt_v8f)sel_i(m, (dt_v8i)x, (dt_v8i)y);
+}
+
+// Eight-wide steps over a row of n >= 8 floats; the last step is moved back to end at n,
+// overlapping the one before (fine for copies, which these are).
+#define FOR_ROW8(j, n)                                                                             \
     for (int j = 0, j##_end = (n); j < j##_end;                                                    \
-         j = (j + 32 > j##_end && j + 16 < j##_end) ? j##_end - 16 : j + 16)
+         j = (j + 16 > j##_end && j + 8 < j##_end) ? j##_end - 8 : j + 8)
 
 // The adjoint of wide_im2col: dxp[c][p] = sum over (ki, kj) of
 // col[(c, ki, kj)][p - ki*Wp - kj] where that index is inside the row. One pass over
@@ -40,13 +71,13 @@ static void wide_col2im(const float *col, int c, int k, const dt_kwide *gp, floa
         const float *rows = col + (size_t)ch * kk * g.n;
         float       *d    = dxp + (size_t)ch * g.plane;
         int          p    = 0;
-        for (; p < plane && !(p >= lo && p + 16 <= hi); p++)
+        for (; p < plane && !(p >= lo && p + 8 <= hi); p++)
             d[p] = col_sum_at(rows, off, kk, g.n, p);
-        for (; p + 16 <= hi; p += 16) {
-            dt_v16f acc = dt_splat16(0.0f);
+        for (; p + 8 <= hi; p += 8) {
+            dt_v8f acc = splat8(0.0f);
             for (int r = 0; r < kk; r++)
-                acc += dt_load16(rows + (size_t)r * g.n + p - off[r]);
-            dt_store16(d + p, acc);
+                acc += load8(rows + (size_t)r * g.n + p - off[r]);
+            store8(d + p, acc);
         }
         for (; p < plane; p++)
             d[p] = col_sum_at(rows, off, kk, g.n, p);
@@ -59,20 +90,20 @@ static void wide_to_out(const float *restrict ext, size_t ext_ld, const float *r
                         int ho, int wo, const dt_kwide *gp, bool relu, float *restrict y) {
     const dt_kwide g = *gp;
     for (int oc = 0; oc < co; oc++) {
-        dt_v16f bv = dt_splat16(b[oc]);
+        dt_v8f bv = splat8(b[oc]);
         for (int oh = 0; oh < ho; oh++) {
             const float *src = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
             float       *dst = y + ((size_t)oc * ho + oh) * wo;
-            if (wo < 16) {
+            if (wo < 8) {
                 for (int ow = 0; ow < wo; ow++) {
                     float v = src[ow] + b[oc];
                     dst[ow] = relu && !(v > 0.0f) ? 0.0f : v;
                 }
                 continue;
             }
-            FOR_ROW16(j, wo) {
-                dt_v16f v = dt_load16(src + j) + bv;
-                dt_store16(dst + j, relu ? dt_keep_positive16(v, v) : v);
+            FOR_ROW8(j, wo) {
+                dt_v8f v = load8(src + j) + bv;
+                store8(dst + j, relu ? keep_positive8(v, v) : v);
             }
         }
     }
@@ -88,13 +119,13 @@ static void grad_to_wide(const float *restrict dy, const float *restrict y, int 
             const float *src = dy + ((size_t)oc * ho + oh) * wo;
             const float *yy  = y + ((size_t)oc * ho + oh) * wo;
             float       *dst = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
-            if (wo < 16) {
+            if (wo < 8) {
                 for (int ow = 0; ow < wo; ow++)
                     dst[ow] = relu && !(yy[ow] > 0.0f) ? 0.0f : src[ow];
             } else {
-                FOR_ROW16(j, wo) {
-                    dt_v16f v = dt_load16(src + j);
-                    dt_store16(dst + j, relu ? dt_keep_positive16(dt_load16(yy + j), v) : v);
+                FOR_ROW8(j, wo) {
+                    dt_v8f v = load8(src + j);
+                    store8(dst + j, relu ? keep_positive8(load8(yy + j), v) : v);
                 }
             }
             if (oh + 1 < ho)
@@ -103,35 +134,28 @@ static void grad_to_wide(const float *restrict dy, const float *restrict y, int 
         }
 }
 
-// Lane-wise a ? x : y for masks from vector comparisons.
-DT_VINLINE dt_v16i sel_i(dt_v16i m, dt_v16i x, dt_v16i y) {
-    return (x & m) | (y & ~m);
+// The even and the odd lanes of the 16 floats at p: a row's left and right columns of
+// eight 2x2 windows.
+DT_VINLINE void columns8(const float *p, dt_v8f *left, dt_v8f *right) {
+    dt_v8f a = load8(p), b = load8(p + 8);
+    *left  = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
+    *right = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
 }
-DT_VINLINE dt_v16f sel_f(dt_v16i m, dt_v16f x, dt_v16f y) {
-    return (dt_v16f)sel_i(m, (dt_v16i)x, (dt_v16i)y);
-}
-
-static const dt_v16i PAIR_SWAP = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-// Eight lanes (half a dt_v16f), for the pooled rows.
-typedef float   dt_v8f __attribute__((vector_size(32)));
-typedef int32_t dt_v8i __attribute__((vector_size(32)));
-typedef uint8_t dt_v8u8 __attribute__((vector_size(8)));
-typedef uint8_t dt_v16u8 __attribute__((vector_size(16)));
 
 // Wide (Cout, n) GEMM output -> the fused ReLU + 2x2/2 max pool: y (Cout, Ho/2, Wo/2)
 // and the winner of each window (0..3, row-major; the first maximum on ties, as
 // pool2d.c and PyTorch). The bias is added before the comparison, as unfused.
-// Eight windows at a time, without branches: lane 2t of the two rows' vectors holds
-// window t's left column, the pair-swapped vectors its right column; the last block
-// of a row is moved back to end at the row's end (rewriting equal values).
+// Eight windows at a time, without branches: each window's four values are lanes of
+// four vectors (the two rows' even and odd columns); the last block of a row is moved
+// back to end at the row's end (rewriting equal values).
 static void wide_to_pool(const float *restrict ext, size_t ext_ld, const float *restrict b, int co,
                          int ho, int wo, const dt_kwide *gp, float *restrict y,
                          uint8_t *restrict arg) {
     const dt_kwide g  = *gp;
     int            ph = ho / 2, pw = wo / 2;
     for (int oc = 0; oc < co; oc++) {
-        float   bv  = b[oc];
-        dt_v16f bvv = dt_splat16(bv);
+        float  bv  = b[oc];
+        dt_v8f bvv = splat8(bv);
         for (int i = 0; i < ph; i++) {
             const float *r0 = ext + (size_t)oc * ext_ld + (size_t)(2 * i) * g.wp;
             const float *r1 = r0 + g.wp;
@@ -150,30 +174,21 @@ static void wide_to_pool(const float *restrict ext, size_t ext_ld, const float *
                 continue;
             }
             for (int j0 = 0; j0 < pw; j0 += 8) {
-                int     j = j0 + 8 > pw ? pw - 8 : j0;
-                dt_v16f a = dt_load16(r0 + 2 * j) + bvv, c = dt_load16(r1 + 2 * j) + bvv;
-                dt_v16f m  = a;
-                dt_v16i k  = {0};
-                dt_v16f v1 = dt_shuffle16f(a, PAIR_SWAP), v3 = dt_shuffle16f(c, PAIR_SWAP);
-                dt_v16i w = v1 > m;
-                m         = sel_f(w, v1, m);
-                k         = sel_i(w, (dt_v16i){0} + 1, k);
-                w         = c > m;
-                m         = sel_f(w, c, m);
-                k         = sel_i(w, (dt_v16i){0} + 2, k);
-                w         = v3 > m;
-                m         = sel_f(w, v3, m);
-                k         = sel_i(w, (dt_v16i){0} + 3, k);
-                m         = dt_keep_positive16(m, m);
-                // the even lanes: values as 8 floats, winners narrowed 16 lanes at once
-                // (one VPMOVDB) of which the first 8 bytes are stored
-                dt_v8f   mo = __builtin_shufflevector(m, m, 0, 2, 4, 6, 8, 10, 12, 14);
-                dt_v16u8 ko =
-                    __builtin_convertvector(__builtin_shufflevector(k, k, 0, 2, 4, 6, 8, 10, 12, 14,
-                                                                    0, 2, 4, 6, 8, 10, 12, 14),
-                                            dt_v16u8);
-                __builtin_memcpy(yo + j, &mo, sizeof mo);
-                __builtin_memcpy(ao + j, &ko, 8);
+                int    j = j0 + 8 > pw ? pw - 8 : j0;
+                dt_v8f v[4];
+                columns8(r0 + 2 * j, &v[0], &v[1]);
+                columns8(r1 + 2 * j, &v[2], &v[3]);
+                dt_v8f m = v[0] + bvv;
+                dt_v8i k = {0};
+                UNROLL(3) for (int q = 1; q < 4; q++) {
+                    dt_v8f x = v[q] + bvv;
+                    dt_v8i w = x > m;
+                    m        = sel_f(w, x, m);
+                    k        = sel_i(w, (dt_v8i){0} + q, k);
+                }
+                dt_v8u8 kb = __builtin_convertvector(k, dt_v8u8);
+                store8(yo + j, keep_positive8(m, m));
+                __builtin_memcpy(ao + j, &kb, sizeof kb);
             }
         }
     }
@@ -181,15 +196,14 @@ static void wide_to_pool(const float *restrict ext, size_t ext_ld, const float *
 
 // The pooled gradient -> wide (Cout, n): each window's gradient goes to its winner,
 // masked by the ReLU (y > 0), zeros everywhere else. Eight windows at a time: every
-// output is duplicated into two lanes, so lane 2t+q of a row's vector is window t's
+// output is duplicated into two lanes, so lane 2t+q of a row's vectors is window t's
 // column q, and each window position takes the gradient where it is the winner.
 // The windows cover every position but the k-1 dropped columns, zeroed apart.
-static const dt_v16i PARITY = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1};
-
 static void pool_grad_to_wide(const float *restrict dy, const float *restrict y,
                               const uint8_t *restrict arg, int co, int ho, int wo,
                               const dt_kwide *gp, float *restrict ext, size_t ext_ld) {
-    const dt_kwide g  = *gp;
+    const dt_kwide g      = *gp;
+    const dt_v8i   parity = {0, 1, 0, 1, 0, 1, 0, 1};
     int            ph = ho / 2, pw = wo / 2;
     for (int oc = 0; oc < co; oc++) {
         float *row = ext + (size_t)oc * ext_ld;
@@ -211,22 +225,19 @@ static void pool_grad_to_wide(const float *restrict dy, const float *restrict y,
                 continue;
             }
             for (int j0 = 0; j0 < pw; j0 += 8) {
-                int j = j0 + 8 > pw ? pw - 8 : j0;
-                // eight-lane loads widened by shuffles: a partial copy into a 16-lane
-                // variable went through the stack and cost most of this loop
-                dt_v8f  gv, yv;
+                int     j = j0 + 8 > pw ? pw - 8 : j0;
                 dt_v8u8 kb;
-                __builtin_memcpy(&gv, dy + o + j, sizeof gv);
-                __builtin_memcpy(&yv, y + o + j, sizeof yv);
                 __builtin_memcpy(&kb, arg + o + j, sizeof kb);
-                dt_v8f  g8 = (dt_v8f)((dt_v8i)gv & (yv > 0.0f));
-                dt_v8i  k8 = __builtin_convertvector(kb, dt_v8i);
-                dt_v16f v =
-                    __builtin_shufflevector(g8, g8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-                dt_v16i k =
-                    __builtin_shufflevector(k8, k8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-                dt_store16(w0 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY)));
-                dt_store16(w1 + 2 * j, (dt_v16f)((dt_v16i)v & (k == PARITY + 2)));
+                dt_v8f g8 = keep_positive8(load8(y + o + j), load8(dy + o + j));
+                dt_v8i k8 = __builtin_convertvector(kb, dt_v8i);
+                dt_v8f lo = __builtin_shufflevector(g8, g8, 0, 0, 1, 1, 2, 2, 3, 3),
+                       hi = __builtin_shufflevector(g8, g8, 4, 4, 5, 5, 6, 6, 7, 7);
+                dt_v8i kl = __builtin_shufflevector(k8, k8, 0, 0, 1, 1, 2, 2, 3, 3),
+                       kh = __builtin_shufflevector(k8, k8, 4, 4, 5, 5, 6, 6, 7, 7);
+                store8(w0 + 2 * j, (dt_v8f)((dt_v8i)lo & (kl == parity)));
+                store8(w0 + 2 * j + 8, (dt_v8f)((dt_v8i)hi & (kh == parity)));
+                store8(w1 + 2 * j, (dt_v8f)((dt_v8i)lo & (kl == parity + 2)));
+                store8(w1 + 2 * j + 8, (dt_v8f)((dt_v8i)hi & (kh == parity + 2)));
             }
         }
     }
