@@ -18,28 +18,31 @@
 // then the exponent bits of 2^n added in. Relative error about 2 float ulps (2.4e-7).
 // Below -87.3 (where e^x leaves the normal floats) the result is 0, so exp(-inf) = 0;
 // above 88 it saturates at e^88 (callers subtract a maximum first). No NaN inputs.
-DT_VINLINE dt_v16f dt_vexp16(dt_v16f x) {
-    const float magic = 12582912.0f; // 1.5 * 2^23: adding it rounds to an integer
-    dt_v16i     small = x < dt_splat16(-87.3f);
-    dt_v16i     big   = x > dt_splat16(88.0f);
-    x                 = (dt_v16f)(((dt_v16i)x & ~big) | ((dt_v16i)dt_splat16(88.0f) & big));
-    x                 = (dt_v16f)((dt_v16i)x & ~small); // then 0, fixed below
-    dt_v16f t         = x * 1.44269504088896341f + magic;
-    dt_v16f n         = t - magic;
-    dt_v16f r         = x - n * 0.693145751953125f; // ln2 high: 12 significant bits
-    r                 = r - n * 1.42860682030941723212e-6f;
-    dt_v16f p         = dt_splat16(1.0f / 5040.0f);
-    p                 = p * r + 1.0f / 720.0f;
-    p                 = p * r + 1.0f / 120.0f;
-    p                 = p * r + 1.0f / 24.0f;
-    p                 = p * r + 1.0f / 6.0f;
-    p                 = p * r + 0.5f;
-    p                 = p * r + 1.0f;
-    p                 = p * r + 1.0f;
-    dt_v16i e         = __builtin_convertvector(n, dt_v16i) << 23;
-    dt_v16f y         = (dt_v16f)((dt_v16i)p + e);
-    return (dt_v16f)((dt_v16i)y & ~small);
-}
+// (A macro, so that vec/ can build the same function on its own vector type: vec.h.)
+#define DT_DEFINE_VEXP(name, VF, VI)                                                               \
+    DT_VINLINE VF name(VF x) {                                                                     \
+        const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */          \
+        VI          small = x < (VF){0} - 87.3f;                                                   \
+        VI          big   = x > (VF){0} + 88.0f;                                                   \
+        x                 = (VF)(((VI)x & ~big) | ((VI)((VF){0} + 88.0f) & big));                  \
+        x                 = (VF)((VI)x & ~small); /* then 0, fixed below */                        \
+        VF t              = x * 1.44269504088896341f + magic;                                      \
+        VF n              = t - magic;                                                             \
+        VF r              = x - n * 0.693145751953125f; /* ln2 high: 12 significant bits */        \
+        r                 = r - n * 1.42860682030941723212e-6f;                                    \
+        VF p              = (VF){0} + 1.0f / 5040.0f;                                              \
+        p                 = p * r + 1.0f / 720.0f;                                                 \
+        p                 = p * r + 1.0f / 120.0f;                                                 \
+        p                 = p * r + 1.0f / 24.0f;                                                  \
+        p                 = p * r + 1.0f / 6.0f;                                                   \
+        p                 = p * r + 0.5f;                                                          \
+        p                 = p * r + 1.0f;                                                          \
+        p                 = p * r + 1.0f;                                                          \
+        VI e              = __builtin_convertvector(n, VI) << 23;                                  \
+        VF y              = (VF)((VI)p + e);                                                       \
+        return (VF)((VI)y & ~small);                                                               \
+    }
+DT_DEFINE_VEXP(dt_vexp16, dt_v16f, dt_v16i)
 
 // Loads lanes [0, len) of p, zero elsewhere; stores lanes [0, len).
 DT_VINLINE dt_v16f dt_load16_part(const float *p, size_t len) {

@@ -1,9 +1,9 @@
 // act.c: element-wise activations, softmax over the last dimension, the residual add,
 // the gradient sums of Embedding, and the cross-entropy's row kernels (the rows of
 // nn/ops.h's element-wise functions; vec.h). Memory-bound loops; the exponentials
-// (tanh-GELU, sigmoid, SiLU, softmax, the losses) go through dt_vexp16, sixteen lanes at
-// a time. Tanh keeps libm's tanhf: 1 - 2/(e^2x + 1) would lose the relative accuracy of
-// tanh near 0; inside GELU only the absolute error matters (x/2 (1 + tanh)).
+// (tanh-GELU, sigmoid, SiLU: vexp on the target's vector, vec.h; softmax and the losses:
+// dt_vexp16, sixteen lanes at a time). Tanh keeps libm's tanhf: 1 - 2/(e^2x + 1) would lose the
+// relative accuracy of tanh near 0; inside GELU only the absolute error matters (x/2 (1 + tanh)).
 #include "kernels/vec/vec.h"
 
 #include <math.h>
@@ -16,25 +16,25 @@
 
 // tanh u = 1 - 2 / (e^2u + 1): exact at the ends (e^2u = 0 or saturated), absolute
 // error ~1e-7 near 0.
-DT_VINLINE dt_v16f vtanh16(dt_v16f u) {
-    return 1.0f - 2.0f / (dt_vexp16(2.0f * u) + 1.0f);
+DT_VINLINE vf vtanh(vf u) {
+    return 1.0f - 2.0f / (vexp(2.0f * u) + 1.0f);
 }
 
-DT_VINLINE dt_v16f vsigmoid16(dt_v16f x) {
-    return 1.0f / (1.0f + dt_vexp16(-x));
+DT_VINLINE vf vsigmoid(vf x) {
+    return 1.0f / (1.0f + vexp(-x));
 }
 
 static void gelu_fwd(size_t n, bool tanh_approx, const float *x, float *y) {
     if (tanh_approx) {
-        for (size_t i = 0; i < n; i += 16) {
-            size_t  len = n - i < 16 ? n - i : 16;
-            dt_v16f v   = len == 16 ? dt_load16(x + i) : dt_load16_part(x + i, len);
-            dt_v16f t   = vtanh16(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v));
-            dt_v16f r   = 0.5f * v * (1.0f + t);
-            if (len == 16)
-                dt_store16(y + i, r);
+        for (size_t i = 0; i < n; i += VL) {
+            size_t len = n - i < VL ? n - i : VL;
+            vf     v   = len == VL ? vload(x + i) : vload_part(x + i, len);
+            vf     t   = vtanh(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v));
+            vf     r   = 0.5f * v * (1.0f + t);
+            if (len == VL)
+                vstore(y + i, r);
             else
-                dt_store16_part(y + i, r, len);
+                vstore_part(y + i, r, len);
         }
     } else {
         for (size_t i = 0; i < n; i++)
@@ -46,18 +46,18 @@ static void gelu_fwd(size_t n, bool tanh_approx, const float *x, float *y) {
 // 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 c x^2).
 static void gelu_bwd(size_t n, bool tanh_approx, const float *x, const float *dy, float *dx) {
     if (tanh_approx) {
-        for (size_t i = 0; i < n; i += 16) {
-            size_t  len = n - i < 16 ? n - i : 16;
-            dt_v16f v   = len == 16 ? dt_load16(x + i) : dt_load16_part(x + i, len);
-            dt_v16f d   = len == 16 ? dt_load16(dy + i) : dt_load16_part(dy + i, len);
-            dt_v16f v2  = v * v;
-            dt_v16f t   = vtanh16(SQRT_2_OVER_PI * (v + GELU_CUBIC * v2 * v));
-            dt_v16f g   = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * SQRT_2_OVER_PI *
-                                                (1.0f + 3.0f * GELU_CUBIC * v2);
-            if (len == 16)
-                dt_store16(dx + i, d * g);
+        for (size_t i = 0; i < n; i += VL) {
+            size_t len = n - i < VL ? n - i : VL;
+            vf     v   = len == VL ? vload(x + i) : vload_part(x + i, len);
+            vf     d   = len == VL ? vload(dy + i) : vload_part(dy + i, len);
+            vf     v2  = v * v;
+            vf     t   = vtanh(SQRT_2_OVER_PI * (v + GELU_CUBIC * v2 * v));
+            vf     g   = 0.5f * (1.0f + t) +
+                   0.5f * v * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * v2);
+            if (len == VL)
+                vstore(dx + i, d * g);
             else
-                dt_store16_part(dx + i, d * g, len);
+                vstore_part(dx + i, d * g, len);
         }
     } else {
         for (size_t i = 0; i < n; i++) {
@@ -74,9 +74,9 @@ static void gelu_bwd(size_t n, bool tanh_approx, const float *x, const float *dy
 // ResNet's step).
 static void relu_fwd(size_t n, const float *x, float *y) {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        dt_v16f v = dt_load16(x + i);
-        dt_store16(y + i, dt_keep_positive16(v, v));
+    for (; i + VL <= n; i += VL) {
+        vf v = vload(x + i);
+        vstore(y + i, vkeep_positive(v, v));
     }
     for (; i < n; i++)
         y[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -84,8 +84,8 @@ static void relu_fwd(size_t n, const float *x, float *y) {
 
 static void relu_grad(size_t n, const float *y, const float *dy, float *dx) {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        dt_store16(dx + i, dt_keep_positive16(dt_load16(y + i), dt_load16(dy + i)));
+    for (; i + VL <= n; i += VL)
+        vstore(dx + i, vkeep_positive(vload(y + i), vload(dy + i)));
     for (; i < n; i++)
         dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
@@ -102,12 +102,12 @@ static void tanh_bwd(size_t n, const float *y, const float *dy, float *dx) {
 
 // 1/(1 + e^-x): e^-x saturates at e^88 for x < -88, where sigmoid is below 1e-38.
 static void sigmoid_fwd(size_t n, const float *x, float *y) {
-    for (size_t i = 0; i < n; i += 16) {
-        size_t len = n - i < 16 ? n - i : 16;
-        if (len == 16)
-            dt_store16(y + i, vsigmoid16(dt_load16(x + i)));
+    for (size_t i = 0; i < n; i += VL) {
+        size_t len = n - i < VL ? n - i : VL;
+        if (len == VL)
+            vstore(y + i, vsigmoid(vload(x + i)));
         else
-            dt_store16_part(y + i, vsigmoid16(dt_load16_part(x + i, len)), len);
+            vstore_part(y + i, vsigmoid(vload_part(x + i, len)), len);
     }
 }
 
@@ -117,20 +117,27 @@ static void sigmoid_bwd(size_t n, const float *y, const float *dy, float *dx) {
 }
 
 static void silu_fwd(size_t n, const float *x, float *y) {
-    for (size_t i = 0; i < n; i += 16) {
-        size_t  len = n - i < 16 ? n - i : 16;
-        dt_v16f v   = len == 16 ? dt_load16(x + i) : dt_load16_part(x + i, len);
-        dt_store16_part(y + i, v * vsigmoid16(v), len);
+    for (size_t i = 0; i < n; i += VL) {
+        size_t len = n - i < VL ? n - i : VL;
+        vf     v   = len == VL ? vload(x + i) : vload_part(x + i, len);
+        if (len == VL)
+            vstore(y + i, v * vsigmoid(v));
+        else
+            vstore_part(y + i, v * vsigmoid(v), len);
     }
 }
 
 // d/dx x s(x) = s (1 + x (1 - s))
 static void silu_bwd(size_t n, const float *x, const float *dy, float *dx) {
-    for (size_t i = 0; i < n; i += 16) {
-        size_t  len = n - i < 16 ? n - i : 16;
-        dt_v16f v = dt_load16_part(x + i, len), d = dt_load16_part(dy + i, len);
-        dt_v16f s = vsigmoid16(v);
-        dt_store16_part(dx + i, d * s * (1.0f + v * (1.0f - s)), len);
+    for (size_t i = 0; i < n; i += VL) {
+        size_t len = n - i < VL ? n - i : VL;
+        vf     v   = len == VL ? vload(x + i) : vload_part(x + i, len);
+        vf     d   = len == VL ? vload(dy + i) : vload_part(dy + i, len);
+        vf     s = vsigmoid(v), r = d * s * (1.0f + v * (1.0f - s));
+        if (len == VL)
+            vstore(dx + i, r);
+        else
+            vstore_part(dx + i, r, len);
     }
 }
 

@@ -10,17 +10,18 @@
 #include <math.h>
 
 // For one row of l values: sum of a, and sum of a * (b - bm) (b = a, bm = 0: the sum of
-// squares), in sixteen float lanes; the rows are then added up in double. Lanes hold at
-// most a row's l/16 terms (49 for a 28x28 plane), so float loses nothing that matters.
+// squares), in sixteen float lanes (VH vectors); the rows are then added up in double. Lanes hold
+// at most a row's l/16 terms (49 for a 28x28 plane), so float loses nothing that matters.
 DT_VINLINE void row_moments(const float *a, const float *b, float bm, int l, double *s, double *q) {
-    dt_v16f sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(bm);
-    int     j = 0;
-    for (; j + 16 <= l; j += 16) {
-        dt_v16f va = dt_load16(a + j);
-        sa += va;
-        sq += va * (dt_load16(b + j) - mv);
-    }
-    float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
+    vf  sa[VH] = {0}, sq[VH] = {0}, mv = vsplat(bm);
+    int j = 0;
+    for (; j + 16 <= l; j += 16)
+        UNROLL(2) for (int h = 0; h < VH; h++) {
+            vf va = vload(a + j + h * VL);
+            sa[h] += va;
+            sq[h] += va * (vload(b + j + h * VL) - mv);
+        }
+    float ts = vhsum16(sa), tq = vhsum16(sq);
     for (; j < l; j++) {
         ts += a[j];
         tq += a[j] * (b[j] - bm);
@@ -29,18 +30,19 @@ DT_VINLINE void row_moments(const float *a, const float *b, float bm, int l, dou
     *q += tq;
 }
 
-// For one row of l values: the sum of x - k and of (x - k)^2, in sixteen float lanes;
+// For one row of l values: the sum of x - k and of (x - k)^2, in sixteen float lanes (VH vectors);
 // the rows are then added up in double. Lanes hold at most a row's l/16 terms (49 for a
 // 28x28 plane), so float loses nothing that matters.
 DT_VINLINE void row_shifted(const float *x, float k, int l, double *s, double *q) {
-    dt_v16f sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), kv = dt_splat16(k);
-    int     j = 0;
-    for (; j + 16 <= l; j += 16) {
-        dt_v16f d = dt_load16(x + j) - kv;
-        sa += d;
-        sq += d * d;
-    }
-    float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
+    vf  sa[VH] = {0}, sq[VH] = {0}, kv = vsplat(k);
+    int j = 0;
+    for (; j + 16 <= l; j += 16)
+        UNROLL(2) for (int h = 0; h < VH; h++) {
+            vf d = vload(x + j + h * VL) - kv;
+            sa[h] += d;
+            sq[h] += d * d;
+        }
+    float ts = vhsum16(sa), tq = vhsum16(sq);
     for (; j < l; j++) {
         float d = x[j] - k;
         ts += d;
@@ -95,13 +97,13 @@ DT_VINLINE void scale_shift(int ch, const float *mean, const float *invstd, cons
 // y = x * scale + shift (+ r) (then max(0, .)), one row of l values.
 DT_VINLINE void apply_row(const float *x, const float *r, bool relu, float scale, float shift,
                           int l, float *y) {
-    dt_v16f sc = dt_splat16(scale), sh = dt_splat16(shift);
-    int     j = 0;
-    for (; j + 16 <= l; j += 16) {
-        dt_v16f v = dt_load16(x + j) * sc + sh;
+    vf  sc = vsplat(scale), sh = vsplat(shift);
+    int j = 0;
+    for (; j + VL <= l; j += VL) {
+        vf v = vload(x + j) * sc + sh;
         if (r)
-            v += dt_load16(r + j);
-        dt_store16(y + j, relu ? dt_keep_positive16(v, v) : v);
+            v += vload(r + j);
+        vstore(y + j, relu ? vkeep_positive(v, v) : v);
     }
     for (; j < l; j++) {
         float v = x[j] * scale + shift;
@@ -149,12 +151,12 @@ DT_NO_FMA static grad_row grad_row_of(const dt_kbn_relu *relu, size_t o, int ch,
     return g;
 }
 
-DT_VINLINE dt_v16f grad_in16(const grad_row *g, int j) {
-    dt_v16f d = dt_load16(g->dy + j);
+DT_VINLINE vf grad_in_v(const grad_row *g, int j) {
+    vf d = vload(g->dy + j);
     if (g->mode == 1)
-        return dt_keep_positive16(dt_load16(g->y + j), d);
+        return vkeep_positive(vload(g->y + j), d);
     if (g->mode == 2)
-        return dt_keep_positive16(dt_load16(g->x + j) * dt_splat16(g->sc) + dt_splat16(g->sh), d);
+        return vkeep_positive(vload(g->x + j) * vsplat(g->sc) + vsplat(g->sh), d);
     return d;
 }
 DT_VINLINE float grad_in(const grad_row *g, int j) {
@@ -180,17 +182,19 @@ static void bn_bwd_stats(int n, int c, int c0, int c1, int l, const float *x, co
                     continue;
                 }
                 // as row_moments, on the gradient behind the ReLU, which goes to dres too
-                grad_row g  = grad_row_of(relu, o, ch, x, dy, mean, invstd);
-                dt_v16f  sa = dt_splat16(0.0f), sq = dt_splat16(0.0f), mv = dt_splat16(m);
+                grad_row g      = grad_row_of(relu, o, ch, x, dy, mean, invstd);
+                vf       sa[VH] = {0}, sq[VH] = {0}, mv = vsplat(m);
                 int      j = 0;
-                for (; j + 16 <= l; j += 16) {
-                    dt_v16f d = grad_in16(&g, j);
-                    if (dres)
-                        dt_store16(dres + o + j, d);
-                    sa += d;
-                    sq += d * (dt_load16(g.x + j) - mv);
-                }
-                float ts = dt_hsum16(sa), tq = dt_hsum16(sq);
+                for (; j + 16 <= l; j += 16)
+                    UNROLL(2) for (int h = 0; h < VH; h++) {
+                        int jh = j + h * VL;
+                        vf  d  = grad_in_v(&g, jh);
+                        if (dres)
+                            vstore(dres + o + jh, d);
+                        sa[h] += d;
+                        sq[h] += d * (vload(g.x + jh) - mv);
+                    }
+                float ts = vhsum16(sa), tq = vhsum16(sq);
                 for (; j < l; j++) {
                     float d = grad_in(&g, j);
                     if (dres)
@@ -221,13 +225,13 @@ static void bn_bwd_apply(int n, int c, int l, int r0, int r1, const float *x, co
         float    gs = invstd[ch] * (gamma ? gamma[ch] : 1.0f);
         // dx = gs (dy - a - (x - mean) b): a = mean of dy, b = invstd * mean of dy xhat
         // (evaluation, count 0: the statistics are constants, dx = gs dy)
-        float   a  = count > 0 ? (float)(sum_dy[ch] / count) : 0.0f;
-        float   b  = count > 0 ? (float)(sum_dyx[ch] / count) * invstd[ch] : 0.0f;
-        float   m  = mean[ch];
-        dt_v16f av = dt_splat16(a), bv = dt_splat16(b), mv = dt_splat16(m), gv = dt_splat16(gs);
-        int     j = 0;
-        for (; j + 16 <= l; j += 16)
-            dt_store16(gr + j, gv * (grad_in16(&g, j) - av - (dt_load16(g.x + j) - mv) * bv));
+        float a  = count > 0 ? (float)(sum_dy[ch] / count) : 0.0f;
+        float b  = count > 0 ? (float)(sum_dyx[ch] / count) * invstd[ch] : 0.0f;
+        float m  = mean[ch];
+        vf    av = vsplat(a), bv = vsplat(b), mv = vsplat(m), gv = vsplat(gs);
+        int   j = 0;
+        for (; j + VL <= l; j += VL)
+            vstore(gr + j, gv * (grad_in_v(&g, j) - av - (vload(g.x + j) - mv) * bv));
         for (; j < l; j++)
             gr[j] = gs * (grad_in(&g, j) - a - (g.x[j] - m) * b);
     }
@@ -236,11 +240,11 @@ static void bn_bwd_apply(int n, int c, int l, int r0, int r1, const float *x, co
 // Sums of a row in sixteen running lanes (vectorised; the order is fixed, so every CPU
 // gives the same result).
 DT_VINLINE float row_sum16(const float *x, int d) {
-    dt_v16f acc = dt_splat16(0.0f);
-    int     i   = 0;
+    vf  acc[VH] = {0};
+    int i       = 0;
     for (; i + 16 <= d; i += 16)
-        acc += dt_load16(x + i);
-    float s = dt_hsum16(acc);
+        UNROLL(2) for (int h = 0; h < VH; h++) acc[h] += vload(x + i + h * VL);
+    float s = vhsum16(acc);
     for (; i < d; i++)
         s += x[i];
     return s;
@@ -252,22 +256,23 @@ static void ln_fwd(int rows, int d, float eps, const float *x, const float *gamm
         const float *xr = x + (size_t)r * d;
         float       *yr = y + (size_t)r * d;
         // two passes: the mean, then the squared deviations (no cancellation)
-        float   m  = row_sum16(xr, d) / (float)d;
-        dt_v16f mv = dt_splat16(m), acc = dt_splat16(0.0f);
-        int     i = 0;
-        for (; i + 16 <= d; i += 16) {
-            dt_v16f c = dt_load16(xr + i) - mv;
-            acc += c * c;
-        }
-        float q = dt_hsum16(acc);
+        float m  = row_sum16(xr, d) / (float)d;
+        vf    mv = vsplat(m), acc[VH] = {0};
+        int   i = 0;
+        for (; i + 16 <= d; i += 16)
+            UNROLL(2) for (int h = 0; h < VH; h++) {
+                vf c = vload(xr + i + h * VL) - mv;
+                acc[h] += c * c;
+            }
+        float q = vhsum16(acc);
         for (; i < d; i++)
             q += (xr[i] - m) * (xr[i] - m);
         float rs = 1.0f / sqrtf(q / (float)d + eps);
         mean[r]  = m;
         rstd[r]  = rs;
-        for (i = 0; i + 16 <= d; i += 16) {
-            dt_v16f v = (dt_load16(xr + i) - mv) * rs;
-            dt_store16(yr + i, gamma ? v * dt_load16(gamma + i) + dt_load16(beta + i) : v);
+        for (i = 0; i + VL <= d; i += VL) {
+            vf v = (vload(xr + i) - mv) * rs;
+            vstore(yr + i, gamma ? v * vload(gamma + i) + vload(beta + i) : v);
         }
         for (; i < d; i++) {
             float v = (xr[i] - m) * rs;
@@ -283,19 +288,21 @@ static void ln_bwd(int rows, int d, const float *x, const float *gamma, const fl
         const float *dr = dy + (size_t)r * d;
         float        m = mean[r], rs = rstd[r];
         // g = dy * gamma; dx = rs (g - mean(g) - xhat mean(g xhat))
-        dt_v16f mv = dt_splat16(m), sg = dt_splat16(0.0f), sgx = dt_splat16(0.0f);
-        int     i = 0;
-        for (; i + 16 <= d; i += 16) {
-            dt_v16f xh = (dt_load16(xr + i) - mv) * rs, dv = dt_load16(dr + i);
-            dt_v16f g = gamma ? dv * dt_load16(gamma + i) : dv;
-            sg += g;
-            sgx += g * xh;
-            if (dgamma) {
-                dt_store16(dgamma + i, dt_load16(dgamma + i) + dv * xh);
-                dt_store16(dbeta + i, dt_load16(dbeta + i) + dv);
+        vf  mv = vsplat(m), sg[VH] = {0}, sgx[VH] = {0};
+        int i = 0;
+        for (; i + 16 <= d; i += 16)
+            UNROLL(2) for (int h = 0; h < VH; h++) {
+                int ih = i + h * VL;
+                vf  xh = (vload(xr + ih) - mv) * rs, dv = vload(dr + ih);
+                vf  g = gamma ? dv * vload(gamma + ih) : dv;
+                sg[h] += g;
+                sgx[h] += g * xh;
+                if (dgamma) {
+                    vstore(dgamma + ih, vload(dgamma + ih) + dv * xh);
+                    vstore(dbeta + ih, vload(dbeta + ih) + dv);
+                }
             }
-        }
-        float a = dt_hsum16(sg), b = dt_hsum16(sgx);
+        float a = vhsum16(sg), b = vhsum16(sgx);
         for (; i < d; i++) {
             float xh = (xr[i] - m) * rs;
             float g  = gamma ? dr[i] * gamma[i] : dr[i];
@@ -311,10 +318,10 @@ static void ln_bwd(int rows, int d, const float *x, const float *gamma, const fl
         float *gr = dx + (size_t)r * d;
         a /= (float)d;
         b /= (float)d;
-        for (i = 0; i + 16 <= d; i += 16) {
-            dt_v16f xh = (dt_load16(xr + i) - mv) * rs, dv = dt_load16(dr + i);
-            dt_v16f g = gamma ? dv * dt_load16(gamma + i) : dv;
-            dt_store16(gr + i, rs * (g - a - xh * b));
+        for (i = 0; i + VL <= d; i += VL) {
+            vf xh = (vload(xr + i) - mv) * rs, dv = vload(dr + i);
+            vf g = gamma ? dv * vload(gamma + i) : dv;
+            vstore(gr + i, rs * (g - a - xh * b));
         }
         for (; i < d; i++) {
             float xh = (xr[i] - m) * rs;

@@ -33,6 +33,64 @@
 #define PRAGMA_(x) _Pragma(#x)
 #define UNROLL(n)  PRAGMA_(GCC unroll n)
 
+// The target's own vector, vf of VL lanes, for the loops whose lanes never meet (maps,
+// the applying passes of the norms): one zmm register on avx512 (simd.h's sixteen
+// lanes), one ymm on avx2 (eight lanes; two xmm on ref and neon). GCC 12 builds a
+// sixteen-lane vector on AVX2 as two halves that go through the stack at every store,
+// with one compare and branch per lane for its integer masks: GELU's forward spent a
+// third of its instructions there. Each lane computes what it computed in sixteen, so
+// the bits do not change; loops that sum over lanes keep simd.h's sixteen-lane order
+// (VH, vhsum16 below).
+#if defined(__AVX512F__)
+#define VL 16
+typedef dt_v16f vf;
+typedef dt_v16i vfi;
+#else
+#define VL 8
+typedef float   vf __attribute__((vector_size(32)));
+typedef int32_t vfi __attribute__((vector_size(32)));
+#endif
+DT_VINLINE vf vload(const float *p) {
+    vf v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+DT_VINLINE void vstore(float *p, vf v) {
+    __builtin_memcpy(p, &v, sizeof v);
+}
+DT_VINLINE vf vsplat(float x) {
+    return (vf){0} + x;
+}
+// lanes [0, len) of p, zero elsewhere; the store writes lanes [0, len)
+DT_VINLINE vf vload_part(const float *p, size_t len) {
+    vf v = {0};
+    __builtin_memcpy(&v, p, sizeof(float) * len);
+    return v;
+}
+DT_VINLINE void vstore_part(float *p, vf v, size_t len) {
+    __builtin_memcpy(p, &v, sizeof(float) * len);
+}
+// a > 0 ? v : 0, lane by lane
+DT_VINLINE vf vkeep_positive(vf a, vf v) {
+    return (vf)((vfi)v & (a > (vf){0}));
+}
+// e^x (vmath.h's dt_vexp16, lane for lane)
+DT_DEFINE_VEXP(vexp, vf, vfi)
+// Sums over lanes keep sixteen lanes: VH target vectors per sixteen floats (lanes 0-7,
+// then 8-15, on eight-lane targets), summed by dt_hsum16's tree.
+#define VH (16 / VL)
+DT_VINLINE float vhsum16(const vf *a) {
+#if VL == 16
+    return dt_hsum16(a[0]);
+#else
+    vf v = a[0] + a[1]; // dt_hsum16's first step: lane l + lane l + 8
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 1, 0, 2, 3, 4, 5, 6, 7);
+    return v[0];
+#endif
+}
+
 // One per file of this folder.
 void DT_KV(fill_act)(dt_ktab *t);
 void DT_KV(fill_conv)(dt_ktab *t);
