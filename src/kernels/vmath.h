@@ -144,12 +144,15 @@ typedef uint16_t dt_v16h __attribute__((vector_size(32)));
 
 // fp32 bit patterns rounded to bf16 (to nearest even; NaN made quiet), returned as fp32
 // patterns whose low 16 bits are zero: >> 16 gives the bf16 bits.
-DT_VINLINE dt_v16u dt_round_bf16_v16(dt_v16u u) {
-    dt_v16u r   = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    dt_v16u q   = (u & 0xffff0000u) | 0x400000u;
-    dt_v16u nan = (dt_v16u)((u & 0x7fffffffu) > 0x7f800000u); // all ones where NaN
-    return (q & nan) | (r & ~nan);
-}
+// (A macro, so that vec/ can build it on its own vector width: vec/half.c.)
+#define DT_DEFINE_ROUND_BF16(name, VU)                                                             \
+    DT_VINLINE VU name(VU u) {                                                                     \
+        VU r   = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;                                   \
+        VU q   = (u & 0xffff0000u) | 0x400000u;                                                    \
+        VU nan = (VU)((u & 0x7fffffffu) > 0x7f800000u); /* all ones where NaN */                   \
+        return (q & nan) | (r & ~nan);                                                             \
+    }
+DT_DEFINE_ROUND_BF16(dt_round_bf16_v16, dt_v16u)
 // Sixteen floats at src to bf16 at dst.
 DT_VINLINE void dt_f32_to_bf16_16(const float *src, uint16_t *dst) {
     dt_v16u u;

@@ -1,8 +1,8 @@
 // act.c: element-wise activations, softmax over the last dimension, the residual add,
 // the gradient sums of Embedding, and the cross-entropy's row kernels (the rows of
 // nn/ops.h's element-wise functions; vec.h). Memory-bound loops; the exponentials
-// (tanh-GELU, sigmoid, SiLU: vexp on the target's vector, vec.h; softmax and the losses:
-// dt_vexp16, sixteen lanes at a time). Tanh keeps libm's tanhf: 1 - 2/(e^2x + 1) would lose the
+// (tanh-GELU, sigmoid, SiLU, softmax, the losses) go through vexp on the target's vector
+// (vec.h). Tanh keeps libm's tanhf: 1 - 2/(e^2x + 1) would lose the
 // relative accuracy of tanh near 0; inside GELU only the absolute error matters (x/2 (1 + tanh)).
 #include "kernels/vec/vec.h"
 
@@ -147,8 +147,8 @@ static void softmax_fwd(int rows, int d, const float *x, float *y) {
         float       *yr = y + (size_t)r * d;
         if (yr != xr)
             memcpy(yr, xr, sizeof(float) * (size_t)d);
-        float m   = dt_vmax_row(yr, (size_t)d);
-        float inv = 1.0f / dt_vexp_row(yr, (size_t)d, m);
+        float m   = vmax_row(yr, (size_t)d);
+        float inv = 1.0f / vexp_row(yr, (size_t)d, m);
         for (int i = 0; i < d; i++)
             yr[i] *= inv;
     }
@@ -188,14 +188,14 @@ static void embedding_bwd(int count, int d, const int32_t *idx, const float *dy,
 
 // log sum_i e^x[i], as max + log sum e^(x - max)
 static double ce_row_lse(const float *x, int k) {
-    float   m   = dt_vmax_row(x, (size_t)k);
-    dt_v16f acc = dt_splat16(0.0f), mv = dt_splat16(m);
-    int     i = 0;
+    float m       = vmax_row(x, (size_t)k);
+    vf    acc[VH] = {0}, mv = vsplat(m);
+    int   i = 0;
     for (; i + 16 <= k; i += 16)
-        acc += dt_vexp16(dt_load16(x + i) - mv);
-    float z = dt_hsum16(acc);
+        UNROLL(2) for (int h = 0; h < VH; h++) acc[h] += vexp(vload(x + i + h * VL) - mv);
+    float z = vhsum16(acc);
     for (; i < k; i++) {
-        dt_v16f e = dt_vexp16(dt_splat16(x[i] - m));
+        vf e = vexp(vsplat(x[i] - m));
         z += e[0];
     }
     return (double)m + log((double)z);
@@ -205,7 +205,7 @@ static double ce_row_lse(const float *x, int k) {
 static void ce_row_grad(const float *x, int k, float lse, float smooth, float inv, float *d, int t,
                         float hot) {
     memcpy(d, x, sizeof(float) * (size_t)k);
-    dt_vexp_row(d, (size_t)k, lse);
+    vexp_row(d, (size_t)k, lse);
     for (int i = 0; i < k; i++)
         d[i] = (d[i] - smooth) * inv;
     d[t] -= hot;

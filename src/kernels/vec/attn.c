@@ -51,10 +51,10 @@ static void head_forward(int T, int d, int ld, int yld, const float *q, const fl
             for (int r = 0; r < bq; r++) {
                 float *row  = S + (size_t)r * BLOCK;
                 int    last = min_int(bk, i0 + r - j0 + 1); // keys s <= t = i0 + r
-                float  mx   = dt_vmax_row(row, (size_t)last);
+                float  mx   = vmax_row(row, (size_t)last);
                 mx          = m[r] > mx ? m[r] : mx;
                 float corr  = expf(m[r] - mx); // exp(-inf) = 0 on the first block
-                float sum   = dt_vexp_row(row, (size_t)last, mx);
+                float sum   = vexp_row(row, (size_t)last, mx);
                 for (int c = last; c < bk; c++)
                     row[c] = 0.0f;
                 m[r] = mx;
@@ -117,7 +117,7 @@ static void head_backward(int T, int d, int ld, int yld, const float *q, const f
             for (int r = 0; r < bq; r++) {
                 float *row  = P + (size_t)r * BLOCK;
                 int    last = min_int(bk, i0 + r - j0 + 1);
-                dt_vexp_row(row, (size_t)last, lse[i0 + r]);
+                vexp_row(row, (size_t)last, lse[i0 + r]);
                 for (int c = last; c < bk; c++)
                     row[c] = 0.0f;
             }

@@ -128,12 +128,12 @@ static void shard_tree(float *buf, size_t ld, int shards, size_t n) {
 // The global average (output 1x1, the ResNet's head): one contiguous sum per plane.
 static void global_avg(size_t planes, size_t hw, const float *x, float *y) {
     for (size_t pl = 0; pl < planes; pl++) {
-        const float *xp  = x + pl * hw;
-        dt_v16f      acc = dt_splat16(0.0f);
-        size_t       i   = 0;
+        const float *xp      = x + pl * hw;
+        vf           acc[VH] = {0};
+        size_t       i       = 0;
         for (; i + 16 <= hw; i += 16)
-            acc += dt_load16(xp + i);
-        float s = dt_hsum16(acc);
+            UNROLL(2) for (int h = 0; h < VH; h++) acc[h] += vload(xp + i + h * VL);
+        float s = vhsum16(acc);
         for (; i < hw; i++)
             s += xp[i];
         y[pl] = s / (float)hw;
@@ -149,11 +149,11 @@ static void global_avg_bwd(size_t planes, size_t hw, const float *dy, float *dx)
     }
 }
 
-// v[i] *= f for i < n, sixteen lanes at a time (the same products as the scalar loop).
+// v[i] *= f for i < n, a vector at a time (the same products as the scalar loop).
 DT_VINLINE void scale_run(float *v, size_t n, float f) {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        dt_store16(v + i, dt_load16(v + i) * f);
+    for (; i + VL <= n; i += VL)
+        vstore(v + i, vload(v + i) * f);
     for (; i < n; i++)
         v[i] *= f;
 }

@@ -7,20 +7,29 @@
 
 #include <string.h>
 
+// VL lanes of bit patterns: fp32 and bf16 (vec.h's vf, as integers).
+typedef uint32_t vfu __attribute__((vector_size(VL * 4)));
+typedef uint16_t vfh __attribute__((vector_size(VL * 2)));
+DT_DEFINE_ROUND_BF16(round_bf16, vfu)
+
 static void f32_to_bf16(const float *restrict src, uint16_t *restrict dst, size_t n) {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        dt_f32_to_bf16_16(src + i, dst + i);
+    for (; i + VL <= n; i += VL) {
+        vfu u;
+        __builtin_memcpy(&u, src + i, sizeof u);
+        vfh h = __builtin_convertvector(round_bf16(u) >> 16, vfh);
+        __builtin_memcpy(dst + i, &h, sizeof h);
+    }
     for (; i < n; i++)
         dst[i] = dt_f32_to_bf16_1(src[i]);
 }
 
 static void bf16_to_f32(const uint16_t *restrict src, float *restrict dst, size_t n) {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        dt_v16h h;
+    for (; i + VL <= n; i += VL) {
+        vfh h;
         __builtin_memcpy(&h, src + i, sizeof h);
-        dt_v16u u = __builtin_convertvector(h, dt_v16u) << 16;
+        vfu u = __builtin_convertvector(h, vfu) << 16;
         __builtin_memcpy(dst + i, &u, sizeof u);
     }
     for (; i < n; i++)
@@ -29,10 +38,10 @@ static void bf16_to_f32(const uint16_t *restrict src, float *restrict dst, size_
 
 static void f32_round_bf16(const float *restrict src, float *restrict dst, size_t n) {
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        dt_v16u u;
+    for (; i + VL <= n; i += VL) {
+        vfu u;
         __builtin_memcpy(&u, src + i, sizeof u);
-        u = dt_round_bf16_v16(u);
+        u = round_bf16(u);
         __builtin_memcpy(dst + i, &u, sizeof u);
     }
     for (; i < n; i++)

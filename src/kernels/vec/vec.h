@@ -91,6 +91,51 @@ DT_VINLINE float vhsum16(const vf *a) {
 #endif
 }
 
+// max of row[0, len), len >= 1 (vmath.h's dt_vmax_row: the lanes' maxima taken in order)
+DT_VINLINE float vmax_row(const float *row, size_t len) {
+    float  m = row[0];
+    size_t i = 0;
+    if (len >= 16) {
+        vf mv[VH];
+        UNROLL(2) for (int h = 0; h < VH; h++) mv[h] = vload(row + h * VL);
+        for (i = 16; i + 16 <= len; i += 16)
+            UNROLL(2) for (int h = 0; h < VH; h++) {
+                vf  v = vload(row + i + h * VL);
+                vfi g = v > mv[h];
+                mv[h] = (vf)(((vfi)v & g) | ((vfi)mv[h] & ~g));
+            }
+        m = mv[0][0];
+        for (int h = 0; h < VH; h++)
+            for (int l = h ? 0 : 1; l < VL; l++)
+                m = mv[h][l] > m ? mv[h][l] : m;
+    }
+    for (; i < len; i++)
+        m = row[i] > m ? row[i] : m;
+    return m;
+}
+
+// row[i] = e^(row[i] - sub) for i < len; returns their sum (vmath.h's dt_vexp_row: the
+// same exponentials, summed in the same order).
+DT_VINLINE float vexp_row(float *row, size_t len, float sub) {
+    vf     acc[VH] = {0}, s = vsplat(sub);
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16)
+        UNROLL(2) for (int h = 0; h < VH; h++) {
+            vf e = vexp(vload(row + i + h * VL) - s);
+            vstore(row + i + h * VL, e);
+            acc[h] += e;
+        }
+    for (int h = 0; h < VH && i + (size_t)h * VL < len; h++) {
+        size_t at = i + (size_t)h * VL, n = len - at < VL ? len - at : VL;
+        vf     e = vexp(vload_part(row + at, n) - s);
+        for (size_t l = n; l < VL; l++)
+            e[l] = 0.0f;
+        vstore_part(row + at, e, n);
+        acc[h] += e;
+    }
+    return vhsum16(acc);
+}
+
 // One per file of this folder.
 void DT_KV(fill_act)(dt_ktab *t);
 void DT_KV(fill_conv)(dt_ktab *t);
