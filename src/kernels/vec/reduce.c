@@ -95,24 +95,25 @@ static void reduce(dt_dtype dtype, dt_reduce_op op, void *dst, const void *a, co
     DT_ASSERT(!"reduce: invalid dtype or op");
 }
 
-// Two inputs summed into one or two outputs in one pass. Explicit 64-byte vectors,
-// loaded before they are stored, keep it vectorised when an output is an input (in
-// place), where the compiler's own vectorisation would fall back to scalar code after
-// its alias check.
+// Two inputs summed into one or two outputs in one pass. Explicit vectors of the target's
+// width (vec.h's VL floats: one register), loaded before they are stored, keep it
+// vectorised when an output is an input (in place), where the compiler's own
+// vectorisation would fall back to scalar code after its alias check.
+#define VB (VL * 4) // bytes a step
 #define DEF_SUM2(name, T, V)                                                                       \
-    typedef T   V __attribute__((vector_size(64)));                                                \
+    typedef T   V __attribute__((vector_size(VB)));                                                \
     static void name(void *o1v, void *o2v, const void *av, const void *bv, size_t n) {             \
         unsigned char       *o1 = o1v, *o2 = o2v;                                                  \
         const unsigned char *a = av, *b = bv;                                                      \
         size_t               nb = n * sizeof(T), i = 0;                                            \
-        for (; i + 64 <= nb; i += 64) {                                                            \
+        for (; i + VB <= nb; i += VB) {                                                            \
             V x, y;                                                                                \
-            memcpy(&x, a + i, 64);                                                                 \
-            memcpy(&y, b + i, 64);                                                                 \
+            memcpy(&x, a + i, VB);                                                                 \
+            memcpy(&y, b + i, VB);                                                                 \
             x += y;                                                                                \
-            memcpy(o1 + i, &x, 64);                                                                \
+            memcpy(o1 + i, &x, VB);                                                                \
             if (o2)                                                                                \
-                memcpy(o2 + i, &x, 64);                                                            \
+                memcpy(o2 + i, &x, VB);                                                            \
         }                                                                                          \
         for (; i < nb; i += sizeof(T)) {                                                           \
             T x, y;                                                                                \
@@ -124,9 +125,9 @@ static void reduce(dt_dtype dtype, dt_reduce_op op, void *dst, const void *a, co
                 memcpy(o2 + i, &x, sizeof(T));                                                     \
         }                                                                                          \
     }
-DEF_SUM2(sum2_f32, float, v16f)
-DEF_SUM2(sum2_u32, uint32_t, v16u)
-DEF_SUM2(sum2_u64, uint64_t, v8u)
+DEF_SUM2(sum2_f32, float, vsum_f32)
+DEF_SUM2(sum2_u32, uint32_t, vsum_u32)
+DEF_SUM2(sum2_u64, uint64_t, vsum_u64)
 
 static void reduce_sum2(dt_dtype dtype, void *o1, void *o2, const void *a, const void *b,
                         size_t n) {
