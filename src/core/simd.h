@@ -8,7 +8,8 @@
 
 // Sixteen floats as one value, for loops the compiler would not vectorise well on its
 // own (short rows with a tail). On AVX-512 it is one register; the baseline build
-// splits it into SSE operations. Loads and stores go through memcpy: unaligned, and
+// splits it into SSE operations, and GCC 12's AVX2 build stores it through the stack:
+// src/kernels/vec computes in each target's own width instead (vec.h's vf). Loads and stores go through memcpy: unaligned, and
 // free of strict-aliasing trouble. The helpers are always inlined: a 64-byte vector
 // passed to or returned from a real call is passed in registers by AVX-512 code and in
 // memory by baseline code, so an out-of-line helper shared by two targets' objects (as
