@@ -9,11 +9,11 @@
 // Sixteen floats as one value, for loops the compiler would not vectorise well on its
 // own (short rows with a tail). On AVX-512 it is one register; the baseline build
 // splits it into SSE operations, and GCC 12's AVX2 build stores it through the stack:
-// src/kernels/vec computes in each target's own width instead (vec.h's vf). Loads and stores go through memcpy: unaligned, and
-// free of strict-aliasing trouble. The helpers are always inlined: a 64-byte vector
-// passed to or returned from a real call is passed in registers by AVX-512 code and in
-// memory by baseline code, so an out-of-line helper shared by two targets' objects (as
-// at -O0) would be called with the wrong convention.
+// src/kernels/vec computes in each target's own width instead (vec.h's vf). Loads and
+// stores go through memcpy: unaligned, and free of strict-aliasing trouble. The helpers
+// are always inlined: a 64-byte vector passed to or returned from a real call is passed
+// in registers by AVX-512 code and in memory by baseline code, so an out-of-line helper
+// shared by two targets' objects (as at -O0) would be called with the wrong convention.
 #define DT_VINLINE static inline __attribute__((always_inline))
 typedef float   dt_v16f __attribute__((vector_size(64)));
 typedef int32_t dt_v16i __attribute__((vector_size(64)));
