@@ -110,18 +110,26 @@ DT_VINLINE float dt_vmax_row(const float *row, size_t len) {
     return m;
 }
 
-// acc[o] += row[o] for o < n, in double, eight columns per vector step (each float is
-// exact in double: the same sums, in the same order, as the scalar loop).
-typedef float   dt_v8f __attribute__((vector_size(32)));
-typedef double  dt_v8d __attribute__((vector_size(64)));
+// acc[o] += row[o] for o < n, in double, a register of doubles per vector step: eight
+// columns on AVX-512, four elsewhere (a 64-byte vector goes through the stack in GCC 12's
+// AVX2 build; vec/vec.h). Each float is exact in double: the same sums, in the same
+// order, as the scalar loop, whatever the width.
+typedef float dt_v8f __attribute__((vector_size(32)));
+#if defined(__AVX512F__)
+#define DT_ROW_F64 8
+#else
+#define DT_ROW_F64 4
+#endif
+typedef float   dt_vrowf __attribute__((vector_size(DT_ROW_F64 * 4)));
+typedef double  dt_vrowd __attribute__((vector_size(DT_ROW_F64 * 8)));
 DT_VINLINE void dt_add_row_f64(const float *row, int n, double *acc) {
-    int nv = n / 8 * 8;
-    for (int o = 0; o < nv; o += 8) {
-        dt_v8f r;
-        dt_v8d a;
+    int nv = n / DT_ROW_F64 * DT_ROW_F64;
+    for (int o = 0; o < nv; o += DT_ROW_F64) {
+        dt_vrowf r;
+        dt_vrowd a;
         __builtin_memcpy(&r, row + o, sizeof r);
         __builtin_memcpy(&a, acc + o, sizeof a);
-        a += __builtin_convertvector(r, dt_v8d);
+        a += __builtin_convertvector(r, dt_vrowd);
         __builtin_memcpy(acc + o, &a, sizeof a);
     }
     for (int o = nv; o < n; o++)
