@@ -18,7 +18,9 @@
 #include "../lib/mp.h"
 #include "dtrain/data.h"
 #include "dtrain/ddp.h"
+
 #include "dtrain/optim.h"
+#include <unistd.h>
 
 #include <stdlib.h>
 
@@ -400,7 +402,10 @@ static void test_unused_parameter(void) {
 // A report DDP refuses reaches the backward that made it (dt_params_grad_ready returns
 // it; it used to be kept for the sync): a range that cuts a tensor, a tensor reported
 // twice. The step then cannot be reduced: rank 0's sync says why and aborts the group,
-// and rank 1, waiting in its sync for buckets rank 0 never started, fails at once.
+// and rank 1, waiting in its sync for buckets rank 0 never started, fails at once with
+// that reason. Rank 0 keeps its group open until rank 1's sync has returned (a flag in
+// the runs' shared page, waited for 10 s at most), so that rank 1 reads the abort's
+// reason rather than a group already torn down.
 static void report_rank(int rank, int world, void *arg) {
     (void)world, (void)arg;
     dt_pg *pg = mp_pg_init(10000);
@@ -418,6 +423,9 @@ static void report_rank(int rank, int world, void *arg) {
                   "ddp: parameter 1.bias was marked ready twice");
         CHECK_ERR(dt_params_grad_ready(p, 1, 3), DT_ERR_ARG, "cuts parameter 0.weight");
         CHECK_ERR(dt_ddp_sync(d), DT_ERR_STATE, "a gradient report of this step failed");
+        double t0 = dt_now();
+        while (!__atomic_load_n((int *)mp_shared(), __ATOMIC_ACQUIRE) && dt_now() - t0 < 10.0)
+            usleep(1000);
     } else {
         CHECK_OK(dt_params_grad_ready(p, 0, b2->offset));
         double    t0 = dt_now();
@@ -425,6 +433,7 @@ static void report_rank(int rank, int world, void *arg) {
         CHECK(st != DT_OK);
         CHECK(dt_now() - t0 < 8.0);
         CHECK(strstr(dt_last_error(), "a gradient report of this step failed") != NULL);
+        __atomic_store_n((int *)mp_shared(), 1, __ATOMIC_RELEASE);
     }
     dt_ddp_free(d);
     dt_model_free(m);
