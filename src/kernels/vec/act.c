@@ -2,8 +2,8 @@
 // the gradient sums of Embedding, and the cross-entropy's row kernels (the rows of
 // nn/ops.h's element-wise functions; vec.h). Memory-bound loops; the exponentials
 // (tanh-GELU, sigmoid, SiLU, softmax, the losses) go through vexp on the target's vector
-// (vec.h). Tanh keeps libm's tanhf: 1 - 2/(e^2x + 1) would lose the
-// relative accuracy of tanh near 0; inside GELU only the absolute error matters (x/2 (1 + tanh)).
+// (vec.h). Tanh keeps libm's tanhf: 1 - 2/(e^2x + 1) would lose the relative accuracy of
+// tanh near 0; inside GELU only the absolute error matters (x/2 (1 + tanh)).
 #include "kernels/vec/vec.h"
 
 #include <math.h>

@@ -4,10 +4,11 @@
 // the compact output (+ bias, ReLU), the incoming gradient back into the wide layout
 // (the ReLU's mask), and the fused 2x2 max pool both ways. Memory-bound loops (vec.h).
 //
-// Eight lanes at a time (32-byte vectors), on every target: built for AVX2, GCC 12 turns
-// a 16-lane vector's store into stack traffic and its integer masks into one compare
-// and branch per lane, which made these loops a quarter of the ConvNet's time on a Zen 3
-// (wide_to_pool: 75 us a sample for 37,000 floats); eight lanes are one ymm register.
+// The copies and col2im step the target's vector (vec.h's vf). The pools take eight
+// windows at a time on every target (the even and odd lanes of 16 floats), in 8-lane
+// vectors of their own: built for AVX2, GCC 12 turned the 16-lane form's stores into
+// stack traffic and its masks into one compare and branch per lane (wide_to_pool: 75 us
+// a sample of the ConvNet's conv2 on a Zen 3, 15 in eight lanes).
 #include "kernels/vec/vec.h"
 
 #include <string.h>
@@ -15,6 +16,7 @@
 typedef int32_t dt_v8i __attribute__((vector_size(32)));
 typedef uint8_t dt_v8u8 __attribute__((vector_size(8)));
 
+// The pools' eight lanes (dt_v8f, vmath.h).
 DT_VINLINE dt_v8f load8(const float *p) {
     dt_v8f v;
     __builtin_memcpy(&v, p, sizeof v);
@@ -22,9 +24,6 @@ DT_VINLINE dt_v8f load8(const float *p) {
 }
 DT_VINLINE void store8(float *p, dt_v8f v) {
     __builtin_memcpy(p, &v, sizeof v);
-}
-DT_VINLINE dt_v8f splat8(float x) {
-    return (dt_v8f){0} + x;
 }
 // a > 0 ? v : 0, lane by lane
 DT_VINLINE dt_v8f keep_positive8(dt_v8f a, dt_v8f v) {
@@ -38,11 +37,11 @@ DT_VINLINE dt_v8f sel_f(dt_v8i m, dt_v8f x, dt_v8f y) {
     return (dt_v8f)sel_i(m, (dt_v8i)x, (dt_v8i)y);
 }
 
-// Eight-wide steps over a row of n >= 8 floats; the last step is moved back to end at n,
-// overlapping the one before (fine for copies, which these are).
-#define FOR_ROW8(j, n)                                                                             \
+// Vector-wide steps over a row of n >= VL floats; the last step is moved back to end at
+// n, overlapping the one before (fine for copies, which these are).
+#define FOR_ROW(j, n)                                                                              \
     for (int j = 0, j##_end = (n); j < j##_end;                                                    \
-         j = (j + 16 > j##_end && j + 8 < j##_end) ? j##_end - 8 : j + 8)
+         j = (j + 2 * VL > j##_end && j + VL < j##_end) ? j##_end - VL : j + VL)
 
 // The adjoint of wide_im2col: dxp[c][p] = sum over (ki, kj) of
 // col[(c, ki, kj)][p - ki*Wp - kj] where that index is inside the row. One pass over
@@ -71,13 +70,13 @@ static void wide_col2im(const float *col, int c, int k, const dt_kwide *gp, floa
         const float *rows = col + (size_t)ch * kk * g.n;
         float       *d    = dxp + (size_t)ch * g.plane;
         int          p    = 0;
-        for (; p < plane && !(p >= lo && p + 8 <= hi); p++)
+        for (; p < plane && !(p >= lo && p + VL <= hi); p++)
             d[p] = col_sum_at(rows, off, kk, g.n, p);
-        for (; p + 8 <= hi; p += 8) {
-            dt_v8f acc = splat8(0.0f);
+        for (; p + VL <= hi; p += VL) {
+            vf acc = vsplat(0.0f);
             for (int r = 0; r < kk; r++)
-                acc += load8(rows + (size_t)r * g.n + p - off[r]);
-            store8(d + p, acc);
+                acc += vload(rows + (size_t)r * g.n + p - off[r]);
+            vstore(d + p, acc);
         }
         for (; p < plane; p++)
             d[p] = col_sum_at(rows, off, kk, g.n, p);
@@ -90,20 +89,20 @@ static void wide_to_out(const float *restrict ext, size_t ext_ld, const float *r
                         int ho, int wo, const dt_kwide *gp, bool relu, float *restrict y) {
     const dt_kwide g = *gp;
     for (int oc = 0; oc < co; oc++) {
-        dt_v8f bv = splat8(b[oc]);
+        vf bv = vsplat(b[oc]);
         for (int oh = 0; oh < ho; oh++) {
             const float *src = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
             float       *dst = y + ((size_t)oc * ho + oh) * wo;
-            if (wo < 8) {
+            if (wo < VL) {
                 for (int ow = 0; ow < wo; ow++) {
                     float v = src[ow] + b[oc];
                     dst[ow] = relu && !(v > 0.0f) ? 0.0f : v;
                 }
                 continue;
             }
-            FOR_ROW8(j, wo) {
-                dt_v8f v = load8(src + j) + bv;
-                store8(dst + j, relu ? keep_positive8(v, v) : v);
+            FOR_ROW(j, wo) {
+                vf v = vload(src + j) + bv;
+                vstore(dst + j, relu ? vkeep_positive(v, v) : v);
             }
         }
     }
@@ -119,13 +118,13 @@ static void grad_to_wide(const float *restrict dy, const float *restrict y, int 
             const float *src = dy + ((size_t)oc * ho + oh) * wo;
             const float *yy  = y + ((size_t)oc * ho + oh) * wo;
             float       *dst = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
-            if (wo < 8) {
+            if (wo < VL) {
                 for (int ow = 0; ow < wo; ow++)
                     dst[ow] = relu && !(yy[ow] > 0.0f) ? 0.0f : src[ow];
             } else {
-                FOR_ROW8(j, wo) {
-                    dt_v8f v = load8(src + j);
-                    store8(dst + j, relu ? keep_positive8(load8(yy + j), v) : v);
+                FOR_ROW(j, wo) {
+                    vf v = vload(src + j);
+                    vstore(dst + j, relu ? vkeep_positive(vload(yy + j), v) : v);
                 }
             }
             if (oh + 1 < ho)
@@ -155,7 +154,7 @@ static void wide_to_pool(const float *restrict ext, size_t ext_ld, const float *
     int            ph = ho / 2, pw = wo / 2;
     for (int oc = 0; oc < co; oc++) {
         float  bv  = b[oc];
-        dt_v8f bvv = splat8(bv);
+        dt_v8f bvv = (dt_v8f){0} + bv;
         for (int i = 0; i < ph; i++) {
             const float *r0 = ext + (size_t)oc * ext_ld + (size_t)(2 * i) * g.wp;
             const float *r1 = r0 + g.wp;
