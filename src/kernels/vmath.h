@@ -1,9 +1,9 @@
 // vmath.h: what the vector kernels share: exp over sixteen floats at once (for softmax,
 // the losses and the activations: libm's expf/tanhf are scalar calls, 10-40 ns each;
-// this is a few instructions per lane), row maxima and sums in a fixed order, and bf16
-// rounding of sixteen lanes. Always inlined, so each target's object (vec/*.c, the
-// target folders) compiles them for its own instruction set (see core/simd.h on the
-// calling convention of 64-byte vectors).
+// this is a few instructions per lane), the target's own vector (vf) with row maxima and
+// sums in a fixed order on it, and bf16 rounding of sixteen lanes. Always inlined, so each target's
+// object (vec/*.c, the target folders) compiles them for its own instruction set (see core/simd.h
+// on the calling convention of 64-byte vectors).
 #ifndef DTRAIN_KERNELS_VMATH_H
 #define DTRAIN_KERNELS_VMATH_H
 
@@ -18,7 +18,7 @@
 // then the exponent bits of 2^n added in. Relative error about 2 float ulps (2.4e-7).
 // Below -87.3 (where e^x leaves the normal floats) the result is 0, so exp(-inf) = 0;
 // above 88 it saturates at e^88 (callers subtract a maximum first). No NaN inputs.
-// (A macro, so that vec/ can build the same function on its own vector type: vec.h.)
+// (A macro, so that it is built on the target's own vector too: vexp below.)
 #define DT_DEFINE_VEXP(name, VF, VI)                                                               \
     DT_VINLINE VF name(VF x) {                                                                     \
         const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */          \
@@ -44,15 +44,6 @@
     }
 DT_DEFINE_VEXP(dt_vexp16, dt_v16f, dt_v16i)
 
-// Loads lanes [0, len) of p, zero elsewhere; stores lanes [0, len).
-DT_VINLINE dt_v16f dt_load16_part(const float *p, size_t len) {
-    dt_v16f v = {0};
-    __builtin_memcpy(&v, p, sizeof(float) * len);
-    return v;
-}
-DT_VINLINE void dt_store16_part(float *p, dt_v16f v, size_t len) {
-    __builtin_memcpy(p, &v, sizeof(float) * len);
-}
 // Sum of the sixteen lanes, as a tree of four shuffled adds (a fixed order; a lane-by-lane
 // loop is a chain of 15 dependent adds, a quarter of LayerNorm's time on rows of 128).
 DT_VINLINE float dt_hsum16(dt_v16f v) {
@@ -66,53 +57,112 @@ DT_VINLINE float dt_hsum16(dt_v16f v) {
     v += dt_shuffle16f(v, h1);
     return v[0];
 }
-DT_VINLINE float dt_hmax16(dt_v16f v) {
-    float m = v[0];
-    for (int l = 1; l < 16; l++)
-        m = v[l] > m ? v[l] : m;
-    return m;
+// The target's own vector, vf of VL lanes, for the loops whose lanes never meet (maps,
+// the applying passes of the norms): one zmm register on avx512 (simd.h's sixteen
+// lanes), one ymm on avx2 (eight lanes; two xmm on ref and neon). GCC 12 builds a
+// sixteen-lane vector on AVX2 as two halves that go through the stack at every store,
+// with one compare and branch per lane for its integer masks: GELU's forward spent a
+// third of its instructions there. Each lane computes what it computed in sixteen, so
+// the bits do not change; loops that sum over lanes keep simd.h's sixteen-lane order
+// (VH, vhsum16 below).
+#if defined(__AVX512F__)
+#define VL 16
+typedef dt_v16f vf;
+typedef dt_v16i vfi;
+#else
+#define VL 8
+typedef float   vf __attribute__((vector_size(32)));
+typedef int32_t vfi __attribute__((vector_size(32)));
+#endif
+DT_VINLINE vf vload(const float *p) {
+    vf v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+DT_VINLINE void vstore(float *p, vf v) {
+    __builtin_memcpy(p, &v, sizeof v);
+}
+DT_VINLINE vf vsplat(float x) {
+    return (vf){0} + x;
+}
+// lanes [0, len) of p, zero elsewhere; the store writes lanes [0, len)
+DT_VINLINE vf vload_part(const float *p, size_t len) {
+    vf v = {0};
+    __builtin_memcpy(&v, p, sizeof(float) * len);
+    return v;
+}
+DT_VINLINE void vstore_part(float *p, vf v, size_t len) {
+    __builtin_memcpy(p, &v, sizeof(float) * len);
+}
+// a > 0 ? v : 0, lane by lane
+DT_VINLINE vf vkeep_positive(vf a, vf v) {
+    return (vf)((vfi)v & (a > (vf){0}));
+}
+// e^x (dt_vexp16, lane for lane)
+DT_DEFINE_VEXP(vexp, vf, vfi)
+// Sums over lanes keep sixteen lanes: VH target vectors per sixteen floats (lanes 0-7,
+// then 8-15, on eight-lane targets), summed by dt_hsum16's tree.
+#define VH (16 / VL)
+DT_VINLINE float vhsum16(const vf *a) {
+#if VL == 16
+    return dt_hsum16(a[0]);
+#else
+    vf v = a[0] + a[1]; // dt_hsum16's first step: lane l + lane l + 8
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 1, 0, 2, 3, 4, 5, 6, 7);
+    return v[0];
+#endif
 }
 
-// row[i] = e^(row[i] - sub) for i < len; returns their sum (lanes summed in a fixed order).
-DT_VINLINE float dt_vexp_row(float *row, size_t len, float sub) {
-    dt_v16f acc = dt_splat16(0.0f), s = dt_splat16(sub);
-    size_t  i = 0;
-    for (; i + 16 <= len; i += 16) {
-        dt_v16f e = dt_vexp16(dt_load16(row + i) - s);
-        dt_store16(row + i, e);
-        acc += e;
-    }
-    if (i < len) {
-        dt_v16f e = dt_vexp16(dt_load16_part(row + i, len - i) - s);
-        for (size_t l = len - i; l < 16; l++)
-            e[l] = 0.0f;
-        dt_store16_part(row + i, e, len - i);
-        acc += e;
-    }
-    return dt_hsum16(acc);
-}
-
-// max of row[0, len), len >= 1
-DT_VINLINE float dt_vmax_row(const float *row, size_t len) {
+// max of row[0, len), len >= 1 (the lanes' maxima taken in order)
+DT_VINLINE float vmax_row(const float *row, size_t len) {
     float  m = row[0];
     size_t i = 0;
     if (len >= 16) {
-        dt_v16f mv = dt_load16(row);
-        for (i = 16; i + 16 <= len; i += 16) {
-            dt_v16f v = dt_load16(row + i);
-            dt_v16i g = v > mv;
-            mv        = (dt_v16f)(((dt_v16i)v & g) | ((dt_v16i)mv & ~g));
-        }
-        m = dt_hmax16(mv);
+        vf mv[VH];
+        _Pragma("GCC unroll 2") for (int h = 0; h < VH; h++) mv[h] = vload(row + h * VL);
+        for (i = 16; i + 16 <= len; i += 16)
+            _Pragma("GCC unroll 2") for (int h = 0; h < VH; h++) {
+                vf  v = vload(row + i + h * VL);
+                vfi g = v > mv[h];
+                mv[h] = (vf)(((vfi)v & g) | ((vfi)mv[h] & ~g));
+            }
+        m = mv[0][0];
+        for (int h = 0; h < VH; h++)
+            for (int l = h ? 0 : 1; l < VL; l++)
+                m = mv[h][l] > m ? mv[h][l] : m;
     }
     for (; i < len; i++)
         m = row[i] > m ? row[i] : m;
     return m;
 }
 
+// row[i] = e^(row[i] - sub) for i < len; returns their sum (the lanes summed in
+// sixteen-lane order: the same bits on every width).
+DT_VINLINE float vexp_row(float *row, size_t len, float sub) {
+    vf     acc[VH] = {0}, s = vsplat(sub);
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16)
+        _Pragma("GCC unroll 2") for (int h = 0; h < VH; h++) {
+            vf e = vexp(vload(row + i + h * VL) - s);
+            vstore(row + i + h * VL, e);
+            acc[h] += e;
+        }
+    for (int h = 0; h < VH && i + (size_t)h * VL < len; h++) {
+        size_t at = i + (size_t)h * VL, n = len - at < VL ? len - at : VL;
+        vf     e = vexp(vload_part(row + at, n) - s);
+        for (size_t l = n; l < VL; l++)
+            e[l] = 0.0f;
+        vstore_part(row + at, e, n);
+        acc[h] += e;
+    }
+    return vhsum16(acc);
+}
+
 // acc[o] += row[o] for o < n, in double, a register of doubles per vector step: eight
 // columns on AVX-512, four elsewhere (a 64-byte vector goes through the stack in GCC 12's
-// AVX2 build; vec/vec.h). Each float is exact in double: the same sums, in the same
+// AVX2 build; vf above). Each float is exact in double: the same sums, in the same
 // order, as the scalar loop, whatever the width.
 typedef float dt_v8f __attribute__((vector_size(32)));
 #if defined(__AVX512F__)

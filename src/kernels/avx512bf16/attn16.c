@@ -163,10 +163,10 @@ static void head_forward16(int T, int d, int ld, int yld, const float *q, const 
             for (int r = 0; r < bq; r++) {
                 float *row  = L->S + (size_t)r * BLK;
                 int    last = min_int(bk, i0 + r - j0 + 1); // keys s <= t = i0 + r
-                float  mx   = dt_vmax_row(row, (size_t)last);
+                float  mx   = vmax_row(row, (size_t)last);
                 mx          = L->m[r] > mx ? L->m[r] : mx;
                 float corr  = expf(L->m[r] - mx);
-                float sum   = dt_vexp_row(row, (size_t)last, mx);
+                float sum   = vexp_row(row, (size_t)last, mx);
                 memset(row + last, 0, sizeof(float) * (size_t)(BLK - last));
                 L->m[r] = mx;
                 L->l[r] = L->l[r] * corr + sum;
@@ -226,7 +226,7 @@ static void head_backward16(int T, int d, int ld, int yld, const float *q, const
             for (int r = 0; r < bq; r++) {
                 float *row  = L->S + (size_t)r * BLK;
                 int    last = min_int(bk, i0 + r - j0 + 1);
-                dt_vexp_row(row, (size_t)last, lse[i0 + r]);
+                vexp_row(row, (size_t)last, lse[i0 + r]);
                 memset(row + last, 0, sizeof(float) * (size_t)(BLK - last));
             }
             // dV_j (bk, d) += P^T (bk, bq) dY_i (bq, d): P's rows paired, read down a column

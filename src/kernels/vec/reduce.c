@@ -96,7 +96,7 @@ static void reduce(dt_dtype dtype, dt_reduce_op op, void *dst, const void *a, co
 }
 
 // Two inputs summed into one or two outputs in one pass. Explicit vectors of the target's
-// width (vec.h's VL floats: one register), loaded before they are stored, keep it
+// width (vmath.h's VL floats: one register), loaded before they are stored, keep it
 // vectorised when an output is an input (in place), where the compiler's own
 // vectorisation would fall back to scalar code after its alias check.
 #define VB (VL * 4) // bytes a step
