@@ -225,7 +225,7 @@ typedef struct dt_kwide {
 } dt_kwide;
 // dxp (c, hp, wp) = the wide columns (c k k, n) added back onto the padded image
 typedef void dt_k_wide_col2im_fn(const float *col, int c, int k, const dt_kwide *g, float *dxp);
-// wide GEMM output (co rows ext_ld apart) -> y (co, ho, wo) + bias, ReLU when relu
+// wide GEMM output (co rows ext_ld apart) -> y (co, ho, wo) + bias (NULL: none), ReLU when relu
 typedef void dt_k_wide_out_fn(const float *ext, size_t ext_ld, const float *b, int co, int ho,
                               int wo, const dt_kwide *g, bool relu, float *y);
 // compact gradient -> wide rows (zeros in the dropped columns), the ReLU's mask from y

@@ -62,13 +62,10 @@ size_t dt_nn_conv2d_weight_count(const dt_nn_conv2d *p) {
     return (size_t)p->cout * (size_t)(p->cin / p->groups) * (size_t)p->kh * (size_t)p->kw;
 }
 
-// The wide layout of one sample (see conv2d.c): padded input planes of hp x wp, n wide
-// output positions, gradient rows with `margin` zeros in front so that every shifted
-// read of the input gradient stays inside its row of ld floats.
-typedef struct wide {
-    int    hp, wp, n, margin;
-    size_t plane, ld;
-} wide;
+// The wide layout of one sample (kernels/table.h): padded input planes of hp x wp, n
+// wide output positions, gradient rows with `margin` zeros in front so that every
+// shifted read of the input gradient stays inside its row of ld floats.
+typedef dt_kwide wide;
 
 static wide wide_geom(const dt_nn_conv2d *p, int h, int w) {
     wide g;
@@ -252,16 +249,8 @@ static void direct_forward(const dt_nn_conv2d *p, int n, int h, int w, const flo
         // ext[o][q] = sum over (c, ki, kj) of w[o][c][ki][kj] * xp[c][q + ki*wp + kj]
         dt_nn_shifted_gemm(d.xp, d.off_f, p->cin * p->kh * p->kw, wt, p->cout, d.g.n, d.ext, d.g.ld,
                            false);
-        float *ys = y + (size_t)s * p->cout * ho * wo;
-        for (int o = 0; o < p->cout; o++) {
-            float bo = p->bias ? b[o] : 0.0f;
-            for (int i = 0; i < ho; i++) {
-                const float *src = d.ext + (size_t)o * d.g.ld + (size_t)i * d.g.wp;
-                float       *dst = ys + ((size_t)o * ho + i) * wo;
-                for (int j = 0; j < wo; j++)
-                    dst[j] = src[j] + bo;
-            }
-        }
+        dt_k()->wide_to_out(d.ext, d.g.ld, p->bias ? b : NULL, p->cout, ho, wo, &d.g, false,
+                            y + (size_t)s * p->cout * ho * wo);
     }
 }
 
@@ -280,16 +269,16 @@ static void direct_backward(const dt_nn_conv2d *p, int n, int h, int w, const fl
     for (int s = 0; s < n; s++) {
         const float *dys = dy + (size_t)s * p->cout * ho * wo;
         for (int o = 0; o < p->cout; o++) {
-            float *row = d.ext + (size_t)o * d.g.ld + d.g.margin;
-            double acc = 0.0;
-            for (int i = 0; i < ho; i++) {
-                const float *src = dys + ((size_t)o * ho + i) * wo;
-                memcpy(row + (size_t)i * d.g.wp, src, sizeof(float) * (size_t)wo);
-                for (int j = 0; j < wo; j++)
-                    acc += src[j];
-            }
-            if (p->bias && db)
+            float       *row = d.ext + (size_t)o * d.g.ld + d.g.margin;
+            const float *dyo = dys + (size_t)o * ho * wo;
+            for (int i = 0; i < ho; i++)
+                memcpy(row + (size_t)i * d.g.wp, dyo + (size_t)i * wo, sizeof(float) * (size_t)wo);
+            if (p->bias && db) { // a convolution before a BatchNorm has none: no sum
+                double acc = 0.0;
+                for (size_t q = 0; q < (size_t)ho * wo; q++)
+                    acc += dyo[q];
                 db[o] += (float)acc;
+            }
         }
         pad_planes(x + (size_t)s * p->cin * h * w, p->cin, h, w, p->ph, p->pw, d.g, d.xp);
         // dw[o][(c, ki, kj)] += sum_q ext[o][q] * xp[c][q + ki*wp + kj]

@@ -201,6 +201,13 @@ static void wide(const dt_ktab *t) {
         kt_same("wide grad", e1, e2, sizeof(float) * C * ld);
         free(e1), free(e2);
     }
+    // no bias (a convolution before a BatchNorm): the rows as they are, + 0
+    t->wide_to_out(ext, ld, NULL, C, HO, WO, &g, false, y1);
+    for (int o = 0; o < C; o++)
+        for (int i = 0; i < HO; i++)
+            for (int j = 0; j < WO; j++)
+                y2[(o * HO + i) * WO + j] = ext[(size_t)o * ld + (size_t)i * WP + j] + 0.0f;
+    kt_same("wide out, no bias", y1, y2, sizeof y1);
     float   p1[C * (HO / 2) * (WO / 2)], p2[C * (HO / 2) * (WO / 2)];
     uint8_t a1[C * (HO / 2) * (WO / 2)], a2[C * (HO / 2) * (WO / 2)];
     t->wide_to_pool(ext, ld, b, C, HO, WO, &g, p1, a1);

@@ -83,19 +83,20 @@ static void wide_col2im(const float *col, int c, int k, const dt_kwide *gp, floa
     }
 }
 
-// Wide (Cout, n) GEMM output -> compact (Cout, Ho, Wo) output, + bias, ReLU if fused.
-// Rows of ext are ext_ld apart.
+// Wide (Cout, n) GEMM output -> compact (Cout, Ho, Wo) output, + bias (b NULL: none, as
+// + 0), ReLU if fused. Rows of ext are ext_ld apart.
 static void wide_to_out(const float *restrict ext, size_t ext_ld, const float *restrict b, int co,
                         int ho, int wo, const dt_kwide *gp, bool relu, float *restrict y) {
     const dt_kwide g = *gp;
     for (int oc = 0; oc < co; oc++) {
-        vf bv = vsplat(b[oc]);
+        float bo = b ? b[oc] : 0.0f;
+        vf    bv = vsplat(bo);
         for (int oh = 0; oh < ho; oh++) {
             const float *src = ext + (size_t)oc * ext_ld + (size_t)oh * g.wp;
             float       *dst = y + ((size_t)oc * ho + oh) * wo;
             if (wo < VL) {
                 for (int ow = 0; ow < wo; ow++) {
-                    float v = src[ow] + b[oc];
+                    float v = src[ow] + bo;
                     dst[ow] = relu && !(v > 0.0f) ? 0.0f : v;
                 }
                 continue;
