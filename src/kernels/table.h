@@ -142,7 +142,8 @@ typedef void dt_k_embed_bwd_fn(int count, int d, const int32_t *idx, const float
 typedef void dt_k_row_bias_fn(float *y, const float *b, int rows, int cols);
 typedef void dt_k_row_sums_fn(const float *y, int rows, int cols, float *s);
 typedef void dt_k_shard_tree_fn(float *buf, size_t ld, int shards, size_t n);
-typedef void dt_k_bias_grad_fn(int n, int out, const float *dy, float *db);
+// acc[o] += dy[r * ld + o] for r = 0 .. rows-1 in that order, o < w: column sums in double
+typedef void dt_k_col_sums_fn(const float *dy, size_t ld, int rows, int w, double *acc);
 typedef void dt_k_planes_fn(size_t planes, size_t hw, const float *x, float *y);
 typedef void dt_k_mask_scale_fn(float *v, const uint8_t *mask, size_t units, size_t per_unit,
                                 float scale);
@@ -289,7 +290,7 @@ typedef void dt_k_wide_pool_grad_fn(const float *dy, const float *y, const uint8
     X(embedding_bwd,      dt_k_embed_bwd_fn,         "embedding bwd",         "")              \
     X(add_row_bias,       dt_k_row_bias_fn,          "bias add",              "")              \
     X(row_sums_add,       dt_k_row_sums_fn,          "bias grad rows",        "")              \
-    X(linear_bias_grad,   dt_k_bias_grad_fn,         "bias grad columns",     "")              \
+    X(col_sums_f64,       dt_k_col_sums_fn,          "bias grad columns",     "")              \
     X(shard_tree,         dt_k_shard_tree_fn,        "shard tree",            "")              \
     X(mask_scale,         dt_k_mask_scale_fn,        "dropout mask",          "")              \
     X(global_avg,         dt_k_planes_fn,            "global avgpool fwd",    "")              \

@@ -115,17 +115,17 @@ static void exact_loops(const dt_ktab *t) {
     t->row_sums_add(x, ROWS, COLS, s1), R->row_sums_add(x, ROWS, COLS, s2);
     kt_same("row sums", s1, s2, sizeof s1);
     // column sums of (ROWS, COLS), any split of the columns giving the same bits
-    float c1[COLS] = {0}, c2[COLS] = {0}, c3[COLS] = {0};
-    t->linear_bias_grad(ROWS, COLS, x, c1), R->linear_bias_grad(ROWS, COLS, x, c2);
+    // (in double, each column's chain of adds in row order: the scalar loop's bits)
+    double c1[COLS] = {0}, c2[COLS] = {0}, c3[COLS] = {0}, want[COLS] = {0};
+    t->col_sums_f64(x, COLS, ROWS, COLS, c1), R->col_sums_f64(x, COLS, ROWS, COLS, c2);
     kt_same("bias grad columns", c1, c2, sizeof c1);
-    // (a split: the first 16 columns, then the rest, as their own matrices)
-    float left[ROWS * 16], right[ROWS * (COLS - 16)];
-    for (int r = 0; r < ROWS; r++) {
-        memcpy(left + r * 16, x + r * COLS, sizeof(float) * 16);
-        memcpy(right + r * (COLS - 16), x + r * COLS + 16, sizeof(float) * (COLS - 16));
-    }
-    t->linear_bias_grad(ROWS, 16, left, c3);
-    t->linear_bias_grad(ROWS, COLS - 16, right, c3 + 16);
+    for (int r = 0; r < ROWS; r++)
+        for (int o = 0; o < COLS; o++)
+            want[o] += x[r * COLS + o];
+    kt_same("bias grad columns, the scalar chain", c1, want, sizeof c1);
+    // a split: the first 16 columns, then the rest, each read in place
+    t->col_sums_f64(x, COLS, ROWS, 16, c3);
+    t->col_sums_f64(x + 16, COLS, ROWS, COLS - 16, c3 + 16);
     kt_same("bias grad columns split", c3, c1, sizeof c1);
     // the gradient shards' tree over 8 buffers of COLS, rows COLS + 3 apart
     float tr1[8 * (COLS + 3)], tr2[8 * (COLS + 3)];

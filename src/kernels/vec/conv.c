@@ -74,17 +74,10 @@ static void col2im(const dt_kconv *p, const float *col, size_t ldc, int h, int w
             }
 }
 
-// db += column sums of dy, row by row (contiguous), 256 columns at a time in double.
-static void linear_bias_grad(int n, int out, const float *dy, float *db) {
-    for (int o0 = 0; o0 < out; o0 += 256) {
-        int    no = out - o0 < 256 ? out - o0 : 256;
-        double acc[256];
-        memset(acc, 0, sizeof acc);
-        for (int s = 0; s < n; s++)
-            dt_add_row_f64(dy + (size_t)s * out + o0, no, acc);
-        for (int o = 0; o < no; o++)
-            db[o0 + o] += (float)acc[o];
-    }
+// acc += the column sums of dy's rows (ld floats apart), row by row, in double.
+static void col_sums_f64(const float *dy, size_t ld, int rows, int w, double *acc) {
+    for (int r = 0; r < rows; r++)
+        dt_add_row_f64(dy + (size_t)r * ld, w, acc);
 }
 
 static void add_row_bias(float *y, const float *b, int rows, int cols) {
@@ -166,13 +159,13 @@ static void mask_scale(float *v, const uint8_t *mask, size_t units, size_t per_u
 }
 
 void DT_KV(fill_conv)(dt_ktab *t) {
-    t->im2col           = im2col;
-    t->col2im           = col2im;
-    t->linear_bias_grad = linear_bias_grad;
-    t->add_row_bias     = add_row_bias;
-    t->row_sums_add     = row_sums_add;
-    t->shard_tree       = shard_tree;
-    t->global_avg       = global_avg;
-    t->global_avg_bwd   = global_avg_bwd;
-    t->mask_scale       = mask_scale;
+    t->im2col         = im2col;
+    t->col2im         = col2im;
+    t->col_sums_f64   = col_sums_f64;
+    t->add_row_bias   = add_row_bias;
+    t->row_sums_add   = row_sums_add;
+    t->shard_tree     = shard_tree;
+    t->global_avg     = global_avg;
+    t->global_avg_bwd = global_avg_bwd;
+    t->mask_scale     = mask_scale;
 }

@@ -202,14 +202,9 @@ static void bias_grad(const linear_cfg *p, const dt_layer_args *a, int S, int o0
     if (w <= 0)
         return;
     memset(sums, 0, sizeof(double) * (size_t)nm * (size_t)w);
-    for (int s = 0; s < batch; s++) {
-        double *acc = sums + (size_t)(s % nm) * w;
-        for (int j = 0; j < R; j++) {
-            const float *dy = a->dy + ((size_t)s * R + j) * fout + o0;
-            for (int o = 0; o < w; o++)
-                acc[o] += dy[o];
-        }
-    }
+    for (int s = 0; s < batch; s++)
+        dt_k()->col_sums_f64(a->dy + (size_t)s * R * fout + o0, (size_t)fout, R, w,
+                             sums + (size_t)(s % nm) * w);
     for (int o = 0; o < w; o++) {
         float acc[NN_MAX_SHARDS];
         for (int m = 0; m < nm; m++)
