@@ -1,9 +1,9 @@
 // vmath.h: what the vector kernels share: exp over sixteen floats at once (for softmax,
 // the losses and the activations: libm's expf/tanhf are scalar calls, 10-40 ns each;
-// this is a few instructions per lane), the target's own vector (vf) with row maxima and
-// sums in a fixed order on it, and bf16 rounding of sixteen lanes. Always inlined, so each target's
-// object (vec/*.c, the target folders) compiles them for its own instruction set (see core/simd.h
-// on the calling convention of 64-byte vectors).
+// this is a few instructions per lane), the target's own vector (vf) with row maxima
+// and sums in a fixed order on it, and bf16 rounding of sixteen lanes. Always inlined,
+// so each target's object (vec/*.c, the target folders) compiles them for its own
+// instruction set (see core/simd.h on the calling convention of 64-byte vectors).
 #ifndef DTRAIN_KERNELS_VMATH_H
 #define DTRAIN_KERNELS_VMATH_H
 
