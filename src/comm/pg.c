@@ -185,6 +185,11 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         if (st == DT_OK && op->kind == DT_COLL_SEND)
             note_held_send(pg);
         atomic_store_explicit(&R->cur_op, 0, memory_order_relaxed);
+        // An abort that came while this operation ran left the telling to it
+        // (dt_pg_abort); if the operation still finished, tell the peers now, or a peer
+        // waiting in a later collective waits out its timeout.
+        if (st == DT_OK && atomic_load(&R->poisoned))
+            dt_pg_tell_backends(pg);
         if (st != DT_OK) {
             if (st == DT_ERR_STATE && atomic_load(&R->poisoned)) {
                 // Aborted from another thread while running: report that reason.
