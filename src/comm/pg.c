@@ -185,11 +185,6 @@ dt_status dt_pg_exec(dt_pg *pg, const dt_op *op, char msg[MSG_LEN]) {
         if (st == DT_OK && op->kind == DT_COLL_SEND)
             note_held_send(pg);
         atomic_store_explicit(&R->cur_op, 0, memory_order_relaxed);
-        // An abort that came while this operation ran left the telling to it
-        // (dt_pg_abort); if the operation still finished, tell the peers now, or a peer
-        // waiting in a later collective waits out its timeout.
-        if (st == DT_OK && atomic_load(&R->poisoned))
-            dt_pg_tell_backends(pg);
         if (st != DT_OK) {
             if (st == DT_ERR_STATE && atomic_load(&R->poisoned)) {
                 // Aborted from another thread while running: report that reason.
@@ -287,6 +282,20 @@ static void work_run(dt_pg *pg, dt_work *w) {
 // queued work or a stop, so it is woken only then. Waking it for nothing made every
 // small blocking call pay for a thread that then competed with the peer ranks for the
 // cores (a 4 KiB all_reduce on shm: 34 us with the wake-up, 0.5 us without).
+// Frees the lane; called with L->mu held, which it may drop and take again. dt_pg_abort
+// leaves telling the backends (and so the peers) to the lane's holder: an abort that
+// came while the lane was held is told here, before the lane is free, whatever the
+// holder did meanwhile. Otherwise an operation that finished normally after the abort
+// left a peer waiting in a later collective until its timeout.
+static void lane_free(dt_pg *L) {
+    if (atomic_load(&L->poisoned)) {
+        pthread_mutex_unlock(&L->mu);
+        dt_pg_tell_backends(L); // once per backend
+        pthread_mutex_lock(&L->mu);
+    }
+    L->busy = false;
+}
+
 // Called with pg->mu held.
 static void wake_progress_if_needed(dt_pg *pg) {
     if (pg->head || pg->stop || atomic_load_explicit(&pg->sends_held, memory_order_relaxed))
@@ -315,11 +324,9 @@ static void push_while_idle(dt_pg *pg, int64_t *nap) {
     pg->busy = pg->pushing = true;
     pthread_mutex_unlock(&pg->mu);
     bool moved = false, held = dt_pg_push_all(pg, &moved);
-    // dt_pg_abort leaves telling the backends to the lane's holder: that was us.
-    if (atomic_load(&pg->poisoned))
-        dt_pg_tell_backends(pg);
     pthread_mutex_lock(&pg->mu);
-    pg->busy = pg->pushing = false;
+    lane_free(pg);
+    pg->pushing = false;
     pthread_cond_broadcast(&pg->cv);
     if (!held || pg->head || pg->stop) {
         *nap = PUSH_NAP_MIN_NS;
@@ -354,8 +361,8 @@ void *dt_pg_progress_main(void *arg) {
         work_run(g, w);
         work_release(w);
         pthread_mutex_lock(&pg->mu);
+        lane_free(pg);
         g->pending--;
-        pg->busy = false;
         pthread_cond_broadcast(&pg->cv);
     }
     pthread_mutex_unlock(&pg->mu);
@@ -395,7 +402,7 @@ dt_status dt_pg_lane_take(dt_pg *L, uint64_t deadline_ns, const char *what) {
 
 void dt_pg_lane_give(dt_pg *L) {
     pthread_mutex_lock(&L->mu);
-    L->busy = false;
+    lane_free(L);
     pthread_cond_broadcast(&L->cv);
     pthread_mutex_unlock(&L->mu);
 }
@@ -572,7 +579,7 @@ dt_status dt_pg_submit(dt_pg *pg, dt_op *op, dt_work **out) {
         char      msg[MSG_LEN];
         dt_status st = dt_pg_exec(pg, op, msg);
         pthread_mutex_lock(&L->mu);
-        L->busy = false;
+        lane_free(L);
         pg->pending--;
         if (pg != L)
             pthread_cond_broadcast(&L->cv); // dt_pg_free of the group may wait for it
